@@ -1,0 +1,53 @@
+"""smetric: session-aware KV$ routing for LLM-agent fleets.
+
+The first request of every agent session is placed for load balance over the whole fleet;
+follow-ups go where their KV$ lives; a session moves when its home is overloaded or its
+KV$ was evicted. The decision path is Rust (``smetric._core``); this package re-exports it
+with types.
+
+    >>> from smetric import Router
+    >>> router = Router(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    >>> d = router.route([1, 2, 3] * 100)
+    >>> d.instance, d.first_turn, d.reason  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from smetric._core import DEFAULT_BLOCK_SIZE, Decision, IndexHits, Router, RouterConfig, __version__
+from smetric.errors import (
+    DuplicateInstanceError,
+    InvalidArgumentError,
+    InvalidBlockSizeError,
+    InvalidConfigError,
+    InvalidTokenError,
+    MissingPromptError,
+    NoInstancesError,
+    SmetricError,
+    UnknownInstanceError,
+    UnknownPolicyError,
+    UnsupportedDtypeError,
+)
+
+POLICIES: tuple[str, ...] = ("round_robin", "least_load", "cache_first", "linear", "lmetric", "smetric")
+"""Every policy name :class:`Router` accepts, in the order reports list them."""
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "POLICIES",
+    "Decision",
+    "DuplicateInstanceError",
+    "IndexHits",
+    "InvalidArgumentError",
+    "InvalidBlockSizeError",
+    "InvalidConfigError",
+    "InvalidTokenError",
+    "MissingPromptError",
+    "NoInstancesError",
+    "Router",
+    "RouterConfig",
+    "SmetricError",
+    "UnknownInstanceError",
+    "UnknownPolicyError",
+    "UnsupportedDtypeError",
+    "__version__",
+]

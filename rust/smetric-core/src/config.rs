@@ -1,0 +1,182 @@
+//! Router configuration. Every default is defined here and only here; the Python
+//! `RouterConfig` reads them from this struct, and a test checks the stub against it.
+//!
+//! The table in `docs/routing-semantics.md` §9 gives the reason for each default.
+
+use crate::error::{Result, SmetricError};
+
+/// Tokens per KV block when the caller does not say (vLLM's `DEFAULT_BLOCK_SIZE`).
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+/// How the router learns what each instance caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexMode {
+    /// Insert on route: the router records what it sent where and ages it with a capacity model.
+    Approximate,
+    /// Only explicit store/remove/clear calls (the engines' KV events) change the index.
+    Exact,
+}
+
+impl IndexMode {
+    /// The name used in configs and in Python.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Approximate => "approximate",
+            Self::Exact => "exact",
+        }
+    }
+
+    /// Parses a config name.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "approximate" => Ok(Self::Approximate),
+            "exact" => Ok(Self::Exact),
+            other => Err(SmetricError::InvalidConfig {
+                field: "index_mode",
+                reason: format!("{other:?} is not one of \"approximate\", \"exact\""),
+            }),
+        }
+    }
+}
+
+/// Sampling rule of the `cache_first` (Bailian production) policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheFirstMode {
+    /// Weighted random over the normalised hit/batch/tokens score, as deployed.
+    Weighted,
+    /// Deterministic: most local hit tokens, ties to the smallest batch.
+    MaxHit,
+}
+
+impl CacheFirstMode {
+    /// The name used in configs and in Python.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Weighted => "weighted",
+            Self::MaxHit => "max_hit",
+        }
+    }
+
+    /// Parses a config name.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "weighted" => Ok(Self::Weighted),
+            "max_hit" => Ok(Self::MaxHit),
+            other => Err(SmetricError::InvalidConfig {
+                field: "cache_first_mode",
+                reason: format!("{other:?} is not one of \"weighted\", \"max_hit\""),
+            }),
+        }
+    }
+}
+
+/// All tunables of the router. See `docs/routing-semantics.md` §9 for the reasons.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterConfig {
+    /// Seed of the block-hash chain; routers that share an index must agree on it.
+    pub hash_seed: u64,
+    /// Approximate (insert on route) or exact (event-fed) index.
+    pub index_mode: IndexMode,
+    /// Blocks one instance's GPU cache holds (the approximate capacity model, and a memory bound).
+    pub local_capacity_blocks: u64,
+    /// Blocks the cluster-wide CPU/store tier holds; 0 disables the tier.
+    pub global_capacity_blocks: u64,
+    /// Optional age limit of an instance's indexed blocks, in seconds.
+    pub local_ttl_s: Option<f64>,
+    /// Engine load snapshots older than this are ignored, in seconds.
+    pub engine_load_staleness_s: f64,
+    /// A match that ends where at least this many requests branched off is a first turn.
+    pub first_turn_min_branches: u32,
+    /// `cache_first` sampling rule.
+    pub cache_first_mode: CacheFirstMode,
+    /// `cache_first` weights of (hit %, batch size, active tokens).
+    pub cache_first_weights: (f64, f64, f64),
+    /// Dynamo's weight of prefill blocks against decode blocks in the `linear` policy.
+    pub linear_prefill_weight: f64,
+    /// Cost of fetching one token from the global tier, in prefilled-token equivalents.
+    pub global_fetch_cost: f64,
+    /// `smetric`: a follow-up whose home caches less than this share of its prompt is re-placed.
+    pub min_local_hit_ratio: f64,
+    /// `smetric`: an instance above `factor * fleet mean + slack` is overloaded.
+    pub overload_factor: f64,
+    /// `smetric`: slack of the queued-prefill-token overload test.
+    pub overload_slack_tokens: f64,
+    /// `smetric`: slack of the batch-size overload test.
+    pub overload_slack_requests: f64,
+}
+
+impl RouterConfig {
+    /// The defaults, as a constant so that the Python signature can name each field's default.
+    pub const DEFAULT: RouterConfig = RouterConfig {
+        hash_seed: 0,
+        index_mode: IndexMode::Approximate,
+        local_capacity_blocks: 17_920,
+        global_capacity_blocks: 1_048_576,
+        local_ttl_s: None,
+        engine_load_staleness_s: 1.0,
+        first_turn_min_branches: 1,
+        cache_first_mode: CacheFirstMode::Weighted,
+        cache_first_weights: (0.7, 0.15, 0.15),
+        linear_prefill_weight: 1.0,
+        global_fetch_cost: 0.1,
+        min_local_hit_ratio: 0.5,
+        overload_factor: 1.5,
+        overload_slack_tokens: 8192.0,
+        overload_slack_requests: 4.0,
+    };
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Largest capacity a holder may have: keeps the LRU sequence numbers within `u32`.
+pub const MAX_CAPACITY_BLOCKS: u64 = 1 << 30;
+
+fn finite_non_negative(field: &'static str, value: f64) -> Result<()> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(SmetricError::InvalidConfig { field, reason: format!("must be a finite number >= 0, got {value}") })
+    }
+}
+
+impl RouterConfig {
+    /// Checks every field; the router calls it once at construction.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_CAPACITY_BLOCKS).contains(&self.local_capacity_blocks) {
+            return Err(SmetricError::InvalidConfig {
+                field: "local_capacity_blocks",
+                reason: format!("must be in [1, 2^30], got {}", self.local_capacity_blocks),
+            });
+        }
+        if self.global_capacity_blocks > MAX_CAPACITY_BLOCKS {
+            return Err(SmetricError::InvalidConfig {
+                field: "global_capacity_blocks",
+                reason: format!("must be in [0, 2^30], got {}", self.global_capacity_blocks),
+            });
+        }
+        if let Some(ttl) = self.local_ttl_s {
+            if !(ttl.is_finite() && ttl > 0.0) {
+                return Err(SmetricError::InvalidConfig {
+                    field: "local_ttl_s",
+                    reason: format!("must be a finite number > 0 or None, got {ttl}"),
+                });
+            }
+        }
+        finite_non_negative("engine_load_staleness_s", self.engine_load_staleness_s)?;
+        let (a, b, c) = self.cache_first_weights;
+        for w in [a, b, c] {
+            finite_non_negative("cache_first_weights", w)?;
+        }
+        finite_non_negative("linear_prefill_weight", self.linear_prefill_weight)?;
+        finite_non_negative("global_fetch_cost", self.global_fetch_cost)?;
+        finite_non_negative("min_local_hit_ratio", self.min_local_hit_ratio)?;
+        finite_non_negative("overload_factor", self.overload_factor)?;
+        finite_non_negative("overload_slack_tokens", self.overload_slack_tokens)?;
+        finite_non_negative("overload_slack_requests", self.overload_slack_requests)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,650 @@
+//! The two-tier KV$ index: which blocks each instance's GPU cache holds, and which the
+//! cluster-wide global tier (CPU / Mooncake / LMCache store) holds.
+//!
+//! Algorithm: one *entry* per block hash that some holder has, in a slab; each entry
+//! carries a bitset of the instances holding it (one bit per instance slot) and the global
+//! tier's sequence number. A query walks the request's hash chain once, ANDing the set of
+//! instances still matching with each block's bitset; when an instance's bit drops, its
+//! longest prefix hit is the current depth. The walk stops as soon as no instance and not
+//! the global tier still match, so a miss costs one lookup.
+//!
+//! Each holder (instance or global tier) has a capacity in blocks and an LRU order
+//! ([`lru::LazyLru`]). Touching a chain goes from its last block to its first, leaving the
+//! first block the most recent, so a chain's tail is evicted before its head, as vLLM frees
+//! blocks tail first. Optional TTL ages instance blocks.
+//!
+//! Invariants: an entry exists iff at least one holder holds it; every held (entry, holder)
+//! pair has one current LRU item; a holder never holds more than its capacity after a call
+//! returns. Memory is therefore bounded by `Σ capacities` entries.
+//!
+//! Complexity: `query` O(matched blocks · ⌈instances/64⌉); `touch` O(run) amortised;
+//! removal O(1) per block; `clear`/`remove_slot` O(blocks held).
+//!
+//! Bytes per (block, holder) entry are measured by `benches/` and documented in
+//! `BENCHMARKS.md`; [`KvIndex::memory_bytes`] estimates them from the container sizes.
+
+pub(crate) mod lru;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use lru::LazyLru;
+
+use crate::ids::BlockHash;
+
+/// Marks "the global tier does not hold this entry".
+const NOT_HELD: u32 = u32::MAX;
+
+/// Hasher for keys that are already hashes or small ids: one multiply, high bits folded
+/// down, so that hashbrown's control bytes (top 7 bits) stay well spread even for the
+/// sequential ids that traces use.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        let m = (self.0 ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = m ^ (m >> 29);
+    }
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+}
+
+pub(crate) type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
+
+/// Where a block is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// An instance's local (GPU) cache, by slot.
+    Instance(u32),
+    /// The cluster-wide global tier.
+    Global,
+}
+
+#[derive(Debug)]
+struct Entry {
+    hash: BlockHash,
+    /// Sequence number of the global tier's current touch, or [`NOT_HELD`].
+    global_seq: u32,
+    /// Distinct child blocks created under this block (saturating); a shared system prompt's
+    /// last block has many, a session's latest turn none. Drives turn inference.
+    children: u16,
+}
+
+#[derive(Debug, Default)]
+struct InstanceHolder {
+    /// Entry id → current LRU sequence number.
+    seqs: MixMap<u32, u32>,
+    lru: LazyLru,
+    live: bool,
+}
+
+/// Result of [`KvIndex::query`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct IndexQuery {
+    /// Longest prefix hit in blocks, per instance slot (0 for free slots).
+    pub local_blocks: Vec<u32>,
+    /// Longest prefix hit in blocks in the global tier.
+    pub global_blocks: u32,
+    /// Deepest prefix any holder matched, in blocks.
+    pub deepest_blocks: u32,
+    /// `children` of the deepest matched block (0 when nothing matched).
+    pub branches: u32,
+}
+
+/// Capacities and TTL of an index.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexLimits {
+    /// Blocks per instance.
+    pub local_capacity: u64,
+    /// Blocks in the global tier; 0 disables it.
+    pub global_capacity: u64,
+    /// Age limit of instance blocks in milliseconds.
+    pub local_ttl_ms: Option<u64>,
+}
+
+/// Per-holder block counts, for `stats()`.
+#[derive(Debug, Clone, Default)]
+pub struct IndexStats {
+    /// Distinct blocks indexed.
+    pub entries: usize,
+    /// Blocks held per instance slot.
+    pub local_blocks: Vec<usize>,
+    /// Blocks held by the global tier.
+    pub global_blocks: usize,
+    /// Blocks evicted for capacity or age since creation.
+    pub evictions: u64,
+}
+
+/// The two-tier index. Not synchronised: the router wraps it in a mutex.
+#[derive(Debug)]
+pub struct KvIndex {
+    limits: IndexLimits,
+    by_hash: MixMap<BlockHash, u32>,
+    entries: Vec<Entry>,
+    free_entries: Vec<u32>,
+    /// `words` u64 per entry: the instance bitset.
+    bits: Vec<u64>,
+    words: usize,
+    live_mask: Vec<u64>,
+    instances: Vec<InstanceHolder>,
+    global_lru: LazyLru,
+    global_held: usize,
+    evictions: u64,
+    scratch_active: Vec<u64>,
+    scratch_ids: Vec<u32>,
+}
+
+impl KvIndex {
+    /// An empty index with no instance slot.
+    pub fn new(limits: IndexLimits) -> Self {
+        Self {
+            limits,
+            by_hash: MixMap::default(),
+            entries: Vec::new(),
+            free_entries: Vec::new(),
+            bits: Vec::new(),
+            words: 1,
+            live_mask: vec![0],
+            instances: Vec::new(),
+            global_lru: LazyLru::default(),
+            global_held: 0,
+            evictions: 0,
+            scratch_active: Vec::new(),
+            scratch_ids: Vec::new(),
+        }
+    }
+
+    fn global_enabled(&self) -> bool {
+        self.limits.global_capacity > 0
+    }
+
+    /// Makes `slot` a live, empty instance holder.
+    pub fn add_slot(&mut self, slot: u32) {
+        let s = slot as usize;
+        if s / 64 >= self.words {
+            self.restride(s / 64 + 1);
+        }
+        if self.instances.len() <= s {
+            self.instances.resize_with(s + 1, InstanceHolder::default);
+        }
+        self.instances[s] = InstanceHolder { live: true, ..InstanceHolder::default() };
+        self.live_mask[s / 64] |= 1 << (s % 64);
+    }
+
+    /// Drops everything `slot` holds and marks it free.
+    pub fn remove_slot(&mut self, slot: u32) {
+        self.clear_instance(slot);
+        if let Some(h) = self.instances.get_mut(slot as usize) {
+            h.live = false;
+            let s = slot as usize;
+            self.live_mask[s / 64] &= !(1 << (s % 64));
+        }
+    }
+
+    fn restride(&mut self, words: usize) {
+        let mut bits = vec![0u64; self.entries.len() * words];
+        for e in 0..self.entries.len() {
+            bits[e * words..e * words + self.words].copy_from_slice(&self.bits[e * self.words..(e + 1) * self.words]);
+        }
+        self.bits = bits;
+        self.live_mask.resize(words, 0);
+        self.words = words;
+    }
+
+    fn is_live(&self, slot: u32) -> bool {
+        self.instances.get(slot as usize).is_some_and(|h| h.live)
+    }
+
+    // ---- per-holder sequence store -------------------------------------------------------
+
+    #[inline]
+    fn seq_of(&self, holder: Holder, e: u32) -> Option<u32> {
+        match holder {
+            Holder::Instance(s) => self.instances[s as usize].seqs.get(&e).copied(),
+            Holder::Global => {
+                let g = self.entries[e as usize].global_seq;
+                (g != NOT_HELD).then_some(g)
+            }
+        }
+    }
+
+    fn held(&self, holder: Holder) -> usize {
+        match holder {
+            Holder::Instance(s) => self.instances[s as usize].seqs.len(),
+            Holder::Global => self.global_held,
+        }
+    }
+
+    fn capacity(&self, holder: Holder) -> u64 {
+        match holder {
+            Holder::Instance(_) => self.limits.local_capacity,
+            Holder::Global => self.limits.global_capacity,
+        }
+    }
+
+    fn lru_mut(&mut self, holder: Holder) -> &mut LazyLru {
+        match holder {
+            Holder::Instance(s) => &mut self.instances[s as usize].lru,
+            Holder::Global => &mut self.global_lru,
+        }
+    }
+
+    /// Records `seq` as `holder`'s current touch of `e`, adding `e` to the holder if needed.
+    #[inline]
+    fn set_seq(&mut self, holder: Holder, e: u32, seq: u32) {
+        match holder {
+            Holder::Instance(s) => {
+                if self.instances[s as usize].seqs.insert(e, seq).is_none() {
+                    let (w, b) = (s as usize / 64, s % 64);
+                    self.bits[e as usize * self.words + w] |= 1 << b;
+                }
+            }
+            Holder::Global => {
+                let entry = &mut self.entries[e as usize];
+                if entry.global_seq == NOT_HELD {
+                    self.global_held += 1;
+                }
+                entry.global_seq = seq;
+            }
+        }
+    }
+
+    /// Takes `e` away from `holder` (which must hold it) and frees the entry if nobody else does.
+    fn drop_membership(&mut self, holder: Holder, e: u32) {
+        match holder {
+            Holder::Instance(s) => {
+                self.instances[s as usize].seqs.remove(&e);
+                let (w, b) = (s as usize / 64, s % 64);
+                self.bits[e as usize * self.words + w] &= !(1 << b);
+            }
+            Holder::Global => {
+                self.entries[e as usize].global_seq = NOT_HELD;
+                self.global_held -= 1;
+            }
+        }
+        let base = e as usize * self.words;
+        let unheld = self.entries[e as usize].global_seq == NOT_HELD && self.bits[base..base + self.words].iter().all(|&w| w == 0);
+        if unheld {
+            let hash = self.entries[e as usize].hash;
+            self.by_hash.remove(&hash);
+            self.free_entries.push(e);
+        }
+    }
+
+    fn entry_of(&self, hash: BlockHash) -> Option<u32> {
+        self.by_hash.get(&hash).copied()
+    }
+
+    fn create_entry(&mut self, hash: BlockHash) -> u32 {
+        let entry = Entry { hash, global_seq: NOT_HELD, children: 0 };
+        let id = if let Some(id) = self.free_entries.pop() {
+            self.entries[id as usize] = entry;
+            let base = id as usize * self.words;
+            self.bits[base..base + self.words].fill(0);
+            id
+        } else {
+            self.entries.push(entry);
+            self.bits.resize(self.bits.len() + self.words, 0);
+            (self.entries.len() - 1) as u32
+        };
+        self.by_hash.insert(hash, id);
+        id
+    }
+
+    // ---- LRU maintenance --------------------------------------------------------------------
+
+    /// Evicts `holder`'s least recently used block; returns false when it holds none.
+    fn evict_lru(&mut self, holder: Holder) -> bool {
+        while let Some(t) = self.lru_mut(holder).front() {
+            self.lru_mut(holder).pop_front();
+            if self.seq_of(holder, t.entry) == Some(t.seq) {
+                self.drop_membership(holder, t.entry);
+                self.evictions += 1;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Evicts `slot`'s expired blocks (TTL, docs §2.5).
+    fn purge_expired(&mut self, slot: u32, now_ms: u64) {
+        let Some(ttl) = self.limits.local_ttl_ms else { return };
+        let holder = Holder::Instance(slot);
+        while let Some(t) = self.instances[slot as usize].lru.front() {
+            if self.seq_of(holder, t.entry) != Some(t.seq) {
+                self.instances[slot as usize].lru.pop_front();
+            } else if now_ms.saturating_sub(t.time_ms) >= ttl {
+                self.instances[slot as usize].lru.pop_front();
+                self.drop_membership(holder, t.entry);
+                self.evictions += 1;
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn maybe_compact(&mut self, holder: Holder) {
+        let held = self.held(holder);
+        if !self.lru_mut(holder).needs_compaction(held) {
+            return;
+        }
+        match holder {
+            Holder::Instance(s) => {
+                let h = &mut self.instances[s as usize];
+                let seqs = &h.seqs;
+                h.lru.compact(|t| seqs.get(&t.entry) == Some(&t.seq));
+                for t in h.lru.iter() {
+                    h.seqs.insert(t.entry, t.seq);
+                }
+            }
+            Holder::Global => {
+                let entries = &mut self.entries;
+                self.global_lru.compact(|t| entries[t.entry as usize].global_seq == t.seq);
+                for t in self.global_lru.iter() {
+                    entries[t.entry as usize].global_seq = t.seq;
+                }
+            }
+        }
+    }
+
+    // ---- public operations --------------------------------------------------------------------
+
+    /// Touches a run of blocks for `holder` at `now_ms` (docs §2.2): creates missing entries
+    /// (bumping their parent's `children`), makes the run's first block the most recent,
+    /// then evicts down to capacity. A disabled global tier or a free slot ignores the call.
+    pub fn touch(&mut self, holder: Holder, run: &[BlockHash], parent: Option<BlockHash>, now_ms: u64) {
+        match holder {
+            Holder::Instance(s) if !self.is_live(s) => return,
+            Holder::Global if !self.global_enabled() => return,
+            Holder::Instance(s) => self.purge_expired(s, now_ms),
+            Holder::Global => {}
+        }
+        let mut ids = std::mem::take(&mut self.scratch_ids);
+        ids.clear();
+        for (i, &h) in run.iter().enumerate() {
+            let id = if let Some(id) = self.entry_of(h) {
+                id
+            } else {
+                let id = self.create_entry(h);
+                let parent_id = if i > 0 { Some(ids[i - 1]) } else { parent.and_then(|p| self.entry_of(p)) };
+                if let Some(p) = parent_id {
+                    let c = &mut self.entries[p as usize].children;
+                    *c = c.saturating_add(1);
+                }
+                id
+            };
+            ids.push(id);
+        }
+        for &id in ids.iter().rev() {
+            let seq = self.lru_mut(holder).push(id, now_ms);
+            self.set_seq(holder, id, seq);
+        }
+        self.scratch_ids = ids;
+        let cap = self.capacity(holder);
+        while self.held(holder) as u64 > cap {
+            if !self.evict_lru(holder) {
+                break;
+            }
+        }
+        self.maybe_compact(holder);
+    }
+
+    /// Removes the listed blocks from `holder` (blocks it does not hold are ignored).
+    pub fn remove(&mut self, holder: Holder, hashes: &[BlockHash]) {
+        if let Holder::Instance(s) = holder {
+            if !self.is_live(s) {
+                return;
+            }
+        }
+        for &h in hashes {
+            if let Some(e) = self.entry_of(h) {
+                if self.seq_of(holder, e).is_some() {
+                    self.drop_membership(holder, e);
+                }
+            }
+        }
+        self.maybe_compact(holder);
+    }
+
+    /// Removes every block of instance `slot`.
+    pub fn clear_instance(&mut self, slot: u32) {
+        if !self.is_live(slot) {
+            return;
+        }
+        let held: Vec<u32> = self.instances[slot as usize].seqs.keys().copied().collect();
+        for e in held {
+            self.drop_membership(Holder::Instance(slot), e);
+        }
+        self.instances[slot as usize].lru.clear();
+    }
+
+    /// Removes every block of the global tier.
+    pub fn clear_global(&mut self) {
+        // Free slab entries always carry NOT_HELD, so a scan of the slab finds exactly the held ones.
+        for e in 0..self.entries.len() as u32 {
+            if self.entries[e as usize].global_seq != NOT_HELD {
+                self.drop_membership(Holder::Global, e);
+            }
+        }
+        self.global_lru.clear();
+    }
+
+    /// Longest prefix hits of `chain` for every instance and the global tier (docs §2.4).
+    /// Purges expired blocks first; touches nothing.
+    pub fn query(&mut self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery) {
+        if self.limits.local_ttl_ms.is_some() {
+            for s in 0..self.instances.len() as u32 {
+                if self.instances[s as usize].live {
+                    self.purge_expired(s, now_ms);
+                }
+            }
+        }
+        out.local_blocks.clear();
+        out.local_blocks.resize(self.instances.len(), 0);
+        let words = self.words;
+        let mut active = std::mem::take(&mut self.scratch_active);
+        active.clear();
+        active.extend_from_slice(&self.live_mask);
+        let mut any_local = active.iter().any(|&w| w != 0);
+        let mut global_active = self.global_enabled();
+        let mut global_blocks = 0u32;
+        let mut deepest = 0u32;
+        let mut deepest_entry = None;
+        for (i, h) in chain.iter().enumerate() {
+            if !any_local && !global_active {
+                break;
+            }
+            let depth = i as u32;
+            let Some(e) = self.entry_of(*h) else { break };
+            let base = e as usize * words;
+            any_local = false;
+            for (w, slot_bits) in active.iter_mut().zip(&self.bits[base..base + words]).enumerate() {
+                let (a, keep) = (*slot_bits.0, *slot_bits.0 & *slot_bits.1);
+                let mut dropped = a & !keep;
+                while dropped != 0 {
+                    let b = dropped.trailing_zeros();
+                    out.local_blocks[w * 64 + b as usize] = depth;
+                    dropped &= dropped - 1;
+                }
+                *slot_bits.0 = keep;
+                any_local |= keep != 0;
+            }
+            if global_active && self.entries[e as usize].global_seq == NOT_HELD {
+                global_active = false;
+                global_blocks = depth;
+            }
+            if any_local || global_active {
+                deepest = depth + 1;
+                deepest_entry = Some(e);
+            }
+        }
+        // Holders still matching at the end matched up to `deepest`.
+        for (w, &a) in active.iter().enumerate() {
+            let mut rest = a;
+            while rest != 0 {
+                let b = rest.trailing_zeros();
+                out.local_blocks[w * 64 + b as usize] = deepest;
+                rest &= rest - 1;
+            }
+        }
+        if global_active {
+            global_blocks = deepest;
+        }
+        self.scratch_active = active;
+        out.global_blocks = global_blocks;
+        out.deepest_blocks = deepest;
+        out.branches = deepest_entry.map_or(0, |e| u32::from(self.entries[e as usize].children));
+    }
+
+    /// Block counts for `stats()`.
+    pub fn stats(&self) -> IndexStats {
+        IndexStats {
+            entries: self.by_hash.len(),
+            local_blocks: self.instances.iter().map(|h| if h.live { h.seqs.len() } else { 0 }).collect(),
+            global_blocks: self.global_held,
+            evictions: self.evictions,
+        }
+    }
+
+    /// Whether `holder` holds `hash` (for tests and introspection).
+    pub fn holds(&self, holder: Holder, hash: BlockHash) -> bool {
+        match holder {
+            Holder::Instance(s) if !self.is_live(s) => false,
+            _ => self.entry_of(hash).is_some_and(|e| self.seq_of(holder, e).is_some()),
+        }
+    }
+
+    /// Estimated heap bytes of the index (container capacities × element sizes).
+    pub fn memory_bytes(&self) -> usize {
+        use std::mem::size_of;
+        // hashbrown: one control byte per bucket plus the (key, value) slot.
+        let map_bytes = |cap: usize, slot: usize| cap * (slot + 1);
+        let mut total = map_bytes(self.by_hash.capacity(), size_of::<(BlockHash, u32)>())
+            + self.entries.capacity() * size_of::<Entry>()
+            + self.bits.capacity() * 8
+            + self.global_lru.queued() * size_of::<lru::Touch>();
+        for h in &self.instances {
+            total += map_bytes(h.seqs.capacity(), size_of::<(u32, u32)>()) + h.lru.queued() * size_of::<lru::Touch>();
+        }
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(range: std::ops::Range<u64>) -> Vec<BlockHash> {
+        range.map(BlockHash).collect()
+    }
+
+    fn index(local: u64, global: u64) -> KvIndex {
+        let mut ix = KvIndex::new(IndexLimits { local_capacity: local, global_capacity: global, local_ttl_ms: None });
+        for s in 0..3 {
+            ix.add_slot(s);
+        }
+        ix
+    }
+
+    #[test]
+    fn longest_prefix_per_instance_and_global() {
+        let mut ix = index(100, 100);
+        ix.touch(Holder::Instance(0), &chain(0..10), None, 0);
+        ix.touch(Holder::Instance(1), &chain(0..4), None, 0);
+        ix.touch(Holder::Global, &chain(0..6), None, 0);
+        let mut q = IndexQuery::default();
+        ix.query(&chain(0..12), 0, &mut q);
+        assert_eq!(q.local_blocks, vec![10, 4, 0]);
+        assert_eq!(q.global_blocks, 6);
+        assert_eq!(q.deepest_blocks, 10);
+    }
+
+    #[test]
+    fn tail_is_evicted_first() {
+        let mut ix = index(5, 0);
+        ix.touch(Holder::Instance(0), &chain(0..5), None, 0);
+        ix.touch(Holder::Instance(0), &chain(100..102), None, 1);
+        // Two evictions took the tail (blocks 4 and 3) of the older chain.
+        let mut q = IndexQuery::default();
+        ix.query(&chain(0..5), 1, &mut q);
+        assert_eq!(q.local_blocks[0], 3);
+        assert_eq!(ix.stats().local_blocks[0], 5);
+    }
+
+    #[test]
+    fn children_count_branches() {
+        let mut ix = index(100, 0);
+        let sys = chain(0..4);
+        let mut a = sys.clone();
+        a.extend(chain(10..12));
+        let mut b = sys.clone();
+        b.extend(chain(20..22));
+        ix.touch(Holder::Instance(0), &a, None, 0);
+        ix.touch(Holder::Instance(1), &b, None, 0);
+        let mut q = IndexQuery::default();
+        let mut c = sys.clone();
+        c.push(BlockHash(99));
+        ix.query(&c, 0, &mut q);
+        assert_eq!((q.deepest_blocks, q.branches), (4, 2));
+        ix.query(&a, 0, &mut q);
+        assert_eq!((q.deepest_blocks, q.branches), (6, 0));
+    }
+
+    #[test]
+    fn ttl_and_removal_free_entries() {
+        let mut ix = KvIndex::new(IndexLimits { local_capacity: 100, global_capacity: 0, local_ttl_ms: Some(1000) });
+        ix.add_slot(0);
+        ix.touch(Holder::Instance(0), &chain(0..3), None, 0);
+        let mut q = IndexQuery::default();
+        ix.query(&chain(0..3), 999, &mut q);
+        assert_eq!(q.local_blocks[0], 3);
+        ix.query(&chain(0..3), 1000, &mut q);
+        assert_eq!(q.local_blocks[0], 0);
+        assert_eq!(ix.stats().entries, 0);
+        ix.touch(Holder::Instance(0), &chain(0..3), None, 2000);
+        ix.remove(Holder::Instance(0), &chain(1..2));
+        ix.query(&chain(0..3), 2000, &mut q);
+        assert_eq!(q.local_blocks[0], 1);
+    }
+
+    #[test]
+    fn many_slots_restride() {
+        let mut ix = KvIndex::new(IndexLimits { local_capacity: 10, global_capacity: 0, local_ttl_ms: None });
+        ix.add_slot(0);
+        ix.touch(Holder::Instance(0), &chain(0..3), None, 0);
+        ix.add_slot(130);
+        ix.touch(Holder::Instance(130), &chain(0..2), None, 0);
+        let mut q = IndexQuery::default();
+        ix.query(&chain(0..3), 0, &mut q);
+        assert_eq!((q.local_blocks[0], q.local_blocks[130]), (3, 2));
+        ix.remove_slot(0);
+        ix.query(&chain(0..3), 0, &mut q);
+        assert_eq!((q.local_blocks[0], q.local_blocks[130]), (0, 2));
+    }
+
+    #[test]
+    fn compaction_keeps_order() {
+        let mut ix = index(8, 8);
+        for round in 0..200u64 {
+            ix.touch(Holder::Instance(0), &chain(0..4), None, round);
+            ix.touch(Holder::Global, &chain(0..4), None, round);
+            ix.touch(Holder::Instance(0), &chain(100 + round..101 + round), None, round);
+        }
+        assert!(ix.instances[0].lru.queued() <= 2 * 8 + lru::COMPACT_SLACK + 8);
+        let mut q = IndexQuery::default();
+        ix.query(&chain(0..4), 0, &mut q);
+        assert_eq!((q.local_blocks[0], q.global_blocks), (4, 4));
+    }
+}

@@ -1,0 +1,39 @@
+//! # smetric-core
+//!
+//! The routing core of smetric: it decides which vLLM instance serves each request of an
+//! LLM-agent fleet. It implements SMetric — first turns of agent sessions placed for load
+//! balance, follow-ups routed to where their KV$ lives, sessions moved when their home is
+//! overloaded or evicted — and the baselines it is measured against.
+//!
+//! * [`hash`] — chained xxh3 block hashes of token ids;
+//! * [`index`] — the two-tier (GPU per instance, global CPU/store) KV$ index;
+//! * [`load`] — the lock-free load board;
+//! * [`policy`] — the six policies, one file each;
+//! * [`turn`] — stateless first-turn inference;
+//! * [`router`] — the decision path tying them together.
+//!
+//! No pyo3 here: the crate builds, tests, benches and fuzzes with plain cargo; the Python
+//! bindings live in `rust/smetric-py`. The normative semantics are in
+//! `docs/routing-semantics.md`, shared with the plain-Python reference.
+
+pub mod config;
+pub mod error;
+pub mod fleet;
+pub mod hash;
+pub mod ids;
+pub mod index;
+pub mod load;
+pub mod policy;
+pub mod rng;
+pub mod router;
+pub mod turn;
+
+pub use config::{CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, RouterConfig};
+pub use error::{Result, SmetricError};
+pub use hash::{chain_root, hash_tokens, hash_tokens_into};
+pub use ids::{BlockHash, InstanceId, RequestId};
+pub use index::{Holder, IndexQuery, KvIndex};
+pub use load::{EffectiveLoad, LoadSnapshot};
+pub use policy::{Candidate, Policy, PolicyKind, Reason, Selection, SelectionInput};
+pub use router::{Decision, Hits, Prompt, RouteRequest, Router, RouterStats, Tier};
+pub use turn::{TurnHint, TurnSource, first_turn_from_roles};

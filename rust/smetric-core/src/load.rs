@@ -1,0 +1,163 @@
+//! The load board: per-instance counters that the policies read without taking a lock.
+//!
+//! Every counter is an atomic; a decision increments, the lifecycle calls decrement, and
+//! decrements saturate at zero, so an out-of-order or repeated call can never drive a
+//! counter negative. Engine snapshots (`update_load`) are stored beside the router's own
+//! counts and fused at read time under a staleness bound (docs §3).
+//!
+//! Complexity: every operation is O(1); a read of one instance is six relaxed loads.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// "No engine snapshot yet".
+const NEVER: u64 = u64::MAX;
+
+fn saturating_sub(counter: &AtomicU64, amount: u64) {
+    // fetch_update retries only under contention; the closure never fails.
+    let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(amount)));
+}
+
+/// Counters of one instance.
+#[derive(Debug)]
+pub struct InstanceLoad {
+    bs: AtomicU64,
+    waiting: AtomicU64,
+    queued: AtomicU64,
+    active: AtomicU64,
+    running_e: AtomicU64,
+    waiting_e: AtomicU64,
+    kv_usage_bits: AtomicU64,
+    stamp_ms: AtomicU64,
+}
+
+impl Default for InstanceLoad {
+    fn default() -> Self {
+        Self {
+            bs: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            active: AtomicU64::new(0),
+            running_e: AtomicU64::new(0),
+            waiting_e: AtomicU64::new(0),
+            kv_usage_bits: AtomicU64::new(0f64.to_bits()),
+            stamp_ms: AtomicU64::new(NEVER),
+        }
+    }
+}
+
+/// A plain copy of an instance's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LoadSnapshot {
+    /// Requests routed and not finished (the batch size).
+    pub bs: u64,
+    /// Requests routed and not yet prefilled.
+    pub waiting: u64,
+    /// Uncached prompt tokens routed and not yet prefilled.
+    pub queued: u64,
+    /// Prompt tokens of the requests in flight.
+    pub active: u64,
+    /// Engine-reported running requests (last snapshot).
+    pub running_e: u64,
+    /// Engine-reported waiting requests (last snapshot).
+    pub waiting_e: u64,
+    /// Engine-reported KV cache usage in [0, 1] (last snapshot).
+    pub kv_usage: f64,
+    /// Time of the last engine snapshot in ms, if any.
+    pub stamp_ms: Option<u64>,
+}
+
+/// What the policies see: the router's counts fused with a fresh engine snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EffectiveLoad {
+    /// Batch size: `max(bs, running_e + waiting_e)` when the snapshot is fresh.
+    pub bs: u64,
+    /// Waiting: `max(waiting, waiting_e)` when the snapshot is fresh.
+    pub waiting: u64,
+    /// Queued uncached prefill tokens (router's own).
+    pub queued: u64,
+    /// Active tokens (router's own).
+    pub active: u64,
+}
+
+impl InstanceLoad {
+    /// A decision placed a request here.
+    pub fn on_routed(&self, prefill_tokens: u64, prompt_tokens: u64) {
+        self.bs.fetch_add(1, Ordering::Relaxed);
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        self.queued.fetch_add(prefill_tokens, Ordering::Relaxed);
+        self.active.fetch_add(prompt_tokens, Ordering::Relaxed);
+    }
+
+    /// A request finished its prefill.
+    pub fn on_prefilled(&self, prefill_tokens: u64) {
+        saturating_sub(&self.waiting, 1);
+        saturating_sub(&self.queued, prefill_tokens);
+    }
+
+    /// A request finished or was aborted (after its prefill step was applied).
+    pub fn on_done(&self, prompt_tokens: u64) {
+        saturating_sub(&self.bs, 1);
+        saturating_sub(&self.active, prompt_tokens);
+    }
+
+    /// Stores the given fields of an engine snapshot taken at `now_ms`.
+    pub fn update_engine(&self, running: Option<u64>, waiting: Option<u64>, kv_usage: Option<f64>, now_ms: u64) {
+        if let Some(r) = running {
+            self.running_e.store(r, Ordering::Relaxed);
+        }
+        if let Some(w) = waiting {
+            self.waiting_e.store(w, Ordering::Relaxed);
+        }
+        if let Some(k) = kv_usage {
+            self.kv_usage_bits.store(k.to_bits(), Ordering::Relaxed);
+        }
+        self.stamp_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// A copy of every counter.
+    pub fn snapshot(&self) -> LoadSnapshot {
+        let stamp = self.stamp_ms.load(Ordering::Relaxed);
+        LoadSnapshot {
+            bs: self.bs.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
+            active: self.active.load(Ordering::Relaxed),
+            running_e: self.running_e.load(Ordering::Relaxed),
+            waiting_e: self.waiting_e.load(Ordering::Relaxed),
+            kv_usage: f64::from_bits(self.kv_usage_bits.load(Ordering::Relaxed)),
+            stamp_ms: (stamp != NEVER).then_some(stamp),
+        }
+    }
+
+    /// The load the policies score, fusing a snapshot no older than `staleness_ms`.
+    pub fn effective(&self, now_ms: u64, staleness_ms: u64) -> EffectiveLoad {
+        let s = self.snapshot();
+        let fresh = s.stamp_ms.is_some_and(|t| now_ms.saturating_sub(t) <= staleness_ms);
+        EffectiveLoad {
+            bs: if fresh { s.bs.max(s.running_e + s.waiting_e) } else { s.bs },
+            waiting: if fresh { s.waiting.max(s.waiting_e) } else { s.waiting },
+            queued: s.queued,
+            active: s.active,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_negative_and_fused() {
+        let l = InstanceLoad::default();
+        l.on_routed(100, 120);
+        l.on_prefilled(100);
+        l.on_prefilled(100);
+        l.on_done(120);
+        l.on_done(120);
+        let s = l.snapshot();
+        assert_eq!((s.bs, s.waiting, s.queued, s.active), (0, 0, 0, 0));
+        l.update_engine(Some(5), Some(2), Some(0.5), 1000);
+        assert_eq!(l.effective(1500, 1000).bs, 7);
+        assert_eq!(l.effective(2001, 1000).bs, 0, "a stale snapshot is ignored");
+    }
+}

@@ -1,0 +1,280 @@
+//! Routing policies behind one trait. One file per policy; each opens with its rule.
+//!
+//! A policy sees the candidates (live instances in slot order) with their local prefix
+//! hits and their effective load, plus the request's size, global-tier hit and turn, and
+//! returns the index of the chosen candidate. Policies never lock: the load values were
+//! read from atomics by the router, the hits come from the index query.
+//!
+//! Ties are broken at random with the router's counter-based generator (docs §5); a single
+//! best candidate takes no draw, which keeps the Python reference in lock-step.
+//!
+//! Complexity: every policy is O(candidates) per decision.
+
+mod cache_first;
+mod least_load;
+mod linear;
+mod lmetric;
+mod round_robin;
+mod smetric;
+
+use std::fmt::Debug;
+
+use crate::config::RouterConfig;
+use crate::error::{Result, SmetricError};
+use crate::rng::DrawCounter;
+
+pub use cache_first::CacheFirst;
+pub use least_load::LeastLoad;
+pub use linear::Linear;
+pub use lmetric::Lmetric;
+pub use round_robin::RoundRobin;
+pub use smetric::Smetric;
+
+/// One instance as a policy sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Candidate {
+    /// Slot of the instance.
+    pub slot: u32,
+    /// Local (GPU) prefix hit for this request, in tokens.
+    pub local_hit_tokens: u64,
+    /// Batch size (requests in flight).
+    pub bs: u64,
+    /// Requests not yet prefilled.
+    pub waiting: u64,
+    /// Uncached prompt tokens queued for prefill.
+    pub queued: u64,
+    /// Prompt tokens of the requests in flight.
+    pub active: u64,
+}
+
+/// Everything a policy may read for one decision.
+#[derive(Debug)]
+pub struct SelectionInput<'a> {
+    /// Live instances in slot order (never empty).
+    pub candidates: &'a [Candidate],
+    /// Prompt length in tokens.
+    pub num_tokens: u64,
+    /// Global-tier prefix hit in tokens (0 when the tier is disabled).
+    pub global_hit_tokens: u64,
+    /// Whether the request was judged a first turn.
+    pub first_turn: bool,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The router's configuration.
+    pub config: &'a RouterConfig,
+    /// The router's random stream.
+    pub rng: &'a DrawCounter,
+}
+
+/// Why a policy chose what it chose. `Display` gives the `Decision.reason` string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// `round_robin`.
+    RoundRobin,
+    /// `least_load`.
+    LeastLoad,
+    /// `cache_first`, weighted sampling.
+    CacheFirstWeighted,
+    /// `cache_first`, max-hit variant.
+    CacheFirstMaxHit,
+    /// `linear`.
+    Linear,
+    /// `lmetric`.
+    Lmetric,
+    /// `smetric`, first turn placed for load balance.
+    FirstTurnLeastLoaded,
+    /// `smetric`, follow-up kept at its home.
+    Sticky,
+    /// `smetric`, follow-up moved: its home lost its KV$.
+    MigrateEvicted,
+    /// `smetric`, follow-up moved: its home is overloaded.
+    MigrateOverloaded,
+}
+
+impl Reason {
+    /// The reason as reported in `Decision.reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round-robin",
+            Self::LeastLoad => "least-load",
+            Self::CacheFirstWeighted => "cache-first: weighted",
+            Self::CacheFirstMaxHit => "cache-first: max-hit",
+            Self::Linear => "linear",
+            Self::Lmetric => "lmetric",
+            Self::FirstTurnLeastLoaded => "first-turn: least-loaded",
+            Self::Sticky => "follow-up: sticky",
+            Self::MigrateEvicted => "follow-up: migrate (local KV$ evicted)",
+            Self::MigrateOverloaded => "follow-up: migrate (home overloaded)",
+        }
+    }
+
+    /// All reasons, for stats.
+    pub const ALL: [Reason; 10] = [
+        Self::RoundRobin,
+        Self::LeastLoad,
+        Self::CacheFirstWeighted,
+        Self::CacheFirstMaxHit,
+        Self::Linear,
+        Self::Lmetric,
+        Self::FirstTurnLeastLoaded,
+        Self::Sticky,
+        Self::MigrateEvicted,
+        Self::MigrateOverloaded,
+    ];
+}
+
+/// A policy's answer: an index into `SelectionInput::candidates` and the reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Selection {
+    /// Index into the candidates.
+    pub index: usize,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// A routing policy.
+pub trait Policy: Send + Sync + Debug {
+    /// The policy's name (as accepted by [`PolicyKind::parse`]).
+    fn name(&self) -> &'static str;
+    /// Chooses one candidate. `input.candidates` is never empty.
+    fn select(&self, input: &SelectionInput<'_>) -> Selection;
+}
+
+/// The policies smetric ships.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// Rotate through the fleet.
+    RoundRobin,
+    /// vLLM's data-parallel balancer: argmin 4·waiting + running.
+    LeastLoad,
+    /// The Bailian production scheduler (cache-first, normalised weighted score).
+    CacheFirst,
+    /// Dynamo's linear cost: w·prefill blocks + decode blocks.
+    Linear,
+    /// LMetric: argmin (queued + new prefill tokens) · (batch + 1).
+    Lmetric,
+    /// SMetric: first turns load-balanced, follow-ups cache-aware, migration on overload/eviction.
+    Smetric,
+}
+
+impl PolicyKind {
+    /// Every policy, in the order reports list them.
+    pub const ALL: [PolicyKind; 6] =
+        [Self::RoundRobin, Self::LeastLoad, Self::CacheFirst, Self::Linear, Self::Lmetric, Self::Smetric];
+
+    /// The policy's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round_robin",
+            Self::LeastLoad => "least_load",
+            Self::CacheFirst => "cache_first",
+            Self::Linear => "linear",
+            Self::Lmetric => "lmetric",
+            Self::Smetric => "smetric",
+        }
+    }
+
+    /// Parses a policy name.
+    pub fn parse(name: &str) -> Result<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| SmetricError::UnknownPolicy {
+            name: name.to_owned(),
+            known: Self::ALL.map(PolicyKind::name).join(", "),
+        })
+    }
+
+    /// A fresh policy object.
+    pub fn build(self) -> Box<dyn Policy> {
+        match self {
+            Self::RoundRobin => Box::new(RoundRobin::default()),
+            Self::LeastLoad => Box::new(LeastLoad),
+            Self::CacheFirst => Box::new(CacheFirst),
+            Self::Linear => Box::new(Linear),
+            Self::Lmetric => Box::new(Lmetric),
+            Self::Smetric => Box::new(Smetric),
+        }
+    }
+}
+
+/// Index (into `items`) of the smallest score among the allowed items, ties at random.
+/// Returns `None` when no item is allowed.
+///
+/// Ties are exact float equality on purpose: scores are products of integer counters, and
+/// the Python reference must find the very same ties.
+#[allow(clippy::float_cmp)]
+pub(crate) fn argmin_by(
+    n: usize,
+    rng: &DrawCounter,
+    allowed: impl Fn(usize) -> bool,
+    score: impl Fn(usize) -> f64,
+) -> Option<usize> {
+    let mut best = f64::INFINITY;
+    let mut ties = 0usize;
+    for i in (0..n).filter(|&i| allowed(i)) {
+        let s = score(i);
+        if ties == 0 || s < best {
+            best = s;
+            ties = 1;
+        } else if s == best {
+            ties += 1;
+        }
+    }
+    if ties == 0 {
+        return None;
+    }
+    let k = rng.pick(ties);
+    (0..n).filter(|&i| allowed(i) && score(i) == best).nth(k)
+}
+
+/// [`argmin_by`] over every candidate.
+pub(crate) fn argmin(n: usize, rng: &DrawCounter, score: impl Fn(usize) -> f64) -> usize {
+    argmin_by(n, rng, |_| true, score).unwrap_or(0)
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+
+    pub(crate) fn cand(slot: u32, hit: u64, bs: u64, queued: u64) -> Candidate {
+        Candidate { slot, local_hit_tokens: hit, bs, waiting: 0, queued, active: 0 }
+    }
+
+    pub(crate) fn input<'a>(
+        candidates: &'a [Candidate],
+        n: u64,
+        first_turn: bool,
+        config: &'a RouterConfig,
+        rng: &'a DrawCounter,
+    ) -> SelectionInput<'a> {
+        SelectionInput { candidates, num_tokens: n, global_hit_tokens: 0, first_turn, block_size: 16, config, rng }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmin_ties_are_random_but_reproducible() {
+        let scores = [3.0, 1.0, 1.0, 2.0, 1.0];
+        let picks: Vec<usize> = (0..50)
+            .map(|k| {
+                let rng = DrawCounter::new(k);
+                argmin(scores.len(), &rng, |i| scores[i])
+            })
+            .collect();
+        assert!(picks.iter().all(|p| [1, 2, 4].contains(p)));
+        assert!(picks.contains(&2) && picks.contains(&4), "ties must not always go to the lowest index");
+        let rng = DrawCounter::new(0);
+        assert_eq!(argmin(3, &rng, |i| i as f64), 0);
+        assert_eq!(rng.draws(), 0);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for k in PolicyKind::ALL {
+            assert_eq!(PolicyKind::parse(k.name()).unwrap(), k);
+            assert_eq!(k.build().name(), k.name());
+        }
+        assert!(matches!(PolicyKind::parse("nope"), Err(SmetricError::UnknownPolicy { .. })));
+    }
+}

@@ -1,0 +1,172 @@
+//! `RouterConfig`: a frozen, keyword-only mirror of the core's config. Each keyword's
+//! default is the core's `RouterConfig::DEFAULT` field, so defaults live in one place.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use smetric_core::{CacheFirstMode, IndexMode, RouterConfig};
+
+use crate::errors::IntoPyResult;
+
+const D: RouterConfig = RouterConfig::DEFAULT;
+
+/// Tunables of a :class:`Router`. Keyword-only; every field has a documented default.
+///
+/// See ``docs/routing-semantics.md`` §9 for why each default is what it is.
+#[pyclass(frozen, module = "smetric._core", name = "RouterConfig", eq)]
+#[derive(Clone, PartialEq)]
+pub(crate) struct PyRouterConfig {
+    pub(crate) inner: RouterConfig,
+}
+
+#[pymethods]
+impl PyRouterConfig {
+    #[new]
+    #[pyo3(signature = (
+        *,
+        hash_seed = D.hash_seed,
+        index_mode = D.index_mode.name(),
+        local_capacity_blocks = D.local_capacity_blocks,
+        global_capacity_blocks = D.global_capacity_blocks,
+        local_ttl_s = D.local_ttl_s,
+        engine_load_staleness_s = D.engine_load_staleness_s,
+        first_turn_min_branches = D.first_turn_min_branches,
+        cache_first_mode = D.cache_first_mode.name(),
+        cache_first_weights = D.cache_first_weights,
+        linear_prefill_weight = D.linear_prefill_weight,
+        global_fetch_cost = D.global_fetch_cost,
+        min_local_hit_ratio = D.min_local_hit_ratio,
+        overload_factor = D.overload_factor,
+        overload_slack_tokens = D.overload_slack_tokens,
+        overload_slack_requests = D.overload_slack_requests,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        hash_seed: u64,
+        index_mode: &str,
+        local_capacity_blocks: u64,
+        global_capacity_blocks: u64,
+        local_ttl_s: Option<f64>,
+        engine_load_staleness_s: f64,
+        first_turn_min_branches: u32,
+        cache_first_mode: &str,
+        cache_first_weights: (f64, f64, f64),
+        linear_prefill_weight: f64,
+        global_fetch_cost: f64,
+        min_local_hit_ratio: f64,
+        overload_factor: f64,
+        overload_slack_tokens: f64,
+        overload_slack_requests: f64,
+    ) -> PyResult<Self> {
+        let inner = RouterConfig {
+            hash_seed,
+            index_mode: IndexMode::parse(index_mode).py()?,
+            local_capacity_blocks,
+            global_capacity_blocks,
+            local_ttl_s,
+            engine_load_staleness_s,
+            first_turn_min_branches,
+            cache_first_mode: CacheFirstMode::parse(cache_first_mode).py()?,
+            cache_first_weights,
+            linear_prefill_weight,
+            global_fetch_cost,
+            min_local_hit_ratio,
+            overload_factor,
+            overload_slack_tokens,
+            overload_slack_requests,
+        };
+        inner.validate().py()?;
+        Ok(Self { inner })
+    }
+
+    #[getter]
+    fn hash_seed(&self) -> u64 {
+        self.inner.hash_seed
+    }
+    #[getter]
+    fn index_mode(&self) -> &'static str {
+        self.inner.index_mode.name()
+    }
+    #[getter]
+    fn local_capacity_blocks(&self) -> u64 {
+        self.inner.local_capacity_blocks
+    }
+    #[getter]
+    fn global_capacity_blocks(&self) -> u64 {
+        self.inner.global_capacity_blocks
+    }
+    #[getter]
+    fn local_ttl_s(&self) -> Option<f64> {
+        self.inner.local_ttl_s
+    }
+    #[getter]
+    fn engine_load_staleness_s(&self) -> f64 {
+        self.inner.engine_load_staleness_s
+    }
+    #[getter]
+    fn first_turn_min_branches(&self) -> u32 {
+        self.inner.first_turn_min_branches
+    }
+    #[getter]
+    fn cache_first_mode(&self) -> &'static str {
+        self.inner.cache_first_mode.name()
+    }
+    #[getter]
+    fn cache_first_weights(&self) -> (f64, f64, f64) {
+        self.inner.cache_first_weights
+    }
+    #[getter]
+    fn linear_prefill_weight(&self) -> f64 {
+        self.inner.linear_prefill_weight
+    }
+    #[getter]
+    fn global_fetch_cost(&self) -> f64 {
+        self.inner.global_fetch_cost
+    }
+    #[getter]
+    fn min_local_hit_ratio(&self) -> f64 {
+        self.inner.min_local_hit_ratio
+    }
+    #[getter]
+    fn overload_factor(&self) -> f64 {
+        self.inner.overload_factor
+    }
+    #[getter]
+    fn overload_slack_tokens(&self) -> f64 {
+        self.inner.overload_slack_tokens
+    }
+    #[getter]
+    fn overload_slack_requests(&self) -> f64 {
+        self.inner.overload_slack_requests
+    }
+
+    /// Every field as a dict (for logs and reports).
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let c = &self.inner;
+        d.set_item("hash_seed", c.hash_seed)?;
+        d.set_item("index_mode", c.index_mode.name())?;
+        d.set_item("local_capacity_blocks", c.local_capacity_blocks)?;
+        d.set_item("global_capacity_blocks", c.global_capacity_blocks)?;
+        d.set_item("local_ttl_s", c.local_ttl_s)?;
+        d.set_item("engine_load_staleness_s", c.engine_load_staleness_s)?;
+        d.set_item("first_turn_min_branches", c.first_turn_min_branches)?;
+        d.set_item("cache_first_mode", c.cache_first_mode.name())?;
+        d.set_item("cache_first_weights", c.cache_first_weights)?;
+        d.set_item("linear_prefill_weight", c.linear_prefill_weight)?;
+        d.set_item("global_fetch_cost", c.global_fetch_cost)?;
+        d.set_item("min_local_hit_ratio", c.min_local_hit_ratio)?;
+        d.set_item("overload_factor", c.overload_factor)?;
+        d.set_item("overload_slack_tokens", c.overload_slack_tokens)?;
+        d.set_item("overload_slack_requests", c.overload_slack_requests)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let fields: Vec<String> = self
+            .to_dict(py)?
+            .iter()
+            .map(|(k, v)| Ok(format!("{}={}", k.str()?, v.repr()?)))
+            .collect::<PyResult<_>>()?;
+        Ok(format!("RouterConfig({})", fields.join(", ")))
+    }
+}

@@ -1,0 +1,21 @@
+//! `smetric._core`: the PyO3 bindings of `smetric-core`. Only conversion and error mapping
+//! live here; every decision is made by the core.
+
+use pyo3::prelude::*;
+
+mod config;
+mod convert;
+mod errors;
+mod router;
+
+/// The compiled core of smetric. Import the public API from ``smetric`` instead.
+#[pymodule(gil_used = false)]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<router::PyRouter>()?;
+    m.add_class::<router::PyDecision>()?;
+    m.add_class::<router::PyIndexHits>()?;
+    m.add_class::<config::PyRouterConfig>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_BLOCK_SIZE", smetric_core::DEFAULT_BLOCK_SIZE)?;
+    Ok(())
+}

@@ -1,0 +1,386 @@
+//! `Router`, `Decision` and `IndexHits`: thin wrappers over `smetric_core::Router`.
+//!
+//! Per request: arguments are converted with the GIL held (token arrays in one validating
+//! copy), then hashing, the index query, scoring and bookkeeping run with the GIL released
+//! (`py.detach`), so `route()` from many Python threads proceeds in parallel up to the
+//! core's index mutex.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use smetric_core::{
+    BlockHash, DEFAULT_BLOCK_SIZE, PolicyKind, Prompt, RouteRequest, Router, RouterConfig, SmetricError, Tier,
+    TurnHint, first_turn_from_roles,
+};
+
+use crate::config::PyRouterConfig;
+use crate::convert;
+use crate::errors::{IntoPyResult, to_py};
+
+/// The outcome of :meth:`Router.route`.
+#[pyclass(frozen, module = "smetric._core", name = "Decision")]
+pub(crate) struct PyDecision {
+    /// Name of the chosen instance.
+    #[pyo3(get)]
+    instance: Py<PyAny>,
+    /// Whether the request was treated as the first turn of its session.
+    #[pyo3(get)]
+    first_turn: bool,
+    /// Where ``first_turn`` came from: ``"hint"``, ``"messages"`` or ``"index"``.
+    #[pyo3(get)]
+    turn_source: &'static str,
+    /// Prompt tokens already cached on the chosen instance's GPU.
+    #[pyo3(get)]
+    local_hit_tokens: u64,
+    /// Prompt tokens available from the global KV$ tier.
+    #[pyo3(get)]
+    global_hit_tokens: u64,
+    /// Tokens the chosen instance is expected to prefill.
+    #[pyo3(get)]
+    prefill_tokens: u64,
+    /// Prompt length in tokens.
+    #[pyo3(get)]
+    num_tokens: u64,
+    /// Why the policy chose this instance.
+    #[pyo3(get)]
+    reason: &'static str,
+    /// The request's id: the caller's (int or str) or one the router issued (int).
+    #[pyo3(get)]
+    request_id: Py<PyAny>,
+    /// The policy that decided.
+    #[pyo3(get)]
+    policy: &'static str,
+}
+
+#[pymethods]
+impl PyDecision {
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "Decision(instance={}, first_turn={}, turn_source={:?}, local_hit_tokens={}, global_hit_tokens={}, \
+             prefill_tokens={}, num_tokens={}, reason={:?}, request_id={}, policy={:?})",
+            self.instance.bind(py).repr()?,
+            if self.first_turn { "True" } else { "False" },
+            self.turn_source,
+            self.local_hit_tokens,
+            self.global_hit_tokens,
+            self.prefill_tokens,
+            self.num_tokens,
+            self.reason,
+            self.request_id.bind(py).repr()?,
+            self.policy,
+        ))
+    }
+}
+
+/// Index hits of a prompt on every instance (:meth:`Router.query`).
+#[pyclass(frozen, module = "smetric._core", name = "IndexHits")]
+pub(crate) struct PyIndexHits {
+    /// Instance name → local hit tokens, in slot order.
+    #[pyo3(get)]
+    local: Py<PyDict>,
+    /// Global-tier hit tokens.
+    #[pyo3(get)]
+    global_hit_tokens: u64,
+    /// Deepest prefix any holder matched, in blocks.
+    #[pyo3(get)]
+    deepest_blocks: u32,
+    /// Children of the deepest matched block (earlier requests that branched off there).
+    #[pyo3(get)]
+    branches: u32,
+}
+
+/// Routes requests of LLM-agent sessions to a fleet of vLLM instances.
+#[pyclass(frozen, module = "smetric._core", name = "Router")]
+pub(crate) struct PyRouter {
+    inner: Arc<Router>,
+    config: Py<PyRouterConfig>,
+}
+
+/// A prompt converted from Python: owned, so it can cross `py.detach`.
+enum OwnedPrompt {
+    Tokens(Vec<u32>),
+    Hashes(Vec<BlockHash>, Option<u64>),
+}
+
+impl OwnedPrompt {
+    fn from_args(tokens: Option<&Bound<'_, PyAny>>, hashes: Option<&Bound<'_, PyAny>>, num_tokens: Option<u64>) -> PyResult<Self> {
+        match (tokens, hashes) {
+            (Some(t), _) => Ok(Self::Tokens(convert::tokens(t)?)),
+            (None, Some(h)) => Ok(Self::Hashes(convert::hashes(h)?, num_tokens)),
+            (None, None) => Err(to_py(&SmetricError::MissingPrompt)),
+        }
+    }
+
+    fn borrow(&self) -> Prompt<'_> {
+        match self {
+            Self::Tokens(t) => Prompt::Tokens(t),
+            Self::Hashes(h, n) => Prompt::Hashes { hashes: h, num_tokens: *n },
+        }
+    }
+}
+
+fn tier(name: &str) -> PyResult<Tier> {
+    match name {
+        "local" => Ok(Tier::Local),
+        "global" => Ok(Tier::Global),
+        other => Err(to_py(&SmetricError::InvalidArgument {
+            argument: "tier",
+            reason: format!("{other:?} is not one of \"local\", \"global\""),
+        })),
+    }
+}
+
+#[pymethods]
+impl PyRouter {
+    #[new]
+    #[pyo3(signature = (instances, *, policy = "smetric", block_size = i64::from(DEFAULT_BLOCK_SIZE), seed = 0, config = None))]
+    fn new(
+        py: Python<'_>,
+        instances: Vec<String>,
+        policy: &str,
+        block_size: i64,
+        seed: u64,
+        config: Option<Py<PyRouterConfig>>,
+    ) -> PyResult<Self> {
+        let kind = PolicyKind::parse(policy).py()?;
+        let block_size = u32::try_from(block_size)
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| to_py(&SmetricError::InvalidBlockSize { block_size: block_size.max(0) as u64 }))?;
+        let config = match config {
+            Some(c) => c,
+            None => Py::new(py, PyRouterConfig { inner: RouterConfig::default() })?,
+        };
+        let inner = Router::new(&instances, kind, block_size, seed, config.get().inner.clone()).py()?;
+        Ok(Self { inner: Arc::new(inner), config })
+    }
+
+    /// Chooses the instance for one request.
+    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        &self,
+        py: Python<'_>,
+        tokens: Option<&Bound<'_, PyAny>>,
+        hashes: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<u64>,
+        messages: Option<&Bound<'_, PyAny>>,
+        turn: Option<i64>,
+        request_id: Option<&Bound<'_, PyAny>>,
+        namespace: Option<String>,
+        now: Option<f64>,
+    ) -> PyResult<PyDecision> {
+        let prompt = OwnedPrompt::from_args(tokens, hashes, num_tokens)?;
+        let hint = match (turn, messages) {
+            (Some(t), _) => TurnHint::Turn(u32::try_from(t).ok().filter(|&t| t >= 1).ok_or_else(|| {
+                to_py(&SmetricError::InvalidArgument { argument: "turn", reason: format!("turns count from 1, got {t}") })
+            })?),
+            (None, Some(m)) => {
+                let roles = convert::roles(m)?;
+                TurnHint::Messages { first_turn: first_turn_from_roles(roles.iter().map(String::as_str)) }
+            }
+            (None, None) => TurnHint::Unknown,
+        };
+        let id = request_id.map(convert::request_id).transpose()?;
+        let inner = &self.inner;
+        let decision = py
+            .detach(|| {
+                inner.route(&RouteRequest {
+                    prompt: prompt.borrow(),
+                    namespace: namespace.as_deref(),
+                    turn: hint,
+                    request_id: id,
+                    now,
+                })
+            })
+            .py()?;
+        let request_id = match request_id {
+            Some(obj) => obj.clone().unbind(),
+            None => decision.request_id.0.into_pyobject(py)?.into_any().unbind(),
+        };
+        Ok(PyDecision {
+            instance: decision.instance_name.as_ref().into_pyobject(py)?.into_any().unbind(),
+            first_turn: decision.first_turn,
+            turn_source: decision.turn_source.name(),
+            local_hit_tokens: decision.local_hit_tokens,
+            global_hit_tokens: decision.global_hit_tokens,
+            prefill_tokens: decision.prefill_tokens,
+            num_tokens: decision.num_tokens,
+            reason: decision.reason.as_str(),
+            request_id,
+            policy: inner.policy().name(),
+        })
+    }
+
+    /// Prefix hits of a prompt on every instance and in the global tier; changes nothing.
+    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, namespace = None, now = None))]
+    fn query(
+        &self,
+        py: Python<'_>,
+        tokens: Option<&Bound<'_, PyAny>>,
+        hashes: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<u64>,
+        namespace: Option<String>,
+        now: Option<f64>,
+    ) -> PyResult<PyIndexHits> {
+        let prompt = OwnedPrompt::from_args(tokens, hashes, num_tokens)?;
+        let inner = &self.inner;
+        let hits = py.detach(|| inner.query(prompt.borrow(), namespace.as_deref(), now)).py()?;
+        let local = PyDict::new(py);
+        for (name, tokens) in &hits.local {
+            local.set_item(name.as_ref(), tokens)?;
+        }
+        Ok(PyIndexHits {
+            local: local.unbind(),
+            global_hit_tokens: hits.global_hit_tokens,
+            deepest_blocks: hits.deepest_blocks,
+            branches: hits.branches,
+        })
+    }
+
+    /// The request's prefill is done (first token out).
+    #[pyo3(signature = (request_id, *, now = None))]
+    fn on_prefilled(&self, request_id: &Bound<'_, PyAny>, now: Option<f64>) -> PyResult<bool> {
+        let _ = now;
+        Ok(self.inner.on_prefilled(convert::request_id(request_id)?))
+    }
+
+    /// The request finished.
+    #[pyo3(signature = (request_id, output_tokens = 0, *, now = None))]
+    fn on_finished(&self, request_id: &Bound<'_, PyAny>, output_tokens: u64, now: Option<f64>) -> PyResult<bool> {
+        let _ = now;
+        Ok(self.inner.on_finished(convert::request_id(request_id)?, output_tokens))
+    }
+
+    /// The request was aborted.
+    #[pyo3(signature = (request_id, *, now = None))]
+    fn on_aborted(&self, request_id: &Bound<'_, PyAny>, now: Option<f64>) -> PyResult<bool> {
+        let _ = now;
+        Ok(self.inner.on_aborted(convert::request_id(request_id)?))
+    }
+
+    /// Adds an instance to the fleet.
+    fn add_instance(&self, name: &str) -> PyResult<()> {
+        self.inner.add_instance(name).py().map(|_| ())
+    }
+
+    /// Removes an instance from the fleet, with its index entries and load.
+    fn remove_instance(&self, name: &str) -> PyResult<()> {
+        self.inner.remove_instance(name).py()
+    }
+
+    /// Stores an engine load snapshot (e.g. scraped from vLLM's ``/metrics``).
+    #[pyo3(signature = (instance, *, running = None, waiting = None, kv_usage = None, now = None))]
+    fn update_load(&self, instance: &str, running: Option<u64>, waiting: Option<u64>, kv_usage: Option<f64>, now: Option<f64>) -> PyResult<()> {
+        self.inner.update_load(instance, running, waiting, kv_usage, now).py()
+    }
+
+    /// Records that ``instance`` (or the global tier) holds ``hashes``, a run continuing ``parent``.
+    #[pyo3(signature = (instance, hashes, tier = "local", *, parent = None, now = None))]
+    fn store_blocks(
+        &self,
+        py: Python<'_>,
+        instance: Option<&str>,
+        hashes: &Bound<'_, PyAny>,
+        tier: &str,
+        parent: Option<u64>,
+        now: Option<f64>,
+    ) -> PyResult<()> {
+        let hashes = convert::hashes(hashes)?;
+        let tier = self::tier(tier)?;
+        let inner = &self.inner;
+        py.detach(|| inner.store_blocks(instance, tier, &hashes, parent.map(BlockHash), now)).py()
+    }
+
+    /// Records that ``instance`` (or the global tier) dropped ``hashes``.
+    #[pyo3(signature = (instance, hashes, tier = "local"))]
+    fn remove_blocks(&self, py: Python<'_>, instance: Option<&str>, hashes: &Bound<'_, PyAny>, tier: &str) -> PyResult<()> {
+        let hashes = convert::hashes(hashes)?;
+        let tier = self::tier(tier)?;
+        let inner = &self.inner;
+        py.detach(|| inner.remove_blocks(instance, tier, &hashes)).py()
+    }
+
+    /// Drops everything ``instance`` (or, with ``tier="global"``, the global tier) holds.
+    #[pyo3(signature = (instance = None, tier = "local"))]
+    fn clear(&self, instance: Option<&str>, tier: &str) -> PyResult<()> {
+        self.inner.clear(instance, self::tier(tier)?).py()
+    }
+
+    /// The load counters of one instance.
+    fn load<'py>(&self, py: Python<'py>, instance: &str) -> PyResult<Bound<'py, PyDict>> {
+        let l = self.inner.load(instance).py()?;
+        let d = PyDict::new(py);
+        d.set_item("bs", l.bs)?;
+        d.set_item("waiting", l.waiting)?;
+        d.set_item("queued", l.queued)?;
+        d.set_item("active", l.active)?;
+        d.set_item("running_e", l.running_e)?;
+        d.set_item("waiting_e", l.waiting_e)?;
+        d.set_item("kv_usage", l.kv_usage)?;
+        Ok(d)
+    }
+
+    /// The chained block hashes this router computes for ``tokens``.
+    #[pyo3(signature = (tokens, namespace = None))]
+    fn hash_tokens(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>, namespace: Option<String>) -> PyResult<Vec<u64>> {
+        let tokens = convert::tokens(tokens)?;
+        let inner = &self.inner;
+        Ok(py.detach(|| inner.hash_tokens(&tokens, namespace.as_deref()).into_iter().map(|h| h.0).collect()))
+    }
+
+    /// Counters of decisions, lifecycle events and the index.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("routed", s.routed)?;
+        d.set_item("first_turns", s.first_turns)?;
+        let reasons = PyDict::new(py);
+        for (r, c) in &s.reasons {
+            reasons.set_item(*r, c)?;
+        }
+        d.set_item("reasons", reasons)?;
+        d.set_item("unknown_request_events", s.unknown_request_events)?;
+        d.set_item("in_flight", s.in_flight)?;
+        d.set_item("random_draws", s.draws)?;
+        d.set_item("index_entries", s.index.entries)?;
+        let local = PyDict::new(py);
+        for (name, blocks) in &s.local_blocks {
+            local.set_item(name.as_ref(), blocks)?;
+        }
+        d.set_item("index_local_blocks", local)?;
+        d.set_item("index_global_blocks", s.index.global_blocks)?;
+        d.set_item("index_evictions", s.index.evictions)?;
+        d.set_item("index_bytes", s.index_bytes)?;
+        Ok(d)
+    }
+
+    /// Live instance names, in slot order.
+    #[getter]
+    fn instances<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.inner.instances().iter().map(AsRef::<str>::as_ref))
+    }
+
+    /// The policy's name.
+    #[getter]
+    fn policy(&self) -> &'static str {
+        self.inner.policy().name()
+    }
+
+    /// Tokens per block.
+    #[getter]
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+
+    /// The router's configuration.
+    #[getter]
+    fn config(&self, py: Python<'_>) -> Py<PyRouterConfig> {
+        self.config.clone_ref(py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Router(policy={:?}, instances={}, block_size={})", self.inner.policy().name(), self.inner.instances().len(), self.inner.block_size())
+    }
+}
