@@ -139,7 +139,10 @@ fn finite_non_negative(field: &'static str, value: f64) -> Result<()> {
     if value.is_finite() && value >= 0.0 {
         Ok(())
     } else {
-        Err(SmetricError::InvalidConfig { field, reason: format!("must be a finite number >= 0, got {value}") })
+        Err(SmetricError::InvalidConfig {
+            field,
+            reason: format!("must be a finite number >= 0, got {value}"),
+        })
     }
 }
 

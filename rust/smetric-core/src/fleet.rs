@@ -53,21 +53,29 @@ impl Fleet {
             self.generations.push(0);
         }
         self.generations[slot] += 1;
-        self.slots[slot] =
-            Some(Member { name: Arc::from(name), generation: self.generations[slot], load: Arc::default() });
+        self.slots[slot] = Some(Member {
+            name: Arc::from(name),
+            generation: self.generations[slot],
+            load: Arc::default(),
+        });
         Ok(slot as u32)
     }
 
     /// Frees `name`'s slot and returns it.
     pub fn remove(&mut self, name: &str) -> Result<u32> {
-        let slot = self.slot_of(name).ok_or_else(|| SmetricError::UnknownInstance { name: name.to_owned() })?;
+        let slot = self
+            .slot_of(name)
+            .ok_or_else(|| SmetricError::UnknownInstance { name: name.to_owned() })?;
         self.slots[slot as usize] = None;
         Ok(slot)
     }
 
     /// The slot of `name`, if present.
     pub fn slot_of(&self, name: &str) -> Option<u32> {
-        self.slots.iter().position(|m| m.as_ref().is_some_and(|m| &*m.name == name)).map(|s| s as u32)
+        self.slots
+            .iter()
+            .position(|m| m.as_ref().is_some_and(|m| &*m.name == name))
+            .map(|s| s as u32)
     }
 
     /// The member in `slot`, if occupied.
@@ -77,13 +85,18 @@ impl Fleet {
 
     /// The member called `name`.
     pub fn by_name(&self, name: &str) -> Result<(u32, &Member)> {
-        let slot = self.slot_of(name).ok_or_else(|| SmetricError::UnknownInstance { name: name.to_owned() })?;
+        let slot = self
+            .slot_of(name)
+            .ok_or_else(|| SmetricError::UnknownInstance { name: name.to_owned() })?;
         Ok((slot, self.member(slot).expect("slot_of returns occupied slots")))
     }
 
     /// Occupied slots in slot order.
     pub fn members(&self) -> impl Iterator<Item = (u32, &Member)> {
-        self.slots.iter().enumerate().filter_map(|(s, m)| m.as_ref().map(|m| (s as u32, m)))
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(s, m)| m.as_ref().map(|m| (s as u32, m)))
     }
 
     /// Number of live instances.

@@ -47,7 +47,13 @@ pub fn hash_block(parent: u64, block: &[u32]) -> u64 {
 /// Appends the chained hashes of every full block of `tokens` to `out`.
 ///
 /// `block_size` must be at least 1 (the router validates it once at construction).
-pub fn hash_tokens_into(tokens: &[u32], block_size: usize, seed: u64, namespace: Option<&str>, out: &mut Vec<BlockHash>) {
+pub fn hash_tokens_into(
+    tokens: &[u32],
+    block_size: usize,
+    seed: u64,
+    namespace: Option<&str>,
+    out: &mut Vec<BlockHash>,
+) {
     debug_assert!(block_size > 0);
     out.reserve(tokens.len() / block_size);
     let mut parent = chain_root(seed, namespace);
@@ -81,7 +87,10 @@ mod tests {
         let mut b = a.clone();
         b[0] = 999; // differs in the first block only
         let (ha, hb) = (hash_tokens(&a, 16, 0, None), hash_tokens(&b, 16, 0, None));
-        assert!(ha.iter().zip(&hb).all(|(x, y)| x != y), "a change in block 0 must change every later hash");
+        assert!(
+            ha.iter().zip(&hb).all(|(x, y)| x != y),
+            "a change in block 0 must change every later hash"
+        );
         let mut c = a.clone();
         c[40] = 7; // differs in the last block only
         let hc = hash_tokens(&c, 16, 0, None);
@@ -102,7 +111,10 @@ mod tests {
     #[test]
     fn namespace_and_large_blocks() {
         let tokens: Vec<u32> = (0..600).collect();
-        assert_ne!(hash_tokens(&tokens, 16, 0, Some("lora-a")), hash_tokens(&tokens, 16, 0, None));
+        assert_ne!(
+            hash_tokens(&tokens, 16, 0, Some("lora-a")),
+            hash_tokens(&tokens, 16, 0, None)
+        );
         // The streaming path (block > STACK_BLOCK_TOKENS) hashes the same bytes as the stack path.
         let big = hash_tokens(&tokens, 300, 5, None);
         let bytes: Vec<u8> = tokens[..300].iter().flat_map(|t| t.to_le_bytes()).collect();

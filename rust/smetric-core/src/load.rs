@@ -134,7 +134,11 @@ impl InstanceLoad {
         let s = self.snapshot();
         let fresh = s.stamp_ms.is_some_and(|t| now_ms.saturating_sub(t) <= staleness_ms);
         EffectiveLoad {
-            bs: if fresh { s.bs.max(s.running_e + s.waiting_e) } else { s.bs },
+            bs: if fresh {
+                s.bs.max(s.running_e + s.waiting_e)
+            } else {
+                s.bs
+            },
             waiting: if fresh { s.waiting.max(s.waiting_e) } else { s.waiting },
             queued: s.queued,
             active: s.active,

@@ -27,7 +27,10 @@ pub struct DrawCounter {
 impl DrawCounter {
     /// A stream starting at draw 0.
     pub fn new(seed: u64) -> Self {
-        Self { seed, next: AtomicU64::new(0) }
+        Self {
+            seed,
+            next: AtomicU64::new(0),
+        }
     }
 
     /// The next 64-bit draw.

@@ -65,7 +65,13 @@ pub struct RouteRequest<'a> {
 impl<'a> RouteRequest<'a> {
     /// A request with only a prompt.
     pub fn new(prompt: Prompt<'a>) -> Self {
-        Self { prompt, namespace: None, turn: TurnHint::Unknown, request_id: None, now: None }
+        Self {
+            prompt,
+            namespace: None,
+            turn: TurnHint::Unknown,
+            request_id: None,
+            now: None,
+        }
     }
 }
 
@@ -181,7 +187,13 @@ fn to_ms(seconds: f64) -> u64 {
 
 impl Router {
     /// A router over `instances` (non-empty, unique names).
-    pub fn new(instances: &[String], kind: PolicyKind, block_size: u32, seed: u64, config: RouterConfig) -> Result<Self> {
+    pub fn new(
+        instances: &[String],
+        kind: PolicyKind,
+        block_size: u32,
+        seed: u64,
+        config: RouterConfig,
+    ) -> Result<Self> {
         if block_size == 0 {
             return Err(SmetricError::InvalidBlockSize { block_size: 0 });
         }
@@ -203,7 +215,11 @@ impl Router {
             kind,
             block_size,
             rng: DrawCounter::new(seed),
-            guarded: Mutex::new(Guarded { index, query: IndexQuery::default(), candidates: Vec::new() }),
+            guarded: Mutex::new(Guarded {
+                index,
+                query: IndexQuery::default(),
+                candidates: Vec::new(),
+            }),
             fleet: ArcSwap::from_pointee(fleet),
             requests: Mutex::new(MixMap::default()),
             next_request_id: AtomicU64::new(RequestId::FIRST_GENERATED),
@@ -240,14 +256,23 @@ impl Router {
         match now {
             None => Ok(to_ms(self.epoch.elapsed().as_secs_f64())),
             Some(t) if t.is_finite() && t >= 0.0 => Ok(to_ms(t)),
-            Some(t) => Err(SmetricError::InvalidArgument { argument: "now", reason: format!("must be finite and >= 0, got {t}") }),
+            Some(t) => Err(SmetricError::InvalidArgument {
+                argument: "now",
+                reason: format!("must be finite and >= 0, got {t}"),
+            }),
         }
     }
 
     /// The block chain of a token prompt under this router's seed and block size.
     pub fn hash_tokens(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<BlockHash> {
         let mut out = Vec::new();
-        hash_tokens_into(tokens, self.block_size as usize, self.config.hash_seed, namespace, &mut out);
+        hash_tokens_into(
+            tokens,
+            self.block_size as usize,
+            self.config.hash_seed,
+            namespace,
+            &mut out,
+        );
         out
     }
 
@@ -256,15 +281,27 @@ impl Router {
     }
 
     /// Resolves a prompt into (chain, prompt length), hashing tokens into `scratch`.
-    fn chain<'a>(&self, prompt: Prompt<'a>, namespace: Option<&str>, scratch: &'a mut Vec<BlockHash>) -> (&'a [BlockHash], u64) {
+    fn chain<'a>(
+        &self,
+        prompt: Prompt<'a>,
+        namespace: Option<&str>,
+        scratch: &'a mut Vec<BlockHash>,
+    ) -> (&'a [BlockHash], u64) {
         match prompt {
             Prompt::Tokens(tokens) => {
-                hash_tokens_into(tokens, self.block_size as usize, self.config.hash_seed, namespace, scratch);
+                hash_tokens_into(
+                    tokens,
+                    self.block_size as usize,
+                    self.config.hash_seed,
+                    namespace,
+                    scratch,
+                );
                 (scratch.as_slice(), tokens.len() as u64)
             }
-            Prompt::Hashes { hashes, num_tokens } => {
-                (hashes, num_tokens.unwrap_or(hashes.len() as u64 * u64::from(self.block_size)))
-            }
+            Prompt::Hashes { hashes, num_tokens } => (
+                hashes,
+                num_tokens.unwrap_or(hashes.len() as u64 * u64::from(self.block_size)),
+            ),
         }
     }
 
@@ -272,12 +309,16 @@ impl Router {
     pub fn route(&self, req: &RouteRequest<'_>) -> Result<Decision> {
         let now_ms = self.now_ms(req.now)?;
         if let TurnHint::Turn(0) = req.turn {
-            return Err(SmetricError::InvalidArgument { argument: "turn", reason: "turns count from 1".to_owned() });
+            return Err(SmetricError::InvalidArgument {
+                argument: "turn",
+                reason: "turns count from 1".to_owned(),
+            });
         }
         let mut scratch = Vec::new();
         let (chain, n) = self.chain(req.prompt, req.namespace, &mut scratch);
-        let request_id =
-            req.request_id.unwrap_or_else(|| RequestId(self.next_request_id.fetch_add(1, Ordering::Relaxed)));
+        let request_id = req
+            .request_id
+            .unwrap_or_else(|| RequestId(self.next_request_id.fetch_add(1, Ordering::Relaxed)));
         let staleness_ms = to_ms(self.config.engine_load_staleness_s);
 
         let mut g = self.guarded.lock();
@@ -285,7 +326,11 @@ impl Router {
         if fleet.is_empty() {
             return Err(SmetricError::NoInstances);
         }
-        let Guarded { index, query, candidates } = &mut *g;
+        let Guarded {
+            index,
+            query,
+            candidates,
+        } = &mut *g;
         index.query(chain, now_ms, query);
         candidates.clear();
         for (slot, m) in fleet.members() {
@@ -300,8 +345,12 @@ impl Router {
             });
         }
         let global_hit_tokens = self.hit_tokens(query.global_blocks, n);
-        let (first_turn, turn_source) =
-            infer(req.turn, query.deepest_blocks, query.branches, self.config.first_turn_min_branches);
+        let (first_turn, turn_source) = infer(
+            req.turn,
+            query.deepest_blocks,
+            query.branches,
+            self.config.first_turn_min_branches,
+        );
         let selection = self.policy.select(&SelectionInput {
             candidates,
             num_tokens: n,
@@ -323,7 +372,13 @@ impl Router {
 
         self.requests.lock().insert(
             request_id,
-            InFlight { slot: chosen.slot, generation: member.generation, prefill, num_tokens: n, prefilled: false },
+            InFlight {
+                slot: chosen.slot,
+                generation: member.generation,
+                prefill,
+                num_tokens: n,
+                prefilled: false,
+            },
         );
         self.routed.fetch_add(1, Ordering::Relaxed);
         self.first_turns.fetch_add(u64::from(first_turn), Ordering::Relaxed);
@@ -366,7 +421,10 @@ impl Router {
     /// The load counters of the slot a request was routed to, if that occupant is still there.
     fn load_of(&self, rec: &InFlight) -> Option<Arc<crate::load::InstanceLoad>> {
         let fleet = self.fleet.load();
-        fleet.member(rec.slot).filter(|m| m.generation == rec.generation).map(|m| m.load.clone())
+        fleet
+            .member(rec.slot)
+            .filter(|m| m.generation == rec.generation)
+            .map(|m| m.load.clone())
     }
 
     fn unknown(&self) -> bool {
@@ -378,7 +436,9 @@ impl Router {
     /// changed; repeated or unknown calls change nothing.
     pub fn on_prefilled(&self, id: RequestId) -> bool {
         let mut requests = self.requests.lock();
-        let Some(rec) = requests.get_mut(&id) else { return self.unknown() };
+        let Some(rec) = requests.get_mut(&id) else {
+            return self.unknown();
+        };
         if rec.prefilled {
             return false;
         }
@@ -401,7 +461,9 @@ impl Router {
 
     /// Forgets a request, applying its prefill step first if it never came.
     fn done(&self, id: RequestId) -> bool {
-        let Some(rec) = self.requests.lock().remove(&id) else { return self.unknown() };
+        let Some(rec) = self.requests.lock().remove(&id) else {
+            return self.unknown();
+        };
         let Some(load) = self.load_of(&rec) else { return false };
         if !rec.prefilled {
             load.on_prefilled(rec.prefill);
@@ -432,11 +494,21 @@ impl Router {
     }
 
     /// Stores an engine load snapshot for `instance`.
-    pub fn update_load(&self, instance: &str, running: Option<u64>, waiting: Option<u64>, kv_usage: Option<f64>, now: Option<f64>) -> Result<()> {
+    pub fn update_load(
+        &self,
+        instance: &str,
+        running: Option<u64>,
+        waiting: Option<u64>,
+        kv_usage: Option<f64>,
+        now: Option<f64>,
+    ) -> Result<()> {
         let now_ms = self.now_ms(now)?;
         if let Some(k) = kv_usage {
             if !(k.is_finite() && (0.0..=1.0).contains(&k)) {
-                return Err(SmetricError::InvalidArgument { argument: "kv_usage", reason: format!("must be in [0, 1], got {k}") });
+                return Err(SmetricError::InvalidArgument {
+                    argument: "kv_usage",
+                    reason: format!("must be in [0, 1], got {k}"),
+                });
             }
         }
         let fleet = self.fleet.load();
@@ -463,7 +535,14 @@ impl Router {
     }
 
     /// Records that `instance` (or the global tier) now holds `hashes`, a run continuing `parent`.
-    pub fn store_blocks(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash], parent: Option<BlockHash>, now: Option<f64>) -> Result<()> {
+    pub fn store_blocks(
+        &self,
+        instance: Option<&str>,
+        tier: Tier,
+        hashes: &[BlockHash],
+        parent: Option<BlockHash>,
+        now: Option<f64>,
+    ) -> Result<()> {
         let now_ms = self.now_ms(now)?;
         let mut g = self.guarded.lock();
         let holder = self.holder(instance, tier)?;
@@ -494,12 +573,23 @@ impl Router {
         let g = self.guarded.lock();
         let index = g.index.stats();
         let fleet = self.fleet.load();
-        let local_blocks =
-            fleet.members().map(|(slot, m)| (m.name.clone(), index.local_blocks.get(slot as usize).copied().unwrap_or(0))).collect();
+        let local_blocks = fleet
+            .members()
+            .map(|(slot, m)| {
+                (
+                    m.name.clone(),
+                    index.local_blocks.get(slot as usize).copied().unwrap_or(0),
+                )
+            })
+            .collect();
         RouterStats {
             routed: self.routed.load(Ordering::Relaxed),
             first_turns: self.first_turns.load(Ordering::Relaxed),
-            reasons: Reason::ALL.iter().zip(&self.reasons).map(|(r, c)| (r.as_str(), c.load(Ordering::Relaxed))).collect(),
+            reasons: Reason::ALL
+                .iter()
+                .zip(&self.reasons)
+                .map(|(r, c)| (r.as_str(), c.load(Ordering::Relaxed)))
+                .collect(),
             unknown_request_events: self.unknown_events.load(Ordering::Relaxed),
             in_flight: self.requests.lock().len(),
             draws: self.rng.draws(),
@@ -522,11 +612,21 @@ mod tests {
     fn follow_up_returns_home_and_lifecycle_balances() {
         let r = Router::new(&names(4), PolicyKind::Smetric, 4, 1, RouterConfig::default()).unwrap();
         let turn1: Vec<u32> = (0..40).collect();
-        let d1 = r.route(&RouteRequest { now: Some(0.0), ..RouteRequest::new(Prompt::Tokens(&turn1)) }).unwrap();
+        let d1 = r
+            .route(&RouteRequest {
+                now: Some(0.0),
+                ..RouteRequest::new(Prompt::Tokens(&turn1))
+            })
+            .unwrap();
         assert!(d1.first_turn);
         let mut turn2 = turn1.clone();
         turn2.extend(100..140);
-        let d2 = r.route(&RouteRequest { now: Some(1.0), ..RouteRequest::new(Prompt::Tokens(&turn2)) }).unwrap();
+        let d2 = r
+            .route(&RouteRequest {
+                now: Some(1.0),
+                ..RouteRequest::new(Prompt::Tokens(&turn2))
+            })
+            .unwrap();
         assert!(!d2.first_turn);
         assert_eq!(d2.instance, d1.instance);
         assert_eq!(d2.local_hit_tokens, 40);
@@ -547,26 +647,41 @@ mod tests {
         let gone = d.instance_name.clone();
         r.remove_instance(&gone).unwrap();
         r.add_instance("new").unwrap();
-        assert!(!r.on_finished(d.request_id, 0), "the new occupant's counters are not touched");
+        assert!(
+            !r.on_finished(d.request_id, 0),
+            "the new occupant's counters are not touched"
+        );
         let l = r.load("new").unwrap();
         assert_eq!(l.bs, 0);
         for _ in 0..4 {
             let d = r.route(&RouteRequest::new(Prompt::Tokens(&[1, 2, 3]))).unwrap();
             assert_ne!(d.instance_name, gone);
         }
-        assert!(matches!(r.add_instance("new"), Err(SmetricError::DuplicateInstance { .. })));
-        assert!(matches!(r.remove_instance("zzz"), Err(SmetricError::UnknownInstance { .. })));
+        assert!(matches!(
+            r.add_instance("new"),
+            Err(SmetricError::DuplicateInstance { .. })
+        ));
+        assert!(matches!(
+            r.remove_instance("zzz"),
+            Err(SmetricError::UnknownInstance { .. })
+        ));
     }
 
     #[test]
     fn bad_construction() {
-        assert!(matches!(Router::new(&[], PolicyKind::Smetric, 16, 0, RouterConfig::default()), Err(SmetricError::NoInstances)));
+        assert!(matches!(
+            Router::new(&[], PolicyKind::Smetric, 16, 0, RouterConfig::default()),
+            Err(SmetricError::NoInstances)
+        ));
         assert!(matches!(
             Router::new(&names(1), PolicyKind::Smetric, 0, 0, RouterConfig::default()),
             Err(SmetricError::InvalidBlockSize { .. })
         ));
         let r = Router::new(&names(1), PolicyKind::Smetric, 16, 0, RouterConfig::default()).unwrap();
         r.remove_instance("i0").unwrap();
-        assert!(matches!(r.route(&RouteRequest::new(Prompt::Tokens(&[1]))), Err(SmetricError::NoInstances)));
+        assert!(matches!(
+            r.route(&RouteRequest::new(Prompt::Tokens(&[1]))),
+            Err(SmetricError::NoInstances)
+        ));
     }
 }

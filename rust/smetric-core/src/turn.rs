@@ -70,9 +70,14 @@ mod tests {
         assert!(first_turn_from_roles(["system", "user"].into_iter()));
         assert!(first_turn_from_roles(["user"].into_iter()));
         assert!(first_turn_from_roles(std::iter::empty()));
-        assert!(!first_turn_from_roles(["system", "user", "assistant", "tool"].into_iter()));
+        assert!(!first_turn_from_roles(
+            ["system", "user", "assistant", "tool"].into_iter()
+        ));
         assert!(!first_turn_from_roles(["user", "assistant", "user"].into_iter()));
-        assert!(first_turn_from_roles(["system", "user", "assistant"].into_iter()), "only messages before the last count");
+        assert!(
+            first_turn_from_roles(["system", "user", "assistant"].into_iter()),
+            "only messages before the last count"
+        );
     }
 
     #[test]

@@ -17,7 +17,11 @@ fn bad_token(position: usize, value: i128) -> PyErr {
 
 /// Converts a copied buffer, reporting the first id outside `[0, 2^32)`.
 fn narrow<T: Copy + TryInto<u32> + Into<i128>>(values: Vec<T>) -> PyResult<Vec<u32>> {
-    values.into_iter().enumerate().map(|(i, v)| v.try_into().map_err(|_| bad_token(i, v.into()))).collect()
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| v.try_into().map_err(|_| bad_token(i, v.into())))
+        .collect()
 }
 
 /// Token ids from a numpy array, any object exporting a 1-D integer buffer, or a sequence of ints.
@@ -42,7 +46,10 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         return narrow(buf.to_vec(py)?);
     }
     if obj.hasattr("dtype")? || obj.hasattr("__buffer__")? {
-        let dtype = obj.getattr("dtype").map_or_else(|_| obj.get_type().name().map(|n| n.to_string()), |d| d.str().map(|s| s.to_string()))?;
+        let dtype = obj.getattr("dtype").map_or_else(
+            |_| obj.get_type().name().map(|n| n.to_string()),
+            |d| d.str().map(|s| s.to_string()),
+        )?;
         return Err(to_py(&SmetricError::UnsupportedDtype { dtype }));
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
@@ -72,7 +79,9 @@ fn token_item(i: usize, item: &Bound<'_, PyAny>) -> PyResult<u32> {
         if let Ok(v) = item.call_method0("__index__").and_then(|v| v.extract::<i128>()) {
             return u32::try_from(v).map_err(|_| bad_token(i, v));
         }
-        return Err(to_py(&SmetricError::UnsupportedDtype { dtype: format!("list of {}", item.get_type().name()?) }));
+        return Err(to_py(&SmetricError::UnsupportedDtype {
+            dtype: format!("list of {}", item.get_type().name()?),
+        }));
     }
     let v = item.extract::<i128>().unwrap_or(i128::MAX);
     Err(bad_token(i, v))
@@ -99,7 +108,10 @@ pub(crate) fn hashes(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
 }
 
 fn bad_hash(i: usize) -> PyErr {
-    to_py(&SmetricError::InvalidArgument { argument: "hashes", reason: format!("element {i} is not an int in [0, 2^64)") })
+    to_py(&SmetricError::InvalidArgument {
+        argument: "hashes",
+        reason: format!("element {i} is not an int in [0, 2^64)"),
+    })
 }
 
 /// A request id: an int in `[0, 2^64)` or a string.
@@ -120,12 +132,22 @@ pub(crate) fn roles(obj: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     let mut out = Vec::new();
     for (i, m) in obj.try_iter()?.enumerate() {
         let m = m?;
-        let role = if let Ok(d) = m.cast::<PyDict>() { d.get_item("role")? } else { m.getattr("role").ok() };
+        let role = if let Ok(d) = m.cast::<PyDict>() {
+            d.get_item("role")?
+        } else {
+            m.getattr("role").ok()
+        };
         let role = role.ok_or_else(|| {
-            to_py(&SmetricError::InvalidArgument { argument: "messages", reason: format!("message {i} has no role") })
+            to_py(&SmetricError::InvalidArgument {
+                argument: "messages",
+                reason: format!("message {i} has no role"),
+            })
         })?;
         out.push(role.extract::<String>().map_err(|_| {
-            to_py(&SmetricError::InvalidArgument { argument: "messages", reason: format!("role of message {i} is not a str") })
+            to_py(&SmetricError::InvalidArgument {
+                argument: "messages",
+                reason: format!("role of message {i} is not a str"),
+            })
         })?);
     }
     Ok(out)

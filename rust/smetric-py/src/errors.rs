@@ -13,7 +13,9 @@ use smetric_core::SmetricError;
 static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
 fn errors_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    ERRORS.get_or_try_init(py, || py.import("smetric.errors").map(Bound::unbind)).map(|m| m.bind(py))
+    ERRORS
+        .get_or_try_init(py, || py.import("smetric.errors").map(Bound::unbind))
+        .map(|m| m.bind(py))
 }
 
 fn build(py: Python<'_>, err: &SmetricError) -> PyResult<PyErr> {
@@ -58,7 +60,9 @@ fn build(py: Python<'_>, err: &SmetricError) -> PyResult<PyErr> {
         }
         SmetricError::MissingPrompt => "MissingPromptError",
     };
-    let instance = errors_module(py)?.getattr(class)?.call((err.to_string(),), Some(&kwargs))?;
+    let instance = errors_module(py)?
+        .getattr(class)?
+        .call((err.to_string(),), Some(&kwargs))?;
     Ok(PyErr::from_value(instance))
 }
 

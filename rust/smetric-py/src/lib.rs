@@ -1,6 +1,9 @@
 //! `smetric._core`: the PyO3 bindings of `smetric-core`. Only conversion and error mapping
 //! live here; every decision is made by the core.
 
+// PyO3 hands extracted arguments over by value; borrowing them instead is not an option.
+#![allow(clippy::needless_pass_by_value)]
+
 use pyo3::prelude::*;
 
 mod config;

@@ -104,7 +104,11 @@ enum OwnedPrompt {
 }
 
 impl OwnedPrompt {
-    fn from_args(tokens: Option<&Bound<'_, PyAny>>, hashes: Option<&Bound<'_, PyAny>>, num_tokens: Option<u64>) -> PyResult<Self> {
+    fn from_args(
+        tokens: Option<&Bound<'_, PyAny>>,
+        hashes: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<u64>,
+    ) -> PyResult<Self> {
         match (tokens, hashes) {
             (Some(t), _) => Ok(Self::Tokens(convert::tokens(t)?)),
             (None, Some(h)) => Ok(Self::Hashes(convert::hashes(h)?, num_tokens)),
@@ -115,7 +119,10 @@ impl OwnedPrompt {
     fn borrow(&self) -> Prompt<'_> {
         match self {
             Self::Tokens(t) => Prompt::Tokens(t),
-            Self::Hashes(h, n) => Prompt::Hashes { hashes: h, num_tokens: *n },
+            Self::Hashes(h, n) => Prompt::Hashes {
+                hashes: h,
+                num_tokens: *n,
+            },
         }
     }
 }
@@ -144,16 +151,25 @@ impl PyRouter {
         config: Option<Py<PyRouterConfig>>,
     ) -> PyResult<Self> {
         let kind = PolicyKind::parse(policy).py()?;
-        let block_size = u32::try_from(block_size)
-            .ok()
-            .filter(|&b| b > 0)
-            .ok_or_else(|| to_py(&SmetricError::InvalidBlockSize { block_size: block_size.max(0) as u64 }))?;
+        let block_size = u32::try_from(block_size).ok().filter(|&b| b > 0).ok_or_else(|| {
+            to_py(&SmetricError::InvalidBlockSize {
+                block_size: block_size.max(0) as u64,
+            })
+        })?;
         let config = match config {
             Some(c) => c,
-            None => Py::new(py, PyRouterConfig { inner: RouterConfig::default() })?,
+            None => Py::new(
+                py,
+                PyRouterConfig {
+                    inner: RouterConfig::default(),
+                },
+            )?,
         };
         let inner = Router::new(&instances, kind, block_size, seed, config.get().inner.clone()).py()?;
-        Ok(Self { inner: Arc::new(inner), config })
+        Ok(Self {
+            inner: Arc::new(inner),
+            config,
+        })
     }
 
     /// Chooses the instance for one request.
@@ -174,11 +190,16 @@ impl PyRouter {
         let prompt = OwnedPrompt::from_args(tokens, hashes, num_tokens)?;
         let hint = match (turn, messages) {
             (Some(t), _) => TurnHint::Turn(u32::try_from(t).ok().filter(|&t| t >= 1).ok_or_else(|| {
-                to_py(&SmetricError::InvalidArgument { argument: "turn", reason: format!("turns count from 1, got {t}") })
+                to_py(&SmetricError::InvalidArgument {
+                    argument: "turn",
+                    reason: format!("turns count from 1, got {t}"),
+                })
             })?),
             (None, Some(m)) => {
                 let roles = convert::roles(m)?;
-                TurnHint::Messages { first_turn: first_turn_from_roles(roles.iter().map(String::as_str)) }
+                TurnHint::Messages {
+                    first_turn: first_turn_from_roles(roles.iter().map(String::as_str)),
+                }
             }
             (None, None) => TurnHint::Unknown,
         };
@@ -226,7 +247,9 @@ impl PyRouter {
     ) -> PyResult<PyIndexHits> {
         let prompt = OwnedPrompt::from_args(tokens, hashes, num_tokens)?;
         let inner = &self.inner;
-        let hits = py.detach(|| inner.query(prompt.borrow(), namespace.as_deref(), now)).py()?;
+        let hits = py
+            .detach(|| inner.query(prompt.borrow(), namespace.as_deref(), now))
+            .py()?;
         let local = PyDict::new(py);
         for (name, tokens) in &hits.local {
             local.set_item(name.as_ref(), tokens)?;
@@ -272,7 +295,14 @@ impl PyRouter {
 
     /// Stores an engine load snapshot (e.g. scraped from vLLM's ``/metrics``).
     #[pyo3(signature = (instance, *, running = None, waiting = None, kv_usage = None, now = None))]
-    fn update_load(&self, instance: &str, running: Option<u64>, waiting: Option<u64>, kv_usage: Option<f64>, now: Option<f64>) -> PyResult<()> {
+    fn update_load(
+        &self,
+        instance: &str,
+        running: Option<u64>,
+        waiting: Option<u64>,
+        kv_usage: Option<f64>,
+        now: Option<f64>,
+    ) -> PyResult<()> {
         self.inner.update_load(instance, running, waiting, kv_usage, now).py()
     }
 
@@ -290,12 +320,19 @@ impl PyRouter {
         let hashes = convert::hashes(hashes)?;
         let tier = self::tier(tier)?;
         let inner = &self.inner;
-        py.detach(|| inner.store_blocks(instance, tier, &hashes, parent.map(BlockHash), now)).py()
+        py.detach(|| inner.store_blocks(instance, tier, &hashes, parent.map(BlockHash), now))
+            .py()
     }
 
     /// Records that ``instance`` (or the global tier) dropped ``hashes``.
     #[pyo3(signature = (instance, hashes, tier = "local"))]
-    fn remove_blocks(&self, py: Python<'_>, instance: Option<&str>, hashes: &Bound<'_, PyAny>, tier: &str) -> PyResult<()> {
+    fn remove_blocks(
+        &self,
+        py: Python<'_>,
+        instance: Option<&str>,
+        hashes: &Bound<'_, PyAny>,
+        tier: &str,
+    ) -> PyResult<()> {
         let hashes = convert::hashes(hashes)?;
         let tier = self::tier(tier)?;
         let inner = &self.inner;
@@ -327,7 +364,13 @@ impl PyRouter {
     fn hash_tokens(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>, namespace: Option<String>) -> PyResult<Vec<u64>> {
         let tokens = convert::tokens(tokens)?;
         let inner = &self.inner;
-        Ok(py.detach(|| inner.hash_tokens(&tokens, namespace.as_deref()).into_iter().map(|h| h.0).collect()))
+        Ok(py.detach(|| {
+            inner
+                .hash_tokens(&tokens, namespace.as_deref())
+                .into_iter()
+                .map(|h| h.0)
+                .collect()
+        }))
     }
 
     /// Counters of decisions, lifecycle events and the index.
@@ -381,6 +424,11 @@ impl PyRouter {
     }
 
     fn __repr__(&self) -> String {
-        format!("Router(policy={:?}, instances={}, block_size={})", self.inner.policy().name(), self.inner.instances().len(), self.inner.block_size())
+        format!(
+            "Router(policy={:?}, instances={}, block_size={})",
+            self.inner.policy().name(),
+            self.inner.instances().len(),
+            self.inner.block_size()
+        )
     }
 }

@@ -179,7 +179,10 @@ impl KvIndex {
         if self.instances.len() <= s {
             self.instances.resize_with(s + 1, InstanceHolder::default);
         }
-        self.instances[s] = InstanceHolder { live: true, ..InstanceHolder::default() };
+        self.instances[s] = InstanceHolder {
+            live: true,
+            ..InstanceHolder::default()
+        };
         self.live_mask[s / 64] |= 1 << (s % 64);
     }
 
@@ -275,7 +278,8 @@ impl KvIndex {
             }
         }
         let base = e as usize * self.words;
-        let unheld = self.entries[e as usize].global_seq == NOT_HELD && self.bits[base..base + self.words].iter().all(|&w| w == 0);
+        let unheld = self.entries[e as usize].global_seq == NOT_HELD
+            && self.bits[base..base + self.words].iter().all(|&w| w == 0);
         if unheld {
             let hash = self.entries[e as usize].hash;
             self.by_hash.remove(&hash);
@@ -288,7 +292,11 @@ impl KvIndex {
     }
 
     fn create_entry(&mut self, hash: BlockHash) -> u32 {
-        let entry = Entry { hash, global_seq: NOT_HELD, children: 0 };
+        let entry = Entry {
+            hash,
+            global_seq: NOT_HELD,
+            children: 0,
+        };
         let id = if let Some(id) = self.free_entries.pop() {
             self.entries[id as usize] = entry;
             let base = id as usize * self.words;
@@ -351,7 +359,8 @@ impl KvIndex {
             }
             Holder::Global => {
                 let entries = &mut self.entries;
-                self.global_lru.compact(|t| entries[t.entry as usize].global_seq == t.seq);
+                self.global_lru
+                    .compact(|t| entries[t.entry as usize].global_seq == t.seq);
                 for t in self.global_lru.iter() {
                     entries[t.entry as usize].global_seq = t.seq;
                 }
@@ -378,7 +387,11 @@ impl KvIndex {
                 id
             } else {
                 let id = self.create_entry(h);
-                let parent_id = if i > 0 { Some(ids[i - 1]) } else { parent.and_then(|p| self.entry_of(p)) };
+                let parent_id = if i > 0 {
+                    Some(ids[i - 1])
+                } else {
+                    parent.and_then(|p| self.entry_of(p))
+                };
                 if let Some(p) = parent_id {
                     let c = &mut self.entries[p as usize].children;
                     *c = c.saturating_add(1);
@@ -512,7 +525,11 @@ impl KvIndex {
     pub fn stats(&self) -> IndexStats {
         IndexStats {
             entries: self.by_hash.len(),
-            local_blocks: self.instances.iter().map(|h| if h.live { h.seqs.len() } else { 0 }).collect(),
+            local_blocks: self
+                .instances
+                .iter()
+                .map(|h| if h.live { h.seqs.len() } else { 0 })
+                .collect(),
             global_blocks: self.global_held,
             evictions: self.evictions,
         }
@@ -551,7 +568,11 @@ mod tests {
     }
 
     fn index(local: u64, global: u64) -> KvIndex {
-        let mut ix = KvIndex::new(IndexLimits { local_capacity: local, global_capacity: global, local_ttl_ms: None });
+        let mut ix = KvIndex::new(IndexLimits {
+            local_capacity: local,
+            global_capacity: global,
+            local_ttl_ms: None,
+        });
         for s in 0..3 {
             ix.add_slot(s);
         }
@@ -604,7 +625,11 @@ mod tests {
 
     #[test]
     fn ttl_and_removal_free_entries() {
-        let mut ix = KvIndex::new(IndexLimits { local_capacity: 100, global_capacity: 0, local_ttl_ms: Some(1000) });
+        let mut ix = KvIndex::new(IndexLimits {
+            local_capacity: 100,
+            global_capacity: 0,
+            local_ttl_ms: Some(1000),
+        });
         ix.add_slot(0);
         ix.touch(Holder::Instance(0), &chain(0..3), None, 0);
         let mut q = IndexQuery::default();
@@ -621,7 +646,11 @@ mod tests {
 
     #[test]
     fn many_slots_restride() {
-        let mut ix = KvIndex::new(IndexLimits { local_capacity: 10, global_capacity: 0, local_ttl_ms: None });
+        let mut ix = KvIndex::new(IndexLimits {
+            local_capacity: 10,
+            global_capacity: 0,
+            local_ttl_ms: None,
+        });
         ix.add_slot(0);
         ix.touch(Holder::Instance(0), &chain(0..3), None, 0);
         ix.add_slot(130);

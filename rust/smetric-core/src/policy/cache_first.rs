@@ -52,14 +52,26 @@ impl CacheFirst {
                 })
                 .unwrap_or(c.len() - 1)
         };
-        Selection { index, reason: Reason::CacheFirstWeighted }
+        Selection {
+            index,
+            reason: Reason::CacheFirstWeighted,
+        }
     }
 
     fn max_hit(input: &SelectionInput<'_>) -> Selection {
         let c = input.candidates;
         let best_hit = c.iter().map(|x| x.local_hit_tokens).max().unwrap_or(0);
-        let index = argmin_by(c.len(), input.rng, |i| c[i].local_hit_tokens == best_hit, |i| c[i].bs as f64).unwrap_or(0);
-        Selection { index, reason: Reason::CacheFirstMaxHit }
+        let index = argmin_by(
+            c.len(),
+            input.rng,
+            |i| c[i].local_hit_tokens == best_hit,
+            |i| c[i].bs as f64,
+        )
+        .unwrap_or(0);
+        Selection {
+            index,
+            reason: Reason::CacheFirstMaxHit,
+        }
     }
 }
 
@@ -99,7 +111,10 @@ mod tests {
 
     #[test]
     fn max_hit_is_deterministic() {
-        let cfg = RouterConfig { cache_first_mode: CacheFirstMode::MaxHit, ..RouterConfig::default() };
+        let cfg = RouterConfig {
+            cache_first_mode: CacheFirstMode::MaxHit,
+            ..RouterConfig::default()
+        };
         let rng = DrawCounter::new(0);
         let c = [cand(0, 900, 5, 0), cand(1, 900, 2, 0), cand(2, 0, 0, 0)];
         assert_eq!(CacheFirst.select(&input(&c, 1000, true, &cfg, &rng)).index, 1);

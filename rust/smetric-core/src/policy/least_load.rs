@@ -16,6 +16,9 @@ impl Policy for LeastLoad {
     fn select(&self, input: &SelectionInput<'_>) -> Selection {
         let c = input.candidates;
         let index = argmin(c.len(), input.rng, |i| (4 * c[i].waiting + c[i].bs) as f64);
-        Selection { index, reason: Reason::LeastLoad }
+        Selection {
+            index,
+            reason: Reason::LeastLoad,
+        }
     }
 }

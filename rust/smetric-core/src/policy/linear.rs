@@ -22,6 +22,9 @@ impl Policy for Linear {
             let new = n - c[i].local_hit_tokens.min(n);
             w * (c[i].queued + new) as f64 / b + c[i].active as f64 / b
         });
-        Selection { index, reason: Reason::Linear }
+        Selection {
+            index,
+            reason: Reason::Linear,
+        }
     }
 }

@@ -23,7 +23,10 @@ impl Policy for Lmetric {
             let new = n - c[i].local_hit_tokens.min(n);
             ((c[i].queued + new) as f64).max(1.0) * (c[i].bs + 1) as f64
         });
-        Selection { index, reason: Reason::Lmetric }
+        Selection {
+            index,
+            reason: Reason::Lmetric,
+        }
     }
 }
 

@@ -159,8 +159,14 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 6] =
-        [Self::RoundRobin, Self::LeastLoad, Self::CacheFirst, Self::Linear, Self::Lmetric, Self::Smetric];
+    pub const ALL: [PolicyKind; 6] = [
+        Self::RoundRobin,
+        Self::LeastLoad,
+        Self::CacheFirst,
+        Self::Linear,
+        Self::Lmetric,
+        Self::Smetric,
+    ];
 
     /// The policy's name.
     pub fn name(self) -> &'static str {
@@ -176,10 +182,13 @@ impl PolicyKind {
 
     /// Parses a policy name.
     pub fn parse(name: &str) -> Result<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| SmetricError::UnknownPolicy {
-            name: name.to_owned(),
-            known: Self::ALL.map(PolicyKind::name).join(", "),
-        })
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| SmetricError::UnknownPolicy {
+                name: name.to_owned(),
+                known: Self::ALL.map(PolicyKind::name).join(", "),
+            })
     }
 
     /// A fresh policy object.
@@ -235,7 +244,14 @@ pub(crate) mod test_support {
     use super::*;
 
     pub(crate) fn cand(slot: u32, hit: u64, bs: u64, queued: u64) -> Candidate {
-        Candidate { slot, local_hit_tokens: hit, bs, waiting: 0, queued, active: 0 }
+        Candidate {
+            slot,
+            local_hit_tokens: hit,
+            bs,
+            waiting: 0,
+            queued,
+            active: 0,
+        }
     }
 
     pub(crate) fn input<'a>(
@@ -245,7 +261,15 @@ pub(crate) mod test_support {
         config: &'a RouterConfig,
         rng: &'a DrawCounter,
     ) -> SelectionInput<'a> {
-        SelectionInput { candidates, num_tokens: n, global_hit_tokens: 0, first_turn, block_size: 16, config, rng }
+        SelectionInput {
+            candidates,
+            num_tokens: n,
+            global_hit_tokens: 0,
+            first_turn,
+            block_size: 16,
+            config,
+            rng,
+        }
     }
 }
 
@@ -263,7 +287,10 @@ mod tests {
             })
             .collect();
         assert!(picks.iter().all(|p| [1, 2, 4].contains(p)));
-        assert!(picks.contains(&2) && picks.contains(&4), "ties must not always go to the lowest index");
+        assert!(
+            picks.contains(&2) && picks.contains(&4),
+            "ties must not always go to the lowest index"
+        );
         let rng = DrawCounter::new(0);
         assert_eq!(argmin(3, &rng, |i| i as f64), 0);
         assert_eq!(rng.draws(), 0);
@@ -275,6 +302,9 @@ mod tests {
             assert_eq!(PolicyKind::parse(k.name()).unwrap(), k);
             assert_eq!(k.build().name(), k.name());
         }
-        assert!(matches!(PolicyKind::parse("nope"), Err(SmetricError::UnknownPolicy { .. })));
+        assert!(matches!(
+            PolicyKind::parse("nope"),
+            Err(SmetricError::UnknownPolicy { .. })
+        ));
     }
 }

@@ -18,6 +18,9 @@ impl Policy for RoundRobin {
 
     fn select(&self, input: &SelectionInput<'_>) -> Selection {
         let k = self.next.fetch_add(1, Ordering::Relaxed);
-        Selection { index: (k % input.candidates.len() as u64) as usize, reason: Reason::RoundRobin }
+        Selection {
+            index: (k % input.candidates.len() as u64) as usize,
+            reason: Reason::RoundRobin,
+        }
     }
 }

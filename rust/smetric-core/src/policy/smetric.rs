@@ -42,7 +42,11 @@ impl Smetric {
         let mean_q = c.iter().map(|x| x.queued).sum::<u64>() as f64 / len;
         let mean_bs = c.iter().map(|x| x.bs).sum::<u64>() as f64 / len;
         let cfg = input.config;
-        let (factor, slack_q, slack_bs) = (cfg.overload_factor, cfg.overload_slack_tokens, cfg.overload_slack_requests);
+        let (factor, slack_q, slack_bs) = (
+            cfg.overload_factor,
+            cfg.overload_slack_tokens,
+            cfg.overload_slack_requests,
+        );
         move |x: &Candidate| x.queued as f64 > factor * mean_q + slack_q || x.bs as f64 > factor * mean_bs + slack_bs
     }
 }
@@ -54,26 +58,55 @@ impl Policy for Smetric {
 
     fn select(&self, input: &SelectionInput<'_>) -> Selection {
         let c = input.candidates;
-        let (n, g, f) = (input.num_tokens, input.global_hit_tokens.min(input.num_tokens), input.config.global_fetch_cost);
+        let (n, g, f) = (
+            input.num_tokens,
+            input.global_hit_tokens.min(input.num_tokens),
+            input.config.global_fetch_cost,
+        );
         if input.first_turn {
             let blind = (n - g) as f64 + g as f64 * f;
-            let index = argmin(c.len(), input.rng, |i| (c[i].queued as f64 + blind) * (c[i].bs + 1) as f64);
-            return Selection { index, reason: Reason::FirstTurnLeastLoaded };
+            let index = argmin(c.len(), input.rng, |i| {
+                (c[i].queued as f64 + blind) * (c[i].bs + 1) as f64
+            });
+            return Selection {
+                index,
+                reason: Reason::FirstTurnLeastLoaded,
+            };
         }
         let best_hit = c.iter().map(|x| x.local_hit_tokens).max().unwrap_or(0);
-        let home = argmin_by(c.len(), input.rng, |i| c[i].local_hit_tokens == best_hit, |i| score(&c[i], n, g, f)).unwrap_or(0);
+        let home = argmin_by(
+            c.len(),
+            input.rng,
+            |i| c[i].local_hit_tokens == best_hit,
+            |i| score(&c[i], n, g, f),
+        )
+        .unwrap_or(0);
         if (c[home].local_hit_tokens as f64) < input.config.min_local_hit_ratio * n as f64 {
             let index = argmin(c.len(), input.rng, |i| score(&c[i], n, g, f));
-            return Selection { index, reason: Reason::MigrateEvicted };
+            return Selection {
+                index,
+                reason: Reason::MigrateEvicted,
+            };
         }
         let overloaded = Self::overloaded(input);
         if overloaded(&c[home]) {
             let all_overloaded = c.iter().all(&overloaded);
-            let index = argmin_by(c.len(), input.rng, |i| all_overloaded || !overloaded(&c[i]), |i| score(&c[i], n, g, f))
-                .unwrap_or(home);
-            return Selection { index, reason: Reason::MigrateOverloaded };
+            let index = argmin_by(
+                c.len(),
+                input.rng,
+                |i| all_overloaded || !overloaded(&c[i]),
+                |i| score(&c[i], n, g, f),
+            )
+            .unwrap_or(home);
+            return Selection {
+                index,
+                reason: Reason::MigrateOverloaded,
+            };
         }
-        Selection { index: home, reason: Reason::Sticky }
+        Selection {
+            index: home,
+            reason: Reason::Sticky,
+        }
     }
 }
 

@@ -1,0 +1,240 @@
+"""Type stubs of ``smetric._core``, the compiled routing core (hand-written, checked by stubtest)."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Self, TypeAlias, final
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "Decision", "IndexHits", "Router", "RouterConfig", "__version__"]
+
+__version__: Final[str]
+DEFAULT_BLOCK_SIZE: Final[int]
+
+_TokenArray: TypeAlias = npt.NDArray[np.int32] | npt.NDArray[np.uint32] | npt.NDArray[np.int64]
+_Tokens: TypeAlias = Sequence[int] | _TokenArray
+_Hashes: TypeAlias = Sequence[int] | npt.NDArray[np.uint64] | npt.NDArray[np.int64]
+_RequestId: TypeAlias = int | str
+_Message: TypeAlias = Mapping[str, Any] | Any
+
+@final
+class RouterConfig:
+    """Tunables of a :class:`Router`. Keyword-only.
+
+    Each default is defined once, in the Rust core (``RouterConfig::DEFAULT``); read them from
+    ``RouterConfig()`` or ``docs/routing-semantics.md`` §9, which also gives the reasons.
+    """
+
+    def __new__(
+        cls,
+        *,
+        hash_seed: int = ...,
+        index_mode: str = ...,
+        local_capacity_blocks: int = ...,
+        global_capacity_blocks: int = ...,
+        local_ttl_s: float | None = ...,
+        engine_load_staleness_s: float = ...,
+        first_turn_min_branches: int = ...,
+        cache_first_mode: str = ...,
+        cache_first_weights: tuple[float, float, float] = ...,
+        linear_prefill_weight: float = ...,
+        global_fetch_cost: float = ...,
+        min_local_hit_ratio: float = ...,
+        overload_factor: float = ...,
+        overload_slack_tokens: float = ...,
+        overload_slack_requests: float = ...,
+    ) -> Self: ...
+    @property
+    def hash_seed(self) -> int: ...
+    @property
+    def index_mode(self) -> str: ...
+    @property
+    def local_capacity_blocks(self) -> int: ...
+    @property
+    def global_capacity_blocks(self) -> int: ...
+    @property
+    def local_ttl_s(self) -> float | None: ...
+    @property
+    def engine_load_staleness_s(self) -> float: ...
+    @property
+    def first_turn_min_branches(self) -> int: ...
+    @property
+    def cache_first_mode(self) -> str: ...
+    @property
+    def cache_first_weights(self) -> tuple[float, float, float]: ...
+    @property
+    def linear_prefill_weight(self) -> float: ...
+    @property
+    def global_fetch_cost(self) -> float: ...
+    @property
+    def min_local_hit_ratio(self) -> float: ...
+    @property
+    def overload_factor(self) -> float: ...
+    @property
+    def overload_slack_tokens(self) -> float: ...
+    @property
+    def overload_slack_requests(self) -> float: ...
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as a dict."""
+
+@final
+class Decision:
+    """The outcome of :meth:`Router.route`."""
+
+    @property
+    def instance(self) -> str:
+        """Name of the chosen instance."""
+    @property
+    def first_turn(self) -> bool:
+        """Whether the request was treated as the first turn of its session."""
+    @property
+    def turn_source(self) -> str:
+        """``"hint"``, ``"messages"`` or ``"index"``."""
+    @property
+    def local_hit_tokens(self) -> int:
+        """Prompt tokens cached on the chosen instance's GPU."""
+    @property
+    def global_hit_tokens(self) -> int:
+        """Prompt tokens available from the global KV$ tier."""
+    @property
+    def prefill_tokens(self) -> int:
+        """_Tokens the chosen instance is expected to prefill."""
+    @property
+    def num_tokens(self) -> int:
+        """Prompt length in tokens."""
+    @property
+    def reason(self) -> str:
+        """Why the policy chose this instance."""
+    @property
+    def request_id(self) -> _RequestId:
+        """The caller's id, or the one the router issued."""
+    @property
+    def policy(self) -> str:
+        """The policy that decided."""
+
+@final
+class IndexHits:
+    """Prefix hits of one prompt, from :meth:`Router.query`."""
+
+    @property
+    def local(self) -> dict[str, int]:
+        """Instance name → local hit tokens, in slot order."""
+    @property
+    def global_hit_tokens(self) -> int: ...
+    @property
+    def deepest_blocks(self) -> int: ...
+    @property
+    def branches(self) -> int: ...
+
+@final
+class Router:
+    """Routes the requests of LLM-agent sessions to a fleet of vLLM instances.
+
+    Arguments:
+        instances: unique instance names (e.g. base URLs); at least one.
+        policy: one of ``smetric.POLICIES``.
+        block_size: tokens per KV block (vLLM's ``--block-size``; a trace's block size).
+        seed: seed of the router's random tie-breaks.
+        config: a :class:`RouterConfig`; defaults when ``None``.
+
+    Raises:
+        NoInstancesError, DuplicateInstanceError, UnknownPolicyError, InvalidBlockSizeError,
+        InvalidConfigError.
+    """
+
+    def __new__(
+        cls,
+        instances: Sequence[str],
+        *,
+        policy: str = "smetric",
+        block_size: int = ...,
+        seed: int = 0,
+        config: RouterConfig | None = None,
+    ) -> Self: ...
+    def route(
+        self,
+        tokens: _Tokens | None = None,
+        *,
+        hashes: _Hashes | None = None,
+        num_tokens: int | None = None,
+        messages: Sequence[_Message] | None = None,
+        turn: int | None = None,
+        request_id: _RequestId | None = None,
+        namespace: str | None = None,
+        now: float | None = None,
+    ) -> Decision:
+        """Chooses the instance for one request.
+
+        Arguments:
+            tokens: prompt token ids (list or int32/uint32/int64 array), or ``None`` with ``hashes``.
+            hashes: a pre-hashed block chain (e.g. a trace's ``hash_ids``).
+            num_tokens: prompt length when ``hashes`` are given (default ``len(hashes) * block_size``).
+            messages: the chat history (dicts or objects with a ``role``), for turn inference.
+            turn: the caller's turn number (1 = first turn); overrides every inference.
+            request_id: an id for the lifecycle calls; issued by the router when ``None``.
+            namespace: mixed into the hash chain (LoRA name, cache salt).
+            now: time in seconds (the router's own clock when ``None``).
+
+        Raises:
+            InvalidTokenError, UnsupportedDtypeError, MissingPromptError, NoInstancesError,
+            InvalidArgumentError.
+        """
+    def query(
+        self,
+        tokens: _Tokens | None = None,
+        *,
+        hashes: _Hashes | None = None,
+        num_tokens: int | None = None,
+        namespace: str | None = None,
+        now: float | None = None,
+    ) -> IndexHits:
+        """Prefix hits of a prompt on every instance and in the global tier; changes nothing."""
+    def on_prefilled(self, request_id: _RequestId, *, now: float | None = None) -> bool:
+        """The request's prefill is done. Returns whether a counter changed."""
+    def on_finished(self, request_id: _RequestId, output_tokens: int = 0, *, now: float | None = None) -> bool:
+        """The request finished. Returns whether a counter changed."""
+    def on_aborted(self, request_id: _RequestId, *, now: float | None = None) -> bool:
+        """The request was aborted. Returns whether a counter changed."""
+    def add_instance(self, name: str) -> None:
+        """Adds an instance (empty index, zero load)."""
+    def remove_instance(self, name: str) -> None:
+        """Removes an instance with its index entries and load."""
+    def update_load(
+        self,
+        instance: str,
+        *,
+        running: int | None = None,
+        waiting: int | None = None,
+        kv_usage: float | None = None,
+        now: float | None = None,
+    ) -> None:
+        """Stores an engine load snapshot (e.g. from vLLM's ``/metrics``)."""
+    def store_blocks(
+        self,
+        instance: str | None,
+        hashes: _Hashes,
+        tier: str = "local",
+        *,
+        parent: int | None = None,
+        now: float | None = None,
+    ) -> None:
+        """Records that ``instance`` (or, with ``tier="global"``, the global tier) holds ``hashes``."""
+    def remove_blocks(self, instance: str | None, hashes: _Hashes, tier: str = "local") -> None:
+        """Records that ``instance`` (or the global tier) dropped ``hashes``."""
+    def clear(self, instance: str | None = None, tier: str = "local") -> None:
+        """Drops everything ``instance`` (or the global tier) holds."""
+    def load(self, instance: str) -> dict[str, int | float]:
+        """The load counters of one instance."""
+    def hash_tokens(self, tokens: _Tokens, namespace: str | None = None) -> list[int]:
+        """The chained block hashes this router computes for ``tokens``."""
+    def stats(self) -> dict[str, Any]:
+        """Counters of decisions, lifecycle events and the index."""
+    @property
+    def instances(self) -> list[str]:
+        """Live instance names, in slot order."""
+    @property
+    def policy(self) -> str: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def config(self) -> RouterConfig: ...

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Creates the virtualenv (if missing), installs the Python tools, and builds the extension
+# in release mode into it. Idempotent: a second run only rebuilds what changed.
+set -euo pipefail
+python_bin="${1:-python3.11}"
+venv="${2:-.venv}"
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null; then
+    echo "cargo is required (https://rustup.rs)" >&2
+    exit 1
+fi
+if [ ! -x "$venv/bin/python" ]; then
+    "$python_bin" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+fi
+stamp="$venv/.deps-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    "$venv/bin/python" -m pip install --quiet "maturin>=1.8,<2" numpy xxhash "pytest>=8" pytest-timeout \
+        pytest-benchmark ruff mypy
+    touch "$stamp"
+fi
+# maturin develop builds the Rust extension (release profile) and installs the package editable.
+VIRTUAL_ENV="$(cd "$venv" && pwd)" "$venv/bin/maturin" develop --release --quiet --extras dev

@@ -1,0 +1,202 @@
+"""The binding contract of ``smetric.Router``: inputs, outputs, errors, lifecycle, threads."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import smetric
+from smetric import Router, RouterConfig
+
+NAMES = ["a", "b", "c"]
+
+
+def make(policy: str = "smetric", **config: Any) -> Router:
+    return Router(NAMES, policy=policy, block_size=4, config=RouterConfig(**config))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int64])
+def test_numpy_dtypes_and_lists_agree(dtype: type) -> None:
+    tokens = list(range(1000, 1050))
+    r = make()
+    assert r.hash_tokens(np.array(tokens, dtype=dtype)) == r.hash_tokens(tokens)
+    assert r.hash_tokens(tuple(tokens)) == r.hash_tokens(tokens)
+    assert len(r.hash_tokens(tokens)) == 50 // 4
+    # Non-contiguous views go through the same validation.
+    assert r.hash_tokens(np.repeat(np.array(tokens, dtype=dtype), 2)[::2]) == r.hash_tokens(tokens)
+
+
+def test_decision_fields_and_follow_up() -> None:
+    r = make()
+    first = list(range(40))
+    d1 = r.route(first, now=0.0, request_id="req-1")
+    assert (d1.first_turn, d1.turn_source, d1.request_id, d1.policy) == (True, "index", "req-1", "smetric")
+    assert d1.instance in NAMES and d1.num_tokens == 40 and d1.prefill_tokens == 40
+    d2 = r.route([*first, *range(100, 120)], now=1.0)
+    assert d2.first_turn is False and d2.instance == d1.instance and d2.reason == "follow-up: sticky"
+    assert d2.local_hit_tokens == 40 and isinstance(d2.request_id, int) and d2.request_id >= 2**63
+    assert "Decision(instance=" in repr(d2)
+    hits = r.query([*first, *range(100, 120)])
+    assert hits.local[d1.instance] == 59 and hits.global_hit_tokens == 59  # n - 1: the last token is recomputed
+
+
+def test_turn_sources() -> None:
+    r = make()
+    assert r.route([1] * 20, turn=3).turn_source == "hint"
+    d = r.route([1] * 20, messages=[{"role": "system"}, {"role": "user"}])
+    assert (d.first_turn, d.turn_source) == (True, "messages")
+    msgs = [{"role": "user"}, {"role": "assistant"}, {"role": "tool", "content": "x"}]
+    assert r.route([1] * 20, messages=msgs).first_turn is False
+
+
+def test_hashes_input() -> None:
+    r = make(policy="lmetric")
+    d = r.route(hashes=[11, 12, 13], num_tokens=14)
+    assert d.num_tokens == 14
+    r.on_finished(d.request_id)
+    d2 = r.route(hashes=np.array([11, 12, 13, 14], dtype=np.uint64))
+    assert d2.instance == d.instance and d2.local_hit_tokens == 12
+
+
+def test_lifecycle_counters_never_negative() -> None:
+    r = make()
+    d = r.route(list(range(40)), request_id=7)
+    name = d.instance
+    assert r.load(name)["bs"] == 1 and r.load(name)["waiting"] == 1 and r.load(name)["queued"] == 40
+    assert r.on_finished(7) is True  # finish before prefill applies both steps
+    assert r.on_finished(7) is False
+    assert r.on_prefilled(7) is False
+    assert r.on_aborted(12345) is False
+    assert {k: r.load(name)[k] for k in ("bs", "waiting", "queued", "active")} == dict.fromkeys(
+        ("bs", "waiting", "queued", "active"), 0
+    )
+    assert r.stats()["unknown_request_events"] == 3
+
+
+def test_fleet_changes_and_index_feed() -> None:
+    r = make(index_mode="exact")
+    chain = r.hash_tokens(list(range(16)))
+    r.store_blocks("b", chain)
+    assert r.route([*range(16), 1], turn=2).instance == "b"
+    r.remove_blocks("b", chain[2:])
+    assert r.query(list(range(16))).local["b"] == 8
+    r.store_blocks(None, chain, tier="global")
+    assert r.query(list(range(16))).global_hit_tokens == 15  # capped at n - 1: vLLM recomputes the last token
+    r.clear("b")
+    r.clear(tier="global")
+    assert r.query(list(range(16))).local["b"] == 0
+    r.add_instance("d")
+    r.remove_instance("a")
+    r.add_instance("e")
+    assert r.instances == ["e", "b", "c", "d"]  # "e" reuses the slot "a" left
+    r.update_load("c", running=3, waiting=1, kv_usage=0.5)
+    assert r.load("c")["running_e"] == 3
+
+
+def test_routes_from_many_threads() -> None:
+    r = Router([f"i{k}" for k in range(8)], policy="smetric")
+    prompts = [np.arange(k * 1000, k * 1000 + 4096, dtype=np.int32) for k in range(8)]
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for _ in range(200):
+                d = r.route(prompts[k])
+                r.on_prefilled(d.request_id)
+                r.on_finished(d.request_id, 10)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    stats = r.stats()
+    assert stats["routed"] == 800 and stats["in_flight"] == 0
+    for name in r.instances:
+        assert r.load(name)["bs"] == 0
+
+
+# ---- the bad-input table: every row raises the documented exception and changes nothing ----
+
+BAD_INPUT: list[tuple[str, Any, type[smetric.SmetricError], dict[str, Any]]] = [
+    ("negative token (list)", lambda r: r.route([1, -2]), smetric.InvalidTokenError, {"position": 1, "value": -2}),
+    ("token >= 2^32 (list)", lambda r: r.route([2**32]), smetric.InvalidTokenError, {"position": 0, "value": 2**32}),
+    (
+        "negative token (int64)",
+        lambda r: r.route(np.array([5, 6, -1], dtype=np.int64)),
+        smetric.InvalidTokenError,
+        {"position": 2, "value": -1},
+    ),
+    (
+        "token >= 2^32 (int64)",
+        lambda r: r.route(np.array([2**32 + 5], dtype=np.int64)),
+        smetric.InvalidTokenError,
+        {"position": 0, "value": 2**32 + 5},
+    ),
+    (
+        "negative token (int32)",
+        lambda r: r.route(np.array([-7], dtype=np.int32)),
+        smetric.InvalidTokenError,
+        {"value": -7},
+    ),
+    ("float32 array", lambda r: r.route(np.zeros(4, dtype=np.float32)), smetric.UnsupportedDtypeError, {}),
+    ("int16 array", lambda r: r.route(np.zeros(4, dtype=np.int16)), smetric.UnsupportedDtypeError, {}),
+    ("list of str", lambda r: r.route(["a", "b"]), smetric.UnsupportedDtypeError, {}),
+    ("no prompt", lambda r: r.route(), smetric.MissingPromptError, {}),
+    ("turn 0", lambda r: r.route([1], turn=0), smetric.InvalidArgumentError, {"argument": "turn"}),
+    ("negative now", lambda r: r.route([1], now=-1.0), smetric.InvalidArgumentError, {"argument": "now"}),
+    ("bad request id", lambda r: r.route([1], request_id=-5), smetric.InvalidArgumentError, {"argument": "request_id"}),
+    ("message without role", lambda r: r.route([1], messages=[{}]), smetric.InvalidArgumentError, {}),
+    ("unknown instance (load)", lambda r: r.update_load("zz", running=1), smetric.UnknownInstanceError, {"name": "zz"}),
+    ("unknown instance (remove)", lambda r: r.remove_instance("zz"), smetric.UnknownInstanceError, {"name": "zz"}),
+    ("unknown instance (store)", lambda r: r.store_blocks("zz", [1]), smetric.UnknownInstanceError, {"name": "zz"}),
+    ("duplicate instance", lambda r: r.add_instance("a"), smetric.DuplicateInstanceError, {"name": "a"}),
+    ("bad tier", lambda r: r.store_blocks("a", [1], tier="gpu"), smetric.InvalidArgumentError, {"argument": "tier"}),
+    ("local tier without name", lambda r: r.store_blocks(None, [1]), smetric.InvalidArgumentError, {}),
+    ("kv usage > 1", lambda r: r.update_load("a", kv_usage=2.0), smetric.InvalidArgumentError, {}),
+    ("empty instance list", lambda r: Router([]), smetric.NoInstancesError, {}),
+    ("duplicate names", lambda r: Router(["x", "x"]), smetric.DuplicateInstanceError, {"name": "x"}),
+    ("block_size=0", lambda r: Router(["x"], block_size=0), smetric.InvalidBlockSizeError, {"block_size": 0}),
+    ("block_size<0", lambda r: Router(["x"], block_size=-3), smetric.InvalidBlockSizeError, {}),
+    ("unknown policy", lambda r: Router(["x"], policy="fastest"), smetric.UnknownPolicyError, {"name": "fastest"}),
+    (
+        "zero capacity",
+        lambda r: RouterConfig(local_capacity_blocks=0),
+        smetric.InvalidConfigError,
+        {"field": "local_capacity_blocks"},
+    ),
+    ("bad index mode", lambda r: RouterConfig(index_mode="magic"), smetric.InvalidConfigError, {"field": "index_mode"}),
+    ("negative ttl", lambda r: RouterConfig(local_ttl_s=-1.0), smetric.InvalidConfigError, {"field": "local_ttl_s"}),
+    ("nan weight", lambda r: RouterConfig(global_fetch_cost=float("nan")), smetric.InvalidConfigError, {}),
+]
+
+
+@pytest.mark.parametrize(("case", "call", "exc", "attrs"), BAD_INPUT, ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_table(case: str, call: Any, exc: type[Exception], attrs: dict[str, Any]) -> None:
+    r = make()
+    r.route(list(range(12)), request_id=1)
+    before = (r.stats(), [r.load(n) for n in r.instances], r.instances)
+    with pytest.raises(exc) as info:
+        call(r)
+    assert isinstance(info.value, smetric.SmetricError) and isinstance(info.value, ValueError)
+    for key, value in attrs.items():
+        assert getattr(info.value, key) == value, case
+    assert (r.stats(), [r.load(n) for n in r.instances], r.instances) == before, "a failed call changed the router"
+
+
+def test_config_defaults_match_the_documented_table() -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "routing-semantics.md").read_text()
+    table = doc[doc.index("## 9.") :]
+    rows = dict(re.findall(r"^\| `(\w+)` \| `([^`]+)` \|", table, flags=re.M))
+    config = RouterConfig().to_dict()
+    assert set(rows) == set(config)
+    for field, text in rows.items():
+        expected = eval(text.replace("_", "") if text[0].isdigit() else text)  # literals of the table
+        assert config[field] == expected, field
