@@ -1,12 +1,21 @@
 """Type stubs of ``smetric._core``, the compiled routing core (hand-written, checked by stubtest)."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Self, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "Decision", "IndexHits", "Router", "RouterConfig", "__version__"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "Decision",
+    "IndexHits",
+    "Router",
+    "RouterConfig",
+    "__version__",
+    "vllm_block_hashes",
+    "vllm_event_hash",
+]
 
 __version__: Final[str]
 DEFAULT_BLOCK_SIZE: Final[int]
@@ -238,3 +247,16 @@ class Router:
     def block_size(self) -> int: ...
     @property
     def config(self) -> RouterConfig: ...
+
+def vllm_block_hashes(
+    tokens: Iterable[int],
+    block_size: int = 16,
+    algo: str = "sha256",
+    seed: str | None = None,
+    lora: tuple[str, str] | None = None,
+    cache_salt: str | None = None,
+) -> list[bytes]:
+    """vLLM 0.33 prefix-cache block digests of a prompt (see :func:`smetric.vllm.block_hashes`)."""
+
+def vllm_event_hash(digest: bytes) -> int:
+    """The 64-bit int vLLM publishes in KV events for a digest (its last 8 bytes, big-endian)."""

@@ -10,6 +10,7 @@ mod config;
 mod convert;
 mod errors;
 mod router;
+mod vllm;
 
 /// The compiled core of smetric. Import the public API from ``smetric`` instead.
 #[pymodule(gil_used = false)]
@@ -20,5 +21,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::PyRouterConfig>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_BLOCK_SIZE", smetric_core::DEFAULT_BLOCK_SIZE)?;
+    vllm::register(m)?;
     Ok(())
 }

@@ -1,0 +1,142 @@
+//! Criterion benchmarks of the routing core's decision path.
+//!
+//! Run: `cargo bench -p smetric-core --bench core` (all), or filter, e.g.
+//! `cargo bench -p smetric-core --bench core -- route/`. `cargo test --benches` runs each
+//! once as a smoke test (what CI does). Figures and the machine: `BENCHMARKS.md`.
+//!
+//! Groups:
+//! * `hash/{1K,8K,32K,128K}` — chained xxh3 block hashing of that many tokens;
+//! * `query/{hit,miss,partial}/{8,32,128,1024}` — one index query of a 32K-token (2,048
+//!   block) prompt against an index holding 1M (block, instance) entries;
+//! * `select/{policy}/{8,32,128,1024}` — one policy decision over that many candidates;
+//! * `route/{1K,32K}/32` — a whole `Router::route` (hash + query + score + insert) on a warm
+//!   index with 32 instances, followed by the lifecycle calls that keep the board steady.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use smetric_core::index::IndexLimits;
+use smetric_core::rng::DrawCounter;
+use smetric_core::{
+    BlockHash, Candidate, Holder, IndexQuery, KvIndex, PolicyKind, Prompt, RouteRequest, Router, RouterConfig,
+    SelectionInput, hash_tokens,
+};
+
+const PROMPT_BLOCKS: u64 = 2_048;
+const INDEXED_ENTRIES: u64 = 1_000_000;
+
+fn tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(salt) % 151_936).collect()
+}
+
+fn bench_hash(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hash");
+    for (label, n) in [("1K", 1_024), ("8K", 8_192), ("32K", 32_768), ("128K", 131_072)] {
+        let t = tokens(n, 1);
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(label, |b| b.iter(|| hash_tokens(black_box(&t), 16, 0, None)));
+    }
+    g.finish();
+}
+
+/// An index with `INDEXED_ENTRIES` (block, instance) entries: distinct 2,048-block chains
+/// spread round-robin over the instances. Chain `k` uses hashes `k·2^32 + i`.
+fn filled_index(instances: u32) -> KvIndex {
+    let mut ix = KvIndex::new(IndexLimits { local_capacity: 1 << 30, global_capacity: 0, local_ttl_ms: None });
+    for s in 0..instances {
+        ix.add_slot(s);
+    }
+    let chains = INDEXED_ENTRIES / PROMPT_BLOCKS;
+    for k in 0..chains {
+        let chain: Vec<BlockHash> = (0..PROMPT_BLOCKS).map(|i| BlockHash((k << 32) + i)).collect();
+        ix.touch(Holder::Instance((k % u64::from(instances)) as u32), &chain, None, 0);
+    }
+    ix
+}
+
+fn bench_query(c: &mut Criterion) {
+    let mut g = c.benchmark_group("query");
+    for instances in [8u32, 32, 128, 1024] {
+        let mut ix = filled_index(instances);
+        let hit: Vec<BlockHash> = (0..PROMPT_BLOCKS).map(|i| BlockHash((7 << 32) + i)).collect();
+        let miss: Vec<BlockHash> = (0..PROMPT_BLOCKS).map(|i| BlockHash((u64::MAX >> 1) - i)).collect();
+        let partial: Vec<BlockHash> =
+            (0..PROMPT_BLOCKS).map(|i| BlockHash(if i < PROMPT_BLOCKS / 2 { (7 << 32) + i } else { u64::MAX - i })).collect();
+        let mut out = IndexQuery::default();
+        for (label, chain) in [("hit", &hit), ("miss", &miss), ("partial", &partial)] {
+            g.bench_with_input(BenchmarkId::new(label, instances), chain, |b, chain| {
+                b.iter(|| {
+                    ix.query(black_box(chain), 0, &mut out);
+                    out.deepest_blocks
+                });
+            });
+        }
+    }
+    g.finish();
+}
+
+fn bench_select(c: &mut Criterion) {
+    let mut g = c.benchmark_group("select");
+    let config = RouterConfig::default();
+    let rng = DrawCounter::new(0);
+    for n in [8u32, 32, 128, 1024] {
+        let candidates: Vec<Candidate> = (0..n)
+            .map(|i| Candidate {
+                slot: i,
+                local_hit_tokens: u64::from(i % 5) * 4_096,
+                bs: u64::from(i % 7),
+                waiting: u64::from(i % 3),
+                queued: u64::from(i % 11) * 512,
+                active: u64::from(i % 13) * 10_000,
+            })
+            .collect();
+        for kind in PolicyKind::ALL {
+            let policy = kind.build();
+            g.bench_with_input(BenchmarkId::new(kind.name(), n), &candidates, |b, candidates| {
+                b.iter(|| {
+                    policy.select(&SelectionInput {
+                        candidates: black_box(candidates),
+                        num_tokens: 32_768,
+                        global_hit_tokens: 16_384,
+                        first_turn: false,
+                        block_size: 16,
+                        config: &config,
+                        rng: &rng,
+                    })
+                });
+            });
+        }
+    }
+    g.finish();
+}
+
+fn bench_route(c: &mut Criterion) {
+    let mut g = c.benchmark_group("route");
+    let names: Vec<String> = (0..32).map(|i| format!("gpu-{i}")).collect();
+    for (label, n) in [("1K", 1_024usize), ("32K", 32_768)] {
+        let router = Router::new(&names, PolicyKind::Smetric, 16, 0, RouterConfig::default()).expect("valid router");
+        // Warm: 256 sessions' prompts indexed, and the benchmarked prompt routed once.
+        for s in 0..256 {
+            let d = router.route(&RouteRequest::new(Prompt::Tokens(&tokens(n, s)))).expect("route");
+            router.on_finished(d.request_id, 0);
+        }
+        let prompt = tokens(n, 7);
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(BenchmarkId::new(label, 32), |b| {
+            b.iter(|| {
+                let d = router.route(&RouteRequest::new(Prompt::Tokens(black_box(&prompt)))).expect("route");
+                router.on_finished(d.request_id, 0);
+                d.instance
+            });
+        });
+    }
+    g.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(30)
+}
+
+criterion_group! { name = benches; config = config(); targets = bench_hash, bench_query, bench_select, bench_route }
+criterion_main!(benches);

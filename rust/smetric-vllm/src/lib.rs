@@ -1,0 +1,56 @@
+//! vLLM wire compatibility for smetric: byte-identical prefix-cache block hashes and typed
+//! decoding of vLLM's KV-cache events. Pure Rust, no Python.
+//!
+//! # Block hashes ([`hash`])
+//! [`BlockHasher`] reproduces vLLM 0.33's `hash_block_tokens` chain for all four
+//! `--prefix-caching-hash-algo` values ([`HashAlgo`]): it serializes
+//! `(parent_digest, tuple(tokens), extra_keys)` exactly as CPython's pickle protocol 5 or
+//! `cbor2.dumps(canonical=True)` would, then digests it with SHA-256 or XXH3-128. The root
+//! parent is `NONE_HASH = hash_fn(seed)` with the engine's `PYTHONHASHSEED` or
+//! [`DEFAULT_NONE_HASH_SEED`]. Tagged extra keys ([`RequestKeys`], [`ExtraKey`]) cover LoRA
+//! adapters, the cache salt (first block only), multimodal items and prompt embeddings.
+//! [`event_hash`] folds a digest into the 64-bit int vLLM publishes in events.
+//!
+//! Invariants: only full blocks are hashed; digest `i` identifies the whole prefix up to the
+//! end of block `i`. Complexity: O(n) for n tokens, one digest per block.
+//!
+//! Correctness is pinned by golden vectors generated with the real vLLM 0.33.0
+//! (`tests/data/vllm/golden_hashes.json`, see `scripts/vllm_golden/`).
+//!
+//! # KV events ([`events`], [`frames`])
+//! [`decode_batch`] turns a `KVEventBatch` msgpack payload into a [`KvEventBatch`] of typed
+//! [`KvEvent`]s, accepting both the ≤0.23 positional (array) and the ≥0.24 map encoding of
+//! events. [`decode_pub_message`] and [`decode_replay_reply`] add the ZMQ frame layer (topic,
+//! big-endian sequence number, replay end marker).
+//!
+//! Invariants: decoding never panics; malformed input is a typed [`DecodeError`]; allocations
+//! are bounded by the input length and [`DecodeOptions`]. Complexity: O(payload size).
+//!
+//! ```
+//! use smetric_vllm::{BlockHasher, HashAlgo, RequestKeys};
+//!
+//! let hasher = BlockHasher::new(HashAlgo::Sha256, 16, None).unwrap();
+//! let tokens: Vec<u32> = (1000..1016).collect();
+//! let keys = hasher.event_hashes(&tokens, &RequestKeys::default());
+//! assert_eq!(keys, [7_322_446_309_363_477_352]);
+//! ```
+
+#![warn(missing_docs)]
+
+mod cbor;
+pub mod events;
+pub mod frames;
+pub mod hash;
+mod msgpack;
+mod obj;
+mod pickle;
+
+pub use events::{
+    BlockExtraKeys, BlockRemoved, BlockStored, DecodeError, DecodeOptions, EventValue, ExternalBlockHash, KvEvent,
+    KvEventBatch, Medium, decode_batch,
+};
+pub use frames::{END_SEQ, KvEventMessage, ReplayReply, decode_pub_message, decode_replay_reply, replay_request};
+pub use hash::{
+    BlockDigest, BlockHasher, DEFAULT_NONE_HASH_SEED, ExtraKey, HashAlgo, HashError, LoraKey, MmPlaceholder,
+    RequestKeys, event_hash, none_hash,
+};

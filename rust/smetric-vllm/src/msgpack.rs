@@ -1,0 +1,400 @@
+//! A minimal, allocation-bounded msgpack reader over a borrowed buffer.
+//!
+//! # Invariants
+//! * Never panics and never reads past the buffer: every read checks the remaining length and
+//!   reports [`DecodeError::Truncated`] instead.
+//! * A declared array/map/string length larger than the remaining input is rejected before
+//!   anything is allocated (every element takes at least one byte), so a hostile length
+//!   prefix cannot trigger a huge allocation; callers add semantic limits on top.
+//! * [`Reader::skip`] walks nested values iteratively (a pending-item counter), so deeply
+//!   nested input cannot overflow the stack; [`Reader::value`] recurses but is depth-limited.
+//!
+//! # Complexity
+//! O(1) per header, O(n) for an n-byte string; skipping a value is O(its encoded size).
+
+use crate::events::{DecodeError, EventValue};
+
+/// msgpack markers this reader needs by name.
+const NIL: u8 = 0xc0;
+
+/// A cursor over one msgpack-encoded buffer.
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Self { buf, pos: 0 }
+    }
+
+    /// Byte offset of the next unread byte.
+    pub(crate) fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub(crate) fn set_pos(&mut self, pos: usize) {
+        self.pos = pos;
+    }
+
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if n > self.remaining() {
+            return Err(DecodeError::Truncated { offset: self.buf.len() });
+        }
+        let out = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(out)
+    }
+
+    fn take_array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    fn byte(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take_array::<1>()?[0])
+    }
+
+    pub(crate) fn peek(&self) -> Result<u8, DecodeError> {
+        self.buf
+            .get(self.pos)
+            .copied()
+            .ok_or(DecodeError::Truncated { offset: self.buf.len() })
+    }
+
+    /// Reads a big-endian length of `N` bytes.
+    fn len_be<const N: usize>(&mut self) -> Result<usize, DecodeError> {
+        let bytes = self.take_array::<N>()?;
+        let v = bytes.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
+        // Lengths are at most u32 in msgpack, so this cannot truncate on 32/64-bit targets.
+        Ok(v as usize)
+    }
+
+    /// Consumes a `nil` if one is next; returns whether it did.
+    pub(crate) fn nil(&mut self) -> Result<bool, DecodeError> {
+        if self.peek()? == NIL {
+            self.pos += 1;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Reads an array header and checks the length against the remaining input.
+    pub(crate) fn array_len(&mut self) -> Result<usize, DecodeError> {
+        let at = self.pos;
+        let m = self.byte()?;
+        let len = match m {
+            0x90..=0x9f => usize::from(m & 0x0f),
+            0xdc => self.len_be::<2>()?,
+            0xdd => self.len_be::<4>()?,
+            _ => return Err(wrong("array", m, at)),
+        };
+        self.check_len(len, 1)?;
+        Ok(len)
+    }
+
+    /// Reads a map header (number of pairs) and checks it against the remaining input.
+    pub(crate) fn map_len(&mut self) -> Result<usize, DecodeError> {
+        let at = self.pos;
+        let m = self.byte()?;
+        let len = match m {
+            0x80..=0x8f => usize::from(m & 0x0f),
+            0xde => self.len_be::<2>()?,
+            0xdf => self.len_be::<4>()?,
+            _ => return Err(wrong("map", m, at)),
+        };
+        self.check_len(len, 2)?;
+        Ok(len)
+    }
+
+    /// `len` items of at least `min_item` bytes each must fit in the remaining input.
+    fn check_len(&self, len: usize, min_item: usize) -> Result<(), DecodeError> {
+        if len.saturating_mul(min_item) > self.remaining() {
+            return Err(DecodeError::Truncated { offset: self.buf.len() });
+        }
+        Ok(())
+    }
+
+    fn str_len(&mut self, m: u8) -> Result<Option<usize>, DecodeError> {
+        Ok(Some(match m {
+            0xa0..=0xbf => usize::from(m & 0x1f),
+            0xd9 => usize::from(self.byte()?),
+            0xda => self.len_be::<2>()?,
+            0xdb => self.len_be::<4>()?,
+            _ => return Ok(None),
+        }))
+    }
+
+    fn bin_len(&mut self, m: u8) -> Result<Option<usize>, DecodeError> {
+        Ok(Some(match m {
+            0xc4 => usize::from(self.byte()?),
+            0xc5 => self.len_be::<2>()?,
+            0xc6 => self.len_be::<4>()?,
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Reads a UTF-8 string.
+    pub(crate) fn str(&mut self) -> Result<&'a str, DecodeError> {
+        let at = self.pos;
+        let m = self.byte()?;
+        let Some(len) = self.str_len(m)? else {
+            return Err(wrong("string", m, at));
+        };
+        let bytes = self.take(len)?;
+        std::str::from_utf8(bytes).map_err(|_| DecodeError::InvalidUtf8 { offset: at })
+    }
+
+    /// Reads an integer of any msgpack width; `i128` holds every u64 and i64.
+    pub(crate) fn int(&mut self) -> Result<i128, DecodeError> {
+        let at = self.pos;
+        let m = self.byte()?;
+        Ok(match m {
+            0x00..=0x7f => i128::from(m),
+            0xe0..=0xff => i128::from(m as i8),
+            0xcc => i128::from(self.byte()?),
+            0xcd => i128::from(u16::from_be_bytes(self.take_array()?)),
+            0xce => i128::from(u32::from_be_bytes(self.take_array()?)),
+            0xcf => i128::from(u64::from_be_bytes(self.take_array()?)),
+            0xd0 => i128::from(i8::from_be_bytes(self.take_array()?)),
+            0xd1 => i128::from(i16::from_be_bytes(self.take_array()?)),
+            0xd2 => i128::from(i32::from_be_bytes(self.take_array()?)),
+            0xd3 => i128::from(i64::from_be_bytes(self.take_array()?)),
+            _ => return Err(wrong("integer", m, at)),
+        })
+    }
+
+    /// Reads an integer that must fit `T`; `what` names the field in the error.
+    pub(crate) fn int_as<T: TryFrom<i128>>(&mut self, what: &'static str) -> Result<T, DecodeError> {
+        let at = self.pos;
+        let v = self.int()?;
+        T::try_from(v).map_err(|_| DecodeError::OutOfRange {
+            what,
+            value: v,
+            offset: at,
+        })
+    }
+
+    /// Reads a float (either width) or an integer, as `f64`.
+    pub(crate) fn float(&mut self) -> Result<f64, DecodeError> {
+        match self.peek()? {
+            0xca => {
+                self.pos += 1;
+                Ok(f64::from(f32::from_be_bytes(self.take_array()?)))
+            }
+            0xcb => {
+                self.pos += 1;
+                Ok(f64::from_be_bytes(self.take_array()?))
+            }
+            _ => self.int().map(|v| v as f64).map_err(|e| match e {
+                DecodeError::WrongType { marker, offset, .. } => DecodeError::WrongType {
+                    expected: "float",
+                    marker,
+                    offset,
+                },
+                other => other,
+            }),
+        }
+    }
+
+    /// Reads a `bin` value if one is next.
+    pub(crate) fn bin_opt(&mut self) -> Result<Option<&'a [u8]>, DecodeError> {
+        let at = self.pos;
+        let m = self.byte()?;
+        if let Some(len) = self.bin_len(m)? {
+            return self.take(len).map(Some);
+        }
+        self.pos = at;
+        Ok(None)
+    }
+
+    /// Skips one complete value of any type without recursion.
+    pub(crate) fn skip(&mut self) -> Result<(), DecodeError> {
+        let mut pending: usize = 1;
+        while pending > 0 {
+            pending -= 1;
+            let m = self.byte()?;
+            let payload = match m {
+                0x00..=0x7f | 0xe0..=0xff | NIL | 0xc2 | 0xc3 => 0,
+                0x80..=0x8f | 0xde | 0xdf => {
+                    self.pos -= 1;
+                    pending = pending.saturating_add(2 * self.map_len()?);
+                    0
+                }
+                0x90..=0x9f | 0xdc | 0xdd => {
+                    self.pos -= 1;
+                    pending = pending.saturating_add(self.array_len()?);
+                    0
+                }
+                0xcc | 0xd0 => 1,
+                // fixext1 is a type byte plus one data byte.
+                0xcd | 0xd1 | 0xd4 => 2,
+                0xce | 0xd2 | 0xca => 4,
+                0xcf | 0xd3 | 0xcb => 8,
+                0xd5 => 3,
+                0xd6 => 5,
+                0xd7 => 9,
+                0xd8 => 17,
+                0xc7 => usize::from(self.byte()?) + 1,
+                0xc8 => self.len_be::<2>()? + 1,
+                0xc9 => self.len_be::<4>()? + 1,
+                0xc1 => return Err(wrong("a value", m, self.pos - 1)),
+                _ => match self.str_len(m)? {
+                    Some(len) => len,
+                    None => self.bin_len(m)?.unwrap_or(0),
+                },
+            };
+            self.take(payload)?;
+        }
+        Ok(())
+    }
+
+    /// Reads any value into an owned tree, at most `depth` containers deep.
+    pub(crate) fn value(&mut self, depth: usize) -> Result<EventValue, DecodeError> {
+        let at = self.pos;
+        let m = self.peek()?;
+        Ok(match m {
+            NIL => {
+                self.pos += 1;
+                EventValue::Nil
+            }
+            0xc2 | 0xc3 => {
+                self.pos += 1;
+                EventValue::Bool(m == 0xc3)
+            }
+            0xca | 0xcb => EventValue::Float(self.float()?),
+            0x00..=0x7f | 0xe0..=0xff | 0xcc..=0xd3 => {
+                let v = self.int()?;
+                match i64::try_from(v) {
+                    Ok(i) => EventValue::Int(i),
+                    // Only u64 values above i64::MAX land here.
+                    Err(_) => EventValue::UInt(v as u64),
+                }
+            }
+            0x90..=0x9f | 0xdc | 0xdd | 0x80..=0x8f | 0xde | 0xdf => {
+                let Some(depth) = depth.checked_sub(1) else {
+                    return Err(DecodeError::TooDeep { offset: at });
+                };
+                if m <= 0x8f || m >= 0xde {
+                    let n = self.map_len()?;
+                    let mut pairs = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        pairs.push((self.value(depth)?, self.value(depth)?));
+                    }
+                    EventValue::Map(pairs)
+                } else {
+                    let n = self.array_len()?;
+                    let mut items = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        items.push(self.value(depth)?);
+                    }
+                    EventValue::Array(items)
+                }
+            }
+            _ => {
+                if let Some(b) = self.bin_opt()? {
+                    EventValue::Bytes(b.to_vec())
+                } else if matches!(m, 0xa0..=0xbf | 0xd9..=0xdb) {
+                    EventValue::Str(self.str()?.to_owned())
+                } else {
+                    // ext types and the reserved 0xc1 marker have no meaning in KV events.
+                    return Err(wrong("a plain msgpack value", m, at));
+                }
+            }
+        })
+    }
+}
+
+fn wrong(expected: &'static str, marker: u8, offset: usize) -> DecodeError {
+    DecodeError::WrongType {
+        expected,
+        marker,
+        offset,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ints_of_every_width() {
+        let cases: [(&[u8], i128); 10] = [
+            (&[0x05], 5),
+            (&[0xff], -1),
+            (&[0xcc, 0xff], 255),
+            (&[0xcd, 0x01, 0x00], 256),
+            (&[0xce, 0xff, 0xff, 0xff, 0xff], 0xffff_ffff),
+            (&[0xcf, 0xff, 0, 0, 0, 0, 0, 0, 1], 0xff00_0000_0000_0001),
+            (&[0xd0, 0x80], -128),
+            (&[0xd1, 0xff, 0x00], -256),
+            (&[0xd2, 0x80, 0, 0, 0], -(1 << 31)),
+            (&[0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0], i128::from(i64::MIN)),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(Reader::new(bytes).int(), Ok(want), "{bytes:02x?}");
+        }
+    }
+
+    #[test]
+    fn huge_declared_lengths_fail_before_allocating() {
+        for bytes in [
+            &[0xdd, 0xff, 0xff, 0xff, 0xff, 0x00][..],
+            &[0xdf, 0xff, 0xff, 0xff, 0xff][..],
+            &[0xdb, 0xff, 0xff, 0xff, 0xff, b'a'][..],
+            &[0xc6, 0x7f, 0xff, 0xff, 0xff][..],
+        ] {
+            let mut r = Reader::new(bytes);
+            assert!(matches!(r.skip(), Err(DecodeError::Truncated { .. })));
+            let mut r = Reader::new(bytes);
+            assert!(matches!(r.value(8), Err(DecodeError::Truncated { .. })));
+        }
+    }
+
+    #[test]
+    fn skip_handles_deep_nesting_without_recursion() {
+        let mut deep = vec![0x91; 100_000];
+        deep.push(0xc0);
+        let mut r = Reader::new(&deep);
+        assert_eq!(r.skip(), Ok(()));
+        assert_eq!(r.remaining(), 0);
+        let mut r = Reader::new(&deep);
+        assert!(matches!(r.value(16), Err(DecodeError::TooDeep { .. })));
+    }
+
+    #[test]
+    fn skip_covers_every_marker_family() {
+        // fixmap{1: [nil, true, 1.5f32, "ab", bin"x", ext8(type 1, 2 bytes), fixext1]}
+        let bytes = [
+            0x81, 0x01, 0x97, 0xc0, 0xc3, 0xca, 0x3f, 0xc0, 0x00, 0x00, 0xa2, b'a', b'b', 0xc4, 0x01, b'x', 0xc7, 0x02,
+            0x01, 0xaa, 0xbb, 0xd4, 0x01, 0xcc, 0x2a,
+        ];
+        let mut r = Reader::new(&bytes);
+        r.skip().unwrap();
+        assert_eq!(r.int(), Ok(42));
+        assert_eq!(r.remaining(), 0);
+    }
+
+    #[test]
+    fn wrong_types_are_reported_with_offsets() {
+        let mut r = Reader::new(&[0xa1, b'x']);
+        assert_eq!(
+            r.int(),
+            Err(DecodeError::WrongType {
+                expected: "integer",
+                marker: 0xa1,
+                offset: 0
+            })
+        );
+        let mut r = Reader::new(&[0xa2, 0xff, 0xfe]);
+        assert_eq!(r.str(), Err(DecodeError::InvalidUtf8 { offset: 0 }));
+        let mut r = Reader::new(&[0xc1]);
+        assert!(matches!(r.skip(), Err(DecodeError::WrongType { .. })));
+    }
+}
