@@ -8,14 +8,16 @@
 //! Invariants: only full blocks are hashed (the partial tail never is); the output length
 //! is `tokens.len() / block_size`.
 //!
-//! Complexity: O(n) in the number of tokens, one pass, no allocation besides the output
-//! (blocks of up to [`STACK_BLOCK_TOKENS`] tokens are serialised on the stack).
+//! Complexity: O(n) in the number of tokens, one pass, no allocation besides the output.
 
-use xxhash_rust::xxh3::{Xxh3, xxh3_64_with_seed};
+#[cfg(not(target_endian = "little"))]
+use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::ids::BlockHash;
 
-/// Largest block size serialised through a stack buffer; bigger blocks stream through a hasher.
+/// Big-endian targets: largest block size serialised through a stack buffer; bigger blocks
+/// stream through a hasher. (Little-endian targets hash the token memory directly.)
 pub const STACK_BLOCK_TOKENS: usize = 128;
 
 /// The chain root for a seed and an optional namespace.
@@ -29,18 +31,26 @@ pub fn chain_root(seed: u64, namespace: Option<&str>) -> u64 {
 /// Hashes one block of tokens under its parent hash.
 #[inline]
 pub fn hash_block(parent: u64, block: &[u32]) -> u64 {
-    if block.len() <= STACK_BLOCK_TOKENS {
-        let mut buf = [0u8; STACK_BLOCK_TOKENS * 4];
-        for (dst, t) in buf.chunks_exact_mut(4).zip(block) {
-            dst.copy_from_slice(&t.to_le_bytes());
+    // On little-endian targets the in-memory bytes already are the little-endian encoding.
+    #[cfg(target_endian = "little")]
+    {
+        xxh3_64_with_seed(bytemuck::cast_slice(block), parent)
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        if block.len() <= STACK_BLOCK_TOKENS {
+            let mut buf = [0u8; STACK_BLOCK_TOKENS * 4];
+            for (dst, t) in buf.chunks_exact_mut(4).zip(block) {
+                dst.copy_from_slice(&t.to_le_bytes());
+            }
+            xxh3_64_with_seed(&buf[..block.len() * 4], parent)
+        } else {
+            let mut hasher = Xxh3::with_seed(parent);
+            for t in block {
+                hasher.update(&t.to_le_bytes());
+            }
+            hasher.digest()
         }
-        xxh3_64_with_seed(&buf[..block.len() * 4], parent)
-    } else {
-        let mut hasher = Xxh3::with_seed(parent);
-        for t in block {
-            hasher.update(&t.to_le_bytes());
-        }
-        hasher.digest()
     }
 }
 

@@ -316,9 +316,6 @@ impl Router {
         }
         let mut scratch = Vec::new();
         let (chain, n) = self.chain(req.prompt, req.namespace, &mut scratch);
-        let request_id = req
-            .request_id
-            .unwrap_or_else(|| RequestId(self.next_request_id.fetch_add(1, Ordering::Relaxed)));
         let staleness_ms = to_ms(self.config.engine_load_staleness_s);
 
         let mut g = self.guarded.lock();
@@ -368,6 +365,10 @@ impl Router {
         let member = fleet.member(chosen.slot).expect("candidates are live members");
         let prefill = n - chosen.local_hit_tokens.max(global_hit_tokens).min(n);
         member.load.on_routed(prefill, n);
+        // Issued only for a decision that happened, so a failed call consumes no id.
+        let request_id = req
+            .request_id
+            .unwrap_or_else(|| RequestId(self.next_request_id.fetch_add(1, Ordering::Relaxed)));
         drop(g);
 
         self.requests.lock().insert(

@@ -6,12 +6,15 @@
 //! tier's sequence number. A query walks the request's hash chain once, ANDing the set of
 //! instances still matching with each block's bitset; when an instance's bit drops, its
 //! longest prefix hit is the current depth. The walk stops as soon as no instance and not
-//! the global tier still match, so a miss costs one lookup.
+//! the global tier still match, so a miss costs one lookup. The entry ids it walked are kept,
+//! so that inserting the same chain right after (insert on route) needs no second lookup.
 //!
 //! Each holder (instance or global tier) has a capacity in blocks and an LRU order
-//! ([`lru::LazyLru`]). Touching a chain goes from its last block to its first, leaving the
+//! ([`lru::RunLru`], one run per touched chain). Touching a chain goes from its last block to its first, leaving the
 //! first block the most recent, so a chain's tail is evicted before its head, as vLLM frees
-//! blocks tail first. Optional TTL ages instance blocks.
+//! blocks tail first. Optional TTL ages instance blocks. The first instance to hold a block
+//! keeps its LRU sequence number inline in the entry (most blocks are one session's history,
+//! held by one instance); further holders use a per-instance map.
 //!
 //! Invariants: an entry exists iff at least one holder holds it; every held (entry, holder)
 //! pair has one current LRU item; a holder never holds more than its capacity after a call
@@ -28,11 +31,11 @@ pub(crate) mod lru;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use lru::LazyLru;
+use lru::RunLru;
 
 use crate::ids::BlockHash;
 
-/// Marks "the global tier does not hold this entry".
+/// Marks "the global tier does not hold this entry" and "no inline instance holder".
 const NOT_HELD: u32 = u32::MAX;
 
 /// Hasher for keys that are already hashes or small ids: one multiply, high bits folded
@@ -77,16 +80,28 @@ struct Entry {
     hash: BlockHash,
     /// Sequence number of the global tier's current touch, or [`NOT_HELD`].
     global_seq: u32,
+    /// The first instance that held this block keeps its sequence number inline, so that a
+    /// touch of a single-holder block needs no map access; other holders use their map.
+    inline_slot: u32,
+    /// Sequence number of `inline_slot`'s current touch.
+    inline_seq: u32,
+    /// The child most recently touched after this block: a query that follows it (and checks
+    /// the child's hash) walks a chain through the slab instead of the hash map.
+    last_child: u32,
     /// Distinct child blocks created under this block (saturating); a shared system prompt's
     /// last block has many, a session's latest turn none. Drives turn inference.
     children: u16,
+    /// False while the slab slot is on the free list.
+    live: bool,
 }
 
 #[derive(Debug, Default)]
 struct InstanceHolder {
-    /// Entry id → current LRU sequence number.
+    /// Entry id → current LRU sequence number, for entries that do not hold this slot inline.
     seqs: MixMap<u32, u32>,
-    lru: LazyLru,
+    /// Blocks held (inline and in `seqs`).
+    held: usize,
+    lru: RunLru,
     live: bool,
 }
 
@@ -139,11 +154,13 @@ pub struct KvIndex {
     words: usize,
     live_mask: Vec<u64>,
     instances: Vec<InstanceHolder>,
-    global_lru: LazyLru,
+    global_lru: RunLru,
     global_held: usize,
     evictions: u64,
     scratch_active: Vec<u64>,
-    scratch_ids: Vec<u32>,
+    /// Entry ids of the chain blocks walked by the last query or touched by the last touch,
+    /// in chain order; reused (after a liveness check) by the next touch of the same chain.
+    walked: Vec<u32>,
 }
 
 impl KvIndex {
@@ -158,11 +175,11 @@ impl KvIndex {
             words: 1,
             live_mask: vec![0],
             instances: Vec::new(),
-            global_lru: LazyLru::default(),
+            global_lru: RunLru::default(),
             global_held: 0,
             evictions: 0,
             scratch_active: Vec::new(),
-            scratch_ids: Vec::new(),
+            walked: Vec::new(),
         }
     }
 
@@ -214,18 +231,17 @@ impl KvIndex {
 
     #[inline]
     fn seq_of(&self, holder: Holder, e: u32) -> Option<u32> {
+        let entry = &self.entries[e as usize];
         match holder {
+            Holder::Instance(s) if entry.inline_slot == s => Some(entry.inline_seq),
             Holder::Instance(s) => self.instances[s as usize].seqs.get(&e).copied(),
-            Holder::Global => {
-                let g = self.entries[e as usize].global_seq;
-                (g != NOT_HELD).then_some(g)
-            }
+            Holder::Global => (entry.global_seq != NOT_HELD).then_some(entry.global_seq),
         }
     }
 
     fn held(&self, holder: Holder) -> usize {
         match holder {
-            Holder::Instance(s) => self.instances[s as usize].seqs.len(),
+            Holder::Instance(s) => self.instances[s as usize].held,
             Holder::Global => self.global_held,
         }
     }
@@ -237,7 +253,7 @@ impl KvIndex {
         }
     }
 
-    fn lru_mut(&mut self, holder: Holder) -> &mut LazyLru {
+    fn lru_mut(&mut self, holder: Holder) -> &mut RunLru {
         match holder {
             Holder::Instance(s) => &mut self.instances[s as usize].lru,
             Holder::Global => &mut self.global_lru,
@@ -247,15 +263,26 @@ impl KvIndex {
     /// Records `seq` as `holder`'s current touch of `e`, adding `e` to the holder if needed.
     #[inline]
     fn set_seq(&mut self, holder: Holder, e: u32, seq: u32) {
+        let entry = &mut self.entries[e as usize];
         match holder {
             Holder::Instance(s) => {
-                if self.instances[s as usize].seqs.insert(e, seq).is_none() {
+                let added = if entry.inline_slot == s {
+                    entry.inline_seq = seq;
+                    false
+                } else if entry.inline_slot == NOT_HELD && !self.instances[s as usize].seqs.contains_key(&e) {
+                    entry.inline_slot = s;
+                    entry.inline_seq = seq;
+                    true
+                } else {
+                    self.instances[s as usize].seqs.insert(e, seq).is_none()
+                };
+                if added {
+                    self.instances[s as usize].held += 1;
                     let (w, b) = (s as usize / 64, s % 64);
                     self.bits[e as usize * self.words + w] |= 1 << b;
                 }
             }
             Holder::Global => {
-                let entry = &mut self.entries[e as usize];
                 if entry.global_seq == NOT_HELD {
                     self.global_held += 1;
                 }
@@ -266,14 +293,20 @@ impl KvIndex {
 
     /// Takes `e` away from `holder` (which must hold it) and frees the entry if nobody else does.
     fn drop_membership(&mut self, holder: Holder, e: u32) {
+        let entry = &mut self.entries[e as usize];
         match holder {
             Holder::Instance(s) => {
-                self.instances[s as usize].seqs.remove(&e);
+                if entry.inline_slot == s {
+                    entry.inline_slot = NOT_HELD;
+                } else {
+                    self.instances[s as usize].seqs.remove(&e);
+                }
+                self.instances[s as usize].held -= 1;
                 let (w, b) = (s as usize / 64, s % 64);
                 self.bits[e as usize * self.words + w] &= !(1 << b);
             }
             Holder::Global => {
-                self.entries[e as usize].global_seq = NOT_HELD;
+                entry.global_seq = NOT_HELD;
                 self.global_held -= 1;
             }
         }
@@ -281,7 +314,9 @@ impl KvIndex {
         let unheld = self.entries[e as usize].global_seq == NOT_HELD
             && self.bits[base..base + self.words].iter().all(|&w| w == 0);
         if unheld {
-            let hash = self.entries[e as usize].hash;
+            let entry = &mut self.entries[e as usize];
+            entry.live = false;
+            let hash = entry.hash;
             self.by_hash.remove(&hash);
             self.free_entries.push(e);
         }
@@ -295,7 +330,11 @@ impl KvIndex {
         let entry = Entry {
             hash,
             global_seq: NOT_HELD,
+            inline_slot: NOT_HELD,
+            inline_seq: 0,
+            last_child: NOT_HELD,
             children: 0,
+            live: true,
         };
         let id = if let Some(id) = self.free_entries.pop() {
             self.entries[id as usize] = entry;
@@ -313,33 +352,37 @@ impl KvIndex {
 
     // ---- LRU maintenance --------------------------------------------------------------------
 
+    /// The LRU block of `holder` and its touch time, after dropping stale queue ids.
+    fn lru_front(&mut self, holder: Holder) -> Option<(u32, u64)> {
+        let mut lru = std::mem::take(self.lru_mut(holder));
+        lru.settle(|e, seq| self.seq_of(holder, e) == Some(seq));
+        let front = lru.peek();
+        *self.lru_mut(holder) = lru;
+        front
+    }
+
     /// Evicts `holder`'s least recently used block; returns false when it holds none.
     fn evict_lru(&mut self, holder: Holder) -> bool {
-        while let Some(t) = self.lru_mut(holder).front() {
-            self.lru_mut(holder).pop_front();
-            if self.seq_of(holder, t.entry) == Some(t.seq) {
-                self.drop_membership(holder, t.entry);
-                self.evictions += 1;
-                return true;
-            }
-        }
-        false
+        let Some((e, _)) = self.lru_front(holder) else {
+            return false;
+        };
+        self.lru_mut(holder).pop();
+        self.drop_membership(holder, e);
+        self.evictions += 1;
+        true
     }
 
     /// Evicts `slot`'s expired blocks (TTL, docs §2.5).
     fn purge_expired(&mut self, slot: u32, now_ms: u64) {
         let Some(ttl) = self.limits.local_ttl_ms else { return };
         let holder = Holder::Instance(slot);
-        while let Some(t) = self.instances[slot as usize].lru.front() {
-            if self.seq_of(holder, t.entry) != Some(t.seq) {
-                self.instances[slot as usize].lru.pop_front();
-            } else if now_ms.saturating_sub(t.time_ms) >= ttl {
-                self.instances[slot as usize].lru.pop_front();
-                self.drop_membership(holder, t.entry);
-                self.evictions += 1;
-            } else {
+        while let Some((e, time_ms)) = self.lru_front(holder) {
+            if now_ms.saturating_sub(time_ms) < ttl {
                 break;
             }
+            self.lru_mut(holder).pop();
+            self.drop_membership(holder, e);
+            self.evictions += 1;
         }
     }
 
@@ -348,23 +391,26 @@ impl KvIndex {
         if !self.lru_mut(holder).needs_compaction(held) {
             return;
         }
-        match holder {
-            Holder::Instance(s) => {
-                let h = &mut self.instances[s as usize];
-                let seqs = &h.seqs;
-                h.lru.compact(|t| seqs.get(&t.entry) == Some(&t.seq));
-                for t in h.lru.iter() {
-                    h.seqs.insert(t.entry, t.seq);
-                }
-            }
-            Holder::Global => {
-                let entries = &mut self.entries;
-                self.global_lru
-                    .compact(|t| entries[t.entry as usize].global_seq == t.seq);
-                for t in self.global_lru.iter() {
-                    entries[t.entry as usize].global_seq = t.seq;
-                }
-            }
+        let mut lru = std::mem::take(self.lru_mut(holder));
+        lru.compact(|e, seq| self.seq_of(holder, e) == Some(seq));
+        for (seq, e) in lru.all() {
+            self.set_seq(holder, e, seq);
+        }
+        *self.lru_mut(holder) = lru;
+    }
+
+    /// Whether `e` is a live entry for `hash` (a cached id may have been freed or reused).
+    #[inline]
+    fn names(&self, e: u32, hash: BlockHash) -> bool {
+        self.entries.get(e as usize).is_some_and(|x| x.live && x.hash == hash)
+    }
+
+    /// The entry id of `run[i]`, reusing `hint[i]` when it still names that live block.
+    #[inline]
+    fn hinted_entry(&self, hint: &[u32], i: usize, hash: BlockHash) -> Option<u32> {
+        match hint.get(i) {
+            Some(&e) if self.names(e, hash) => Some(e),
+            _ => self.entry_of(hash),
         }
     }
 
@@ -373,6 +419,8 @@ impl KvIndex {
     /// Touches a run of blocks for `holder` at `now_ms` (docs §2.2): creates missing entries
     /// (bumping their parent's `children`), makes the run's first block the most recent,
     /// then evicts down to capacity. A disabled global tier or a free slot ignores the call.
+    ///
+    /// Entry ids found by the previous `query` or `touch` of the same chain are reused.
     pub fn touch(&mut self, holder: Holder, run: &[BlockHash], parent: Option<BlockHash>, now_ms: u64) {
         match holder {
             Holder::Instance(s) if !self.is_live(s) => return,
@@ -380,10 +428,10 @@ impl KvIndex {
             Holder::Instance(s) => self.purge_expired(s, now_ms),
             Holder::Global => {}
         }
-        let mut ids = std::mem::take(&mut self.scratch_ids);
-        ids.clear();
+        let hint = std::mem::take(&mut self.walked);
+        let mut ids = Vec::with_capacity(run.len());
         for (i, &h) in run.iter().enumerate() {
-            let id = if let Some(id) = self.entry_of(h) {
+            let id = if let Some(id) = self.hinted_entry(&hint, i, h) {
                 id
             } else {
                 let id = self.create_entry(h);
@@ -398,13 +446,21 @@ impl KvIndex {
                 }
                 id
             };
+            if i > 0 {
+                self.entries[ids[i - 1] as usize].last_child = id;
+            }
             ids.push(id);
         }
-        for &id in ids.iter().rev() {
-            let seq = self.lru_mut(holder).push(id, now_ms);
-            self.set_seq(holder, id, seq);
+        // One run for the chain: each block once, at its first (most recent) position.
+        let seq = self.lru_mut(holder).next_seq();
+        let mut run_ids = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            if self.seq_of(holder, id) != Some(seq) {
+                self.set_seq(holder, id, seq);
+                run_ids.push(id);
+            }
         }
-        self.scratch_ids = ids;
+        self.lru_mut(holder).push(run_ids, now_ms);
         let cap = self.capacity(holder);
         while self.held(holder) as u64 > cap {
             if !self.evict_lru(holder) {
@@ -412,6 +468,7 @@ impl KvIndex {
             }
         }
         self.maybe_compact(holder);
+        self.walked = ids;
     }
 
     /// Removes the listed blocks from `holder` (blocks it does not hold are ignored).
@@ -431,27 +488,26 @@ impl KvIndex {
         self.maybe_compact(holder);
     }
 
+    /// Drops every block `holder` holds (each is current in exactly one queued run).
+    fn clear_holder(&mut self, holder: Holder) {
+        let lru = std::mem::take(self.lru_mut(holder));
+        for (seq, e) in lru.all() {
+            if self.seq_of(holder, e) == Some(seq) {
+                self.drop_membership(holder, e);
+            }
+        }
+    }
+
     /// Removes every block of instance `slot`.
     pub fn clear_instance(&mut self, slot: u32) {
-        if !self.is_live(slot) {
-            return;
+        if self.is_live(slot) {
+            self.clear_holder(Holder::Instance(slot));
         }
-        let held: Vec<u32> = self.instances[slot as usize].seqs.keys().copied().collect();
-        for e in held {
-            self.drop_membership(Holder::Instance(slot), e);
-        }
-        self.instances[slot as usize].lru.clear();
     }
 
     /// Removes every block of the global tier.
     pub fn clear_global(&mut self) {
-        // Free slab entries always carry NOT_HELD, so a scan of the slab finds exactly the held ones.
-        for e in 0..self.entries.len() as u32 {
-            if self.entries[e as usize].global_seq != NOT_HELD {
-                self.drop_membership(Holder::Global, e);
-            }
-        }
-        self.global_lru.clear();
+        self.clear_holder(Holder::Global);
     }
 
     /// Longest prefix hits of `chain` for every instance and the global tier (docs §2.4).
@@ -470,6 +526,8 @@ impl KvIndex {
         let mut active = std::mem::take(&mut self.scratch_active);
         active.clear();
         active.extend_from_slice(&self.live_mask);
+        let mut walked = std::mem::take(&mut self.walked);
+        walked.clear();
         let mut any_local = active.iter().any(|&w| w != 0);
         let mut global_active = self.global_enabled();
         let mut global_blocks = 0u32;
@@ -480,18 +538,25 @@ impl KvIndex {
                 break;
             }
             let depth = i as u32;
-            let Some(e) = self.entry_of(*h) else { break };
+            let followed = walked
+                .last()
+                .map(|&p| self.entries[p as usize].last_child)
+                .filter(|&c| self.names(c, *h));
+            let Some(e) = followed.or_else(|| self.entry_of(*h)) else {
+                break;
+            };
+            walked.push(e);
             let base = e as usize * words;
             any_local = false;
-            for (w, slot_bits) in active.iter_mut().zip(&self.bits[base..base + words]).enumerate() {
-                let (a, keep) = (*slot_bits.0, *slot_bits.0 & *slot_bits.1);
-                let mut dropped = a & !keep;
+            for (w, (a, held)) in active.iter_mut().zip(&self.bits[base..base + words]).enumerate() {
+                let keep = *a & held;
+                let mut dropped = *a & !keep;
                 while dropped != 0 {
                     let b = dropped.trailing_zeros();
                     out.local_blocks[w * 64 + b as usize] = depth;
                     dropped &= dropped - 1;
                 }
-                *slot_bits.0 = keep;
+                *a = keep;
                 any_local |= keep != 0;
             }
             if global_active && self.entries[e as usize].global_seq == NOT_HELD {
@@ -516,6 +581,7 @@ impl KvIndex {
             global_blocks = deepest;
         }
         self.scratch_active = active;
+        self.walked = walked;
         out.global_blocks = global_blocks;
         out.deepest_blocks = deepest;
         out.branches = deepest_entry.map_or(0, |e| u32::from(self.entries[e as usize].children));
@@ -525,11 +591,7 @@ impl KvIndex {
     pub fn stats(&self) -> IndexStats {
         IndexStats {
             entries: self.by_hash.len(),
-            local_blocks: self
-                .instances
-                .iter()
-                .map(|h| if h.live { h.seqs.len() } else { 0 })
-                .collect(),
+            local_blocks: self.instances.iter().map(|h| if h.live { h.held } else { 0 }).collect(),
             global_blocks: self.global_held,
             evictions: self.evictions,
         }
@@ -551,9 +613,9 @@ impl KvIndex {
         let mut total = map_bytes(self.by_hash.capacity(), size_of::<(BlockHash, u32)>())
             + self.entries.capacity() * size_of::<Entry>()
             + self.bits.capacity() * 8
-            + self.global_lru.queued() * size_of::<lru::Touch>();
+            + self.global_lru.queued() * size_of::<u32>();
         for h in &self.instances {
-            total += map_bytes(h.seqs.capacity(), size_of::<(u32, u32)>()) + h.lru.queued() * size_of::<lru::Touch>();
+            total += map_bytes(h.seqs.capacity(), size_of::<(u32, u32)>()) + h.lru.queued() * size_of::<u32>();
         }
         total
     }
@@ -671,7 +733,7 @@ mod tests {
             ix.touch(Holder::Global, &chain(0..4), None, round);
             ix.touch(Holder::Instance(0), &chain(100 + round..101 + round), None, round);
         }
-        assert!(ix.instances[0].lru.queued() <= 2 * 8 + lru::COMPACT_SLACK + 8);
+        assert!(ix.instances[0].lru.queued() <= 8 * 8 + lru::COMPACT_SLACK + 4);
         let mut q = IndexQuery::default();
         ix.query(&chain(0..4), 0, &mut q);
         assert_eq!((q.local_blocks[0], q.global_blocks), (4, 4));

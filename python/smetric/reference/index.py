@@ -1,0 +1,122 @@
+"""Two-tier KV$ index: entries with children counters, per-holder LRU sets, TTL.
+
+Mirrors docs/routing-semantics.md §2 (2.1 state, 2.2 touch, 2.3 removal, 2.4 query matching,
+2.5 TTL). Holders are keyed by instance slot (0, 1, ...) or `GLOBAL` for the global tier.
+Each holder is an `OrderedDict` from block hash to touch time in ms, least recently used first,
+so eviction is `popitem(last=False)` and a touch is `move_to_end`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+GLOBAL = -1
+"""Holder key of the global tier (instance slots are >= 0)."""
+
+CHILDREN_MAX = 65535
+"""`children` is a saturating u16 in the Rust core (§2.1)."""
+
+
+@dataclass
+class Entry:
+    """One block hash present in at least one holder (§2.1)."""
+
+    children: int = 0
+
+
+@dataclass
+class Holder:
+    """One holder's set S_X with its LRU order and touch times (§2.1)."""
+
+    capacity: int
+    ttl_ms: int | None  # None: no TTL (always None for the global tier, §2.5)
+    blocks: OrderedDict[int, int] = field(default_factory=OrderedDict)  # hash -> touch ms, LRU first
+
+
+class KvIndex:
+    """The index of §2: one entry table shared by all holders."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, Entry] = {}
+        self.holders: dict[int, Holder] = {}
+
+    # -- holders -------------------------------------------------------------------------------
+    def add_holder(self, key: int, capacity: int, ttl_ms: int | None) -> None:
+        self.holders[key] = Holder(capacity=capacity, ttl_ms=ttl_ms)
+
+    def drop_holder(self, key: int) -> None:
+        """Forget a removed instance: each of its blocks goes through §2.3 first (§7)."""
+        self.clear(key)
+        del self.holders[key]
+
+    # -- §2.3 removal --------------------------------------------------------------------------
+    def remove(self, key: int, block: int) -> None:
+        """Remove `block` from holder `key`; drop its entry when no holder holds it any more.
+
+        The parent's children counter is deliberately left alone (§2.3).
+        """
+        holder = self.holders[key]
+        if block not in holder.blocks:
+            return
+        del holder.blocks[block]
+        if not any(block in h.blocks for h in self.holders.values()):
+            del self.entries[block]
+
+    def clear(self, key: int) -> None:
+        for block in list(self.holders[key].blocks):
+            self.remove(key, block)
+
+    def _evict_lru(self, key: int) -> None:
+        lru_block = next(iter(self.holders[key].blocks))
+        self.remove(key, lru_block)
+
+    # -- §2.5 TTL ------------------------------------------------------------------------------
+    def purge(self, key: int, now_ms: int) -> None:
+        """Evict from the LRU end while the LRU block is expired (now - touch >= ttl)."""
+        holder = self.holders[key]
+        if holder.ttl_ms is None:
+            return
+        while holder.blocks:
+            touched_ms = next(iter(holder.blocks.values()))
+            if now_ms - touched_ms < holder.ttl_ms:
+                break
+            self._evict_lru(key)
+
+    # -- §2.2 touch ----------------------------------------------------------------------------
+    def _bump_children(self, block: int) -> None:
+        entry = self.entries[block]
+        entry.children = min(entry.children + 1, CHILDREN_MAX)
+
+    def touch(self, key: int, run: list[int], now_ms: int, parent: int | None = None) -> None:
+        holder = self.holders[key]
+        # 1. TTL purge of this holder only.
+        self.purge(key, now_ms)
+        # 2. Creation pass, head to tail: a new entry counts as one more child of its parent.
+        for i, block in enumerate(run):
+            if block in self.entries:
+                continue
+            self.entries[block] = Entry()
+            if i > 0:
+                self._bump_children(run[i - 1])
+            elif parent is not None and parent in self.entries:
+                self._bump_children(parent)
+        # 3. Touch pass, tail to head: the head ends up most recent, so the tail is evicted first.
+        for block in reversed(run):
+            holder.blocks[block] = now_ms  # inserts at the MRU end when absent ...
+            holder.blocks.move_to_end(block)  # ... and moves it there when present
+        # 4. Capacity: evict LRU blocks until the holder fits (only after the whole run is in).
+        while len(holder.blocks) > holder.capacity:
+            self._evict_lru(key)
+
+    # -- §2.4 query helpers ----------------------------------------------------------------------
+    def matched_blocks(self, key: int, chain: list[int]) -> int:
+        """Largest k with chain[0..k) all held by `key`. Touches nothing."""
+        blocks = self.holders[key].blocks
+        k = 0
+        while k < len(chain) and chain[k] in blocks:
+            k += 1
+        return k
+
+    def children(self, block: int) -> int:
+        return self.entries[block].children

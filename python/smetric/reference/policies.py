@@ -1,0 +1,217 @@
+"""Routing policies and the counter-based random generator they break ties with.
+
+Mirrors docs/routing-semantics.md §5 (random numbers) and §6 (policies). Each policy is one
+function returning (position in the candidate list, reason). All scores are Python floats (IEEE
+f64) computed in the order the spec writes them, so they round exactly like the Rust core.
+Ties are exact float equality; a random tie-break draws only when more than one candidate is tied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .config import ReferenceConfig
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def splitmix64_mix(z: int) -> int:
+    """The splitmix64 finaliser of §5, everything mod 2^64."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class CounterRng:
+    """Draw k is mix(seed + (k + 1) * golden): stateless apart from the draw counter (§5)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed & _MASK64
+        self.draws = 0  # k of the next draw
+
+    def next_u64(self) -> int:
+        z = (self.seed + (self.draws + 1) * _GOLDEN) & _MASK64
+        self.draws += 1
+        return splitmix64_mix(z)
+
+    def uniform(self) -> float:
+        """A float in [0, 1): the top 53 bits of a draw."""
+        return (self.next_u64() >> 11) * 2.0**-53
+
+    def below(self, m: int) -> int:
+        """`draw % m`; callers only ask when m > 1."""
+        return self.next_u64() % m
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One live instance as the policies see it (§6), in slot order."""
+
+    local_hit: int  # L_i, local hit tokens
+    bs: int  # effective (§3)
+    waiting: int  # effective (§3)
+    queued: int  # router's own
+    active: int  # router's own
+
+
+@dataclass(frozen=True)
+class RouteInput:
+    """Per-request inputs shared by all candidates."""
+
+    n: int  # prompt tokens
+    global_hit: int  # Gh; 0 when the global tier is disabled
+    block_size: int
+    first_turn: bool
+
+
+def pick_among(positions: Sequence[int], rng: CounterRng) -> int:
+    """Random tie-break among `positions` (slot order); no draw when only one is left (§5)."""
+    if len(positions) == 1:
+        return positions[0]
+    return positions[rng.below(len(positions))]
+
+
+def keep_min(positions: Sequence[int], value: Callable[[int], float]) -> list[int]:
+    """The positions whose value equals the minimum value (exact float equality), in order."""
+    best = min(value(i) for i in positions)
+    return [i for i in positions if value(i) == best]
+
+
+def keep_max(positions: Sequence[int], value: Callable[[int], float]) -> list[int]:
+    best = max(value(i) for i in positions)
+    return [i for i in positions if value(i) == best]
+
+
+def argmin(positions: Sequence[int], value: Callable[[int], float], rng: CounterRng) -> int:
+    return pick_among(keep_min(positions, value), rng)
+
+
+# --- 1. round_robin -------------------------------------------------------------------------
+def round_robin(cands: Sequence[Candidate], rr: int) -> tuple[int, str]:
+    """`candidates[rr % N]`; the caller owns and advances `rr`."""
+    return rr % len(cands), "round-robin"
+
+
+# --- 2. least_load ---------------------------------------------------------------------------
+def least_load(cands: Sequence[Candidate], rng: CounterRng) -> tuple[int, str]:
+    """vLLM's DP balancer: argmin 4*w + bs."""
+    return argmin(range(len(cands)), lambda i: 4.0 * float(cands[i].waiting) + float(cands[i].bs), rng), "least-load"
+
+
+# --- 3. cache_first --------------------------------------------------------------------------
+def _clamp01(x: float) -> float:
+    return min(max(x, 0.0), 1.0)
+
+
+def cache_first_weighted(
+    cands: Sequence[Candidate], req: RouteInput, weights: tuple[float, float, float], rng: CounterRng
+) -> tuple[int, str]:
+    """Bailian's scheduler: sample proportionally to a min-max normalised weighted score."""
+    reason = "cache-first: weighted"
+    hit = [float(c.local_hit) / float(max(req.n, 1)) for c in cands]
+    bs = [float(c.bs) for c in cands]
+    act = [float(c.active) for c in cands]
+    lo_hit, hi_hit = min(hit), max(hit)
+    lo_bs, hi_bs = min(bs), max(bs)
+    lo_a, hi_a = min(act), max(act)
+    alpha, beta, gamma = weights
+    p: list[float] = []
+    for i in range(len(cands)):
+        n0 = _clamp01((hit[i] - lo_hit) / max(hi_hit - lo_hit, 1e-6))
+        n1 = _clamp01((hi_bs - bs[i]) / max(hi_bs - lo_bs, 1e-6))
+        n2 = _clamp01((hi_a - act[i]) / max(hi_a - lo_a, 1e-6))
+        p.append(alpha * n0 + beta * n1 + gamma * n2)
+    total = 0.0
+    for p_i in p:
+        total += p_i
+    if total <= 0.0:
+        # Uniform pick: a tie among all N, so (like every tie-break) no draw when N == 1.
+        return pick_among(range(len(cands)), rng), reason
+    u = rng.uniform() * total
+    running = 0.0
+    for i, p_i in enumerate(p):
+        running += p_i
+        if running > u:
+            return i, reason
+    return len(cands) - 1, reason  # float round-off: the last candidate
+
+
+def cache_first_max_hit(cands: Sequence[Candidate], rng: CounterRng) -> tuple[int, str]:
+    """argmax L; ties to the lowest bs; remaining ties at random."""
+    tied = keep_max(range(len(cands)), lambda i: float(cands[i].local_hit))
+    tied = keep_min(tied, lambda i: float(cands[i].bs))
+    return pick_among(tied, rng), "cache-first: max-hit"
+
+
+# --- 4. linear -------------------------------------------------------------------------------
+def linear(cands: Sequence[Candidate], req: RouteInput, prefill_weight: float, rng: CounterRng) -> tuple[int, str]:
+    """Dynamo's cost: argmin w*(q + new)/B + a/B, with new = n - L."""
+    b = float(req.block_size)
+
+    def cost(i: int) -> float:
+        c = cands[i]
+        new = float(req.n - c.local_hit)
+        return prefill_weight * (float(c.queued) + new) / b + float(c.active) / b
+
+    return argmin(range(len(cands)), cost, rng), "linear"
+
+
+# --- 5. lmetric ------------------------------------------------------------------------------
+def lmetric(cands: Sequence[Candidate], req: RouteInput, rng: CounterRng) -> tuple[int, str]:
+    """argmin max(q + new, 1) * (bs + 1)."""
+
+    def score(i: int) -> float:
+        c = cands[i]
+        new = float(req.n - c.local_hit)
+        return max(float(c.queued) + new, 1.0) * (float(c.bs) + 1.0)
+
+    return argmin(range(len(cands)), score, rng), "lmetric"
+
+
+# --- 6. smetric ------------------------------------------------------------------------------
+def smetric(cands: Sequence[Candidate], req: RouteInput, cfg: ReferenceConfig, rng: CounterRng) -> tuple[int, str]:
+    """First turns spread by a cache-blind cost; follow-ups stick to their home unless it lost
+    its cache or is overloaded."""
+    f = cfg.global_fetch_cost
+    n = float(req.n)
+    gh = float(req.global_hit)
+    everyone = range(len(cands))
+
+    def cost(i: int) -> float:
+        li = float(cands[i].local_hit)
+        return (n - max(li, gh)) + max(gh - li, 0.0) * f
+
+    def score(i: int) -> float:
+        return max(float(cands[i].queued) + cost(i), 1.0) * (float(cands[i].bs) + 1.0)
+
+    if req.first_turn:
+        blind = (n - gh) + gh * f  # local hits ignored on purpose (§6.6)
+        pos = argmin(everyone, lambda i: (float(cands[i].queued) + blind) * (float(cands[i].bs) + 1.0), rng)
+        return pos, "first-turn: least-loaded"
+
+    home_tied = keep_max(everyone, lambda i: float(cands[i].local_hit))
+    home = argmin(home_tied, score, rng)
+    if float(cands[home].local_hit) < cfg.min_local_hit_ratio * n:
+        return argmin(everyone, score, rng), "follow-up: migrate (local KV$ evicted)"
+
+    count = float(len(cands))
+    sum_q = 0.0
+    sum_bs = 0.0
+    for c in cands:
+        sum_q += float(c.queued)
+        sum_bs += float(c.bs)
+    mean_q = sum_q / count
+    mean_bs = sum_bs / count
+
+    def overloaded(i: int) -> bool:
+        c = cands[i]
+        return float(c.queued) > cfg.overload_factor * mean_q + float(cfg.overload_slack_tokens) or float(
+            c.bs
+        ) > cfg.overload_factor * mean_bs + float(cfg.overload_slack_requests)
+
+    if overloaded(home):
+        calm = [i for i in everyone if not overloaded(i)] or list(everyone)
+        return argmin(calm, score, rng), "follow-up: migrate (home overloaded)"
+    return home, "follow-up: sticky"

@@ -1,0 +1,526 @@
+"""Unit tests of the plain-Python reference router against hand-computed expectations.
+
+They exercise `smetric.reference` alone (no Rust extension), so the oracle of the differential
+test is itself checked against docs/routing-semantics.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import struct
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import xxhash
+
+try:
+    importlib.import_module("smetric.reference")
+except ImportError:
+    # `smetric/__init__.py` imports the compiled `smetric._core`. Without it (not built yet, or
+    # not installed at all) load only the plain-Python reference from the source tree, under a
+    # bare parent package that skips `smetric/__init__.py`.
+    _parent = types.ModuleType("smetric")
+    _parent.__path__ = [str(Path(__file__).resolve().parents[2] / "python" / "smetric")]
+    sys.modules["smetric"] = _parent
+
+from smetric.reference import (
+    DuplicateInstanceError,
+    NoInstancesError,
+    ReferenceConfig,
+    ReferenceRouter,
+    UnknownInstanceError,
+    ref_hash_tokens,
+)
+from smetric.reference.index import KvIndex
+from smetric.reference.policies import (
+    Candidate,
+    CounterRng,
+    RouteInput,
+    cache_first_max_hit,
+    cache_first_weighted,
+    least_load,
+    linear,
+    lmetric,
+    round_robin,
+    splitmix64_mix,
+)
+from smetric.reference.policies import (
+    smetric as smetric_policy,
+)
+
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def xxh(data: bytes, seed: int) -> int:
+    return xxhash.xxh3_64_intdigest(data, seed=seed)
+
+
+def le(*tokens: int) -> bytes:
+    return struct.pack(f"<{len(tokens)}I", *tokens)
+
+
+def router(
+    instances: tuple[str, ...] = ("a", "b", "c"),
+    *,
+    policy: str = "smetric",
+    block_size: int = 4,
+    seed: int = 0,
+    **config: Any,
+) -> ReferenceRouter:
+    cfg = ReferenceConfig(**config)
+    return ReferenceRouter(list(instances), policy=policy, block_size=block_size, seed=seed, config=cfg)
+
+
+# --- §1 hashing -------------------------------------------------------------------------------
+def test_three_block_chain_matches_direct_xxhash_calls() -> None:
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]  # 3 full blocks of 4 + a partial tail
+    h0 = xxh(le(1, 2, 3, 4), 0)
+    h1 = xxh(le(5, 6, 7, 8), h0)
+    h2 = xxh(le(9, 10, 11, 12), h1)
+    assert ref_hash_tokens(tokens, 4) == [h0, h1, h2]
+
+
+def test_seed_and_namespace_set_the_root() -> None:
+    tokens = [7, 8, 2**32 - 1, 0, 5, 6]
+    root = xxh(b"lora-a", 42)
+    h0 = xxh(le(7, 8), root)
+    expected = [h0, xxh(le(2**32 - 1, 0), h0), xxh(le(5, 6), xxh(le(2**32 - 1, 0), h0))]
+    assert ref_hash_tokens(tokens, 2, hash_seed=42, namespace="lora-a") == expected
+    assert ref_hash_tokens(tokens, 2, hash_seed=42)[0] == xxh(le(7, 8), 42)
+    # The empty namespace is a namespace, not "no namespace".
+    assert ref_hash_tokens(tokens, 2, namespace="")[0] == xxh(le(7, 8), xxh(b"", 0))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int64])
+def test_numpy_arrays_hash_like_lists(dtype: type) -> None:
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5]
+    assert ref_hash_tokens(np.array(tokens, dtype=dtype), 3) == ref_hash_tokens(tokens, 3)
+
+
+def test_short_prompts_and_bad_tokens() -> None:
+    assert ref_hash_tokens([1, 2, 3], 4) == []
+    assert ref_hash_tokens([], 1) == []
+    with pytest.raises(ValueError, match="token ids"):
+        ref_hash_tokens([2**32], 1)
+    with pytest.raises(ValueError, match="token ids"):
+        ref_hash_tokens([-1], 1)
+    with pytest.raises(TypeError):
+        ref_hash_tokens(np.array([1.0, 2.0]), 1)
+
+
+def test_router_hash_tokens_uses_its_config() -> None:
+    r = router(block_size=2, hash_seed=9)
+    assert r.hash_tokens([1, 2, 3, 4, 5], namespace="x") == ref_hash_tokens([1, 2, 3, 4, 5], 2, 9, "x")
+
+
+# --- §2 index ---------------------------------------------------------------------------------
+def test_lru_evicts_tail_first() -> None:
+    ix = KvIndex()
+    ix.add_holder(0, capacity=5, ttl_ms=None)
+    ix.touch(0, [10, 11, 12, 13, 14], now_ms=0)
+    assert list(ix.holders[0].blocks) == [14, 13, 12, 11, 10]  # LRU first: the tail
+    ix.touch(0, [20, 21], now_ms=1)  # 7 > 5: evicts 14 then 13
+    assert list(ix.holders[0].blocks) == [12, 11, 10, 21, 20]
+    assert ix.matched_blocks(0, [10, 11, 12, 13, 14]) == 3
+    assert 13 not in ix.entries
+    assert 14 not in ix.entries
+    ix.touch(0, [10], now_ms=2)  # re-touching the head only moves it to the MRU end
+    assert list(ix.holders[0].blocks) == [12, 11, 21, 20, 10]
+
+
+def test_children_saturate_at_u16_max() -> None:
+    ix = KvIndex()
+    ix.add_holder(0, capacity=10, ttl_ms=None)
+    ix.touch(0, [1], now_ms=0)
+    ix.entries[1].children = 65534
+    ix.touch(0, [1, 2], now_ms=0)
+    ix.touch(0, [3], now_ms=0, parent=1)
+    assert ix.children(1) == 65535
+
+
+def test_run_longer_than_capacity_keeps_its_head() -> None:
+    ix = KvIndex()
+    ix.add_holder(0, capacity=2, ttl_ms=None)
+    ix.touch(0, [1, 2, 3, 4], now_ms=0)
+    assert list(ix.holders[0].blocks) == [2, 1]
+    assert set(ix.entries) == {1, 2}
+
+
+def test_ttl_expires_at_exactly_ttl_ms() -> None:
+    r = router(("a",), policy="round_robin", index_mode="approximate", local_ttl_s=1.0, global_capacity_blocks=0)
+    tokens = list(range(12))
+    r.route(tokens, now=10.0)
+    assert r.query(tokens, now=10.999).local == {"a": 11}
+    assert r.query(tokens, now=11.0).local == {"a": 0}  # 1000 ms old >= ttl 1000 ms
+    # Purge stops at the first unexpired LRU block.
+    r.route(tokens, now=20.0)
+    r.route(tokens + [99] * 4, now=20.5)  # re-touches blocks 0..2 at 20.5, adds block 3
+    hits = r.query(tokens + [99] * 4, now=21.2)
+    assert hits.local == {"a": 15}
+
+
+def test_ttl_uses_floored_milliseconds() -> None:
+    r = router(("a",), policy="round_robin", local_ttl_s=0.0015, global_capacity_blocks=0)  # ttl_ms = 1
+    r.route(list(range(8)), now=0.0009)  # stored at ms 0
+    assert r.query(list(range(8)), now=0.00099).local == {"a": 7}  # ms 0: age 0 < 1
+    assert r.query(list(range(8)), now=0.001).local == {"a": 0}  # ms 1: age 1 >= 1
+
+
+def test_global_tier_has_no_ttl() -> None:
+    r = router(("a",), policy="round_robin", local_ttl_s=1.0, global_capacity_blocks=16)
+    r.route(list(range(9)), now=0.0)
+    hits = r.query(list(range(9)), now=100.0)
+    assert hits.local == {"a": 0}
+    assert (hits.global_hit_tokens, hits.deepest_blocks) == (8, 2)
+
+
+def test_children_count_branches_and_turn_inference() -> None:
+    r = router(("a", "b"), policy="round_robin", global_capacity_blocks=0)
+    system = list(range(8))  # 2 blocks
+    d1 = r.route([*system, 100, 101, 102, 103, 104], now=0.0)
+    assert (d1.first_turn, d1.turn_source) == (True, "index")  # nothing matched
+    d2 = r.route([*system, 200, 201, 202, 203, 204], now=0.0)
+    assert d2.first_turn  # matched the system prompt, whose last block already has 1 child
+    hits = r.query([*system, 300], now=0.0)
+    assert (hits.deepest_blocks, hits.branches) == (2, 2)
+    # A follow-up of session 1 matches up to its previous prompt's last full block: no children.
+    follow = r.route([*system, 100, 101, 102, 103, 104, 105, 106, 107, 108], now=0.0)
+    assert (follow.first_turn, follow.turn_source) == (False, "index")
+    assert follow.local_hit_tokens == 12
+    assert follow.instance == "a"
+
+
+def test_store_blocks_parent_bumps_children_once() -> None:
+    r = router(("a", "b"), index_mode="exact", global_capacity_blocks=0)
+    r.store_blocks("a", [1, 2], now=0.0)
+    r.store_blocks("b", [3], parent=2, now=0.0)  # new entry 3 under 2
+    r.store_blocks("a", [3], parent=2, now=0.0)  # 3 exists: no bump
+    assert r.query(hashes=[1, 2, 9], now=0.0).branches == 1
+    r.store_blocks("a", [4], parent=77, now=0.0)  # unknown parent: nothing to bump
+    assert r.query(hashes=[4], now=0.0).branches == 0
+
+
+def test_removal_deletes_entries_and_loses_children() -> None:
+    r = router(("a", "b"), index_mode="exact", global_capacity_blocks=0)
+    r.store_blocks("a", [1, 2, 3], now=0.0)
+    r.store_blocks("b", [1, 2], now=0.0)
+    assert r.query(hashes=[1, 2], now=0.0).branches == 1  # 2 -> 3
+    r.remove_blocks("a", [2, 3, 42])  # 42 is not held: ignored
+    hits = r.query(hashes=[1, 2, 3], num_tokens=100, now=0.0)
+    assert hits.local == {"a": 4, "b": 8}
+    assert hits.branches == 1
+    r.remove_blocks("b", [2])  # nobody holds 2 any more: its entry (and children) goes
+    r.store_blocks("b", [2], now=0.0)
+    assert r.query(hashes=[1, 2], now=0.0).branches == 0
+    r.clear("b")
+    assert r.query(hashes=[1, 2], now=0.0).local == {"a": 4, "b": 0}
+
+
+def test_exact_mode_route_does_not_touch() -> None:
+    r = router(("a",), index_mode="exact")
+    r.route(list(range(16)), now=0.0)
+    hits = r.query(list(range(16)), now=0.0)
+    assert hits.local == {"a": 0}
+    assert hits.global_hit_tokens == 0
+
+
+def test_global_tier_and_disabled_global_tier() -> None:
+    r = router(("a", "b"), index_mode="exact", global_capacity_blocks=2)
+    r.store_blocks(None, [1, 2, 3], tier="global", now=0.0)  # capacity 2: tail (3) evicted
+    assert r.query(hashes=[1, 2, 3], now=0.0).global_hit_tokens == 8
+    r.clear(None, tier="global")
+    assert r.query(hashes=[1, 2, 3], now=0.0).global_hit_tokens == 0
+    off = router(("a",), index_mode="exact", global_capacity_blocks=0)
+    off.store_blocks(None, [1, 2], tier="global", now=0.0)
+    assert off.query(hashes=[1, 2], now=0.0).global_hit_tokens == 0
+
+
+def test_hit_tokens_leave_the_last_token() -> None:
+    r = router(("a",), index_mode="exact", block_size=4)
+    r.store_blocks("a", [1, 2], now=0.0)
+    assert r.query(hashes=[1, 2], now=0.0).local == {"a": 7}  # n = 8: min(8, 7)
+    assert r.query(hashes=[1, 2], num_tokens=10, now=0.0).local == {"a": 8}
+    assert r.query(hashes=[1, 2], num_tokens=0, now=0.0).local == {"a": 0}
+
+
+# --- §3 load board and lifecycle ------------------------------------------------------------
+def board(**fields: float) -> dict[str, float]:
+    """A `load()` dict: the given fields, every other field zero."""
+    keys = ("bs", "waiting", "queued", "active", "running_e", "waiting_e", "kv_usage")
+    return {k: fields.get(k, 0.0 if k == "kv_usage" else 0) for k in keys}
+
+
+def test_lifecycle_counters_never_negative_and_events_are_idempotent() -> None:
+    r = router(("a",), policy="round_robin", global_capacity_blocks=0)
+    d = r.route(list(range(10)), request_id="req-1", now=0.0)
+    assert d.request_id == "req-1"  # echoed as given; keyed as xxh3_64("req-1", seed=0)
+    assert r.load("a") == board(bs=1, waiting=1, queued=10, active=10)
+    assert r.on_finished("req-1", 5) is True  # finish before prefilled: prefilled step first
+    assert r.load("a") == board()
+    assert r.on_finished("req-1") is False  # double finish: unknown now
+    assert r.on_prefilled(xxh(b"req-1", 0)) is False
+    assert r.on_aborted(12345) is False
+    assert r.load("a")["bs"] == 0
+    assert r.load("a")["waiting"] == 0
+    assert r.stats()["unknown_request_events"] == 3
+
+    d2 = r.route(list(range(10)), now=0.0)
+    assert r.on_prefilled(d2.request_id) is True
+    assert r.on_prefilled(d2.request_id) is False  # already prefilled: no double decrement
+    assert r.load("a")["waiting"] == 0
+    assert r.load("a")["queued"] == 0
+    assert r.load("a")["bs"] == 1
+    assert r.on_aborted(d2.request_id) is True
+    assert all(v == 0 for v in r.load("a").values())
+
+    r.route(list(range(10)), request_id="req-2", now=0.0)
+    assert r.on_finished(xxh(b"req-2", 0)) is True  # a str id and its hash name the same request
+
+
+def test_prefill_uses_best_of_local_and_global_hit() -> None:
+    r = router(("a", "b"), policy="round_robin", block_size=4, global_capacity_blocks=64)
+    r.route(list(range(12)), now=0.0)  # -> a; stores 3 blocks on a and in the global tier
+    d = r.route([*range(12), 50, 51], now=0.0)  # -> b: no local hit, global hit 12
+    assert (d.instance, d.local_hit_tokens, d.global_hit_tokens, d.prefill_tokens) == ("b", 0, 12, 2)
+    assert r.load("b")["queued"] == 2
+    assert r.load("b")["active"] == 14
+
+
+def test_auto_request_ids_count_from_two_to_the_63() -> None:
+    r = router(("a",), policy="round_robin")
+    ids = [r.route([1, 2, 3], now=0.0).request_id for _ in range(3)]
+    assert ids == [2**63, 2**63 + 1, 2**63 + 2]
+    assert r.route([1], request_id=7, now=0.0).request_id == 7
+    assert r.route([1], now=0.0).request_id == 2**63 + 3  # explicit ids do not consume the counter
+
+
+def test_removed_and_reused_slot_is_not_touched_by_old_requests() -> None:
+    r = router(("a", "b"), policy="round_robin", global_capacity_blocks=0)
+    d = r.route(list(range(8)), now=0.0)
+    assert d.instance == "a"
+    r.remove_instance("a")
+    assert r.on_prefilled(d.request_id) is False  # slot removed
+    r.add_instance("c")  # reuses slot 0 with a new generation
+    assert r.instances == ["c", "b"]
+    r.route(list(range(4)), now=0.0)  # rr=1 -> candidates[1] = "b"
+    e = r.route(list(range(4)), now=0.0)  # rr=2 -> "c"
+    assert e.instance == "c"
+    assert r.on_finished(d.request_id) is False  # known, but its slot was reused
+    assert r.load("c")["bs"] == 1
+    assert r.on_finished(d.request_id) is False  # now forgotten
+    assert r.stats()["unknown_request_events"] == 1
+
+
+def test_instances_errors() -> None:
+    with pytest.raises(NoInstancesError):
+        ReferenceRouter([])
+    with pytest.raises(DuplicateInstanceError):
+        ReferenceRouter(["a", "a"])
+    r = router(("a",))
+    with pytest.raises(DuplicateInstanceError):
+        r.add_instance("a")
+    with pytest.raises(UnknownInstanceError):
+        r.remove_instance("zz")
+    with pytest.raises(UnknownInstanceError):
+        r.load("zz")
+    r.remove_instance("a")
+    with pytest.raises(NoInstancesError):
+        r.route([1, 2, 3], now=0.0)
+    r.add_instance("a")
+    assert r.route([1, 2, 3], now=0.0).request_id == 2**63  # the refused route issued no id
+
+
+def test_removing_an_instance_clears_its_blocks() -> None:
+    r = router(("a", "b"), index_mode="exact", global_capacity_blocks=0)
+    r.store_blocks("a", [1, 2], now=0.0)
+    r.remove_instance("a")
+    r.add_instance("a")
+    assert r.query(hashes=[1, 2], now=0.0).local == {"a": 0, "b": 0}
+
+
+def test_engine_snapshot_counts_only_while_fresh() -> None:
+    r = router(("a", "b"), policy="least_load", engine_load_staleness_s=1.0)
+    r.update_load("a", running=3, waiting=2, kv_usage=0.5, now=10.0)
+    assert r.load("a") == board(running_e=3, waiting_e=2, kv_usage=0.5)
+    # fresh at 11.0 (1000 ms <= 1000 ms): a scores 4*2 + 5 = 13, b 0 -> b
+    assert r.route([1], now=11.0).instance == "b"
+    # stale at 11.001: a scores 0, b scores 4*1 + 1 = 5 -> a
+    assert r.route([1], now=11.001).instance == "a"
+    r.update_load("a", kv_usage=0.1, now=20.0)  # only kv_usage changes; the stamp moves
+    assert r.load("a")["running_e"] == 3
+    assert r.load("a")["kv_usage"] == 0.1
+
+
+# --- §4 turn inference ------------------------------------------------------------------------
+def test_turn_sources_in_order() -> None:
+    r = router(("a",), policy="round_robin")
+    msgs_first = [{"role": "system", "content": ""}, {"role": "user", "content": ""}]
+    msgs_follow = [{"role": "user"}, {"role": "assistant"}, {"role": "tool"}]
+    msgs_last_assistant = [{"role": "user"}, {"role": "assistant"}]
+    hinted = r.route([1], turn=2, messages=msgs_first, now=0.0)
+    assert (hinted.first_turn, hinted.turn_source) == (False, "hint")
+    assert r.route([1], turn=1, messages=msgs_follow, now=0.0).first_turn is True
+    d = r.route([1], messages=msgs_follow, now=0.0)
+    assert (d.first_turn, d.turn_source) == (False, "messages")
+    assert r.route([1], messages=msgs_first, now=0.0).first_turn is True
+    assert r.route([1], messages=msgs_last_assistant, now=0.0).first_turn is True  # only messages before the last
+    assert r.route([1], messages=[], now=0.0).turn_source == "messages"
+    with pytest.raises(ValueError, match="turn"):
+        r.route([1], turn=0, now=0.0)
+
+
+# --- §5 random numbers ----------------------------------------------------------------------
+def test_counter_rng_matches_splitmix64() -> None:
+    rng = CounterRng(0)
+    assert rng.next_u64() == 0xE220A8397B1DCDAF  # splitmix64's well-known first output for state 0
+    seed = 2**64 - 5
+    rng = CounterRng(seed)
+    assert [rng.next_u64() for _ in range(2)] == [
+        splitmix64_mix((seed + GOLDEN) % 2**64),
+        splitmix64_mix((seed + 2 * GOLDEN) % 2**64),
+    ]
+    u = CounterRng(1).uniform()
+    assert u == (splitmix64_mix(1 + GOLDEN) >> 11) * 2.0**-53
+    assert 0.0 <= u < 1.0
+
+
+# --- §6 policies on hand-made boards ----------------------------------------------------------
+def cand(hit: int = 0, bs: int = 0, waiting: int = 0, queued: int = 0, active: int = 0) -> Candidate:
+    return Candidate(local_hit=hit, bs=bs, waiting=waiting, queued=queued, active=active)
+
+
+def req(n: int, first_turn: bool = False, global_hit: int = 0, block_size: int = 16) -> RouteInput:
+    return RouteInput(n=n, global_hit=global_hit, block_size=block_size, first_turn=first_turn)
+
+
+def first_draw(seed: int = 0) -> int:
+    return splitmix64_mix((seed + GOLDEN) % 2**64)
+
+
+def test_round_robin() -> None:
+    cands = [cand(), cand(), cand()]
+    assert [round_robin(cands, rr)[0] for rr in range(5)] == [0, 1, 2, 0, 1]
+    assert round_robin(cands, 0)[1] == "round-robin"
+
+
+def test_least_load_single_winner_takes_no_draw() -> None:
+    rng = CounterRng(0)
+    # 4w + bs: 5, 3, 4
+    assert least_load([cand(bs=1, waiting=1), cand(bs=3), cand(bs=4)], rng) == (1, "least-load")
+    assert rng.draws == 0
+
+
+def test_least_load_tie_draws_once() -> None:
+    rng = CounterRng(0)
+    pos, _ = least_load([cand(bs=2), cand(bs=1), cand(bs=5), cand(bs=1)], rng)
+    assert pos == [1, 3][first_draw() % 2]
+    assert rng.draws == 1
+
+
+def test_cache_first_weighted_samples_the_normalised_score() -> None:
+    # hit = [0.5, 0]: n0 = [1, 0]; bs = [2, 0]: n1 = [0, 1]; active equal: n2 = [0, 0].
+    # p = [0.7, 0.15], sum 0.85; pick 0 iff 0.7 > u * 0.85.
+    cands = [cand(hit=100, bs=2, active=7), cand(hit=0, bs=0, active=7)]
+    for seed in range(20):
+        rng = CounterRng(seed)
+        u = (first_draw(seed) >> 11) * 2.0**-53 * (0.7 + 0.15)
+        expected = 0 if u < 0.7 else 1
+        assert cache_first_weighted(cands, req(200), (0.7, 0.15, 0.15), rng) == (expected, "cache-first: weighted")
+        assert rng.draws == 1
+
+
+def test_cache_first_weighted_zero_sum_is_a_uniform_pick() -> None:
+    rng = CounterRng(3)
+    pos, _ = cache_first_weighted([cand(), cand(), cand()], req(10), (0.7, 0.15, 0.15), rng)
+    assert pos == first_draw(3) % 3
+    assert rng.draws == 1
+    rng = CounterRng(3)
+    assert cache_first_weighted([cand(hit=5)], req(10), (0.7, 0.15, 0.15), rng)[0] == 0
+    assert rng.draws == 0  # one candidate: no draw
+
+
+def test_cache_first_max_hit() -> None:
+    rng = CounterRng(0)
+    assert cache_first_max_hit([cand(hit=50, bs=3), cand(hit=50, bs=1), cand(hit=10)], rng) == (
+        1,
+        "cache-first: max-hit",
+    )
+    assert rng.draws == 0
+
+
+def test_linear() -> None:
+    rng = CounterRng(0)
+    # w(q + n - L)/B + a/B with B = 16: (0 + 64)/16 + 160/16 = 14; (32 + 32)/16 + 0 = 4; (0+64)/16 + 16/16 = 5
+    cands = [cand(hit=0, active=160), cand(hit=32, queued=32), cand(hit=0, active=16)]
+    assert linear(cands, req(64), 1.0, rng) == (1, "linear")
+    # w = 0 leaves only the decode term: a/B = 10, 0, 1
+    assert linear(cands, req(64), 0.0, rng)[0] == 1
+
+
+def test_lmetric() -> None:
+    rng = CounterRng(0)
+    # max(q + n - L, 1) * (bs + 1): 100*10 = 1000, 1000*1 = 1000, 1000*2 = 2000 -> tie of 0 and 1
+    cands = [cand(hit=900, bs=9), cand(), cand(bs=1)]
+    assert lmetric(cands, req(1000), rng) == ([0, 1][first_draw() % 2], "lmetric")
+    # a fully cached prompt still scores max(0, 1) = 1, times its batch
+    assert lmetric([cand(hit=10, bs=3), cand(hit=0, bs=0)], req(10), rng)[0] == 0
+
+
+def test_smetric_first_turn_ignores_local_hits() -> None:
+    rng = CounterRng(0)
+    cfg = ReferenceConfig()
+    # (q + c) * (bs + 1) with c = n - Gh + Gh*f = 100: (0+100)*3 = 300 vs (50+100)*1 = 150
+    cands = [cand(hit=99, bs=2), cand(hit=0, bs=0, queued=50)]
+    assert smetric_policy(cands, req(100, first_turn=True), cfg, rng) == (1, "first-turn: least-loaded")
+
+
+def test_smetric_follow_up_sticky_evicted_overloaded() -> None:
+    rng = CounterRng(0)
+    cfg = ReferenceConfig()
+    # Home = most local hits; 60 >= 0.5 * 100 and not overloaded -> sticky.
+    cands = [cand(hit=10), cand(hit=60, bs=1), cand()]
+    assert smetric_policy(cands, req(100), cfg, rng) == (1, "follow-up: sticky")
+    # Home keeps only 40 < 50 tokens -> migrate to argmin score: (100-40)*2=120, (100-10)*1=90, 100*1 = 100.
+    cands = [cand(hit=10), cand(hit=40, bs=1), cand()]
+    assert smetric_policy(cands, req(100), cfg, rng) == (0, "follow-up: migrate (local KV$ evicted)")
+    # Home overloaded by queue: q = 20000 > 1.5 * mean(6666.7) + 8192 -> migrate among the others.
+    cands = [cand(hit=90, queued=20000), cand(hit=0, bs=1), cand(hit=0, bs=0)]
+    assert smetric_policy(cands, req(100), cfg, rng) == (2, "follow-up: migrate (home overloaded)")
+    # Overloaded by batch: bs = 20 > 1.5 * mean(7.33) + 4 = 15.
+    cands = [cand(hit=90, bs=20), cand(bs=1), cand(bs=1)]
+    pos, reason = smetric_policy(cands, req(100), cfg, rng)
+    assert reason == "follow-up: migrate (home overloaded)"
+    assert pos in (1, 2)
+
+
+def test_smetric_global_hits_enter_the_cost() -> None:
+    rng = CounterRng(0)
+    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.0)
+    # cost = (n - max(L, Gh)) + max(Gh - L, 0) * f, n = 100, Gh = 80:
+    # L=0: 20 + 40 = 60 -> score 60*(1+1) = 120 ; L=10: 20 + 35 = 55 -> 55*(3+1) = 220 (home, sticky)
+    cands = [cand(hit=0, bs=1), cand(hit=10, bs=3)]
+    assert smetric_policy(cands, req(100, global_hit=80), cfg, rng) == (1, "follow-up: sticky")
+    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.5)
+    assert smetric_policy(cands, req(100, global_hit=80), cfg, rng) == (0, "follow-up: migrate (local KV$ evicted)")
+
+
+def test_router_ties_consume_draws_in_order() -> None:
+    # Two idle instances tie under least_load: the first route draws once, picks by draw 0.
+    r = router(("a", "b"), policy="least_load", seed=11)
+    assert r.route([1], now=0.0).instance == ["a", "b"][first_draw(11) % 2]
+
+
+def test_config_is_keyword_only_and_frozen() -> None:
+    cfg = ReferenceConfig(local_capacity_blocks=8)
+    assert cfg.global_capacity_blocks == 1_048_576
+    assert cfg.cache_first_weights == (0.7, 0.15, 0.15)
+    with pytest.raises(TypeError):
+        ReferenceConfig(0)  # type: ignore[call-arg]
+    with pytest.raises(AttributeError):
+        cfg.hash_seed = 1  # type: ignore[misc]
+    with pytest.raises(ValueError, match="index_mode"):
+        ReferenceConfig(index_mode="fuzzy")

@@ -1,0 +1,753 @@
+"""Seeded differential test: the Rust core (`smetric.Router`) against the plain-Python reference.
+
+Both routers are built from the same arguments and driven by the same random operation stream;
+after every operation the test compares the return values (every §8 `Decision` / `IndexHits`
+field, lifecycle booleans, `hash_tokens` output), `instances`, `load(name)` of every instance and
+a few `stats()` counters. docs/routing-semantics.md decides who is right when they differ.
+
+Knobs (environment):
+  SMETRIC_DIFF_SEED   base seed (default 20250611); every case derives its own stream from it.
+  SMETRIC_DIFF_CASES  number of operation streams (default 64, at 400 operations each).
+  SMETRIC_DIFF_OPS    operations per stream (default 400).
+On a mismatch the failure message names the seed, case and operation index and lists the
+operations so far; a standalone replay script (and a cheaply shrunk one) is written under /tmp.
+
+The stream is generated *while* it runs: the generator reads the reference's results (chosen
+instance, live names, request ids) to pick plausible next operations, and records every call
+with concrete arguments, so the op list replays without the generator.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+
+# Collected but skipped until the extension is built (`maturin develop`). Everything from the
+# package is fetched through importorskip so that no import statement follows a call.
+_core = pytest.importorskip("smetric._core")
+smetric = pytest.importorskip("smetric")
+_reference = pytest.importorskip("smetric.reference")
+_hashing = pytest.importorskip("smetric.reference.hashing")
+ReferenceConfig = _reference.ReferenceConfig
+ReferenceRouter = _reference.ReferenceRouter
+ref_hash_tokens = _reference.ref_hash_tokens
+request_id_value = _hashing.request_id_value
+
+if TYPE_CHECKING:
+    from smetric.reference import ReferenceRouter as ReferenceRouterT
+
+SEED = int(os.environ.get("SMETRIC_DIFF_SEED", "20250611"))
+CASES = int(os.environ.get("SMETRIC_DIFF_CASES", "64"))
+OPS_PER_CASE = int(os.environ.get("SMETRIC_DIFF_OPS", "400"))
+HASH_CASES = 2000  # extra pure hash_tokens comparisons (cheap)
+SHRINK_BUDGET_S = 20.0
+
+U64 = 1 << 64
+AUTO_ID_BASE = 1 << 63
+NAMES = tuple(f"i{k}" for k in range(8))
+BIG_NAMES = tuple(f"i{k}" for k in range(72))  # every 16th case: slots past 64 (a second bitset word)
+DECISION_FIELDS = (
+    "instance",
+    "first_turn",
+    "turn_source",
+    "local_hit_tokens",
+    "global_hit_tokens",
+    "prefill_tokens",
+    "reason",
+    "request_id",
+    "policy",
+)
+LOAD_FIELDS = ("bs", "waiting", "queued", "active", "running_e", "waiting_e", "kv_usage")
+STATS_FIELDS = ("routed", "unknown_request_events", "in_flight", "random_draws")  # compared when both report them
+
+# (policy, cache_first_mode) x index mode: every policy in both index modes.
+COMBOS: tuple[tuple[str, str, str], ...] = tuple(
+    (policy, cf_mode, mode)
+    for mode in ("approximate", "exact")
+    for policy, cf_mode in (
+        ("round_robin", "weighted"),
+        ("least_load", "weighted"),
+        ("cache_first", "weighted"),
+        ("cache_first", "max_hit"),
+        ("linear", "weighted"),
+        ("lmetric", "weighted"),
+        ("smetric", "weighted"),
+        ("smetric", "weighted"),  # the policy this project is about gets twice the streams
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Operations and their replay
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Op:
+    """One recorded call: `getattr(router, name)(*args, **kwargs)`."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """Everything needed to build the two routers of one case."""
+
+    instances: tuple[str, ...]
+    names: tuple[str, ...]  # the pool add_instance draws from (names are reused)
+    policy: str
+    block_size: int
+    seed: int
+    config: dict[str, Any]
+
+    def build(self, router_cls: Callable[..., Any], config_cls: Callable[..., Any]) -> Any:
+        return router_cls(
+            list(self.instances),
+            policy=self.policy,
+            block_size=self.block_size,
+            seed=self.seed,
+            config=config_cls(**self.config),
+        )
+
+
+def build_pair(spec: CaseSpec) -> tuple[Any, ReferenceRouterT]:
+    return spec.build(smetric.Router, smetric.RouterConfig), spec.build(ReferenceRouter, ReferenceConfig)
+
+
+def canon(value: Any) -> Any:
+    """A comparable, type-strict form of a return value (`True` != `1`, numpy ints are not ints)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if type(value) is int:
+        return ("int", value)
+    if type(value) is float:
+        return ("float", value)
+    if isinstance(value, list):
+        return [canon(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(canon(v) for v in value)
+    if isinstance(value, dict):
+        return [(k, canon(v)) for k, v in value.items()]  # order matters (slot order)
+    if hasattr(value, "deepest_blocks"):  # IndexHits
+        return {
+            "local": canon(dict(value.local)) if not isinstance(value.local, dict) else canon(value.local),
+            "global_hit_tokens": canon(value.global_hit_tokens),
+            "deepest_blocks": canon(value.deepest_blocks),
+            "branches": canon(value.branches),
+        }
+    if hasattr(value, "prefill_tokens"):  # Decision
+        return {f: canon(getattr(value, f)) for f in DECISION_FIELDS}
+    return ("?", type(value).__name__, repr(value))
+
+
+def call(router: Any, op: Op) -> Any:
+    """Run one op; an exception becomes a marker (both sides must raise, any class will do)."""
+    try:
+        return canon(getattr(router, op.name)(*op.args, **op.kwargs))
+    except Exception as exc:
+        return ("raised", type(exc).__name__, str(exc))
+
+
+def raised(outcome: Any) -> bool:
+    return isinstance(outcome, tuple) and len(outcome) == 3 and outcome[0] == "raised"
+
+
+def state(router: Any) -> dict[str, Any]:
+    """What is compared after every op besides its return value."""
+    names = list(router.instances)
+    loads = {}
+    for name in names:
+        load = router.load(name)
+        loads[name] = {k: canon(load[k]) for k in LOAD_FIELDS}
+    stats = router.stats()
+    return {"instances": names, "loads": loads, "stats": {k: stats[k] for k in STATS_FIELDS if k in stats}}
+
+
+def compare_state(rust: Any, ref: ReferenceRouterT) -> str | None:
+    s_rust, s_ref = state(rust), state(ref)
+    common = s_rust["stats"].keys() & s_ref["stats"].keys()
+    s_rust["stats"] = {k: s_rust["stats"][k] for k in sorted(common)}
+    s_ref["stats"] = {k: s_ref["stats"][k] for k in sorted(common)}
+    if s_rust == s_ref:
+        return None
+    lines = [
+        f"  {key}:\n    rust: {s_rust[key]!r}\n    ref:  {s_ref[key]!r}"
+        for key in ("instances", "loads", "stats")
+        if s_rust[key] != s_ref[key]
+    ]
+    return "state after the op differs:\n" + "\n".join(lines)
+
+
+def step(rust: Any, ref: ReferenceRouterT, op: Op) -> tuple[str | None, Any]:
+    """Apply `op` to both routers; returns (mismatch description or None, reference outcome)."""
+    got, want = call(rust, op), call(ref, op)
+    if raised(got) != raised(want) or (not raised(got) and got != want):
+        return f"return value differs:\n  rust: {got!r}\n  ref:  {want!r}", want
+    return compare_state(rust, ref), want
+
+
+def first_mismatch(spec: CaseSpec, ops: Sequence[Op]) -> tuple[int, str] | None:
+    """Replay `ops` on fresh routers; the index and description of the first mismatch."""
+    rust, ref = build_pair(spec)
+    for i, op in enumerate(ops):
+        problem, _ = step(rust, ref, op)
+        if problem is not None:
+            return i, problem
+    return None
+
+
+def shrink(spec: CaseSpec, ops: list[Op], budget_s: float = SHRINK_BUDGET_S) -> list[Op]:
+    """Cheap delta debugging: drop chunks of ops while the last op still mismatches."""
+    deadline = time.monotonic() + budget_s
+    target = ops[-1].name
+    chunk = max(len(ops) // 2, 1)
+    while chunk >= 1 and time.monotonic() < deadline:
+        i = 0
+        while i < len(ops) - 1 and time.monotonic() < deadline:
+            candidate = ops[:i] + ops[min(i + chunk, len(ops) - 1) :]
+            found = first_mismatch(spec, candidate)
+            if found is not None and candidate[found[0]].name == target:
+                ops = candidate[: found[0] + 1]
+            else:
+                i += chunk
+        chunk //= 2
+    return ops
+
+
+# --------------------------------------------------------------------------------------------
+# Repro scripts
+# --------------------------------------------------------------------------------------------
+def src(value: Any) -> str:
+    """Python source for an op argument (numpy arrays included)."""
+    if isinstance(value, np.ndarray):
+        return f"np.array({value.tolist()!r}, dtype=np.{value.dtype.name})"
+    if isinstance(value, list):
+        return "[" + ", ".join(src(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        return "(" + "".join(src(v) + ", " for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {src(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def render(op: Op) -> str:
+    parts = [src(a) for a in op.args] + [f"{k}={src(v)}" for k, v in op.kwargs.items()]
+    return f"{op.name}({', '.join(parts)})"
+
+
+def repro_script(spec: CaseSpec, ops: Sequence[Op]) -> str:
+    op_lines = "\n".join(f"    ({op.name!r}, {src(op.args)}, {src(op.kwargs)}),  # {i}" for i, op in enumerate(ops))
+    return f'''"""Replays a smetric differential-test case on the Rust core and the Python reference."""
+import numpy as np
+import smetric
+from smetric.reference import ReferenceConfig, ReferenceRouter
+
+KW = {spec.config!r}
+
+
+def build(router_cls, config_cls):
+    return router_cls({list(spec.instances)!r}, policy={spec.policy!r}, block_size={spec.block_size!r},
+                      seed={spec.seed!r}, config=config_cls(**KW))
+
+
+rust, ref = build(smetric.Router, smetric.RouterConfig), build(ReferenceRouter, ReferenceConfig)
+OPS = [
+{op_lines}
+]
+FIELDS = {DECISION_FIELDS!r}
+
+
+def norm(x):
+    """What the test compares: Decision / IndexHits fields; any exception is just "raised"."""
+    if isinstance(x, BaseException):
+        return "raised"
+    if hasattr(x, "prefill_tokens"):
+        return {{f: getattr(x, f) for f in FIELDS}}
+    if hasattr(x, "deepest_blocks"):
+        return (list(x.local.items()), x.global_hit_tokens, x.deepest_blocks, x.branches)
+    return x
+
+
+for i, (name, args, kwargs) in enumerate(OPS):
+    outs = []
+    for r in (rust, ref):
+        try:
+            outs.append(getattr(r, name)(*args, **kwargs))
+        except Exception as exc:
+            outs.append(exc)
+    loads = [[(n, r.load(n)) for n in r.instances] for r in (rust, ref)]
+    flag = "" if norm(outs[0]) == norm(outs[1]) and loads[0] == loads[1] else "   <-- differs"
+    print(i, name, "rust:", repr(outs[0]), "| ref:", repr(outs[1]), flag)
+    if flag:
+        print("  rust loads:", loads[0])
+        print("  ref loads: ", loads[1])
+'''
+
+
+def write_repro(spec: CaseSpec, ops: Sequence[Op], tag: str) -> str:
+    directory = Path(tempfile.gettempdir()) / "smetric-diff"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"repro_seed{SEED}_{tag}.py"
+    path.write_text(repro_script(spec, ops))
+    return str(path)
+
+
+# --------------------------------------------------------------------------------------------
+# The random operation stream
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Session:
+    """One conversation: each request re-sends the whole history (agent-style)."""
+
+    tokens: list[int]  # prompt of the latest request (token sessions)
+    chain: list[int]  # synthetic hash chain (hash sessions)
+    synthetic: bool
+    namespace: str | None
+    turns: int = 0
+    roles: list[str] = field(default_factory=lambda: ["system", "user"])
+
+
+@dataclass
+class InFlight:
+    rid: int  # Decision.request_id
+    given: int | str | None  # what the caller passed, to sometimes use it again
+
+
+class StreamGen:
+    """Generates plausible, valid operations from the reference's view of the world."""
+
+    def __init__(self, rnd: random.Random, spec: CaseSpec) -> None:
+        self.rnd = rnd
+        self.spec = spec
+        self.block = spec.block_size
+        self.exact = spec.config["index_mode"] == "exact"
+        self.global_on = spec.config["global_capacity_blocks"] > 0
+        self.ttl = spec.config.get("local_ttl_s")
+        self.staleness = spec.config["engine_load_staleness_s"]
+        self.now = rnd.choice([0.0, 0.0, rnd.uniform(0, 100), float(rnd.randrange(1000))])
+        b = self.block
+        self.systems = [self._tokens(rnd.randrange(0, 6 * b + 1) + rnd.randrange(b)) for _ in range(rnd.randint(1, 4))]
+        self.synthetic_prefixes = [[rnd.randrange(U64) for _ in range(rnd.randint(0, 5))] for _ in range(2)]
+        self.sessions: list[Session] = []
+        self.inflight: dict[int, InFlight] = {}
+        self.done: list[InFlight] = []
+        self.chains: list[list[int]] = []  # recently routed chains, for store/remove/query
+        self.pending: list[Op] = []  # ops queued by the previous op (e.g. KV events after a route)
+        self.str_ids = 0
+
+    # -- building blocks -----------------------------------------------------------------------
+    def _tokens(self, count: int) -> list[int]:
+        rnd = self.rnd
+        big = rnd.random() < 0.1  # now and then ids up to 2^32 - 1
+        top = (1 << 32) if big else 50_000
+        return [rnd.randrange(top) for _ in range(count)]
+
+    def _advance(self) -> float:
+        rnd = self.rnd
+        r = rnd.random()
+        if r < 0.3:
+            dt = 0.0
+        elif r < 0.8:
+            dt = rnd.uniform(0, 0.05)
+        elif r < 0.9:
+            dt = rnd.choice([0.0004, 0.001, 0.0015, 0.999, 1.0])  # sub-ms and boundary steps
+        elif r < 0.97:
+            dt = rnd.uniform(0.05, 0.5)
+        else:  # jump past the TTL and the staleness bound
+            dt = (self.ttl or 1.0) + self.staleness + rnd.choice([0.0, 0.001, rnd.uniform(0, 3)])
+        self.now += dt
+        return self.now
+
+    def _array(self, tokens: list[int]) -> Any:
+        rnd = self.rnd
+        kinds = ["list", "list", "uint32", "int64"]
+        if all(t < (1 << 31) for t in tokens):
+            kinds.append("int32")
+        kind = rnd.choice(kinds)
+        if kind == "list":
+            return list(tokens)
+        dtype = {"int32": np.int32, "uint32": np.uint32, "int64": np.int64}[kind]
+        if rnd.random() < 0.05:  # a list of numpy scalars, as `list(array)` gives
+            return list(np.array(tokens, dtype=dtype))
+        if rnd.random() < 0.15:  # a non-contiguous view (every other element of a doubled array)
+            return np.repeat(np.array(tokens, dtype=dtype), 2)[::2]
+        return np.array(tokens, dtype=dtype)
+
+    def _hashes(self, chain: list[int]) -> Any:
+        """A pre-hashed chain as a list or, now and then, a numpy uint64 array."""
+        return np.array(chain, dtype=np.uint64) if self.rnd.random() < 0.1 else list(chain)
+
+    def _live(self, ref: ReferenceRouterT) -> list[str]:
+        return list(ref.instances)
+
+    def _request_id(self) -> int | str | None:
+        """None (router-issued), a fresh or re-used string, or an int; never one still in flight."""
+        rnd = self.rnd
+        r = rnd.random()
+        given: int | str | None
+        if r < 0.45:
+            return None
+        if r < 0.7:
+            self.str_ids += 1
+            given = f"req-{self.str_ids}"
+        elif r < 0.8 and self.done:
+            given = rnd.choice(self.done).given  # re-use a finished request's id
+        elif r < 0.93:
+            given = rnd.randrange(5000)
+        else:
+            given = rnd.randrange(1 << 32, AUTO_ID_BASE)
+        if given is None or request_id_value(given) in self.inflight:
+            return None  # re-routing an id in flight is not exercised (see the spec, §8)
+        return given
+
+    # -- routes --------------------------------------------------------------------------------
+    def _new_session(self) -> Session:
+        rnd = self.rnd
+        namespace = rnd.choice([None] * 8 + ["lora-a", "tenant/β", ""])
+        if rnd.random() < 0.2:
+            prefix = list(rnd.choice(self.synthetic_prefixes))
+            chain = prefix + [rnd.randrange(U64) for _ in range(rnd.randint(0, 3))]
+            return Session([], chain, True, None)
+        system = rnd.choice(self.systems)
+        user = self._tokens(rnd.randint(1, 3 * self.block))
+        return Session(system + user, [], False, namespace)
+
+    def _pick_session(self) -> Session:
+        rnd = self.rnd
+        if not self.sessions or rnd.random() < 0.3:
+            s = self._new_session()
+            self.sessions.append(s)
+            if len(self.sessions) > 12:
+                self.sessions.pop(0)
+            return s
+        s = rnd.choice(self.sessions)
+        if rnd.random() < 0.1:  # fork (a retry or a sub-agent): shares the whole history
+            s = Session(list(s.tokens), list(s.chain), s.synthetic, s.namespace, s.turns, list(s.roles))
+            self.sessions.append(s)
+        # The next turn: the model's output then a new user (or tool) message.
+        if s.turns > 0:
+            if s.synthetic:
+                s.chain += [rnd.randrange(U64) for _ in range(rnd.randint(1, 3))]
+            else:
+                s.tokens += self._tokens(rnd.randint(0, 2 * self.block))
+                s.tokens += self._tokens(rnd.randint(1, 2 * self.block))
+            s.roles += ["assistant", rnd.choice(["user", "user", "tool"])]
+        return s
+
+    def _route(self) -> Op:
+        rnd = self.rnd
+        s = self._pick_session()
+        s.turns += 1
+        kw: dict[str, Any] = {}
+        if s.synthetic:
+            chain = list(s.chain)
+            kw["hashes"] = self._hashes(chain)
+            r = rnd.random()
+            if r < 0.4:
+                kw["num_tokens"] = len(chain) * self.block + rnd.randrange(self.block)
+            elif r < 0.6 and chain:
+                kw["num_tokens"] = len(chain) * self.block - rnd.randrange(self.block)  # trace-style ceil
+        elif rnd.random() < 0.2:
+            chain = ref_hash_tokens(s.tokens, self.block, self.spec.config["hash_seed"], s.namespace)
+            kw["hashes"] = self._hashes(chain)
+            if rnd.random() < 0.6:
+                kw["num_tokens"] = len(s.tokens)
+        else:
+            tokens = [] if rnd.random() < 0.01 else s.tokens
+            chain = ref_hash_tokens(tokens, self.block, self.spec.config["hash_seed"], s.namespace)
+            kw["tokens"] = self._array(tokens)
+            if s.namespace is not None:
+                kw["namespace"] = s.namespace
+        r = rnd.random()
+        if r < 0.15:
+            kw["turn"] = s.turns
+        elif r < 0.3:
+            msgs = [{"role": role, "content": "..."} for role in s.roles]
+            if rnd.random() < 0.1:
+                msgs = rnd.choice([[], [{"role": "user"}], [{"role": "ipython"}, {"role": "user"}]])
+            kw["messages"] = msgs
+        rid = self._request_id()
+        if rid is not None:
+            kw["request_id"] = rid
+        kw["now"] = self._advance()
+        self.chains.append(chain)
+        if len(self.chains) > 16:
+            self.chains.pop(0)
+        return Op("route", (), kw)
+
+    def after_route(self, op: Op, decision: Any) -> None:
+        """Record the request and, in exact mode, queue the KV events an engine would send."""
+        if not isinstance(decision, dict):
+            return  # refused (no instances)
+        echoed = decision["request_id"]  # canon(): a str, or ("int", value)
+        rid = request_id_value(echoed if isinstance(echoed, str) else echoed[1])
+        self.inflight[rid] = InFlight(rid, op.kwargs.get("request_id"))
+        chain = self.chains[-1]
+        rnd = self.rnd
+        if not chain:
+            return
+        if self.exact or rnd.random() < 0.15:
+            if rnd.random() < 0.75:
+                target = decision["instance"]
+                if rnd.random() < 0.4 and len(chain) > 1:  # two events: head, then tail under parent
+                    k = rnd.randrange(1, len(chain))
+                    self.pending.append(Op("store_blocks", (target, chain[:k]), {"now": self.now}))
+                    self.pending.append(
+                        Op("store_blocks", (target, chain[k:]), {"parent": chain[k - 1], "now": self.now})
+                    )
+                else:
+                    self.pending.append(Op("store_blocks", (target, chain), {"now": self.now}))
+            if rnd.random() < 0.3 and (self.global_on or rnd.random() < 0.2):
+                self.pending.append(Op("store_blocks", (None, chain), {"tier": "global", "now": self.now}))
+
+    # -- other ops -----------------------------------------------------------------------------
+    def _lifecycle(self) -> Op:
+        rnd = self.rnd
+        name = rnd.choices(["on_prefilled", "on_finished", "on_aborted"], [40, 45, 15])[0]
+        r = rnd.random()
+        rid: int | str
+        if r < 0.85 and (self.inflight or self.done):
+            pool = list(self.inflight.values()) if (r < 0.7 and self.inflight) or not self.done else self.done
+            req = rnd.choice(pool)  # in flight, or already finished (double finish, late prefilled)
+            rid = req.given if req.given is not None and rnd.random() < 0.7 else req.rid
+            if name != "on_prefilled" and req.rid in self.inflight:
+                self.done.append(self.inflight.pop(req.rid))
+                if len(self.done) > 50:
+                    self.done.pop(0)
+        elif rnd.random() < 0.7:
+            rid = rnd.randrange(AUTO_ID_BASE + 2000)  # unknown, or an auto id not issued yet
+        else:
+            rid = f"never-{rnd.randrange(10**6)}"
+        args: tuple[Any, ...] = (rid,)
+        if name == "on_finished" and rnd.random() < 0.7:
+            args = (rid, rnd.randrange(500))
+        return Op(name, args, {"now": self._advance()})
+
+    def _update_load(self, live: list[str]) -> Op:
+        rnd = self.rnd
+        kw: dict[str, Any] = {}
+        if rnd.random() < 0.8:
+            kw["running"] = rnd.randrange(0, 12)
+        if rnd.random() < 0.7:
+            kw["waiting"] = rnd.randrange(0, 8)
+        if rnd.random() < 0.5:
+            kw["kv_usage"] = rnd.choice([0.0, 1.0, round(rnd.random(), 3)])
+        kw["now"] = self._advance()
+        return Op("update_load", (rnd.choice(live),), kw)
+
+    def _some_chain(self) -> list[int]:
+        rnd = self.rnd
+        if self.chains and rnd.random() < 0.9:
+            return rnd.choice(self.chains)
+        return [rnd.randrange(U64) for _ in range(rnd.randint(1, 4))]
+
+    def _store(self, live: list[str]) -> Op:
+        rnd = self.rnd
+        chain = self._some_chain()
+        a = rnd.randrange(len(chain)) if chain and rnd.random() < 0.4 else 0
+        b = rnd.randint(a, len(chain))
+        kw: dict[str, Any] = {}
+        if a > 0 and rnd.random() < 0.7:
+            kw["parent"] = chain[a - 1]
+        elif rnd.random() < 0.05:
+            kw["parent"] = rnd.randrange(U64)
+        kw["now"] = self._advance()
+        if rnd.random() < 0.3:
+            return Op("store_blocks", (None, chain[a:b]), {"tier": "global", **kw})
+        return Op("store_blocks", (rnd.choice(live), chain[a:b]), kw)
+
+    def _remove(self, live: list[str]) -> Op:
+        rnd = self.rnd
+        chain = self._some_chain()
+        if rnd.random() < 0.6:
+            blocks = chain[rnd.randrange(len(chain) + 1) :]  # a tail, as engines free them
+        else:
+            blocks = [h for h in chain if rnd.random() < 0.4] + [rnd.randrange(U64)]
+        if rnd.random() < 0.3:
+            return Op("remove_blocks", (None, blocks), {"tier": "global"})
+        return Op("remove_blocks", (rnd.choice(live), blocks), {})
+
+    def _query(self) -> Op:
+        rnd = self.rnd
+        kw: dict[str, Any] = {}
+        if self.sessions and rnd.random() < 0.8:
+            s = rnd.choice(self.sessions)
+            if s.synthetic:
+                kw["hashes"] = list(s.chain)
+                if rnd.random() < 0.5:
+                    kw["num_tokens"] = len(s.chain) * self.block + rnd.randrange(self.block)
+            else:
+                cut = len(s.tokens) if rnd.random() < 0.5 else rnd.randint(0, len(s.tokens))
+                kw["tokens"] = self._array(s.tokens[:cut])
+                if s.namespace is not None:
+                    kw["namespace"] = s.namespace
+        else:
+            kw["hashes"] = self._some_chain()
+        kw["now"] = self._advance()
+        return Op("query", (), kw)
+
+    def next_op(self, ref: ReferenceRouterT) -> Op:
+        if self.pending:
+            return self.pending.pop(0)
+        rnd = self.rnd
+        live = self._live(ref)
+        kinds = ["route", "lifecycle", "update_load", "store", "remove", "clear", "add", "remove_instance", "query"]
+        weights = [38, 27, 6, 6, 3, 1, 2, 2, 8]
+        kinds.append("hash")
+        weights.append(2)
+        if self.exact:
+            weights[3] = 10
+        kind = rnd.choices(kinds, weights)[0]
+        if kind == "hash":
+            s = self._tokens(rnd.randrange(0, 5 * self.block))
+            ns = rnd.choice([None, None, "lora-a", ""])
+            return Op("hash_tokens", (self._array(s),), {} if ns is None else {"namespace": ns})
+        if not live and kind not in ("add", "lifecycle", "query", "route"):
+            kind = "add"
+        if kind == "add" or (kind == "remove_instance" and len(live) <= 1 and rnd.random() < 0.9):
+            free = [n for n in self.spec.names if n not in live]
+            if not free:
+                return self._route()
+            return Op("add_instance", (rnd.choice(free),), {})
+        match kind:
+            case "route":
+                return self._route()
+            case "lifecycle":
+                return self._lifecycle()
+            case "update_load":
+                return self._update_load(live)
+            case "store":
+                return self._store(live)
+            case "remove":
+                return self._remove(live)
+            case "clear":
+                if rnd.random() < 0.5:
+                    return Op("clear", (None,), {"tier": "global"})
+                return Op("clear", (rnd.choice(live),), {})
+            case "remove_instance":
+                return Op("remove_instance", (rnd.choice(live),), {})
+            case _:
+                return self._query()
+
+
+def case_spec(rnd: random.Random, case: int) -> CaseSpec:
+    policy, cf_mode, mode = COMBOS[case % len(COMBOS)]
+    default = rnd.random() < 0.25  # now and then the shipped tunables, unchanged
+    config: dict[str, Any] = {
+        "hash_seed": 0 if rnd.random() < 0.5 else rnd.randrange(U64),
+        "index_mode": mode,
+        "local_capacity_blocks": rnd.randint(8, 64),
+        "global_capacity_blocks": 0 if rnd.random() < 0.35 else rnd.randint(16, 128),
+        "local_ttl_s": None if rnd.random() < 0.5 else rnd.choice([0.05, 0.3, 0.3005, 1.0, 2.5]),
+        "engine_load_staleness_s": rnd.choice([0.0, 0.1, 0.25, 0.3, 1.0, 2.0]),
+        "first_turn_min_branches": rnd.choice([1, 1, 1, 2, 3]),
+        "cache_first_mode": cf_mode,
+    }
+    if not default:
+        config |= {
+            "cache_first_weights": rnd.choice(
+                [(0.7, 0.15, 0.15), (1.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.3, 0.3, 0.4), (0.5, 0.25, 0.1)]
+            ),
+            "linear_prefill_weight": rnd.choice([1.0, 0.0, 0.5, 2.0, 0.3]),
+            "global_fetch_cost": rnd.choice([0.1, 0.0, 0.5, 1.0, 0.37]),
+            "min_local_hit_ratio": rnd.choice([0.5, 0.0, 0.25, 0.9, 1.0]),
+            "overload_factor": rnd.choice([1.5, 1.0, 1.2, 2.0]),
+            "overload_slack_tokens": rnd.choice([8192, 0, 0, 8, 32, 128]),
+            "overload_slack_requests": rnd.choice([4, 0, 0, 1, 1, 2]),
+        }
+    names = BIG_NAMES if case % 16 == 15 else NAMES
+    count = rnd.randint(63, 70) if names is BIG_NAMES else rnd.randint(1, 5)
+    return CaseSpec(
+        instances=names[:count],
+        names=names,
+        policy=policy,
+        block_size=rnd.randint(1, 8),
+        seed=rnd.randrange(U64),
+        config=config,
+    )
+
+
+def run_case(case: int) -> int:
+    """Generates and checks one stream; returns the number of ops run."""
+    rnd = random.Random(SEED * 1_000_003 + case)
+    spec = case_spec(rnd, case)
+    rust, ref = build_pair(spec)
+    assert (rust.policy, rust.block_size) == (ref.policy, ref.block_size)
+    at_start = compare_state(rust, ref)
+    assert at_start is None, at_start
+    gen = StreamGen(rnd, spec)
+    ops: list[Op] = []
+    for index in range(OPS_PER_CASE):
+        op = gen.next_op(ref)
+        ops.append(op)
+        problem, outcome = step(rust, ref, op)
+        if problem is not None:
+            fail(spec, case, index, ops, problem)
+        if op.name == "route":
+            gen.after_route(op, outcome)
+    return len(ops)
+
+
+def fail(spec: CaseSpec, case: int, index: int, ops: list[Op], problem: str) -> None:
+    full = write_repro(spec, ops, f"case{case}")
+    small = shrink(spec, list(ops))
+    shrunk = write_repro(spec, small, f"case{case}_shrunk")
+    small_found = first_mismatch(spec, small)
+    small_problem = small_found[1] if small_found is not None else "(shrunk list no longer fails)"
+    listing = "\n".join(f"  [{i}] {render(op)}" for i, op in enumerate(ops))
+    small_listing = "\n".join(f"  [{i}] {render(op)}" for i, op in enumerate(small))
+    pytest.fail(
+        f"differential mismatch: SMETRIC_DIFF_SEED={SEED} case={case} op={index} ({render(ops[-1])})\n"
+        f"{problem}\n"
+        f"router: Router({list(spec.instances)!r}, policy={spec.policy!r}, block_size={spec.block_size}, "
+        f"seed={spec.seed}, config=RouterConfig(**{spec.config!r}))\n"
+        f"shrunk repro ({len(small)} ops, {shrunk}):\n{small_listing}\n{small_problem}\n"
+        f"full op list so far ({len(ops)} ops, {full}):\n{listing}",
+        pytrace=False,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", range(CASES))
+def test_random_operation_stream(case: int) -> None:
+    assert run_case(case) == OPS_PER_CASE
+
+
+def test_hash_tokens_agree() -> None:
+    """Pure hashing on many random prompts, dtypes, block sizes, seeds and namespaces."""
+    rnd = random.Random(SEED ^ 0x5EED)
+    for i in range(HASH_CASES):
+        block = rnd.randint(1, 20) if rnd.random() < 0.9 else rnd.choice([64, 129, 200])  # >128: streaming path
+        hash_seed = rnd.choice([0, rnd.randrange(U64), U64 - 1])
+        spec = CaseSpec(("a",), ("a",), "round_robin", block, 0, {"hash_seed": hash_seed})
+        rust, ref = spec.build(smetric.Router, smetric.RouterConfig), spec.build(ReferenceRouter, ReferenceConfig)
+        top = rnd.choice([10, 50_000, 1 << 31, 1 << 32])
+        tokens = [rnd.randrange(top) for _ in range(rnd.randrange(0, 4 * block + 2))]
+        dtype = rnd.choice([None, np.uint32, np.int64] + ([np.int32] if top <= (1 << 31) else []))
+        arg: Any = tokens if dtype is None else np.array(tokens, dtype=dtype)
+        ns = rnd.choice([None, None, "", "lora-a", "ünïcode/ns"])
+        op = Op("hash_tokens", (arg,), {} if ns is None else {"namespace": ns})
+        problem, want = step(rust, ref, op)
+        if problem is not None:
+            pytest.fail(f"hash mismatch: SMETRIC_DIFF_SEED={SEED} hash case {i}: {render(op)} {spec}\n{problem}")
+        assert want == canon(ref_hash_tokens(tokens, block, hash_seed, ns))
+
+
+if __name__ == "__main__":  # quick manual run: python tests/test_differential.py [cases]
+    total = 0
+    start = time.monotonic()
+    for c in range(int(sys.argv[1]) if len(sys.argv) > 1 else CASES):
+        total += run_case(c)
+    print(f"{total} ops in {time.monotonic() - start:.1f}s")
