@@ -1,0 +1,490 @@
+//! The discrete-event loop: N instances, one global tier, one placer.
+//!
+//! Events, ordered by (time, insertion sequence) so equal-time events run FIFO and every run
+//! is deterministic:
+//! * `Arrive(r)` — the client issues request `r`. Requests longer than `max_model_len` are
+//!   rejected (they finish at once, so a closed-loop session goes on). Otherwise the placer
+//!   routes it *now* and it reaches its instance after the frontend time.
+//! * `Deliver(r)` — the request joins its instance's waiting queue; an idle instance starts a
+//!   step. When the scheduler admits it and the global tier holds the blocks after its GPU
+//!   hit, the scheduler allocates them and starts a load instead (vLLM's
+//!   `WAITING_FOR_REMOTE_KVS`); the load is timed on the instance's link (`α + bytes / BW`,
+//!   FIFO per link) and the instance keeps serving others meanwhile (TTFT += fetch time).
+//! * `FetchDone(r)` — the loaded blocks become computed KV; the request is schedulable.
+//! * `StepDone(i)` — instance `i` finishes a step: tokens advance, computed blocks are written
+//!   to the tier, first tokens and finishes are reported to the placer (`on_prefilled`,
+//!   `on_finished`) at this simulated time, closed-loop successors are released, and the next
+//!   step is scheduled at once (a busy engine never idles between steps).
+//! * `Sample` / `LoadReport` — periodic load-imbalance samples and engine load reports.
+//!
+//! Arrivals: open loop at `time_s / time_scale`; closed loop at the root session's Poisson
+//! start + `time_s` for roots and `finish(prev) + think_s` otherwise; gated open loop at
+//! `max(time_s / time_scale, finish(prev) + think_s)`.
+//!
+//! Complexity: O(log E) per event (binary heap); per step O(batch); per request O(chain).
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use crate::config::SimConfig;
+use crate::error::{Result, SimError};
+use crate::global_tier::{GlobalTier, TierLink};
+use crate::instance::{EngineLimits, Instance, LiveRequest, StepEvent};
+use crate::metrics::{RequestRecord, RunCounters, SimReport, coefficient_of_variation, summarize};
+use crate::placement::{LoadSnapshot, PlaceRequest, Placer};
+use crate::workload::{ArrivalKind, Workload};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Arrive(u32),
+    Deliver(u32),
+    FetchDone(u32),
+    StepDone(u32),
+    Sample,
+    LoadReport,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Event {
+    time: f64,
+    seq: u64,
+    kind: Kind,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Event {}
+
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Event {
+    /// Reversed, so `BinaryHeap` pops the earliest event first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.time.total_cmp(&self.time).then_with(|| other.seq.cmp(&self.seq))
+    }
+}
+
+/// Counter-based SplitMix64 draws (the same construction as the router's, routing-semantics §5).
+struct Draws {
+    seed: u64,
+    k: u64,
+}
+
+impl Draws {
+    fn uniform(&mut self) -> f64 {
+        self.k += 1;
+        let mut z = self.seed.wrapping_add(self.k.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 * (1.0 / (1_u64 << 53) as f64)
+    }
+
+    /// An exponential gap with the given rate.
+    fn exponential(&mut self, rate: f64) -> f64 {
+        -(1.0 - self.uniform()).ln() / rate
+    }
+}
+
+struct Sim<'a> {
+    config: &'a SimConfig,
+    workload: &'a Workload,
+    placer: &'a mut dyn Placer,
+    limits: EngineLimits,
+    model_len: u64,
+    instances: Vec<Instance>,
+    links: Vec<TierLink>,
+    tier: GlobalTier,
+    reqs: Vec<LiveRequest>,
+    records: Vec<RequestRecord>,
+    child_start: Vec<u32>,
+    children: Vec<u32>,
+    heap: BinaryHeap<Event>,
+    seq: u64,
+    now: f64,
+    counters: RunCounters,
+    /// Requests that arrived and have not finished: the periodic events stop at zero.
+    in_flight: u64,
+    /// Requests that have not arrived yet.
+    not_arrived: u64,
+    /// Events in the heap other than the periodic ones.
+    queued_work: u64,
+    /// Reused per-step buffers.
+    scratch_first: Vec<u32>,
+    scratch_finished: Vec<u32>,
+}
+
+/// Runs `workload` on the cluster described by `config`, routing with `placer`.
+pub fn simulate(config: &SimConfig, workload: &Workload, placer: &mut dyn Placer) -> Result<SimReport> {
+    config.validate()?;
+    if workload.is_empty() {
+        return Err(SimError::EmptyWorkload);
+    }
+    let block_tokens = u64::from(workload.block_tokens());
+    let pool_blocks = u32::try_from(config.kv_tokens() / block_tokens).unwrap_or(u32::MAX);
+    let tier_blocks = if config.global_tier.enabled {
+        let block_bytes = block_tokens as f64 * config.profile.kv_bytes_per_token;
+        (config.global_tier.capacity_bytes as f64 / block_bytes)
+            .floor()
+            .min(f64::from(u32::MAX)) as u32
+    } else {
+        0
+    };
+    let n = workload.len();
+    let mut sim = Sim {
+        config,
+        workload,
+        placer,
+        limits: EngineLimits {
+            block_tokens,
+            max_batched_tokens: u64::from(config.max_num_batched_tokens),
+            max_num_seqs: config.max_num_seqs as usize,
+        },
+        model_len: config.model_len(),
+        instances: (0..config.instances).map(|_| Instance::new(pool_blocks)).collect(),
+        links: vec![TierLink::default(); config.instances as usize],
+        tier: GlobalTier::new(tier_blocks),
+        reqs: vec![LiveRequest::default(); n],
+        records: Vec::with_capacity(n),
+        child_start: Vec::new(),
+        children: Vec::new(),
+        heap: BinaryHeap::new(),
+        seq: 0,
+        now: 0.0,
+        counters: RunCounters::default(),
+        in_flight: 0,
+        not_arrived: n as u64,
+        queued_work: 0,
+        scratch_first: Vec::new(),
+        scratch_finished: Vec::new(),
+    };
+    sim.init();
+    sim.run()?;
+    let Sim {
+        records,
+        mut counters,
+        instances,
+        tier,
+        placer,
+        ..
+    } = sim;
+    counters.preemptions = instances.iter().map(|i| i.preemptions).sum();
+    counters.gpu_evictions = instances.iter().map(|i| i.pool.evictions()).sum();
+    counters.tier_evictions = tier.evictions();
+    Ok(summarize(config, workload, placer.policy(), records, counters))
+}
+
+impl Sim<'_> {
+    fn push(&mut self, time: f64, kind: Kind) {
+        self.seq += 1;
+        self.queued_work += u64::from(!matches!(kind, Kind::Sample | Kind::LoadReport));
+        self.heap.push(Event {
+            time,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    fn init(&mut self) {
+        let specs = self.workload.requests();
+        for (i, spec) in specs.iter().enumerate() {
+            self.reqs[i].prompt = u64::from(spec.input_tokens);
+            self.reqs[i].num_tokens = u64::from(spec.input_tokens);
+            self.reqs[i].output = spec.output_tokens;
+            self.records.push(RequestRecord {
+                index: i as u32,
+                input_tokens: spec.input_tokens,
+                output_tokens: spec.output_tokens,
+                first_turn_truth: spec.first_turn,
+                ..RequestRecord::default()
+            });
+        }
+        let arrival = self.workload.arrival();
+        if arrival != ArrivalKind::OpenLoop {
+            // Successor lists in CSR form: children of r are children[child_start[r]..child_start[r+1]].
+            let mut counts = vec![0_u32; specs.len() + 1];
+            for spec in specs {
+                if let Some(p) = spec.prev {
+                    counts[p as usize + 1] += 1;
+                }
+            }
+            for i in 1..counts.len() {
+                counts[i] += counts[i - 1];
+            }
+            let mut fill = counts.clone();
+            self.children = vec![0; counts[specs.len()] as usize];
+            for (i, spec) in specs.iter().enumerate() {
+                if let Some(p) = spec.prev {
+                    self.children[fill[p as usize] as usize] = i as u32;
+                    fill[p as usize] += 1;
+                }
+            }
+            self.child_start = counts;
+        }
+        let session_start = if arrival == ArrivalKind::ClosedLoop {
+            let mut draws = Draws {
+                seed: self.config.seed,
+                k: 0,
+            };
+            let mut t = 0.0;
+            (0..self.workload.root_sessions())
+                .map(|s| {
+                    if s > 0 {
+                        t += draws.exponential(self.config.session_rate_per_s);
+                    }
+                    t
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for (i, spec) in specs.iter().enumerate() {
+            let at = match arrival {
+                ArrivalKind::OpenLoop => Some(spec.time_s / self.config.time_scale),
+                ArrivalKind::GatedOpenLoop => spec.prev.is_none().then(|| spec.time_s / self.config.time_scale),
+                ArrivalKind::ClosedLoop => spec
+                    .prev
+                    .is_none()
+                    .then(|| session_start[spec.root_session as usize] + spec.time_s),
+            };
+            if let Some(t) = at {
+                self.push(t, Kind::Arrive(i as u32));
+            }
+        }
+        self.push(0.0, Kind::Sample);
+        if let Some(period) = self.config.load_report_interval_s {
+            self.push(period, Kind::LoadReport);
+        }
+    }
+
+    fn run(&mut self) -> Result<()> {
+        while let Some(ev) = self.heap.pop() {
+            self.now = ev.time;
+            self.counters.events += 1;
+            self.queued_work -= u64::from(!matches!(ev.kind, Kind::Sample | Kind::LoadReport));
+            match ev.kind {
+                Kind::Arrive(r) => self.arrive(r)?,
+                Kind::Deliver(r) => self.enqueue(r),
+                Kind::FetchDone(r) => self.fetch_done(r),
+                Kind::StepDone(i) => self.step_done(i),
+                Kind::Sample => self.sample()?,
+                Kind::LoadReport => self.load_report(),
+            }
+            if !matches!(ev.kind, Kind::Sample | Kind::LoadReport) {
+                self.counters.makespan_s = self.now;
+            }
+        }
+        Ok(())
+    }
+
+    fn arrive(&mut self, r: u32) -> Result<()> {
+        let now = self.now;
+        let workload = self.workload;
+        let spec = &workload.requests()[r as usize];
+        self.not_arrived -= 1;
+        self.records[r as usize].arrival_s = Some(now);
+        if u64::from(spec.input_tokens) + u64::from(spec.output_tokens) > self.model_len {
+            self.records[r as usize].rejected = true;
+            self.records[r as usize].finish_s = Some(now);
+            self.release_successors(r);
+            return Ok(());
+        }
+        self.in_flight += 1;
+        let chain = workload.chain(r as usize);
+        let placed = self.placer.place(&PlaceRequest {
+            request_id: u64::from(r),
+            chain,
+            prompt_tokens: spec.input_tokens,
+            now,
+        })?;
+        if placed.instance >= self.config.instances {
+            return Err(SimError::Router(format!(
+                "placer chose instance {} of {}",
+                placed.instance, self.config.instances
+            )));
+        }
+        let rec = &mut self.records[r as usize];
+        rec.instance = Some(placed.instance);
+        rec.first_turn_inferred = placed.first_turn;
+        rec.reason = placed.reason;
+        rec.predicted_local_hit_tokens = placed.local_hit_tokens;
+        rec.predicted_global_hit_tokens = placed.global_hit_tokens;
+        let frontend = self.config.profile.frontend_time(u64::from(spec.input_tokens));
+        self.push(now + frontend, Kind::Deliver(r));
+        Ok(())
+    }
+
+    fn fetch_done(&mut self, r: u32) {
+        let i = self.records[r as usize].instance.unwrap_or(0) as usize;
+        self.instances[i].fetch_done(r, &mut self.reqs, self.workload, self.limits.block_tokens);
+        if !self.instances[i].busy {
+            self.start_step(i);
+        }
+    }
+
+    fn enqueue(&mut self, r: u32) {
+        let i = self.records[r as usize].instance.unwrap_or(0) as usize;
+        // Expected prefill for the queued-token load metric: what neither the GPU cache nor
+        // the tier holds right now (the scheduler decides for real at admission).
+        let chain = self.workload.chain(r as usize);
+        let b = self.limits.block_tokens;
+        let req = &mut self.reqs[r as usize];
+        let max_hit = (((req.num_tokens - 1) / b) as usize).min(chain.len());
+        let local = self.instances[i].pool.longest_hit(chain, max_hit);
+        let external = self.tier.run_from(&chain[..max_hit], local);
+        req.expected_prefill = req.num_tokens - (local + external) as u64 * b;
+        self.instances[i].waiting.push_back(r);
+        if !self.instances[i].busy {
+            self.start_step(i);
+        }
+    }
+
+    fn start_step(&mut self, i: usize) {
+        let shape = self.instances[i].schedule(&mut self.reqs, self.workload, self.limits, &mut self.tier);
+        let fetches = std::mem::take(&mut self.instances[i].started_fetches);
+        let tier = &self.config.global_tier;
+        for &(r, blocks) in &fetches {
+            let bytes = (blocks as u64 * self.limits.block_tokens) as f64 * self.config.profile.kv_bytes_per_token_rank;
+            let done = self.links[i].fetch(
+                self.now,
+                bytes,
+                tier.fetch_latency_s,
+                tier.bandwidth_bytes_per_s,
+                tier.fifo_link,
+            );
+            self.counters.tier_fetches += 1;
+            self.counters.tier_fetch_bytes += bytes;
+            self.push(done, Kind::FetchDone(r));
+        }
+        self.instances[i].started_fetches = fetches;
+        if shape.is_empty() {
+            self.instances[i].busy = false;
+            return;
+        }
+        self.instances[i].busy = true;
+        self.counters.iterations += 1;
+        let t = self.config.profile.iteration_time(&shape);
+        self.push(self.now + t, Kind::StepDone(i as u32));
+    }
+
+    fn step_done(&mut self, i: u32) {
+        let now = self.now;
+        let b = self.limits.block_tokens as usize;
+        let mut first_tokens = std::mem::take(&mut self.scratch_first);
+        let mut finished = std::mem::take(&mut self.scratch_finished);
+        {
+            let workload = self.workload;
+            let tier = &mut self.tier;
+            self.instances[i as usize].complete(&mut self.reqs, |ev| match ev {
+                StepEvent::Prefilled { request, from, to } => {
+                    if tier.enabled() {
+                        let chain = workload.chain(request as usize);
+                        let end = (to as usize / b).min(chain.len());
+                        let start = (from as usize / b).min(end);
+                        tier.store(&chain[start..end]);
+                    }
+                }
+                StepEvent::FirstToken { request } => first_tokens.push(request),
+                StepEvent::Finished { request } => finished.push(request),
+            });
+        }
+        for &r in &first_tokens {
+            self.records[r as usize].first_token_s = Some(now);
+            self.placer.on_prefilled(u64::from(r), now);
+        }
+        for &r in &finished {
+            let rec = &mut self.records[r as usize];
+            rec.finish_s = Some(now);
+            let live = &self.reqs[r as usize];
+            rec.local_hit_tokens = live.local_hit_tokens;
+            rec.global_hit_tokens = live.global_hit_tokens;
+            rec.preemptions = live.preemptions;
+            self.in_flight -= 1;
+            self.placer.on_finished(u64::from(r), live.output, now);
+            self.release_successors(r);
+        }
+        first_tokens.clear();
+        finished.clear();
+        self.scratch_first = first_tokens;
+        self.scratch_finished = finished;
+        self.start_step(i as usize);
+    }
+
+    fn release_successors(&mut self, r: u32) {
+        if self.child_start.is_empty() {
+            return;
+        }
+        let finish = self.now;
+        let (lo, hi) = (
+            self.child_start[r as usize] as usize,
+            self.child_start[r as usize + 1] as usize,
+        );
+        for k in lo..hi {
+            let c = self.children[k];
+            let spec = &self.workload.requests()[c as usize];
+            let think = self
+                .config
+                .max_think_s
+                .map_or(spec.think_s, |cap| spec.think_s.min(cap));
+            let at = match self.workload.arrival() {
+                ArrivalKind::GatedOpenLoop => (spec.time_s / self.config.time_scale).max(finish + think),
+                _ => finish + think,
+            };
+            self.push(at, Kind::Arrive(c));
+        }
+    }
+
+    fn sample(&mut self) -> Result<()> {
+        let reqs = &self.reqs;
+        let queued: Vec<f64> = self
+            .instances
+            .iter()
+            .map(|inst| inst.queued_tokens(reqs) as f64)
+            .collect();
+        if let Some(cv) = coefficient_of_variation(queued.iter().copied()) {
+            self.counters.queued_cv.push(cv);
+        }
+        let counts = self
+            .instances
+            .iter()
+            .map(|inst| (inst.running.len() + inst.waiting.len()) as f64);
+        if let Some(cv) = coefficient_of_variation(counts) {
+            self.counters.requests_cv.push(cv);
+        }
+        // Only periodic events left while requests are in flight: nothing can progress.
+        let stalled = self.in_flight > 0 && self.queued_work == 0;
+        if stalled {
+            return Err(SimError::Stalled {
+                time_s: self.now,
+                in_flight: self.in_flight,
+            });
+        }
+        if self.in_flight > 0 || self.not_arrived > 0 {
+            self.push(self.now + self.config.sample_interval_s, Kind::Sample);
+        }
+        Ok(())
+    }
+
+    fn load_report(&mut self) {
+        for (i, inst) in self.instances.iter().enumerate() {
+            let snapshot = LoadSnapshot {
+                running: inst.running.len() as u32,
+                waiting: inst.waiting.len() as u32,
+                kv_usage: inst.pool.usage(),
+            };
+            self.placer.on_load(i as u32, snapshot, self.now);
+        }
+        let pending = self.in_flight > 0 || self.not_arrived > 0;
+        if let Some(period) = self.config.load_report_interval_s.filter(|_| pending) {
+            self.push(self.now + period, Kind::LoadReport);
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Cluster-wide CPU KV store (Mooncake store / LMCache): an LRU set of block hashes with a
+//! capacity in bytes, plus the per-instance link that fetches from it.
+//!
+//! Semantics (perf-model §4 and §6):
+//! * Filled as blocks are computed: every full block an instance prefills is stored
+//!   (write-down is asynchronous and costs no engine time). Storing a present block refreshes it.
+//! * A request's tier hit is the contiguous run of its chain, starting where its GPU hit ends,
+//!   whose blocks are all in the store. Reading it takes `α + bytes / bandwidth` on the
+//!   instance's link; the request waits, the instance keeps serving others. With a FIFO link,
+//!   concurrent fetches to one instance queue behind each other (PCIe/NIC contention).
+//! * Capacity: `capacity_bytes / (block_tokens · kv_bytes_per_token)` blocks; the least
+//!   recently stored or read block is dropped first. Capacity 0 switches the tier off.
+//!
+//! Invariants: `map` and the slab list hold the same blocks; `len <= capacity`.
+//! Complexity: O(1) expected per block stored, looked up or read.
+
+use hashbrown::HashMap;
+
+/// End-of-list marker of the intrusive LRU list.
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    hash: u64,
+    prev: u32,
+    next: u32,
+}
+
+/// The global KV store: an LRU set of block hashes.
+#[derive(Clone, Debug, Default)]
+pub struct GlobalTier {
+    capacity: u32,
+    slots: Vec<Slot>,
+    map: HashMap<u64, u32>,
+    /// Most recently used end.
+    head: u32,
+    /// Least recently used end.
+    tail: u32,
+    evictions: u64,
+}
+
+impl GlobalTier {
+    /// A store holding at most `capacity_blocks` blocks (0 = disabled).
+    pub fn new(capacity_blocks: u32) -> Self {
+        Self {
+            capacity: capacity_blocks,
+            slots: Vec::new(),
+            map: HashMap::new(),
+            head: NIL,
+            tail: NIL,
+            evictions: 0,
+        }
+    }
+
+    /// True when the tier can hold anything.
+    pub fn enabled(&self) -> bool {
+        self.capacity > 0
+    }
+
+    /// Blocks currently stored.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Blocks dropped for capacity so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Length of the run of `chain[from..]` whose blocks are all stored (touches nothing).
+    pub fn run_from(&self, chain: &[u64], from: usize) -> usize {
+        chain
+            .get(from..)
+            .map_or(0, |rest| rest.iter().take_while(|h| self.map.contains_key(*h)).count())
+    }
+
+    /// Stores (or refreshes) `hashes` as most recently used, dropping LRU blocks over capacity.
+    /// The first hash ends up most recent, so a chain's tail is dropped before its head.
+    pub fn store(&mut self, hashes: &[u64]) {
+        if self.capacity == 0 {
+            return;
+        }
+        for &h in hashes.iter().rev() {
+            if let Some(&s) = self.map.get(&h) {
+                self.unlink(s);
+                self.push_head(s);
+                continue;
+            }
+            let s = if self.map.len() as u32 >= self.capacity {
+                let victim = self.tail;
+                self.unlink(victim);
+                self.map.remove(&self.slots[victim as usize].hash);
+                self.evictions += 1;
+                self.slots[victim as usize].hash = h;
+                victim
+            } else {
+                self.slots.push(Slot {
+                    hash: h,
+                    prev: NIL,
+                    next: NIL,
+                });
+                (self.slots.len() - 1) as u32
+            };
+            self.map.insert(h, s);
+            self.push_head(s);
+        }
+    }
+
+    /// Marks `hashes` (a run that [`Self::run_from`] found) as just read.
+    pub fn touch(&mut self, hashes: &[u64]) {
+        for h in hashes.iter().rev() {
+            if let Some(&s) = self.map.get(h) {
+                self.unlink(s);
+                self.push_head(s);
+            }
+        }
+    }
+
+    fn unlink(&mut self, s: u32) {
+        let Slot { prev, next, .. } = self.slots[s as usize];
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.slots[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.slots[next as usize].prev = prev;
+        }
+    }
+
+    fn push_head(&mut self, s: u32) {
+        self.slots[s as usize].prev = NIL;
+        self.slots[s as usize].next = self.head;
+        if self.head == NIL {
+            self.tail = s;
+        } else {
+            self.slots[self.head as usize].prev = s;
+        }
+        self.head = s;
+    }
+}
+
+/// Per-instance link to the global tier: when the next fetch can start.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierLink {
+    busy_until: f64,
+}
+
+impl TierLink {
+    /// Schedules a fetch of `bytes` issued at `now`; returns its completion time. With
+    /// `fifo`, the fetch starts when the previous one on this link has finished.
+    pub fn fetch(&mut self, now: f64, bytes: f64, latency_s: f64, bytes_per_s: f64, fifo: bool) -> f64 {
+        let start = if fifo { now.max(self.busy_until) } else { now };
+        let done = start + latency_s + bytes / bytes_per_s;
+        if fifo {
+            self.busy_until = done;
+        }
+        done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disabled_tier_stores_nothing() {
+        let mut t = GlobalTier::new(0);
+        t.store(&[1, 2]);
+        assert!(!t.enabled());
+        assert!(t.is_empty());
+        assert_eq!(t.run_from(&[1, 2], 0), 0);
+    }
+
+    #[test]
+    fn lru_drops_chain_tail_first_and_reads_refresh() {
+        let mut t = GlobalTier::new(3);
+        t.store(&[1, 2, 3]);
+        assert_eq!(t.run_from(&[1, 2, 3], 0), 3);
+        assert_eq!(t.run_from(&[1, 2, 3], 1), 2);
+        assert_eq!(t.run_from(&[1, 2, 3], 5), 0);
+        t.touch(&[3]);
+        // 2 is now least recent (the chain was stored head-most-recent, then 3 was read).
+        t.store(&[9]);
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.run_from(&[1, 2], 0), 1);
+        assert_eq!(t.run_from(&[3], 0), 1);
+        assert_eq!(t.evictions(), 1);
+    }
+
+    #[test]
+    fn fifo_link_serialises_fetches() {
+        let mut link = TierLink::default();
+        let a = link.fetch(0.0, 1e9, 0.001, 1e9, true);
+        let b = link.fetch(0.5, 1e9, 0.001, 1e9, true);
+        assert!((a - 1.001).abs() < 1e-12);
+        assert!((b - 2.002).abs() < 1e-12);
+        let mut free = TierLink::default();
+        assert!((free.fetch(0.5, 1e9, 0.0, 1e9, false) - 1.5).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,397 @@
+//! One vLLM v1 engine: the scheduler of `vllm/v1/core/sched/scheduler.py`, step by step.
+//!
+//! Each step (one call to [`Instance::schedule`]):
+//! 1. **Running requests first**, in admission order. Each gets `min(remaining, budget)` new
+//!    tokens: 1 for a decode, a chunk for an unfinished prefill (chunked prefill). If the
+//!    blocks for them cannot be allocated, the *last* running request is preempted (its blocks
+//!    freed — they stay cached — its progress reset: recompute) and put at the front of the
+//!    waiting queue; this repeats until the allocation fits or the request itself was preempted.
+//! 2. **Then waiting requests**, FIFO, only if nothing was preempted this step, while the
+//!    token budget lasts and fewer than `max_num_seqs` run. On admission the prefix cache is
+//!    looked up (full blocks only, hit capped at `n − 1` tokens so one token is always
+//!    computed). If the global tier holds the chain's next blocks, they are allocated, a
+//!    load is started and the request stays in the queue, skipped, until the load is done
+//!    (vLLM's KV-connector `WAITING_FOR_REMOTE_KVS`); then its loaded blocks count as
+//!    computed. A request whose blocks do not fit stops admission (admission never preempts).
+//! 3. Blocks that become full in this step are registered in the prefix cache when the step
+//!    is scheduled (vLLM caches at `allocate_slots` time).
+//!
+//! [`Instance::complete`] applies the step when its time has elapsed: computed tokens advance;
+//! a request whose tokens are all computed samples one token (the first one ends its TTFT);
+//! a request with all its output tokens finishes and frees its blocks (tail first).
+//!
+//! Only prompt blocks have trace hashes, so blocks filled by generated tokens stay anonymous:
+//! they count against capacity but never hit (the next turn's copy of that text is
+//! recomputed — a few hundred tokens per turn on agent traces).
+//!
+//! Invariants: a request is in exactly one of `waiting`, `running` or neither (fetching or
+//! done); `blocks.len() == ceil(computed_after_step / block)` for scheduled requests.
+//! Complexity per step: O(running + admitted + blocks allocated); nothing is per token.
+
+use std::collections::VecDeque;
+
+use crate::block_pool::BlockPool;
+use crate::global_tier::GlobalTier;
+use crate::perf_model::BatchShape;
+use crate::workload::Workload;
+
+/// Runtime state of one request inside the cluster.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LiveRequest {
+    /// Prompt tokens.
+    pub prompt: u64,
+    /// Output tokens to generate.
+    pub output: u32,
+    /// Tokens that exist: prompt + sampled tokens fed back.
+    pub num_tokens: u64,
+    /// Tokens whose KV is computed.
+    pub computed: u64,
+    /// Tokens sampled so far.
+    pub generated: u32,
+    /// Physical blocks held, in chain order.
+    pub blocks: Vec<u32>,
+    /// Leading blocks already registered (or known not to need it).
+    pub registered: usize,
+    /// Expected prefill tokens while waiting (for the queued-token load metric).
+    pub expected_prefill: u64,
+    /// A global-tier load for it is in flight.
+    pub fetching: bool,
+    /// Whether the request was admitted at least once.
+    pub admitted: bool,
+    /// Local prefix-cache hit at first admission, tokens.
+    pub local_hit_tokens: u64,
+    /// Global-tier tokens loaded at first admission.
+    pub global_hit_tokens: u64,
+    /// Times this request was preempted.
+    pub preemptions: u32,
+}
+
+/// What happened to a request when a step completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StepEvent {
+    /// Tokens `[from, to)` of the request were computed by a prefill chunk.
+    Prefilled { request: u32, from: u64, to: u64 },
+    /// The request sampled its first token.
+    FirstToken { request: u32 },
+    /// The request sampled its last token and left the engine.
+    Finished { request: u32 },
+}
+
+/// Engine limits shared by every instance.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EngineLimits {
+    pub block_tokens: u64,
+    pub max_batched_tokens: u64,
+    pub max_num_seqs: usize,
+}
+
+/// One engine.
+#[derive(Debug)]
+pub(crate) struct Instance {
+    pub pool: BlockPool,
+    pub waiting: VecDeque<u32>,
+    pub running: Vec<u32>,
+    /// `(request, new tokens)` of the step in flight.
+    pub batch: Vec<(u32, u64)>,
+    /// A step is in flight.
+    pub busy: bool,
+    /// `(request, blocks)` of the global-tier loads the last step started.
+    pub started_fetches: Vec<(u32, usize)>,
+    pub preemptions: u64,
+}
+
+impl Instance {
+    pub fn new(num_blocks: u32) -> Self {
+        Self {
+            pool: BlockPool::new(num_blocks),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            batch: Vec::new(),
+            busy: false,
+            started_fetches: Vec::new(),
+            preemptions: 0,
+        }
+    }
+
+    /// Prefill tokens queued here: expected prefill of waiting requests plus the unfinished
+    /// prefill of running ones (the router's `queued`, measured on the engine).
+    pub fn queued_tokens(&self, reqs: &[LiveRequest]) -> u64 {
+        let waiting: u64 = self.waiting.iter().map(|&r| reqs[r as usize].expected_prefill).sum();
+        let running: u64 = self
+            .running
+            .iter()
+            .map(|&r| {
+                let q = &reqs[r as usize];
+                if q.generated == 0 { q.num_tokens - q.computed } else { 0 }
+            })
+            .sum();
+        waiting + running
+    }
+
+    /// Builds the next step; returns its shape (empty when there is nothing to run).
+    /// Global-tier loads started by the last [`Self::schedule`] call are left in
+    /// `started_fetches` as `(request, blocks)` for the caller to time on the link.
+    pub fn schedule(
+        &mut self,
+        reqs: &mut [LiveRequest],
+        workload: &Workload,
+        limits: EngineLimits,
+        tier: &mut GlobalTier,
+    ) -> BatchShape {
+        self.batch.clear();
+        self.started_fetches.clear();
+        let mut shape = BatchShape::default();
+        let mut budget = limits.max_batched_tokens;
+        let mut preempted = false;
+        let b = limits.block_tokens;
+
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let r = self.running[i];
+            let req = &reqs[r as usize];
+            let new = (req.num_tokens - req.computed).min(budget);
+            if new == 0 {
+                i += 1;
+                continue;
+            }
+            let need = (req.computed + new).div_ceil(b) as usize - req.blocks.len();
+            let mut victim_was_self = false;
+            while need as u32 > self.pool.num_free() {
+                let Some(victim) = self.running.pop() else { break };
+                self.preempt(victim, reqs);
+                preempted = true;
+                if victim == r {
+                    victim_was_self = true;
+                    break;
+                }
+            }
+            if victim_was_self {
+                break;
+            }
+            let req = &mut reqs[r as usize];
+            if !self.pool.allocate(need as u32, &mut req.blocks) {
+                // Cannot happen: the loop above freed enough or preempted `r` itself.
+                break;
+            }
+            let chain = workload.chain(r as usize);
+            register_full(&mut self.pool, req, chain, req.computed + new, b);
+            if req.generated > 0 && new == 1 && req.computed + 1 == req.num_tokens {
+                shape.add_decode(req.computed);
+            } else {
+                shape.add_prefill(new, req.computed);
+            }
+            budget -= new;
+            self.batch.push((r, new));
+            i += 1;
+        }
+
+        // vLLM skips admission in a step that preempted. When that step is empty, vLLM's
+        // engine loop would schedule again at once; doing it here keeps the instance from
+        // idling with work queued.
+        if !preempted || self.batch.is_empty() {
+            self.admit(reqs, workload, limits, tier, &mut budget, &mut shape);
+            // Requests whose tier load finished hold blocks while they wait. If nothing runs
+            // or loads and the queue head still does not fit, they would wait forever:
+            // release the youngest such holder (it keeps its blocks cached, like a
+            // preemption) and try again.
+            while self.batch.is_empty()
+                && self.running.is_empty()
+                && self.started_fetches.is_empty()
+                && !self.waiting.iter().any(|&r| reqs[r as usize].fetching)
+                && self.release_youngest_holder(reqs)
+            {
+                self.admit(reqs, workload, limits, tier, &mut budget, &mut shape);
+            }
+        }
+        shape
+    }
+
+    /// Applies the step in flight; reports per-request events through `sink`.
+    pub fn complete(&mut self, reqs: &mut [LiveRequest], mut sink: impl FnMut(StepEvent)) {
+        let mut any_finished = false;
+        for &(r, new) in &self.batch {
+            let req = &mut reqs[r as usize];
+            let from = req.computed;
+            req.computed += new;
+            if req.generated == 0 || from < req.prompt {
+                sink(StepEvent::Prefilled {
+                    request: r,
+                    from,
+                    to: req.computed,
+                });
+            }
+            if req.computed < req.num_tokens {
+                continue;
+            }
+            req.generated += 1;
+            if req.generated == 1 {
+                sink(StepEvent::FirstToken { request: r });
+            }
+            if req.generated >= req.output {
+                self.pool.release(&req.blocks);
+                req.blocks = Vec::new();
+                any_finished = true;
+                sink(StepEvent::Finished { request: r });
+            } else {
+                req.num_tokens += 1;
+            }
+        }
+        if any_finished {
+            self.running.retain(|&r| {
+                let q = &reqs[r as usize];
+                q.generated < q.output
+            });
+        }
+        self.batch.clear();
+    }
+
+    /// Admission pass over the waiting queue (FIFO; requests loading KV are skipped and keep
+    /// their place, as vLLM's `WAITING_FOR_REMOTE_KVS`).
+    fn admit(
+        &mut self,
+        reqs: &mut [LiveRequest],
+        workload: &Workload,
+        limits: EngineLimits,
+        tier: &mut GlobalTier,
+        budget: &mut u64,
+        shape: &mut BatchShape,
+    ) {
+        let b = limits.block_tokens;
+        let mut j = 0;
+        while *budget > 0 && self.running.len() < limits.max_num_seqs && j < self.waiting.len() {
+            let r = self.waiting[j];
+            let chain = workload.chain(r as usize);
+            let req = &mut reqs[r as usize];
+            if req.fetching {
+                j += 1;
+                continue;
+            }
+            if req.computed > 0 {
+                // KV arrived from the global tier: its blocks are held and registered already.
+                let new = (req.num_tokens - req.computed).min(*budget);
+                let need = (req.computed + new).div_ceil(b) as usize - req.blocks.len();
+                if need as u32 > self.pool.num_free() {
+                    break;
+                }
+                self.pool.allocate(need as u32, &mut req.blocks);
+                register_full(&mut self.pool, req, chain, req.computed + new, b);
+                shape.add_prefill(new, req.computed);
+                *budget -= new;
+                self.batch.push((r, new));
+                self.running.push(r);
+                self.waiting.remove(j);
+                continue;
+            }
+            let max_hit = (((req.num_tokens - 1) / b) as usize).min(chain.len());
+            let local = self.pool.longest_hit(chain, max_hit);
+            let external = if tier.enabled() {
+                tier.run_from(&chain[..max_hit], local)
+            } else {
+                0
+            };
+            if external > 0 {
+                // Allocate the blocks the tier will fill and start the load; the request
+                // waits (keeping its queue place) while the engine serves others.
+                if !self.pool.can_allocate(&chain[..local], external as u32) {
+                    break;
+                }
+                self.pool.acquire_hits(&chain[..local], &mut req.blocks);
+                self.pool.allocate(external as u32, &mut req.blocks);
+                req.registered = local;
+                tier.touch(&chain[local..local + external]);
+                req.fetching = true;
+                if !req.admitted {
+                    req.admitted = true;
+                    req.local_hit_tokens = local as u64 * b;
+                    req.global_hit_tokens = external as u64 * b;
+                }
+                self.started_fetches.push((r, external));
+                j += 1;
+                continue;
+            }
+            let computed = local as u64 * b;
+            let new = (req.num_tokens - computed).min(*budget);
+            let fresh = ((computed + new).div_ceil(b) as usize - local) as u32;
+            if !self.pool.can_allocate(&chain[..local], fresh) {
+                break;
+            }
+            self.pool.acquire_hits(&chain[..local], &mut req.blocks);
+            self.pool.allocate(fresh, &mut req.blocks);
+            req.registered = local;
+            register_full(&mut self.pool, req, chain, computed + new, b);
+            if !req.admitted {
+                req.admitted = true;
+                req.local_hit_tokens = computed;
+            }
+            req.computed = computed;
+            shape.add_prefill(new, computed);
+            *budget -= new;
+            self.batch.push((r, new));
+            self.running.push(r);
+            self.waiting.remove(j);
+        }
+    }
+
+    /// The global-tier load of `r` completed: its loaded blocks become computed, cached KV.
+    pub fn fetch_done(&mut self, r: u32, reqs: &mut [LiveRequest], workload: &Workload, block_tokens: u64) {
+        let req = &mut reqs[r as usize];
+        req.fetching = false;
+        req.computed = req.blocks.len() as u64 * block_tokens;
+        req.expected_prefill = req.num_tokens - req.computed;
+        register_full(
+            &mut self.pool,
+            req,
+            workload.chain(r as usize),
+            req.computed,
+            block_tokens,
+        );
+    }
+
+    /// Frees the blocks of the last waiting request holding any; false if none holds one.
+    fn release_youngest_holder(&mut self, reqs: &mut [LiveRequest]) -> bool {
+        let Some(&r) = self
+            .waiting
+            .iter()
+            .rev()
+            .find(|&&r| !reqs[r as usize].blocks.is_empty())
+        else {
+            return false;
+        };
+        let req = &mut reqs[r as usize];
+        self.pool.release(&req.blocks);
+        req.blocks.clear();
+        req.computed = 0;
+        req.registered = 0;
+        req.preemptions += 1;
+        req.expected_prefill = req.num_tokens;
+        self.preemptions += 1;
+        true
+    }
+
+    fn preempt(&mut self, r: u32, reqs: &mut [LiveRequest]) {
+        let req = &mut reqs[r as usize];
+        self.pool.release(&req.blocks);
+        req.blocks.clear();
+        req.computed = 0;
+        req.registered = 0;
+        req.preemptions += 1;
+        req.expected_prefill = req.num_tokens;
+        self.preemptions += 1;
+        self.waiting.push_front(r);
+    }
+}
+
+/// Registers the request's blocks that are full once `tokens` tokens are computed and whose
+/// content the trace names.
+fn register_full(pool: &mut BlockPool, req: &mut LiveRequest, chain: &[u64], tokens: u64, b: u64) {
+    let full = ((tokens / b) as usize).min(chain.len());
+    if req.registered < full {
+        for (&block, &hash) in req.blocks[req.registered..full]
+            .iter()
+            .zip(&chain[req.registered..full])
+        {
+            pool.register(block, hash);
+        }
+    }
+    req.registered = req.registered.max(full);
+}

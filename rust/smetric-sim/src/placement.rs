@@ -1,0 +1,108 @@
+//! The seam between the simulated cluster and a routing policy.
+//!
+//! The simulator asks a [`Placer`] where each request goes and tells it about every
+//! lifecycle event at the simulated time it happens. The production implementation is
+//! [`crate::router::CorePlacer`], which forwards to the real `smetric_core::Router` (the same
+//! code the router binary runs; there is no second implementation of any policy here).
+//! [`RoundRobinPlacer`] is a dependency-free double for the engine's own tests.
+//!
+//! Call order per request: `place` at arrival → `on_prefilled` when its last prefill chunk
+//! completes (the step that emits its first token) → `on_finished` when its last token is
+//! out. Requests rejected before routing (longer than `max_model_len`) get no call.
+
+use crate::error::Result;
+
+/// What the simulator tells a placer about an arriving request.
+#[derive(Clone, Copy, Debug)]
+pub struct PlaceRequest<'a> {
+    /// Simulator-wide request id (the request's index in the workload).
+    pub request_id: u64,
+    /// Full-block hash chain of the prompt.
+    pub chain: &'a [u64],
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Simulated time, seconds.
+    pub now: f64,
+}
+
+/// A placer's decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    /// Instance slot, `0..instances`.
+    pub instance: u32,
+    /// The placer's belief that this is a session's first request (`None`: no opinion).
+    pub first_turn: Option<bool>,
+    /// Tokens the placer expects the chosen instance to hold already.
+    pub local_hit_tokens: u64,
+    /// Tokens the placer expects the global tier to supply.
+    pub global_hit_tokens: u64,
+    /// Tokens the placer expects the chosen instance to prefill.
+    pub prefill_tokens: u64,
+    /// Why this instance (the router's reason string, e.g. `"follow-up: sticky"`).
+    pub reason: &'static str,
+}
+
+/// An engine load snapshot, as vLLM's metrics endpoint would publish it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadSnapshot {
+    /// Requests in the running batch.
+    pub running: u32,
+    /// Requests waiting (including those fetching KV from the global tier).
+    pub waiting: u32,
+    /// Share of GPU KV blocks in use.
+    pub kv_usage: f64,
+}
+
+/// A routing policy as the simulator sees it.
+pub trait Placer {
+    /// Policy name, for reports.
+    fn policy(&self) -> String;
+
+    /// Chooses an instance for `request`.
+    fn place(&mut self, request: &PlaceRequest<'_>) -> Result<Placement>;
+
+    /// The request's prompt is fully computed (first token emitted).
+    fn on_prefilled(&mut self, _request_id: u64, _now: f64) {}
+
+    /// The request produced its last token.
+    fn on_finished(&mut self, _request_id: u64, _output_tokens: u32, _now: f64) {}
+
+    /// A periodic engine load report of `instance`.
+    fn on_load(&mut self, _instance: u32, _snapshot: LoadSnapshot, _now: f64) {}
+}
+
+/// Cycles through the instances; knows nothing about caches. Test double.
+#[derive(Clone, Debug)]
+pub struct RoundRobinPlacer {
+    instances: u32,
+    next: u32,
+}
+
+impl RoundRobinPlacer {
+    /// A placer over `instances` slots (at least one).
+    pub fn new(instances: u32) -> Self {
+        Self {
+            instances: instances.max(1),
+            next: 0,
+        }
+    }
+}
+
+impl Placer for RoundRobinPlacer {
+    fn policy(&self) -> String {
+        "test-round-robin".to_owned()
+    }
+
+    fn place(&mut self, request: &PlaceRequest<'_>) -> Result<Placement> {
+        let instance = self.next;
+        self.next = (self.next + 1) % self.instances;
+        Ok(Placement {
+            instance,
+            first_turn: None,
+            local_hit_tokens: 0,
+            global_hit_tokens: 0,
+            prefill_tokens: u64::from(request.prompt_tokens),
+            reason: "round-robin",
+        })
+    }
+}

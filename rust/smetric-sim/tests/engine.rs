@@ -1,0 +1,320 @@
+//! Engine behaviour on small synthetic workloads: timing against the analytic model, prefix
+//! caching, the global tier, preemption, closed-loop sessions, rejection, determinism.
+
+use smetric_sim::perf_model::BatchShape;
+use smetric_sim::{
+    ArrivalKind, GlobalTierConfig, PolicyKind, RequestSpec, RoundRobinPlacer, SimConfig, SimReport, Workload,
+    WorkloadBuilder, run, simulate,
+};
+
+const B: u32 = 16;
+
+fn spec(input: u32, output: u32, time_s: f64) -> RequestSpec {
+    RequestSpec {
+        trace_id: 0,
+        input_tokens: input,
+        output_tokens: output,
+        time_s,
+        think_s: 0.0,
+        prev: None,
+        session: 0,
+        root_session: 0,
+        first_turn: None,
+    }
+}
+
+/// Block ids `base, base+1, …` covering the full blocks of `tokens`.
+fn chain(base: u64, tokens: u32) -> Vec<u64> {
+    (0..u64::from(tokens / B)).map(|k| base + k).collect()
+}
+
+fn config(instances: u32) -> SimConfig {
+    SimConfig {
+        instances,
+        keep_records: true,
+        ..SimConfig::default()
+    }
+}
+
+fn rr(config: &SimConfig, workload: &Workload) -> SimReport {
+    simulate(config, workload, &mut RoundRobinPlacer::new(config.instances)).unwrap()
+}
+
+#[test]
+fn lone_request_follows_the_model_step_by_step() {
+    let mut b = WorkloadBuilder::new("t", B, ArrivalKind::OpenLoop);
+    b.push(spec(20_000, 4, 1.0), chain(0, 20_000));
+    let w = b.build().unwrap();
+    let cfg = config(1);
+    let report = rr(&cfg, &w);
+    let p = &cfg.profile;
+    // Chunked prefill: 8192 + 8192 + 3616 tokens, then three decode steps.
+    let mut expected_ttft = p.frontend_time(20_000);
+    for (n, cached) in [(8192, 0), (8192, 8192), (3616, 16_384)] {
+        expected_ttft += p.isolated_prefill_time(n, cached);
+    }
+    let rec = &report.records[0];
+    assert!(
+        (rec.ttft_s().unwrap() - expected_ttft).abs() < 1e-9,
+        "{:?} vs {expected_ttft}",
+        rec.ttft_s()
+    );
+    let mut decode = 0.0;
+    for k in 0..3 {
+        let mut shape = BatchShape::default();
+        shape.add_decode(20_000 + k);
+        decode += p.iteration_time(&shape);
+    }
+    assert!((rec.tpot_s().unwrap() - decode / 3.0).abs() < 1e-9);
+    assert_eq!(report.iterations, 6);
+    assert_eq!(report.completed, 1);
+}
+
+#[test]
+fn second_turn_hits_the_prefix_cache_up_to_n_minus_one() {
+    let mut b = WorkloadBuilder::new("t", B, ArrivalKind::OpenLoop);
+    b.push(spec(4096, 2, 0.0), chain(0, 4096));
+    b.push(spec(4096, 2, 10.0), chain(0, 4096));
+    b.push(spec(4200, 2, 20.0), chain(0, 4200));
+    let w = b.build().unwrap();
+    let report = rr(&config(1), &w);
+    let r = &report.records;
+    assert_eq!(r[0].local_hit_tokens, 0);
+    // A full hit still recomputes the last block: (4096 − 1) / 16 full blocks = 255.
+    assert_eq!(r[1].local_hit_tokens, 255 * 16);
+    // A longer prompt hits all 256 cached blocks.
+    assert_eq!(r[2].local_hit_tokens, 4096);
+    assert!(r[1].ttft_s().unwrap() < r[0].ttft_s().unwrap() / 3.0);
+    assert!(report.local_hit_ratio > 0.6);
+}
+
+#[test]
+fn global_tier_serves_another_instance_and_can_be_switched_off() {
+    let mut b = WorkloadBuilder::new("t", B, ArrivalKind::OpenLoop);
+    b.push(spec(32_768, 2, 0.0), chain(0, 32_768));
+    b.push(spec(32_768, 2, 30.0), chain(0, 32_768));
+    let w = b.build().unwrap();
+    let on = rr(&config(2), &w);
+    let second = &on.records[1];
+    assert_eq!(second.instance, Some(1));
+    assert_eq!(second.local_hit_tokens, 0);
+    assert_eq!(second.global_hit_tokens, 2047 * 16);
+    assert_eq!(on.tier_fetches, 1);
+    let c = config(2);
+    let bytes = 2047.0 * 16.0 * c.profile.kv_bytes_per_token_rank;
+    let fetch = c.global_tier.fetch_latency_s + bytes / c.global_tier.bandwidth_bytes_per_s;
+    let expected = c.profile.frontend_time(32_768) + fetch + c.profile.isolated_prefill_time(16, 2047 * 16);
+    assert!((second.ttft_s().unwrap() - expected).abs() < 1e-9);
+
+    let off_config = SimConfig {
+        global_tier: GlobalTierConfig {
+            enabled: false,
+            ..GlobalTierConfig::default()
+        },
+        ..config(2)
+    };
+    let off = rr(&off_config, &w);
+    assert_eq!(off.records[1].global_hit_tokens, 0);
+    assert_eq!(off.tier_fetches, 0);
+    assert!(off.records[1].ttft_s().unwrap() > 5.0 * second.ttft_s().unwrap());
+}
+
+#[test]
+fn kv_pressure_preempts_by_recompute_and_everything_finishes() {
+    let mut b = WorkloadBuilder::new("t", B, ArrivalKind::OpenLoop);
+    for i in 0..4 {
+        b.push(spec(3000, 600, 0.0), chain(1_000_000 * (i + 1), 3000));
+    }
+    let w = b.build().unwrap();
+    // 7,000 tokens (437 blocks): two 3,000-token prompts (376 blocks) fit, but their 600
+    // output tokens need 76 more blocks than the 61 left.
+    let c = SimConfig {
+        kv_capacity_tokens: Some(7000),
+        max_model_len: Some(7000),
+        ..config(1)
+    };
+    let report = rr(&c, &w);
+    assert_eq!(report.completed, 4);
+    assert!(report.preemptions > 0, "{report:?}");
+    assert!(report.records.iter().any(|r| r.preemptions > 0));
+}
+
+#[test]
+fn closed_loop_follow_up_leaves_think_time_after_its_parent() {
+    let mut b = WorkloadBuilder::new("t", B, ArrivalKind::ClosedLoop);
+    b.push(
+        RequestSpec {
+            first_turn: Some(true),
+            ..spec(1000, 5, 0.0)
+        },
+        chain(0, 1000),
+    );
+    b.push(
+        RequestSpec {
+            prev: Some(0),
+            think_s: 7.5,
+            first_turn: Some(false),
+            ..spec(1100, 5, 0.0)
+        },
+        chain(0, 1100),
+    );
+    b.push(
+        RequestSpec {
+            session: 1,
+            root_session: 1,
+            first_turn: Some(true),
+            ..spec(500, 3, 0.0)
+        },
+        chain(9000, 500),
+    );
+    let w = b.build().unwrap();
+    let report = rr(&config(2), &w);
+    let r = &report.records;
+    assert!((r[1].arrival_s.unwrap() - (r[0].finish_s.unwrap() + 7.5)).abs() < 1e-9);
+    assert!(
+        r[0].arrival_s.unwrap().abs() < 1e-12,
+        "the first root session starts at 0"
+    );
+    assert!(
+        r[2].arrival_s.unwrap() > 0.0,
+        "the second root session starts after a Poisson gap"
+    );
+    assert_eq!(report.followups, 1);
+    assert_eq!(
+        report.turn_inference_samples, 0,
+        "the round-robin double has no verdict"
+    );
+}
+
+#[test]
+fn requests_longer_than_max_model_len_are_rejected_and_sessions_go_on() {
+    let mut b = WorkloadBuilder::new("t", B, ArrivalKind::ClosedLoop);
+    b.push(spec(300_000, 5, 0.0), chain(0, 300_000));
+    b.push(
+        RequestSpec {
+            prev: Some(0),
+            think_s: 1.0,
+            ..spec(1000, 5, 0.0)
+        },
+        chain(0, 1000),
+    );
+    let w = b.build().unwrap();
+    let report = rr(&config(1), &w);
+    assert_eq!(report.rejected, 1);
+    assert_eq!(report.completed, 1);
+    assert!(report.records[0].instance.is_none());
+    assert!((report.records[1].arrival_s.unwrap() - 1.0).abs() < 1e-9);
+    assert!(report.slo[0].attainment <= 0.5);
+}
+
+#[test]
+fn chunked_prefill_inflates_a_co_running_decode() {
+    let mut b = WorkloadBuilder::new("t", B, ArrivalKind::OpenLoop);
+    b.push(spec(1000, 200, 0.0), chain(0, 1000));
+    b.push(spec(60_000, 2, 0.5), chain(500_000, 60_000));
+    let w = b.build().unwrap();
+    let alone = {
+        let mut b = WorkloadBuilder::new("t", B, ArrivalKind::OpenLoop);
+        b.push(spec(1000, 200, 0.0), chain(0, 1000));
+        rr(&config(1), &b.build().unwrap())
+    };
+    let shared = rr(&config(1), &w);
+    let solo = alone.records[0].tpot_s().unwrap();
+    let mixed = shared.records[0].tpot_s().unwrap();
+    assert!(mixed > 3.0 * solo, "TPOT alone {solo}, next to a 60K prefill {mixed}");
+}
+
+/// 12 closed-loop sessions of 5 turns sharing a 1K-token system prompt; each turn extends
+/// the previous one by 2K tokens.
+fn agent_sessions() -> Workload {
+    let mut b = WorkloadBuilder::new("sessions", B, ArrivalKind::ClosedLoop);
+    for s in 0..12_u32 {
+        let mut prev = None;
+        for t in 0..5_u32 {
+            let input = 1024 + 2048 * (t + 1);
+            let mut ids: Vec<u64> = (0..64).collect();
+            ids.extend((64..u64::from(input / B)).map(|k| 1_000_000 * u64::from(s + 1) + k));
+            let i = b.push(
+                RequestSpec {
+                    prev,
+                    think_s: 2.0,
+                    session: s,
+                    root_session: s,
+                    first_turn: Some(t == 0),
+                    ..spec(input, 50, 0.0)
+                },
+                ids,
+            );
+            prev = Some(i);
+        }
+    }
+    b.build().unwrap()
+}
+
+#[test]
+fn runs_are_deterministic_and_route_through_the_real_router() {
+    let w = agent_sessions();
+    let c = SimConfig {
+        session_rate_per_s: 0.5,
+        ..config(4)
+    };
+    let a = run(&c, &w, PolicyKind::Smetric).unwrap();
+    let again = run(&c, &w, PolicyKind::Smetric).unwrap();
+    assert_eq!(a, again);
+    assert_eq!(a.completed, 60);
+    assert_eq!(a.policy, "smetric");
+    assert!(
+        a.turn_inference_accuracy.unwrap() > 0.9,
+        "{:?}",
+        a.turn_inference_accuracy
+    );
+    assert!(a.followup_home_share.unwrap() > 0.9);
+    let rr = run(&c, &w, PolicyKind::RoundRobin).unwrap();
+    assert!(
+        a.local_hit_ratio > rr.local_hit_ratio,
+        "{} vs {}",
+        a.local_hit_ratio,
+        rr.local_hit_ratio
+    );
+}
+
+#[test]
+fn every_policy_runs_with_engine_load_reports() {
+    let w = agent_sessions();
+    let c = SimConfig {
+        session_rate_per_s: 2.0,
+        load_report_interval_s: Some(0.1),
+        ..config(3)
+    };
+    for policy in PolicyKind::ALL {
+        let report = run(&c, &w, policy).unwrap();
+        assert_eq!(report.completed, 60, "{policy:?}");
+        assert_eq!(report.policy, policy.name());
+        assert!(report.slo[0].tps_under_slo > 0.0);
+    }
+}
+
+#[test]
+fn gated_open_loop_waits_for_the_parent() {
+    let mut b = WorkloadBuilder::new("t", B, ArrivalKind::GatedOpenLoop);
+    b.push(spec(30_000, 400, 0.0), chain(0, 30_000));
+    b.push(
+        RequestSpec {
+            prev: Some(0),
+            ..spec(31_000, 5, 1.0)
+        },
+        chain(0, 31_000),
+    );
+    b.push(spec(500, 5, 1.0), chain(777_777, 500));
+    let w = b.build().unwrap();
+    let report = rr(&config(1), &w);
+    let r = &report.records;
+    assert!(
+        (r[1].arrival_s.unwrap() - r[0].finish_s.unwrap()).abs() < 1e-9,
+        "the child waits"
+    );
+    assert!(
+        (r[2].arrival_s.unwrap() - 1.0).abs() < 1e-9,
+        "an unrelated request keeps its time"
+    );
+}
