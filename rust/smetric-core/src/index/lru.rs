@@ -10,20 +10,32 @@
 //! Touching a 2,000-block chain therefore costs one sequential id copy and one entry write
 //! per block, with no list relinking and no per-block queue item.
 //!
-//! Invariants: every held (entry, holder) pair is current in exactly one run; runs are in
-//! non-decreasing time order; ids queued (stale included) stay below `8·held + COMPACT_SLACK`,
-//! and sequence numbers below `u32::MAX / 2`, by compaction (stale ids dropped, runs
-//! renumbered from 0), which bounds memory.
+//! Stale ids are dropped incrementally: once the queue holds more than `2·held +
+//! COMPACT_SLACK` ids a *cleaning cycle* starts, and every later touch of `n` blocks also
+//! cleans up to `CLEAN_FACTOR·n` queued ids, oldest runs first, so no single call ever pays
+//! for a whole-queue compaction (a router's tail latency stays flat).
 //!
-//! Complexity: a touch O(run); an LRU pop amortised O(1); compaction O(queued ids), at most
-//! once per `7·held + COMPACT_SLACK` touched blocks: amortised O(1) per block.
+//! Invariants: every held (entry, holder) pair is current in exactly one run; runs are in
+//! non-decreasing time order (logical order: cleaned, then pending, then recent runs); the
+//! queue stays within a constant factor of `held + COMPACT_SLACK` ids, which bounds memory.
+//! Sequence numbers never change except in the rare full renumbering before they reach
+//! `u32::MAX / 2`.
+//!
+//! Complexity: a touch O(run) plus O(run) cleaning; an LRU pop amortised O(1).
 
 use std::collections::VecDeque;
 
-/// Stale ids tolerated beyond `7·held` before compaction.
+/// Stale ids tolerated beyond `held` before a cleaning cycle starts (small under test, so
+/// that the model tests run many cleaning cycles).
+#[cfg(not(test))]
 pub(crate) const COMPACT_SLACK: usize = 4096;
+#[cfg(test)]
+pub(crate) const COMPACT_SLACK: usize = 8;
 
-/// Renumbering is forced before sequence numbers get this large.
+/// Ids cleaned per id touched while a cleaning cycle runs.
+pub(crate) const CLEAN_FACTOR: usize = 4;
+
+/// A full renumbering is forced before sequence numbers get this large.
 const SEQ_LIMIT: u32 = u32::MAX / 2;
 
 #[derive(Debug)]
@@ -37,7 +49,12 @@ struct Run {
 /// Touch order of one holder.
 #[derive(Debug, Default)]
 pub(crate) struct RunLru {
-    runs: VecDeque<Run>,
+    /// Runs already cleaned by the current cycle (oldest).
+    cleaned: VecDeque<Run>,
+    /// Runs the current cycle has still to clean.
+    pending: VecDeque<Run>,
+    /// Runs pushed since the cycle started, or all runs outside a cycle (newest).
+    recent: VecDeque<Run>,
     next_seq: u32,
     queued: usize,
 }
@@ -53,7 +70,7 @@ impl RunLru {
     pub(crate) fn push(&mut self, ids: Vec<u32>, time_ms: u64) {
         if !ids.is_empty() {
             self.queued += ids.len();
-            self.runs.push_back(Run {
+            self.recent.push_back(Run {
                 seq: self.next_seq,
                 time_ms,
                 ids,
@@ -62,50 +79,97 @@ impl RunLru {
         self.next_seq += 1;
     }
 
+    fn oldest_mut(&mut self) -> Option<&mut VecDeque<Run>> {
+        [&mut self.cleaned, &mut self.pending, &mut self.recent]
+            .into_iter()
+            .find(|q| !q.is_empty())
+    }
+
     /// Drops stale ids from the LRU end until the oldest run ends in a current block;
     /// `current(entry, seq)` tells whether `entry` is current in the run numbered `seq`.
     pub(crate) fn settle(&mut self, current: impl Fn(u32, u32) -> bool) {
-        while let Some(run) = self.runs.front_mut() {
+        let mut dropped = 0;
+        while let Some(queue) = self.oldest_mut() {
+            let run = queue.front_mut().expect("non-empty queue");
             while let Some(&e) = run.ids.last() {
                 if current(e, run.seq) {
+                    self.queued -= dropped;
                     return;
                 }
                 run.ids.pop();
-                self.queued -= 1;
+                dropped += 1;
             }
-            self.runs.pop_front();
+            queue.pop_front();
         }
+        self.queued -= dropped;
     }
 
     /// The least recently used block and its touch time (call [`RunLru::settle`] first).
     pub(crate) fn peek(&self) -> Option<(u32, u64)> {
-        self.runs.front().and_then(|r| r.ids.last().map(|&e| (e, r.time_ms)))
+        [&self.cleaned, &self.pending, &self.recent]
+            .into_iter()
+            .find_map(|q| q.front())
+            .and_then(|r| r.ids.last().map(|&e| (e, r.time_ms)))
     }
 
     /// Drops the block [`RunLru::peek`] returned.
     pub(crate) fn pop(&mut self) {
-        if let Some(run) = self.runs.front_mut() {
-            if run.ids.pop().is_some() {
-                self.queued -= 1;
-            }
+        let mut popped = false;
+        if let Some(queue) = self.oldest_mut() {
+            let run = queue.front_mut().expect("non-empty queue");
+            popped = run.ids.pop().is_some();
             if run.ids.is_empty() {
-                self.runs.pop_front();
+                queue.pop_front();
             }
+        }
+        self.queued -= usize::from(popped);
+    }
+
+    /// Cleans up to `budget` queued ids (starting a cycle when the queue has grown past
+    /// `2·held + COMPACT_SLACK`), dropping stale ids and empty runs; order is unchanged.
+    pub(crate) fn clean(&mut self, held: usize, budget: usize, current: impl Fn(u32, u32) -> bool) {
+        if self.pending.is_empty() && self.cleaned.is_empty() {
+            if self.queued <= 2 * held + COMPACT_SLACK {
+                return;
+            }
+            self.pending = std::mem::take(&mut self.recent);
+        }
+        let mut left = budget;
+        while left > 0 {
+            let Some(mut run) = self.pending.pop_front() else { break };
+            let before = run.ids.len();
+            run.ids.retain(|&e| current(e, run.seq));
+            self.queued -= before - run.ids.len();
+            left = left.saturating_sub(before);
+            if !run.ids.is_empty() {
+                self.cleaned.push_back(run);
+            }
+        }
+        if self.pending.is_empty() {
+            // Cycle over: the cleaned runs are older than everything pushed meanwhile.
+            let mut all = std::mem::take(&mut self.cleaned);
+            all.append(&mut self.recent);
+            self.recent = all;
         }
     }
 
-    /// Whether compaction is due.
-    pub(crate) fn needs_compaction(&self, held: usize) -> bool {
-        self.queued > 8 * held + COMPACT_SLACK || self.next_seq > SEQ_LIMIT
+    /// Whether sequence numbers need the (rare) full renumbering of [`RunLru::renumber`].
+    pub(crate) fn needs_renumbering(&self) -> bool {
+        self.next_seq > SEQ_LIMIT
     }
 
     /// Drops stale ids and empty runs and renumbers runs from 0; every id left is current,
     /// and the caller stores its new number (see [`RunLru::all`]).
-    pub(crate) fn compact(&mut self, current: impl Fn(u32, u32) -> bool) {
+    pub(crate) fn renumber(&mut self, current: impl Fn(u32, u32) -> bool) {
         let mut next = 0u32;
         let mut queued = 0usize;
-        let mut kept = VecDeque::with_capacity(self.runs.len());
-        for mut run in self.runs.drain(..) {
+        let mut kept = VecDeque::new();
+        let runs = self
+            .cleaned
+            .drain(..)
+            .chain(self.pending.drain(..))
+            .chain(self.recent.drain(..));
+        for mut run in runs {
             run.ids.retain(|&e| current(e, run.seq));
             if run.ids.is_empty() {
                 continue;
@@ -115,14 +179,18 @@ impl RunLru {
             queued += run.ids.len();
             kept.push_back(run);
         }
-        self.runs = kept;
+        self.recent = kept;
         self.next_seq = next;
         self.queued = queued;
     }
 
     /// Every (seq, entry) pair queued, oldest run first, stale ids included.
     pub(crate) fn all(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.runs.iter().flat_map(|r| r.ids.iter().map(move |&e| (r.seq, e)))
+        self.cleaned
+            .iter()
+            .chain(&self.pending)
+            .chain(&self.recent)
+            .flat_map(|r| r.ids.iter().map(move |&e| (r.seq, e)))
     }
 
     /// Ids queued, stale included (for memory accounting).
@@ -156,12 +224,23 @@ mod tests {
     }
 
     #[test]
-    fn compaction_renumbers() {
+    fn renumbering_and_incremental_cleaning() {
         let mut lru = RunLru::default();
         lru.push(vec![1, 2], 0);
         lru.push(vec![2], 1);
-        lru.compact(|e, seq| if e == 2 { seq == 1 } else { seq == 0 });
+        let current = |e: u32, seq: u32| if e == 2 { seq == 1 } else { seq == 0 };
+        lru.renumber(current);
         assert_eq!(lru.all().collect::<Vec<_>>(), vec![(0, 1), (1, 2)]);
         assert_eq!((lru.queued(), lru.next_seq()), (2, 2));
+
+        // 5,000 touches of one block: the cleaning keeps the queue near `held + slack`.
+        let mut lru = RunLru::default();
+        for t in 0..5_000u64 {
+            let seq = lru.next_seq();
+            lru.push(vec![9], t);
+            lru.clean(1, 4, |_, s| s == seq);
+        }
+        assert!(lru.queued() <= 2 + COMPACT_SLACK + 4, "{}", lru.queued());
+        assert_eq!(lru.all().last(), Some((4_999, 9)));
     }
 }

@@ -386,15 +386,20 @@ impl KvIndex {
         }
     }
 
-    fn maybe_compact(&mut self, holder: Holder) {
+    /// Keeps `holder`'s queue bounded: cleans up to `CLEAN_FACTOR · work` ids of it (see
+    /// [`lru`]), or, in the rare case sequence numbers run high, renumbers it whole.
+    fn maybe_compact(&mut self, holder: Holder, work: usize) {
         let held = self.held(holder);
-        if !self.lru_mut(holder).needs_compaction(held) {
-            return;
-        }
         let mut lru = std::mem::take(self.lru_mut(holder));
-        lru.compact(|e, seq| self.seq_of(holder, e) == Some(seq));
-        for (seq, e) in lru.all() {
-            self.set_seq(holder, e, seq);
+        if lru.needs_renumbering() {
+            lru.renumber(|e, seq| self.seq_of(holder, e) == Some(seq));
+            for (seq, e) in lru.all() {
+                self.set_seq(holder, e, seq);
+            }
+        } else {
+            lru.clean(held, lru::CLEAN_FACTOR * work, |e, seq| {
+                self.seq_of(holder, e) == Some(seq)
+            });
         }
         *self.lru_mut(holder) = lru;
     }
@@ -467,7 +472,7 @@ impl KvIndex {
                 break;
             }
         }
-        self.maybe_compact(holder);
+        self.maybe_compact(holder, ids.len());
         self.walked = ids;
     }
 
@@ -485,7 +490,7 @@ impl KvIndex {
                 }
             }
         }
-        self.maybe_compact(holder);
+        self.maybe_compact(holder, hashes.len());
     }
 
     /// Drops every block `holder` holds (each is current in exactly one queued run).
@@ -733,9 +738,75 @@ mod tests {
             ix.touch(Holder::Global, &chain(0..4), None, round);
             ix.touch(Holder::Instance(0), &chain(100 + round..101 + round), None, round);
         }
-        assert!(ix.instances[0].lru.queued() <= 8 * 8 + lru::COMPACT_SLACK + 4);
+        assert!(ix.instances[0].lru.queued() <= 2 * 8 + lru::COMPACT_SLACK + 4 * lru::CLEAN_FACTOR);
         let mut q = IndexQuery::default();
         ix.query(&chain(0..4), 0, &mut q);
         assert_eq!((q.local_blocks[0], q.global_blocks), (4, 4));
+    }
+
+    /// A naive model of §2: per holder, an ordered list (LRU first) and a capacity.
+    #[derive(Default)]
+    struct Model {
+        order: std::collections::HashMap<Option<u32>, Vec<u64>>,
+    }
+
+    impl Model {
+        fn touch(&mut self, holder: Option<u32>, run: &[u64], cap: usize) {
+            let order = self.order.entry(holder).or_default();
+            for h in run.iter().rev() {
+                order.retain(|x| x != h);
+                order.push(*h);
+            }
+            while order.len() > cap {
+                order.remove(0);
+            }
+        }
+        fn remove(&mut self, holder: Option<u32>, run: &[u64]) {
+            self.order.entry(holder).or_default().retain(|x| !run.contains(x));
+        }
+        fn hit(&self, holder: Option<u32>, chain: &[u64]) -> u32 {
+            let held = self.order.get(&holder);
+            chain.iter().take_while(|h| held.is_some_and(|o| o.contains(h))).count() as u32
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn matches_a_naive_lru_model(ops in proptest::collection::vec((0u8..4, 0u32..4, 0u64..6, 1usize..7), 1..300)) {
+            let (local, global) = (6usize, 9usize);
+            let mut ix = KvIndex::new(IndexLimits { local_capacity: local as u64, global_capacity: global as u64, local_ttl_ms: None });
+            for s in 0..3 {
+                ix.add_slot(s);
+            }
+            let mut model = Model::default();
+            let mut q = IndexQuery::default();
+            for (kind, who, start, len) in ops {
+                let (holder, key, cap) = if who == 3 { (Holder::Global, None, global) } else { (Holder::Instance(who), Some(who), local) };
+                let run: Vec<u64> = (start..start + len as u64).collect();
+                let chain: Vec<BlockHash> = run.iter().map(|&h| BlockHash(h)).collect();
+                match kind {
+                    0 | 1 => {
+                        ix.touch(holder, &chain, None, 0);
+                        model.touch(key, &run, cap);
+                    }
+                    2 => {
+                        ix.remove(holder, &chain);
+                        model.remove(key, &run);
+                    }
+                    _ => {}
+                }
+                let probe: Vec<u64> = (0..12).collect();
+                let probe_chain: Vec<BlockHash> = probe.iter().map(|&h| BlockHash(h)).collect();
+                ix.query(&probe_chain, 0, &mut q);
+                for s in 0..3u32 {
+                    proptest::prop_assert_eq!(q.local_blocks[s as usize], model.hit(Some(s), &probe));
+                }
+                proptest::prop_assert_eq!(q.global_blocks, model.hit(None, &probe));
+                for s in 0..3u32 {
+                    proptest::prop_assert_eq!(ix.stats().local_blocks[s as usize], model.order.get(&Some(s)).map_or(0, Vec::len));
+                }
+            }
+        }
     }
 }

@@ -1,0 +1,131 @@
+"""Per-call latency of ``Router.route()`` from Python, against the plain-Python reference.
+
+Usage: ``python benches/python/route_latency.py [--calls N] [--quick]``. Prints p50/p99 per
+(policy, input kind, prompt size), single-thread and two-thread throughput, and the speed-up
+over ``smetric.reference.ReferenceRouter`` on the same calls. Figures go to BENCHMARKS.md.
+
+The index is warm: 256 agent sessions (shared 4K system prompt, private histories) are routed
+first, then the measured prompt is a follow-up of one of them (a near-full local hit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from smetric import POLICIES, Router
+from smetric.reference import ReferenceRouter
+
+INSTANCES = [f"gpu-{i}" for i in range(32)]
+SIZES = {"1K": 1_024, "8K": 8_192, "32K": 32_768, "128K": 131_072}
+
+
+def session_prompt(rng: np.random.Generator, system: np.ndarray, n: int) -> np.ndarray:
+    return np.concatenate([system, rng.integers(0, 151_936, max(n - len(system), 0), dtype=np.int32)])[:n]
+
+
+def warm(router: Any, size: int, rng: np.random.Generator) -> np.ndarray:
+    system = rng.integers(0, 151_936, min(4_096, size // 2), dtype=np.int32)
+    prompts = [session_prompt(rng, system, size) for _ in range(256)]
+    for p in prompts:
+        d = router.route(p)
+        router.on_finished(d.request_id)
+    return prompts[7]
+
+
+def percentiles(samples_ns: Sequence[int]) -> tuple[float, float]:
+    qs = statistics.quantiles(samples_ns, n=100, method="inclusive")
+    return qs[49] / 1e3, qs[98] / 1e3
+
+
+def timed_calls(route: Callable[[], Any], calls: int) -> list[int]:
+    out = []
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        route()
+        out.append(time.perf_counter_ns() - t0)
+    return out
+
+
+def bench_policy(policy: str, size_label: str, kind: str, calls: int) -> tuple[float, float]:
+    rng = np.random.default_rng(1)
+    router = Router(INSTANCES, policy=policy)
+    prompt = warm(router, SIZES[size_label], rng)
+    arg: Any = prompt if kind == "numpy" else prompt.tolist()
+
+    def one() -> None:
+        d = router.route(arg)
+        router.on_finished(d.request_id)
+
+    one()
+    return percentiles(timed_calls(one, calls))
+
+
+def bench_reference(policy: str, size_label: str, calls: int) -> tuple[float, float]:
+    rng = np.random.default_rng(1)
+    router = ReferenceRouter(INSTANCES, policy=policy)
+    prompt = warm(router, SIZES[size_label], rng).tolist()
+
+    def one() -> None:
+        d = router.route(prompt)
+        router.on_finished(d.request_id)
+
+    return percentiles(timed_calls(one, calls))
+
+
+def threads_throughput(threads: int, seconds: float = 2.0) -> float:
+    rng = np.random.default_rng(2)
+    router = Router(INSTANCES, policy="smetric")
+    prompt = warm(router, SIZES["32K"], rng)
+    done = [0] * threads
+    stop = time.perf_counter() + seconds
+
+    def work(k: int) -> None:
+        while time.perf_counter() < stop:
+            d = router.route(prompt)
+            router.on_finished(d.request_id)
+            done[k] += 1
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(done) / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=5_000)
+    parser.add_argument("--quick", action="store_true", help="few calls, smetric only (a smoke run)")
+    args = parser.parse_args()
+    calls = 50 if args.quick else args.calls
+    policies = ["smetric"] if args.quick else list(POLICIES)
+    print(f"route() latency, 32 instances, warm index, {calls} calls per row (µs)")
+    print(f"{'policy':<12} {'input':<6} {'size':>5} {'p50':>8} {'p99':>8}")
+    for policy in policies:
+        for size in ("1K", "32K") if args.quick else SIZES:
+            for kind in ("numpy", "list"):
+                if kind == "list" and size == "128K" and not args.quick:
+                    continue
+                p50, p99 = bench_policy(policy, size, kind, calls)
+                print(f"{policy:<12} {kind:<6} {size:>5} {p50:>8.1f} {p99:>8.1f}")
+    print("\nplain-Python reference (lists), same calls")
+    for policy in ("smetric", "lmetric") if not args.quick else ("smetric",):
+        for size in ("1K", "32K"):
+            ref50, ref99 = bench_reference(policy, size, max(calls // 20, 20))
+            rust50, _ = bench_policy(policy, size, "numpy", calls)
+            print(f"{policy:<12} {size:>5} reference p50 {ref50:>9.1f} µs  rust p50 {rust50:>7.1f} µs  x{ref50 / rust50:.0f}")
+    one = threads_throughput(1)
+    two = threads_throughput(2)
+    print(f"\nthroughput, 32K-token smetric routes: 1 thread {one:,.0f}/s, 2 threads {two:,.0f}/s (x{two / one:.2f})")
+
+
+if __name__ == "__main__":
+    main()
