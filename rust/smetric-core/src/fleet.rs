@@ -48,6 +48,12 @@ impl Fleet {
             return Err(SmetricError::DuplicateInstance { name: name.to_owned() });
         }
         let slot = self.slots.iter().position(Option::is_none).unwrap_or(self.slots.len());
+        if slot as u32 >= crate::index::MAX_SLOTS {
+            return Err(SmetricError::InvalidArgument {
+                argument: "instances",
+                reason: format!("a router addresses at most {} instances", crate::index::MAX_SLOTS),
+            });
+        }
         if slot == self.slots.len() {
             self.slots.push(None);
             self.generations.push(0);

@@ -157,8 +157,10 @@ pub struct RouterStats {
     pub index: IndexStats,
     /// Blocks each live instance holds, by name in slot order.
     pub local_blocks: Vec<(Arc<str>, usize)>,
-    /// Estimated heap bytes of the index.
+    /// Heap bytes of the index.
     pub index_bytes: usize,
+    /// Heap bytes of the index by component (see `KvIndex::memory_breakdown`).
+    pub index_breakdown: Vec<(&'static str, usize)>,
 }
 
 /// The routing core. `Send + Sync`: share it behind an `Arc` between threads.
@@ -597,6 +599,7 @@ impl Router {
             index,
             local_blocks,
             index_bytes: g.index.memory_bytes(),
+            index_breakdown: g.index.memory_breakdown().to_vec(),
         }
     }
 }

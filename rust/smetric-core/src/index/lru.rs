@@ -142,6 +142,10 @@ impl RunLru {
             self.queued -= before - run.ids.len();
             left = left.saturating_sub(before);
             if !run.ids.is_empty() {
+                // A run that lost most of its ids gives the memory back.
+                if run.ids.capacity() > 2 * run.ids.len() + 16 {
+                    run.ids.shrink_to_fit();
+                }
                 self.cleaned.push_back(run);
             }
         }
@@ -193,7 +197,21 @@ impl RunLru {
             .flat_map(|r| r.ids.iter().map(move |&e| (r.seq, e)))
     }
 
-    /// Ids queued, stale included (for memory accounting).
+    /// Heap bytes held (run structs and id buffers, by capacity).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let runs = self.cleaned.capacity() + self.pending.capacity() + self.recent.capacity();
+        let ids: usize = self
+            .cleaned
+            .iter()
+            .chain(&self.pending)
+            .chain(&self.recent)
+            .map(|r| r.ids.capacity())
+            .sum();
+        runs * std::mem::size_of::<Run>() + ids * std::mem::size_of::<u32>()
+    }
+
+    /// Ids queued, stale included.
+    #[cfg(test)]
     pub(crate) fn queued(&self) -> usize {
         self.queued
     }

@@ -35,8 +35,14 @@ use lru::RunLru;
 
 use crate::ids::BlockHash;
 
-/// Marks "the global tier does not hold this entry" and "no inline instance holder".
+/// Marks "the global tier does not hold this entry" and "no child yet".
 const NOT_HELD: u32 = u32::MAX;
+/// `Entry::inline_slot` when no instance holds the block inline.
+const NO_SLOT: u16 = u16::MAX;
+/// `Entry::inline_slot` of a slab slot on the free list.
+const FREE_ENTRY: u16 = u16::MAX - 1;
+/// Instance slots the index can address (slot numbers must stay below [`FREE_ENTRY`]).
+pub const MAX_SLOTS: u32 = FREE_ENTRY as u32;
 
 /// Hasher for keys that are already hashes or small ids: one multiply, high bits folded
 /// down, so that hashbrown's control bytes (top 7 bits) stay well spread even for the
@@ -75,24 +81,30 @@ pub enum Holder {
     Global,
 }
 
+/// One indexed block: 24 bytes.
 #[derive(Debug)]
 struct Entry {
     hash: BlockHash,
     /// Sequence number of the global tier's current touch, or [`NOT_HELD`].
     global_seq: u32,
-    /// The first instance that held this block keeps its sequence number inline, so that a
-    /// touch of a single-holder block needs no map access; other holders use their map.
-    inline_slot: u32,
     /// Sequence number of `inline_slot`'s current touch.
     inline_seq: u32,
     /// The child most recently touched after this block: a query that follows it (and checks
-    /// the child's hash) walks a chain through the slab instead of the hash map.
+    /// the child's hash) walks a chain through the slab instead of the hash table.
     last_child: u32,
+    /// The first instance that held this block keeps its sequence number inline, so that a
+    /// touch of a single-holder block needs no map access; other holders use their map.
+    /// [`NO_SLOT`] when none, [`FREE_ENTRY`] while the slab slot is on the free list.
+    inline_slot: u16,
     /// Distinct child blocks created under this block (saturating); a shared system prompt's
     /// last block has many, a session's latest turn none. Drives turn inference.
     children: u16,
-    /// False while the slab slot is on the free list.
-    live: bool,
+}
+
+impl Entry {
+    fn live(&self) -> bool {
+        self.inline_slot != FREE_ENTRY
+    }
 }
 
 #[derive(Debug, Default)]
@@ -146,7 +158,8 @@ pub struct IndexStats {
 #[derive(Debug)]
 pub struct KvIndex {
     limits: IndexLimits,
-    by_hash: MixMap<BlockHash, u32>,
+    /// Entry ids keyed by their block hash (the hash lives in the entry, not twice).
+    by_hash: hashbrown::HashTable<u32>,
     entries: Vec<Entry>,
     free_entries: Vec<u32>,
     /// `words` u64 per entry: the instance bitset.
@@ -168,7 +181,7 @@ impl KvIndex {
     pub fn new(limits: IndexLimits) -> Self {
         Self {
             limits,
-            by_hash: MixMap::default(),
+            by_hash: hashbrown::HashTable::new(),
             entries: Vec::new(),
             free_entries: Vec::new(),
             bits: Vec::new(),
@@ -233,7 +246,7 @@ impl KvIndex {
     fn seq_of(&self, holder: Holder, e: u32) -> Option<u32> {
         let entry = &self.entries[e as usize];
         match holder {
-            Holder::Instance(s) if entry.inline_slot == s => Some(entry.inline_seq),
+            Holder::Instance(s) if u32::from(entry.inline_slot) == s => Some(entry.inline_seq),
             Holder::Instance(s) => self.instances[s as usize].seqs.get(&e).copied(),
             Holder::Global => (entry.global_seq != NOT_HELD).then_some(entry.global_seq),
         }
@@ -266,11 +279,11 @@ impl KvIndex {
         let entry = &mut self.entries[e as usize];
         match holder {
             Holder::Instance(s) => {
-                let added = if entry.inline_slot == s {
+                let added = if u32::from(entry.inline_slot) == s {
                     entry.inline_seq = seq;
                     false
-                } else if entry.inline_slot == NOT_HELD && !self.instances[s as usize].seqs.contains_key(&e) {
-                    entry.inline_slot = s;
+                } else if entry.inline_slot == NO_SLOT && !self.instances[s as usize].seqs.contains_key(&e) {
+                    entry.inline_slot = s as u16;
                     entry.inline_seq = seq;
                     true
                 } else {
@@ -296,8 +309,8 @@ impl KvIndex {
         let entry = &mut self.entries[e as usize];
         match holder {
             Holder::Instance(s) => {
-                if entry.inline_slot == s {
-                    entry.inline_slot = NOT_HELD;
+                if u32::from(entry.inline_slot) == s {
+                    entry.inline_slot = NO_SLOT;
                 } else {
                     self.instances[s as usize].seqs.remove(&e);
                 }
@@ -315,26 +328,29 @@ impl KvIndex {
             && self.bits[base..base + self.words].iter().all(|&w| w == 0);
         if unheld {
             let entry = &mut self.entries[e as usize];
-            entry.live = false;
+            entry.inline_slot = FREE_ENTRY;
             let hash = entry.hash;
-            self.by_hash.remove(&hash);
+            if let Ok(found) = self.by_hash.find_entry(table_hash(hash), |&id| id == e) {
+                found.remove();
+            }
             self.free_entries.push(e);
         }
     }
 
     fn entry_of(&self, hash: BlockHash) -> Option<u32> {
-        self.by_hash.get(&hash).copied()
+        self.by_hash
+            .find(table_hash(hash), |&id| self.entries[id as usize].hash == hash)
+            .copied()
     }
 
     fn create_entry(&mut self, hash: BlockHash) -> u32 {
         let entry = Entry {
             hash,
             global_seq: NOT_HELD,
-            inline_slot: NOT_HELD,
             inline_seq: 0,
             last_child: NOT_HELD,
+            inline_slot: NO_SLOT,
             children: 0,
-            live: true,
         };
         let id = if let Some(id) = self.free_entries.pop() {
             self.entries[id as usize] = entry;
@@ -342,11 +358,20 @@ impl KvIndex {
             self.bits[base..base + self.words].fill(0);
             id
         } else {
+            // Grow by an eighth, not by doubling: the slab sits at the sum of the capacities for
+            // a router's whole life, so doubling would waste up to half of it.
+            if self.entries.len() == self.entries.capacity() {
+                let more = (self.entries.len() / 8).max(1024);
+                self.entries.reserve_exact(more);
+                self.bits.reserve_exact(more * self.words);
+            }
             self.entries.push(entry);
             self.bits.resize(self.bits.len() + self.words, 0);
             (self.entries.len() - 1) as u32
         };
-        self.by_hash.insert(hash, id);
+        let entries = &self.entries;
+        self.by_hash
+            .insert_unique(table_hash(hash), id, |&x| table_hash(entries[x as usize].hash));
         id
     }
 
@@ -407,7 +432,7 @@ impl KvIndex {
     /// Whether `e` is a live entry for `hash` (a cached id may have been freed or reused).
     #[inline]
     fn names(&self, e: u32, hash: BlockHash) -> bool {
-        self.entries.get(e as usize).is_some_and(|x| x.live && x.hash == hash)
+        self.entries.get(e as usize).is_some_and(|x| x.live() && x.hash == hash)
     }
 
     /// The entry id of `run[i]`, reusing `hint[i]` when it still names that live block.
@@ -610,20 +635,47 @@ impl KvIndex {
         }
     }
 
-    /// Estimated heap bytes of the index (container capacities × element sizes).
-    pub fn memory_bytes(&self) -> usize {
+    /// Heap bytes of the index by component, from the containers' capacities.
+    pub fn memory_breakdown(&self) -> [(&'static str, usize); 6] {
         use std::mem::size_of;
-        // hashbrown: one control byte per bucket plus the (key, value) slot.
-        let map_bytes = |cap: usize, slot: usize| cap * (slot + 1);
-        let mut total = map_bytes(self.by_hash.capacity(), size_of::<(BlockHash, u32)>())
-            + self.entries.capacity() * size_of::<Entry>()
-            + self.bits.capacity() * 8
-            + self.global_lru.queued() * size_of::<u32>();
-        for h in &self.instances {
-            total += map_bytes(h.seqs.capacity(), size_of::<(u32, u32)>()) + h.lru.queued() * size_of::<u32>();
-        }
-        total
+        // hashbrown: one control byte per bucket plus the slot; buckets = capacity · 8/7.
+        let table_bytes = |cap: usize, slot: usize| cap * 8 / 7 * (slot + 1);
+        let seqs: usize = self
+            .instances
+            .iter()
+            .map(|h| table_bytes(h.seqs.capacity(), size_of::<(u32, u32)>()))
+            .sum();
+        let runs: usize =
+            self.instances.iter().map(|h| h.lru.heap_bytes()).sum::<usize>() + self.global_lru.heap_bytes();
+        [
+            ("hash_table", table_bytes(self.by_hash.capacity(), size_of::<u32>())),
+            (
+                "entries",
+                self.entries.capacity() * size_of::<Entry>() + self.free_entries.capacity() * size_of::<u32>(),
+            ),
+            ("holder_bits", self.bits.capacity() * 8),
+            ("extra_holder_maps", seqs),
+            ("lru_runs", runs),
+            ("entry_count", self.by_hash.len()),
+        ]
     }
+
+    /// Heap bytes of the index (sum of [`KvIndex::memory_breakdown`] without the count).
+    pub fn memory_bytes(&self) -> usize {
+        self.memory_breakdown()
+            .iter()
+            .filter(|(k, _)| *k != "entry_count")
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+/// Hash of a block hash for the entry table: block hashes from xxh3 are already uniform,
+/// but trace ids are small sequential integers, hence the multiply-fold.
+#[inline]
+fn table_hash(hash: BlockHash) -> u64 {
+    let m = hash.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    m ^ (m >> 29)
 }
 
 #[cfg(test)]
