@@ -119,9 +119,12 @@ def main() -> None:
     print("\nplain-Python reference (lists), same calls")
     for policy in ("smetric", "lmetric") if not args.quick else ("smetric",):
         for size in ("1K", "32K"):
-            ref50, ref99 = bench_reference(policy, size, max(calls // 20, 20))
+            ref50, _ = bench_reference(policy, size, max(calls // 20, 20))
             rust50, _ = bench_policy(policy, size, "numpy", calls)
-            print(f"{policy:<12} {size:>5} reference p50 {ref50:>9.1f} µs  rust p50 {rust50:>7.1f} µs  x{ref50 / rust50:.0f}")
+            print(
+                f"{policy:<12} {size:>5} reference p50 {ref50:>9.1f} µs  "
+                f"rust p50 {rust50:>7.1f} µs  x{ref50 / rust50:.0f}"
+            )
     one = threads_throughput(1)
     two = threads_throughput(2)
     print(f"\nthroughput, 32K-token smetric routes: 1 thread {one:,.0f}/s, 2 threads {two:,.0f}/s (x{two / one:.2f})")
