@@ -10,6 +10,7 @@ turns sharing a 4K-token system prompt, routed through ``Router`` with lifecycle
 from __future__ import annotations
 
 import pytest
+
 from smetric import RouterConfig
 from smetric.demo import FleetReport, SessionWorkload, run_fleet
 

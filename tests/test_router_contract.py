@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 import smetric
 from smetric import Router, RouterConfig
 

@@ -27,7 +27,9 @@ const PROMPT_BLOCKS: u64 = 2_048;
 const INDEXED_ENTRIES: u64 = 1_000_000;
 
 fn tokens(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(salt) % 151_936).collect()
+    (0..n as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(salt) % 151_936)
+        .collect()
 }
 
 fn bench_hash(c: &mut Criterion) {
@@ -43,7 +45,11 @@ fn bench_hash(c: &mut Criterion) {
 /// An index with `INDEXED_ENTRIES` (block, instance) entries: distinct 2,048-block chains
 /// spread round-robin over the instances. Chain `k` uses hashes `k·2^32 + i`.
 fn filled_index(instances: u32) -> KvIndex {
-    let mut ix = KvIndex::new(IndexLimits { local_capacity: 1 << 30, global_capacity: 0, local_ttl_ms: None });
+    let mut ix = KvIndex::new(IndexLimits {
+        local_capacity: 1 << 30,
+        global_capacity: 0,
+        local_ttl_ms: None,
+    });
     for s in 0..instances {
         ix.add_slot(s);
     }
@@ -61,8 +67,15 @@ fn bench_query(c: &mut Criterion) {
         let mut ix = filled_index(instances);
         let hit: Vec<BlockHash> = (0..PROMPT_BLOCKS).map(|i| BlockHash((7 << 32) + i)).collect();
         let miss: Vec<BlockHash> = (0..PROMPT_BLOCKS).map(|i| BlockHash((u64::MAX >> 1) - i)).collect();
-        let partial: Vec<BlockHash> =
-            (0..PROMPT_BLOCKS).map(|i| BlockHash(if i < PROMPT_BLOCKS / 2 { (7 << 32) + i } else { u64::MAX - i })).collect();
+        let partial: Vec<BlockHash> = (0..PROMPT_BLOCKS)
+            .map(|i| {
+                BlockHash(if i < PROMPT_BLOCKS / 2 {
+                    (7 << 32) + i
+                } else {
+                    u64::MAX - i
+                })
+            })
+            .collect();
         let mut out = IndexQuery::default();
         for (label, chain) in [("hit", &hit), ("miss", &miss), ("partial", &partial)] {
             g.bench_with_input(BenchmarkId::new(label, instances), chain, |b, chain| {
@@ -118,14 +131,18 @@ fn bench_route(c: &mut Criterion) {
         let router = Router::new(&names, PolicyKind::Smetric, 16, 0, RouterConfig::default()).expect("valid router");
         // Warm: 256 sessions' prompts indexed, and the benchmarked prompt routed once.
         for s in 0..256 {
-            let d = router.route(&RouteRequest::new(Prompt::Tokens(&tokens(n, s)))).expect("route");
+            let d = router
+                .route(&RouteRequest::new(Prompt::Tokens(&tokens(n, s))))
+                .expect("route");
             router.on_finished(d.request_id, 0);
         }
         let prompt = tokens(n, 7);
         g.throughput(Throughput::Elements(n as u64));
         g.bench_function(BenchmarkId::new(label, 32), |b| {
             b.iter(|| {
-                let d = router.route(&RouteRequest::new(Prompt::Tokens(black_box(&prompt)))).expect("route");
+                let d = router
+                    .route(&RouteRequest::new(Prompt::Tokens(black_box(&prompt))))
+                    .expect("route");
                 router.on_finished(d.request_id, 0);
                 d.instance
             });
@@ -135,7 +152,10 @@ fn bench_route(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(30)
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30)
 }
 
 criterion_group! { name = benches; config = config(); targets = bench_hash, bench_query, bench_select, bench_route }
