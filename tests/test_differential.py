@@ -109,6 +109,7 @@ class CaseSpec:
     block_size: int
     seed: int
     config: dict[str, Any]
+    hot: bool = False  # a few sessions re-sent over and over: many stale LRU copies, few evictions
 
     def build(self, router_cls: Callable[..., Any], config_cls: Callable[..., Any]) -> Any:
         return router_cls(
@@ -336,7 +337,13 @@ class StreamGen:
         self.staleness = spec.config["engine_load_staleness_s"]
         self.now = rnd.choice([0.0, 0.0, rnd.uniform(0, 100), float(rnd.randrange(1000))])
         b = self.block
-        self.systems = [self._tokens(rnd.randrange(0, 6 * b + 1) + rnd.randrange(b)) for _ in range(rnd.randint(1, 4))]
+
+        def system_len() -> int:
+            if spec.hot:  # long shared prompts: many blocks per re-send
+                return rnd.randrange(40, 120)
+            return rnd.randrange(0, 6 * b + 1) + rnd.randrange(b)
+
+        self.systems = [self._tokens(system_len()) for _ in range(rnd.randint(1, 4))]
         self.synthetic_prefixes = [[rnd.randrange(U64) for _ in range(rnd.randint(0, 5))] for _ in range(2)]
         self.sessions: list[Session] = []
         self.inflight: dict[int, InFlight] = {}
@@ -424,13 +431,15 @@ class StreamGen:
 
     def _pick_session(self) -> Session:
         rnd = self.rnd
-        if not self.sessions or rnd.random() < 0.3:
+        if not self.sessions or rnd.random() < (0.02 if self.spec.hot else 0.3):
             s = self._new_session()
             self.sessions.append(s)
             if len(self.sessions) > 12:
                 self.sessions.pop(0)
             return s
         s = rnd.choice(self.sessions)
+        if self.spec.hot and rnd.random() < 0.9:
+            return s  # re-sent unchanged (a retry storm): its blocks are touched again
         if rnd.random() < 0.1:  # fork (a retry or a sub-agent): shares the whole history
             s = Session(list(s.tokens), list(s.chain), s.synthetic, s.namespace, s.turns, list(s.roles))
             self.sessions.append(s)
@@ -667,13 +676,19 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
         }
     names = BIG_NAMES if case % 16 == 15 else NAMES
     count = rnd.randint(63, 70) if names is BIG_NAMES else rnd.randint(1, 5)
+    hot = case % 16 == 7
+    if hot:  # room for the hot set, so blocks are re-touched far more often than evicted
+        config["local_capacity_blocks"] = rnd.randint(150, 400)
+        config["global_capacity_blocks"] = rnd.choice([0, 500])
+        count = rnd.randint(1, 2)
     return CaseSpec(
         instances=names[:count],
         names=names,
         policy=policy,
-        block_size=rnd.randint(1, 8),
+        block_size=rnd.randint(1, 2) if hot else rnd.randint(1, 8),
         seed=rnd.randrange(U64),
         config=config,
+        hot=hot,
     )
 
 
