@@ -396,6 +396,11 @@ impl PyRouter {
         d.set_item("index_global_blocks", s.index.global_blocks)?;
         d.set_item("index_evictions", s.index.evictions)?;
         d.set_item("index_bytes", s.index_bytes)?;
+        let breakdown = PyDict::new(py);
+        for (component, bytes) in &s.index_breakdown {
+            breakdown.set_item(*component, bytes)?;
+        }
+        d.set_item("index_breakdown", breakdown)?;
         Ok(d)
     }
 
