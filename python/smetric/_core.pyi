@@ -10,6 +10,7 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "Decision",
     "IndexHits",
+    "KvEventIngestor",
     "Router",
     "RouterConfig",
     "__version__",
@@ -260,3 +261,42 @@ def vllm_block_hashes(
 
 def vllm_event_hash(digest: bytes) -> int:
     """The 64-bit int vLLM publishes in KV events for a digest (its last 8 bytes, big-endian)."""
+
+_IngestStep: TypeAlias = tuple[int | None, bool, str | None]
+
+@final
+class KvEventIngestor:
+    """Applies vLLM KV-cache events (raw ZMQ frames) to a router's index.
+
+    Sources are publishers (one per engine / data-parallel rank), each feeding one instance.
+    ``on_message`` and the replay calls return ``(replay_from, replay_done, error)``: send a
+    replay request from ``replay_from`` when it is not None, stop waiting for the replay when
+    ``replay_done``, and ``error`` describes a dropped message (already counted in ``stats()``).
+    The socket loop is :class:`smetric.events.KvEventSubscriber`; semantics: ``docs/kv-events.md``.
+
+    Raises:
+        InvalidArgumentError: a negative limit, or a source id that was never issued or was removed.
+    """
+
+    def __new__(cls, router: Router, *, max_mapped_blocks: int = 262144, max_pending_batches: int = 10000) -> Self: ...
+    @property
+    def router(self) -> Router:
+        """The router whose index this ingestor feeds."""
+    def add_source(self, instance: str, *, replay: bool = False) -> int:
+        """Registers a publisher feeding ``instance`` (``replay``: it has a replay endpoint)."""
+    def remove_source(self, source: int) -> None:
+        """Unregisters a source and removes what it put in the index."""
+    def reset_source(self, source: int) -> None:
+        """Removes what a source put in the index and forgets its sequence state."""
+    def on_message(self, source: int, frames: Sequence[bytes]) -> _IngestStep:
+        """Hands in one PUB message ``[topic, seq, payload]``."""
+    def on_replay_reply(self, source: int, frames: Sequence[bytes]) -> _IngestStep:
+        """Hands in one reply received on the source's replay DEALER (either reply layout)."""
+    def on_replay_failed(self, source: int) -> _IngestStep:
+        """The source's replay timed out: resume from the held-back batches."""
+    def stats(self, source: int | None = None) -> dict[str, Any]:
+        """Counters of one source, or of all sources (names in ``docs/kv-events.md``)."""
+
+# --- cluster simulator (rust/smetric-py/src/sim.rs; typed facade: smetric.sim) ---
+
+_Path: TypeAlias = str | os.PathLike[str]

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 mod config;
 mod convert;
 mod errors;
+mod events;
 mod router;
 mod vllm;
 
@@ -22,5 +23,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_BLOCK_SIZE", smetric_core::DEFAULT_BLOCK_SIZE)?;
     vllm::register(m)?;
+    events::register(m)?;
     Ok(())
 }

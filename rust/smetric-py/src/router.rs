@@ -138,6 +138,13 @@ fn tier(name: &str) -> PyResult<Tier> {
     }
 }
 
+impl PyRouter {
+    /// The core router, for the other binding modules (the KV-event ingestor feeds it directly).
+    pub(crate) fn core(&self) -> &Arc<Router> {
+        &self.inner
+    }
+}
+
 #[pymethods]
 impl PyRouter {
     #[new]

@@ -26,6 +26,13 @@
 //! Invariants: decoding never panics; malformed input is a typed [`DecodeError`]; allocations
 //! are bounded by the input length and [`DecodeOptions`]. Complexity: O(payload size).
 //!
+//! # Ingestion ([`ingest`])
+//! [`Ingestor`] applies decoded event streams of many publishers to a `smetric_core::Router`
+//! (any [`IndexSink`]): engine hashes are mapped to smetric's own block hashes through the
+//! token ids of `BlockStored`, GPU blocks go to the instance's tier and CPU/STORAGE blocks to
+//! the global tier, and sequence gaps trigger a replay or a reset of the source. Counters:
+//! [`IngestStats`]. The socket loop lives in Python (`smetric.events`).
+//!
 //! ```
 //! use smetric_vllm::{BlockHasher, HashAlgo, RequestKeys};
 //!
@@ -41,6 +48,7 @@ mod cbor;
 pub mod events;
 pub mod frames;
 pub mod hash;
+pub mod ingest;
 mod msgpack;
 mod obj;
 mod pickle;
@@ -54,3 +62,4 @@ pub use hash::{
     BlockDigest, BlockHasher, DEFAULT_NONE_HASH_SEED, ExtraKey, HashAlgo, HashError, LoraKey, MmPlaceholder,
     RequestKeys, event_hash, none_hash,
 };
+pub use ingest::{IndexSink, IngestConfig, IngestStats, Ingestor, SinkError, SourceId, Step, UnknownSource};

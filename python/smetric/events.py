@@ -1,0 +1,362 @@
+"""vLLM KV-cache events → the router's index.
+
+A :class:`KvEventSubscriber` subscribes to the ``ZmqEventPublisher`` of every engine (one
+:class:`KvEventSource` per data-parallel rank), and hands each raw multipart message to the Rust
+:class:`smetric._core.KvEventIngestor`, which decodes it, keeps the sequence numbers, maps engine
+block hashes to smetric's own through the published token ids, and stores or removes blocks in
+the router (GPU → the instance's tier, CPU/STORAGE → the global tier). A sequence gap is filled by
+a replay from the engine's replay endpoint when there is one, otherwise the source is reset.
+
+One thread serves all sources with a ``zmq.Poller``; :meth:`KvEventSubscriber.stop` ends it.
+Why the loop is Python (pyzmq) and the logic Rust, with the measurements: ``docs/kv-events.md``.
+
+    >>> from smetric import Router, RouterConfig
+    >>> from smetric.events import KvEventSource, KvEventSubscriber
+    >>> router = Router(["http://gpu-0:8000"], config=RouterConfig(index_mode="exact"))
+    >>> sources = [KvEventSource("http://gpu-0:8000", "tcp://gpu-0:5557", replay_endpoint="tcp://gpu-0:5558")]
+    >>> with KvEventSubscriber(router, sources) as sub:  # doctest: +SKIP
+    ...     ...  # route; sub.stats() has the counters
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import zmq
+
+from smetric._core import KvEventIngestor, Router
+
+__all__ = ["KvEventSource", "KvEventSubscriber", "discover_sources", "sources_from_config"]
+
+log = logging.getLogger("smetric.events")
+
+_Step = tuple[int | None, bool, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventSource:
+    """One engine's KV-event publisher.
+
+    Attributes:
+        instance: the router instance the engine serves (several ranks may share one).
+        endpoint: the publisher's PUB address to connect to (``tcp://host:5557``); with
+            ``bind=True``, the address the subscriber binds for a publisher configured to connect.
+        replay_endpoint: the publisher's replay ROUTER address, or None (gaps then reset the source).
+        bind: bind the SUB socket instead of connecting it.
+        topic: subscription prefix (vLLM's ``topic``; empty = everything).
+    """
+
+    instance: str
+    endpoint: str
+    replay_endpoint: str | None = None
+    bind: bool = False
+    topic: str = ""
+
+
+def _with_host(endpoint: str, host: str) -> str:
+    """Replaces a wildcard host (``tcp://*:5557``) with ``host``."""
+    if "://*:" in endpoint:
+        return endpoint.replace("://*:", f"://{host}:", 1)
+    return endpoint
+
+
+def sources_from_config(instance: str, configs: dict[str, Any], host: str) -> list[KvEventSource]:
+    """Sources from vLLM's ``GET /kv_event_sources`` answer (``{dp_rank: KVEventsConfig}``).
+
+    Args:
+        instance: the router instance every rank feeds.
+        configs: the decoded JSON; ranks whose publisher is not ``"zmq"`` are skipped.
+        host: the engine's host, substituted for a wildcard (``*``) in the endpoints.
+
+    Returns:
+        One source per rank, in rank order. A PUB endpoint without a wildcard means the engine
+        connects to the router, so that source binds.
+    """
+    out = []
+    for _, cfg in sorted(configs.items(), key=lambda kv: int(kv[0])):
+        if not cfg.get("enable_kv_cache_events") or cfg.get("publisher") != "zmq":
+            continue
+        endpoint = str(cfg["endpoint"])
+        binds = not ("*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")))
+        replay = cfg.get("replay_endpoint")
+        out.append(
+            KvEventSource(
+                instance=instance,
+                endpoint=endpoint if binds else _with_host(endpoint, host),
+                replay_endpoint=None if replay is None else _with_host(str(replay), host),
+                bind=binds,
+                topic=str(cfg.get("topic") or ""),
+            )
+        )
+    return out
+
+
+def discover_sources(instance: str, base_url: str | None = None, *, timeout: float = 2.0) -> list[KvEventSource]:
+    """Asks a vLLM API server for its publishers (``GET {base_url}/kv_event_sources``).
+
+    Args:
+        instance: the router instance; also the base URL when ``base_url`` is None.
+        base_url: the API server, e.g. ``http://gpu-0:8000``.
+        timeout: seconds for the HTTP request.
+
+    Raises:
+        OSError: the server could not be reached; ValueError: the answer is not a JSON object.
+    """
+    url = (base_url or instance).rstrip("/")
+    with urllib.request.urlopen(f"{url}/kv_event_sources", timeout=timeout) as resp:
+        configs = json.loads(resp.read())
+    if not isinstance(configs, dict):
+        raise ValueError(f"{url}/kv_event_sources returned {type(configs).__name__}, not an object")
+    host = urllib.parse.urlsplit(url).hostname or "127.0.0.1"
+    return sources_from_config(instance, configs, host)
+
+
+class _Errors:
+    """Logs decode errors per source: the first one, then a summary at most every ``every_s``."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self.last: dict[int, float] = {}
+        self.muted: dict[int, int] = {}
+
+    def report(self, source: int, what: KvEventSource, error: str) -> None:
+        now = time.monotonic()
+        if now - self.last.get(source, -self.every_s) < self.every_s:
+            self.muted[source] = self.muted.get(source, 0) + 1
+            return
+        muted = self.muted.pop(source, 0)
+        more = f" ({muted} more since the last report)" if muted else ""
+        log.warning("KV event from %s (%s) dropped: %s%s", what.endpoint, what.instance, error, more)
+        self.last[source] = now
+
+
+class KvEventSubscriber:
+    """Feeds a router's index from the KV events of its engines, on one background thread.
+
+    Arguments:
+        router: the router whose index is fed (use ``index_mode="exact"`` so only events change it).
+        sources: the publishers; see :func:`discover_sources`.
+        replay_timeout_s: a replay without a reply for this long is given up (the source is reset).
+        poll_interval_s: how often the thread checks for :meth:`stop` when idle.
+        max_message_bytes: larger messages are dropped by ZMQ (a bound on memory).
+        rcvhwm: messages ZMQ queues per socket before it drops (drops become gaps).
+        max_mapped_blocks: engine blocks mapped per source (:class:`KvEventIngestor`).
+        max_pending_batches: live batches held back per source while a replay runs.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        sources: Sequence[KvEventSource],
+        *,
+        replay_timeout_s: float = 5.0,
+        poll_interval_s: float = 0.1,
+        max_message_bytes: int = 64 << 20,
+        rcvhwm: int = 100_000,
+        max_mapped_blocks: int = 1 << 18,
+        max_pending_batches: int = 10_000,
+    ) -> None:
+        if replay_timeout_s <= 0 or poll_interval_s <= 0:
+            raise ValueError("replay_timeout_s and poll_interval_s must be > 0")
+        self.router = router
+        self.sources = list(sources)
+        self.ingestor = KvEventIngestor(
+            router, max_mapped_blocks=max_mapped_blocks, max_pending_batches=max_pending_batches
+        )
+        self._ids = [self.ingestor.add_source(s.instance, replay=s.replay_endpoint is not None) for s in self.sources]
+        self.replay_timeout_s = replay_timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.max_message_bytes = max_message_bytes
+        self.rcvhwm = rcvhwm
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._loop_errors = 0
+        self._errors = _Errors()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 5.0) -> Self:
+        """Starts the thread; returns once every socket is bound or connected.
+
+        Raises:
+            RuntimeError: already started, or the sockets could not be set up in ``timeout``.
+            zmq.ZMQError: an endpoint could not be bound or connected.
+        """
+        if self._thread is not None:
+            raise RuntimeError("KvEventSubscriber already started")
+        self._thread = threading.Thread(target=self._run, name="smetric-kv-events", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            self.stop()
+            raise RuntimeError(f"KV-event sockets not ready after {timeout} s")
+        if self._startup_error is not None:
+            self._thread.join(timeout)
+            raise self._startup_error
+        return self
+
+    def stop(self, timeout: float = 5.0, *, clear: bool = False) -> None:
+        """Stops the thread and closes the sockets (idempotent).
+
+        Args:
+            timeout: seconds to wait for the thread.
+            clear: also remove every block the sources put in the index.
+        """
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the KV-event thread did not stop within %s s", timeout)
+        if clear:
+            for sid in self._ids:
+                self.ingestor.reset_source(sid)
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def __enter__(self) -> Self:
+        """Starts the subscriber unless it already runs."""
+        return self if self._thread is not None else self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def stats(self) -> dict[str, Any]:
+        """The ingestor's counters summed over sources, plus ``sources`` (one dict per source,
+        with its ``instance`` and ``endpoint``), ``loop_errors`` and ``running``."""
+        out: dict[str, Any] = self.ingestor.stats()
+        out["sources"] = [
+            {"instance": s.instance, "endpoint": s.endpoint, **self.ingestor.stats(sid)}
+            for s, sid in zip(self.sources, self._ids, strict=True)
+        ]
+        out["loop_errors"] = self._loop_errors
+        out["running"] = self.running
+        return out
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def _socket(self, ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:
+        sock = ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        return sock
+
+    def _dealer(self, ctx: zmq.Context[zmq.Socket[bytes]], index: int) -> zmq.Socket[bytes]:
+        sock = self._socket(ctx, zmq.DEALER)
+        endpoint = self.sources[index].replay_endpoint
+        assert endpoint is not None
+        sock.connect(endpoint)
+        return sock
+
+    def _run(self) -> None:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        subs: list[zmq.Socket[bytes]] = []
+        dealers: dict[int, zmq.Socket[bytes]] = {}
+        poller = zmq.Poller()
+        try:
+            try:
+                for i, source in enumerate(self.sources):
+                    sub = self._socket(ctx, zmq.SUB)
+                    sub.setsockopt(zmq.SUBSCRIBE, source.topic.encode())
+                    if source.bind:
+                        sub.bind(source.endpoint)
+                    else:
+                        sub.connect(source.endpoint)
+                    subs.append(sub)
+                    poller.register(sub, zmq.POLLIN)
+                    if source.replay_endpoint is not None:
+                        dealers[i] = self._dealer(ctx, i)
+                        poller.register(dealers[i], zmq.POLLIN)
+            except BaseException as e:
+                self._startup_error = e
+                return
+            finally:
+                self._ready.set()
+            self._loop(ctx, poller, subs, dealers)
+        finally:
+            ctx.destroy(linger=0)  # closes every socket of the context, a half-set-up one included
+
+    def _loop(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        poller: zmq.Poller,
+        subs: list[zmq.Socket[bytes]],
+        dealers: dict[int, zmq.Socket[bytes]],
+    ) -> None:
+        index_of = {id(s): i for i, s in enumerate(subs)}
+        dealer_of = {id(s): i for i, s in dealers.items()}
+        deadlines: dict[int, float] = {}
+        timeout_ms = max(1, int(self.poll_interval_s * 1000))
+        while not self._stop.is_set():
+            for sock, _ in poller.poll(timeout_ms):
+                # Drain a bounded number per socket and round, so no source starves the others.
+                for _ in range(256):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if id(sock) in index_of:
+                        i = index_of[id(sock)]
+                        step = self._call(i, self.ingestor.on_message, frames)
+                    else:
+                        i = dealer_of[id(sock)]
+                        step = self._call(i, self.ingestor.on_replay_reply, frames)
+                        deadlines[i] = time.monotonic() + self.replay_timeout_s
+                    self._after(i, step, deadlines, dealers)
+            now = time.monotonic()
+            for i, deadline in list(deadlines.items()):
+                if now >= deadline:
+                    log.warning("replay from %s timed out; resetting the source", self.sources[i].replay_endpoint)
+                    self._after(i, self.ingestor.on_replay_failed(self._ids[i]), deadlines, dealers)
+                    # Replies still queued for the abandoned replay go with the old socket.
+                    poller.unregister(dealers[i])
+                    dealers[i].close(linger=0)
+                    dealers[i] = self._dealer(ctx, i)
+                    dealer_of = {id(s): j for j, s in dealers.items()}
+                    poller.register(dealers[i], zmq.POLLIN)
+
+    def _call(self, i: int, method: Callable[[int, list[bytes]], _Step], frames: list[bytes]) -> _Step | None:
+        try:
+            step = method(self._ids[i], frames)
+        except Exception:
+            self._loop_errors += 1
+            log.exception("KV event from %s could not be ingested", self.sources[i].endpoint)
+            return None
+        return step
+
+    def _after(
+        self,
+        i: int,
+        step: _Step | None,
+        deadlines: dict[int, float],
+        dealers: dict[int, zmq.Socket[bytes]],
+    ) -> None:
+        if step is None:
+            return
+        replay_from, replay_done, error = step
+        if error is not None:
+            self._errors.report(i, self.sources[i], error)
+        if replay_done:
+            deadlines.pop(i, None)
+        if replay_from is not None:
+            log.info("sequence gap from %s: replaying from %d", self.sources[i].endpoint, replay_from)
+            try:
+                dealers[i].send_multipart([b"", replay_from.to_bytes(8, "big")], zmq.NOBLOCK)
+                deadlines[i] = time.monotonic() + self.replay_timeout_s
+            except zmq.ZMQError:
+                self._after(i, self.ingestor.on_replay_failed(self._ids[i]), deadlines, dealers)

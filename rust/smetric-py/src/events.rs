@@ -1,0 +1,162 @@
+//! `KvEventIngestor`: the binding of `smetric_vllm::Ingestor`, which applies vLLM's KV-cache
+//! events to a router's index. `smetric.events.KvEventSubscriber` owns the ZMQ sockets and hands
+//! each multipart message to it.
+//!
+//! The ingestor writes straight into the core router behind the `smetric.Router` it was given,
+//! with the GIL released: decoding, hash mapping and index updates are all Rust. Calls are
+//! serialised by the ingestor's mutex (taken without holding the GIL while waiting).
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyBytesMethods, PyDict, PyModule};
+use smetric_core::{Router, SmetricError};
+use smetric_vllm::{IngestConfig, IngestStats, Ingestor, SourceId, Step, UnknownSource};
+
+use crate::errors::to_py;
+use crate::router::PyRouter;
+
+/// Applies vLLM KV-cache events (raw ZMQ frames) to a router's index.
+#[pyclass(frozen, module = "smetric._core", name = "KvEventIngestor")]
+pub(crate) struct PyKvEventIngestor {
+    router: Py<PyRouter>,
+    core: Arc<Router>,
+    inner: Mutex<Ingestor>,
+}
+
+fn unknown_source(err: UnknownSource) -> PyErr {
+    to_py(&SmetricError::InvalidArgument {
+        argument: "source",
+        reason: err.to_string(),
+    })
+}
+
+fn non_negative(argument: &'static str, value: i64) -> PyResult<usize> {
+    usize::try_from(value).map_err(|_| {
+        to_py(&SmetricError::InvalidArgument {
+            argument,
+            reason: format!("must be >= 0, got {value}"),
+        })
+    })
+}
+
+/// `(replay_from, replay_done, error)` as Python sees a step.
+type PyStep = (Option<u64>, bool, Option<String>);
+
+fn py_step(step: Step) -> PyStep {
+    (step.replay_from, step.replay_done, step.error.map(|e| e.to_string()))
+}
+
+fn stats_dict<'py>(py: Python<'py>, stats: &IngestStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (name, value) in stats.counters() {
+        d.set_item(name, value)?;
+    }
+    let kinds = PyDict::new(py);
+    for (kind, n) in &stats.decode_errors_by_kind {
+        kinds.set_item(*kind, n)?;
+    }
+    d.set_item("decode_errors_by_kind", kinds)?;
+    Ok(d)
+}
+
+impl PyKvEventIngestor {
+    /// Runs `f` on the ingestor with the core router as its sink, the GIL released.
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Ingestor, &Router) -> Result<T, UnknownSource> + Send,
+    ) -> PyResult<T> {
+        let (inner, core) = (&self.inner, &*self.core);
+        py.detach(|| {
+            let mut ingestor = inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            f(&mut ingestor, core)
+        })
+        .map_err(unknown_source)
+    }
+}
+
+fn frames<'a>(frames: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
+    frames.iter().map(PyBytesMethods::as_bytes).collect()
+}
+
+#[pymethods]
+impl PyKvEventIngestor {
+    #[new]
+    #[pyo3(signature = (router, *, max_mapped_blocks = 262_144, max_pending_batches = 10_000))]
+    fn new(router: &Bound<'_, PyRouter>, max_mapped_blocks: i64, max_pending_batches: i64) -> PyResult<Self> {
+        let config = IngestConfig {
+            max_mapped_blocks: non_negative("max_mapped_blocks", max_mapped_blocks)?.max(1),
+            max_pending_batches: non_negative("max_pending_batches", max_pending_batches)?,
+            ..IngestConfig::default()
+        };
+        Ok(Self {
+            core: router.get().core().clone(),
+            router: router.clone().unbind(),
+            inner: Mutex::new(Ingestor::new(config)),
+        })
+    }
+
+    /// The router whose index this ingestor feeds.
+    #[getter]
+    fn router(&self, py: Python<'_>) -> Py<PyRouter> {
+        self.router.clone_ref(py)
+    }
+
+    /// Registers a publisher feeding ``instance``; returns its source id.
+    #[pyo3(signature = (instance, *, replay = false))]
+    fn add_source(&self, py: Python<'_>, instance: &str, replay: bool) -> PyResult<u32> {
+        self.with(py, |ing, _| Ok(ing.add_source(instance, replay).0))
+    }
+
+    /// Unregisters a source and removes what it put in the index.
+    fn remove_source(&self, py: Python<'_>, source: u32) -> PyResult<()> {
+        self.with(py, |ing, sink| ing.remove_source(sink, SourceId(source)))
+    }
+
+    /// Removes what a source put in the index and forgets its sequence state.
+    fn reset_source(&self, py: Python<'_>, source: u32) -> PyResult<()> {
+        self.with(py, |ing, sink| ing.reset_source(sink, SourceId(source)))
+    }
+
+    /// Hands in one PUB message ``[topic, seq, payload]``.
+    fn on_message(&self, py: Python<'_>, source: u32, frames: Vec<Bound<'_, PyBytes>>) -> PyResult<PyStep> {
+        let frames = self::frames(&frames);
+        self.with(py, |ing, sink| ing.on_message(sink, SourceId(source), &frames))
+            .map(py_step)
+    }
+
+    /// Hands in one reply received on the source's replay DEALER.
+    fn on_replay_reply(&self, py: Python<'_>, source: u32, frames: Vec<Bound<'_, PyBytes>>) -> PyResult<PyStep> {
+        let frames = self::frames(&frames);
+        self.with(py, |ing, sink| ing.on_replay_reply(sink, SourceId(source), &frames))
+            .map(py_step)
+    }
+
+    /// The source's replay timed out: resume from the held-back batches.
+    fn on_replay_failed(&self, py: Python<'_>, source: u32) -> PyResult<PyStep> {
+        self.with(py, |ing, sink| ing.on_replay_failed(sink, SourceId(source)))
+            .map(py_step)
+    }
+
+    /// Counters of one source, or of all sources (then with ``held_local_blocks`` and
+    /// ``held_global_blocks``: what the sources' events hold in the index now).
+    #[pyo3(signature = (source = None))]
+    fn stats<'py>(&self, py: Python<'py>, source: Option<u32>) -> PyResult<Bound<'py, PyDict>> {
+        let (stats, held) = self.with(py, |ing, _| match source {
+            None => Ok((ing.stats(), Some(ing.held_blocks()))),
+            Some(id) => ing.source_stats(SourceId(id)).map(|s| (s, None)),
+        })?;
+        let d = stats_dict(py, &stats)?;
+        if let Some((local, global)) = held {
+            d.set_item("held_local_blocks", local)?;
+            d.set_item("held_global_blocks", global)?;
+        }
+        Ok(d)
+    }
+}
+
+/// Adds `KvEventIngestor` to `smetric._core`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyKvEventIngestor>()
+}

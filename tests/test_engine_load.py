@@ -1,0 +1,174 @@
+"""smetric.engine_load: vLLM 0.33's /metrics text parsed, scraped over loopback HTTP, fed to the router.
+
+``tests/data/vllm/metrics_0.33.0.txt`` was rendered by vLLM 0.33.0's own ``PrometheusStatLogger``
+(scripts/vllm_golden/metrics_text.py): two data-parallel engines, 3+1 running, 2+0 waiting, KV usage
+0.4375 and 0.0625, prefix cache 2048 of 4096 and 0 of 512 tokens hit.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from smetric import Router, RouterConfig
+from smetric.engine_load import EngineLoadScraper, EngineSample, engine_sample, parse_prometheus
+
+METRICS = (Path(__file__).parent / "data" / "vllm" / "metrics_0.33.0.txt").read_text()
+
+
+def test_vllm_metrics_text() -> None:
+    metrics = parse_prometheus(METRICS)
+    running = metrics["vllm:num_requests_running"]
+    assert [(labels["engine"], v) for labels, v in running] == [("0", 3.0), ("1", 1.0)]
+    assert running[0][0]["model_name"] == "Qwen/Qwen3-0.6B"
+    assert len(metrics["vllm:time_to_first_token_seconds_bucket"]) > 10
+    assert engine_sample(METRICS) == EngineSample(
+        running=4,
+        waiting=2,
+        kv_usage=0.4375,
+        prefix_cache_queries=4608.0,
+        prefix_cache_hits=2048.0,
+        external_prefix_cache_queries=0.0,
+        external_prefix_cache_hits=0.0,
+    )
+    assert engine_sample(METRICS, model_name="other") == EngineSample()
+    assert engine_sample(METRICS, model_name="Qwen/Qwen3-0.6B").running == 4
+
+
+def test_parser_edge_cases() -> None:
+    text = "\n".join(
+        [
+            "# HELP x a help line with {braces}",
+            'x{a="q\\"u\\\\o\\n",b=""} 1e3 1700000000000',
+            "y NaN",
+            "z +Inf",
+            "broken{a=1} 2",
+            "novalue{}",
+            'w{a="1",} -2.5',
+            "",
+        ]
+    )
+    m = parse_prometheus(text)
+    assert m["x"] == [({"a": 'q"u\\o\n', "b": ""}, 1000.0)]
+    assert m["z"][0][1] == float("inf") and m["w"] == [({"a": "1"}, -2.5)]
+    assert "broken" not in m and "novalue" not in m
+    # Non-finite and negative gauges never reach the router.
+    assert engine_sample("vllm:num_requests_running NaN\nvllm:kv_cache_usage_perc 1.5\n") == EngineSample(kv_usage=1.0)
+
+
+class Engine:
+    """A loopback HTTP server that answers /metrics and /load like a vLLM API server."""
+
+    def __init__(self) -> None:
+        self.metrics = METRICS
+        self.load: Any = {"server_load": 7}
+        self.status = 200
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    body, kind = engine.metrics.encode(), "text/plain; version=0.0.4"
+                elif self.path == "/load":
+                    body, kind = json.dumps(engine.load).encode(), "application/json"
+                else:
+                    body, kind = b"{}", "application/json"
+                self.send_response(engine.status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    e = Engine()
+    yield e
+    e.close()
+
+
+def test_scrape_feeds_the_router(engine: Engine) -> None:
+    router = Router([engine.url, "down"])
+    scraper = EngineLoadScraper(router, {engine.url: engine.url, "down": "http://127.0.0.1:9"}, timeout_s=0.5)
+    try:
+        samples = scraper.scrape_once()
+        assert samples[engine.url] == engine_sample(METRICS) and samples["down"] is None
+        load = router.load(engine.url)
+        assert (load["running_e"], load["waiting_e"], load["kv_usage"]) == (4, 2, 0.4375)
+        # The counters move: 1024 more queries, 512 more hits on engine 0.
+        engine.metrics = METRICS.replace(
+            'vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 4096.0',
+            'vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 5120.0',
+        ).replace(
+            'vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 2048.0',
+            'vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 2560.0',
+        )
+        scraper.scrape_once()
+        engine.status = 500
+        scraper.scrape_once()
+        stats = scraper.stats()
+    finally:
+        scraper.stop()
+    up, down = stats["instances"][engine.url], stats["instances"]["down"]
+    assert (stats["rounds"], up["ok"], up["errors"], up["prefix_cache_hit_rate"]) == (3, 2, 1, 0.5)
+    assert "HTTPError" in up["last_error"] and up["external_prefix_cache_hit_rate"] is None
+    assert down["errors"] == 3 and down["ok"] == 0
+    assert scraper.last(engine.url) is not None
+
+
+def test_load_endpoint_and_bad_bodies(engine: Engine) -> None:
+    router = Router([engine.url])
+    scraper = EngineLoadScraper(router, endpoint="load")
+    try:
+        assert scraper.scrape_once()[engine.url] == EngineSample(running=7, waiting=0)
+        assert (router.load(engine.url)["running_e"], router.load(engine.url)["waiting_e"]) == (7, 0)
+        engine.load = {"server_load": -1}
+        assert scraper.scrape_once()[engine.url] is None
+        engine.load = ["nope"]
+        assert scraper.scrape_once()[engine.url] is None
+    finally:
+        scraper.stop()
+    assert scraper.stats()["instances"][engine.url]["errors"] == 2
+
+
+def test_the_thread_scrapes_periodically_and_stops(engine: Engine) -> None:
+    router = Router([engine.url], config=RouterConfig(engine_load_staleness_s=0.5))
+    with EngineLoadScraper(router, period_s=0.02) as scraper:
+        deadline = threading.Event()
+        for _ in range(250):
+            if scraper.stats()["rounds"] >= 5:
+                break
+            deadline.wait(0.02)
+    assert scraper.stats()["rounds"] >= 5
+    assert router.load(engine.url)["running_e"] == 4
+
+
+def test_staleness_bound_is_explicit() -> None:
+    router = Router(["a"], config=RouterConfig(engine_load_staleness_s=1.0))
+    with pytest.raises(ValueError, match="period_s"):
+        EngineLoadScraper(router, period_s=1.0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        EngineLoadScraper(router, timeout_s=2.0)
+    with pytest.raises(ValueError, match="endpoint"):
+        EngineLoadScraper(router, endpoint="health")  # type: ignore[arg-type]
+    scraper = EngineLoadScraper(router)
+    assert scraper.timeout_s == 0.5
+    scraper.stop()
