@@ -60,7 +60,7 @@ fn block_events(messages: &[[Vec<u8>; 3]]) -> u64 {
                 .map(|e| match e {
                     KvEvent::BlockStored(s) => s.block_hashes.len() as u64,
                     KvEvent::BlockRemoved(r) => r.block_hashes.len() as u64,
-                    _ => 1,
+                    KvEvent::AllBlocksCleared => 1,
                 })
                 .sum::<u64>()
         })
