@@ -13,7 +13,7 @@ setup:
 	bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
 
 demo: setup
-	$(VENV)/bin/smetric demo
+	$(VENV)/bin/smetric simulate --out results/default
 
 lint-rust:
 	cargo fmt --all --check

@@ -16,7 +16,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp="$venv/.deps-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    "$venv/bin/python" -m pip install --quiet "maturin>=1.8,<2" numpy xxhash pyzmq "pytest>=8" pytest-timeout \
+    "$venv/bin/python" -m pip install --quiet "maturin>=1.8,<2" numpy xxhash pyzmq tqdm matplotlib types-tqdm \
+        "pytest>=8" pytest-timeout \
         pytest-benchmark ruff mypy
     touch "$stamp"
 fi

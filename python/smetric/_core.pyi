@@ -1,5 +1,6 @@
 """Type stubs of ``smetric._core``, the compiled routing core (hand-written, checked by stubtest)."""
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Self, TypeAlias, final
 
@@ -13,7 +14,12 @@ __all__ = [
     "KvEventIngestor",
     "Router",
     "RouterConfig",
+    "Workload",
     "__version__",
+    "load_workload",
+    "sim_config_defaults",
+    "sim_profiles",
+    "simulate",
     "vllm_block_hashes",
     "vllm_event_hash",
 ]
@@ -300,3 +306,99 @@ class KvEventIngestor:
 # --- cluster simulator (rust/smetric-py/src/sim.rs; typed facade: smetric.sim) ---
 
 _Path: TypeAlias = str | os.PathLike[str]
+
+@final
+class Workload:
+    """A loaded trace: immutable, shared by every run without copying its block ids."""
+
+    @property
+    def name(self) -> str:
+        """Short description, e.g. ``"weka(1 file)"``."""
+    @property
+    def block_tokens(self) -> int:
+        """Tokens per block of the hash chains (after any coarsening)."""
+    @property
+    def arrival(self) -> str:
+        """``"closed_loop"`` (sessions), ``"open_loop"`` or ``"gated_open_loop"``."""
+    @property
+    def sessions(self) -> int:
+        """Number of (sub)sessions."""
+    @property
+    def root_sessions(self) -> int:
+        """Number of root sessions (the unit of closed-loop arrivals)."""
+    @property
+    def total_hash_ids(self) -> int:
+        """Block ids stored over all requests."""
+    @property
+    def input_tokens(self) -> int:
+        """Prompt tokens over all requests."""
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens over all requests."""
+    @property
+    def span_s(self) -> float:
+        """Latest trace time of any request, seconds (open loop: the last arrival at 1x)."""
+    def __len__(self) -> int: ...
+    def replicate(self, copies: int, *, seed: int = 0) -> Workload:
+        """``copies`` copies of a closed-loop workload (private block ids per copy, shared
+        system-prompt ids stay shared), root sessions in a seeded random order.
+
+        Raises:
+            InvalidConfigError: ``copies`` is 0 or the workload is open-loop.
+        """
+
+def load_workload(
+    paths: _Path | Sequence[_Path],
+    format: str,
+    *,
+    coarsen: int = ...,
+    shared_prefix: bool = True,
+    gate_on_parent: bool = False,
+) -> Workload:
+    """Loads a trace file (or, for ``"weka"``, several files as one workload).
+
+    Arguments:
+        paths: the trace file(s): JSON Lines, gzipped or not.
+        format: ``"weka"``, ``"bailian"``, ``"mooncake"`` or ``"azure"``.
+        coarsen: Weka only: keep every ``coarsen``-th 64-token id (block = 64·coarsen tokens).
+        shared_prefix: Weka only: share the tool + system-prompt blocks across sessions.
+        gate_on_parent: Bailian only: a child request also waits for its parent to finish.
+
+    Raises:
+        TraceFormatError: a bad record (``path`` and 1-based ``line``).
+        OSError: the file cannot be read (``FileNotFoundError``, …).
+        InvalidArgumentError: an unknown format, or several files for a one-file format.
+        EmptyWorkloadError: no request in the file(s).
+    """
+
+def simulate(
+    workload: Workload,
+    policy: str,
+    *,
+    config: dict[str, Any] | None = None,
+    router: RouterConfig | None = None,
+    slo_variants: Sequence[dict[str, Any]] = ...,
+) -> dict[str, Any]:
+    """Simulates ``workload`` on a vLLM cluster, routing every request with the real router.
+
+    Arguments:
+        workload: a :class:`Workload`.
+        policy: one of ``smetric.POLICIES``.
+        config: ``SimConfig`` fields to override (keys of :func:`sim_config_defaults`;
+            ``global_tier`` and ``slo`` as nested dicts, ``profile`` a built-in name).
+        router: the router's tunables (its capacities are set from the simulated pools).
+        slo_variants: further SLOs to score the same run under (``report["slo_variants"]``).
+
+    Returns:
+        The report: ``SimReport`` field names, plain dicts and lists.
+
+    Raises:
+        UnknownPolicyError, InvalidConfigError, EmptyWorkloadError, SimulationStalledError,
+        SimulationError; TypeError for a value of the wrong type.
+    """
+
+def sim_config_defaults() -> dict[str, Any]:
+    """``SimConfig::default()`` as a dict (the router's defaults are ``RouterConfig()``'s)."""
+
+def sim_profiles() -> list[str]:
+    """Names of the built-in hardware/model profiles."""

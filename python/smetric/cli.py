@@ -1,5 +1,9 @@
 """The ``smetric`` command line.
 
+``smetric simulate`` (the main job) replays an agent trace on a simulated vLLM cluster with
+every policy and compares them; ``smetric sweep`` runs load × policy × seed grids (both in
+:mod:`smetric.sim.commands`).
+
 ``smetric demo`` routes a synthetic agent fleet (sessions sharing a system prompt) through
 every policy, prints the decisions of one session, and a table of where first turns landed,
 how many follow-ups went home and whether turn inference was right.
@@ -13,6 +17,7 @@ from collections.abc import Sequence
 
 from smetric import POLICIES, Decision, RouterConfig, __version__
 from smetric.demo import FleetReport, SessionWorkload, run_fleet
+from smetric.sim import commands as sim_commands
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -75,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--show-session", type=int, default=7, help="print the decisions of this session")
     demo.add_argument("--show", type=int, default=6, help="how many of its decisions to print")
     demo.set_defaults(func=_demo)
+    sim_commands.register(sub)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 __all__ = [
     "DuplicateInstanceError",
+    "EmptyWorkloadError",
     "InvalidArgumentError",
     "InvalidBlockSizeError",
     "InvalidConfigError",
     "InvalidTokenError",
     "MissingPromptError",
     "NoInstancesError",
+    "SimulationError",
+    "SimulationStalledError",
     "SmetricError",
+    "TraceFormatError",
     "UnknownInstanceError",
     "UnknownPolicyError",
     "UnsupportedDtypeError",
@@ -82,7 +86,10 @@ class UnknownPolicyError(SmetricError):
 
 
 class InvalidConfigError(SmetricError):
-    """A :class:`~smetric.RouterConfig` field with an invalid value."""
+    """A :class:`~smetric.RouterConfig` or simulator config field with an invalid value.
+
+    ``field`` is dotted for nested simulator fields (``global_tier.bandwidth_bytes_per_s``).
+    """
 
     def __init__(self, message: str, *, field: str, reason: str) -> None:
         super().__init__(message)
@@ -101,3 +108,35 @@ class InvalidArgumentError(SmetricError):
 
 class MissingPromptError(SmetricError):
     """``route()`` or ``query()`` without ``tokens`` and without ``hashes``."""
+
+
+class TraceFormatError(SmetricError):
+    """A trace record the simulator cannot read: ``path`` and 1-based ``line`` point at it."""
+
+    def __init__(self, message: str, *, path: str, line: int, reason: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+class EmptyWorkloadError(SmetricError):
+    """A trace (or set of traces) with no request in it."""
+
+
+class SimulationError(SmetricError):
+    """The simulation could not run to the end (``reason`` says why)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class SimulationStalledError(SimulationError):
+    """Requests were in flight but no event could make progress (a simulator bug, reported
+    instead of looping forever)."""
+
+    def __init__(self, message: str, *, time_s: float, in_flight: int) -> None:
+        super().__init__(message, reason="stalled")
+        self.time_s = time_s
+        self.in_flight = in_flight

@@ -11,6 +11,7 @@ mod convert;
 mod errors;
 mod events;
 mod router;
+mod sim;
 mod vllm;
 
 /// The compiled core of smetric. Import the public API from ``smetric`` instead.
@@ -24,5 +25,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_BLOCK_SIZE", smetric_core::DEFAULT_BLOCK_SIZE)?;
     vllm::register(m)?;
     events::register(m)?;
+    sim::register(m)?;
     Ok(())
 }

@@ -19,7 +19,8 @@
 //!
 //! Arrivals: open loop at `time_s / time_scale`; closed loop at the root session's Poisson
 //! start + `time_s` for roots and `finish(prev) + think_s` otherwise; gated open loop at
-//! `max(time_s / time_scale, finish(prev) + think_s)`.
+//! `max(time_s / time_scale, finish(prev) + think_s)`. A request due after `arrivals_until_s`
+//! is never issued, and neither are its successors (the run then drains what is in flight).
 //!
 //! Complexity: O(log E) per event (binary heap); per step O(batch); per request O(chain).
 
@@ -290,6 +291,10 @@ impl Sim<'_> {
         let workload = self.workload;
         let spec = &workload.requests()[r as usize];
         self.not_arrived -= 1;
+        if self.config.arrivals_until_s.is_some_and(|end| now > end) {
+            // Cut off: never issued, and neither is anything that would follow it.
+            return Ok(());
+        }
         self.records[r as usize].arrival_s = Some(now);
         if u64::from(spec.input_tokens) + u64::from(spec.output_tokens) > self.model_len {
             self.records[r as usize].rejected = true;
@@ -442,6 +447,12 @@ impl Sim<'_> {
         }
     }
 
+    /// Whether anything can still happen: a request in flight, or one still to arrive while
+    /// some event could issue it (requests behind a cut-off never arrive).
+    fn pending(&self) -> bool {
+        self.in_flight > 0 || (self.not_arrived > 0 && self.queued_work > 0)
+    }
+
     fn sample(&mut self) -> Result<()> {
         let reqs = &self.reqs;
         let queued: Vec<f64> = self
@@ -449,6 +460,19 @@ impl Sim<'_> {
             .iter()
             .map(|inst| inst.queued_tokens(reqs) as f64)
             .collect();
+        if let Some(period) = self.config.series_interval_s {
+            let series = &mut self.counters.load_series;
+            let due = series.time_s.last().is_none_or(|&t| self.now >= t + period - 1e-9);
+            if due {
+                series.instances = self.config.instances;
+                series.time_s.push(self.now);
+                for (inst, &q) in self.instances.iter().zip(&queued) {
+                    series.requests.push((inst.running.len() + inst.waiting.len()) as u32);
+                    series.queued_tokens.push(q as u64);
+                    series.kv_usage.push(inst.pool.usage());
+                }
+            }
+        }
         if let Some(cv) = coefficient_of_variation(queued.iter().copied()) {
             self.counters.queued_cv.push(cv);
         }
@@ -467,7 +491,7 @@ impl Sim<'_> {
                 in_flight: self.in_flight,
             });
         }
-        if self.in_flight > 0 || self.not_arrived > 0 {
+        if self.pending() {
             self.push(self.now + self.config.sample_interval_s, Kind::Sample);
         }
         Ok(())
@@ -482,7 +506,7 @@ impl Sim<'_> {
             };
             self.placer.on_load(i as u32, snapshot, self.now);
         }
-        let pending = self.in_flight > 0 || self.not_arrived > 0;
+        let pending = self.pending();
         if let Some(period) = self.config.load_report_interval_s.filter(|_| pending) {
             self.push(self.now + period, Kind::LoadReport);
         }

@@ -16,6 +16,8 @@
 //! | `slo.ttft_base_s` / `slo.ttft_s_per_token` | 2 s + 0.1 ms/token | see [`SloConfig`] |
 //! | `slo.tpot_s` | [0.1, 0.05] | the two TPOT tiers of perf-model §5; the first is the headline |
 //! | `sample_interval_s` | 1 s | load-imbalance sampling; finer than queueing changes, cheap |
+//! | `arrivals_until_s` | none | issue every request; set it to cut a long (replicated) session stream at the end of the measured window instead of simulating its drain |
+//! | `series_interval_s` | none | per-instance load series for plots; off unless asked (it grows with the run) |
 //! | `load_report_interval_s` | none | the router's own board is exact here (every lifecycle event is delivered) |
 
 use smetric_core::RouterConfig;
@@ -124,6 +126,9 @@ pub struct SimConfig {
     pub session_rate_per_s: f64,
     /// Caps closed-loop think times (e.g. a user away for an hour); `None` keeps them.
     pub max_think_s: Option<f64>,
+    /// Requests due after this time are not issued, nor are their successors; `None`
+    /// issues every request. Requests in flight at that time still finish.
+    pub arrivals_until_s: Option<f64>,
     /// Seed of the session arrivals and of the router's tie-breaks.
     pub seed: u64,
     /// Service-level objectives.
@@ -136,6 +141,9 @@ pub struct SimConfig {
     pub sample_interval_s: f64,
     /// Period of engine load reports to the router; `None` sends none.
     pub load_report_interval_s: Option<f64>,
+    /// Period of the per-instance load series ([`crate::metrics::LoadSeries`]); `None`
+    /// records none. Rounded up to a multiple of `sample_interval_s` (it is taken at samples).
+    pub series_interval_s: Option<f64>,
     /// Keep one [`crate::metrics::RequestRecord`] per request in the report.
     pub keep_records: bool,
     /// Router tunables. Its `local_capacity_blocks` and `global_capacity_blocks` are always
@@ -156,12 +164,14 @@ impl Default for SimConfig {
             time_scale: 1.0,
             session_rate_per_s: 0.05,
             max_think_s: None,
+            arrivals_until_s: None,
             seed: 0,
             slo: SloConfig::default(),
             measure_start_s: 0.0,
             measure_end_s: None,
             sample_interval_s: 1.0,
             load_report_interval_s: None,
+            series_interval_s: None,
             keep_records: false,
             router: RouterConfig::default(),
         }
@@ -264,6 +274,12 @@ impl SimConfig {
         }
         if let Some(t) = self.load_report_interval_s {
             positive("load_report_interval_s", t)?;
+        }
+        if let Some(t) = self.arrivals_until_s {
+            non_negative("arrivals_until_s", t)?;
+        }
+        if let Some(t) = self.series_interval_s {
+            positive("series_interval_s", t)?;
         }
         if self.global_tier.enabled {
             non_negative("global_tier.fetch_latency_s", self.global_tier.fetch_latency_s)?;

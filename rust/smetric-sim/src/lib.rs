@@ -44,7 +44,7 @@ pub mod workload;
 pub use cluster::simulate;
 pub use config::{GlobalTierConfig, SimConfig, SloConfig};
 pub use error::{Result, SimError};
-pub use metrics::{Percentiles, RequestRecord, SimReport, SloReport};
+pub use metrics::{LoadSeries, Percentiles, RequestRecord, SimReport, SloReport, evaluate_slo};
 pub use perf_model::{BatchShape, Profile};
 pub use placement::{LoadSnapshot, PlaceRequest, Placement, Placer, RoundRobinPlacer};
 pub use router::CorePlacer;

@@ -26,7 +26,7 @@
 //!
 //! Percentiles use the nearest-rank method on sorted samples. Complexity: O(n log n).
 
-use crate::config::SimConfig;
+use crate::config::{SimConfig, SloConfig};
 use crate::workload::Workload;
 
 /// Outcome of one request.
@@ -140,6 +140,23 @@ pub struct SloReport {
     pub output_tps_under_slo: f64,
 }
 
+/// Per-instance load over time, sampled every `series_interval_s` (empty when it is `None`).
+///
+/// Row `k` (time `time_s[k]`) of each matrix is `values[k·instances .. (k+1)·instances]`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadSeries {
+    /// Instances per row.
+    pub instances: u32,
+    /// Sample times, seconds.
+    pub time_s: Vec<f64>,
+    /// Requests running or waiting (including KV fetches) per instance.
+    pub requests: Vec<u32>,
+    /// Queued (not yet computed) prefill tokens per instance.
+    pub queued_tokens: Vec<u64>,
+    /// Share of GPU KV blocks in use per instance.
+    pub kv_usage: Vec<f64>,
+}
+
 /// Everything one run reports. Plain fields, so bindings can copy it out.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SimReport {
@@ -159,6 +176,9 @@ pub struct SimReport {
     pub rejected: u64,
     /// Requests in the measured window.
     pub measured: u64,
+    /// Measured requests rejected for exceeding `max_model_len` (they count as missing the
+    /// SLO: no routing policy can serve them).
+    pub measured_rejected: u64,
     /// Measured window start, seconds.
     pub window_start_s: f64,
     /// Measured window end, seconds.
@@ -215,6 +235,8 @@ pub struct SimReport {
     pub events: u64,
     /// Decisions per reason, sorted by reason.
     pub reasons: Vec<(String, u64)>,
+    /// Per-instance load over time (when `series_interval_s` is set).
+    pub load_series: LoadSeries,
     /// Per-request outcomes when `keep_records` is set.
     pub records: Vec<RequestRecord>,
 }
@@ -232,6 +254,7 @@ pub(crate) struct RunCounters {
     pub events: u64,
     pub queued_cv: Vec<f64>,
     pub requests_cv: Vec<f64>,
+    pub load_series: LoadSeries,
 }
 
 /// Coefficient of variation of `values` (None when their mean is 0).
@@ -248,6 +271,60 @@ pub(crate) fn coefficient_of_variation(values: impl Iterator<Item = f64> + Clone
     Some(var.sqrt() / mean)
 }
 
+/// SLO results of `records` under `slo` (one [`SloReport`] per TPOT bound), over the requests
+/// that arrived in `[window_start_s, window_end_s]`; tokens per second are per second of that
+/// window. [`SimReport::slo`] is this function applied to the run's own `SloConfig`; calling
+/// it again on [`SimReport::records`] (kept with `keep_records`) scores the same run under
+/// other SLOs without simulating it again. O(records · bounds).
+pub fn evaluate_slo(
+    slo: &SloConfig,
+    records: &[RequestRecord],
+    window_start_s: f64,
+    window_end_s: f64,
+) -> Vec<SloReport> {
+    let window = (window_end_s - window_start_s).max(f64::MIN_POSITIVE);
+    // Per bound: (met, ttft met, tpot met, tokens of met, output tokens of met).
+    let mut met = vec![(0_u64, 0_u64, 0_u64, 0_u64, 0_u64); slo.tpot_s.len()];
+    let mut measured = 0_u64;
+    for r in records {
+        if !r.arrival_s.is_some_and(|a| a >= window_start_s && a <= window_end_s) {
+            continue;
+        }
+        measured += 1;
+        let tokens = u64::from(r.input_tokens) + u64::from(r.output_tokens);
+        let ttft_ok = !r.rejected && r.ttft_s().is_some_and(|t| t <= slo.ttft_bound(r.input_tokens));
+        let served = !r.rejected && r.finish_s.is_some();
+        let tpot = r.tpot_s();
+        for (k, &bound) in slo.tpot_s.iter().enumerate() {
+            let tpot_ok = served && tpot.is_none_or(|t| t <= bound);
+            let m = &mut met[k];
+            m.1 += u64::from(ttft_ok);
+            m.2 += u64::from(tpot_ok);
+            if ttft_ok && tpot_ok {
+                m.0 += 1;
+                m.3 += tokens;
+                m.4 += u64::from(r.output_tokens);
+            }
+        }
+    }
+    let measured = measured.max(1) as f64;
+    slo.tpot_s
+        .iter()
+        .zip(&met)
+        .map(|(&tpot_s, &(n, ttft_n, tpot_n, tokens, output))| SloReport {
+            tpot_s,
+            ttft_base_s: slo.ttft_base_s,
+            ttft_s_per_token: slo.ttft_s_per_token,
+            met: n,
+            attainment: n as f64 / measured,
+            ttft_attainment: ttft_n as f64 / measured,
+            tpot_attainment: tpot_n as f64 / measured,
+            tps_under_slo: tokens as f64 / window,
+            output_tps_under_slo: output as f64 / window,
+        })
+        .collect()
+}
+
 /// Builds the report from the per-request records.
 pub(crate) fn summarize(
     config: &SimConfig,
@@ -259,7 +336,6 @@ pub(crate) fn summarize(
     let last_finish = records.iter().filter_map(|r| r.finish_s).fold(0.0_f64, f64::max);
     let window_start = config.measure_start_s;
     let window_end = config.measure_end_s.unwrap_or(last_finish).max(window_start);
-    let window = (window_end - window_start).max(f64::MIN_POSITIVE);
     let in_window = |r: &RequestRecord| r.arrival_s.is_some_and(|a| a >= window_start && a <= window_end);
 
     let specs = workload.requests();
@@ -295,7 +371,6 @@ pub(crate) fn summarize(
     let (mut local_hit, mut global_hit, mut served_prompt) = (0_u64, 0_u64, 0_u64);
     let (mut home_hits, mut turn_right) = (0_u64, 0_u64);
     let mut reasons: std::collections::BTreeMap<&'static str, u64> = std::collections::BTreeMap::new();
-    let mut met = vec![(0_u64, 0_u64, 0_u64, 0_u64, 0_u64); config.slo.tpot_s.len()];
     for r in &records {
         report.completed += u64::from(r.finish_s.is_some() && !r.rejected);
         report.rejected += u64::from(r.rejected);
@@ -313,7 +388,9 @@ pub(crate) fn summarize(
         report.measured += 1;
         report.input_tokens += u64::from(r.input_tokens);
         report.output_tokens += u64::from(r.output_tokens);
-        if !r.rejected {
+        if r.rejected {
+            report.measured_rejected += 1;
+        } else {
             served_prompt += u64::from(r.input_tokens);
         }
         local_hit += r.local_hit_tokens;
@@ -336,22 +413,7 @@ pub(crate) fn summarize(
         if let Some(t) = tpot {
             tpots.push(t);
         }
-        let tokens = u64::from(r.input_tokens) + u64::from(r.output_tokens);
-        let ttft_ok = !r.rejected && ttft.is_some_and(|t| t <= config.slo.ttft_bound(r.input_tokens));
-        let served = !r.rejected && r.finish_s.is_some();
-        for (k, &bound) in config.slo.tpot_s.iter().enumerate() {
-            let tpot_ok = served && tpot.is_none_or(|t| t <= bound);
-            let m = &mut met[k];
-            m.1 += u64::from(ttft_ok);
-            m.2 += u64::from(tpot_ok);
-            if ttft_ok && tpot_ok {
-                m.0 += 1;
-                m.3 += tokens;
-                m.4 += u64::from(r.output_tokens);
-            }
-        }
     }
-    let measured = report.measured.max(1) as f64;
     let prompt = served_prompt.max(1) as f64;
     report.ttft = Percentiles::of(&mut ttfts);
     report.tpot = Percentiles::of(&mut tpots);
@@ -360,29 +422,14 @@ pub(crate) fn summarize(
     report.followup_home_share = (report.followups > 0).then(|| home_hits as f64 / report.followups as f64);
     report.turn_inference_accuracy =
         (report.turn_inference_samples > 0).then(|| turn_right as f64 / report.turn_inference_samples as f64);
-    report.slo = config
-        .slo
-        .tpot_s
-        .iter()
-        .zip(&met)
-        .map(|(&tpot_s, &(n, ttft_n, tpot_n, tokens, output))| SloReport {
-            tpot_s,
-            ttft_base_s: config.slo.ttft_base_s,
-            ttft_s_per_token: config.slo.ttft_s_per_token,
-            met: n,
-            attainment: n as f64 / measured,
-            ttft_attainment: ttft_n as f64 / measured,
-            tpot_attainment: tpot_n as f64 / measured,
-            tps_under_slo: tokens as f64 / window,
-            output_tps_under_slo: output as f64 / window,
-        })
-        .collect();
+    report.slo = evaluate_slo(&config.slo, &records, window_start, window_end);
     let queued = Percentiles::of(&mut counters.queued_cv);
     report.imbalance_queued_cv_mean = queued.mean;
     report.imbalance_queued_cv_p90 = queued.p90;
     report.imbalance_samples = queued.count;
     report.imbalance_requests_cv_mean = Percentiles::of(&mut counters.requests_cv).mean;
     report.reasons = reasons.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    report.load_series = std::mem::take(&mut counters.load_series);
     if config.keep_records {
         report.records = records;
     }

@@ -1,10 +1,11 @@
 //! Engine behaviour on small synthetic workloads: timing against the analytic model, prefix
 //! caching, the global tier, preemption, closed-loop sessions, rejection, determinism.
 
+use smetric_sim::metrics::evaluate_slo;
 use smetric_sim::perf_model::BatchShape;
 use smetric_sim::{
-    ArrivalKind, GlobalTierConfig, PolicyKind, RequestSpec, RoundRobinPlacer, SimConfig, SimReport, Workload,
-    WorkloadBuilder, run, simulate,
+    ArrivalKind, GlobalTierConfig, PolicyKind, RequestSpec, RoundRobinPlacer, SimConfig, SimReport, SloConfig,
+    Workload, WorkloadBuilder, run, simulate,
 };
 
 const B: u32 = 16;
@@ -201,6 +202,7 @@ fn requests_longer_than_max_model_len_are_rejected_and_sessions_go_on() {
     let w = b.build().unwrap();
     let report = rr(&config(1), &w);
     assert_eq!(report.rejected, 1);
+    assert_eq!(report.measured_rejected, 1);
     assert_eq!(report.completed, 1);
     assert!(report.records[0].instance.is_none());
     assert!((report.records[1].arrival_s.unwrap() - 1.0).abs() < 1e-9);
@@ -317,4 +319,73 @@ fn gated_open_loop_waits_for_the_parent() {
         (r[2].arrival_s.unwrap() - 1.0).abs() < 1e-9,
         "an unrelated request keeps its time"
     );
+}
+
+#[test]
+fn load_series_and_slo_rescoring() {
+    let w = agent_sessions();
+    let c = SimConfig {
+        session_rate_per_s: 0.5,
+        series_interval_s: Some(2.0),
+        ..config(4)
+    };
+    let report = run(&c, &w, PolicyKind::Smetric).unwrap();
+    let series = &report.load_series;
+    assert_eq!(series.instances, 4);
+    assert!(series.time_s.len() > 2);
+    assert!(series.time_s.windows(2).all(|t| t[1] - t[0] >= 2.0 - 1e-9));
+    assert_eq!(series.requests.len(), series.time_s.len() * 4);
+    assert_eq!(series.queued_tokens.len(), series.requests.len());
+    assert_eq!(series.kv_usage.len(), series.requests.len());
+    assert!(series.requests.iter().any(|&n| n > 0));
+    let off = run(
+        &SimConfig {
+            series_interval_s: None,
+            ..c.clone()
+        },
+        &w,
+        PolicyKind::Smetric,
+    )
+    .unwrap();
+    assert!(off.load_series.time_s.is_empty());
+    assert_eq!(off.slo, report.slo, "the series does not change the run");
+
+    // Re-scoring the kept records under the run's own SLO reproduces the report.
+    let same = evaluate_slo(&c.slo, &report.records, report.window_start_s, report.window_end_s);
+    assert_eq!(same, report.slo);
+    let strict = SloConfig {
+        ttft_base_s: 0.0,
+        ttft_s_per_token: 0.0,
+        tpot_s: vec![1e-9],
+    };
+    let none = evaluate_slo(&strict, &report.records, report.window_start_s, report.window_end_s);
+    assert_eq!(none[0].met, 0);
+}
+
+#[test]
+fn arrivals_stop_at_the_cut_off_and_the_run_drains() {
+    let w = agent_sessions();
+    let c = SimConfig {
+        session_rate_per_s: 0.5,
+        ..config(4)
+    };
+    let full = run(&c, &w, PolicyKind::Smetric).unwrap();
+    let cut_at = full.makespan_s / 3.0;
+    let cut = run(
+        &SimConfig {
+            arrivals_until_s: Some(cut_at),
+            ..c
+        },
+        &w,
+        PolicyKind::Smetric,
+    )
+    .unwrap();
+    assert!(cut.completed > 0 && cut.completed < full.completed, "{}", cut.completed);
+    assert!(cut.records.iter().all(|r| r.arrival_s.is_none_or(|a| a <= cut_at)));
+    assert!(
+        cut.records
+            .iter()
+            .all(|r| r.arrival_s.is_none() || r.finish_s.is_some())
+    );
+    assert!(cut.makespan_s < full.makespan_s);
 }

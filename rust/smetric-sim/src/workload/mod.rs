@@ -124,6 +124,92 @@ impl Workload {
     }
 }
 
+/// Tag bit of block ids that are shared across sessions by construction (the Weka loader's
+/// synthetic system-prompt blocks); [`Workload::replicate`] keeps them shared.
+pub const SHARED_ID_TAG: u64 = 1 << 63;
+
+/// SplitMix64 finaliser: a bijective 64-bit mix.
+pub(crate) fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Workload {
+    /// `copies` copies of a closed-loop (session) workload, its root sessions in a seeded
+    /// random order: the load knob of session traces beyond their own number of sessions.
+    ///
+    /// Closed-loop load is the root-session arrival rate, and a trace only holds so many
+    /// sessions (20 in the embedded excerpt, 62–214 per Weka window), so a sweep that must
+    /// saturate a cluster over a fixed window needs more. Copy 0 keeps the trace's block ids;
+    /// in copy `k ≥ 1` every id gets a private image (`mix64(id ^ mix64(k))` without the tag
+    /// bit), so copies never share KV — except ids tagged [`SHARED_ID_TAG`], which model a
+    /// prompt shared across sessions and stay shared. Requests, sessions and root sessions are
+    /// renumbered copy by copy; the root sessions are then shuffled (Fisher–Yates on a
+    /// SplitMix64 stream of `seed`), because the simulator starts them in index order and
+    /// copies should interleave rather than follow one another. `copies = 1` only shuffles.
+    ///
+    /// Complexity: O(copies · (requests + ids)) time and memory.
+    pub fn replicate(&self, copies: u32, seed: u64) -> Result<Workload> {
+        if self.arrival != ArrivalKind::ClosedLoop {
+            return Err(SimError::InvalidConfig {
+                field: "copies",
+                reason: "only closed-loop (session) workloads are replicated; speed up an open-loop trace \
+                         with time_scale instead"
+                    .into(),
+            });
+        }
+        if copies == 0 {
+            return Err(SimError::InvalidConfig {
+                field: "copies",
+                reason: "must be >= 1".into(),
+            });
+        }
+        let roots = u64::from(self.root_sessions) * u64::from(copies);
+        let requests = self.requests.len() as u64 * u64::from(copies);
+        if roots > u64::from(u32::MAX) || requests > u64::from(u32::MAX) {
+            return Err(SimError::InvalidConfig {
+                field: "copies",
+                reason: format!("{copies} copies exceed 2^32 requests or sessions"),
+            });
+        }
+        // order[j] = new index of root session j (over all copies).
+        let mut order: Vec<u32> = (0..roots as u32).collect();
+        for i in (1..order.len()).rev() {
+            let draw = mix64(seed ^ mix64(i as u64 ^ 0xA076_1D64_78BD_642F));
+            order.swap(i, (draw % (i as u64 + 1)) as usize);
+        }
+        let name = if copies == 1 {
+            self.name.clone()
+        } else {
+            format!("{} x{copies}", self.name)
+        };
+        let mut builder = WorkloadBuilder::new(name, self.block_tokens, self.arrival);
+        let n = self.requests.len() as u32;
+        for k in 0..copies {
+            let salt = mix64(u64::from(k));
+            for (i, spec) in self.requests.iter().enumerate() {
+                let root = k * self.root_sessions + spec.root_session;
+                let copy = RequestSpec {
+                    prev: spec.prev.map(|p| k * n + p),
+                    session: k * self.sessions + spec.session,
+                    root_session: order[root as usize],
+                    ..spec.clone()
+                };
+                let chain = self.chain(i).iter().map(|&id| {
+                    if k == 0 || id & SHARED_ID_TAG != 0 {
+                        id
+                    } else {
+                        mix64(id ^ salt) & !SHARED_ID_TAG
+                    }
+                });
+                builder.push(copy, chain);
+            }
+        }
+        builder.build()
+    }
+}
+
 /// Builds a [`Workload`] request by request; loaders and tests use it.
 #[derive(Clone, Debug)]
 pub struct WorkloadBuilder {
@@ -320,6 +406,30 @@ mod tests {
         assert!(w.chain(1).is_empty());
         assert_eq!(w.chain(2), &[4]);
         assert_eq!(w.total_hash_ids(), 4);
+    }
+
+    #[test]
+    fn replicas_get_private_ids_but_keep_shared_ones() {
+        let mut b = WorkloadBuilder::new("t", 16, ArrivalKind::ClosedLoop);
+        b.push(spec(None), [SHARED_ID_TAG | 7, 1, 2]);
+        b.push(spec(Some(0)), [SHARED_ID_TAG | 7, 1, 2, 3]);
+        let w = b.build().unwrap();
+        let r = w.replicate(3, 42).unwrap();
+        assert_eq!((r.len(), r.sessions(), r.root_sessions()), (6, 3, 3));
+        assert_eq!(r.chain(0), w.chain(0), "copy 0 keeps the trace's ids");
+        assert_eq!(r.chain(2)[0], SHARED_ID_TAG | 7, "shared ids stay shared");
+        assert_ne!(r.chain(2)[1], 1);
+        assert_ne!(r.chain(2)[1], r.chain(4)[1], "each copy has its own private ids");
+        assert_eq!(&r.chain(3)[..3], r.chain(2), "a copy keeps its own prefix chain");
+        assert_eq!(r.requests()[3].prev, Some(2));
+        let mut roots: Vec<u32> = r.requests().iter().step_by(2).map(|s| s.root_session).collect();
+        roots.sort_unstable();
+        assert_eq!(roots, [0, 1, 2], "root sessions are a permutation");
+        assert_eq!(w.replicate(3, 42).unwrap().requests(), r.requests(), "seeded");
+        assert!(w.replicate(0, 0).is_err());
+        let mut open = WorkloadBuilder::new("t", 16, ArrivalKind::OpenLoop);
+        open.push(spec(None), []);
+        assert!(open.build().unwrap().replicate(2, 0).is_err());
     }
 
     #[test]

@@ -31,8 +31,8 @@ use hashbrown::HashMap;
 use serde::Deserialize;
 
 use super::{
-    ArrivalKind, RequestSpec, Workload, WorkloadBuilder, for_each_line, output_tokens, parse_error, prompt_tokens,
-    time_field,
+    ArrivalKind, RequestSpec, SHARED_ID_TAG, Workload, WorkloadBuilder, for_each_line, mix64, output_tokens,
+    parse_error, prompt_tokens, time_field,
 };
 use crate::error::Result;
 
@@ -41,7 +41,7 @@ pub const WEKA_BLOCK_TOKENS: u32 = 64;
 /// Default coarsening: 4 × 64 = 256-token blocks (LMCache's chunk size).
 pub const DEFAULT_COARSEN: u32 = 4;
 /// Tag bit of synthetic shared-prefix ids; Weka's own ids are small sequential integers.
-const SHARED_PREFIX_TAG: u64 = 1 << 63;
+const SHARED_PREFIX_TAG: u64 = SHARED_ID_TAG;
 
 /// Options of the Weka loader.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,13 +90,6 @@ struct Pending {
     t: f64,
     api_time: Option<f64>,
     think_time: Option<f64>,
-}
-
-/// SplitMix64 finaliser: a bijective 64-bit mix.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Id of block `index` of the shared prefix of sessions with these tool/system token counts.

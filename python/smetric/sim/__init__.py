@@ -1,0 +1,67 @@
+"""The cluster simulator: replay agent traces on a simulated vLLM fleet and compare policies.
+
+The engine is Rust (``smetric-sim``, bound as :func:`smetric._core.simulate`); it routes
+every request through the same ``Router`` the package ships. This package adds the typed
+configuration (:mod:`.config`), parallel runs and load sweeps (:mod:`.runner`) and the
+tables, ``results.json`` and plots (:mod:`.report`). The command line is ``smetric simulate``
+and ``smetric sweep``.
+
+    >>> from smetric.sim import RunSpec, SimulationConfig, TraceSpec, Window, run_one
+    >>> spec = RunSpec(TraceSpec.embedded(), SimulationConfig(), Window(), policy="smetric", load=0.05)
+    >>> result = run_one(spec)  # doctest: +SKIP
+    >>> result.metrics["tps_under_slo"], result.metrics["follow_up_return"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from smetric._core import Workload, load_workload, sim_config_defaults, sim_profiles, simulate
+from smetric.sim.config import (
+    DEFAULT_SLOS,
+    FORMATS,
+    POLICY_VARIANTS,
+    SLO,
+    GlobalTier,
+    SimulationConfig,
+    TraceSpec,
+    Window,
+    embedded_trace_path,
+    policy_router,
+)
+from smetric.sim.runner import (
+    ATTAINMENT_TARGET,
+    PolicySummary,
+    RunResult,
+    RunSpec,
+    load_trace,
+    load_unit,
+    run_grid,
+    run_one,
+    summarize,
+)
+
+__all__ = [
+    "ATTAINMENT_TARGET",
+    "DEFAULT_SLOS",
+    "FORMATS",
+    "POLICY_VARIANTS",
+    "SLO",
+    "GlobalTier",
+    "PolicySummary",
+    "RunResult",
+    "RunSpec",
+    "SimulationConfig",
+    "TraceSpec",
+    "Window",
+    "Workload",
+    "embedded_trace_path",
+    "load_trace",
+    "load_unit",
+    "load_workload",
+    "policy_router",
+    "run_grid",
+    "run_one",
+    "sim_config_defaults",
+    "sim_profiles",
+    "simulate",
+    "summarize",
+]

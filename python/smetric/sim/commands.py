@@ -1,0 +1,325 @@
+"""``smetric simulate`` and ``smetric sweep``: the simulator's command-line front.
+
+``simulate`` runs one configuration (every policy at the configured load) plus a short load
+ladder around it, prints the comparison table (stating its SLOs) and writes ``results.json``,
+``run.json`` and the plots into ``--out``. With no argument it replays the Weka excerpt
+shipped in the package on 16 H20 instances with the global KV$ tier, all six policies.
+
+``sweep`` runs the full grid load × policy × seed (× global tier on/off) in parallel and
+reports, per policy, the peak TPS under SLO and the highest load whose attainment stays ≥ 90%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+from smetric import POLICIES, __version__
+from smetric.sim.config import (
+    ENGINE_DEFAULTS,
+    FORMATS,
+    POLICY_VARIANTS,
+    SLO,
+    SimulationConfig,
+    TraceSpec,
+    Window,
+    guess_format,
+    policy_router,
+)
+from smetric.sim.report import comparison_table, plot_tps_vs_load, slo_lines, write_outputs
+from smetric.sim.runner import PolicySummary, RunResult, RunSpec, load_trace, load_unit, run_grid, summarize
+
+LADDER: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 2.5)
+"""Loads of ``simulate``'s TPS-vs-load curve, as multiples of ``--load``: from half the
+nominal load to past the knee where attainment collapses (2.5× on the embedded trace)."""
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    w = Window()
+    p.add_argument(
+        "--trace",
+        action="append",
+        metavar="PATH",
+        help="trace file (repeat for several Weka files); default: the Weka excerpt shipped in the package",
+    )
+    p.add_argument("--format", choices=FORMATS, help="trace format (default: guessed from the file name)")
+    p.add_argument(
+        "--instances", type=int, default=ENGINE_DEFAULTS["instances"], help="vLLM instances (default %(default)s)"
+    )
+    p.add_argument("--profile", default=ENGINE_DEFAULTS["profile"], help="hardware/model profile (default %(default)s)")
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated policies (default: all six; also: {', '.join(POLICY_VARIANTS)})",
+    )
+    p.add_argument("--no-global-tier", action="store_true", help="switch the global CPU KV$ tier off")
+    p.add_argument(
+        "--tpot-ms",
+        default=",".join(f"{1e3 * t:g}" for t in ENGINE_DEFAULTS["slo"]["tpot_s"]),
+        help="TPOT bounds in ms, the first is the headline (default %(default)s)",
+    )
+    p.add_argument(
+        "--ttft-base-s",
+        type=float,
+        default=ENGINE_DEFAULTS["slo"]["ttft_base_s"],
+        help="TTFT bound at zero prompt tokens (default %(default)s s)",
+    )
+    p.add_argument(
+        "--ttft-ms-per-token",
+        type=float,
+        default=1e3 * ENGINE_DEFAULTS["slo"]["ttft_s_per_token"],
+        help="TTFT bound growth per prompt token (default %(default)s ms)",
+    )
+    p.add_argument(
+        "--duration-s",
+        type=float,
+        default=w.duration_s,
+        help="session traces: sessions start for this long; the window ends here (default %(default)s)",
+    )
+    p.add_argument("--warmup-s", type=float, default=w.warmup_s, help="not measured (default %(default)s s)")
+    p.add_argument(
+        "--max-think-s",
+        type=float,
+        default=w.max_think_s,
+        help="cap on think times, session traces (default %(default)s s)",
+    )
+    p.add_argument("--coarsen", type=int, help="Weka: 64-token ids per block (loader default: 4)")
+    p.add_argument(
+        "--no-shared-prefix",
+        action="store_true",
+        help="Weka: do not share the tool + system-prompt blocks across sessions",
+    )
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _trace(args: argparse.Namespace) -> TraceSpec:
+    if not args.trace:
+        return TraceSpec.embedded() if args.format in (None, "weka") else _die("--format needs --trace")
+    fmt = args.format or guess_format(args.trace[0])
+    if fmt is None:
+        _die(f"cannot guess the format of {args.trace[0]}; pass --format")
+    return TraceSpec(
+        paths=tuple(args.trace),
+        format=fmt,
+        coarsen=args.coarsen,
+        shared_prefix=False if args.no_shared_prefix else None,
+    )
+
+
+def _die(message: str) -> NoReturn:
+    print(f"smetric: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[str]]:
+    base = SLO(ttft_base_s=args.ttft_base_s, ttft_s_per_token=args.ttft_ms_per_token / 1e3)
+    slos = tuple(replace(base, tpot_s=t / 1e3) for t in _floats(args.tpot_ms))
+    if not slos:
+        _die("--tpot-ms needs at least one bound")
+    config = SimulationConfig(instances=args.instances, profile=args.profile, slos=slos)
+    if args.no_global_tier:
+        config = config.with_tier(False)
+    window = Window(duration_s=args.duration_s, warmup_s=args.warmup_s, max_think_s=args.max_think_s)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for p in policies:
+        policy_router(p)  # raises UnknownPolicyError early
+    return config, window, policies
+
+
+def _run_info(trace: TraceSpec, config: SimulationConfig, window: Window, **extra: Any) -> dict[str, Any]:
+    return {
+        "smetric_version": __version__,
+        "trace": {"name": trace.name, "paths": list(trace.paths), "format": trace.format},
+        "config": config.describe(),
+        "window": {
+            "duration_s": window.duration_s,
+            "warmup_s": window.warmup_s,
+            "max_think_s": window.max_think_s,
+            "open_warmup_share": window.open_warmup_share,
+        },
+        **extra,
+    }
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    """``smetric simulate``."""
+    started = time.perf_counter()
+    trace = _trace(args)
+    config, window, policies = _config(args)
+    workload = load_trace(trace)
+    unit = load_unit(workload)
+    nominal = (
+        args.load
+        if args.load is not None
+        else (
+            ENGINE_DEFAULTS["session_rate_per_s"]
+            if workload.arrival == "closed_loop"
+            else ENGINE_DEFAULTS["time_scale"]
+        )
+    )
+    loads = sorted({round(nominal * f, 9) for f in _floats(args.ladder)} | {nominal})
+    print(
+        f"smetric {__version__} simulate: {trace.name} ({len(workload):,} requests, {workload.sessions} sessions, "
+        f"{workload.arrival}), {config.instances} x {config.profile}, global tier "
+        f"{'on' if config.global_tier.enabled else 'off'}, policies {', '.join(policies)}, "
+        f"loads {', '.join(f'{x:g}' for x in loads)} {unit}",
+        file=sys.stderr,
+    )
+    specs = [
+        RunSpec(trace, config, window, policy=p, load=x, seed=args.seed, detail=x == nominal)
+        for p in policies
+        for x in loads
+    ]
+    results = run_grid(specs, jobs=args.jobs, progress=False if args.no_progress else None)
+    at_nominal = [r for r in results if r.spec.load == nominal]
+    summaries = summarize(results)
+    print(comparison_table(at_nominal, summaries, slos=config.slos, load_unit=unit))
+    info = _run_info(
+        trace,
+        config,
+        window,
+        load=nominal,
+        load_unit=unit,
+        loads=loads,
+        seed=args.seed,
+        policies=policies,
+        wall_s=time.perf_counter() - started,
+        run_wall_s={f"{r.spec.policy}@{r.spec.load:g}": r.wall_s for r in results},
+    )
+    paths = write_outputs(
+        Path(args.out), nominal=at_nominal, summaries=summaries, slos=config.slos, load_unit=unit, run_info=info
+    )
+    print(f"\nwrote {', '.join(str(p) for p in paths)} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _sweep_table(summaries: list[PolicySummary], unit: str, slo: SLO) -> str:
+    lines = [
+        f"{slo.label}",
+        f"{'policy':<20} {'tier':>4} {'peak TPS<=SLO':>13} {'at load':>8} {'max load, attain>=90%':>22}",
+    ]
+    for s in sorted(summaries, key=lambda s: (not s.tier, s.policy)):
+        sustainable = "none" if s.max_load_at_target is None else f"{s.max_load_at_target:g}"
+        lines.append(
+            f"{s.policy:<20} {'on' if s.tier else 'off':>4} {s.peak_tps_under_slo:>13,.0f} "
+            f"{s.load_at_peak:>8g} {sustainable:>22}"
+        )
+    return "\n".join(lines) + f"\n(loads in {unit})"
+
+
+def sweep_command(args: argparse.Namespace) -> int:
+    """``smetric sweep``."""
+    started = time.perf_counter()
+    trace = _trace(args)
+    config, window, policies = _config(args)
+    workload = load_trace(trace)
+    unit = load_unit(workload)
+    tiers = {"on": [True], "off": [False], "both": [True, False]}[args.tier]
+    if args.no_global_tier:
+        tiers = [False]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    loads = _floats(args.loads)
+    specs = [
+        RunSpec(trace, config.with_tier(t), window, policy=p, load=x, seed=s)
+        for t in tiers
+        for p in policies
+        for x in loads
+        for s in seeds
+    ]
+    print(
+        f"smetric sweep: {trace.name}, {len(specs)} runs ({len(policies)} policies x {len(loads)} loads x "
+        f"{len(seeds)} seeds x {len(tiers)} tier settings), {args.jobs} processes",
+        file=sys.stderr,
+    )
+    results = run_grid(specs, jobs=args.jobs, progress=False if args.no_progress else None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print("\n".join(slo_lines(config.slos)))
+    by_slo = []
+    for k, slo in enumerate(config.slos):
+        summaries = summarize(results, slo_index=k)
+        print("\n" + _sweep_table(summaries, unit, slo))
+        by_slo.append({"slo": slo.label, "policies": [vars(s) for s in summaries]})
+        plot_tps_vs_load(
+            out / f"tps_vs_load_slo{k}.png",
+            summaries,
+            load_unit=unit,
+            slo=slo,
+            title=f"{trace.name}, {config.instances} instances",
+        )
+    payload = {
+        "run": _run_info(
+            trace,
+            config,
+            window,
+            loads=loads,
+            seeds=seeds,
+            tiers=tiers,
+            policies=policies,
+            load_unit=unit,
+            wall_s=time.perf_counter() - started,
+        ),
+        "summaries": by_slo,
+        "runs": [_run_record(r) for r in results],
+    }
+    (out / "sweep.json").write_text(json.dumps(payload, indent=2) + "\n")
+    print(
+        f"\nwrote {out / 'sweep.json'} and {len(config.slos)} plot(s) in {time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _run_record(r: RunResult) -> dict[str, Any]:
+    return {
+        "policy": r.spec.policy,
+        "load": r.spec.load,
+        "seed": r.spec.seed,
+        "global_tier": r.spec.tier,
+        "wall_s": r.wall_s,
+        "metrics": r.metrics,
+        "by_slo": r.slos,
+    }
+
+
+def register(sub: Any) -> None:
+    """Adds ``simulate`` and ``sweep`` to the ``smetric`` subcommand parsers."""
+    sim = sub.add_parser(
+        "simulate",
+        help="replay a trace on a simulated vLLM cluster and compare policies",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    _add_common(sim)
+    sim.add_argument(
+        "--load",
+        type=float,
+        help="sessions/s (session traces) or trace speed-up (timestamped "
+        "traces); default: the engine's session rate, or 1x",
+    )
+    sim.add_argument(
+        "--ladder",
+        default=",".join(f"{f:g}" for f in LADDER),
+        help="loads of the TPS-vs-load curve, as multiples of --load (default %(default)s)",
+    )
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--out", default="results/simulate", help="output directory (default %(default)s)")
+    sim.set_defaults(func=simulate_command)
+
+    sweep = sub.add_parser("sweep", help="load x policy x seed grid in parallel: peak TPS under SLO per policy")
+    _add_common(sweep)
+    sweep.add_argument("--loads", required=True, help="comma-separated loads (sessions/s or speed-up)")
+    sweep.add_argument("--seeds", default="0", help="comma-separated seeds (default %(default)s)")
+    sweep.add_argument("--tier", choices=("on", "off", "both"), default="on", help="global KV$ tier (default on)")
+    sweep.add_argument("--out", default="results/sweep", help="output directory (default %(default)s)")
+    sweep.set_defaults(func=sweep_command)

@@ -1,0 +1,266 @@
+"""Typed configuration of a simulation run.
+
+Every engine default comes from the Rust ``SimConfig::default()`` through
+:func:`smetric._core.sim_config_defaults` — nothing here restates an engine number. What this
+module adds is the *experiment design* the engine leaves to its caller:
+
+* :class:`SLO` — one SLO setting (length-aware TTFT bound + TPOT bound). The defaults are the
+  engine's: TTFT ≤ 2 s + 0.1 ms per prompt token (the 2 s is perf-model §5's fixed tier for
+  short prompts; the slope is twice the H20 prefill cost of 50 µs/token, so a cold prompt on
+  an idle instance meets it up to ≈35K tokens and longer ones only with cache hits), TPOT ≤
+  100 ms and ≤ 50 ms (§5's two tiers; the first is the headline).
+* :class:`TraceSpec` — which trace, in which format, with which loader options.
+* :class:`Window` — how a closed-loop (session) trace becomes a steady load: sessions start
+  as a Poisson stream for ``duration_s`` seconds (the trace is replicated with private block
+  ids as often as the rate needs), the first ``warmup_s`` seconds are not measured, nothing
+  is issued after ``duration_s``, and think times are capped at ``max_think_s``.
+* :data:`POLICY_VARIANTS` — report names that are a policy plus a router setting
+  (``cache_first_max_hit``: the deterministic variant of the Bailian scheduler).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+from smetric import POLICIES
+from smetric._core import RouterConfig, sim_config_defaults
+from smetric.errors import UnknownPolicyError
+
+ENGINE_DEFAULTS: Final[dict[str, Any]] = sim_config_defaults()
+"""The engine's `SimConfig::default()` (read, never restated)."""
+_TIER: Final[dict[str, Any]] = ENGINE_DEFAULTS["global_tier"]
+_SLO: Final[dict[str, Any]] = ENGINE_DEFAULTS["slo"]
+
+FORMATS: Final[tuple[str, ...]] = ("weka", "bailian", "mooncake", "azure")
+"""Trace formats :func:`smetric._core.load_workload` reads."""
+
+POLICY_VARIANTS: Final[dict[str, tuple[str, dict[str, Any]]]] = {
+    "cache_first_max_hit": ("cache_first", {"cache_first_mode": "max_hit"}),
+}
+"""Extra report names: the core policy and the :class:`RouterConfig` fields it sets."""
+
+EMBEDDED_TRACE: Final[str] = "weka_excerpt.jsonl.gz"
+"""The Weka excerpt shipped in ``smetric/data`` (licence: ``LICENSE-weka-excerpt.txt``)."""
+
+
+def policy_router(name: str, base: RouterConfig | None = None) -> tuple[str, RouterConfig | None]:
+    """The core policy and router config behind a report name (a policy or a variant).
+
+    Raises:
+        UnknownPolicyError: ``name`` is neither a policy nor a variant.
+    """
+    if name in POLICIES:
+        return name, base
+    if name in POLICY_VARIANTS:
+        policy, fields = POLICY_VARIANTS[name]
+        settings = base.to_dict() if base is not None else {}
+        settings.update(fields)
+        return policy, RouterConfig(**settings)
+    known = [*POLICIES, *POLICY_VARIANTS]
+    raise UnknownPolicyError(f"unknown policy {name!r}; known: {', '.join(known)}", name=name, known=known)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """One SLO setting: TTFT ≤ ``ttft_base_s + ttft_s_per_token · prompt tokens`` and TPOT ≤ ``tpot_s``."""
+
+    ttft_base_s: float = _SLO["ttft_base_s"]
+    ttft_s_per_token: float = _SLO["ttft_s_per_token"]
+    tpot_s: float = _SLO["tpot_s"][0]
+
+    @property
+    def label(self) -> str:
+        """A short human-readable form, e.g. ``TTFT≤2s+0.1ms/tok TPOT≤100ms``."""
+        return f"TTFT≤{self.ttft_base_s:g}s+{self.ttft_s_per_token * 1e3:g}ms/tok TPOT≤{self.tpot_s * 1e3:g}ms"
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain fields (for results.json)."""
+        return {"ttft_base_s": self.ttft_base_s, "ttft_s_per_token": self.ttft_s_per_token, "tpot_s": self.tpot_s}
+
+
+DEFAULT_SLOS: Final[tuple[SLO, ...]] = tuple(SLO(tpot_s=t) for t in _SLO["tpot_s"])
+"""The engine's SLOs: its TTFT bound with each of its TPOT bounds (the first is the headline)."""
+
+
+@dataclass(frozen=True)
+class GlobalTier:
+    """The cluster-wide CPU KV$ store (Mooncake / LMCache)."""
+
+    enabled: bool = _TIER["enabled"]
+    capacity_bytes: int = _TIER["capacity_bytes"]
+    fetch_latency_s: float = _TIER["fetch_latency_s"]
+    bandwidth_bytes_per_s: float = _TIER["bandwidth_bytes_per_s"]
+    fifo_link: bool = _TIER["fifo_link"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulationConfig:
+    """Cluster, SLOs and measurement of a run; defaults are the engine's.
+
+    ``slos`` lists every SLO setting to score; the first is the headline. The load
+    (``session_rate_per_s`` or ``time_scale``), the seed and the measured window are set per
+    run by :mod:`smetric.sim.runner`.
+    """
+
+    instances: int = ENGINE_DEFAULTS["instances"]
+    profile: str = ENGINE_DEFAULTS["profile"]
+    max_num_batched_tokens: int = ENGINE_DEFAULTS["max_num_batched_tokens"]
+    max_num_seqs: int = ENGINE_DEFAULTS["max_num_seqs"]
+    max_model_len: int | None = ENGINE_DEFAULTS["max_model_len"]
+    kv_capacity_tokens: int | None = ENGINE_DEFAULTS["kv_capacity_tokens"]
+    global_tier: GlobalTier = field(default_factory=GlobalTier)
+    slos: tuple[SLO, ...] = DEFAULT_SLOS
+    sample_interval_s: float = ENGINE_DEFAULTS["sample_interval_s"]
+    load_report_interval_s: float | None = ENGINE_DEFAULTS["load_report_interval_s"]
+    router: tuple[tuple[str, Any], ...] = ()
+    """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
+    not pickle, and specs travel to worker processes); see :meth:`with_router`."""
+
+    def with_router(self, **fields: Any) -> SimulationConfig:
+        """A copy with these :class:`RouterConfig` fields overridden (validated at once)."""
+        merged = dict(self.router)
+        merged.update(fields)
+        RouterConfig(**merged)  # raises InvalidConfigError on a bad value
+        return replace(self, router=tuple(sorted(merged.items())))
+
+    def router_config(self) -> RouterConfig | None:
+        """The router config to run with (``None``: the defaults)."""
+        return RouterConfig(**dict(self.router)) if self.router else None
+
+    def with_tier(self, enabled: bool) -> SimulationConfig:
+        """A copy with the global tier switched on or off."""
+        return replace(self, global_tier=replace(self.global_tier, enabled=enabled))
+
+    def core_config(self) -> tuple[dict[str, Any], list[dict[str, Any]], list[tuple[int, int]]]:
+        """The engine's config dict, its extra SLO variants, and where each SLO's result lands.
+
+        The engine scores one TTFT bound with several TPOT bounds per run and re-scores the
+        same run under further SLOs on request: SLOs sharing the first one's TTFT bound go in
+        ``slo``, each other one becomes a variant. Entry ``k`` of the returned positions is
+        ``(variant, index)`` of ``slos[k]``: variant 0 is ``report["slo"]``, variant ``v`` is
+        ``report["slo_variants"][v - 1]``.
+        """
+        if not self.slos:
+            raise ValueError("a SimulationConfig needs at least one SLO")
+        head = self.slos[0]
+        same_ttft = [
+            s for s in self.slos if (s.ttft_base_s, s.ttft_s_per_token) == (head.ttft_base_s, head.ttft_s_per_token)
+        ]
+        variants: list[dict[str, Any]] = []
+        where: list[tuple[int, int]] = []
+        for s in self.slos:
+            if s in same_ttft:
+                where.append((0, same_ttft.index(s)))
+            else:
+                variants.append(
+                    {"ttft_base_s": s.ttft_base_s, "ttft_s_per_token": s.ttft_s_per_token, "tpot_s": [s.tpot_s]}
+                )
+                where.append((len(variants), 0))
+        tier = self.global_tier
+        config: dict[str, Any] = {
+            "instances": self.instances,
+            "profile": self.profile,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "global_tier": {
+                "enabled": tier.enabled,
+                "capacity_bytes": tier.capacity_bytes,
+                "fetch_latency_s": tier.fetch_latency_s,
+                "bandwidth_bytes_per_s": tier.bandwidth_bytes_per_s,
+                "fifo_link": tier.fifo_link,
+            },
+            "slo": {
+                "ttft_base_s": head.ttft_base_s,
+                "ttft_s_per_token": head.ttft_s_per_token,
+                "tpot_s": [s.tpot_s for s in same_ttft],
+            },
+            "sample_interval_s": self.sample_interval_s,
+            "load_report_interval_s": self.load_report_interval_s,
+        }
+        return config, variants, where
+
+    def describe(self) -> dict[str, Any]:
+        """Plain fields (for run.json)."""
+        config, _, _ = self.core_config()
+        config["slos"] = [s.to_dict() for s in self.slos]
+        del config["slo"]
+        config["router"] = dict(self.router)
+        return config
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """A trace to load: file(s), format and loader options (``None`` keeps the loader's default)."""
+
+    paths: tuple[str, ...]
+    format: str
+    coarsen: int | None = None
+    shared_prefix: bool | None = None
+    gate_on_parent: bool = False
+
+    @staticmethod
+    def embedded() -> TraceSpec:
+        """The Weka excerpt shipped with the package (20 sessions, 1,039 requests)."""
+        return TraceSpec(paths=(str(embedded_trace_path()),), format="weka")
+
+    @property
+    def name(self) -> str:
+        """The file name(s), for reports."""
+        return "+".join(Path(p).name for p in self.paths)
+
+    def loader_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`smetric._core.load_workload`."""
+        options: dict[str, Any] = {"gate_on_parent": self.gate_on_parent}
+        if self.coarsen is not None:
+            options["coarsen"] = self.coarsen
+        if self.shared_prefix is not None:
+            options["shared_prefix"] = self.shared_prefix
+        return options
+
+
+def embedded_trace_path() -> Path:
+    """Path of the embedded Weka excerpt inside the installed package."""
+    return Path(str(resources.files("smetric") / "data" / EMBEDDED_TRACE))
+
+
+def guess_format(path: str) -> str | None:
+    """The trace format a file name suggests (``weka_cc_…`` → weka, …), or ``None``."""
+    name = Path(path).name.lower()
+    for fmt, hints in (
+        ("weka", ("weka",)),
+        ("mooncake", ("mooncake",)),
+        ("azure", ("azure",)),
+        ("bailian", ("bailian", "qwen_")),
+    ):
+        if any(h in name for h in hints):
+            return fmt
+    return None
+
+
+@dataclass(frozen=True)
+class Window:
+    """How a session (closed-loop) trace becomes a steady load, and what is measured.
+
+    Closed loop: root sessions start as a Poisson stream at the run's rate for
+    ``duration_s`` seconds; the trace is replicated (private block ids per copy, the shared
+    system prompt stays shared) until it holds enough sessions; nothing is issued after
+    ``duration_s``; requests arriving in ``[warmup_s, duration_s]`` are measured. Think times
+    are capped at ``max_think_s``: a longer pause is a user away, which lengthens a session
+    without adding load and would stretch the simulated time needed for a steady state.
+
+    Open loop (timestamped traces): the whole trace is replayed at the run's speed-up; the
+    first ``open_warmup_share`` of its span is not measured and the window ends with the
+    last arrival, so the drain after it does not dilute the rates.
+    """
+
+    duration_s: float = 5400.0
+    warmup_s: float = 1800.0
+    max_think_s: float | None = 300.0
+    open_warmup_share: float = 0.1
+    spare_sessions: float = 1.25
+    """Sessions replicated per expected start (Poisson starts run ahead of their mean)."""

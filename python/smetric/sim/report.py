@@ -1,0 +1,224 @@
+"""Reports of simulation runs: comparison tables (they always state their SLOs), JSON files
+and PNG plots (matplotlib, Agg backend: no display needed).
+
+Files written by :func:`write_outputs`:
+
+* ``results.json`` — maps each policy name to its headline metrics at the configured load
+  (``tps_under_slo``, ``slo_attainment``, ``follow_up_return``, ``local_hit_ratio``,
+  ``global_hit_ratio``, …), its result under every SLO setting, and its load-sweep summary;
+* ``run.json`` — the trace, cluster, SLOs, window and loads of the run, and timings;
+* ``tps_vs_load.png``, ``ttft_cdf.png``, ``load_over_time.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from smetric.sim.config import SLO
+from smetric.sim.runner import PolicySummary, RunResult
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None, digits: int = 0) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def slo_lines(slos: Sequence[SLO]) -> list[str]:
+    """One line per SLO setting, the headline first."""
+    lines = [f"SLO (headline): {slos[0].label}  (TTFT bound grows with the prompt: base + slope x input tokens)"]
+    lines += [f"SLO (also):     {s.label}" for s in slos[1:]]
+    return lines
+
+
+def comparison_table(
+    nominal: Sequence[RunResult],
+    summaries: Sequence[PolicySummary],
+    *,
+    slos: Sequence[SLO],
+    load_unit: str,
+) -> str:
+    """The stdout comparison: headline metrics at the configured load, behaviour, and the load sweep."""
+    if not nominal:
+        return ""
+    spec = nominal[0].spec
+    lines = [
+        f"trace {spec.trace.name} | {spec.config.instances} x {spec.config.profile} | "
+        f"global KV$ tier {'on' if spec.tier else 'off'} | load {spec.load:g} {load_unit} | seed {spec.seed}",
+        *slo_lines(slos),
+        "",
+    ]
+    head = (
+        f"{'policy':<20} {'TPS<=SLO':>10} {'out TPS':>8} {'attain':>7} "
+        f"{'TTFT p50/p90/p99 (s)':>22} {'TPOT p50/p90/p99 (ms)':>22}"
+    )
+    lines += [head, "-" * len(head)]
+    for r in nominal:
+        m = r.metrics
+        ttft = f"{m['ttft_p50_s']:.2f}/{m['ttft_p90_s']:.2f}/{m['ttft_p99_s']:.2f}"
+        tpot = f"{1e3 * m['tpot_p50_s']:.0f}/{1e3 * m['tpot_p90_s']:.0f}/{1e3 * m['tpot_p99_s']:.0f}"
+        lines.append(
+            f"{r.spec.policy:<20} {_num(m['tps_under_slo']):>10} {_num(m['output_tps_under_slo']):>8} "
+            f"{_pct(m['slo_attainment']):>7} {ttft:>22} {tpot:>22}"
+        )
+    head = (
+        f"\n{'policy':<20} {'f-up home':>9} {'f-up stay':>9} {'local hit':>9} {'global hit':>10} "
+        f"{'migrations':>10} {'turn acc':>8} {'imbal CV':>8} {'preempt':>7}"
+    )
+    lines += [head, "-" * (len(head) - 1)]
+    for r in nominal:
+        m = r.metrics
+        lines.append(
+            f"{r.spec.policy:<20} {_pct(m['follow_up_return']):>9} {_pct(m['follow_up_stay']):>9} "
+            f"{_pct(m['local_hit_ratio']):>9} {_pct(m['global_hit_ratio']):>10} {m['migrations']:>10} "
+            f"{_pct(m['turn_inference_accuracy']):>8} {m['imbalance_queued_cv_mean']:>8.2f} {m['preemptions']:>7}"
+        )
+    if summaries:
+        loads = ", ".join(f"{x:g}" for x in summaries[0].loads)
+        head = f"\n{'policy':<20} {'peak TPS<=SLO':>13} {'at load':>8} {'max load, attain>=90%':>22}"
+        lines += [f"\nload sweep ({load_unit}: {loads}), headline SLO:", head.lstrip("\n"), "-" * (len(head) - 1)]
+        best = max(s.peak_tps_under_slo for s in summaries)
+        for s in summaries:
+            rel = f" ({s.peak_tps_under_slo / best:.0%} of best)" if best > 0 else ""
+            lines.append(
+                f"{s.policy:<20} {_num(s.peak_tps_under_slo):>13} {s.load_at_peak:>8g} "
+                f"{_num(s.max_load_at_target, 3) if s.max_load_at_target is not None else 'none':>22}{rel}"
+            )
+    lines += [
+        "",
+        "TPS<=SLO: input+output tokens/s of measured requests meeting both bounds; attain: share of measured",
+        "requests meeting both; f-up home: follow-ups placed on their session's first-turn instance; f-up stay: on",
+        "their previous request's instance; imbal CV: mean coefficient of variation of queued prefill tokens.",
+    ]
+    return "\n".join(lines)
+
+
+def results_json(
+    nominal: Sequence[RunResult], summaries: Sequence[PolicySummary], slos: Sequence[SLO]
+) -> dict[str, Any]:
+    """``results.json``: policy name → headline metrics, per-SLO results, load-sweep summary."""
+    by_policy = {s.policy: s for s in summaries}
+    out: dict[str, Any] = {}
+    for r in nominal:
+        entry: dict[str, Any] = {"load": r.spec.load, "seed": r.spec.seed, "global_tier": r.spec.tier}
+        entry.update(r.metrics)
+        entry["slo"] = slos[0].label
+        entry["by_slo"] = [{"slo": s.label, **s.to_dict(), **res} for s, res in zip(slos, r.slos, strict=True)]
+        summary = by_policy.get(r.spec.policy)
+        if summary is not None:
+            entry["sweep"] = {
+                "loads": summary.loads,
+                "tps_under_slo": summary.tps_under_slo,
+                "slo_attainment": summary.attainment,
+                "slo_attainment_served": summary.attainment_served,
+                "peak_tps_under_slo": summary.peak_tps_under_slo,
+                "load_at_peak": summary.load_at_peak,
+                "max_load_attainment_90": summary.max_load_at_target,
+            }
+        out[r.spec.policy] = entry
+    return out
+
+
+def _label(policy: str, tier: bool, both: bool) -> str:
+    return f"{policy} ({'tier' if tier else 'no tier'})" if both else policy
+
+
+def plot_tps_vs_load(path: Path, summaries: Sequence[PolicySummary], *, load_unit: str, slo: SLO, title: str) -> None:
+    """TPS under SLO (left) and SLO attainment (right) against load, one line per policy."""
+    both = len({s.tier for s in summaries}) > 1
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for s in summaries:
+        style = "-" if s.tier else "--"
+        ax.plot(s.loads, [t / 1e3 for t in s.tps_under_slo], style, marker="o", label=_label(s.policy, s.tier, both))
+        ax2.plot(s.loads, [100 * a for a in s.attainment], style, marker="o", label=_label(s.policy, s.tier, both))
+    ax.set(xlabel=f"load ({load_unit})", ylabel="TPS under SLO (k tokens/s)", title="TPS under SLO")
+    ax2.set(xlabel=f"load ({load_unit})", ylabel="SLO attainment (%)", title="SLO attainment", ylim=(0, 101))
+    ax2.axhline(90, color="grey", lw=0.8, ls=":")
+    for a in (ax, ax2):
+        a.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{title}\n{slo.label}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_ttft_cdf(path: Path, results: Sequence[RunResult], *, slo: SLO, title: str) -> None:
+    """Distribution of TTFT over measured requests, one line per policy (log time axis)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        q = [max(t, 1e-3) for t in r.ttft_quantiles]
+        if q:
+            ax.plot(q, [100 * k / (len(q) - 1) for k in range(len(q))], label=r.spec.policy)
+    ax.set_xscale("log")
+    ax.set(xlabel="TTFT (s)", ylabel="requests (%)", title=f"TTFT CDF — {title}")
+    ax.axvline(slo.ttft_base_s, color="grey", lw=0.8, ls=":", label=f"TTFT bound at 0 tokens ({slo.ttft_base_s:g} s)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_load_over_time(path: Path, results: Sequence[RunResult], *, title: str) -> None:
+    """Requests (running + waiting) per instance over time, one panel per policy."""
+    shown = [r for r in results if r.load_series]
+    if not shown:
+        return
+    cols = min(3, len(shown))
+    rows = math.ceil(len(shown) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False, sharey=True)
+    for ax, r in zip(axes.flat, shown, strict=False):
+        series = r.load_series
+        minutes = [t / 60 for t in series["time_s"]]
+        per_instance = list(zip(*series["requests"], strict=True))
+        for values in per_instance:
+            ax.plot(minutes, values, lw=0.7)
+        lo, hi = r.metrics["window_s"]
+        ax.axvspan(lo / 60, hi / 60, color="grey", alpha=0.08)
+        ax.set(title=f"{r.spec.policy} (CV {r.metrics['imbalance_queued_cv_mean']:.2f})", xlabel="time (min)")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(shown) :]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel("requests per instance")
+    fig.suptitle(f"Per-instance load over time (one line per instance; shaded: measured window) — {title}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(
+    out: Path,
+    *,
+    nominal: Sequence[RunResult],
+    summaries: Sequence[PolicySummary],
+    slos: Sequence[SLO],
+    load_unit: str,
+    run_info: dict[str, Any],
+) -> list[Path]:
+    """Writes results.json, run.json and the three plots into ``out``; returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"{run_info['trace']['name']}, {run_info['config']['instances']} instances"
+    if nominal:
+        title += f", load {nominal[0].spec.load:g} {load_unit}"
+    paths = [out / "results.json", out / "run.json", out / "tps_vs_load.png", out / "ttft_cdf.png"]
+    paths[0].write_text(json.dumps(results_json(nominal, summaries, slos), indent=2) + "\n")
+    paths[1].write_text(json.dumps(run_info, indent=2) + "\n")
+    plot_tps_vs_load(paths[2], summaries, load_unit=load_unit, slo=slos[0], title=title)
+    plot_ttft_cdf(paths[3], nominal, slo=slos[0], title=title)
+    if any(r.load_series for r in nominal):
+        paths.append(out / "load_over_time.png")
+        plot_load_over_time(paths[-1], nominal, title=title)
+    return paths

@@ -1,0 +1,315 @@
+"""Runs simulations: one configuration, or a grid of load × policy × seed in parallel processes.
+
+A run is a :class:`RunSpec` (trace, cluster config, window, policy, load, seed). The *load*
+is the closed-loop session arrival rate in sessions/s for session traces (Weka, gated
+Bailian) and the replay speed-up for timestamped traces (Mooncake, Azure, Bailian); see
+:class:`~smetric.sim.config.Window` for how each becomes a measured window.
+
+Workers are processes (``concurrent.futures.ProcessPoolExecutor``, forked where the platform
+allows, so traces loaded by the parent are shared copy-on-write); each process keeps the
+workloads it loaded, so a trace is parsed once per process, not once per run. The engine
+releases the GIL, but one run is single-threaded: processes are what use the cores.
+
+Per policy, :func:`summarize` gives the peak TPS under SLO over the loads of a grid and the
+highest load up to which the SLO attainment of the requests the cluster can serve stays at
+or above 90% (DistServe's goodput criterion; requests longer than the model's context are
+rejected by any policy and are left out of that criterion, not of the TPS).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from tqdm import tqdm
+
+from smetric._core import Workload, load_workload, simulate
+from smetric.sim.config import SimulationConfig, TraceSpec, Window, policy_router
+
+ATTAINMENT_TARGET: Final[float] = 0.9
+"""SLO attainment that defines the highest sustainable load (DistServe's 90%)."""
+CDF_POINTS: Final[int] = 201
+"""Quantiles kept of the TTFT distribution of a detailed run."""
+SERIES_POINTS: Final[int] = 240
+"""Samples kept of the per-instance load series of a detailed run."""
+
+_WORKLOADS: dict[TraceSpec, Workload] = {}
+_REPLICA: dict[tuple[TraceSpec, int, int], Workload] = {}
+
+
+def load_trace(trace: TraceSpec) -> Workload:
+    """The workload of ``trace``, loaded once per process."""
+    workload = _WORKLOADS.get(trace)
+    if workload is None:
+        workload = load_workload(list(trace.paths), trace.format, **trace.loader_options())
+        _WORKLOADS[trace] = workload
+    return workload
+
+
+def _replica(trace: TraceSpec, copies: int, seed: int) -> Workload:
+    key = (trace, copies, seed)
+    workload = _REPLICA.get(key)
+    if workload is None:
+        _REPLICA.clear()  # one replica per process: they can be large
+        workload = load_trace(trace).replicate(copies, seed=seed)
+        _REPLICA[key] = workload
+    return workload
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One simulation: a policy at one load and seed."""
+
+    trace: TraceSpec
+    config: SimulationConfig
+    window: Window
+    policy: str
+    load: float
+    seed: int = 0
+    detail: bool = False
+    """Also keep the TTFT distribution and the per-instance load series."""
+
+    @property
+    def tier(self) -> bool:
+        """Whether the global KV$ tier is on."""
+        return self.config.global_tier.enabled
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of a :class:`RunSpec`: flat metrics plus, for detailed runs, distributions."""
+
+    spec: RunSpec
+    metrics: dict[str, Any]
+    """Headline metrics (headline SLO), ready for results.json."""
+    slos: list[dict[str, Any]]
+    """One entry per ``spec.config.slos``: TPS under SLO, attainment, … under that SLO."""
+    wall_s: float
+    ttft_quantiles: list[float] = field(default_factory=list)
+    load_series: dict[str, Any] = field(default_factory=dict)
+
+
+def load_unit(workload: Workload) -> str:
+    """What the load number means for this workload."""
+    return "sessions/s" if workload.arrival == "closed_loop" else "x trace speed"
+
+
+def _window_config(spec: RunSpec, workload: Workload) -> tuple[Workload, dict[str, Any]]:
+    """The (replicated) workload and the engine keys that set load, seed and window."""
+    w = spec.window
+    if workload.arrival == "closed_loop":
+        sessions = spec.load * w.duration_s * w.spare_sessions
+        copies = max(1, math.ceil(sessions / max(workload.root_sessions, 1)))
+        keys = {
+            "session_rate_per_s": spec.load,
+            "max_think_s": w.max_think_s,
+            "measure_start_s": w.warmup_s,
+            "measure_end_s": w.duration_s,
+            "arrivals_until_s": w.duration_s,
+        }
+        return _replica(spec.trace, copies, spec.seed), keys
+    span = workload.span_s / spec.load
+    keys = {"time_scale": spec.load}
+    if span > 0:
+        keys["measure_start_s"] = w.open_warmup_share * span
+        keys["measure_end_s"] = span
+    return workload, keys
+
+
+def _flat(report: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
+    served = report["measured"] - report["measured_rejected"]
+    followups = report["followups"]
+    return {
+        "tps_under_slo": slo["tps_under_slo"],
+        "output_tps_under_slo": slo["output_tps_under_slo"],
+        "slo_attainment": slo["attainment"],
+        "slo_attainment_served": slo["met"] / served if served > 0 else 0.0,
+        "ttft_attainment": slo["ttft_attainment"],
+        "tpot_attainment": slo["tpot_attainment"],
+        "ttft_p50_s": report["ttft"]["p50"],
+        "ttft_p90_s": report["ttft"]["p90"],
+        "ttft_p99_s": report["ttft"]["p99"],
+        "tpot_p50_s": report["tpot"]["p50"],
+        "tpot_p90_s": report["tpot"]["p90"],
+        "tpot_p99_s": report["tpot"]["p99"],
+        "follow_up_return": report["followup_home_share"],
+        "follow_up_stay": 1.0 - report["migrations"] / followups if followups else None,
+        "local_hit_ratio": report["local_hit_ratio"],
+        "global_hit_ratio": report["global_hit_ratio"],
+        "migrations": report["migrations"],
+        "router_migrations": report["router_migrations"],
+        "turn_inference_accuracy": report["turn_inference_accuracy"],
+        "imbalance_queued_cv_mean": report["imbalance_queued_cv_mean"],
+        "imbalance_queued_cv_p90": report["imbalance_queued_cv_p90"],
+        "imbalance_requests_cv_mean": report["imbalance_requests_cv_mean"],
+        "preemptions": report["preemptions"],
+        "tier_fetches": report["tier_fetches"],
+        "measured": report["measured"],
+        "measured_rejected": report["measured_rejected"],
+        "followups": followups,
+        "window_s": [report["window_start_s"], report["window_end_s"]],
+        "reasons": report["reasons"],
+    }
+
+
+def _quantiles(values: list[float], points: int) -> list[float]:
+    if not values:
+        return []
+    values = sorted(values)
+    last = len(values) - 1
+    return [values[round(k * last / (points - 1))] for k in range(points)]
+
+
+def _thin_series(series: dict[str, Any], points: int) -> dict[str, Any]:
+    times: list[float] = series["time_s"]
+    if not times:
+        return {}
+    step = max(1, math.ceil(len(times) / points))
+    return {
+        "time_s": times[::step],
+        "requests": series["requests"][::step],
+        "queued_tokens": series["queued_tokens"][::step],
+        "kv_usage": series["kv_usage"][::step],
+    }
+
+
+def run_one(spec: RunSpec) -> RunResult:
+    """Runs one simulation (in this process)."""
+    start = time.perf_counter()
+    workload, keys = _window_config(spec, load_trace(spec.trace))
+    config, variants, where = spec.config.core_config()
+    config.update(keys)
+    config["seed"] = spec.seed
+    if spec.detail:
+        config["keep_records"] = True
+        window = spec.window.duration_s if workload.arrival == "closed_loop" else workload.span_s / spec.load
+        config["series_interval_s"] = max(window / SERIES_POINTS, config["sample_interval_s"])
+    policy, router = policy_router(spec.policy, spec.config.router_config())
+    report = simulate(workload, policy, config=config, router=router, slo_variants=variants)
+    groups = [report["slo"], *report["slo_variants"]]
+    slos = [groups[v][i] for v, i in where]
+    ttft: list[float] = []
+    if spec.detail:
+        records = report["records"]
+        lo, hi = report["window_start_s"], report["window_end_s"]
+        ttft = [
+            t
+            for a, t in zip(records["arrival_s"], records["ttft_s"], strict=True)
+            if a is not None and t is not None and lo <= a <= hi
+        ]
+    return RunResult(
+        spec=spec,
+        metrics=_flat(report, slos[0]),
+        slos=[{k: s[k] for k in ("tps_under_slo", "output_tps_under_slo", "attainment", "met")} for s in slos],
+        wall_s=time.perf_counter() - start,
+        ttft_quantiles=_quantiles(ttft, CDF_POINTS),
+        load_series=_thin_series(report["load_series"], SERIES_POINTS) if spec.detail else {},
+    )
+
+
+def _context() -> multiprocessing.context.BaseContext | None:
+    # Forked workers inherit the traces the parent loaded; elsewhere each worker loads its own.
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork") if "fork" in methods else None
+
+
+def run_grid(
+    specs: Sequence[RunSpec],
+    *,
+    jobs: int | None = None,
+    progress: bool | None = None,
+    on_result: Callable[[RunResult], None] | None = None,
+) -> list[RunResult]:
+    """Runs every spec, ``jobs`` processes at a time (default: one per core), in spec order.
+
+    ``progress``: show a progress bar (``None``: only on a terminal).
+    """
+    jobs = max(1, jobs if jobs is not None else (os.cpu_count() or 1))
+    results: dict[int, RunResult] = {}
+    # The heaviest runs (highest load) first, so the last ones to finish are short.
+    order = sorted(range(len(specs)), key=lambda i: -specs[i].load)
+
+    def new_bar() -> tqdm[Any]:
+        return tqdm(total=len(specs), desc="simulating", unit="run", disable=None if progress is None else not progress)
+
+    if jobs == 1 or len(specs) == 1:
+        with new_bar() as bar:
+            for i in order:
+                results[i] = run_one(specs[i])
+                _done(bar, results[i], on_result)
+        return [results[i] for i in range(len(specs))]
+    for trace in {s.trace for s in specs}:
+        load_trace(trace)
+    with ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=_context()) as pool:
+        futures: dict[Future[RunResult], int] = {pool.submit(run_one, specs[i]): i for i in order}
+        # The bar (and its monitor thread) only once the workers are forked.
+        with new_bar() as bar:
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                _done(bar, results[futures[future]], on_result)
+    return [results[i] for i in range(len(specs))]
+
+
+def _done(bar: tqdm[Any], result: RunResult, on_result: Callable[[RunResult], None] | None) -> None:
+    bar.set_postfix_str(f"{result.spec.policy}@{result.spec.load:g}", refresh=False)
+    bar.update(1)
+    if on_result is not None:
+        on_result(result)
+
+
+@dataclass(frozen=True)
+class PolicySummary:
+    """A policy over the loads of a grid (means over seeds), under one SLO."""
+
+    policy: str
+    tier: bool
+    loads: list[float]
+    tps_under_slo: list[float]
+    attainment: list[float]
+    attainment_served: list[float]
+    peak_tps_under_slo: float
+    load_at_peak: float
+    max_load_at_target: float | None
+    """Highest load whose served attainment, and that of every lower load, is ≥ 90%."""
+
+
+def summarize(results: Iterable[RunResult], slo_index: int = 0) -> list[PolicySummary]:
+    """Per (policy, tier): the TPS-under-SLO curve, its peak and the highest load meeting 90%."""
+    grouped: dict[tuple[str, bool], dict[float, list[RunResult]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        grouped[(r.spec.policy, r.spec.tier)][r.spec.load].append(r)
+    out = []
+    for (policy, tier), by_load in grouped.items():
+        loads = sorted(by_load)
+        tps, att, served = [], [], []
+        for load in loads:
+            runs = by_load[load]
+            tps.append(_mean(r.slos[slo_index]["tps_under_slo"] for r in runs))
+            att.append(_mean(r.slos[slo_index]["attainment"] for r in runs))
+            served.append(_mean(_served(r, slo_index) for r in runs))
+        peak = max(range(len(loads)), key=lambda k: tps[k])
+        sustainable = None
+        for load, a in zip(loads, served, strict=True):
+            if a < ATTAINMENT_TARGET:
+                break
+            sustainable = load
+        out.append(PolicySummary(policy, tier, loads, tps, att, served, tps[peak], loads[peak], sustainable))
+    return out
+
+
+def _served(r: RunResult, slo_index: int) -> float:
+    served = r.metrics["measured"] - r.metrics["measured_rejected"]
+    met: int = r.slos[slo_index]["met"]
+    return met / served if served > 0 else 0.0
+
+
+def _mean(values: Iterable[float]) -> float:
+    v = list(values)
+    return sum(v) / len(v) if v else 0.0

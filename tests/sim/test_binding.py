@@ -1,0 +1,170 @@
+"""Contract of the simulator bindings: loaders of every format, typed errors, config, report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from smetric import RouterConfig
+from smetric._core import Workload, load_workload, sim_config_defaults, sim_profiles, simulate
+from smetric.errors import (
+    EmptyWorkloadError,
+    InvalidArgumentError,
+    InvalidConfigError,
+    SmetricError,
+    TraceFormatError,
+    UnknownPolicyError,
+)
+from smetric.sim import SimulationConfig
+
+TraceWriter = Callable[..., Path]
+
+# (format, requests, block tokens, arrival)
+FORMATS = [
+    ("weka", 24, 256, "closed_loop"),
+    ("bailian", 3, 16, "open_loop"),
+    ("mooncake", 3, 512, "open_loop"),
+    ("azure", 2, 16, "open_loop"),
+]
+
+
+@pytest.mark.parametrize(("fmt", "requests", "block", "arrival"), FORMATS)
+def test_every_format_loads_and_simulates(
+    trace_of: Callable[[str], Path], fmt: str, requests: int, block: int, arrival: str
+) -> None:
+    w = load_workload(trace_of(fmt), fmt)
+    assert isinstance(w, Workload)
+    assert (len(w), w.block_tokens, w.arrival) == (requests, block, arrival)
+    assert w.input_tokens > 0 and w.output_tokens > 0
+    report = simulate(w, "smetric", config={"instances": 2})
+    assert report["completed"] == requests
+    assert report["policy"] == "smetric"
+    assert report["instances"] == 2
+    assert 0.0 <= report["slo"][0]["attainment"] <= 1.0
+
+
+def test_weka_options_and_paths(weka_trace: TraceWriter) -> None:
+    path = weka_trace()
+    assert load_workload(str(path), "weka", coarsen=1).block_tokens == 64
+    both = load_workload([path, weka_trace("second.jsonl", sessions=1, first=10)], "weka")
+    assert (both.name, both.root_sessions) == ("weka(2 files)", 5)
+    with pytest.raises(TraceFormatError) as err:  # request ids are unique across the files
+        load_workload([path, weka_trace("again.jsonl", sessions=1)], "weka")
+    assert (err.value.line, err.value.path.endswith("again.jsonl")) == (1, True)
+    assert repr(both).startswith("Workload(")
+
+
+def test_workload_is_frozen(trace_of: Callable[[str], Path]) -> None:
+    w = load_workload(trace_of("azure"), "azure")
+    with pytest.raises(AttributeError):
+        w.name = "x"  # type: ignore[misc]
+
+
+def test_malformed_trace_names_file_and_line(tmp_path: Path, weka_trace: TraceWriter) -> None:
+    lines = weka_trace().read_text().splitlines()
+    lines[2] = lines[2][: len(lines[2]) // 2]  # truncated JSON on line 3
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceFormatError) as err:
+        load_workload(bad, "weka")
+    assert err.value.line == 3
+    assert err.value.path.endswith("bad.jsonl")
+    assert isinstance(err.value, SmetricError) and isinstance(err.value, ValueError)
+    assert "bad.jsonl:3" in str(err.value)
+
+    negative = tmp_path / "negative.jsonl"
+    row = '{"timestamp": %s, "input_length": 10, "output_length": 1}\n'
+    negative.write_text(row % 0 + row % -5)
+    with pytest.raises(TraceFormatError) as err:
+        load_workload(negative, "azure")
+    assert (err.value.line, "timestamp" in err.value.reason) == (2, True)
+
+
+def test_io_and_argument_errors(tmp_path: Path, trace_of: Callable[[str], Path]) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_workload(tmp_path / "missing.jsonl", "weka")
+    with pytest.raises(InvalidArgumentError) as err:
+        load_workload(trace_of("azure"), "csv")
+    assert err.value.argument == "format"
+    with pytest.raises(InvalidArgumentError):
+        load_workload([trace_of("azure"), trace_of("azure")], "azure")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(EmptyWorkloadError):
+        load_workload(empty, "azure")
+    with pytest.raises(TypeError):
+        load_workload(42, "azure")  # type: ignore[arg-type]
+
+
+def test_config_errors_are_typed(trace_of: Callable[[str], Path]) -> None:
+    w = load_workload(trace_of("azure"), "azure")
+    with pytest.raises(InvalidConfigError) as err:
+        simulate(w, "smetric", config={"instance": 2})
+    assert (err.value.field, "instance" in err.value.reason) == ("config", True)
+    with pytest.raises(InvalidConfigError) as err:
+        simulate(w, "smetric", config={"instances": 0})
+    assert err.value.field == "instances"
+    with pytest.raises(InvalidConfigError) as err:
+        simulate(w, "smetric", config={"global_tier": {"bandwidth": 1}})
+    assert err.value.field == "global_tier"
+    with pytest.raises(InvalidConfigError) as err:
+        simulate(w, "smetric", config={"profile": "a100"})
+    assert err.value.field == "profile"
+    with pytest.raises(TypeError, match="instances"):
+        simulate(w, "smetric", config={"instances": "two"})
+    with pytest.raises(UnknownPolicyError):
+        simulate(w, "fastest")
+
+
+def test_python_defaults_come_from_the_engine() -> None:
+    defaults = sim_config_defaults()
+    config = SimulationConfig()
+    assert config.instances == defaults["instances"] == 16
+    assert config.profile == defaults["profile"] in sim_profiles()
+    assert config.global_tier.enabled is defaults["global_tier"]["enabled"] is True
+    assert [s.tpot_s for s in config.slos] == defaults["slo"]["tpot_s"]
+    assert config.slos[0].ttft_base_s == defaults["slo"]["ttft_base_s"]
+    core, variants, where = config.core_config()
+    assert core["slo"] == defaults["slo"] and variants == [] and where == [(0, 0), (0, 1)]
+
+
+def test_report_fields_series_records_and_slo_variants(weka_trace: TraceWriter) -> None:
+    w = load_workload(weka_trace(), "weka")
+    config: dict[str, Any] = {"instances": 2, "session_rate_per_s": 0.5, "series_interval_s": 5.0, "keep_records": True}
+    same = {"ttft_base_s": 2.0, "ttft_s_per_token": 1e-4, "tpot_s": [0.1]}
+    none = {"ttft_base_s": 0.0, "ttft_s_per_token": 0.0}
+    report = simulate(w, "least_load", config=config, slo_variants=[same, none])
+    assert report["slo_variants"][0][0] == report["slo"][0]
+    assert report["slo_variants"][1][0]["met"] == 0
+    assert len(report["slo_variants"][1]) == 2, "an omitted key keeps the run's value"
+    series = report["load_series"]
+    assert series["instances"] == 2 and len(series["time_s"]) == len(series["requests"]) > 1
+    assert all(len(row) == 2 for row in series["requests"])
+    records = report["records"]
+    assert len(records["ttft_s"]) == len(w) and all(t is not None and t > 0 for t in records["ttft_s"])
+    assert report["followup_home_share"] is not None and report["turn_inference_accuracy"] is not None
+    for key in ("tps_under_slo", "output_tps_under_slo", "attainment", "ttft_attainment", "tpot_attainment"):
+        assert key in report["slo"][0]
+    assert "records" not in simulate(w, "least_load", config={"instances": 2}), "records only on request"
+
+
+def test_router_config_reaches_the_policy(weka_trace: TraceWriter) -> None:
+    w = load_workload(weka_trace(), "weka")
+    base = simulate(w, "cache_first", config={"instances": 4})
+    max_hit = simulate(w, "cache_first", config={"instances": 4}, router=RouterConfig(cache_first_mode="max_hit"))
+    assert set(base["reasons"]) == {"cache-first: weighted"}
+    assert set(max_hit["reasons"]) == {"cache-first: max-hit"}
+
+
+def test_replicate(weka_trace: TraceWriter, trace_of: Callable[[str], Path]) -> None:
+    w = load_workload(weka_trace(), "weka")
+    r = w.replicate(3, seed=1)
+    assert (len(r), r.root_sessions, r.sessions) == (3 * len(w), 3 * w.root_sessions, 3 * w.sessions)
+    assert r.total_hash_ids == 3 * w.total_hash_ids
+    with pytest.raises(InvalidConfigError):
+        w.replicate(0)
+    with pytest.raises(InvalidConfigError):
+        load_workload(trace_of("azure"), "azure").replicate(2)

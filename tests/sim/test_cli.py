@@ -1,0 +1,76 @@
+"""``smetric simulate`` / ``smetric sweep`` smoke tests on a tiny trace, and the shipped excerpt."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from smetric.cli import main
+from smetric.sim import load_workload
+from smetric.sim.config import EMBEDDED_TRACE, embedded_trace_path
+
+TraceWriter = Callable[..., Path]
+TINY = ["--instances", "2", "--duration-s", "300", "--warmup-s", "30", "--jobs", "2", "--no-progress"]
+
+
+def test_simulate_writes_table_results_and_plots(
+    weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["simulate", "--trace", str(weka_trace()), "--policies", "least_load,smetric,cache_first_max_hit"]
+    assert main([*argv, *TINY, "--load", "0.05", "--ladder", "1,2", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "SLO (headline): TTFT≤2s+0.1ms/tok TPOT≤100ms" in table
+    assert "TPOT≤50ms" in table and "smetric" in table and "peak TPS<=SLO" in table
+    results = json.loads((out / "results.json").read_text())
+    assert list(results) == ["least_load", "smetric", "cache_first_max_hit"]
+    for entry in results.values():
+        for key in ("tps_under_slo", "slo_attainment", "follow_up_return", "local_hit_ratio", "global_hit_ratio"):
+            assert isinstance(entry[key], float), key
+        assert entry["load"] == 0.05 and entry["slo"].startswith("TTFT≤")
+        assert [s["tpot_s"] for s in entry["by_slo"]] == [0.1, 0.05]
+        assert entry["sweep"]["loads"] == [0.05, 0.1]
+    run = json.loads((out / "run.json").read_text())
+    assert run["trace"]["format"] == "weka" and run["config"]["instances"] == 2
+    for png in ("tps_vs_load.png", "ttft_cdf.png", "load_over_time.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+
+
+def test_sweep_grid_and_tiers(weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--trace", str(weka_trace()), "--policies", "lmetric,smetric", "--loads", "0.03,0.06"]
+    assert main([*argv, *TINY, "--seeds", "0,1", "--tier", "both", "--out", str(out)]) == 0
+    assert "max load, attain>=90%" in capsys.readouterr().out
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert len(sweep["runs"]) == 2 * 2 * 2 * 2
+    assert {(p["policy"], p["tier"]) for p in sweep["summaries"][0]["policies"]} == {
+        ("lmetric", True), ("lmetric", False), ("smetric", True), ("smetric", False)
+    }  # fmt: skip
+    assert (out / "tps_vs_load_slo0.png").exists()
+
+
+def test_bad_arguments_fail_cleanly(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown policy"):
+        main(["simulate", "--policies", "nope", "--out", str(tmp_path)])
+    odd = tmp_path / "trace.jsonl"
+    odd.write_text("{}\n")
+    with pytest.raises(SystemExit):
+        main(["simulate", "--trace", str(odd), "--out", str(tmp_path)])
+
+
+def test_embedded_excerpt_and_licence_ship_in_the_package() -> None:
+    data = resources.files("smetric") / "data"
+    assert (data / EMBEDDED_TRACE).is_file()
+    licence = (data / "LICENSE-weka-excerpt.txt").read_text()
+    assert "Apache License" in licence and "kv-cache-tester" in licence and "Callan Fox" in licence
+    path = embedded_trace_path()
+    with gzip.open(path, "rt") as fh:
+        first = json.loads(fh.readline())
+    assert first["root_session_id"].startswith("weka-")
+    w = load_workload(path, "weka")
+    assert (len(w), w.root_sessions) == (1039, 20)
