@@ -78,6 +78,7 @@ COMBOS: tuple[tuple[str, str, str], ...] = tuple(
         ("round_robin", "weighted"),
         ("least_load", "weighted"),
         ("cache_first", "weighted"),
+        ("cache_first", "argmax"),
         ("cache_first", "max_hit"),
         ("linear", "weighted"),
         ("lmetric", "weighted"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 INDEX_MODES = ("approximate", "exact")
-CACHE_FIRST_MODES = ("weighted", "max_hit")
+CACHE_FIRST_MODES = ("weighted", "argmax", "max_hit")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -105,11 +105,8 @@ def _clamp01(x: float) -> float:
     return min(max(x, 0.0), 1.0)
 
 
-def cache_first_weighted(
-    cands: Sequence[Candidate], req: RouteInput, weights: tuple[float, float, float], rng: CounterRng
-) -> tuple[int, str]:
-    """Bailian's scheduler: sample proportionally to a min-max normalised weighted score."""
-    reason = "cache-first: weighted"
+def cache_first_scores(cands: Sequence[Candidate], req: RouteInput, weights: tuple[float, float, float]) -> list[float]:
+    """The min-max normalised weighted score p_i of every candidate (§6.3)."""
     hit = [float(c.local_hit) / float(max(req.n, 1)) for c in cands]
     bs = [float(c.bs) for c in cands]
     act = [float(c.active) for c in cands]
@@ -123,6 +120,15 @@ def cache_first_weighted(
         n1 = _clamp01((hi_bs - bs[i]) / max(hi_bs - lo_bs, 1e-6))
         n2 = _clamp01((hi_a - act[i]) / max(hi_a - lo_a, 1e-6))
         p.append(alpha * n0 + beta * n1 + gamma * n2)
+    return p
+
+
+def cache_first_weighted(
+    cands: Sequence[Candidate], req: RouteInput, weights: tuple[float, float, float], rng: CounterRng
+) -> tuple[int, str]:
+    """Bailian's scheduler: sample proportionally to a min-max normalised weighted score."""
+    reason = "cache-first: weighted"
+    p = cache_first_scores(cands, req, weights)
     total = 0.0
     for p_i in p:
         total += p_i
@@ -136,6 +142,14 @@ def cache_first_weighted(
         if running > u:
             return i, reason
     return len(cands) - 1, reason  # float round-off: the last candidate
+
+
+def cache_first_argmax(
+    cands: Sequence[Candidate], req: RouteInput, weights: tuple[float, float, float], rng: CounterRng
+) -> tuple[int, str]:
+    """The deterministic form: argmax p_i, ties at random."""
+    p = cache_first_scores(cands, req, weights)
+    return pick_among(keep_max(range(len(cands)), lambda i: p[i]), rng), "cache-first: argmax"
 
 
 def cache_first_max_hit(cands: Sequence[Candidate], rng: CounterRng) -> tuple[int, str]:

@@ -300,6 +300,8 @@ class ReferenceRouter:
                 return pos, reason
             case "least_load":
                 return policies.least_load(cands, rng)
+            case "cache_first" if cfg.cache_first_mode == "argmax":
+                return policies.cache_first_argmax(cands, req, cfg.cache_first_weights, rng)
             case "cache_first" if cfg.cache_first_mode == "max_hit":
                 return policies.cache_first_max_hit(cands, rng)
             case "cache_first":

@@ -39,6 +39,7 @@ FORMATS: Final[tuple[str, ...]] = ("weka", "bailian", "mooncake", "azure")
 
 POLICY_VARIANTS: Final[dict[str, tuple[str, dict[str, Any]]]] = {
     "cache_first_max_hit": ("cache_first", {"cache_first_mode": "max_hit"}),
+    "cache_first_argmax": ("cache_first", {"cache_first_mode": "argmax"}),
 }
 """Extra report names: the core policy and the :class:`RouterConfig` fields it sets."""
 
@@ -115,6 +116,8 @@ class SimulationConfig:
     slos: tuple[SLO, ...] = DEFAULT_SLOS
     sample_interval_s: float = ENGINE_DEFAULTS["sample_interval_s"]
     load_report_interval_s: float | None = ENGINE_DEFAULTS["load_report_interval_s"]
+    max_events: int | None = ENGINE_DEFAULTS["max_events"]
+    """Event budget of one run (``SimulationError`` beyond it); ``None``: no limit."""
     router: tuple[tuple[str, Any], ...] = ()
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
@@ -181,6 +184,7 @@ class SimulationConfig:
             },
             "sample_interval_s": self.sample_interval_s,
             "load_report_interval_s": self.load_report_interval_s,
+            "max_events": self.max_events,
         }
         return config, variants, where
 

@@ -44,6 +44,8 @@ impl IndexMode {
 pub enum CacheFirstMode {
     /// Weighted random over the normalised hit/batch/tokens score, as deployed.
     Weighted,
+    /// Deterministic: the highest normalised score (blitz-router's `bailian-impl-*-deterministic`).
+    Argmax,
     /// Deterministic: most local hit tokens, ties to the smallest batch.
     MaxHit,
 }
@@ -53,6 +55,7 @@ impl CacheFirstMode {
     pub fn name(self) -> &'static str {
         match self {
             Self::Weighted => "weighted",
+            Self::Argmax => "argmax",
             Self::MaxHit => "max_hit",
         }
     }
@@ -61,10 +64,11 @@ impl CacheFirstMode {
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "weighted" => Ok(Self::Weighted),
+            "argmax" => Ok(Self::Argmax),
             "max_hit" => Ok(Self::MaxHit),
             other => Err(SmetricError::InvalidConfig {
                 field: "cache_first_mode",
-                reason: format!("{other:?} is not one of \"weighted\", \"max_hit\""),
+                reason: format!("{other:?} is not one of \"weighted\", \"argmax\", \"max_hit\""),
             }),
         }
     }

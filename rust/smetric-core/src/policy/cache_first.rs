@@ -2,8 +2,8 @@
 //! `bailian-impl`). Three indicators are min-max normalised over the fleet — hit % (higher
 //! is better), batch size and active tokens (lower is better) — and combined as
 //! `p = α·hit + β·batch + γ·tokens` (default 0.7/0.15/0.15). The deployed scheduler samples an
-//! instance with probability `p / Σp`; `max_hit` is the deterministic variant (most local hit
-//! tokens, ties to the smallest batch). Either way the shared system prompt of agent first
+//! instance with probability `p / Σp`; `argmax` takes the highest `p` (the deterministic run of
+//! blitz-router's artifact); `max_hit` takes the most local hit tokens, ties to the smallest batch. Either way the shared system prompt of agent first
 //! turns pulls sessions onto the instances that already hold it. O(N).
 
 use super::{Reason, Selection, SelectionInput, argmin_by};
@@ -23,7 +23,8 @@ fn min_max(values: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
 }
 
 impl CacheFirst {
-    fn weighted(input: &SelectionInput<'_>) -> Selection {
+    /// The normalised score `p_i = α·hit + β·batch + γ·tokens` of every candidate.
+    fn scores(input: &SelectionInput<'_>) -> Vec<f64> {
         let c = input.candidates;
         let n = input.num_tokens.max(1) as f64;
         let hit = |i: usize| c[i].local_hit_tokens as f64 / n;
@@ -31,14 +32,19 @@ impl CacheFirst {
         let (bs_lo, bs_hi) = min_max(c.iter().map(|x| x.bs as f64));
         let (a_lo, a_hi) = min_max(c.iter().map(|x| x.active as f64));
         let (alpha, beta, gamma) = input.config.cache_first_weights;
-        let p: Vec<f64> = (0..c.len())
+        (0..c.len())
             .map(|i| {
                 let n0 = ((hit(i) - hit_lo) / (hit_hi - hit_lo).max(RANGE_FLOOR)).clamp(0.0, 1.0);
                 let n1 = ((bs_hi - c[i].bs as f64) / (bs_hi - bs_lo).max(RANGE_FLOOR)).clamp(0.0, 1.0);
                 let n2 = ((a_hi - c[i].active as f64) / (a_hi - a_lo).max(RANGE_FLOOR)).clamp(0.0, 1.0);
                 alpha * n0 + beta * n1 + gamma * n2
             })
-            .collect();
+            .collect()
+    }
+
+    fn weighted(input: &SelectionInput<'_>) -> Selection {
+        let c = input.candidates;
+        let p = Self::scores(input);
         let total = p.iter().fold(0.0, |acc, x| acc + x);
         let index = if total <= 0.0 {
             input.rng.pick(c.len())
@@ -55,6 +61,16 @@ impl CacheFirst {
         Selection {
             index,
             reason: Reason::CacheFirstWeighted,
+        }
+    }
+
+    fn argmax(input: &SelectionInput<'_>) -> Selection {
+        let p = Self::scores(input);
+        // argmax as argmin of −p: the same exact-equality ties.
+        let index = super::argmin(p.len(), input.rng, |i| -p[i]);
+        Selection {
+            index,
+            reason: Reason::CacheFirstArgmax,
         }
     }
 
@@ -83,6 +99,7 @@ impl super::Policy for CacheFirst {
     fn select(&self, input: &SelectionInput<'_>) -> Selection {
         match input.config.cache_first_mode {
             CacheFirstMode::Weighted => Self::weighted(input),
+            CacheFirstMode::Argmax => Self::argmax(input),
             CacheFirstMode::MaxHit => Self::max_hit(input),
         }
     }

@@ -75,6 +75,8 @@ pub enum Reason {
     LeastLoad,
     /// `cache_first`, weighted sampling.
     CacheFirstWeighted,
+    /// `cache_first`, deterministic argmax of the score.
+    CacheFirstArgmax,
     /// `cache_first`, max-hit variant.
     CacheFirstMaxHit,
     /// `linear`.
@@ -98,6 +100,7 @@ impl Reason {
             Self::RoundRobin => "round-robin",
             Self::LeastLoad => "least-load",
             Self::CacheFirstWeighted => "cache-first: weighted",
+            Self::CacheFirstArgmax => "cache-first: argmax",
             Self::CacheFirstMaxHit => "cache-first: max-hit",
             Self::Linear => "linear",
             Self::Lmetric => "lmetric",
@@ -109,10 +112,11 @@ impl Reason {
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
+        Self::CacheFirstArgmax,
         Self::CacheFirstMaxHit,
         Self::Linear,
         Self::Lmetric,
