@@ -10,7 +10,10 @@
 //!   block) prompt against an index holding 1M (block, instance) entries;
 //! * `select/{policy}/{8,32,128,1024}` — one policy decision over that many candidates;
 //! * `route/{1K,32K}/32` — a whole `Router::route` (hash + query + score + insert) on a warm
-//!   index with 32 instances, followed by the lifecycle calls that keep the board steady.
+//!   index with 32 instances, followed by the lifecycle calls that keep the board steady; the
+//!   same prompt each time, so its chain already is the newest in both holders;
+//! * `route/{1K,32K}-cycle16/32` — the same, cycling through 16 sessions' prompts, so that each
+//!   route moves its chain to the front of both holders' LRU orders.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -142,6 +145,20 @@ fn bench_route(c: &mut Criterion) {
             b.iter(|| {
                 let d = router
                     .route(&RouteRequest::new(Prompt::Tokens(black_box(&prompt))))
+                    .expect("route");
+                router.on_finished(d.request_id, 0);
+                d.instance
+            });
+        });
+        // The same, cycling through 16 sessions' prompts: each route moves its chain to the
+        // front of both holders' LRU orders (the benchmark above re-touches the newest run).
+        let prompts: Vec<Vec<u32>> = (0..16).map(|k| tokens(n, 7 + 16 * k)).collect();
+        let mut next = 0;
+        g.bench_function(BenchmarkId::new(format!("{label}-cycle16"), 32), |b| {
+            b.iter(|| {
+                next = (next + 1) % prompts.len();
+                let d = router
+                    .route(&RouteRequest::new(Prompt::Tokens(black_box(&prompts[next]))))
                     .expect("route");
                 router.on_finished(d.request_id, 0);
                 d.instance

@@ -7,8 +7,11 @@
 //! that every pass does the same work. Throughput is reported in block events (one stored or
 //! removed block hash = one event), the unit of the budget in BENCHMARKS.md.
 //!
-//! * `decode/captured_stream` — msgpack decoding only;
-//! * `ingest/captured_stream` — decoding + mapping + index updates into a `Router`.
+//! * `decode/captured_stream` — msgpack decoding into the owned `KvEventBatch` (`decode_batch`);
+//! * `decode_reusing/captured_stream` — the ingestor's decoding: reusable buffers, no owned
+//!   events, no allocation once the buffers have grown;
+//! * `ingest/captured_stream` — decoding + mapping + index updates into a `Router`
+//!   (`Ingestor::on_message`, one `Router::apply_blocks` call per batch).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -16,7 +19,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use smetric_core::{IndexMode, PolicyKind, Router, RouterConfig, Tier};
-use smetric_vllm::{IngestConfig, Ingestor, KvEvent, decode_batch};
+use smetric_vllm::{DecodeBuffers, DecodeOptions, IngestConfig, Ingestor, KvEvent, decode_batch, decode_reusing};
 
 fn unhex(s: &str) -> Vec<u8> {
     (0..s.len())
@@ -76,6 +79,15 @@ fn bench_events(c: &mut Criterion) {
         b.iter(|| {
             for m in &messages {
                 black_box(decode_batch(black_box(&m[2])).expect("decodes"));
+            }
+        });
+    });
+    let options = DecodeOptions::default();
+    let mut buffers = DecodeBuffers::default();
+    g.bench_function("decode_reusing/captured_stream", |b| {
+        b.iter(|| {
+            for m in &messages {
+                black_box(decode_reusing(&options, black_box(&m[2]), &mut buffers).expect("decodes"));
             }
         });
     });

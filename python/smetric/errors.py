@@ -8,6 +8,8 @@ message. The Rust core raises these very classes (``smetric._core`` imports this
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "DuplicateInstanceError",
     "EmptyWorkloadError",
@@ -29,6 +31,18 @@ __all__ = [
 
 class SmetricError(ValueError):
     """Base class of every smetric error."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exceptions pickle as ``cls(*args)``, which drops keyword-only attributes; rebuild
+        # from the message and the attributes instead, so errors cross process pools intact.
+        return (_rebuild, (type(self), str(self), dict(vars(self))))
+
+
+def _rebuild(cls: type[SmetricError], message: str, attributes: dict[str, Any]) -> SmetricError:
+    err = cls.__new__(cls)
+    ValueError.__init__(err, message)
+    err.__dict__.update(attributes)
+    return err
 
 
 class InvalidBlockSizeError(SmetricError):

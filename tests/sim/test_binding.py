@@ -14,6 +14,7 @@ from smetric.errors import (
     EmptyWorkloadError,
     InvalidArgumentError,
     InvalidConfigError,
+    SimulationError,
     SmetricError,
     TraceFormatError,
     UnknownPolicyError,
@@ -117,6 +118,9 @@ def test_config_errors_are_typed(trace_of: Callable[[str], Path]) -> None:
         simulate(w, "smetric", config={"instances": "two"})
     with pytest.raises(UnknownPolicyError):
         simulate(w, "fastest")
+    with pytest.raises(SimulationError) as budget:
+        simulate(w, "smetric", config={"max_events": 3})
+    assert budget.value.reason == "event budget" and "3 events" in str(budget.value)
 
 
 def test_python_defaults_come_from_the_engine() -> None:
@@ -168,3 +172,16 @@ def test_replicate(weka_trace: TraceWriter, trace_of: Callable[[str], Path]) -> 
         w.replicate(0)
     with pytest.raises(InvalidConfigError):
         load_workload(trace_of("azure"), "azure").replicate(2)
+
+
+def test_errors_survive_pickling(tmp_path: Path) -> None:
+    """Sweeps run in worker processes: their errors must cross the pool with their attributes."""
+    import pickle
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(TraceFormatError) as err:
+        load_workload(bad, "azure")
+    again = pickle.loads(pickle.dumps(err.value))
+    assert type(again) is TraceFormatError and (again.path, again.line) == (err.value.path, 1)
+    assert str(again) == str(err.value)

@@ -137,11 +137,13 @@ def _label(policy: str, tier: bool, both: bool) -> str:
 def plot_tps_vs_load(path: Path, summaries: Sequence[PolicySummary], *, load_unit: str, slo: SLO, title: str) -> None:
     """TPS under SLO (left) and SLO attainment (right) against load, one line per policy."""
     both = len({s.tier for s in summaries}) > 1
+    colors = {p: f"C{k % 10}" for k, p in enumerate(dict.fromkeys(s.policy for s in summaries))}
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for s in summaries:
-        style = "-" if s.tier else "--"
-        ax.plot(s.loads, [t / 1e3 for t in s.tps_under_slo], style, marker="o", label=_label(s.policy, s.tier, both))
-        ax2.plot(s.loads, [100 * a for a in s.attainment], style, marker="o", label=_label(s.policy, s.tier, both))
+        style = {"ls": "-" if s.tier else "--", "marker": "o" if s.tier else "x", "color": colors[s.policy]}
+        label = _label(s.policy, s.tier, both)
+        ax.plot(s.loads, [t / 1e3 for t in s.tps_under_slo], label=label, **style)
+        ax2.plot(s.loads, [100 * a for a in s.attainment], label=label, **style)
     ax.set(xlabel=f"load ({load_unit})", ylabel="TPS under SLO (k tokens/s)", title="TPS under SLO")
     ax2.set(xlabel=f"load ({load_unit})", ylabel="SLO attainment (%)", title="SLO attainment", ylim=(0, 101))
     ax2.axhline(90, color="grey", lw=0.8, ls=":")

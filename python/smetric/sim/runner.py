@@ -21,16 +21,19 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
 
 from tqdm import tqdm
 
 from smetric._core import Workload, load_workload, simulate
+from smetric.errors import SimulationError
 from smetric.sim.config import SimulationConfig, TraceSpec, Window, policy_router
 
 ATTAINMENT_TARGET: Final[float] = 0.9
@@ -226,10 +229,13 @@ def run_grid(
     jobs: int | None = None,
     progress: bool | None = None,
     on_result: Callable[[RunResult], None] | None = None,
+    skip_failures: bool = False,
 ) -> list[RunResult]:
     """Runs every spec, ``jobs`` processes at a time (default: one per core), in spec order.
 
-    ``progress``: show a progress bar (``None``: only on a terminal).
+    ``progress``: show a progress bar (``None``: only on a terminal). ``skip_failures``: a run
+    that raises :class:`~smetric.errors.SimulationError` (e.g. its event budget ran out) is
+    reported on stderr and left out of the result instead of aborting the grid.
     """
     jobs = max(1, jobs if jobs is not None else (os.cpu_count() or 1))
     results: dict[int, RunResult] = {}
@@ -239,12 +245,22 @@ def run_grid(
     def new_bar() -> tqdm[Any]:
         return tqdm(total=len(specs), desc="simulating", unit="run", disable=None if progress is None else not progress)
 
+    def collect(i: int, get: Callable[[], RunResult], bar: tqdm[Any]) -> None:
+        try:
+            results[i] = get()
+        except SimulationError as err:
+            if not skip_failures:
+                raise
+            print(f"skipped {specs[i].policy}@{specs[i].load:g} (tier {specs[i].tier}): {err}", file=sys.stderr)
+            bar.update(1)
+            return
+        _done(bar, results[i], on_result)
+
     if jobs == 1 or len(specs) == 1:
         with new_bar() as bar:
             for i in order:
-                results[i] = run_one(specs[i])
-                _done(bar, results[i], on_result)
-        return [results[i] for i in range(len(specs))]
+                collect(i, partial(run_one, specs[i]), bar)
+        return [results[i] for i in range(len(specs)) if i in results]
     for trace in {s.trace for s in specs}:
         load_trace(trace)
     with ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=_context()) as pool:
@@ -252,9 +268,8 @@ def run_grid(
         # The bar (and its monitor thread) only once the workers are forked.
         with new_bar() as bar:
             for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                _done(bar, results[futures[future]], on_result)
-    return [results[i] for i in range(len(specs))]
+                collect(futures[future], future.result, bar)
+    return [results[i] for i in range(len(specs)) if i in results]
 
 
 def _done(bar: tqdm[Any], result: RunResult, on_result: Callable[[RunResult], None] | None) -> None:

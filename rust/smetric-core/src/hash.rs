@@ -9,6 +9,10 @@
 //! is `tokens.len() / block_size`.
 //!
 //! Complexity: O(n) in the number of tokens, one pass, no allocation besides the output.
+//! Blocks of [`FIXED_BLOCK_TOKENS`] tokens (vLLM's default) are hashed by code compiled for
+//! that constant length, which drops xxh3's dispatch on the input length; the chain's hashes
+//! depend on each other, so a long prompt is hashed at about one block per xxh3 latency.
+//! (The index hashes a prompt it holds faster: [`crate::KvIndex::query_tokens`].)
 
 #[cfg(not(target_endian = "little"))]
 use xxhash_rust::xxh3::Xxh3;
@@ -54,6 +58,18 @@ pub fn hash_block(parent: u64, block: &[u32]) -> u64 {
     }
 }
 
+/// Block size whose hashing is compiled for its constant length (vLLM's default block size);
+/// other sizes take the generic path. The hashes are the same either way.
+pub const FIXED_BLOCK_TOKENS: usize = 16;
+
+/// `block_size`, or the constant `B` when it is not 0: a caller monomorphised for
+/// `B = FIXED_BLOCK_TOKENS` slices constant-length blocks, so xxh3's dispatch on the input
+/// length folds away.
+#[inline]
+pub(crate) const fn block_len<const B: usize>(block_size: usize) -> usize {
+    if B == 0 { block_size } else { B }
+}
+
 /// Appends the chained hashes of every full block of `tokens` to `out`.
 ///
 /// `block_size` must be at least 1 (the router validates it once at construction).
@@ -65,9 +81,19 @@ pub fn hash_tokens_into(
     out: &mut Vec<BlockHash>,
 ) {
     debug_assert!(block_size > 0);
-    out.reserve(tokens.len() / block_size);
-    let mut parent = chain_root(seed, namespace);
-    for block in tokens.chunks_exact(block_size) {
+    let root = chain_root(seed, namespace);
+    if block_size == FIXED_BLOCK_TOKENS {
+        chain_from::<FIXED_BLOCK_TOKENS>(tokens, block_size, root, out);
+    } else {
+        chain_from::<0>(tokens, block_size, root, out);
+    }
+}
+
+/// Appends the chain of `tokens`' full blocks under `parent` to `out` (`B`: see [`block_len`]).
+pub(crate) fn chain_from<const B: usize>(tokens: &[u32], block_size: usize, mut parent: u64, out: &mut Vec<BlockHash>) {
+    let b = block_len::<B>(block_size);
+    out.reserve(tokens.len() / b);
+    for block in tokens.chunks_exact(b) {
         parent = hash_block(parent, block);
         out.push(BlockHash(parent));
     }

@@ -35,5 +35,5 @@ pub use ids::{BlockHash, InstanceId, RequestId};
 pub use index::{Holder, IndexQuery, KvIndex};
 pub use load::{EffectiveLoad, LoadSnapshot};
 pub use policy::{Candidate, Policy, PolicyKind, Reason, Selection, SelectionInput};
-pub use router::{Decision, Hits, Prompt, RouteRequest, Router, RouterStats, Tier};
+pub use router::{Decision, Hits, IndexOp, Prompt, RouteRequest, Router, RouterStats, Tier};
 pub use turn::{TurnHint, TurnSource, first_turn_from_roles};

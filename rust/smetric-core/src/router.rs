@@ -1,11 +1,14 @@
 //! The router: hash → query the index → read the load board → policy → record.
 //!
-//! A decision hashes the prompt outside any lock, then, under the index mutex, queries the
-//! two-tier index, reads every candidate's load from the lock-free board, asks the policy,
-//! inserts the chain on route (approximate mode) and bumps the chosen instance's counters.
-//! Holding the index mutex across the whole decision serialises decisions, so two
-//! concurrent requests always see each other's load (no thundering herd onto one idle
-//! instance); the critical section is the query plus an O(N) scoring loop.
+//! Under the index mutex, a decision hashes the prompt while it queries the two-tier index
+//! (`KvIndex::query_tokens`: along blocks the index holds, each block's hash is seeded from
+//! the previous block's entry, so the hashes do not wait for each other), reads every
+//! candidate's load from the lock-free board, asks the policy, inserts the chain on route
+//! (approximate mode; reusing the entry ids the query found) and bumps the chosen
+//! instance's counters. Holding the index mutex across the whole decision serialises
+//! decisions, so two concurrent requests always see each other's load (no thundering herd
+//! onto one idle instance); the critical section is the hashing walk plus an O(N) scoring
+//! loop and the insert (for a prompt the index holds, hashing dominates it).
 //!
 //! Lifecycle calls (`on_prefilled`, `on_finished`, `on_aborted`) only take the request-table
 //! mutex and update atomics. Control-plane calls (fleet changes, index feeds) take the
@@ -24,7 +27,7 @@ use parking_lot::Mutex;
 use crate::config::{IndexMode, RouterConfig};
 use crate::error::{Result, SmetricError};
 use crate::fleet::Fleet;
-use crate::hash::hash_tokens_into;
+use crate::hash::{chain_root, hash_tokens_into};
 use crate::ids::{BlockHash, InstanceId, RequestId};
 use crate::index::{Holder, IndexLimits, IndexQuery, IndexStats, KvIndex, MixMap};
 use crate::load::LoadSnapshot;
@@ -122,6 +125,27 @@ pub enum Tier {
     Global,
 }
 
+/// One index write of a batch applied by [`Router::apply_blocks`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexOp<'a> {
+    /// As [`Router::store_blocks`]: the tier now holds `hashes`, a run continuing `parent`.
+    Store {
+        /// The tier written.
+        tier: Tier,
+        /// The run.
+        hashes: &'a [BlockHash],
+        /// The block the run continues.
+        parent: Option<BlockHash>,
+    },
+    /// As [`Router::remove_blocks`]: the tier dropped `hashes`.
+    Remove {
+        /// The tier written.
+        tier: Tier,
+        /// The dropped blocks.
+        hashes: &'a [BlockHash],
+    },
+}
+
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
     slot: u32,
@@ -136,7 +160,12 @@ struct Guarded {
     index: KvIndex,
     query: IndexQuery,
     candidates: Vec<Candidate>,
+    /// The hash chain of the token prompt being routed (a buffer kept between calls).
+    chain: Vec<BlockHash>,
 }
+
+/// Chain buffer capacity (in blocks) kept between calls; a longer prompt's buffer is freed.
+const KEPT_CHAIN_BLOCKS: usize = 1 << 16;
 
 /// Counters reported by `stats()`.
 #[derive(Debug, Clone, Default)]
@@ -221,6 +250,7 @@ impl Router {
                 index,
                 query: IndexQuery::default(),
                 candidates: Vec::new(),
+                chain: Vec::new(),
             }),
             fleet: ArcSwap::from_pointee(fleet),
             requests: Mutex::new(MixMap::default()),
@@ -282,28 +312,30 @@ impl Router {
         (u64::from(blocks) * u64::from(self.block_size)).min(n.saturating_sub(1))
     }
 
-    /// Resolves a prompt into (chain, prompt length), hashing tokens into `scratch`.
-    fn chain<'a>(
+    /// Queries the index for a prompt (docs §2.4), hashing a token prompt into `scratch` on the
+    /// way (see [`KvIndex::query_tokens`]); returns the chain and the prompt length.
+    fn query_prompt<'a>(
         &self,
+        index: &mut KvIndex,
         prompt: Prompt<'a>,
         namespace: Option<&str>,
+        now_ms: u64,
         scratch: &'a mut Vec<BlockHash>,
+        out: &mut IndexQuery,
     ) -> (&'a [BlockHash], u64) {
         match prompt {
             Prompt::Tokens(tokens) => {
-                hash_tokens_into(
-                    tokens,
-                    self.block_size as usize,
-                    self.config.hash_seed,
-                    namespace,
-                    scratch,
-                );
+                let root = chain_root(self.config.hash_seed, namespace);
+                index.query_tokens(tokens, self.block_size as usize, root, now_ms, scratch, out);
                 (scratch.as_slice(), tokens.len() as u64)
             }
-            Prompt::Hashes { hashes, num_tokens } => (
-                hashes,
-                num_tokens.unwrap_or(hashes.len() as u64 * u64::from(self.block_size)),
-            ),
+            Prompt::Hashes { hashes, num_tokens } => {
+                index.query(hashes, now_ms, out);
+                (
+                    hashes,
+                    num_tokens.unwrap_or(hashes.len() as u64 * u64::from(self.block_size)),
+                )
+            }
         }
     }
 
@@ -316,8 +348,6 @@ impl Router {
                 reason: "turns count from 1".to_owned(),
             });
         }
-        let mut scratch = Vec::new();
-        let (chain, n) = self.chain(req.prompt, req.namespace, &mut scratch);
         let staleness_ms = to_ms(self.config.engine_load_staleness_s);
 
         let mut g = self.guarded.lock();
@@ -329,8 +359,13 @@ impl Router {
             index,
             query,
             candidates,
+            chain: scratch,
         } = &mut *g;
-        index.query(chain, now_ms, query);
+        scratch.clear();
+        if scratch.capacity() > KEPT_CHAIN_BLOCKS {
+            *scratch = Vec::new();
+        }
+        let (chain, n) = self.query_prompt(index, req.prompt, req.namespace, now_ms, scratch, query);
         candidates.clear();
         for (slot, m) in fleet.members() {
             let load = m.load.effective(now_ms, staleness_ms);
@@ -361,8 +396,7 @@ impl Router {
         });
         let chosen = candidates[selection.index];
         if self.config.index_mode == IndexMode::Approximate {
-            index.touch(Holder::Instance(chosen.slot), chain, None, now_ms);
-            index.touch(Holder::Global, chain, None, now_ms);
+            index.touch_queried(chosen.slot, chain, now_ms);
         }
         let member = fleet.member(chosen.slot).expect("candidates are live members");
         let prefill = n - chosen.local_hit_tokens.max(global_hit_tokens).min(n);
@@ -404,12 +438,16 @@ impl Router {
     /// Index hits of a prompt on every live instance (touches nothing but TTL purges).
     pub fn query(&self, prompt: Prompt<'_>, namespace: Option<&str>, now: Option<f64>) -> Result<Hits> {
         let now_ms = self.now_ms(now)?;
-        let mut scratch = Vec::new();
-        let (chain, n) = self.chain(prompt, namespace, &mut scratch);
         let mut g = self.guarded.lock();
         let fleet = self.fleet.load_full();
-        let Guarded { index, query, .. } = &mut *g;
-        index.query(chain, now_ms, query);
+        let Guarded {
+            index,
+            query,
+            chain: scratch,
+            ..
+        } = &mut *g;
+        scratch.clear();
+        let (_, n) = self.query_prompt(index, prompt, namespace, now_ms, scratch, query);
         Ok(Hits {
             local: fleet
                 .members()
@@ -561,6 +599,39 @@ impl Router {
         Ok(())
     }
 
+    /// Applies `ops` in order under one index lock and one clock reading: the same as calling
+    /// [`Router::store_blocks`] / [`Router::remove_blocks`] with `instance` for each op, but
+    /// `instance` is resolved once. An op that fails (its tier is `Local` and `instance` is
+    /// absent or unknown) is skipped and the others still apply; the first error is returned.
+    ///
+    /// Complexity: the sum of the ops' costs, plus one lock acquisition and one name lookup.
+    pub fn apply_blocks(&self, instance: Option<&str>, ops: &[IndexOp<'_>], now: Option<f64>) -> Result<()> {
+        let now_ms = self.now_ms(now)?;
+        let mut g = self.guarded.lock();
+        let mut local = None;
+        let mut first_error = None;
+        for op in ops {
+            let tier = match *op {
+                IndexOp::Store { tier, .. } | IndexOp::Remove { tier, .. } => tier,
+            };
+            let holder = match tier {
+                Tier::Global => Holder::Global,
+                Tier::Local => match local.get_or_insert_with(|| self.holder(instance, Tier::Local)) {
+                    Ok(holder) => *holder,
+                    Err(e) => {
+                        first_error.get_or_insert_with(|| e.clone());
+                        continue;
+                    }
+                },
+            };
+            match *op {
+                IndexOp::Store { hashes, parent, .. } => g.index.touch(holder, hashes, parent, now_ms),
+                IndexOp::Remove { hashes, .. } => g.index.remove(holder, hashes),
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// Drops everything `instance` (or the global tier) holds.
     pub fn clear(&self, instance: Option<&str>, tier: Tier) -> Result<()> {
         let mut g = self.guarded.lock();
@@ -687,5 +758,56 @@ mod tests {
             r.route(&RouteRequest::new(Prompt::Tokens(&[1]))),
             Err(SmetricError::NoInstances)
         ));
+    }
+
+    #[test]
+    fn apply_blocks_matches_one_call_per_op() {
+        let (a, b) = (BlockHash(11), BlockHash(12));
+        let ops = [
+            IndexOp::Store {
+                tier: Tier::Local,
+                hashes: &[a, b],
+                parent: None,
+            },
+            IndexOp::Store {
+                tier: Tier::Global,
+                hashes: &[a],
+                parent: None,
+            },
+            IndexOp::Remove {
+                tier: Tier::Local,
+                hashes: &[b],
+            },
+        ];
+        let hits = |r: &Router| {
+            let h = r
+                .query(
+                    Prompt::Hashes {
+                        hashes: &[a, b],
+                        num_tokens: Some(9),
+                    },
+                    None,
+                    Some(0.0),
+                )
+                .unwrap();
+            (h.local, h.global_hit_tokens)
+        };
+        let batched = Router::new(&names(2), PolicyKind::Smetric, 4, 0, RouterConfig::default()).unwrap();
+        batched.apply_blocks(Some("i1"), &ops, Some(0.0)).unwrap();
+        let single = Router::new(&names(2), PolicyKind::Smetric, 4, 0, RouterConfig::default()).unwrap();
+        single
+            .store_blocks(Some("i1"), Tier::Local, &[a, b], None, Some(0.0))
+            .unwrap();
+        single.store_blocks(None, Tier::Global, &[a], None, Some(0.0)).unwrap();
+        single.remove_blocks(Some("i1"), Tier::Local, &[b]).unwrap();
+        assert_eq!(hits(&batched), hits(&single));
+        assert_eq!(hits(&batched).1, 4);
+        // Ops on an unknown instance fail; the others still apply.
+        let r = Router::new(&names(1), PolicyKind::Smetric, 4, 0, RouterConfig::default()).unwrap();
+        assert!(matches!(
+            r.apply_blocks(Some("zzz"), &ops, Some(0.0)),
+            Err(SmetricError::UnknownInstance { .. })
+        ));
+        assert_eq!(hits(&r), (vec![(Arc::from("i0"), 0)], 4));
     }
 }

@@ -69,6 +69,9 @@ fn sim_error(py: Python<'_>, err: &SimError) -> PyErr {
             k.set_item("time_s", time_s)?;
             k.set_item("in_flight", in_flight)
         }),
+        SimError::EventBudget { .. } => error(py, "SimulationError", &message, |k| {
+            k.set_item("reason", "event budget")
+        }),
         SimError::Router(reason) => error(py, "SimulationError", &message, |k| k.set_item("reason", reason)),
     }
 }
@@ -352,6 +355,7 @@ fn sim_config(
             "sample_interval_s" => c.sample_interval_s = field(&key, &v)?,
             "load_report_interval_s" => c.load_report_interval_s = field(&key, &v)?,
             "series_interval_s" => c.series_interval_s = field(&key, &v)?,
+            "max_events" => c.max_events = field(&key, &v)?,
             "keep_records" => c.keep_records = field(&key, &v)?,
             _ => return Err(unknown_key(py, "config", &key)),
         }
@@ -389,6 +393,7 @@ fn sim_config_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("sample_interval_s", c.sample_interval_s)?;
     d.set_item("load_report_interval_s", c.load_report_interval_s)?;
     d.set_item("series_interval_s", c.series_interval_s)?;
+    d.set_item("max_events", c.max_events)?;
     d.set_item("keep_records", c.keep_records)?;
     Ok(d)
 }

@@ -270,6 +270,12 @@ impl Sim<'_> {
         while let Some(ev) = self.heap.pop() {
             self.now = ev.time;
             self.counters.events += 1;
+            if self.config.max_events.is_some_and(|max| self.counters.events > max) {
+                return Err(SimError::EventBudget {
+                    events: self.counters.events - 1,
+                    time_s: self.now,
+                });
+            }
             self.queued_work -= u64::from(!matches!(ev.kind, Kind::Sample | Kind::LoadReport));
             match ev.kind {
                 Kind::Arrive(r) => self.arrive(r)?,

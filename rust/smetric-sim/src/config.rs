@@ -17,6 +17,7 @@
 //! | `slo.tpot_s` | [0.1, 0.05] | the two TPOT tiers of perf-model §5; the first is the headline |
 //! | `sample_interval_s` | 1 s | load-imbalance sampling; finer than queueing changes, cheap |
 //! | `arrivals_until_s` | none | issue every request; set it to cut a long (replicated) session stream at the end of the measured window instead of simulating its drain |
+//! | `max_events` | none | no limit; sweeps set one so that a pathological run fails instead of running for hours |
 //! | `series_interval_s` | none | per-instance load series for plots; off unless asked (it grows with the run) |
 //! | `load_report_interval_s` | none | the router's own board is exact here (every lifecycle event is delivered) |
 
@@ -144,6 +145,8 @@ pub struct SimConfig {
     /// Period of the per-instance load series ([`crate::metrics::LoadSeries`]); `None`
     /// records none. Rounded up to a multiple of `sample_interval_s` (it is taken at samples).
     pub series_interval_s: Option<f64>,
+    /// Stops the run with [`SimError::EventBudget`] after this many events; `None`: no limit.
+    pub max_events: Option<u64>,
     /// Keep one [`crate::metrics::RequestRecord`] per request in the report.
     pub keep_records: bool,
     /// Router tunables. Its `local_capacity_blocks` and `global_capacity_blocks` are always
@@ -172,6 +175,7 @@ impl Default for SimConfig {
             sample_interval_s: 1.0,
             load_report_interval_s: None,
             series_interval_s: None,
+            max_events: None,
             keep_records: false,
             router: RouterConfig::default(),
         }

@@ -46,6 +46,15 @@ pub enum SimError {
         /// Requests that arrived and never finished.
         in_flight: u64,
     },
+    /// The run processed more events than `max_events` allows (a guard against runs that
+    /// make almost no progress in simulated time).
+    #[error("simulation exceeded its budget of {events} events at t={time_s:.3}s")]
+    EventBudget {
+        /// Events processed.
+        events: u64,
+        /// Simulated time when the budget ran out, seconds.
+        time_s: f64,
+    },
     /// The routing core refused a call.
     #[error("router error: {0}")]
     Router(String),

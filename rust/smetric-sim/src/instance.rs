@@ -157,6 +157,13 @@ impl Instance {
             let need = (req.computed + new).div_ceil(b) as usize - req.blocks.len();
             let mut victim_was_self = false;
             while need as u32 > self.pool.num_free() {
+                // Before `r` would preempt itself, take back the blocks of a waiting request
+                // whose tier load finished: otherwise a request that does not fit next to them
+                // is preempted and re-admitted (chunk by chunk) ahead of them forever.
+                if self.running.last() == Some(&r) && self.release_youngest_holder(reqs) {
+                    preempted = true;
+                    continue;
+                }
                 let Some(victim) = self.running.pop() else { break };
                 self.preempt(victim, reqs);
                 preempted = true;
@@ -347,13 +354,14 @@ impl Instance {
         );
     }
 
-    /// Frees the blocks of the last waiting request holding any; false if none holds one.
+    /// Frees the blocks of the last waiting request holding any (a request whose load is
+    /// still in flight keeps its blocks); false if none holds one.
     fn release_youngest_holder(&mut self, reqs: &mut [LiveRequest]) -> bool {
         let Some(&r) = self
             .waiting
             .iter()
             .rev()
-            .find(|&&r| !reqs[r as usize].blocks.is_empty())
+            .find(|&&r| !reqs[r as usize].blocks.is_empty() && !reqs[r as usize].fetching)
         else {
             return false;
         };
@@ -394,4 +402,105 @@ fn register_full(pool: &mut BlockPool, req: &mut LiveRequest, chain: &[u64], tok
         }
     }
     req.registered = req.registered.max(full);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::{ArrivalKind, RequestSpec, WorkloadBuilder};
+
+    fn spec(input: u32, output: u32) -> RequestSpec {
+        RequestSpec {
+            trace_id: 0,
+            input_tokens: input,
+            output_tokens: output,
+            time_s: 0.0,
+            think_s: 0.0,
+            prev: None,
+            session: 0,
+            root_session: 0,
+            first_turn: None,
+        }
+    }
+
+    /// A running request that needs one more block while a waiting request whose tier load
+    /// finished holds the rest of the pool gets that request's blocks back, instead of
+    /// preempting itself (which, with chunked recomputation, looped forever on long traces).
+    #[test]
+    fn a_running_request_reclaims_blocks_from_a_loaded_waiting_one() {
+        let mut b = WorkloadBuilder::new("t", 16, ArrivalKind::OpenLoop);
+        b.push(spec(64, 100), 0..4);
+        b.push(spec(96, 1), 100..106);
+        let w = b.build().unwrap();
+        let limits = EngineLimits {
+            block_tokens: 16,
+            max_batched_tokens: 8192,
+            max_num_seqs: 256,
+        };
+        let mut inst = Instance::new(10);
+        let mut reqs = vec![LiveRequest::default(); 2];
+        // r0 decodes: 80 tokens computed in 5 blocks, the 81st needs a sixth.
+        reqs[0] = LiveRequest {
+            prompt: 64,
+            output: 100,
+            num_tokens: 81,
+            computed: 80,
+            generated: 17,
+            admitted: true,
+            ..LiveRequest::default()
+        };
+        assert!(inst.pool.allocate(5, &mut reqs[0].blocks));
+        inst.running.push(0);
+        // r1 loaded 80 of its 96 tokens from the tier and waits for one more block.
+        reqs[1] = LiveRequest {
+            prompt: 96,
+            output: 1,
+            num_tokens: 96,
+            computed: 80,
+            admitted: true,
+            ..LiveRequest::default()
+        };
+        assert!(inst.pool.allocate(5, &mut reqs[1].blocks));
+        inst.waiting.push_back(1);
+        assert_eq!(inst.pool.num_free(), 0);
+
+        let mut tier = GlobalTier::new(0);
+        let shape = inst.schedule(&mut reqs, &w, limits, &mut tier);
+        assert!(!shape.is_empty());
+        assert_eq!(inst.batch, vec![(0, 1)], "r0 keeps running");
+        assert_eq!(reqs[0].blocks.len(), 6);
+        assert!(
+            reqs[1].blocks.is_empty() && reqs[1].computed == 0,
+            "r1 gave its blocks back"
+        );
+        assert_eq!((reqs[0].preemptions, reqs[1].preemptions), (0, 1));
+
+        // A request whose load is still in flight keeps its blocks.
+        let mut inst = Instance::new(10);
+        let mut reqs = vec![LiveRequest::default(); 2];
+        reqs[0] = LiveRequest {
+            prompt: 64,
+            output: 100,
+            num_tokens: 81,
+            computed: 80,
+            generated: 17,
+            admitted: true,
+            ..LiveRequest::default()
+        };
+        assert!(inst.pool.allocate(5, &mut reqs[0].blocks));
+        inst.running.push(0);
+        reqs[1] = LiveRequest {
+            prompt: 96,
+            output: 1,
+            num_tokens: 96,
+            fetching: true,
+            admitted: true,
+            ..LiveRequest::default()
+        };
+        assert!(inst.pool.allocate(5, &mut reqs[1].blocks));
+        inst.waiting.push_back(1);
+        inst.schedule(&mut reqs, &w, limits, &mut tier);
+        assert_eq!(reqs[1].blocks.len(), 5, "an in-flight load is never released");
+        assert_eq!(reqs[0].preemptions, 1, "r0 preempts itself instead");
+    }
 }

@@ -389,3 +389,17 @@ fn arrivals_stop_at_the_cut_off_and_the_run_drains() {
     );
     assert!(cut.makespan_s < full.makespan_s);
 }
+
+#[test]
+fn an_event_budget_stops_the_run() {
+    let w = agent_sessions();
+    let c = SimConfig {
+        session_rate_per_s: 0.5,
+        max_events: Some(50),
+        ..config(4)
+    };
+    assert!(matches!(
+        run(&c, &w, PolicyKind::Smetric),
+        Err(smetric_sim::SimError::EventBudget { events: 50, .. })
+    ));
+}

@@ -26,12 +26,16 @@
 //!   [`DecodeOptions::reject_unknown_events`] is set.
 //!
 //! # Complexity
-//! One pass, O(payload size). A map-form event whose `"type"` key is not first (msgspec always
-//! writes it first) costs one extra pass over that event.
+//! One pass, O(payload size), into flat reusable buffers (the `decode` submodule; the ingestor
+//! applies them directly); the owned [`KvEventBatch`] is built from them. A map-form event whose
+//! `"type"` key is not first (msgspec always writes it first) costs one extra pass over that
+//! event.
 
 use crate::hash::{BlockDigest, event_hash};
 
 mod decode;
+
+pub(crate) use decode::{Kind as EventKind, RawBatch, RawEvent, RawMedium, plain_prefix, reuse};
 
 /// Errors from decoding a KV-event payload or its ZMQ frames.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -349,6 +353,24 @@ impl Default for DecodeOptions {
 /// Decodes one `KVEventBatch` payload with [`DecodeOptions::default`].
 pub fn decode_batch(payload: &[u8]) -> Result<KvEventBatch, DecodeError> {
     DecodeOptions::default().decode_batch(payload)
+}
+
+/// The reusable decoding buffers of the ingestor (see [`decode_reusing`]).
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct DecodeBuffers(RawBatch);
+
+/// Decodes `payload` as the ingestor does — into reusable buffers, without building the owned
+/// [`KvEventBatch`] — and returns the number of known events. Accepts and rejects exactly
+/// what [`DecodeOptions::decode_batch`] does. For benchmarks; not a stable API.
+#[doc(hidden)]
+pub fn decode_reusing(
+    options: &DecodeOptions,
+    payload: &[u8],
+    buffers: &mut DecodeBuffers,
+) -> Result<usize, DecodeError> {
+    options.decode_raw(payload, &mut buffers.0)?;
+    Ok(buffers.0.events.len())
 }
 
 #[cfg(test)]

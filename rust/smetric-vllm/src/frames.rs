@@ -66,23 +66,14 @@ impl DecodeOptions {
     /// Decodes one reply received on a DEALER connected to the replay ROUTER
     /// (4 frames since vLLM 0.26, 3 before).
     pub fn decode_replay_reply<F: AsRef<[u8]>>(&self, frames: &[F]) -> Result<ReplayReply, DecodeError> {
-        let (delimiter, topic, seq, payload) = match frames {
-            [d, t, s, p] => (d.as_ref(), t.as_ref(), s.as_ref(), p.as_ref()),
-            [d, s, p] => (d.as_ref(), &[][..], s.as_ref(), p.as_ref()),
-            _ => {
-                return Err(DecodeError::FrameCount {
-                    expected: "3 or 4",
-                    got: frames.len(),
-                });
-            }
-        };
-        if !delimiter.is_empty() {
-            return Err(DecodeError::BadDelimiter);
-        }
-        if seq_from(seq)? == END_SEQ && topic.is_empty() && payload.is_empty() {
-            return Ok(ReplayReply::End);
-        }
-        self.message(topic, seq, payload).map(ReplayReply::Batch)
+        Ok(match replay_frames(frames)? {
+            ReplayFrames::End => ReplayReply::End,
+            ReplayFrames::Batch { topic, seq, payload } => ReplayReply::Batch(KvEventMessage {
+                topic: topic.to_owned(),
+                seq,
+                batch: self.decode_batch(payload)?,
+            }),
+        })
     }
 
     fn message(&self, topic: &[u8], seq: &[u8], payload: &[u8]) -> Result<KvEventMessage, DecodeError> {
@@ -93,6 +84,42 @@ impl DecodeOptions {
             batch: self.decode_batch(payload)?,
         })
     }
+}
+
+/// The frames of one replay reply, checked but with the payload not decoded yet.
+pub(crate) enum ReplayFrames<'a> {
+    /// The end marker.
+    End,
+    /// A buffered batch.
+    Batch {
+        topic: &'a str,
+        seq: u64,
+        payload: &'a [u8],
+    },
+}
+
+/// Splits a replay reply (either layout) into its parts; errors as
+/// [`DecodeOptions::decode_replay_reply`] reports them, in the same order.
+pub(crate) fn replay_frames<F: AsRef<[u8]>>(frames: &[F]) -> Result<ReplayFrames<'_>, DecodeError> {
+    let (delimiter, topic, seq, payload) = match frames {
+        [d, t, s, p] => (d.as_ref(), t.as_ref(), s.as_ref(), p.as_ref()),
+        [d, s, p] => (d.as_ref(), &[][..], s.as_ref(), p.as_ref()),
+        _ => {
+            return Err(DecodeError::FrameCount {
+                expected: "3 or 4",
+                got: frames.len(),
+            });
+        }
+    };
+    if !delimiter.is_empty() {
+        return Err(DecodeError::BadDelimiter);
+    }
+    let seq = seq_from(seq)?;
+    if seq == END_SEQ && topic.is_empty() && payload.is_empty() {
+        return Ok(ReplayFrames::End);
+    }
+    let topic = std::str::from_utf8(topic).map_err(|_| DecodeError::InvalidTopic)?;
+    Ok(ReplayFrames::Batch { topic, seq, payload })
 }
 
 fn seq_from(frame: &[u8]) -> Result<u64, DecodeError> {

@@ -42,12 +42,12 @@ mod stats;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use smetric_core::{BlockHash, Router, SmetricError, Tier};
+use smetric_core::{BlockHash, IndexOp, Router, SmetricError, Tier};
 
-use crate::events::{DecodeError, DecodeOptions, KvEventBatch};
-use crate::frames::{END_SEQ, ReplayReply};
+use crate::events::{DecodeError, DecodeOptions, RawBatch};
+use crate::frames::{END_SEQ, ReplayFrames, replay_frames};
 use apply::Feed;
-use map::{EngineMap, Refs};
+use map::Refs;
 pub use stats::IngestStats;
 
 /// Where the ingestor writes: the router's index. [`Router`] implements it.
@@ -66,6 +66,36 @@ pub trait IndexSink {
     ) -> Result<(), SinkError>;
     /// `Router::remove_blocks`.
     fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError>;
+
+    /// Whether `instance` is in the index now. The ingestor asks once per batch, before its
+    /// first write to the instance's tier, and skips (and counts) those writes if it is not.
+    /// Default: `true` (a write to an unknown instance then fails in [`IndexSink::apply`]).
+    fn has_instance(&self, instance: &str) -> bool {
+        let _ = instance;
+        true
+    }
+
+    /// Applies the writes of one batch in order, the `Local` tier meaning `instance`: the same
+    /// as one [`IndexSink::store`] or [`IndexSink::remove`] per op (the default does exactly
+    /// that), where a failing op is skipped and the first error returned. `Router` takes its
+    /// index lock once for the whole batch.
+    fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError> {
+        let mut result = Ok(());
+        for op in ops {
+            let done = match *op {
+                IndexOp::Store { tier, hashes, parent } => {
+                    self.store((tier == Tier::Local).then_some(instance), tier, hashes, parent)
+                }
+                IndexOp::Remove { tier, hashes } => {
+                    self.remove((tier == Tier::Local).then_some(instance), tier, hashes)
+                }
+            };
+            if result.is_ok() {
+                result = done;
+            }
+        }
+        result
+    }
 }
 
 /// Why the sink refused a write.
@@ -109,6 +139,14 @@ impl IndexSink for Router {
 
     fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError> {
         Ok(self.remove_blocks(instance, tier, hashes)?)
+    }
+
+    fn has_instance(&self, instance: &str) -> bool {
+        self.load(instance).is_ok()
+    }
+
+    fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError> {
+        Ok(self.apply_blocks(Some(instance), ops, None)?)
     }
 }
 
@@ -154,6 +192,38 @@ pub struct Step {
     pub error: Option<DecodeError>,
 }
 
+/// A decoded batch and the payload its ranges point into.
+#[derive(Debug, Clone, Copy)]
+struct BatchRef<'a> {
+    raw: &'a RawBatch,
+    payload: &'a [u8],
+}
+
+impl BatchRef<'_> {
+    fn to_held(self) -> Held {
+        Held {
+            raw: self.raw.clone(),
+            payload: self.payload.into(),
+        }
+    }
+}
+
+/// A batch held back while a replay runs.
+#[derive(Debug)]
+struct Held {
+    raw: RawBatch,
+    payload: Box<[u8]>,
+}
+
+impl Held {
+    fn as_batch(&self) -> BatchRef<'_> {
+        BatchRef {
+            raw: &self.raw,
+            payload: &self.payload,
+        }
+    }
+}
+
 /// The data-parallel rank a source's batches carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rank {
@@ -173,7 +243,7 @@ struct Source {
     last_live: Option<u64>,
     dp_rank: Rank,
     /// Live batches held back while a replay runs (`Some` = replaying).
-    pending: Option<VecDeque<(u64, Option<KvEventBatch>)>>,
+    pending: Option<VecDeque<(u64, Option<Held>)>>,
 }
 
 /// Applies KV-event streams of many sources to one index. Not synchronised: wrap it in a mutex
@@ -185,6 +255,8 @@ pub struct Ingestor {
     refs: Refs,
     holders: HashMap<Arc<str>, u32>,
     retired: IngestStats,
+    /// The decoding buffers, reused by every message.
+    scratch: RawBatch,
 }
 
 /// `(seq, payload)` of a PUB message's frames `[topic, seq, payload]`.
@@ -210,6 +282,7 @@ impl Ingestor {
             refs: Refs::default(),
             holders: HashMap::new(),
             retired: IngestStats::default(),
+            scratch: RawBatch::default(),
         }
     }
 
@@ -219,12 +292,7 @@ impl Ingestor {
         let next = self.holders.len() as u32 + 1;
         let holder = *self.holders.entry(Arc::from(instance)).or_insert(next);
         let source = Source {
-            feed: Feed {
-                instance: Arc::from(instance),
-                holder,
-                map: EngineMap::new(self.config.max_mapped_blocks),
-                stats: IngestStats::default(),
-            },
+            feed: Feed::new(instance, holder, self.config.max_mapped_blocks),
             has_replay,
             next_seq: None,
             last_live: None,
@@ -262,12 +330,18 @@ impl Ingestor {
 
     /// The source and the shared reference counts, borrowed together.
     fn source(&mut self, id: SourceId) -> Result<(&mut Source, &mut Refs), UnknownSource> {
+        let (source, refs, _) = self.source_and_scratch(id)?;
+        Ok((source, refs))
+    }
+
+    /// The source, the shared reference counts and the decoding buffers, borrowed together.
+    fn source_and_scratch(&mut self, id: SourceId) -> Result<(&mut Source, &mut Refs, &mut RawBatch), UnknownSource> {
         let source = self
             .sources
             .get_mut(id.0 as usize)
             .and_then(Option::as_mut)
             .ok_or(UnknownSource(id))?;
-        Ok((source, &mut self.refs))
+        Ok((source, &mut self.refs, &mut self.scratch))
     }
 
     /// Counters summed over all sources, removed ones included.
@@ -304,15 +378,15 @@ impl Ingestor {
     ) -> Result<Step, UnknownSource> {
         let decode = self.config.decode;
         let max_pending = self.config.max_pending_batches;
-        let (source, refs) = self.source(id)?;
+        let (source, refs, scratch) = self.source_and_scratch(id)?;
         source.feed.stats.messages += 1;
         let (seq, payload) = match pub_frames(frames) {
             Ok(parts) => parts,
             Err(e) => return Ok(source.decode_error(e)),
         };
         let mut step = Step::default();
-        let batch = match decode.decode_batch(payload) {
-            Ok(batch) => Some(batch),
+        let batch = match decode.decode_raw(payload, scratch) {
+            Ok(()) => Some(BatchRef { raw: scratch, payload }),
             Err(e) => {
                 step = source.decode_error(e);
                 None
@@ -325,11 +399,11 @@ impl Ingestor {
         if restarted {
             source.feed.stats.restarts += 1;
             step.replay_done = source.pending.take().is_some();
-            source.restart(seq, batch.as_ref(), refs, sink);
+            source.restart(seq, batch, refs, sink);
             return Ok(step);
         }
         if let Some(pending) = &mut source.pending {
-            pending.push_back((seq, batch));
+            pending.push_back((seq, batch.map(BatchRef::to_held)));
             if pending.len() > max_pending {
                 source.finish_replay(refs, sink);
                 step.replay_done = true;
@@ -348,30 +422,35 @@ impl Ingestor {
         frames: &[F],
     ) -> Result<Step, UnknownSource> {
         let decode = self.config.decode;
-        let (source, refs) = self.source(id)?;
-        let reply = decode.decode_replay_reply(frames);
+        let (source, refs, scratch) = self.source_and_scratch(id)?;
+        let reply = replay_frames(frames).and_then(|reply| match reply {
+            ReplayFrames::End => Ok(None),
+            ReplayFrames::Batch { seq, payload, .. } => {
+                decode.decode_raw(payload, scratch).map(|()| Some((seq, payload)))
+            }
+        });
         if source.pending.is_none() {
             // A reply to a replay already given up; it changes nothing.
-            if matches!(reply, Ok(ReplayReply::Batch(_))) {
+            if matches!(reply, Ok(Some(_))) {
                 source.feed.stats.stale_messages += 1;
             }
             return Ok(Step::default());
         }
         match reply {
             Err(e) => Ok(source.decode_error(e)),
-            Ok(ReplayReply::End) => {
+            Ok(None) => {
                 source.finish_replay(refs, sink);
                 Ok(Step {
                     replay_done: true,
                     ..Step::default()
                 })
             }
-            Ok(ReplayReply::Batch(msg)) => {
+            Ok(Some((seq, payload))) => {
                 source.feed.stats.messages += 1;
-                if msg.seq == END_SEQ {
+                if seq == END_SEQ {
                     return Ok(Step::default());
                 }
-                source.accept(msg.seq, Some(msg.batch), false, refs, sink);
+                source.accept(seq, Some(BatchRef { raw: scratch, payload }), false, refs, sink);
                 Ok(Step::default())
             }
         }
@@ -405,16 +484,16 @@ impl Source {
     fn accept<S: IndexSink + ?Sized>(
         &mut self,
         seq: u64,
-        batch: Option<KvEventBatch>,
+        batch: Option<BatchRef<'_>>,
         may_replay: bool,
         refs: &mut Refs,
         sink: &S,
     ) -> Option<u64> {
-        let rank = batch.as_ref().map(|b| b.dp_rank);
+        let rank = batch.map(|b| b.raw.dp_rank);
         if let (Rank::Seen(seen), Some(rank)) = (self.dp_rank, rank) {
             if seen != rank {
                 self.feed.stats.restarts += 1;
-                self.restart(seq, batch.as_ref(), refs, sink);
+                self.restart(seq, batch, refs, sink);
                 return None;
             }
         }
@@ -424,7 +503,7 @@ impl Source {
             None if may_replay && self.has_replay => {
                 self.feed.stats.replays += 1;
                 self.next_seq = Some(0);
-                self.pending = Some(VecDeque::from([(seq, batch)]));
+                self.pending = Some(VecDeque::from([(seq, batch.map(BatchRef::to_held))]));
                 return Some(0);
             }
             None => {
@@ -443,28 +522,28 @@ impl Source {
             } else if self.has_replay {
                 self.feed.stats.gaps += 1;
                 self.feed.stats.replays += 1;
-                self.pending = Some(VecDeque::from([(seq, batch)]));
+                self.pending = Some(VecDeque::from([(seq, batch.map(BatchRef::to_held))]));
                 return Some(expected);
             } else {
                 self.feed.stats.gaps += 1;
             }
-            self.restart(seq, batch.as_ref(), refs, sink);
+            self.restart(seq, batch, refs, sink);
             return None;
         }
-        self.apply(seq, batch.as_ref(), refs, sink);
+        self.apply(seq, batch, refs, sink);
         None
     }
 
-    fn apply<S: IndexSink + ?Sized>(&mut self, seq: u64, batch: Option<&KvEventBatch>, refs: &mut Refs, sink: &S) {
+    fn apply<S: IndexSink + ?Sized>(&mut self, seq: u64, batch: Option<BatchRef<'_>>, refs: &mut Refs, sink: &S) {
         if let Some(batch) = batch {
-            self.dp_rank = Rank::Seen(batch.dp_rank);
+            self.dp_rank = Rank::Seen(batch.raw.dp_rank);
             self.feed.apply(batch, refs, sink);
         }
         self.next_seq = Some(seq.saturating_add(1));
     }
 
     /// Resets the source, then applies the message as the start of a new stream.
-    fn restart<S: IndexSink + ?Sized>(&mut self, seq: u64, batch: Option<&KvEventBatch>, refs: &mut Refs, sink: &S) {
+    fn restart<S: IndexSink + ?Sized>(&mut self, seq: u64, batch: Option<BatchRef<'_>>, refs: &mut Refs, sink: &S) {
         self.feed.stats.resets += 1;
         self.feed.release(u8::MAX, refs, sink);
         self.dp_rank = Rank::Unseen;
@@ -473,8 +552,8 @@ impl Source {
 
     /// Applies the held-back batches; a gap left before them resets the source.
     fn finish_replay<S: IndexSink + ?Sized>(&mut self, refs: &mut Refs, sink: &S) {
-        for (seq, batch) in self.pending.take().unwrap_or_default() {
-            self.accept(seq, batch, false, refs, sink);
+        for (seq, held) in self.pending.take().unwrap_or_default() {
+            self.accept(seq, held.as_ref().map(Held::as_batch), false, refs, sink);
         }
     }
 }

@@ -30,8 +30,10 @@
 //! [`Ingestor`] applies decoded event streams of many publishers to a `smetric_core::Router`
 //! (any [`IndexSink`]): engine hashes are mapped to smetric's own block hashes through the
 //! token ids of `BlockStored`, GPU blocks go to the instance's tier and CPU/STORAGE blocks to
-//! the global tier, and sequence gaps trigger a replay or a reset of the source. Counters:
-//! [`IngestStats`]. The socket loop lives in Python (`smetric.events`).
+//! the global tier, and sequence gaps trigger a replay or a reset of the source. A batch is
+//! decoded into reused buffers and its index writes reach the router in one
+//! `Router::apply_blocks` call. Counters: [`IngestStats`]. The socket loop lives in Python
+//! (`smetric.events`).
 //!
 //! ```
 //! use smetric_vllm::{BlockHasher, HashAlgo, RequestKeys};
@@ -57,6 +59,8 @@ pub use events::{
     BlockExtraKeys, BlockRemoved, BlockStored, DecodeError, DecodeOptions, EventValue, ExternalBlockHash, KvEvent,
     KvEventBatch, Medium, decode_batch,
 };
+#[doc(hidden)]
+pub use events::{DecodeBuffers, decode_reusing};
 pub use frames::{END_SEQ, KvEventMessage, ReplayReply, decode_pub_message, decode_replay_reply, replay_request};
 pub use hash::{
     BlockDigest, BlockHasher, DEFAULT_NONE_HASH_SEED, ExtraKey, HashAlgo, HashError, LoraKey, MmPlaceholder,

@@ -29,18 +29,22 @@ impl<'a> Reader<'a> {
     }
 
     /// Byte offset of the next unread byte.
+    #[inline]
     pub(crate) fn pos(&self) -> usize {
         self.pos
     }
 
+    #[inline]
     pub(crate) fn set_pos(&mut self, pos: usize) {
         self.pos = pos;
     }
 
+    #[inline]
     pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
+    #[inline]
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if n > self.remaining() {
             return Err(DecodeError::Truncated { offset: self.buf.len() });
@@ -50,16 +54,19 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
+    #[inline]
     fn take_array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N)?);
         Ok(out)
     }
 
+    #[inline]
     fn byte(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take_array::<1>()?[0])
     }
 
+    #[inline]
     pub(crate) fn peek(&self) -> Result<u8, DecodeError> {
         self.buf
             .get(self.pos)
@@ -76,6 +83,11 @@ impl<'a> Reader<'a> {
     }
 
     /// Consumes a `nil` if one is next; returns whether it did.
+    #[allow(
+        clippy::inline_always,
+        reason = "hot in the event decoder; plain `inline` is not taken (measured)"
+    )]
+    #[inline(always)]
     pub(crate) fn nil(&mut self) -> Result<bool, DecodeError> {
         if self.peek()? == NIL {
             self.pos += 1;
@@ -86,8 +98,19 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads an array header and checks the length against the remaining input.
+    #[allow(
+        clippy::inline_always,
+        reason = "hot in the event decoder; plain `inline` is not taken (measured)"
+    )]
+    #[inline(always)]
     pub(crate) fn array_len(&mut self) -> Result<usize, DecodeError> {
         let at = self.pos;
+        if let Some(&m @ 0x90..=0x9f) = self.buf.get(at) {
+            self.pos += 1;
+            let len = usize::from(m & 0x0f);
+            self.check_len(len, 1)?;
+            return Ok(len);
+        }
         let m = self.byte()?;
         let len = match m {
             0x90..=0x9f => usize::from(m & 0x0f),
@@ -114,6 +137,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `len` items of at least `min_item` bytes each must fit in the remaining input.
+    #[inline]
     fn check_len(&self, len: usize, min_item: usize) -> Result<(), DecodeError> {
         if len.saturating_mul(min_item) > self.remaining() {
             return Err(DecodeError::Truncated { offset: self.buf.len() });
@@ -142,18 +166,92 @@ impl<'a> Reader<'a> {
 
     /// Reads a UTF-8 string.
     pub(crate) fn str(&mut self) -> Result<&'a str, DecodeError> {
-        let at = self.pos;
-        let m = self.byte()?;
-        let Some(len) = self.str_len(m)? else {
-            return Err(wrong("string", m, at));
-        };
-        let bytes = self.take(len)?;
+        let (at, bytes) = self.str_bytes()?;
         std::str::from_utf8(bytes).map_err(|_| DecodeError::InvalidUtf8 { offset: at })
+    }
+
+    /// Reads a string's bytes without validating them: `(offset of the header, bytes)`. The
+    /// caller validates with [`check_utf8`] unless the bytes equal a known ASCII name (then they are
+    /// valid UTF-8 anyway), so errors are exactly those of [`Reader::str`].
+    #[allow(
+        clippy::inline_always,
+        reason = "hot in the event decoder; plain `inline` is not taken (measured)"
+    )]
+    #[inline(always)]
+    pub(crate) fn str_bytes(&mut self) -> Result<(usize, &'a [u8]), DecodeError> {
+        let at = self.pos;
+        // Fast path: a fixstr (every key and tag msgspec writes) that fits the input.
+        if let [m @ 0xa0..=0xbf, rest @ ..] = &self.buf[at..] {
+            let len = usize::from(m & 0x1f);
+            if let Some(bytes) = rest.get(..len) {
+                self.pos = at + 1 + len;
+                return Ok((at, bytes));
+            }
+        }
+        let m = self.byte()?;
+        let len = match m {
+            0xa0..=0xbf => usize::from(m & 0x1f),
+            0xd9 => usize::from(self.byte()?),
+            0xda => self.len_be::<2>()?,
+            0xdb => self.len_be::<4>()?,
+            _ => return Err(wrong("string", m, at)),
+        };
+        Ok((at, self.take(len)?))
+    }
+
+    /// Appends `n` integers that must fit `u32` (`what` names them in errors) to `out`.
+    ///
+    /// The fast path covers the encodings msgpack writers use for non-negative values below
+    /// 2^32 (positive fixint, uint8/16/32) at least 8 bytes before the end of the input; anything else goes
+    /// through [`Reader::int_as`], so values and errors are exactly those of `n` calls to it.
+    /// On error `out` holds `n` more values, some of them zero.
+    pub(crate) fn u32s_into(&mut self, n: usize, out: &mut Vec<u32>, what: &'static str) -> Result<(), DecodeError> {
+        let base = out.len();
+        out.resize(base + n, 0);
+        let buf = self.buf;
+        let mut pos = self.pos;
+        for slot in &mut out[base..] {
+            // Eight bytes at once, decoded without a branch on the (unpredictable) width.
+            if let Some(chunk) = buf.get(pos..).and_then(<[u8]>::first_chunk::<8>) {
+                let word = u64::from_be_bytes(*chunk);
+                let Uint { len, shift, mask } = UINT[(word >> 56) as usize];
+                if len != 0 {
+                    pos += usize::from(len);
+                    *slot = (word >> shift) as u32 & mask;
+                    continue;
+                }
+            }
+            self.pos = pos;
+            *slot = self.int_as(what)?;
+            pos = self.pos;
+        }
+        self.pos = pos;
+        Ok(())
+    }
+
+    /// Reads a `uint64` (marker 0xcf) if one is next; `Ok(None)` (nothing consumed) for any
+    /// other marker.
+    #[inline]
+    pub(crate) fn uint64(&mut self) -> Result<Option<u64>, DecodeError> {
+        match &self.buf[self.pos..] {
+            [0xcf, rest @ ..] => match rest.first_chunk::<8>() {
+                Some(b) => {
+                    self.pos += 9;
+                    Ok(Some(u64::from_be_bytes(*b)))
+                }
+                None => Err(DecodeError::Truncated { offset: self.buf.len() }),
+            },
+            _ => Ok(None),
+        }
     }
 
     /// Reads an integer of any msgpack width; `i128` holds every u64 and i64.
     pub(crate) fn int(&mut self) -> Result<i128, DecodeError> {
         let at = self.pos;
+        if let Some(&m @ 0x00..=0x7f) = self.buf.get(at) {
+            self.pos += 1;
+            return Ok(i128::from(m));
+        }
         let m = self.byte()?;
         Ok(match m {
             0x00..=0x7f => i128::from(m),
@@ -255,6 +353,45 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// Checks one value exactly as [`Reader::value`] would read it (same acceptance, same
+    /// errors, same end position) without building it.
+    pub(crate) fn check_value(&mut self, depth: usize) -> Result<(), DecodeError> {
+        let at = self.pos;
+        let m = self.peek()?;
+        match m {
+            NIL | 0xc2 | 0xc3 => self.pos += 1,
+            0xca | 0xcb => {
+                self.float()?;
+            }
+            0x00..=0x7f | 0xe0..=0xff | 0xcc..=0xd3 => {
+                self.int()?;
+            }
+            0x90..=0x9f | 0xdc | 0xdd | 0x80..=0x8f | 0xde | 0xdf => {
+                let Some(depth) = depth.checked_sub(1) else {
+                    return Err(DecodeError::TooDeep { offset: at });
+                };
+                let items = if m <= 0x8f || m >= 0xde {
+                    2 * self.map_len()?
+                } else {
+                    self.array_len()?
+                };
+                for _ in 0..items {
+                    self.check_value(depth)?;
+                }
+            }
+            _ => {
+                if self.bin_opt()?.is_none() {
+                    if matches!(m, 0xa0..=0xbf | 0xd9..=0xdb) {
+                        self.str()?;
+                    } else {
+                        return Err(wrong("a plain msgpack value", m, at));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Reads any value into an owned tree, at most `depth` containers deep.
     pub(crate) fn value(&mut self, depth: usize) -> Result<EventValue, DecodeError> {
         let at = self.pos;
@@ -310,6 +447,62 @@ impl<'a> Reader<'a> {
         })
     }
 }
+
+/// Validates the bytes of a string read at `at` by [`Reader::str_bytes`] (the error of
+/// [`Reader::str`] for invalid UTF-8).
+#[inline]
+pub(crate) fn check_utf8(at: usize, bytes: &[u8]) -> Result<(), DecodeError> {
+    // Short ASCII strings (every name and tag vLLM writes) skip the general validator.
+    if bytes.is_ascii() || std::str::from_utf8(bytes).is_ok() {
+        Ok(())
+    } else {
+        Err(DecodeError::InvalidUtf8 { offset: at })
+    }
+}
+
+/// How a marker encodes an unsigned integer below 2^32 within the 8 bytes starting at it:
+/// bytes used (0: not such a marker), and the shift and mask extracting the value from the
+/// big-endian word.
+#[derive(Clone, Copy)]
+struct Uint {
+    len: u8,
+    shift: u8,
+    mask: u32,
+}
+
+/// [`Uint`] of every marker: positive fixint and uint8/16/32.
+const UINT: [Uint; 256] = {
+    let mut table = [Uint {
+        len: 0,
+        shift: 0,
+        mask: 0,
+    }; 256];
+    let mut m = 0;
+    while m < 0x80 {
+        table[m] = Uint {
+            len: 1,
+            shift: 56,
+            mask: 0x7f,
+        };
+        m += 1;
+    }
+    table[0xcc] = Uint {
+        len: 2,
+        shift: 48,
+        mask: 0xff,
+    };
+    table[0xcd] = Uint {
+        len: 3,
+        shift: 40,
+        mask: 0xffff,
+    };
+    table[0xce] = Uint {
+        len: 5,
+        shift: 24,
+        mask: u32::MAX,
+    };
+    table
+};
 
 fn wrong(expected: &'static str, marker: u8, offset: usize) -> DecodeError {
     DecodeError::WrongType {
@@ -396,5 +589,47 @@ mod tests {
         assert_eq!(r.str(), Err(DecodeError::InvalidUtf8 { offset: 0 }));
         let mut r = Reader::new(&[0xc1]);
         assert!(matches!(r.skip(), Err(DecodeError::WrongType { .. })));
+    }
+
+    /// Bytes rich in msgpack markers, so that random inputs often parse.
+    fn markers() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let marker = prop::sample::select(vec![
+            0x00, 0x05, 0x7f, 0x80, 0x81, 0x90, 0x91, 0x92, 0xa1, 0xa3, 0xc0, 0xc1, 0xc3, 0xc4, 0xca, 0xcc, 0xcd, 0xce,
+            0xcf, 0xd0, 0xd3, 0xd4, 0xd9, 0xdc, 0xe0, 0xff,
+        ]);
+        prop::collection::vec(prop_oneof![any::<u8>(), marker], 0..48)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn check_value_agrees_with_value(bytes in markers(), depth in 0usize..4) {
+            let (mut a, mut b) = (Reader::new(&bytes), Reader::new(&bytes));
+            let read = a.value(depth).map(|_| a.pos());
+            let checked = b.check_value(depth).map(|()| b.pos());
+            proptest::prop_assert_eq!(read, checked);
+        }
+
+        #[test]
+        fn fast_paths_agree_with_the_general_readers(bytes in markers(), n in 0usize..10) {
+            let (mut a, mut b) = (Reader::new(&bytes), Reader::new(&bytes));
+            let mut out = vec![7];
+            let fast = a.u32s_into(n, &mut out, "t").map(|()| (out[1..].to_vec(), a.pos()));
+            let general: Result<Vec<u32>, _> = (0..n).map(|_| b.int_as("t")).collect();
+            proptest::prop_assert_eq!(fast, general.map(|v| (v, b.pos())));
+
+            let (mut a, mut b) = (Reader::new(&bytes), Reader::new(&bytes));
+            let fast = a.str_bytes().and_then(|(at, s)| check_utf8(at, s).map(|()| (s, a.pos())));
+            let general = b.str().map(|s| (s.as_bytes(), b.pos()));
+            proptest::prop_assert_eq!(fast, general);
+
+            let (mut a, mut b) = (Reader::new(&bytes), Reader::new(&bytes));
+            let fast = a.uint64().map(|v| v.map(|v| (v, a.pos())));
+            match fast {
+                Ok(Some((v, pos))) => proptest::prop_assert_eq!((b.int(), b.pos()), (Ok(i128::from(v)), pos)),
+                Ok(None) => proptest::prop_assert_eq!(a.pos(), 0),
+                Err(e) => proptest::prop_assert_eq!(b.int(), Err(e)),
+            }
+        }
     }
 }

@@ -5,9 +5,11 @@
 //! of the real payloads captured from vLLM 0.33.0 (`tests/data/vllm/*.json`), sent as PUB
 //! messages and as replay replies in random sequence orders.
 //!
-//! Properties: nothing panics; every message is either applied or counted as an error; and the
+//! Properties: nothing panics; every message is either applied or counted as an error; the
 //! index is never corrupted — after every message it holds exactly the blocks the ingestor's
-//! sources hold (`Ingestor::held_blocks` equals the router's own counts).
+//! sources hold (`Ingestor::held_blocks` equals the router's own counts); and writing a batch
+//! in one `Router::apply_blocks` call changes the index and the counters exactly as one
+//! `store_blocks` / `remove_blocks` call per write does.
 //!
 //! Runs 256 cases per property by default; `PROPTEST_CASES=N` runs N (docs/kv-events.md records
 //! the ≥1M-case run).
@@ -18,8 +20,10 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use serde_json::Value;
-use smetric_core::{IndexMode, PolicyKind, Router, RouterConfig};
-use smetric_vllm::{IngestConfig, Ingestor, SourceId, decode_batch, decode_pub_message, decode_replay_reply};
+use smetric_core::{BlockHash, IndexMode, PolicyKind, Router, RouterConfig, Tier};
+use smetric_vllm::{
+    IndexSink, IngestConfig, Ingestor, SinkError, SourceId, decode_batch, decode_pub_message, decode_replay_reply,
+};
 
 fn unhex(s: &str) -> Vec<u8> {
     (0..s.len())
@@ -175,6 +179,46 @@ fn consistent(r: &Router, ing: &Ingestor) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// A sink writing through one router call per write: `IndexSink::apply`'s default.
+struct PerCall(Router);
+
+impl IndexSink for PerCall {
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+
+    fn hash_seed(&self) -> u64 {
+        self.0.config().hash_seed
+    }
+
+    fn store(
+        &self,
+        instance: Option<&str>,
+        tier: Tier,
+        hashes: &[BlockHash],
+        parent: Option<BlockHash>,
+    ) -> Result<(), SinkError> {
+        Ok(self.0.store_blocks(instance, tier, hashes, parent, None)?)
+    }
+
+    fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError> {
+        Ok(self.0.remove_blocks(instance, tier, hashes)?)
+    }
+
+    fn has_instance(&self, instance: &str) -> bool {
+        self.0.load(instance).is_ok()
+    }
+}
+
+/// What an index holds: blocks per instance and global blocks.
+fn contents(r: &Router) -> (Vec<usize>, usize) {
+    let stats = r.stats();
+    (
+        stats.local_blocks.iter().map(|(_, n)| *n).collect(),
+        stats.index.global_blocks,
+    )
+}
+
 fn pub_frames(seq: u64, payload: Vec<u8>) -> Vec<Vec<u8>> {
     vec![b"kv@fuzz".to_vec(), seq.to_be_bytes().to_vec(), payload]
 }
@@ -273,5 +317,27 @@ proptest! {
         consistent(&r, &ing)?;
         let stats = r.stats();
         prop_assert_eq!(stats.local_blocks.iter().map(|(_, n)| n).sum::<usize>() + stats.index.global_blocks, 0);
+    }
+
+    #[test]
+    fn batched_writes_match_one_call_per_write(
+        picks in proptest::collection::vec((any::<usize>(), proptest::collection::vec(mutation(), 0..4)), 1..8),
+    ) {
+        let (batched, mut ing_batched, _, b) = setup();
+        let (per_call, mut ing_per_call, _, b2) = setup();
+        let per_call = PerCall(per_call);
+        // A source whose instance the router does not have: its local writes are refused.
+        let (ghost, ghost2) = (ing_batched.add_source("ghost", false), ing_per_call.add_source("ghost", false));
+        for (seq, (pick, mutations)) in picks.iter().enumerate() {
+            let payload = mutate(&payloads()[pick % payloads().len()], mutations);
+            let (src, src2) = if pick % 4 == 0 { (ghost, ghost2) } else { (b, b2) };
+            let one = ing_batched.on_message(&batched, src, &pub_frames(seq as u64, payload.clone())).unwrap();
+            let two = ing_per_call.on_message(&per_call, src2, &pub_frames(seq as u64, payload)).unwrap();
+            prop_assert_eq!(one, two);
+            prop_assert_eq!(ing_batched.stats(), ing_per_call.stats());
+            prop_assert_eq!(ing_batched.held_blocks(), ing_per_call.held_blocks());
+            prop_assert_eq!(contents(&batched), contents(&per_call.0));
+            consistent(&batched, &ing_batched)?;
+        }
     }
 }

@@ -10,18 +10,31 @@
 //! Touching a 2,000-block chain therefore costs one sequential id copy and one entry write
 //! per block, with no list relinking and no per-block queue item.
 //!
-//! Stale ids are dropped incrementally: once the queue holds more than `2·held +
-//! COMPACT_SLACK` ids a *cleaning cycle* starts, and every later touch of `n` blocks also
-//! cleans up to `CLEAN_FACTOR·n` queued ids, oldest runs first, so no single call ever pays
-//! for a whole-queue compaction (a router's tail latency stays flat).
+//! Each run also counts its current ids (`live`). The holder reports every id that stops
+//! being current — moved to a newer run ([`RunLru::superseded`], once per stretch of a chain
+//! that came from the same run), removed, or popped — so a run whose chain was touched again
+//! whole (a session's previous turn, when its next one is routed) is dropped at once, its
+//! ids never checked one by one; a run with `live` equal to its length is known current
+//! without looking at its entries. Only runs partly superseded (e.g. a shared system
+//! prompt's blocks moved by another session) need their ids checked, by the cleaning below
+//! or when they reach the LRU end. A run whose ids are all current, newest of its holder,
+//! can be renewed in place ([`RunLru::renew_newest`]).
 //!
-//! Invariants: every held (entry, holder) pair is current in exactly one run; runs are in
-//! non-decreasing time order (logical order: cleaned, then pending, then recent runs); the
-//! queue stays within a constant factor of `held + COMPACT_SLACK` ids, which bounds memory.
-//! Sequence numbers never change except in the rare full renumbering before they reach
-//! `u32::MAX / 2`.
+//! Dropped runs and stale ids are removed incrementally: once the queue's ids plus
+//! [`RUN_WEIGHT`] per run exceed `2·held + COMPACT_SLACK` a *cleaning cycle* starts, and
+//! every later touch also cleans up to `CLEAN_FACTOR` times its own size, oldest runs first,
+//! so no single call ever pays for a whole-queue compaction (a router's tail latency stays
+//! flat).
 //!
-//! Complexity: a touch O(run) plus O(run) cleaning; an LRU pop amortised O(1).
+//! Invariants: every held (entry, holder) pair is current in exactly one run; a run's
+//! `live` is the number of its ids that are current; runs are in increasing sequence-number
+//! order and non-decreasing time order (logical order: cleaned, then pending, then recent
+//! runs); the queue stays within a constant factor of `held + COMPACT_SLACK` ids, which
+//! bounds memory. Sequence numbers never change except in the rare full renumbering before
+//! they reach `u32::MAX / 2`.
+//!
+//! Complexity: a touch O(run) plus O(run) cleaning plus O(log runs) per stretch of the chain
+//! taken from one older run; an LRU pop amortised O(1).
 
 use std::collections::VecDeque;
 
@@ -35,15 +48,27 @@ pub(crate) const COMPACT_SLACK: usize = 8;
 /// Ids cleaned per id touched while a cleaning cycle runs.
 pub(crate) const CLEAN_FACTOR: usize = 4;
 
+/// What a queued run costs, in ids, beyond its ids: its bytes over an id's.
+pub(crate) const RUN_WEIGHT: usize = std::mem::size_of::<Run>() / std::mem::size_of::<u32>();
+
 /// A full renumbering is forced before sequence numbers get this large.
 const SEQ_LIMIT: u32 = u32::MAX / 2;
 
 #[derive(Debug)]
 struct Run {
     seq: u32,
+    /// How many of `ids` are current; 0 once the run is dropped (its ids freed, the run
+    /// itself left in its queue until a cleaning or the LRU end removes it).
+    live: u32,
     time_ms: u64,
     /// Entry ids in chain order; the LRU end is the back.
     ids: Vec<u32>,
+}
+
+impl Run {
+    fn all_current(&self) -> bool {
+        self.live as usize == self.ids.len()
+    }
 }
 
 /// Touch order of one holder.
@@ -56,6 +81,7 @@ pub(crate) struct RunLru {
     /// Runs pushed since the cycle started, or all runs outside a cycle (newest).
     recent: VecDeque<Run>,
     next_seq: u32,
+    /// Ids queued, stale included.
     queued: usize,
 }
 
@@ -66,17 +92,79 @@ impl RunLru {
         self.next_seq
     }
 
-    /// Appends a run (its ids must already store `next_seq()` as their current number).
+    /// Appends a run (its ids must be distinct and already store `next_seq()` as their
+    /// current number).
     pub(crate) fn push(&mut self, ids: Vec<u32>, time_ms: u64) {
         if !ids.is_empty() {
             self.queued += ids.len();
             self.recent.push_back(Run {
                 seq: self.next_seq,
+                live: ids.len() as u32,
                 time_ms,
                 ids,
             });
         }
         self.next_seq += 1;
+    }
+
+    fn runs(&self) -> usize {
+        self.cleaned.len() + self.pending.len() + self.recent.len()
+    }
+
+    /// The newest run, wherever the cleaning cycle has it.
+    fn newest_run(&self) -> Option<&Run> {
+        [&self.recent, &self.pending, &self.cleaned]
+            .into_iter()
+            .find_map(|q| q.back())
+    }
+
+    /// The ids (chain order) of the newest run when every one of them is current: then they
+    /// are the holder's most recent blocks, in order.
+    pub(crate) fn newest_current(&self) -> Option<&[u32]> {
+        self.newest_run()
+            .filter(|r| r.live > 0 && r.all_current())
+            .map(|r| r.ids.as_slice())
+    }
+
+    /// Touches the newest run again at `time_ms`, letting `extend` append ids at its LRU end
+    /// (they must store the run's number, passed to `extend`, and be distinct and current);
+    /// returns how many were appended. Only when [`RunLru::newest_current`] is `Some`: the
+    /// run then stays the most recent blocks in order, and the appended ones come right
+    /// after them.
+    pub(crate) fn renew_newest(&mut self, time_ms: u64, extend: impl FnOnce(u32, &mut Vec<u32>)) -> usize {
+        let run = [&mut self.recent, &mut self.pending, &mut self.cleaned]
+            .into_iter()
+            .find_map(|q| q.back_mut())
+            .expect("a newest run to renew");
+        let before = run.ids.len();
+        extend(run.seq, &mut run.ids);
+        run.time_ms = time_ms;
+        let added = run.ids.len() - before;
+        run.live += added as u32;
+        self.queued += added;
+        added
+    }
+
+    /// `n` ids of the run numbered `seq` stopped being current (moved to a newer run, or
+    /// removed from the holder). A run left with none is dropped: its ids are freed at once.
+    pub(crate) fn superseded(&mut self, seq: u32, n: usize) {
+        let run = [&mut self.recent, &mut self.pending, &mut self.cleaned]
+            .into_iter()
+            .find(|q| q.front().is_some_and(|r| r.seq <= seq))
+            .and_then(|q| match q.binary_search_by_key(&seq, |r| r.seq) {
+                Ok(i) => q.get_mut(i),
+                Err(_) => None,
+            });
+        let Some(run) = run else {
+            debug_assert!(false, "no run numbered {seq}");
+            return;
+        };
+        debug_assert!(run.live as usize >= n);
+        run.live -= n as u32;
+        if run.live == 0 {
+            self.queued -= run.ids.len();
+            run.ids = Vec::new();
+        }
     }
 
     fn oldest_mut(&mut self) -> Option<&mut VecDeque<Run>> {
@@ -85,20 +173,27 @@ impl RunLru {
             .find(|q| !q.is_empty())
     }
 
-    /// Drops stale ids from the LRU end until the oldest run ends in a current block;
-    /// `current(entry, seq)` tells whether `entry` is current in the run numbered `seq`.
+    /// Drops stale ids and dropped runs from the LRU end until the oldest run ends in a
+    /// current block; `current(entry, seq)` tells whether `entry` is current in the run
+    /// numbered `seq` (asked only of runs partly superseded).
     pub(crate) fn settle(&mut self, current: impl Fn(u32, u32) -> bool) {
         let mut dropped = 0;
         while let Some(queue) = self.oldest_mut() {
             let run = queue.front_mut().expect("non-empty queue");
-            while let Some(&e) = run.ids.last() {
-                if current(e, run.seq) {
-                    self.queued -= dropped;
-                    return;
+            if run.live > 0 {
+                if run.all_current() {
+                    break;
                 }
-                run.ids.pop();
-                dropped += 1;
+                while let Some(&e) = run.ids.last() {
+                    if current(e, run.seq) {
+                        self.queued -= dropped;
+                        return;
+                    }
+                    run.ids.pop();
+                    dropped += 1;
+                }
             }
+            dropped += run.ids.len();
             queue.pop_front();
         }
         self.queued -= dropped;
@@ -112,24 +207,31 @@ impl RunLru {
             .and_then(|r| r.ids.last().map(|&e| (e, r.time_ms)))
     }
 
-    /// Drops the block [`RunLru::peek`] returned.
+    /// Drops the block [`RunLru::peek`] returned (a current one: the holder drops it too).
     pub(crate) fn pop(&mut self) {
-        let mut popped = false;
+        let mut dropped = 0;
         if let Some(queue) = self.oldest_mut() {
             let run = queue.front_mut().expect("non-empty queue");
-            popped = run.ids.pop().is_some();
-            if run.ids.is_empty() {
+            if run.ids.pop().is_some() {
+                run.live -= 1;
+                dropped += 1;
+            }
+            if run.live == 0 {
+                // Nothing current left: the stale ids go with the run.
+                dropped += run.ids.len();
                 queue.pop_front();
             }
         }
-        self.queued -= usize::from(popped);
+        self.queued -= dropped;
     }
 
-    /// Cleans up to `budget` queued ids (starting a cycle when the queue has grown past
-    /// `2·held + COMPACT_SLACK`), dropping stale ids and empty runs; order is unchanged.
+    /// Cleans up to `budget` queued ids' worth (a run counts [`RUN_WEIGHT`] besides the ids it
+    /// checks), starting a cycle when the queue has grown past `2·held + COMPACT_SLACK`:
+    /// drops dropped runs, keeps whole the runs known current, and removes the stale ids of
+    /// the others. Order is unchanged.
     pub(crate) fn clean(&mut self, held: usize, budget: usize, current: impl Fn(u32, u32) -> bool) {
         if self.pending.is_empty() && self.cleaned.is_empty() {
-            if self.queued <= 2 * held + COMPACT_SLACK {
+            if self.queued + RUN_WEIGHT * self.runs() <= 2 * held + COMPACT_SLACK {
                 return;
             }
             self.pending = std::mem::take(&mut self.recent);
@@ -137,17 +239,23 @@ impl RunLru {
         let mut left = budget;
         while left > 0 {
             let Some(mut run) = self.pending.pop_front() else { break };
-            let before = run.ids.len();
-            run.ids.retain(|&e| current(e, run.seq));
-            self.queued -= before - run.ids.len();
-            left = left.saturating_sub(before);
-            if !run.ids.is_empty() {
+            left = left.saturating_sub(RUN_WEIGHT);
+            if run.live == 0 {
+                self.queued -= run.ids.len();
+                continue;
+            }
+            if !run.all_current() {
+                let before = run.ids.len();
+                run.ids.retain(|&e| current(e, run.seq));
+                debug_assert!(run.all_current());
+                self.queued -= before - run.ids.len();
+                left = left.saturating_sub(before);
                 // A run that lost most of its ids gives the memory back.
                 if run.ids.capacity() > 2 * run.ids.len() + 16 {
                     run.ids.shrink_to_fit();
                 }
-                self.cleaned.push_back(run);
             }
+            self.cleaned.push_back(run);
         }
         if self.pending.is_empty() {
             // Cycle over: the cleaned runs are older than everything pushed meanwhile.
@@ -162,7 +270,7 @@ impl RunLru {
         self.next_seq > SEQ_LIMIT
     }
 
-    /// Drops stale ids and empty runs and renumbers runs from 0; every id left is current,
+    /// Drops stale ids and dropped runs and renumbers runs from 0; every id left is current,
     /// and the caller stores its new number (see [`RunLru::all`]).
     pub(crate) fn renumber(&mut self, current: impl Fn(u32, u32) -> bool) {
         let mut next = 0u32;
@@ -174,11 +282,14 @@ impl RunLru {
             .chain(self.pending.drain(..))
             .chain(self.recent.drain(..));
         for mut run in runs {
-            run.ids.retain(|&e| current(e, run.seq));
+            if !run.all_current() {
+                run.ids.retain(|&e| current(e, run.seq));
+            }
             if run.ids.is_empty() {
                 continue;
             }
             run.seq = next;
+            run.live = run.ids.len() as u32;
             next += 1;
             queued += run.ids.len();
             kept.push_back(run);
@@ -215,6 +326,12 @@ impl RunLru {
     pub(crate) fn queued(&self) -> usize {
         self.queued
     }
+
+    /// Runs queued, dropped ones included.
+    #[cfg(test)]
+    pub(crate) fn queued_runs(&self) -> usize {
+        self.runs()
+    }
 }
 
 #[cfg(test)]
@@ -233,6 +350,7 @@ mod tests {
         let mut lru = RunLru::default();
         lru.push(vec![1, 2, 3], 0); // seq 0
         lru.push(vec![2], 5); // seq 1: block 2 re-touched
+        lru.superseded(0, 1);
         let current = |e: u32, seq: u32| if e == 2 { seq == 1 } else { seq == 0 };
         assert_eq!(pop(&mut lru, current), Some((3, 0)));
         assert_eq!(pop(&mut lru, current), Some((1, 0)), "the stale copy of 2 is skipped");
@@ -242,23 +360,48 @@ mod tests {
     }
 
     #[test]
+    fn a_wholly_superseded_run_is_dropped_unchecked() {
+        let mut lru = RunLru::default();
+        lru.push(vec![1, 2, 3], 0); // seq 0
+        lru.push(vec![4], 1); // seq 1
+        lru.push(vec![1, 2, 3, 5], 2); // seq 2: the first run's chain, extended
+        lru.superseded(0, 3);
+        assert_eq!(lru.queued(), 5, "the first run's ids are freed at once");
+        let never = |_: u32, _: u32| -> bool { panic!("no id needs a check") };
+        assert_eq!(pop(&mut lru, never), Some((4, 1)));
+        assert_eq!(lru.newest_current(), Some(&[1, 2, 3, 5][..]));
+        lru.superseded(2, 1);
+        assert_eq!(lru.newest_current(), None, "a run with a stale id cannot be renewed");
+    }
+
+    #[test]
     fn renumbering_and_incremental_cleaning() {
         let mut lru = RunLru::default();
         lru.push(vec![1, 2], 0);
         lru.push(vec![2], 1);
+        lru.superseded(0, 1);
         let current = |e: u32, seq: u32| if e == 2 { seq == 1 } else { seq == 0 };
         lru.renumber(current);
         assert_eq!(lru.all().collect::<Vec<_>>(), vec![(0, 1), (1, 2)]);
         assert_eq!((lru.queued(), lru.next_seq()), (2, 2));
 
-        // 5,000 touches of one block: the cleaning keeps the queue near `held + slack`.
+        // 5,000 touches of one block: runs are dropped as they are superseded, and the
+        // cleaning keeps the number of (dropped) runs queued bounded.
         let mut lru = RunLru::default();
         for t in 0..5_000u64 {
             let seq = lru.next_seq();
+            if seq > 0 {
+                lru.superseded(seq - 1, 1);
+            }
             lru.push(vec![9], t);
-            lru.clean(1, 4, |_, s| s == seq);
+            lru.clean(1, CLEAN_FACTOR * (1 + RUN_WEIGHT), |_, s| s == seq);
         }
-        assert!(lru.queued() <= 2 + COMPACT_SLACK + 4, "{}", lru.queued());
+        assert_eq!(lru.queued(), 1);
+        assert!(
+            lru.queued_runs() * RUN_WEIGHT <= 2 + COMPACT_SLACK + 2 * RUN_WEIGHT,
+            "{}",
+            lru.queued_runs()
+        );
         assert_eq!(lru.all().last(), Some((4_999, 9)));
     }
 }

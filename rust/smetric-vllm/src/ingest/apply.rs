@@ -15,17 +15,24 @@
 //! Media: GPU (or none, as before vLLM 0.24) → the instance's local tier; CPU and STORAGE →
 //! the global tier; matched case-insensitively by the decoder. Only KV-cache group 0 is followed.
 //!
+//! The index writes of a batch are collected in order ([`Writes`]) and handed to the sink in
+//! one [`IndexSink::apply`] call (one lock acquisition in the router). Whether the source's
+//! instance is in the router is asked once per batch, before its first local write, so a write
+//! the router would refuse is counted and skipped exactly where a direct call would have failed.
+//!
 //! # Complexity
-//! O(tokens + hashes) per event; a clear is O(mapped blocks of the source).
+//! O(tokens + hashes) per event; a clear is O(mapped blocks of the source). No allocation per
+//! event once the buffers have grown (one per batch: the op list handed to the sink).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use smetric_core::hash::{chain_root, hash_block};
-use smetric_core::{BlockHash, Tier};
+use smetric_core::{BlockHash, IndexOp, Tier};
 
 use super::map::{CPU, EngineMap, GPU, Gone, Refs, STORAGE};
-use super::{IndexSink, IngestStats, SinkError};
-use crate::events::{BlockExtraKeys, BlockRemoved, BlockStored, EventValue, KvEvent, KvEventBatch, Medium};
+use super::{BatchRef, IndexSink, IngestStats, SinkError};
+use crate::events::{EventKind, RawEvent, RawMedium, plain_prefix, reuse};
 
 /// The part of a source that events change.
 #[derive(Debug)]
@@ -34,96 +41,183 @@ pub(super) struct Feed {
     pub(super) holder: u32,
     pub(super) map: EngineMap,
     pub(super) stats: IngestStats,
+    writes: Writes,
 }
 
-fn tier_bit(medium: Option<&Medium>) -> Option<u8> {
+/// Index writes collected while a batch is applied.
+#[derive(Debug, Default)]
+struct Writes {
+    /// The blocks of every write, back to back.
+    hashes: Vec<BlockHash>,
+    ops: Vec<Write>,
+    /// Blocks the current event released from their holders.
+    gone: Gone,
+    /// Whether the instance is in the index; asked at the batch's first local write.
+    instance_known: Option<bool>,
+}
+
+/// One [`IndexOp`], its blocks a range of [`Writes::hashes`].
+#[derive(Debug)]
+struct Write {
+    store: bool,
+    tier: Tier,
+    hashes: Range<usize>,
+    parent: Option<BlockHash>,
+}
+
+impl Write {
+    fn op<'a>(&self, hashes: &'a [BlockHash]) -> IndexOp<'a> {
+        let blocks = hashes.get(self.hashes.clone()).unwrap_or_default();
+        if self.store {
+            IndexOp::Store {
+                tier: self.tier,
+                hashes: blocks,
+                parent: self.parent,
+            }
+        } else {
+            IndexOp::Remove {
+                tier: self.tier,
+                hashes: blocks,
+            }
+        }
+    }
+}
+
+fn tier_bit(medium: Option<RawMedium>) -> Option<u8> {
     match medium {
-        None | Some(Medium::Gpu) => Some(GPU),
-        Some(Medium::Cpu) => Some(CPU),
-        Some(Medium::Storage) => Some(STORAGE),
-        Some(Medium::Other(_)) => None,
+        None | Some(RawMedium::Gpu) => Some(GPU),
+        Some(RawMedium::Cpu) => Some(CPU),
+        Some(RawMedium::Storage) => Some(STORAGE),
+        Some(RawMedium::Other(_)) => None,
     }
 }
 
-/// Whether a block's extra keys are nothing smetric's chain lacks: none, or the LoRA name.
-fn plain_block(keys: Option<&BlockExtraKeys>, lora_name: Option<&str>) -> bool {
-    match keys {
-        None | Some(None) => true,
-        Some(Some(keys)) => match (keys.as_slice(), lora_name) {
-            ([], _) => true,
-            ([EventValue::Str(s)], Some(lora)) => s == lora,
-            _ => false,
-        },
-    }
+fn tier_of(bit: u8) -> Tier {
+    if bit == GPU { Tier::Local } else { Tier::Global }
 }
 
 impl Feed {
-    fn tier_of(&self, bit: u8) -> (Option<&str>, Tier) {
-        if bit == GPU {
-            (Some(&self.instance), Tier::Local)
-        } else {
-            (None, Tier::Global)
+    pub(super) fn new(instance: &str, holder: u32, max_mapped_blocks: usize) -> Self {
+        Self {
+            instance: Arc::from(instance),
+            holder,
+            map: EngineMap::new(max_mapped_blocks),
+            stats: IngestStats::default(),
+            writes: Writes::default(),
         }
     }
 
-    fn sink_ok(&mut self, result: &Result<(), SinkError>) -> bool {
-        match result {
-            Ok(()) => true,
-            Err(SinkError::UnknownInstance) => {
-                self.stats.unknown_instances += 1;
-                false
-            }
-            Err(SinkError::Other(_)) => {
-                self.stats.sink_errors += 1;
-                false
+    /// Whether a write to the tier of `bit` can go ahead: the global tier always can, the
+    /// instance's tier if the instance is in the index. Counts a refused write.
+    fn writable<S: IndexSink + ?Sized>(&mut self, bit: u8, sink: &S) -> bool {
+        if bit != GPU {
+            return true;
+        }
+        let instance = &self.instance;
+        let known = *self
+            .writes
+            .instance_known
+            .get_or_insert_with(|| sink.has_instance(instance));
+        if !known {
+            self.stats.unknown_instances += 1;
+        }
+        known
+    }
+
+    /// Queues a write of the blocks `hashes[start..]` of [`Writes::hashes`]. A removal right
+    /// after a removal from the same tier joins it (removing `a` then `b` is removing `a ++ b`).
+    fn push(&mut self, store: bool, bit: u8, start: usize, parent: Option<BlockHash>) {
+        let w = &mut self.writes;
+        let tier = tier_of(bit);
+        if let Some(last) = w.ops.last_mut() {
+            if !store && !last.store && last.tier == tier && last.hashes.end == start {
+                last.hashes.end = w.hashes.len();
+                return;
             }
         }
+        w.ops.push(Write {
+            store,
+            tier,
+            hashes: start..w.hashes.len(),
+            parent,
+        });
     }
 
     /// Applies every event of a batch.
-    pub(super) fn apply<S: IndexSink + ?Sized>(&mut self, batch: &KvEventBatch, refs: &mut Refs, sink: &S) {
+    pub(super) fn apply<S: IndexSink + ?Sized>(&mut self, batch: BatchRef<'_>, refs: &mut Refs, sink: &S) {
         self.stats.batches += 1;
-        self.stats.unknown_event_types += batch.unknown_events as u64;
-        for event in &batch.events {
+        self.stats.unknown_event_types += batch.raw.unknown_events as u64;
+        for event in &batch.raw.events {
             self.stats.events += 1;
-            let mut gone = Gone::default();
-            match event {
-                KvEvent::BlockStored(stored) => self.stored(stored, refs, sink, &mut gone),
-                KvEvent::BlockRemoved(removed) => self.removed(removed, refs, &mut gone),
-                KvEvent::AllBlocksCleared => {
+            match event.kind {
+                EventKind::Stored => self.stored(batch, event, refs, sink),
+                EventKind::Removed => self.removed(batch, event, refs),
+                EventKind::Cleared => {
                     self.stats.cleared += 1;
-                    self.map.lose_all(refs, self.holder, GPU, &mut gone);
+                    self.map.lose_all(refs, self.holder, GPU, &mut self.writes.gone);
                 }
             }
-            self.flush(&gone, sink);
+            self.released(sink);
         }
-        self.stats.mapped_blocks = self.map.len() as u64;
+        self.commit(refs, sink);
     }
 
     /// Removes every block the source holds in the tiers of `bits` from the index.
     pub(super) fn release<S: IndexSink + ?Sized>(&mut self, bits: u8, refs: &mut Refs, sink: &S) {
-        let mut gone = Gone::default();
-        self.map.lose_all(refs, self.holder, bits, &mut gone);
-        self.flush(&gone, sink);
+        self.map.lose_all(refs, self.holder, bits, &mut self.writes.gone);
+        self.released(sink);
+        self.commit(refs, sink);
+    }
+
+    /// Queues the removal of the blocks that left their holders.
+    fn released<S: IndexSink + ?Sized>(&mut self, sink: &S) {
+        if !self.writes.gone.local.is_empty() {
+            // An unknown instance has no index left to remove from: nothing to count twice.
+            if self.writable(GPU, sink) {
+                let w = &mut self.writes;
+                let start = w.hashes.len();
+                w.hashes.extend_from_slice(&w.gone.local);
+                self.stats.removed_blocks += w.gone.local.len() as u64;
+                self.push(false, GPU, start, None);
+            }
+            self.writes.gone.local.clear();
+        }
+        if !self.writes.gone.global.is_empty() {
+            let w = &mut self.writes;
+            let start = w.hashes.len();
+            w.hashes.extend_from_slice(&w.gone.global);
+            self.stats.removed_blocks += w.gone.global.len() as u64;
+            w.gone.global.clear();
+            self.push(false, CPU, start, None);
+        }
+    }
+
+    /// Hands the queued writes to the sink in one call.
+    fn commit<S: IndexSink + ?Sized>(&mut self, refs: &mut Refs, sink: &S) {
+        let w = &mut self.writes;
+        if !w.ops.is_empty() {
+            let ops: Vec<IndexOp<'_>> = w.ops.iter().map(|op| op.op(&w.hashes)).collect();
+            match sink.apply(&self.instance, &ops) {
+                Ok(()) => {}
+                Err(SinkError::UnknownInstance) => {
+                    // The instance left the router after this batch asked: whatever the source
+                    // held there left with it.
+                    self.stats.unknown_instances += 1;
+                    self.map.lose_all(refs, self.holder, GPU, &mut w.gone);
+                }
+                Err(SinkError::Other(_)) => self.stats.sink_errors += 1,
+            }
+        }
+        reuse(&mut w.hashes);
+        reuse(&mut w.ops);
+        reuse(&mut w.gone.local);
+        reuse(&mut w.gone.global);
+        w.instance_known = None;
         self.stats.mapped_blocks = self.map.len() as u64;
     }
 
-    /// Removes the blocks that left their holders.
-    fn flush<S: IndexSink + ?Sized>(&mut self, gone: &Gone, sink: &S) {
-        if !gone.local.is_empty() {
-            let ok = self.sink_ok(&sink.remove(Some(&self.instance), Tier::Local, &gone.local));
-            // An unknown instance has no index left to remove from: nothing to count twice.
-            if ok {
-                self.stats.removed_blocks += gone.local.len() as u64;
-            }
-        }
-        if !gone.global.is_empty() && self.sink_ok(&sink.remove(None, Tier::Global, &gone.global)) {
-            self.stats.removed_blocks += gone.global.len() as u64;
-        }
-    }
-
-    fn stored<S: IndexSink + ?Sized>(&mut self, ev: &BlockStored, refs: &mut Refs, sink: &S, gone: &mut Gone) {
-        let Some(bit) = tier_bit(ev.medium.as_ref()) else {
+    fn stored<S: IndexSink + ?Sized>(&mut self, batch: BatchRef<'_>, ev: &RawEvent, refs: &mut Refs, sink: &S) {
+        let Some(bit) = tier_bit(ev.medium) else {
             self.stats.unknown_media += 1;
             return;
         };
@@ -131,11 +225,13 @@ impl Feed {
             self.stats.other_groups += 1;
             return;
         }
-        if ev.block_hashes.is_empty() {
+        let engine_hashes = batch.raw.hashes(ev);
+        if engine_hashes.is_empty() {
             return;
         }
-        if ev.token_ids.is_empty() {
-            self.placeholder(ev, bit, refs, sink, gone);
+        let tokens = batch.raw.tokens(ev);
+        if tokens.is_empty() {
+            self.placeholder(engine_hashes.iter().map(|h| h.key), bit, refs, sink);
             return;
         }
         let block_size = sink.block_size();
@@ -144,77 +240,94 @@ impl Feed {
             return;
         }
         let engine_block = ev.block_size as usize;
-        if ev.token_ids.len() != ev.block_hashes.len() * engine_block {
+        if tokens.len() != engine_hashes.len() * engine_block {
             self.stats.malformed_events += 1;
             return;
         }
-        let lora = ev.lora_name.as_deref();
-        let extra = ev.extra_keys.as_deref().unwrap_or_default();
-        let usable = (0..ev.block_hashes.len())
-            .position(|i| !plain_block(extra.get(i), lora))
-            .unwrap_or(ev.block_hashes.len());
-        if usable < ev.block_hashes.len() {
+        let lora = ev.lora_name.map(|s| s.str(batch.payload));
+        let usable = match ev.extra_keys {
+            None => engine_hashes.len(),
+            Some(extra) => plain_prefix(extra.bytes(batch.payload), lora.map(str::as_bytes), engine_hashes.len()),
+        };
+        if usable < engine_hashes.len() {
             self.stats.unsupported_extra_keys += 1;
         }
         if usable == 0 {
             return;
         }
-        let (root, parent) = match &ev.parent_block_hash {
+        let (root, parent) = match ev.parent {
             None => (chain_root(sink.hash_seed(), lora), None),
             Some(p) => {
-                let Some(last) = self.map.lookup(p.to_u64()).map(super::map::Blocks::last) else {
+                let Some(last) = self.map.lookup(p.key).map(super::map::Blocks::last) else {
                     self.stats.unmapped_hashes += 1;
                     return;
                 };
                 (last.0, Some(last))
             }
         };
-        let router_block = block_size as usize;
-        let mut chain = Vec::with_capacity(usable * engine_block / router_block);
-        let mut prev = root;
-        for block in ev.token_ids[..usable * engine_block].chunks_exact(router_block) {
-            prev = hash_block(prev, block);
-            chain.push(BlockHash(prev));
-        }
-        let (instance, tier) = self.tier_of(bit);
-        if !self.sink_ok(&sink.store(instance, tier, &chain, parent)) {
+        if !self.writable(bit, sink) {
             return;
         }
-        self.stats.stored_blocks += chain.len() as u64;
+        let router_block = block_size as usize;
+        let start = self.writes.hashes.len();
+        let mut prev = root;
+        for block in tokens[..usable * engine_block].chunks_exact(router_block) {
+            prev = hash_block(prev, block);
+            self.writes.hashes.push(BlockHash(prev));
+        }
+        self.push(true, bit, start, parent);
+        let Self {
+            map,
+            stats,
+            writes,
+            holder,
+            ..
+        } = self;
+        let chain = &writes.hashes[start..];
+        stats.stored_blocks += chain.len() as u64;
         let per_engine = engine_block / router_block;
-        for (engine, blocks) in ev.block_hashes.iter().zip(chain.chunks_exact(per_engine)) {
-            let evicted = self.map.gain(refs, self.holder, engine.to_u64(), blocks, bit, gone);
-            self.stats.map_evictions += evicted as u64;
+        for (engine, blocks) in engine_hashes.iter().zip(chain.chunks_exact(per_engine)) {
+            let evicted = map.gain(refs, *holder, engine.key, blocks, bit, &mut writes.gone);
+            stats.map_evictions += evicted as u64;
         }
     }
 
     /// A `BlockStored` without tokens: only hashes mapped earlier can be placed.
     fn placeholder<S: IndexSink + ?Sized>(
         &mut self,
-        ev: &BlockStored,
+        engine_hashes: impl Iterator<Item = u64>,
         bit: u8,
         refs: &mut Refs,
         sink: &S,
-        gone: &mut Gone,
     ) {
-        for engine in &ev.block_hashes {
-            let key = engine.to_u64();
-            let Some(blocks) = self.map.lookup(key).map(|b| b.as_slice().to_vec()) else {
+        for key in engine_hashes {
+            let start = self.writes.hashes.len();
+            let Some(blocks) = self.map.lookup(key) else {
                 self.stats.unmapped_hashes += 1;
                 continue;
             };
-            let (instance, tier) = self.tier_of(bit);
-            if !self.sink_ok(&sink.store(instance, tier, &blocks, None)) {
+            self.writes.hashes.extend_from_slice(blocks.as_slice());
+            if !self.writable(bit, sink) {
+                self.writes.hashes.truncate(start);
                 return;
             }
-            self.stats.stored_blocks += blocks.len() as u64;
-            let evicted = self.map.gain(refs, self.holder, key, &blocks, bit, gone);
-            self.stats.map_evictions += evicted as u64;
+            self.push(true, bit, start, None);
+            let Self {
+                map,
+                stats,
+                writes,
+                holder,
+                ..
+            } = self;
+            let blocks = &writes.hashes[start..];
+            stats.stored_blocks += blocks.len() as u64;
+            let evicted = map.gain(refs, *holder, key, blocks, bit, &mut writes.gone);
+            stats.map_evictions += evicted as u64;
         }
     }
 
-    fn removed(&mut self, ev: &BlockRemoved, refs: &mut Refs, gone: &mut Gone) {
-        let Some(bit) = tier_bit(ev.medium.as_ref()) else {
+    fn removed(&mut self, batch: BatchRef<'_>, ev: &RawEvent, refs: &mut Refs) {
+        let Some(bit) = tier_bit(ev.medium) else {
             self.stats.unknown_media += 1;
             return;
         };
@@ -222,8 +335,8 @@ impl Feed {
             self.stats.other_groups += 1;
             return;
         }
-        for engine in &ev.block_hashes {
-            if !self.map.lose(refs, self.holder, engine.to_u64(), bit, gone) {
+        for engine in batch.raw.hashes(ev) {
+            if !self.map.lose(refs, self.holder, engine.key, bit, &mut self.writes.gone) {
                 self.stats.unmapped_hashes += 1;
             }
         }

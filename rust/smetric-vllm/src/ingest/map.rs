@@ -13,12 +13,44 @@
 //!
 //! # Complexity
 //! O(1) expected per lookup, insert and tier change; an eviction round is O(capacity) and runs
-//! once per capacity/8 inserts, so O(1) amortised.
+//! once per capacity/8 inserts, so O(1) amortised. Both maps key on 64-bit hashes (engine
+//! hashes, smetric's xxh3 chain), so they use a one-multiply mixer instead of SipHash.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use smetric_core::BlockHash;
+
+/// Multiply-xorshift mixing of integer keys. The keys already are hash values; the mixer
+/// spreads them (and small test keys) over hashbrown's bucket and tag bits.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        let m = (self.0 ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = m ^ (m >> 29);
+    }
+
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+}
+
+type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
 
 /// Tier bits of an entry.
 pub(super) const GPU: u8 = 1;
@@ -71,7 +103,7 @@ pub(super) struct Entry {
 
 /// Reference counts of smetric blocks per holder, over all sources.
 #[derive(Debug, Default)]
-pub(super) struct Refs(HashMap<(u32, u64), u32>);
+pub(super) struct Refs(MixMap<(u32, u64), u32>);
 
 impl Refs {
     fn inc(&mut self, holder: u32, blocks: &[BlockHash]) {
@@ -139,7 +171,7 @@ pub(super) fn transition(
 /// Engine block hash → entry, bounded.
 #[derive(Debug)]
 pub(super) struct EngineMap {
-    entries: HashMap<u64, Entry>,
+    entries: MixMap<u64, Entry>,
     clock: u64,
     capacity: usize,
 }
@@ -147,7 +179,7 @@ pub(super) struct EngineMap {
 impl EngineMap {
     pub(super) fn new(capacity: usize) -> Self {
         Self {
-            entries: HashMap::new(),
+            entries: MixMap::default(),
             clock: 0,
             capacity: capacity.max(1),
         }
@@ -181,7 +213,7 @@ impl EngineMap {
     ) -> usize {
         self.clock += 1;
         let mut evicted = 0;
-        if !self.entries.contains_key(&engine) && self.entries.len() >= self.capacity {
+        if self.entries.len() >= self.capacity && !self.entries.contains_key(&engine) {
             evicted = self.evict(refs, local_holder, gone);
         }
         let stamp = self.clock;

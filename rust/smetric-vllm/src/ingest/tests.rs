@@ -625,3 +625,58 @@ fn stored_owned(i: usize, t: &[u32]) -> Ev<'_> {
         "GPU",
     )
 }
+
+/// A sink with only the required methods: it claims every instance exists and writes one call
+/// per op, so a write to an unknown instance fails inside `apply` (as when the instance leaves
+/// the router between the ingestor's check and its write).
+struct Optimist<'a>(&'a Router);
+
+impl IndexSink for Optimist<'_> {
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+
+    fn hash_seed(&self) -> u64 {
+        self.0.config().hash_seed
+    }
+
+    fn store(
+        &self,
+        instance: Option<&str>,
+        tier: Tier,
+        hashes: &[BlockHash],
+        parent: Option<BlockHash>,
+    ) -> Result<(), SinkError> {
+        Ok(self.0.store_blocks(instance, tier, hashes, parent, None)?)
+    }
+
+    fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError> {
+        Ok(self.0.remove_blocks(instance, tier, hashes)?)
+    }
+}
+
+#[test]
+fn a_write_refused_after_the_check_drops_what_the_source_held_there() {
+    let r = router(&["a"]);
+    let mut ing = Ingestor::new(IngestConfig::default());
+    let ghost = ing.add_source("gone", false);
+    let t = toks(0, 8);
+    let sink = Optimist(&r);
+    let events = [
+        stored(&[1], None, &t[..4], "GPU"),
+        stored(&[2], Some(1), &t[4..], "CPU"),
+    ];
+    ing.on_message(&sink, ghost, &msg(0, &events)).unwrap();
+    let s = ing.stats();
+    assert_eq!((s.unknown_instances, s.sink_errors), (1, 0));
+    assert_eq!(
+        ing.held_blocks(),
+        (0, 1),
+        "the local block is forgotten, the global one kept"
+    );
+    assert_eq!(r.stats().index.global_blocks, 1);
+    // Later events about the forgotten block find nothing to remove.
+    ing.on_message(&sink, ghost, &msg(1, &[Ev::Removed(&[1], "GPU")]))
+        .unwrap();
+    assert_eq!(ing.stats().unmapped_hashes, 1);
+}
