@@ -7,7 +7,9 @@
 //! `shared` tokens common to all, like a system prompt), then session 7's prompt routed `routes`
 //! times, each followed by `on_finished` so the load board stays steady. With `cycle` > 1 the
 //! routes cycle through that many sessions' prompts instead, so that each route's chain is not
-//! the newest in its holders (the `route-cycle/` bench). Prints p50/p99/max.
+//! the newest in its holders (like the `route/{n}-cycle16/32` bench). Prints p50/p99/max over
+//! the calls during which the thread was not descheduled (on a busy machine, preemptions are
+//! not the router's latency).
 //!
 //! Instructions per route, independent of the warm-up: run it under
 //! `valgrind --tool=callgrind` with two route counts and divide the difference of the totals

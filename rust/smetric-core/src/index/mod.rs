@@ -102,8 +102,8 @@ struct Entry {
     global_seq: u32,
     /// Sequence number of `inline_slot`'s current touch.
     inline_seq: u32,
-    /// The child most recently touched after this block: a query that follows it (and checks
-    /// the child's hash) walks a chain through the slab instead of the hash table.
+    /// The child most recently touched or walked after this block: a query that follows it
+    /// (and checks the child's hash) walks a chain through the slab, not the hash table.
     last_child: u32,
     /// The first instance that held this block keeps its sequence number inline, so that a
     /// touch of a single-holder block needs no map access; other holders use their map.
@@ -113,6 +113,8 @@ struct Entry {
     /// last block has many, a session's latest turn none. Drives turn inference.
     children: u16,
 }
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 32);
 
 impl Entry {
     fn live(&self) -> bool {
