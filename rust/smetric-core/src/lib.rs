@@ -32,7 +32,7 @@ pub use config::{CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, RouterConfig};
 pub use error::{Result, SmetricError};
 pub use hash::{chain_root, hash_tokens, hash_tokens_into};
 pub use ids::{BlockHash, InstanceId, RequestId};
-pub use index::{Holder, IndexQuery, KvIndex};
+pub use index::{Holder, IndexQuery, KvIndex, MixHasher, MixMap};
 pub use load::{EffectiveLoad, LoadSnapshot};
 pub use policy::{Candidate, Policy, PolicyKind, Reason, Selection, SelectionInput};
 pub use router::{Decision, Hits, IndexOp, Prompt, RouteRequest, Router, RouterStats, Tier};

@@ -58,8 +58,8 @@ pub const MAX_SLOTS: u32 = FREE_ENTRY as u32;
 /// Hasher for keys that are already hashes or small ids: one multiply, high bits folded
 /// down, so that hashbrown's control bytes (top 7 bits) stay well spread even for the
 /// sequential ids that traces use.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct MixHasher(u64);
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MixHasher(u64);
 
 impl Hasher for MixHasher {
     fn finish(&self) -> u64 {
@@ -81,7 +81,8 @@ impl Hasher for MixHasher {
     }
 }
 
-pub(crate) type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
+/// A `HashMap` keyed by hashes or small ids, with [`MixHasher`].
+pub type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
 
 /// Where a block is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,41 +16,10 @@
 //! once per capacity/8 inserts, so O(1) amortised. Both maps key on 64-bit hashes (engine
 //! hashes, smetric's xxh3 chain), so they use a one-multiply mixer instead of SipHash.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;
-use std::hash::{BuildHasherDefault, Hasher};
 
-use smetric_core::BlockHash;
-
-/// Multiply-xorshift mixing of integer keys. The keys already are hash values; the mixer
-/// spreads them (and small test keys) over hashbrown's bucket and tag bits.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct MixHasher(u64);
-
-impl Hasher for MixHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        let m = (self.0 ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = m ^ (m >> 29);
-    }
-
-    #[inline]
-    fn write_u32(&mut self, x: u32) {
-        self.write_u64(u64::from(x));
-    }
-}
-
-type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
+// Keys are already hashes: the core's multiply-xorshift hasher spreads them (and small test keys).
+use smetric_core::{BlockHash, MixMap};
 
 /// Tier bits of an entry.
 pub(super) const GPU: u8 = 1;
