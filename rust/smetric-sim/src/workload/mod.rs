@@ -59,6 +59,24 @@ pub struct RequestSpec {
     pub first_turn: Option<bool>,
 }
 
+impl RequestSpec {
+    /// An open-loop request with no session structure (Mooncake, Azure): the `index`-th request
+    /// of the trace is its own session, arriving at `time_s`.
+    pub fn standalone(index: u32, input_tokens: u32, output_tokens: u32, time_s: f64) -> Self {
+        Self {
+            trace_id: i64::from(index),
+            input_tokens,
+            output_tokens,
+            time_s,
+            think_s: 0.0,
+            prev: None,
+            session: index,
+            root_session: index,
+            first_turn: None,
+        }
+    }
+}
+
 /// A loaded trace.
 #[derive(Clone, Debug)]
 pub struct Workload {

@@ -41,17 +41,7 @@ pub fn load_mooncake(path: impl AsRef<Path>) -> Result<Workload> {
         let timestamp = time_field(path, line, "timestamp", row.timestamp)? / MS_PER_S;
         let full = row.hash_ids.len().min((input / MOONCAKE_BLOCK_TOKENS) as usize);
         let index = builder.len() as u32;
-        let spec = RequestSpec {
-            trace_id: i64::from(index),
-            input_tokens: input,
-            output_tokens: output_tokens(row.output_length),
-            time_s: timestamp,
-            think_s: 0.0,
-            prev: None,
-            session: index,
-            root_session: index,
-            first_turn: None,
-        };
+        let spec = RequestSpec::standalone(index, input, output_tokens(row.output_length), timestamp);
         builder.push(spec, row.hash_ids[..full].iter().copied());
         Ok(())
     })?;
