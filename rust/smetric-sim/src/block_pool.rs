@@ -20,6 +20,8 @@
 
 use hashbrown::HashMap;
 
+use crate::cache_events::{CacheLog, Medium};
+
 /// End-of-list marker of the intrusive free queue.
 const NIL: u32 = u32::MAX;
 
@@ -42,6 +44,9 @@ pub struct BlockPool {
     free_len: u32,
     cached: HashMap<u64, u32>,
     evictions: u64,
+    /// What vLLM's block pool would publish: blocks newly cached, blocks evicted (disabled
+    /// unless the router is fed by events or the oracle).
+    pub log: CacheLog,
 }
 
 impl BlockPool {
@@ -63,6 +68,7 @@ impl BlockPool {
             free_len: num_blocks,
             cached: HashMap::with_capacity(num_blocks as usize),
             evictions: 0,
+            log: CacheLog::default(),
         }
     }
 
@@ -140,6 +146,7 @@ impl BlockPool {
                 block.hashed = false;
                 self.cached.remove(&block.hash);
                 self.evictions += 1;
+                self.log.removed(Medium::Gpu, block.hash);
             }
             block.ref_cnt = 1;
             out.push(b);
@@ -147,18 +154,43 @@ impl BlockPool {
         true
     }
 
-    /// Registers `block` (full, in use) under `hash` so later lookups hit it. A hash already
-    /// registered on another block, or a block already carrying a hash, is left alone.
-    pub fn register(&mut self, block: u32, hash: u64) {
+    /// Registers `block` (full, in use) under `hash` so later lookups hit it; true if it was.
+    /// A hash already registered on another block, or a block already carrying a hash, is
+    /// left alone. Not logged: [`Self::register_chain`] logs what it registers.
+    pub fn register(&mut self, block: u32, hash: u64) -> bool {
         let entry = &mut self.blocks[block as usize];
         if entry.hashed {
-            return;
+            return false;
         }
         if let hashbrown::hash_map::Entry::Vacant(slot) = self.cached.entry(hash) {
             slot.insert(block);
             entry.hashed = true;
             entry.hash = hash;
+            return true;
         }
+        false
+    }
+
+    /// Registers `blocks[k]` under `chain[k]`, where `parent` is the chain block before
+    /// `chain[0]`, and logs each run of newly registered blocks as one store (vLLM's
+    /// `BlockStored` from `cache_full_blocks`), its parent the chain block before the run.
+    pub fn register_chain(&mut self, blocks: &[u32], chain: &[u64], parent: Option<u64>) {
+        let mut run_start = None;
+        for (k, (&block, &hash)) in blocks.iter().zip(chain).enumerate() {
+            if self.register(block, hash) {
+                run_start.get_or_insert(k);
+            } else if let Some(start) = run_start.take() {
+                self.log_run(chain, start, k, parent);
+            }
+        }
+        if let Some(start) = run_start {
+            self.log_run(chain, start, blocks.len().min(chain.len()), parent);
+        }
+    }
+
+    fn log_run(&mut self, chain: &[u64], start: usize, end: usize, parent: Option<u64>) {
+        let run_parent = if start == 0 { parent } else { Some(chain[start - 1]) };
+        self.log.stored(Medium::Gpu, run_parent, &chain[start..end]);
     }
 
     /// Drops one reference on each of `blocks`, walking them tail first so that the free

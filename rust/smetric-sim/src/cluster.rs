@@ -16,6 +16,13 @@
 //!   `on_finished`) at this simulated time, closed-loop successors are released, and the next
 //!   step is scheduled at once (a busy engine never idles between steps).
 //! * `Sample` / `LoadReport` — periodic load-imbalance samples and engine load reports.
+//! * `KvEvents` — with `index_feed = events`: the oldest published KV-event message reaches
+//!   the placer. Each instance publishes its cache log when a step completes (vLLM publishes
+//!   the events of a step with its outputs), before it schedules the next; an idle instance
+//!   publishes what it logged meanwhile (a store eviction it announces, a finished load)
+//!   whenever another instance completes a step. Delivery is `event_delay_s` after
+//!   publication. With `index_feed = oracle` every change reaches the placer at the end of
+//!   the event that made it.
 //!
 //! Arrivals: open loop at `time_s / time_scale`; closed loop at the root session's Poisson
 //! start + `time_s` for roots and `finish(prev) + think_s` otherwise; gated open loop at
@@ -25,8 +32,9 @@
 //! Complexity: O(log E) per event (binary heap); per step O(batch); per request O(chain).
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
+use crate::cache_events::{CacheLog, EventPublisher, Frames, IndexFeed, Medium};
 use crate::config::SimConfig;
 use crate::error::{Result, SimError};
 use crate::global_tier::{GlobalTier, TierLink};
@@ -43,6 +51,15 @@ enum Kind {
     StepDone(u32),
     Sample,
     LoadReport,
+    KvEvents,
+}
+
+impl Kind {
+    /// Events that move no request forward: they neither count as pending work (stall
+    /// detection) nor extend the makespan.
+    fn is_background(self) -> bool {
+        matches!(self, Self::Sample | Self::LoadReport | Self::KvEvents)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -121,10 +138,22 @@ struct Sim<'a> {
     /// Reused per-step buffers.
     scratch_first: Vec<u32>,
     scratch_finished: Vec<u32>,
+    scratch_prefilled: Vec<(u32, u64, u64)>,
+    /// With `index_feed = events`: the engines' publisher and the messages on their way.
+    publisher: Option<EventPublisher>,
+    in_transit: VecDeque<(u32, Frames)>,
 }
 
 /// Runs `workload` on the cluster described by `config`, routing with `placer`.
 pub fn simulate(config: &SimConfig, workload: &Workload, placer: &mut dyn Placer) -> Result<SimReport> {
+    let mut sim = build(config, workload, placer)?;
+    sim.init();
+    sim.run()?;
+    Ok(finish(sim))
+}
+
+/// The cluster of `config` with every instance idle and nothing scheduled.
+fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn Placer) -> Result<Sim<'a>> {
     config.validate()?;
     if workload.is_empty() {
         return Err(SimError::EmptyWorkload);
@@ -166,27 +195,51 @@ pub fn simulate(config: &SimConfig, workload: &Workload, placer: &mut dyn Placer
         queued_work: 0,
         scratch_first: Vec::new(),
         scratch_finished: Vec::new(),
+        scratch_prefilled: Vec::new(),
+        publisher: (config.index_feed == IndexFeed::Events)
+            .then(|| EventPublisher::new(config.instances, workload.block_tokens())),
+        in_transit: VecDeque::new(),
     };
-    sim.init();
-    sim.run()?;
+    if config.index_feed.logs_changes() {
+        for inst in &mut sim.instances {
+            inst.pool.log = CacheLog::new(true);
+        }
+        sim.tier.changes.enabled = true;
+    }
+    Ok(sim)
+}
+
+/// The report of a finished run.
+fn finish(sim: Sim<'_>) -> SimReport {
     let Sim {
+        config,
+        workload,
         records,
         mut counters,
         instances,
         tier,
         placer,
+        publisher,
         ..
     } = sim;
+    if let Some(p) = publisher {
+        counters.feed.extend([
+            ("published_batches".to_owned(), p.batches),
+            ("published_events".to_owned(), p.events),
+            ("published_bytes".to_owned(), p.bytes),
+        ]);
+    }
+    counters.feed.extend(placer.feed_counters());
     counters.preemptions = instances.iter().map(|i| i.preemptions).sum();
     counters.gpu_evictions = instances.iter().map(|i| i.pool.evictions()).sum();
     counters.tier_evictions = tier.evictions();
-    Ok(summarize(config, workload, placer.policy(), records, counters))
+    summarize(config, workload, placer.policy(), records, counters)
 }
 
 impl Sim<'_> {
     fn push(&mut self, time: f64, kind: Kind) {
         self.seq += 1;
-        self.queued_work += u64::from(!matches!(kind, Kind::Sample | Kind::LoadReport));
+        self.queued_work += u64::from(!kind.is_background());
         self.heap.push(Event {
             time,
             seq: self.seq,
@@ -276,7 +329,7 @@ impl Sim<'_> {
                     time_s: self.now,
                 });
             }
-            self.queued_work -= u64::from(!matches!(ev.kind, Kind::Sample | Kind::LoadReport));
+            self.queued_work -= u64::from(!ev.kind.is_background());
             match ev.kind {
                 Kind::Arrive(r) => self.arrive(r)?,
                 Kind::Deliver(r) => self.enqueue(r),
@@ -284,8 +337,12 @@ impl Sim<'_> {
                 Kind::StepDone(i) => self.step_done(i),
                 Kind::Sample => self.sample()?,
                 Kind::LoadReport => self.load_report(),
+                Kind::KvEvents => self.deliver_kv_events(),
             }
-            if !matches!(ev.kind, Kind::Sample | Kind::LoadReport) {
+            if self.config.index_feed == IndexFeed::Oracle {
+                self.flush_to_oracle();
+            }
+            if !ev.kind.is_background() {
                 self.counters.makespan_s = self.now;
             }
         }
@@ -388,25 +445,21 @@ impl Sim<'_> {
 
     fn step_done(&mut self, i: u32) {
         let now = self.now;
-        let b = self.limits.block_tokens as usize;
         let mut first_tokens = std::mem::take(&mut self.scratch_first);
         let mut finished = std::mem::take(&mut self.scratch_finished);
-        {
-            let workload = self.workload;
-            let tier = &mut self.tier;
-            self.instances[i as usize].complete(&mut self.reqs, |ev| match ev {
-                StepEvent::Prefilled { request, from, to } => {
-                    if tier.enabled() {
-                        let chain = workload.chain(request as usize);
-                        let end = (to as usize / b).min(chain.len());
-                        let start = (from as usize / b).min(end);
-                        tier.store(&chain[start..end]);
-                    }
-                }
-                StepEvent::FirstToken { request } => first_tokens.push(request),
-                StepEvent::Finished { request } => finished.push(request),
-            });
+        let mut prefilled = std::mem::take(&mut self.scratch_prefilled);
+        self.instances[i as usize].complete(&mut self.reqs, |ev| match ev {
+            StepEvent::Prefilled { request, from, to } => prefilled.push((request, from, to)),
+            StepEvent::FirstToken { request } => first_tokens.push(request),
+            StepEvent::Finished { request } => finished.push(request),
+        });
+        if self.tier.enabled() {
+            for &(request, from, to) in &prefilled {
+                self.store_in_tier(i, request, from, to);
+            }
         }
+        prefilled.clear();
+        self.scratch_prefilled = prefilled;
         for &r in &first_tokens {
             self.records[r as usize].first_token_s = Some(now);
             self.placer.on_prefilled(u64::from(r), now);
@@ -426,7 +479,77 @@ impl Sim<'_> {
         finished.clear();
         self.scratch_first = first_tokens;
         self.scratch_finished = finished;
+        if self.publisher.is_some() {
+            self.publish(i);
+            for j in 0..self.config.instances {
+                if j != i && !self.instances[j as usize].busy {
+                    self.publish(j);
+                }
+            }
+        }
         self.start_step(i as usize);
+    }
+
+    /// Writes the blocks of `request` computed by tokens `[from, to)` to the global tier on
+    /// behalf of instance `i`, logging what entered and what was dropped (see `cache_events`).
+    fn store_in_tier(&mut self, i: u32, request: u32, from: u64, to: u64) {
+        let b = self.limits.block_tokens as usize;
+        let chain = self.workload.chain(request as usize);
+        let end = (to as usize / b).min(chain.len());
+        let start = (from as usize / b).min(end);
+        let stored = &chain[start..end];
+        self.tier.store(stored, i);
+        if !self.tier.changes.enabled {
+            return;
+        }
+        let changes = &self.tier.changes;
+        for &(hash, owner) in &changes.evicted {
+            if let Some(inst) = self.instances.get_mut(owner as usize) {
+                inst.pool.log.removed(Medium::Cpu, hash);
+            }
+        }
+        let log = &mut self.instances[i as usize].pool.log;
+        let mut k = 0;
+        while k < changes.inserted.len() {
+            let first = changes.inserted[k];
+            let mut last = first;
+            while k + 1 < changes.inserted.len() && changes.inserted[k + 1] == last + 1 {
+                k += 1;
+                last += 1;
+            }
+            let at = start + first;
+            let parent = at.checked_sub(1).map(|p| chain[p]);
+            log.stored(Medium::Cpu, parent, &stored[first..=last]);
+            k += 1;
+        }
+    }
+
+    /// Instance `i` publishes its cache log as one KV-event message, delivered after the delay.
+    fn publish(&mut self, i: u32) {
+        let Some(publisher) = &mut self.publisher else { return };
+        let log = &mut self.instances[i as usize].pool.log;
+        if let Some(frames) = publisher.publish(i, log, self.now) {
+            log.clear();
+            self.in_transit.push_back((i, frames));
+            self.push(self.now + self.config.event_delay_s, Kind::KvEvents);
+        }
+    }
+
+    /// The oldest message in transit reaches the placer (one delay for all: FIFO).
+    fn deliver_kv_events(&mut self) {
+        if let Some((i, frames)) = self.in_transit.pop_front() {
+            self.placer.on_kv_event_message(i, &frames, self.now);
+        }
+    }
+
+    /// Oracle feed: every instance's logged changes reach the placer now.
+    fn flush_to_oracle(&mut self) {
+        for (i, inst) in self.instances.iter_mut().enumerate() {
+            if !inst.pool.log.is_empty() {
+                self.placer.on_cache_changes(i as u32, &inst.pool.log, self.now);
+                inst.pool.log.clear();
+            }
+        }
     }
 
     fn release_successors(&mut self, r: u32) {

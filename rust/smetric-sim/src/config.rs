@@ -20,9 +20,12 @@
 //! | `max_events` | none | no limit; sweeps set one so that a pathological run fails instead of running for hours |
 //! | `series_interval_s` | none | per-instance load series for plots; off unless asked (it grows with the run) |
 //! | `load_report_interval_s` | none | the router's own board is exact here (every lifecycle event is delivered) |
+//! | `index_feed` | approximate | the router's insert-on-route index, as without a KV-event feed |
+//! | `event_delay_s` | 10 ms | publication to index write with `index_feed = events`: a ZMQ hop across the data-centre network plus the subscriber's loop (the published step itself already lags the cache change by up to one step) |
 
 use smetric_core::RouterConfig;
 
+use crate::cache_events::IndexFeed;
 use crate::error::{Result, SimError};
 use crate::perf_model::Profile;
 
@@ -32,6 +35,8 @@ pub const DEFAULT_TIER_CAPACITY_BYTES: u64 = 16_777_216 * 98_304;
 pub const DEFAULT_TIER_LATENCY_S: f64 = 0.002;
 /// Default global-tier read bandwidth per GPU, bytes/s.
 pub const DEFAULT_TIER_BANDWIDTH: f64 = 20.0e9;
+/// Default delay between an engine publishing a KV-event batch and the router applying it, seconds.
+pub const DEFAULT_EVENT_DELAY_S: f64 = 0.01;
 /// vLLM v1 `max_num_batched_tokens` on large GPUs.
 pub const DEFAULT_MAX_BATCHED_TOKENS: u32 = 8192;
 /// vLLM `max_num_seqs` used by the LMetric evaluation.
@@ -149,8 +154,14 @@ pub struct SimConfig {
     pub max_events: Option<u64>,
     /// Keep one [`crate::metrics::RequestRecord`] per request in the report.
     pub keep_records: bool,
+    /// How the router's KV$ index is fed (see `cache_events`): insert on route, the engines'
+    /// KV events, or the oracle.
+    pub index_feed: IndexFeed,
+    /// With `index_feed = events`: seconds from a batch's publication to its application.
+    pub event_delay_s: f64,
     /// Router tunables. Its `local_capacity_blocks` and `global_capacity_blocks` are always
-    /// overwritten with the simulated pool and tier sizes, in the workload's blocks.
+    /// overwritten with the simulated pool and tier sizes, in the workload's blocks, and its
+    /// `index_mode` with the one `index_feed` needs.
     pub router: RouterConfig,
 }
 
@@ -177,6 +188,8 @@ impl Default for SimConfig {
             series_interval_s: None,
             max_events: None,
             keep_records: false,
+            index_feed: IndexFeed::Approximate,
+            event_delay_s: DEFAULT_EVENT_DELAY_S,
             router: RouterConfig::default(),
         }
     }
@@ -253,6 +266,7 @@ impl SimConfig {
         positive("session_rate_per_s", self.session_rate_per_s)?;
         positive("sample_interval_s", self.sample_interval_s)?;
         non_negative("measure_start_s", self.measure_start_s)?;
+        non_negative("event_delay_s", self.event_delay_s)?;
         non_negative("slo.ttft_base_s", self.slo.ttft_base_s)?;
         non_negative("slo.ttft_s_per_token", self.slo.ttft_s_per_token)?;
         if self.slo.tpot_s.is_empty() {

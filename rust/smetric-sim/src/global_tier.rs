@@ -22,8 +22,21 @@ const NIL: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     hash: u64,
+    /// The instance whose write put the block here (it announces the block's removal).
+    owner: u32,
     prev: u32,
     next: u32,
+}
+
+/// What the last [`GlobalTier::store`] changed, when the tier logs (see `cache_events`).
+#[derive(Clone, Debug, Default)]
+pub struct StoreChanges {
+    /// Whether stores fill this in.
+    pub enabled: bool,
+    /// Positions in the stored slice of the blocks that entered the tier (and stayed), ascending.
+    pub inserted: Vec<usize>,
+    /// `(hash, owner)` of blocks dropped for capacity.
+    pub evicted: Vec<(u64, u32)>,
 }
 
 /// The global KV store: an LRU set of block hashes.
@@ -37,6 +50,8 @@ pub struct GlobalTier {
     /// Least recently used end.
     tail: u32,
     evictions: u64,
+    /// The changes of the last store.
+    pub changes: StoreChanges,
 }
 
 impl GlobalTier {
@@ -49,6 +64,7 @@ impl GlobalTier {
             head: NIL,
             tail: NIL,
             evictions: 0,
+            changes: StoreChanges::default(),
         }
     }
 
@@ -79,13 +95,17 @@ impl GlobalTier {
             .map_or(0, |rest| rest.iter().take_while(|h| self.map.contains_key(*h)).count())
     }
 
-    /// Stores (or refreshes) `hashes` as most recently used, dropping LRU blocks over capacity.
-    /// The first hash ends up most recent, so a chain's tail is dropped before its head.
-    pub fn store(&mut self, hashes: &[u64]) {
+    /// Stores (or refreshes) `hashes` as most recently used, written by instance `owner`,
+    /// dropping LRU blocks over capacity. The first hash ends up most recent, so a chain's
+    /// tail is dropped before its head. With [`StoreChanges::enabled`], `changes` says what
+    /// entered and what was dropped.
+    pub fn store(&mut self, hashes: &[u64], owner: u32) {
+        self.changes.inserted.clear();
+        self.changes.evicted.clear();
         if self.capacity == 0 {
             return;
         }
-        for &h in hashes.iter().rev() {
+        for (k, &h) in hashes.iter().enumerate().rev() {
             if let Some(&s) = self.map.get(&h) {
                 self.unlink(s);
                 self.push_head(s);
@@ -94,13 +114,30 @@ impl GlobalTier {
             let s = if self.map.len() as u32 >= self.capacity {
                 let victim = self.tail;
                 self.unlink(victim);
-                self.map.remove(&self.slots[victim as usize].hash);
+                let Slot {
+                    hash,
+                    owner: victim_owner,
+                    ..
+                } = self.slots[victim as usize];
+                self.map.remove(&hash);
                 self.evictions += 1;
+                if self.changes.enabled {
+                    // A block of this very store dropped again (a store longer than the tier)
+                    // never entered, as far as anyone outside can tell.
+                    match self.changes.inserted.iter().position(|&i| hashes[i] == hash) {
+                        Some(i) => {
+                            self.changes.inserted.remove(i);
+                        }
+                        None => self.changes.evicted.push((hash, victim_owner)),
+                    }
+                }
                 self.slots[victim as usize].hash = h;
+                self.slots[victim as usize].owner = owner;
                 victim
             } else {
                 self.slots.push(Slot {
                     hash: h,
+                    owner,
                     prev: NIL,
                     next: NIL,
                 });
@@ -108,7 +145,11 @@ impl GlobalTier {
             };
             self.map.insert(h, s);
             self.push_head(s);
+            if self.changes.enabled {
+                self.changes.inserted.push(k);
+            }
         }
+        self.changes.inserted.reverse();
     }
 
     /// Marks `hashes` (a run that [`Self::run_from`] found) as just read.
@@ -173,7 +214,7 @@ mod tests {
     #[test]
     fn disabled_tier_stores_nothing() {
         let mut t = GlobalTier::new(0);
-        t.store(&[1, 2]);
+        t.store(&[1, 2], 0);
         assert!(!t.enabled());
         assert!(t.is_empty());
         assert_eq!(t.run_from(&[1, 2], 0), 0);
@@ -182,17 +223,48 @@ mod tests {
     #[test]
     fn lru_drops_chain_tail_first_and_reads_refresh() {
         let mut t = GlobalTier::new(3);
-        t.store(&[1, 2, 3]);
+        t.store(&[1, 2, 3], 0);
         assert_eq!(t.run_from(&[1, 2, 3], 0), 3);
         assert_eq!(t.run_from(&[1, 2, 3], 1), 2);
         assert_eq!(t.run_from(&[1, 2, 3], 5), 0);
         t.touch(&[3]);
         // 2 is now least recent (the chain was stored head-most-recent, then 3 was read).
-        t.store(&[9]);
+        t.store(&[9], 0);
         assert_eq!(t.len(), 3);
         assert_eq!(t.run_from(&[1, 2], 0), 1);
         assert_eq!(t.run_from(&[3], 0), 1);
         assert_eq!(t.evictions(), 1);
+    }
+
+    #[test]
+    fn logged_stores_report_entries_and_owned_evictions() {
+        let mut t = GlobalTier::new(3);
+        t.changes.enabled = true;
+        t.store(&[1], 7);
+        t.store(&[2], 8);
+        t.store(&[2, 3], 9);
+        // 2 was refreshed (it keeps its owner); 3 entered.
+        assert_eq!(t.changes.inserted, [1]);
+        assert!(t.changes.evicted.is_empty());
+        t.store(&[4], 9);
+        assert_eq!(t.changes.inserted, [0]);
+        assert_eq!(t.changes.evicted, [(1, 7)]);
+        t.store(&[20, 21, 22], 4);
+        let mut owners: Vec<u32> = t.changes.evicted.iter().map(|&(_, o)| o).collect();
+        owners.sort_unstable();
+        assert_eq!(owners, [8, 9, 9]);
+        // The slots now belong to the writer of what replaced their blocks.
+        t.store(&[30, 31, 32], 5);
+        assert!(
+            t.changes.evicted.iter().all(|&(_, o)| o == 4),
+            "{:?}",
+            t.changes.evicted
+        );
+        // A store longer than the tier: what it dropped of itself never entered.
+        t.store(&[10, 11, 12, 13], 5);
+        assert_eq!(t.changes.inserted, [0, 1, 2]);
+        assert_eq!(t.changes.evicted.len(), 3);
+        assert_eq!(t.run_from(&[10, 11, 12], 0), 3);
     }
 
     #[test]

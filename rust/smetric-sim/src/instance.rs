@@ -394,12 +394,9 @@ impl Instance {
 fn register_full(pool: &mut BlockPool, req: &mut LiveRequest, chain: &[u64], tokens: u64, b: u64) {
     let full = ((tokens / b) as usize).min(chain.len());
     if req.registered < full {
-        for (&block, &hash) in req.blocks[req.registered..full]
-            .iter()
-            .zip(&chain[req.registered..full])
-        {
-            pool.register(block, hash);
-        }
+        let from = req.registered;
+        let parent = from.checked_sub(1).map(|p| chain[p]);
+        pool.register_chain(&req.blocks[from..full], &chain[from..full], parent);
     }
     req.registered = req.registered.max(full);
 }

@@ -10,6 +10,8 @@
 //! * `instance` — the vLLM v1 scheduler (running first, chunked prefill, admission,
 //!   preemption by recompute);
 //! * [`global_tier`] — the cluster-wide CPU KV store and its fetch links;
+//! * [`cache_events`] — how the router's index is fed: insert on route, the engines' vLLM
+//!   KV-event batches through the production encoder and ingestor, or an oracle;
 //! * [`workload`] — streaming loaders (Bailian, Mooncake, Weka Claude Code, Azure) into a
 //!   compact form;
 //! * `cluster` — the event loop; [`metrics`] — the report;
@@ -30,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod block_pool;
+pub mod cache_events;
 mod cluster;
 pub mod config;
 pub mod error;
@@ -41,6 +44,7 @@ pub mod placement;
 pub mod router;
 pub mod workload;
 
+pub use cache_events::IndexFeed;
 pub use cluster::simulate;
 pub use config::{GlobalTierConfig, SimConfig, SloConfig};
 pub use error::{Result, SimError};
@@ -55,13 +59,19 @@ pub use workload::mooncake::load_mooncake;
 pub use workload::weka::{WekaOptions, load_weka};
 pub use workload::{ArrivalKind, RequestSpec, Workload, WorkloadBuilder};
 
-/// Runs `workload` on the cluster of `config`, routing with the real router running `policy`.
-///
-/// The router's block size is the workload's, its per-instance capacity is the simulated
-/// pool (`kv_tokens / block`), and its global capacity is the simulated tier (0 when the
-/// tier is off); every other router field comes from `config.router`. Its seed is
-/// `config.seed`.
+/// Runs `workload` on the cluster of `config`, routing with the real router running `policy`
+/// (built by [`core_placer`]).
 pub fn run(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Result<SimReport> {
+    let mut placer = core_placer(config, workload, policy)?;
+    simulate(config, workload, &mut placer)
+}
+
+/// The real router running `policy`, set up for `config` and `workload`: its block size is
+/// the workload's, its per-instance capacity is the simulated pool (`kv_tokens / block`), its
+/// global capacity is the simulated tier (0 when the tier is off), and its index is fed as
+/// `config.index_feed` says; every other router field comes from `config.router`. Its seed
+/// is `config.seed`.
+pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Result<CorePlacer> {
     config.validate()?;
     let block_tokens = workload.block_tokens();
     let block = u64::from(block_tokens);
@@ -72,6 +82,16 @@ pub fn run(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Resul
     } else {
         0
     };
-    let mut placer = CorePlacer::new(config.instances, policy, block_tokens, config.seed, router_config)?;
-    simulate(config, workload, &mut placer)
+    // An ingestor source maps what its instance holds: its pool, plus the store blocks it
+    // announced (at most the whole store).
+    let max_mapped = router_config.local_capacity_blocks + router_config.global_capacity_blocks;
+    CorePlacer::with_feed(
+        config.instances,
+        policy,
+        block_tokens,
+        config.seed,
+        router_config,
+        config.index_feed,
+        usize::try_from(max_mapped).unwrap_or(usize::MAX),
+    )
 }

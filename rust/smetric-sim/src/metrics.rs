@@ -23,6 +23,12 @@
 //!   per-instance request counts (running + waiting).
 //! * **Turn-inference accuracy**: routed requests whose placer verdict equals the trace's
 //!   ground truth, over those that have both.
+//! * **Local-hit prediction** (how well the router's index saw the caches): over measured,
+//!   served requests, the share whose predicted local hit on the chosen instance exceeded the
+//!   hit they got at first admission (`local_hit_overpredicted_share`: the router counted on
+//!   cache that was gone), and Σ |predicted − actual| ÷ served prompt tokens
+//!   (`local_hit_prediction_error`). Admission comes after routing, so even an oracle index is
+//!   off by what changed in between.
 //!
 //! Percentiles use the nearest-rank method on sorted samples. Complexity: O(n log n).
 
@@ -235,6 +241,17 @@ pub struct SimReport {
     pub events: u64,
     /// Decisions per reason, sorted by reason.
     pub reasons: Vec<(String, u64)>,
+    /// How the router's index was fed (`approximate`, `events`, `oracle`).
+    pub index_feed: String,
+    /// Publication-to-application delay of KV events, seconds (with `events`).
+    pub event_delay_s: f64,
+    /// Share of measured, served requests whose predicted local hit exceeded the real one.
+    pub local_hit_overpredicted_share: f64,
+    /// Σ |predicted − actual local hit| ÷ served measured prompt tokens.
+    pub local_hit_prediction_error: f64,
+    /// Index-feed counters, `(name, value)`: the publisher's (`published_*`) and the
+    /// ingestor's (`ingest_*`) with `events`; empty otherwise.
+    pub feed_counters: Vec<(String, u64)>,
     /// Per-instance load over time (when `series_interval_s` is set).
     pub load_series: LoadSeries,
     /// Per-request outcomes when `keep_records` is set.
@@ -255,6 +272,8 @@ pub(crate) struct RunCounters {
     pub queued_cv: Vec<f64>,
     pub requests_cv: Vec<f64>,
     pub load_series: LoadSeries,
+    /// Index-feed counters (publisher and ingestor), `(name, value)`.
+    pub feed: Vec<(String, u64)>,
 }
 
 /// Coefficient of variation of `values` (None when their mean is 0).
@@ -364,8 +383,12 @@ pub(crate) fn summarize(
         tier_fetch_bytes: counters.tier_fetch_bytes,
         iterations: counters.iterations,
         events: counters.events,
+        index_feed: config.index_feed.name().to_owned(),
+        event_delay_s: config.event_delay_s,
+        feed_counters: std::mem::take(&mut counters.feed),
         ..SimReport::default()
     };
+    let (mut overpredicted, mut prediction_error) = (0_u64, 0_u64);
     let mut ttfts = Vec::new();
     let mut tpots = Vec::new();
     let (mut local_hit, mut global_hit, mut served_prompt) = (0_u64, 0_u64, 0_u64);
@@ -392,6 +415,8 @@ pub(crate) fn summarize(
             report.measured_rejected += 1;
         } else {
             served_prompt += u64::from(r.input_tokens);
+            overpredicted += u64::from(r.predicted_local_hit_tokens > r.local_hit_tokens);
+            prediction_error += r.predicted_local_hit_tokens.abs_diff(r.local_hit_tokens);
         }
         local_hit += r.local_hit_tokens;
         global_hit += r.global_hit_tokens;
@@ -419,6 +444,9 @@ pub(crate) fn summarize(
     report.tpot = Percentiles::of(&mut tpots);
     report.local_hit_ratio = local_hit as f64 / prompt;
     report.global_hit_ratio = global_hit as f64 / prompt;
+    let served = (report.measured - report.measured_rejected).max(1) as f64;
+    report.local_hit_overpredicted_share = overpredicted as f64 / served;
+    report.local_hit_prediction_error = prediction_error as f64 / prompt;
     report.followup_home_share = (report.followups > 0).then(|| home_hits as f64 / report.followups as f64);
     report.turn_inference_accuracy =
         (report.turn_inference_samples > 0).then(|| turn_right as f64 / report.turn_inference_samples as f64);

@@ -8,8 +8,11 @@
 //!
 //! Call order per request: `place` at arrival → `on_prefilled` when its last prefill chunk
 //! completes (the step that emits its first token) → `on_finished` when its last token is
-//! out. Requests rejected before routing (longer than `max_model_len`) get no call.
+//! out. Requests rejected before routing (longer than `max_model_len`) get no call. Cache
+//! changes reach it through `on_cache_changes` (oracle) or `on_kv_event_message` (events),
+//! depending on `SimConfig::index_feed`.
 
+use crate::cache_events::CacheLog;
 use crate::error::Result;
 
 /// What the simulator tells a placer about an arriving request.
@@ -69,6 +72,18 @@ pub trait Placer {
 
     /// A periodic engine load report of `instance`.
     fn on_load(&mut self, _instance: u32, _snapshot: LoadSnapshot, _now: f64) {}
+
+    /// The oracle feed: `instance`'s cache changes, the instant it made them.
+    fn on_cache_changes(&mut self, _instance: u32, _log: &CacheLog, _now: f64) {}
+
+    /// The event feed: one KV-event message `[topic, seq, payload]` that `instance` published,
+    /// as it reaches the router.
+    fn on_kv_event_message(&mut self, _instance: u32, _frames: &[Vec<u8>], _now: f64) {}
+
+    /// Counters of the index feed, for the report (`(name, value)`, stable order).
+    fn feed_counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// Cycles through the instances; knows nothing about caches. Test double.

@@ -1,19 +1,35 @@
 //! [`CorePlacer`]: the real `smetric_core::Router` behind the simulator's [`Placer`] seam.
 //!
-//! Every decision goes through `Router::route` with the request's trace chain as a
-//! pre-hashed prompt (`Prompt::Hashes`), `TurnHint::Unknown` (the router infers the turn from
-//! its index, statelessly, as in production) and the simulated time. Lifecycle calls are
-//! forwarded at the simulated times the engine produces them. The router keeps its own
-//! approximate index (insert on route) sized like the simulated pools, so its view of the
-//! caches can drift from the engines' exactly as a real deployment's would.
+//! Every decision goes through `Router::route` with the request's chain as a pre-hashed
+//! prompt (`Prompt::Hashes`), `TurnHint::Unknown` (the router infers the turn from its index,
+//! statelessly, as in production) and the simulated time. Lifecycle calls are forwarded at the
+//! simulated times the engine produces them. The index is fed as `IndexFeed` says:
 //!
-//! Complexity: one `route` per request (the core's cost) plus an O(chain) copy into a reused
-//! `Vec<BlockHash>`.
+//! * approximate — the router's own insert-on-route index, sized like the simulated pools, so
+//!   its view can drift from the engines' exactly as a real deployment's would;
+//! * events — an exact index written only by the production `smetric_vllm::Ingestor` from the
+//!   engines' encoded KV-event messages. The ingestor names blocks by smetric's hash of their
+//!   tokens, so routing uses the same names: each trace chain is translated into the chain of
+//!   `hash_block` over `cache_events::block_tokens` (memoised per trace block);
+//! * oracle — an exact index written with the engines' own changes the instant they happen.
+//!
+//! Complexity: one `route` per request (the core's cost) plus O(chain) to copy — or, with
+//! events, translate — the chain; a translation costs one hash of a block's tokens the first
+//! time a (block, parent) pair is seen and one map lookup after.
 
-use smetric_core::{BlockHash, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig, TurnHint};
+use hashbrown::HashMap;
+use smetric_core::hash::{chain_root, hash_block};
+use smetric_core::{
+    BlockHash, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig, Tier, TurnHint,
+};
+use smetric_vllm::{IndexSink, IngestConfig, Ingestor, SinkError, SourceId};
 
+use crate::cache_events::{CacheLog, IndexFeed, Medium, block_tokens};
 use crate::error::{Result, SimError};
 use crate::placement::{LoadSnapshot, PlaceRequest, Placement, Placer};
+
+/// Most memoised trace blocks before the translation memo starts over (≈ 400 MB).
+const MAX_MEMO_BLOCKS: usize = 16 << 20;
 
 /// The routing core as a placer.
 #[derive(Debug)]
@@ -21,24 +37,167 @@ pub struct CorePlacer {
     router: Router,
     names: Vec<String>,
     chain: Vec<BlockHash>,
+    feed: IndexFeed,
+    events: Option<EventFeed>,
+}
+
+/// The router side of the event feed.
+#[derive(Debug)]
+struct EventFeed {
+    ingestor: Ingestor,
+    sources: Vec<SourceId>,
+    block_tokens: u32,
+    root: u64,
+    /// trace block → (its parent trace block, its smetric hash).
+    memo: HashMap<u64, (u64, u64)>,
+    tokens: Vec<u32>,
+    /// Messages the ingestor could not take (a source it did not know).
+    refused: u64,
+    /// Messages the ingestor dropped as undecodable.
+    decode_errors: u64,
+}
+
+impl EventFeed {
+    /// smetric's chain for a trace chain: `hash_block` over the tokens of each trace block.
+    fn translate(&mut self, trace: &[u64], out: &mut Vec<BlockHash>) {
+        if self.memo.len() > MAX_MEMO_BLOCKS {
+            self.memo.clear();
+        }
+        let mut prev_trace = u64::MAX;
+        let mut prev = self.root;
+        for (k, &id) in trace.iter().enumerate() {
+            let parent = if k == 0 { u64::MAX } else { prev_trace };
+            prev = match self.memo.get(&id) {
+                Some(&(p, h)) if p == parent => h,
+                _ => {
+                    self.tokens.clear();
+                    block_tokens(id, self.block_tokens, &mut self.tokens);
+                    let h = hash_block(prev, &self.tokens);
+                    self.memo.insert(id, (parent, h));
+                    h
+                }
+            };
+            prev_trace = id;
+            out.push(BlockHash(prev));
+        }
+    }
+}
+
+/// The router as the ingestor's sink, on the simulated clock: the production sink stamps
+/// writes with the wall clock, which would age them against the simulated times routing uses.
+struct SimClockSink<'a> {
+    router: &'a Router,
+    now: f64,
+}
+
+impl IndexSink for SimClockSink<'_> {
+    fn block_size(&self) -> u32 {
+        self.router.block_size()
+    }
+
+    fn hash_seed(&self) -> u64 {
+        self.router.config().hash_seed
+    }
+
+    fn store(
+        &self,
+        instance: Option<&str>,
+        tier: Tier,
+        hashes: &[BlockHash],
+        parent: Option<BlockHash>,
+    ) -> std::result::Result<(), SinkError> {
+        Ok(self
+            .router
+            .store_blocks(instance, tier, hashes, parent, Some(self.now))?)
+    }
+
+    fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> std::result::Result<(), SinkError> {
+        Ok(self.router.remove_blocks(instance, tier, hashes)?)
+    }
+
+    fn has_instance(&self, instance: &str) -> bool {
+        self.router.load(instance).is_ok()
+    }
+
+    fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> std::result::Result<(), SinkError> {
+        Ok(self.router.apply_blocks(Some(instance), ops, Some(self.now))?)
+    }
 }
 
 impl CorePlacer {
-    /// A router over instances `i0 … i{n-1}` with `block_tokens`-token blocks.
+    /// A router over instances `i0 … i{n-1}` with `block_tokens`-token blocks, its index in
+    /// insert-on-route mode (or as `config.index_mode` says).
     pub fn new(instances: u32, policy: PolicyKind, block_tokens: u32, seed: u64, config: RouterConfig) -> Result<Self> {
+        let feed = match config.index_mode {
+            IndexMode::Approximate => IndexFeed::Approximate,
+            IndexMode::Exact => IndexFeed::Oracle,
+        };
+        Self::with_feed(instances, policy, block_tokens, seed, config, feed, 0)
+    }
+
+    /// A router fed by `feed`; `max_mapped_blocks` bounds the blocks the event ingestor maps
+    /// per instance (the pool plus what it may announce in the tier).
+    pub fn with_feed(
+        instances: u32,
+        policy: PolicyKind,
+        block_tokens: u32,
+        seed: u64,
+        mut config: RouterConfig,
+        feed: IndexFeed,
+        max_mapped_blocks: usize,
+    ) -> Result<Self> {
+        config.index_mode = match feed {
+            IndexFeed::Approximate => IndexMode::Approximate,
+            IndexFeed::Events | IndexFeed::Oracle => IndexMode::Exact,
+        };
         let names: Vec<String> = (0..instances).map(|i| format!("i{i}")).collect();
         let router =
             Router::new(&names, policy, block_tokens, seed, config).map_err(|e| SimError::Router(e.to_string()))?;
+        let events = (feed == IndexFeed::Events).then(|| {
+            let mut ingestor = Ingestor::new(IngestConfig {
+                max_mapped_blocks: max_mapped_blocks.max(1024),
+                ..IngestConfig::default()
+            });
+            // The simulated links lose nothing, so no replay endpoint is needed.
+            let sources = names.iter().map(|n| ingestor.add_source(n, false)).collect();
+            EventFeed {
+                ingestor,
+                sources,
+                block_tokens,
+                root: chain_root(router.config().hash_seed, None),
+                memo: HashMap::new(),
+                tokens: Vec::new(),
+                refused: 0,
+                decode_errors: 0,
+            }
+        });
         Ok(Self {
             router,
             names,
             chain: Vec::new(),
+            feed,
+            events,
         })
     }
 
     /// The wrapped router (for its stats).
     pub fn router(&self) -> &Router {
         &self.router
+    }
+
+    /// How the index is fed.
+    pub fn feed(&self) -> IndexFeed {
+        self.feed
+    }
+
+    /// The router's name of trace chain `trace` (for tests: the hashes its index holds).
+    pub fn router_chain(&mut self, trace: &[u64]) -> Vec<BlockHash> {
+        let mut out = Vec::with_capacity(trace.len());
+        match &mut self.events {
+            Some(events) => events.translate(trace, &mut out),
+            None => out.extend(trace.iter().map(|&h| BlockHash(h))),
+        }
+        out
     }
 }
 
@@ -49,7 +208,10 @@ impl Placer for CorePlacer {
 
     fn place(&mut self, request: &PlaceRequest<'_>) -> Result<Placement> {
         self.chain.clear();
-        self.chain.extend(request.chain.iter().map(|&h| BlockHash(h)));
+        match &mut self.events {
+            Some(events) => events.translate(request.chain, &mut self.chain),
+            None => self.chain.extend(request.chain.iter().map(|&h| BlockHash(h))),
+        }
         let decision = self
             .router
             .route(&RouteRequest {
@@ -93,5 +255,75 @@ impl Placer for CorePlacer {
                 Some(now),
             );
         }
+    }
+
+    fn on_cache_changes(&mut self, instance: u32, log: &CacheLog, now: f64) {
+        if self.feed != IndexFeed::Oracle {
+            return;
+        }
+        let Some(name) = self.names.get(instance as usize) else {
+            return;
+        };
+        self.chain.clear();
+        let mut ranges = Vec::with_capacity(log.changes().len());
+        for change in log.changes() {
+            let start = self.chain.len();
+            self.chain.extend(log.blocks(change).iter().map(|&h| BlockHash(h)));
+            ranges.push(start..self.chain.len());
+        }
+        let ops: Vec<IndexOp<'_>> = log
+            .changes()
+            .iter()
+            .zip(ranges)
+            .map(|(change, range)| {
+                let tier = match change.medium {
+                    Medium::Gpu => Tier::Local,
+                    Medium::Cpu => Tier::Global,
+                };
+                let hashes = &self.chain[range];
+                if change.stored {
+                    IndexOp::Store {
+                        tier,
+                        hashes,
+                        parent: change.parent.map(BlockHash),
+                    }
+                } else {
+                    IndexOp::Remove { tier, hashes }
+                }
+            })
+            .collect();
+        // Every instance exists and every op is well formed, so the router cannot refuse.
+        let _ = self.router.apply_blocks(Some(name), &ops, Some(now));
+    }
+
+    fn on_kv_event_message(&mut self, instance: u32, frames: &[Vec<u8>], now: f64) {
+        let Some(events) = &mut self.events else { return };
+        let Some(&source) = events.sources.get(instance as usize) else {
+            return;
+        };
+        let sink = SimClockSink {
+            router: &self.router,
+            now,
+        };
+        match events.ingestor.on_message(&sink, source, frames) {
+            Ok(step) if step.error.is_some() => events.decode_errors += 1,
+            Ok(_) => {}
+            Err(_) => events.refused += 1,
+        }
+    }
+
+    fn feed_counters(&self) -> Vec<(String, u64)> {
+        let Some(events) = &self.events else { return Vec::new() };
+        let mut counters: Vec<(String, u64)> = events
+            .ingestor
+            .stats()
+            .counters()
+            .into_iter()
+            .map(|(name, value)| (format!("ingest_{name}"), value))
+            .collect();
+        counters.push(("ingest_refused_messages".into(), events.refused));
+        counters.push(("ingest_dropped_messages".into(), events.decode_errors));
+        counters.push(("translated_blocks_memo".into(), events.memo.len() as u64));
+        counters
     }
 }

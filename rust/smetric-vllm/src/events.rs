@@ -34,6 +34,9 @@
 use crate::hash::{BlockDigest, event_hash};
 
 mod decode;
+mod encode;
+
+pub use encode::{encode_batch, encode_batch_to_vec};
 
 pub(crate) use decode::{Kind as EventKind, RawBatch, RawEvent, RawMedium, plain_prefix, reuse};
 

@@ -57,7 +57,7 @@ mod pickle;
 
 pub use events::{
     BlockExtraKeys, BlockRemoved, BlockStored, DecodeError, DecodeOptions, EventValue, ExternalBlockHash, KvEvent,
-    KvEventBatch, Medium, decode_batch,
+    KvEventBatch, Medium, decode_batch, encode_batch, encode_batch_to_vec,
 };
 #[doc(hidden)]
 pub use events::{DecodeBuffers, decode_reusing};

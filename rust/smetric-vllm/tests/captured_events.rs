@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 use smetric_vllm::{
     BlockHasher, EventValue, ExternalBlockHash, HashAlgo, KvEvent, KvEventBatch, KvEventMessage, LoraKey, Medium,
-    ReplayReply, RequestKeys, decode_batch, decode_pub_message, decode_replay_reply,
+    ReplayReply, RequestKeys, decode_batch, decode_pub_message, decode_replay_reply, encode_batch_to_vec,
 };
 
 fn captures() -> Value {
@@ -294,4 +294,44 @@ fn corrupted_captured_payloads_never_panic() {
             }
         }
     }
+}
+
+/// The encoder the simulator publishes with writes exactly vLLM's bytes: every captured
+/// map-form payload decodes and re-encodes to the identical bytes. The decoder upper-cases
+/// media (`"cpu"` → CPU), so payloads with a non-canonical medium string are skipped.
+#[test]
+fn map_form_payloads_re_encode_to_vllms_exact_bytes() {
+    let doc = captures();
+    let mut identical = 0;
+    for (stream, message) in messages(&doc) {
+        let id = stream["name"].as_str().unwrap();
+        if stream["form"] != "map" {
+            continue;
+        }
+        let frames = frames(message);
+        let batch = if stream["socket"] == "DEALER" {
+            match decode_replay_reply(&frames).unwrap() {
+                ReplayReply::End => continue,
+                ReplayReply::Batch(msg) => msg.batch,
+            }
+        } else {
+            decode_pub_message(&frames).unwrap().batch
+        };
+        let canonical = batch.events.iter().all(|e| {
+            let medium = match e {
+                KvEvent::BlockStored(s) => s.medium.as_ref(),
+                KvEvent::BlockRemoved(r) => r.medium.as_ref(),
+                KvEvent::AllBlocksCleared => None,
+            };
+            medium.is_none_or(|m| !matches!(m, Medium::Other(_)))
+        });
+        let payload = frames.last().unwrap();
+        let lower_case = |m: &[u8]| payload.windows(4).any(|w| w[0] == 0xa3 && &w[1..] == m);
+        if !canonical || lower_case(b"cpu") || lower_case(b"gpu") {
+            continue;
+        }
+        assert_eq!(hex(&encode_batch_to_vec(&batch)), hex(payload), "{id}");
+        identical += 1;
+    }
+    assert!(identical >= 10, "only {identical} payloads compared");
 }
