@@ -114,6 +114,12 @@ def test_config_errors_are_typed(trace_of: Callable[[str], Path]) -> None:
     with pytest.raises(InvalidConfigError) as err:
         simulate(w, "smetric", config={"profile": "a100"})
     assert err.value.field == "profile"
+    with pytest.raises(InvalidConfigError) as err:
+        simulate(w, "smetric", config={"index_feed": "exact"})
+    assert err.value.field == "index_feed" and "approximate, events, oracle" in err.value.reason
+    with pytest.raises(InvalidConfigError) as err:
+        simulate(w, "smetric", config={"index_feed": "events", "event_delay_s": -0.5})
+    assert err.value.field == "event_delay_s"
     with pytest.raises(TypeError, match="instances"):
         simulate(w, "smetric", config={"instances": "two"})
     with pytest.raises(UnknownPolicyError):
@@ -133,6 +139,23 @@ def test_python_defaults_come_from_the_engine() -> None:
     assert config.slos[0].ttft_base_s == defaults["slo"]["ttft_base_s"]
     core, variants, where = config.core_config()
     assert core["slo"] == defaults["slo"] and variants == [] and where == [(0, 0), (0, 1)]
+
+
+def test_event_fed_run_reports_its_feed(weka_trace: TraceWriter) -> None:
+    w = load_workload(weka_trace(), "weka")
+    config: dict[str, Any] = {"instances": 2, "session_rate_per_s": 0.5}
+    plain = simulate(w, "smetric", config=config)
+    assert plain["index_feed"] == "approximate" and plain["feed_counters"] == {}
+    fed = simulate(w, "smetric", config={**config, "index_feed": "events", "event_delay_s": 0.05})
+    counters = fed["feed_counters"]
+    assert fed["index_feed"] == "events" and fed["event_delay_s"] == 0.05
+    assert counters["published_batches"] == counters["ingest_batches"] > 0
+    assert counters["published_events"] == counters["ingest_events"]
+    assert counters["ingest_decode_errors"] == counters["ingest_unmapped_hashes"] == 0
+    assert fed["local_hit_prediction_error"] >= 0.0
+    assert 0.0 <= fed["local_hit_overpredicted_share"] <= 1.0
+    oracle = simulate(w, "smetric", config={**config, "index_feed": "oracle"})
+    assert oracle["completed"] == fed["completed"] == plain["completed"]
 
 
 def test_report_fields_series_records_and_slo_variants(weka_trace: TraceWriter) -> None:

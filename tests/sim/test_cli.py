@@ -37,8 +37,36 @@ def test_simulate_writes_table_results_and_plots(
         assert entry["sweep"]["loads"] == [0.05, 0.1]
     run = json.loads((out / "run.json").read_text())
     assert run["trace"]["format"] == "weka" and run["config"]["instances"] == 2
-    for png in ("tps_vs_load.png", "ttft_cdf.png", "load_over_time.png"):
+    for png in ("tps_vs_load.png", "ttft_cdf.png", "load_over_time.png", "index_feeds.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    # smetric (the default --feed-policies) also ran with its index fed by KV events and by the oracle.
+    assert "index feeds (same policy, load and seed" in table and "events (10 ms)" in table
+    feeds = json.loads((out / "index_feeds.json").read_text())
+    assert [(f["policy"], f["index_feed"]) for f in feeds] == [
+        ("smetric", "approximate"), ("smetric", "events"), ("smetric", "oracle")
+    ]  # fmt: skip
+    assert feeds[0] | {"index_feed": None} != feeds[1] | {"index_feed": None}
+    assert feeds[0]["tps_under_slo"] == results["smetric"]["tps_under_slo"]
+    assert feeds[1]["kv_event_batches"] > 0 and feeds[1]["kv_event_unmapped_hashes"] == 0
+    assert feeds[0]["kv_event_batches"] == feeds[2]["kv_event_batches"] == 0
+    assert all(isinstance(f["by_slo"][1]["tps_under_slo"], float) for f in feeds)
+
+
+def test_simulate_index_feed_options(
+    weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--trace", str(weka_trace()), "--policies", "lmetric", "--ladder", "1", *TINY]
+    assert main([*argv, "--feed-policies", "lmetric", "--index-feeds", "approximate,events",
+                 "--event-delay-ms", "250", "--out", str(tmp_path / "a")]) == 0  # fmt: skip
+    assert "events (250 ms)" in capsys.readouterr().out
+    feeds = json.loads((tmp_path / "a" / "index_feeds.json").read_text())
+    assert [(f["index_feed"], f["event_delay_s"]) for f in feeds] == [("approximate", 0.01), ("events", 0.25)]
+    assert main([*argv, "--feed-policies", "", "--out", str(tmp_path / "b")]) == 0
+    assert not (tmp_path / "b" / "index_feeds.json").exists()
+    for bad in (["--index-feeds", "exact"], ["--event-delay-ms", "-1"]):
+        with pytest.raises(SystemExit) as err:
+            main([*argv, *bad, "--out", str(tmp_path / "c")])
+        assert err.value.code == 2
 
 
 def test_sweep_grid_and_tiers(weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from smetric._core import Workload, load_workload, sim_config_defaults, sim_prof
 from smetric.sim.config import (
     DEFAULT_SLOS,
     FORMATS,
+    INDEX_FEEDS,
     POLICY_VARIANTS,
     SLO,
     GlobalTier,
@@ -43,6 +44,7 @@ __all__ = [
     "ATTAINMENT_TARGET",
     "DEFAULT_SLOS",
     "FORMATS",
+    "INDEX_FEEDS",
     "POLICY_VARIANTS",
     "SLO",
     "GlobalTier",

@@ -24,6 +24,7 @@ from smetric import POLICIES, __version__
 from smetric.sim.config import (
     ENGINE_DEFAULTS,
     FORMATS,
+    INDEX_FEEDS,
     POLICY_VARIANTS,
     SLO,
     SimulationConfig,
@@ -32,7 +33,7 @@ from smetric.sim.config import (
     guess_format,
     policy_router,
 )
-from smetric.sim.report import comparison_table, plot_tps_vs_load, slo_lines, write_outputs
+from smetric.sim.report import comparison_table, index_feed_table, plot_tps_vs_load, slo_lines, write_outputs
 from smetric.sim.runner import PolicySummary, RunResult, RunSpec, load_trace, load_unit, run_grid, summarize
 
 LADDER: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 2.5)
@@ -117,6 +118,14 @@ def _trace(args: argparse.Namespace) -> TraceSpec:
     )
 
 
+def _names(text: str, known: tuple[str, ...] | None, flag: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if known is not None and x not in known]
+    if unknown:
+        _die(f"{flag}: unknown {', '.join(unknown)}; known: {', '.join(known or ())}")
+    return names
+
+
 def _die(message: str) -> NoReturn:
     print(f"smetric: error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -157,6 +166,10 @@ def simulate_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     trace = _trace(args)
     config, window, policies = _config(args)
+    feeds = _names(args.index_feeds, INDEX_FEEDS, "--index-feeds")
+    feed_policies = [p for p in _names(args.feed_policies, None, "--feed-policies") if p in policies]
+    if args.event_delay_ms < 0:
+        _die("--event-delay-ms must be >= 0")
     workload = load_trace(trace)
     unit = load_unit(workload)
     nominal = (
@@ -181,10 +194,23 @@ def simulate_command(args: argparse.Namespace) -> int:
         for p in policies
         for x in loads
     ]
-    results = run_grid(specs, jobs=args.jobs, progress=False if args.no_progress else None)
+    feed_specs = [
+        RunSpec(trace, config.with_feed(f, args.event_delay_ms / 1e3), window, policy=p, load=nominal, seed=args.seed)
+        for p in feed_policies
+        for f in feeds
+        if f != config.index_feed
+    ]
+    results = run_grid(specs + feed_specs, jobs=args.jobs, progress=False if args.no_progress else None)
+    feed_runs = [r for r in results if r.spec.config.index_feed != config.index_feed]
+    results = [r for r in results if r.spec.config.index_feed == config.index_feed]
+    # Each feed policy's run with the default feed is the main grid's nominal run.
+    feed_runs += [r for r in results if r.spec.detail and r.spec.policy in feed_policies]
+    feed_runs.sort(key=lambda r: (feed_policies.index(r.spec.policy), INDEX_FEEDS.index(r.spec.config.index_feed)))
     at_nominal = [r for r in results if r.spec.load == nominal]
     summaries = summarize(results)
     print(comparison_table(at_nominal, summaries, slos=config.slos, load_unit=unit))
+    if len(feed_runs) > len(feed_policies):
+        print("\n" + index_feed_table(feed_runs, slos=config.slos))
     info = _run_info(
         trace,
         config,
@@ -194,11 +220,20 @@ def simulate_command(args: argparse.Namespace) -> int:
         loads=loads,
         seed=args.seed,
         policies=policies,
+        index_feeds={"policies": feed_policies, "feeds": feeds, "event_delay_s": args.event_delay_ms / 1e3},
         wall_s=time.perf_counter() - started,
-        run_wall_s={f"{r.spec.policy}@{r.spec.load:g}": r.wall_s for r in results},
+        run_wall_s={
+            f"{r.spec.policy}@{r.spec.load:g}[{r.spec.config.index_feed}]": r.wall_s for r in results + feed_runs
+        },
     )
     paths = write_outputs(
-        Path(args.out), nominal=at_nominal, summaries=summaries, slos=config.slos, load_unit=unit, run_info=info
+        Path(args.out),
+        nominal=at_nominal,
+        summaries=summaries,
+        slos=config.slos,
+        load_unit=unit,
+        run_info=info,
+        feeds=feed_runs if len(feed_runs) > len(feed_policies) else (),
     )
     print(f"\nwrote {', '.join(str(p) for p in paths)} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
@@ -313,6 +348,23 @@ def register(sub: Any) -> None:
         help="loads of the TPS-vs-load curve, as multiples of --load (default %(default)s)",
     )
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--index-feeds",
+        default=",".join(INDEX_FEEDS),
+        help="router index feeds to compare at the nominal load: approximate (insert on route), events "
+        "(vLLM KV-event batches), oracle (default %(default)s)",
+    )
+    sim.add_argument(
+        "--feed-policies",
+        default="smetric",
+        help="policies run under every --index-feeds entry (default %(default)s; empty: none)",
+    )
+    sim.add_argument(
+        "--event-delay-ms",
+        type=float,
+        default=1e3 * ENGINE_DEFAULTS["event_delay_s"],
+        help="KV-event publication-to-index delay of the events feed (default %(default)s ms)",
+    )
     sim.add_argument("--out", default="results/simulate", help="output directory (default %(default)s)")
     sim.set_defaults(func=simulate_command)
 

@@ -43,6 +43,11 @@ POLICY_VARIANTS: Final[dict[str, tuple[str, dict[str, Any]]]] = {
 }
 """Extra report names: the core policy and the :class:`RouterConfig` fields it sets."""
 
+INDEX_FEEDS: Final[tuple[str, ...]] = ("approximate", "events", "oracle")
+"""How the router's KV$ index can be fed in a run: insert on route; the engines' vLLM KV-event
+batches (through the production encoder and ingestor, ``event_delay_s`` late); or an oracle that
+sees every cache change the instant it happens."""
+
 EMBEDDED_TRACE: Final[str] = "weka_excerpt.jsonl.gz"
 """The Weka excerpt shipped in ``smetric/data`` (licence: ``LICENSE-weka-excerpt.txt``)."""
 
@@ -118,6 +123,10 @@ class SimulationConfig:
     load_report_interval_s: float | None = ENGINE_DEFAULTS["load_report_interval_s"]
     max_events: int | None = ENGINE_DEFAULTS["max_events"]
     """Event budget of one run (``SimulationError`` beyond it); ``None``: no limit."""
+    index_feed: str = ENGINE_DEFAULTS["index_feed"]
+    """One of :data:`INDEX_FEEDS`."""
+    event_delay_s: float = ENGINE_DEFAULTS["event_delay_s"]
+    """With ``index_feed="events"``: seconds from a batch's publication to its application."""
     router: tuple[tuple[str, Any], ...] = ()
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
@@ -132,6 +141,19 @@ class SimulationConfig:
     def router_config(self) -> RouterConfig | None:
         """The router config to run with (``None``: the defaults)."""
         return RouterConfig(**dict(self.router)) if self.router else None
+
+    def with_feed(self, feed: str, event_delay_s: float | None = None) -> SimulationConfig:
+        """A copy whose router index is fed by ``feed`` (one of :data:`INDEX_FEEDS`).
+
+        Raises:
+            ValueError: an unknown feed or a negative delay.
+        """
+        if feed not in INDEX_FEEDS:
+            raise ValueError(f"unknown index feed {feed!r}; known: {', '.join(INDEX_FEEDS)}")
+        delay = self.event_delay_s if event_delay_s is None else event_delay_s
+        if not delay >= 0.0:
+            raise ValueError(f"event_delay_s must be >= 0, got {delay}")
+        return replace(self, index_feed=feed, event_delay_s=delay)
 
     def with_tier(self, enabled: bool) -> SimulationConfig:
         """A copy with the global tier switched on or off."""
@@ -185,6 +207,8 @@ class SimulationConfig:
             "sample_interval_s": self.sample_interval_s,
             "load_report_interval_s": self.load_report_interval_s,
             "max_events": self.max_events,
+            "index_feed": self.index_feed,
+            "event_delay_s": self.event_delay_s,
         }
         return config, variants, where
 

@@ -130,6 +130,78 @@ def results_json(
     return out
 
 
+def feed_label(r: RunResult) -> str:
+    """``approximate``, ``events (10 ms)`` or ``oracle``: how the run's router index was fed."""
+    feed = r.spec.config.index_feed
+    return f"events ({1e3 * r.spec.config.event_delay_s:g} ms)" if feed == "events" else feed
+
+
+def index_feed_table(runs: Sequence[RunResult], *, slos: Sequence[SLO]) -> str:
+    """The same policy at the same load with its index fed three ways, side by side."""
+    if not runs:
+        return ""
+    slo_heads = " ".join(f"{f'TPS<=SLO{k}':>10}" for k in range(len(slos)))
+    head = (
+        f"{'policy':<12} {'index feed':<18} {slo_heads} {'attain':>7} {'local hit':>9} "
+        f"{'hit err':>7} {'over':>6} {'turn acc':>8} {'f-up home':>9} {'KV-event msgs':>13} {'MB':>7}"
+    )
+    lines = [
+        "index feeds (same policy, load and seed; only what the router's index knew differs):",
+        *slo_lines(slos),
+        head,
+        "-" * len(head),
+    ]
+    for r in runs:
+        m = r.metrics
+        tps = " ".join(f"{_num(x['tps_under_slo']):>10}" for x in r.slos)
+        lines.append(
+            f"{r.spec.policy:<12} {feed_label(r):<18} {tps} {_pct(m['slo_attainment']):>7} "
+            f"{_pct(m['local_hit_ratio']):>9} {_pct(m['local_hit_prediction_error']):>7} "
+            f"{_pct(m['local_hit_overpredicted_share']):>6} {_pct(m['turn_inference_accuracy']):>8} "
+            f"{_pct(m['follow_up_return']):>9} {m['kv_event_batches']:>13,} {m['kv_event_bytes'] / 1e6:>7.1f}"
+        )
+    lines += [
+        "",
+        "hit err: sum |predicted - actual local hit| / prompt tokens; over: share of requests whose predicted",
+        "local hit exceeded what the engine had at admission; KV-event msgs / MB: vLLM-format batches published.",
+    ]
+    return "\n".join(lines)
+
+
+def index_feeds_json(runs: Sequence[RunResult], slos: Sequence[SLO]) -> list[dict[str, Any]]:
+    """``index_feeds.json``: one entry per (policy, feed) run."""
+    return [
+        {
+            "policy": r.spec.policy,
+            "index_feed": r.spec.config.index_feed,
+            "event_delay_s": r.spec.config.event_delay_s,
+            "load": r.spec.load,
+            "seed": r.spec.seed,
+            "global_tier": r.spec.tier,
+            **r.metrics,
+            "by_slo": [{"slo": s.label, **res} for s, res in zip(slos, r.slos, strict=True)],
+        }
+        for r in runs
+    ]
+
+
+def plot_index_feeds(path: Path, runs: Sequence[RunResult], *, slos: Sequence[SLO], title: str) -> None:
+    """Grouped bars: TPS under each SLO per (policy, index feed)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    width = 0.8 / max(len(slos), 1)
+    labels = [f"{r.spec.policy}\n{feed_label(r)}" for r in runs]
+    for k, slo in enumerate(slos):
+        xs = [i + (k - (len(slos) - 1) / 2) * width for i in range(len(runs))]
+        ax.bar(xs, [r.slos[k]["tps_under_slo"] for r in runs], width=width, label=slo.label)
+    ax.set_xticks(range(len(runs)), labels, fontsize=8)
+    ax.set_ylabel("tokens/s under SLO")
+    ax.set_title(f"router index feeds: {title}", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _label(policy: str, tier: bool, both: bool) -> str:
     return f"{policy} ({'tier' if tier else 'no tier'})" if both else policy
 
@@ -209,8 +281,10 @@ def write_outputs(
     slos: Sequence[SLO],
     load_unit: str,
     run_info: dict[str, Any],
+    feeds: Sequence[RunResult] = (),
 ) -> list[Path]:
-    """Writes results.json, run.json and the three plots into ``out``; returns the paths."""
+    """Writes results.json, run.json and the plots into ``out`` (plus ``index_feeds.json`` and
+    its plot when ``feeds`` has runs); returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
     title = f"{run_info['trace']['name']}, {run_info['config']['instances']} instances"
     if nominal:
@@ -223,4 +297,8 @@ def write_outputs(
     if any(r.load_series for r in nominal):
         paths.append(out / "load_over_time.png")
         plot_load_over_time(paths[-1], nominal, title=title)
+    if feeds:
+        paths += [out / "index_feeds.json", out / "index_feeds.png"]
+        paths[-2].write_text(json.dumps(index_feeds_json(feeds, slos), indent=2) + "\n")
+        plot_index_feeds(paths[-1], feeds, slos=slos, title=title)
     return paths

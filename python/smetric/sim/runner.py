@@ -159,6 +159,13 @@ def _flat(report: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
         "followups": followups,
         "window_s": [report["window_start_s"], report["window_end_s"]],
         "reasons": report["reasons"],
+        "index_feed": report["index_feed"],
+        "event_delay_s": report["event_delay_s"],
+        "local_hit_prediction_error": report["local_hit_prediction_error"],
+        "local_hit_overpredicted_share": report["local_hit_overpredicted_share"],
+        "kv_event_batches": report["feed_counters"].get("published_batches", 0),
+        "kv_event_bytes": report["feed_counters"].get("published_bytes", 0),
+        "kv_event_unmapped_hashes": report["feed_counters"].get("ingest_unmapped_hashes", 0),
     }
 
 

@@ -25,8 +25,8 @@ use pyo3::types::{PyDict, PyList, PyModule};
 use smetric_core::PolicyKind;
 use smetric_sim::workload::ArrivalKind;
 use smetric_sim::{
-    BailianOptions, LoadSeries, Percentiles, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig,
-    SloReport, WekaOptions, Workload, evaluate_slo, load_azure, load_bailian, load_mooncake, load_weka, run,
+    BailianOptions, IndexFeed, LoadSeries, Percentiles, Profile, RequestRecord, SimConfig, SimError, SimReport,
+    SloConfig, SloReport, WekaOptions, Workload, evaluate_slo, load_azure, load_bailian, load_mooncake, load_weka, run,
 };
 
 use crate::config::PyRouterConfig;
@@ -357,6 +357,18 @@ fn sim_config(
             "series_interval_s" => c.series_interval_s = field(&key, &v)?,
             "max_events" => c.max_events = field(&key, &v)?,
             "keep_records" => c.keep_records = field(&key, &v)?,
+            "index_feed" => {
+                let name: String = field(&key, &v)?;
+                c.index_feed = IndexFeed::parse(&name).ok_or_else(|| {
+                    let known: Vec<&str> = IndexFeed::ALL.iter().map(|f| f.name()).collect();
+                    invalid_config(
+                        py,
+                        "index_feed",
+                        format!("unknown feed {name:?}; known: {}", known.join(", ")),
+                    )
+                })?;
+            }
+            "event_delay_s" => c.event_delay_s = field(&key, &v)?,
             _ => return Err(unknown_key(py, "config", &key)),
         }
     }
@@ -395,6 +407,8 @@ fn sim_config_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("series_interval_s", c.series_interval_s)?;
     d.set_item("max_events", c.max_events)?;
     d.set_item("keep_records", c.keep_records)?;
+    d.set_item("index_feed", c.index_feed.name())?;
+    d.set_item("event_delay_s", c.event_delay_s)?;
     Ok(d)
 }
 
@@ -553,6 +567,15 @@ fn report_dict<'py>(
         reasons.set_item(reason, n)?;
     }
     d.set_item("reasons", reasons)?;
+    d.set_item("index_feed", &r.index_feed)?;
+    d.set_item("event_delay_s", r.event_delay_s)?;
+    d.set_item("local_hit_overpredicted_share", r.local_hit_overpredicted_share)?;
+    d.set_item("local_hit_prediction_error", r.local_hit_prediction_error)?;
+    let feed = PyDict::new(py);
+    for (name, n) in &r.feed_counters {
+        feed.set_item(name, n)?;
+    }
+    d.set_item("feed_counters", feed)?;
     d.set_item("load_series", load_series(py, &r.load_series)?)?;
     if with_records {
         d.set_item("records", records(py, &r.records)?)?;
