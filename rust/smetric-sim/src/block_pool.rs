@@ -90,6 +90,11 @@ impl BlockPool {
         1.0 - f64::from(self.free_len) / self.blocks.len() as f64
     }
 
+    /// Blocks registered under a hash now (what a prefix lookup can hit).
+    pub fn cached_blocks(&self) -> usize {
+        self.cached.len()
+    }
+
     /// Cached blocks that were evicted (re-used for other content) so far.
     pub fn evictions(&self) -> u64 {
         self.evictions

@@ -641,3 +641,97 @@ impl Sim<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use smetric_core::{BlockHash, Prompt};
+
+    use super::*;
+    use crate::cache_events::IndexFeed;
+    use crate::config::GlobalTierConfig;
+    use crate::workload::{RequestSpec, WorkloadBuilder};
+    use crate::{PolicyKind, core_placer};
+
+    const B: u32 = 16;
+
+    /// 16 closed-loop sessions of 5 turns over a shared 512-token prompt, in pools and a store
+    /// small enough that both evict.
+    fn workload() -> Workload {
+        let mut b = WorkloadBuilder::new("t", B, ArrivalKind::ClosedLoop);
+        for s in 0..16_u32 {
+            let mut prev = None;
+            for t in 0..5_u32 {
+                let input = 512 + 1024 * (t + 1);
+                let mut ids: Vec<u64> = (0..32).collect();
+                ids.extend((32..u64::from(input / B)).map(|k| 1_000_000 * u64::from(s + 1) + k));
+                let spec = RequestSpec {
+                    prev,
+                    think_s: 0.5,
+                    session: s,
+                    root_session: s,
+                    first_turn: Some(t == 0),
+                    ..RequestSpec::standalone(0, input, 30, 0.0)
+                };
+                prev = Some(b.push(spec, ids));
+            }
+        }
+        b.build().unwrap()
+    }
+
+    #[test]
+    fn oracle_index_holds_exactly_what_the_engines_and_the_store_hold() {
+        let w = workload();
+        let base = SimConfig::default();
+        let config = SimConfig {
+            instances: 3,
+            kv_capacity_tokens: Some(12_288),
+            max_model_len: Some(8_192),
+            session_rate_per_s: 4.0,
+            index_feed: IndexFeed::Oracle,
+            global_tier: GlobalTierConfig {
+                capacity_bytes: (20_000.0 * base.profile.kv_bytes_per_token) as u64,
+                ..GlobalTierConfig::default()
+            },
+            ..base
+        };
+        // Smetric reads the index it is fed, so placements depend on it: any feed error shows.
+        let mut placer = core_placer(&config, &w, PolicyKind::Smetric).unwrap();
+        let (local_truth, held, stored) = {
+            let mut sim = build(&config, &w, &mut placer).unwrap();
+            sim.init();
+            sim.run().unwrap();
+            assert!(sim.instances.iter().map(|i| i.pool.evictions()).sum::<u64>() > 0);
+            assert!(sim.tier.evictions() > 0);
+            let local: Vec<Vec<usize>> = (0..w.len())
+                .map(|r| {
+                    let chain = w.chain(r);
+                    sim.instances
+                        .iter()
+                        .map(|i| i.pool.longest_hit(chain, chain.len()))
+                        .collect()
+                })
+                .collect();
+            let held: Vec<usize> = sim.instances.iter().map(|i| i.pool.cached_blocks()).collect();
+            (local, held, sim.tier.len())
+        };
+        let stats = placer.router().stats();
+        assert_eq!(stats.index.local_blocks, held);
+        assert_eq!(stats.index.global_blocks, stored);
+        for (r, truth) in local_truth.iter().enumerate() {
+            let chain: Vec<BlockHash> = w.chain(r).iter().map(|&h| BlockHash(h)).collect();
+            let hits = placer
+                .router()
+                .query(
+                    Prompt::Hashes {
+                        hashes: &chain,
+                        num_tokens: Some(chain.len() as u64 * u64::from(B) + 1),
+                    },
+                    None,
+                    Some(0.0),
+                )
+                .unwrap();
+            let got: Vec<usize> = hits.local.iter().map(|(_, t)| (t / u64::from(B)) as usize).collect();
+            assert_eq!(&got, truth, "request {r}");
+        }
+    }
+}
