@@ -158,6 +158,7 @@ def _flat(report: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
         "measured_rejected": report["measured_rejected"],
         "followups": followups,
         "window_s": [report["window_start_s"], report["window_end_s"]],
+        "makespan_s": report["makespan_s"],
         "reasons": report["reasons"],
         "index_feed": report["index_feed"],
         "event_delay_s": report["event_delay_s"],

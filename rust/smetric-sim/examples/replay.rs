@@ -6,14 +6,15 @@
 //! ```
 //! Environment knobs (all optional): `SIM_INSTANCES`, `SIM_SESSION_RATE`, `SIM_TIME_SCALE`,
 //! `SIM_TIER=0` (switch the global tier off), `SIM_SHARED_PREFIX=0`, `SIM_COARSEN`,
+//! `SIM_INDEX_FEED=approximate|events|oracle`, `SIM_EVENT_DELAY_S`,
 //! `SIM_RECORDS=path.csv` (write one line per request).
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use smetric_sim::{
-    BailianOptions, PolicyKind, SimConfig, SimError, WekaOptions, load_azure, load_bailian, load_mooncake, load_weka,
-    run,
+    BailianOptions, IndexFeed, PolicyKind, SimConfig, SimError, WekaOptions, load_azure, load_bailian, load_mooncake,
+    load_weka, run,
 };
 
 fn env_f64(name: &str) -> Option<f64> {
@@ -59,6 +60,15 @@ fn main() -> Result<(), SimError> {
     }
     if env_f64("SIM_TIER") == Some(0.0) {
         config.global_tier.enabled = false;
+    }
+    if let Ok(feed) = std::env::var("SIM_INDEX_FEED") {
+        config.index_feed = IndexFeed::parse(&feed).ok_or(SimError::InvalidConfig {
+            field: "SIM_INDEX_FEED",
+            reason: format!("unknown feed {feed:?}"),
+        })?;
+    }
+    if let Some(d) = env_f64("SIM_EVENT_DELAY_S") {
+        config.event_delay_s = d;
     }
     let records_path = std::env::var("SIM_RECORDS").ok();
     config.keep_records = records_path.is_some();
@@ -112,6 +122,14 @@ fn main() -> Result<(), SimError> {
         report.tier_evictions
     );
     println!("reasons {:?}", report.reasons);
+    println!(
+        "index feed {} (delay {} s): local-hit prediction error {:.4}, over-predicted {:.3}, counters {:?}",
+        report.index_feed,
+        report.event_delay_s,
+        report.local_hit_prediction_error,
+        report.local_hit_overpredicted_share,
+        report.feed_counters
+    );
     if let Some(path) = records_path {
         let io = |source| SimError::Io {
             path: path.clone().into(),
