@@ -194,8 +194,8 @@ pub fn block_tokens(id: u64, block_tokens: u32, out: &mut Vec<u32>) {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
-        // The remainder is below VOCAB, so it fits u32.
-        out.push(u32::try_from(z % u64::from(VOCAB)).unwrap_or(0));
+        // Multiply-shift range reduction (no division): (z_hi · VOCAB) >> 32 < VOCAB.
+        out.push(u32::try_from(((z >> 32) * u64::from(VOCAB)) >> 32).unwrap_or(0));
     }
 }
 
