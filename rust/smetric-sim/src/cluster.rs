@@ -649,33 +649,22 @@ mod tests {
     use super::*;
     use crate::cache_events::IndexFeed;
     use crate::config::GlobalTierConfig;
-    use crate::workload::{RequestSpec, WorkloadBuilder};
+    use crate::workload::{SyntheticSessions, synthetic_sessions};
     use crate::{PolicyKind, core_placer};
 
     const B: u32 = 16;
 
-    /// 16 closed-loop sessions of 5 turns over a shared 512-token prompt, in pools and a store
-    /// small enough that both evict.
+    /// 16 closed-loop sessions of 5 turns over a shared 512-token prompt.
     fn workload() -> Workload {
-        let mut b = WorkloadBuilder::new("t", B, ArrivalKind::ClosedLoop);
-        for s in 0..16_u32 {
-            let mut prev = None;
-            for t in 0..5_u32 {
-                let input = 512 + 1024 * (t + 1);
-                let mut ids: Vec<u64> = (0..32).collect();
-                ids.extend((32..u64::from(input / B)).map(|k| 1_000_000 * u64::from(s + 1) + k));
-                let spec = RequestSpec {
-                    prev,
-                    think_s: 0.5,
-                    session: s,
-                    root_session: s,
-                    first_turn: Some(t == 0),
-                    ..RequestSpec::standalone(0, input, 30, 0.0)
-                };
-                prev = Some(b.push(spec, ids));
-            }
-        }
-        b.build().unwrap()
+        let shape = SyntheticSessions {
+            sessions: 16,
+            turns: 5,
+            shared_tokens: 512,
+            turn_tokens: 1024,
+            output_tokens: 30,
+            think_s: 0.5,
+        };
+        synthetic_sessions(B, shape).unwrap()
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub use workload::azure::load_azure;
 pub use workload::bailian::{BailianOptions, load_bailian};
 pub use workload::mooncake::load_mooncake;
 pub use workload::weka::{WekaOptions, load_weka};
-pub use workload::{ArrivalKind, RequestSpec, Workload, WorkloadBuilder};
+pub use workload::{ArrivalKind, RequestSpec, SyntheticSessions, Workload, WorkloadBuilder, synthetic_sessions};
 
 /// Runs `workload` on the cluster of `config`, routing with the real router running `policy`
 /// (built by [`core_placer`]).

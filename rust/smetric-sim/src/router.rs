@@ -22,7 +22,7 @@ use smetric_core::hash::{chain_root, hash_block};
 use smetric_core::{
     BlockHash, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig, Tier, TurnHint,
 };
-use smetric_vllm::{IndexSink, IngestConfig, Ingestor, SinkError, SourceId};
+use smetric_vllm::{IngestConfig, Ingestor, RouterAt, SourceId};
 
 use crate::cache_events::{CacheLog, IndexFeed, Medium, block_tokens};
 use crate::error::{Result, SimError};
@@ -80,47 +80,6 @@ impl EventFeed {
             prev_trace = id;
             out.push(BlockHash(prev));
         }
-    }
-}
-
-/// The router as the ingestor's sink, on the simulated clock: the production sink stamps
-/// writes with the wall clock, which would age them against the simulated times routing uses.
-struct SimClockSink<'a> {
-    router: &'a Router,
-    now: f64,
-}
-
-impl IndexSink for SimClockSink<'_> {
-    fn block_size(&self) -> u32 {
-        self.router.block_size()
-    }
-
-    fn hash_seed(&self) -> u64 {
-        self.router.config().hash_seed
-    }
-
-    fn store(
-        &self,
-        instance: Option<&str>,
-        tier: Tier,
-        hashes: &[BlockHash],
-        parent: Option<BlockHash>,
-    ) -> std::result::Result<(), SinkError> {
-        Ok(self
-            .router
-            .store_blocks(instance, tier, hashes, parent, Some(self.now))?)
-    }
-
-    fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> std::result::Result<(), SinkError> {
-        Ok(self.router.remove_blocks(instance, tier, hashes)?)
-    }
-
-    fn has_instance(&self, instance: &str) -> bool {
-        self.router.load(instance).is_ok()
-    }
-
-    fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> std::result::Result<(), SinkError> {
-        Ok(self.router.apply_blocks(Some(instance), ops, Some(self.now))?)
     }
 }
 
@@ -301,9 +260,11 @@ impl Placer for CorePlacer {
         let Some(&source) = events.sources.get(instance as usize) else {
             return;
         };
-        let sink = SimClockSink {
+        // The production sink stamps writes with the wall clock; here they must age against the
+        // simulated times routing uses.
+        let sink = RouterAt {
             router: &self.router,
-            now,
+            now: Some(now),
         };
         match events.ingestor.on_message(&sink, source, frames) {
             Ok(step) if step.error.is_some() => events.decode_errors += 1,

@@ -5,7 +5,7 @@ use smetric_sim::metrics::evaluate_slo;
 use smetric_sim::perf_model::BatchShape;
 use smetric_sim::{
     ArrivalKind, GlobalTierConfig, PolicyKind, RequestSpec, RoundRobinPlacer, SimConfig, SimReport, SloConfig,
-    Workload, WorkloadBuilder, run, simulate,
+    SyntheticSessions, Workload, WorkloadBuilder, run, simulate, synthetic_sessions,
 };
 
 const B: u32 = 16;
@@ -229,28 +229,15 @@ fn chunked_prefill_inflates_a_co_running_decode() {
 /// 12 closed-loop sessions of 5 turns sharing a 1K-token system prompt; each turn extends
 /// the previous one by 2K tokens.
 fn agent_sessions() -> Workload {
-    let mut b = WorkloadBuilder::new("sessions", B, ArrivalKind::ClosedLoop);
-    for s in 0..12_u32 {
-        let mut prev = None;
-        for t in 0..5_u32 {
-            let input = 1024 + 2048 * (t + 1);
-            let mut ids: Vec<u64> = (0..64).collect();
-            ids.extend((64..u64::from(input / B)).map(|k| 1_000_000 * u64::from(s + 1) + k));
-            let i = b.push(
-                RequestSpec {
-                    prev,
-                    think_s: 2.0,
-                    session: s,
-                    root_session: s,
-                    first_turn: Some(t == 0),
-                    ..spec(input, 50, 0.0)
-                },
-                ids,
-            );
-            prev = Some(i);
-        }
-    }
-    b.build().unwrap()
+    let shape = SyntheticSessions {
+        sessions: 12,
+        turns: 5,
+        shared_tokens: 1024,
+        turn_tokens: 2048,
+        output_tokens: 50,
+        think_s: 2.0,
+    };
+    synthetic_sessions(B, shape).unwrap()
 }
 
 #[test]

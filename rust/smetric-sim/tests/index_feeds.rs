@@ -4,8 +4,8 @@
 
 use smetric_core::{BlockHash, Prompt};
 use smetric_sim::{
-    ArrivalKind, CorePlacer, GlobalTierConfig, IndexFeed, PolicyKind, RequestSpec, SimConfig, SimReport, Workload,
-    WorkloadBuilder, core_placer, simulate,
+    CorePlacer, GlobalTierConfig, IndexFeed, PolicyKind, SimConfig, SimReport, SyntheticSessions, Workload,
+    core_placer, simulate, synthetic_sessions,
 };
 
 const B: u32 = 16;
@@ -13,31 +13,15 @@ const B: u32 = 16;
 /// 24 closed-loop sessions of 6 turns sharing a 1K-token system prompt; each turn extends
 /// the previous one by 1.5K tokens.
 fn sessions() -> Workload {
-    let mut b = WorkloadBuilder::new("sessions", B, ArrivalKind::ClosedLoop);
-    for s in 0..24_u32 {
-        let mut prev = None;
-        for t in 0..6_u32 {
-            let input = 1024 + 1536 * (t + 1);
-            let mut ids: Vec<u64> = (0..64).collect();
-            ids.extend((64..u64::from(input / B)).map(|k| 1_000_000 * u64::from(s + 1) + k));
-            let i = b.push(
-                RequestSpec {
-                    trace_id: 0,
-                    input_tokens: input,
-                    output_tokens: 40,
-                    time_s: 0.0,
-                    think_s: 1.0,
-                    prev,
-                    session: s,
-                    root_session: s,
-                    first_turn: Some(t == 0),
-                },
-                ids,
-            );
-            prev = Some(i);
-        }
-    }
-    b.build().unwrap()
+    let shape = SyntheticSessions {
+        sessions: 24,
+        turns: 6,
+        shared_tokens: 1024,
+        turn_tokens: 1536,
+        output_tokens: 40,
+        think_s: 1.0,
+    };
+    synthetic_sessions(B, shape).unwrap()
 }
 
 /// Small pools and a small store, so both evict: every kind of event is exercised.

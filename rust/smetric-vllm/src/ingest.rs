@@ -120,11 +120,11 @@ impl From<SmetricError> for SinkError {
 
 impl IndexSink for Router {
     fn block_size(&self) -> u32 {
-        Router::block_size(self)
+        RouterAt::wall_clock(self).block_size()
     }
 
     fn hash_seed(&self) -> u64 {
-        self.config().hash_seed
+        RouterAt::wall_clock(self).hash_seed()
     }
 
     fn store(
@@ -134,19 +134,69 @@ impl IndexSink for Router {
         hashes: &[BlockHash],
         parent: Option<BlockHash>,
     ) -> Result<(), SinkError> {
-        Ok(self.store_blocks(instance, tier, hashes, parent, None)?)
+        RouterAt::wall_clock(self).store(instance, tier, hashes, parent)
     }
 
     fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError> {
-        Ok(self.remove_blocks(instance, tier, hashes)?)
+        RouterAt::wall_clock(self).remove(instance, tier, hashes)
     }
 
     fn has_instance(&self, instance: &str) -> bool {
-        self.load(instance).is_ok()
+        RouterAt::wall_clock(self).has_instance(instance)
     }
 
     fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError> {
-        Ok(self.apply_blocks(Some(instance), ops, None)?)
+        RouterAt::wall_clock(self).apply(instance, ops)
+    }
+}
+
+/// A [`Router`] as a sink whose writes carry a given time: `None` is the router's own clock
+/// (what `impl IndexSink for Router` uses), `Some(t)` a caller's clock in seconds — a
+/// simulator's, so written blocks age against the same times its routing uses.
+#[derive(Debug, Clone, Copy)]
+pub struct RouterAt<'a> {
+    /// The router written.
+    pub router: &'a Router,
+    /// The time of every write (`now` of `Router::store_blocks` / `apply_blocks`).
+    pub now: Option<f64>,
+}
+
+impl<'a> RouterAt<'a> {
+    /// The router on its own clock.
+    pub fn wall_clock(router: &'a Router) -> Self {
+        Self { router, now: None }
+    }
+}
+
+impl IndexSink for RouterAt<'_> {
+    fn block_size(&self) -> u32 {
+        self.router.block_size()
+    }
+
+    fn hash_seed(&self) -> u64 {
+        self.router.config().hash_seed
+    }
+
+    fn store(
+        &self,
+        instance: Option<&str>,
+        tier: Tier,
+        hashes: &[BlockHash],
+        parent: Option<BlockHash>,
+    ) -> Result<(), SinkError> {
+        Ok(self.router.store_blocks(instance, tier, hashes, parent, self.now)?)
+    }
+
+    fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError> {
+        Ok(self.router.remove_blocks(instance, tier, hashes)?)
+    }
+
+    fn has_instance(&self, instance: &str) -> bool {
+        self.router.load(instance).is_ok()
+    }
+
+    fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError> {
+        Ok(self.router.apply_blocks(Some(instance), ops, self.now)?)
     }
 }
 

@@ -66,4 +66,4 @@ pub use hash::{
     BlockDigest, BlockHasher, DEFAULT_NONE_HASH_SEED, ExtraKey, HashAlgo, HashError, LoraKey, MmPlaceholder,
     RequestKeys, event_hash, none_hash,
 };
-pub use ingest::{IndexSink, IngestConfig, IngestStats, Ingestor, SinkError, SourceId, Step, UnknownSource};
+pub use ingest::{IndexSink, IngestConfig, IngestStats, Ingestor, RouterAt, SinkError, SourceId, Step, UnknownSource};

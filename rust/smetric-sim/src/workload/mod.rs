@@ -395,6 +395,56 @@ pub(crate) fn time_field(path: &Path, line: u64, field: &str, value: f64) -> Res
     }
 }
 
+/// The shape of [`synthetic_sessions`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SyntheticSessions {
+    /// Sessions (each its own root session).
+    pub sessions: u32,
+    /// Turns per session.
+    pub turns: u32,
+    /// Prompt tokens every session shares (a system prompt), a multiple of the block size.
+    pub shared_tokens: u32,
+    /// Prompt tokens each turn adds to the previous one.
+    pub turn_tokens: u32,
+    /// Output tokens of every request.
+    pub output_tokens: u32,
+    /// Think time before each follow-up, seconds.
+    pub think_s: f64,
+}
+
+/// Closed-loop agent sessions for tests and examples: turn `t` of a session has
+/// `shared_tokens + (t + 1) · turn_tokens` prompt tokens and extends turn `t − 1`; the shared
+/// blocks have ids `0, 1, …`, the others are private to the session (`10^6 · (s + 1) + k` for
+/// block `k` of session `s`).
+///
+/// # Errors
+/// [`SimError::InvalidWorkload`] for a zero block size (from [`WorkloadBuilder::build`]).
+pub fn synthetic_sessions(block_tokens: u32, shape: SyntheticSessions) -> Result<Workload> {
+    let mut b = WorkloadBuilder::new("synthetic-sessions", block_tokens, ArrivalKind::ClosedLoop);
+    let block = u64::from(block_tokens.max(1));
+    let shared = u64::from(shape.shared_tokens) / block;
+    for s in 0..shape.sessions {
+        let mut prev = None;
+        for t in 0..shape.turns {
+            let input = shape.shared_tokens + shape.turn_tokens * (t + 1);
+            let ids = (0..shared).chain((shared..u64::from(input) / block).map(|k| 1_000_000 * u64::from(s + 1) + k));
+            let spec = RequestSpec {
+                trace_id: 0,
+                input_tokens: input,
+                output_tokens: shape.output_tokens,
+                time_s: 0.0,
+                think_s: shape.think_s,
+                prev,
+                session: s,
+                root_session: s,
+                first_turn: Some(t == 0),
+            };
+            prev = Some(b.push(spec, ids));
+        }
+    }
+    b.build()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
