@@ -5,8 +5,9 @@ Runs inside the vLLM venv (``scripts/vllm_golden/_venv.py``). A real ``KVCacheMa
 (prefix caching on, KV events on, a 48-block GPU pool so blocks get evicted) serves agent
 sessions: every session shares a system prompt, each turn re-sends the history plus the previous
 output and a tool result, output tokens are decoded one by one (so blocks fill and are cached
-with their parent), one session uses a LoRA adapter, and the prefix cache is reset once
-mid-run. After every engine step the manager's events go out as one ``KVEventBatch`` through a
+with their parent), one session uses a LoRA adapter, the prefix cache is reset once
+mid-run, and at the end twin requests leave two physical copies of the same blocks, one of which
+is then evicted (vLLM does not de-duplicate its block pool). After every engine step the manager's events go out as one ``KVEventBatch`` through a
 real ``ZmqEventPublisher`` — exactly what ``EngineCore`` does.
 
 Ground truth: for every prompt the workload used, how many leading blocks vLLM's block pool
@@ -107,6 +108,35 @@ def _workload(publish: Any) -> dict[str, Any]:
             publish(KVEventBatch(ts=time.time(), events=events))
             messages += 1
 
+    def twins() -> dict[str, Any]:
+        """Two physical copies of the same blocks: vLLM's block pool does not de-duplicate.
+
+        B hits the blocks A cached for its first chunk and computes the rest itself; then A
+        computes the same rest, and each copy is announced by its own ``BlockStored``. A is freed
+        at once, so later traffic evicts its copies (each its own ``BlockRemoved``) while B holds
+        its own until the end: those blocks stay cached, and an index that dropped them at the
+        first removal would disagree with the pool.
+        """
+        tokens = system + text(4 * BLOCK_SIZE)
+        a, b = request(list(tokens), False), request(list(tokens), False)
+        blocks, hit = manager.get_computed_blocks(a)[:2]
+        chunk = 5 * BLOCK_SIZE - hit
+        assert manager.allocate_slots(a, chunk, hit, blocks) is not None
+        a.num_computed_tokens = hit + chunk
+        step()
+        blocks, hit = manager.get_computed_blocks(b)[:2]
+        assert hit == 5 * BLOCK_SIZE, hit
+        assert manager.allocate_slots(b, b.num_tokens - hit, hit, blocks) is not None
+        b.num_computed_tokens = b.num_tokens
+        assert manager.allocate_slots(a, a.num_tokens - a.num_computed_tokens) is not None
+        a.num_computed_tokens = a.num_tokens
+        step()
+        # Block ids of A's own copies of the blocks B also computed (positions 5 and 6).
+        copies = list(manager.get_block_ids(a.request_id)[0][5:7])
+        manager.free(a)
+        return {"b": b, "tokens": tokens, "a_copies": copies}
+
+    twin: dict[str, Any] | None = None
     waiting = list(range(len(sessions)))
     running: list[dict[str, Any]] = []
     reset_done = False
@@ -144,7 +174,21 @@ def _workload(publish: Any) -> dict[str, Any]:
             assert manager.reset_prefix_cache()
             reset_done = True
             step()
+            twin = twins()
     assert reset_done
+
+    assert twin is not None
+    # Evict A's copies while B still holds its own: allocate exactly the free blocks up to them.
+    free = manager.block_pool.free_block_queue.get_all_free_blocks()
+    position = {blk.block_id: i for i, blk in enumerate(free)}
+    reach = max(position[i] for i in twin["a_copies"]) + 1
+    filler = request(text(reach * BLOCK_SIZE), False)
+    assert manager.allocate_slots(filler, filler.num_tokens) is not None
+    step()
+    manager.free(filler)
+    manager.free(twin["b"])
+    step()
+    probes.append({"tokens": twin["tokens"], "lora": None})
 
     def cached_prefix(tokens: list[int], lora: str | None) -> int:
         req = request(tokens, lora is not None)

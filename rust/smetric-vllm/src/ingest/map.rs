@@ -4,6 +4,11 @@
 //! # Invariants
 //! * An entry exists iff the source holds the engine block in at least one tier (`tiers != 0`);
 //!   the last tier bit cleared removes it.
+//! * The GPU bit is set iff `gpu_copies > 0`. vLLM's block pool does not de-duplicate: two
+//!   requests that compute the same block each cache a physical copy, each copy is announced by
+//!   its own `BlockStored` and each eviction by its own `BlockRemoved`, and a lookup hits while
+//!   any copy is left. So GPU stores and removals count copies; CPU and STORAGE stay a bit (their
+//!   stores are puts into a keyed store).
 //! * [`Refs`] counts, per holder (an instance's local tier or the global tier) and smetric
 //!   block, the sources whose entries hold it there. The ingestor removes a block from the
 //!   router's index exactly when its count drops to zero, so several sources (data-parallel
@@ -67,6 +72,8 @@ impl Blocks {
 pub(super) struct Entry {
     pub(super) blocks: Blocks,
     pub(super) tiers: u8,
+    /// Physical GPU copies the engine announced and has not removed.
+    gpu_copies: u32,
     stamp: u64,
 }
 
@@ -189,6 +196,7 @@ impl EngineMap {
         let entry = self.entries.entry(engine).or_insert_with(|| Entry {
             blocks: Blocks::from_slice(blocks),
             tiers: 0,
+            gpu_copies: 0,
             stamp,
         });
         entry.stamp = stamp;
@@ -196,6 +204,10 @@ impl EngineMap {
             transition(refs, local_holder, entry.blocks.as_slice(), entry.tiers, 0, gone);
             entry.blocks = Blocks::from_slice(blocks);
             entry.tiers = 0;
+            entry.gpu_copies = 0;
+        }
+        if bit == GPU {
+            entry.gpu_copies = entry.gpu_copies.saturating_add(1);
         }
         let before = entry.tiers;
         entry.tiers |= bit;
@@ -203,7 +215,8 @@ impl EngineMap {
         evicted
     }
 
-    /// Clears `bit` of an engine block; false if the source did not hold it in that tier.
+    /// Clears `bit` of an engine block (for GPU: drops one copy, and the bit with the last);
+    /// false if the source did not hold it in that tier.
     pub(super) fn lose(&mut self, refs: &mut Refs, local_holder: u32, engine: u64, bit: u8, gone: &mut Gone) -> bool {
         let MapEntry::Occupied(mut e) = self.entries.entry(engine) else {
             return false;
@@ -211,6 +224,12 @@ impl EngineMap {
         let entry = e.get_mut();
         if entry.tiers & bit == 0 {
             return false;
+        }
+        if bit == GPU {
+            entry.gpu_copies = entry.gpu_copies.saturating_sub(1);
+            if entry.gpu_copies > 0 {
+                return true;
+            }
         }
         let before = entry.tiers;
         entry.tiers &= !bit;
@@ -226,6 +245,9 @@ impl EngineMap {
         self.entries.retain(|_, entry| {
             let before = entry.tiers;
             entry.tiers &= !bits;
+            if bits & GPU != 0 {
+                entry.gpu_copies = 0;
+            }
             transition(refs, local_holder, entry.blocks.as_slice(), before, entry.tiers, gone);
             entry.tiers != 0
         });
@@ -276,6 +298,32 @@ mod tests {
         b.lose_all(&mut refs, 2, u8::MAX, &mut gone);
         assert_eq!(gone.global, [h(100)]);
         assert_eq!(refs.len(), 0);
+    }
+
+    #[test]
+    fn gpu_copies_are_counted_and_the_last_removal_releases() {
+        let (mut refs, mut gone) = (Refs::default(), Gone::default());
+        let mut m = EngineMap::new(8);
+        // Two requests cached the same block: vLLM keeps (and announces) both copies.
+        m.gain(&mut refs, 1, 9, &[h(90)], GPU, &mut gone);
+        m.gain(&mut refs, 1, 9, &[h(90)], GPU, &mut gone);
+        m.gain(&mut refs, 1, 9, &[h(90)], CPU, &mut gone);
+        assert!(m.lose(&mut refs, 1, 9, GPU, &mut gone));
+        assert!(gone.local.is_empty(), "one copy is still cached");
+        assert!(m.lose(&mut refs, 1, 9, GPU, &mut gone));
+        assert_eq!(gone.local, [h(90)]);
+        assert!(!m.lose(&mut refs, 1, 9, GPU, &mut gone), "no copy left");
+        // A store stays a set: one removal releases it whatever the number of puts.
+        m.gain(&mut refs, 1, 9, &[h(90)], CPU, &mut gone);
+        assert!(m.lose(&mut refs, 1, 9, CPU, &mut gone));
+        assert_eq!((gone.global.as_slice(), m.len()), (&[h(90)][..], 0));
+        // A clear forgets every copy.
+        m.gain(&mut refs, 1, 7, &[h(70)], GPU, &mut gone);
+        m.gain(&mut refs, 1, 7, &[h(70)], GPU, &mut gone);
+        m.lose_all(&mut refs, 1, GPU, &mut gone);
+        m.gain(&mut refs, 1, 7, &[h(70)], GPU, &mut gone);
+        assert!(m.lose(&mut refs, 1, 7, GPU, &mut gone));
+        assert_eq!(m.len(), 0);
     }
 
     #[test]
