@@ -5,10 +5,11 @@ Runs inside the vLLM venv (``scripts/vllm_golden/_venv.py``). A real ``KVCacheMa
 (prefix caching on, KV events on, a 48-block GPU pool so blocks get evicted) serves agent
 sessions: every session shares a system prompt, each turn re-sends the history plus the previous
 output and a tool result, output tokens are decoded one by one (so blocks fill and are cached
-with their parent), one session uses a LoRA adapter, the prefix cache is reset once
-mid-run, and at the end twin requests leave two physical copies of the same blocks, one of which
-is then evicted (vLLM does not de-duplicate its block pool). After every engine step the manager's events go out as one ``KVEventBatch`` through a
-real ``ZmqEventPublisher`` — exactly what ``EngineCore`` does.
+with their parent), one session uses a LoRA adapter, the prefix cache is reset once mid-run,
+and twin requests leave two physical copies of the same blocks, one of which is evicted before
+the end while the other stays (vLLM does not de-duplicate its block pool). After every engine
+step the manager's events go out as one ``KVEventBatch`` through a real ``ZmqEventPublisher`` —
+exactly what ``EngineCore`` does.
 
 Ground truth: for every prompt the workload used, how many leading blocks vLLM's block pool
 holds at the end, and how many blocks it caches in total. smetric's index, fed only by the
