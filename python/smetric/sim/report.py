@@ -156,7 +156,7 @@ def index_feed_table(runs: Sequence[RunResult], *, slos: Sequence[SLO]) -> str:
         tps = " ".join(f"{_num(x['tps_under_slo']):>10}" for x in r.slos)
         lines.append(
             f"{r.spec.policy:<12} {feed_label(r):<18} {tps} {_pct(m['slo_attainment']):>7} "
-            f"{_pct(m['local_hit_ratio']):>9} {_pct(m['local_hit_prediction_error']):>7} "
+            f"{_pct(m['local_hit_ratio']):>9} {100 * m['local_hit_prediction_error']:>6.2f}% "
             f"{_pct(m['local_hit_overpredicted_share']):>6} {_pct(m['turn_inference_accuracy']):>8} "
             f"{_pct(m['follow_up_return']):>9} {m['kv_event_batches']:>13,} {m['kv_event_bytes'] / 1e6:>7.1f}"
         )
