@@ -184,6 +184,11 @@ class KvEventSubscriber:
         self._loop_errors = 0
         self._errors = _Errors()
 
+    @property
+    def source_ids(self) -> list[int]:
+        """The ingestor's id of each of :attr:`sources`, in order (for ``ingestor.stats(id)``)."""
+        return list(self._ids)
+
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self, timeout: float = 5.0) -> Self:
