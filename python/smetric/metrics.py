@@ -44,6 +44,23 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _GAUGE_INGEST_COUNTERS = frozenset({"mapped_blocks", "held_local_blocks", "held_global_blocks"})
 """Ingestor fields that are levels, not running counts."""
 
+_ROUTER_SCALARS: tuple[tuple[str, str, str, str], ...] = (
+    ("routed_total", "counter", "Requests routed.", "routed"),
+    ("first_turns_total", "counter", "Requests routed as the first turn of a session.", "first_turns"),
+    (
+        "unknown_request_events_total",
+        "counter",
+        "Lifecycle calls for request ids the router did not know.",
+        "unknown_request_events",
+    ),
+    ("in_flight", "gauge", "Requests routed and not finished.", "in_flight"),
+    ("index_entries", "gauge", "Blocks in the KV$ index.", "index_entries"),
+    ("index_global_blocks", "gauge", "Blocks the index holds in the global tier.", "index_global_blocks"),
+    ("index_evictions_total", "counter", "Blocks the index dropped for capacity or age.", "index_evictions"),
+    ("index_bytes", "gauge", "Memory of the KV$ index, bytes.", "index_bytes"),
+)
+"""The router's single-valued families: (name, type, help, ``Router.stats()`` key)."""
+
 Labels = Mapping[str, str]
 Sample = tuple[Labels, float]
 
@@ -117,13 +134,8 @@ class MetricsExporter:
 
     def _router(self) -> Iterator[str]:
         s = self.router.stats()
-        yield from _family(self._name("routed_total"), "counter", "Requests routed.", [({}, s["routed"])])
-        yield from _family(
-            self._name("first_turns_total"),
-            "counter",
-            "Requests routed as the first turn of a session.",
-            [({}, s["first_turns"])],
-        )
+        for name, kind, help_text, key in _ROUTER_SCALARS:
+            yield from _family(self._name(name), kind, help_text, [({}, s[key])])
         yield from _family(
             self._name("decisions_total"),
             "counter",
@@ -131,35 +143,10 @@ class MetricsExporter:
             [({"reason": reason}, n) for reason, n in s["reasons"].items()],
         )
         yield from _family(
-            self._name("unknown_request_events_total"),
-            "counter",
-            "Lifecycle calls for request ids the router did not know.",
-            [({}, s["unknown_request_events"])],
-        )
-        yield from _family(
-            self._name("in_flight"), "gauge", "Requests routed and not finished.", [({}, s["in_flight"])]
-        )
-        yield from _family(self._name("index_entries"), "gauge", "Blocks in the KV$ index.", [({}, s["index_entries"])])
-        yield from _family(
             self._name("index_blocks"),
             "gauge",
             "Blocks the index holds on each instance's GPU.",
             [({"instance": name}, n) for name, n in s["index_local_blocks"].items()],
-        )
-        yield from _family(
-            self._name("index_global_blocks"),
-            "gauge",
-            "Blocks the index holds in the global tier.",
-            [({}, s["index_global_blocks"])],
-        )
-        yield from _family(
-            self._name("index_evictions_total"),
-            "counter",
-            "Blocks the index dropped for capacity or age.",
-            [({}, s["index_evictions"])],
-        )
-        yield from _family(
-            self._name("index_bytes"), "gauge", "Memory of the KV$ index, bytes.", [({}, s["index_bytes"])]
         )
 
     def _events(self) -> Iterator[str]:

@@ -644,8 +644,6 @@ impl Sim<'_> {
 
 #[cfg(test)]
 mod tests {
-    use smetric_core::{BlockHash, Prompt};
-
     use super::*;
     use crate::cache_events::IndexFeed;
     use crate::config::GlobalTierConfig;
@@ -707,18 +705,7 @@ mod tests {
         assert_eq!(stats.index.local_blocks, held);
         assert_eq!(stats.index.global_blocks, stored);
         for (r, truth) in local_truth.iter().enumerate() {
-            let chain: Vec<BlockHash> = w.chain(r).iter().map(|&h| BlockHash(h)).collect();
-            let hits = placer
-                .router()
-                .query(
-                    Prompt::Hashes {
-                        hashes: &chain,
-                        num_tokens: Some(chain.len() as u64 * u64::from(B) + 1),
-                    },
-                    None,
-                    Some(0.0),
-                )
-                .unwrap();
+            let hits = placer.index_hits(w.chain(r)).unwrap();
             let got: Vec<usize> = hits.local.iter().map(|(_, t)| (t / u64::from(B)) as usize).collect();
             assert_eq!(&got, truth, "request {r}");
         }

@@ -20,7 +20,8 @@
 use hashbrown::HashMap;
 use smetric_core::hash::{chain_root, hash_block};
 use smetric_core::{
-    BlockHash, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig, Tier, TurnHint,
+    BlockHash, Hits, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig, Tier,
+    TurnHint,
 };
 use smetric_vllm::{IngestConfig, Ingestor, RouterAt, SourceId};
 
@@ -149,7 +150,7 @@ impl CorePlacer {
         self.feed
     }
 
-    /// The router's name of trace chain `trace` (for tests: the hashes its index holds).
+    /// The router's name of trace chain `trace` (the hashes its index holds for it).
     pub fn router_chain(&mut self, trace: &[u64]) -> Vec<BlockHash> {
         let mut out = Vec::with_capacity(trace.len());
         match &mut self.events {
@@ -157,6 +158,23 @@ impl CorePlacer {
             None => out.extend(trace.iter().map(|&h| BlockHash(h))),
         }
         out
+    }
+
+    /// What the router's index holds of trace chain `trace` now: every instance's local hit and
+    /// the global hit, uncapped (inspection and tests; touches nothing).
+    pub fn index_hits(&mut self, trace: &[u64]) -> Result<Hits> {
+        let chain = self.router_chain(trace);
+        let tokens = chain.len() as u64 * u64::from(self.router.block_size()) + 1;
+        self.router
+            .query(
+                Prompt::Hashes {
+                    hashes: &chain,
+                    num_tokens: Some(tokens),
+                },
+                None,
+                None,
+            )
+            .map_err(|e| SimError::Router(e.to_string()))
     }
 }
 

@@ -2,7 +2,6 @@
 //! batches through the production encoder and ingestor — must end up holding exactly what the
 //! oracle holds, and the feeds must differ only in what the router knew when it routed.
 
-use smetric_core::{BlockHash, Prompt};
 use smetric_sim::{
     CorePlacer, GlobalTierConfig, IndexFeed, PolicyKind, SimConfig, SimReport, SyntheticSessions, Workload,
     core_placer, simulate, synthetic_sessions,
@@ -64,18 +63,7 @@ type IndexView = Vec<(Vec<(std::sync::Arc<str>, u64)>, u64)>;
 fn index_view(placer: &mut CorePlacer, w: &Workload) -> IndexView {
     (0..w.len())
         .map(|r| {
-            let chain: Vec<BlockHash> = placer.router_chain(w.chain(r));
-            let hits = placer
-                .router()
-                .query(
-                    Prompt::Hashes {
-                        hashes: &chain,
-                        num_tokens: Some(chain.len() as u64 * u64::from(B) + 1),
-                    },
-                    None,
-                    Some(0.0),
-                )
-                .unwrap();
+            let hits = placer.index_hits(w.chain(r)).unwrap();
             (hits.local, hits.global_hit_tokens)
         })
         .collect()
