@@ -117,11 +117,6 @@ impl CacheLog {
         }
     }
 
-    /// Whether changes are recorded.
-    pub fn enabled(&self) -> bool {
-        self.enabled
-    }
-
     /// Records that `hashes` (a contiguous piece of one chain, after `parent`) were stored.
     pub fn stored(&mut self, medium: Medium, parent: Option<u64>, hashes: &[u64]) {
         if !self.enabled || hashes.is_empty() {

@@ -145,13 +145,8 @@ impl CorePlacer {
         &self.router
     }
 
-    /// How the index is fed.
-    pub fn feed(&self) -> IndexFeed {
-        self.feed
-    }
-
     /// The router's name of trace chain `trace` (the hashes its index holds for it).
-    pub fn router_chain(&mut self, trace: &[u64]) -> Vec<BlockHash> {
+    fn router_chain(&mut self, trace: &[u64]) -> Vec<BlockHash> {
         let mut out = Vec::with_capacity(trace.len());
         match &mut self.events {
             Some(events) => events.translate(trace, &mut out),
