@@ -76,23 +76,38 @@ def router(
 
 
 # --- §1 hashing -------------------------------------------------------------------------------
+def step(parent: int, content: int) -> int:
+    """§1's chain step, written out again from the spec's formula."""
+    m = ((parent ^ content) * 0xFF51AFD7ED558CCD) % 2**64
+    return m ^ (m >> 32)
+
+
 def test_three_block_chain_matches_direct_xxhash_calls() -> None:
     tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]  # 3 full blocks of 4 + a partial tail
-    h0 = xxh(le(1, 2, 3, 4), 0)
-    h1 = xxh(le(5, 6, 7, 8), h0)
-    h2 = xxh(le(9, 10, 11, 12), h1)
+    h0 = step(0, xxh(le(1, 2, 3, 4), 0))
+    h1 = step(h0, xxh(le(5, 6, 7, 8), 0))
+    h2 = step(h1, xxh(le(9, 10, 11, 12), 0))
     assert ref_hash_tokens(tokens, 4) == [h0, h1, h2]
+    # The value the Rust core's unit test pins (rust/smetric-core/src/hash.rs) and §1 states.
+    assert h1 == 0x3F422018C16740A2
 
 
 def test_seed_and_namespace_set_the_root() -> None:
     tokens = [7, 8, 2**32 - 1, 0, 5, 6]
     root = xxh(b"lora-a", 42)
-    h0 = xxh(le(7, 8), root)
-    expected = [h0, xxh(le(2**32 - 1, 0), h0), xxh(le(5, 6), xxh(le(2**32 - 1, 0), h0))]
+    h0 = step(root, xxh(le(7, 8), 0))
+    h1 = step(h0, xxh(le(2**32 - 1, 0), 0))
+    expected = [h0, h1, step(h1, xxh(le(5, 6), 0))]
     assert ref_hash_tokens(tokens, 2, hash_seed=42, namespace="lora-a") == expected
-    assert ref_hash_tokens(tokens, 2, hash_seed=42)[0] == xxh(le(7, 8), 42)
+    assert ref_hash_tokens(tokens, 2, hash_seed=42)[0] == step(42, xxh(le(7, 8), 0))
     # The empty namespace is a namespace, not "no namespace".
-    assert ref_hash_tokens(tokens, 2, namespace="")[0] == xxh(le(7, 8), xxh(b"", 0))
+    assert ref_hash_tokens(tokens, 2, namespace="")[0] == step(xxh(b"", 0), xxh(le(7, 8), 0))
+
+
+def test_siblings_never_share_a_hash() -> None:
+    # The chain step is a bijection of parent ^ content: distinct blocks under one parent differ.
+    for parent in (0, 1, 2**64 - 1):
+        assert len({step(parent, c) for c in range(4096)}) == 4096
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int64])

@@ -50,20 +50,33 @@ def chain_root(hash_seed: int, namespace: str | None) -> int:
     return xxhash.xxh3_64_intdigest(namespace.encode("utf-8"), seed=hash_seed)
 
 
+CHAIN_MUL = 0xFF51AFD7ED558CCD
+"""The chain step's odd multiplier (§1)."""
+
+
+def chain_step(parent: int, content: int) -> int:
+    """The hash of a prefix ending in a block whose content hash is `content`, under `parent` (§1)."""
+    m = ((parent ^ content) * CHAIN_MUL) & U64_MASK
+    return m ^ (m >> 32)
+
+
+def block_content_hash(block: list[int]) -> int:
+    """xxh3-64, seed 0, of the block's ids packed as little-endian u32s (§1)."""
+    return xxhash.xxh3_64_intdigest(struct.pack(f"<{len(block)}I", *block))
+
+
 def hash_blocks(tokens: list[int], block_size: int, root: int) -> list[int]:
     """Chain-hash the full blocks of `tokens`; the partial tail block is not hashed (§1).
 
-    Each block is packed as little-endian u32s and hashed with its parent hash as the xxh3 seed,
-    so every hash covers its entire prefix.
+    Each block's content is hashed on its own and chained onto its parent's hash with
+    `chain_step`, so every hash covers its entire prefix.
     """
     if block_size < 1:
         raise InvalidInputError(f"block_size must be >= 1, got {block_size}")
     hashes: list[int] = []
     parent = root
     for i in range(len(tokens) // block_size):
-        block = tokens[i * block_size : (i + 1) * block_size]
-        data = struct.pack(f"<{block_size}I", *block)
-        parent = xxhash.xxh3_64_intdigest(data, seed=parent)
+        parent = chain_step(parent, block_content_hash(tokens[i * block_size : (i + 1) * block_size]))
         hashes.append(parent)
     return hashes
 

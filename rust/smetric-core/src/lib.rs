@@ -30,7 +30,7 @@ pub mod turn;
 
 pub use config::{CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, RouterConfig};
 pub use error::{Result, SmetricError};
-pub use hash::{chain_root, hash_tokens, hash_tokens_into};
+pub use hash::{chain_root, chain_tokens_into, hash_tokens, hash_tokens_into};
 pub use ids::{BlockHash, InstanceId, RequestId};
 pub use index::{Holder, IndexQuery, KvIndex, MixHasher, MixMap};
 pub use load::{EffectiveLoad, LoadSnapshot};

@@ -1,10 +1,11 @@
 //! Python → Rust conversions of the per-request arguments.
 //!
-//! Token ids arrive as numpy arrays (int32, uint32, int64, through the buffer protocol:
-//! one validating copy in Rust, no per-element Python object) or as lists of ints. Every id
-//! must lie in `[0, 2^32)`; the first offender is reported with its position.
+//! Token ids arrive as buffers of 32- or 64-bit integers (numpy arrays, `array.array`,
+//! `memoryview`: one validating copy in Rust, no per-element Python object) or as lists of
+//! ints (one C-level int read per element). Every id must lie in `[0, 2^32)`; the first
+//! offender is reported with its position.
 
-use pyo3::buffer::PyBuffer;
+use pyo3::buffer::{Element, ElementType, PyBuffer, PyUntypedBuffer};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use smetric_core::{BlockHash, RequestId, SmetricError};
@@ -15,66 +16,177 @@ fn bad_token(position: usize, value: i128) -> PyErr {
     to_py(&SmetricError::InvalidToken { position, value })
 }
 
-/// Converts a copied buffer, reporting the first id outside `[0, 2^32)`. The check and the
-/// conversion are two tight branch-free loops (the happy path never builds an error).
-fn narrow<T: Copy + TryInto<u32> + Into<i128>>(values: Vec<T>) -> PyResult<Vec<u32>> {
-    if let Some(i) = values.iter().position(|&v| TryInto::<u32>::try_into(v).is_err()) {
-        return Err(bad_token(i, values[i].into()));
-    }
-    Ok(values.into_iter().map(|v| v.try_into().unwrap_or(0)).collect())
+/// The integer element types a token buffer may hold: 32- and 64-bit, signed or not.
+trait TokenElement: Element + Copy + Into<i128> {
+    /// Whether every value lies in `[0, 2^32)`: one OR-fold over the slice, in the
+    /// element's own width (so that it vectorises as wide as the type allows).
+    fn all_token_ids(values: &[Self]) -> bool;
+    /// Whether this one value lies in `[0, 2^32)`.
+    fn is_token_id(self) -> bool;
+    /// The value as a token id (exact when [`TokenElement::is_token_id`]).
+    fn narrow(self) -> u32;
 }
 
-/// Token ids from a numpy array, any object exporting a 1-D integer buffer, or a sequence of ints.
-pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+/// OR of every value: 16 lanes of accumulators, so that the fold runs as many independent
+/// vector ORs per cycle as the CPU has ports (a single accumulator chain waits for itself;
+/// LLVM picks two).
+fn or_fold<T: Copy + Default + std::ops::BitOr<Output = T>>(values: &[T]) -> T {
+    const LANES: usize = 16;
+    let mut acc = [T::default(); LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a = *a | v;
+        }
+    }
+    acc.iter().chain(tail).fold(T::default(), |a, &v| a | v)
+}
+
+impl TokenElement for i32 {
+    fn all_token_ids(values: &[Self]) -> bool {
+        or_fold(values) >= 0
+    }
+    fn is_token_id(self) -> bool {
+        self >= 0
+    }
+    fn narrow(self) -> u32 {
+        self as u32
+    }
+}
+impl TokenElement for u32 {
+    fn all_token_ids(_: &[Self]) -> bool {
+        true
+    }
+    fn is_token_id(self) -> bool {
+        true
+    }
+    fn narrow(self) -> u32 {
+        self
+    }
+}
+impl TokenElement for i64 {
+    fn all_token_ids(values: &[Self]) -> bool {
+        or_fold(values) as u64 >> 32 == 0
+    }
+    fn is_token_id(self) -> bool {
+        (self as u64) >> 32 == 0
+    }
+    fn narrow(self) -> u32 {
+        self as u32
+    }
+}
+impl TokenElement for u64 {
+    fn all_token_ids(values: &[Self]) -> bool {
+        or_fold(values) >> 32 == 0
+    }
+    fn is_token_id(self) -> bool {
+        self >> 32 == 0
+    }
+    fn narrow(self) -> u32 {
+        self as u32
+    }
+}
+
+/// Token ids as converted with the GIL held: checked already (from Python ints), or a copy
+/// of a buffer's values still to be checked and narrowed by [`TokenIds::check`], which
+/// needs no GIL and so runs after it is released.
+pub(crate) enum TokenIds {
+    /// Checked ids.
+    Checked(Vec<u32>),
+    /// A copy of an int32 buffer.
+    I32(Vec<i32>),
+    /// A copy of an int64 buffer.
+    I64(Vec<i64>),
+    /// A copy of a uint64 buffer.
+    U64(Vec<u64>),
+}
+
+impl TokenIds {
+    /// The ids as u32, or the first id outside `[0, 2^32)` with its position.
+    pub(crate) fn check(self) -> Result<Vec<u32>, SmetricError> {
+        match self {
+            Self::Checked(ids) => Ok(ids),
+            Self::I32(values) => narrow(values),
+            Self::I64(values) => narrow(values),
+            Self::U64(values) => narrow(values),
+        }
+    }
+}
+
+/// An OR-fold that says whether any id left `[0, 2^32)`, then the narrowing to u32. Two
+/// loops, not one: each vectorises on its own (a map that carries the fold's state does
+/// not), and for 32-bit elements the narrowing reuses the copy's allocation. Only a bad id
+/// takes the slow path that finds and reports it.
+fn narrow<T: TokenElement>(values: Vec<T>) -> Result<Vec<u32>, SmetricError> {
+    if T::all_token_ids(&values) {
+        return Ok(values.into_iter().map(T::narrow).collect());
+    }
+    let (position, value) = values
+        .into_iter()
+        .enumerate()
+        .find(|(_, v)| !v.is_token_id())
+        .map_or((0, 0), |(i, v)| (i, v.into()));
+    Err(SmetricError::InvalidToken { position, value })
+}
+
+/// Token ids from a buffer of 32- or 64-bit integers (numpy arrays, `array.array`,
+/// `memoryview`, anything exporting the buffer protocol), dispatched on the buffer's format
+/// once (a typed `PyBuffer::get` that fails would cost an exception object per try). The
+/// one copy the call needs is made here (the ids cross the GIL's release, after which the
+/// exporter's memory may change; `PyBuffer_ToContiguous` also gathers a strided view).
+fn any_buffer_tokens(obj: &Bound<'_, PyAny>, buf: PyUntypedBuffer) -> PyResult<TokenIds> {
     let py = obj.py();
+    match ElementType::from_format(buf.format()) {
+        ElementType::SignedInteger { bytes: 4 } => Ok(TokenIds::I32(buf.as_typed::<i32>()?.to_vec(py)?)),
+        ElementType::UnsignedInteger { bytes: 4 } => Ok(TokenIds::Checked(buf.as_typed::<u32>()?.to_vec(py)?)),
+        ElementType::SignedInteger { bytes: 8 } => Ok(TokenIds::I64(buf.as_typed::<i64>()?.to_vec(py)?)),
+        ElementType::UnsignedInteger { bytes: 8 } => Ok(TokenIds::U64(buf.as_typed::<u64>()?.to_vec(py)?)),
+        _ => {
+            let dtype = obj.getattr("dtype").map_or_else(
+                |_| {
+                    Ok::<_, PyErr>(format!(
+                        "{} of format {:?}",
+                        obj.get_type().name()?,
+                        buf.format().to_string_lossy()
+                    ))
+                },
+                |d| Ok(d.str()?.to_string()),
+            )?;
+            Err(to_py(&SmetricError::UnsupportedDtype { dtype }))
+        }
+    }
+}
+
+/// Token ids from a list of ints, a buffer of 32- or 64-bit integers, or any iterable of
+/// ints; a buffer's are checked later, by [`TokenIds::check`].
+pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<TokenIds> {
     let mut out = Vec::new();
     if let Ok(list) = obj.cast::<PyList>() {
         out.reserve(list.len());
         for (i, item) in list.iter().enumerate() {
             out.push(token_item(i, &item)?);
         }
-        return Ok(out);
+        return Ok(TokenIds::Checked(out));
     }
-    // One memcpy out of the exporter (PyBuffer_ToContiguous), then a validating pass for signed
-    // types. int32 first: it is what tokenizers hand out most, and a failed typed `get` costs an
-    // exception object.
-    // The happy path checks with one OR-fold (vectorised) and converts in place; only a bad id
-    // takes the slow path that finds and reports it.
-    if let Ok(buf) = PyBuffer::<i32>::get(obj) {
-        let v = buf.to_vec(py)?;
-        if v.iter().fold(0i32, |a, &t| a | t) >= 0 {
-            return Ok(v.into_iter().map(|t| t as u32).collect());
-        }
-        return narrow(v);
-    }
-    if let Ok(buf) = PyBuffer::<u32>::get(obj) {
-        return buf.to_vec(py);
-    }
-    if let Ok(buf) = PyBuffer::<i64>::get(obj) {
-        let v = buf.to_vec(py)?;
-        if v.iter().fold(0u64, |a, &t| a | t as u64) >> 32 == 0 {
-            return Ok(v.into_iter().map(|t| t as u32).collect());
-        }
-        return narrow(v);
-    }
-    if obj.hasattr("dtype")? || obj.hasattr("__buffer__")? {
-        let dtype = obj.getattr("dtype").map_or_else(
-            |_| obj.get_type().name().map(|n| n.to_string()),
-            |d| d.str().map(|s| s.to_string()),
-        )?;
-        return Err(to_py(&SmetricError::UnsupportedDtype { dtype }));
+    if let Ok(buf) = PyUntypedBuffer::get(obj) {
+        return any_buffer_tokens(obj, buf);
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
         for (i, item) in tuple.iter().enumerate() {
             out.push(token_item(i, &item)?);
         }
-        return Ok(out);
+        return Ok(TokenIds::Checked(out));
     }
-    let mut values = Vec::new();
     for (i, item) in obj.try_iter().map_err(|_| unsupported(obj))?.enumerate() {
-        values.push(token_item(i, &item?)?);
+        out.push(token_item(i, &item?)?);
     }
-    Ok(values)
+    Ok(TokenIds::Checked(out))
+}
+
+/// [`tokens`], checked with the GIL held (for calls whose work is too small to release it).
+pub(crate) fn checked_tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    tokens(obj)?.check().map_err(|e| to_py(&e))
 }
 
 fn unsupported(obj: &Bound<'_, PyAny>) -> PyErr {

@@ -97,13 +97,14 @@ pub(crate) struct PyRouter {
     config: Py<PyRouterConfig>,
 }
 
-/// A prompt converted from Python: owned, so it can cross `py.detach`.
-enum OwnedPrompt {
-    Tokens(Vec<u32>),
+/// A prompt as converted with the GIL held: owned, so it can cross `py.detach`, where
+/// [`PromptArg::check`] finishes it.
+enum PromptArg {
+    Tokens(convert::TokenIds),
     Hashes(Vec<BlockHash>, Option<u64>),
 }
 
-impl OwnedPrompt {
+impl PromptArg {
     fn from_args(
         tokens: Option<&Bound<'_, PyAny>>,
         hashes: Option<&Bound<'_, PyAny>>,
@@ -116,6 +117,22 @@ impl OwnedPrompt {
         }
     }
 
+    /// The checked prompt (token ids validated and narrowed; no GIL needed).
+    fn check(self) -> Result<OwnedPrompt, SmetricError> {
+        Ok(match self {
+            Self::Tokens(ids) => OwnedPrompt::Tokens(ids.check()?),
+            Self::Hashes(h, n) => OwnedPrompt::Hashes(h, n),
+        })
+    }
+}
+
+/// A checked prompt, borrowed as the core's [`Prompt`].
+enum OwnedPrompt {
+    Tokens(Vec<u32>),
+    Hashes(Vec<BlockHash>, Option<u64>),
+}
+
+impl OwnedPrompt {
     fn borrow(&self) -> Prompt<'_> {
         match self {
             Self::Tokens(t) => Prompt::Tokens(t),
@@ -194,7 +211,7 @@ impl PyRouter {
         namespace: Option<String>,
         now: Option<f64>,
     ) -> PyResult<PyDecision> {
-        let prompt = OwnedPrompt::from_args(tokens, hashes, num_tokens)?;
+        let prompt = PromptArg::from_args(tokens, hashes, num_tokens)?;
         let hint = match (turn, messages) {
             (Some(t), _) => TurnHint::Turn(u32::try_from(t).ok().filter(|&t| t >= 1).ok_or_else(|| {
                 to_py(&SmetricError::InvalidArgument {
@@ -214,6 +231,7 @@ impl PyRouter {
         let inner = &self.inner;
         let decision = py
             .detach(|| {
+                let prompt = prompt.check()?;
                 inner.route(&RouteRequest {
                     prompt: prompt.borrow(),
                     namespace: namespace.as_deref(),
@@ -252,10 +270,10 @@ impl PyRouter {
         namespace: Option<String>,
         now: Option<f64>,
     ) -> PyResult<PyIndexHits> {
-        let prompt = OwnedPrompt::from_args(tokens, hashes, num_tokens)?;
+        let prompt = PromptArg::from_args(tokens, hashes, num_tokens)?;
         let inner = &self.inner;
         let hits = py
-            .detach(|| inner.query(prompt.borrow(), namespace.as_deref(), now))
+            .detach(|| inner.query(prompt.check()?.borrow(), namespace.as_deref(), now))
             .py()?;
         let local = PyDict::new(py);
         for (name, tokens) in &hits.local {
@@ -369,7 +387,7 @@ impl PyRouter {
     /// The chained block hashes this router computes for ``tokens``.
     #[pyo3(signature = (tokens, namespace = None))]
     fn hash_tokens(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>, namespace: Option<String>) -> PyResult<Vec<u64>> {
-        let tokens = convert::tokens(tokens)?;
+        let tokens = convert::checked_tokens(tokens)?;
         let inner = &self.inner;
         Ok(py.detach(|| {
             inner

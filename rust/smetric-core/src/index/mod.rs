@@ -10,9 +10,8 @@
 //! previous entry's (a chain's entries are mostly consecutive), then at the previous entry's
 //! `last_child`; the walk stops at the first block without an entry, so a miss costs one
 //! lookup. The entry ids it walked are kept, so that inserting the same chain right after
-//! (insert on route) needs no second lookup. A token prompt is hashed during the walk
-//! ([`KvIndex::query_tokens`]): each block's hash is seeded with the hash stored in the
-//! previous block's entry, so the hashes along a known chain do not wait for each other.
+//! (insert on route) needs no second lookup. The index takes chains already hashed: the
+//! router hashes a prompt before it takes the index lock.
 //!
 //! Each holder (instance or global tier) has a capacity in blocks and an LRU order
 //! ([`lru::RunLru`], one run per touched chain). Touching a chain goes from its last block
@@ -29,8 +28,7 @@
 //! than its capacity after a call returns. Memory is therefore bounded by `Σ capacities`
 //! entries.
 //!
-//! Complexity: `query` O(chain blocks with an entry · ⌈instances/64⌉), plus the hashing of
-//! a token prompt; `touch` O(run) amortised; removal O(1) per block; `clear`/`remove_slot`
+//! Complexity: `query` O(chain blocks with an entry · ⌈instances/64⌉); `touch` O(run) amortised; removal O(1) per block; `clear`/`remove_slot`
 //! O(blocks held).
 //!
 //! Bytes per (block, holder) pair are measured by the `soak` example;
@@ -46,7 +44,6 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use lru::RunLru;
 
-use crate::hash::{FIXED_BLOCK_TOKENS, block_len, chain_from, hash_block};
 use crate::ids::BlockHash;
 
 /// Marks "the global tier does not hold this entry" and "no child yet".
@@ -673,9 +670,8 @@ impl KvIndex {
         self.touch_routed_with(slot, chain, now_ms, 0);
     }
 
-    /// [`KvIndex::touch_routed`] of the chain the last [`KvIndex::query`] or
-    /// [`KvIndex::query_tokens`] walked, at the same `now_ms`: the entry ids that walk found
-    /// are used without being looked at again (unless an entry has been freed since).
+    /// [`KvIndex::touch_routed`] of the chain the last [`KvIndex::query`] walked, at the
+    /// same `now_ms`: the entry ids that walk found are used without being looked at again (unless an entry has been freed since).
     /// The caller guarantees that `chain` is that query's chain.
     pub(crate) fn touch_queried(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64) {
         let trusted = if self.walk_fresh {

@@ -13,72 +13,7 @@ impl KvIndex {
     /// along the chain, to where the walk found the entries).
     pub fn query(&mut self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery) {
         self.purge_all_expired(now_ms);
-        self.walk(chain.len(), 0, |i, _| chain[i], out);
-    }
-
-    /// [`KvIndex::query`] of a token prompt, hashed on the way: appends the chained hashes of
-    /// every full block of `tokens` under `root` to `chain`, exactly as
-    /// [`crate::hash::hash_tokens_into`] does, and answers the query for that chain.
-    ///
-    /// Where the chain follows blocks the index holds, the hash of block `i` is computed with
-    /// the hash stored in the entry matched at `i − 1` as its seed, instead of the hash just
-    /// computed; the two are equal whenever the entry matched, and a mismatch is caught by
-    /// the comparison with the next entry. The hashes along a held chain thus no longer wait
-    /// for each other (each xxh3 of a block depends on its parent's), which roughly halves
-    /// the hashing time of a prompt the index knows. Blocks past the last entry found are
-    /// hashed one after the other.
-    pub fn query_tokens(
-        &mut self,
-        tokens: &[u32],
-        block_size: usize,
-        root: u64,
-        now_ms: u64,
-        chain: &mut Vec<BlockHash>,
-        out: &mut IndexQuery,
-    ) {
-        debug_assert!(block_size > 0);
-        self.purge_all_expired(now_ms);
-        if block_size == FIXED_BLOCK_TOKENS {
-            self.walk_tokens::<FIXED_BLOCK_TOKENS>(tokens, block_size, root, chain, out);
-        } else {
-            self.walk_tokens::<0>(tokens, block_size, root, chain, out);
-        }
-    }
-
-    /// [`KvIndex::query_tokens`] after the purge (`B`: see [`crate::hash::block_len`]).
-    fn walk_tokens<const B: usize>(
-        &mut self,
-        tokens: &[u32],
-        block_size: usize,
-        root: u64,
-        chain: &mut Vec<BlockHash>,
-        out: &mut IndexQuery,
-    ) {
-        let b = block_len::<B>(block_size);
-        let (start, n) = (chain.len(), tokens.len() / b);
-        // Sized up front and written in place: no length bookkeeping per block.
-        chain.resize(start + n, BlockHash(0));
-        let out_hashes = &mut chain[start..];
-        self.walk(
-            n,
-            root,
-            #[inline(always)]
-            |i, parent| {
-                // `block_len` again inside the closure: `walk` is not inlined, and a captured
-                // length would not be the constant that lets xxh3 drop its length dispatch.
-                let b = block_len::<B>(block_size);
-                let h = BlockHash(hash_block(parent, &tokens[i * b..(i + 1) * b]));
-                out_hashes[i] = h;
-                h
-            },
-            out,
-        );
-        // The walk hashed every block it found an entry for, and the first one it did not.
-        let hashed = (self.walked.len() + 1).min(n);
-        // Past the last entry found: one hash after the other.
-        chain.truncate(start + hashed);
-        let parent = if hashed == 0 { root } else { chain[start + hashed - 1].0 };
-        chain_from::<B>(&tokens[hashed * b..], block_size, parent, chain);
+        self.walk(chain, out);
     }
 
     /// TTL purge of every live instance, in slot order (docs §2.4 step 1).
@@ -92,25 +27,24 @@ impl KvIndex {
         }
     }
 
-    /// The query walk over a chain of `n` blocks, block `i`'s hash being `block(i, parent)`
-    /// given its parent's hash (`root` for block 0). Fills `out`, and `self.walked` with the
-    /// entry ids found, in chain order.
+    /// The query walk over `chain`. Fills `out`, and `self.walked` with the entry ids found,
+    /// in chain order.
     ///
     /// [`KvIndex::follow`] finds the entries and, with at most 64 instance slots, reads the
     /// holders off each entry as it goes; with more, [`KvIndex::tally`] does so in a second
     /// pass.
     #[inline(never)]
-    fn walk(&mut self, n: usize, root: u64, block: impl FnMut(usize, u64) -> BlockHash, out: &mut IndexQuery) {
+    fn walk(&mut self, chain: &[BlockHash], out: &mut IndexQuery) {
         let mut walked = std::mem::take(&mut self.walked);
         walked.clear();
         out.local_blocks.clear();
         out.local_blocks.resize(self.instances.len(), 0);
         out.global_blocks = 0;
         if self.words == 1 {
-            let tally = self.follow::<true>(n, root, block, &mut walked, &mut out.local_blocks);
+            let tally = self.follow::<true>(chain, &mut walked, &mut out.local_blocks);
             tally.finish(&self.entries, &walked, out);
         } else {
-            self.follow::<false>(n, root, block, &mut walked, &mut out.local_blocks);
+            self.follow::<false>(chain, &mut walked, &mut out.local_blocks);
             self.tally(&walked, out);
         }
         self.walked = walked;
@@ -123,12 +57,14 @@ impl KvIndex {
     ///
     /// With `TALLY`, the returned [`Tally`] holds the query's answer for slots 0–63 and the
     /// global tier (the hits of instances that stopped matching already in `local_blocks`).
+    /// The walk runs in two phases: while some holder still matches, each step also tallies;
+    /// after the last holder dropped out, the rest of the chain's entries are only found
+    /// (for the insert that follows). Two loops instead of one with a "still matching" flag
+    /// keep the tally's state in registers in the first and leave none in the second.
     #[inline]
     fn follow<const TALLY: bool>(
         &mut self,
-        n: usize,
-        root: u64,
-        mut block: impl FnMut(usize, u64) -> BlockHash,
+        chain: &[BlockHash],
         walked: &mut Vec<u32>,
         local_blocks: &mut [u32],
     ) -> Tally {
@@ -136,46 +72,59 @@ impl KvIndex {
         let Self { entries, by_hash, .. } = self;
         let entries = entries.as_mut_slice();
         // Sized up front and written in place, cut to the blocks found at the end.
-        walked.resize(n, 0);
-        let mut found = 0;
-        let mut parent = root;
+        walked.resize(chain.len(), 0);
+        let mut i = 0;
         let mut prev = NOT_HELD;
-        for (i, id) in walked.iter_mut().enumerate() {
-            let h = block(i, parent);
-            let names = |e: u32, entries: &[Entry]| entries.get(e as usize).is_some_and(|x| x.hash == h && x.live());
-            // A chain's entries are often consecutive slab slots (created together, or reusing
-            // slots freed tail first): trying the next slot first needs no load to find it, so
-            // consecutive steps overlap instead of waiting for each other's `last_child`.
-            let next = prev.wrapping_add(1);
-            let e = if names(next, entries) {
-                next
-            } else {
-                let child = entries.get(prev as usize).map_or(NOT_HELD, |p| p.last_child);
-                if names(child, entries) {
-                    child
-                } else if let Some(e) = lookup(by_hash, entries, h) {
-                    e
-                } else {
+        if TALLY && tally.matching {
+            // The tally's state in locals: `depth` is `i` while some holder matches.
+            let (mut first, mut global_active, mut global_blocks) = (tally.first, tally.global_active, 0);
+            let mut depth = None;
+            while i < chain.len() {
+                let Some(e) = step(entries, by_hash, prev, chain[i]) else {
+                    break;
+                };
+                walked[i] = e;
+                prev = e;
+                let entry = &entries[e as usize];
+                let keep = first & entry.held;
+                let global = global_active && entry.global_seq != NOT_HELD;
+                if keep == 0 && !global {
+                    depth = Some(i as u32);
+                    i += 1;
                     break;
                 }
+                if keep != first {
+                    record_hits(local_blocks, 0, first & !keep, i as u32);
+                }
+                if global_active && !global {
+                    global_active = false;
+                    global_blocks = i as u32;
+                }
+                first = keep;
+                i += 1;
+            }
+            tally = Tally {
+                first,
+                global_active,
+                matching: depth.is_none(),
+                depth: depth.unwrap_or(i as u32),
+                global_blocks,
             };
-            // The walk keeps `last_child` pointing along the chains it follows (for the next
-            // walk).
-            if let Some(p) = entries.get_mut(prev as usize) {
-                set_child(p, e);
+            if depth.is_none() && i < chain.len() {
+                // The walk stopped at a block without an entry.
+                walked.truncate(i);
+                return tally;
             }
-            *id = e;
-            found = i + 1;
-            let entry = &entries[e as usize];
-            if TALLY {
-                tally.step(entry, local_blocks);
-            }
-            // The next block's seed is read from the entry, not taken from `h` (equal, as the
-            // entry matched): the next hash then waits for the slab walk, not for this hash.
-            parent = entry.hash.0;
-            prev = e;
         }
-        walked.truncate(found);
+        while i < chain.len() {
+            let Some(e) = step(entries, by_hash, prev, chain[i]) else {
+                break;
+            };
+            walked[i] = e;
+            prev = e;
+            i += 1;
+        }
+        walked.truncate(i);
         tally
     }
 
@@ -266,29 +215,6 @@ impl Tally {
         }
     }
 
-    /// The next block's entry; the instances that stop matching get their hit.
-    #[inline]
-    fn step(&mut self, entry: &Entry, local_blocks: &mut [u32]) {
-        if !self.matching {
-            return;
-        }
-        let keep = self.first & entry.held;
-        let global = self.global_active && entry.global_seq != NOT_HELD;
-        if keep == 0 && !global {
-            self.matching = false;
-            return;
-        }
-        if keep != self.first {
-            record_hits(local_blocks, 0, self.first & !keep, self.depth);
-        }
-        if self.global_active && !global {
-            self.global_active = false;
-            self.global_blocks = self.depth;
-        }
-        self.first = keep;
-        self.depth += 1;
-    }
-
     /// Holders still matching matched `depth` blocks, the deepest match.
     fn finish(self, entries: &[Entry], walked: &[u32], out: &mut IndexQuery) {
         record_hits(&mut out.local_blocks, 0, self.first, self.depth);
@@ -303,6 +229,32 @@ impl Tally {
             d => u32::from(entries[walked[d as usize - 1] as usize].children),
         };
     }
+}
+
+/// One step of the walk: the entry of the block hashed `h` that follows entry `prev`
+/// ([`NOT_HELD`] before the first block), or `None` when no holder has it. Keeps `prev`'s
+/// `last_child` pointing at it, for the next walk.
+#[inline]
+fn step(entries: &mut [Entry], by_hash: &hashbrown::HashTable<u32>, prev: u32, h: BlockHash) -> Option<u32> {
+    let names = |e: u32, entries: &[Entry]| entries.get(e as usize).is_some_and(|x| x.hash == h && x.live());
+    // A chain's entries are often consecutive slab slots (created together, or reusing slots
+    // freed tail first): trying the next slot first needs no load to find it, so consecutive
+    // steps overlap instead of waiting for each other's `last_child`.
+    let next = prev.wrapping_add(1);
+    let e = if names(next, entries) {
+        next
+    } else {
+        let child = entries.get(prev as usize).map_or(NOT_HELD, |p| p.last_child);
+        if names(child, entries) {
+            child
+        } else {
+            lookup(by_hash, entries, h)?
+        }
+    };
+    if let Some(p) = entries.get_mut(prev as usize) {
+        set_child(p, e);
+    }
+    Some(e)
 }
 
 /// Sets `local_blocks[slot] = depth` for every slot whose bit is set in `mask`, bitset word `word`.

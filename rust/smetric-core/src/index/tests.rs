@@ -135,44 +135,6 @@ fn follow_up_turns_leave_no_stale_ids() {
     assert!(local.queued_runs() < 2 * 49 + 8);
 }
 
-#[test]
-fn query_tokens_is_hash_then_query() {
-    use crate::hash::{chain_root, hash_tokens};
-    let prompt = |n: usize, salt: u32| -> Vec<u32> { (0..n as u32).map(|i| i.wrapping_mul(7) ^ salt).collect() };
-    for block in [16usize, 3] {
-        let mut ix = index(10_000, 10_000);
-        let shared = prompt(40 * block, 1);
-        // Sessions sharing a prefix, on different instances; entries not consecutive.
-        for (k, slot) in [(2u32, 0u32), (3, 1), (4, 2), (5, 0)] {
-            let mut p = shared.clone();
-            p.extend(prompt(25 * block + k as usize, k));
-            let c = hash_tokens(&p, block, 9, Some("ns"));
-            ix.touch(Holder::Instance(slot), &c, None, 0);
-            ix.touch(Holder::Global, &c[..30], None, 0);
-            ix.touch(
-                Holder::Instance((slot + 1) % 3),
-                &hash_tokens(&prompt(500, k), block, 9, Some("ns")),
-                None,
-                0,
-            );
-        }
-        let root = chain_root(9, Some("ns"));
-        for (k, extra) in [(3u32, 0usize), (3, 7 * block + 1), (4, 60 * block), (9, 5)] {
-            let mut p = shared.clone();
-            p.extend(prompt(25 * block + k as usize, k));
-            p.extend(prompt(extra, 77));
-            let (mut want, mut got) = (IndexQuery::default(), IndexQuery::default());
-            let expected = hash_tokens(&p, block, 9, Some("ns"));
-            ix.query(&expected, 0, &mut want);
-            let mut c = vec![BlockHash(1)];
-            ix.query_tokens(&p, block, root, 0, &mut c, &mut got);
-            assert_eq!(c[0], BlockHash(1), "appends");
-            assert_eq!(c[1..], expected[..]);
-            assert_eq!(got, want);
-        }
-    }
-}
-
 /// A naive model of §2: per holder, an ordered list (LRU first) and a capacity.
 #[derive(Default)]
 struct Model {

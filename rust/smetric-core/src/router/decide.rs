@@ -1,0 +1,189 @@
+//! The decision path: [`Router::route`] and its read-only twin [`Router::query`].
+//!
+//! Algorithm: a token prompt is hashed into a buffer owned by the calling thread before the
+//! index mutex is taken (so threads hash in parallel); the walk, the scoring and the
+//! insert-on-route run under it; the in-flight record and the counters after it.
+//!
+//! Invariants: a failed call changes nothing (no request id consumed, no counter bumped);
+//! the chain inserted on route is exactly the chain queried.
+//!
+//! Complexity: see the `router` module.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+
+use super::{Guarded, InFlight, Router, to_ms};
+use crate::config::IndexMode;
+use crate::error::{Result, SmetricError};
+use crate::hash::{chain_root, chain_tokens_into};
+use crate::ids::{BlockHash, InstanceId, RequestId};
+use crate::index::IndexQuery;
+use crate::policy::{Candidate, Reason, SelectionInput};
+use crate::router::request::{Decision, Hits, Prompt, RouteRequest};
+use crate::turn::{TurnHint, infer};
+
+/// Chain buffer capacity (in blocks) a thread keeps between calls; a longer prompt's buffer
+/// is freed after its call (2^16 blocks = 512 KiB, a 1M-token prompt at block size 16).
+const KEPT_CHAIN_BLOCKS: usize = 1 << 16;
+
+thread_local! {
+    /// The calling thread's chain buffer: a decision hashes into it outside the index lock.
+    static CHAIN: RefCell<Vec<BlockHash>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Router {
+    /// The block chain of a token prompt under this router's seed and block size.
+    pub fn hash_tokens(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<BlockHash> {
+        let mut out = Vec::new();
+        self.chain_into(tokens, namespace, &mut out);
+        out
+    }
+
+    fn chain_into(&self, tokens: &[u32], namespace: Option<&str>, out: &mut Vec<BlockHash>) {
+        let root = chain_root(self.config.hash_seed, namespace);
+        chain_tokens_into(tokens, self.block_size as usize, root, out);
+    }
+
+    /// Runs `f` with the prompt's chain and length: a token prompt hashed into the thread's
+    /// buffer, pre-hashed input as given.
+    fn with_chain<T>(&self, prompt: Prompt<'_>, namespace: Option<&str>, f: impl FnOnce(&[BlockHash], u64) -> T) -> T {
+        match prompt {
+            Prompt::Hashes { hashes, num_tokens } => f(
+                hashes,
+                num_tokens.unwrap_or(hashes.len() as u64 * u64::from(self.block_size)),
+            ),
+            Prompt::Tokens(tokens) => CHAIN.with(|cell| {
+                // A re-entrant call (none today) would find the buffer taken; it then hashes
+                // into a buffer of its own rather than panicking.
+                let Ok(mut chain) = cell.try_borrow_mut() else {
+                    let mut own = Vec::new();
+                    self.chain_into(tokens, namespace, &mut own);
+                    return f(&own, tokens.len() as u64);
+                };
+                chain.clear();
+                self.chain_into(tokens, namespace, &mut chain);
+                let out = f(&chain, tokens.len() as u64);
+                if chain.capacity() > KEPT_CHAIN_BLOCKS {
+                    *chain = Vec::new();
+                }
+                out
+            }),
+        }
+    }
+
+    /// Routes one request.
+    pub fn route(&self, req: &RouteRequest<'_>) -> Result<Decision> {
+        let now_ms = self.now_ms(req.now)?;
+        if let TurnHint::Turn(0) = req.turn {
+            return Err(SmetricError::InvalidArgument {
+                argument: "turn",
+                reason: "turns count from 1".to_owned(),
+            });
+        }
+        self.with_chain(req.prompt, req.namespace, |chain, n| self.decide(req, chain, n, now_ms))
+    }
+
+    /// The locked part of [`Router::route`] and the bookkeeping after it.
+    fn decide(&self, req: &RouteRequest<'_>, chain: &[BlockHash], n: u64, now_ms: u64) -> Result<Decision> {
+        let staleness_ms = to_ms(self.config.engine_load_staleness_s);
+        let mut g = self.guarded.lock();
+        let fleet = self.fleet.load_full();
+        if fleet.is_empty() {
+            return Err(SmetricError::NoInstances);
+        }
+        let Guarded {
+            index,
+            query,
+            candidates,
+        } = &mut *g;
+        index.query(chain, now_ms, query);
+        candidates.clear();
+        for (slot, m) in fleet.members() {
+            let load = m.load.effective(now_ms, staleness_ms);
+            candidates.push(Candidate {
+                slot,
+                local_hit_tokens: self.hit_tokens(query.local_blocks[slot as usize], n),
+                bs: load.bs,
+                waiting: load.waiting,
+                queued: load.queued,
+                active: load.active,
+            });
+        }
+        let global_hit_tokens = self.hit_tokens(query.global_blocks, n);
+        let (first_turn, turn_source) = infer(
+            req.turn,
+            query.deepest_blocks,
+            query.branches,
+            self.config.first_turn_min_branches,
+        );
+        let selection = self.policy.select(&SelectionInput {
+            candidates,
+            num_tokens: n,
+            global_hit_tokens,
+            first_turn,
+            block_size: self.block_size,
+            config: &self.config,
+            rng: &self.rng,
+        });
+        let chosen = candidates[selection.index];
+        if self.config.index_mode == IndexMode::Approximate {
+            index.touch_queried(chosen.slot, chain, now_ms);
+        }
+        let member = fleet.member(chosen.slot).expect("candidates are live members");
+        let prefill = n - chosen.local_hit_tokens.max(global_hit_tokens).min(n);
+        member.load.on_routed(prefill, n);
+        // Issued only for a decision that happened, so a failed call consumes no id.
+        let request_id = req
+            .request_id
+            .unwrap_or_else(|| RequestId(self.next_request_id.fetch_add(1, Ordering::Relaxed)));
+        drop(g);
+
+        self.requests.lock().insert(
+            request_id,
+            InFlight {
+                slot: chosen.slot,
+                generation: member.generation,
+                prefill,
+                num_tokens: n,
+                prefilled: false,
+            },
+        );
+        self.routed.fetch_add(1, Ordering::Relaxed);
+        self.first_turns.fetch_add(u64::from(first_turn), Ordering::Relaxed);
+        let reason_idx = Reason::ALL.iter().position(|r| *r == selection.reason).unwrap_or(0);
+        self.reasons[reason_idx].fetch_add(1, Ordering::Relaxed);
+        Ok(Decision {
+            instance: InstanceId(chosen.slot),
+            instance_name: member.name.clone(),
+            first_turn,
+            turn_source,
+            local_hit_tokens: chosen.local_hit_tokens,
+            global_hit_tokens,
+            prefill_tokens: prefill,
+            num_tokens: n,
+            reason: selection.reason,
+            request_id,
+        })
+    }
+
+    /// Index hits of a prompt on every live instance (touches nothing but TTL purges).
+    pub fn query(&self, prompt: Prompt<'_>, namespace: Option<&str>, now: Option<f64>) -> Result<Hits> {
+        let now_ms = self.now_ms(now)?;
+        self.with_chain(prompt, namespace, |chain, n| {
+            let mut g = self.guarded.lock();
+            let fleet = self.fleet.load_full();
+            let mut query = IndexQuery::default();
+            g.index.query(chain, now_ms, &mut query);
+            drop(g);
+            Ok(Hits {
+                local: fleet
+                    .members()
+                    .map(|(slot, m)| (m.name.clone(), self.hit_tokens(query.local_blocks[slot as usize], n)))
+                    .collect(),
+                global_hit_tokens: self.hit_tokens(query.global_blocks, n),
+                deepest_blocks: query.deepest_blocks,
+                branches: query.branches,
+            })
+        })
+    }
+}

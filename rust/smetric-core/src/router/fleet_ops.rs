@@ -1,0 +1,69 @@
+//! Fleet changes (instances joining and leaving) and engine load snapshots.
+//!
+//! Invariants: a fleet change happens under the index mutex, so the index's slots and the
+//! published [`crate::fleet::Fleet`] change together and no decision sees one without the
+//! other; a slot reused by a new instance gets a new generation, so the old occupant's
+//! requests never touch the new one's counters.
+//!
+//! Complexity: add O(instances); remove O(instances + blocks the instance held); load
+//! updates and reads O(1), lock-free.
+
+use std::sync::Arc;
+
+use super::Router;
+use crate::error::{Result, SmetricError};
+use crate::ids::InstanceId;
+use crate::load::LoadSnapshot;
+
+impl Router {
+    /// Adds an instance (empty index, zero load).
+    pub fn add_instance(&self, name: &str) -> Result<InstanceId> {
+        let mut g = self.guarded.lock();
+        let mut fleet = (**self.fleet.load()).clone();
+        let slot = fleet.add(name)?;
+        g.index.add_slot(slot);
+        self.fleet.store(Arc::new(fleet));
+        Ok(InstanceId(slot))
+    }
+
+    /// Removes an instance; its index entries and load go with it. Requests in flight on it
+    /// are forgotten by their later lifecycle calls.
+    pub fn remove_instance(&self, name: &str) -> Result<()> {
+        let mut g = self.guarded.lock();
+        let mut fleet = (**self.fleet.load()).clone();
+        let slot = fleet.remove(name)?;
+        g.index.remove_slot(slot);
+        self.fleet.store(Arc::new(fleet));
+        Ok(())
+    }
+
+    /// Stores an engine load snapshot for `instance`.
+    pub fn update_load(
+        &self,
+        instance: &str,
+        running: Option<u64>,
+        waiting: Option<u64>,
+        kv_usage: Option<f64>,
+        now: Option<f64>,
+    ) -> Result<()> {
+        let now_ms = self.now_ms(now)?;
+        if let Some(k) = kv_usage {
+            if !(k.is_finite() && (0.0..=1.0).contains(&k)) {
+                return Err(SmetricError::InvalidArgument {
+                    argument: "kv_usage",
+                    reason: format!("must be in [0, 1], got {k}"),
+                });
+            }
+        }
+        let fleet = self.fleet.load();
+        let (_, m) = fleet.by_name(instance)?;
+        m.load.update_engine(running, waiting, kv_usage, now_ms);
+        Ok(())
+    }
+
+    /// The load counters of `instance`.
+    pub fn load(&self, instance: &str) -> Result<LoadSnapshot> {
+        let fleet = self.fleet.load();
+        Ok(fleet.by_name(instance)?.1.load.snapshot())
+    }
+}

@@ -1,0 +1,97 @@
+//! Explicit index writes: what an instance's GPU cache or the global tier stored or dropped,
+//! as KV events (`smetric-vllm`'s ingestor) or a caller report them.
+//!
+//! Invariants: each call (and each batch of [`Router::apply_blocks`]) is applied under one
+//! index lock, so a decision sees all of it or none of it; an op addressed to an unknown
+//! instance changes nothing.
+//!
+//! Complexity: the index's cost per op (`touch` O(run), removal O(1) per block) plus one
+//! lock acquisition per call.
+
+use super::Router;
+use crate::error::{Result, SmetricError};
+use crate::ids::BlockHash;
+use crate::index::Holder;
+use crate::router::request::{IndexOp, Tier};
+
+impl Router {
+    fn holder(&self, instance: Option<&str>, tier: Tier) -> Result<Holder> {
+        match (tier, instance) {
+            (Tier::Global, _) => Ok(Holder::Global),
+            (Tier::Local, Some(name)) => Ok(Holder::Instance(self.fleet.load().by_name(name)?.0)),
+            (Tier::Local, None) => Err(SmetricError::InvalidArgument {
+                argument: "instance",
+                reason: "tier=\"local\" needs an instance name".to_owned(),
+            }),
+        }
+    }
+
+    /// Records that `instance` (or the global tier) now holds `hashes`, a run continuing `parent`.
+    pub fn store_blocks(
+        &self,
+        instance: Option<&str>,
+        tier: Tier,
+        hashes: &[BlockHash],
+        parent: Option<BlockHash>,
+        now: Option<f64>,
+    ) -> Result<()> {
+        let now_ms = self.now_ms(now)?;
+        let mut g = self.guarded.lock();
+        let holder = self.holder(instance, tier)?;
+        g.index.touch(holder, hashes, parent, now_ms);
+        Ok(())
+    }
+
+    /// Records that `instance` (or the global tier) dropped `hashes`.
+    pub fn remove_blocks(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<()> {
+        let mut g = self.guarded.lock();
+        let holder = self.holder(instance, tier)?;
+        g.index.remove(holder, hashes);
+        Ok(())
+    }
+
+    /// Applies `ops` in order under one index lock and one clock reading: the same as calling
+    /// [`Router::store_blocks`] / [`Router::remove_blocks`] with `instance` for each op, but
+    /// `instance` is resolved once. An op that fails (its tier is `Local` and `instance` is
+    /// absent or unknown) is skipped and the others still apply; the first error is returned.
+    ///
+    /// Complexity: the sum of the ops' costs, plus one lock acquisition and one name lookup.
+    pub fn apply_blocks(&self, instance: Option<&str>, ops: &[IndexOp<'_>], now: Option<f64>) -> Result<()> {
+        let now_ms = self.now_ms(now)?;
+        let mut g = self.guarded.lock();
+        // Resolved under the lock (fleet changes take it too): a slot cannot change hands
+        // between the lookup and the writes.
+        let mut local = None;
+        let mut first_error = None;
+        for op in ops {
+            let tier = match *op {
+                IndexOp::Store { tier, .. } | IndexOp::Remove { tier, .. } => tier,
+            };
+            let holder = match tier {
+                Tier::Global => Holder::Global,
+                Tier::Local => match local.get_or_insert_with(|| self.holder(instance, Tier::Local)) {
+                    Ok(holder) => *holder,
+                    Err(e) => {
+                        first_error.get_or_insert_with(|| e.clone());
+                        continue;
+                    }
+                },
+            };
+            match *op {
+                IndexOp::Store { hashes, parent, .. } => g.index.touch(holder, hashes, parent, now_ms),
+                IndexOp::Remove { hashes, .. } => g.index.remove(holder, hashes),
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Drops everything `instance` (or the global tier) holds.
+    pub fn clear(&self, instance: Option<&str>, tier: Tier) -> Result<()> {
+        let mut g = self.guarded.lock();
+        match self.holder(instance, tier)? {
+            Holder::Instance(slot) => g.index.clear_instance(slot),
+            Holder::Global => g.index.clear_global(),
+        }
+        Ok(())
+    }
+}

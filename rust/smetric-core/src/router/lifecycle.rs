@@ -1,0 +1,92 @@
+//! A routed request's lifecycle: prefilled (first token out), then finished or aborted.
+//!
+//! Algorithm: the decision records the request in the in-flight table with what it added to
+//! the chosen instance's counters; `on_prefilled` lowers the prefill counters once,
+//! `on_finished` / `on_aborted` lower the rest (and the prefill ones if `on_prefilled` never
+//! came) and forget the request.
+//!
+//! Invariants: whatever the order and repetition of the calls, each counter a decision
+//! raised is lowered exactly once; a call for an unknown or already finished request changes
+//! no counter and is counted in `unknown_request_events`; a request whose instance left (or
+//! whose slot was reused by a new instance) touches no counter.
+//!
+//! Complexity: O(1) per call: one hash-map operation under the table's mutex and a few
+//! atomics; the index mutex is never taken.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::Router;
+use crate::ids::RequestId;
+use crate::load::InstanceLoad;
+
+/// What a routed request added to its instance's counters.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct InFlight {
+    pub(super) slot: u32,
+    pub(super) generation: u32,
+    pub(super) prefill: u64,
+    pub(super) num_tokens: u64,
+    pub(super) prefilled: bool,
+}
+
+impl Router {
+    /// The load counters of the slot a request was routed to, if that occupant is still there.
+    fn load_of(&self, rec: &InFlight) -> Option<Arc<InstanceLoad>> {
+        let fleet = self.fleet.load();
+        fleet
+            .member(rec.slot)
+            .filter(|m| m.generation == rec.generation)
+            .map(|m| m.load.clone())
+    }
+
+    fn unknown(&self) -> bool {
+        self.unknown_events.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// The request finished its prefill (its first token is out). Returns whether a counter
+    /// changed; repeated or unknown calls change nothing.
+    pub fn on_prefilled(&self, id: RequestId) -> bool {
+        let mut requests = self.requests.lock();
+        let Some(rec) = requests.get_mut(&id) else {
+            return self.unknown();
+        };
+        if rec.prefilled {
+            return false;
+        }
+        let Some(load) = self.load_of(rec) else { return false };
+        rec.prefilled = true;
+        load.on_prefilled(rec.prefill);
+        true
+    }
+
+    /// The request finished, having generated `output_tokens` tokens. The load board tracks
+    /// prompt tokens (the prefill work a policy weighs); the output tokens are added to the
+    /// `output_tokens` total of [`Router::stats`]. Returns whether a counter changed.
+    pub fn on_finished(&self, id: RequestId, output_tokens: u64) -> bool {
+        let done = self.done(id);
+        if done {
+            self.output_tokens.fetch_add(output_tokens, Ordering::Relaxed);
+        }
+        done
+    }
+
+    /// The request was aborted (client gone, engine error). Returns whether a counter changed.
+    pub fn on_aborted(&self, id: RequestId) -> bool {
+        self.done(id)
+    }
+
+    /// Forgets a request, applying its prefill step first if it never came.
+    fn done(&self, id: RequestId) -> bool {
+        let Some(rec) = self.requests.lock().remove(&id) else {
+            return self.unknown();
+        };
+        let Some(load) = self.load_of(&rec) else { return false };
+        if !rec.prefilled {
+            load.on_prefilled(rec.prefill);
+        }
+        load.on_done(rec.num_tokens);
+        true
+    }
+}

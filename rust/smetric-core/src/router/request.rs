@@ -1,0 +1,119 @@
+//! The types a caller hands the router and gets back: a prompt, a routing request, the
+//! decision, the hits of a query, and the index writes of a feed.
+
+use std::sync::Arc;
+
+use crate::ids::{BlockHash, InstanceId, RequestId};
+use crate::policy::Reason;
+use crate::turn::{TurnHint, TurnSource};
+
+/// The prompt of a request.
+#[derive(Debug, Clone, Copy)]
+pub enum Prompt<'a> {
+    /// Token ids; the router hashes full blocks.
+    Tokens(&'a [u32]),
+    /// A pre-hashed block chain (e.g. a trace's `hash_ids`) and the prompt length, which
+    /// defaults to `hashes.len() · block_size`.
+    Hashes {
+        /// The chain.
+        hashes: &'a [BlockHash],
+        /// Prompt length in tokens.
+        num_tokens: Option<u64>,
+    },
+}
+
+/// One routing request.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteRequest<'a> {
+    /// The prompt.
+    pub prompt: Prompt<'a>,
+    /// Namespace mixed into the hash chain (LoRA name, cache salt); tokens only.
+    pub namespace: Option<&'a str>,
+    /// What the caller knows about the turn.
+    pub turn: TurnHint,
+    /// The caller's id; the router issues one when absent.
+    pub request_id: Option<RequestId>,
+    /// Time in seconds; the router's own clock when absent.
+    pub now: Option<f64>,
+}
+
+impl<'a> RouteRequest<'a> {
+    /// A request with only a prompt.
+    pub fn new(prompt: Prompt<'a>) -> Self {
+        Self {
+            prompt,
+            namespace: None,
+            turn: TurnHint::Unknown,
+            request_id: None,
+            now: None,
+        }
+    }
+}
+
+/// The router's answer.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// Chosen instance slot.
+    pub instance: InstanceId,
+    /// Chosen instance name.
+    pub instance_name: Arc<str>,
+    /// Whether the request was treated as a first turn.
+    pub first_turn: bool,
+    /// Where that verdict came from.
+    pub turn_source: TurnSource,
+    /// Local prefix hit on the chosen instance, in tokens.
+    pub local_hit_tokens: u64,
+    /// Global-tier prefix hit, in tokens.
+    pub global_hit_tokens: u64,
+    /// Tokens the chosen instance will prefill: `n − max(local, global)`.
+    pub prefill_tokens: u64,
+    /// Prompt length in tokens.
+    pub num_tokens: u64,
+    /// Why the policy chose it.
+    pub reason: Reason,
+    /// The request's id (the caller's or an issued one).
+    pub request_id: RequestId,
+}
+
+/// Hits of every live instance for one prompt (introspection; `Router::query`).
+#[derive(Debug, Clone)]
+pub struct Hits {
+    /// `(name, local hit tokens)` in slot order.
+    pub local: Vec<(Arc<str>, u64)>,
+    /// Global-tier hit in tokens.
+    pub global_hit_tokens: u64,
+    /// Deepest match over all holders, in blocks.
+    pub deepest_blocks: u32,
+    /// Children of the deepest matched block.
+    pub branches: u32,
+}
+
+/// Which tier an explicit index call addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// An instance's GPU cache.
+    Local,
+    /// The cluster-wide CPU/store tier.
+    Global,
+}
+
+/// One index write of a batch applied by [`Router::apply_blocks`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexOp<'a> {
+    /// As [`Router::store_blocks`]: the tier now holds `hashes`, a run continuing `parent`.
+    Store {
+        /// The tier written.
+        tier: Tier,
+        /// The run.
+        hashes: &'a [BlockHash],
+        /// The block the run continues.
+        parent: Option<BlockHash>,
+    },
+    /// As [`Router::remove_blocks`]: the tier dropped `hashes`.
+    Remove {
+        /// The tier written.
+        tier: Tier,
+        /// The dropped blocks.
+        hashes: &'a [BlockHash],
+    },
+}
