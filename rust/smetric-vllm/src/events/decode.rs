@@ -26,12 +26,13 @@
 
 use std::ops::Range;
 
+use super::value::{check_value, read_value};
 use super::{
     BlockExtraKeys, BlockRemoved, BlockStored, DecodeError, DecodeOptions, ExternalBlockHash, KvEvent, KvEventBatch,
     Medium,
 };
 use crate::hash::event_hash;
-use crate::msgpack::{Reader, check_utf8};
+use crate::msgpack::{ReadError, Reader, check_utf8};
 
 /// A byte range of the payload a [`RawBatch`] was decoded from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -399,7 +400,7 @@ impl DecodeOptions {
                         has_events = true;
                     }
                     "data_parallel_rank" => {
-                        out.dp_rank = opt(r, |r| r.int_as("data_parallel_rank"))?;
+                        out.dp_rank = opt(r, |r| Ok(r.int_as("data_parallel_rank")?))?;
                     }
                     _ => r.skip()?,
                 }
@@ -414,7 +415,7 @@ impl DecodeOptions {
         out.ts = r.float()?;
         self.events(r, out)?;
         if n >= 3 {
-            out.dp_rank = opt(r, |r| r.int_as("data_parallel_rank"))?;
+            out.dp_rank = opt(r, |r| Ok(r.int_as("data_parallel_rank")?))?;
         }
         for _ in 3..n {
             r.skip()?;
@@ -552,7 +553,7 @@ impl DecodeOptions {
                 e.block_size = r.int_as("block_size")?;
                 seen.block_size = true;
             }
-            Field::LoraId => e.lora_id = opt(r, |r| r.int_as("lora_id"))?,
+            Field::LoraId => e.lora_id = opt(r, |r| Ok(r.int_as("lora_id")?))?,
             Field::Medium => e.medium = opt(r, medium)?,
             Field::LoraName => e.lora_name = opt(r, string)?,
             Field::ExtraKeys => {
@@ -562,9 +563,9 @@ impl DecodeOptions {
                     Ok(Span { start, end: r.pos() })
                 })?;
             }
-            Field::GroupIdx => e.group_idx = opt(r, |r| r.int_as("group_idx"))?,
+            Field::GroupIdx => e.group_idx = opt(r, |r| Ok(r.int_as("group_idx")?))?,
             Field::SpecKind => e.spec_kind = opt(r, string)?,
-            Field::SlidingWindow => e.sliding_window = opt(r, |r| r.int_as("kv_cache_spec_sliding_window"))?,
+            Field::SlidingWindow => e.sliding_window = opt(r, |r| Ok(r.int_as("kv_cache_spec_sliding_window")?))?,
             Field::Locality => e.locality = opt(r, string)?,
             Field::Ownership => e.ownership = opt(r, string)?,
             Field::SessionId => e.session_id = opt(r, string)?,
@@ -597,7 +598,7 @@ impl DecodeOptions {
         for _ in 0..n {
             opt(r, |r| {
                 let len = bounded_array(r, "extra_keys entry", self.max_block_hashes)?;
-                (0..len).try_for_each(|_| r.check_value(self.max_depth))
+                (0..len).try_for_each(|_| check_value(r, self.max_depth))
             })?;
         }
         Ok(())
@@ -609,7 +610,7 @@ impl DecodeOptions {
             .map(|_| {
                 opt(r, |r| {
                     let len = bounded_array(r, "extra_keys entry", self.max_block_hashes)?;
-                    (0..len).map(|_| r.value(self.max_depth)).collect()
+                    (0..len).map(|_| read_value(r, self.max_depth)).collect()
                 })
             })
             .collect()
@@ -757,12 +758,12 @@ fn block_hash(r: &mut Reader<'_>) -> Result<RawHash, DecodeError> {
             key: v as u64,
             bytes: None,
         }),
-        Err(DecodeError::WrongType { marker, .. }) => Err(DecodeError::WrongType {
+        Err(ReadError::WrongType { marker, .. }) => Err(DecodeError::WrongType {
             expected: "block hash (int or bytes)",
             marker,
             offset: at,
         }),
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
 }
 
