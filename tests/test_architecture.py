@@ -4,7 +4,8 @@ sources (parsed, never imported): dependencies point down only.
 * Rust: every crate under ``rust/`` has a layer; a crate may depend only on crates of lower
   layers (so no cycles, nothing upward); ``smetric-core`` depends on no smetric crate and not
   on pyo3; ``smetric-py`` is the only crate that depends on pyo3. A crate cannot ``use`` what
-  its manifest does not list, so the manifests are enough.
+  its manifest does not list, so the manifests are enough. Inside ``smetric-vllm``, the msgpack
+  reader imports nothing of ``events``.
 * Python: ``smetric.reference`` (the differential test's oracle) imports nothing of
   ``smetric``; the package never imports the reference; only the CLI imports ``smetric.sim``
   and ``smetric.cli``.
@@ -16,6 +17,7 @@ stopped seeing dependencies would fail too.
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
@@ -104,6 +106,13 @@ def test_the_crate_checks_see_violations() -> None:
         "smetric-new has no layer in LAYERS (and docs/architecture.md)",
     ]
     assert pyo3_users(graph) == {"smetric-core"}
+
+
+def test_the_msgpack_reader_knows_no_event_types() -> None:
+    # Inside smetric-vllm the reader sits below `events`: events build on it, never the reverse.
+    source = (ROOT / "rust" / "smetric-vllm" / "src" / "msgpack.rs").read_text()
+    code = [line for line in source.splitlines() if not line.lstrip().startswith("//")]
+    assert not [line for line in code if re.search(r"\bevents\s*::|\{[^}]*\bevents\b", line)]
 
 
 def module_name(path: Path) -> str:
