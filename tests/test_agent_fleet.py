@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from smetric import RouterConfig
-from smetric.demo import FleetReport, SessionWorkload, run_fleet
+from smetric.cli import main
+from smetric.toy_fleet import FleetReport, SessionWorkload, run_fleet
 
 WORKLOAD = SessionWorkload(sessions=2_000, min_turns=5, max_turns=50, system_prompt_tokens=4_096)
 
@@ -45,3 +46,14 @@ def test_smetric_follow_ups_return_home_without_overload(smetric_run: FleetRepor
 
 def test_turn_inference_is_stateless_and_right(smetric_run: FleetReport) -> None:
     assert smetric_run.turn_accuracy >= 0.99, smetric_run.turn_accuracy
+
+
+def test_toy_fleet_command(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["toy-fleet", "--sessions", "30", "--instances", "2", "--policies", "least_load,smetric"]
+    assert main([*argv, "--show-session", "0", "--show", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "[smetric] decisions of session 0:" in out and "follow-ups home" in out
+    # One name per thing: `demo` is `make demo`, i.e. `smetric simulate`, and no subcommand.
+    with pytest.raises(SystemExit) as err:
+        main(["demo"])
+    assert err.value.code == 2

@@ -4,9 +4,10 @@
 every policy and compares them; ``smetric sweep`` runs load × policy × seed grids (both in
 :mod:`smetric.sim.commands`).
 
-``smetric demo`` routes a synthetic agent fleet (sessions sharing a system prompt) through
-every policy, prints the decisions of one session, and a table of where first turns landed,
-how many follow-ups went home and whether turn inference was right.
+``smetric toy-fleet`` routes a synthetic agent fleet (sessions sharing a system prompt, a toy
+service model instead of simulated vLLM engines) through every policy, prints the decisions of
+one session, and a table of where first turns landed, how many follow-ups went home and whether
+turn inference was right. (``make demo`` is ``smetric simulate``, not this.)
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import sys
 from collections.abc import Sequence
 
 from smetric import POLICIES, Decision, RouterConfig, __version__
-from smetric.demo import FleetReport, SessionWorkload, run_fleet
 from smetric.sim import commands as sim_commands
+from smetric.toy_fleet import FleetReport, SessionWorkload, run_fleet
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _toy_fleet(args: argparse.Namespace) -> int:
     workload = SessionWorkload(sessions=args.sessions)
     print(
-        f"smetric {__version__} demo: {args.sessions} agent sessions of "
+        f"smetric {__version__} toy fleet: {args.sessions} agent sessions of "
         f"{workload.min_turns}-{workload.max_turns} turns sharing a {workload.system_prompt_tokens}-token "
         f"system prompt, {args.instances} instances\n"
     )
@@ -72,14 +73,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="smetric", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"smetric {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="route a synthetic agent fleet through every policy and compare")
-    demo.add_argument("--sessions", type=int, default=300)
-    demo.add_argument("--instances", type=int, default=8)
-    demo.add_argument("--policies", default="round_robin,least_load,cache_first,cache_first_max_hit,lmetric,smetric")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--show-session", type=int, default=7, help="print the decisions of this session")
-    demo.add_argument("--show", type=int, default=6, help="how many of its decisions to print")
-    demo.set_defaults(func=_demo)
+    toy = sub.add_parser(
+        "toy-fleet", help="route a synthetic agent fleet (toy service model) through every policy and compare"
+    )
+    toy.add_argument("--sessions", type=int, default=300)
+    toy.add_argument("--instances", type=int, default=8)
+    toy.add_argument("--policies", default="round_robin,least_load,cache_first,cache_first_max_hit,lmetric,smetric")
+    toy.add_argument("--seed", type=int, default=0)
+    toy.add_argument("--show-session", type=int, default=7, help="print the decisions of this session")
+    toy.add_argument("--show", type=int, default=6, help="how many of its decisions to print")
+    toy.set_defaults(func=_toy_fleet)
     sim_commands.register(sub)
     args = parser.parse_args(argv)
     result: int = args.func(args)

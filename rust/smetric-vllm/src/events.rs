@@ -32,9 +32,11 @@
 //! event.
 
 use crate::hash::{BlockDigest, event_hash};
+use crate::msgpack::ReadError;
 
 mod decode;
 mod encode;
+mod value;
 
 pub use encode::{encode_batch, encode_batch_to_vec};
 
@@ -147,6 +149,26 @@ impl DecodeError {
             Self::BadSeqFrame { .. } => "bad_seq_frame",
             Self::BadDelimiter => "bad_delimiter",
             Self::InvalidTopic => "invalid_topic",
+        }
+    }
+}
+
+impl From<ReadError> for DecodeError {
+    #[inline]
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Truncated { offset } => Self::Truncated { offset },
+            ReadError::WrongType {
+                expected,
+                marker,
+                offset,
+            } => Self::WrongType {
+                expected,
+                marker,
+                offset,
+            },
+            ReadError::InvalidUtf8 { offset } => Self::InvalidUtf8 { offset },
+            ReadError::OutOfRange { what, value, offset } => Self::OutOfRange { what, value, offset },
         }
     }
 }

@@ -42,7 +42,7 @@ mod stats;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use smetric_core::{BlockHash, IndexOp, Router, SmetricError, Tier};
+use smetric_core::{IndexOp, Router, SmetricError};
 
 use crate::events::{DecodeError, DecodeOptions, RawBatch};
 use crate::frames::{END_SEQ, ReplayFrames, replay_frames};
@@ -50,22 +50,16 @@ use apply::Feed;
 use map::Refs;
 pub use stats::IngestStats;
 
-/// Where the ingestor writes: the router's index. [`Router`] implements it.
+/// Where the ingestor writes: the router's index. [`Router`] implements it (on its own clock),
+/// and so does [`RouterAt`] (on a caller's clock).
+///
+/// The ingestor writes only through [`IndexSink::apply`], one call per batch, so that is the
+/// one write a sink provides.
 pub trait IndexSink {
     /// Tokens per router block.
     fn block_size(&self) -> u32;
     /// The router's hash seed (`RouterConfig::hash_seed`).
     fn hash_seed(&self) -> u64;
-    /// `Router::store_blocks` with the router's own clock.
-    fn store(
-        &self,
-        instance: Option<&str>,
-        tier: Tier,
-        hashes: &[BlockHash],
-        parent: Option<BlockHash>,
-    ) -> Result<(), SinkError>;
-    /// `Router::remove_blocks`.
-    fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError>;
 
     /// Whether `instance` is in the index now. The ingestor asks once per batch, before its
     /// first write to the instance's tier, and skips (and counts) those writes if it is not.
@@ -75,27 +69,11 @@ pub trait IndexSink {
         true
     }
 
-    /// Applies the writes of one batch in order, the `Local` tier meaning `instance`: the same
-    /// as one [`IndexSink::store`] or [`IndexSink::remove`] per op (the default does exactly
-    /// that), where a failing op is skipped and the first error returned. `Router` takes its
-    /// index lock once for the whole batch.
-    fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError> {
-        let mut result = Ok(());
-        for op in ops {
-            let done = match *op {
-                IndexOp::Store { tier, hashes, parent } => {
-                    self.store((tier == Tier::Local).then_some(instance), tier, hashes, parent)
-                }
-                IndexOp::Remove { tier, hashes } => {
-                    self.remove((tier == Tier::Local).then_some(instance), tier, hashes)
-                }
-            };
-            if result.is_ok() {
-                result = done;
-            }
-        }
-        result
-    }
+    /// Applies the writes of one batch in order, the `Local` tier meaning `instance`, as
+    /// `Router::apply_blocks` does: the same as one `Router::store_blocks` or
+    /// `Router::remove_blocks` call per op, where a failing op is skipped and the first error
+    /// returned. `Router` takes its index lock once for the whole batch.
+    fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError>;
 }
 
 /// Why the sink refused a write.
@@ -125,20 +103,6 @@ impl IndexSink for Router {
 
     fn hash_seed(&self) -> u64 {
         RouterAt::wall_clock(self).hash_seed()
-    }
-
-    fn store(
-        &self,
-        instance: Option<&str>,
-        tier: Tier,
-        hashes: &[BlockHash],
-        parent: Option<BlockHash>,
-    ) -> Result<(), SinkError> {
-        RouterAt::wall_clock(self).store(instance, tier, hashes, parent)
-    }
-
-    fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError> {
-        RouterAt::wall_clock(self).remove(instance, tier, hashes)
     }
 
     fn has_instance(&self, instance: &str) -> bool {
@@ -175,20 +139,6 @@ impl IndexSink for RouterAt<'_> {
 
     fn hash_seed(&self) -> u64 {
         self.router.config().hash_seed
-    }
-
-    fn store(
-        &self,
-        instance: Option<&str>,
-        tier: Tier,
-        hashes: &[BlockHash],
-        parent: Option<BlockHash>,
-    ) -> Result<(), SinkError> {
-        Ok(self.router.store_blocks(instance, tier, hashes, parent, self.now)?)
-    }
-
-    fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError> {
-        Ok(self.router.remove_blocks(instance, tier, hashes)?)
     }
 
     fn has_instance(&self, instance: &str) -> bool {

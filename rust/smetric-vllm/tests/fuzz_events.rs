@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use serde_json::Value;
-use smetric_core::{BlockHash, IndexMode, PolicyKind, Router, RouterConfig, Tier};
+use smetric_core::{IndexMode, IndexOp, PolicyKind, Router, RouterConfig, Tier};
 use smetric_vllm::{
     IndexSink, IngestConfig, Ingestor, SinkError, SourceId, decode_batch, decode_pub_message, decode_replay_reply,
 };
@@ -179,7 +179,8 @@ fn consistent(r: &Router, ing: &Ingestor) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// A sink writing through one router call per write: `IndexSink::apply`'s default.
+/// A sink writing through one router call per write (`store_blocks` / `remove_blocks`): the
+/// reference that `Router::apply_blocks`, one call per batch, must agree with.
 struct PerCall(Router);
 
 impl IndexSink for PerCall {
@@ -191,22 +192,29 @@ impl IndexSink for PerCall {
         self.0.config().hash_seed
     }
 
-    fn store(
-        &self,
-        instance: Option<&str>,
-        tier: Tier,
-        hashes: &[BlockHash],
-        parent: Option<BlockHash>,
-    ) -> Result<(), SinkError> {
-        Ok(self.0.store_blocks(instance, tier, hashes, parent, None)?)
-    }
-
-    fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError> {
-        Ok(self.0.remove_blocks(instance, tier, hashes)?)
-    }
-
     fn has_instance(&self, instance: &str) -> bool {
         self.0.load(instance).is_ok()
+    }
+
+    /// One call per op; a failing op is skipped and the first error returned.
+    fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError> {
+        let mut first_error = None;
+        for op in ops {
+            let written = match *op {
+                IndexOp::Store { tier, hashes, parent } => {
+                    let local = (tier == Tier::Local).then_some(instance);
+                    self.0.store_blocks(local, tier, hashes, parent, None)
+                }
+                IndexOp::Remove { tier, hashes } => {
+                    self.0
+                        .remove_blocks((tier == Tier::Local).then_some(instance), tier, hashes)
+                }
+            };
+            if let Err(e) = written {
+                first_error.get_or_insert(SinkError::from(e));
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 }
 

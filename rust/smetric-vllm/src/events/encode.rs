@@ -14,17 +14,25 @@
 //! The captured frames of vLLM 0.33.0 (`tests/data/vllm/captured_events.json`) decode and
 //! re-encode to the identical bytes (`tests/captured_events.rs`), which pins the layout.
 //!
+//! Scalars and headers go through `rmp`'s primitive writers, whose shortest-form choice is
+//! msgspec's. Two things are written by hand: a `BlockStored`'s map16 header, a width vLLM's
+//! bytes demand and rmp would not pick (`write_map_len` writes a fixmap for 8–15 keys); and the
+//! token-id loop, the bulk of every payload, which reserves the worst case once instead of
+//! growing the buffer per id (the same bytes as `write_uint`; a test pins it).
+//!
 //! Used by the simulator, whose engines publish their cache changes through this encoder and
 //! the ingestor, the same path a live fleet takes. Complexity: O(encoded size), one pass, into
 //! a caller-owned buffer.
+
+use rmp::Marker;
+use rmp::encode as mp;
 
 use super::{BlockRemoved, BlockStored, EventValue, ExternalBlockHash, KvEvent, KvEventBatch, Medium};
 
 /// Appends the msgpack encoding of `batch` (vLLM's map form) to `out`.
 pub fn encode_batch(batch: &KvEventBatch, out: &mut Vec<u8>) {
     array_header(out, 3);
-    out.push(0xcb);
-    out.extend_from_slice(&batch.ts.to_be_bytes());
+    float(out, batch.ts);
     array_header(out, batch.events.len());
     for event in &batch.events {
         match event {
@@ -37,10 +45,7 @@ pub fn encode_batch(batch: &KvEventBatch, out: &mut Vec<u8>) {
             }
         }
     }
-    match batch.dp_rank {
-        Some(rank) => int(out, rank),
-        None => out.push(0xc0),
-    }
+    opt_int(out, batch.dp_rank);
 }
 
 /// The payload of `batch` as a fresh vector.
@@ -67,7 +72,7 @@ fn block_stored(out: &mut Vec<u8>, e: &BlockStored) {
     str(out, "parent_block_hash");
     match &e.parent_block_hash {
         Some(h) => hash(out, h),
-        None => out.push(0xc0),
+        None => nil(out),
     }
     str(out, "token_ids");
     tokens(out, &e.token_ids);
@@ -90,7 +95,7 @@ fn block_stored(out: &mut Vec<u8>, e: &BlockStored) {
                         value(out, v);
                     }
                 }
-                None => out.push(0xc0),
+                None => nil(out),
             }
         }
     }
@@ -149,7 +154,7 @@ fn optional_field(out: &mut Vec<u8>, key: &str, field: Option<Field<'_>>) {
 fn medium(out: &mut Vec<u8>, medium: Option<&Medium>) {
     match medium {
         Some(m) => str(out, m.as_str()),
-        None => out.push(0xc0),
+        None => nil(out),
     }
 }
 
@@ -184,17 +189,17 @@ fn tokens(out: &mut Vec<u8>, tokens: &[u32]) {
                 at += 1;
             }
             0x80..=0xff => {
-                buf[at..at + 2].copy_from_slice(&[0xcc, t as u8]);
+                buf[at..at + 2].copy_from_slice(&[Marker::U8.to_u8(), t as u8]);
                 at += 2;
             }
             0x100..=0xffff => {
                 let [hi, lo] = (t as u16).to_be_bytes();
-                buf[at..at + 3].copy_from_slice(&[0xcd, hi, lo]);
+                buf[at..at + 3].copy_from_slice(&[Marker::U16.to_u8(), hi, lo]);
                 at += 3;
             }
             _ => {
                 let [a, b, c, d] = t.to_be_bytes();
-                buf[at..at + 5].copy_from_slice(&[0xce, a, b, c, d]);
+                buf[at..at + 5].copy_from_slice(&[Marker::U32.to_u8(), a, b, c, d]);
                 at += 5;
             }
         }
@@ -204,14 +209,13 @@ fn tokens(out: &mut Vec<u8>, tokens: &[u32]) {
 
 fn value(out: &mut Vec<u8>, v: &EventValue) {
     match v {
-        EventValue::Nil => out.push(0xc0),
-        EventValue::Bool(b) => out.push(if *b { 0xc3 } else { 0xc2 }),
+        EventValue::Nil => nil(out),
+        EventValue::Bool(b) => {
+            let Ok(()) = mp::write_bool(out, *b);
+        }
         EventValue::Int(i) => int(out, *i),
         EventValue::UInt(u) => uint(out, *u),
-        EventValue::Float(f) => {
-            out.push(0xcb);
-            out.extend_from_slice(&f.to_be_bytes());
-        }
+        EventValue::Float(f) => float(out, *f),
         EventValue::Str(s) => str(out, s),
         EventValue::Bytes(b) => bin(out, b),
         EventValue::Array(items) => {
@@ -233,84 +237,59 @@ fn value(out: &mut Vec<u8>, v: &EventValue) {
 fn opt_int(out: &mut Vec<u8>, v: Option<i64>) {
     match v {
         Some(v) => int(out, v),
-        None => out.push(0xc0),
+        None => nil(out),
     }
 }
 
 fn opt_str(out: &mut Vec<u8>, s: Option<&str>) {
     match s {
         Some(s) => str(out, s),
-        None => out.push(0xc0),
+        None => nil(out),
     }
 }
 
+// The writers below cannot fail: without rmp's `std` feature a `Vec<u8>` is written through
+// an `Infallible` error type (it grows instead), so each `let Ok(..)` is irrefutable.
+
+fn nil(out: &mut Vec<u8>) {
+    let Ok(()) = mp::write_nil(out);
+}
+
+/// The shortest form of `v`: positive fixint, uint8/16/32/64 (msgspec's choice too).
 fn uint(out: &mut Vec<u8>, v: u64) {
-    if let Some(fix) = u8::try_from(v).ok().filter(|&b| b < 0x80) {
-        out.push(fix);
-    } else if let Ok(b) = u8::try_from(v) {
-        out.extend_from_slice(&[0xcc, b]);
-    } else if let Ok(w) = u16::try_from(v) {
-        out.push(0xcd);
-        out.extend_from_slice(&w.to_be_bytes());
-    } else if let Ok(w) = u32::try_from(v) {
-        out.push(0xce);
-        out.extend_from_slice(&w.to_be_bytes());
-    } else {
-        out.push(0xcf);
-        out.extend_from_slice(&v.to_be_bytes());
-    }
+    let Ok(_) = mp::write_uint(out, v);
 }
 
+/// The shortest form of `v`; non-negative values take the unsigned forms, as msgspec writes them.
 fn int(out: &mut Vec<u8>, v: i64) {
-    if let Ok(u) = u64::try_from(v) {
-        uint(out, u);
-    } else if let Some(fix) = i8::try_from(v).ok().filter(|&b| b >= -32) {
-        out.extend_from_slice(&fix.to_be_bytes());
-    } else if let Ok(b) = i8::try_from(v) {
-        out.push(0xd0);
-        out.extend_from_slice(&b.to_be_bytes());
-    } else if let Ok(w) = i16::try_from(v) {
-        out.push(0xd1);
-        out.extend_from_slice(&w.to_be_bytes());
-    } else if let Ok(w) = i32::try_from(v) {
-        out.push(0xd2);
-        out.extend_from_slice(&w.to_be_bytes());
-    } else {
-        out.push(0xd3);
-        out.extend_from_slice(&v.to_be_bytes());
-    }
+    let Ok(_) = mp::write_sint(out, v);
 }
 
-/// A header: `fix | n` when `n < fix_limit`, else the 8-, 16- or 32-bit length form (`None`
-/// markers are forms the type does not have). Lengths above `u32::MAX` cannot occur in a
-/// KV-event payload (the decoder caps them far lower); they are clamped.
-fn header(out: &mut Vec<u8>, n: usize, fix: u8, fix_limit: usize, m8: Option<u8>, m16: u8, m32: u8) {
-    if n < fix_limit {
-        out.push(fix | u8::try_from(n).unwrap_or(0));
-    } else if let (Some(m), Ok(b)) = (m8, u8::try_from(n)) {
-        out.extend_from_slice(&[m, b]);
-    } else if let Ok(w) = u16::try_from(n) {
-        out.push(m16);
-        out.extend_from_slice(&w.to_be_bytes());
-    } else {
-        out.push(m32);
-        out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes());
-    }
+/// Always float64: msgspec never narrows a Python float.
+fn float(out: &mut Vec<u8>, v: f64) {
+    let Ok(()) = mp::write_f64(out, v);
 }
 
 fn str(out: &mut Vec<u8>, s: &str) {
-    header(out, s.len(), 0xa0, 32, Some(0xd9), 0xda, 0xdb);
-    out.extend_from_slice(s.as_bytes());
+    let Ok(()) = mp::write_str(out, s);
 }
 
 fn bin(out: &mut Vec<u8>, b: &[u8]) {
-    // bin has no fix form: a zero limit never takes it.
-    header(out, b.len(), 0, 0, Some(0xc4), 0xc5, 0xc6);
-    out.extend_from_slice(b);
+    let Ok(()) = mp::write_bin(out, b);
+}
+
+/// msgpack lengths are at most `u32`; longer ones cannot occur in a KV-event payload (the
+/// decoder caps them far lower), so they are clamped rather than checked.
+fn len32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 fn array_header(out: &mut Vec<u8>, n: usize) {
-    header(out, n, 0x90, 16, None, 0xdc, 0xdd);
+    let Ok(_) = mp::write_array_len(out, len32(n));
+}
+
+fn map_header(out: &mut Vec<u8>, n: usize) {
+    let Ok(_) = mp::write_map_len(out, len32(n));
 }
 
 /// Keys a `BlockStored` can have in vLLM 0.33: the tag and 15 fields.
@@ -320,18 +299,15 @@ const BLOCK_REMOVED_KEYS: usize = 6;
 
 /// msgspec sizes a map-form struct's header by the keys the struct *can* have (it reserves the
 /// header before `omit_defaults` decides), then writes the count it actually wrote: a
-/// `BlockStored` (16 possible keys) always gets map16, a `BlockRemoved` a fixmap.
+/// `BlockStored` (16 possible keys) always gets map16, a `BlockRemoved` a fixmap. rmp has no
+/// fixed-width map header writer, so the map16 form is written here.
 fn struct_header(out: &mut Vec<u8>, n: usize, possible: usize) {
     if possible < 16 {
-        header(out, n, 0x80, 16, None, 0xde, 0xdf);
+        map_header(out, n);
     } else {
-        out.push(0xde);
+        out.push(Marker::Map16.to_u8());
         out.extend_from_slice(&u16::try_from(n).unwrap_or(u16::MAX).to_be_bytes());
     }
-}
-
-fn map_header(out: &mut Vec<u8>, n: usize) {
-    header(out, n, 0x80, 16, None, 0xde, 0xdf);
 }
 
 #[cfg(test)]
@@ -379,6 +355,31 @@ mod tests {
             uint(&mut generic, u64::from(t));
         }
         assert_eq!(fast, generic);
+    }
+
+    #[test]
+    fn headers_take_msgspec_forms() {
+        // A BlockStored's header is map16 whatever its key count; a BlockRemoved's a fixmap.
+        let mut out = Vec::new();
+        struct_header(&mut out, 8, BLOCK_STORED_KEYS);
+        struct_header(&mut out, 3, BLOCK_REMOVED_KEYS);
+        assert_eq!(out, [0xde, 0x00, 0x08, 0x83]);
+        // Every other header takes the shortest form, at each edge between two forms.
+        let head = |write: &dyn Fn(&mut Vec<u8>), len: usize| {
+            let mut out = Vec::new();
+            write(&mut out);
+            out[..len].to_vec()
+        };
+        assert_eq!(head(&|o| str(o, &"a".repeat(31)), 1), [0xbf]);
+        assert_eq!(head(&|o| str(o, &"a".repeat(32)), 2), [0xd9, 32]);
+        assert_eq!(head(&|o| str(o, &"a".repeat(256)), 3), [0xda, 0x01, 0x00]);
+        assert_eq!(head(&|o| bin(o, &[]), 2), [0xc4, 0x00]);
+        assert_eq!(head(&|o| bin(o, &[0; 256]), 3), [0xc5, 0x01, 0x00]);
+        assert_eq!(head(&|o| array_header(o, 15), 1), [0x9f]);
+        assert_eq!(head(&|o| array_header(o, 16), 3), [0xdc, 0x00, 0x10]);
+        assert_eq!(head(&|o| array_header(o, 65_536), 5), [0xdd, 0x00, 0x01, 0x00, 0x00]);
+        assert_eq!(head(&|o| map_header(o, 16), 3), [0xde, 0x00, 0x10]);
+        assert_eq!(head(&|o| float(o, 1.0), 1), [0xcb]);
     }
 
     #[test]

@@ -626,9 +626,9 @@ fn stored_owned(i: usize, t: &[u32]) -> Ev<'_> {
     )
 }
 
-/// A sink with only the required methods: it claims every instance exists and writes one call
-/// per op, so a write to an unknown instance fails inside `apply` (as when the instance leaves
-/// the router between the ingestor's check and its write).
+/// A sink with only the required methods: it claims every instance exists (the default
+/// `has_instance`), so a write to an unknown instance fails inside `apply` (as when the
+/// instance leaves the router between the ingestor's check and its write).
 struct Optimist<'a>(&'a Router);
 
 impl IndexSink for Optimist<'_> {
@@ -640,18 +640,8 @@ impl IndexSink for Optimist<'_> {
         self.0.config().hash_seed
     }
 
-    fn store(
-        &self,
-        instance: Option<&str>,
-        tier: Tier,
-        hashes: &[BlockHash],
-        parent: Option<BlockHash>,
-    ) -> Result<(), SinkError> {
-        Ok(self.0.store_blocks(instance, tier, hashes, parent, None)?)
-    }
-
-    fn remove(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<(), SinkError> {
-        Ok(self.0.remove_blocks(instance, tier, hashes)?)
+    fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError> {
+        Ok(self.0.apply_blocks(Some(instance), ops, None)?)
     }
 }
 

@@ -7,7 +7,7 @@ fixed token rate plus a per-output-token time that grows with the batch), which 
 to exercise the router's load board; the cluster simulator (``smetric simulate``) models
 vLLM instances properly.
 
-Used by ``smetric demo`` and by the acceptance test of the routing core.
+Used by ``smetric toy-fleet`` and by the acceptance test of the routing core.
 """
 
 from __future__ import annotations

@@ -1,0 +1,203 @@
+"""The layering of ``docs/architecture.md``, checked from the crates' manifests and the Python
+sources (parsed, never imported): dependencies point down only.
+
+* Rust: every crate under ``rust/`` has a layer; a crate may depend only on crates of lower
+  layers (so no cycles, nothing upward); ``smetric-core`` depends on no smetric crate and not
+  on pyo3; ``smetric-py`` is the only crate that depends on pyo3. A crate cannot ``use`` what
+  its manifest does not list, so the manifests are enough. Inside ``smetric-vllm``, the msgpack
+  reader imports nothing of ``events``.
+* Python: ``smetric.reference`` (the differential test's oracle) imports nothing of
+  ``smetric``; the package never imports the reference; only the CLI imports ``smetric.sim``
+  and ``smetric.cli``.
+
+Each checker also gets a negative control on a made-up violation, so a checker that silently
+stopped seeing dependencies would fail too.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = ROOT / "python"
+PACKAGE = PYTHON / "smetric"
+
+LAYERS = {"smetric-core": 1, "smetric-vllm": 2, "smetric-sim": 3, "smetric-py": 4}
+"""Lower layers may be depended on by higher ones, never the reverse."""
+PYO3_CRATES = {"smetric-py"}
+DEPENDENCY_TABLES = ("dependencies", "dev-dependencies", "build-dependencies")
+
+
+def dependencies(manifest: dict[str, Any]) -> set[str]:
+    """Names of every crate a manifest depends on, in any table (target-specific ones too),
+    under their real names (``package = ...`` renames included)."""
+    tables: list[dict[str, Any]] = [manifest.get(t, {}) for t in DEPENDENCY_TABLES]
+    for target in manifest.get("target", {}).values():
+        tables.extend(target.get(t, {}) for t in DEPENDENCY_TABLES)
+    names = set()
+    for table in tables:
+        for key, spec in table.items():
+            names.add(spec.get("package", key) if isinstance(spec, dict) else key)
+    return names
+
+
+def crates() -> dict[str, set[str]]:
+    """Crate name → its dependencies, for every ``rust/*/Cargo.toml``."""
+    out = {}
+    for path in sorted((ROOT / "rust").glob("*/Cargo.toml")):
+        manifest = tomllib.loads(path.read_text())
+        out[manifest["package"]["name"]] = dependencies(manifest)
+    return out
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for crate, deps in sorted(graph.items()):
+        if crate not in LAYERS:
+            problems.append(f"{crate} has no layer in LAYERS (and docs/architecture.md)")
+            continue
+        for dep in sorted(deps & LAYERS.keys()):
+            if LAYERS[dep] >= LAYERS[crate]:
+                problems.append(f"{crate} (layer {LAYERS[crate]}) depends on {dep} (layer {LAYERS[dep]})")
+    return problems
+
+
+def pyo3_users(graph: dict[str, set[str]]) -> set[str]:
+    return {crate for crate, deps in graph.items() if any(d == "pyo3" or d.startswith("pyo3-") for d in deps)}
+
+
+def test_every_crate_has_a_layer_and_depends_only_downwards() -> None:
+    graph = crates()
+    assert set(graph) == set(LAYERS), "a crate was added or removed: place it in LAYERS and docs/architecture.md"
+    assert layering_violations(graph) == []
+
+
+def test_the_core_imports_neither_the_vllm_crate_nor_the_simulator_nor_pyo3() -> None:
+    graph = crates()
+    assert not graph["smetric-core"] & {"smetric-vllm", "smetric-sim", "smetric-py"}, graph["smetric-core"]
+    assert "smetric-core" not in pyo3_users(graph)
+
+
+def test_only_the_bindings_depend_on_pyo3() -> None:
+    assert pyo3_users(crates()) == PYO3_CRATES
+
+
+def test_the_crate_checks_see_violations() -> None:
+    manifest = tomllib.loads(
+        """
+        [package]
+        name = "smetric-core"
+        [dependencies]
+        renamed = { package = "smetric-sim", path = "../smetric-sim" }
+        [target.'cfg(unix)'.dev-dependencies]
+        pyo3 = "0.30"
+        """
+    )
+    graph = {"smetric-core": dependencies(manifest), "smetric-new": set()}
+    assert layering_violations(graph) == [
+        "smetric-core (layer 1) depends on smetric-sim (layer 3)",
+        "smetric-new has no layer in LAYERS (and docs/architecture.md)",
+    ]
+    assert pyo3_users(graph) == {"smetric-core"}
+
+
+def test_the_msgpack_reader_knows_no_event_types() -> None:
+    # Inside smetric-vllm the reader sits below `events`: events build on it, never the reverse.
+    source = (ROOT / "rust" / "smetric-vllm" / "src" / "msgpack.rs").read_text()
+    code = [line for line in source.splitlines() if not line.lstrip().startswith("//")]
+    assert not [line for line in code if re.search(r"\bevents\s*::|\{[^}]*\bevents\b", line)]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PYTHON).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(source: str, module: str, is_package: bool) -> set[str]:
+    """Every module a source file imports, absolute; relative imports resolved against
+    ``module`` (``from . import x`` yields both the package and ``package.x``)."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                base = node.module or ""
+            else:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                if node.module:
+                    base = f"{base}.{node.module}" if base else node.module
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Module name → what it imports, for every module of ``python/smetric``."""
+    return {
+        module_name(path): imports(path.read_text(), module_name(path), path.name == "__init__.py")
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def importers(graph: dict[str, set[str]], target: str) -> set[str]:
+    return {m for m, found in graph.items() if not within(m, target) and any(within(i, target) for i in found)}
+
+
+def reference_leaks(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """What modules of ``smetric.reference`` import from ``smetric`` outside the reference."""
+    leaks = {}
+    for m, found in graph.items():
+        if within(m, "smetric.reference"):
+            bad = {i for i in found if within(i, "smetric") and not within(i, "smetric.reference")}
+            if bad:
+                leaks[m] = bad
+    return leaks
+
+
+def test_the_reference_imports_nothing_of_smetric() -> None:
+    graph = package_imports()
+    assert any(within(m, "smetric.reference") for m in graph), "the reference moved: update this test"
+    assert reference_leaks(graph) == {}
+
+
+def test_the_package_never_imports_the_reference() -> None:
+    assert importers(package_imports(), "smetric.reference") == set()
+
+
+@pytest.mark.parametrize(
+    ("target", "allowed"),
+    [("smetric.sim", {"smetric.cli"}), ("smetric.cli", {"smetric.__main__"})],
+)
+def test_only_the_cli_imports_the_simulator_layer(target: str, allowed: Iterable[str]) -> None:
+    assert importers(package_imports(), target) <= set(allowed)
+
+
+def test_the_import_checks_see_violations() -> None:
+    # A relative import climbing out of the reference is still an import of smetric._core.
+    graph = {
+        "smetric.reference.router": imports(
+            "from .. import _core\nfrom .index import KvIndex", "smetric.reference.router", False
+        ),
+        "smetric.reference": imports("import smetric.errors", "smetric.reference", True),
+        "smetric.events": imports("from smetric.sim.config import SLO", "smetric.events", False),
+    }
+    assert reference_leaks(graph) == {
+        "smetric.reference.router": {"smetric", "smetric._core"},
+        "smetric.reference": {"smetric.errors"},
+    }
+    assert importers(graph, "smetric.sim") == {"smetric.events"}
+    assert "smetric.reference.index" in graph["smetric.reference.router"]
