@@ -15,9 +15,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from smetric import POLICIES, Decision, RouterConfig, __version__
+from smetric import Decision, __version__
 from smetric.demo import FleetReport, SessionWorkload, run_fleet
+from smetric.errors import UnknownPolicyError
 from smetric.sim import commands as sim_commands
+from smetric.sim.config import policy_router
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -41,10 +43,10 @@ def _demo(args: argparse.Namespace) -> int:
 
     reports: list[FleetReport] = []
     for policy in args.policies.split(","):
-        config = RouterConfig(cache_first_mode="max_hit") if policy == "cache_first_max_hit" else None
-        name = "cache_first" if policy == "cache_first_max_hit" else policy
-        if name not in POLICIES:
-            print(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}, cache_first_max_hit", file=sys.stderr)
+        try:
+            name, config = policy_router(policy)
+        except UnknownPolicyError as e:
+            print(e, file=sys.stderr)
             return 2
         shown = 0
         print(f"[{policy}] decisions of session {args.show_session}:")

@@ -35,6 +35,7 @@
 
 use std::ops::Range;
 
+use smetric_core::rng::{GOLDEN_GAMMA, mix64};
 use smetric_vllm::{BlockRemoved, BlockStored, ExternalBlockHash, KvEvent, KvEventBatch, encode_batch};
 
 /// How the simulated router's KV$ index is fed.
@@ -185,10 +186,7 @@ pub const VOCAB: u32 = 151_936;
 /// Appends the `block_tokens` token ids standing for trace block `id` to `out`.
 pub fn block_tokens(id: u64, block_tokens: u32, out: &mut Vec<u32>) {
     for j in 0..u64::from(block_tokens) {
-        let mut z = id ^ j.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = mix64(id ^ j.wrapping_mul(GOLDEN_GAMMA));
         // Multiply-shift range reduction (no division): (z_hi · VOCAB) >> 32 < VOCAB.
         out.push(u32::try_from(((z >> 32) * u64::from(VOCAB)) >> 32).unwrap_or(0));
     }
