@@ -18,9 +18,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyModule};
 use smetric_core::PolicyKind;
 use smetric_sim::workload::ArrivalKind;
@@ -30,21 +29,7 @@ use smetric_sim::{
 };
 
 use crate::config::PyRouterConfig;
-use crate::errors::IntoPyResult;
-
-static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-
-/// `smetric.errors.<class>(message, **kwargs)`; a plain `ValueError` if that module is unusable.
-fn error(py: Python<'_>, class: &str, message: &str, fill: impl FnOnce(&Bound<'_, PyDict>) -> PyResult<()>) -> PyErr {
-    let build = || -> PyResult<PyErr> {
-        let module = ERRORS.get_or_try_init(py, || py.import("smetric.errors").map(Bound::unbind))?;
-        let kwargs = PyDict::new(py);
-        fill(&kwargs)?;
-        let instance = module.bind(py).getattr(class)?.call((message,), Some(&kwargs))?;
-        Ok(PyErr::from_value(instance))
-    };
-    build().unwrap_or_else(|_| PyValueError::new_err(message.to_owned()))
-}
+use crate::errors::{IntoPyResult, python_error};
 
 /// The Python exception for a simulator error.
 fn sim_error(py: Python<'_>, err: &SimError) -> PyErr {
@@ -55,24 +40,24 @@ fn sim_error(py: Python<'_>, err: &SimError) -> PyErr {
             let errno = source.raw_os_error().unwrap_or(0);
             PyOSError::new_err((errno, source.to_string(), path.display().to_string()))
         }
-        SimError::Parse { path, line, reason } => error(py, "TraceFormatError", &message, |k| {
+        SimError::Parse { path, line, reason } => python_error(py, "TraceFormatError", &message, |k| {
             k.set_item("path", path.display().to_string())?;
             k.set_item("line", line)?;
             k.set_item("reason", reason)
         }),
-        SimError::InvalidConfig { field, reason } => error(py, "InvalidConfigError", &message, |k| {
+        SimError::InvalidConfig { field, reason } => python_error(py, "InvalidConfigError", &message, |k| {
             k.set_item("field", field)?;
             k.set_item("reason", reason)
         }),
-        SimError::EmptyWorkload => error(py, "EmptyWorkloadError", &message, |_| Ok(())),
-        SimError::Stalled { time_s, in_flight } => error(py, "SimulationStalledError", &message, |k| {
+        SimError::EmptyWorkload => python_error(py, "EmptyWorkloadError", &message, |_| Ok(())),
+        SimError::Stalled { time_s, in_flight } => python_error(py, "SimulationStalledError", &message, |k| {
             k.set_item("time_s", time_s)?;
             k.set_item("in_flight", in_flight)
         }),
-        SimError::EventBudget { .. } => error(py, "SimulationError", &message, |k| {
+        SimError::EventBudget { .. } => python_error(py, "SimulationError", &message, |k| {
             k.set_item("reason", "event budget")
         }),
-        SimError::Router(reason) => error(py, "SimulationError", &message, |k| k.set_item("reason", reason)),
+        SimError::Router(reason) => python_error(py, "SimulationError", &message, |k| k.set_item("reason", reason)),
     }
 }
 
@@ -197,7 +182,7 @@ fn paths(obj: &Bound<'_, PyAny>) -> PyResult<Vec<PathBuf>> {
 }
 
 fn invalid_argument(py: Python<'_>, argument: &str, reason: &str) -> PyErr {
-    error(py, "InvalidArgumentError", &format!("{argument}: {reason}"), |k| {
+    python_error(py, "InvalidArgumentError", &format!("{argument}: {reason}"), |k| {
         k.set_item("argument", argument)?;
         k.set_item("reason", reason)
     })
