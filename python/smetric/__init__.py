@@ -13,7 +13,17 @@ with types.
 
 from __future__ import annotations
 
-from smetric._core import DEFAULT_BLOCK_SIZE, Decision, IndexHits, Router, RouterConfig, __version__
+from smetric._core import DEFAULT_BLOCK_SIZE, POLICIES, Decision, IndexHits, Router, RouterConfig, __version__
+from smetric._types import (
+    CacheFirstMode,
+    IndexMode,
+    InstanceLoad,
+    PolicyName,
+    Reason,
+    RouterStats,
+    Tier,
+    TurnSource,
+)
 from smetric.errors import (
     DuplicateInstanceError,
     InvalidArgumentError,
@@ -28,24 +38,29 @@ from smetric.errors import (
     UnsupportedDtypeError,
 )
 
-POLICIES: tuple[str, ...] = ("round_robin", "least_load", "cache_first", "linear", "lmetric", "smetric")
-"""Every policy name :class:`Router` accepts, in the order reports list them."""
-
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "POLICIES",
+    "CacheFirstMode",
     "Decision",
     "DuplicateInstanceError",
     "IndexHits",
+    "IndexMode",
+    "InstanceLoad",
     "InvalidArgumentError",
     "InvalidBlockSizeError",
     "InvalidConfigError",
     "InvalidTokenError",
     "MissingPromptError",
     "NoInstancesError",
+    "PolicyName",
+    "Reason",
     "Router",
     "RouterConfig",
+    "RouterStats",
     "SmetricError",
+    "Tier",
+    "TurnSource",
     "UnknownInstanceError",
     "UnknownPolicyError",
     "UnsupportedDtypeError",
