@@ -50,6 +50,13 @@ pub enum IndexFeed {
     Oracle,
 }
 
+/// Serialised by name (`"approximate"`, `"events"`, `"oracle"`).
+impl serde::Serialize for IndexFeed {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
 impl IndexFeed {
     /// Every feed, in report order.
     pub const ALL: [Self; 3] = [Self::Approximate, Self::Events, Self::Oracle];
