@@ -24,6 +24,7 @@ from smetric._types import (
     InstanceLoad,
     PolicyName,
     Reason,
+    RouterConfigFields,
     RouterStats,
     TurnSource,
 )
@@ -48,6 +49,8 @@ def test_router_results_have_the_declared_keys() -> None:
     router = routed_router()
     assert set(router.stats()) == keys(RouterStats)
     assert set(router.load("a")) == keys(InstanceLoad)
+    assert set(router.config.to_dict()) == keys(RouterConfigFields)
+    assert RouterConfig(**router.config.to_dict()) == router.config
 
 
 def test_router_literals_are_the_cores_values() -> None:

@@ -16,6 +16,7 @@ from smetric._types import (
     InstanceLoad,
     PolicyName,
     Reason,
+    RouterConfigFields,
     RouterStats,
     SimConfigDefaults,
     SimReport,
@@ -112,7 +113,7 @@ class RouterConfig:
     def overload_slack_tokens(self) -> float: ...
     @property
     def overload_slack_requests(self) -> float: ...
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RouterConfigFields:
         """Every field as a dict."""
 
 @final

@@ -27,6 +27,7 @@ __all__ = [
     "PolicyName",
     "Reason",
     "RequestRecords",
+    "RouterConfigFields",
     "RouterStats",
     "SimConfigDefaults",
     "SimReport",
@@ -83,6 +84,27 @@ VllmHashAlgo: TypeAlias = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbo
 """vLLM's ``--prefix-caching-hash-algo``."""
 
 # --- the router ------------------------------------------------------------------------------------
+
+
+class RouterConfigFields(TypedDict):
+    """``RouterConfig.to_dict()``: every field (``RouterConfig(**fields)`` makes it again). What
+    each one means and why its default is what it is: ``docs/routing-semantics.md`` §9."""
+
+    hash_seed: int
+    index_mode: IndexMode
+    local_capacity_blocks: int
+    global_capacity_blocks: int
+    local_ttl_s: float | None
+    engine_load_staleness_s: float
+    first_turn_min_branches: int
+    cache_first_mode: CacheFirstMode
+    cache_first_weights: tuple[float, float, float]
+    linear_prefill_weight: float
+    global_fetch_cost: float
+    min_local_hit_ratio: float
+    overload_factor: float
+    overload_slack_tokens: float
+    overload_slack_requests: float
 
 
 class InstanceLoad(TypedDict):

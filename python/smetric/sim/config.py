@@ -70,7 +70,7 @@ def policy_router(name: str, base: RouterConfig | None = None) -> tuple[PolicyNa
         return name, base
     if name in POLICY_VARIANTS:
         policy, fields = POLICY_VARIANTS[name]
-        settings = base.to_dict() if base is not None else {}
+        settings: dict[str, Any] = dict(base.to_dict()) if base is not None else {}
         settings.update(fields)
         return policy, RouterConfig(**settings)
     known = [*POLICIES, *POLICY_VARIANTS]
