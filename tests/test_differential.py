@@ -67,7 +67,7 @@ DECISION_FIELDS = (
     "request_id",
     "policy",
 )
-LOAD_FIELDS = ("bs", "waiting", "queued", "active", "running_e", "waiting_e", "kv_usage")
+LOAD_FIELDS = ("batch_size", "waiting", "queued", "active", "engine_running", "engine_waiting", "kv_usage")
 STATS_FIELDS = ("routed", "unknown_request_events", "in_flight", "random_draws")  # compared when both report them
 
 # (policy, cache_first_mode) x index mode: every policy in both index modes.

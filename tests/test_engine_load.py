@@ -112,7 +112,7 @@ def test_scrape_feeds_the_router(engine: Engine) -> None:
         samples = scraper.scrape_once()
         assert samples[engine.url] == engine_sample(METRICS) and samples["down"] is None
         load = router.load(engine.url)
-        assert (load["running_e"], load["waiting_e"], load["kv_usage"]) == (4, 2, 0.4375)
+        assert (load["engine_running"], load["engine_waiting"], load["kv_usage"]) == (4, 2, 0.4375)
         # The counters move: 1024 more queries, 512 more hits on engine 0.
         engine.metrics = METRICS.replace(
             'vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 4096.0',
@@ -139,7 +139,7 @@ def test_load_endpoint_and_bad_bodies(engine: Engine) -> None:
     scraper = EngineLoadScraper(router, endpoint="load")
     try:
         assert scraper.scrape_once()[engine.url] == EngineSample(running=7, waiting=0)
-        assert (router.load(engine.url)["running_e"], router.load(engine.url)["waiting_e"]) == (7, 0)
+        assert (router.load(engine.url)["engine_running"], router.load(engine.url)["engine_waiting"]) == (7, 0)
         engine.load = {"server_load": -1}
         assert scraper.scrape_once()[engine.url] is None
         engine.load = ["nope"]
@@ -158,7 +158,7 @@ def test_the_thread_scrapes_periodically_and_stops(engine: Engine) -> None:
                 break
             deadline.wait(0.02)
     assert scraper.stats()["rounds"] >= 5
-    assert router.load(engine.url)["running_e"] == 4
+    assert router.load(engine.url)["engine_running"] == 4
 
 
 def test_staleness_bound_is_explicit() -> None:

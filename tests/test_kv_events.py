@@ -22,7 +22,7 @@ zmq = pytest.importorskip("zmq")
 from kv_truth import exact_router, frames, load, mismatches, wait_for  # noqa: E402
 
 from smetric import InvalidArgumentError, Router  # noqa: E402
-from smetric._core import KvEventIngestor  # noqa: E402
+from smetric._core import IngestStep, KvEventIngestor  # noqa: E402
 from smetric.events import KvEventSource, KvEventSubscriber, discover_sources, sources_from_config  # noqa: E402
 
 STREAM = load("captured_stream.json")
@@ -35,12 +35,17 @@ END_SEQ = b"\xff" * 8
 # -- in process ----------------------------------------------------------------------------------
 
 
+def as_tuple(step: IngestStep) -> tuple[int | None, bool, str | None]:
+    """``(replay_from, replay_done, error)`` of a step."""
+    return (step.replay_from, step.replay_done, step.error)
+
+
 def test_captured_vllm_stream_ends_as_vllms_block_pool() -> None:
     router = exact_router(["a"])
     ing = KvEventIngestor(router)
     src = ing.add_source("a")
     for m in MESSAGES:
-        assert ing.on_message(src, m) == (None, False, None)
+        assert as_tuple(ing.on_message(src, m)) == (None, False, None)
     assert mismatches(router, "a", TRUTH) == []
     stats = ing.stats()
     assert stats["batches"] == TRUTH["messages"] and stats["cleared"] == 1
@@ -53,8 +58,8 @@ def test_late_join_replays_the_captured_replay_and_matches() -> None:
     router = exact_router(["a"])
     ing = KvEventIngestor(router)
     src = ing.add_source("a", replay=True)
-    assert ing.on_message(src, MESSAGES[-1]) == (0, False, None)
-    steps = [ing.on_replay_reply(src, r) for r in REPLAY]
+    assert as_tuple(ing.on_message(src, MESSAGES[-1])) == (0, False, None)
+    steps = [as_tuple(ing.on_replay_reply(src, r)) for r in REPLAY]
     assert steps[-1] == (None, True, None) and all(s == (None, False, None) for s in steps[:-1])
     assert mismatches(router, "a", TRUTH) == []
     assert ing.stats()["replays"] == 1
@@ -69,7 +74,7 @@ def test_every_captured_publisher_stream_is_consistent() -> None:
         ing = KvEventIngestor(router)
         src = ing.add_source("a")
         for m in stream["messages"]:
-            assert ing.on_message(src, frames(m["frames"]))[2] is None, stream["name"]
+            assert ing.on_message(src, frames(m["frames"])).error is None, stream["name"]
         stats, index = ing.stats(), router.stats()
         assert stats["held_local_blocks"] == index["index_local_blocks"]["a"], stream["name"]
         assert stats["held_global_blocks"] == index["index_global_blocks"], stream["name"]

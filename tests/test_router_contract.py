@@ -67,13 +67,13 @@ def test_lifecycle_counters_never_negative() -> None:
     r = make()
     d = r.route(list(range(40)), request_id=7)
     name = d.instance
-    assert r.load(name)["bs"] == 1 and r.load(name)["waiting"] == 1 and r.load(name)["queued"] == 40
+    assert r.load(name)["batch_size"] == 1 and r.load(name)["waiting"] == 1 and r.load(name)["queued"] == 40
     assert r.on_finished(7) is True  # finish before prefill applies both steps
     assert r.on_finished(7) is False
     assert r.on_prefilled(7) is False
     assert r.on_aborted(12345) is False
-    assert {k: r.load(name)[k] for k in ("bs", "waiting", "queued", "active")} == dict.fromkeys(
-        ("bs", "waiting", "queued", "active"), 0
+    assert {k: r.load(name)[k] for k in ("batch_size", "waiting", "queued", "active")} == dict.fromkeys(
+        ("batch_size", "waiting", "queued", "active"), 0
     )
     assert r.stats()["unknown_request_events"] == 3
 
@@ -95,7 +95,7 @@ def test_fleet_changes_and_index_feed() -> None:
     r.add_instance("e")
     assert r.instances == ["e", "b", "c", "d"]  # "e" reuses the slot "a" left
     r.update_load("c", running=3, waiting=1, kv_usage=0.5)
-    assert r.load("c")["running_e"] == 3
+    assert r.load("c")["engine_running"] == 3
 
 
 def test_routes_from_many_threads() -> None:
@@ -121,7 +121,7 @@ def test_routes_from_many_threads() -> None:
     stats = r.stats()
     assert stats["routed"] == 800 and stats["in_flight"] == 0
     for name in r.instances:
-        assert r.load(name)["bs"] == 0
+        assert r.load(name)["batch_size"] == 0
 
 
 # ---- the bad-input table: every row raises the documented exception and changes nothing ----

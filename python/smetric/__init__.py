@@ -13,7 +13,18 @@ with types.
 
 from __future__ import annotations
 
-from smetric._core import DEFAULT_BLOCK_SIZE, Decision, IndexHits, Router, RouterConfig, __version__
+from smetric._core import DEFAULT_BLOCK_SIZE, POLICIES, Decision, IndexHits, Router, RouterConfig, __version__
+from smetric._types import (
+    CacheFirstMode,
+    IndexMode,
+    InstanceLoad,
+    PolicyName,
+    Reason,
+    RouterConfigFields,
+    RouterStats,
+    Tier,
+    TurnSource,
+)
 from smetric.errors import (
     DuplicateInstanceError,
     InvalidArgumentError,
@@ -28,24 +39,30 @@ from smetric.errors import (
     UnsupportedDtypeError,
 )
 
-POLICIES: tuple[str, ...] = ("round_robin", "least_load", "cache_first", "linear", "lmetric", "smetric")
-"""Every policy name :class:`Router` accepts, in the order reports list them."""
-
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "POLICIES",
+    "CacheFirstMode",
     "Decision",
     "DuplicateInstanceError",
     "IndexHits",
+    "IndexMode",
+    "InstanceLoad",
     "InvalidArgumentError",
     "InvalidBlockSizeError",
     "InvalidConfigError",
     "InvalidTokenError",
     "MissingPromptError",
     "NoInstancesError",
+    "PolicyName",
+    "Reason",
     "Router",
     "RouterConfig",
+    "RouterConfigFields",
+    "RouterStats",
     "SmetricError",
+    "Tier",
+    "TurnSource",
     "UnknownInstanceError",
     "UnknownPolicyError",
     "UnsupportedDtypeError",

@@ -2,15 +2,36 @@
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, Self, TypeAlias, final
+from typing import Any, Final, Self, TypeAlias, final, overload
 
 import numpy as np
 import numpy.typing as npt
 
+from smetric._types import (
+    ArrivalKind,
+    CacheFirstMode,
+    IndexMode,
+    IngestSourceStats,
+    IngestStats,
+    InstanceLoad,
+    PolicyName,
+    Reason,
+    RouterConfigFields,
+    RouterStats,
+    SimConfigDefaults,
+    SimReport,
+    Tier,
+    TraceFormat,
+    TurnSource,
+    VllmHashAlgo,
+)
+
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
+    "POLICIES",
     "Decision",
     "IndexHits",
+    "IngestStep",
     "KvEventIngestor",
     "Router",
     "RouterConfig",
@@ -26,6 +47,8 @@ __all__ = [
 
 __version__: Final[str]
 DEFAULT_BLOCK_SIZE: Final[int]
+POLICIES: Final[tuple[PolicyName, ...]]
+"""Every policy name, in the order reports list them (the core's ``PolicyKind::ALL``)."""
 
 _TokenArray: TypeAlias = npt.NDArray[np.int32] | npt.NDArray[np.uint32] | npt.NDArray[np.int64]
 _Tokens: TypeAlias = Sequence[int] | _TokenArray
@@ -45,13 +68,13 @@ class RouterConfig:
         cls,
         *,
         hash_seed: int = ...,
-        index_mode: str = ...,
+        index_mode: IndexMode = ...,
         local_capacity_blocks: int = ...,
         global_capacity_blocks: int = ...,
         local_ttl_s: float | None = ...,
         engine_load_staleness_s: float = ...,
         first_turn_min_branches: int = ...,
-        cache_first_mode: str = ...,
+        cache_first_mode: CacheFirstMode = ...,
         cache_first_weights: tuple[float, float, float] = ...,
         linear_prefill_weight: float = ...,
         global_fetch_cost: float = ...,
@@ -63,7 +86,7 @@ class RouterConfig:
     @property
     def hash_seed(self) -> int: ...
     @property
-    def index_mode(self) -> str: ...
+    def index_mode(self) -> IndexMode: ...
     @property
     def local_capacity_blocks(self) -> int: ...
     @property
@@ -75,7 +98,7 @@ class RouterConfig:
     @property
     def first_turn_min_branches(self) -> int: ...
     @property
-    def cache_first_mode(self) -> str: ...
+    def cache_first_mode(self) -> CacheFirstMode: ...
     @property
     def cache_first_weights(self) -> tuple[float, float, float]: ...
     @property
@@ -90,7 +113,7 @@ class RouterConfig:
     def overload_slack_tokens(self) -> float: ...
     @property
     def overload_slack_requests(self) -> float: ...
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RouterConfigFields:
         """Every field as a dict."""
 
 @final
@@ -104,7 +127,7 @@ class Decision:
     def first_turn(self) -> bool:
         """Whether the request was treated as the first turn of its session."""
     @property
-    def turn_source(self) -> str:
+    def turn_source(self) -> TurnSource:
         """``"hint"``, ``"messages"`` or ``"index"``."""
     @property
     def local_hit_tokens(self) -> int:
@@ -114,18 +137,18 @@ class Decision:
         """Prompt tokens available from the global KV$ tier."""
     @property
     def prefill_tokens(self) -> int:
-        """_Tokens the chosen instance is expected to prefill."""
+        """Tokens the chosen instance is expected to prefill."""
     @property
     def num_tokens(self) -> int:
         """Prompt length in tokens."""
     @property
-    def reason(self) -> str:
+    def reason(self) -> Reason:
         """Why the policy chose this instance."""
     @property
     def request_id(self) -> _RequestId:
         """The caller's id, or the one the router issued."""
     @property
-    def policy(self) -> str:
+    def policy(self) -> PolicyName:
         """The policy that decided."""
 
 @final
@@ -162,7 +185,7 @@ class Router:
         cls,
         instances: Sequence[str],
         *,
-        policy: str = "smetric",
+        policy: PolicyName = "smetric",
         block_size: int = ...,
         seed: int = 0,
         config: RouterConfig | None = None,
@@ -229,27 +252,27 @@ class Router:
         self,
         instance: str | None,
         hashes: _Hashes,
-        tier: str = "local",
+        tier: Tier = "local",
         *,
         parent: int | None = None,
         now: float | None = None,
     ) -> None:
         """Records that ``instance`` (or, with ``tier="global"``, the global tier) holds ``hashes``."""
-    def remove_blocks(self, instance: str | None, hashes: _Hashes, tier: str = "local") -> None:
+    def remove_blocks(self, instance: str | None, hashes: _Hashes, tier: Tier = "local") -> None:
         """Records that ``instance`` (or the global tier) dropped ``hashes``."""
-    def clear(self, instance: str | None = None, tier: str = "local") -> None:
+    def clear(self, instance: str | None = None, tier: Tier = "local") -> None:
         """Drops everything ``instance`` (or the global tier) holds."""
-    def load(self, instance: str) -> dict[str, int | float]:
-        """The load counters of one instance."""
+    def load(self, instance: str) -> InstanceLoad:
+        """The load counters of one instance (each key is documented in :class:`InstanceLoad`)."""
     def hash_tokens(self, tokens: _Tokens, namespace: str | None = None) -> list[int]:
         """The chained block hashes this router computes for ``tokens``."""
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> RouterStats:
         """Counters of decisions, lifecycle events and the index."""
     @property
     def instances(self) -> list[str]:
         """Live instance names, in slot order."""
     @property
-    def policy(self) -> str: ...
+    def policy(self) -> PolicyName: ...
     @property
     def block_size(self) -> int: ...
     @property
@@ -257,8 +280,8 @@ class Router:
 
 def vllm_block_hashes(
     tokens: Iterable[int],
-    block_size: int = 16,
-    algo: str = "sha256",
+    block_size: int = ...,
+    algo: VllmHashAlgo = "sha256",
     seed: str | None = None,
     lora: tuple[str, str] | None = None,
     cache_salt: str | None = None,
@@ -268,23 +291,40 @@ def vllm_block_hashes(
 def vllm_event_hash(digest: bytes) -> int:
     """The 64-bit int vLLM publishes in KV events for a digest (its last 8 bytes, big-endian)."""
 
-_IngestStep: TypeAlias = tuple[int | None, bool, str | None]
+@final
+class IngestStep:
+    """What the caller of :class:`KvEventIngestor` must do after handing in a message."""
+
+    def __eq__(self, value: object, /) -> bool: ...
+    @property
+    def replay_from(self) -> int | None:
+        """Send a replay request from this sequence number on the source's DEALER, if not None."""
+    @property
+    def replay_done(self) -> bool:
+        """The replay ended (its end marker arrived or it was given up): stop waiting for it."""
+    @property
+    def error(self) -> str | None:
+        """Why the message was dropped (it did not decode; already counted in ``stats()``), or None."""
 
 @final
 class KvEventIngestor:
     """Applies vLLM KV-cache events (raw ZMQ frames) to a router's index.
 
     Sources are publishers (one per engine / data-parallel rank), each feeding one instance.
-    ``on_message`` and the replay calls return ``(replay_from, replay_done, error)``: send a
-    replay request from ``replay_from`` when it is not None, stop waiting for the replay when
-    ``replay_done``, and ``error`` describes a dropped message (already counted in ``stats()``).
+    ``on_message`` and the replay calls return an :class:`IngestStep`: send a replay request
+    from ``replay_from`` when it is not None, stop waiting for the replay when ``replay_done``,
+    and ``error`` describes a dropped message (already counted in ``stats()``).
     The socket loop is :class:`smetric.events.KvEventSubscriber`; semantics: ``docs/kv-events.md``.
 
     Raises:
         InvalidArgumentError: a negative limit, or a source id that was never issued or was removed.
     """
 
-    def __new__(cls, router: Router, *, max_mapped_blocks: int = 262144, max_pending_batches: int = 10000) -> Self: ...
+    DEFAULT_MAX_MAPPED_BLOCKS: Final[int]
+    """``max_mapped_blocks`` when not given (the core's ``IngestConfig::DEFAULT``)."""
+    DEFAULT_MAX_PENDING_BATCHES: Final[int]
+    """``max_pending_batches`` when not given."""
+    def __new__(cls, router: Router, *, max_mapped_blocks: int = ..., max_pending_batches: int = ...) -> Self: ...
     @property
     def router(self) -> Router:
         """The router whose index this ingestor feeds."""
@@ -294,14 +334,18 @@ class KvEventIngestor:
         """Unregisters a source and removes what it put in the index."""
     def reset_source(self, source: int) -> None:
         """Removes what a source put in the index and forgets its sequence state."""
-    def on_message(self, source: int, frames: Sequence[bytes]) -> _IngestStep:
+    def on_message(self, source: int, frames: Sequence[bytes]) -> IngestStep:
         """Hands in one PUB message ``[topic, seq, payload]``."""
-    def on_replay_reply(self, source: int, frames: Sequence[bytes]) -> _IngestStep:
+    def on_replay_reply(self, source: int, frames: Sequence[bytes]) -> IngestStep:
         """Hands in one reply received on the source's replay DEALER (either reply layout)."""
-    def on_replay_failed(self, source: int) -> _IngestStep:
+    def on_replay_failed(self, source: int) -> IngestStep:
         """The source's replay timed out: resume from the held-back batches."""
-    def stats(self, source: int | None = None) -> dict[str, Any]:
-        """Counters of one source, or of all sources (names in ``docs/kv-events.md``)."""
+    @overload
+    def stats(self, source: None = None) -> IngestStats:
+        """Counters of all sources, with what their events hold in the index now."""
+    @overload
+    def stats(self, source: int) -> IngestSourceStats:
+        """Counters of one source (names in ``docs/kv-events.md``)."""
 
 # --- cluster simulator (rust/smetric-py/src/sim.rs; typed facade: smetric.sim) ---
 
@@ -318,7 +362,7 @@ class Workload:
     def block_tokens(self) -> int:
         """Tokens per block of the hash chains (after any coarsening)."""
     @property
-    def arrival(self) -> str:
+    def arrival(self) -> ArrivalKind:
         """``"closed_loop"`` (sessions), ``"open_loop"`` or ``"gated_open_loop"``."""
     @property
     def sessions(self) -> int:
@@ -349,7 +393,7 @@ class Workload:
 
 def load_workload(
     paths: _Path | Sequence[_Path],
-    format: str,
+    format: TraceFormat,
     *,
     coarsen: int = ...,
     shared_prefix: bool = True,
@@ -373,12 +417,12 @@ def load_workload(
 
 def simulate(
     workload: Workload,
-    policy: str,
+    policy: PolicyName,
     *,
-    config: dict[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
     router: RouterConfig | None = None,
-    slo_variants: Sequence[dict[str, Any]] = ...,
-) -> dict[str, Any]:
+    slo_variants: Sequence[Mapping[str, Any]] = ...,
+) -> SimReport:
     """Simulates ``workload`` on a vLLM cluster, routing every request with the real router.
 
     Arguments:
@@ -390,14 +434,14 @@ def simulate(
         slo_variants: further SLOs to score the same run under (``report["slo_variants"]``).
 
     Returns:
-        The report: ``SimReport`` field names, plain dicts and lists.
+        The report (:class:`smetric._types.SimReport`): plain dicts and lists.
 
     Raises:
         UnknownPolicyError, InvalidConfigError, EmptyWorkloadError, SimulationStalledError,
         SimulationError; TypeError for a value of the wrong type.
     """
 
-def sim_config_defaults() -> dict[str, Any]:
+def sim_config_defaults() -> SimConfigDefaults:
     """``SimConfig::default()`` as a dict (the router's defaults are ``RouterConfig()``'s)."""
 
 def sim_profiles() -> list[str]:

@@ -16,8 +16,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from smetric import POLICIES, Decision, RouterConfig, __version__
+from smetric import Decision, __version__
+from smetric.errors import UnknownPolicyError
 from smetric.sim import commands as sim_commands
+from smetric.sim.config import policy_router
 from smetric.toy_fleet import FleetReport, SessionWorkload, run_fleet
 
 
@@ -42,10 +44,10 @@ def _toy_fleet(args: argparse.Namespace) -> int:
 
     reports: list[FleetReport] = []
     for policy in args.policies.split(","):
-        config = RouterConfig(cache_first_mode="max_hit") if policy == "cache_first_max_hit" else None
-        name = "cache_first" if policy == "cache_first_max_hit" else policy
-        if name not in POLICIES:
-            print(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}, cache_first_max_hit", file=sys.stderr)
+        try:
+            name, config = policy_router(policy)
+        except UnknownPolicyError as e:
+            print(e, file=sys.stderr)
             return 2
         shown = 0
         print(f"[{policy}] decisions of session {args.show_session}:")

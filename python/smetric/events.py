@@ -33,13 +33,22 @@ from typing import Any, Self
 
 import zmq
 
-from smetric._core import KvEventIngestor, Router
+from smetric._core import IngestStep, KvEventIngestor, Router
+from smetric._types import IngestSourceStats, IngestStats
 
-__all__ = ["KvEventSource", "KvEventSubscriber", "discover_sources", "sources_from_config"]
+__all__ = [
+    "IngestSourceStats",
+    "IngestStats",
+    "IngestStep",
+    "KvEventSource",
+    "KvEventSubscriber",
+    "SubscriberSourceStats",
+    "SubscriberStats",
+    "discover_sources",
+    "sources_from_config",
+]
 
 log = logging.getLogger("smetric.events")
-
-_Step = tuple[int | None, bool, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +69,26 @@ class KvEventSource:
     replay_endpoint: str | None = None
     bind: bool = False
     topic: str = ""
+
+
+class SubscriberSourceStats(IngestSourceStats):
+    """One source's counters in :meth:`KvEventSubscriber.stats`, with where it comes from."""
+
+    instance: str
+    """The router instance the source feeds."""
+    endpoint: str
+    """The publisher's PUB address."""
+
+
+class SubscriberStats(IngestStats):
+    """:meth:`KvEventSubscriber.stats`: the ingestor's counters summed over sources, and more."""
+
+    sources: list[SubscriberSourceStats]
+    """One entry per source, in :attr:`KvEventSubscriber.sources` order."""
+    loop_errors: int
+    """Messages whose ingestion raised (logged; the thread kept running)."""
+    running: bool
+    """Whether the thread is alive."""
 
 
 def _with_host(endpoint: str, host: str) -> str:
@@ -162,8 +191,8 @@ class KvEventSubscriber:
         poll_interval_s: float = 0.1,
         max_message_bytes: int = 64 << 20,
         rcvhwm: int = 100_000,
-        max_mapped_blocks: int = 1 << 18,
-        max_pending_batches: int = 10_000,
+        max_mapped_blocks: int = KvEventIngestor.DEFAULT_MAX_MAPPED_BLOCKS,
+        max_pending_batches: int = KvEventIngestor.DEFAULT_MAX_PENDING_BATCHES,
     ) -> None:
         if replay_timeout_s <= 0 or poll_interval_s <= 0:
             raise ValueError("replay_timeout_s and poll_interval_s must be > 0")
@@ -240,17 +269,14 @@ class KvEventSubscriber:
     ) -> None:
         self.stop()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> SubscriberStats:
         """The ingestor's counters summed over sources, plus ``sources`` (one dict per source,
         with its ``instance`` and ``endpoint``), ``loop_errors`` and ``running``."""
-        out: dict[str, Any] = self.ingestor.stats()
-        out["sources"] = [
+        sources: list[SubscriberSourceStats] = [
             {"instance": s.instance, "endpoint": s.endpoint, **self.ingestor.stats(sid)}
             for s, sid in zip(self.sources, self._ids, strict=True)
         ]
-        out["loop_errors"] = self._loop_errors
-        out["running"] = self.running
-        return out
+        return {**self.ingestor.stats(), "sources": sources, "loop_errors": self._loop_errors, "running": self.running}
 
     # -- the thread ------------------------------------------------------------------------------
 
@@ -335,7 +361,7 @@ class KvEventSubscriber:
                     dealer_of = {id(s): j for j, s in dealers.items()}
                     poller.register(dealers[i], zmq.POLLIN)
 
-    def _call(self, i: int, method: Callable[[int, list[bytes]], _Step], frames: list[bytes]) -> _Step | None:
+    def _call(self, i: int, method: Callable[[int, list[bytes]], IngestStep], frames: list[bytes]) -> IngestStep | None:
         try:
             step = method(self._ids[i], frames)
         except Exception:
@@ -347,17 +373,17 @@ class KvEventSubscriber:
     def _after(
         self,
         i: int,
-        step: _Step | None,
+        step: IngestStep | None,
         deadlines: dict[int, float],
         dealers: dict[int, zmq.Socket[bytes]],
     ) -> None:
         if step is None:
             return
-        replay_from, replay_done, error = step
-        if error is not None:
-            self._errors.report(i, self.sources[i], error)
-        if replay_done:
+        if step.error is not None:
+            self._errors.report(i, self.sources[i], step.error)
+        if step.replay_done:
             deadlines.pop(i, None)
+        replay_from = step.replay_from
         if replay_from is not None:
             log.info("sequence gap from %s: replaying from %d", self.sources[i].endpoint, replay_from)
             try:

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Literal, Protocol, Self
 
 from smetric._core import Router
 
@@ -44,7 +44,19 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _GAUGE_INGEST_COUNTERS = frozenset({"mapped_blocks", "held_local_blocks", "held_global_blocks"})
 """Ingestor fields that are levels, not running counts."""
 
-_ROUTER_SCALARS: tuple[tuple[str, str, str, str], ...] = (
+_RouterScalar = Literal[
+    "routed",
+    "first_turns",
+    "unknown_request_events",
+    "in_flight",
+    "index_entries",
+    "index_global_blocks",
+    "index_evictions",
+    "index_bytes",
+]
+"""The ``int`` keys of :class:`smetric.RouterStats` exported as one sample each."""
+
+_ROUTER_SCALARS: tuple[tuple[str, str, str, _RouterScalar], ...] = (
     ("routed_total", "counter", "Requests routed.", "routed"),
     ("first_turns_total", "counter", "Requests routed as the first turn of a session.", "first_turns"),
     (

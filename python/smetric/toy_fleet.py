@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from smetric._core import Decision, Router, RouterConfig
+from smetric._types import PolicyName
 
 PREFILL_TOKENS_PER_S = 20_000.0
 """H20 + Qwen3-Coder-30B-A3B prefill rate (perf-model §6: ≈50 µs/token)."""
@@ -82,7 +83,7 @@ class FleetReport:
 
 
 def run_fleet(
-    policy: str,
+    policy: PolicyName,
     *,
     instances: int = 8,
     workload: SessionWorkload | None = None,

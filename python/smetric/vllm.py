@@ -20,14 +20,11 @@ speculative-decoding lookahead hashing (EAGLE/MTP). Multimodal prompts are not c
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
 
 from smetric import _core
+from smetric._types import VllmHashAlgo as HashAlgo
 
 __all__ = ["DEFAULT_NONE_HASH_SEED", "HASH_ALGOS", "HashAlgo", "block_hashes", "event_hash"]
-
-HashAlgo = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
-"""A vLLM ``--prefix-caching-hash-algo`` value."""
 
 HASH_ALGOS: tuple[HashAlgo, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 """Every algorithm :func:`block_hashes` accepts; vLLM's default is ``"sha256"``."""
@@ -39,7 +36,7 @@ DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 def block_hashes(
     tokens: Iterable[int],
     *,
-    block_size: int = 16,
+    block_size: int = _core.DEFAULT_BLOCK_SIZE,
     algo: HashAlgo = "sha256",
     seed: str | int | None = None,
     lora: tuple[str, str] | None = None,

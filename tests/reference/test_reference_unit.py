@@ -265,7 +265,7 @@ def test_hit_tokens_leave_the_last_token() -> None:
 # --- §3 load board and lifecycle ------------------------------------------------------------
 def board(**fields: float) -> dict[str, float]:
     """A `load()` dict: the given fields, every other field zero."""
-    keys = ("bs", "waiting", "queued", "active", "running_e", "waiting_e", "kv_usage")
+    keys = ("batch_size", "waiting", "queued", "active", "engine_running", "engine_waiting", "kv_usage")
     return {k: fields.get(k, 0.0 if k == "kv_usage" else 0) for k in keys}
 
 
@@ -273,13 +273,13 @@ def test_lifecycle_counters_never_negative_and_events_are_idempotent() -> None:
     r = router(("a",), policy="round_robin", global_capacity_blocks=0)
     d = r.route(list(range(10)), request_id="req-1", now=0.0)
     assert d.request_id == "req-1"  # echoed as given; keyed as xxh3_64("req-1", seed=0)
-    assert r.load("a") == board(bs=1, waiting=1, queued=10, active=10)
+    assert r.load("a") == board(batch_size=1, waiting=1, queued=10, active=10)
     assert r.on_finished("req-1", 5) is True  # finish before prefilled: prefilled step first
     assert r.load("a") == board()
     assert r.on_finished("req-1") is False  # double finish: unknown now
     assert r.on_prefilled(xxh(b"req-1", 0)) is False
     assert r.on_aborted(12345) is False
-    assert r.load("a")["bs"] == 0
+    assert r.load("a")["batch_size"] == 0
     assert r.load("a")["waiting"] == 0
     assert r.stats()["unknown_request_events"] == 3
 
@@ -288,7 +288,7 @@ def test_lifecycle_counters_never_negative_and_events_are_idempotent() -> None:
     assert r.on_prefilled(d2.request_id) is False  # already prefilled: no double decrement
     assert r.load("a")["waiting"] == 0
     assert r.load("a")["queued"] == 0
-    assert r.load("a")["bs"] == 1
+    assert r.load("a")["batch_size"] == 1
     assert r.on_aborted(d2.request_id) is True
     assert all(v == 0 for v in r.load("a").values())
 
@@ -325,7 +325,7 @@ def test_removed_and_reused_slot_is_not_touched_by_old_requests() -> None:
     e = r.route(list(range(4)), now=0.0)  # rr=2 -> "c"
     assert e.instance == "c"
     assert r.on_finished(d.request_id) is False  # known, but its slot was reused
-    assert r.load("c")["bs"] == 1
+    assert r.load("c")["batch_size"] == 1
     assert r.on_finished(d.request_id) is False  # now forgotten
     assert r.stats()["unknown_request_events"] == 1
 
@@ -360,13 +360,13 @@ def test_removing_an_instance_clears_its_blocks() -> None:
 def test_engine_snapshot_counts_only_while_fresh() -> None:
     r = router(("a", "b"), policy="least_load", engine_load_staleness_s=1.0)
     r.update_load("a", running=3, waiting=2, kv_usage=0.5, now=10.0)
-    assert r.load("a") == board(running_e=3, waiting_e=2, kv_usage=0.5)
+    assert r.load("a") == board(engine_running=3, engine_waiting=2, kv_usage=0.5)
     # fresh at 11.0 (1000 ms <= 1000 ms): a scores 4*2 + 5 = 13, b 0 -> b
     assert r.route([1], now=11.0).instance == "b"
     # stale at 11.001: a scores 0, b scores 4*1 + 1 = 5 -> a
     assert r.route([1], now=11.001).instance == "a"
     r.update_load("a", kv_usage=0.1, now=20.0)  # only kv_usage changes; the stamp moves
-    assert r.load("a")["running_e"] == 3
+    assert r.load("a")["engine_running"] == 3
     assert r.load("a")["kv_usage"] == 0.1
 
 

@@ -35,14 +35,14 @@ class InstanceLoad:
         return self.bs, self.waiting
 
     def as_dict(self) -> dict[str, int | float]:
-        """The shape of `Router.load(name)` (§8)."""
+        """The shape of `Router.load(name)` (§8; `smetric.InstanceLoad` names the keys)."""
         return {
-            "bs": self.bs,
+            "batch_size": self.bs,
             "waiting": self.waiting,
             "queued": self.queued,
             "active": self.active,
-            "running_e": self.running_e,
-            "waiting_e": self.waiting_e,
+            "engine_running": self.running_e,
+            "engine_waiting": self.waiting_e,
             "kv_usage": self.kv_usage,
         }
 

@@ -15,6 +15,19 @@ and ``smetric sweep``.
 from __future__ import annotations
 
 from smetric._core import Workload, load_workload, sim_config_defaults, sim_profiles, simulate
+from smetric._types import (
+    ArrivalKind,
+    GlobalTierSettings,
+    IndexFeed,
+    LoadSeries,
+    Percentiles,
+    RequestRecords,
+    SimConfigDefaults,
+    SimReport,
+    SloResult,
+    SloSettings,
+    TraceFormat,
+)
 from smetric.sim.config import (
     DEFAULT_SLOS,
     FORMATS,
@@ -47,11 +60,22 @@ __all__ = [
     "INDEX_FEEDS",
     "POLICY_VARIANTS",
     "SLO",
+    "ArrivalKind",
     "GlobalTier",
+    "GlobalTierSettings",
+    "IndexFeed",
+    "LoadSeries",
+    "Percentiles",
     "PolicySummary",
+    "RequestRecords",
     "RunResult",
     "RunSpec",
+    "SimConfigDefaults",
+    "SimReport",
     "SimulationConfig",
+    "SloResult",
+    "SloSettings",
+    "TraceFormat",
     "TraceSpec",
     "Window",
     "Workload",

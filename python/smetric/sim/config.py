@@ -23,27 +23,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 from smetric import POLICIES
 from smetric._core import RouterConfig, sim_config_defaults
+from smetric._types import (
+    GlobalTierSettings,
+    IndexFeed,
+    PolicyName,
+    SimConfigDefaults,
+    SloSettings,
+    TraceFormat,
+)
 from smetric.errors import UnknownPolicyError
 
-ENGINE_DEFAULTS: Final[dict[str, Any]] = sim_config_defaults()
+ENGINE_DEFAULTS: Final[SimConfigDefaults] = sim_config_defaults()
 """The engine's `SimConfig::default()` (read, never restated)."""
-_TIER: Final[dict[str, Any]] = ENGINE_DEFAULTS["global_tier"]
-_SLO: Final[dict[str, Any]] = ENGINE_DEFAULTS["slo"]
+_TIER: Final[GlobalTierSettings] = ENGINE_DEFAULTS["global_tier"]
+_SLO: Final[SloSettings] = ENGINE_DEFAULTS["slo"]
 
-FORMATS: Final[tuple[str, ...]] = ("weka", "bailian", "mooncake", "azure")
+FORMATS: Final[tuple[TraceFormat, ...]] = get_args(TraceFormat)
 """Trace formats :func:`smetric._core.load_workload` reads."""
 
-POLICY_VARIANTS: Final[dict[str, tuple[str, dict[str, Any]]]] = {
+POLICY_VARIANTS: Final[dict[str, tuple[PolicyName, dict[str, Any]]]] = {
     "cache_first_max_hit": ("cache_first", {"cache_first_mode": "max_hit"}),
     "cache_first_argmax": ("cache_first", {"cache_first_mode": "argmax"}),
 }
 """Extra report names: the core policy and the :class:`RouterConfig` fields it sets."""
 
-INDEX_FEEDS: Final[tuple[str, ...]] = ("approximate", "events", "oracle")
+INDEX_FEEDS: Final[tuple[IndexFeed, ...]] = get_args(IndexFeed)
 """How the router's KV$ index can be fed in a run: insert on route; the engines' vLLM KV-event
 batches (through the production encoder and ingestor, ``event_delay_s`` late); or an oracle that
 sees every cache change the instant it happens."""
@@ -52,7 +60,7 @@ EMBEDDED_TRACE: Final[str] = "weka_excerpt.jsonl.gz"
 """The Weka excerpt shipped in ``smetric/data`` (licence: ``LICENSE-weka-excerpt.txt``)."""
 
 
-def policy_router(name: str, base: RouterConfig | None = None) -> tuple[str, RouterConfig | None]:
+def policy_router(name: str, base: RouterConfig | None = None) -> tuple[PolicyName, RouterConfig | None]:
     """The core policy and router config behind a report name (a policy or a variant).
 
     Raises:
@@ -62,7 +70,7 @@ def policy_router(name: str, base: RouterConfig | None = None) -> tuple[str, Rou
         return name, base
     if name in POLICY_VARIANTS:
         policy, fields = POLICY_VARIANTS[name]
-        settings = base.to_dict() if base is not None else {}
+        settings: dict[str, Any] = dict(base.to_dict()) if base is not None else {}
         settings.update(fields)
         return policy, RouterConfig(**settings)
     known = [*POLICIES, *POLICY_VARIANTS]
@@ -123,7 +131,7 @@ class SimulationConfig:
     load_report_interval_s: float | None = ENGINE_DEFAULTS["load_report_interval_s"]
     max_events: int | None = ENGINE_DEFAULTS["max_events"]
     """Event budget of one run (``SimulationError`` beyond it); ``None``: no limit."""
-    index_feed: str = ENGINE_DEFAULTS["index_feed"]
+    index_feed: IndexFeed = ENGINE_DEFAULTS["index_feed"]
     """One of :data:`INDEX_FEEDS`."""
     event_delay_s: float = ENGINE_DEFAULTS["event_delay_s"]
     """With ``index_feed="events"``: seconds from a batch's publication to its application."""
@@ -226,7 +234,7 @@ class TraceSpec:
     """A trace to load: file(s), format and loader options (``None`` keeps the loader's default)."""
 
     paths: tuple[str, ...]
-    format: str
+    format: TraceFormat
     coarsen: int | None = None
     shared_prefix: bool | None = None
     gate_on_parent: bool = False
@@ -256,15 +264,16 @@ def embedded_trace_path() -> Path:
     return Path(str(resources.files("smetric") / "data" / EMBEDDED_TRACE))
 
 
-def guess_format(path: str) -> str | None:
+def guess_format(path: str) -> TraceFormat | None:
     """The trace format a file name suggests (``weka_cc_…`` → weka, …), or ``None``."""
     name = Path(path).name.lower()
-    for fmt, hints in (
+    guesses: tuple[tuple[TraceFormat, tuple[str, ...]], ...] = (
         ("weka", ("weka",)),
         ("mooncake", ("mooncake",)),
         ("azure", ("azure",)),
         ("bailian", ("bailian", "qwen_")),
-    ):
+    )
+    for fmt, hints in guesses:
         if any(h in name for h in hints):
             return fmt
     return None

@@ -33,6 +33,7 @@ from typing import Any, Final
 from tqdm import tqdm
 
 from smetric._core import Workload, load_workload, simulate
+from smetric._types import LoadSeries, SimReport, SloResult
 from smetric.errors import SimulationError
 from smetric.sim.config import SimulationConfig, TraceSpec, Window, policy_router
 
@@ -126,7 +127,7 @@ def _window_config(spec: RunSpec, workload: Workload) -> tuple[Workload, dict[st
     return workload, keys
 
 
-def _flat(report: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
+def _flat(report: SimReport, slo: SloResult) -> dict[str, Any]:
     served = report["measured"] - report["measured_rejected"]
     followups = report["followups"]
     return {
@@ -178,7 +179,7 @@ def _quantiles(values: list[float], points: int) -> list[float]:
     return [values[round(k * last / (points - 1))] for k in range(points)]
 
 
-def _thin_series(series: dict[str, Any], points: int) -> dict[str, Any]:
+def _thin_series(series: LoadSeries, points: int) -> dict[str, Any]:
     times: list[float] = series["time_s"]
     if not times:
         return {}

@@ -4,12 +4,16 @@
 //! lock-free and makes every decision reproducible from `(seed, k)`; the Python reference
 //! computes the same stream. Draws are only taken when a decision needs one (a tie between
 //! two or more candidates, a weighted sample), see `docs/routing-semantics.md` §5.
+//!
+//! This is the workspace's one SplitMix64: the simulator's arrival draws use [`DrawCounter`],
+//! its trace-id mixing and synthetic token ids use [`mix64`] and [`GOLDEN_GAMMA`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+/// SplitMix64's increment: 2^64 / φ, odd, so `k·γ` visits every `u64` once.
+pub const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// SplitMix64's output function.
+/// SplitMix64's output function: a bijective 64-bit finaliser.
 #[inline]
 pub fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

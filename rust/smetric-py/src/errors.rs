@@ -2,7 +2,8 @@
 //!
 //! The classes are defined in Python (so they carry typed attributes and subclass both
 //! `SmetricError` and `ValueError`); this module imports them once and instantiates the
-//! right one with the variant's fields as keyword arguments.
+//! right one with the variant's fields as keyword arguments. [`python_error`] is the one
+//! loader: the simulator's and the vLLM hashing bindings build their exceptions with it too.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -18,8 +19,25 @@ fn errors_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
         .map(|m| m.bind(py))
 }
 
-fn build(py: Python<'_>, err: &SmetricError) -> PyResult<PyErr> {
-    let kwargs = PyDict::new(py);
+/// `smetric.errors.<class>(message, **kwargs)` with the keyword arguments `fill` sets; a plain
+/// `ValueError(message)` if that module or class is unusable.
+pub(crate) fn python_error(
+    py: Python<'_>,
+    class: &str,
+    message: &str,
+    fill: impl FnOnce(&Bound<'_, PyDict>) -> PyResult<()>,
+) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let kwargs = PyDict::new(py);
+        fill(&kwargs)?;
+        let instance = errors_module(py)?.getattr(class)?.call((message,), Some(&kwargs))?;
+        Ok(PyErr::from_value(instance))
+    };
+    build().unwrap_or_else(|_| PyValueError::new_err(message.to_owned()))
+}
+
+/// The class name and keyword arguments of a core error.
+fn class_and_kwargs(err: &SmetricError, kwargs: &Bound<'_, PyDict>) -> PyResult<&'static str> {
     let class = match err {
         SmetricError::InvalidBlockSize { block_size } => {
             kwargs.set_item("block_size", block_size)?;
@@ -60,15 +78,18 @@ fn build(py: Python<'_>, err: &SmetricError) -> PyResult<PyErr> {
         }
         SmetricError::MissingPrompt => "MissingPromptError",
     };
-    let instance = errors_module(py)?
-        .getattr(class)?
-        .call((err.to_string(),), Some(&kwargs))?;
-    Ok(PyErr::from_value(instance))
+    Ok(class)
 }
 
 /// The Python exception for a core error (a plain `ValueError` if the errors module is broken).
 pub(crate) fn to_py(err: &SmetricError) -> PyErr {
-    Python::attach(|py| build(py, err).unwrap_or_else(|_| PyValueError::new_err(err.to_string())))
+    Python::attach(|py| {
+        let kwargs = PyDict::new(py);
+        match class_and_kwargs(err, &kwargs) {
+            Ok(class) => python_error(py, class, &err.to_string(), |k| k.update(kwargs.as_mapping())),
+            Err(_) => PyValueError::new_err(err.to_string()),
+        }
+    })
 }
 
 /// `Result` conversion used by every binding.

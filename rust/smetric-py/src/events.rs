@@ -40,12 +40,44 @@ fn non_negative(argument: &'static str, value: i64) -> PyResult<usize> {
     })
 }
 
-/// `(replay_from, replay_done, error)` as Python sees a step.
-type PyStep = (Option<u64>, bool, Option<String>);
-
-fn py_step(step: Step) -> PyStep {
-    (step.replay_from, step.replay_done, step.error.map(|e| e.to_string()))
+/// What the caller must do after handing in a message (``IngestStep`` in Python).
+#[pyclass(frozen, eq, module = "smetric._core", name = "IngestStep")]
+#[derive(PartialEq)]
+pub(crate) struct PyIngestStep {
+    /// Send a replay request from this sequence number on the source's DEALER, if not None.
+    #[pyo3(get)]
+    replay_from: Option<u64>,
+    /// The replay ended (its end marker arrived or it was given up): stop waiting for it.
+    #[pyo3(get)]
+    replay_done: bool,
+    /// Why the message was dropped (it did not decode; already counted in ``stats()``), or None.
+    #[pyo3(get)]
+    error: Option<String>,
 }
+
+#[pymethods]
+impl PyIngestStep {
+    fn __repr__(&self) -> String {
+        let from = self.replay_from.map_or_else(|| "None".to_owned(), |s| s.to_string());
+        let done = if self.replay_done { "True" } else { "False" };
+        let error = self
+            .error
+            .as_ref()
+            .map_or_else(|| "None".to_owned(), |e| format!("{e:?}"));
+        format!("IngestStep(replay_from={from}, replay_done={done}, error={error})")
+    }
+}
+
+fn py_step(step: Step) -> PyIngestStep {
+    PyIngestStep {
+        replay_from: step.replay_from,
+        replay_done: step.replay_done,
+        error: step.error.map(|e| e.to_string()),
+    }
+}
+
+/// The ingestor's limits when the caller gives none, defined once in `smetric_vllm`.
+const DEFAULTS: IngestConfig = IngestConfig::DEFAULT;
 
 fn stats_dict<'py>(py: Python<'py>, stats: &IngestStats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
@@ -83,12 +115,17 @@ fn frames<'a>(frames: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
 #[pymethods]
 impl PyKvEventIngestor {
     #[new]
-    #[pyo3(signature = (router, *, max_mapped_blocks = 262_144, max_pending_batches = 10_000))]
+    #[pyo3(signature = (
+        router,
+        *,
+        max_mapped_blocks = DEFAULTS.max_mapped_blocks as i64,
+        max_pending_batches = DEFAULTS.max_pending_batches as i64,
+    ))]
     fn new(router: &Bound<'_, PyRouter>, max_mapped_blocks: i64, max_pending_batches: i64) -> PyResult<Self> {
         let config = IngestConfig {
             max_mapped_blocks: non_negative("max_mapped_blocks", max_mapped_blocks)?.max(1),
             max_pending_batches: non_negative("max_pending_batches", max_pending_batches)?,
-            ..IngestConfig::default()
+            ..DEFAULTS
         };
         Ok(Self {
             core: router.get().core().clone(),
@@ -96,6 +133,14 @@ impl PyKvEventIngestor {
             inner: Mutex::new(Ingestor::new(config)),
         })
     }
+
+    /// ``max_mapped_blocks`` when not given (``smetric.events`` reads it from here).
+    #[classattr]
+    const DEFAULT_MAX_MAPPED_BLOCKS: usize = DEFAULTS.max_mapped_blocks;
+
+    /// ``max_pending_batches`` when not given.
+    #[classattr]
+    const DEFAULT_MAX_PENDING_BATCHES: usize = DEFAULTS.max_pending_batches;
 
     /// The router whose index this ingestor feeds.
     #[getter]
@@ -120,21 +165,21 @@ impl PyKvEventIngestor {
     }
 
     /// Hands in one PUB message ``[topic, seq, payload]``.
-    fn on_message(&self, py: Python<'_>, source: u32, frames: Vec<Bound<'_, PyBytes>>) -> PyResult<PyStep> {
+    fn on_message(&self, py: Python<'_>, source: u32, frames: Vec<Bound<'_, PyBytes>>) -> PyResult<PyIngestStep> {
         let frames = self::frames(&frames);
         self.with(py, |ing, sink| ing.on_message(sink, SourceId(source), &frames))
             .map(py_step)
     }
 
     /// Hands in one reply received on the source's replay DEALER.
-    fn on_replay_reply(&self, py: Python<'_>, source: u32, frames: Vec<Bound<'_, PyBytes>>) -> PyResult<PyStep> {
+    fn on_replay_reply(&self, py: Python<'_>, source: u32, frames: Vec<Bound<'_, PyBytes>>) -> PyResult<PyIngestStep> {
         let frames = self::frames(&frames);
         self.with(py, |ing, sink| ing.on_replay_reply(sink, SourceId(source), &frames))
             .map(py_step)
     }
 
     /// The source's replay timed out: resume from the held-back batches.
-    fn on_replay_failed(&self, py: Python<'_>, source: u32) -> PyResult<PyStep> {
+    fn on_replay_failed(&self, py: Python<'_>, source: u32) -> PyResult<PyIngestStep> {
         self.with(py, |ing, sink| ing.on_replay_failed(sink, SourceId(source)))
             .map(py_step)
     }
@@ -158,5 +203,6 @@ impl PyKvEventIngestor {
 
 /// Adds `KvEventIngestor` to `smetric._core`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyKvEventIngestor>()
+    m.add_class::<PyKvEventIngestor>()?;
+    m.add_class::<PyIngestStep>()
 }

@@ -5,6 +5,7 @@
 #![allow(clippy::needless_pass_by_value)]
 
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 mod config;
 mod convert;
@@ -23,6 +24,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::PyRouterConfig>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_BLOCK_SIZE", smetric_core::DEFAULT_BLOCK_SIZE)?;
+    // The policy names, generated from the core's list so Python never restates them.
+    let policies = smetric_core::PolicyKind::ALL.map(smetric_core::PolicyKind::name);
+    m.add("POLICIES", PyTuple::new(m.py(), policies)?)?;
     vllm::register(m)?;
     events::register(m)?;
     sim::register(m)?;

@@ -370,16 +370,17 @@ impl PyRouter {
         self.inner.clear(instance, self::tier(tier)?).py()
     }
 
-    /// The load counters of one instance.
+    /// The load counters of one instance (keys: ``InstanceLoad`` in ``_core.pyi``; the core's
+    /// terse field names `bs`, `running_e`, `waiting_e` are spelled out here).
     fn load<'py>(&self, py: Python<'py>, instance: &str) -> PyResult<Bound<'py, PyDict>> {
         let l = self.inner.load(instance).py()?;
         let d = PyDict::new(py);
-        d.set_item("bs", l.bs)?;
+        d.set_item("batch_size", l.bs)?;
         d.set_item("waiting", l.waiting)?;
         d.set_item("queued", l.queued)?;
         d.set_item("active", l.active)?;
-        d.set_item("running_e", l.running_e)?;
-        d.set_item("waiting_e", l.waiting_e)?;
+        d.set_item("engine_running", l.running_e)?;
+        d.set_item("engine_waiting", l.waiting_e)?;
         d.set_item("kv_usage", l.kv_usage)?;
         Ok(d)
     }

@@ -5,35 +5,20 @@
 //! (`InvalidBlockSizeError`, `InvalidTokenError`, `InvalidArgumentError`); wrong argument
 //! types raise `TypeError`.
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyModule, PyString};
+use pyo3::types::{PyBytes, PyList, PyModule};
+use smetric_core::DEFAULT_BLOCK_SIZE;
 use smetric_vllm::{BlockHasher, HashAlgo, HashError, LoraKey, RequestKeys};
 
-static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-
-/// `smetric.errors.<class>(message, **kwargs)`; a plain `ValueError` if that module is unusable.
-fn error<'py>(py: Python<'py>, class: &str, message: &str, kwargs: &[(&str, Bound<'py, PyAny>)]) -> PyErr {
-    let build = || -> PyResult<PyErr> {
-        let module = ERRORS.get_or_try_init(py, || py.import("smetric.errors").map(Bound::unbind))?;
-        let dict = PyDict::new(py);
-        for (key, value) in kwargs {
-            dict.set_item(key, value)?;
-        }
-        let instance = module.bind(py).getattr(class)?.call((message,), Some(&dict))?;
-        Ok(PyErr::from_value(instance))
-    };
-    build().unwrap_or_else(|_| PyValueError::new_err(message.to_owned()))
-}
+use crate::errors::python_error;
 
 fn argument_error(py: Python<'_>, argument: &str, err: &HashError) -> PyErr {
     let message = err.to_string();
-    let kwargs = [
-        ("argument", PyString::new(py, argument).into_any()),
-        ("reason", PyString::new(py, &message).into_any()),
-    ];
-    error(py, "InvalidArgumentError", &message, &kwargs)
+    python_error(py, "InvalidArgumentError", &message, |k| {
+        k.set_item("argument", argument)?;
+        k.set_item("reason", &message)
+    })
 }
 
 /// Token ids from any iterable of ints; the first id outside `[0, 2**32)` is reported.
@@ -54,8 +39,10 @@ fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
             )));
         };
         let message = format!("token id {value} at position {position} is outside [0, 2**32)");
-        let kwargs = [("position", position.into_pyobject(py)?.into_any()), ("value", value)];
-        return Err(error(py, "InvalidTokenError", &message, &kwargs));
+        return Err(python_error(py, "InvalidTokenError", &message, |k| {
+            k.set_item("position", position)?;
+            k.set_item("value", value)
+        }));
     }
     Ok(out)
 }
@@ -64,7 +51,7 @@ fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 ///
 /// Args:
 ///     tokens: the prompt's token ids (any iterable of ints in ``[0, 2**32)``).
-///     block_size: tokens per block (vLLM's ``block_size``, default 16).
+///     block_size: tokens per block (vLLM's ``block_size``; default ``DEFAULT_BLOCK_SIZE``).
 ///     algo: ``--prefix-caching-hash-algo``: ``"sha256"``, ``"sha256_cbor"``, ``"xxhash"``
 ///         or ``"xxhash_cbor"``.
 ///     seed: the engine's ``PYTHONHASHSEED`` string, or None if unset (required for xxhash).
@@ -79,7 +66,7 @@ fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 ///     InvalidBlockSizeError, InvalidTokenError, InvalidArgumentError (all ``ValueError``).
 #[pyfunction]
 #[allow(clippy::doc_markdown)] // a Python docstring (it becomes `__doc__`), not rustdoc
-#[pyo3(signature = (tokens, block_size = 16, algo = "sha256", seed = None, lora = None, cache_salt = None))]
+#[pyo3(signature = (tokens, block_size = i64::from(DEFAULT_BLOCK_SIZE), algo = "sha256", seed = None, lora = None, cache_salt = None))]
 fn vllm_block_hashes<'py>(
     py: Python<'py>,
     tokens: &Bound<'py, PyAny>,
@@ -94,8 +81,9 @@ fn vllm_block_hashes<'py>(
         Ok(hasher) => hasher,
         Err(HashError::ZeroBlockSize) => {
             let message = format!("block_size must be a positive integer, got {block_size}");
-            let kwargs = [("block_size", block_size.into_pyobject(py)?.into_any())];
-            return Err(error(py, "InvalidBlockSizeError", &message, &kwargs));
+            return Err(python_error(py, "InvalidBlockSizeError", &message, |k| {
+                k.set_item("block_size", block_size)
+            }));
         }
         Err(e) => return Err(argument_error(py, "seed", &e)),
     };

@@ -35,6 +35,7 @@
 
 use std::ops::Range;
 
+use smetric_core::rng::{GOLDEN_GAMMA, mix64};
 use smetric_vllm::{BlockRemoved, BlockStored, ExternalBlockHash, KvEvent, KvEventBatch, encode_batch};
 
 /// How the simulated router's KV$ index is fed.
@@ -47,6 +48,13 @@ pub enum IndexFeed {
     Events,
     /// The engines' changes written into the index at the instant they happen.
     Oracle,
+}
+
+/// Serialised by name (`"approximate"`, `"events"`, `"oracle"`).
+impl serde::Serialize for IndexFeed {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
 }
 
 impl IndexFeed {
@@ -185,10 +193,7 @@ pub const VOCAB: u32 = 151_936;
 /// Appends the `block_tokens` token ids standing for trace block `id` to `out`.
 pub fn block_tokens(id: u64, block_tokens: u32, out: &mut Vec<u32>) {
     for j in 0..u64::from(block_tokens) {
-        let mut z = id ^ j.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = mix64(id ^ j.wrapping_mul(GOLDEN_GAMMA));
         // Multiply-shift range reduction (no division): (z_hi · VOCAB) >> 32 < VOCAB.
         out.push(u32::try_from(((z >> 32) * u64::from(VOCAB)) >> 32).unwrap_or(0));
     }

@@ -34,13 +34,15 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 
+use smetric_core::rng::DrawCounter;
+
 use crate::cache_events::{CacheLog, EventPublisher, Frames, IndexFeed, Medium};
 use crate::config::SimConfig;
 use crate::error::{Result, SimError};
 use crate::global_tier::{GlobalTier, TierLink};
 use crate::instance::{EngineLimits, Instance, LiveRequest, StepEvent};
 use crate::metrics::{RequestRecord, RunCounters, SimReport, coefficient_of_variation, summarize};
-use crate::placement::{LoadSnapshot, PlaceRequest, Placer};
+use crate::placement::{EngineLoadReport, PlaceRequest, Placer};
 use crate::workload::{ArrivalKind, Workload};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,26 +92,9 @@ impl Ord for Event {
     }
 }
 
-/// Counter-based SplitMix64 draws (the same construction as the router's, routing-semantics §5).
-struct Draws {
-    seed: u64,
-    k: u64,
-}
-
-impl Draws {
-    fn uniform(&mut self) -> f64 {
-        self.k += 1;
-        let mut z = self.seed.wrapping_add(self.k.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 * (1.0 / (1_u64 << 53) as f64)
-    }
-
-    /// An exponential gap with the given rate.
-    fn exponential(&mut self, rate: f64) -> f64 {
-        -(1.0 - self.uniform()).ln() / rate
-    }
+/// An exponential gap with the given rate, from the next draw of `draws`.
+fn exponential(draws: &DrawCounter, rate: f64) -> f64 {
+    -(1.0 - draws.uniform()).ln() / rate
 }
 
 struct Sim<'a> {
@@ -284,15 +269,13 @@ impl Sim<'_> {
             self.child_start = counts;
         }
         let session_start = if arrival == ArrivalKind::ClosedLoop {
-            let mut draws = Draws {
-                seed: self.config.seed,
-                k: 0,
-            };
+            // The router's counter-based stream (routing-semantics §5), seeded by the run.
+            let draws = DrawCounter::new(self.config.seed);
             let mut t = 0.0;
             (0..self.workload.root_sessions())
                 .map(|s| {
                     if s > 0 {
-                        t += draws.exponential(self.config.session_rate_per_s);
+                        t += exponential(&draws, self.config.session_rate_per_s);
                     }
                     t
                 })
@@ -628,7 +611,7 @@ impl Sim<'_> {
 
     fn load_report(&mut self) {
         for (i, inst) in self.instances.iter().enumerate() {
-            let snapshot = LoadSnapshot {
+            let snapshot = EngineLoadReport {
                 running: inst.running.len() as u32,
                 waiting: inst.waiting.len() as u32,
                 kv_usage: inst.pool.usage(),

@@ -43,7 +43,7 @@ pub const DEFAULT_MAX_BATCHED_TOKENS: u32 = 8192;
 pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
 
 /// The cluster-wide CPU KV store.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct GlobalTierConfig {
     /// Switches the tier on or off (off: no stores, no fetches; the router's tier is off too).
     pub enabled: bool,
@@ -82,7 +82,7 @@ impl Default for GlobalTierConfig {
 /// **TPOT** = (finish − first token) / (output − 1), which includes every chunked-prefill step
 /// the request shared. A request meets the SLO when it meets both bounds; one with a single
 /// output token has no TPOT and meets that half trivially.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct SloConfig {
     /// TTFT bound at zero input tokens, seconds.
     pub ttft_base_s: f64,
@@ -110,11 +110,15 @@ impl SloConfig {
 }
 
 /// Everything a simulation run needs besides the workload and the policy.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Serialises (for `sim_config_defaults()` in Python) with the profile and the index feed by
+/// name and without `router`, whose fields Python reads from its own `RouterConfig`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct SimConfig {
     /// Number of vLLM instances.
     pub instances: u32,
     /// Hardware + model profile of every instance.
+    #[serde(serialize_with = "profile_name")]
     pub profile: Profile,
     /// Token budget of one engine step (`max_num_batched_tokens`).
     pub max_num_batched_tokens: u32,
@@ -162,7 +166,12 @@ pub struct SimConfig {
     /// Router tunables. Its `local_capacity_blocks` and `global_capacity_blocks` are always
     /// overwritten with the simulated pool and tier sizes, in the workload's blocks, and its
     /// `index_mode` with the one `index_feed` needs.
+    #[serde(skip)]
     pub router: RouterConfig,
+}
+
+fn profile_name<S: serde::Serializer>(profile: &Profile, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&profile.name)
 }
 
 impl Default for SimConfig {

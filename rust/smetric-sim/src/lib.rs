@@ -15,7 +15,7 @@
 //! * [`workload`] — streaming loaders (Bailian, Mooncake, Weka Claude Code, Azure) into a
 //!   compact form;
 //! * `cluster` — the event loop; [`metrics`] — the report;
-//! * [`placement`] / [`router`] — the seam to the routing core.
+//! * [`placement`] / [`core_placer`] — the seam to the routing core.
 //!
 //! ```no_run
 //! use smetric_sim::{PolicyKind, SimConfig, WekaOptions, load_weka, run};
@@ -35,23 +35,23 @@ pub mod block_pool;
 pub mod cache_events;
 mod cluster;
 pub mod config;
+pub mod core_placer;
 pub mod error;
 pub mod global_tier;
 mod instance;
 pub mod metrics;
 pub mod perf_model;
 pub mod placement;
-pub mod router;
 pub mod workload;
 
 pub use cache_events::IndexFeed;
 pub use cluster::simulate;
 pub use config::{GlobalTierConfig, SimConfig, SloConfig};
+pub use core_placer::CorePlacer;
 pub use error::{Result, SimError};
 pub use metrics::{LoadSeries, Percentiles, RequestRecord, SimReport, SloReport, evaluate_slo};
 pub use perf_model::{BatchShape, Profile};
-pub use placement::{LoadSnapshot, PlaceRequest, Placement, Placer, RoundRobinPlacer};
-pub use router::CorePlacer;
+pub use placement::{EngineLoadReport, PlaceRequest, Placement, Placer, RoundRobinPlacer};
 pub use smetric_core::{PolicyKind, RouterConfig};
 pub use workload::azure::load_azure;
 pub use workload::bailian::{BailianOptions, load_bailian};

@@ -31,6 +31,12 @@
 //!   off by what changed in between.
 //!
 //! Percentiles use the nearest-rank method on sorted samples. Complexity: O(n log n).
+//!
+//! The report types implement `serde::Serialize` in the shape the Python binding returns
+//! (`smetric._types.SimReport`): name/value pairs as maps, the load series as rows of one value
+//! per instance, and the per-request records left to the caller (they are large and optional).
+
+use serde::ser::{Serialize, Serializer};
 
 use crate::config::{SimConfig, SloConfig};
 use crate::workload::Workload;
@@ -88,7 +94,7 @@ impl RequestRecord {
 }
 
 /// p50 / p90 / p99 / mean of a latency, seconds (0 when there is no sample).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Percentiles {
     /// Median.
     pub p50: f64,
@@ -124,7 +130,7 @@ impl Percentiles {
 }
 
 /// Results for one TPOT bound.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SloReport {
     /// TPOT bound, seconds.
     pub tpot_s: f64,
@@ -163,8 +169,35 @@ pub struct LoadSeries {
     pub kv_usage: Vec<f64>,
 }
 
+/// A flat per-instance matrix serialised as its rows.
+struct Rows<'a, T>(&'a [T], u32);
+
+impl<T: Serialize> Serialize for Rows<'_, T> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.chunks(self.1.max(1) as usize))
+    }
+}
+
+impl Serialize for LoadSeries {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = s.serialize_struct("LoadSeries", 5)?;
+        out.serialize_field("instances", &self.instances)?;
+        out.serialize_field("time_s", &self.time_s)?;
+        out.serialize_field("requests", &Rows(&self.requests, self.instances))?;
+        out.serialize_field("queued_tokens", &Rows(&self.queued_tokens, self.instances))?;
+        out.serialize_field("kv_usage", &Rows(&self.kv_usage, self.instances))?;
+        out.end()
+    }
+}
+
+/// `(name, value)` pairs serialised as a map.
+fn pairs_as_map<S: Serializer>(pairs: &[(String, u64)], s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(name, value)| (name, value)))
+}
+
 /// Everything one run reports. Plain fields, so bindings can copy it out.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SimReport {
     /// Policy name.
     pub policy: String,
@@ -240,6 +273,7 @@ pub struct SimReport {
     /// Events processed.
     pub events: u64,
     /// Decisions per reason, sorted by reason.
+    #[serde(serialize_with = "pairs_as_map")]
     pub reasons: Vec<(String, u64)>,
     /// How the router's index was fed (`approximate`, `events`, `oracle`).
     pub index_feed: String,
@@ -251,10 +285,12 @@ pub struct SimReport {
     pub local_hit_prediction_error: f64,
     /// Index-feed counters, `(name, value)`: the publisher's (`published_*`) and the
     /// ingestor's (`ingest_*`) with `events`; empty otherwise.
+    #[serde(serialize_with = "pairs_as_map")]
     pub feed_counters: Vec<(String, u64)>,
     /// Per-instance load over time (when `series_interval_s` is set).
     pub load_series: LoadSeries,
-    /// Per-request outcomes when `keep_records` is set.
+    /// Per-request outcomes when `keep_records` is set (not serialised: see the module docs).
+    #[serde(skip)]
     pub records: Vec<RequestRecord>,
 }
 

@@ -2,7 +2,7 @@
 //!
 //! The simulator asks a [`Placer`] where each request goes and tells it about every
 //! lifecycle event at the simulated time it happens. The production implementation is
-//! [`crate::router::CorePlacer`], which forwards to the real `smetric_core::Router` (the same
+//! [`crate::core_placer::CorePlacer`], which forwards to the real `smetric_core::Router` (the same
 //! code the router binary runs; there is no second implementation of any policy here).
 //! [`RoundRobinPlacer`] is a dependency-free double for the engine's own tests.
 //!
@@ -45,9 +45,10 @@ pub struct Placement {
     pub reason: &'static str,
 }
 
-/// An engine load snapshot, as vLLM's metrics endpoint would publish it.
+/// An engine's load report, as vLLM's metrics endpoint would publish it (the router's own
+/// counters are a different thing, `smetric_core::LoadSnapshot`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LoadSnapshot {
+pub struct EngineLoadReport {
     /// Requests in the running batch.
     pub running: u32,
     /// Requests waiting (including those fetching KV from the global tier).
@@ -71,7 +72,7 @@ pub trait Placer {
     fn on_finished(&mut self, _request_id: u64, _output_tokens: u32, _now: f64) {}
 
     /// A periodic engine load report of `instance`.
-    fn on_load(&mut self, _instance: u32, _snapshot: LoadSnapshot, _now: f64) {}
+    fn on_load(&mut self, _instance: u32, _snapshot: EngineLoadReport, _now: f64) {}
 
     /// The oracle feed: `instance`'s cache changes, the instant it made them.
     fn on_cache_changes(&mut self, _instance: u32, _log: &CacheLog, _now: f64) {}

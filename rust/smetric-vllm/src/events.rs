@@ -363,15 +363,20 @@ pub struct DecodeOptions {
     pub reject_unknown_events: bool,
 }
 
+impl DecodeOptions {
+    /// The defaults, as a constant (what [`Default`] returns).
+    pub const DEFAULT: Self = Self {
+        max_events: 1 << 20,
+        max_block_hashes: 1 << 20,
+        max_token_ids: 1 << 24,
+        max_depth: 8,
+        reject_unknown_events: false,
+    };
+}
+
 impl Default for DecodeOptions {
     fn default() -> Self {
-        Self {
-            max_events: 1 << 20,
-            max_block_hashes: 1 << 20,
-            max_token_ids: 1 << 24,
-            max_depth: 8,
-            reject_unknown_events: false,
-        }
+        Self::DEFAULT
     }
 }
 

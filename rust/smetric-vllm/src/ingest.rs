@@ -162,13 +162,19 @@ pub struct IngestConfig {
     pub max_pending_batches: usize,
 }
 
+impl IngestConfig {
+    /// The defaults, defined once: [`Default`] returns them and the Python binding's keyword
+    /// defaults read them.
+    pub const DEFAULT: Self = Self {
+        decode: DecodeOptions::DEFAULT,
+        max_mapped_blocks: 1 << 18,
+        max_pending_batches: 10_000,
+    };
+}
+
 impl Default for IngestConfig {
     fn default() -> Self {
-        Self {
-            decode: DecodeOptions::default(),
-            max_mapped_blocks: 1 << 18,
-            max_pending_batches: 10_000,
-        }
+        Self::DEFAULT
     }
 }
 

@@ -20,6 +20,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
+pub(crate) use smetric_core::rng::mix64;
+
 use crate::error::{Result, SimError};
 
 /// How request arrival times are produced.
@@ -145,13 +147,6 @@ impl Workload {
 /// Tag bit of block ids that are shared across sessions by construction (the Weka loader's
 /// synthetic system-prompt blocks); [`Workload::replicate`] keeps them shared.
 pub const SHARED_ID_TAG: u64 = 1 << 63;
-
-/// SplitMix64 finaliser: a bijective 64-bit mix.
-pub(crate) fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 impl Workload {
     /// `copies` copies of a closed-loop (session) workload, its root sessions in a seeded

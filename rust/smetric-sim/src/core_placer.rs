@@ -27,7 +27,7 @@ use smetric_vllm::{IngestConfig, Ingestor, RouterAt, SourceId};
 
 use crate::cache_events::{CacheLog, IndexFeed, Medium, block_tokens};
 use crate::error::{Result, SimError};
-use crate::placement::{LoadSnapshot, PlaceRequest, Placement, Placer};
+use crate::placement::{EngineLoadReport, PlaceRequest, Placement, Placer};
 
 /// Most memoised trace blocks before the translation memo starts over (≈ 400 MB).
 const MAX_MEMO_BLOCKS: usize = 16 << 20;
@@ -215,7 +215,7 @@ impl Placer for CorePlacer {
         self.router.on_finished(RequestId(request_id), u64::from(output_tokens));
     }
 
-    fn on_load(&mut self, instance: u32, snapshot: LoadSnapshot, now: f64) {
+    fn on_load(&mut self, instance: u32, snapshot: EngineLoadReport, now: f64) {
         if let Some(name) = self.names.get(instance as usize) {
             // The name always exists (the router was built from these names), so the
             // result carries no information worth propagating.

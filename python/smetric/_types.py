@@ -1,0 +1,394 @@
+"""The shapes of the dicts ``smetric._core`` returns, and the string values it accepts and reports.
+
+The compiled core builds plain dicts (cheap to make, easy to print and serialise); these
+``TypedDict`` classes tell a type checker what is in them, and the ``Literal`` aliases which
+strings an argument or field can be. ``_core.pyi`` imports them from here, and :mod:`smetric`,
+:mod:`smetric.events` and :mod:`smetric.sim` re-export the ones their API returns.
+
+Nothing here is checked at run time. ``tests/test_typing.py`` ties each ``TypedDict`` to the keys
+the core really returns, and each ``Literal`` to the core's own list where it exposes one.
+"""
+
+# No `from __future__ import annotations`: `NotRequired` must be evaluated for
+# `SimReport.__optional_keys__` to be right at run time.
+from typing import Literal, NotRequired, TypeAlias, TypedDict
+
+__all__ = [
+    "ArrivalKind",
+    "CacheFirstMode",
+    "GlobalTierSettings",
+    "IndexFeed",
+    "IndexMode",
+    "IngestSourceStats",
+    "IngestStats",
+    "InstanceLoad",
+    "LoadSeries",
+    "Percentiles",
+    "PolicyName",
+    "Reason",
+    "RequestRecords",
+    "RouterConfigFields",
+    "RouterStats",
+    "SimConfigDefaults",
+    "SimReport",
+    "SloResult",
+    "SloSettings",
+    "Tier",
+    "TraceFormat",
+    "TurnSource",
+    "VllmHashAlgo",
+]
+
+# --- strings ---------------------------------------------------------------------------------------
+
+PolicyName: TypeAlias = Literal["round_robin", "least_load", "cache_first", "linear", "lmetric", "smetric"]
+"""A routing policy (``smetric.POLICIES`` lists them in report order)."""
+
+IndexMode: TypeAlias = Literal["approximate", "exact"]
+"""``RouterConfig.index_mode``: insert on route, or only what ``store_blocks`` / KV events say."""
+
+CacheFirstMode: TypeAlias = Literal["weighted", "argmax", "max_hit"]
+"""``RouterConfig.cache_first_mode``: how ``cache_first`` turns its score into a choice."""
+
+Tier: TypeAlias = Literal["local", "global"]
+"""Where blocks live: an instance's GPU cache, or the cluster-wide global KV$ tier."""
+
+TurnSource: TypeAlias = Literal["hint", "messages", "index"]
+"""Where ``Decision.first_turn`` came from: the caller's ``turn``, the chat roles, or the index."""
+
+Reason: TypeAlias = Literal[
+    "round-robin",
+    "least-load",
+    "cache-first: weighted",
+    "cache-first: argmax",
+    "cache-first: max-hit",
+    "linear",
+    "lmetric",
+    "first-turn: least-loaded",
+    "follow-up: sticky",
+    "follow-up: migrate (local KV$ evicted)",
+    "follow-up: migrate (home overloaded)",
+]
+"""Why a policy chose an instance (``Decision.reason``; the keys of ``stats()["reasons"]``)."""
+
+ArrivalKind: TypeAlias = Literal["closed_loop", "open_loop", "gated_open_loop"]
+"""How a simulated workload's requests arrive (``Workload.arrival``)."""
+
+TraceFormat: TypeAlias = Literal["weka", "bailian", "mooncake", "azure"]
+"""Trace formats :func:`smetric._core.load_workload` reads."""
+
+IndexFeed: TypeAlias = Literal["approximate", "events", "oracle"]
+"""How a simulation feeds the router's index: insert on route, the engines' KV events, or an oracle."""
+
+VllmHashAlgo: TypeAlias = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+"""vLLM's ``--prefix-caching-hash-algo``."""
+
+# --- the router ------------------------------------------------------------------------------------
+
+
+class RouterConfigFields(TypedDict):
+    """``RouterConfig.to_dict()``: every field (``RouterConfig(**fields)`` makes it again). What
+    each one means and why its default is what it is: ``docs/routing-semantics.md`` §9."""
+
+    hash_seed: int
+    index_mode: IndexMode
+    local_capacity_blocks: int
+    global_capacity_blocks: int
+    local_ttl_s: float | None
+    engine_load_staleness_s: float
+    first_turn_min_branches: int
+    cache_first_mode: CacheFirstMode
+    cache_first_weights: tuple[float, float, float]
+    linear_prefill_weight: float
+    global_fetch_cost: float
+    min_local_hit_ratio: float
+    overload_factor: float
+    overload_slack_tokens: float
+    overload_slack_requests: float
+
+
+class InstanceLoad(TypedDict):
+    """``Router.load(instance)``: the router's own counters of one instance and the engine's last
+    load report (``Router.update_load``), which the policies fuse while it is fresh
+    (``docs/routing-semantics.md`` §3)."""
+
+    batch_size: int
+    """Requests routed here and not yet finished or aborted (the router's count of the batch)."""
+    waiting: int
+    """Requests routed here whose prefill is not yet done."""
+    queued: int
+    """Uncached prompt tokens of the requests routed here and not yet prefilled."""
+    active: int
+    """Prompt tokens of the requests in flight here."""
+    engine_running: int
+    """Requests the engine last reported running (``update_load(running=...)``; 0 before any)."""
+    engine_waiting: int
+    """Requests the engine last reported waiting (``update_load(waiting=...)``; 0 before any)."""
+    kv_usage: float
+    """GPU KV-cache usage in [0, 1] the engine last reported (``update_load(kv_usage=...)``)."""
+
+
+class RouterStats(TypedDict):
+    """``Router.stats()``: counters of decisions, lifecycle calls and the index."""
+
+    routed: int
+    """Decisions made."""
+    first_turns: int
+    """Decisions that treated their request as a session's first turn."""
+    reasons: dict[Reason, int]
+    """Decisions per reason (every reason, zeros included)."""
+    unknown_request_events: int
+    """Lifecycle calls for a request the router does not know (unknown or already finished)."""
+    in_flight: int
+    """Requests routed and not yet finished or aborted."""
+    random_draws: int
+    """Random draws the tie-breaks and weighted samples took."""
+    index_entries: int
+    """Blocks in the index (any tier)."""
+    index_local_blocks: dict[str, int]
+    """Blocks each live instance holds, by name in slot order."""
+    index_global_blocks: int
+    """Blocks the global tier holds."""
+    index_evictions: int
+    """Blocks the index evicted for capacity or age."""
+    index_bytes: int
+    """Heap bytes of the index."""
+    index_breakdown: dict[str, int]
+    """``index_bytes`` by component."""
+
+
+# --- KV-event ingestion ----------------------------------------------------------------------------
+
+
+class IngestSourceStats(TypedDict):
+    """``KvEventIngestor.stats(source)``: the counters of one source (``docs/kv-events.md``)."""
+
+    messages: int
+    """Messages handed in: PUB messages and replayed batches (end markers excluded)."""
+    batches: int
+    """Batches applied to the index."""
+    events: int
+    """Known events applied (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``)."""
+    stored_blocks: int
+    """smetric blocks written to the index by ``BlockStored`` events (re-stores included)."""
+    removed_blocks: int
+    """smetric blocks removed from the index (removals, clears, resets, map evictions)."""
+    cleared: int
+    """``AllBlocksCleared`` events."""
+    decode_errors: int
+    """Messages or replay replies that failed to decode (dropped)."""
+    unknown_event_types: int
+    """Events of a type the decoder does not know (skipped)."""
+    unmapped_hashes: int
+    """Engine hashes that could not be resolved to smetric blocks."""
+    block_size_mismatches: int
+    """``BlockStored`` events skipped: their block size is not a multiple of the router's."""
+    unsupported_extra_keys: int
+    """``BlockStored`` events cut short at a block with extra keys other than the LoRA name."""
+    malformed_events: int
+    """``BlockStored`` events whose token count is not ``len(block_hashes) * block_size``."""
+    other_groups: int
+    """Events of a KV-cache group other than 0 (skipped)."""
+    unknown_media: int
+    """Events with a medium other than GPU, CPU or STORAGE (skipped)."""
+    unknown_instances: int
+    """Index writes refused because the source's instance is not in the router."""
+    sink_errors: int
+    """Index writes refused for any other reason."""
+    gaps: int
+    """Sequence gaps seen on the PUB socket."""
+    replays: int
+    """Replays requested."""
+    replay_failures: int
+    """Replays that did not fill their gap (the source was reset instead)."""
+    resets: int
+    """Source resets: everything the source had put in the index was removed."""
+    restarts: int
+    """Publisher restarts (the sequence number went back, or the data-parallel rank changed)."""
+    late_joins: int
+    """First messages with a sequence number above 0 and no replay endpoint to catch up from."""
+    stale_messages: int
+    """Messages already applied (duplicates from a replay overlapping live messages)."""
+    map_evictions: int
+    """Engine-hash map entries evicted for capacity (their blocks leave the index)."""
+    mapped_blocks: int
+    """Engine blocks currently mapped (a gauge)."""
+    decode_errors_by_kind: dict[str, int]
+    """``decode_errors`` by kind (``"truncated"``, ``"wrong_type"``, ...)."""
+
+
+class IngestStats(IngestSourceStats):
+    """``KvEventIngestor.stats()``: the counters summed over every source, and what the sources'
+    events hold in the index now."""
+
+    held_local_blocks: int
+    """Blocks the sources' events hold in their instances' tiers."""
+    held_global_blocks: int
+    """Blocks the sources' events hold in the global tier."""
+
+
+# --- the simulator ---------------------------------------------------------------------------------
+
+
+class GlobalTierSettings(TypedDict):
+    """``SimConfig.global_tier``: the cluster-wide CPU KV store."""
+
+    enabled: bool
+    capacity_bytes: int
+    fetch_latency_s: float
+    bandwidth_bytes_per_s: float
+    fifo_link: bool
+
+
+class SloSettings(TypedDict):
+    """``SimConfig.slo``: TTFT ≤ ``ttft_base_s + ttft_s_per_token · prompt tokens``, TPOT ≤ each bound."""
+
+    ttft_base_s: float
+    ttft_s_per_token: float
+    tpot_s: list[float]
+    """TPOT bounds to report, seconds; the first is the headline."""
+
+
+class SimConfigDefaults(TypedDict):
+    """:func:`smetric._core.sim_config_defaults`: ``SimConfig::default()`` (the router's are
+    ``RouterConfig()``'s). ``simulate(config=...)`` takes any subset of these keys."""
+
+    instances: int
+    profile: str
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int | None
+    kv_capacity_tokens: int | None
+    global_tier: GlobalTierSettings
+    time_scale: float
+    session_rate_per_s: float
+    max_think_s: float | None
+    arrivals_until_s: float | None
+    seed: int
+    slo: SloSettings
+    measure_start_s: float
+    measure_end_s: float | None
+    sample_interval_s: float
+    load_report_interval_s: float | None
+    series_interval_s: float | None
+    max_events: int | None
+    keep_records: bool
+    index_feed: IndexFeed
+    event_delay_s: float
+
+
+class Percentiles(TypedDict):
+    """A latency's distribution over the measured, served requests, seconds (0 without samples)."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    count: int
+    """Samples."""
+
+
+class SloResult(TypedDict):
+    """How one run did under one SLO (its TPOT bound and the TTFT line)."""
+
+    tpot_s: float
+    ttft_base_s: float
+    ttft_s_per_token: float
+    met: int
+    """Measured requests meeting both bounds."""
+    attainment: float
+    """``met`` ÷ measured requests."""
+    ttft_attainment: float
+    tpot_attainment: float
+    tps_under_slo: float
+    """(input + output) tokens of the requests meeting the SLO per second of the window."""
+    output_tps_under_slo: float
+    """Output tokens of the requests meeting the SLO per second of the window."""
+
+
+class LoadSeries(TypedDict):
+    """Per-instance load over time: row ``k`` of each matrix is sampled at ``time_s[k]``, one
+    value per instance (empty unless ``series_interval_s`` is set)."""
+
+    instances: int
+    time_s: list[float]
+    requests: list[list[int]]
+    """Requests running or waiting (KV fetches included)."""
+    queued_tokens: list[list[int]]
+    """Queued (not yet computed) prefill tokens."""
+    kv_usage: list[list[float]]
+    """Share of GPU KV blocks in use."""
+
+
+class RequestRecords(TypedDict):
+    """Per-request outcomes as columns, one entry per request (``None`` where unknown)."""
+
+    index: list[int]
+    instance: list[int | None]
+    arrival_s: list[float | None]
+    first_token_s: list[float | None]
+    finish_s: list[float | None]
+    ttft_s: list[float | None]
+    tpot_s: list[float | None]
+    input_tokens: list[int]
+    output_tokens: list[int]
+    local_hit_tokens: list[int]
+    global_hit_tokens: list[int]
+    first_turn_truth: list[bool | None]
+    first_turn_inferred: list[bool | None]
+    reason: list[str]
+    """The router's reason (a :data:`Reason`; empty for a request never routed)."""
+    rejected: list[bool]
+    preemptions: list[int]
+
+
+class SimReport(TypedDict):
+    """:func:`smetric._core.simulate`: everything one run reports (``SimReport`` field names;
+    ``slo_variants`` holds one list of :class:`SloResult` per extra SLO asked for)."""
+
+    policy: str
+    workload: str
+    profile: str
+    instances: int
+    requests: int
+    completed: int
+    rejected: int
+    measured: int
+    measured_rejected: int
+    window_start_s: float
+    window_end_s: float
+    makespan_s: float
+    ttft: Percentiles
+    tpot: Percentiles
+    slo: list[SloResult]
+    slo_variants: list[list[SloResult]]
+    input_tokens: int
+    output_tokens: int
+    local_hit_ratio: float
+    global_hit_ratio: float
+    followup_home_share: float | None
+    followups: int
+    migrations: int
+    router_migrations: int
+    turn_inference_accuracy: float | None
+    turn_inference_samples: int
+    imbalance_queued_cv_mean: float
+    imbalance_queued_cv_p90: float
+    imbalance_requests_cv_mean: float
+    imbalance_samples: int
+    preemptions: int
+    gpu_evictions: int
+    tier_evictions: int
+    tier_fetches: int
+    tier_fetch_bytes: float
+    iterations: int
+    events: int
+    reasons: dict[str, int]
+    index_feed: IndexFeed
+    event_delay_s: float
+    local_hit_overpredicted_share: float
+    local_hit_prediction_error: float
+    feed_counters: dict[str, int]
+    load_series: LoadSeries
+    records: NotRequired[RequestRecords]
+    """Only with ``keep_records``."""

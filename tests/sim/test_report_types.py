@@ -1,0 +1,58 @@
+"""The simulator's typed results: each ``TypedDict`` of ``smetric._types`` has exactly the keys
+``simulate()`` and ``sim_config_defaults()`` return, and the ``Literal``s the values they use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, get_args, is_typeddict
+
+from smetric._core import load_workload, sim_config_defaults, simulate
+from smetric._types import (
+    ArrivalKind,
+    GlobalTierSettings,
+    IndexFeed,
+    LoadSeries,
+    Percentiles,
+    Reason,
+    RequestRecords,
+    SimConfigDefaults,
+    SimReport,
+    SloResult,
+    SloSettings,
+    TraceFormat,
+)
+from smetric.sim import FORMATS, INDEX_FEEDS
+
+TraceWriter = Callable[..., Path]
+
+
+def keys(typed: Any) -> set[str]:
+    assert is_typeddict(typed)
+    return set(typed.__required_keys__ | typed.__optional_keys__)
+
+
+def test_config_defaults_have_the_declared_keys() -> None:
+    defaults = sim_config_defaults()
+    assert set(defaults) == keys(SimConfigDefaults)
+    assert set(defaults["global_tier"]) == keys(GlobalTierSettings)
+    assert set(defaults["slo"]) == keys(SloSettings)
+    assert defaults["index_feed"] in get_args(IndexFeed)
+    assert get_args(TraceFormat) == FORMATS and get_args(IndexFeed) == INDEX_FEEDS
+
+
+def test_report_has_the_declared_keys(weka_trace: TraceWriter) -> None:
+    w = load_workload(weka_trace(), "weka")
+    assert w.arrival in get_args(ArrivalKind)
+    config = {"instances": 2, "series_interval_s": 5.0, "keep_records": True, "index_feed": "events"}
+    report = simulate(w, "smetric", config=config, slo_variants=[{"tpot_s": [0.2]}])
+    assert set(report) == keys(SimReport)
+    assert SimReport.__optional_keys__ == {"records"}
+    assert "records" not in simulate(w, "smetric", config={"instances": 2})
+    assert set(report["ttft"]) == set(report["tpot"]) == keys(Percentiles)
+    assert all(set(s) == keys(SloResult) for s in [*report["slo"], *report["slo_variants"][0]])
+    assert set(report["load_series"]) == keys(LoadSeries)
+    assert set(report["records"]) == keys(RequestRecords)
+    assert set(report["reasons"]) <= set(get_args(Reason))
+    assert set(report["records"]["reason"]) <= {*get_args(Reason), ""}
+    assert report["index_feed"] in get_args(IndexFeed)
