@@ -68,7 +68,8 @@ DECISION_FIELDS = (
     "policy",
 )
 LOAD_FIELDS = ("batch_size", "waiting", "queued", "active", "engine_running", "engine_waiting", "kv_usage")
-STATS_FIELDS = ("routed", "unknown_request_events", "in_flight", "random_draws")  # compared when both report them
+# Compared when both report them.
+STATS_FIELDS = ("routed", "unknown_request_events", "in_flight", "output_tokens", "random_draws")
 
 # (policy, cache_first_mode) x index mode: every policy in both index modes.
 COMBOS: tuple[tuple[str, str, str], ...] = tuple(
@@ -541,7 +542,8 @@ class StreamGen:
         args: tuple[Any, ...] = (rid,)
         if name == "on_finished" and rnd.random() < 0.7:
             args = (rid, rnd.randrange(500))
-        return Op(name, args, {"now": self._advance()})
+        self._advance()  # time passes, though lifecycle calls take no clock
+        return Op(name, args, {})
 
     def _update_load(self, live: list[str]) -> Op:
         rnd = self.rnd

@@ -54,6 +54,24 @@ def test_captured_vllm_stream_ends_as_vllms_block_pool() -> None:
     assert ing.stats(src)["messages"] == len(MESSAGES)
 
 
+def test_on_messages_is_on_message_for_each() -> None:
+    one, many = exact_router(["a"]), exact_router(["a"])
+    ing_one, ing_many = KvEventIngestor(one), KvEventIngestor(many)
+    src_one, src_many = ing_one.add_source("a", replay=True), ing_many.add_source("a", replay=True)
+    # Batches of uneven sizes, a gap (the last message first, which asks for a replay) included.
+    stream = [MESSAGES[-1], *MESSAGES]
+    steps = [as_tuple(ing_one.on_message(src_one, m)) for m in stream]
+    expected = [(i, s) for i, s in enumerate(steps) if s != (None, False, None)]
+    got: list[tuple[int, tuple[int | None, bool, str | None]]] = []
+    for start, size in ((0, 1), (1, 7), (8, 0), (8, len(stream))):
+        got += [(start + i, as_tuple(s)) for i, s in ing_many.on_messages(src_many, stream[start : start + size])]
+    assert got == expected and expected[0] == (0, (0, False, None))
+    assert ing_many.stats() == ing_one.stats()
+    assert mismatches(many, "a", TRUTH) == mismatches(one, "a", TRUTH)
+    with pytest.raises(InvalidArgumentError):
+        ing_many.on_messages(99, [MESSAGES[0]])
+
+
 def test_late_join_replays_the_captured_replay_and_matches() -> None:
     router = exact_router(["a"])
     ing = KvEventIngestor(router)

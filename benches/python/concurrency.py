@@ -1,10 +1,12 @@
-"""Routing and KV-event ingestion at once, against each alone (issue 5, concurrency).
+"""Routing and KV-event ingestion at once, against each alone (issues 5 and 9, concurrency).
 
 Usage: ``python benches/python/concurrency.py [--seconds S]``. One thread routes 32K-token
 follow-ups (smetric, 32 instances, exact index as a fleet with KV events runs it); another feeds
 the captured vLLM 0.33 event stream (``tests/data/vllm/captured_stream.json``) to a
-``KvEventIngestor`` on the same router, cyclically with fresh sequence numbers. Prints each
-rate alone and together.
+``KvEventIngestor`` on the same router, a pass of the stream at a time, the source reset after
+each pass. The ingest thread hands each pass in with one ``on_messages`` call, as
+``KvEventSubscriber`` hands in what it drained from a socket (``--per-message`` feeds them one
+``on_message`` call each, the way the subscriber did before). Prints each rate alone and together.
 """
 
 from __future__ import annotations
@@ -43,19 +45,22 @@ def route_loop(router: Router, prompt: np.ndarray, stop: float, out: list[int]) 
         out[0] += 1
 
 
-def ingest_loop(router: Router, messages: list[list[bytes]], stop: float, out: list[int]) -> None:
+def ingest_loop(router: Router, messages: list[list[bytes]], stop: float, out: list[int], per_message: bool) -> None:
     ingestor = KvEventIngestor(router)
     source = ingestor.add_source("gpu-3")
-    seq = 0
+    # Sequence numbers from 0 in every pass: the source is reset after each.
+    stream = [[topic, seq.to_bytes(8, "big"), payload] for seq, (topic, _, payload) in enumerate(messages)]
     while time.perf_counter() < stop:
-        for topic, _, payload in messages:
-            ingestor.on_message(source, [topic, seq.to_bytes(8, "big"), payload])
-            seq += 1
-            out[0] += 1
+        if per_message:
+            for frames in stream:
+                ingestor.on_message(source, frames)
+        else:
+            ingestor.on_messages(source, stream)
+        out[0] += len(stream)
         ingestor.reset_source(source)
 
 
-def run(seconds: float, do_route: bool, do_ingest: bool) -> tuple[float, float]:
+def run(seconds: float, do_route: bool, do_ingest: bool, per_message: bool = False) -> tuple[float, float]:
     router, prompt = make_router()
     messages = frames()
     routes, batches = [0], [0]
@@ -64,7 +69,7 @@ def run(seconds: float, do_route: bool, do_ingest: bool) -> tuple[float, float]:
     if do_route:
         threads.append(threading.Thread(target=route_loop, args=(router, prompt, stop, routes)))
     if do_ingest:
-        threads.append(threading.Thread(target=ingest_loop, args=(router, messages, stop, batches)))
+        threads.append(threading.Thread(target=ingest_loop, args=(router, messages, stop, batches, per_message)))
     for t in threads:
         t.start()
     for t in threads:
@@ -75,10 +80,11 @@ def run(seconds: float, do_route: bool, do_ingest: bool) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--per-message", action="store_true", help="one on_message call per message")
     args = parser.parse_args()
     route_alone, _ = run(args.seconds, True, False)
-    _, ingest_alone = run(args.seconds, False, True)
-    route_both, ingest_both = run(args.seconds, True, True)
+    _, ingest_alone = run(args.seconds, False, True, args.per_message)
+    route_both, ingest_both = run(args.seconds, True, True, args.per_message)
     print(
         f"routes/s (32K tokens): alone {route_alone:,.0f}, "
         f"with ingestion {route_both:,.0f} ({route_both / route_alone:.2f}x)"

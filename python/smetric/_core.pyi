@@ -228,12 +228,21 @@ class Router:
         now: float | None = None,
     ) -> IndexHits:
         """Prefix hits of a prompt on every instance and in the global tier; changes nothing."""
-    def on_prefilled(self, request_id: _RequestId, *, now: float | None = None) -> bool:
-        """The request's prefill is done. Returns whether a counter changed."""
-    def on_finished(self, request_id: _RequestId, output_tokens: int = 0, *, now: float | None = None) -> bool:
-        """The request finished. Returns whether a counter changed."""
-    def on_aborted(self, request_id: _RequestId, *, now: float | None = None) -> bool:
-        """The request was aborted. Returns whether a counter changed."""
+    def on_prefilled(self, request_id: _RequestId) -> bool:
+        """The request's prefill is done (its first token is out). Returns whether a counter changed.
+
+        Lowers the instance's waiting count and queued prefill tokens once; repeated or unknown
+        calls change nothing (an unknown one is counted in ``stats()["unknown_request_events"]``).
+        """
+    def on_finished(self, request_id: _RequestId, output_tokens: int = 0) -> bool:
+        """The request finished after generating ``output_tokens`` tokens. Returns whether a counter changed.
+
+        Lowers the instance's batch and active-token counts (and the prefill ones if
+        ``on_prefilled`` never came). The load board weighs prompt tokens only; ``output_tokens`` is
+        summed into ``stats()["output_tokens"]``.
+        """
+    def on_aborted(self, request_id: _RequestId) -> bool:
+        """The request was aborted (client gone, engine error): as ``on_finished`` with no output."""
     def add_instance(self, name: str) -> None:
         """Adds an instance (empty index, zero load)."""
     def remove_instance(self, name: str) -> None:
@@ -336,6 +345,16 @@ class KvEventIngestor:
         """Removes what a source put in the index and forgets its sequence state."""
     def on_message(self, source: int, frames: Sequence[bytes]) -> IngestStep:
         """Hands in one PUB message ``[topic, seq, payload]``."""
+    def on_messages(self, source: int, messages: Sequence[Sequence[bytes]]) -> list[tuple[int, IngestStep]]:
+        """Hands in several PUB messages of one source, in order, in one call.
+
+        The same steps and index as ``on_message`` for each, but the GIL is released once and the
+        router's index lock taken once for all of them (their writes become visible together, when
+        the call returns). Returns only the steps that ask something of the caller (``replay_from``
+        set, ``replay_done``, or an ``error``), each with the position of its message; usually
+        none. A subscriber that drains its socket hands them in together, so a routing thread
+        beside it waits once per batch, not once per message.
+        """
     def on_replay_reply(self, source: int, frames: Sequence[bytes]) -> IngestStep:
         """Hands in one reply received on the source's replay DEALER (either reply layout)."""
     def on_replay_failed(self, source: int) -> IngestStep:

@@ -141,6 +141,8 @@ class RouterStats(TypedDict):
     """Lifecycle calls for a request the router does not know (unknown or already finished)."""
     in_flight: int
     """Requests routed and not yet finished or aborted."""
+    output_tokens: int
+    """Output tokens reported by ``on_finished``, summed."""
     random_draws: int
     """Random draws the tie-breaks and weighted samples took."""
     index_entries: int

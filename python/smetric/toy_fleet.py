@@ -122,11 +122,11 @@ def run_fleet(
         now, kind, _, s, request_id, out = heapq.heappop(events)
         if kind == 1:
             assert request_id is not None
-            router.on_prefilled(request_id, now=now)
+            router.on_prefilled(request_id)
             continue
         if kind == 2:
             assert request_id is not None
-            router.on_finished(request_id, out, now=now)
+            router.on_finished(request_id, out)
             name = last_instance[s]
             assert name is not None
             in_flight[name] -= 1

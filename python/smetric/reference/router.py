@@ -133,6 +133,7 @@ class ReferenceRouter:
         self._slot_of: dict[str, int] = {}
         self._requests: dict[int, RequestRecord] = {}
         self._unknown_request_events = 0
+        self._output_tokens = 0
         self._routed = 0
         if not instances:
             raise NoInstancesError("a router needs at least one instance")  # §7
@@ -321,7 +322,7 @@ class ReferenceRouter:
             return None
         return s.load
 
-    def on_prefilled(self, request_id: int | str, *, now: float | None = None) -> bool:
+    def on_prefilled(self, request_id: int | str) -> bool:
         record = self._requests.get(request_id_value(request_id))
         if record is None:
             self._unknown_request_events += 1
@@ -343,10 +344,13 @@ class ReferenceRouter:
         apply_finished(load, record)
         return True
 
-    def on_finished(self, request_id: int | str, output_tokens: int = 0, *, now: float | None = None) -> bool:
-        return self._finish(request_id)
+    def on_finished(self, request_id: int | str, output_tokens: int = 0) -> bool:
+        finished = self._finish(request_id)
+        if finished:
+            self._output_tokens += output_tokens
+        return finished
 
-    def on_aborted(self, request_id: int | str, *, now: float | None = None) -> bool:
+    def on_aborted(self, request_id: int | str) -> bool:
         return self._finish(request_id)
 
     # -- §7 instances --------------------------------------------------------------------------
@@ -446,6 +450,7 @@ class ReferenceRouter:
             "routed": self._routed,
             "in_flight": len(self._requests),
             "unknown_request_events": self._unknown_request_events,
+            "output_tokens": self._output_tokens,
             "random_draws": self._rng.draws,
             "instances": len(self._slot_of),
         }

@@ -171,6 +171,29 @@ impl PyKvEventIngestor {
             .map(py_step)
     }
 
+    /// Hands in several PUB messages of one source, in order, under one release of the GIL
+    /// and one acquisition of the router's index lock: the same steps and index as
+    /// ``on_message`` for each. Returns only the steps that ask something of the caller (a
+    /// replay to send, a replay ended, a dropped message), each with its message's position:
+    /// most batches return an empty list, so the call holds the GIL for almost nothing. A
+    /// subscriber that drains its socket hands the messages in together, so that a thread
+    /// routing beside it waits once per batch instead of once per message.
+    fn on_messages(
+        &self,
+        py: Python<'_>,
+        source: u32,
+        messages: Vec<Vec<Bound<'_, PyBytes>>>,
+    ) -> PyResult<Vec<(usize, PyIngestStep)>> {
+        let messages: Vec<Vec<&[u8]>> = messages.iter().map(|m| self::frames(m)).collect();
+        let steps = self.with(py, |ing, sink| ing.on_messages(sink, SourceId(source), &messages))?;
+        Ok(steps
+            .into_iter()
+            .enumerate()
+            .filter(|(_, step)| *step != Step::default())
+            .map(|(i, step)| (i, py_step(step)))
+            .collect())
+    }
+
     /// Hands in one reply received on the source's replay DEALER.
     fn on_replay_reply(&self, py: Python<'_>, source: u32, frames: Vec<Bound<'_, PyBytes>>) -> PyResult<PyIngestStep> {
         let frames = self::frames(&frames);

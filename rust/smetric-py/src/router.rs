@@ -288,23 +288,18 @@ impl PyRouter {
     }
 
     /// The request's prefill is done (first token out).
-    #[pyo3(signature = (request_id, *, now = None))]
-    fn on_prefilled(&self, request_id: &Bound<'_, PyAny>, now: Option<f64>) -> PyResult<bool> {
-        let _ = now;
+    fn on_prefilled(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         Ok(self.inner.on_prefilled(convert::request_id(request_id)?))
     }
 
-    /// The request finished.
-    #[pyo3(signature = (request_id, output_tokens = 0, *, now = None))]
-    fn on_finished(&self, request_id: &Bound<'_, PyAny>, output_tokens: u64, now: Option<f64>) -> PyResult<bool> {
-        let _ = now;
+    /// The request finished, having generated ``output_tokens`` tokens.
+    #[pyo3(signature = (request_id, output_tokens = 0))]
+    fn on_finished(&self, request_id: &Bound<'_, PyAny>, output_tokens: u64) -> PyResult<bool> {
         Ok(self.inner.on_finished(convert::request_id(request_id)?, output_tokens))
     }
 
     /// The request was aborted.
-    #[pyo3(signature = (request_id, *, now = None))]
-    fn on_aborted(&self, request_id: &Bound<'_, PyAny>, now: Option<f64>) -> PyResult<bool> {
-        let _ = now;
+    fn on_aborted(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         Ok(self.inner.on_aborted(convert::request_id(request_id)?))
     }
 
@@ -412,6 +407,7 @@ impl PyRouter {
         d.set_item("reasons", reasons)?;
         d.set_item("unknown_request_events", s.unknown_request_events)?;
         d.set_item("in_flight", s.in_flight)?;
+        d.set_item("output_tokens", s.output_tokens)?;
         d.set_item("random_draws", s.draws)?;
         d.set_item("index_entries", s.index.entries)?;
         let local = PyDict::new(py);

@@ -74,7 +74,19 @@ pub trait IndexSink {
     /// `Router::remove_blocks` call per op, where a failing op is skipped and the first error
     /// returned. `Router` takes its index lock once for the whole batch.
     fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError>;
+
+    /// [`IndexSink::apply`] if it can be done without waiting, else `None` and nothing
+    /// applied: the ingestor then keeps the writes queued and tries again after the next
+    /// message of the same [`Ingestor::on_messages`] call. Default: always [`IndexSink::apply`].
+    fn try_apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Option<Result<(), SinkError>> {
+        Some(self.apply(instance, ops))
+    }
 }
+
+/// Most blocks of index writes [`Ingestor::on_messages`] holds back while the router's index
+/// lock is busy, before it waits for the lock: a bound on how long a decision can then wait
+/// behind one batch of writes (a 256-block touch costs a few µs).
+pub const DEFERRED_WRITES_MAX_BLOCKS: usize = 256;
 
 /// Why the sink refused a write.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,6 +124,10 @@ impl IndexSink for Router {
     fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError> {
         RouterAt::wall_clock(self).apply(instance, ops)
     }
+
+    fn try_apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Option<Result<(), SinkError>> {
+        RouterAt::wall_clock(self).try_apply(instance, ops)
+    }
 }
 
 /// A [`Router`] as a sink whose writes carry a given time: `None` is the router's own clock
@@ -147,6 +163,12 @@ impl IndexSink for RouterAt<'_> {
 
     fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError> {
         Ok(self.router.apply_blocks(Some(instance), ops, self.now)?)
+    }
+
+    fn try_apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Option<Result<(), SinkError>> {
+        self.router
+            .try_apply_blocks(Some(instance), ops, self.now)
+            .map(|r| r.map_err(SinkError::from))
     }
 }
 
@@ -418,6 +440,32 @@ impl Ingestor {
         }
         step.replay_from = source.accept(seq, batch, true, refs, sink);
         Ok(step)
+    }
+
+    /// Hands in several PUB messages of one source, in order: the same steps and the same
+    /// index as [`Ingestor::on_message`] for each, but a message's index writes go to the sink
+    /// with [`IndexSink::try_apply`]: when the router's index lock is busy (a decision holds
+    /// it), the writes stay queued and join the next message's, and whatever is still queued
+    /// at the end, or more than [`DEFERRED_WRITES_MAX_BLOCKS`] blocks, is applied waiting for
+    /// the lock. The ingestor thus never waits behind a decision in the middle of a batch,
+    /// and a decision never waits behind more than a bounded batch of writes. Every write is
+    /// visible to decisions when the call returns, in the order the events came.
+    pub fn on_messages<S: IndexSink + ?Sized, M: AsRef<[F]>, F: AsRef<[u8]>>(
+        &mut self,
+        sink: &S,
+        id: SourceId,
+        messages: &[M],
+    ) -> Result<Vec<Step>, UnknownSource> {
+        self.source(id)?.0.feed.defer_commit = true;
+        let steps = messages
+            .iter()
+            .map(|frames| self.on_message(sink, id, frames.as_ref()))
+            .collect();
+        // The source exists (checked above; nothing in between removes it).
+        let (source, refs) = self.source(id)?;
+        source.feed.defer_commit = false;
+        source.feed.flush(refs, sink);
+        steps
     }
 
     /// Hands in one reply from the source's replay DEALER (either reply layout).

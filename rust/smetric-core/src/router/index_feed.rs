@@ -11,7 +11,7 @@
 use super::Router;
 use crate::error::{Result, SmetricError};
 use crate::ids::BlockHash;
-use crate::index::Holder;
+use crate::index::{Holder, KvIndex};
 use crate::router::request::{IndexOp, Tier};
 
 impl Router {
@@ -59,6 +59,35 @@ impl Router {
     pub fn apply_blocks(&self, instance: Option<&str>, ops: &[IndexOp<'_>], now: Option<f64>) -> Result<()> {
         let now_ms = self.now_ms(now)?;
         let mut g = self.guarded.lock();
+        self.apply_locked(&mut g.index, instance, ops, now_ms)
+    }
+
+    /// [`Router::apply_blocks`] if the index lock is free right now; `None` (and nothing
+    /// applied) if a decision or another write holds it. A feed that can hold its writes back
+    /// (the KV-event ingestor, between the messages of one drained socket) tries this first,
+    /// so that it neither waits behind a decision nor makes one wait behind a long batch.
+    pub fn try_apply_blocks(
+        &self,
+        instance: Option<&str>,
+        ops: &[IndexOp<'_>],
+        now: Option<f64>,
+    ) -> Option<Result<()>> {
+        let now_ms = match self.now_ms(now) {
+            Ok(ms) => ms,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut g = self.guarded.try_lock()?;
+        Some(self.apply_locked(&mut g.index, instance, ops, now_ms))
+    }
+
+    /// The writes of [`Router::apply_blocks`], the index lock held.
+    fn apply_locked(
+        &self,
+        index: &mut KvIndex,
+        instance: Option<&str>,
+        ops: &[IndexOp<'_>],
+        now_ms: u64,
+    ) -> Result<()> {
         // Resolved under the lock (fleet changes take it too): a slot cannot change hands
         // between the lookup and the writes.
         let mut local = None;
@@ -78,8 +107,8 @@ impl Router {
                 },
             };
             match *op {
-                IndexOp::Store { hashes, parent, .. } => g.index.touch(holder, hashes, parent, now_ms),
-                IndexOp::Remove { hashes, .. } => g.index.remove(holder, hashes),
+                IndexOp::Store { hashes, parent, .. } => index.touch(holder, hashes, parent, now_ms),
+                IndexOp::Remove { hashes, .. } => index.remove(holder, hashes),
             }
         }
         first_error.map_or(Ok(()), Err)

@@ -4,6 +4,7 @@ use super::*;
 use crate::error::SmetricError;
 use crate::ids::BlockHash;
 use crate::router::request::{IndexOp, Prompt, RouteRequest, Tier};
+use crate::turn::TurnHint;
 
 fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("i{i}")).collect()
@@ -135,4 +136,111 @@ fn apply_blocks_matches_one_call_per_op() {
         Err(SmetricError::UnknownInstance { .. })
     ));
     assert_eq!(hits(&r), (vec![(Arc::from("i0"), 0)], 4));
+}
+
+/// Concurrency: decisions from many threads at once, each routing in lockstep with the others
+/// (a barrier before every decision, so that they overlap as much as they can).
+mod concurrent {
+    use std::sync::{Arc, Barrier};
+    use std::thread;
+
+    use super::*;
+
+    const THREADS: usize = 4;
+    // Not a multiple of INSTANCES: a pile-up of THREADS decisions per round does not even out.
+    const ROUNDS: usize = 201;
+    const INSTANCES: usize = 8;
+
+    /// In-flight requests per instance, after every thread ran `decide` `ROUNDS` times in
+    /// lockstep. Requests never finish, so a decision that sees every earlier one's load keeps
+    /// the counts within one of each other under `least_load`.
+    fn in_flight_after(decide: impl Fn(&Router, usize, usize) + Sync) -> Vec<u64> {
+        let r = Router::new(&names(INSTANCES), PolicyKind::LeastLoad, 4, 3, RouterConfig::default()).unwrap();
+        let barrier = Barrier::new(THREADS);
+        thread::scope(|s| {
+            for t in 0..THREADS {
+                let (r, barrier, decide) = (&r, &barrier, &decide);
+                s.spawn(move || {
+                    for round in 0..ROUNDS {
+                        barrier.wait();
+                        decide(r, t, round);
+                    }
+                });
+            }
+        });
+        r.instances().iter().map(|name| r.load(name).unwrap().bs).collect()
+    }
+
+    fn spread(counts: &[u64]) -> u64 {
+        counts.iter().max().unwrap() - counts.iter().min().unwrap()
+    }
+
+    #[test]
+    fn concurrent_decisions_see_each_others_load() {
+        let counts = in_flight_after(|r, t, round| {
+            // Prompts of different lengths per thread: each thread's chain buffer differs.
+            let prompt: Vec<u32> = (0..(16 * (t + 1) + round) as u32).collect();
+            r.route(&RouteRequest::new(Prompt::Tokens(&prompt))).unwrap();
+        });
+        assert_eq!(counts.iter().sum::<u64>(), (THREADS * ROUNDS) as u64);
+        assert!(spread(&counts) <= 1, "least_load stays balanced: {counts:?}");
+    }
+
+    /// Negative control: the same decision with the load read and the load bump not in one
+    /// critical section (the race the index mutex prevents). Threads in lockstep then read the
+    /// same loads, pick the same instance, and pile onto it; the balance check must see it.
+    #[test]
+    fn the_balance_check_catches_a_decision_outside_the_lock() {
+        let read_then_bump = Arc::new(Barrier::new(THREADS));
+        let counts = in_flight_after(|r, _, _| {
+            let fleet = r.fleet.load_full();
+            let (slot, _) = fleet
+                .members()
+                .min_by_key(|(slot, m)| (m.load.snapshot().bs, *slot))
+                .unwrap();
+            read_then_bump.wait();
+            fleet.member(slot).unwrap().load.on_routed(0, 1);
+        });
+        assert_eq!(counts.iter().sum::<u64>(), (THREADS * ROUNDS) as u64);
+        assert!(spread(&counts) > 1, "the racy decision must unbalance: {counts:?}");
+    }
+
+    /// Each thread runs its own agent session, turn after turn; the sessions' follow-ups must
+    /// find their own earlier turns at home, whatever the other threads hash at the same time
+    /// (every thread hashes into its own chain buffer, outside the index lock).
+    #[test]
+    fn concurrent_sessions_find_their_own_history() {
+        let r = Router::new(&names(INSTANCES), PolicyKind::Smetric, 4, 3, RouterConfig::default()).unwrap();
+        let barrier = Barrier::new(THREADS);
+        thread::scope(|s| {
+            for t in 0..THREADS as u32 {
+                let (r, barrier) = (&r, &barrier);
+                s.spawn(move || {
+                    let mut prompt: Vec<u32> = (0..40).map(|i| 1_000_000 * (t + 1) + i).collect();
+                    let mut home = None;
+                    for turn in 1..=50u32 {
+                        barrier.wait();
+                        let d = r
+                            .route(&RouteRequest {
+                                turn: TurnHint::Turn(turn),
+                                ..RouteRequest::new(Prompt::Tokens(&prompt))
+                            })
+                            .unwrap();
+                        assert_eq!(d.num_tokens, prompt.len() as u64);
+                        if let Some((instance, previous_len)) = home {
+                            assert_eq!(d.instance, instance, "thread {t} turn {turn} goes home");
+                            assert_eq!(d.local_hit_tokens, previous_len / 4 * 4, "thread {t} turn {turn}");
+                        }
+                        r.on_finished(d.request_id, 8);
+                        home = Some((d.instance, prompt.len() as u64));
+                        prompt.extend((0..8 + t).map(|i| 7 * turn + i + 1_000_000 * (t + 1)));
+                    }
+                });
+            }
+        });
+        let stats = r.stats();
+        assert_eq!(stats.routed, (THREADS * 50) as u64);
+        assert_eq!(stats.in_flight, 0);
+        assert_eq!(stats.output_tokens, (THREADS * 50 * 8) as u64);
+    }
 }

@@ -42,6 +42,10 @@ pub(super) struct Feed {
     pub(super) map: EngineMap,
     pub(super) stats: IngestStats,
     writes: Writes,
+    /// While set, a batch's writes stay queued after it is applied, to be handed to the sink
+    /// with the next batches' in one call ([`Feed::flush`]): [`crate::Ingestor::on_messages`]
+    /// takes the router's index lock once for a whole drained socket, not once per message.
+    pub(super) defer_commit: bool,
 }
 
 /// Index writes collected while a batch is applied.
@@ -104,6 +108,7 @@ impl Feed {
             map: EngineMap::new(max_mapped_blocks),
             stats: IngestStats::default(),
             writes: Writes::default(),
+            defer_commit: false,
         }
     }
 
@@ -159,6 +164,15 @@ impl Feed {
             }
             self.released(sink);
         }
+        if !self.defer_commit || self.writes.hashes.len() >= super::DEFERRED_WRITES_MAX_BLOCKS {
+            self.commit(refs, sink);
+        } else {
+            self.try_commit(refs, sink);
+        }
+    }
+
+    /// Hands the writes queued while commits were deferred to the sink, in one call.
+    pub(super) fn flush<S: IndexSink + ?Sized>(&mut self, refs: &mut Refs, sink: &S) {
         self.commit(refs, sink);
     }
 
@@ -197,17 +211,41 @@ impl Feed {
         let w = &mut self.writes;
         if !w.ops.is_empty() {
             let ops: Vec<IndexOp<'_>> = w.ops.iter().map(|op| op.op(&w.hashes)).collect();
-            match sink.apply(&self.instance, &ops) {
-                Ok(()) => {}
-                Err(SinkError::UnknownInstance) => {
-                    // The instance left the router after this batch asked: whatever the source
-                    // held there left with it.
-                    self.stats.unknown_instances += 1;
-                    self.map.lose_all(refs, self.holder, GPU, &mut w.gone);
-                }
-                Err(SinkError::Other(_)) => self.stats.sink_errors += 1,
-            }
+            let outcome = sink.apply(&self.instance, &ops);
+            self.committed(&outcome, refs);
         }
+        self.clear_writes();
+    }
+
+    /// [`Feed::commit`] if the sink can take the writes without waiting; else they stay queued.
+    fn try_commit<S: IndexSink + ?Sized>(&mut self, refs: &mut Refs, sink: &S) {
+        let w = &mut self.writes;
+        if w.ops.is_empty() {
+            return;
+        }
+        let ops: Vec<IndexOp<'_>> = w.ops.iter().map(|op| op.op(&w.hashes)).collect();
+        if let Some(outcome) = sink.try_apply(&self.instance, &ops) {
+            self.committed(&outcome, refs);
+            self.clear_writes();
+        }
+    }
+
+    /// Books what the sink said of a batch of writes.
+    fn committed(&mut self, outcome: &Result<(), SinkError>, refs: &mut Refs) {
+        match outcome {
+            Ok(()) => {}
+            Err(SinkError::UnknownInstance) => {
+                // The instance left the router after this batch asked: whatever the source
+                // held there left with it.
+                self.stats.unknown_instances += 1;
+                self.map.lose_all(refs, self.holder, GPU, &mut self.writes.gone);
+            }
+            Err(SinkError::Other(_)) => self.stats.sink_errors += 1,
+        }
+    }
+
+    fn clear_writes(&mut self) {
+        let w = &mut self.writes;
         reuse(&mut w.hashes);
         reuse(&mut w.ops);
         reuse(&mut w.gone.local);

@@ -670,3 +670,100 @@ fn a_write_refused_after_the_check_drops_what_the_source_held_there() {
         .unwrap();
     assert_eq!(ing.stats().unmapped_hashes, 1);
 }
+
+/// A sink that counts the `apply` calls reaching the router; with `busy`, `try_apply` finds
+/// the index lock taken (as when a decision holds it) and applies nothing.
+struct Counting<'a>(&'a Router, std::cell::Cell<usize>, bool);
+
+impl IndexSink for Counting<'_> {
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+
+    fn hash_seed(&self) -> u64 {
+        self.0.config().hash_seed
+    }
+
+    fn has_instance(&self, instance: &str) -> bool {
+        IndexSink::has_instance(self.0, instance)
+    }
+
+    fn apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Result<(), SinkError> {
+        self.1.set(self.1.get() + 1);
+        IndexSink::apply(self.0, instance, ops)
+    }
+
+    fn try_apply(&self, instance: &str, ops: &[IndexOp<'_>]) -> Option<Result<(), SinkError>> {
+        (!self.2).then(|| self.apply(instance, ops))
+    }
+}
+
+#[test]
+fn on_messages_is_on_message_for_each_with_one_write() {
+    let t = toks(0, 24);
+    let stream: Vec<Vec<Vec<u8>>> = vec![
+        msg(0, &[stored_owned(0, &t), stored_owned(1, &t)]),
+        msg(1, &[stored_owned(2, &t)]),
+        msg(2, &[Ev::Removed(&[3], "GPU"), stored_owned(3, &t)]),
+        msg(3, &[Ev::Removed(&[2], "GPU")]),
+        msg(5, &[stored_owned(4, &t)]), // a gap: no replay, so the source resets
+        msg(6, &[stored_owned(0, &t), stored_owned(1, &t)]),
+    ];
+    let (one, many) = (router(&["a"]), router(&["a"]));
+    let (mut ing_one, mut ing_many) = (
+        Ingestor::new(IngestConfig::default()),
+        Ingestor::new(IngestConfig::default()),
+    );
+    let (src_one, src_many) = (ing_one.add_source("a", false), ing_many.add_source("a", false));
+    let sink_one = Counting(&one, std::cell::Cell::new(0), false);
+    // The index lock busy throughout: every write waits for the end of the call.
+    let sink_many = Counting(&many, std::cell::Cell::new(0), true);
+    let steps_one: Vec<Step> = stream
+        .iter()
+        .map(|m| ing_one.on_message(&sink_one, src_one, m).unwrap())
+        .collect();
+    let steps_many = ing_many.on_messages(&sink_many, src_many, &stream[..4]).unwrap();
+    assert_eq!(sink_many.1.get(), 1, "four messages, the lock busy: one write");
+    let rest = ing_many.on_messages(&sink_many, src_many, &stream[4..]).unwrap();
+    assert_eq!(steps_one, [steps_many, rest].concat());
+    assert!(sink_one.1.get() > 4);
+    assert_eq!(ing_one.stats(), ing_many.stats());
+    assert_eq!(ing_one.held_blocks(), ing_many.held_blocks());
+    for n in 1..=t.len() as u32 / B {
+        let prefix = &t[..(n * B) as usize];
+        assert_eq!(hits(&one, "a", prefix, None), hits(&many, "a", prefix, None));
+    }
+    assert_eq!(local_blocks(&one, "a"), local_blocks(&many, "a"));
+    assert!(ing_many.on_messages(&sink_many, SourceId(9), &stream[..1]).is_err());
+}
+
+#[test]
+fn on_messages_writes_each_message_when_the_lock_is_free() {
+    let t = toks(0, 24);
+    let stream: Vec<Vec<Vec<u8>>> = (0..4).map(|i| msg(i as u64, &[stored_owned(i, &t)])).collect();
+    let r = router(&["a"]);
+    let mut ing = Ingestor::new(IngestConfig::default());
+    let src = ing.add_source("a", false);
+    let sink = Counting(&r, std::cell::Cell::new(0), false);
+    ing.on_messages(&sink, src, &stream).unwrap();
+    assert_eq!(
+        sink.1.get(),
+        4,
+        "each message's writes go out as soon as the lock is free"
+    );
+    assert_eq!(hits(&r, "a", &t[..16], None), (4, 0));
+    // Past DEFERRED_WRITES_MAX_BLOCKS queued blocks, the ingestor waits for the lock.
+    let long = toks(1_000, (crate::ingest::DEFERRED_WRITES_MAX_BLOCKS as u32 + 8) * B);
+    let hashes: Vec<u64> = (100..100 + long.len() as u64 / u64::from(B)).collect();
+    let busy = Counting(&r, std::cell::Cell::new(0), true);
+    let big = [
+        msg(4, &[stored(&hashes, None, &long, "GPU")]),
+        msg(5, &[stored_owned(4, &t)]),
+    ];
+    ing.on_messages(&busy, src, &big).unwrap();
+    assert_eq!(
+        busy.1.get(),
+        2,
+        "the big batch forces its write; the last is flushed at the end"
+    );
+}
