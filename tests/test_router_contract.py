@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import re
 import threading
 from pathlib import Path
@@ -29,6 +30,20 @@ def test_numpy_dtypes_and_lists_agree(dtype: type) -> None:
     assert len(r.hash_tokens(tokens)) == 50 // 4
     # Non-contiguous views go through the same validation.
     assert r.hash_tokens(np.repeat(np.array(tokens, dtype=dtype), 2)[::2]) == r.hash_tokens(tokens)
+
+
+@pytest.mark.parametrize("typecode", ["i", "I", "l", "L", "q", "Q"])
+def test_any_buffer_of_32_or_64_bit_ints(typecode: str) -> None:
+    """array.array and memoryview export the buffer protocol like numpy; each format is read once."""
+    tokens = list(range(1000, 1050))
+    r = make()
+    buf = array.array(typecode, tokens)
+    assert buf.itemsize in (4, 8)
+    assert r.hash_tokens(buf) == r.hash_tokens(tokens)
+    assert r.hash_tokens(memoryview(buf)) == r.hash_tokens(tokens)
+    assert r.hash_tokens(memoryview(buf)[::3]) == r.hash_tokens(tokens[::3])
+    assert r.route(buf, request_id="x").num_tokens == 50
+    assert r.route(np.array(tokens, dtype=np.uint64), request_id="y").num_tokens == 50
 
 
 def test_decision_fields_and_follow_up() -> None:
@@ -147,7 +162,21 @@ BAD_INPUT: list[tuple[str, Any, type[smetric.SmetricError], dict[str, Any]]] = [
         smetric.InvalidTokenError,
         {"value": -7},
     ),
+    (
+        "token >= 2^32 (uint64)",
+        lambda r: r.route(np.array([1, 2, 3, 2**40], dtype=np.uint64)),
+        smetric.InvalidTokenError,
+        {"position": 3, "value": 2**40},
+    ),
+    (
+        "negative token (array.array 'q', strided memoryview)",
+        lambda r: r.route(memoryview(array.array("q", [4, 0, -9, 5]))[::2]),
+        smetric.InvalidTokenError,
+        {"position": 1, "value": -9},
+    ),
     ("float32 array", lambda r: r.route(np.zeros(4, dtype=np.float32)), smetric.UnsupportedDtypeError, {}),
+    ("array.array of doubles", lambda r: r.route(array.array("d", [1.0])), smetric.UnsupportedDtypeError, {}),
+    ("bytes", lambda r: r.route(b"\x01\x02"), smetric.UnsupportedDtypeError, {}),
     ("int16 array", lambda r: r.route(np.zeros(4, dtype=np.int16)), smetric.UnsupportedDtypeError, {}),
     ("list of str", lambda r: r.route(["a", "b"]), smetric.UnsupportedDtypeError, {}),
     ("no prompt", lambda r: r.route(), smetric.MissingPromptError, {}),

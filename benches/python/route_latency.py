@@ -1,8 +1,10 @@
 """Per-call latency of ``Router.route()`` from Python, against the plain-Python reference.
 
 Usage: ``python benches/python/route_latency.py [--calls N] [--quick]``. Prints p50/p99 per
-(policy, input kind, prompt size), single-thread and two-thread throughput, and the speed-up
-over ``smetric.reference.ReferenceRouter`` on the same calls. Figures go to BENCHMARKS.md.
+(policy, input kind, prompt size), the 32K prompt in every input form (numpy int32/int64,
+``array.array``, ``memoryview``, list) beside CPython's own list conversions (the floor of the
+list path), single-thread and two-thread throughput, and the speed-up over
+``smetric.reference.ReferenceRouter`` on the same calls. Figures go to BENCHMARKS.md.
 
 The index is warm: 256 agent sessions (shared 4K system prompt, private histories) are routed
 first, then the measured prompt is a follow-up of one of them (a near-full local hit).
@@ -11,6 +13,7 @@ first, then the measured prompt is a follow-up of one of them (a near-full local
 from __future__ import annotations
 
 import argparse
+import array
 import statistics
 import threading
 import time
@@ -67,6 +70,38 @@ def bench_policy(policy: str, size_label: str, kind: str, calls: int) -> tuple[f
     return percentiles(timed_calls(one, calls))
 
 
+def bench_inputs(calls: int) -> list[tuple[str, float, float]]:
+    """The 32K smetric follow-up in every input form, and CPython's own list conversions."""
+    rng = np.random.default_rng(1)
+    router = Router(INSTANCES, policy="smetric")
+    prompt = warm(router, SIZES["32K"], rng)
+    ids = prompt.tolist()
+    forms: dict[str, Any] = {
+        "numpy int32": prompt,
+        "numpy int64": prompt.astype(np.int64),
+        "numpy int32, strided view": np.repeat(prompt, 2)[::2],
+        "array.array('i')": array.array("i", ids),
+        "memoryview of array('I')": memoryview(array.array("I", ids)),
+        "list of int": ids,
+    }
+    rows = []
+    for label, arg in forms.items():
+
+        def one(arg: Any = arg) -> None:
+            router.on_finished(router.route(arg).request_id)
+
+        one()
+        n = calls if not isinstance(arg, list) else max(calls // 10, 50)
+        rows.append((f"route({label})", *percentiles(timed_calls(one, n))))
+    floors: dict[str, Callable[[], Any]] = {
+        "CPython: array.array('I', list)": lambda: array.array("I", ids),
+        "CPython: sum(list) (reads int internals)": lambda: sum(ids),
+    }
+    for label, f in floors.items():
+        rows.append((label, *percentiles(timed_calls(f, max(calls // 10, 50)))))
+    return rows
+
+
 def bench_reference(policy: str, size_label: str, calls: int) -> tuple[float, float]:
     rng = np.random.default_rng(1)
     router = ReferenceRouter(INSTANCES, policy=policy)
@@ -116,6 +151,9 @@ def main() -> None:
                     continue
                 p50, p99 = bench_policy(policy, size, kind, calls)
                 print(f"{policy:<12} {kind:<6} {size:>5} {p50:>8.1f} {p99:>8.1f}")
+    print("\n32K-token prompt (smetric) in every input form (µs)")
+    for label, p50, p99 in bench_inputs(calls):
+        print(f"{label:<45} p50 {p50:>8.1f}  p99 {p99:>8.1f}")
     print("\nplain-Python reference (lists), same calls")
     for policy in ("smetric", "lmetric") if not args.quick else ("smetric",):
         for size in ("1K", "32K"):

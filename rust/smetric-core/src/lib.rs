@@ -5,9 +5,10 @@
 //! balance, follow-ups routed to where their KV$ lives, sessions moved when their home is
 //! overloaded or evicted — and the baselines it is measured against.
 //!
-//! * [`hash`] — chained xxh3 block hashes of token ids;
+//! * [`hash`] — block hashes of token ids (xxh3 per block, chained by a cheap mix);
 //! * [`index`] — the two-tier (GPU per instance, global CPU/store) KV$ index;
 //! * [`load`] — the lock-free load board;
+//! * [`mix_map`] — the hash map for keys that already are hashes or small ids;
 //! * [`policy`] — the six policies, one file each;
 //! * [`turn`] — stateless first-turn inference;
 //! * [`router`] — the decision path tying them together.
@@ -23,6 +24,7 @@ pub mod hash;
 pub mod ids;
 pub mod index;
 pub mod load;
+pub mod mix_map;
 pub mod policy;
 pub mod rng;
 pub mod router;
@@ -32,8 +34,9 @@ pub use config::{CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, RouterConfig};
 pub use error::{Result, SmetricError};
 pub use hash::{chain_root, chain_tokens_into, hash_tokens, hash_tokens_into};
 pub use ids::{BlockHash, InstanceId, RequestId};
-pub use index::{Holder, IndexQuery, KvIndex, MixHasher, MixMap};
+pub use index::{Holder, IndexQuery, KvIndex};
 pub use load::{EffectiveLoad, LoadSnapshot};
+pub use mix_map::{MixHasher, MixMap};
 pub use policy::{Candidate, Policy, PolicyKind, Reason, Selection, SelectionInput};
 pub use router::{Decision, Hits, IndexOp, Prompt, RouteRequest, Router, RouterStats, Tier};
 pub use turn::{TurnHint, TurnSource, first_turn_from_roles};

@@ -7,6 +7,7 @@
 
 use pyo3::buffer::{Element, ElementType, PyBuffer, PyUntypedBuffer};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use smetric_core::{BlockHash, RequestId, SmetricError};
 
@@ -163,6 +164,10 @@ fn any_buffer_tokens(obj: &Bound<'_, PyAny>, buf: PyUntypedBuffer) -> PyResult<T
 pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<TokenIds> {
     let mut out = Vec::new();
     if let Ok(list) = obj.cast::<PyList>() {
+        if let Some(ids) = list_through_array(list) {
+            return Ok(TokenIds::Checked(ids));
+        }
+        // The slow path finds the offending element and says where it is.
         out.reserve(list.len());
         for (i, item) in list.iter().enumerate() {
             out.push(token_item(i, &item)?);
@@ -182,6 +187,24 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<TokenIds> {
         out.push(token_item(i, &item?)?);
     }
     Ok(TokenIds::Checked(out))
+}
+
+/// `array.array("I", ...)`, looked up once.
+static ARRAY_TYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// A list of ints through CPython's own `array.array("I", list)`, then one copy of its
+/// buffer: CPython's conversion loop reads each int without the per-item reference counting
+/// and error checks of an element-by-element extraction (a 32K-token list: ≈120 µs against
+/// ≈165 µs; `benches/python/route_latency.py`). `None` (the caller takes the slow path, which
+/// reports the offending element) when an element is not an int in `[0, 2^32)` or when this
+/// platform's `"I"` is not 4 bytes.
+fn list_through_array(list: &Bound<'_, PyList>) -> Option<Vec<u32>> {
+    let py = list.py();
+    let array_type = ARRAY_TYPE
+        .get_or_try_init(py, || py.import("array")?.getattr("array").map(Bound::unbind))
+        .ok()?;
+    let array = array_type.bind(py).call1(("I", list)).ok()?;
+    PyBuffer::<u32>::get(&array).ok()?.to_vec(py).ok()
 }
 
 /// [`tokens`], checked with the GIL held (for calls whose work is too small to release it).

@@ -253,7 +253,7 @@ impl PyRouter {
             global_hit_tokens: decision.global_hit_tokens,
             prefill_tokens: decision.prefill_tokens,
             num_tokens: decision.num_tokens,
-            reason: decision.reason.as_str(),
+            reason: decision.reason.name(),
             request_id,
             policy: inner.policy().name(),
         })

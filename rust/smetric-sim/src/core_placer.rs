@@ -203,7 +203,7 @@ impl Placer for CorePlacer {
             local_hit_tokens: decision.local_hit_tokens,
             global_hit_tokens: decision.global_hit_tokens,
             prefill_tokens: decision.prefill_tokens,
-            reason: decision.reason.as_str(),
+            reason: decision.reason.name(),
         })
     }
 

@@ -39,10 +39,9 @@ mod query;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use lru::RunLru;
+
+use crate::mix_map::MixMap;
 
 use crate::ids::BlockHash;
 
@@ -54,35 +53,6 @@ const NO_SLOT: u16 = u16::MAX;
 const FREE_ENTRY: u16 = u16::MAX - 1;
 /// Instance slots the index can address (slot numbers must stay below [`FREE_ENTRY`]).
 pub const MAX_SLOTS: u32 = FREE_ENTRY as u32;
-
-/// Hasher for keys that are already hashes or small ids: one multiply, high bits folded
-/// down, so that hashbrown's control bytes (top 7 bits) stay well spread even for the
-/// sequential ids that traces use.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct MixHasher(u64);
-
-impl Hasher for MixHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        let m = (self.0 ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = m ^ (m >> 29);
-    }
-    #[inline]
-    fn write_u32(&mut self, x: u32) {
-        self.write_u64(u64::from(x));
-    }
-}
-
-/// A `HashMap` keyed by hashes or small ids, with [`MixHasher`].
-pub type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
 
 /// Where a block is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

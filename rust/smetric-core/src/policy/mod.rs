@@ -95,7 +95,7 @@ pub enum Reason {
 
 impl Reason {
     /// The reason as reported in `Decision.reason`.
-    pub fn as_str(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Self::RoundRobin => "round-robin",
             Self::LeastLoad => "least-load",

@@ -64,7 +64,7 @@ impl Router {
             reasons: Reason::ALL
                 .iter()
                 .zip(&self.reasons)
-                .map(|(r, c)| (r.as_str(), c.load(Ordering::Relaxed)))
+                .map(|(r, c)| (r.name(), c.load(Ordering::Relaxed)))
                 .collect(),
             unknown_request_events: self.unknown_events.load(Ordering::Relaxed),
             in_flight: self.requests.lock().len(),
