@@ -5,7 +5,10 @@
 //! once as a smoke test (what CI does). Figures and the machine: `BENCHMARKS.md`.
 //!
 //! Groups:
-//! * `hash/{1K,8K,32K,128K}` — chained xxh3 block hashing of that many tokens;
+//! * `hash/{1K,8K,32K,128K}` — block hashing of that many tokens (xxh3 per block, chained by
+//!   `chain_step`); beside it at 32K, `hash-floor/content-only` (the xxh3 calls alone, no
+//!   chain: the floor of any per-block definition) and `hash-floor/seeded-chain` (the first
+//!   definition, each xxh3 seeded with its parent's hash, so each call waits for the last);
 //! * `query/{hit,miss,partial}/{8,32,128,1024}` — one index query of a 32K-token (2,048
 //!   block) prompt against an index holding 1M (block, instance) entries;
 //! * `select/{policy}/{8,32,128,1024}` — one policy decision over that many candidates;
@@ -42,6 +45,30 @@ fn bench_hash(c: &mut Criterion) {
         g.throughput(Throughput::Elements(n as u64));
         g.bench_function(label, |b| b.iter(|| hash_tokens(black_box(&t), 16, 0, None)));
     }
+    g.finish();
+    let t = tokens(32_768, 1);
+    let mut g = c.benchmark_group("hash-floor");
+    g.throughput(Throughput::Elements(32_768));
+    g.bench_function("content-only", |b| {
+        b.iter(|| {
+            black_box(&t)
+                .chunks_exact(16)
+                .map(smetric_core::hash::block_content_hash)
+                .collect::<Vec<u64>>()
+        });
+    });
+    g.bench_function("seeded-chain", |b| {
+        b.iter(|| {
+            let mut parent = 0u64;
+            black_box(&t)
+                .chunks_exact(16)
+                .map(|block| {
+                    parent = xxhash_rust::xxh3::xxh3_64_with_seed(bytemuck::cast_slice(block), parent);
+                    parent
+                })
+                .collect::<Vec<u64>>()
+        });
+    });
     g.finish();
 }
 
