@@ -41,7 +41,7 @@ __all__ = [
 
 # --- strings ---------------------------------------------------------------------------------------
 
-PolicyName: TypeAlias = Literal["round_robin", "least_load", "cache_first", "linear", "lmetric", "smetric"]
+PolicyName: TypeAlias = Literal["round_robin", "least_load", "cache_first", "linear", "lmetric", "lpwl", "smetric"]
 """A routing policy (``smetric.POLICIES`` lists them in report order)."""
 
 IndexMode: TypeAlias = Literal["approximate", "exact"]
@@ -64,6 +64,7 @@ Reason: TypeAlias = Literal[
     "cache-first: max-hit",
     "linear",
     "lmetric",
+    "lpwl",
     "first-turn: least-loaded",
     "follow-up: sticky",
     "follow-up: migrate (local KV$ evicted)",

@@ -3,7 +3,7 @@
 ``simulate`` runs one configuration (every policy at the configured load) plus a short load
 ladder around it, prints the comparison table (stating its SLOs) and writes ``results.json``,
 ``run.json`` and the plots into ``--out``. With no argument it replays the Weka excerpt
-shipped in the package on 16 H20 instances with the global KV$ tier, all six policies.
+shipped in the package on 16 H20 instances with the global KV$ tier, all seven policies.
 
 ``sweep`` runs the full grid load × policy × seed (× global tier on/off) in parallel and
 reports, per policy, the peak TPS under SLO and the highest load whose attainment stays ≥ 90%.
@@ -61,7 +61,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help=f"comma-separated policies (default: all six; also: {', '.join(POLICY_VARIANTS)})",
+        help=f"comma-separated policies (default: all of them; also: {', '.join(POLICY_VARIANTS)})",
     )
     p.add_argument("--no-global-tier", action="store_true", help="switch the global CPU KV$ tier off")
     p.add_argument(

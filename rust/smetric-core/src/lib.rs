@@ -8,7 +8,7 @@
 //! * [`hash`] — chained xxh3 block hashes of token ids;
 //! * [`index`] — the two-tier (GPU per instance, global CPU/store) KV$ index;
 //! * [`load`] — the lock-free load board;
-//! * [`policy`] — the six policies, one file each;
+//! * [`policy`] — the seven policies, one file each;
 //! * [`turn`] — stateless first-turn inference;
 //! * [`router`] — the decision path tying them together.
 //!
