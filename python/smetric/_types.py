@@ -35,6 +35,7 @@ __all__ = [
     "SloSettings",
     "Tier",
     "TraceFormat",
+    "TurnFeed",
     "TurnSource",
     "VllmHashAlgo",
 ]
@@ -80,6 +81,11 @@ TraceFormat: TypeAlias = Literal["weka", "bailian", "mooncake", "azure"]
 
 IndexFeed: TypeAlias = Literal["approximate", "events", "oracle"]
 """How a simulation feeds the router's index: insert on route, the engines' KV events, or an oracle."""
+
+TurnFeed: TypeAlias = Literal["request", "index"]
+"""What a simulation tells the router of a request's turn: the turn it carries (a real request
+re-sends its history), or nothing (the router infers first turns from its index). Requests of
+sessionless traces (Mooncake, Azure) carry no turn either way."""
 
 VllmHashAlgo: TypeAlias = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 """vLLM's ``--prefix-caching-hash-algo``."""
@@ -278,6 +284,7 @@ class SimConfigDefaults(TypedDict):
     keep_records: bool
     index_feed: IndexFeed
     event_delay_s: float
+    turns: TurnFeed
 
 
 class Percentiles(TypedDict):
@@ -389,6 +396,7 @@ class SimReport(TypedDict):
     reasons: dict[str, int]
     index_feed: IndexFeed
     event_delay_s: float
+    turns: TurnFeed
     local_hit_overpredicted_share: float
     local_hit_prediction_error: float
     feed_counters: dict[str, int]

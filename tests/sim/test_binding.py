@@ -120,6 +120,9 @@ def test_config_errors_are_typed(trace_of: Callable[[str], Path]) -> None:
     with pytest.raises(InvalidConfigError) as err:
         simulate(w, "smetric", config={"index_feed": "events", "event_delay_s": -0.5})
     assert err.value.field == "event_delay_s"
+    with pytest.raises(InvalidConfigError) as err:
+        simulate(w, "smetric", config={"turns": "hint"})
+    assert err.value.field == "turns" and "request, index" in err.value.reason
     with pytest.raises(TypeError, match="instances"):
         simulate(w, "smetric", config={"instances": "two"})
     with pytest.raises(UnknownPolicyError):
@@ -137,6 +140,10 @@ def test_python_defaults_come_from_the_engine() -> None:
     assert config.global_tier.enabled is defaults["global_tier"]["enabled"] is True
     assert [s.tpot_s for s in config.slos] == defaults["slo"]["tpot_s"]
     assert config.slos[0].ttft_base_s == defaults["slo"]["ttft_base_s"]
+    assert config.turns == defaults["turns"] == "request"
+    assert config.with_turns("index").core_config()[0]["turns"] == "index"
+    with pytest.raises(ValueError, match="unknown turn source"):
+        config.with_turns("hint")
     core, variants, where = config.core_config()
     assert core["slo"] == defaults["slo"] and variants == [] and where == [(0, 0), (0, 1)]
 

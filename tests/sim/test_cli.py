@@ -69,6 +69,21 @@ def test_simulate_index_feed_options(
         assert err.value.code == 2
 
 
+def test_simulate_turn_sources(weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--trace", str(weka_trace()), "--policies", "smetric", "--ladder", "1", "--feed-policies", ""]
+    runs = {}
+    for turns in ("request", "index"):
+        assert main([*argv, *TINY, "--turns", turns, "--out", str(tmp_path / turns)]) == 0
+        assert f"turns from {turns}" in capsys.readouterr().out
+        runs[turns] = json.loads((tmp_path / turns / "results.json").read_text())["smetric"]
+        assert runs[turns]["turns"] == turns
+        assert json.loads((tmp_path / turns / "run.json").read_text())["config"]["turns"] == turns
+    assert runs["request"]["turn_inference_accuracy"] == 1.0  # the hint is the trace's truth
+    with pytest.raises(SystemExit) as err:
+        main([*argv, "--turns", "messages", "--out", str(tmp_path / "bad")])
+    assert err.value.code == 2
+
+
 def test_sweep_grid_and_tiers(weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep"
     argv = ["sweep", "--trace", str(weka_trace()), "--policies", "lmetric,smetric", "--loads", "0.03,0.06"]

@@ -27,6 +27,7 @@ from smetric.sim.config import (
     INDEX_FEEDS,
     POLICY_VARIANTS,
     SLO,
+    TURN_FEEDS,
     SimulationConfig,
     TraceSpec,
     Window,
@@ -64,6 +65,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated policies (default: all of them; also: {', '.join(POLICY_VARIANTS)})",
     )
     p.add_argument("--no-global-tier", action="store_true", help="switch the global CPU KV$ tier off")
+    p.add_argument(
+        "--turns",
+        choices=TURN_FEEDS,
+        default=ENGINE_DEFAULTS["turns"],
+        help="what the router hears of a request's turn: request (the turn it carries, as its re-sent history "
+        "shows) or index (nothing: inferred from the index); sessionless traces carry none (default %(default)s)",
+    )
     p.add_argument(
         "--tpot-ms",
         default=",".join(f"{1e3 * t:g}" for t in ENGINE_DEFAULTS["slo"]["tpot_s"]),
@@ -139,6 +147,7 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
     config = SimulationConfig(instances=args.instances, profile=args.profile, slos=slos)
     if args.no_global_tier:
         config = config.with_tier(False)
+    config = config.with_turns(args.turns)
     window = Window(duration_s=args.duration_s, warmup_s=args.warmup_s, max_think_s=args.max_think_s)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
@@ -185,7 +194,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     print(
         f"smetric {__version__} simulate: {trace.name} ({len(workload):,} requests, {workload.sessions} sessions, "
         f"{workload.arrival}), {config.instances} x {config.profile}, global tier "
-        f"{'on' if config.global_tier.enabled else 'off'}, policies {', '.join(policies)}, "
+        f"{'on' if config.global_tier.enabled else 'off'}, turns from {config.turns}, policies {', '.join(policies)}, "
         f"loads {', '.join(f'{x:g}' for x in loads)} {unit}",
         file=sys.stderr,
     )

@@ -34,6 +34,7 @@ from smetric._types import (
     SimConfigDefaults,
     SloSettings,
     TraceFormat,
+    TurnFeed,
 )
 from smetric.errors import UnknownPolicyError
 
@@ -55,6 +56,12 @@ INDEX_FEEDS: Final[tuple[IndexFeed, ...]] = get_args(IndexFeed)
 """How the router's KV$ index can be fed in a run: insert on route; the engines' vLLM KV-event
 batches (through the production encoder and ingestor, ``event_delay_s`` late); or an oracle that
 sees every cache change the instant it happens."""
+
+TURN_FEEDS: Final[tuple[TurnFeed, ...]] = get_args(TurnFeed)
+"""What a run tells the router of each request's turn: ``request`` — the turn the request carries
+(a session's k-th request has turn k, as its re-sent history shows a real router); ``index`` —
+nothing, the router infers first turns from its index. Sessionless traces (Mooncake, Azure)
+carry no turn, so both route them alike."""
 
 EMBEDDED_TRACE: Final[str] = "weka_excerpt.jsonl.gz"
 """The Weka excerpt shipped in ``smetric/data`` (licence: ``LICENSE-weka-excerpt.txt``)."""
@@ -135,6 +142,8 @@ class SimulationConfig:
     """One of :data:`INDEX_FEEDS`."""
     event_delay_s: float = ENGINE_DEFAULTS["event_delay_s"]
     """With ``index_feed="events"``: seconds from a batch's publication to its application."""
+    turns: TurnFeed = ENGINE_DEFAULTS["turns"]
+    """One of :data:`TURN_FEEDS`."""
     router: tuple[tuple[str, Any], ...] = ()
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
@@ -162,6 +171,16 @@ class SimulationConfig:
         if not delay >= 0.0:
             raise ValueError(f"event_delay_s must be >= 0, got {delay}")
         return replace(self, index_feed=feed, event_delay_s=delay)
+
+    def with_turns(self, turns: str) -> SimulationConfig:
+        """A copy whose router hears each request's turn as ``turns`` says (one of :data:`TURN_FEEDS`).
+
+        Raises:
+            ValueError: an unknown turn source.
+        """
+        if turns not in TURN_FEEDS:
+            raise ValueError(f"unknown turn source {turns!r}; known: {', '.join(TURN_FEEDS)}")
+        return replace(self, turns=turns)
 
     def with_tier(self, enabled: bool) -> SimulationConfig:
         """A copy with the global tier switched on or off."""
@@ -217,6 +236,7 @@ class SimulationConfig:
             "max_events": self.max_events,
             "index_feed": self.index_feed,
             "event_delay_s": self.event_delay_s,
+            "turns": self.turns,
         }
         return config, variants, where
 

@@ -55,7 +55,8 @@ def comparison_table(
     spec = nominal[0].spec
     lines = [
         f"trace {spec.trace.name} | {spec.config.instances} x {spec.config.profile} | "
-        f"global KV$ tier {'on' if spec.tier else 'off'} | load {spec.load:g} {load_unit} | seed {spec.seed}",
+        f"global KV$ tier {'on' if spec.tier else 'off'} | turns from {spec.config.turns} | "
+        f"load {spec.load:g} {load_unit} | seed {spec.seed}",
         *slo_lines(slos),
         "",
     ]

@@ -163,6 +163,7 @@ def _flat(report: SimReport, slo: SloResult) -> dict[str, Any]:
         "reasons": report["reasons"],
         "index_feed": report["index_feed"],
         "event_delay_s": report["event_delay_s"],
+        "turns": report["turns"],
         "local_hit_prediction_error": report["local_hit_prediction_error"],
         "local_hit_overpredicted_share": report["local_hit_overpredicted_share"],
         "kv_event_batches": report["feed_counters"].get("published_batches", 0),

@@ -31,7 +31,7 @@ use serde::Serialize;
 use smetric_core::PolicyKind;
 use smetric_sim::workload::ArrivalKind;
 use smetric_sim::{
-    BailianOptions, IndexFeed, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig, SloReport,
+    BailianOptions, IndexFeed, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig, SloReport, TurnFeed,
     WekaOptions, Workload, evaluate_slo, load_azure, load_bailian, load_mooncake, load_weka, run,
 };
 
@@ -361,6 +361,17 @@ fn sim_config(
                 })?;
             }
             "event_delay_s" => c.event_delay_s = field(&key, &v)?,
+            "turns" => {
+                let name: String = field(&key, &v)?;
+                c.turns = TurnFeed::parse(&name).ok_or_else(|| {
+                    let known: Vec<&str> = TurnFeed::ALL.iter().map(|t| t.name()).collect();
+                    invalid_config(
+                        py,
+                        "turns",
+                        format!("unknown turn source {name:?}; known: {}", known.join(", ")),
+                    )
+                })?;
+            }
             _ => return Err(unknown_key(py, "config", &key)),
         }
     }

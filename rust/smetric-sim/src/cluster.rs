@@ -354,6 +354,7 @@ impl Sim<'_> {
             request_id: u64::from(r),
             chain,
             prompt_tokens: spec.input_tokens,
+            turn: workload.turn(r as usize),
             now,
         })?;
         if placed.instance >= self.config.instances {

@@ -21,6 +21,7 @@
 //! | `series_interval_s` | none | per-instance load series for plots; off unless asked (it grows with the run) |
 //! | `load_report_interval_s` | none | the router's own board is exact here (every lifecycle event is delivered) |
 //! | `index_feed` | approximate | the router's insert-on-route index, as without a KV-event feed |
+//! | `turns` | request | a real request re-sends its history, so the router sees its turn (`TurnHint::Turn`): a session's k-th request carries turn k. `index` withholds it and the router infers first turns from its index alone. Sessionless traces (Mooncake, Azure) carry no turn either way |
 //! | `event_delay_s` | 10 ms | publication to index write with `index_feed = events`: a ZMQ hop across the data-centre network plus the subscriber's loop (the published step itself already lags the cache change by up to one step) |
 
 use smetric_core::RouterConfig;
@@ -41,6 +42,43 @@ pub const DEFAULT_EVENT_DELAY_S: f64 = 0.01;
 pub const DEFAULT_MAX_BATCHED_TOKENS: u32 = 8192;
 /// vLLM `max_num_seqs` used by the LMetric evaluation.
 pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
+
+/// What the simulated router is told about a request's turn ([`SimConfig::turns`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TurnFeed {
+    /// The turn the request carries ([`crate::Workload::turn`]) goes to the router's `turn`
+    /// hint, as a real request's re-sent history would show it; a request of a sessionless
+    /// trace carries none and is left to the index.
+    #[default]
+    Request,
+    /// No hint: the router infers first turns from its index alone.
+    Index,
+}
+
+/// Serialised by name (`"request"`, `"index"`).
+impl serde::Serialize for TurnFeed {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl TurnFeed {
+    /// Every source, in report order.
+    pub const ALL: [Self; 2] = [Self::Request, Self::Index];
+
+    /// Report name: `request`, `index`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Request => "request",
+            Self::Index => "index",
+        }
+    }
+
+    /// Parses a report name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
 
 /// The cluster-wide CPU KV store.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -163,6 +201,8 @@ pub struct SimConfig {
     pub index_feed: IndexFeed,
     /// With `index_feed = events`: seconds from a batch's publication to its application.
     pub event_delay_s: f64,
+    /// Whether the router is told each request's turn, or infers it from its index.
+    pub turns: TurnFeed,
     /// Router tunables. Its `local_capacity_blocks` and `global_capacity_blocks` are always
     /// overwritten with the simulated pool and tier sizes, in the workload's blocks, and its
     /// `index_mode` with the one `index_feed` needs.
@@ -199,6 +239,7 @@ impl Default for SimConfig {
             keep_records: false,
             index_feed: IndexFeed::Approximate,
             event_delay_s: DEFAULT_EVENT_DELAY_S,
+            turns: TurnFeed::Request,
             router: RouterConfig::default(),
         }
     }

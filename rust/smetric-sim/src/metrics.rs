@@ -279,6 +279,8 @@ pub struct SimReport {
     pub index_feed: String,
     /// Publication-to-application delay of KV events, seconds (with `events`).
     pub event_delay_s: f64,
+    /// What the router was told of each request's turn (`request`, `index`).
+    pub turns: String,
     /// Share of measured, served requests whose predicted local hit exceeded the real one.
     pub local_hit_overpredicted_share: f64,
     /// Σ |predicted − actual local hit| ÷ served measured prompt tokens.
@@ -421,6 +423,7 @@ pub(crate) fn summarize(
         events: counters.events,
         index_feed: config.index_feed.name().to_owned(),
         event_delay_s: config.event_delay_s,
+        turns: config.turns.name().to_owned(),
         feed_counters: std::mem::take(&mut counters.feed),
         ..SimReport::default()
     };
