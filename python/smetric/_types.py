@@ -256,6 +256,8 @@ class SloSettings(TypedDict):
     ttft_s_per_token: float
     tpot_s: list[float]
     """TPOT bounds to report, seconds; the first is the headline."""
+    tbt_tail_s: float | None
+    """Tail-TBT bound (mean of a request's longest tenth of token gaps), seconds; ``None``: none."""
 
 
 class SimConfigDefaults(TypedDict):
@@ -310,6 +312,10 @@ class SloResult(TypedDict):
     """``met`` ÷ measured requests."""
     ttft_attainment: float
     tpot_attainment: float
+    tbt_tail_s: float | None
+    """Tail-TBT bound, seconds (``None``: not part of this SLO)."""
+    tbt_tail_attainment: float
+    """Share of measured requests meeting the tail-TBT bound (every served one without a bound)."""
     tps_under_slo: float
     """(input + output) tokens of the requests meeting the SLO per second of the window."""
     output_tps_under_slo: float
@@ -340,6 +346,8 @@ class RequestRecords(TypedDict):
     finish_s: list[float | None]
     ttft_s: list[float | None]
     tpot_s: list[float | None]
+    tbt_tail_s: list[float | None]
+    """Mean of the request's longest tenth of token gaps (Mooncake's TBT)."""
     input_tokens: list[int]
     output_tokens: list[int]
     local_hit_tokens: list[int]
@@ -370,6 +378,8 @@ class SimReport(TypedDict):
     makespan_s: float
     ttft: Percentiles
     tpot: Percentiles
+    tbt_tail: Percentiles
+    """Tail TBT (mean of a request's longest tenth of token gaps) of the requests ``tpot`` covers."""
     slo: list[SloResult]
     slo_variants: list[list[SloResult]]
     input_tokens: int

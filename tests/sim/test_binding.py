@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,12 @@ def test_python_defaults_come_from_the_engine() -> None:
         config.with_turns("hint")
     core, variants, where = config.core_config()
     assert core["slo"] == defaults["slo"] and variants == [] and where == [(0, 0), (0, 1)]
+    assert defaults["slo"]["tbt_tail_s"] is None is config.slos[0].tbt_tail_s
+    # A tail-TBT bound is scored as its own SLO variant of the same run.
+    tailed = replace(config, slos=(*config.slos, replace(config.slos[0], tbt_tail_s=0.2)))
+    core, variants, where = tailed.core_config()
+    assert core["slo"]["tbt_tail_s"] is None and where == [(0, 0), (0, 1), (1, 0)]
+    assert variants == [{**defaults["slo"], "tpot_s": [0.1], "tbt_tail_s": 0.2}]
 
 
 def test_event_fed_run_reports_its_feed(weka_trace: TraceWriter) -> None:

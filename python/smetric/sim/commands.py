@@ -78,6 +78,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="TPOT bounds in ms, the first is the headline (default %(default)s)",
     )
     p.add_argument(
+        "--tbt-tail-ms",
+        default="",
+        help="tail-TBT bounds in ms (mean of a request's longest tenth of token gaps, Mooncake's TBT); each adds "
+        "an SLO setting: the headline TTFT and TPOT bounds plus that bound (default: none)",
+    )
+    p.add_argument(
         "--ttft-base-s",
         type=float,
         default=ENGINE_DEFAULTS["slo"]["ttft_base_s"],
@@ -144,6 +150,10 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
     slos = tuple(replace(base, tpot_s=t / 1e3) for t in _floats(args.tpot_ms))
     if not slos:
         _die("--tpot-ms needs at least one bound")
+    tails = _floats(args.tbt_tail_ms)
+    if any(not t > 0 for t in tails):
+        _die("--tbt-tail-ms bounds must be > 0")
+    slos += tuple(replace(slos[0], tbt_tail_s=t / 1e3) for t in tails)
     config = SimulationConfig(instances=args.instances, profile=args.profile, slos=slos)
     if args.no_global_tier:
         config = config.with_tier(False)

@@ -4,11 +4,13 @@ Every engine default comes from the Rust ``SimConfig::default()`` through
 :func:`smetric._core.sim_config_defaults` — nothing here restates an engine number. What this
 module adds is the *experiment design* the engine leaves to its caller:
 
-* :class:`SLO` — one SLO setting (length-aware TTFT bound + TPOT bound). The defaults are the
-  engine's: TTFT ≤ 2 s + 0.1 ms per prompt token (the 2 s is perf-model §5's fixed tier for
-  short prompts; the slope is twice the H20 prefill cost of 50 µs/token, so a cold prompt on
-  an idle instance meets it up to ≈35K tokens and longer ones only with cache hits), TPOT ≤
-  100 ms and ≤ 50 ms (§5's two tiers; the first is the headline).
+* :class:`SLO` — one SLO setting (length-aware TTFT bound + TPOT bound, optionally a tail-TBT
+  bound). The defaults are the engine's: TTFT ≤ 2 s + 0.1 ms per prompt token (the 2 s is
+  perf-model §5's fixed tier for short prompts; the slope is twice the H20 prefill cost of
+  50 µs/token, so a cold prompt on an idle instance meets it up to ≈35K tokens and longer ones
+  only with cache hits), TPOT ≤ 100 ms and ≤ 50 ms (§5's two tiers; the first is the headline),
+  no tail-TBT bound (Mooncake's TBT: the mean of a request's longest tenth of token gaps; a
+  stall that a mean TPOT hides shows in it).
 * :class:`TraceSpec` — which trace, in which format, with which loader options.
 * :class:`Window` — how a closed-loop (session) trace becomes a steady load: sessions start
   as a Poisson stream for ``duration_s`` seconds (the trace is replicated with private block
@@ -86,20 +88,28 @@ def policy_router(name: str, base: RouterConfig | None = None) -> tuple[PolicyNa
 
 @dataclass(frozen=True)
 class SLO:
-    """One SLO setting: TTFT ≤ ``ttft_base_s + ttft_s_per_token · prompt tokens`` and TPOT ≤ ``tpot_s``."""
+    """One SLO setting: TTFT ≤ ``ttft_base_s + ttft_s_per_token · prompt tokens``, TPOT ≤ ``tpot_s``
+    and, when ``tbt_tail_s`` is set, tail TBT (mean of the longest tenth of token gaps) ≤ it."""
 
     ttft_base_s: float = _SLO["ttft_base_s"]
     ttft_s_per_token: float = _SLO["ttft_s_per_token"]
     tpot_s: float = _SLO["tpot_s"][0]
+    tbt_tail_s: float | None = _SLO["tbt_tail_s"]
 
     @property
     def label(self) -> str:
-        """A short human-readable form, e.g. ``TTFT≤2s+0.1ms/tok TPOT≤100ms``."""
-        return f"TTFT≤{self.ttft_base_s:g}s+{self.ttft_s_per_token * 1e3:g}ms/tok TPOT≤{self.tpot_s * 1e3:g}ms"
+        """A short human-readable form, e.g. ``TTFT≤2s+0.1ms/tok TPOT≤100ms`` (``… TBTtail≤200ms``)."""
+        label = f"TTFT≤{self.ttft_base_s:g}s+{self.ttft_s_per_token * 1e3:g}ms/tok TPOT≤{self.tpot_s * 1e3:g}ms"
+        return label if self.tbt_tail_s is None else f"{label} TBTtail≤{self.tbt_tail_s * 1e3:g}ms"
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | None]:
         """Plain fields (for results.json)."""
-        return {"ttft_base_s": self.ttft_base_s, "ttft_s_per_token": self.ttft_s_per_token, "tpot_s": self.tpot_s}
+        return {
+            "ttft_base_s": self.ttft_base_s,
+            "ttft_s_per_token": self.ttft_s_per_token,
+            "tpot_s": self.tpot_s,
+            "tbt_tail_s": self.tbt_tail_s,
+        }
 
 
 DEFAULT_SLOS: Final[tuple[SLO, ...]] = tuple(SLO(tpot_s=t) for t in _SLO["tpot_s"])
@@ -189,18 +199,20 @@ class SimulationConfig:
     def core_config(self) -> tuple[dict[str, Any], list[dict[str, Any]], list[tuple[int, int]]]:
         """The engine's config dict, its extra SLO variants, and where each SLO's result lands.
 
-        The engine scores one TTFT bound with several TPOT bounds per run and re-scores the
-        same run under further SLOs on request: SLOs sharing the first one's TTFT bound go in
-        ``slo``, each other one becomes a variant. Entry ``k`` of the returned positions is
-        ``(variant, index)`` of ``slos[k]``: variant 0 is ``report["slo"]``, variant ``v`` is
-        ``report["slo_variants"][v - 1]``.
+        The engine scores one TTFT bound (and tail-TBT bound) with several TPOT bounds per run
+        and re-scores the same run under further SLOs on request: SLOs sharing the first one's
+        TTFT and tail-TBT bounds go in ``slo``, each other one becomes a variant. Entry ``k`` of
+        the returned positions is ``(variant, index)`` of ``slos[k]``: variant 0 is
+        ``report["slo"]``, variant ``v`` is ``report["slo_variants"][v - 1]``.
         """
         if not self.slos:
             raise ValueError("a SimulationConfig needs at least one SLO")
         head = self.slos[0]
-        same_ttft = [
-            s for s in self.slos if (s.ttft_base_s, s.ttft_s_per_token) == (head.ttft_base_s, head.ttft_s_per_token)
-        ]
+
+        def shared(s: SLO) -> tuple[float, float, float | None]:
+            return (s.ttft_base_s, s.ttft_s_per_token, s.tbt_tail_s)
+
+        same_ttft = [s for s in self.slos if shared(s) == shared(head)]
         variants: list[dict[str, Any]] = []
         where: list[tuple[int, int]] = []
         for s in self.slos:
@@ -208,7 +220,12 @@ class SimulationConfig:
                 where.append((0, same_ttft.index(s)))
             else:
                 variants.append(
-                    {"ttft_base_s": s.ttft_base_s, "ttft_s_per_token": s.ttft_s_per_token, "tpot_s": [s.tpot_s]}
+                    {
+                        "ttft_base_s": s.ttft_base_s,
+                        "ttft_s_per_token": s.ttft_s_per_token,
+                        "tpot_s": [s.tpot_s],
+                        "tbt_tail_s": s.tbt_tail_s,
+                    }
                 )
                 where.append((len(variants), 0))
         tier = self.global_tier
@@ -230,6 +247,7 @@ class SimulationConfig:
                 "ttft_base_s": head.ttft_base_s,
                 "ttft_s_per_token": head.ttft_s_per_token,
                 "tpot_s": [s.tpot_s for s in same_ttft],
+                "tbt_tail_s": head.tbt_tail_s,
             },
             "sample_interval_s": self.sample_interval_s,
             "load_report_interval_s": self.load_report_interval_s,

@@ -15,7 +15,8 @@
 //! * [`workload`] — streaming loaders (Bailian, Mooncake, Weka Claude Code, Azure) into a
 //!   compact form;
 //! * `cluster` — the event loop; [`metrics`] — the report;
-//! * [`placement`] / [`core_placer`] — the seam to the routing core.
+//! * [`placement`] / [`core_placer`] — the seam to the routing core;
+//! * [`token_gaps`] — each request's tail token gap (Mooncake's TBT), exact in O(tail) memory.
 //!
 //! ```no_run
 //! use smetric_sim::{PolicyKind, SimConfig, WekaOptions, load_weka, run};
@@ -42,6 +43,7 @@ mod instance;
 pub mod metrics;
 pub mod perf_model;
 pub mod placement;
+pub mod token_gaps;
 pub mod workload;
 
 pub use cache_events::IndexFeed;
