@@ -5,7 +5,7 @@
     .venv/bin/python scripts/reproduce_results.py --traces ... --timing                     # the 60 s check
     .venv/bin/python scripts/reproduce_results.py --tables docs/results-data                # tables only
 
-For every trace: the six policies plus ``cache_first_max_hit`` × a load ladder × the global
+For every trace: the seven policies plus ``cache_first_max_hit`` × a load ladder × the global
 KV$ tier on and off, one seed, scored under three SLO settings; one JSON per trace, one
 TPS-vs-load plot per trace and SLO, and the markdown tables pasted into ``docs/results.md``.
 The design (window, ladders, SLOs) was fixed on the tuning window ``weka-0476`` only.

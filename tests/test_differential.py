@@ -71,7 +71,8 @@ LOAD_FIELDS = ("batch_size", "waiting", "queued", "active", "engine_running", "e
 # Compared when both report them.
 STATS_FIELDS = ("routed", "unknown_request_events", "in_flight", "output_tokens", "random_draws")
 
-# (policy, cache_first_mode) x index mode: every policy in both index modes.
+# (policy, cache_first_mode) x index mode: every policy in both index modes
+# (`test_every_policy_has_streams` keeps this list in step with `smetric.POLICIES`).
 COMBOS: tuple[tuple[str, str, str], ...] = tuple(
     (policy, cf_mode, mode)
     for mode in ("approximate", "exact")
@@ -83,6 +84,7 @@ COMBOS: tuple[tuple[str, str, str], ...] = tuple(
         ("cache_first", "max_hit"),
         ("linear", "weighted"),
         ("lmetric", "weighted"),
+        ("lpwl", "weighted"),
         ("smetric", "weighted"),
         ("smetric", "weighted"),  # the policy this project is about gets twice the streams
     )
@@ -738,6 +740,14 @@ def fail(spec: CaseSpec, case: int, index: int, ops: list[Op], problem: str) -> 
 # --------------------------------------------------------------------------------------------
 # Tests
 # --------------------------------------------------------------------------------------------
+def test_every_policy_has_streams() -> None:
+    """A policy added to the core (`PolicyKind::ALL`) must get streams here, in both index modes,
+    and the default case count must reach every combination."""
+    covered = {(policy, mode) for policy, _, mode in COMBOS[: min(CASES, len(COMBOS))]}
+    assert covered == {(p, m) for p in smetric.POLICIES for m in ("approximate", "exact")}
+    assert set(smetric.POLICIES) == set(_reference.router.POLICIES)
+
+
 @pytest.mark.parametrize("case", range(CASES))
 def test_random_operation_stream(case: int) -> None:
     assert run_case(case) == OPS_PER_CASE

@@ -35,13 +35,14 @@ __all__ = [
     "SloSettings",
     "Tier",
     "TraceFormat",
+    "TurnFeed",
     "TurnSource",
     "VllmHashAlgo",
 ]
 
 # --- strings ---------------------------------------------------------------------------------------
 
-PolicyName: TypeAlias = Literal["round_robin", "least_load", "cache_first", "linear", "lmetric", "smetric"]
+PolicyName: TypeAlias = Literal["round_robin", "least_load", "cache_first", "linear", "lmetric", "lpwl", "smetric"]
 """A routing policy (``smetric.POLICIES`` lists them in report order)."""
 
 IndexMode: TypeAlias = Literal["approximate", "exact"]
@@ -64,6 +65,7 @@ Reason: TypeAlias = Literal[
     "cache-first: max-hit",
     "linear",
     "lmetric",
+    "lpwl",
     "first-turn: least-loaded",
     "follow-up: sticky",
     "follow-up: migrate (local KV$ evicted)",
@@ -79,6 +81,11 @@ TraceFormat: TypeAlias = Literal["weka", "bailian", "mooncake", "azure"]
 
 IndexFeed: TypeAlias = Literal["approximate", "events", "oracle"]
 """How a simulation feeds the router's index: insert on route, the engines' KV events, or an oracle."""
+
+TurnFeed: TypeAlias = Literal["request", "index"]
+"""What a simulation tells the router of a request's turn: the turn it carries (a real request
+re-sends its history), or nothing (the router infers first turns from its index). Requests of
+sessionless traces (Mooncake, Azure) carry no turn either way."""
 
 VllmHashAlgo: TypeAlias = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 """vLLM's ``--prefix-caching-hash-algo``."""
@@ -249,6 +256,8 @@ class SloSettings(TypedDict):
     ttft_s_per_token: float
     tpot_s: list[float]
     """TPOT bounds to report, seconds; the first is the headline."""
+    tbt_tail_s: float | None
+    """Tail-TBT bound (mean of a request's longest tenth of token gaps), seconds; ``None``: none."""
 
 
 class SimConfigDefaults(TypedDict):
@@ -277,6 +286,7 @@ class SimConfigDefaults(TypedDict):
     keep_records: bool
     index_feed: IndexFeed
     event_delay_s: float
+    turns: TurnFeed
 
 
 class Percentiles(TypedDict):
@@ -302,6 +312,10 @@ class SloResult(TypedDict):
     """``met`` ÷ measured requests."""
     ttft_attainment: float
     tpot_attainment: float
+    tbt_tail_s: float | None
+    """Tail-TBT bound, seconds (``None``: not part of this SLO)."""
+    tbt_tail_attainment: float
+    """Share of measured requests meeting the tail-TBT bound (every served one without a bound)."""
     tps_under_slo: float
     """(input + output) tokens of the requests meeting the SLO per second of the window."""
     output_tps_under_slo: float
@@ -332,6 +346,8 @@ class RequestRecords(TypedDict):
     finish_s: list[float | None]
     ttft_s: list[float | None]
     tpot_s: list[float | None]
+    tbt_tail_s: list[float | None]
+    """Mean of the request's longest tenth of token gaps (Mooncake's TBT)."""
     input_tokens: list[int]
     output_tokens: list[int]
     local_hit_tokens: list[int]
@@ -362,6 +378,8 @@ class SimReport(TypedDict):
     makespan_s: float
     ttft: Percentiles
     tpot: Percentiles
+    tbt_tail: Percentiles
+    """Tail TBT (mean of a request's longest tenth of token gaps) of the requests ``tpot`` covers."""
     slo: list[SloResult]
     slo_variants: list[list[SloResult]]
     input_tokens: int
@@ -388,6 +406,7 @@ class SimReport(TypedDict):
     reasons: dict[str, int]
     index_feed: IndexFeed
     event_delay_s: float
+    turns: TurnFeed
     local_hit_overpredicted_share: float
     local_hit_prediction_error: float
     feed_counters: dict[str, int]

@@ -45,6 +45,7 @@ from smetric.reference.policies import (
     least_load,
     linear,
     lmetric,
+    lpwl,
     round_robin,
     splitmix64_mix,
 )
@@ -483,6 +484,20 @@ def test_lmetric() -> None:
     assert lmetric(cands, req(1000), rng) == ([0, 1][first_draw() % 2], "lmetric")
     # a fully cached prompt still scores max(0, 1) = 1, times its batch
     assert lmetric([cand(hit=10, bs=3), cand(hit=0, bs=0)], req(10), rng)[0] == 0
+
+
+def test_lpwl() -> None:
+    rng = CounterRng(0)
+    # q + n - max(L, Gh): 500 + 100 = 600, 0 + 1000 = 1000, 200 + 300 = 500; the batch plays no part
+    cands = [cand(hit=900, queued=500), cand(), cand(hit=700, bs=40, queued=200)]
+    assert lpwl(cands, req(1000), rng) == (2, "lpwl")
+    assert rng.draws == 0
+    # a global hit of 800 caps everyone's uncached part at 200: 300 + 100 vs 50 + 200
+    assert lpwl([cand(hit=900, queued=300), cand(queued=50)], req(1000, global_hit=800), rng)[0] == 1
+    # a tie (1100 each) is broken by one draw
+    tied = [cand(queued=100), cand(hit=100, queued=200), cand(queued=500)]
+    assert lpwl(tied, req(1000), rng) == ([0, 1][first_draw() % 2], "lpwl")
+    assert rng.draws == 1
 
 
 def test_smetric_first_turn_ignores_local_hits() -> None:

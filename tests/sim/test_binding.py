@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,9 @@ def test_config_errors_are_typed(trace_of: Callable[[str], Path]) -> None:
     with pytest.raises(InvalidConfigError) as err:
         simulate(w, "smetric", config={"index_feed": "events", "event_delay_s": -0.5})
     assert err.value.field == "event_delay_s"
+    with pytest.raises(InvalidConfigError) as err:
+        simulate(w, "smetric", config={"turns": "hint"})
+    assert err.value.field == "turns" and "request, index" in err.value.reason
     with pytest.raises(TypeError, match="instances"):
         simulate(w, "smetric", config={"instances": "two"})
     with pytest.raises(UnknownPolicyError):
@@ -137,8 +141,18 @@ def test_python_defaults_come_from_the_engine() -> None:
     assert config.global_tier.enabled is defaults["global_tier"]["enabled"] is True
     assert [s.tpot_s for s in config.slos] == defaults["slo"]["tpot_s"]
     assert config.slos[0].ttft_base_s == defaults["slo"]["ttft_base_s"]
+    assert config.turns == defaults["turns"] == "request"
+    assert config.with_turns("index").core_config()[0]["turns"] == "index"
+    with pytest.raises(ValueError, match="unknown turn source"):
+        config.with_turns("hint")
     core, variants, where = config.core_config()
     assert core["slo"] == defaults["slo"] and variants == [] and where == [(0, 0), (0, 1)]
+    assert defaults["slo"]["tbt_tail_s"] is None is config.slos[0].tbt_tail_s
+    # A tail-TBT bound is scored as its own SLO variant of the same run.
+    tailed = replace(config, slos=(*config.slos, replace(config.slos[0], tbt_tail_s=0.2)))
+    core, variants, where = tailed.core_config()
+    assert core["slo"]["tbt_tail_s"] is None and where == [(0, 0), (0, 1), (1, 0)]
+    assert variants == [{**defaults["slo"], "tpot_s": [0.1], "tbt_tail_s": 0.2}]
 
 
 def test_event_fed_run_reports_its_feed(weka_trace: TraceWriter) -> None:

@@ -69,6 +69,36 @@ def test_simulate_index_feed_options(
         assert err.value.code == 2
 
 
+def test_simulate_turn_sources(weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--trace", str(weka_trace()), "--policies", "smetric", "--ladder", "1", "--feed-policies", ""]
+    runs = {}
+    for turns in ("request", "index"):
+        assert main([*argv, *TINY, "--turns", turns, "--out", str(tmp_path / turns)]) == 0
+        assert f"turns from {turns}" in capsys.readouterr().out
+        runs[turns] = json.loads((tmp_path / turns / "results.json").read_text())["smetric"]
+        assert runs[turns]["turns"] == turns
+        assert json.loads((tmp_path / turns / "run.json").read_text())["config"]["turns"] == turns
+    assert runs["request"]["turn_inference_accuracy"] == 1.0  # the hint is the trace's truth
+    with pytest.raises(SystemExit) as err:
+        main([*argv, "--turns", "messages", "--out", str(tmp_path / "bad")])
+    assert err.value.code == 2
+
+
+def test_simulate_tail_tbt_slo(weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--trace", str(weka_trace()), "--policies", "lpwl", "--ladder", "1", "--feed-policies", ""]
+    assert main([*argv, *TINY, "--tbt-tail-ms", "150", "--out", str(tmp_path / "a")]) == 0
+    assert "SLO (also):     TTFT≤2s+0.1ms/tok TPOT≤100ms TBTtail≤150ms" in capsys.readouterr().out
+    entry = json.loads((tmp_path / "a" / "results.json").read_text())["lpwl"]
+    assert isinstance(entry["output_tps_under_slo"], float) and isinstance(entry["tbt_tail_p90_ms"], float)
+    assert entry["tbt_tail_p90_ms"] >= 1e3 * entry["tpot_p90_s"] * (1 - 1e-6)
+    head, tight, tail = entry["by_slo"]
+    assert (head["tbt_tail_s"], tight["tbt_tail_s"], tail["tbt_tail_s"]) == (None, None, 0.15)
+    assert tail["met"] <= head["met"] and tail["output_tps_under_slo"] <= head["output_tps_under_slo"]
+    with pytest.raises(SystemExit) as err:
+        main([*argv, "--tbt-tail-ms", "0", "--out", str(tmp_path / "b")])
+    assert err.value.code == 2
+
+
 def test_sweep_grid_and_tiers(weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep"
     argv = ["sweep", "--trace", str(weka_trace()), "--policies", "lmetric,smetric", "--loads", "0.03,0.06"]

@@ -21,8 +21,9 @@ from smetric._types import (
     SloResult,
     SloSettings,
     TraceFormat,
+    TurnFeed,
 )
-from smetric.sim import FORMATS, INDEX_FEEDS
+from smetric.sim import FORMATS, INDEX_FEEDS, TURN_FEEDS
 
 TraceWriter = Callable[..., Path]
 
@@ -39,6 +40,7 @@ def test_config_defaults_have_the_declared_keys() -> None:
     assert set(defaults["slo"]) == keys(SloSettings)
     assert defaults["index_feed"] in get_args(IndexFeed)
     assert get_args(TraceFormat) == FORMATS and get_args(IndexFeed) == INDEX_FEEDS
+    assert defaults["turns"] == TURN_FEEDS[0] == get_args(TurnFeed)[0] == "request"
 
 
 def test_report_has_the_declared_keys(weka_trace: TraceWriter) -> None:
@@ -56,3 +58,4 @@ def test_report_has_the_declared_keys(weka_trace: TraceWriter) -> None:
     assert set(report["reasons"]) <= set(get_args(Reason))
     assert set(report["records"]["reason"]) <= {*get_args(Reason), ""}
     assert report["index_feed"] in get_args(IndexFeed)
+    assert report["turns"] == "request"

@@ -184,6 +184,19 @@ def lmetric(cands: Sequence[Candidate], req: RouteInput, rng: CounterRng) -> tup
     return argmin(range(len(cands)), score, rng), "lmetric"
 
 
+# --- 7. lpwl ---------------------------------------------------------------------------------
+def lpwl(cands: Sequence[Candidate], req: RouteInput, rng: CounterRng) -> tuple[int, str]:
+    """Least pending prefill work: argmin q + (n - max(L, Gh)), no batch term."""
+    n = float(req.n)
+    gh = float(req.global_hit)
+
+    def work(i: int) -> float:
+        c = cands[i]
+        return float(c.queued) + (n - min(max(float(c.local_hit), gh), n))
+
+    return argmin(range(len(cands)), work, rng), "lpwl"
+
+
 # --- 6. smetric ------------------------------------------------------------------------------
 def smetric(cands: Sequence[Candidate], req: RouteInput, cfg: ReferenceConfig, rng: CounterRng) -> tuple[int, str]:
     """First turns spread by a cache-blind cost; follow-ups stick to their home unless it lost

@@ -22,7 +22,7 @@ from .index import GLOBAL, KvIndex
 from .load import InstanceLoad, RequestRecord, apply_finished, apply_prefilled, apply_routed
 from .policies import Candidate, CounterRng, RouteInput
 
-POLICIES = ("round_robin", "least_load", "cache_first", "linear", "lmetric", "smetric")
+POLICIES = ("round_robin", "least_load", "cache_first", "linear", "lmetric", "lpwl", "smetric")
 TIERS = ("local", "global")
 AUTO_REQUEST_ID_BASE = 1 << 63  # §8: generated request ids are 2^63, 2^63 + 1, ...
 FOLLOW_UP_ROLES = frozenset({"assistant", "tool", "function", "ipython"})  # §4.2
@@ -311,6 +311,8 @@ class ReferenceRouter:
                 return policies.linear(cands, req, cfg.linear_prefill_weight, rng)
             case "lmetric":
                 return policies.lmetric(cands, req, rng)
+            case "lpwl":
+                return policies.lpwl(cands, req, rng)
             case _:
                 return policies.smetric(cands, req, cfg, rng)
 

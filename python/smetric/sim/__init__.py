@@ -27,6 +27,7 @@ from smetric._types import (
     SloResult,
     SloSettings,
     TraceFormat,
+    TurnFeed,
 )
 from smetric.sim.config import (
     DEFAULT_SLOS,
@@ -34,6 +35,7 @@ from smetric.sim.config import (
     INDEX_FEEDS,
     POLICY_VARIANTS,
     SLO,
+    TURN_FEEDS,
     GlobalTier,
     SimulationConfig,
     TraceSpec,
@@ -60,6 +62,7 @@ __all__ = [
     "INDEX_FEEDS",
     "POLICY_VARIANTS",
     "SLO",
+    "TURN_FEEDS",
     "ArrivalKind",
     "GlobalTier",
     "GlobalTierSettings",
@@ -77,6 +80,7 @@ __all__ = [
     "SloSettings",
     "TraceFormat",
     "TraceSpec",
+    "TurnFeed",
     "Window",
     "Workload",
     "embedded_trace_path",

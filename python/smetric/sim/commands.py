@@ -3,7 +3,7 @@
 ``simulate`` runs one configuration (every policy at the configured load) plus a short load
 ladder around it, prints the comparison table (stating its SLOs) and writes ``results.json``,
 ``run.json`` and the plots into ``--out``. With no argument it replays the Weka excerpt
-shipped in the package on 16 H20 instances with the global KV$ tier, all six policies.
+shipped in the package on 16 H20 instances with the global KV$ tier, all seven policies.
 
 ``sweep`` runs the full grid load × policy × seed (× global tier on/off) in parallel and
 reports, per policy, the peak TPS under SLO and the highest load whose attainment stays ≥ 90%.
@@ -27,6 +27,7 @@ from smetric.sim.config import (
     INDEX_FEEDS,
     POLICY_VARIANTS,
     SLO,
+    TURN_FEEDS,
     SimulationConfig,
     TraceSpec,
     Window,
@@ -61,13 +62,26 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help=f"comma-separated policies (default: all six; also: {', '.join(POLICY_VARIANTS)})",
+        help=f"comma-separated policies (default: all of them; also: {', '.join(POLICY_VARIANTS)})",
     )
     p.add_argument("--no-global-tier", action="store_true", help="switch the global CPU KV$ tier off")
+    p.add_argument(
+        "--turns",
+        choices=TURN_FEEDS,
+        default=ENGINE_DEFAULTS["turns"],
+        help="what the router hears of a request's turn: request (the turn it carries, as its re-sent history "
+        "shows) or index (nothing: inferred from the index); sessionless traces carry none (default %(default)s)",
+    )
     p.add_argument(
         "--tpot-ms",
         default=",".join(f"{1e3 * t:g}" for t in ENGINE_DEFAULTS["slo"]["tpot_s"]),
         help="TPOT bounds in ms, the first is the headline (default %(default)s)",
+    )
+    p.add_argument(
+        "--tbt-tail-ms",
+        default="",
+        help="tail-TBT bounds in ms (mean of a request's longest tenth of token gaps, Mooncake's TBT); each adds "
+        "an SLO setting: the headline TTFT and TPOT bounds plus that bound (default: none)",
     )
     p.add_argument(
         "--ttft-base-s",
@@ -136,9 +150,14 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
     slos = tuple(replace(base, tpot_s=t / 1e3) for t in _floats(args.tpot_ms))
     if not slos:
         _die("--tpot-ms needs at least one bound")
+    tails = _floats(args.tbt_tail_ms)
+    if any(not t > 0 for t in tails):
+        _die("--tbt-tail-ms bounds must be > 0")
+    slos += tuple(replace(slos[0], tbt_tail_s=t / 1e3) for t in tails)
     config = SimulationConfig(instances=args.instances, profile=args.profile, slos=slos)
     if args.no_global_tier:
         config = config.with_tier(False)
+    config = config.with_turns(args.turns)
     window = Window(duration_s=args.duration_s, warmup_s=args.warmup_s, max_think_s=args.max_think_s)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
@@ -185,7 +204,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     print(
         f"smetric {__version__} simulate: {trace.name} ({len(workload):,} requests, {workload.sessions} sessions, "
         f"{workload.arrival}), {config.instances} x {config.profile}, global tier "
-        f"{'on' if config.global_tier.enabled else 'off'}, policies {', '.join(policies)}, "
+        f"{'on' if config.global_tier.enabled else 'off'}, turns from {config.turns}, policies {', '.join(policies)}, "
         f"loads {', '.join(f'{x:g}' for x in loads)} {unit}",
         file=sys.stderr,
     )

@@ -4,11 +4,13 @@ Every engine default comes from the Rust ``SimConfig::default()`` through
 :func:`smetric._core.sim_config_defaults` — nothing here restates an engine number. What this
 module adds is the *experiment design* the engine leaves to its caller:
 
-* :class:`SLO` — one SLO setting (length-aware TTFT bound + TPOT bound). The defaults are the
-  engine's: TTFT ≤ 2 s + 0.1 ms per prompt token (the 2 s is perf-model §5's fixed tier for
-  short prompts; the slope is twice the H20 prefill cost of 50 µs/token, so a cold prompt on
-  an idle instance meets it up to ≈35K tokens and longer ones only with cache hits), TPOT ≤
-  100 ms and ≤ 50 ms (§5's two tiers; the first is the headline).
+* :class:`SLO` — one SLO setting (length-aware TTFT bound + TPOT bound, optionally a tail-TBT
+  bound). The defaults are the engine's: TTFT ≤ 2 s + 0.1 ms per prompt token (the 2 s is
+  perf-model §5's fixed tier for short prompts; the slope is twice the H20 prefill cost of
+  50 µs/token, so a cold prompt on an idle instance meets it up to ≈35K tokens and longer ones
+  only with cache hits), TPOT ≤ 100 ms and ≤ 50 ms (§5's two tiers; the first is the headline),
+  no tail-TBT bound (Mooncake's TBT: the mean of a request's longest tenth of token gaps; a
+  stall that a mean TPOT hides shows in it).
 * :class:`TraceSpec` — which trace, in which format, with which loader options.
 * :class:`Window` — how a closed-loop (session) trace becomes a steady load: sessions start
   as a Poisson stream for ``duration_s`` seconds (the trace is replicated with private block
@@ -34,6 +36,7 @@ from smetric._types import (
     SimConfigDefaults,
     SloSettings,
     TraceFormat,
+    TurnFeed,
 )
 from smetric.errors import UnknownPolicyError
 
@@ -55,6 +58,12 @@ INDEX_FEEDS: Final[tuple[IndexFeed, ...]] = get_args(IndexFeed)
 """How the router's KV$ index can be fed in a run: insert on route; the engines' vLLM KV-event
 batches (through the production encoder and ingestor, ``event_delay_s`` late); or an oracle that
 sees every cache change the instant it happens."""
+
+TURN_FEEDS: Final[tuple[TurnFeed, ...]] = get_args(TurnFeed)
+"""What a run tells the router of each request's turn: ``request`` — the turn the request carries
+(a session's k-th request has turn k, as its re-sent history shows a real router); ``index`` —
+nothing, the router infers first turns from its index. Sessionless traces (Mooncake, Azure)
+carry no turn, so both route them alike."""
 
 EMBEDDED_TRACE: Final[str] = "weka_excerpt.jsonl.gz"
 """The Weka excerpt shipped in ``smetric/data`` (licence: ``LICENSE-weka-excerpt.txt``)."""
@@ -79,20 +88,28 @@ def policy_router(name: str, base: RouterConfig | None = None) -> tuple[PolicyNa
 
 @dataclass(frozen=True)
 class SLO:
-    """One SLO setting: TTFT ≤ ``ttft_base_s + ttft_s_per_token · prompt tokens`` and TPOT ≤ ``tpot_s``."""
+    """One SLO setting: TTFT ≤ ``ttft_base_s + ttft_s_per_token · prompt tokens``, TPOT ≤ ``tpot_s``
+    and, when ``tbt_tail_s`` is set, tail TBT (mean of the longest tenth of token gaps) ≤ it."""
 
     ttft_base_s: float = _SLO["ttft_base_s"]
     ttft_s_per_token: float = _SLO["ttft_s_per_token"]
     tpot_s: float = _SLO["tpot_s"][0]
+    tbt_tail_s: float | None = _SLO["tbt_tail_s"]
 
     @property
     def label(self) -> str:
-        """A short human-readable form, e.g. ``TTFT≤2s+0.1ms/tok TPOT≤100ms``."""
-        return f"TTFT≤{self.ttft_base_s:g}s+{self.ttft_s_per_token * 1e3:g}ms/tok TPOT≤{self.tpot_s * 1e3:g}ms"
+        """A short human-readable form, e.g. ``TTFT≤2s+0.1ms/tok TPOT≤100ms`` (``… TBTtail≤200ms``)."""
+        label = f"TTFT≤{self.ttft_base_s:g}s+{self.ttft_s_per_token * 1e3:g}ms/tok TPOT≤{self.tpot_s * 1e3:g}ms"
+        return label if self.tbt_tail_s is None else f"{label} TBTtail≤{self.tbt_tail_s * 1e3:g}ms"
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | None]:
         """Plain fields (for results.json)."""
-        return {"ttft_base_s": self.ttft_base_s, "ttft_s_per_token": self.ttft_s_per_token, "tpot_s": self.tpot_s}
+        return {
+            "ttft_base_s": self.ttft_base_s,
+            "ttft_s_per_token": self.ttft_s_per_token,
+            "tpot_s": self.tpot_s,
+            "tbt_tail_s": self.tbt_tail_s,
+        }
 
 
 DEFAULT_SLOS: Final[tuple[SLO, ...]] = tuple(SLO(tpot_s=t) for t in _SLO["tpot_s"])
@@ -135,6 +152,8 @@ class SimulationConfig:
     """One of :data:`INDEX_FEEDS`."""
     event_delay_s: float = ENGINE_DEFAULTS["event_delay_s"]
     """With ``index_feed="events"``: seconds from a batch's publication to its application."""
+    turns: TurnFeed = ENGINE_DEFAULTS["turns"]
+    """One of :data:`TURN_FEEDS`."""
     router: tuple[tuple[str, Any], ...] = ()
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
@@ -163,6 +182,16 @@ class SimulationConfig:
             raise ValueError(f"event_delay_s must be >= 0, got {delay}")
         return replace(self, index_feed=feed, event_delay_s=delay)
 
+    def with_turns(self, turns: str) -> SimulationConfig:
+        """A copy whose router hears each request's turn as ``turns`` says (one of :data:`TURN_FEEDS`).
+
+        Raises:
+            ValueError: an unknown turn source.
+        """
+        if turns not in TURN_FEEDS:
+            raise ValueError(f"unknown turn source {turns!r}; known: {', '.join(TURN_FEEDS)}")
+        return replace(self, turns=turns)
+
     def with_tier(self, enabled: bool) -> SimulationConfig:
         """A copy with the global tier switched on or off."""
         return replace(self, global_tier=replace(self.global_tier, enabled=enabled))
@@ -170,18 +199,20 @@ class SimulationConfig:
     def core_config(self) -> tuple[dict[str, Any], list[dict[str, Any]], list[tuple[int, int]]]:
         """The engine's config dict, its extra SLO variants, and where each SLO's result lands.
 
-        The engine scores one TTFT bound with several TPOT bounds per run and re-scores the
-        same run under further SLOs on request: SLOs sharing the first one's TTFT bound go in
-        ``slo``, each other one becomes a variant. Entry ``k`` of the returned positions is
-        ``(variant, index)`` of ``slos[k]``: variant 0 is ``report["slo"]``, variant ``v`` is
-        ``report["slo_variants"][v - 1]``.
+        The engine scores one TTFT bound (and tail-TBT bound) with several TPOT bounds per run
+        and re-scores the same run under further SLOs on request: SLOs sharing the first one's
+        TTFT and tail-TBT bounds go in ``slo``, each other one becomes a variant. Entry ``k`` of
+        the returned positions is ``(variant, index)`` of ``slos[k]``: variant 0 is
+        ``report["slo"]``, variant ``v`` is ``report["slo_variants"][v - 1]``.
         """
         if not self.slos:
             raise ValueError("a SimulationConfig needs at least one SLO")
         head = self.slos[0]
-        same_ttft = [
-            s for s in self.slos if (s.ttft_base_s, s.ttft_s_per_token) == (head.ttft_base_s, head.ttft_s_per_token)
-        ]
+
+        def shared(s: SLO) -> tuple[float, float, float | None]:
+            return (s.ttft_base_s, s.ttft_s_per_token, s.tbt_tail_s)
+
+        same_ttft = [s for s in self.slos if shared(s) == shared(head)]
         variants: list[dict[str, Any]] = []
         where: list[tuple[int, int]] = []
         for s in self.slos:
@@ -189,7 +220,12 @@ class SimulationConfig:
                 where.append((0, same_ttft.index(s)))
             else:
                 variants.append(
-                    {"ttft_base_s": s.ttft_base_s, "ttft_s_per_token": s.ttft_s_per_token, "tpot_s": [s.tpot_s]}
+                    {
+                        "ttft_base_s": s.ttft_base_s,
+                        "ttft_s_per_token": s.ttft_s_per_token,
+                        "tpot_s": [s.tpot_s],
+                        "tbt_tail_s": s.tbt_tail_s,
+                    }
                 )
                 where.append((len(variants), 0))
         tier = self.global_tier
@@ -211,12 +247,14 @@ class SimulationConfig:
                 "ttft_base_s": head.ttft_base_s,
                 "ttft_s_per_token": head.ttft_s_per_token,
                 "tpot_s": [s.tpot_s for s in same_ttft],
+                "tbt_tail_s": head.tbt_tail_s,
             },
             "sample_interval_s": self.sample_interval_s,
             "load_report_interval_s": self.load_report_interval_s,
             "max_events": self.max_events,
             "index_feed": self.index_feed,
             "event_delay_s": self.event_delay_s,
+            "turns": self.turns,
         }
         return config, variants, where
 

@@ -55,13 +55,14 @@ def comparison_table(
     spec = nominal[0].spec
     lines = [
         f"trace {spec.trace.name} | {spec.config.instances} x {spec.config.profile} | "
-        f"global KV$ tier {'on' if spec.tier else 'off'} | load {spec.load:g} {load_unit} | seed {spec.seed}",
+        f"global KV$ tier {'on' if spec.tier else 'off'} | turns from {spec.config.turns} | "
+        f"load {spec.load:g} {load_unit} | seed {spec.seed}",
         *slo_lines(slos),
         "",
     ]
     head = (
         f"{'policy':<20} {'TPS<=SLO':>10} {'out TPS':>8} {'attain':>7} "
-        f"{'TTFT p50/p90/p99 (s)':>22} {'TPOT p50/p90/p99 (ms)':>22}"
+        f"{'TTFT p50/p90/p99 (s)':>22} {'TPOT p50/p90/p99 (ms)':>22} {'TBTtail p90':>11}"
     )
     lines += [head, "-" * len(head)]
     for r in nominal:
@@ -70,7 +71,7 @@ def comparison_table(
         tpot = f"{1e3 * m['tpot_p50_s']:.0f}/{1e3 * m['tpot_p90_s']:.0f}/{1e3 * m['tpot_p99_s']:.0f}"
         lines.append(
             f"{r.spec.policy:<20} {_num(m['tps_under_slo']):>10} {_num(m['output_tps_under_slo']):>8} "
-            f"{_pct(m['slo_attainment']):>7} {ttft:>22} {tpot:>22}"
+            f"{_pct(m['slo_attainment']):>7} {ttft:>22} {tpot:>22} {m['tbt_tail_p90_ms']:>9.0f}ms"
         )
     head = (
         f"\n{'policy':<20} {'f-up home':>9} {'f-up stay':>9} {'local hit':>9} {'global hit':>10} "
@@ -97,8 +98,9 @@ def comparison_table(
             )
     lines += [
         "",
-        "TPS<=SLO: input+output tokens/s of measured requests meeting both bounds; attain: share of measured",
-        "requests meeting both; f-up home: follow-ups placed on their session's first-turn instance; f-up stay: on",
+        "TPS<=SLO: input+output tokens/s of measured requests meeting the SLO (out TPS: output tokens only);",
+        "attain: share of measured requests meeting it; TBTtail: p90 over requests of the mean of their longest",
+        "tenth of token gaps; f-up home: follow-ups placed on their session's first-turn instance; f-up stay: on",
         "their previous request's instance; imbal CV: mean coefficient of variation of queued prefill tokens.",
     ]
     return "\n".join(lines)

@@ -9,7 +9,7 @@
 //! * [`index`] — the two-tier (GPU per instance, global CPU/store) KV$ index;
 //! * [`load`] — the lock-free load board;
 //! * [`mix_map`] — the hash map for keys that already are hashes or small ids;
-//! * [`policy`] — the six policies, one file each;
+//! * [`policy`] — the seven policies, one file each;
 //! * [`turn`] — stateless first-turn inference;
 //! * [`router`] — the decision path tying them together.
 //!

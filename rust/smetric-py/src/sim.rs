@@ -31,7 +31,7 @@ use serde::Serialize;
 use smetric_core::PolicyKind;
 use smetric_sim::workload::ArrivalKind;
 use smetric_sim::{
-    BailianOptions, IndexFeed, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig, SloReport,
+    BailianOptions, IndexFeed, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig, SloReport, TurnFeed,
     WekaOptions, Workload, evaluate_slo, load_azure, load_bailian, load_mooncake, load_weka, run,
 };
 
@@ -288,6 +288,7 @@ fn apply_slo(py: Python<'_>, slo: &mut SloConfig, d: &Bound<'_, PyDict>) -> PyRe
             "ttft_base_s" => slo.ttft_base_s = field(&key, &v)?,
             "ttft_s_per_token" => slo.ttft_s_per_token = field(&key, &v)?,
             "tpot_s" => slo.tpot_s = field(&key, &v)?,
+            "tbt_tail_s" => slo.tbt_tail_s = field(&key, &v)?,
             _ => return Err(unknown_key(py, "slo", &key)),
         }
     }
@@ -361,6 +362,17 @@ fn sim_config(
                 })?;
             }
             "event_delay_s" => c.event_delay_s = field(&key, &v)?,
+            "turns" => {
+                let name: String = field(&key, &v)?;
+                c.turns = TurnFeed::parse(&name).ok_or_else(|| {
+                    let known: Vec<&str> = TurnFeed::ALL.iter().map(|t| t.name()).collect();
+                    invalid_config(
+                        py,
+                        "turns",
+                        format!("unknown turn source {name:?}; known: {}", known.join(", ")),
+                    )
+                })?;
+            }
             _ => return Err(unknown_key(py, "config", &key)),
         }
     }
@@ -391,6 +403,7 @@ fn records<'py>(py: Python<'py>, records: &[RequestRecord]) -> PyResult<Bound<'p
     d.set_item("finish_s", col(&|r| r.finish_s))?;
     d.set_item("ttft_s", col(&RequestRecord::ttft_s))?;
     d.set_item("tpot_s", col(&RequestRecord::tpot_s))?;
+    d.set_item("tbt_tail_s", col(&|r| r.tbt_tail_s))?;
     d.set_item(
         "input_tokens",
         records.iter().map(|r| r.input_tokens).collect::<Vec<_>>(),

@@ -43,6 +43,7 @@ use crate::global_tier::{GlobalTier, TierLink};
 use crate::instance::{EngineLimits, Instance, LiveRequest, StepEvent};
 use crate::metrics::{RequestRecord, RunCounters, SimReport, coefficient_of_variation, summarize};
 use crate::placement::{EngineLoadReport, PlaceRequest, Placer};
+use crate::token_gaps::TokenGaps;
 use crate::workload::{ArrivalKind, Workload};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +109,8 @@ struct Sim<'a> {
     tier: GlobalTier,
     reqs: Vec<LiveRequest>,
     records: Vec<RequestRecord>,
+    /// Every request's running tail of token gaps.
+    gaps: TokenGaps,
     child_start: Vec<u32>,
     children: Vec<u32>,
     heap: BinaryHeap<Event>,
@@ -169,6 +172,7 @@ fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn 
         tier: GlobalTier::new(tier_blocks),
         reqs: vec![LiveRequest::default(); n],
         records: Vec::with_capacity(n),
+        gaps: TokenGaps::new(n),
         child_start: Vec::new(),
         children: Vec::new(),
         heap: BinaryHeap::new(),
@@ -354,6 +358,7 @@ impl Sim<'_> {
             request_id: u64::from(r),
             chain,
             prompt_tokens: spec.input_tokens,
+            turn: workload.turn(r as usize),
             now,
         })?;
         if placed.instance >= self.config.instances {
@@ -431,8 +436,10 @@ impl Sim<'_> {
         let mut first_tokens = std::mem::take(&mut self.scratch_first);
         let mut finished = std::mem::take(&mut self.scratch_finished);
         let mut prefilled = std::mem::take(&mut self.scratch_prefilled);
+        let (gaps, specs) = (&mut self.gaps, self.workload.requests());
         self.instances[i as usize].complete(&mut self.reqs, |ev| match ev {
             StepEvent::Prefilled { request, from, to } => prefilled.push((request, from, to)),
+            StepEvent::Sampled { request } => gaps.on_token(request, specs[request as usize].output_tokens, now),
             StepEvent::FirstToken { request } => first_tokens.push(request),
             StepEvent::Finished { request } => finished.push(request),
         });
@@ -450,6 +457,7 @@ impl Sim<'_> {
         for &r in &finished {
             let rec = &mut self.records[r as usize];
             rec.finish_s = Some(now);
+            rec.tbt_tail_s = self.gaps.finish(r);
             let live = &self.reqs[r as usize];
             rec.local_hit_tokens = live.local_hit_tokens;
             rec.global_hit_tokens = live.global_hit_tokens;

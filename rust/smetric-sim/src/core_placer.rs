@@ -1,8 +1,10 @@
 //! [`CorePlacer`]: the real `smetric_core::Router` behind the simulator's [`Placer`] seam.
 //!
 //! Every decision goes through `Router::route` with the request's chain as a pre-hashed
-//! prompt (`Prompt::Hashes`), `TurnHint::Unknown` (the router infers the turn from its index,
-//! statelessly, as in production) and the simulated time. Lifecycle calls are forwarded at the
+//! prompt (`Prompt::Hashes`), the simulated time, and the turn as [`TurnFeed`] says: by
+//! default the turn the request carries (`TurnHint::Turn(k)`, what a real request's re-sent
+//! history shows a stateless router), or `TurnHint::Unknown` (the router infers first turns
+//! from its index alone). Requests of sessionless traces carry no turn: always `Unknown`. Lifecycle calls are forwarded at the
 //! simulated times the engine produces them. The index is fed as `IndexFeed` says:
 //!
 //! * approximate — the router's own insert-on-route index, sized like the simulated pools, so
@@ -26,6 +28,7 @@ use smetric_core::{
 use smetric_vllm::{IngestConfig, Ingestor, RouterAt, SourceId};
 
 use crate::cache_events::{CacheLog, IndexFeed, Medium, block_tokens};
+use crate::config::TurnFeed;
 use crate::error::{Result, SimError};
 use crate::placement::{EngineLoadReport, PlaceRequest, Placement, Placer};
 
@@ -40,6 +43,7 @@ pub struct CorePlacer {
     chain: Vec<BlockHash>,
     feed: IndexFeed,
     events: Option<EventFeed>,
+    turns: TurnFeed,
 }
 
 /// The router side of the event feed.
@@ -137,7 +141,15 @@ impl CorePlacer {
             chain: Vec::new(),
             feed,
             events,
+            turns: TurnFeed::default(),
         })
+    }
+
+    /// The same placer, telling the router each request's turn as `turns` says.
+    #[must_use]
+    pub fn with_turns(mut self, turns: TurnFeed) -> Self {
+        self.turns = turns;
+        self
     }
 
     /// The wrapped router (for its stats).
@@ -192,7 +204,10 @@ impl Placer for CorePlacer {
                     num_tokens: Some(u64::from(request.prompt_tokens)),
                 },
                 namespace: None,
-                turn: TurnHint::Unknown,
+                turn: match (self.turns, request.turn) {
+                    (TurnFeed::Request, Some(k)) => TurnHint::Turn(k),
+                    _ => TurnHint::Unknown,
+                },
                 request_id: Some(RequestId(request.request_id)),
                 now: Some(request.now),
             })

@@ -71,6 +71,8 @@ pub(crate) struct LiveRequest {
 pub(crate) enum StepEvent {
     /// Tokens `[from, to)` of the request were computed by a prefill chunk.
     Prefilled { request: u32, from: u64, to: u64 },
+    /// The request sampled a token (any of them, the first included; tail token gaps).
+    Sampled { request: u32 },
     /// The request sampled its first token.
     FirstToken { request: u32 },
     /// The request sampled its last token and left the engine.
@@ -231,6 +233,7 @@ impl Instance {
                 continue;
             }
             req.generated += 1;
+            sink(StepEvent::Sampled { request: r });
             if req.generated == 1 {
                 sink(StepEvent::FirstToken { request: r });
             }

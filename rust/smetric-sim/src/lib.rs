@@ -15,7 +15,8 @@
 //! * [`workload`] — streaming loaders (Bailian, Mooncake, Weka Claude Code, Azure) into a
 //!   compact form;
 //! * `cluster` — the event loop; [`metrics`] — the report;
-//! * [`placement`] / [`core_placer`] — the seam to the routing core.
+//! * [`placement`] / [`core_placer`] — the seam to the routing core;
+//! * [`token_gaps`] — each request's tail token gap (Mooncake's TBT), exact in O(tail) memory.
 //!
 //! ```no_run
 //! use smetric_sim::{PolicyKind, SimConfig, WekaOptions, load_weka, run};
@@ -42,11 +43,12 @@ mod instance;
 pub mod metrics;
 pub mod perf_model;
 pub mod placement;
+pub mod token_gaps;
 pub mod workload;
 
 pub use cache_events::IndexFeed;
 pub use cluster::simulate;
-pub use config::{GlobalTierConfig, SimConfig, SloConfig};
+pub use config::{GlobalTierConfig, SimConfig, SloConfig, TurnFeed};
 pub use core_placer::CorePlacer;
 pub use error::{Result, SimError};
 pub use metrics::{LoadSeries, Percentiles, RequestRecord, SimReport, SloReport, evaluate_slo};
@@ -69,7 +71,7 @@ pub fn run(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Resul
 /// The real router running `policy`, set up for `config` and `workload`: its block size is
 /// the workload's, its per-instance capacity is the simulated pool (`kv_tokens / block`), its
 /// global capacity is the simulated tier (0 when the tier is off), and its index is fed as
-/// `config.index_feed` says; every other router field comes from `config.router`. Its seed
+/// `config.index_feed` says, and it hears each request's turn as `config.turns` says; every other router field comes from `config.router`. Its seed
 /// is `config.seed`.
 pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Result<CorePlacer> {
     config.validate()?;
@@ -85,7 +87,7 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
     // An ingestor source maps what its instance holds: its pool, plus the store blocks it
     // announced (at most the whole store).
     let max_mapped = router_config.local_capacity_blocks + router_config.global_capacity_blocks;
-    CorePlacer::with_feed(
+    let placer = CorePlacer::with_feed(
         config.instances,
         policy,
         block_tokens,
@@ -93,5 +95,6 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
         router_config,
         config.index_feed,
         usize::try_from(max_mapped).unwrap_or(usize::MAX),
-    )
+    )?;
+    Ok(placer.with_turns(config.turns))
 }

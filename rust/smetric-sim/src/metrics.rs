@@ -6,9 +6,13 @@
 //!   where `window_end` is `measure_end_s` or, by default, the last finish time.
 //! * **TTFT** = first token − arrival (includes frontend, routing queue, tier fetch, queueing
 //!   and prefill). **TPOT** = (finish − first token) / (output − 1); undefined for one-token
-//!   outputs, which meet any TPOT bound.
-//! * **SLO met**: TTFT ≤ `ttft_base_s + ttft_s_per_token · input` and TPOT ≤ bound. Rejected
-//!   requests (longer than `max_model_len`) never meet it.
+//!   outputs, which meet any TPOT bound. **Tail TBT** (Mooncake FAST'25's TBT) = the mean of
+//!   the longest tenth (rounded up) of a request's `output − 1` inter-token gaps
+//!   ([`crate::token_gaps`]); a stall that a mean TPOT spreads thin stays in it. Undefined for
+//!   one-token outputs, like TPOT.
+//! * **SLO met**: TTFT ≤ `ttft_base_s + ttft_s_per_token · input`, TPOT ≤ bound and, when
+//!   `tbt_tail_s` is set, tail TBT ≤ it. Rejected requests (longer than `max_model_len`) never
+//!   meet it.
 //! * **TPS under SLO** = Σ (input + output) tokens of measured requests meeting the SLO ÷
 //!   window length; **output TPS under SLO** counts output tokens only.
 //! * **Hit ratios**: local = prompt tokens served from the instance's GPU prefix cache at
@@ -76,6 +80,9 @@ pub struct RequestRecord {
     pub rejected: bool,
     /// Times it was preempted.
     pub preemptions: u32,
+    /// Tail TBT: mean of the longest tenth of its inter-token gaps, seconds (`None` for
+    /// one-token outputs and requests that did not finish).
+    pub tbt_tail_s: Option<f64>,
 }
 
 impl RequestRecord {
@@ -146,6 +153,10 @@ pub struct SloReport {
     pub ttft_attainment: f64,
     /// Share of measured requests meeting the TPOT bound.
     pub tpot_attainment: f64,
+    /// Tail-TBT bound, seconds (`None`: not part of this SLO).
+    pub tbt_tail_s: Option<f64>,
+    /// Share of measured requests meeting the tail-TBT bound (every served one without a bound).
+    pub tbt_tail_attainment: f64,
     /// (input + output) tokens of requests meeting the SLO per second of the window.
     pub tps_under_slo: f64,
     /// Output tokens of requests meeting the SLO per second of the window.
@@ -228,6 +239,8 @@ pub struct SimReport {
     pub ttft: Percentiles,
     /// TPOT of measured, served requests with more than one output token.
     pub tpot: Percentiles,
+    /// Tail TBT of the same requests.
+    pub tbt_tail: Percentiles,
     /// One entry per configured TPOT bound; the first is the headline.
     pub slo: Vec<SloReport>,
     /// Input tokens of measured requests.
@@ -279,6 +292,8 @@ pub struct SimReport {
     pub index_feed: String,
     /// Publication-to-application delay of KV events, seconds (with `events`).
     pub event_delay_s: f64,
+    /// What the router was told of each request's turn (`request`, `index`).
+    pub turns: String,
     /// Share of measured, served requests whose predicted local hit exceeded the real one.
     pub local_hit_overpredicted_share: f64,
     /// Σ |predicted − actual local hit| ÷ served measured prompt tokens.
@@ -340,7 +355,7 @@ pub fn evaluate_slo(
     let window = (window_end_s - window_start_s).max(f64::MIN_POSITIVE);
     // Per bound: (met, ttft met, tpot met, tokens of met, output tokens of met).
     let mut met = vec![(0_u64, 0_u64, 0_u64, 0_u64, 0_u64); slo.tpot_s.len()];
-    let mut measured = 0_u64;
+    let (mut measured, mut tbt_met) = (0_u64, 0_u64);
     for r in records {
         if !r.arrival_s.is_some_and(|a| a >= window_start_s && a <= window_end_s) {
             continue;
@@ -349,13 +364,18 @@ pub fn evaluate_slo(
         let tokens = u64::from(r.input_tokens) + u64::from(r.output_tokens);
         let ttft_ok = !r.rejected && r.ttft_s().is_some_and(|t| t <= slo.ttft_bound(r.input_tokens));
         let served = !r.rejected && r.finish_s.is_some();
+        let tbt_ok = served
+            && slo
+                .tbt_tail_s
+                .is_none_or(|bound| r.tbt_tail_s.is_none_or(|t| t <= bound));
+        tbt_met += u64::from(tbt_ok);
         let tpot = r.tpot_s();
         for (k, &bound) in slo.tpot_s.iter().enumerate() {
             let tpot_ok = served && tpot.is_none_or(|t| t <= bound);
             let m = &mut met[k];
             m.1 += u64::from(ttft_ok);
             m.2 += u64::from(tpot_ok);
-            if ttft_ok && tpot_ok {
+            if ttft_ok && tpot_ok && tbt_ok {
                 m.0 += 1;
                 m.3 += tokens;
                 m.4 += u64::from(r.output_tokens);
@@ -374,6 +394,8 @@ pub fn evaluate_slo(
             attainment: n as f64 / measured,
             ttft_attainment: ttft_n as f64 / measured,
             tpot_attainment: tpot_n as f64 / measured,
+            tbt_tail_s: slo.tbt_tail_s,
+            tbt_tail_attainment: tbt_met as f64 / measured,
             tps_under_slo: tokens as f64 / window,
             output_tps_under_slo: output as f64 / window,
         })
@@ -421,12 +443,14 @@ pub(crate) fn summarize(
         events: counters.events,
         index_feed: config.index_feed.name().to_owned(),
         event_delay_s: config.event_delay_s,
+        turns: config.turns.name().to_owned(),
         feed_counters: std::mem::take(&mut counters.feed),
         ..SimReport::default()
     };
     let (mut overpredicted, mut prediction_error) = (0_u64, 0_u64);
     let mut ttfts = Vec::new();
     let mut tpots = Vec::new();
+    let mut tbt_tails = Vec::new();
     let (mut local_hit, mut global_hit, mut served_prompt) = (0_u64, 0_u64, 0_u64);
     let (mut home_hits, mut turn_right) = (0_u64, 0_u64);
     let mut reasons: std::collections::BTreeMap<&'static str, u64> = std::collections::BTreeMap::new();
@@ -474,10 +498,14 @@ pub(crate) fn summarize(
         if let Some(t) = tpot {
             tpots.push(t);
         }
+        if let Some(t) = r.tbt_tail_s {
+            tbt_tails.push(t);
+        }
     }
     let prompt = served_prompt.max(1) as f64;
     report.ttft = Percentiles::of(&mut ttfts);
     report.tpot = Percentiles::of(&mut tpots);
+    report.tbt_tail = Percentiles::of(&mut tbt_tails);
     report.local_hit_ratio = local_hit as f64 / prompt;
     report.global_hit_ratio = global_hit as f64 / prompt;
     let served = (report.measured - report.measured_rejected).max(1) as f64;

@@ -24,6 +24,9 @@ pub struct PlaceRequest<'a> {
     pub chain: &'a [u64],
     /// Prompt tokens.
     pub prompt_tokens: u32,
+    /// The turn the request carries (1 = its session's first), `None` for a sessionless trace
+    /// ([`crate::Workload::turn`]).
+    pub turn: Option<u32>,
     /// Simulated time, seconds.
     pub now: f64,
 }

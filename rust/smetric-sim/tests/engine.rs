@@ -344,6 +344,7 @@ fn load_series_and_slo_rescoring() {
         ttft_base_s: 0.0,
         ttft_s_per_token: 0.0,
         tpot_s: vec![1e-9],
+        tbt_tail_s: None,
     };
     let none = evaluate_slo(&strict, &report.records, report.window_start_s, report.window_end_s);
     assert_eq!(none[0].met, 0);

@@ -14,6 +14,7 @@ mod cache_first;
 mod least_load;
 mod linear;
 mod lmetric;
+mod lpwl;
 mod round_robin;
 mod smetric;
 
@@ -27,6 +28,7 @@ pub use cache_first::CacheFirst;
 pub use least_load::LeastLoad;
 pub use linear::Linear;
 pub use lmetric::Lmetric;
+pub use lpwl::Lpwl;
 pub use round_robin::RoundRobin;
 pub use smetric::Smetric;
 
@@ -83,6 +85,8 @@ pub enum Reason {
     Linear,
     /// `lmetric`.
     Lmetric,
+    /// `lpwl`.
+    Lpwl,
     /// `smetric`, first turn placed for load balance.
     FirstTurnLeastLoaded,
     /// `smetric`, follow-up kept at its home.
@@ -104,6 +108,7 @@ impl Reason {
             Self::CacheFirstMaxHit => "cache-first: max-hit",
             Self::Linear => "linear",
             Self::Lmetric => "lmetric",
+            Self::Lpwl => "lpwl",
             Self::FirstTurnLeastLoaded => "first-turn: least-loaded",
             Self::Sticky => "follow-up: sticky",
             Self::MigrateEvicted => "follow-up: migrate (local KV$ evicted)",
@@ -112,7 +117,7 @@ impl Reason {
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
@@ -120,6 +125,7 @@ impl Reason {
         Self::CacheFirstMaxHit,
         Self::Linear,
         Self::Lmetric,
+        Self::Lpwl,
         Self::FirstTurnLeastLoaded,
         Self::Sticky,
         Self::MigrateEvicted,
@@ -157,18 +163,21 @@ pub enum PolicyKind {
     Linear,
     /// LMetric: argmin (queued + new prefill tokens) · (batch + 1).
     Lmetric,
+    /// Least pending prefill work: argmin queued + uncached tokens, no batch term.
+    Lpwl,
     /// SMetric: first turns load-balanced, follow-ups cache-aware, migration on overload/eviction.
     Smetric,
 }
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 6] = [
+    pub const ALL: [PolicyKind; 7] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirst,
         Self::Linear,
         Self::Lmetric,
+        Self::Lpwl,
         Self::Smetric,
     ];
 
@@ -180,6 +189,7 @@ impl PolicyKind {
             Self::CacheFirst => "cache_first",
             Self::Linear => "linear",
             Self::Lmetric => "lmetric",
+            Self::Lpwl => "lpwl",
             Self::Smetric => "smetric",
         }
     }
@@ -203,6 +213,7 @@ impl PolicyKind {
             Self::CacheFirst => Box::new(CacheFirst),
             Self::Linear => Box::new(Linear),
             Self::Lmetric => Box::new(Lmetric),
+            Self::Lpwl => Box::new(Lpwl),
             Self::Smetric => Box::new(Smetric),
         }
     }

@@ -8,6 +8,11 @@
 //! Chains hold only *full* blocks, because vLLM caches only full blocks: a trace id that
 //! covers a partial tail (Bailian, Mooncake) is dropped at load time.
 //!
+//! **Turns.** A real follow-up re-sends its session's history, so the router sees its turn;
+//! [`Workload::turn`] is that number for every request of a trace with sessions (Weka, Bailian):
+//! its position in the chain of earlier requests of its (sub)session. Sessionless open-loop
+//! traces (Mooncake, Azure) record no session, so their requests carry no turn (`None`).
+//!
 //! Loaders stream the file line by line (gzip detected by its magic bytes) and report a bad
 //! record as [`SimError::Parse`] with its 1-based line number; they never panic.
 
@@ -90,6 +95,8 @@ pub struct Workload {
     hashes: Vec<u64>,
     sessions: u32,
     root_sessions: u32,
+    /// Per request: its turn, 0 when unknown (see [`Workload::turn`]).
+    turns: Vec<u32>,
 }
 
 impl Workload {
@@ -131,6 +138,16 @@ impl Workload {
     /// Total block ids stored.
     pub fn total_hash_ids(&self) -> usize {
         self.hashes.len()
+    }
+
+    /// The turn request `i` carries, as a real request shows it by re-sending its history: 1
+    /// for the first request of its (sub)session, else one more than its `prev` when that is in
+    /// the same session. `None` when the trace does not say whether it starts a session
+    /// (`first_turn` unknown: the sessionless Mooncake and Azure traces). A follow-up whose
+    /// earlier turns are not in the workload (a parent outside the loaded files) gets 2: it is
+    /// not a first turn, which is all a router reads from the number.
+    pub fn turn(&self, i: usize) -> Option<u32> {
+        self.turns.get(i).copied().filter(|&t| t > 0)
     }
 
     /// Number of (sub)sessions.
@@ -242,6 +259,7 @@ impl WorkloadBuilder {
                 hashes: Vec::new(),
                 sessions: 0,
                 root_sessions: 0,
+                turns: Vec::new(),
             },
         }
     }
@@ -306,8 +324,58 @@ impl WorkloadBuilder {
             }
         }
         w.hashes.shrink_to_fit();
+        w.turns = turns(&w.requests);
         Ok(self.inner)
     }
+}
+
+/// [`Workload::turn`] of every request (0: unknown). A request's turn follows from its `prev`
+/// chain, which may point forward in trace order, so each chain is walked once and memoised;
+/// a cycle (the builder rejects only self-references) stops the walk. O(requests).
+fn turns(requests: &[RequestSpec]) -> Vec<u32> {
+    const PENDING: u32 = u32::MAX;
+    let mut turns = vec![0_u32; requests.len()];
+    let mut path = Vec::new();
+    for start in 0..requests.len() {
+        let mut i = start;
+        // Walk up to the first request whose turn is known or follows on its own.
+        let base = loop {
+            if turns[i] == PENDING {
+                break 1; // a cycle: restart its count
+            }
+            if turns[i] != 0 {
+                break turns[i];
+            }
+            let r = &requests[i];
+            let prev = r.prev.filter(|&p| requests[p as usize].session == r.session);
+            match (r.first_turn, prev) {
+                (None, _) => break 0,
+                (Some(true), _) => {
+                    turns[i] = 1;
+                    break 1;
+                }
+                (Some(false), None) => {
+                    turns[i] = 2;
+                    break 2;
+                }
+                (Some(false), Some(p)) => {
+                    turns[i] = PENDING;
+                    path.push(i);
+                    i = p as usize;
+                }
+            }
+        };
+        let mut t = base;
+        while let Some(j) = path.pop() {
+            t = if t == 0 {
+                0
+            } else {
+                t.saturating_add(1).min(PENDING - 1)
+            };
+            turns[j] = t;
+        }
+    }
+    turns
 }
 
 /// Opens `path`, transparently gunzipping it when it starts with the gzip magic bytes.
@@ -493,6 +561,34 @@ mod tests {
         let mut open = WorkloadBuilder::new("t", 16, ArrivalKind::OpenLoop);
         open.push(spec(None), []);
         assert!(open.build().unwrap().replicate(2, 0).is_err());
+    }
+
+    #[test]
+    fn turns_follow_the_session_chain() {
+        let mut b = WorkloadBuilder::new("t", 16, ArrivalKind::ClosedLoop);
+        let first = |first_turn, prev, session| RequestSpec {
+            session,
+            first_turn,
+            ..spec(prev)
+        };
+        b.push(first(Some(false), Some(2), 0), []); // 0: turn 3, its prev comes later
+        b.push(first(Some(true), None, 0), []); // 1: turn 1
+        b.push(first(Some(false), Some(1), 0), []); // 2: turn 2
+        b.push(first(Some(true), Some(0), 1), []); // 3: a subagent's first request
+        b.push(first(Some(false), Some(3), 1), []); // 4: its turn 2
+        b.push(first(Some(false), None, 2), []); // 5: a follow-up whose history is not loaded
+        b.push(first(None, None, 3), []); // 6: sessionless
+        let w = b.build().unwrap();
+        let turns: Vec<Option<u32>> = (0..w.len()).map(|i| w.turn(i)).collect();
+        assert_eq!(turns, [Some(3), Some(1), Some(2), Some(1), Some(2), Some(2), None]);
+        assert_eq!(
+            w.replicate(2, 7).unwrap().turn(w.len()),
+            Some(3),
+            "copies keep their turns"
+        );
+        let mut open = WorkloadBuilder::new("t", 16, ArrivalKind::OpenLoop);
+        open.push(RequestSpec::standalone(0, 10, 1, 0.0), []);
+        assert_eq!(open.build().unwrap().turn(0), None);
     }
 
     #[test]
