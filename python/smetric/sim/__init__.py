@@ -14,7 +14,7 @@ and ``smetric sweep``.
 
 from __future__ import annotations
 
-from smetric._core import Workload, load_workload, sim_config_defaults, sim_profiles, simulate
+from smetric._core import Workload, load_workload, sim_config_defaults, sim_profiles, sim_tier_paths, simulate
 from smetric._types import (
     ArrivalKind,
     GlobalTierSettings,
@@ -26,14 +26,17 @@ from smetric._types import (
     SimReport,
     SloResult,
     SloSettings,
+    TierPath,
     TraceFormat,
 )
 from smetric.sim.config import (
     DEFAULT_SLOS,
     FORMATS,
     INDEX_FEEDS,
+    MOONCAKE_SEGMENT_BYTES_PER_RANK,
     POLICY_VARIANTS,
     SLO,
+    TIER_PATHS,
     GlobalTier,
     SimulationConfig,
     TraceSpec,
@@ -58,8 +61,10 @@ __all__ = [
     "DEFAULT_SLOS",
     "FORMATS",
     "INDEX_FEEDS",
+    "MOONCAKE_SEGMENT_BYTES_PER_RANK",
     "POLICY_VARIANTS",
     "SLO",
+    "TIER_PATHS",
     "ArrivalKind",
     "GlobalTier",
     "GlobalTierSettings",
@@ -75,6 +80,7 @@ __all__ = [
     "SimulationConfig",
     "SloResult",
     "SloSettings",
+    "TierPath",
     "TraceFormat",
     "TraceSpec",
     "Window",
@@ -88,6 +94,7 @@ __all__ = [
     "run_one",
     "sim_config_defaults",
     "sim_profiles",
+    "sim_tier_paths",
     "simulate",
     "summarize",
 ]

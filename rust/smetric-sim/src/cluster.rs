@@ -7,20 +7,29 @@
 //!   routes it *now* and it reaches its instance after the frontend time.
 //! * `Deliver(r)` — the request joins its instance's waiting queue; an idle instance starts a
 //!   step. When the scheduler admits it and the global tier holds the blocks after its GPU
-//!   hit, the scheduler allocates them and starts a load instead (vLLM's
-//!   `WAITING_FOR_REMOTE_KVS`); the load is timed on the instance's link (`α + bytes / BW`,
-//!   FIFO per link) and the instance keeps serving others meanwhile (TTFT += fetch time).
+//!   hit, the scheduler allocates them and starts a load, timed on the node's links
+//!   (`transfer`: FIFO per rank, the node's NIC shared fairly, each rank capped by its
+//!   connector rate and PCIe). With an asynchronous path the request waits (vLLM's
+//!   `WAITING_FOR_REMOTE_KVS`) and the instance keeps stepping; with a synchronous one
+//!   (LMCache) the request is in the step just scheduled and that step ends only after the
+//!   load: at `load end + compute`, or `max(load end, start + compute)` layer-wise.
+//! * `Transfer(link)` — a node link's earliest transfer ends (stale versions are ignored): a
+//!   load's `FetchDone` follows `α` later, or its step's end is fixed; a store makes its
+//!   blocks visible in the tier.
 //! * `FetchDone(r)` — the loaded blocks become computed KV; the request is schedulable.
-//! * `StepDone(i)` — instance `i` finishes a step: tokens advance, computed blocks are written
-//!   to the tier, first tokens and finishes are reported to the placer (`on_prefilled`,
-//!   `on_finished`) at this simulated time, closed-loop successors are released, and the next
-//!   step is scheduled at once (a busy engine never idles between steps).
+//! * `StepDone(i)` — instance `i` finishes a step: tokens advance, the newly full blocks start
+//!   their write-through to the tier, first tokens and finishes are reported to the placer
+//!   (`on_prefilled`, `on_finished`) at this simulated time, closed-loop successors are
+//!   released, and the next step is scheduled at once (a busy engine never idles between
+//!   steps). A step costs the iteration model's time, plus the connector's per-step overhead
+//!   while the tier is on, plus (LMCache) the GPU → host copy of the blocks it fills.
 //! * `Sample` / `LoadReport` — periodic load-imbalance samples and engine load reports.
 //! * `KvEvents` — with `index_feed = events`: the oldest published KV-event message reaches
 //!   the placer. Each instance publishes its cache log when a step completes (vLLM publishes
 //!   the events of a step with its outputs), before it schedules the next; an idle instance
 //!   publishes what it logged meanwhile (a store eviction it announces, a finished load)
-//!   whenever another instance completes a step. Delivery is `event_delay_s` after
+//!   whenever another instance completes a step or a write to the store ends.
+//!   Delivery is `event_delay_s` after
 //!   publication. With `index_feed = oracle` every change reaches the placer at the end of
 //!   the event that made it.
 //!
@@ -39,10 +48,11 @@ use smetric_core::rng::DrawCounter;
 use crate::cache_events::{CacheLog, EventPublisher, Frames, IndexFeed, Medium};
 use crate::config::SimConfig;
 use crate::error::{Result, SimError};
-use crate::global_tier::{GlobalTier, TierLink};
+use crate::global_tier::GlobalTier;
 use crate::instance::{EngineLimits, Instance, LiveRequest, StepEvent};
 use crate::metrics::{RequestRecord, RunCounters, SimReport, coefficient_of_variation, summarize};
 use crate::placement::{EngineLoadReport, PlaceRequest, Placer};
+use crate::transfer::{Direction, Transfer, Transfers, Wakeup};
 use crate::workload::{ArrivalKind, Workload};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +61,7 @@ enum Kind {
     Deliver(u32),
     FetchDone(u32),
     StepDone(u32),
+    Transfer { link: u32, version: u64 },
     Sample,
     LoadReport,
     KvEvents,
@@ -59,8 +70,13 @@ enum Kind {
 impl Kind {
     /// Events that move no request forward: they neither count as pending work (stall
     /// detection) nor extend the makespan.
+    /// A write-through moves no request either (links with odd index carry stores).
     fn is_background(self) -> bool {
-        matches!(self, Self::Sample | Self::LoadReport | Self::KvEvents)
+        match self {
+            Self::Sample | Self::LoadReport | Self::KvEvents => true,
+            Self::Transfer { link, .. } => link % 2 == Direction::Out as u32,
+            _ => false,
+        }
     }
 }
 
@@ -97,6 +113,23 @@ fn exponential(draws: &DrawCounter, rate: f64) -> f64 {
     -(1.0 - draws.uniform()).ln() / rate
 }
 
+/// What a finished transfer does.
+#[derive(Clone, Copy, Debug)]
+enum Payload {
+    /// The tier load of `request`; a synchronous one ends its instance's step.
+    Load { request: u32, synchronous: bool },
+    /// The write of blocks `start..end` of `request`'s chain.
+    Store { request: u32, start: u32, end: u32 },
+}
+
+/// A step that waits for synchronous loads before (or, layer-wise, while) it computes.
+#[derive(Clone, Copy, Debug, Default)]
+struct StalledStep {
+    loads_left: u32,
+    compute_s: f64,
+    started_s: f64,
+}
+
 struct Sim<'a> {
     config: &'a SimConfig,
     workload: &'a Workload,
@@ -104,7 +137,9 @@ struct Sim<'a> {
     limits: EngineLimits,
     model_len: u64,
     instances: Vec<Instance>,
-    links: Vec<TierLink>,
+    transfers: Transfers<Payload>,
+    stalled: Vec<StalledStep>,
+    scratch_done: Vec<Transfer<Payload>>,
     tier: GlobalTier,
     reqs: Vec<LiveRequest>,
     records: Vec<RequestRecord>,
@@ -162,10 +197,17 @@ fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn 
             block_tokens,
             max_batched_tokens: u64::from(config.max_num_batched_tokens),
             max_num_seqs: config.max_num_seqs as usize,
+            synchronous_loads: config.global_tier.enabled && config.global_tier.path.synchronous_load(),
         },
         model_len: config.model_len(),
         instances: (0..config.instances).map(|_| Instance::new(pool_blocks)).collect(),
-        links: vec![TierLink::default(); config.instances as usize],
+        transfers: Transfers::new(
+            config.instances,
+            config.global_tier.gpus_per_node / config.profile.tp.max(1),
+            config.global_tier.node_bytes_per_s(),
+        ),
+        stalled: vec![StalledStep::default(); config.instances as usize],
+        scratch_done: Vec::new(),
         tier: GlobalTier::new(tier_blocks),
         reqs: vec![LiveRequest::default(); n],
         records: Vec::with_capacity(n),
@@ -318,6 +360,7 @@ impl Sim<'_> {
                 Kind::Deliver(r) => self.enqueue(r),
                 Kind::FetchDone(r) => self.fetch_done(r),
                 Kind::StepDone(i) => self.step_done(i),
+                Kind::Transfer { link, version } => self.transfer_done(link, version),
                 Kind::Sample => self.sample()?,
                 Kind::LoadReport => self.load_report(),
                 Kind::KvEvents => self.deliver_kv_events(),
@@ -400,30 +443,120 @@ impl Sim<'_> {
 
     fn start_step(&mut self, i: usize) {
         let shape = self.instances[i].schedule(&mut self.reqs, self.workload, self.limits, &mut self.tier);
-        let fetches = std::mem::take(&mut self.instances[i].started_fetches);
+        let loads = std::mem::take(&mut self.instances[i].started_fetches);
         let tier = &self.config.global_tier;
-        for &(r, blocks) in &fetches {
-            let bytes = (blocks as u64 * self.limits.block_tokens) as f64 * self.config.profile.kv_bytes_per_token_rank;
-            let done = self.links[i].fetch(
-                self.now,
-                bytes,
-                tier.fetch_latency_s,
-                tier.bandwidth_bytes_per_s,
-                tier.fifo_link,
-            );
+        let rank_bytes_per_block = self.limits.block_tokens as f64 * self.config.profile.kv_bytes_per_token_rank;
+        let mut synchronous = 0;
+        for load in &loads {
+            let bytes = load.blocks as f64 * rank_bytes_per_block;
             self.counters.tier_fetches += 1;
             self.counters.tier_fetch_bytes += bytes;
-            self.push(done, Kind::FetchDone(r));
+            synchronous += u32::from(load.synchronous);
+            let transfer = Transfer {
+                instance: i as u32,
+                bytes,
+                cap: tier.load_rank_bytes_per_s(),
+                weight: f64::from(self.config.profile.tp),
+                payload: Payload::Load {
+                    request: load.request,
+                    synchronous: load.synchronous,
+                },
+            };
+            let wakeup = self.transfers.submit(self.now, Direction::In, transfer);
+            self.wake_at(wakeup);
         }
-        self.instances[i].started_fetches = fetches;
+        self.instances[i].started_fetches = loads;
         if shape.is_empty() {
             self.instances[i].busy = false;
             return;
         }
         self.instances[i].busy = true;
         self.counters.iterations += 1;
-        let t = self.config.profile.iteration_time(&shape);
-        self.push(self.now + t, Kind::StepDone(i as u32));
+        let mut t = self.config.profile.iteration_time(&shape);
+        if tier.enabled {
+            t += tier.connector_step_overhead_s;
+            if tier.path.store_copy_in_step() && self.tier.enabled() {
+                t += self.blocks_filled_by_step(i) as f64 * rank_bytes_per_block / tier.pcie_bytes_per_s;
+            }
+        }
+        if synchronous > 0 {
+            self.stalled[i] = StalledStep {
+                loads_left: synchronous,
+                compute_s: t,
+                started_s: self.now,
+            };
+        } else {
+            self.push(self.now + t, Kind::StepDone(i as u32));
+        }
+    }
+
+    /// Prompt blocks that become full in instance `i`'s scheduled step and that the store
+    /// lacks (what LMCache copies to the host at the end of it).
+    fn blocks_filled_by_step(&self, i: usize) -> usize {
+        let b = self.limits.block_tokens;
+        self.instances[i]
+            .batch
+            .iter()
+            .map(|&(r, new)| {
+                let req = &self.reqs[r as usize];
+                let chain = self.workload.chain(r as usize);
+                let full = |tokens: u64| ((tokens / b) as usize).min(chain.len());
+                let filled = &chain[full(req.computed)..full(req.computed + new)];
+                filled.iter().filter(|&&h| !self.tier.contains(h)).count()
+            })
+            .sum()
+    }
+
+    fn wake_at(&mut self, wakeup: Option<Wakeup>) {
+        if let Some((time, link, version)) = wakeup {
+            self.push(time, Kind::Transfer { link, version });
+        }
+    }
+
+    /// A node link's earliest transfers ended.
+    fn transfer_done(&mut self, link: u32, version: u64) {
+        let mut done = std::mem::take(&mut self.scratch_done);
+        let next = self.transfers.wake(self.now, link, version, &mut done);
+        self.wake_at(next);
+        let latency = self.config.global_tier.fetch_latency_s;
+        let mut stored = false;
+        for t in done.drain(..) {
+            let i = t.instance as usize;
+            match t.payload {
+                Payload::Load {
+                    request,
+                    synchronous: false,
+                } => self.push(self.now + latency, Kind::FetchDone(request)),
+                Payload::Load { synchronous: true, .. } => {
+                    let step = &mut self.stalled[i];
+                    step.loads_left -= 1;
+                    if step.loads_left == 0 {
+                        let loaded = self.now + latency;
+                        let end = if self.config.global_tier.layerwise {
+                            loaded.max(step.started_s + step.compute_s)
+                        } else {
+                            loaded + step.compute_s
+                        };
+                        self.push(end, Kind::StepDone(i as u32));
+                    }
+                }
+                Payload::Store { request, start, end } => {
+                    self.store_in_tier(t.instance, request, start as usize, end as usize);
+                    stored = true;
+                }
+            }
+        }
+        self.scratch_done = done;
+        // What the writes logged (entries for the writer, evictions for their owners): a busy
+        // engine publishes it with its step; an idle one has no step to wait for, and the last
+        // writes of a run end after every step.
+        if stored && self.publisher.is_some() {
+            for j in 0..self.config.instances {
+                if !self.instances[j as usize].busy {
+                    self.publish(j);
+                }
+            }
+        }
     }
 
     fn step_done(&mut self, i: u32) {
@@ -438,7 +571,7 @@ impl Sim<'_> {
         });
         if self.tier.enabled() {
             for &(request, from, to) in &prefilled {
-                self.store_in_tier(i, request, from, to);
+                self.write_through(i, request, from, to);
             }
         }
         prefilled.clear();
@@ -473,13 +606,42 @@ impl Sim<'_> {
         self.start_step(i as usize);
     }
 
-    /// Writes the blocks of `request` computed by tokens `[from, to)` to the global tier on
-    /// behalf of instance `i`, logging what entered and what was dropped (see `cache_events`).
-    fn store_in_tier(&mut self, i: u32, request: u32, from: u64, to: u64) {
-        let b = self.limits.block_tokens as usize;
+    /// Starts writing the blocks of `request` that tokens `[from, to)` filled, from instance
+    /// `i` to the global tier; they become visible when the write ends. Blocks the store holds
+    /// already are not sent again (LMCache looks keys up before it stores; vLLM's Mooncake
+    /// connector calls `batch_is_exist`), only refreshed when the write ends.
+    fn write_through(&mut self, i: u32, request: u32, from: u64, to: u64) {
+        let b = self.limits.block_tokens;
         let chain = self.workload.chain(request as usize);
-        let end = (to as usize / b).min(chain.len());
-        let start = (from as usize / b).min(end);
+        let end = ((to / b) as usize).min(chain.len());
+        let start = ((from / b) as usize).min(end);
+        let missing = chain[start..end].iter().filter(|&&h| !self.tier.contains(h)).count();
+        if missing == 0 {
+            if start < end {
+                self.store_in_tier(i, request, start, end);
+            }
+            return;
+        }
+        let tier = &self.config.global_tier;
+        let transfer = Transfer {
+            instance: i,
+            bytes: missing as f64 * b as f64 * self.config.profile.kv_bytes_per_token_rank,
+            cap: tier.store_rank_bytes_per_s(),
+            weight: f64::from(self.config.profile.tp),
+            payload: Payload::Store {
+                request,
+                start: start as u32,
+                end: end as u32,
+            },
+        };
+        let wakeup = self.transfers.submit(self.now, Direction::Out, transfer);
+        self.wake_at(wakeup);
+    }
+
+    /// Puts blocks `start..end` of `request`'s chain, written by instance `i`, in the global
+    /// tier, logging what entered and what was dropped (see `cache_events`).
+    fn store_in_tier(&mut self, i: u32, request: u32, start: usize, end: usize) {
+        let chain = self.workload.chain(request as usize);
         let stored = &chain[start..end];
         self.tier.store(stored, i);
         if !self.tier.changes.enabled {

@@ -9,7 +9,8 @@
 //! * [`block_pool`] — a vLLM v1 GPU block pool with prefix caching;
 //! * `instance` — the vLLM v1 scheduler (running first, chunked prefill, admission,
 //!   preemption by recompute);
-//! * [`global_tier`] — the cluster-wide CPU KV store and its fetch links;
+//! * [`global_tier`] — the cluster-wide KV store; `transfer` — loads and write-throughs over
+//!   the nodes' shared links (per-rank FIFO, fair-share NIC, PCIe caps);
 //! * [`cache_events`] — how the router's index is fed: insert on route, the engines' vLLM
 //!   KV-event batches through the production encoder and ingestor, or an oracle;
 //! * [`workload`] — streaming loaders (Bailian, Mooncake, Weka Claude Code, Azure) into a
@@ -42,11 +43,12 @@ mod instance;
 pub mod metrics;
 pub mod perf_model;
 pub mod placement;
+mod transfer;
 pub mod workload;
 
 pub use cache_events::IndexFeed;
 pub use cluster::simulate;
-pub use config::{GlobalTierConfig, SimConfig, SloConfig};
+pub use config::{GlobalTierConfig, SimConfig, SloConfig, TierPath};
 pub use core_placer::CorePlacer;
 pub use error::{Result, SimError};
 pub use metrics::{LoadSeries, Percentiles, RequestRecord, SimReport, SloReport, evaluate_slo};
