@@ -28,10 +28,9 @@
 //!   the placer. Each instance publishes its cache log when a step completes (vLLM publishes
 //!   the events of a step with its outputs), before it schedules the next; an idle instance
 //!   publishes what it logged meanwhile (a store eviction it announces, a finished load)
-//!   whenever another instance completes a step or a write to the store ends.
-//!   Delivery is `event_delay_s` after
-//!   publication. With `index_feed = oracle` every change reaches the placer at the end of
-//!   the event that made it.
+//!   whenever another instance completes a step or a write to the store ends. Delivery is
+//!   `event_delay_s` after publication. With `index_feed = oracle` every change reaches the
+//!   placer at the end of the event that made it.
 //!
 //! Arrivals: open loop at `time_s / time_scale`; closed loop at the root session's Poisson
 //! start + `time_s` for roots and `finish(prev) + think_s` otherwise; gated open loop at
@@ -52,7 +51,7 @@ use crate::global_tier::GlobalTier;
 use crate::instance::{EngineLimits, Instance, LiveRequest, StepEvent};
 use crate::metrics::{RequestRecord, RunCounters, SimReport, coefficient_of_variation, summarize};
 use crate::placement::{EngineLoadReport, PlaceRequest, Placer};
-use crate::transfer::{Direction, Transfer, Transfers, Wakeup};
+use crate::transfer::{Direction, Transfer, Transfers, Wakeup, link_direction};
 use crate::workload::{ArrivalKind, Workload};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,12 +68,11 @@ enum Kind {
 
 impl Kind {
     /// Events that move no request forward: they neither count as pending work (stall
-    /// detection) nor extend the makespan.
-    /// A write-through moves no request either (links with odd index carry stores).
+    /// detection) nor extend the makespan. The end of a write-through is one of them.
     fn is_background(self) -> bool {
         match self {
             Self::Sample | Self::LoadReport | Self::KvEvents => true,
-            Self::Transfer { link, .. } => link % 2 == Direction::Out as u32,
+            Self::Transfer { link, .. } => link_direction(link) == Direction::Out,
             _ => false,
         }
     }

@@ -520,5 +520,66 @@ mod tests {
             ..SimConfig::default()
         };
         assert!(c.validate().is_err());
+        let tier = |t: GlobalTierConfig| SimConfig {
+            global_tier: t,
+            ..SimConfig::default()
+        };
+        let bad = [
+            (
+                GlobalTierConfig {
+                    gpus_per_node: 0,
+                    ..GlobalTierConfig::default()
+                },
+                "global_tier.gpus_per_node",
+            ),
+            (
+                GlobalTierConfig {
+                    path: TierPath::MooncakeStore,
+                    layerwise: true,
+                    ..GlobalTierConfig::default()
+                },
+                "global_tier.layerwise",
+            ),
+            (
+                GlobalTierConfig {
+                    bandwidth_bytes_per_s: Some(0.0),
+                    ..GlobalTierConfig::default()
+                },
+                "global_tier.bandwidth_bytes_per_s",
+            ),
+        ];
+        for (t, name) in bad {
+            assert!(
+                matches!(tier(t).validate(), Err(SimError::InvalidConfig { field, .. }) if field == name),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn tier_paths_name_their_semantics_and_rates() {
+        for path in TierPath::ALL {
+            assert_eq!(TierPath::parse(path.name()), Some(path));
+        }
+        assert_eq!(TierPath::parse("nixl"), None);
+        assert_eq!(GlobalTierConfig::default().path, TierPath::ALL[0]);
+        assert!(TierPath::Lmcache.synchronous_load() && TierPath::Lmcache.store_copy_in_step());
+        assert!(!TierPath::MooncakeStore.synchronous_load() && !TierPath::CpuOffload.synchronous_load());
+        let t = GlobalTierConfig::default();
+        assert!((t.load_rank_bytes_per_s() - 7.4e9).abs() < 1.0);
+        assert!((t.store_rank_bytes_per_s() - 8.1e9).abs() < 1.0);
+        assert!((t.node_bytes_per_s() - 87e9).abs() < 1.0);
+        let offload = GlobalTierConfig {
+            path: TierPath::CpuOffload,
+            ..GlobalTierConfig::default()
+        };
+        assert!((offload.load_rank_bytes_per_s() - 40e9).abs() < 1.0);
+        assert!((offload.store_rank_bytes_per_s() - 54e9).abs() < 1.0);
+        assert!(offload.node_bytes_per_s().is_infinite());
+        let fast = GlobalTierConfig {
+            bandwidth_bytes_per_s: Some(100e9),
+            ..GlobalTierConfig::default()
+        };
+        assert!((fast.load_rank_bytes_per_s() - 54e9).abs() < 1.0, "PCIe caps a rank");
     }
 }

@@ -60,6 +60,11 @@ struct NodeLink<P> {
     version: u64,
 }
 
+/// The direction link `link` carries.
+pub(crate) fn link_direction(link: u32) -> Direction {
+    if link % 2 == 0 { Direction::In } else { Direction::Out }
+}
+
 /// When the caller must look at a link again: `(time, link, version)`.
 pub(crate) type Wakeup = (f64, u32, u64);
 
@@ -127,7 +132,7 @@ impl<P> Transfers<P> {
             return None;
         }
         link.advance(now);
-        let direction = l as usize % 2;
+        let direction = link_direction(l) as usize;
         let mut k = 0;
         while k < link.active.len() {
             let a = &link.active[k];
