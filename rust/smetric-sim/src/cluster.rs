@@ -15,7 +15,7 @@
 //!   load: at `load end + compute`, or `max(load end, start + compute)` layer-wise.
 //! * `Transfer(link)` — a node link's earliest transfer ends (stale versions are ignored): a
 //!   load's `FetchDone` follows `α` later, or its step's end is fixed; a store makes its
-//!   blocks visible in the tier.
+//!   blocks visible in the tier. (The tier's loads, stores and step costs: `tier_io`.)
 //! * `FetchDone(r)` — the loaded blocks become computed KV; the request is schedulable.
 //! * `StepDone(i)` — instance `i` finishes a step: tokens advance, the newly full blocks start
 //!   their write-through to the tier, first tokens and finishes are reported to the placer
@@ -44,15 +44,19 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use smetric_core::rng::DrawCounter;
 
-use crate::cache_events::{CacheLog, EventPublisher, Frames, IndexFeed, Medium};
+use crate::cache_events::{CacheLog, EventPublisher, Frames, IndexFeed};
 use crate::config::SimConfig;
 use crate::error::{Result, SimError};
 use crate::global_tier::GlobalTier;
 use crate::instance::{EngineLimits, Instance, LiveRequest, StepEvent};
 use crate::metrics::{RequestRecord, RunCounters, SimReport, coefficient_of_variation, summarize};
 use crate::placement::{EngineLoadReport, PlaceRequest, Placer};
-use crate::transfer::{Direction, Transfer, Transfers, Wakeup, link_direction};
+use crate::transfer::{Direction, Transfer, Transfers, link_direction};
 use crate::workload::{ArrivalKind, Workload};
+
+mod tier_io;
+
+use tier_io::{Payload, StalledStep};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -109,23 +113,6 @@ impl Ord for Event {
 /// An exponential gap with the given rate, from the next draw of `draws`.
 fn exponential(draws: &DrawCounter, rate: f64) -> f64 {
     -(1.0 - draws.uniform()).ln() / rate
-}
-
-/// What a finished transfer does.
-#[derive(Clone, Copy, Debug)]
-enum Payload {
-    /// The tier load of `request`; a synchronous one ends its instance's step.
-    Load { request: u32, synchronous: bool },
-    /// The write of blocks `start..end` of `request`'s chain.
-    Store { request: u32, start: u32, end: u32 },
-}
-
-/// A step that waits for synchronous loads before (or, layer-wise, while) it computes.
-#[derive(Clone, Copy, Debug, Default)]
-struct StalledStep {
-    loads_left: u32,
-    compute_s: f64,
-    started_s: f64,
 }
 
 struct Sim<'a> {
@@ -441,119 +428,18 @@ impl Sim<'_> {
 
     fn start_step(&mut self, i: usize) {
         let shape = self.instances[i].schedule(&mut self.reqs, self.workload, self.limits, &mut self.tier);
-        let loads = std::mem::take(&mut self.instances[i].started_fetches);
-        let tier = &self.config.global_tier;
-        let rank_bytes_per_block = self.limits.block_tokens as f64 * self.config.profile.kv_bytes_per_token_rank;
-        let mut synchronous = 0;
-        for load in &loads {
-            let bytes = load.blocks as f64 * rank_bytes_per_block;
-            self.counters.tier_fetches += 1;
-            self.counters.tier_fetch_bytes += bytes;
-            synchronous += u32::from(load.synchronous);
-            let transfer = Transfer {
-                instance: i as u32,
-                bytes,
-                cap: tier.load_rank_bytes_per_s(),
-                weight: f64::from(self.config.profile.tp),
-                payload: Payload::Load {
-                    request: load.request,
-                    synchronous: load.synchronous,
-                },
-            };
-            let wakeup = self.transfers.submit(self.now, Direction::In, transfer);
-            self.wake_at(wakeup);
-        }
-        self.instances[i].started_fetches = loads;
+        let synchronous = self.start_loads(i);
         if shape.is_empty() {
             self.instances[i].busy = false;
             return;
         }
         self.instances[i].busy = true;
         self.counters.iterations += 1;
-        let mut t = self.config.profile.iteration_time(&shape);
-        if tier.enabled {
-            t += tier.connector_step_overhead_s;
-            if tier.path.store_copy_in_step() && self.tier.enabled() {
-                t += self.blocks_filled_by_step(i) as f64 * rank_bytes_per_block / tier.pcie_bytes_per_s;
-            }
-        }
+        let t = self.config.profile.iteration_time(&shape) + self.connector_step_cost(i);
         if synchronous > 0 {
-            self.stalled[i] = StalledStep {
-                loads_left: synchronous,
-                compute_s: t,
-                started_s: self.now,
-            };
+            self.stalled[i] = StalledStep::new(synchronous, t, self.now);
         } else {
             self.push(self.now + t, Kind::StepDone(i as u32));
-        }
-    }
-
-    /// Prompt blocks that become full in instance `i`'s scheduled step and that the store
-    /// lacks (what LMCache copies to the host at the end of it).
-    fn blocks_filled_by_step(&self, i: usize) -> usize {
-        let b = self.limits.block_tokens;
-        self.instances[i]
-            .batch
-            .iter()
-            .map(|&(r, new)| {
-                let req = &self.reqs[r as usize];
-                let chain = self.workload.chain(r as usize);
-                let full = |tokens: u64| ((tokens / b) as usize).min(chain.len());
-                let filled = &chain[full(req.computed)..full(req.computed + new)];
-                filled.iter().filter(|&&h| !self.tier.contains(h)).count()
-            })
-            .sum()
-    }
-
-    fn wake_at(&mut self, wakeup: Option<Wakeup>) {
-        if let Some((time, link, version)) = wakeup {
-            self.push(time, Kind::Transfer { link, version });
-        }
-    }
-
-    /// A node link's earliest transfers ended.
-    fn transfer_done(&mut self, link: u32, version: u64) {
-        let mut done = std::mem::take(&mut self.scratch_done);
-        let next = self.transfers.wake(self.now, link, version, &mut done);
-        self.wake_at(next);
-        let latency = self.config.global_tier.fetch_latency_s;
-        let mut stored = false;
-        for t in done.drain(..) {
-            let i = t.instance as usize;
-            match t.payload {
-                Payload::Load {
-                    request,
-                    synchronous: false,
-                } => self.push(self.now + latency, Kind::FetchDone(request)),
-                Payload::Load { synchronous: true, .. } => {
-                    let step = &mut self.stalled[i];
-                    step.loads_left -= 1;
-                    if step.loads_left == 0 {
-                        let loaded = self.now + latency;
-                        let end = if self.config.global_tier.layerwise {
-                            loaded.max(step.started_s + step.compute_s)
-                        } else {
-                            loaded + step.compute_s
-                        };
-                        self.push(end, Kind::StepDone(i as u32));
-                    }
-                }
-                Payload::Store { request, start, end } => {
-                    self.store_in_tier(t.instance, request, start as usize, end as usize);
-                    stored = true;
-                }
-            }
-        }
-        self.scratch_done = done;
-        // What the writes logged (entries for the writer, evictions for their owners): a busy
-        // engine publishes it with its step; an idle one has no step to wait for, and the last
-        // writes of a run end after every step.
-        if stored && self.publisher.is_some() {
-            for j in 0..self.config.instances {
-                if !self.instances[j as usize].busy {
-                    self.publish(j);
-                }
-            }
         }
     }
 
@@ -602,69 +488,6 @@ impl Sim<'_> {
             }
         }
         self.start_step(i as usize);
-    }
-
-    /// Starts writing the blocks of `request` that tokens `[from, to)` filled, from instance
-    /// `i` to the global tier; they become visible when the write ends. Blocks the store holds
-    /// already are not sent again (LMCache looks keys up before it stores; vLLM's Mooncake
-    /// connector calls `batch_is_exist`), only refreshed when the write ends.
-    fn write_through(&mut self, i: u32, request: u32, from: u64, to: u64) {
-        let b = self.limits.block_tokens;
-        let chain = self.workload.chain(request as usize);
-        let end = ((to / b) as usize).min(chain.len());
-        let start = ((from / b) as usize).min(end);
-        let missing = chain[start..end].iter().filter(|&&h| !self.tier.contains(h)).count();
-        if missing == 0 {
-            if start < end {
-                self.store_in_tier(i, request, start, end);
-            }
-            return;
-        }
-        let tier = &self.config.global_tier;
-        let transfer = Transfer {
-            instance: i,
-            bytes: missing as f64 * b as f64 * self.config.profile.kv_bytes_per_token_rank,
-            cap: tier.store_rank_bytes_per_s(),
-            weight: f64::from(self.config.profile.tp),
-            payload: Payload::Store {
-                request,
-                start: start as u32,
-                end: end as u32,
-            },
-        };
-        let wakeup = self.transfers.submit(self.now, Direction::Out, transfer);
-        self.wake_at(wakeup);
-    }
-
-    /// Puts blocks `start..end` of `request`'s chain, written by instance `i`, in the global
-    /// tier, logging what entered and what was dropped (see `cache_events`).
-    fn store_in_tier(&mut self, i: u32, request: u32, start: usize, end: usize) {
-        let chain = self.workload.chain(request as usize);
-        let stored = &chain[start..end];
-        self.tier.store(stored, i);
-        if !self.tier.changes.enabled {
-            return;
-        }
-        let changes = &self.tier.changes;
-        for &(hash, owner) in &changes.evicted {
-            if let Some(inst) = self.instances.get_mut(owner as usize) {
-                inst.pool.log.removed(Medium::Cpu, hash);
-            }
-        }
-        let log = &mut self.instances[i as usize].pool.log;
-        let mut k = 0;
-        while k < changes.inserted.len() {
-            let first = changes.inserted[k];
-            let mut last = first;
-            while k + 1 < changes.inserted.len() && changes.inserted[k + 1] == last + 1 {
-                k += 1;
-                last += 1;
-            }
-            let at = start + first;
-            let parent = at.checked_sub(1).map(|p| chain[p]);
-            log.stored(Medium::Cpu, parent, &stored[first..=last]);
-            k += 1;
-        }
     }
 
     /// Instance `i` publishes its cache log as one KV-event message, delivered after the delay.
