@@ -21,6 +21,7 @@ from smetric._types import (
     SimConfigDefaults,
     SimReport,
     Tier,
+    TierPath,
     TraceFormat,
     TurnSource,
     VllmHashAlgo,
@@ -28,6 +29,7 @@ from smetric._types import (
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
+    "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
     "POLICIES",
     "Decision",
     "IndexHits",
@@ -40,6 +42,7 @@ __all__ = [
     "load_workload",
     "sim_config_defaults",
     "sim_profiles",
+    "sim_tier_paths",
     "simulate",
     "vllm_block_hashes",
     "vllm_event_hash",
@@ -47,6 +50,9 @@ __all__ = [
 
 __version__: Final[str]
 DEFAULT_BLOCK_SIZE: Final[int]
+MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK: Final[int]
+"""The global segment each rank gives the Mooncake store under vLLM's Mooncake-store connector
+defaults (4 GiB): the small end of a ``global_tier.capacity_bytes`` sweep."""
 POLICIES: Final[tuple[PolicyName, ...]]
 """Every policy name, in the order reports list them (the core's ``PolicyKind::ALL``)."""
 
@@ -465,3 +471,6 @@ def sim_config_defaults() -> SimConfigDefaults:
 
 def sim_profiles() -> list[str]:
     """Names of the built-in hardware/model profiles."""
+
+def sim_tier_paths() -> list[TierPath]:
+    """Names of the global-tier paths (``global_tier.path``), the default first."""

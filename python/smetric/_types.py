@@ -34,6 +34,7 @@ __all__ = [
     "SloResult",
     "SloSettings",
     "Tier",
+    "TierPath",
     "TraceFormat",
     "TurnFeed",
     "TurnSource",
@@ -78,6 +79,11 @@ ArrivalKind: TypeAlias = Literal["closed_loop", "open_loop", "gated_open_loop"]
 
 TraceFormat: TypeAlias = Literal["weka", "bailian", "mooncake", "azure"]
 """Trace formats :func:`smetric._core.load_workload` reads."""
+
+TierPath: TypeAlias = Literal["lmcache", "mooncake-store", "cpu-offload"]
+"""``SimConfig.global_tier.path``: how KV moves to and from the global tier — LMCache's connector
+(synchronous loads, Mooncake over RDMA), vLLM's Mooncake-store connector (asynchronous, RDMA), or
+vLLM's offloading connector (asynchronous, host DRAM); :func:`smetric._core.sim_tier_paths`."""
 
 IndexFeed: TypeAlias = Literal["approximate", "events", "oracle"]
 """How a simulation feeds the router's index: insert on route, the engines' KV events, or an oracle."""
@@ -243,10 +249,20 @@ class GlobalTierSettings(TypedDict):
     """``SimConfig.global_tier``: the cluster-wide CPU KV store."""
 
     enabled: bool
+    path: TierPath
+    layerwise: bool
+    """With ``path="lmcache"``: the load overlaps the step's compute (LMCache's ``use_layerwise``)."""
     capacity_bytes: int
     fetch_latency_s: float
-    bandwidth_bytes_per_s: float
-    fifo_link: bool
+    bandwidth_bytes_per_s: float | None
+    """Load rate per rank; ``None``: the path's measured rate."""
+    gpus_per_node: int
+    nic_bytes_per_s: float
+    """A node's NIC per direction, shared fairly by its transfers."""
+    pcie_bytes_per_s: float
+    """A GPU's host link per direction: caps each rank's transfers."""
+    connector_step_overhead_s: float
+    """Added to every engine step while the tier is on."""
 
 
 class SloSettings(TypedDict):

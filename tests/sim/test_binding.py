@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from smetric import RouterConfig
-from smetric._core import Workload, load_workload, sim_config_defaults, sim_profiles, simulate
+from smetric._core import (
+    MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK,
+    Workload,
+    load_workload,
+    sim_config_defaults,
+    sim_profiles,
+    sim_tier_paths,
+    simulate,
+)
 from smetric.errors import (
     EmptyWorkloadError,
     InvalidArgumentError,
@@ -20,7 +28,7 @@ from smetric.errors import (
     TraceFormatError,
     UnknownPolicyError,
 )
-from smetric.sim import SimulationConfig
+from smetric.sim import TIER_PATHS, SimulationConfig
 
 TraceWriter = Callable[..., Path]
 
@@ -153,6 +161,32 @@ def test_python_defaults_come_from_the_engine() -> None:
     core, variants, where = tailed.core_config()
     assert core["slo"]["tbt_tail_s"] is None and where == [(0, 0), (0, 1), (1, 0)]
     assert variants == [{**defaults["slo"], "tpot_s": [0.1], "tbt_tail_s": 0.2}]
+
+
+def test_tier_paths_come_from_the_engine_and_each_runs(weka_trace: TraceWriter) -> None:
+    assert tuple(sim_tier_paths()) == TIER_PATHS
+    defaults = sim_config_defaults()["global_tier"]
+    assert defaults["path"] == TIER_PATHS[0] == "lmcache" and defaults["layerwise"] is False
+    assert defaults["bandwidth_bytes_per_s"] is None
+    assert MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK == 4 << 30
+    w = load_workload(weka_trace(), "weka")
+    fetched = {}
+    for path in TIER_PATHS:
+        report = simulate(w, "round_robin", config={"instances": 2, "global_tier": {"path": path}})
+        fetched[path] = report["tier_fetch_bytes"]
+    assert all(b > 0 for b in fetched.values()), fetched
+    layerwise = {"instances": 2, "global_tier": {"path": "lmcache", "layerwise": True}}
+    assert simulate(w, "round_robin", config=layerwise)["completed"] > 0
+    with pytest.raises(InvalidConfigError) as err:
+        simulate(w, "smetric", config={"global_tier": {"path": "nixl"}})
+    assert err.value.field == "global_tier.path" and "lmcache, mooncake-store, cpu-offload" in err.value.reason
+    with pytest.raises(InvalidConfigError) as err:
+        simulate(w, "smetric", config={"global_tier": {"path": "cpu-offload", "layerwise": True}})
+    assert err.value.field == "global_tier.layerwise"
+    config = SimulationConfig().with_tier_path("mooncake-store")
+    assert config.core_config()[0]["global_tier"]["path"] == "mooncake-store"
+    with pytest.raises(ValueError, match="layer-wise"):
+        SimulationConfig().with_tier_path("cpu-offload", layerwise=True)
 
 
 def test_event_fed_run_reports_its_feed(weka_trace: TraceWriter) -> None:

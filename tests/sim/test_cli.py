@@ -112,6 +112,22 @@ def test_sweep_grid_and_tiers(weka_trace: TraceWriter, tmp_path: Path, capsys: p
     assert (out / "tps_vs_load_slo0.png").exists()
 
 
+def test_simulate_tier_path_options(
+    weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--trace", str(weka_trace()), "--policies", "lmetric", "--ladder", "1", *TINY]
+    assert main([*argv, "--tier-path", "cpu-offload", "--feed-policies", "", "--out", str(tmp_path / "a")]) == 0
+    assert "global tier on (cpu-offload)" in capsys.readouterr().err
+    run = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert run["config"]["global_tier"]["path"] == "cpu-offload"
+    assert main([*argv, "--layerwise", "--feed-policies", "", "--out", str(tmp_path / "b")]) == 0
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["config"]["global_tier"]["layerwise"] is True
+    for bad in (["--tier-path", "nixl"], ["--tier-path", "mooncake-store", "--layerwise"]):
+        with pytest.raises(SystemExit) as err:
+            main([*argv, *bad, "--out", str(tmp_path / "c")])
+        assert err.value.code == 2
+
+
 def test_bad_arguments_fail_cleanly(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown policy"):
         main(["simulate", "--policies", "nope", "--out", str(tmp_path)])

@@ -26,7 +26,7 @@ class ReferenceConfig:
     cache_first_mode: str = "weighted"
     cache_first_weights: tuple[float, float, float] = (0.7, 0.15, 0.15)
     linear_prefill_weight: float = 1.0
-    global_fetch_cost: float = 0.1
+    global_fetch_cost: float = 0.27
     min_local_hit_ratio: float = 0.5
     overload_factor: float = 1.5
     overload_slack_tokens: int = 8192

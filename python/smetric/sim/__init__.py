@@ -14,7 +14,7 @@ and ``smetric sweep``.
 
 from __future__ import annotations
 
-from smetric._core import Workload, load_workload, sim_config_defaults, sim_profiles, simulate
+from smetric._core import Workload, load_workload, sim_config_defaults, sim_profiles, sim_tier_paths, simulate
 from smetric._types import (
     ArrivalKind,
     GlobalTierSettings,
@@ -26,6 +26,7 @@ from smetric._types import (
     SimReport,
     SloResult,
     SloSettings,
+    TierPath,
     TraceFormat,
     TurnFeed,
 )
@@ -33,8 +34,10 @@ from smetric.sim.config import (
     DEFAULT_SLOS,
     FORMATS,
     INDEX_FEEDS,
+    MOONCAKE_SEGMENT_BYTES_PER_RANK,
     POLICY_VARIANTS,
     SLO,
+    TIER_PATHS,
     TURN_FEEDS,
     GlobalTier,
     SimulationConfig,
@@ -60,8 +63,10 @@ __all__ = [
     "DEFAULT_SLOS",
     "FORMATS",
     "INDEX_FEEDS",
+    "MOONCAKE_SEGMENT_BYTES_PER_RANK",
     "POLICY_VARIANTS",
     "SLO",
+    "TIER_PATHS",
     "TURN_FEEDS",
     "ArrivalKind",
     "GlobalTier",
@@ -78,6 +83,7 @@ __all__ = [
     "SimulationConfig",
     "SloResult",
     "SloSettings",
+    "TierPath",
     "TraceFormat",
     "TraceSpec",
     "TurnFeed",
@@ -92,6 +98,7 @@ __all__ = [
     "run_one",
     "sim_config_defaults",
     "sim_profiles",
+    "sim_tier_paths",
     "simulate",
     "summarize",
 ]

@@ -27,6 +27,7 @@ from smetric.sim.config import (
     INDEX_FEEDS,
     POLICY_VARIANTS,
     SLO,
+    TIER_PATHS,
     TURN_FEEDS,
     SimulationConfig,
     TraceSpec,
@@ -64,7 +65,20 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default=",".join(POLICIES),
         help=f"comma-separated policies (default: all of them; also: {', '.join(POLICY_VARIANTS)})",
     )
-    p.add_argument("--no-global-tier", action="store_true", help="switch the global CPU KV$ tier off")
+    p.add_argument("--no-global-tier", action="store_true", help="switch the global KV$ tier off")
+    p.add_argument(
+        "--tier-path",
+        choices=TIER_PATHS,
+        default=ENGINE_DEFAULTS["global_tier"]["path"],
+        help="how KV moves to and from the tier: LMCache's connector (loads stall the batch, Mooncake over RDMA), "
+        "vLLM's Mooncake-store connector (asynchronous, RDMA) or vLLM's offloading connector (asynchronous, "
+        "host DRAM) (default %(default)s)",
+    )
+    p.add_argument(
+        "--layerwise",
+        action="store_true",
+        help="with --tier-path lmcache: LMCache's layer-wise pipelining (the load overlaps the step's compute)",
+    )
     p.add_argument(
         "--turns",
         choices=TURN_FEEDS,
@@ -155,6 +169,9 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
         _die("--tbt-tail-ms bounds must be > 0")
     slos += tuple(replace(slos[0], tbt_tail_s=t / 1e3) for t in tails)
     config = SimulationConfig(instances=args.instances, profile=args.profile, slos=slos)
+    if args.layerwise and args.tier_path != "lmcache":
+        _die("--layerwise needs --tier-path lmcache")
+    config = config.with_tier_path(args.tier_path, layerwise=args.layerwise)
     if args.no_global_tier:
         config = config.with_tier(False)
     config = config.with_turns(args.turns)
@@ -178,6 +195,13 @@ def _run_info(trace: TraceSpec, config: SimulationConfig, window: Window, **extr
         },
         **extra,
     }
+
+
+def _tier_label(config: SimulationConfig) -> str:
+    tier = config.global_tier
+    if not tier.enabled:
+        return "off"
+    return f"on ({tier.path}{', layer-wise' if tier.layerwise else ''})"
 
 
 def simulate_command(args: argparse.Namespace) -> int:
@@ -204,7 +228,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     print(
         f"smetric {__version__} simulate: {trace.name} ({len(workload):,} requests, {workload.sessions} sessions, "
         f"{workload.arrival}), {config.instances} x {config.profile}, global tier "
-        f"{'on' if config.global_tier.enabled else 'off'}, turns from {config.turns}, policies {', '.join(policies)}, "
+        f"{_tier_label(config)}, turns from {config.turns}, policies {', '.join(policies)}, "
         f"loads {', '.join(f'{x:g}' for x in loads)} {unit}",
         file=sys.stderr,
     )

@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any, Final, get_args
 
 from smetric import POLICIES
-from smetric._core import RouterConfig, sim_config_defaults
+from smetric._core import MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK, RouterConfig, sim_config_defaults
 from smetric._types import (
     GlobalTierSettings,
     IndexFeed,
     PolicyName,
     SimConfigDefaults,
     SloSettings,
+    TierPath,
     TraceFormat,
     TurnFeed,
 )
@@ -53,6 +54,17 @@ POLICY_VARIANTS: Final[dict[str, tuple[PolicyName, dict[str, Any]]]] = {
     "cache_first_argmax": ("cache_first", {"cache_first_mode": "argmax"}),
 }
 """Extra report names: the core policy and the :class:`RouterConfig` fields it sets."""
+
+TIER_PATHS: Final[tuple[TierPath, ...]] = get_args(TierPath)
+"""How KV moves to and from the global tier (the engine's ``TierPath``; the default first):
+``lmcache`` — LMCache's connector, loads inside the admitting step (the batch waits), Mooncake
+over RDMA; ``mooncake-store`` — vLLM's Mooncake-store connector, asynchronous loads, RDMA;
+``cpu-offload`` — vLLM's offloading connector, asynchronous, host DRAM."""
+
+MOONCAKE_SEGMENT_BYTES_PER_RANK: Final[int] = MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK
+"""The store capacity each rank contributes under vLLM's Mooncake-store defaults (4 GiB):
+``GlobalTier(capacity_bytes=instances · tp · MOONCAKE_SEGMENT_BYTES_PER_RANK)`` is the small end
+of a capacity sweep."""
 
 INDEX_FEEDS: Final[tuple[IndexFeed, ...]] = get_args(IndexFeed)
 """How the router's KV$ index can be fed in a run: insert on route; the engines' vLLM KV-event
@@ -118,13 +130,36 @@ DEFAULT_SLOS: Final[tuple[SLO, ...]] = tuple(SLO(tpot_s=t) for t in _SLO["tpot_s
 
 @dataclass(frozen=True)
 class GlobalTier:
-    """The cluster-wide CPU KV$ store (Mooncake / LMCache)."""
+    """The cluster-wide KV$ store, the connector that reaches it, and the links it shares."""
 
     enabled: bool = _TIER["enabled"]
+    path: TierPath = _TIER["path"]
+    """One of :data:`TIER_PATHS`."""
+    layerwise: bool = _TIER["layerwise"]
+    """With ``path="lmcache"``: LMCache's layer-wise pipelining (the load overlaps the step)."""
     capacity_bytes: int = _TIER["capacity_bytes"]
     fetch_latency_s: float = _TIER["fetch_latency_s"]
-    bandwidth_bytes_per_s: float = _TIER["bandwidth_bytes_per_s"]
-    fifo_link: bool = _TIER["fifo_link"]
+    bandwidth_bytes_per_s: float | None = _TIER["bandwidth_bytes_per_s"]
+    """Load rate per rank; ``None``: the path's measured rate."""
+    gpus_per_node: int = _TIER["gpus_per_node"]
+    nic_bytes_per_s: float = _TIER["nic_bytes_per_s"]
+    pcie_bytes_per_s: float = _TIER["pcie_bytes_per_s"]
+    connector_step_overhead_s: float = _TIER["connector_step_overhead_s"]
+
+    def settings(self) -> GlobalTierSettings:
+        """The engine's ``global_tier`` dict."""
+        return {
+            "enabled": self.enabled,
+            "path": self.path,
+            "layerwise": self.layerwise,
+            "capacity_bytes": self.capacity_bytes,
+            "fetch_latency_s": self.fetch_latency_s,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "gpus_per_node": self.gpus_per_node,
+            "nic_bytes_per_s": self.nic_bytes_per_s,
+            "pcie_bytes_per_s": self.pcie_bytes_per_s,
+            "connector_step_overhead_s": self.connector_step_overhead_s,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +231,18 @@ class SimulationConfig:
         """A copy with the global tier switched on or off."""
         return replace(self, global_tier=replace(self.global_tier, enabled=enabled))
 
+    def with_tier_path(self, path: TierPath, layerwise: bool = False) -> SimulationConfig:
+        """A copy whose tier is reached through ``path`` (one of :data:`TIER_PATHS`).
+
+        Raises:
+            ValueError: an unknown path, or ``layerwise`` with a path other than ``lmcache``.
+        """
+        if path not in TIER_PATHS:
+            raise ValueError(f"unknown tier path {path!r}; known: {', '.join(TIER_PATHS)}")
+        if layerwise and path != "lmcache":
+            raise ValueError(f"layer-wise loading is LMCache's; the {path} path loads asynchronously")
+        return replace(self, global_tier=replace(self.global_tier, path=path, layerwise=layerwise))
+
     def core_config(self) -> tuple[dict[str, Any], list[dict[str, Any]], list[tuple[int, int]]]:
         """The engine's config dict, its extra SLO variants, and where each SLO's result lands.
 
@@ -228,7 +275,6 @@ class SimulationConfig:
                     }
                 )
                 where.append((len(variants), 0))
-        tier = self.global_tier
         config: dict[str, Any] = {
             "instances": self.instances,
             "profile": self.profile,
@@ -236,13 +282,7 @@ class SimulationConfig:
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len,
             "kv_capacity_tokens": self.kv_capacity_tokens,
-            "global_tier": {
-                "enabled": tier.enabled,
-                "capacity_bytes": tier.capacity_bytes,
-                "fetch_latency_s": tier.fetch_latency_s,
-                "bandwidth_bytes_per_s": tier.bandwidth_bytes_per_s,
-                "fifo_link": tier.fifo_link,
-            },
+            "global_tier": self.global_tier.settings(),
             "slo": {
                 "ttft_base_s": head.ttft_base_s,
                 "ttft_s_per_token": head.ttft_s_per_token,

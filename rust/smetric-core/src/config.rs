@@ -122,7 +122,7 @@ impl RouterConfig {
         cache_first_mode: CacheFirstMode::Weighted,
         cache_first_weights: (0.7, 0.15, 0.15),
         linear_prefill_weight: 1.0,
-        global_fetch_cost: 0.1,
+        global_fetch_cost: 0.27,
         min_local_hit_ratio: 0.5,
         overload_factor: 1.5,
         overload_slack_tokens: 8192.0,

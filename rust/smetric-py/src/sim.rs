@@ -29,10 +29,11 @@ use pyo3::types::{PyDict, PyModule};
 use pythonize::pythonize;
 use serde::Serialize;
 use smetric_core::PolicyKind;
+use smetric_sim::config::MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK;
 use smetric_sim::workload::ArrivalKind;
 use smetric_sim::{
-    BailianOptions, IndexFeed, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig, SloReport, TurnFeed,
-    WekaOptions, Workload, evaluate_slo, load_azure, load_bailian, load_mooncake, load_weka, run,
+    BailianOptions, IndexFeed, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig, SloReport, TierPath,
+    TurnFeed, WekaOptions, Workload, evaluate_slo, load_azure, load_bailian, load_mooncake, load_weka, run,
 };
 
 use crate::config::PyRouterConfig;
@@ -329,10 +330,25 @@ fn sim_config(
                     let key: String = k.extract()?;
                     match key.as_str() {
                         "enabled" => tier.enabled = field(&key, &v)?,
+                        "path" => {
+                            let name: String = field(&key, &v)?;
+                            tier.path = TierPath::parse(&name).ok_or_else(|| {
+                                let known: Vec<&str> = TierPath::ALL.iter().map(|p| p.name()).collect();
+                                invalid_config(
+                                    py,
+                                    "global_tier.path",
+                                    format!("unknown tier path {name:?}; known: {}", known.join(", ")),
+                                )
+                            })?;
+                        }
+                        "layerwise" => tier.layerwise = field(&key, &v)?,
                         "capacity_bytes" => tier.capacity_bytes = field(&key, &v)?,
                         "fetch_latency_s" => tier.fetch_latency_s = field(&key, &v)?,
                         "bandwidth_bytes_per_s" => tier.bandwidth_bytes_per_s = field(&key, &v)?,
-                        "fifo_link" => tier.fifo_link = field(&key, &v)?,
+                        "gpus_per_node" => tier.gpus_per_node = field(&key, &v)?,
+                        "nic_bytes_per_s" => tier.nic_bytes_per_s = field(&key, &v)?,
+                        "pcie_bytes_per_s" => tier.pcie_bytes_per_s = field(&key, &v)?,
+                        "connector_step_overhead_s" => tier.connector_step_overhead_s = field(&key, &v)?,
                         _ => return Err(unknown_key(py, "global_tier", &key)),
                     }
                 }
@@ -390,6 +406,12 @@ fn sim_config_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
 #[pyfunction]
 fn sim_profiles() -> Vec<&'static str> {
     Profile::BUILTIN.to_vec()
+}
+
+/// Names of the global-tier paths (``global_tier.path``), the default first.
+#[pyfunction]
+fn sim_tier_paths() -> Vec<&'static str> {
+    TierPath::ALL.iter().map(|p| p.name()).collect()
 }
 
 /// Per-request outcomes as columns (one list per field, `None` where unknown).
@@ -519,5 +541,10 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(sim_config_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(sim_profiles, m)?)?;
+    m.add_function(wrap_pyfunction!(sim_tier_paths, m)?)?;
+    m.add(
+        "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
+        MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK,
+    )?;
     Ok(())
 }

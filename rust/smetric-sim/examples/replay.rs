@@ -5,7 +5,8 @@
 //! cargo run --release -p smetric-sim --example replay -- mooncake lmetric FILE
 //! ```
 //! Environment knobs (all optional): `SIM_INSTANCES`, `SIM_SESSION_RATE`, `SIM_TIME_SCALE`,
-//! `SIM_TIER=0` (switch the global tier off), `SIM_SHARED_PREFIX=0`, `SIM_COARSEN`,
+//! `SIM_TIER=0` (switch the global tier off), `SIM_TIER_PATH=lmcache|mooncake-store|cpu-offload`,
+//! `SIM_LAYERWISE=1`, `SIM_SHARED_PREFIX=0`, `SIM_COARSEN`,
 //! `SIM_INDEX_FEED=approximate|events|oracle`, `SIM_EVENT_DELAY_S`,
 //! `SIM_RECORDS=path.csv` (write one line per request).
 
@@ -13,8 +14,8 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use smetric_sim::{
-    BailianOptions, IndexFeed, PolicyKind, SimConfig, SimError, WekaOptions, load_azure, load_bailian, load_mooncake,
-    load_weka, run,
+    BailianOptions, IndexFeed, PolicyKind, SimConfig, SimError, TierPath, WekaOptions, load_azure, load_bailian,
+    load_mooncake, load_weka, run,
 };
 
 fn env_f64(name: &str) -> Option<f64> {
@@ -61,6 +62,13 @@ fn main() -> Result<(), SimError> {
     if env_f64("SIM_TIER") == Some(0.0) {
         config.global_tier.enabled = false;
     }
+    if let Ok(path) = std::env::var("SIM_TIER_PATH") {
+        config.global_tier.path = TierPath::parse(&path).ok_or(SimError::InvalidConfig {
+            field: "SIM_TIER_PATH",
+            reason: format!("unknown tier path {path:?}"),
+        })?;
+    }
+    config.global_tier.layerwise = env_f64("SIM_LAYERWISE") == Some(1.0);
     if let Ok(feed) = std::env::var("SIM_INDEX_FEED") {
         config.index_feed = IndexFeed::parse(&feed).ok_or(SimError::InvalidConfig {
             field: "SIM_INDEX_FEED",

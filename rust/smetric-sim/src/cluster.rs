@@ -7,22 +7,30 @@
 //!   routes it *now* and it reaches its instance after the frontend time.
 //! * `Deliver(r)` — the request joins its instance's waiting queue; an idle instance starts a
 //!   step. When the scheduler admits it and the global tier holds the blocks after its GPU
-//!   hit, the scheduler allocates them and starts a load instead (vLLM's
-//!   `WAITING_FOR_REMOTE_KVS`); the load is timed on the instance's link (`α + bytes / BW`,
-//!   FIFO per link) and the instance keeps serving others meanwhile (TTFT += fetch time).
+//!   hit, the scheduler allocates them and starts a load, timed on the node's links
+//!   (`transfer`: FIFO per rank, the node's NIC shared fairly, each rank capped by its
+//!   connector rate and PCIe). With an asynchronous path the request waits (vLLM's
+//!   `WAITING_FOR_REMOTE_KVS`) and the instance keeps stepping; with a synchronous one
+//!   (LMCache) the request is in the step just scheduled and that step ends only after the
+//!   load: at `load end + compute`, or `max(load end, start + compute)` layer-wise.
+//! * `Transfer(link)` — a node link's earliest transfer ends (stale versions are ignored): a
+//!   load's `FetchDone` follows `α` later, or its step's end is fixed; a store makes its
+//!   blocks visible in the tier. (The tier's loads, stores and step costs: `tier_io`.)
 //! * `FetchDone(r)` — the loaded blocks become computed KV; the request is schedulable.
-//! * `StepDone(i)` — instance `i` finishes a step: tokens advance, computed blocks are written
-//!   to the tier, first tokens and finishes are reported to the placer (`on_prefilled`,
-//!   `on_finished`) at this simulated time, closed-loop successors are released, and the next
-//!   step is scheduled at once (a busy engine never idles between steps).
+//! * `StepDone(i)` — instance `i` finishes a step: tokens advance, the newly full blocks start
+//!   their write-through to the tier, first tokens and finishes are reported to the placer
+//!   (`on_prefilled`, `on_finished`) at this simulated time, closed-loop successors are
+//!   released, and the next step is scheduled at once (a busy engine never idles between
+//!   steps). A step costs the iteration model's time, plus the connector's per-step overhead
+//!   while the tier is on, plus (LMCache) the GPU → host copy of the blocks it fills.
 //! * `Sample` / `LoadReport` — periodic load-imbalance samples and engine load reports.
 //! * `KvEvents` — with `index_feed = events`: the oldest published KV-event message reaches
 //!   the placer. Each instance publishes its cache log when a step completes (vLLM publishes
 //!   the events of a step with its outputs), before it schedules the next; an idle instance
 //!   publishes what it logged meanwhile (a store eviction it announces, a finished load)
-//!   whenever another instance completes a step. Delivery is `event_delay_s` after
-//!   publication. With `index_feed = oracle` every change reaches the placer at the end of
-//!   the event that made it.
+//!   whenever another instance completes a step or a write to the store ends. Delivery is
+//!   `event_delay_s` after publication. With `index_feed = oracle` every change reaches the
+//!   placer at the end of the event that made it.
 //!
 //! Arrivals: open loop at `time_s / time_scale`; closed loop at the root session's Poisson
 //! start + `time_s` for roots and `finish(prev) + think_s` otherwise; gated open loop at
@@ -36,15 +44,20 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use smetric_core::rng::DrawCounter;
 
-use crate::cache_events::{CacheLog, EventPublisher, Frames, IndexFeed, Medium};
+use crate::cache_events::{CacheLog, EventPublisher, Frames, IndexFeed};
 use crate::config::SimConfig;
 use crate::error::{Result, SimError};
-use crate::global_tier::{GlobalTier, TierLink};
+use crate::global_tier::GlobalTier;
 use crate::instance::{EngineLimits, Instance, LiveRequest, StepEvent};
 use crate::metrics::{RequestRecord, RunCounters, SimReport, coefficient_of_variation, summarize};
 use crate::placement::{EngineLoadReport, PlaceRequest, Placer};
 use crate::token_gaps::TokenGaps;
+use crate::transfer::{Direction, Transfer, Transfers, link_direction};
 use crate::workload::{ArrivalKind, Workload};
+
+mod tier_io;
+
+use tier_io::{Payload, StalledStep};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -52,6 +65,7 @@ enum Kind {
     Deliver(u32),
     FetchDone(u32),
     StepDone(u32),
+    Transfer { link: u32, version: u64 },
     Sample,
     LoadReport,
     KvEvents,
@@ -59,9 +73,13 @@ enum Kind {
 
 impl Kind {
     /// Events that move no request forward: they neither count as pending work (stall
-    /// detection) nor extend the makespan.
+    /// detection) nor extend the makespan. The end of a write-through is one of them.
     fn is_background(self) -> bool {
-        matches!(self, Self::Sample | Self::LoadReport | Self::KvEvents)
+        match self {
+            Self::Sample | Self::LoadReport | Self::KvEvents => true,
+            Self::Transfer { link, .. } => link_direction(link) == Direction::Out,
+            _ => false,
+        }
     }
 }
 
@@ -105,7 +123,9 @@ struct Sim<'a> {
     limits: EngineLimits,
     model_len: u64,
     instances: Vec<Instance>,
-    links: Vec<TierLink>,
+    transfers: Transfers<Payload>,
+    stalled: Vec<StalledStep>,
+    scratch_done: Vec<Transfer<Payload>>,
     tier: GlobalTier,
     reqs: Vec<LiveRequest>,
     records: Vec<RequestRecord>,
@@ -165,10 +185,17 @@ fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn 
             block_tokens,
             max_batched_tokens: u64::from(config.max_num_batched_tokens),
             max_num_seqs: config.max_num_seqs as usize,
+            synchronous_loads: config.global_tier.enabled && config.global_tier.path.synchronous_load(),
         },
         model_len: config.model_len(),
         instances: (0..config.instances).map(|_| Instance::new(pool_blocks)).collect(),
-        links: vec![TierLink::default(); config.instances as usize],
+        transfers: Transfers::new(
+            config.instances,
+            config.global_tier.gpus_per_node / config.profile.tp.max(1),
+            config.global_tier.node_bytes_per_s(),
+        ),
+        stalled: vec![StalledStep::default(); config.instances as usize],
+        scratch_done: Vec::new(),
         tier: GlobalTier::new(tier_blocks),
         reqs: vec![LiveRequest::default(); n],
         records: Vec::with_capacity(n),
@@ -322,6 +349,7 @@ impl Sim<'_> {
                 Kind::Deliver(r) => self.enqueue(r),
                 Kind::FetchDone(r) => self.fetch_done(r),
                 Kind::StepDone(i) => self.step_done(i),
+                Kind::Transfer { link, version } => self.transfer_done(link, version),
                 Kind::Sample => self.sample()?,
                 Kind::LoadReport => self.load_report(),
                 Kind::KvEvents => self.deliver_kv_events(),
@@ -405,30 +433,19 @@ impl Sim<'_> {
 
     fn start_step(&mut self, i: usize) {
         let shape = self.instances[i].schedule(&mut self.reqs, self.workload, self.limits, &mut self.tier);
-        let fetches = std::mem::take(&mut self.instances[i].started_fetches);
-        let tier = &self.config.global_tier;
-        for &(r, blocks) in &fetches {
-            let bytes = (blocks as u64 * self.limits.block_tokens) as f64 * self.config.profile.kv_bytes_per_token_rank;
-            let done = self.links[i].fetch(
-                self.now,
-                bytes,
-                tier.fetch_latency_s,
-                tier.bandwidth_bytes_per_s,
-                tier.fifo_link,
-            );
-            self.counters.tier_fetches += 1;
-            self.counters.tier_fetch_bytes += bytes;
-            self.push(done, Kind::FetchDone(r));
-        }
-        self.instances[i].started_fetches = fetches;
+        let synchronous = self.start_loads(i);
         if shape.is_empty() {
             self.instances[i].busy = false;
             return;
         }
         self.instances[i].busy = true;
         self.counters.iterations += 1;
-        let t = self.config.profile.iteration_time(&shape);
-        self.push(self.now + t, Kind::StepDone(i as u32));
+        let t = self.config.profile.iteration_time(&shape) + self.connector_step_cost(i);
+        if synchronous > 0 {
+            self.stalled[i] = StalledStep::new(synchronous, t, self.now);
+        } else {
+            self.push(self.now + t, Kind::StepDone(i as u32));
+        }
     }
 
     fn step_done(&mut self, i: u32) {
@@ -445,7 +462,7 @@ impl Sim<'_> {
         });
         if self.tier.enabled() {
             for &(request, from, to) in &prefilled {
-                self.store_in_tier(i, request, from, to);
+                self.write_through(i, request, from, to);
             }
         }
         prefilled.clear();
@@ -479,40 +496,6 @@ impl Sim<'_> {
             }
         }
         self.start_step(i as usize);
-    }
-
-    /// Writes the blocks of `request` computed by tokens `[from, to)` to the global tier on
-    /// behalf of instance `i`, logging what entered and what was dropped (see `cache_events`).
-    fn store_in_tier(&mut self, i: u32, request: u32, from: u64, to: u64) {
-        let b = self.limits.block_tokens as usize;
-        let chain = self.workload.chain(request as usize);
-        let end = (to as usize / b).min(chain.len());
-        let start = (from as usize / b).min(end);
-        let stored = &chain[start..end];
-        self.tier.store(stored, i);
-        if !self.tier.changes.enabled {
-            return;
-        }
-        let changes = &self.tier.changes;
-        for &(hash, owner) in &changes.evicted {
-            if let Some(inst) = self.instances.get_mut(owner as usize) {
-                inst.pool.log.removed(Medium::Cpu, hash);
-            }
-        }
-        let log = &mut self.instances[i as usize].pool.log;
-        let mut k = 0;
-        while k < changes.inserted.len() {
-            let first = changes.inserted[k];
-            let mut last = first;
-            while k + 1 < changes.inserted.len() && changes.inserted[k + 1] == last + 1 {
-                k += 1;
-                last += 1;
-            }
-            let at = start + first;
-            let parent = at.checked_sub(1).map(|p| chain[p]);
-            log.stored(Medium::Cpu, parent, &stored[first..=last]);
-            k += 1;
-        }
     }
 
     /// Instance `i` publishes its cache log as one KV-event message, delivered after the delay.

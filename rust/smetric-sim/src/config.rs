@@ -7,10 +7,15 @@
 //! | `max_num_batched_tokens` | 8192 | vLLM v1's default on ≥ 70 GiB GPUs, which the §3B H20 anchors ran with |
 //! | `max_num_seqs` | 256 | the LMetric AE flag; on long agent prompts KV capacity binds long before it |
 //! | `max_model_len` | min(context window, KV capacity) | vLLM refuses a longer `max_model_len`; longer requests are rejected |
-//! | `global_tier.capacity_bytes` | 1.5 TiB | the router's default global tier: 16M tokens of the 30B model's 96 KiB/token |
-//! | `global_tier.fetch_latency_s` | 2 ms | lookup/RPC, middle of the [A] 1–5 ms of perf-model §6 |
-//! | `global_tier.bandwidth_bytes_per_s` | 20 GB/s | middle of the {6, 20, 40} GB/s sweep of §6; matches the router's `global_fetch_cost` 0.1 |
-//! | `global_tier.fifo_link` | true | one PCIe/NIC link per GPU: concurrent fetches to one instance queue |
+//! | `global_tier.path` | `lmcache` | the seed's stack: vLLM + LMCache's v1 connector over a Mooncake store (perf-model §6.4) |
+//! | `global_tier.layerwise` | false | LMCache's `use_layerwise` default |
+//! | `global_tier.capacity_bytes` | 1.5 TiB | see [`DEFAULT_TIER_CAPACITY_BYTES`]; [`MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK`] is the small end of the sweep |
+//! | `global_tier.fetch_latency_s` | 0 | the paths' rates are effective rates measured end to end, lookup and RPC included |
+//! | `global_tier.bandwidth_bytes_per_s` | none | the path's measured per-rank rate ([`TierPath::load_bytes_per_s`]) |
+//! | `global_tier.gpus_per_node` | 8 | the seed's 4 × 8 H20 testbed |
+//! | `global_tier.nic_bytes_per_s` | 87 GB/s | Mooncake's transfer engine on 4 × 200 Gbps RoCE, per node (perf-model §4) |
+//! | `global_tier.pcie_bytes_per_s` | 54 GB/s | the pinned host-device copy measured on H20 (perf-model §3B), per GPU and direction |
+//! | `global_tier.connector_step_overhead_s` | 1.4 ms | per scheduler step with a connector configured, measured for the Mooncake connector on H20 (perf-model §4) |
 //! | `time_scale` | 1.0 | replay traces at recorded speed |
 //! | `session_rate_per_s` | 0.05 | one agent session every 20 s: the 520 Weka sessions start within ≈3 h |
 //! | `slo.ttft_base_s` / `slo.ttft_s_per_token` | 2 s + 0.1 ms/token | see [`SloConfig`] |
@@ -31,12 +36,36 @@ use crate::cache_events::IndexFeed;
 use crate::error::{Result, SimError};
 use crate::perf_model::Profile;
 
-/// 1.5 TiB in bytes: 16,777,216 tokens × 96 KiB, the router's default global capacity.
+/// Default store capacity, bytes: 1.5 TiB, 16,777,216 tokens × 96 KiB (the router's default
+/// global capacity). Spread over the default 16 GPUs that is 96 GiB per rank, the order of the
+/// "80GB" global segment of vLLM's Mooncake-store example (pd-and-tier §10): a store that every
+/// rank feeds with a large share of its host DRAM. A deployment parameter, not a measurement:
+/// the report sweeps it down to [`MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK`] per rank.
 pub const DEFAULT_TIER_CAPACITY_BYTES: u64 = 16_777_216 * 98_304;
-/// Default global-tier lookup latency, seconds.
-pub const DEFAULT_TIER_LATENCY_S: f64 = 0.002;
-/// Default global-tier read bandwidth per GPU, bytes/s.
-pub const DEFAULT_TIER_BANDWIDTH: f64 = 20.0e9;
+/// The global segment each rank contributes to the Mooncake store when vLLM's Mooncake-store
+/// connector runs with its defaults (`DEFAULT_GLOBAL_SEGMENT_SIZE` = 4 GiB, pd-and-tier §10):
+/// 64 GiB for 16 single-GPU instances, the small end of a capacity sweep.
+pub const MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK: u64 = 4 << 30;
+/// GPUs per node: the seed's 4 × 8 H20 testbed.
+pub const DEFAULT_GPUS_PER_NODE: u32 = 8;
+/// One node's RDMA bandwidth, bytes/s per direction: Mooncake's transfer engine measured
+/// 87 GB/s on 4 × 200 Gbps RoCE (perf-model §4).
+pub const DEFAULT_NIC_BYTES_PER_S: f64 = 87.0e9;
+/// One GPU's host link, bytes/s per direction: the pinned copy measured at a flat 54 GB/s on
+/// H20 (perf-model §3B).
+pub const DEFAULT_PCIE_BYTES_PER_S: f64 = 54.0e9;
+/// Added to every scheduler step while a KV connector is configured, seconds: measured for
+/// the Mooncake connector on H20 (an O(cache) metadata walk per step, perf-model §4).
+pub const DEFAULT_CONNECTOR_STEP_OVERHEAD_S: f64 = 1.4e-3;
+/// Effective load rate per rank through a KV connector from a Mooncake store over RDMA,
+/// bytes/s: (0.97 − 0.11 s) for 6.44 GB on H20 (perf-model §4); LMCache#3018 measures
+/// 6.4 GB/s for LMCache's Mooncake backend.
+pub const MOONCAKE_RDMA_LOAD_BYTES_PER_S: f64 = 7.4e9;
+/// Store rate per rank into a Mooncake store over RDMA, bytes/s (LMCache#3018: 8.09 GB/s).
+pub const MOONCAKE_RDMA_STORE_BYTES_PER_S: f64 = 8.1e9;
+/// Effective load rate of vLLM's `OffloadingConnector` from host DRAM on H20, bytes/s:
+/// (272 − 111 ms) for 6.44 GB (perf-model §4).
+pub const CPU_OFFLOAD_LOAD_BYTES_PER_S: f64 = 40.0e9;
 /// Default delay between an engine publishing a KV-event batch and the router applying it, seconds.
 pub const DEFAULT_EVENT_DELAY_S: f64 = 0.01;
 /// vLLM v1 `max_num_batched_tokens` on large GPUs.
@@ -81,29 +110,138 @@ impl TurnFeed {
     }
 }
 
-/// The cluster-wide CPU KV store.
+/// How KV moves between the engines and the tier: which connector, hence when a load runs
+/// and what it stalls, and at what rate (perf-model §6.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TierPath {
+    /// LMCache's vLLM v1 connector as deployed by default, Mooncake backend: the load runs
+    /// inside the step that admits the request, before its forward pass, so every request of
+    /// that step waits for it; stores copy GPU → host inside the step, then put over RDMA.
+    Lmcache,
+    /// vLLM's native Mooncake-store connector: asynchronous loads (the request waits in
+    /// `WAITING_FOR_REMOTE_KVS`, the engine keeps stepping); stores put from GPU memory off the
+    /// critical path.
+    MooncakeStore,
+    /// vLLM's `OffloadingConnector`: asynchronous DMA to and from host DRAM, no network.
+    CpuOffload,
+}
+
+impl TierPath {
+    /// Every path, in CLI order.
+    pub const ALL: [Self; 3] = [Self::Lmcache, Self::MooncakeStore, Self::CpuOffload];
+
+    /// The CLI / config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Lmcache => "lmcache",
+            Self::MooncakeStore => "mooncake-store",
+            Self::CpuOffload => "cpu-offload",
+        }
+    }
+
+    /// The path called `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Whether a load stalls the step that admits its request.
+    pub fn synchronous_load(self) -> bool {
+        self == Self::Lmcache
+    }
+
+    /// Whether stores copy GPU → host inside the step (LMCache's `wait_for_save`).
+    pub fn store_copy_in_step(self) -> bool {
+        self == Self::Lmcache
+    }
+
+    /// Whether transfers cross the node's NIC (a remote store) or stay on the host.
+    pub fn uses_nic(self) -> bool {
+        self != Self::CpuOffload
+    }
+
+    /// Measured effective load rate per rank, bytes/s.
+    pub fn load_bytes_per_s(self) -> f64 {
+        match self {
+            Self::Lmcache | Self::MooncakeStore => MOONCAKE_RDMA_LOAD_BYTES_PER_S,
+            Self::CpuOffload => CPU_OFFLOAD_LOAD_BYTES_PER_S,
+        }
+    }
+
+    /// Store rate per rank past the GPU, bytes/s: the RDMA put, or the host DMA (PCIe).
+    pub fn store_bytes_per_s(self, pcie_bytes_per_s: f64) -> f64 {
+        match self {
+            Self::Lmcache | Self::MooncakeStore => MOONCAKE_RDMA_STORE_BYTES_PER_S,
+            Self::CpuOffload => pcie_bytes_per_s,
+        }
+    }
+}
+
+/// The cluster-wide KV store, the connector that reaches it, and the links it shares.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct GlobalTierConfig {
-    /// Switches the tier on or off (off: no stores, no fetches; the router's tier is off too).
+    /// Switches the tier on or off (off: no connector, no stores, no fetches; the router's
+    /// tier is off too).
     pub enabled: bool,
+    /// The connector and store: load semantics and measured rates.
+    pub path: TierPath,
+    /// With [`TierPath::Lmcache`]: LMCache's layer-wise pipelining, the load overlapping the
+    /// step's compute (step time = max(compute, load) instead of the sum).
+    pub layerwise: bool,
     /// Store capacity, bytes of KV (the whole model's KV per token, see `Profile`).
     pub capacity_bytes: u64,
-    /// Fixed cost of one fetch (`α_f`), seconds.
+    /// Fixed cost of one load on top of its transfer (`α_f`), seconds.
     pub fetch_latency_s: f64,
-    /// Fetch bandwidth per instance link (`B_eff`), bytes/s.
-    pub bandwidth_bytes_per_s: f64,
-    /// Fetches to one instance share one FIFO link.
-    pub fifo_link: bool,
+    /// Load rate per rank, bytes/s; `None`: the path's measured rate.
+    pub bandwidth_bytes_per_s: Option<f64>,
+    /// GPUs per node: instances `0..gpus_per_node / tp` share node 0's NIC, and so on.
+    pub gpus_per_node: u32,
+    /// A node's NIC bandwidth per direction, bytes/s, shared fairly by its transfers.
+    pub nic_bytes_per_s: f64,
+    /// A GPU's host link per direction, bytes/s: caps every transfer of one rank.
+    pub pcie_bytes_per_s: f64,
+    /// Added to every engine step while the tier (a connector) is on, seconds.
+    pub connector_step_overhead_s: f64,
 }
 
 impl Default for GlobalTierConfig {
     fn default() -> Self {
         Self {
             enabled: true,
+            path: TierPath::Lmcache,
+            layerwise: false,
             capacity_bytes: DEFAULT_TIER_CAPACITY_BYTES,
-            fetch_latency_s: DEFAULT_TIER_LATENCY_S,
-            bandwidth_bytes_per_s: DEFAULT_TIER_BANDWIDTH,
-            fifo_link: true,
+            fetch_latency_s: 0.0,
+            bandwidth_bytes_per_s: None,
+            gpus_per_node: DEFAULT_GPUS_PER_NODE,
+            nic_bytes_per_s: DEFAULT_NIC_BYTES_PER_S,
+            pcie_bytes_per_s: DEFAULT_PCIE_BYTES_PER_S,
+            connector_step_overhead_s: DEFAULT_CONNECTOR_STEP_OVERHEAD_S,
+        }
+    }
+}
+
+impl GlobalTierConfig {
+    /// Load rate of one rank, bytes/s: the path's (or the override), capped by PCIe.
+    pub fn load_rank_bytes_per_s(&self) -> f64 {
+        self.bandwidth_bytes_per_s
+            .unwrap_or_else(|| self.path.load_bytes_per_s())
+            .min(self.pcie_bytes_per_s)
+    }
+
+    /// Store rate of one rank past the GPU, bytes/s, capped by PCIe.
+    pub fn store_rank_bytes_per_s(&self) -> f64 {
+        self.path
+            .store_bytes_per_s(self.pcie_bytes_per_s)
+            .min(self.pcie_bytes_per_s)
+    }
+
+    /// The node link a transfer of this path shares, bytes/s (unbounded off the network).
+    pub fn node_bytes_per_s(&self) -> f64 {
+        if self.path.uses_nic() {
+            self.nic_bytes_per_s
+        } else {
+            f64::INFINITY
         }
     }
 }
@@ -361,12 +499,30 @@ impl SimConfig {
         if let Some(t) = self.series_interval_s {
             positive("series_interval_s", t)?;
         }
-        if self.global_tier.enabled {
-            non_negative("global_tier.fetch_latency_s", self.global_tier.fetch_latency_s)?;
-            positive(
-                "global_tier.bandwidth_bytes_per_s",
-                self.global_tier.bandwidth_bytes_per_s,
-            )?;
+        let tier = &self.global_tier;
+        if tier.enabled {
+            non_negative("global_tier.fetch_latency_s", tier.fetch_latency_s)?;
+            if let Some(b) = tier.bandwidth_bytes_per_s {
+                positive("global_tier.bandwidth_bytes_per_s", b)?;
+            }
+            positive("global_tier.nic_bytes_per_s", tier.nic_bytes_per_s)?;
+            positive("global_tier.pcie_bytes_per_s", tier.pcie_bytes_per_s)?;
+            non_negative("global_tier.connector_step_overhead_s", tier.connector_step_overhead_s)?;
+            if tier.gpus_per_node == 0 {
+                return Err(SimError::InvalidConfig {
+                    field: "global_tier.gpus_per_node",
+                    reason: "must be >= 1".into(),
+                });
+            }
+            if tier.layerwise && !tier.path.synchronous_load() {
+                return Err(SimError::InvalidConfig {
+                    field: "global_tier.layerwise",
+                    reason: format!(
+                        "layer-wise pipelining is LMCache's; the {} path loads asynchronously",
+                        tier.path.name()
+                    ),
+                });
+            }
         }
         Ok(())
     }
@@ -417,5 +573,66 @@ mod tests {
             ..SimConfig::default()
         };
         assert!(c.validate().is_err());
+        let tier = |t: GlobalTierConfig| SimConfig {
+            global_tier: t,
+            ..SimConfig::default()
+        };
+        let bad = [
+            (
+                GlobalTierConfig {
+                    gpus_per_node: 0,
+                    ..GlobalTierConfig::default()
+                },
+                "global_tier.gpus_per_node",
+            ),
+            (
+                GlobalTierConfig {
+                    path: TierPath::MooncakeStore,
+                    layerwise: true,
+                    ..GlobalTierConfig::default()
+                },
+                "global_tier.layerwise",
+            ),
+            (
+                GlobalTierConfig {
+                    bandwidth_bytes_per_s: Some(0.0),
+                    ..GlobalTierConfig::default()
+                },
+                "global_tier.bandwidth_bytes_per_s",
+            ),
+        ];
+        for (t, name) in bad {
+            assert!(
+                matches!(tier(t).validate(), Err(SimError::InvalidConfig { field, .. }) if field == name),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn tier_paths_name_their_semantics_and_rates() {
+        for path in TierPath::ALL {
+            assert_eq!(TierPath::parse(path.name()), Some(path));
+        }
+        assert_eq!(TierPath::parse("nixl"), None);
+        assert_eq!(GlobalTierConfig::default().path, TierPath::ALL[0]);
+        assert!(TierPath::Lmcache.synchronous_load() && TierPath::Lmcache.store_copy_in_step());
+        assert!(!TierPath::MooncakeStore.synchronous_load() && !TierPath::CpuOffload.synchronous_load());
+        let t = GlobalTierConfig::default();
+        assert!((t.load_rank_bytes_per_s() - 7.4e9).abs() < 1.0);
+        assert!((t.store_rank_bytes_per_s() - 8.1e9).abs() < 1.0);
+        assert!((t.node_bytes_per_s() - 87e9).abs() < 1.0);
+        let offload = GlobalTierConfig {
+            path: TierPath::CpuOffload,
+            ..GlobalTierConfig::default()
+        };
+        assert!((offload.load_rank_bytes_per_s() - 40e9).abs() < 1.0);
+        assert!((offload.store_rank_bytes_per_s() - 54e9).abs() < 1.0);
+        assert!(offload.node_bytes_per_s().is_infinite());
+        let fast = GlobalTierConfig {
+            bandwidth_bytes_per_s: Some(100e9),
+            ..GlobalTierConfig::default()
+        };
+        assert!((fast.load_rank_bytes_per_s() - 54e9).abs() < 1.0, "PCIe caps a rank");
     }
 }

@@ -1,13 +1,13 @@
-//! Cluster-wide CPU KV store (Mooncake store / LMCache): an LRU set of block hashes with a
-//! capacity in bytes, plus the per-instance link that fetches from it.
+//! Cluster-wide KV store (a Mooncake store behind LMCache or vLLM's connector, or host DRAM
+//! behind vLLM's offloading connector): an LRU set of block hashes with a capacity in bytes.
+//! How blocks travel to and from it is `transfer`'s and `cluster`'s business.
 //!
-//! Semantics (perf-model §4 and §6):
-//! * Filled as blocks are computed: every full block an instance prefills is stored
-//!   (write-down is asynchronous and costs no engine time). Storing a present block refreshes it.
+//! Semantics (perf-model §4 and §6.4):
+//! * Filled by write-through: every full block an instance prefills and the store lacks is
+//!   written to it, and [`GlobalTier::store`] is called when that write completes — a block is
+//!   visible only from then on. Storing a present block refreshes it.
 //! * A request's tier hit is the contiguous run of its chain, starting where its GPU hit ends,
-//!   whose blocks are all in the store. Reading it takes `α + bytes / bandwidth` on the
-//!   instance's link; the request waits, the instance keeps serving others. With a FIFO link,
-//!   concurrent fetches to one instance queue behind each other (PCIe/NIC contention).
+//!   whose blocks are all in the store.
 //! * Capacity: `capacity_bytes / (block_tokens · kv_bytes_per_token)` blocks; the least
 //!   recently stored or read block is dropped first. Capacity 0 switches the tier off.
 //!
@@ -86,6 +86,11 @@ impl GlobalTier {
     /// Blocks dropped for capacity so far.
     pub fn evictions(&self) -> u64 {
         self.evictions
+    }
+
+    /// Whether `hash` is stored (touches nothing).
+    pub fn contains(&self, hash: u64) -> bool {
+        self.map.contains_key(&hash)
     }
 
     /// Length of the run of `chain[from..]` whose blocks are all stored (touches nothing).
@@ -188,25 +193,6 @@ impl GlobalTier {
     }
 }
 
-/// Per-instance link to the global tier: when the next fetch can start.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TierLink {
-    busy_until: f64,
-}
-
-impl TierLink {
-    /// Schedules a fetch of `bytes` issued at `now`; returns its completion time. With
-    /// `fifo`, the fetch starts when the previous one on this link has finished.
-    pub fn fetch(&mut self, now: f64, bytes: f64, latency_s: f64, bytes_per_s: f64, fifo: bool) -> f64 {
-        let start = if fifo { now.max(self.busy_until) } else { now };
-        let done = start + latency_s + bytes / bytes_per_s;
-        if fifo {
-            self.busy_until = done;
-        }
-        done
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,16 +251,5 @@ mod tests {
         assert_eq!(t.changes.inserted, [0, 1, 2]);
         assert_eq!(t.changes.evicted.len(), 3);
         assert_eq!(t.run_from(&[10, 11, 12], 0), 3);
-    }
-
-    #[test]
-    fn fifo_link_serialises_fetches() {
-        let mut link = TierLink::default();
-        let a = link.fetch(0.0, 1e9, 0.001, 1e9, true);
-        let b = link.fetch(0.5, 1e9, 0.001, 1e9, true);
-        assert!((a - 1.001).abs() < 1e-12);
-        assert!((b - 2.002).abs() < 1e-12);
-        let mut free = TierLink::default();
-        assert!((free.fetch(0.5, 1e9, 0.0, 1e9, false) - 1.5).abs() < 1e-12);
     }
 }

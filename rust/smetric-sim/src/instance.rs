@@ -9,10 +9,13 @@
 //! 2. **Then waiting requests**, FIFO, only if nothing was preempted this step, while the
 //!    token budget lasts and fewer than `max_num_seqs` run. On admission the prefix cache is
 //!    looked up (full blocks only, hit capped at `n − 1` tokens so one token is always
-//!    computed). If the global tier holds the chain's next blocks, they are allocated, a
-//!    load is started and the request stays in the queue, skipped, until the load is done
-//!    (vLLM's KV-connector `WAITING_FOR_REMOTE_KVS`); then its loaded blocks count as
-//!    computed. A request whose blocks do not fit stops admission (admission never preempts).
+//!    computed). If the global tier holds the chain's next blocks, they are allocated and a
+//!    load is started. With an asynchronous connector the request stays in the queue,
+//!    skipped, until the load is done (vLLM's `WAITING_FOR_REMOTE_KVS`); then its loaded
+//!    blocks count as computed. With a synchronous one (LMCache's default) the loaded tokens
+//!    count as computed at once and the request runs in this very step: the caller makes the
+//!    step wait for the load, so every request of the step waits with it. A request whose
+//!    blocks do not fit stops admission (admission never preempts).
 //! 3. Blocks that become full in this step are registered in the prefix cache when the step
 //!    is scheduled (vLLM caches at `allocate_slots` time).
 //!
@@ -85,6 +88,17 @@ pub(crate) struct EngineLimits {
     pub block_tokens: u64,
     pub max_batched_tokens: u64,
     pub max_num_seqs: usize,
+    /// Tier loads run inside the admitting step (LMCache) instead of asynchronously.
+    pub synchronous_loads: bool,
+}
+
+/// A global-tier load the last [`Instance::schedule`] started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StartedLoad {
+    pub request: u32,
+    pub blocks: usize,
+    /// The step just scheduled must wait for it (the request is in that step).
+    pub synchronous: bool,
 }
 
 /// One engine.
@@ -97,8 +111,8 @@ pub(crate) struct Instance {
     pub batch: Vec<(u32, u64)>,
     /// A step is in flight.
     pub busy: bool,
-    /// `(request, blocks)` of the global-tier loads the last step started.
-    pub started_fetches: Vec<(u32, usize)>,
+    /// The global-tier loads the last step started.
+    pub started_fetches: Vec<StartedLoad>,
     pub preemptions: u64,
 }
 
@@ -132,7 +146,7 @@ impl Instance {
 
     /// Builds the next step; returns its shape (empty when there is nothing to run).
     /// Global-tier loads started by the last [`Self::schedule`] call are left in
-    /// `started_fetches` as `(request, blocks)` for the caller to time on the link.
+    /// `started_fetches` for the caller to time on the links.
     pub fn schedule(
         &mut self,
         reqs: &mut [LiveRequest],
@@ -299,6 +313,38 @@ impl Instance {
             } else {
                 0
             };
+            if external > 0 && limits.synchronous_loads {
+                // LMCache's default: `start_load_kv` retrieves before the forward pass, so the
+                // request runs in this step as if its loaded tokens were computed.
+                let computed = (local + external) as u64 * b;
+                let new = (req.num_tokens - computed).min(*budget);
+                let fresh = ((computed + new).div_ceil(b) as usize - local) as u32;
+                if !self.pool.can_allocate(&chain[..local], fresh) {
+                    break;
+                }
+                self.pool.acquire_hits(&chain[..local], &mut req.blocks);
+                self.pool.allocate(fresh, &mut req.blocks);
+                req.registered = local;
+                register_full(&mut self.pool, req, chain, computed + new, b);
+                tier.touch(&chain[local..local + external]);
+                if !req.admitted {
+                    req.admitted = true;
+                    req.local_hit_tokens = local as u64 * b;
+                    req.global_hit_tokens = external as u64 * b;
+                }
+                req.computed = computed;
+                shape.add_prefill(new, computed);
+                *budget -= new;
+                self.batch.push((r, new));
+                self.running.push(r);
+                self.waiting.remove(j);
+                self.started_fetches.push(StartedLoad {
+                    request: r,
+                    blocks: external,
+                    synchronous: true,
+                });
+                continue;
+            }
             if external > 0 {
                 // Allocate the blocks the tier will fill and start the load; the request
                 // waits (keeping its queue place) while the engine serves others.
@@ -315,7 +361,11 @@ impl Instance {
                     req.local_hit_tokens = local as u64 * b;
                     req.global_hit_tokens = external as u64 * b;
                 }
-                self.started_fetches.push((r, external));
+                self.started_fetches.push(StartedLoad {
+                    request: r,
+                    blocks: external,
+                    synchronous: false,
+                });
                 j += 1;
                 continue;
             }
@@ -436,6 +486,7 @@ mod tests {
             block_tokens: 16,
             max_batched_tokens: 8192,
             max_num_seqs: 256,
+            synchronous_loads: false,
         };
         let mut inst = Instance::new(10);
         let mut reqs = vec![LiveRequest::default(); 2];

@@ -9,7 +9,8 @@
 //! * [`block_pool`] — a vLLM v1 GPU block pool with prefix caching;
 //! * `instance` — the vLLM v1 scheduler (running first, chunked prefill, admission,
 //!   preemption by recompute);
-//! * [`global_tier`] — the cluster-wide CPU KV store and its fetch links;
+//! * [`global_tier`] — the cluster-wide KV store; `transfer` — loads and write-throughs over
+//!   the nodes' shared links (per-rank FIFO, fair-share NIC, PCIe caps);
 //! * [`cache_events`] — how the router's index is fed: insert on route, the engines' vLLM
 //!   KV-event batches through the production encoder and ingestor, or an oracle;
 //! * [`workload`] — streaming loaders (Bailian, Mooncake, Weka Claude Code, Azure) into a
@@ -44,11 +45,12 @@ pub mod metrics;
 pub mod perf_model;
 pub mod placement;
 pub mod token_gaps;
+mod transfer;
 pub mod workload;
 
 pub use cache_events::IndexFeed;
 pub use cluster::simulate;
-pub use config::{GlobalTierConfig, SimConfig, SloConfig, TurnFeed};
+pub use config::{GlobalTierConfig, SimConfig, SloConfig, TierPath, TurnFeed};
 pub use core_placer::CorePlacer;
 pub use error::{Result, SimError};
 pub use metrics::{LoadSeries, Percentiles, RequestRecord, SimReport, SloReport, evaluate_slo};
@@ -79,10 +81,16 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
     let block = u64::from(block_tokens);
     let mut router_config = config.router.clone();
     router_config.local_capacity_blocks = config.kv_tokens() / block;
-    router_config.global_capacity_blocks = if config.global_tier.enabled {
-        (config.global_tier.capacity_bytes as f64 / (block as f64 * config.profile.kv_bytes_per_token)) as u64
-    } else {
-        0
+    let tier_blocks = (config.global_tier.capacity_bytes as f64 / (block as f64 * config.profile.kv_bytes_per_token)) as u64;
+    router_config.global_capacity_blocks = match (config.global_tier.enabled, config.index_feed) {
+        (false, _) => 0,
+        // Insert on route: the router's own LRU is its model of the store.
+        (true, IndexFeed::Approximate) => tier_blocks,
+        // Fed by the store's own changes: its removals keep the index exact, and an LRU of the
+        // router's, which sees stores but not the reads that refresh the store's order, would
+        // evict other blocks than the store does. Twice the store leaves room for removals
+        // that arrive late.
+        (true, IndexFeed::Events | IndexFeed::Oracle) => tier_blocks.saturating_mul(2),
     };
     // An ingestor source maps what its instance holds: its pool, plus the store blocks it
     // announced (at most the whole store).

@@ -5,7 +5,7 @@ use smetric_sim::metrics::evaluate_slo;
 use smetric_sim::perf_model::BatchShape;
 use smetric_sim::{
     ArrivalKind, GlobalTierConfig, PolicyKind, RequestSpec, RoundRobinPlacer, SimConfig, SimReport, SloConfig,
-    SyntheticSessions, Workload, WorkloadBuilder, run, simulate, synthetic_sessions,
+    SyntheticSessions, TierPath, Workload, WorkloadBuilder, run, simulate, synthetic_sessions,
 };
 
 const B: u32 = 16;
@@ -46,7 +46,14 @@ fn lone_request_follows_the_model_step_by_step() {
     let mut b = WorkloadBuilder::new("t", B, ArrivalKind::OpenLoop);
     b.push(spec(20_000, 4, 1.0), chain(0, 20_000));
     let w = b.build().unwrap();
-    let cfg = config(1);
+    // No tier, so no connector: each step takes exactly the iteration model's time.
+    let cfg = SimConfig {
+        global_tier: GlobalTierConfig {
+            enabled: false,
+            ..GlobalTierConfig::default()
+        },
+        ..config(1)
+    };
     let report = rr(&cfg, &w);
     let p = &cfg.profile;
     // Chunked prefill: 8192 + 8192 + 3616 tokens, then three decode steps.
@@ -101,11 +108,20 @@ fn global_tier_serves_another_instance_and_can_be_switched_off() {
     assert_eq!(second.local_hit_tokens, 0);
     assert_eq!(second.global_hit_tokens, 2047 * 16);
     assert_eq!(on.tier_fetches, 1);
+    // The default path (LMCache, synchronous): the step that admits the request loads 2,047
+    // blocks at the Mooncake rate, then computes the last block and pays the connector's step
+    // overhead; the block it fills is in the store already (r0 wrote it), so nothing is copied.
     let c = config(2);
-    let bytes = 2047.0 * 16.0 * c.profile.kv_bytes_per_token_rank;
-    let fetch = c.global_tier.fetch_latency_s + bytes / c.global_tier.bandwidth_bytes_per_s;
-    let expected = c.profile.frontend_time(32_768) + fetch + c.profile.isolated_prefill_time(16, 2047 * 16);
-    assert!((second.ttft_s().unwrap() - expected).abs() < 1e-9);
+    let tier = &c.global_tier;
+    let block_bytes = 16.0 * c.profile.kv_bytes_per_token_rank;
+    let load = tier.fetch_latency_s + 2047.0 * block_bytes / tier.path.load_bytes_per_s();
+    let step = c.profile.isolated_prefill_time(16, 2047 * 16) + tier.connector_step_overhead_s;
+    let expected = c.profile.frontend_time(32_768) + load + step;
+    assert!(
+        (second.ttft_s().unwrap() - expected).abs() < 1e-9,
+        "{:?} vs {expected}",
+        second.ttft_s()
+    );
 
     let off_config = SimConfig {
         global_tier: GlobalTierConfig {
@@ -390,4 +406,161 @@ fn an_event_budget_stops_the_run() {
         run(&c, &w, PolicyKind::Smetric),
         Err(smetric_sim::SimError::EventBudget { events: 50, .. })
     ));
+}
+
+fn with_tier(instances: u32, tier: GlobalTierConfig) -> SimConfig {
+    SimConfig {
+        global_tier: tier,
+        ..config(instances)
+    }
+}
+
+fn path(path: TierPath) -> GlobalTierConfig {
+    GlobalTierConfig {
+        path,
+        ..GlobalTierConfig::default()
+    }
+}
+
+/// Decode span (finish − first token) of request `r`.
+fn decode_span(report: &SimReport, r: usize) -> f64 {
+    let rec = &report.records[r];
+    rec.finish_s.unwrap() - rec.first_token_s.unwrap()
+}
+
+/// A decode running on instance 1 when a request with a 32K-token tier hit lands there.
+/// Round robin over two instances: r0 writes the prefix from instance 0; r1 decodes 300
+/// tokens on instance 1; r2 is a small request that puts the next one on instance 1; r3
+/// re-sends r0's prefix there (with `with_loader`).
+fn decode_beside_a_tier_hit(with_loader: bool) -> Workload {
+    let mut b = WorkloadBuilder::new("t", B, ArrivalKind::OpenLoop);
+    b.push(spec(32_768, 2, 0.0), chain(0, 32_768));
+    b.push(spec(1000, 300, 20.0), chain(1_000_000, 1000));
+    b.push(spec(500, 2, 20.1), chain(2_000_000, 500));
+    if with_loader {
+        b.push(spec(32_768, 2, 20.5), chain(0, 32_768));
+    }
+    b.build().unwrap()
+}
+
+/// A synchronous load (LMCache's default) stalls the step it runs in: the co-running decode's
+/// token gaps grow by the load time. An asynchronous one (vLLM's Mooncake-store connector)
+/// runs beside the engine and costs the decode only the loaded request's one prefill step.
+#[test]
+fn a_synchronous_load_stalls_co_running_decodes_and_an_asynchronous_one_does_not() {
+    let w = decode_beside_a_tier_hit(true);
+    let sync = rr(&with_tier(2, path(TierPath::Lmcache)), &w);
+    let asynchronous = rr(&with_tier(2, path(TierPath::MooncakeStore)), &w);
+    for report in [&sync, &asynchronous] {
+        assert_eq!(report.records[3].instance, Some(1));
+        assert_eq!(report.records[3].global_hit_tokens, 2047 * 16);
+        let r1 = &report.records[1];
+        assert!(r1.first_token_s.unwrap() < 20.6 && r1.finish_s.unwrap() > 21.0);
+    }
+    let c = config(2);
+    let load = 2047.0 * 16.0 * c.profile.kv_bytes_per_token_rank / TierPath::Lmcache.load_bytes_per_s();
+    let alone = rr(
+        &with_tier(2, path(TierPath::MooncakeStore)),
+        &decode_beside_a_tier_hit(false),
+    );
+    let stall = decode_span(&sync, 1) - decode_span(&asynchronous, 1);
+    let async_cost = decode_span(&asynchronous, 1) - decode_span(&alone, 1);
+    eprintln!(
+        "load {load:.4} s; decode span: alone {:.4} s, async {:.4} s (+{async_cost:.4}), sync {:.4} s (+{stall:.4} more)",
+        decode_span(&alone, 1),
+        decode_span(&asynchronous, 1),
+        decode_span(&sync, 1)
+    );
+    assert!((stall / load - 1.0).abs() < 0.01, "stall {stall} vs load {load}");
+    assert!(
+        async_cost > 0.0 && async_cost < 0.1 * load,
+        "async {async_cost} vs load {load}"
+    );
+
+    // Layer-wise, the load hides behind the step's compute only up to that compute's length.
+    let layerwise = rr(
+        &with_tier(
+            2,
+            GlobalTierConfig {
+                layerwise: true,
+                ..path(TierPath::Lmcache)
+            },
+        ),
+        &w,
+    );
+    let hidden = decode_span(&sync, 1) - decode_span(&layerwise, 1);
+    assert!(hidden > 0.0 && hidden < 0.1 * load, "{hidden}");
+}
+
+/// Eight GPUs of one node pulling at once share its NIC: each gets 87 / 8 GB/s, the
+/// aggregate is the NIC's 87 GB/s; one GPU pulling alone gets its PCIe cap, 54 GB/s, even when
+/// the connector could go faster.
+#[test]
+fn gpus_of_one_node_share_its_nic_and_each_is_capped_by_pcie() {
+    // Nine instances: 0–7 form node 0, the writer runs alone on node 1 (instance 8).
+    let workload = |pullers: u64| {
+        let mut b = WorkloadBuilder::new("t", B, ArrivalKind::OpenLoop);
+        for k in 0..8 {
+            b.push(spec(500, 2, 0.0), chain(1_000_000 * (k + 1), 500));
+        }
+        b.push(spec(32_768, 2, 0.0), chain(0, 32_768));
+        for _ in 0..pullers {
+            b.push(spec(32_768, 2, 100.0), chain(0, 32_768));
+        }
+        b.build().unwrap()
+    };
+    let tier = GlobalTierConfig {
+        bandwidth_bytes_per_s: Some(200.0e9),
+        ..path(TierPath::MooncakeStore)
+    };
+    let c = with_tier(9, tier);
+    let bytes = 2047.0 * 16.0 * c.profile.kv_bytes_per_token_rank;
+    let step = c.profile.isolated_prefill_time(16, 2047 * 16) + c.global_tier.connector_step_overhead_s;
+    let frontend = c.profile.frontend_time(32_768);
+    let load_time = |report: &SimReport, r: usize| report.records[r].ttft_s().unwrap() - frontend - step;
+
+    let alone = rr(&c, &workload(1));
+    assert_eq!(alone.records[9].instance, Some(0));
+    let rate = bytes / load_time(&alone, 9);
+    eprintln!("one GPU pulling: {:.2} GB/s", rate / 1e9);
+    assert!((rate / c.global_tier.pcie_bytes_per_s - 1.0).abs() < 1e-6);
+
+    let all = rr(&c, &workload(8));
+    let mut aggregate = 0.0;
+    for r in 9..17 {
+        assert_eq!(all.records[r].instance, Some((r - 9) as u32));
+        assert_eq!(all.records[r].global_hit_tokens, 2047 * 16);
+        let rate = bytes / load_time(&all, r);
+        assert!(rate <= c.global_tier.pcie_bytes_per_s);
+        aggregate += rate;
+    }
+    eprintln!("eight GPUs pulling: {:.2} GB/s in all", aggregate / 1e9);
+    assert!((aggregate / c.global_tier.nic_bytes_per_s - 1.0).abs() < 1e-6);
+}
+
+/// Write-through: a block enters the tier when its write ends, not when it is computed. A
+/// request re-sending r0's prefix from another instance just after r0's last chunk sees only
+/// the chunks whose writes (805 MB each at the RDMA store rate, ≈0.1 s) are done.
+#[test]
+fn a_block_is_visible_in_the_tier_only_once_its_write_completes() {
+    let workload = |second_at: f64| {
+        let mut b = WorkloadBuilder::new("t", B, ArrivalKind::OpenLoop);
+        b.push(spec(32_768, 2, 0.0), chain(0, 32_768));
+        b.push(spec(32_768, 2, second_at), chain(0, 32_768));
+        b.build().unwrap()
+    };
+    let c = config(2);
+    let first = rr(&c, &workload(100.0));
+    assert_eq!(first.records[1].global_hit_tokens, 2047 * 16);
+    // Delivered 10 ms after r0's last chunk ends: that chunk's write (0.1 s) is still on its way.
+    let last_chunk_end = first.records[0].first_token_s.unwrap();
+    let write = 8192.0 * c.profile.kv_bytes_per_token_rank / c.global_tier.store_rank_bytes_per_s();
+    let early = rr(&c, &workload(last_chunk_end + 0.01 - c.profile.frontend_time(32_768)));
+    assert_eq!(early.records[0].first_token_s, first.records[0].first_token_s);
+    assert_eq!(early.records[1].global_hit_tokens, 3 * 8192);
+    let late = rr(
+        &c,
+        &workload(last_chunk_end + write + 0.01 - c.profile.frontend_time(32_768)),
+    );
+    assert_eq!(late.records[1].global_hit_tokens, 2047 * 16);
 }
