@@ -21,5 +21,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         pytest-benchmark ruff mypy
     touch "$stamp"
 fi
+# The extension is abi3 (`_core.abi3.so`); a version-tagged `_core.cpython-*.so` left in the
+# source tree by an older build would be imported before it.
+rm -f python/smetric/_core.cpython-*.so
 # maturin develop builds the Rust extension (release profile) and installs the package editable.
 VIRTUAL_ENV="$(cd "$venv" && pwd)" "$venv/bin/maturin" develop --release --quiet --extras dev
