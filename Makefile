@@ -5,9 +5,10 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONDONTWRITEBYTECODE := 1
-PY_SOURCES := $(wildcard python tests benches scripts)
+PY_SOURCES := $(wildcard python tests benches scripts examples)
+WHEELS := target/wheels
 
-.PHONY: setup demo test lint lint-rust lint-python test-rust test-python bench clean
+.PHONY: setup demo test lint lint-rust lint-python test-rust test-python wheel bench clean
 
 setup:
 	bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
@@ -30,7 +31,13 @@ lint: lint-rust lint-python
 test-rust:
 	cargo test --workspace --all-targets
 
-test-python: setup
+# The release wheel (abi3, manylinux) that tests/test_wheel.py installs into a venv without Rust.
+# Same profile and features as `maturin develop --release`, so after `make setup` it mostly relinks.
+wheel: setup
+	rm -f $(WHEELS)/smetric_router-*.whl
+	$(VENV)/bin/maturin build --release --quiet --out $(WHEELS)
+
+test-python: setup wheel
 	$(PY) -m pytest
 
 test: lint test-rust test-python

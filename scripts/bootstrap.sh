@@ -16,10 +16,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp="$venv/.deps-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    "$venv/bin/python" -m pip install --quiet "maturin>=1.8,<2" numpy xxhash pyzmq tqdm matplotlib types-tqdm \
-        "pytest>=8" pytest-timeout \
-        pytest-benchmark ruff mypy
+    "$venv/bin/python" -m pip install --quiet "maturin>=1.8,<2"
     touch "$stamp"
 fi
-# maturin develop builds the Rust extension (release profile) and installs the package editable.
-VIRTUAL_ENV="$(cd "$venv" && pwd)" "$venv/bin/maturin" develop --release --quiet --extras dev
+# The extension is abi3 (`_core.abi3.so`); a version-tagged `_core.cpython-*.so` left in the
+# source tree by an older build would be imported before it.
+rm -f python/smetric/_core.cpython-*.so
+# maturin develop builds the Rust extension (release profile), installs the package editable
+# and, with it, what the tests need: the dev tools and every extra (pyproject.toml lists them).
+VIRTUAL_ENV="$(cd "$venv" && pwd)" "$venv/bin/maturin" develop --release --quiet --extras dev,sim,events

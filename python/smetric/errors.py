@@ -4,6 +4,10 @@ Every error of the routing core is a :class:`SmetricError`, which is a :class:`V
 callers that already catch ``ValueError`` for bad input keep working, and callers that want
 the details read the attributes (``err.position``, ``err.name``, …) instead of parsing the
 message. The Rust core raises these very classes (``smetric._core`` imports this module).
+
+The one exception that is not a :class:`SmetricError` is :class:`MissingExtraError`, an
+:class:`ImportError`: a module of the package that needs an optional dependency (an *extra* of
+``smetric-router``) raises it on import when that dependency is not installed.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ __all__ = [
     "InvalidBlockSizeError",
     "InvalidConfigError",
     "InvalidTokenError",
+    "MissingExtraError",
     "MissingPromptError",
     "NoInstancesError",
     "SimulationError",
@@ -27,6 +32,24 @@ __all__ = [
     "UnknownPolicyError",
     "UnsupportedDtypeError",
 ]
+
+
+class MissingExtraError(ImportError):
+    """``module`` needs ``requirement``, installed by the ``extra`` of ``smetric-router``.
+
+    Raised at import, so a process that embeds only :class:`~smetric.Router` installs and
+    imports none of the simulator's, plotting or event-stream dependencies. ``name`` (from
+    :class:`ImportError`) is the missing top-level module.
+    """
+
+    def __init__(self, module: str, requirement: str, extra: str, *, name: str | None = None) -> None:
+        super().__init__(
+            f"{module} needs {requirement}, which is not installed: pip install 'smetric-router[{extra}]'",
+            name=name,
+        )
+        self.module = module
+        self.requirement = requirement
+        self.extra = extra
 
 
 class SmetricError(ValueError):

@@ -31,10 +31,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-import zmq
-
 from smetric._core import IngestStep, KvEventIngestor, Router
 from smetric._types import IngestSourceStats, IngestStats
+from smetric.errors import MissingExtraError
+
+try:
+    import zmq
+except ModuleNotFoundError as e:
+    raise MissingExtraError(__name__, "pyzmq", "events", name=e.name) from e
 
 __all__ = [
     "IngestSourceStats",

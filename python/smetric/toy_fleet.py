@@ -17,10 +17,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from smetric._core import Decision, Router, RouterConfig
 from smetric._types import PolicyName
+from smetric.errors import MissingExtraError
+
+try:
+    import numpy as np
+except ModuleNotFoundError as e:
+    raise MissingExtraError(__name__, "numpy", "sim", name=e.name) from e
 
 PREFILL_TOKENS_PER_S = 20_000.0
 """H20 + Qwen3-Coder-30B-A3B prefill rate (perf-model §6: ≈50 µs/token)."""

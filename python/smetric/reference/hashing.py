@@ -11,7 +11,12 @@ import struct
 from collections.abc import Iterable
 from typing import SupportsIndex
 
-import xxhash
+try:
+    import xxhash
+except ModuleNotFoundError as e:
+    # The reference imports nothing of smetric (so not smetric.errors.MissingExtraError).
+    message = "smetric.reference needs xxhash, which is not installed: pip install 'smetric-router[dev]'"
+    raise ImportError(message, name=e.name) from e
 
 U32_LIMIT = 1 << 32
 U64_LIMIT = 1 << 64

@@ -18,13 +18,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from smetric.errors import MissingExtraError
 from smetric.sim.config import SLO
 from smetric.sim.runner import PolicySummary, RunResult
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ModuleNotFoundError as e:
+    raise MissingExtraError(__name__, "matplotlib", "sim", name=e.name) from e
 
 
 def _pct(x: float | None) -> str:

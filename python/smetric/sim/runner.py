@@ -30,12 +30,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final
 
-from tqdm import tqdm
-
 from smetric._core import Workload, load_workload, simulate
 from smetric._types import LoadSeries, SimReport, SloResult
-from smetric.errors import SimulationError
+from smetric.errors import MissingExtraError, SimulationError
 from smetric.sim.config import SimulationConfig, TraceSpec, Window, policy_router
+
+try:
+    from tqdm import tqdm
+except ModuleNotFoundError as e:
+    raise MissingExtraError(__name__, "tqdm", "sim", name=e.name) from e
 
 ATTAINMENT_TARGET: Final[float] = 0.9
 """SLO attainment that defines the highest sustainable load (DistServe's 90%)."""
