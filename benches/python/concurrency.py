@@ -3,8 +3,10 @@
 Usage: ``python benches/python/concurrency.py [--seconds S]``. One thread routes 32K-token
 follow-ups (smetric, 32 instances, exact index as a fleet with KV events runs it); another feeds
 the captured vLLM 0.33 event stream (``tests/data/vllm/captured_stream.json``) to a
-``KvEventIngestor`` on the same router, a pass of the stream at a time, the source reset after
-each pass. The ingest thread hands each pass in with one ``on_messages`` call, as
+``KvEventIngestor`` on the same router, a pass of the stream at a time: prebuilt frames with the
+source reset after each pass (the binding and the core alone), or with ``--fresh-frames`` new frame
+objects and continuing sequence numbers every pass (the Python work of a subscriber that receives a
+live stream, all under the GIL). The ingest thread hands each pass in with one ``on_messages`` call, as
 ``KvEventSubscriber`` hands in what it drained from a socket (``--per-message`` feeds them one
 ``on_message`` call each, the way the subscriber did before). Prints each rate alone and together.
 """
@@ -45,22 +47,34 @@ def route_loop(router: Router, prompt: np.ndarray, stop: float, out: list[int]) 
         out[0] += 1
 
 
-def ingest_loop(router: Router, messages: list[list[bytes]], stop: float, out: list[int], per_message: bool) -> None:
+def ingest_loop(
+    router: Router, messages: list[list[bytes]], stop: float, out: list[int], per_message: bool, fresh: bool
+) -> None:
     ingestor = KvEventIngestor(router)
     source = ingestor.add_source("gpu-3")
-    # Sequence numbers from 0 in every pass: the source is reset after each.
-    stream = [[topic, seq.to_bytes(8, "big"), payload] for seq, (topic, _, payload) in enumerate(messages)]
+    # Prebuilt frames, sequence numbers from 0 in every pass and the source reset after each: the
+    # binding and the core only. With `fresh`, every pass builds new frames with continuing sequence
+    # numbers, as a socket hands out a live stream: the Python work a subscriber does per message.
+    prebuilt = [[topic, seq.to_bytes(8, "big"), payload] for seq, (topic, _, payload) in enumerate(messages)]
+    seq = 0
     while time.perf_counter() < stop:
+        stream = prebuilt
+        if fresh:
+            stream = [[topic, (seq + k).to_bytes(8, "big"), payload] for k, (topic, _, payload) in enumerate(messages)]
+            seq += len(stream)
         if per_message:
             for frames in stream:
                 ingestor.on_message(source, frames)
         else:
             ingestor.on_messages(source, stream)
         out[0] += len(stream)
-        ingestor.reset_source(source)
+        if not fresh:
+            ingestor.reset_source(source)
 
 
-def run(seconds: float, do_route: bool, do_ingest: bool, per_message: bool = False) -> tuple[float, float]:
+def run(
+    seconds: float, do_route: bool, do_ingest: bool, per_message: bool = False, fresh: bool = False
+) -> tuple[float, float]:
     router, prompt = make_router()
     messages = frames()
     routes, batches = [0], [0]
@@ -69,7 +83,7 @@ def run(seconds: float, do_route: bool, do_ingest: bool, per_message: bool = Fal
     if do_route:
         threads.append(threading.Thread(target=route_loop, args=(router, prompt, stop, routes)))
     if do_ingest:
-        threads.append(threading.Thread(target=ingest_loop, args=(router, messages, stop, batches, per_message)))
+        threads.append(threading.Thread(target=ingest_loop, args=(router, messages, stop, batches, per_message, fresh)))
     for t in threads:
         t.start()
     for t in threads:
@@ -81,10 +95,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--per-message", action="store_true", help="one on_message call per message")
+    parser.add_argument("--fresh-frames", action="store_true", help="new frames every pass, as a live socket")
     args = parser.parse_args()
     route_alone, _ = run(args.seconds, True, False)
-    _, ingest_alone = run(args.seconds, False, True, args.per_message)
-    route_both, ingest_both = run(args.seconds, True, True, args.per_message)
+    _, ingest_alone = run(args.seconds, False, True, args.per_message, args.fresh_frames)
+    route_both, ingest_both = run(args.seconds, True, True, args.per_message, args.fresh_frames)
     print(
         f"routes/s (32K tokens): alone {route_alone:,.0f}, "
         f"with ingestion {route_both:,.0f} ({route_both / route_alone:.2f}x)"
