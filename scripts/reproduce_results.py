@@ -1,46 +1,66 @@
-"""Regenerates the measurements of ``docs/results.md`` from the staged traces.
+"""Regenerates the measurements of ``docs/results.md`` from the staged traces (simulator v2).
 
     .venv/bin/python scripts/reproduce_results.py --traces /work/shared/traces --out docs/results-data
     .venv/bin/python scripts/reproduce_results.py --traces ... --only weka-0476 --out ...   # one trace
-    .venv/bin/python scripts/reproduce_results.py --traces ... --timing                     # the 60 s check
+    .venv/bin/python scripts/reproduce_results.py --traces ... --timing                     # the 30 s check
     .venv/bin/python scripts/reproduce_results.py --tables docs/results-data                # tables only
 
-For every trace: the seven policies plus ``cache_first_max_hit`` × a load ladder × the global
-KV$ tier on and off, one seed, scored under three SLO settings; one JSON per trace, one
-TPS-vs-load plot per trace and SLO, and the markdown tables pasted into ``docs/results.md``.
-The design (window, ladders, SLOs) was fixed on the tuning window ``weka-0476`` only.
+For every trace: every policy of ``smetric.POLICIES`` plus ``cache_first_max_hit`` × a load ladder
+× four tier settings (the global KV$ tier loaded through LMCache's connector — the default —,
+vLLM's Mooncake store connector, vLLM's CPU offload, and no tier) × three seeds, scored under
+four SLO settings; ``smetric`` also once more with the turn inferred from the index alone
+(``turns=index``) where the trace carries sessions. One JSON per trace, one TPS-vs-load plot per
+trace, and the markdown tables pasted into ``docs/results.md``. The design (window, ladders, SLOs)
+was fixed on the tuning window ``weka-0476`` only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from smetric import POLICIES
-from smetric.sim import SLO, RunResult, RunSpec, SimulationConfig, TraceSpec, Window, run_grid, summarize
-from smetric.sim.report import plot_load_over_time, plot_tps_vs_load, plot_ttft_cdf
+from smetric.sim import (
+    MOONCAKE_SEGMENT_BYTES_PER_RANK,
+    SLO,
+    RunResult,
+    RunSpec,
+    SimulationConfig,
+    TraceSpec,
+    Window,
+    run_grid,
+    summarize,
+)
+from smetric.sim.config import TierPath
+from smetric.sim.report import plot_tps_vs_load
 
-POLICY_SET = [*POLICIES, "cache_first_max_hit"]
+BASELINES = [p for p in POLICIES if p != "smetric"] + ["cache_first_max_hit"]
+SEEDS = (0, 1, 2)
+TIERS = ("lmcache", "mooncake-store", "cpu-offload", "off")
+"""Tier settings: a load path of the global KV$ tier, or no tier. The first is the default."""
+SMETRIC_INDEX = "smetric[turns=index]"
+"""``smetric`` with the turn inferred from its index alone (the request's turn not passed)."""
+TBT_TAIL_S = 0.2
 SLOS = (
     SLO(),  # headline: TTFT ≤ 2 s + 0.1 ms/token, TPOT ≤ 100 ms
     SLO(tpot_s=0.05),  # the tight TPOT tier
     SLO(ttft_base_s=1.0, ttft_s_per_token=0.05e-3),  # a TTFT bound twice as tight
+    SLO(tbt_tail_s=TBT_TAIL_S),  # headline + tail token gap (mean of a request's longest 10 %)
 )
-# Loads (sessions/s) with the global tier on and off, fixed on the tuning window: each brackets
-# the knee of every policy there (capacity without the tier is about a third).
-WEKA_ON = (0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08)
-WEKA_OFF = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04)
-# Event budget of one run: about 3x the heaviest run that completes (16 busy instances over the
-# whole window). A guard only: a run beyond it is skipped and listed under "failed".
+WEKA_ON = (0.02, 0.035, 0.05, 0.065, 0.08)
+WEKA_OFF = (0.005, 0.01, 0.015, 0.02, 0.03)
+MOONCAKE_ON = (1.0, 1.5, 2.0, 3.0, 4.0)
+MOONCAKE_OFF = (0.5, 1.0, 1.5, 2.0, 3.0)
 MAX_EVENTS = 40_000_000
-MOONCAKE_ON = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
-MOONCAKE_OFF = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
 
 
 @dataclass(frozen=True)
@@ -51,29 +71,75 @@ class Trace:
     loads_on: tuple[float, ...]
     loads_off: tuple[float, ...]
     role: str
+    sessions: bool
 
 
 TRACES = (
-    Trace("weka-0476", ("weka_cc_sessions_0476-0549.jsonl.gz",), "weka", WEKA_ON, WEKA_OFF, "tuning"),
-    Trace("weka-0001", ("weka_cc_sessions_0001-0175.jsonl.gz",), "weka", WEKA_ON, WEKA_OFF, "report"),
-    Trace("weka-0176", ("weka_cc_sessions_0176-0400.jsonl.gz",), "weka", WEKA_ON, WEKA_OFF, "report"),
-    Trace("weka-0401", ("weka_cc_sessions_0401-0475.jsonl.gz",), "weka", WEKA_ON, WEKA_OFF, "report"),
-    Trace("mooncake-conv", ("mooncake_conversation_trace.jsonl.gz",), "mooncake", MOONCAKE_ON, MOONCAKE_OFF, "report"),
+    Trace("weka-0476", ("weka_cc_sessions_0476-0549.jsonl.gz",), "weka", WEKA_ON, WEKA_OFF, "tuning", True),
+    Trace("weka-0001", ("weka_cc_sessions_0001-0175.jsonl.gz",), "weka", WEKA_ON, WEKA_OFF, "report", True),
+    Trace("weka-0176", ("weka_cc_sessions_0176-0400.jsonl.gz",), "weka", WEKA_ON, WEKA_OFF, "report", True),
+    Trace("weka-0401", ("weka_cc_sessions_0401-0475.jsonl.gz",), "weka", WEKA_ON, WEKA_OFF, "report", True),
+    Trace(
+        "mooncake-conv",
+        ("mooncake_conversation_trace.jsonl.gz",),
+        "mooncake",
+        MOONCAKE_ON,
+        MOONCAKE_OFF,
+        "report",
+        False,
+    ),
 )
+
+
+def setting_config(base: SimulationConfig, tier: str, turns: str) -> SimulationConfig:
+    """The run configuration of one tier setting and turn source."""
+    config = base.with_tier(tier != "off")
+    if tier != "off":
+        config = config.with_tier_path(cast(TierPath, tier))
+    return config.with_turns(turns)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid, as stored in the JSON."""
+
+    label: str
+    tier: str
+    load: float
+    seed: int
+
+
+def grid(trace: Trace) -> list[tuple[Cell, RunSpec]]:
+    spec = TraceSpec(paths=(), format=trace.format)
+    base = SimulationConfig(slos=SLOS, max_events=MAX_EVENTS)
+    out = []
+    for tier in TIERS:
+        loads = trace.loads_on if tier != "off" else trace.loads_off
+        labels = [*POLICIES, "cache_first_max_hit"] + ([SMETRIC_INDEX] if trace.sessions else [])
+        for label in labels:
+            policy, turns = ("smetric", "index") if label == SMETRIC_INDEX else (label, "request")
+            config = setting_config(base, tier, turns)
+            for load in loads:
+                for seed in SEEDS:
+                    out.append((Cell(label, tier, load, seed), RunSpec(spec, config, Window(), policy, load, seed)))
+    return out
 
 
 def run_trace(trace: Trace, traces_dir: Path, out: Path, img: Path, jobs: int) -> Path:
     spec = TraceSpec(paths=tuple(str(traces_dir / f) for f in trace.files), format=trace.format)
-    config = SimulationConfig(slos=SLOS, max_events=MAX_EVENTS)
-    window = Window()
-    specs = [
-        RunSpec(spec, config.with_tier(tier), window, policy=p, load=x, seed=0)
-        for tier in (True, False)
-        for p in POLICY_SET
-        for x in (trace.loads_on if tier else trace.loads_off)
-    ]
+    cells = [(c, RunSpec(spec, s.config, s.window, s.policy, s.load, s.seed)) for c, s in grid(trace)]
     started = time.perf_counter()
-    results = run_grid(specs, jobs=jobs, progress=True, skip_failures=True)
+    done: dict[RunSpec, RunResult] = {}
+    for r in run_grid([s for _, s in cells], jobs=jobs, progress=True, skip_failures=True):
+        done[r.spec] = r
+    runs = []
+    failed = []
+    for cell, s in cells:
+        r = done.get(s)
+        if r is None:
+            failed.append(vars(cell))
+            continue
+        runs.append({**vars(cell), "metrics": r.metrics, "by_slo": r.slos, "wall_s": r.wall_s})
     payload: dict[str, Any] = {
         "trace": trace.key,
         "role": trace.role,
@@ -81,48 +147,103 @@ def run_trace(trace: Trace, traces_dir: Path, out: Path, img: Path, jobs: int) -
         "format": trace.format,
         "loads_on": list(trace.loads_on),
         "loads_off": list(trace.loads_off),
+        "seeds": list(SEEDS),
+        "tiers": list(TIERS),
         "slos": [s.label for s in SLOS],
-        "window": vars(window),
+        "window": vars(Window()),
         "wall_s": time.perf_counter() - started,
-        "failed": [
-            {"policy": x.policy, "tier": x.tier, "load": x.load} for x in specs if not any(r.spec == x for r in results)
-        ],
-        "runs": [
-            {
-                "policy": r.spec.policy,
-                "tier": r.spec.tier,
-                "load": r.spec.load,
-                "metrics": r.metrics,
-                "by_slo": r.slos,
-                "wall_s": r.wall_s,
-            }
-            for r in results
-        ],
+        "failed": failed,
+        "runs": runs,
     }
     path = out / f"{trace.key}.json"
     path.write_text(json.dumps(payload, indent=1) + "\n")
-    for k, slo in enumerate(SLOS):
-        if k == 1:
-            continue  # TPOT 50 ms: indistinguishable from the headline plot (see the tables)
-        plot_tps_vs_load(
-            img / f"{trace.key}_slo{k}.png",
-            summarize(results, slo_index=k),
-            load_unit="sessions/s" if trace.format == "weka" else "x trace speed",
-            slo=slo,
-            title=f"{trace.key} ({trace.role}), 16 x H20, tier on (solid) / off (dashed)",
-        )
+    plot(payload, img)
     return path
 
 
-def detail(trace: Trace, traces_dir: Path, img: Path, load: float, jobs: int) -> None:
-    """TTFT CDF and per-instance load over time of every policy at one load (tier on)."""
-    spec = TraceSpec(paths=tuple(str(traces_dir / f) for f in trace.files), format=trace.format)
-    config = SimulationConfig(slos=SLOS, max_events=MAX_EVENTS)
-    specs = [RunSpec(spec, config, Window(), p, load, detail=True) for p in POLICY_SET]
-    results = run_grid(specs, jobs=jobs, progress=True, skip_failures=True)
-    title = f"{trace.key}, 16 x H20, tier on, load {load:g}"
-    plot_ttft_cdf(img / f"{trace.key}_ttft_cdf.png", results, slo=SLOS[0], title=title)
-    plot_load_over_time(img / f"{trace.key}_load_over_time.png", results, title=title)
+def plot(d: dict[str, Any], img: Path) -> None:
+    """TPS under SLO against load, headline SLO, default tier path (solid) and no tier (dashed)."""
+    trace = TraceSpec(paths=tuple(d["files"]), format=d["format"])
+    results = [
+        RunResult(
+            RunSpec(
+                trace, SimulationConfig().with_tier(r["tier"] != "off"), Window(), r["label"], r["load"], r["seed"]
+            ),
+            r["metrics"],
+            r["by_slo"],
+            r["wall_s"],
+        )
+        for r in d["runs"]
+        if r["tier"] in (TIERS[0], "off")
+    ]
+    for k in (0, 3):
+        plot_tps_vs_load(
+            img / f"{d['trace']}_slo{k}.png",
+            summarize(results, slo_index=k),
+            load_unit="sessions/s" if d["format"] == "weka" else "x trace speed",
+            slo=SLOS[k],
+            title=f"{d['trace']} ({d['role']}), 16 x H20, {TIERS[0]} tier (solid) / no tier (dashed), mean of 3 seeds",
+        )
+
+
+CAPACITY_LOAD = 0.05
+"""Sessions/s of the store-capacity sweep: where most policies peak on the tuning window."""
+GIB = 1 << 30
+CAPACITIES = (1536 * GIB, 256 * GIB, 16 * MOONCAKE_SEGMENT_BYTES_PER_RANK)
+"""The default store (1.5 TiB), a quarter of a node's DRAM share, and Mooncake-in-vLLM's
+per-rank default segment on each of the 16 ranks."""
+
+
+def capacity_sweep(traces_dir: Path, out: Path, jobs: int) -> Path:
+    """Every policy at one load on the Weka report windows, the default tier path, the store
+    shrunk down to vLLM's per-rank Mooncake default; plus LMCache's layer-wise option."""
+    rows: list[tuple[dict[str, Any], RunSpec]] = []
+    base = SimulationConfig(slos=SLOS[:1], max_events=MAX_EVENTS)
+    for trace in (t for t in TRACES if t.role == "report" and t.format == "weka"):
+        spec = TraceSpec(paths=tuple(str(traces_dir / f) for f in trace.files), format=trace.format)
+        variants = [
+            (f"{c // GIB} GiB", replace(base, global_tier=replace(base.global_tier, capacity_bytes=c)))
+            for c in CAPACITIES
+        ]
+        variants.append(("1536 GiB, layerwise", base.with_tier_path("lmcache", layerwise=True)))
+        for name, config in variants:
+            for label in [*POLICIES, "cache_first_max_hit"]:
+                for seed in SEEDS:
+                    cell = {"trace": trace.key, "store": name, "label": label, "seed": seed}
+                    rows.append((cell, RunSpec(spec, config, Window(), label, CAPACITY_LOAD, seed)))
+    done = {r.spec: r for r in run_grid([s for _, s in rows], jobs=jobs, progress=True, skip_failures=True)}
+    runs = [
+        {
+            **cell,
+            "tps_under_slo": done[s].slos[0]["tps_under_slo"],
+            "global_hit_ratio": done[s].metrics["global_hit_ratio"],
+        }
+        for cell, s in rows
+        if s in done
+    ]
+    path = out / "store_capacity.json"
+    path.write_text(json.dumps({"load": CAPACITY_LOAD, "slo": SLOS[0].label, "runs": runs}, indent=1) + "\n")
+    return path
+
+
+def capacity_table(path: Path) -> str:
+    d = json.loads(path.read_text())
+    by: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in d["runs"]:
+        by[(r["trace"], r["store"])][r["label"]].append(r["tps_under_slo"])
+    lines = [
+        f"Load {d['load']:g} sessions/s, {d['slo']}, TPS under SLO, mean of the seeds.\n",
+        "| trace | store | smetric | best baseline | ratio |",
+        "|---|---|---:|---|---:|",
+    ]
+    for (trace, store), labels in by.items():
+        mean = {k: statistics.fmean(v) for k, v in labels.items()}
+        name = max((b for b in BASELINES if b in mean), key=lambda b: mean[b])
+        lines.append(
+            f"| {trace} | {store} | {_fmt(mean['smetric'])} | {name} {_fmt(mean[name])} | "
+            f"×{mean['smetric'] / mean[name]:.3f} |"
+        )
+    return "\n".join(lines)
 
 
 def timing(traces_dir: Path) -> None:
@@ -138,73 +259,97 @@ def timing(traces_dir: Path) -> None:
     subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], check=True)
 
 
-def replot(data_dir: Path, img: Path) -> None:
-    """Redraws the TPS-vs-load plots from the saved JSON (no simulation)."""
-    for path in sorted(data_dir.glob("*.json")):
-        d = json.loads(path.read_text())
-        trace = TraceSpec(paths=tuple(d["files"]), format=d["format"])
-        results = [
-            RunResult(
-                RunSpec(trace, SimulationConfig().with_tier(r["tier"]), Window(), r["policy"], r["load"]),
-                r["metrics"],
-                r["by_slo"],
-                r["wall_s"],
-            )
-            for r in d["runs"]
-        ]
-        for k, slo in enumerate(SLOS):
-            if k == 1:
-                continue  # TPOT 50 ms: indistinguishable from the headline plot (see the tables)
-            plot_tps_vs_load(
-                img / f"{d['trace']}_slo{k}.png",
-                summarize(results, slo_index=k),
-                load_unit="sessions/s" if d["format"] == "weka" else "x trace speed",
-                slo=slo,
-                title=f"{d['trace']} ({d['role']}), 16 x H20, tier on (solid) / off (dashed)",
-            )
+# --- tables --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A policy's capacity under one SLO and tier setting: the peak of its seed-mean curve."""
+
+    tps: float
+    load: float
+    per_seed: tuple[float, ...]
+    """Each seed's own peak over the ladder."""
+    output_tps: float
+    tbt_tail_p90_ms: float
+
+
+def peaks(d: dict[str, Any], tier: str, k: int) -> dict[str, Peak]:
+    by: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in d["runs"]:
+        if r["tier"] == tier:
+            by[r["label"]][r["load"]].append(r)
+    out = {}
+    for label, loads in by.items():
+        mean = {x: statistics.fmean(r["by_slo"][k]["tps_under_slo"] for r in rs) for x, rs in loads.items()}
+        best = max(mean, key=lambda x: mean[x])
+        seeds = sorted({r["seed"] for rs in loads.values() for r in rs})
+        per_seed = tuple(
+            max(r["by_slo"][k]["tps_under_slo"] for rs in loads.values() for r in rs if r["seed"] == s) for s in seeds
+        )
+        at = loads[best]
+        out[label] = Peak(
+            mean[best],
+            best,
+            per_seed,
+            statistics.fmean(r["by_slo"][k].get("output_tps_under_slo", 0.0) for r in at),
+            statistics.fmean(r["metrics"].get("tbt_tail_p90_ms", 0.0) for r in at),
+        )
+    return out
+
+
+def best_baseline(p: dict[str, Peak]) -> tuple[str, Peak]:
+    name = max((b for b in BASELINES if b in p), key=lambda b: p[b].tps)
+    return name, p[name]
+
+
+def seed_ratio_range(p: dict[str, Peak], label: str) -> tuple[float, float]:
+    """Min and max over seeds of the label's peak ÷ the best baseline's peak in that seed."""
+    ratios = [v / max(p[b].per_seed[i] for b in BASELINES if b in p) for i, v in enumerate(p[label].per_seed) if v >= 0]
+    return min(ratios), max(ratios)
 
 
 def _fmt(x: float | None, digits: int = 0) -> str:
     return "–" if x is None else f"{x:,.{digits}f}"
 
 
-def tables(data_dir: Path) -> str:
-    """Markdown tables of every trace JSON in ``data_dir``."""
-    lines: list[str] = []
-    for path in sorted(data_dir.glob("*.json")):
-        d = json.loads(path.read_text())
-        lines.append(f"\n#### {d['trace']} ({d['role']})\n")
+def headline(datas: Iterable[dict[str, Any]]) -> str:
+    """SMetric ÷ the best baseline per trace, tier setting and SLO, with the per-seed range."""
+    lines = [
+        "| trace | SLO | tier | smetric | best baseline | ratio (seeds) | smetric, turns from index: ratio |",
+        "|---|---|---|---:|---|---:|---:|",
+    ]
+    for d in datas:
         for k, slo in enumerate(d["slos"]):
-            lines.append(f"\n{slo}\n")
-            lines.append(
-                "| policy | peak TPS under SLO, tier on | (at load) | max load ≥90% | peak, tier off | (at load) |"
-            )
-            lines.append("|---|---:|---:|---:|---:|---:|")
-            best: dict[bool, float] = {}
-            rows: dict[tuple[str, bool], tuple[float, float, float | None]] = {}
-            for tier in (True, False):
-                for policy in POLICY_SET:
-                    runs = sorted(
-                        (r for r in d["runs"] if r["policy"] == policy and r["tier"] == tier), key=lambda r: r["load"]
-                    )
-                    peak = max(runs, key=lambda r: r["by_slo"][k]["tps_under_slo"])
-                    sustainable = None
-                    for r in runs:
-                        served = r["metrics"]["measured"] - r["metrics"]["measured_rejected"]
-                        if r["by_slo"][k]["met"] < 0.9 * served:
-                            break
-                        sustainable = r["load"]
-                    rows[(policy, tier)] = (peak["by_slo"][k]["tps_under_slo"], peak["load"], sustainable)
-                best[tier] = max(v[0] for (p, t), v in rows.items() if t == tier and p != "smetric")
-            for policy in POLICY_SET:
-                on, off = rows[(policy, True)], rows[(policy, False)]
-                mark = ""
-                if policy == "smetric":
-                    mark = f" (×{on[0] / best[True]:.3f} / ×{off[0] / best[False]:.3f} vs best baseline)"
+            for tier in d["tiers"]:
+                p = peaks(d, tier, k)
+                name, b = best_baseline(p)
+                s = p["smetric"]
+                lo, hi = seed_ratio_range(p, "smetric")
+                idx = f"×{p[SMETRIC_INDEX].tps / b.tps:.3f}" if SMETRIC_INDEX in p else "–"
                 lines.append(
-                    f"| {policy}{mark} | {_fmt(on[0])} | {on[1]:g} | {_fmt(on[2], 3)} | {_fmt(off[0])} | {off[1]:g} |"
+                    f"| {d['trace']} | {slo} | {tier} | {_fmt(s.tps)} | {name} {_fmt(b.tps)} | "
+                    f"×{s.tps / b.tps:.3f} ({lo:.2f}–{hi:.2f}) | {idx} |"
                 )
-        lines.append(behaviour(d))
+    return "\n".join(lines)
+
+
+def per_trace(d: dict[str, Any]) -> str:
+    """Every policy's capacity per tier setting, headline and tail-TBT SLO."""
+    lines = [f"\n#### {d['trace']} ({d['role']})\n"]
+    for k in range(len(d["slos"])):
+        lines.append(f"\n{d['slos'][k]}: peak TPS under SLO, mean of {len(d['seeds'])} seeds (at load)\n")
+        head = " | ".join(d["tiers"])
+        lines.append(f"| policy | {head} |")
+        lines.append("|---|" + "---:|" * len(d["tiers"]))
+        table = {tier: peaks(d, tier, k) for tier in d["tiers"]}
+        labels = [x for x in [*POLICIES, "cache_first_max_hit", SMETRIC_INDEX] if x in table[d["tiers"][0]]]
+        for label in labels:
+            cells = []
+            for tier in d["tiers"]:
+                p = table[tier].get(label)
+                cells.append("–" if p is None else f"{_fmt(p.tps)} ({p.load:g})")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -213,26 +358,38 @@ def pct(x: float | None) -> str:
 
 
 def behaviour(d: dict[str, Any]) -> str:
-    """Where requests went, at the load where the best tier-on baseline peaks (headline SLO)."""
-    on = [r for r in d["runs"] if r["tier"]]
-    base = max((r for r in on if r["policy"] != "smetric"), key=lambda r: r["by_slo"][0]["tps_under_slo"])
-    load = base["load"]
+    """What each policy did at its own peak load, default tier path, headline SLO (seed means)."""
+    tier = d["tiers"][0]
+    p = peaks(d, tier, 0)
     lines = [
-        f"\nBehaviour at load {load:g} (tier on; the best baseline, {base['policy']}, peaks there):\n",
-        "| policy | TPS under SLO | attain (served) | TTFT p50/p90 s | f-up home | f-up stay | local hit | "
-        "global hit | migrations | turn acc | imbalance CV | preempt |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"\nAt each policy's peak ({tier} tier, headline SLO; mean of the seeds):\n",
+        "| policy | load | TPS under SLO | output TPS under SLO | TTFT p50/p90 s | tail TBT p90 ms | "
+        "f-up home | local hit | global hit | migrations | turn acc |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in sorted((r for r in on if r["load"] == load), key=lambda r: POLICY_SET.index(r["policy"])):
-        m = r["metrics"]
+    for label, v in sorted(p.items(), key=lambda kv: -kv[1].tps):
+        runs = [r for r in d["runs"] if r["tier"] == tier and r["label"] == label and r["load"] == v.load]
+
+        def m(key: str, runs: list[dict[str, Any]] = runs) -> float | None:
+            vals = [r["metrics"][key] for r in runs if r["metrics"].get(key) is not None]
+            return statistics.fmean(vals) if vals else None
+
+        ttft = f"{m('ttft_p50_s') or 0:.1f}/{m('ttft_p90_s') or 0:.1f}"
         lines.append(
-            f"| {r['policy']} | {m['tps_under_slo']:,.0f} | {pct(m['slo_attainment_served'])} | "
-            f"{m['ttft_p50_s']:.1f}/{m['ttft_p90_s']:.1f} | {pct(m['follow_up_return'])} | "
-            f"{pct(m['follow_up_stay'])} | "
-            f"{pct(m['local_hit_ratio'])} | {pct(m['global_hit_ratio'])} | {m['migrations']:,} | "
-            f"{pct(m['turn_inference_accuracy'])} | {m['imbalance_queued_cv_mean']:.2f} | {m['preemptions']:,} |"
+            f"| {label} | {v.load:g} | {_fmt(v.tps)} | {_fmt(v.output_tps)} | {ttft} | {v.tbt_tail_p90_ms:.0f} | "
+            f"{pct(m('follow_up_return'))} | {pct(m('local_hit_ratio'))} | {pct(m('global_hit_ratio'))} | "
+            f"{_fmt(m('migrations'))} | {pct(m('turn_inference_accuracy'))} |"
         )
     return "\n".join(lines)
+
+
+def tables(data_dir: Path) -> str:
+    datas = [json.loads(p.read_text()) for p in sorted(data_dir.glob("*.json")) if p.stem != "index_feeds"]
+    datas = [d for d in datas if "tiers" in d]
+    parts = ["### Headline\n", headline(datas)]
+    for d in datas:
+        parts += [per_trace(d), behaviour(d)]
+    return "\n".join(parts)
 
 
 def main() -> int:
@@ -244,27 +401,25 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timing", action="store_true", help="only the one-core full-Weka timing")
     parser.add_argument("--tables", type=Path, help="only print the markdown tables of this data directory")
-    parser.add_argument("--detail", help="TRACE=LOAD: TTFT CDF and load-over-time plots at one load")
-    parser.add_argument("--replot", action="store_true", help="only redraw the plots from --out's JSON")
+    parser.add_argument("--capacity", action="store_true", help="only the store-capacity sweep")
     args = parser.parse_args()
     if args.tables:
         print(tables(args.tables))
+        if (args.tables / "store_capacity.json").exists():
+            print("\n### Store capacity\n")
+            print(capacity_table(args.tables / "store_capacity.json"))
+        return 0
+    if args.capacity:
+        args.out.mkdir(parents=True, exist_ok=True)
+        print(capacity_table(capacity_sweep(args.traces, args.out, args.jobs)))
         return 0
     if args.timing:
         timing(args.traces)
         return 0
-    if args.replot:
-        replot(args.out, args.img)
-        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     args.img.mkdir(parents=True, exist_ok=True)
     by_key = {t.key: t for t in TRACES}
-    if args.detail:
-        key, load = args.detail.split("=")
-        detail(by_key[key], args.traces, args.img, float(load), args.jobs)
-        return 0
-    keys = args.only.split(",") if args.only else list(by_key)
-    for key in keys:
+    for key in args.only.split(",") if args.only else list(by_key):
         path = run_trace(by_key[key], args.traces, args.out, args.img, args.jobs)
         print(f"wrote {path}", file=sys.stderr)
     print(tables(args.out))

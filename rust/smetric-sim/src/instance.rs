@@ -327,11 +327,7 @@ impl Instance {
                 req.registered = local;
                 register_full(&mut self.pool, req, chain, computed + new, b);
                 tier.touch(&chain[local..local + external]);
-                if !req.admitted {
-                    req.admitted = true;
-                    req.local_hit_tokens = local as u64 * b;
-                    req.global_hit_tokens = external as u64 * b;
-                }
+                req.note_first_admission(local, external, b);
                 req.computed = computed;
                 shape.add_prefill(new, computed);
                 *budget -= new;
@@ -356,11 +352,7 @@ impl Instance {
                 req.registered = local;
                 tier.touch(&chain[local..local + external]);
                 req.fetching = true;
-                if !req.admitted {
-                    req.admitted = true;
-                    req.local_hit_tokens = local as u64 * b;
-                    req.global_hit_tokens = external as u64 * b;
-                }
+                req.note_first_admission(local, external, b);
                 self.started_fetches.push(StartedLoad {
                     request: r,
                     blocks: external,
@@ -444,6 +436,19 @@ impl Instance {
 
 /// Registers the request's blocks that are full once `tokens` tokens are computed and whose
 /// content the trace names.
+impl LiveRequest {
+    /// Records, at the request's first admission, what it found: `local` blocks in the GPU
+    /// cache and `external` blocks loaded from the tier (later re-admissions after a
+    /// preemption do not change what the request was served with).
+    fn note_first_admission(&mut self, local: usize, external: usize, b: u64) {
+        if !self.admitted {
+            self.admitted = true;
+            self.local_hit_tokens = local as u64 * b;
+            self.global_hit_tokens = external as u64 * b;
+        }
+    }
+}
+
 fn register_full(pool: &mut BlockPool, req: &mut LiveRequest, chain: &[u64], tokens: u64, b: u64) {
     let full = ((tokens / b) as usize).min(chain.len());
     if req.registered < full {
