@@ -226,6 +226,62 @@ def capacity_sweep(traces_dir: Path, out: Path, jobs: int) -> Path:
     return path
 
 
+SMALL_STORE_LOADS = (0.01, 0.02, 0.03, 0.04, 0.05)
+"""Sessions/s of the small-store ladder: from the no-tier knee to the full store's peak."""
+
+
+def small_store_ladder(traces_dir: Path, out: Path, jobs: int) -> Path:
+    """Every policy's capacity (peak over a ladder) with the two small stores of the sweep."""
+    rows: list[tuple[dict[str, Any], RunSpec]] = []
+    base = SimulationConfig(slos=SLOS[:1], max_events=MAX_EVENTS)
+    for trace in (t for t in TRACES if t.role == "report" and t.format == "weka"):
+        spec = TraceSpec(paths=tuple(str(traces_dir / f) for f in trace.files), format=trace.format)
+        for c in CAPACITIES[1:]:
+            config = replace(base, global_tier=replace(base.global_tier, capacity_bytes=c))
+            for label in [*POLICIES, "cache_first_max_hit"]:
+                for load in SMALL_STORE_LOADS:
+                    for seed in SEEDS:
+                        cell = {
+                            "trace": trace.key,
+                            "store": f"{c // GIB} GiB",
+                            "label": label,
+                            "load": load,
+                            "seed": seed,
+                        }
+                        rows.append((cell, RunSpec(spec, config, Window(), label, load, seed)))
+    done = {r.spec: r for r in run_grid([s for _, s in rows], jobs=jobs, progress=True, skip_failures=True)}
+    runs = [{**cell, "tps_under_slo": done[s].slos[0]["tps_under_slo"]} for cell, s in rows if s in done]
+    path = out / "small_store.json"
+    path.write_text(json.dumps({"slo": SLOS[0].label, "loads": list(SMALL_STORE_LOADS), "runs": runs}, indent=1) + "\n")
+    return path
+
+
+def small_store_table(path: Path) -> str:
+    d = json.loads(path.read_text())
+    by: dict[tuple[str, str], dict[str, dict[float, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for r in d["runs"]:
+        by[(r["trace"], r["store"])][r["label"]][r["load"]].append(r["tps_under_slo"])
+    lines = [
+        f"Peak over loads {', '.join(f'{x:g}' for x in d['loads'])} sessions/s of the seed means, {d['slo']}.\n",
+        "| trace | store | smetric (at load) | best baseline (at load) | ratio |",
+        "|---|---|---:|---|---:|",
+    ]
+    for (trace, store), labels in by.items():
+        peak = {}
+        for label, loads in labels.items():
+            mean = {x: statistics.fmean(v) for x, v in loads.items()}
+            best = max(mean, key=lambda x: mean[x])
+            peak[label] = (mean[best], best)
+        name = max((b for b in BASELINES if b in peak), key=lambda b: peak[b][0])
+        lines.append(
+            f"| {trace} | {store} | {_fmt(peak['smetric'][0])} ({peak['smetric'][1]:g}) | "
+            f"{name} {_fmt(peak[name][0])} ({peak[name][1]:g}) | ×{peak['smetric'][0] / peak[name][0]:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def capacity_table(path: Path) -> str:
     d = json.loads(path.read_text())
     by: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -334,6 +390,35 @@ def headline(datas: Iterable[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def compact(datas: Iterable[dict[str, Any]]) -> str:
+    """One row per trace and tier setting: SMetric ÷ the best baseline under every SLO."""
+    datas = list(datas)
+    slos = datas[0]["slos"]
+    short = ["headline", "TPOT 50 ms", "tight TTFT", "+ tail TBT 200 ms"]
+    lines = [
+        "| trace | tier | best baseline (headline) | "
+        + " | ".join(f"{short[k]}: ratio (seeds)" for k in range(len(slos)))
+        + " | turns from index (headline) |",
+        "|---|---|---|" + "---:|" * len(slos) + "---:|",
+    ]
+    for d in datas:
+        for tier in d["tiers"]:
+            cells = []
+            head_name = ""
+            idx = "–"
+            for k in range(len(slos)):
+                p = peaks(d, tier, k)
+                name, b = best_baseline(p)
+                lo, hi = seed_ratio_range(p, "smetric")
+                cells.append(f"×{p['smetric'].tps / b.tps:.3f} ({lo:.2f}–{hi:.2f})")
+                if k == 0:
+                    head_name = f"{name} {_fmt(b.tps)}"
+                    if SMETRIC_INDEX in p:
+                        idx = f"×{p[SMETRIC_INDEX].tps / b.tps:.3f}"
+            lines.append(f"| {d['trace']} | {tier} | {head_name} | " + " | ".join(cells) + f" | {idx} |")
+    return "\n".join(lines)
+
+
 def per_trace(d: dict[str, Any]) -> str:
     """Every policy's capacity per tier setting, headline and tail-TBT SLO."""
     lines = [f"\n#### {d['trace']} ({d['role']})\n"]
@@ -386,7 +471,7 @@ def behaviour(d: dict[str, Any]) -> str:
 def tables(data_dir: Path) -> str:
     datas = [json.loads(p.read_text()) for p in sorted(data_dir.glob("*.json")) if p.stem != "index_feeds"]
     datas = [d for d in datas if "tiers" in d]
-    parts = ["### Headline\n", headline(datas)]
+    parts = ["### Headline\n", compact(datas)]
     for d in datas:
         parts += [per_trace(d), behaviour(d)]
     return "\n".join(parts)
@@ -401,17 +486,25 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timing", action="store_true", help="only the one-core full-Weka timing")
     parser.add_argument("--tables", type=Path, help="only print the markdown tables of this data directory")
-    parser.add_argument("--capacity", action="store_true", help="only the store-capacity sweep")
+    parser.add_argument("--capacity", action="store_true", help="only the store-capacity sweeps")
+    parser.add_argument("--small-stores", action="store_true", help="only the small-store ladder")
     args = parser.parse_args()
     if args.tables:
         print(tables(args.tables))
         if (args.tables / "store_capacity.json").exists():
             print("\n### Store capacity\n")
             print(capacity_table(args.tables / "store_capacity.json"))
+        if (args.tables / "small_store.json").exists():
+            print("\n### Small stores: capacity over a ladder\n")
+            print(small_store_table(args.tables / "small_store.json"))
         return 0
     if args.capacity:
         args.out.mkdir(parents=True, exist_ok=True)
         print(capacity_table(capacity_sweep(args.traces, args.out, args.jobs)))
+        print(small_store_table(small_store_ladder(args.traces, args.out, args.jobs)))
+        return 0
+    if args.small_stores:
+        print(small_store_table(small_store_ladder(args.traces, args.out, args.jobs)))
         return 0
     if args.timing:
         timing(args.traces)
