@@ -81,7 +81,8 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
     let block = u64::from(block_tokens);
     let mut router_config = config.router.clone();
     router_config.local_capacity_blocks = config.kv_tokens() / block;
-    let tier_blocks = (config.global_tier.capacity_bytes as f64 / (block as f64 * config.profile.kv_bytes_per_token)) as u64;
+    let tier_blocks =
+        (config.global_tier.capacity_bytes as f64 / (block as f64 * config.profile.kv_bytes_per_token)) as u64;
     router_config.global_capacity_blocks = match (config.global_tier.enabled, config.index_feed) {
         (false, _) => 0,
         // Insert on route: the router's own LRU is its model of the store.
