@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -298,6 +299,18 @@ def test_speedup_is_roughly_honoured() -> None:
     # Loose: never faster than the model allows, within a wide band of it, and clearly ordered.
     assert modelled / 10 * 0.9 <= t_slow < modelled / 10 * 3 + 0.5
     assert t_fast < t_slow / 3
+
+
+def test_requests_running_at_once_share_steps() -> None:
+    prompts = [[50_000 + 1000 * i + t for t in range(1000)] for i in range(8)]
+    with FakeEngine(speedup=5.0) as fe:
+        alone = timed(fe, prompts[0], 50)
+        with ThreadPoolExecutor(8) as pool:
+            start = time.monotonic()
+            list(pool.map(lambda p: timed(fe, p, 50), prompts))
+            together = time.monotonic() - start
+    # Eight in one batch take far less than eight one after the other (continuous batching).
+    assert together < 0.5 * 8 * alone, (together, alone)
 
 
 def test_binding_contract() -> None:
