@@ -75,3 +75,9 @@ def test_hits_are_capped_one_token_short_and_lru_evicts_oldest() -> None:
     removed = [e[1][0] for e in cache.take_events() if e[0] == "BlockRemoved"]
     assert removed == cache.hash_prompt(list(range(8)))
     assert cache.admit([1, 2, 3], 1) is None  # full: it waits
+
+
+def test_bad_hash_settings_fail_at_construction() -> None:
+    with pytest.raises(ValueError, match="seed"):
+        PrefixCache(num_blocks=4, block_size=4, algo="xxhash")  # xxhash needs vLLM's PYTHONHASHSEED
+    assert PrefixCache(num_blocks=4, block_size=4, algo="xxhash", seed="0").hash_prompt([1, 2, 3, 4])

@@ -64,6 +64,7 @@ class PrefixCache:
         self.block_size = block_size
         self.algo = algo
         self.seed = seed
+        self.hash_prompt([0] * block_size)  # an unknown algorithm or a missing xxhash seed fails here
         self._refs: OrderedDict[int, int] = OrderedDict()  # cached block -> pins; LRU first
         self._unpinned = 0
         self._private = 0

@@ -32,6 +32,7 @@ from . import _deps  # noqa: F401  (names the extra when a package is missing)
 # isort: split
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -42,6 +43,8 @@ from aiohttp import web
 
 from .engine import Engine, Request
 from .tokens import Tokenizer, default_output_tokens, filler, render_chat
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -149,6 +152,9 @@ class FakeEngineApp:
                 return await self._complete(request, chat=chat)
             except ApiError as e:
                 return e.response()
+            except Exception as e:  # a bug here must still answer in the OpenAI form
+                log.exception("request failed")
+                return ApiError(500, f"internal error: {type(e).__name__}").response()
 
         return handle
 
