@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("matplotlib", "tqdm", "zmq", "numpy", "xxhash")
+HEAVY = ("matplotlib", "tqdm", "zmq", "numpy", "xxhash", "aiohttp", "tokenizers")
 """Top-level modules that ``import smetric`` (and the embedding modules) must not import."""
 EMBEDDING = ("smetric", "smetric.vllm", "smetric.engine_load", "smetric.metrics")
 """What a router process imports: the facade and the fleet wiring that needs no extra."""
@@ -46,6 +46,7 @@ def test_the_import_check_sees_heavy_modules() -> None:
     # Negative control: the same probe does report them when a module that needs them is imported.
     assert {"matplotlib", "tqdm", "numpy"} <= loaded_after(("smetric.sim.report", "smetric.toy_fleet"))
     assert "zmq" in loaded_after(("smetric.events",))
+    assert {"aiohttp", "zmq"} <= loaded_after(("smetric.fake_engine.run",))
 
 
 EXTRA_CASES = [
@@ -55,6 +56,8 @@ EXTRA_CASES = [
     ("smetric.sim.report", "matplotlib", "matplotlib", "sim"),
     ("smetric.toy_fleet", "numpy", "numpy", "sim"),
     ("smetric.cli", "matplotlib", "matplotlib", "sim"),
+    ("smetric.fake_engine.run", "aiohttp", "aiohttp", "fake-engine"),
+    ("smetric.fake_engine.server", "zmq", "pyzmq", "fake-engine"),
 ]
 
 

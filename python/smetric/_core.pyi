@@ -35,10 +35,12 @@ __all__ = [
     "IndexHits",
     "IngestStep",
     "KvEventIngestor",
+    "PerfModel",
     "Router",
     "RouterConfig",
     "Workload",
     "__version__",
+    "encode_kv_batch",
     "load_workload",
     "sim_config_defaults",
     "sim_profiles",
@@ -474,3 +476,47 @@ def sim_profiles() -> list[str]:
 
 def sim_tier_paths() -> list[TierPath]:
     """Names of the global-tier paths (``global_tier.path``), the default first."""
+
+@final
+class PerfModel:
+    """The simulator's analytic step time of one vLLM instance (``docs/perf-model.md``).
+
+    Arguments:
+        profile: a built-in profile name (:func:`sim_profiles`).
+
+    Raises:
+        InvalidConfigError: an unknown profile.
+    """
+
+    def __new__(cls, profile: str = "h20-qwen3-coder-30b-a3b") -> Self: ...
+    @property
+    def profile(self) -> str:
+        """The profile's name."""
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The instance's GPU KV cache, tokens."""
+    def step_time(self, prefills: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
+        """Seconds of one engine step running these ``(new, cached)`` prefill chunks and decodes
+        (one per KV context length); 0.0 for an empty step."""
+    def frontend_time(self, prompt_tokens: int) -> float:
+        """Seconds the API server spends on a request before the engine sees it."""
+
+_KvEvent: TypeAlias = (
+    tuple[str, Sequence[int], int | None, Sequence[int], int, str | None, str | None]
+    | tuple[str, Sequence[int], str | None]
+    | tuple[str]
+)
+
+def encode_kv_batch(ts: float, events: Sequence[_KvEvent], dp_rank: int | None = 0) -> bytes:
+    """The msgpack payload vLLM's ``ZmqEventPublisher`` sends for a ``KVEventBatch`` (map form).
+
+    Arguments:
+        ts: the batch timestamp (seconds since the epoch).
+        events: ``("BlockStored", hashes, parent, token_ids, block_size, lora_name, medium)``,
+            ``("BlockRemoved", hashes, medium)`` or ``("AllBlocksCleared",)``; hashes are the
+            64-bit ints of :func:`vllm_event_hash`.
+        dp_rank: the engine's data-parallel rank.
+
+    Raises:
+        TypeError: an event is not one of the three shapes.
+    """

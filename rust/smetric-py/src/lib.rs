@@ -9,6 +9,7 @@ use pyo3::types::PyTuple;
 
 mod config;
 mod convert;
+mod engine;
 mod errors;
 mod events;
 mod router;
@@ -30,5 +31,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     vllm::register(m)?;
     events::register(m)?;
     sim::register(m)?;
+    engine::register(m)?;
     Ok(())
 }
