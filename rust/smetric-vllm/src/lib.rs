@@ -54,6 +54,8 @@ pub mod ingest;
 mod msgpack;
 mod obj;
 mod pickle;
+#[cfg(test)]
+mod test_msgpack;
 
 pub use events::{
     BlockExtraKeys, BlockRemoved, BlockStored, DecodeError, DecodeOptions, EventValue, ExternalBlockHash, KvEvent,

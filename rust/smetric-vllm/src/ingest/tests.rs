@@ -6,46 +6,7 @@ use super::*;
 
 const B: u32 = 4;
 
-/// A tiny msgpack writer for map-form (vLLM ≥0.24) payloads.
-#[derive(Default)]
-struct Mp(Vec<u8>);
-
-impl Mp {
-    fn head(mut self, fix: u8, big: u8, n: usize) -> Self {
-        if n < 16 {
-            self.0.push(fix | n as u8);
-        } else {
-            self.0.push(big);
-            self.0.extend_from_slice(&(n as u32).to_be_bytes());
-        }
-        self
-    }
-    fn arr(self, n: usize) -> Self {
-        self.head(0x90, 0xdd, n)
-    }
-    fn map(self, n: usize) -> Self {
-        self.head(0x80, 0xdf, n)
-    }
-    fn s(mut self, s: &str) -> Self {
-        self.0.push(0xd9);
-        self.0.push(s.len() as u8);
-        self.0.extend_from_slice(s.as_bytes());
-        self
-    }
-    fn u(mut self, v: u64) -> Self {
-        self.0.push(0xcf);
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-    fn nil(mut self) -> Self {
-        self.0.push(0xc0);
-        self
-    }
-    fn raw(mut self, bytes: &[u8]) -> Self {
-        self.0.extend_from_slice(bytes);
-        self
-    }
-}
+use crate::test_msgpack::Mp;
 
 /// What the tests publish.
 enum Ev<'a> {

@@ -5,61 +5,11 @@
 use super::*;
 use crate::events::decode_batch;
 
-/// A tiny msgpack writer for hand-made inputs.
-#[derive(Default)]
-struct Mp(Vec<u8>);
-
-impl Mp {
-    fn arr(mut self, n: u8) -> Self {
-        assert!(n < 16);
-        self.0.push(0x90 | n);
-        self
-    }
-    fn map(mut self, n: u8) -> Self {
-        assert!(n < 16);
-        self.0.push(0x80 | n);
-        self
-    }
-    fn s(mut self, s: &str) -> Self {
-        self.0.push(0xd9);
-        self.0.push(u8::try_from(s.len()).unwrap());
-        self.0.extend_from_slice(s.as_bytes());
-        self
-    }
-    fn u(mut self, v: u64) -> Self {
-        self.0.push(0xcf);
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-    fn i(mut self, v: i64) -> Self {
-        self.0.push(0xd3);
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-    fn nil(mut self) -> Self {
-        self.0.push(0xc0);
-        self
-    }
-    fn f(mut self, v: f64) -> Self {
-        self.0.push(0xcb);
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-    fn bin(mut self, b: &[u8]) -> Self {
-        self.0.push(0xc4);
-        self.0.push(u8::try_from(b.len()).unwrap());
-        self.0.extend_from_slice(b);
-        self
-    }
-    fn raw(mut self, b: &[u8]) -> Self {
-        self.0.extend_from_slice(b);
-        self
-    }
-}
+use crate::test_msgpack::Mp;
 
 /// `[ts, [<events>], dp]` header for `n` events; append the events after it.
 fn batch(n: u8) -> Mp {
-    Mp::default().arr(3).f(2.5).arr(n)
+    Mp::default().arr(3).f(2.5).arr(usize::from(n))
 }
 
 fn stored_map(medium: &str) -> Mp {
@@ -283,7 +233,7 @@ fn hostile_lengths_and_limits() {
         })
     );
     let stored = |tokens: u8| {
-        let mut m = batch(1).arr(5).s("BlockStored").arr(0).nil().arr(tokens);
+        let mut m = batch(1).arr(5).s("BlockStored").arr(0).nil().arr(usize::from(tokens));
         for t in 0..tokens {
             m = m.u(u64::from(t));
         }
