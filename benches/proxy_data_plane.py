@@ -1,0 +1,289 @@
+"""Which data plane for ``smetric serve``: added latency and maximum rate of candidate proxies.
+
+Issue 11 asks to choose the proxy's data plane by measurement. This measures, in one run, on
+loopback, in front of the same four ``smetric fake-engine`` instances (a speed-up so large that
+the engines answer at once):
+
+* ``direct`` — the client spreads requests over the engines itself (the baseline);
+* ``vllm-router`` — the compiled Rust gateway from PyPI (``pip install vllm-router``), policy
+  ``round_robin`` (its cheapest);
+* ``python-aiohttp`` — a minimal Python streaming proxy on aiohttp that does what smetric's proxy
+  must do per request: parse the JSON body, route the prompt's token ids with the Rust core
+  (``smetric.Router.route``, GIL released), forward the body, stream the answer back chunk by
+  chunk, and report the lifecycle (``on_prefilled`` at the first chunk, ``on_finished``). It is
+  the measuring instrument for "a Python data plane", not the product.
+
+For each: an open loop at ``--rate`` requests/s for ``--requests`` requests (32K-token prompts as
+token ids, ``max_tokens`` 16), streaming and not, recording each request's time to its first
+byte and to its last; then a closed loop of ``--concurrency`` clients for ``--seconds`` (the
+maximum rate). A proxy runs pinned to CPU 1 and everything else to CPU 0 where ``taskset``
+exists. Bounded: loopback only, fixed counts and durations, every server stopped at the end.
+
+    .venv/bin/python benches/proxy_data_plane.py --vllm-router /tmp/vr-venv/bin/vllm-router
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+ENGINES = 4
+MODEL = "fake-model"
+"""The fake engine's default served model name."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pinned(cpu: int) -> list[str]:
+    return ["taskset", "-c", str(cpu)] if shutil.which("taskset") else []
+
+
+def start_engine(speedup: float) -> tuple[subprocess.Popen[str], str]:
+    cmd = [*pinned(0), sys.executable, "-m", "smetric", "fake-engine", "--port", "0", "--speedup", str(speedup)]
+    cmd += ["--max-num-seqs", "1024", "--num-gpu-blocks", "200000", "--max-model-len", "65536"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    match = re.search(r"http://[\d.]+:(\d+)", proc.stdout.readline())
+    if not match:
+        proc.kill()
+        raise RuntimeError("the fake engine did not start")
+    return proc, f"http://127.0.0.1:{match.group(1)}"
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    async def probe() -> bool:
+        try:
+            async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(total=1)) as r:
+                return r.status < 500
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if asyncio.run(probe()):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+# --- the Python candidate ------------------------------------------------------------------------
+
+
+def python_proxy_main(port: int, engines: Sequence[str]) -> None:
+    """The ``python-aiohttp`` candidate (run in its own process)."""
+    from smetric import Router
+
+    router = Router(list(engines), policy="smetric")
+    session: aiohttp.ClientSession | None = None
+
+    async def on_startup(_: web.Application) -> None:
+        nonlocal session
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        body = json.loads(raw)
+        decision = router.route(body["prompt"])
+        assert session is not None
+        async with session.post(
+            f"{decision.instance}/v1/completions", data=raw, headers={"content-type": "application/json"}
+        ) as up:
+            if not body.get("stream"):
+                data = await up.read()
+                router.on_finished(decision.request_id)
+                return web.Response(body=data, status=up.status, content_type="application/json")
+            out = web.StreamResponse(status=up.status, headers={"content-type": "text/event-stream"})
+            await out.prepare(request)
+            first = True
+            async for chunk in up.content.iter_any():
+                if first:
+                    router.on_prefilled(decision.request_id)
+                    first = False
+                await out.write(chunk)
+            router.on_finished(decision.request_id)
+            await out.write_eof()
+            return out
+
+    async def on_cleanup(_: web.Application) -> None:
+        if session is not None:
+            await session.close()
+
+    app = web.Application(client_max_size=64 << 20)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_post("/v1/completions", completions)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# --- the load ------------------------------------------------------------------------------------
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool) -> tuple[float, float]:
+    start = time.perf_counter()
+    first = None
+    async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+        if stream:
+            async for _ in resp.content.iter_any():
+                if first is None:
+                    first = time.perf_counter()
+        else:
+            await resp.read()
+        resp.raise_for_status()
+    end = time.perf_counter()
+    return (first or end) - start, end - start
+
+
+async def open_loop(urls: Sequence[str], body: bytes, stream: bool, rate: float, n: int) -> list[tuple[float, float]]:
+    targets = itertools.cycle(urls)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        t0 = time.perf_counter()
+        tasks = []
+        for i in range(n):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(session, f"{next(targets)}/v1/completions", body, stream)))
+        return await asyncio.gather(*tasks)
+
+
+async def closed_loop(urls: Sequence[str], body: bytes, concurrency: int, seconds: float) -> float:
+    targets = itertools.cycle(urls)
+    done = 0
+    stop = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < stop:
+                await one(session, f"{next(targets)}/v1/completions", body, True)
+                done += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done / (time.perf_counter() - start)
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] * 1e3 if len(values) > 1 else 0.0
+
+
+def measure(
+    name: str, urls: Sequence[str], args: argparse.Namespace, bodies: dict[bool, bytes], short: bytes
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"target": name}
+    for stream in (False, True):
+        res = asyncio.run(open_loop(urls, bodies[stream], stream, args.rate, args.requests))
+        kind = "stream" if stream else "plain"
+        ttfb = [r[0] for r in res]
+        total = [r[1] for r in res]
+        row[f"{kind}_ttfb_p50_ms"], row[f"{kind}_ttfb_p99_ms"] = pct(ttfb, 50), pct(ttfb, 99)
+        row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = pct(total, 50), pct(total, 99)
+    row["max_rate"] = asyncio.run(closed_loop(urls, short, args.concurrency, args.seconds))
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--vllm-router", help="the vllm-router executable (skipped when absent)")
+    p.add_argument("--rate", type=float, default=200.0)
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--prompt-tokens", type=int, default=32_768)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument(
+        "--max-rate-prompt-tokens",
+        type=int,
+        default=256,
+        help="prompt of the closed loop (short, so the engines and the client are not what limits it)",
+    )
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--speedup", type=float, default=1e6)
+    p.add_argument("--out", help="write the rows as JSON here")
+    args = p.parse_args()
+    prompt = list(range(1000, 1000 + args.prompt_tokens))
+    bodies = {
+        s: json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 16, "stream": s}).encode() for s in (False, True)
+    }
+    short = json.dumps(
+        {"model": MODEL, "prompt": list(range(7, 7 + args.max_rate_prompt_tokens)), "max_tokens": 16, "stream": True}
+    ).encode()
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        engines = []
+        for _ in range(ENGINES):
+            proc, url = start_engine(args.speedup)
+            procs.append(proc)
+            engines.append(url)
+        if shutil.which("taskset"):
+            subprocess.run(["taskset", "-p", "-c", "0", str(os.getpid())], check=False, capture_output=True)
+        rows = [measure("direct", engines, args, bodies, short)]
+        if args.vllm_router and shutil.which(args.vllm_router):
+            port = free_port()
+            cmd = [*pinned(1), args.vllm_router, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"]
+            cmd += ["--worker-urls", *engines, "--max-payload-size", str(64 << 20), "--log-level", "error"]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_http(f"http://127.0.0.1:{port}/health")
+            rows.append(measure("vllm-router", [f"http://127.0.0.1:{port}"], args, bodies, short))
+        port = free_port()
+        code = (
+            "import sys; sys.argv=['x']; import importlib.util as u;"
+            f"s=u.spec_from_file_location('b', {__file__!r}); m=u.module_from_spec(s); s.loader.exec_module(m);"
+            f"m.python_proxy_main({port}, {engines!r})"
+        )
+        procs.append(subprocess.Popen([*pinned(1), sys.executable, "-c", code]))
+        wait_http(f"http://127.0.0.1:{port}/")
+        rows.append(measure("python-aiohttp", [f"http://127.0.0.1:{port}"], args, bodies, short))
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    base = rows[0]
+    print(f"{args.requests} requests at {args.rate:g}/s, {args.prompt_tokens}-token prompts (ms; added = minus direct)")
+    print(
+        f"max req/s: a closed loop of {args.concurrency} streaming clients, {args.max_rate_prompt_tokens}-token prompts"
+    )
+    print(f"{'target':<16} {'plain p50':>10} {'p99':>8} {'stream ttfb p50':>16} {'p99':>8} {'max req/s':>10}")
+    for r in rows:
+        added = ""
+        if r is not base:
+            d = {
+                k: r[k] - base[k] for k in ("plain_p50_ms", "plain_p99_ms", "stream_ttfb_p50_ms", "stream_ttfb_p99_ms")
+            }
+            added = (
+                f"  added: plain {d['plain_p50_ms']:+.2f}/{d['plain_p99_ms']:+.2f},"
+                f" stream ttfb {d['stream_ttfb_p50_ms']:+.2f}/{d['stream_ttfb_p99_ms']:+.2f}"
+            )
+        print(
+            f"{r['target']:<16} {r['plain_p50_ms']:>10.2f} {r['plain_p99_ms']:>8.2f} "
+            f"{r['stream_ttfb_p50_ms']:>16.2f} {r['stream_ttfb_p99_ms']:>8.2f} {r['max_rate']:>10.0f}{added}"
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
