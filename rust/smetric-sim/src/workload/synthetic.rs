@@ -32,8 +32,11 @@
 //! `M + μ·V + (μ−1)·g` new. Setting those to `reusable_share · shared_share · Tot`, …,
 //! `(1 − reusable_share) · Tot` gives `P`, `U`, `M`, `V` in closed form (linear). When the
 //! growth `g` does not fit the context (short contexts), `g` is halved until every segment is
-//! non-negative. Segments are rounded to whole blocks (chains hold full blocks only), and a
-//! session stops early rather than let a prompt exceed `max_context_tokens`.
+//! non-negative. `C` is lowered where the longest session (`2·mean_turns − 1` turns) would
+//! outgrow the longest prompt the engine accepts ([`SyntheticOptions::max_context`]), so at
+//! `context_ratio` 1 the mean final context is ≈ 0.84× KV at the defaults. Segments are rounded
+//! to whole blocks (chains hold full blocks only), and a session still stops early rather than
+//! let a prompt exceed that cap.
 //!
 //! **Block ids.** A chain hash as vLLM's: block `k`'s id mixes block `k − 1`'s id with the
 //! block's content key, so equal prefixes give equal ids and nothing else does. Blocks of
@@ -64,7 +67,9 @@ pub struct SyntheticOptions {
     pub kv_tokens: u64,
     /// Mean final context of a session ÷ `kv_tokens`.
     pub context_ratio: f64,
-    /// Longest prompt generated; `None`: `kv_tokens` minus room for the output.
+    /// Longest prompt generated; `None`: min(`kv_tokens`, the default engine's `max_model_len`)
+    /// minus room for the output (at `context_ratio` 1 this caps the mean final context
+    /// below `kv_tokens`: the profile's 262,144-token window is 0.92× its KV).
     pub max_context_tokens: Option<u64>,
     /// Mean requests per session.
     pub mean_turns: f64,
@@ -123,6 +128,9 @@ pub struct SyntheticShape {
     pub growth_tokens: f64,
     /// Volatile tail of every request.
     pub tail_tokens: f64,
+    /// Mean final context: `context_ratio · kv_tokens`, or less where the longest session
+    /// (`2·mean_turns − 1` turns) would outgrow `max_context`.
+    pub context_tokens: f64,
 }
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> SimError {
@@ -168,6 +176,15 @@ impl SyntheticOptions {
         Ok(())
     }
 
+    /// Longest prompt generated (see `max_context_tokens`). vLLM rejects a prompt + output
+    /// beyond `max_model_len`, and the default engine's is min(context window, KV).
+    pub fn max_context(&self) -> u64 {
+        self.max_context_tokens.unwrap_or_else(|| {
+            let model_len = SimConfig::default().model_len().min(self.kv_tokens);
+            model_len.saturating_sub(2 * u64::from(self.output_tokens))
+        })
+    }
+
     /// Largest number of turns a session can draw.
     fn max_turns(&self) -> u32 {
         (2.0 * self.mean_turns - 1.0).round().max(1.0) as u32
@@ -185,10 +202,13 @@ impl SyntheticOptions {
         let e_t2 = (longest + 1.0) * (2.0 * longest + 1.0) / 6.0;
         let pairs = (e_t2 - mu) / 2.0; // E[T(T-1)/2]
         let pairs_before = pairs - (mu - 1.0); // E[(T-1)(T-2)/2]
-        let context = self.context_ratio * self.kv_tokens as f64;
+        // The mean final context, lowered where the longest session would outgrow the cap.
+        let max_context = self.max_context() as f64;
+        let context_for = |g: f64| (self.context_ratio * self.kv_tokens as f64).min(max_context - (longest - mu) * g);
         let reusable = self.reusable_share;
         let same = 1.0 - self.shared_share - self.template_share;
         let solve = |g: f64| {
+            let context = context_for(g);
             let tot = mu * (context - (mu - 1.0) * g) + g * pairs;
             let system = self.shared_share * reusable * tot / mu;
             let template = self.template_share * reusable * tot / mu;
@@ -204,6 +224,7 @@ impl SyntheticOptions {
                 message_tokens: message,
                 growth_tokens: g,
                 tail_tokens: tail,
+                context_tokens: context,
             }
         };
         let ok = |s: &SyntheticShape| {
@@ -249,10 +270,7 @@ pub fn synthetic_agent_sessions(options: &SyntheticOptions) -> Result<Workload> 
         blocks(shape.tail_tokens, bt),
     );
     let out_mean = f64::from(options.output_tokens);
-    let cap = options
-        .max_context_tokens
-        .unwrap_or_else(|| options.kv_tokens.saturating_sub(2 * u64::from(options.output_tokens)))
-        / u64::from(bt);
+    let cap = options.max_context() / u64::from(bt);
     let seed = mix64(options.seed ^ 0x5EED_A6E7_5E55_1045);
     let name = format!("synthetic(x{:.3} KV)", options.context_ratio);
     let mut builder = WorkloadBuilder::new(name, bt, ArrivalKind::ClosedLoop);
@@ -430,11 +448,27 @@ mod tests {
             };
             let w = synthetic_agent_sessions(&o).unwrap();
             let s = reuse_stats(&w, o.kv_tokens);
-            let tol = if ratio >= 1.0 { 0.12 } else { 0.1 * ratio + 0.01 };
-            assert!((s.final_context_ratio - ratio).abs() <= tol, "ratio {ratio}: {s:?}");
+            let target = o.shape().unwrap().context_tokens / o.kv_tokens as f64;
+            if ratio <= 0.5 {
+                assert!((target - ratio).abs() < 1e-9, "ratio {ratio} is met as asked");
+            }
+            assert!(
+                (s.final_context_ratio - target).abs() <= 0.1 * target + 0.01,
+                "ratio {ratio}: {s:?}"
+            );
             assert!((s.reusable_share - 0.815).abs() <= 0.04, "ratio {ratio}: {s:?}");
-            let longest = w.requests().iter().map(|r| u64::from(r.input_tokens)).max().unwrap();
-            assert!(longest <= o.kv_tokens, "a prompt never exceeds one instance's KV");
+            assert!(s.followup_share > 0.9, "ratio {ratio}: {s:?}");
+            eprintln!("context_ratio {ratio}: target {target:.3}, {s:?}");
+            let longest = w
+                .requests()
+                .iter()
+                .map(|r| u64::from(r.input_tokens + r.output_tokens))
+                .max()
+                .unwrap();
+            assert!(
+                longest <= SimConfig::default().model_len(),
+                "a request always fits the engine's max_model_len"
+            );
         }
     }
 
