@@ -13,8 +13,9 @@ Per point, a capacity probe runs ``linear`` on ``PROBE`` loads around an analyti
 attainment is ≥ 90 % is the point's capacity. Every policy of ``smetric.POLICIES`` plus
 ``cache_first_max_hit`` then runs at ``LADDER`` × that capacity; a policy's figure is its peak TPS
 under the headline SLO over the ladder, and the map shows ``smetric`` ÷ the best other policy.
-One seed (the first map: the ratios carry seed noise of about ±1–2 %). Nothing here is tuned on
-any trace.
+Where no probe load meets the headline SLO, the point is measured under the same SLO with a 3×
+TTFT slope instead (marked in the JSON and the plot). One seed (the first map: the ratios carry
+seed noise of about ±1–2 %). Nothing here is tuned on any trace.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import matplotlib.pyplot as plt
 
 from smetric import POLICIES
 from smetric.sim import (
+    SLO,
     SYNTHETIC_DEFAULTS,
     RunResult,
     RunSpec,
@@ -46,6 +48,9 @@ from smetric.sim import (
 from smetric.sim.config import ENGINE_DEFAULTS
 
 ALL_POLICIES = (*POLICIES, "cache_first_max_hit")
+SLOS = (SLO(), SLO(ttft_s_per_token=0.3e-3))
+"""The headline SLO, and a relaxed TTFT slope (3x) for the points where the headline is out of
+reach at every load."""
 PROBE = (0.5, 1.0, 2.0)
 """Probe loads, × the analytic estimate."""
 LADDER = (1.0, 1.4)
@@ -75,7 +80,7 @@ class Point:
 def points() -> list[Point]:
     """Every point; the centre appears once per axis but is simulated once (same specs)."""
     out = []
-    base = SimulationConfig()
+    base = SimulationConfig(slos=SLOS)
     for axis, (_, values) in AXES.items():
         for value in values:
             options: dict[str, Any] = {}
@@ -144,13 +149,20 @@ def main() -> int:
     probes = [spec(pt, "linear", guesses[id(pt)] * f) for pt in grid for f in PROBE]
     probed = run_unique(probes, args.jobs)
     capacity: dict[int, float] = {}
+    slo_of: dict[int, int] = {}
     for pt in grid:
-        ok = [
-            r.spec.load
-            for f in PROBE
-            if (r := probed.get(key(spec(pt, "linear", guesses[id(pt)] * f)))) is not None
-            and r.slos[0]["attainment"] >= 0.9
-        ]
+        # The headline SLO; where no probe load meets it (long contexts: the new share of a
+        # 100K+ prompt alone outlasts its TTFT bound), the relaxed-TTFT SLO instead.
+        for slo in range(len(SLOS)):
+            ok = [
+                r.spec.load
+                for f in PROBE
+                if (r := probed.get(key(spec(pt, "linear", guesses[id(pt)] * f)))) is not None
+                and r.slos[slo]["attainment"] >= 0.9
+            ]
+            if ok:
+                break
+        slo_of[id(pt)] = slo
         capacity[id(pt)] = max(ok) if ok else guesses[id(pt)] * PROBE[0] * 0.5  # below every probe
     # 2. Every policy on the ladder.
     evals = [spec(pt, pol, capacity[id(pt)] * f) for pt in grid for pol in ALL_POLICIES for f in LADDER]
@@ -160,7 +172,7 @@ def main() -> int:
         peaks: dict[str, float] = {}
         for pol in ALL_POLICIES:
             tps = [
-                r.slos[0]["tps_under_slo"]
+                r.slos[slo_of[id(pt)]]["tps_under_slo"]
                 for f in LADDER
                 if (r := results.get(key(spec(pt, pol, capacity[id(pt)] * f)))) is not None
             ]
@@ -175,6 +187,8 @@ def main() -> int:
                 "loads": [capacity[id(pt)] * f for f in LADDER],
                 "peak_tps_under_slo": peaks,
                 "best_baseline": best,
+                "slo": SLOS[slo_of[id(pt)]].label,
+                "headline_slo": slo_of[id(pt)] == 0,
                 "ratio": peaks["smetric"] / peaks[best] if peaks[best] > 0 else None,
                 "workload_stats": stats,
             }
@@ -193,13 +207,14 @@ def main() -> int:
         "ladder": list(LADDER),
         "instances": ENGINE_DEFAULTS["instances"],
         "synthetic_defaults": dict(SYNTHETIC_DEFAULTS),
-        "slo": SimulationConfig().slos[0].label,
+        "slos": [s.label for s in SLOS],
     }
     (args.out / "regime_map.json").write_text(json.dumps({"meta": meta, "points": rows}, indent=1) + "\n")
     plot(rows, args.img / "regime_map.png")
     for row in rows:
         ratio = "n/a" if row["ratio"] is None else f"x{row['ratio']:.3f}"
-        print(f"{row['axis']:>14} = {row['value']!s:<8} smetric {ratio} of {row['best_baseline']}")
+        slo = "" if row["headline_slo"] else "  (relaxed TTFT SLO)"
+        print(f"{row['axis']:>14} = {row['value']!s:<8} smetric {ratio} of {row['best_baseline']}{slo}")
     print(f"{runs} runs in {wall:.0f} s")
     return 0
 
@@ -216,8 +231,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xticks(range(len(mine)), [str(r["value"]) for r in mine])
         ax.set_yticks([0], [AXES[axis][0]])
         for i, v in enumerate(values):
-            ax.text(i, 0, f"{v:.3f}\n{mine[i]['best_baseline']}", ha="center", va="center", fontsize=7)
-    fig.suptitle("SMetric ÷ best baseline, peak TPS under SLO (synthetic agent sessions, 1 seed)", fontsize=9)
+            mark = "" if mine[i]["headline_slo"] else "*"
+            ax.text(i, 0, f"{v:.3f}{mark}\n{mine[i]['best_baseline']}", ha="center", va="center", fontsize=7)
+    fig.suptitle(
+        "SMetric ÷ best baseline, peak TPS under SLO (synthetic agent sessions, 1 seed;\n"
+        "* = headline TTFT bound unreachable at any load, relaxed slope 0.3 ms/token)",
+        fontsize=9,
+    )
     if image is not None:
         fig.colorbar(image, ax=subplots[:, 0].tolist(), shrink=0.8)
     path.parent.mkdir(parents=True, exist_ok=True)
