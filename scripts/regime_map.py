@@ -8,9 +8,10 @@ Axes (each point changes one of them; the others stay at the centre): the mean f
 one instance's GPU KV, the system-prompt share of the reuse, the mean think time, the mean
 session length, and the tier path (LMCache, the engine default, or no tier).
 
-Per point, a capacity probe runs ``linear`` on ``PROBE`` loads around an analytic estimate
-(:func:`estimate`: the lower of a prefill bound and a KV-residency bound); the highest probe load whose
-attainment is ≥ 90 % is the point's capacity. Every policy of ``smetric.POLICIES`` plus
+Per point, a capacity probe runs ``linear`` around an analytic estimate (:func:`estimate`: the
+lower of a prefill bound and a KV-residency bound), doubling, halving and bisecting until the
+highest load whose attainment is ≥ 90 % is bracketed within 30 % (:func:`probe`): the point's
+capacity. Every policy of ``smetric.POLICIES`` plus
 ``cache_first_max_hit`` then runs at ``LADDER`` × that capacity; a policy's figure is its peak TPS
 under the headline SLO over the ladder, and the map shows ``smetric`` ÷ the best other policy.
 Where no probe load meets the headline SLO, the point is measured under the same SLO with a 3×
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +54,11 @@ SLOS = (SLO(), SLO(ttft_s_per_token=0.3e-3))
 """The headline SLO, and a relaxed TTFT slope (3x) for the points where the headline is out of
 reach at every load."""
 PROBE = (0.5, 1.0, 2.0)
-"""Probe loads, × the analytic estimate."""
-LADDER = (1.0, 1.4)
+"""First probe loads, × the analytic estimate."""
+PROBE_ROUNDS = 4
+BRACKET = 1.3
+"""The probe stops once capacity is bracketed within this factor."""
+LADDER = (1.0, 1.25)
 """Evaluation loads, × the probed capacity."""
 PREFILL_S_PER_TOKEN = 50e-6
 """H20 prefill cost per token (perf-model §5), for the analytic first guess only."""
@@ -134,6 +139,47 @@ def run_unique(specs: list[RunSpec], jobs: int) -> dict[tuple[Any, ...], RunResu
     return {key(r.spec): r for r in run_grid(unique, jobs=jobs, progress=True, skip_failures=True)}
 
 
+def probe(grid: list[Point], guesses: dict[int, float], jobs: int) -> tuple[dict[int, float], dict[int, int], int]:
+    """Per point: the highest load at which ``linear`` meets its SLO for ≥ 90 % of the measured
+    requests, bracketed within ``BRACKET`` (rounds of runs: ``PROBE`` × the estimate, then
+    doubling, halving or bisecting), and the SLO it is measured under: the headline, or where no
+    probed load meets it (long contexts: the new share of a 100K+ prompt alone outlasts its TTFT
+    bound), the relaxed one. Returns the capacities, the SLOs and the number of runs."""
+
+    def where(x: Point | RunSpec) -> tuple[Any, ...]:
+        return (x.trace, x.config, x.window)
+
+    points_at = {where(pt): pt for pt in grid}  # the centre appears once per axis
+    tested: dict[tuple[Any, ...], dict[float, RunResult]] = {w: {} for w in points_at}
+    pending = {w: [guesses[id(pt)] * f for f in PROBE] for w, pt in points_at.items()}
+    cap: dict[tuple[Any, ...], tuple[float, int]] = {}
+    runs = 0
+    for _ in range(PROBE_ROUNDS):
+        specs = [spec(points_at[w], "linear", load) for w, loads in pending.items() for load in loads]
+        if not specs:
+            break
+        done = run_unique(specs, jobs)
+        runs += len(done)
+        for r in done.values():
+            tested[where(r.spec)][r.spec.load] = r
+        pending = {}
+        for w, results in tested.items():
+            slo = 0 if any(r.slos[0]["attainment"] >= 0.9 for r in results.values()) else 1
+            ok = [load for load, r in results.items() if r.slos[slo]["attainment"] >= 0.9]
+            lo = max(ok, default=None)
+            hi = min((load for load in results if lo is None or load > lo), default=None)
+            cap[w] = (lo if lo is not None else min(results) / 2, slo)
+            if lo is None:
+                pending[w] = [min(results) / 2]
+            elif hi is None:
+                pending[w] = [lo * 2]
+            elif hi / lo > BRACKET:
+                pending[w] = [math.sqrt(lo * hi)]
+    capacity = {id(pt): cap[where(pt)][0] for pt in grid}
+    slo_of = {id(pt): cap[where(pt)][1] for pt in grid}
+    return capacity, slo_of, runs
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=2)
@@ -146,24 +192,7 @@ def main() -> int:
     start = time.perf_counter()
     # 1. Capacity probe.
     guesses = {id(pt): estimate(pt) for pt in grid}
-    probes = [spec(pt, "linear", guesses[id(pt)] * f) for pt in grid for f in PROBE]
-    probed = run_unique(probes, args.jobs)
-    capacity: dict[int, float] = {}
-    slo_of: dict[int, int] = {}
-    for pt in grid:
-        # The headline SLO; where no probe load meets it (long contexts: the new share of a
-        # 100K+ prompt alone outlasts its TTFT bound), the relaxed-TTFT SLO instead.
-        for slo in range(len(SLOS)):
-            ok = [
-                r.spec.load
-                for f in PROBE
-                if (r := probed.get(key(spec(pt, "linear", guesses[id(pt)] * f)))) is not None
-                and r.slos[slo]["attainment"] >= 0.9
-            ]
-            if ok:
-                break
-        slo_of[id(pt)] = slo
-        capacity[id(pt)] = max(ok) if ok else guesses[id(pt)] * PROBE[0] * 0.5  # below every probe
+    capacity, slo_of, probes = probe(grid, guesses, args.jobs)
     # 2. Every policy on the ladder.
     evals = [spec(pt, pol, capacity[id(pt)] * f) for pt in grid for pol in ALL_POLICIES for f in LADDER]
     results = run_unique(evals, args.jobs)
@@ -194,7 +223,7 @@ def main() -> int:
             }
         )
     wall = time.perf_counter() - start
-    runs = len({key(s) for s in probes}) + len({key(s) for s in evals})
+    runs = probes + len({key(s) for s in evals})
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {
         "seeds": [0],
@@ -222,7 +251,8 @@ def main() -> int:
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """One heat-map row per axis: SMetric ÷ best baseline at each of its values."""
     axes = [a for a in AXES if any(r["axis"] == a for r in rows)]
-    fig, subplots = plt.subplots(len(axes), 1, figsize=(7.5, 1.25 * len(axes) + 0.8), squeeze=False)
+    fig, subplots = plt.subplots(len(axes), 1, figsize=(7.5, 1.6 * len(axes) + 0.8), squeeze=False)
+    fig.subplots_adjust(hspace=0.8)
     image = None
     for ax, axis in zip(subplots[:, 0], axes, strict=True):
         mine = [r for r in rows if r["axis"] == axis]
