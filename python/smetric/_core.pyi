@@ -16,10 +16,12 @@ from smetric._types import (
     InstanceLoad,
     PolicyName,
     Reason,
+    ReuseStats,
     RouterConfigFields,
     RouterStats,
     SimConfigDefaults,
     SimReport,
+    SyntheticOptions,
     Tier,
     TierPath,
     TraceFormat,
@@ -46,8 +48,10 @@ __all__ = [
     "sim_profiles",
     "sim_tier_paths",
     "simulate",
+    "synthetic_defaults",
     "vllm_block_hashes",
     "vllm_event_hash",
+    "workload_reuse_stats",
 ]
 
 __version__: Final[str]
@@ -425,15 +429,19 @@ def load_workload(
     coarsen: int = ...,
     shared_prefix: bool = True,
     gate_on_parent: bool = False,
+    synthetic: dict[str, Any] | None = None,
 ) -> Workload:
     """Loads a trace file (or, for ``"weka"``, several files as one workload).
 
     Arguments:
         paths: the trace file(s): JSON Lines, gzipped or not.
-        format: ``"weka"``, ``"bailian"``, ``"mooncake"`` or ``"azure"``.
+        format: ``"weka"``, ``"bailian"``, ``"mooncake"``, ``"azure"`` or ``"synthetic"`` (the
+            generated agent sessions; no file: ``paths`` must be empty).
         coarsen: Weka only: keep every ``coarsen``-th 64-token id (block = 64·coarsen tokens).
         shared_prefix: Weka only: share the tool + system-prompt blocks across sessions.
         gate_on_parent: Bailian only: a child request also waits for its parent to finish.
+        synthetic: ``"synthetic"`` only: generator options (keys of :func:`synthetic_defaults`)
+            overriding the defaults.
 
     Raises:
         TraceFormatError: a bad record (``path`` and 1-based ``line``).
@@ -470,6 +478,14 @@ def simulate(
 
 def sim_config_defaults() -> SimConfigDefaults:
     """``SimConfig::default()`` as a dict (the router's defaults are ``RouterConfig()``'s)."""
+
+def synthetic_defaults() -> SyntheticOptions:
+    """``SyntheticOptions::default()``: the options of the ``"synthetic"`` format (the centre of
+    the regime map, set to the published Bailian agent-trace statistics)."""
+
+def workload_reuse_stats(workload: Workload, kv_tokens: int) -> ReuseStats:
+    """Reuse statistics measured from a workload's chains against an instance KV of
+    ``kv_tokens`` tokens."""
 
 def sim_profiles() -> list[str]:
     """Names of the built-in hardware/model profiles."""

@@ -27,12 +27,14 @@ __all__ = [
     "PolicyName",
     "Reason",
     "RequestRecords",
+    "ReuseStats",
     "RouterConfigFields",
     "RouterStats",
     "SimConfigDefaults",
     "SimReport",
     "SloResult",
     "SloSettings",
+    "SyntheticOptions",
     "Tier",
     "TierPath",
     "TraceFormat",
@@ -77,8 +79,9 @@ Reason: TypeAlias = Literal[
 ArrivalKind: TypeAlias = Literal["closed_loop", "open_loop", "gated_open_loop"]
 """How a simulated workload's requests arrive (``Workload.arrival``)."""
 
-TraceFormat: TypeAlias = Literal["weka", "bailian", "mooncake", "azure"]
-"""Trace formats :func:`smetric._core.load_workload` reads."""
+TraceFormat: TypeAlias = Literal["weka", "bailian", "mooncake", "azure", "synthetic"]
+"""Trace formats :func:`smetric._core.load_workload` reads (``"synthetic"``: generated agent
+sessions, no file)."""
 
 TierPath: TypeAlias = Literal["lmcache", "mooncake-store", "cpu-offload"]
 """``SimConfig.global_tier.path``: how KV moves to and from the global tier — LMCache's connector
@@ -303,6 +306,46 @@ class SimConfigDefaults(TypedDict):
     index_feed: IndexFeed
     event_delay_s: float
     turns: TurnFeed
+
+
+class SyntheticOptions(TypedDict):
+    """:func:`smetric._core.synthetic_defaults`: the options of the ``"synthetic"`` format
+    (``SyntheticOptions::default()``, the centre of the regime map: the published Bailian
+    agent-trace statistics). ``load_workload(synthetic=...)`` takes any subset of these keys."""
+
+    sessions: int
+    seed: int
+    block_tokens: int
+    kv_tokens: int
+    """One instance's GPU KV in tokens: the unit of ``context_ratio``."""
+    context_ratio: float
+    """Mean final context of a session ÷ ``kv_tokens``."""
+    max_context_tokens: int | None
+    mean_turns: float
+    growth_tokens: int
+    """History appended per follow-up (previous output + tool result)."""
+    output_tokens: int
+    think_mean_s: float
+    """Mean think time (tool latency) before a follow-up."""
+    reusable_share: float
+    shared_share: float
+    """Share of the reuse from system prompts shared across sessions."""
+    template_share: float
+    """Share of the reuse from task templates shared across sessions."""
+    system_prompts: int
+    templates: int
+
+
+class ReuseStats(TypedDict):
+    """:func:`smetric._core.workload_reuse_stats`: reuse measured from a workload's chains."""
+
+    requests: int
+    reusable_share: float
+    shared_reuse_share: float
+    same_session_reuse_share: float
+    think_within_100s: float
+    followup_share: float
+    final_context_ratio: float
 
 
 class Percentiles(TypedDict):

@@ -14,7 +14,16 @@ and ``smetric sweep``.
 
 from __future__ import annotations
 
-from smetric._core import Workload, load_workload, sim_config_defaults, sim_profiles, sim_tier_paths, simulate
+from smetric._core import (
+    Workload,
+    load_workload,
+    sim_config_defaults,
+    sim_profiles,
+    sim_tier_paths,
+    simulate,
+    synthetic_defaults,
+    workload_reuse_stats,
+)
 from smetric._types import (
     ArrivalKind,
     GlobalTierSettings,
@@ -26,6 +35,7 @@ from smetric._types import (
     SimReport,
     SloResult,
     SloSettings,
+    SyntheticOptions,
     TierPath,
     TraceFormat,
     TurnFeed,
@@ -37,6 +47,7 @@ from smetric.sim.config import (
     MOONCAKE_SEGMENT_BYTES_PER_RANK,
     POLICY_VARIANTS,
     SLO,
+    SYNTHETIC_DEFAULTS,
     TIER_PATHS,
     TURN_FEEDS,
     GlobalTier,
@@ -66,6 +77,7 @@ __all__ = [
     "MOONCAKE_SEGMENT_BYTES_PER_RANK",
     "POLICY_VARIANTS",
     "SLO",
+    "SYNTHETIC_DEFAULTS",
     "TIER_PATHS",
     "TURN_FEEDS",
     "ArrivalKind",
@@ -83,6 +95,7 @@ __all__ = [
     "SimulationConfig",
     "SloResult",
     "SloSettings",
+    "SyntheticOptions",
     "TierPath",
     "TraceFormat",
     "TraceSpec",
@@ -101,4 +114,6 @@ __all__ = [
     "sim_tier_paths",
     "simulate",
     "summarize",
+    "synthetic_defaults",
+    "workload_reuse_stats",
 ]

@@ -133,6 +133,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _trace(args: argparse.Namespace) -> TraceSpec:
+    if args.format == "synthetic":
+        # Generated agent sessions at the generator's defaults (no file).
+        return TraceSpec.synthetic_sessions() if not args.trace else _die("--format synthetic reads no --trace")
     if not args.trace:
         return TraceSpec.embedded() if args.format in (None, "weka") else _die("--format needs --trace")
     fmt = args.format or guess_format(args.trace[0])

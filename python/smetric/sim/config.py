@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any, Final, get_args
 
 from smetric import POLICIES
-from smetric._core import MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK, RouterConfig, sim_config_defaults
+from smetric._core import MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK, RouterConfig, sim_config_defaults, synthetic_defaults
 from smetric._types import (
     GlobalTierSettings,
     IndexFeed,
     PolicyName,
     SimConfigDefaults,
     SloSettings,
+    SyntheticOptions,
     TierPath,
     TraceFormat,
     TurnFeed,
@@ -45,6 +46,9 @@ ENGINE_DEFAULTS: Final[SimConfigDefaults] = sim_config_defaults()
 """The engine's `SimConfig::default()` (read, never restated)."""
 _TIER: Final[GlobalTierSettings] = ENGINE_DEFAULTS["global_tier"]
 _SLO: Final[SloSettings] = ENGINE_DEFAULTS["slo"]
+
+SYNTHETIC_DEFAULTS: Final[SyntheticOptions] = synthetic_defaults()
+"""The synthetic agent-session generator's `SyntheticOptions::default()` (read, never restated)."""
 
 FORMATS: Final[tuple[TraceFormat, ...]] = get_args(TraceFormat)
 """Trace formats :func:`smetric._core.load_workload` reads."""
@@ -316,19 +320,39 @@ class TraceSpec:
     coarsen: int | None = None
     shared_prefix: bool | None = None
     gate_on_parent: bool = False
+    synthetic: tuple[tuple[str, Any], ...] = ()
+    """``format="synthetic"``: generator options overriding :data:`SYNTHETIC_DEFAULTS`, as
+    sorted pairs (a spec is a dict key and travels to worker processes)."""
 
     @staticmethod
     def embedded() -> TraceSpec:
         """The Weka excerpt shipped with the package (20 sessions, 1,039 requests)."""
         return TraceSpec(paths=(str(embedded_trace_path()),), format="weka")
 
+    @staticmethod
+    def synthetic_sessions(**options: Any) -> TraceSpec:
+        """The synthetic agent-session workload with these options (keys of
+        :data:`SYNTHETIC_DEFAULTS`; the rest keep the engine's defaults).
+
+        Raises:
+            ValueError: an unknown option.
+        """
+        unknown = sorted(set(options) - set(SYNTHETIC_DEFAULTS))
+        if unknown:
+            raise ValueError(f"unknown synthetic options {unknown}; known: {', '.join(SYNTHETIC_DEFAULTS)}")
+        return TraceSpec(paths=(), format="synthetic", synthetic=tuple(sorted(options.items())))
+
     @property
     def name(self) -> str:
-        """The file name(s), for reports."""
+        """The file name(s), for reports (``synthetic(key=value,…)`` for generated sessions)."""
+        if self.format == "synthetic":
+            return "synthetic(" + ",".join(f"{k}={v}" for k, v in self.synthetic) + ")"
         return "+".join(Path(p).name for p in self.paths)
 
     def loader_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`smetric._core.load_workload`."""
+        if self.format == "synthetic":
+            return {"synthetic": dict(self.synthetic)}
         options: dict[str, Any] = {"gate_on_parent": self.gate_on_parent}
         if self.coarsen is not None:
             options["coarsen"] = self.coarsen

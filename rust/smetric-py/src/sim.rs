@@ -32,8 +32,9 @@ use smetric_core::PolicyKind;
 use smetric_sim::config::MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK;
 use smetric_sim::workload::ArrivalKind;
 use smetric_sim::{
-    BailianOptions, IndexFeed, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig, SloReport, TierPath,
-    TurnFeed, WekaOptions, Workload, evaluate_slo, load_azure, load_bailian, load_mooncake, load_weka, run,
+    BailianOptions, IndexFeed, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig, SloReport,
+    SyntheticOptions, TierPath, TurnFeed, WekaOptions, Workload, evaluate_slo, load_azure, load_bailian, load_mooncake,
+    load_weka, run, synthetic_agent_sessions,
 };
 
 use crate::config::PyRouterConfig;
@@ -200,10 +201,12 @@ fn invalid_argument(py: Python<'_>, argument: &str, reason: &str) -> PyErr {
 ///
 /// Args:
 ///     paths: the trace file(s): JSON Lines, gzipped or not.
-///     format: ``"weka"``, ``"bailian"``, ``"mooncake"`` or ``"azure"``.
+///     format: ``"weka"``, ``"bailian"``, ``"mooncake"``, ``"azure"`` or ``"synthetic"`` (the
+///         generated agent sessions; no file: ``paths`` must be empty).
 ///     coarsen: Weka only: keep every ``coarsen``-th 64-token id (block = 64·coarsen tokens).
 ///     shared_prefix: Weka only: share the tool + system-prompt blocks across sessions.
 ///     gate_on_parent: Bailian only: a child request also waits for its parent to finish.
+///     synthetic: ``"synthetic"`` only: generator options overriding :func:`synthetic_defaults`.
 ///
 /// Returns:
 ///     Workload: the loaded trace.
@@ -215,7 +218,7 @@ fn invalid_argument(py: Python<'_>, argument: &str, reason: &str) -> PyErr {
 ///     EmptyWorkloadError: no request in the file(s).
 #[pyfunction]
 #[allow(clippy::doc_markdown)] // a Python docstring (it becomes `__doc__`), not rustdoc
-#[pyo3(signature = (paths, format, *, coarsen = smetric_sim::workload::weka::DEFAULT_COARSEN, shared_prefix = true, gate_on_parent = false))]
+#[pyo3(signature = (paths, format, *, coarsen = smetric_sim::workload::weka::DEFAULT_COARSEN, shared_prefix = true, gate_on_parent = false, synthetic = None))]
 fn load_workload(
     py: Python<'_>,
     paths: &Bound<'_, PyAny>,
@@ -223,8 +226,28 @@ fn load_workload(
     coarsen: u32,
     shared_prefix: bool,
     gate_on_parent: bool,
+    synthetic: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyWorkload> {
     let files = self::paths(paths)?;
+    if format == "synthetic" {
+        if !files.is_empty() {
+            return Err(invalid_argument(py, "paths", "the synthetic format reads no file"));
+        }
+        let options = synthetic_options(py, synthetic)?;
+        let workload = py
+            .detach(|| synthetic_agent_sessions(&options))
+            .map_err(|e| sim_error(py, &e))?;
+        return Ok(PyWorkload {
+            inner: Arc::new(workload),
+        });
+    }
+    if synthetic.is_some() {
+        return Err(invalid_argument(
+            py,
+            "synthetic",
+            "only the synthetic format takes generator options",
+        ));
+    }
     if files.is_empty() {
         return Err(invalid_argument(py, "paths", "at least one file is needed"));
     }
@@ -253,7 +276,7 @@ fn load_workload(
             return Err(invalid_argument(
                 py,
                 "format",
-                &format!("{other:?} is not one of \"weka\", \"bailian\", \"mooncake\", \"azure\""),
+                &format!("{other:?} is not one of \"weka\", \"bailian\", \"mooncake\", \"azure\", \"synthetic\""),
             ));
         }
     };
@@ -261,6 +284,38 @@ fn load_workload(
     Ok(PyWorkload {
         inner: Arc::new(workload),
     })
+}
+
+/// `SyntheticOptions::default()` updated with the keys of `options`.
+fn synthetic_options(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<SyntheticOptions> {
+    let mut o = SyntheticOptions::default();
+    let Some(options) = options else {
+        return Ok(o);
+    };
+    for (k, v) in options.iter() {
+        let key: String = k
+            .extract()
+            .map_err(|_| PyTypeError::new_err("synthetic option keys must be str"))?;
+        match key.as_str() {
+            "sessions" => o.sessions = field(&key, &v)?,
+            "seed" => o.seed = field(&key, &v)?,
+            "block_tokens" => o.block_tokens = field(&key, &v)?,
+            "kv_tokens" => o.kv_tokens = field(&key, &v)?,
+            "context_ratio" => o.context_ratio = field(&key, &v)?,
+            "max_context_tokens" => o.max_context_tokens = field(&key, &v)?,
+            "mean_turns" => o.mean_turns = field(&key, &v)?,
+            "growth_tokens" => o.growth_tokens = field(&key, &v)?,
+            "output_tokens" => o.output_tokens = field(&key, &v)?,
+            "think_mean_s" => o.think_mean_s = field(&key, &v)?,
+            "reusable_share" => o.reusable_share = field(&key, &v)?,
+            "shared_share" => o.shared_share = field(&key, &v)?,
+            "template_share" => o.template_share = field(&key, &v)?,
+            "system_prompts" => o.system_prompts = field(&key, &v)?,
+            "templates" => o.templates = field(&key, &v)?,
+            _ => return Err(unknown_key(py, "synthetic", &key)),
+        }
+    }
+    Ok(o)
 }
 
 /// Extracts `value` as `T`, naming the config key in the `TypeError`.
@@ -402,6 +457,22 @@ fn sim_config_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     Ok(pythonize(py, &SimConfig::default())?)
 }
 
+/// ``SyntheticOptions::default()`` as a dict: the options of the ``"synthetic"`` format (the
+/// centre of the regime map, set to the published Bailian agent-trace statistics).
+#[pyfunction]
+fn synthetic_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    Ok(pythonize(py, &SyntheticOptions::default())?)
+}
+
+/// Measured reuse statistics of a workload's chains against an instance KV of ``kv_tokens``
+/// (reusable share, shared / same-session split of the reuse, think ≤ 100 s, follow-up share,
+/// final context ÷ KV).
+#[pyfunction]
+fn workload_reuse_stats<'py>(py: Python<'py>, workload: &PyWorkload, kv_tokens: u64) -> PyResult<Bound<'py, PyAny>> {
+    let stats = smetric_sim::reuse_stats(&workload.inner, kv_tokens);
+    Ok(pythonize(py, &stats)?)
+}
+
 /// Names of the built-in hardware/model profiles.
 #[pyfunction]
 fn sim_profiles() -> Vec<&'static str> {
@@ -540,6 +611,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load_workload, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(sim_config_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(synthetic_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(workload_reuse_stats, m)?)?;
     m.add_function(wrap_pyfunction!(sim_profiles, m)?)?;
     m.add_function(wrap_pyfunction!(sim_tier_paths, m)?)?;
     m.add(

@@ -60,6 +60,7 @@ pub use smetric_core::{PolicyKind, RouterConfig};
 pub use workload::azure::load_azure;
 pub use workload::bailian::{BailianOptions, load_bailian};
 pub use workload::mooncake::load_mooncake;
+pub use workload::synthetic::{ReuseStats, SyntheticOptions, reuse_stats, synthetic_agent_sessions};
 pub use workload::weka::{WekaOptions, load_weka};
 pub use workload::{ArrivalKind, RequestSpec, SyntheticSessions, Workload, WorkloadBuilder, synthetic_sessions};
 

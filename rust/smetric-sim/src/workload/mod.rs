@@ -19,6 +19,7 @@
 pub mod azure;
 pub mod bailian;
 pub mod mooncake;
+pub mod synthetic;
 pub mod weka;
 
 use std::fs::File;
