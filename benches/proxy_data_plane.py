@@ -13,11 +13,13 @@ the engines answer at once):
   chunk, and report the lifecycle (``on_prefilled`` at the first chunk, ``on_finished``). It is
   the measuring instrument for "a Python data plane", not the product.
 
-For each: an open loop at ``--rate`` requests/s for ``--requests`` requests (32K-token prompts as
-token ids, ``max_tokens`` 16), streaming and not, recording each request's time to its first
-byte and to its last; then a closed loop of ``--concurrency`` clients for ``--seconds`` (the
-maximum rate). A proxy runs pinned to CPU 1 and everything else to CPU 0 where ``taskset``
-exists. Bounded: loopback only, fixed counts and durations, every server stopped at the end.
+After an unrecorded warm-up, for each: an open loop at ``--rate`` requests/s for ``--requests``
+requests (32K-token prompts as token ids, ``max_tokens`` 16), streaming and not, recording each
+request's time to its first byte and to its last; then a closed loop of ``--concurrency``
+clients for ``--seconds`` (the maximum rate). Where ``taskset`` exists the engines run on CPU 0,
+and the client and the proxy share CPU 1: the direct baseline's client is not starved by the
+engines, and a proxy's added latency includes its contention with the client (an upper bound).
+Bounded: loopback only, fixed counts and durations, every server stopped at the end.
 
     .venv/bin/python benches/proxy_data_plane.py --vllm-router /tmp/vr-venv/bin/vllm-router
 """
@@ -234,7 +236,10 @@ def main() -> None:
             procs.append(proc)
             engines.append(url)
         if shutil.which("taskset"):
-            subprocess.run(["taskset", "-p", "-c", "0", str(os.getpid())], check=False, capture_output=True)
+            subprocess.run(["taskset", "-p", "-c", "1", str(os.getpid())], check=False, capture_output=True)
+        # Warm-up, not recorded: the engines' first requests fill their prefix caches and allocate.
+        for stream in (False, True):
+            asyncio.run(open_loop(engines, bodies[stream], stream, args.rate, min(args.requests, 400)))
         rows = [measure("direct", engines, args, bodies, short)]
         if args.vllm_router and shutil.which(args.vllm_router):
             port = free_port()
