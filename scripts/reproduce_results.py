@@ -369,27 +369,6 @@ def _fmt(x: float | None, digits: int = 0) -> str:
     return "–" if x is None else f"{x:,.{digits}f}"
 
 
-def headline(datas: Iterable[dict[str, Any]]) -> str:
-    """SMetric ÷ the best baseline per trace, tier setting and SLO, with the per-seed range."""
-    lines = [
-        "| trace | SLO | tier | smetric | best baseline | ratio (seeds) | smetric, turns from index: ratio |",
-        "|---|---|---|---:|---|---:|---:|",
-    ]
-    for d in datas:
-        for k, slo in enumerate(d["slos"]):
-            for tier in d["tiers"]:
-                p = peaks(d, tier, k)
-                name, b = best_baseline(p)
-                s = p["smetric"]
-                lo, hi = seed_ratio_range(p, "smetric")
-                idx = f"×{p[SMETRIC_INDEX].tps / b.tps:.3f}" if SMETRIC_INDEX in p else "–"
-                lines.append(
-                    f"| {d['trace']} | {slo} | {tier} | {_fmt(s.tps)} | {name} {_fmt(b.tps)} | "
-                    f"×{s.tps / b.tps:.3f} ({lo:.2f}–{hi:.2f}) | {idx} |"
-                )
-    return "\n".join(lines)
-
-
 def compact(datas: Iterable[dict[str, Any]]) -> str:
     """One row per trace and tier setting: SMetric ÷ the best baseline under every SLO."""
     datas = list(datas)

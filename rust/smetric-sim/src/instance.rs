@@ -313,35 +313,7 @@ impl Instance {
             } else {
                 0
             };
-            if external > 0 && limits.synchronous_loads {
-                // LMCache's default: `start_load_kv` retrieves before the forward pass, so the
-                // request runs in this step as if its loaded tokens were computed.
-                let computed = (local + external) as u64 * b;
-                let new = (req.num_tokens - computed).min(*budget);
-                let fresh = ((computed + new).div_ceil(b) as usize - local) as u32;
-                if !self.pool.can_allocate(&chain[..local], fresh) {
-                    break;
-                }
-                self.pool.acquire_hits(&chain[..local], &mut req.blocks);
-                self.pool.allocate(fresh, &mut req.blocks);
-                req.registered = local;
-                register_full(&mut self.pool, req, chain, computed + new, b);
-                tier.touch(&chain[local..local + external]);
-                req.note_first_admission(local, external, b);
-                req.computed = computed;
-                shape.add_prefill(new, computed);
-                *budget -= new;
-                self.batch.push((r, new));
-                self.running.push(r);
-                self.waiting.remove(j);
-                self.started_fetches.push(StartedLoad {
-                    request: r,
-                    blocks: external,
-                    synchronous: true,
-                });
-                continue;
-            }
-            if external > 0 {
+            if external > 0 && !limits.synchronous_loads {
                 // Allocate the blocks the tier will fill and start the load; the request
                 // waits (keeping its queue place) while the engine serves others.
                 if !self.pool.can_allocate(&chain[..local], external as u32) {
@@ -361,7 +333,10 @@ impl Instance {
                 j += 1;
                 continue;
             }
-            let computed = local as u64 * b;
+            // Admitted now. With a synchronous load (LMCache's default: `start_load_kv`
+            // retrieves before the forward pass), the loaded blocks count as computed and the
+            // request runs in this very step; otherwise `external` is 0.
+            let computed = (local + external) as u64 * b;
             let new = (req.num_tokens - computed).min(*budget);
             let fresh = ((computed + new).div_ceil(b) as usize - local) as u32;
             if !self.pool.can_allocate(&chain[..local], fresh) {
@@ -371,9 +346,14 @@ impl Instance {
             self.pool.allocate(fresh, &mut req.blocks);
             req.registered = local;
             register_full(&mut self.pool, req, chain, computed + new, b);
-            if !req.admitted {
-                req.admitted = true;
-                req.local_hit_tokens = computed;
+            req.note_first_admission(local, external, b);
+            if external > 0 {
+                tier.touch(&chain[local..local + external]);
+                self.started_fetches.push(StartedLoad {
+                    request: r,
+                    blocks: external,
+                    synchronous: true,
+                });
             }
             req.computed = computed;
             shape.add_prefill(new, computed);

@@ -23,10 +23,7 @@ impl Policy for Lpwl {
     fn select(&self, input: &SelectionInput<'_>) -> Selection {
         let c = input.candidates;
         let (n, g) = (input.num_tokens, input.global_hit_tokens);
-        let index = argmin(c.len(), input.rng, |i| {
-            let uncached = n - c[i].local_hit_tokens.max(g).min(n);
-            (c[i].queued + uncached) as f64
-        });
+        let index = argmin(c.len(), input.rng, |i| (c[i].queued + c[i].prefill_tokens(n, g)) as f64);
         Selection {
             index,
             reason: Reason::Lpwl,

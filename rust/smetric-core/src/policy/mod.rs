@@ -49,6 +49,16 @@ pub struct Candidate {
     pub active: u64,
 }
 
+impl Candidate {
+    /// The tokens this instance would prefill for a prompt of `num_tokens` with a global-tier
+    /// hit of `global_hit_tokens`: `n − max(local, global)` (docs §3 `prefill(r, X)`), what the
+    /// load board queues when the request is routed here.
+    #[inline]
+    pub fn prefill_tokens(&self, num_tokens: u64, global_hit_tokens: u64) -> u64 {
+        num_tokens - self.local_hit_tokens.max(global_hit_tokens).min(num_tokens)
+    }
+}
+
 /// Everything a policy may read for one decision.
 #[derive(Debug)]
 pub struct SelectionInput<'a> {

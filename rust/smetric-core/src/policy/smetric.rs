@@ -27,8 +27,7 @@ pub struct Smetric;
 
 /// Tier-aware prefill cost of the request on candidate `c`, in prefilled-token equivalents.
 fn cost(c: &Candidate, n: u64, global: u64, fetch: f64) -> f64 {
-    let local = c.local_hit_tokens;
-    (n - local.max(global).min(n)) as f64 + global.saturating_sub(local) as f64 * fetch
+    c.prefill_tokens(n, global) as f64 + global.saturating_sub(c.local_hit_tokens) as f64 * fetch
 }
 
 fn score(c: &Candidate, n: u64, global: u64, fetch: f64) -> f64 {

@@ -130,7 +130,7 @@ impl Router {
             index.touch_queried(chosen.slot, chain, now_ms);
         }
         let member = fleet.member(chosen.slot).expect("candidates are live members");
-        let prefill = n - chosen.local_hit_tokens.max(global_hit_tokens).min(n);
+        let prefill = chosen.prefill_tokens(n, global_hit_tokens);
         member.load.on_routed(prefill, n);
         // Issued only for a decision that happened, so a failed call consumes no id.
         let request_id = req
