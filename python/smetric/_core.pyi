@@ -213,6 +213,7 @@ class Router:
         request_id: _RequestId | None = None,
         namespace: str | None = None,
         now: float | None = None,
+        exclude: Sequence[str] | None = None,
     ) -> Decision:
         """Chooses the instance for one request.
 
@@ -225,10 +226,12 @@ class Router:
             request_id: an id for the lifecycle calls; issued by the router when ``None``.
             namespace: mixed into the hash chain (LoRA name, cache salt).
             now: time in seconds (the router's own clock when ``None``).
+            exclude: instances this decision must not choose (a retry after a failed attempt,
+                ejected instances); unknown names are ignored.
 
         Raises:
-            InvalidTokenError, UnsupportedDtypeError, MissingPromptError, NoInstancesError,
-            InvalidArgumentError.
+            InvalidTokenError, UnsupportedDtypeError, MissingPromptError, NoInstancesError
+            (also when ``exclude`` leaves no instance), InvalidArgumentError.
         """
     def query(
         self,

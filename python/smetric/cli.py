@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from smetric import Decision, __version__
 from smetric.errors import UnknownPolicyError
 from smetric.fake_engine import cli as fake_engine_cli
+from smetric.serve import cli as serve_cli
 from smetric.sim import commands as sim_commands
 from smetric.sim.config import policy_router
 from smetric.toy_fleet import FleetReport, SessionWorkload, run_fleet
@@ -88,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     toy.set_defaults(func=_toy_fleet)
     sim_commands.register(sub)
     fake_engine_cli.register(sub)
+    serve_cli.register(sub)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

@@ -177,10 +177,15 @@ class FakeEngineApp:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise ApiError(400, "messages must be a non-empty list", "messages")
+            cont = _bool_field(body, "continue_final_message")
+            gen = True if body.get("add_generation_prompt") is None else _bool_field(body, "add_generation_prompt")
             try:
-                return self.tokenizer.encode_chat(render_chat(messages))
+                text = render_chat(messages, add_generation_prompt=gen, continue_final_message=cont)
             except TypeError as e:
                 raise ApiError(400, str(e), "messages") from None
+            except ValueError as e:
+                raise ApiError(400, str(e), "continue_final_message") from None
+            return self.tokenizer.encode_chat(text)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one

@@ -56,12 +56,20 @@ def byte_chunk_ids(text: str) -> list[int]:
     return ids.tolist()
 
 
-def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
-    """The ChatML rendering of ``messages`` with the generation prompt (see the module docs).
+def render_chat(
+    messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, continue_final_message: bool = False
+) -> str:
+    """The ChatML rendering of ``messages`` (see the module docs).
+
+    ``continue_final_message`` (vLLM's chat field) leaves the final message open, without its
+    ``<|im_end|>``, so the model continues it; it excludes ``add_generation_prompt``.
 
     Raises:
         TypeError: a message is not an object, or its role or content has the wrong type.
+        ValueError: both ``add_generation_prompt`` and ``continue_final_message``.
     """
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
     out = []
     for m in messages:
         if not isinstance(m, Mapping):
@@ -70,7 +78,10 @@ def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
         if not isinstance(role, str):
             raise TypeError("message role must be a string")
         out.append(f"<|im_start|>{role}\n{content_text(m.get('content'))}<|im_end|>\n")
-    out.append("<|im_start|>assistant\n")
+    if continue_final_message and out:
+        out[-1] = out[-1].removesuffix("<|im_end|>\n")
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
     return "".join(out)
 
 

@@ -15,7 +15,8 @@ pub enum SmetricError {
     /// A token array whose element type is not an integer type the router accepts.
     #[error("token array dtype {dtype:?} is not supported (use int32, uint32, int64 or a list of ints)")]
     UnsupportedDtype { dtype: String },
-    /// The router was given no instance, or every instance was removed.
+    /// The router was given no instance, every instance was removed, or a call excluded
+    /// every remaining one.
     #[error("the router has no instance to route to")]
     NoInstances,
     /// A name that is not one of the router's instances.

@@ -197,7 +197,7 @@ impl PyRouter {
     }
 
     /// Chooses the instance for one request.
-    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None))]
+    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None))]
     #[allow(clippy::too_many_arguments)]
     fn route(
         &self,
@@ -210,8 +210,10 @@ impl PyRouter {
         request_id: Option<&Bound<'_, PyAny>>,
         namespace: Option<String>,
         now: Option<f64>,
+        exclude: Option<Vec<String>>,
     ) -> PyResult<PyDecision> {
         let prompt = PromptArg::from_args(tokens, hashes, num_tokens)?;
+        let exclude = exclude.unwrap_or_default();
         let hint = match (turn, messages) {
             (Some(t), _) => TurnHint::Turn(u32::try_from(t).ok().filter(|&t| t >= 1).ok_or_else(|| {
                 to_py(&SmetricError::InvalidArgument {
@@ -232,12 +234,14 @@ impl PyRouter {
         let decision = py
             .detach(|| {
                 let prompt = prompt.check()?;
+                let exclude: Vec<&str> = exclude.iter().map(String::as_str).collect();
                 inner.route(&RouteRequest {
                     prompt: prompt.borrow(),
                     namespace: namespace.as_deref(),
                     turn: hint,
                     request_id: id,
                     now,
+                    exclude: &exclude,
                 })
             })
             .py()?;

@@ -210,6 +210,7 @@ impl Placer for CorePlacer {
                 },
                 request_id: Some(RequestId(request.request_id)),
                 now: Some(request.now),
+                exclude: &[],
             })
             .map_err(|e| SimError::Router(e.to_string()))?;
         Ok(Placement {

@@ -99,6 +99,9 @@ impl Router {
         index.query(chain, now_ms, query);
         candidates.clear();
         for (slot, m) in fleet.members() {
+            if !req.exclude.is_empty() && req.exclude.iter().any(|name| *name == &*m.name) {
+                continue;
+            }
             let load = m.load.effective(now_ms, staleness_ms);
             candidates.push(Candidate {
                 slot,
@@ -108,6 +111,9 @@ impl Router {
                 queued: load.queued,
                 active: load.active,
             });
+        }
+        if candidates.is_empty() {
+            return Err(SmetricError::NoInstances);
         }
         let global_hit_tokens = self.hit_tokens(query.global_blocks, n);
         let (first_turn, turn_source) = infer(

@@ -35,6 +35,10 @@ pub struct RouteRequest<'a> {
     pub request_id: Option<RequestId>,
     /// Time in seconds; the router's own clock when absent.
     pub now: Option<f64>,
+    /// Instances this decision must not choose (a proxy's retry after a failed attempt, or
+    /// instances it has ejected). Names the fleet no longer has are ignored; when every
+    /// instance is excluded the call fails with `NoInstances`.
+    pub exclude: &'a [&'a str],
 }
 
 impl<'a> RouteRequest<'a> {
@@ -46,6 +50,7 @@ impl<'a> RouteRequest<'a> {
             turn: TurnHint::Unknown,
             request_id: None,
             now: None,
+            exclude: &[],
         }
     }
 }

@@ -244,3 +244,30 @@ mod concurrent {
         assert_eq!(stats.output_tokens, (THREADS * 50 * 8) as u64);
     }
 }
+
+#[test]
+fn exclude_skips_named_instances_and_fails_when_none_is_left() {
+    let r = Router::new(&names(3), PolicyKind::Smetric, 4, 1, RouterConfig::default()).unwrap();
+    let turn1: Vec<u32> = (0..40).collect();
+    let home = r.route(&RouteRequest::new(Prompt::Tokens(&turn1))).unwrap();
+    let mut turn2 = turn1.clone();
+    turn2.extend(100..140);
+    let excluded = [&*home.instance_name];
+    let retry = r
+        .route(&RouteRequest {
+            exclude: &excluded,
+            ..RouteRequest::new(Prompt::Tokens(&turn2))
+        })
+        .unwrap();
+    assert_ne!(retry.instance, home.instance, "the failed home is not chosen again");
+    assert_eq!(retry.local_hit_tokens, 0);
+    let all = ["i0", "i1", "i2", "gone"];
+    let err = r
+        .route(&RouteRequest {
+            exclude: &all,
+            ..RouteRequest::new(Prompt::Tokens(&turn2))
+        })
+        .unwrap_err();
+    assert_eq!(err, SmetricError::NoInstances);
+    assert_eq!(r.stats().routed, 2, "a failed call is not counted");
+}

@@ -1,0 +1,74 @@
+"""The ``smetric serve`` subcommand: flags on top of an optional TOML/YAML file
+(:func:`smetric.serve.config.load_config`). The proxy's modules are imported only when the
+command runs, so ``smetric --help`` needs no extra."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    """Adds ``serve`` to the ``smetric`` command's subparsers."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="run the OpenAI-compatible routing proxy in front of vLLM instances"
+    )
+    p.add_argument("--config", default=None, help="a TOML or YAML file (docs/serve.md); flags override it")
+    p.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default 8080; 0: any free port)")
+    p.add_argument("--instance", action="append", default=None, metavar="URL", help="a vLLM base URL (repeat for each)")
+    p.add_argument(
+        "--kv-events",
+        default="discover",
+        help="for --instance URLs: discover (GET /kv_event_sources, the default) or off",
+    )
+    p.add_argument("--policy", default=None, help="a routing policy (default smetric)")
+    p.add_argument("--block-size", type=int, default=None, help="vLLM's --block-size (default 16)")
+    p.add_argument("--tokens", default=None, choices=["auto", "ids", "tokenizer", "approximate"], help="token mode")
+    p.add_argument("--tokenizer", default=None, help="a tokenizer.json (its tokenizer_config.json beside it)")
+    p.add_argument("--chat-template", default=None, help="a jinja chat template file")
+    p.add_argument("--max-attempts", type=int, default=None)
+    p.add_argument("--eject-after", type=int, default=None)
+    p.add_argument("--admin-token", default=None, help="enables /admin/instances for this bearer token")
+    p.add_argument("--no-engine-load", action="store_true", help="do not scrape the instances' /metrics")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from smetric.errors import SmetricError
+    from smetric.serve.config import InstanceConfig, load_config
+    from smetric.serve.proxy import run
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tokens = {
+        k: v
+        for k, v in (("mode", args.tokens), ("tokenizer", args.tokenizer), ("chat_template", args.chat_template))
+        if v is not None
+    }
+    try:
+        overrides: dict[str, Any] = {
+            "host": args.host,
+            "port": args.port,
+            "policy": args.policy,
+            "block_size": args.block_size,
+            "max_attempts": args.max_attempts,
+            "eject_after": args.eject_after,
+            "admin_token": args.admin_token,
+            "engine_load": False if args.no_engine_load else None,
+        }
+        if args.instance:
+            overrides["instances"] = [InstanceConfig(url=u, kv_events=args.kv_events) for u in args.instance]
+        config = load_config(args.config, **overrides)
+        if tokens:
+            import dataclasses
+
+            config = dataclasses.replace(config, tokens=dataclasses.replace(config.tokens, **tokens))
+    except (SmetricError, OSError) as e:
+        print(f"smetric serve: {e}", file=sys.stderr)
+        return 2
+    asyncio.run(run(config))
+    return 0

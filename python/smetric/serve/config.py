@@ -1,0 +1,211 @@
+"""The configuration of ``smetric serve``: one TOML or YAML file, flags on top.
+
+Every setting has one default, here. A file looks like this (TOML; the YAML form has the same
+keys)::
+
+    port = 8080
+    policy = "smetric"              # any of smetric.POLICIES
+    block_size = 16                 # vLLM's --block-size
+    [router]                        # RouterConfig fields (docs/routing-semantics.md §9)
+    overload_factor = 1.5
+    [tokens]
+    mode = "auto"                   # auto | ids | tokenizer | approximate (docs/routing-tokens.md)
+    tokenizer = "/models/qwen3/tokenizer.json"
+    [[instances]]
+    url = "http://10.0.0.1:8000"
+    kv_events = "discover"          # discover (GET /kv_event_sources) | off | tcp://host:port
+    [[instances]]
+    url = "http://10.0.0.2:8000"
+    kv_events = "tcp://10.0.0.2:5557"
+    kv_replay = "tcp://10.0.0.2:5558"
+
+``smetric serve --port 8080 --instance http://10.0.0.1:8000 --instance http://10.0.0.2:8000``
+needs no file. Flags override the file; ``--instance`` flags replace its instance list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from smetric._core import POLICIES, RouterConfig
+from smetric.errors import InvalidConfigError, MissingExtraError
+
+TokensMode = Literal["auto", "ids", "tokenizer", "approximate"]
+KV_EVENTS_DISCOVER = "discover"
+KV_EVENTS_OFF = "off"
+
+
+def _bad(field: str, reason: str) -> InvalidConfigError:
+    return InvalidConfigError(f"invalid serve setting {field}: {reason}", field=field, reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceConfig:
+    """One vLLM instance behind the proxy.
+
+    Attributes:
+        url: its base URL (``http://host:port``); also the instance's name in the router.
+        kv_events: ``"discover"`` (ask ``GET {url}/kv_event_sources``, vLLM's endpoint; no events
+            when it is missing), ``"off"``, or the publisher's PUB endpoint (``tcp://host:5557``).
+        kv_replay: the publisher's replay endpoint, with an explicit ``kv_events``.
+        metrics_url: where its load is scraped (vLLM's ``/metrics``); ``None``: ``{url}/metrics``.
+    """
+
+    url: str
+    kv_events: str = KV_EVENTS_DISCOVER
+    kv_replay: str | None = None
+    metrics_url: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise _bad("url", f"instance url must be http(s)://host:port, got {self.url!r}")
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+        if self.kv_events not in (KV_EVENTS_DISCOVER, KV_EVENTS_OFF) and "://" not in self.kv_events:
+            raise _bad("kv_events", f"kv_events must be 'discover', 'off' or a ZMQ endpoint, got {self.kv_events!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TokensConfig:
+    """How the proxy gets the token ids it routes on (``docs/routing-tokens.md``)."""
+
+    mode: TokensMode = "auto"
+    tokenizer: str | None = None
+    """A ``tokenizer.json`` (the ``tokenizer`` mode; ``auto`` uses it when given)."""
+    chat_template: str | None = None
+    """A jinja chat template (text or a file); default: the tokenizer's ``tokenizer_config.json``."""
+    approx_chunk_bytes: int = 4
+    """Bytes of rendered text per pseudo-token in the ``approximate`` mode."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Every setting of ``smetric serve``."""
+
+    instances: tuple[InstanceConfig, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    policy: str = "smetric"
+    block_size: int = 16
+    """vLLM's ``--block-size`` of every instance (the router hashes blocks of this many tokens)."""
+    seed: int = 0
+    router: dict[str, Any] = field(default_factory=dict)
+    """:class:`smetric.RouterConfig` fields; ``index_mode`` defaults to ``exact`` when every instance
+    publishes KV events and the tokens are exact, else ``approximate``."""
+    tokens: TokensConfig = TokensConfig()
+    engine_load: bool = True
+    """Scrape each instance's ``/metrics`` (running / waiting / KV usage) into the load board."""
+    engine_load_period_s: float = 0.25
+    max_attempts: int = 3
+    """Instances tried per request before a connection error or 5xx is returned (≥ 1)."""
+    eject_after: int = 3
+    """Consecutive failures that eject an instance until a ``/health`` probe succeeds."""
+    probe_interval_s: float = 1.0
+    connect_timeout_s: float = 3.0
+    first_byte_timeout_s: float = 600.0
+    """Upstream wait for response headers (non-streamed: the whole answer) and for the first chunk."""
+    idle_timeout_s: float = 120.0
+    """Upstream wait between two chunks of a stream."""
+    client_timeout_s: float = 1800.0
+    """A request's whole life in the proxy, retries included."""
+    max_body_bytes: int = 64 << 20
+    max_header_bytes: int = 16 << 10
+    """Longest request line or header field."""
+    resume_streams: bool = True
+    """A chat stream cut after its first chunk continues on another instance with vLLM's
+    ``continue_final_message`` (text completions: the prompt plus the text so far)."""
+    drain_timeout_s: float = 30.0
+    """On SIGTERM, how long in-flight requests may take to finish."""
+    admin_token: str | None = None
+    """Enables ``POST/DELETE /admin/instances`` for requests bearing this token."""
+    models_refresh_s: float = 10.0
+    """How often ``/v1/models`` of every instance is asked again."""
+
+    def __post_init__(self) -> None:
+        if not self.instances:
+            raise _bad("instances", "at least one instance is needed (--instance URL)")
+        urls = [i.url for i in self.instances]
+        if len(set(urls)) != len(urls):
+            raise _bad("instances", "instance urls must be unique")
+        if self.policy not in POLICIES:
+            raise _bad("policy", f"unknown policy {self.policy!r} (known: {', '.join(POLICIES)})")
+        for name in ("max_attempts", "eject_after", "block_size", "max_body_bytes", "max_header_bytes"):
+            if getattr(self, name) < 1:
+                raise _bad(name, f"{name} must be >= 1")
+        for name in ("probe_interval_s", "connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise _bad(name, f"{name} must be > 0")
+        if self.tokens.mode not in ("auto", "ids", "tokenizer", "approximate"):
+            raise _bad("tokens.mode", f"unknown tokens mode {self.tokens.mode!r}")
+        if self.tokens.mode == "tokenizer" and not self.tokens.tokenizer:
+            raise _bad("tokens.tokenizer", "tokens mode 'tokenizer' needs tokens.tokenizer")
+        RouterConfig(**self.router)  # the core validates its own fields (typed error)
+
+    def router_config(self, *, exact_index: bool) -> RouterConfig:
+        """The router's config: the file's fields, ``index_mode`` by the event feed unless set."""
+        fields = dict(self.router)
+        fields.setdefault("index_mode", "exact" if exact_index else "approximate")
+        return RouterConfig(**fields)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ModuleNotFoundError as e:
+            raise MissingExtraError(__name__, "pyyaml", "serve", name=e.name) from e
+        data = yaml.safe_load(text) or {}
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise _bad("file", f"{path}: {e}") from e
+    if not isinstance(data, dict):
+        raise _bad("file", f"{path}: the top level must be a table")
+    return cast(dict[str, Any], data)
+
+
+def _instance(item: object) -> InstanceConfig:
+    if isinstance(item, InstanceConfig):
+        return item
+    if isinstance(item, str):
+        return InstanceConfig(url=item)
+    if not isinstance(item, dict):
+        raise _bad("instances", f"an instance is a URL or a table, got {item!r}")
+    known = {f.name for f in dataclasses.fields(InstanceConfig)}
+    unknown = set(item) - known
+    if unknown:
+        raise _bad("instances", f"unknown instance keys {sorted(unknown)}")
+    return InstanceConfig(**item)
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> ServeConfig:
+    """The configuration from ``path`` (TOML, or YAML by suffix) with ``overrides`` on top.
+
+    ``overrides`` are :class:`ServeConfig` fields (``None`` values are ignored); ``instances`` may
+    be URLs. ``tokens`` may be a table.
+
+    Raises:
+        InvalidConfigError: an unknown key, a bad value, or no instance.
+    """
+    data: dict[str, Any] = _read_file(Path(path)) if path is not None else {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in dataclasses.fields(ServeConfig)}
+    unknown = set(data) - known
+    if unknown:
+        raise _bad("file", f"unknown settings {sorted(unknown)}")
+    data["instances"] = tuple(_instance(i) for i in data.get("instances", ()))
+    tokens = data.get("tokens", {})
+    if isinstance(tokens, dict):
+        tokens_known = {f.name for f in dataclasses.fields(TokensConfig)}
+        if set(tokens) - tokens_known:
+            raise _bad("tokens", f"unknown tokens keys {sorted(set(tokens) - tokens_known)}")
+        data["tokens"] = TokensConfig(**tokens)
+    router = data.get("router", {})
+    if not isinstance(router, dict):
+        raise _bad("router", "router must be a table of RouterConfig fields")
+    return ServeConfig(**data)

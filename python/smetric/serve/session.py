@@ -1,0 +1,83 @@
+"""Session hints that clients already send, and the turn they imply.
+
+The router is stateless: for chat requests it reads the turn from the history the request
+carries (no assistant message yet = the first turn). A completions request carries no roles, so
+there the proxy uses a session hint when the client sends one: the first request it sees under
+a key is turn 1, the next turn 2, and so on. No hint is ever required; without one the router
+infers the turn from its index (a prompt whose prefix is not yet known is a first turn).
+
+Hints, first match wins (``docs/serve.md`` lists their origins):
+
+1. ``x-session-id`` (explicit; OpenCode, vLLM's own header), ``x-claude-code-session-id`` joined
+   with ``x-claude-code-agent-id`` (a Claude Code sub-agent starts a history of its own, so it is
+   a session of its own), ``session-id`` (Codex CLI), ``x-dynamo-session-id``;
+2. the body's ``session_id`` (vLLM), ``prompt_cache_key`` (OpenAI), ``user``.
+
+:class:`SessionTable` is an LRU of at most ``capacity`` keys (O(1) per request); a key unseen for
+``ttl_s`` starts over at turn 1. Several proxy replicas keep separate tables: a session whose
+requests alternate between replicas is seen as starting over on each, which only costs the
+balanced placement of what is really a follow-up — the index still finds its KV$.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+_HEADER_HINTS = ("x-session-id", "x-claude-code-session-id", "session-id", "x-dynamo-session-id")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHint:
+    """A session key and where it came from (a header name or a body field)."""
+
+    key: str
+    source: str
+
+
+def session_hint(
+    headers: Mapping[str, str],
+    *,
+    session_id: str | None = None,
+    prompt_cache_key: str | None = None,
+    user: str | None = None,
+) -> SessionHint | None:
+    """The request's session hint, or None (see the module docs for the order)."""
+    for name in _HEADER_HINTS:
+        value = headers.get(name)
+        if value:
+            if name == "x-claude-code-session-id":
+                agent = headers.get("x-claude-code-agent-id")
+                if agent:
+                    return SessionHint(f"{value}/{agent}", name)
+            return SessionHint(value, name)
+    for source, value in (("session_id", session_id), ("prompt_cache_key", prompt_cache_key), ("user", user)):
+        if value:
+            return SessionHint(value, source)
+    return None
+
+
+class SessionTable:
+    """Turns routed per session key: a bounded LRU with an idle timeout."""
+
+    def __init__(self, capacity: int = 100_000, ttl_s: float = 3600.0) -> None:
+        if capacity < 1 or ttl_s <= 0:
+            raise ValueError("capacity must be >= 1 and ttl_s > 0")
+        self.capacity = capacity
+        self.ttl_s = ttl_s
+        self._turns: OrderedDict[str, tuple[int, float]] = OrderedDict()
+
+    def next_turn(self, key: str, now: float | None = None) -> int:
+        """Counts a request of session ``key`` and returns its turn (1 for a new or idle key)."""
+        now = time.monotonic() if now is None else now
+        seen = self._turns.pop(key, None)
+        turn = 1 if seen is None or now - seen[1] > self.ttl_s else seen[0] + 1
+        self._turns[key] = (turn, now)
+        if len(self._turns) > self.capacity:
+            self._turns.popitem(last=False)
+        return turn
+
+    def __len__(self) -> int:
+        return len(self._turns)

@@ -1,0 +1,145 @@
+"""The proxy's own Prometheus families, beside the router's (:class:`smetric.metrics.MetricsExporter`).
+
+The router already counts decisions by reason, first turns and in-flight requests; what only the
+proxy sees is counted here: per decision its labels (policy, short reason, first turn) and hit
+tokens, the decision latency, upstream latency (first byte and whole request), retries,
+ejections and re-admissions, stream resumptions, and responses by status. Histograms have fixed
+buckets (seconds); one observation is a bisect and two increments, O(log buckets).
+
+Families (``smetric_`` prefix): ``proxy_decisions_total{policy,reason,first_turn}``,
+``proxy_hit_tokens_total{tier}``, ``proxy_prompt_tokens_total{source}``,
+``proxy_decision_seconds``, ``proxy_upstream_first_byte_seconds``, ``proxy_request_seconds``,
+``proxy_retries_total{cause}``, ``proxy_ejections_total{instance}``,
+``proxy_readmissions_total{instance}``, ``proxy_resumed_streams_total``,
+``proxy_responses_total{code}``, ``proxy_instance_in_flight{instance}``,
+``proxy_instance_ejected{instance}``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+
+from smetric.metrics import _family
+
+DECISION_BUCKETS_S = (10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3)
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Histogram:
+    """A Prometheus histogram with fixed upper bounds."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def render(self, name: str, help_text: str) -> Iterator[str]:
+        yield f"# HELP {name} {help_text}"
+        yield f"# TYPE {name} histogram"
+        running = 0
+        for bound, n in zip(self.buckets, self.counts, strict=False):
+            running += n
+            yield f'{name}_bucket{{le="{bound!r}"}} {running}'
+        yield f'{name}_bucket{{le="+Inf"}} {self.count}'
+        yield f"{name}_sum {self.sum!r}"
+        yield f"{name}_count {self.count}"
+
+
+class ProxyTelemetry:
+    """Counters and histograms of one proxy process (its event loop only: no locking)."""
+
+    def __init__(self, prefix: str = "smetric") -> None:
+        self.prefix = prefix
+        self.decisions: Counter[tuple[str, str, str]] = Counter()
+        self.hit_tokens: Counter[str] = Counter()
+        self.prompt_tokens: Counter[str] = Counter()
+        self.retries: Counter[str] = Counter()
+        self.ejections: Counter[str] = Counter()
+        self.readmissions: Counter[str] = Counter()
+        self.responses: Counter[int] = Counter()
+        self.resumed_streams = 0
+        self.decision_s = Histogram(DECISION_BUCKETS_S)
+        self.first_byte_s = Histogram(LATENCY_BUCKETS_S)
+        self.request_s = Histogram(LATENCY_BUCKETS_S)
+
+    def render(self, in_flight: Mapping[str, int], ejected: Callable[[str], bool]) -> Iterator[str]:
+        """The families in the text format; ``in_flight`` is the router's count per instance."""
+
+        def name(n: str) -> str:
+            return f"{self.prefix}_proxy_{n}"
+
+        yield from _family(
+            name("decisions_total"),
+            "counter",
+            "Routing decisions by policy, reason label and first-turn verdict.",
+            [({"policy": p, "reason": r, "first_turn": f}, n) for (p, r, f), n in sorted(self.decisions.items())],
+        )
+        yield from _family(
+            name("hit_tokens_total"),
+            "counter",
+            "Prompt tokens the chosen instance had cached (local) or the global tier held.",
+            [({"tier": t}, n) for t, n in sorted(self.hit_tokens.items())],
+        )
+        yield from _family(
+            name("prompt_tokens_total"),
+            "counter",
+            "Prompt tokens routed, by where the ids came from (ids, tokenizer, approximate).",
+            [({"source": s}, n) for s, n in sorted(self.prompt_tokens.items())],
+        )
+        yield from self.decision_s.render(name("decision_seconds"), "Time of one routing decision.")
+        yield from self.first_byte_s.render(
+            name("upstream_first_byte_seconds"), "Upstream time to the first body byte (non-streamed: the answer)."
+        )
+        yield from self.request_s.render(name("request_seconds"), "Whole request time in the proxy.")
+        yield from _family(
+            name("retries_total"),
+            "counter",
+            "Attempts that failed before the first byte and were retried elsewhere, by cause.",
+            [({"cause": c}, n) for c, n in sorted(self.retries.items())],
+        )
+        yield from _family(
+            name("ejections_total"),
+            "counter",
+            "Instances ejected after consecutive failures.",
+            [({"instance": i}, n) for i, n in sorted(self.ejections.items())],
+        )
+        yield from _family(
+            name("readmissions_total"),
+            "counter",
+            "Ejected instances re-admitted by a /health probe.",
+            [({"instance": i}, n) for i, n in sorted(self.readmissions.items())],
+        )
+        yield from _family(
+            name("resumed_streams_total"),
+            "counter",
+            "Streams cut after their first chunk and continued on another instance.",
+            [({}, self.resumed_streams)],
+        )
+        yield from _family(
+            name("responses_total"),
+            "counter",
+            "Responses sent to clients, by HTTP status.",
+            [({"code": str(c)}, n) for c, n in sorted(self.responses.items())],
+        )
+        yield from _family(
+            name("instance_in_flight"),
+            "gauge",
+            "Requests routed to the instance and not finished (the router's load board).",
+            [({"instance": i}, n) for i, n in in_flight.items()],
+        )
+        yield from _family(
+            name("instance_ejected"),
+            "gauge",
+            "1 while the instance is ejected.",
+            [({"instance": i}, float(ejected(i))) for i in in_flight],
+        )
