@@ -142,7 +142,10 @@ class ServeConfig:
             raise _bad("tokens.mode", f"unknown tokens mode {self.tokens.mode!r}")
         if self.tokens.mode == "tokenizer" and not self.tokens.tokenizer:
             raise _bad("tokens.tokenizer", "tokens mode 'tokenizer' needs tokens.tokenizer")
-        RouterConfig(**self.router)  # the core validates its own fields (typed error)
+        try:
+            RouterConfig(**self.router)  # the core validates its own values (a typed error)
+        except TypeError as e:
+            raise _bad("router", f"not a RouterConfig field set: {e}") from e
 
     def router_config(self, *, exact_index: bool) -> RouterConfig:
         """The router's config: the file's fields, ``index_mode`` by the event feed unless set."""

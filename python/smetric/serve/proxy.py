@@ -96,7 +96,8 @@ def reason_label(reason: str) -> str:
 
 def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
     """``headers`` without hop-by-hop fields, those ``Connection`` names, ``Host`` and ``Content-Length``."""
-    named = {h.strip().lower() for h in headers.get("connection", "").split(",") if h.strip()}
+    connection = ",".join(v for k, v in headers.items() if k.lower() == "connection")
+    named = {h.strip().lower() for h in connection.split(",") if h.strip()}
     return {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED and k.lower() not in named}
 
 
@@ -152,7 +153,7 @@ class _Sse:
         self.track_text = track_text
         self.pending = b""
         self.events = 0
-        """Token events seen (chunks with choices)."""
+        """Chunks that carried text (vLLM streams one token per chunk)."""
         self.output_tokens: int | None = None
         """``usage.completion_tokens`` when the stream carried it."""
         self.text: list[str] = []
@@ -176,22 +177,19 @@ class _Sse:
         if payload == b"[DONE]":
             self.done = True
             return
-        if not self.track_text and b'"finish_reason":null' in payload and b'"usage"' not in payload:
-            self.events += 1
-            return
         try:
             obj = json.loads(payload)
         except ValueError:
             return
         choices = obj.get("choices") or []
         if choices:
-            self.events += 1
             first = choices[0]
             if first.get("finish_reason") is not None:
                 self.finished = True
-            if self.track_text:
-                piece = (first.get("delta") or {}).get("content") if self.chat else first.get("text")
-                if isinstance(piece, str):
+            piece = (first.get("delta") or {}).get("content") if self.chat else first.get("text")
+            if isinstance(piece, str) and piece:
+                self.events += 1  # a chunk that carries text carries (at least) one token
+                if self.track_text:
                     self.text.append(piece)
         usage = obj.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
@@ -524,6 +522,9 @@ class Proxy:
             tokens = self.tokens.routing_tokens(req)
         except RequestError as e:
             return self._respond(web.json_response(e.body(), status=e.status))
+        except Exception:  # a bug must still answer in the OpenAI form, and the proxy live on
+            log.exception("request preparation failed")
+            return self._respond(error_response(500, "internal error in the proxy", kind="InternalServerError"))
         self.in_flight += 1
         self.idle.clear()
         try:
@@ -799,11 +800,11 @@ def _sources_of(inst: InstanceConfig) -> list[Any]:
 
 
 async def run(
-    config: ServeConfig, *, on_ready: Callable[[int], None] | None = None, stop: asyncio.Event | None = None
+    config: ServeConfig, *, on_ready: Callable[[Proxy, int], None] | None = None, stop: asyncio.Event | None = None
 ) -> None:
     """Runs the proxy until ``stop`` is set or SIGTERM/SIGINT arrives, then drains.
 
-    ``on_ready`` gets the bound port once the proxy listens (``config.port`` 0: any free port).
+    ``on_ready`` gets the proxy and its bound port once it listens (``config.port`` 0: any free port).
     Draining: ``/health`` answers 503, the listening socket closes, and in-flight requests get
     up to ``drain_timeout_s`` to finish before the function returns.
     """
@@ -831,7 +832,7 @@ async def run(
         "smetric serve on http://%s:%s: %d instances, policy %s", config.host, port, len(proxy.instances), config.policy
     )
     if on_ready is not None:
-        on_ready(port)
+        on_ready(proxy, port)
     try:
         await stop.wait()
         proxy.draining = True
@@ -855,6 +856,8 @@ class ProxyServer:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.port: int | None = None
+        self.proxy: Proxy | None = None
+        """The running proxy (read its router and telemetry; mutate only from its loop)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -870,8 +873,8 @@ class ProxyServer:
     def start(self, timeout: float = 30.0) -> Self:
         """Starts the thread; returns once the proxy listens."""
 
-        def ready(port: int) -> None:
-            self.port = port
+        def ready(proxy: Proxy, port: int) -> None:
+            self.proxy, self.port = proxy, port
             self._ready.set()
 
         async def main() -> None:

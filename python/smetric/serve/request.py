@@ -52,6 +52,8 @@ def parse_request(raw: bytes, endpoint: Literal["chat", "completions"]) -> OpenA
         if isinstance(prompt, str):
             text = prompt
         elif isinstance(prompt, list):
+            if not all(type(t) is int and 0 <= t < 2**32 for t in prompt):
+                raise RequestError(400, "prompt ids must be ints in [0, 2**32)", "prompt")
             ids = array("I", prompt)
         else:
             raise RequestError(400, "prompt is required", "prompt")
