@@ -141,13 +141,19 @@ def test_first_turns_spread_and_follow_ups_go_home(fleet: list[FakeEngine]) -> N
 
 def _chunk(text: str, finish: str | None = None) -> bytes:
     """One vLLM chat chunk event."""
-    event = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+    event = {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
+    }
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
 def _role_chunk() -> bytes:
     """vLLM's opening chat chunk: the role and no text."""
-    event = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    event = {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+    }
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
@@ -267,7 +273,9 @@ def test_a_5xx_before_the_first_byte_is_retried_elsewhere(fleet: list[FakeEngine
                 d = decision(headers)
                 assert status == 200 and d["instance"] == fleet[0].url
                 attempts.append(int(d["attempt"]))
-            assert 2 in attempts and len([s for s in stub.seen if s["path"] == "/v1/chat/completions"]) == attempts.count(2)
+            assert 2 in attempts and len(
+                [s for s in stub.seen if s["path"] == "/v1/chat/completions"]
+            ) == attempts.count(2)
             settled(p)
         finally:
             p.stop()
@@ -291,7 +299,9 @@ def test_a_stream_cut_after_its_first_chunk_continues_on_another_instance() -> N
         p = proxy_for([a.url, b.url], policy="round_robin", eject_after=100)
         try:
             msgs = [{"role": "user", "content": "x"}]
-            status, _, body = request(p.url, "/v1/chat/completions", {"messages": msgs, "stream": True, "max_tokens": 9})
+            status, _, body = request(
+                p.url, "/v1/chat/completions", {"messages": msgs, "stream": True, "max_tokens": 9}
+            )
             assert status == 200
             assert chat_text(body) == "hello hello world", "the continuation's text follows the cut stream's"
             roles = [e for e in events(body) if isinstance(e, dict) and "role" in e["choices"][0]["delta"]]
@@ -369,7 +379,9 @@ def test_admin_endpoints_are_off_without_a_token_and_guarded_with_one(fleet: lis
         p.stop()
     p = proxy_for([fleet[0].url], admin_token="s3cret")
     try:
-        assert request(p.url, "/admin/instances", {"url": fleet[1].url}, headers={"Authorization": "Bearer no"})[0] == 401
+        assert (
+            request(p.url, "/admin/instances", {"url": fleet[1].url}, headers={"Authorization": "Bearer no"})[0] == 401
+        )
         status, _, body = request(
             p.url, "/admin/instances", {"url": fleet[1].url}, headers={"Authorization": "Bearer s3cret"}
         )
@@ -405,7 +417,9 @@ def test_sigterm_drains_in_flight_requests_then_exits() -> None:
                     break
             except OSError:
                 time.sleep(0.1)
-        conn, resp = _open_stream(base, {"messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 40})
+        conn, resp = _open_stream(
+            base, {"messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 40}
+        )
         first = resp.read1()
         assert first
         proc.send_signal(signal.SIGTERM)
