@@ -3,7 +3,8 @@ a few hundred agent sessions (the shipped Weka excerpt, copied and time-compress
 is killed mid-run and restarted. Every request must complete, first turns must spread over the
 fleet and follow-ups must stick to their session's instance.
 
-Bounded: 216 sessions of at most 4 turns (≤ 864 requests), a 12 s arrival span, engines at 4× the H20 model's speed; ≈10 s in all."""
+Bounded: 216 sessions of at most 4 turns (≤ 864 requests), a 12 s arrival span, engines at 4× the H20
+model's speed; ≈10 s in all."""
 
 from __future__ import annotations
 
