@@ -11,12 +11,15 @@ the engines answer at once):
   must do per request: parse the JSON body, route the prompt's token ids with the Rust core
   (``smetric.Router.route``, GIL released), forward the body, stream the answer back chunk by
   chunk, and report the lifecycle (``on_prefilled`` at the first chunk, ``on_finished``). It is
-  the measuring instrument for "a Python data plane", not the product.
+  the measuring instrument for "a Python data plane", not the product;
+* ``smetric-serve`` — the product: ``smetric serve --tokens ids`` with its defaults (failover,
+  metrics, decision header, engine-load scraping of the engines' ``/metrics``).
 
 After an unrecorded warm-up, for each: an open loop at ``--rate`` requests/s for ``--requests``
 requests (32K-token prompts as token ids, ``max_tokens`` 16), streaming and not, recording each
 request's time to its first byte and to its last; then a closed loop of ``--concurrency``
-clients for ``--seconds`` (the maximum rate). Where ``taskset`` exists the engines run on CPU 0,
+clients for ``--seconds`` (the maximum rate): ``wrk`` (compiled; Debian's ``wrk``) when it is
+installed, else the Python client. Where ``taskset`` exists the engines run on CPU 0,
 and the client and the proxy share CPU 1: the direct baseline's client is not starved by the
 engines, and a proxy's added latency includes its contention with the client (an upper bound).
 Bounded: loopback only, fixed counts and durations, every server stopped at the end.
@@ -185,6 +188,34 @@ async def closed_loop(urls: Sequence[str], body: bytes, concurrency: int, second
         return done / (time.perf_counter() - start)
 
 
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open(os.getenv("SMETRIC_WRK_BODY"), "rb")
+wrk.body = f:read("*a")
+f:close()
+"""
+
+
+def wrk_rate(url: str, body: bytes, concurrency: int, seconds: float) -> float:
+    """Requests/s of ``wrk`` (one thread, pinned with the engines on CPU 0) against ``url``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        script, data = os.path.join(d, "post.lua"), os.path.join(d, "body.json")
+        with open(script, "w") as f:
+            f.write(WRK_SCRIPT)
+        with open(data, "wb") as f:
+            f.write(body)
+        cmd = [*pinned(0), "wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "-s", script, url]
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "SMETRIC_WRK_BODY": data})
+    match = re.search(r"Requests/sec:\s+([\d.]+)", out.stdout)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out.stdout)
+    if not match or errors:
+        raise RuntimeError(f"wrk failed: {out.stdout}{out.stderr}")
+    return float(match.group(1))
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] * 1e3 if len(values) > 1 else 0.0
 
@@ -200,7 +231,12 @@ def measure(
         total = [r[1] for r in res]
         row[f"{kind}_ttfb_p50_ms"], row[f"{kind}_ttfb_p99_ms"] = pct(ttfb, 50), pct(ttfb, 99)
         row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = pct(total, 50), pct(total, 99)
-    row["max_rate"] = asyncio.run(closed_loop(urls, short, args.concurrency, args.seconds))
+    if shutil.which("wrk") and len(urls) == 1:
+        row["max_rate"] = wrk_rate(f"{urls[0]}/v1/completions", short, args.concurrency, args.seconds)
+        row["max_rate_by"] = "wrk"
+    else:
+        row["max_rate"] = asyncio.run(closed_loop(urls, short, args.concurrency, args.seconds))
+        row["max_rate_by"] = "python"
     return row
 
 
@@ -257,6 +293,14 @@ def main() -> None:
         procs.append(subprocess.Popen([*pinned(1), sys.executable, "-c", code]))
         wait_http(f"http://127.0.0.1:{port}/")
         rows.append(measure("python-aiohttp", [f"http://127.0.0.1:{port}"], args, bodies, short))
+        port = free_port()
+        cmd = [*pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "ids"]
+        cmd += ["--kv-events", "off", "--log-level", "WARNING"]
+        for url in engines:
+            cmd += ["--instance", url]
+        procs.append(subprocess.Popen(cmd))
+        wait_http(f"http://127.0.0.1:{port}/health")
+        rows.append(measure("smetric-serve", [f"http://127.0.0.1:{port}"], args, bodies, short))
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -268,7 +312,8 @@ def main() -> None:
     base = rows[0]
     print(f"{args.requests} requests at {args.rate:g}/s, {args.prompt_tokens}-token prompts (ms; added = minus direct)")
     print(
-        f"max req/s: a closed loop of {args.concurrency} streaming clients, {args.max_rate_prompt_tokens}-token prompts"
+        f"max req/s: a closed loop of {args.concurrency} streaming clients ({rows[-1]['max_rate_by']} for proxies),"
+        f" {args.max_rate_prompt_tokens}-token prompts"
     )
     print(f"{'target':<16} {'plain p50':>10} {'p99':>8} {'stream ttfb p50':>16} {'p99':>8} {'max req/s':>10}")
     for r in rows:
