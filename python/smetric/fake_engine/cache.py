@@ -146,6 +146,39 @@ class PrefixCache:
                 a.private -= 1
             a.pinned.append(h)
 
+    def install(self, tokens: list[int], hashes: list[int]) -> int:
+        """Caches ``hashes`` (the prompt's first full blocks) as if computed here — KV pulled from a
+        prefill engine. New blocks are unpinned, evicting least recently used ones for room; it
+        stops where the cache is full of pinned blocks. Returns the blocks installed."""
+        installed = 0
+        run_start: int | None = None
+        for i, h in enumerate(hashes):
+            if h in self._refs:
+                self._refs.move_to_end(h)
+                if run_start is not None:
+                    self._emit_range(hashes, tokens, run_start, i)
+                    run_start = None
+                continue
+            if self.num_blocks - len(self._refs) - self._private <= 0:
+                self._evict(1)
+                if self.num_blocks - len(self._refs) - self._private <= 0:
+                    break
+            self._refs[h] = 0
+            self._unpinned += 1
+            installed += 1
+            if run_start is None:
+                run_start = i
+        else:
+            i = len(hashes)
+        if run_start is not None:
+            self._emit_range(hashes, tokens, run_start, i)
+        return installed
+
+    def _emit_range(self, hashes: list[int], tokens: list[int], start: int, end: int) -> None:
+        b = self.block_size
+        parent = hashes[start - 1] if start > 0 else None
+        self.events.append(("BlockStored", hashes[start:end], parent, tokens[start * b : end * b], b, None, "GPU"))
+
     def _emit_stored(self, a: Allocation, start: int, end: int) -> None:
         b = self.block_size
         parent = a.hashes[start - 1] if start > 0 else None

@@ -30,6 +30,16 @@ def register(sub: Any) -> None:
     p.add_argument("--kv-replay-port", type=int, default=None, help="ZMQ ROUTER port for replay (0: ephemeral)")
     p.add_argument("--kv-events-host", default="127.0.0.1", help="address the ZMQ sockets bind")
     p.add_argument("--tokenizer", default=None, help="a tokenizer.json (default: 4-byte UTF-8 chunks)")
+    p.add_argument(
+        "--role", default="both", choices=["both", "prefill", "decode"], help="vLLM disaggregated prefill role"
+    )
+    p.add_argument(
+        "--kv-peers",
+        default=None,
+        type=lambda v: tuple(x for x in v.split(",") if x),
+        help="decode role: host:port,... of the prefill engines it may pull from (default: any)",
+    )
+    p.add_argument("--kv-lease-s", type=float, default=30.0, help="prefill role: how long held KV waits for a pull")
     p.set_defaults(func=_run)
 
 

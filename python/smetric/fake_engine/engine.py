@@ -53,6 +53,8 @@ class Request:
     out: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
     """Receives the count of generated tokens after each step that produced one; None at the end."""
     first_token_at: float | None = None
+    hold: bool = False
+    """Keep the blocks pinned at the end (a prefill for remote decode: a decode engine reads them)."""
 
 
 @dataclass(slots=True)
@@ -209,7 +211,7 @@ class Engine:
 
     def _finish(self, r: Request, *, aborted: bool) -> None:
         self.running.remove(r)
-        if r.alloc is not None:
+        if r.alloc is not None and (aborted or not r.hold):
             self.cache.release(r.alloc)
         if aborted:
             self.counters.aborted += 1

@@ -22,6 +22,7 @@ from smetric._core import PerfModel
 from .cache import PrefixCache
 from .engine import Engine
 from .kv_publisher import KvEventPublisher
+from .pd import DecodeSide, PrefillSide
 from .server import FakeEngineApp, ServerConfig
 from .tokens import ByteChunkTokenizer, HfTokenizer, Tokenizer
 
@@ -51,6 +52,12 @@ class FakeEngineConfig:
     kv_events_host: str = "127.0.0.1"
     tokenizer: str | None = None
     """A ``tokenizer.json``; None: the byte-chunk tokenizer."""
+    role: str = "both"
+    """``both``; ``prefill`` or ``decode`` for vLLM's disaggregated prefill (:mod:`.pd`)."""
+    kv_peers: tuple[str, ...] | None = None
+    """Decode role: the prefill engines (``host:port``) it may pull from; None: any."""
+    kv_lease_s: float = 30.0
+    """Prefill role: how long held KV waits for its pull (vLLM's ``kv_lease_duration``)."""
 
 
 class _Stack:
@@ -73,7 +80,19 @@ class _Stack:
             publisher=self.publisher,
         )
         tokenizer: Tokenizer = ByteChunkTokenizer() if config.tokenizer is None else HfTokenizer(config.tokenizer)
-        server = ServerConfig(config.model, config.max_model_len, self.kv_event_sources())
+        if config.role not in ("both", "prefill", "decode"):
+            raise ValueError(f"role must be both, prefill or decode, got {config.role!r}")
+        self.prefill = (
+            PrefillSide(cache, host=config.host, port=config.port, lease_s=config.kv_lease_s)
+            if config.role == "prefill"
+            else None
+        )
+        self.decode = (
+            DecodeSide(cache, speedup=config.speedup, peers=config.kv_peers) if config.role == "decode" else None
+        )
+        server = ServerConfig(
+            config.model, config.max_model_len, self.kv_event_sources(), prefill=self.prefill, decode=self.decode
+        )
         self.app = FakeEngineApp(self.engine, tokenizer, server).build()
         self.runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
         self.port = config.port
@@ -107,10 +126,14 @@ class _Stack:
         sockets = getattr(server, "sockets", None) or []
         if sockets:
             self.port = sockets[0].getsockname()[1]
+        if self.prefill is not None:
+            self.prefill.port = self.port  # the pull address it hands out
 
     async def stop(self) -> None:
         await self.engine.stop()
         await self.runner.cleanup()
+        if self.decode is not None:
+            await self.decode.close()
         if self.publisher is not None:
             self.publisher.close()
 

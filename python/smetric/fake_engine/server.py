@@ -42,6 +42,7 @@ from typing import Any
 from aiohttp import web
 
 from .engine import Engine, Request
+from .pd import DecodeSide, KvTransferError, PrefillSide
 from .tokens import Tokenizer, default_output_tokens, filler, render_chat
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,10 @@ class ServerConfig:
     max_model_len: int
     kv_event_sources: Mapping[str, Mapping[str, Any]]
     """The ``GET /kv_event_sources`` answer."""
+    prefill: PrefillSide | None = None
+    """Set for ``--role prefill``: honours ``do_remote_decode`` and serves KV pulls."""
+    decode: DecodeSide | None = None
+    """Set for ``--role decode``: honours ``do_remote_prefill`` by pulling the KV first."""
 
 
 def _int_field(body: Mapping[str, Any], name: str, default: int | None, minimum: int) -> int | None:
@@ -114,7 +119,20 @@ class FakeEngineApp:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/kv_event_sources", self.kv_event_sources)
+        if self.config.prefill is not None:
+            app.router.add_post("/fake_kv/pull", self.kv_pull)
         return app
+
+    async def kv_pull(self, request: web.Request) -> web.Response:
+        """A decode engine reads the KV a prefill left for it (the fake's NIXL side channel)."""
+        assert self.config.prefill is not None
+        try:
+            body = json.loads(await request.read())
+            return web.json_response(self.config.prefill.pull(body), dumps=_dumps)
+        except (ValueError, AttributeError) as e:
+            return ApiError(400, f"malformed pull: {e}").response()
+        except KvTransferError as e:
+            return ApiError(404, str(e)).response()
 
     # -- small endpoints -----------------------------------------------------------------------
 
@@ -224,7 +242,18 @@ class FakeEngineApp:
         cache = self.engine.cache
         if -(-(len(tokens) + output) // cache.block_size) > cache.num_blocks:
             raise ApiError(400, f"the request needs more than the engine's {cache.num_blocks} KV blocks")
-        r = Request(tokens=tokens, output_tokens=output, hashes=cache.hash_prompt(tokens))
+        params = body.get("kv_transfer_params")
+        if params is not None and not isinstance(params, dict):
+            raise ApiError(400, "kv_transfer_params must be an object", "kv_transfer_params")
+        remote_decode = self.config.prefill is not None and bool(params and params.get("do_remote_decode"))
+        if remote_decode and stream:
+            raise ApiError(400, "a prefill for remote decode is not streamed (stream=false)", "stream")
+        if self.config.decode is not None and params and params.get("do_remote_prefill"):
+            try:
+                await self.config.decode.pull(params, tokens)
+            except KvTransferError as e:
+                raise ApiError(400, f"kv_transfer_params refused: {e}", "kv_transfer_params") from None
+        r = Request(tokens=tokens, output_tokens=output, hashes=cache.hash_prompt(tokens), hold=remote_decode)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         try:
@@ -255,6 +284,9 @@ class FakeEngineApp:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
             doc = {"id": rid, "object": "text_completion", "created": created, "model": self.config.model}
         doc |= {"choices": [choice], "usage": usage}
+        if remote_decode and r.alloc is not None:
+            assert self.config.prefill is not None
+            doc["kv_transfer_params"] = self.config.prefill.hold(rid, r.alloc, tokens)
         return web.json_response(doc, dumps=_dumps)
 
     def _usage(self, r: Request) -> dict[str, Any]:
