@@ -117,30 +117,50 @@ def error_response(status: int, message: str, *, kind: str, param: str | None = 
 
 
 class _Attempt:
-    """One routed attempt: its decision and the once-only lifecycle calls."""
+    """One routed attempt: where it went, its decision header, and the once-only lifecycle calls
+    (co-located: the router's ``on_prefilled`` at the first byte; PD: ``on_transferred``)."""
 
-    __slots__ = ("decision", "done", "prefilled", "router")
+    __slots__ = ("_abort", "_finish", "_first_byte", "done", "header", "instance", "prefilled")
 
-    def __init__(self, router: Router, decision: Decision) -> None:
-        self.router = router
-        self.decision = decision
+    def __init__(
+        self,
+        instance: str,
+        header: str,
+        first_byte: Callable[[], object],
+        finish: Callable[[int], object],
+        abort: Callable[[], object],
+    ) -> None:
+        self.instance = instance
+        self.header = header
+        self._first_byte, self._finish, self._abort = first_byte, finish, abort
         self.prefilled = False
         self.done = False
+
+    @classmethod
+    def colocated(cls, router: Router, d: Decision, *, attempt: int, source: str) -> _Attempt:
+        rid = d.request_id
+        return cls(
+            d.instance,
+            decision_header(d, attempt=attempt, source=source),
+            lambda: router.on_prefilled(rid),
+            lambda n: router.on_finished(rid, n),
+            lambda: router.on_aborted(rid),
+        )
 
     def first_byte(self) -> None:
         if not self.prefilled and not self.done:
             self.prefilled = True
-            self.router.on_prefilled(self.decision.request_id)
+            self._first_byte()
 
     def finish(self, output_tokens: int) -> None:
         if not self.done:
             self.done = True
-            self.router.on_finished(self.decision.request_id, output_tokens)
+            self._finish(output_tokens)
 
     def abort(self) -> None:
         if not self.done:
             self.done = True
-            self.router.on_aborted(self.decision.request_id)
+            self._abort()
 
 
 class _Sse:
@@ -577,48 +597,27 @@ class Proxy:
         stream: _Sse | None = None
         body = raw
         while attempt_no < self.config.max_attempts:
-            exclude = self._exclusions(req.model, failed)
-            if exclude is None:
-                break
-            try:
-                decision = self._route(req, tokens, turn, exclude)
-            except NoInstancesError:
-                break
             attempt_no += 1
-            attempt = _Attempt(self.router, decision)
-            url = decision.instance
-            t0 = time.perf_counter()
-            try:
-                upstream = await self._client.post(url + PATHS[req.endpoint], data=body, headers=headers)
-            except _RETRYABLE as e:
-                attempt.abort()
-                failed.append(url)
-                self._failed(url, type(e).__name__)
+            opened = await self._open(req, body, tokens, turn, failed, headers, attempt_no)
+            if opened is None:
+                attempt_no -= 1
+                break
+            if opened == "retry":
                 continue
-            except BaseException:
-                attempt.abort()
-                raise
+            attempt, upstream, t0 = opened
             try:
-                if upstream.status >= 500:
-                    attempt.abort()
-                    failed.append(url)
-                    self._failed(url, f"http_{upstream.status}")
-                    upstream.release()
-                    continue
                 is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
                 if not is_stream:
-                    result = await self._whole(upstream, attempt, t0, attempt_no, tokens.source, response)
+                    result = await self._whole(upstream, attempt, t0, response)
                 else:
-                    result = await self._relay(
-                        request, upstream, attempt, t0, attempt_no, tokens.source, req, stream, response
-                    )
+                    result = await self._relay(request, upstream, attempt, t0, req, stream, response)
                 if isinstance(result, web.StreamResponse):
-                    self._succeeded(url)
+                    self._succeeded(attempt.instance)
                     return result
                 # The attempt failed: before any byte reached the client (retry as it was), or
                 # mid-stream (``result`` is the stream so far: continue it).
-                failed.append(url)
-                self._failed(url, result[0])
+                failed.append(attempt.instance)
+                self._failed(attempt.instance, result[0])
                 stream, response = result[1], result[2]
                 if response is not None:
                     assert stream is not None
@@ -642,13 +641,62 @@ class Proxy:
             kind="ServiceUnavailableError",
         )
 
+    async def _open(
+        self,
+        req: OpenAIRequest,
+        body: bytes,
+        tokens: RoutingTokens,
+        turn: int | None,
+        failed: list[str],
+        headers: Mapping[str, str],
+        attempt_no: int,
+    ) -> tuple[_Attempt, aiohttp.ClientResponse, float] | Literal["retry"] | None:
+        """Routes one attempt and opens its upstream response (headers received, status < 500).
+
+        Returns ``"retry"`` after a failure before the first byte (the instance is in
+        ``failed``), None when no instance is left to try.
+        """
+        assert self._client is not None
+        exclude = self._exclusions(req.model, failed)
+        if exclude is None:
+            return None
+        try:
+            decision = self._route(req, tokens, turn, exclude)
+        except NoInstancesError:
+            return None
+        attempt = _Attempt.colocated(self.router, decision, attempt=attempt_no, source=tokens.source)
+        return await self._post(attempt, PATHS[req.endpoint], body, headers, failed)
+
+    async def _post(
+        self, attempt: _Attempt, path: str, body: bytes, headers: Mapping[str, str], failed: list[str]
+    ) -> tuple[_Attempt, aiohttp.ClientResponse, float] | Literal["retry"]:
+        """POSTs an attempt's body; a connection error or a 5xx aborts it and asks for a retry."""
+        assert self._client is not None
+        t0 = time.perf_counter()
+        url = attempt.instance
+        try:
+            upstream = await self._client.post(url + path, data=body, headers=headers)
+        except _RETRYABLE as e:
+            attempt.abort()
+            failed.append(url)
+            self._failed(url, type(e).__name__)
+            return "retry"
+        except BaseException:
+            attempt.abort()
+            raise
+        if upstream.status >= 500:
+            attempt.abort()
+            failed.append(url)
+            self._failed(url, f"http_{upstream.status}")
+            upstream.release()
+            return "retry"
+        return attempt, upstream, t0
+
     async def _whole(
         self,
         upstream: aiohttp.ClientResponse,
         attempt: _Attempt,
         t0: float,
-        attempt_no: int,
-        source: str,
         partial: web.StreamResponse | None,
     ) -> web.StreamResponse | tuple[str, _Sse | None, web.StreamResponse | None]:
         try:
@@ -660,7 +708,7 @@ class Proxy:
         attempt.first_byte()
         attempt.finish(_completion_tokens(data) if upstream.status == 200 else 0)
         headers = forwardable(upstream.headers)
-        headers["x-smetric-decision"] = decision_header(attempt.decision, attempt=attempt_no, source=source)
+        headers["x-smetric-decision"] = attempt.header
         return web.Response(body=data, status=upstream.status, headers=headers)
 
     async def _relay(
@@ -669,8 +717,6 @@ class Proxy:
         upstream: aiohttp.ClientResponse,
         attempt: _Attempt,
         t0: float,
-        attempt_no: int,
-        source: str,
         req: OpenAIRequest,
         stream: _Sse | None,
         response: web.StreamResponse | None,
@@ -699,7 +745,7 @@ class Proxy:
                 if response is None:
                     self.telemetry.first_byte_s.observe(time.perf_counter() - t0)
                     headers = forwardable(upstream.headers)
-                    headers["x-smetric-decision"] = decision_header(attempt.decision, attempt=attempt_no, source=source)
+                    headers["x-smetric-decision"] = attempt.header
                     response = web.StreamResponse(status=upstream.status, headers=headers)
                     await response.prepare(request)
                 attempt.first_byte()
