@@ -24,4 +24,4 @@ fi
 rm -f python/smetric/_core.cpython-*.so
 # maturin develop builds the Rust extension (release profile), installs the package editable
 # and, with it, what the tests need: the dev tools and every extra (pyproject.toml lists them).
-VIRTUAL_ENV="$(cd "$venv" && pwd)" "$venv/bin/maturin" develop --release --quiet --extras dev,sim,events,fake-engine
+VIRTUAL_ENV="$(cd "$venv" && pwd)" "$venv/bin/maturin" develop --release --quiet --extras dev,sim,events,fake-engine,serve
