@@ -127,13 +127,13 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> OpenAIRequest:
         raise RequestError(str(e), param=param) from None
     messages = tools = kwargs = None
     if body.messages_json is not None:
-        messages = _messages(json.loads(body.messages_json))
+        messages = _messages(_decode(body.messages_json, "messages"))
     if body.tools_json is not None:
-        tools = json.loads(body.tools_json)
+        tools = _decode(body.tools_json, "tools")
         if not all(isinstance(t, dict) for t in tools):
             raise RequestError("tools must be a list of objects", param="tools")
     if body.chat_template_kwargs_json is not None:
-        kwargs = json.loads(body.chat_template_kwargs_json)
+        kwargs = _decode(body.chat_template_kwargs_json, "chat_template_kwargs")
     ids = None
     if body.prompt_ids is not None:
         ids = array("I")
@@ -154,6 +154,15 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> OpenAIRequest:
         prompt_text=body.prompt_text,
         prompt_ids=ids,
     )
+
+
+def _decode(text: str, param: str) -> Any:
+    """A field's JSON text (valid JSON: Rust checked it), which CPython may still refuse: an
+    integer of more than ``sys.get_int_max_str_digits()`` digits, say."""
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise RequestError(f"{param}: {e}", param=param) from None
 
 
 def _messages(messages: list[Any]) -> list[dict[str, Any]]:

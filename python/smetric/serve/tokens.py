@@ -198,7 +198,10 @@ class TokenSource:
         """
         messages = req.messages or []
         if not self._templates:
-            return render_chat(messages)
+            try:
+                return render_chat(messages)
+            except TypeError as e:  # the fake engine answers these with a 400 too
+                raise RequestError(str(e), param="messages") from None
         from .chat_template import TemplateRenderError
 
         template = self._templates.get("tool_use" if req.tools else "default") or self._templates["default"]

@@ -2,8 +2,9 @@
 
 A byte-level BPE (the GPT-2/Qwen family's pre-tokenizer and decoder) trained with the
 ``tokenizers`` trainer on this repository's own Markdown docs, 2,000 ids, with ChatML's special
-tokens ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` and two non-special added tokens,
-``<tool_call>`` and ``</tool_call>`` (as Qwen's tokenizer has them). ``tokenizer_config.json``
+tokens ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>`` and six non-special added tokens,
+``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>``, ``<think>``,
+``</think>`` (as Qwen3's tokenizer has them). ``tokenizer_config.json``
 carries ``chatml_tools.jinja`` (written for these tests) as its ``chat_template``, and the
 special tokens transformers reads. Nothing is downloaded.
 
@@ -20,7 +21,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-ADDED = ["<tool_call>", "</tool_call>"]
+ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 VOCAB_SIZE = 2000
 
 
