@@ -65,7 +65,7 @@ def session(target_tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
     messages: list[dict[str, Any]] = [{"role": "system", "content": take(6000)}]
     turn = 0
-    while sum(len(str(m.get("content", ""))) for m in messages) < target_tokens * 3:
+    while sum(len(str(m.get("content", ""))) for m in messages) < target_tokens * 2.4:
         messages.append({"role": "user", "content": f"Step {turn}: " + take(300)})
         call = {
             "id": f"call_{turn}",
