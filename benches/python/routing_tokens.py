@@ -65,7 +65,7 @@ def session(target_tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
     messages: list[dict[str, Any]] = [{"role": "system", "content": take(6000)}]
     turn = 0
-    while sum(len(str(m.get("content", ""))) for m in messages) < target_tokens * 2.4:
+    while sum(len(str(m.get("content", ""))) for m in messages) < target_tokens * 2.55:
         messages.append({"role": "user", "content": f"Step {turn}: " + take(300)})
         call = {
             "id": f"call_{turn}",
@@ -100,6 +100,8 @@ def main() -> None:
     follow_body = json.dumps({"model": "m", "messages": [*messages, next_result], "tools": [TOOL]}).encode()
     first = parse_request(body, "chat")
     follow = parse_request(follow_body, "chat")
+    short = [*messages, {"role": "user", "content": "Go on with the next step, please."}]
+    short_follow = parse_request(json.dumps({"model": "m", "messages": short, "tools": [TOOL]}).encode(), "chat")
 
     def fresh_source() -> TokenSource:
         return TokenSource(TokenConfig(tokenizer=str(TOKENIZER)))
@@ -139,17 +141,18 @@ def main() -> None:
         ("tokenizer mode, first turn (cold piece cache)", median_us(first_turn, max(3, args.repeat // 5)) - build)
     )
 
-    def follow_up() -> None:
-        warm = fresh_source()
-        warm.routing_tokens(first)
-        t = time.perf_counter()
-        warm.routing_tokens(follow)
-        timings.append(time.perf_counter() - t)
+    def follow_up(req: OpenAIRequest) -> float:
+        timings = []
+        for _ in range(max(3, args.repeat // 3)):
+            warm = fresh_source()
+            warm.routing_tokens(first)
+            t = time.perf_counter()
+            warm.routing_tokens(req)
+            timings.append(time.perf_counter() - t)
+        return statistics.median(timings) * 1e6
 
-    timings: list[float] = []
-    for _ in range(max(3, args.repeat // 3)):
-        follow_up()
-    rows.append(("tokenizer mode, follow-up (+1 tool result, warm cache)", statistics.median(timings) * 1e6))
+    rows.append(("tokenizer mode, follow-up (+1 tool result, warm cache)", follow_up(follow)))
+    rows.append(("tokenizer mode, follow-up (+1 short user message, warm cache)", follow_up(short_follow)))
     rows.append(
         (
             "tokenizer mode, same request again (all cached)",
@@ -184,7 +187,8 @@ def main() -> None:
         return source.routing_tokens(req).count
 
     print(
-        f"conversation: {len(messages)} messages, {n_tokens} tokens (test tokenizer), {len(text) / 1e3:.0f} K chars rendered"
+        f"conversation: {len(messages)} messages, {n_tokens} tokens (test tokenizer),"
+        f" {len(text) / 1e3:.0f} K chars rendered"
     )
     print(f"follow-up adds {end_to_end(follow) - n_tokens:.0f} tokens")
     for name, us in rows:
