@@ -70,12 +70,16 @@ CONVERSATIONS: dict[str, list[dict[str, Any]]] = {
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "README.md"}'}},
+                {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "x.md"}'}},
                 {"id": "c2", "type": "function", "function": {"name": "now", "arguments": "not json"}},
             ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "# smetric\nroutes requests"},
-        {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "09:00"}, {"type": "text", "text": "UTC"}]},
+        {
+            "role": "tool",
+            "tool_call_id": "c2",
+            "content": [{"type": "text", "text": "09:00"}, {"type": "text", "text": "UTC"}],
+        },
         {"role": "assistant", "content": "It is 09:00.", "reasoning": "The tool said so.", "tool_calls": []},
         {"role": "user", "content": "Good.", "name": "reviewer"},
     ],
@@ -101,7 +105,9 @@ def completions_request(prompt: Any) -> OpenAIRequest:
 
 APPROXIMATE_CASES = {
     **{k: v for k, v in CONVERSATIONS.items() if k != "list content"},
-    "list content": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"text": "b"}]}],
+    "list content": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"text": "b"}]},
+    ],
 }
 
 
@@ -155,7 +161,7 @@ def test_approximate_mode_sees_the_fake_engines_real_prefix_hits() -> None:
             router.on_prefilled(decision.request_id)
             router.on_finished(decision.request_id, output_tokens=2)
             reply = json.loads(raw)["choices"][0]["message"]["content"]
-            history = [*history, {"role": "assistant", "content": reply}, {"role": "user", "content": f"step {turn + 2}"}]
+            history += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"step {turn + 2}"}]
     assert hits[0] == (0, 0)
     assert all(predicted == served > 0 for predicted, served in hits[1:]), hits
 
@@ -261,7 +267,7 @@ def test_string_format_chatml_default_and_template_file(hf: Any, tmp_path: Path)
 def test_vllms_message_steps() -> None:
     conv = vllm_conversation(CONVERSATIONS["tool calls"], "string")
     assert conv[2]["content"] == "" and [c["function"]["arguments"] for c in conv[2]["tool_calls"]] == [
-        {"path": "README.md"},
+        {"path": "x.md"},
         {},
     ]
     assert conv[4] == {"role": "tool", "content": "09:00\nUTC", "tool_call_id": "c2"}
@@ -269,8 +275,10 @@ def test_vllms_message_steps() -> None:
     assert conv[6]["name"] == "reviewer"
     parts = vllm_conversation(CONVERSATIONS["list content"], "openai")[1]["content"]
     assert parts == [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]
-    assert vllm_conversation([{"role": "user", "content": "x"}], "openai")[0]["content"] == [{"type": "text", "text": "x"}]
-    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}, {"type": "text", "text": "t"}]}]
+    one = vllm_conversation([{"role": "user", "content": "x"}], "openai")[0]["content"]
+    assert one == [{"type": "text", "text": "x"}]
+    picture = {"type": "image_url", "image_url": {"url": "u"}}
+    image = [{"role": "user", "content": [picture, {"type": "text", "text": "t"}]}]
     assert vllm_conversation(image, "openai")[0]["content"] == [{"type": "image"}, {"type": "text", "text": "t"}]
     assert vllm_conversation(image, "string")[0]["content"] == "t"
 
@@ -356,7 +364,7 @@ def test_the_cache_stays_within_its_byte_bound() -> None:
     for text in random_texts(9, 200):
         assert encoder.encode(text).tolist() == whole.encode(text, add_special_tokens=False).ids
         assert encoder.cached_bytes <= bound
-    assert 0 < encoder.cached_pieces
+    assert encoder.cached_pieces > 0
     big = "x" * (bound + 1)
     encoder.encode(big)
     assert encoder.cached_bytes <= bound
@@ -389,12 +397,13 @@ def test_lstrip_really_breaks_the_piecewise_identity(tmp_path: Path) -> None:
     path.write_text(json.dumps(config))
     whole = tokenizers.Tokenizer.from_file(str(path))
     text = "hello   <|im_end|>"
-    naive = whole.encode("hello   ", add_special_tokens=False).ids + [whole.token_to_id("<|im_end|>")]
+    naive = [*whole.encode("hello   ", add_special_tokens=False).ids, whole.token_to_id("<|im_end|>")]
     assert whole.encode(text, add_special_tokens=False).ids != naive
 
 
 def test_metaspace_first_is_a_blocker() -> None:
-    config = {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Metaspace", "prepend_scheme": "first"}]}}
+    metaspace = {"type": "Metaspace", "prepend_scheme": "first"}
+    config = {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [metaspace]}}
     assert piecewise_blockers(config) == ["a Metaspace pre-tokenizer with prepend_scheme 'first'"]
     assert piecewise_blockers({"pre_tokenizer": {"type": "Metaspace", "prepend_scheme": "always"}}) == []
 
@@ -412,6 +421,7 @@ def test_text_prompts_get_the_special_tokens_vllm_adds(tmp_path: Path) -> None:
         assert routed.ids.tolist() == tok.encode(text, add_special_tokens=True).ids
         assert routed.ids[0] == tok.token_to_id("<|endoftext|>")
     plain = TokenSource(TokenConfig(tokenizer=str(TOKENIZER)))
-    assert plain.routing_tokens(completions_request("abc")).ids.tolist() == tokenizers.Tokenizer.from_file(
-        str(TOKENIZER)
-    ).encode("abc", add_special_tokens=True).ids
+    assert (
+        plain.routing_tokens(completions_request("abc")).ids.tolist()
+        == tokenizers.Tokenizer.from_file(str(TOKENIZER)).encode("abc", add_special_tokens=True).ids
+    )

@@ -165,9 +165,7 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
 
 def _environment() -> jinja2.Environment:
-    env = _Sandbox(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
-    )
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
