@@ -42,6 +42,11 @@ def test_import_smetric_loads_no_simulator_plotting_or_event_dependency() -> Non
     assert not loaded_after(EMBEDDING) & set(HEAVY)
 
 
+def test_the_serve_request_and_token_modules_load_no_extra() -> None:
+    # A proxy that routes on ids or approximate tokens needs neither jinja2 nor tokenizers.
+    assert not loaded_after(("smetric.serve.request", "smetric.serve.tokens")) & {*HEAVY, "jinja2"}
+
+
 def test_the_import_check_sees_heavy_modules() -> None:
     # Negative control: the same probe does report them when a module that needs them is imported.
     assert {"matplotlib", "tqdm", "numpy"} <= loaded_after(("smetric.sim.report", "smetric.toy_fleet"))
@@ -58,6 +63,8 @@ EXTRA_CASES = [
     ("smetric.cli", "matplotlib", "matplotlib", "sim"),
     ("smetric.fake_engine.run", "aiohttp", "aiohttp", "fake-engine"),
     ("smetric.fake_engine.server", "zmq", "pyzmq", "fake-engine"),
+    ("smetric.serve.chat_template", "jinja2", "jinja2", "serve"),
+    ("smetric.serve.piecewise", "tokenizers", "tokenizers", "serve"),
 ]
 
 

@@ -2,7 +2,7 @@
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, Self, TypeAlias, final, overload
+from typing import Any, Final, Literal, Self, TypeAlias, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,7 @@ __all__ = [
     "IndexHits",
     "IngestStep",
     "KvEventIngestor",
+    "OpenAIBody",
     "PerfModel",
     "Router",
     "RouterConfig",
@@ -44,6 +45,7 @@ __all__ = [
     "__version__",
     "encode_kv_batch",
     "load_workload",
+    "parse_openai_body",
     "sim_config_defaults",
     "sim_profiles",
     "sim_tier_paths",
@@ -314,6 +316,50 @@ def vllm_block_hashes(
 
 def vllm_event_hash(digest: bytes) -> int:
     """The 64-bit int vLLM publishes in KV events for a digest (its last 8 bytes, big-endian)."""
+
+@final
+class OpenAIBody:
+    """The fields of an OpenAI request body a router reads (``smetric.serve.request`` wraps it)."""
+
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def max_tokens(self) -> int | None:
+        """``max_completion_tokens`` (chat, when given) or ``max_tokens``."""
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def prompt_cache_key(self) -> str | None: ...
+    @property
+    def cache_salt(self) -> str | None: ...
+    @property
+    def messages_json(self) -> str | None:
+        """Chat: the JSON text of ``messages`` (an array)."""
+    @property
+    def tools_json(self) -> str | None:
+        """The JSON text of ``tools`` (an array)."""
+    @property
+    def chat_template_kwargs_json(self) -> str | None:
+        """The JSON text of ``chat_template_kwargs`` (an object)."""
+    @property
+    def add_generation_prompt(self) -> bool: ...
+    @property
+    def continue_final_message(self) -> bool: ...
+    @property
+    def prompt_text(self) -> str | None:
+        """Completions: a text prompt."""
+    @property
+    def prompt_ids(self) -> bytes | None:
+        """Completions: the prompt's token ids as native-endian u32 bytes."""
+
+def parse_openai_body(raw: bytes, endpoint: Literal["chat", "completions"]) -> OpenAIBody:
+    """Parses an OpenAI request body in one pass (see :func:`smetric.serve.request.parse_request`).
+
+    Raises:
+        InvalidArgumentError: malformed JSON (``argument="body"``) or a bad field (``argument`` names it).
+    """
 
 @final
 class IngestStep:

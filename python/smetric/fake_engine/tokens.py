@@ -12,11 +12,12 @@ Two tokenizers, both deterministic:
   without adding any); a text ``prompt`` of ``/v1/completions`` with ``add_special_tokens=True``
   (vLLM's default there).
 
-Chat messages are rendered with :func:`render_chat`, the ChatML template (Qwen's, without tools)
-with ``add_generation_prompt=True``: for each message
+Chat messages are rendered with :func:`smetric.chat.render_chat` (re-exported here), the ChatML
+template (Qwen's, without tools) with ``add_generation_prompt=True``: for each message
 ``<|im_start|>{role}\\n{content}<|im_end|>\\n``, then ``<|im_start|>assistant\\n``. A message's
 ``content`` is a string, or a list of parts of which the ``text`` parts are joined with no
-separator (vLLM's "string" content format); a missing or null content is the empty string.
+separator; a missing or null content is the empty string. ``smetric serve`` in approximate mode
+renders with the same function, so its routing ids equal this engine's.
 
 Generated text is filler: output token ``i`` of a request is the word
 ``FILLER[i % len(FILLER)]`` followed by a space. When ``max_tokens`` is not given, the output
@@ -29,8 +30,22 @@ from __future__ import annotations
 
 import zlib
 from array import array
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
+
+from smetric.chat import content_text, render_chat
+
+__all__ = [
+    "BYTES_PER_TOKEN",
+    "ByteChunkTokenizer",
+    "HfTokenizer",
+    "Tokenizer",
+    "byte_chunk_ids",
+    "content_text",
+    "default_output_tokens",
+    "filler",
+    "render_chat",
+]
 
 BYTES_PER_TOKEN = 4
 """UTF-8 bytes per token id of the default tokenizer."""
@@ -54,52 +69,6 @@ def byte_chunk_ids(text: str) -> list[int]:
     if array("I", b"\0\0\0\1")[0] != 1:
         ids.byteswap()
     return ids.tolist()
-
-
-def render_chat(
-    messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, continue_final_message: bool = False
-) -> str:
-    """The ChatML rendering of ``messages`` (see the module docs).
-
-    ``continue_final_message`` (vLLM's chat field) leaves the final message open, without its
-    ``<|im_end|>``, so the model continues it; it excludes ``add_generation_prompt``.
-
-    Raises:
-        TypeError: a message is not an object, or its role or content has the wrong type.
-        ValueError: both ``add_generation_prompt`` and ``continue_final_message``.
-    """
-    if add_generation_prompt and continue_final_message:
-        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
-    out = []
-    for m in messages:
-        if not isinstance(m, Mapping):
-            raise TypeError("each message must be an object")
-        role = m.get("role")
-        if not isinstance(role, str):
-            raise TypeError("message role must be a string")
-        out.append(f"<|im_start|>{role}\n{content_text(m.get('content'))}<|im_end|>\n")
-    if continue_final_message and out:
-        out[-1] = out[-1].removesuffix("<|im_end|>\n")
-    if add_generation_prompt:
-        out.append("<|im_start|>assistant\n")
-    return "".join(out)
-
-
-def content_text(content: object) -> str:
-    """A message's content as text: a string, or its ``text`` parts joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, Mapping) or not isinstance(part.get("text", ""), str):
-                raise TypeError("content parts must be objects with a string 'text'")
-            if part.get("type", "text") == "text":
-                parts.append(part.get("text", ""))
-        return "".join(parts)
-    raise TypeError("message content must be a string, a list of parts or null")
 
 
 class Tokenizer(Protocol):

@@ -54,7 +54,7 @@ from smetric.serve.config import KV_EVENTS_DISCOVER, KV_EVENTS_OFF, InstanceConf
 from smetric.serve.request import OpenAIRequest, RequestError, parse_request
 from smetric.serve.session import SessionTable, session_hint
 from smetric.serve.telemetry import ProxyTelemetry
-from smetric.serve.tokens import RoutingTokens, TokenSource
+from smetric.serve.tokens import RoutingTokens, TokenConfig, TokenSource
 
 log = logging.getLogger("smetric.serve")
 
@@ -252,10 +252,12 @@ class Proxy:
         self.instances: dict[str, InstanceConfig] = {i.url: i for i in config.instances}
         self.sources = dict(sources)
         self.tokens = TokenSource(
-            mode=config.tokens.mode,
-            tokenizer=config.tokens.tokenizer,
-            chat_template=config.tokens.chat_template,
-            approx_chunk_bytes=config.tokens.approx_chunk_bytes,
+            TokenConfig(
+                mode=config.tokens.mode,
+                tokenizer=config.tokens.tokenizer,
+                chat_template=config.tokens.chat_template,
+                approx_chunk_bytes=config.tokens.approx_chunk_bytes,
+            )
         )
         self.health = {url: _Health() for url in self.instances}
         self.telemetry = ProxyTelemetry()
@@ -582,7 +584,7 @@ class Proxy:
         self.telemetry.decisions[(d.policy, reason_label(d.reason), str(d.first_turn).lower())] += 1
         self.telemetry.hit_tokens["local"] += d.local_hit_tokens
         self.telemetry.hit_tokens["global"] += d.global_hit_tokens
-        self.telemetry.prompt_tokens[tokens.source] += tokens.num_tokens
+        self.telemetry.prompt_tokens[tokens.source] += tokens.count
         return d
 
     async def _serve_request(
@@ -796,7 +798,7 @@ class Proxy:
             assert req.messages is not None
             messages = [*req.messages, {"role": "assistant", "content": text}]
             body.update(messages=messages, continue_final_message=True, add_generation_prompt=False)
-            new = dataclasses.replace(req, messages=messages)
+            new = dataclasses.replace(req, messages=messages, continue_final_message=True, add_generation_prompt=False)
         elif req.prompt_text is not None:
             body["prompt"] = req.prompt_text + text
             new = dataclasses.replace(req, prompt_text=body["prompt"])

@@ -1,4 +1,34 @@
-"""SCRATCH (lead's dev stand-in; replaced by the tokens branch)."""
+"""An OpenAI-compatible request body, parsed for routing: :func:`parse_request`.
+
+The JSON is parsed in Rust (``smetric._core.parse_openai_body``, from
+``rust/smetric-vllm/src/openai_body.rs``) in one pass over the body: the scalar fields the proxy
+reads are type-checked there, a completions ``prompt`` given as token ids is read straight into
+a compact buffer (an ``array('I')``; never a Python list of ints, whose conversion alone costs
+more than the routing decision), and ``messages`` / ``tools`` / ``chat_template_kwargs`` come back
+as the JSON text of their values, decoded here with :func:`json.loads` (text crosses the
+boundary cheaply; CPython's decoder builds the dicts faster than a Rust-to-Python walk would).
+
+Validation follows vLLM's OpenAI server for the fields read (every failure is a
+:class:`RequestError`, status 400, with the OpenAI error body):
+
+* the body is a JSON object; ``model``, ``user``, ``prompt_cache_key`` are strings;
+  ``cache_salt`` a non-empty string; ``stream``, ``add_generation_prompt``,
+  ``continue_final_message`` booleans; ``max_tokens`` / ``max_completion_tokens`` integers ≥ 1
+  (``null`` is absent everywhere);
+* chat: ``messages`` is a non-empty list of objects, each with a string ``role`` and a
+  ``content`` that is a string, a list of parts (objects) or null; ``tools`` a list of objects;
+  ``chat_template_kwargs`` an object;
+* completions: ``prompt`` is required: a string, a list of token ids in ``[0, 2**32)`` (the first
+  bad id is reported with its position), or a batch of one of either. **A batch of more than one
+  prompt is rejected** (400 on ``prompt``): a router places one request on one instance, and
+  splitting a batch into several upstream requests would change the response shape the client
+  expects. Clients send each prompt as its own request.
+
+The model is not checked here (the proxy knows its models): :meth:`RequestError.unknown_model`
+builds vLLM's 404 for it, :meth:`RequestError.too_large` the 413 of an oversized body.
+
+Complexity: O(body length) — one Rust scan, plus ``json.loads`` of ``messages`` for chat.
+"""
 
 from __future__ import annotations
 
@@ -7,65 +37,146 @@ from array import array
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from smetric import _core
+from smetric.errors import InvalidArgumentError, SmetricError
 
-class RequestError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+__all__ = ["Endpoint", "OpenAIRequest", "RequestError", "parse_request"]
+
+Endpoint = Literal["chat", "completions"]
+"""``"chat"``: ``POST /v1/chat/completions``; ``"completions"``: ``POST /v1/completions``."""
+
+
+class RequestError(SmetricError):
+    """A request the proxy answers itself with an OpenAI-style error.
+
+    ``status`` is the HTTP status; :meth:`body` is the JSON body
+    ``{"error": {"message", "type", "param", "code"}}``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status = status
         self.message = message
+        self.status = status
         self.param = param
-        self.type = "invalid_request_error"
+        self.type = type
         self.code = code
 
     def body(self) -> dict[str, Any]:
+        """The OpenAI error body."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    @classmethod
+    def unknown_model(cls, model: str) -> RequestError:
+        """404 for a model the proxy does not serve (vLLM's wording)."""
+        return cls(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
+
+    @classmethod
+    def too_large(cls, limit_bytes: int) -> RequestError:
+        """413 for a body over ``limit_bytes``."""
+        return cls(f"the request body exceeds {limit_bytes} bytes", status=413, code="request_too_large")
 
 
 @dataclass(frozen=True, slots=True)
 class OpenAIRequest:
-    endpoint: Literal["chat", "completions"]
+    """What the proxy reads of one request (see the module docs)."""
+
+    endpoint: Endpoint
     model: str | None
     stream: bool
     max_tokens: int | None
+    """``max_completion_tokens`` (chat, when given) or ``max_tokens``."""
     user: str | None
     prompt_cache_key: str | None
+    """OpenAI's cache-routing hint."""
     namespace: str | None
+    """vLLM's ``cache_salt``: requests with different salts share no prefix-cache blocks. (LoRA
+    adapters, the other namespace of vLLM's cache, are selected by the model name.)"""
     messages: list[dict[str, Any]] | None
+    """Chat: the conversation, as decoded JSON."""
+    tools: list[dict[str, Any]] | None
+    """Chat: the tool definitions, as decoded JSON."""
+    chat_template_kwargs: dict[str, Any] | None
+    """Chat: vLLM's extra chat-template variables."""
+    add_generation_prompt: bool
+    continue_final_message: bool
     prompt_text: str | None
+    """Completions: a text prompt."""
     prompt_ids: array[int] | None
+    """Completions: a prompt given as token ids (``array('I')``)."""
 
 
-def parse_request(raw: bytes, endpoint: Literal["chat", "completions"]) -> OpenAIRequest:
+def parse_request(raw: bytes, endpoint: Endpoint) -> OpenAIRequest:
+    """Parses and validates a request body posted to ``endpoint``.
+
+    Raises:
+        RequestError: status 400, with ``param`` naming the offending field (``None`` for
+            malformed JSON or a body that is not an object).
+    """
     try:
-        body = json.loads(raw)
-    except ValueError as e:
-        raise RequestError(400, f"invalid JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise RequestError(400, "the body must be a JSON object")
-    messages = body.get("messages")
-    prompt = body.get("prompt")
-    ids = text = None
-    if endpoint == "chat":
-        if not isinstance(messages, list) or not messages:
-            raise RequestError(400, "messages must be a non-empty list", "messages")
-    else:
-        if isinstance(prompt, str):
-            text = prompt
-        elif isinstance(prompt, list):
-            if not all(type(t) is int and 0 <= t < 2**32 for t in prompt):
-                raise RequestError(400, "prompt ids must be ints in [0, 2**32)", "prompt")
-            ids = array("I", prompt)
-        else:
-            raise RequestError(400, "prompt is required", "prompt")
+        body = _core.parse_openai_body(raw, endpoint)
+    except InvalidArgumentError as e:
+        param = None if e.argument == "body" else e.argument
+        raise RequestError(str(e), param=param) from None
+    messages = tools = kwargs = None
+    if body.messages_json is not None:
+        messages = _messages(_decode(body.messages_json, "messages"))
+    if body.tools_json is not None:
+        tools = _decode(body.tools_json, "tools")
+        if not all(isinstance(t, dict) for t in tools):
+            raise RequestError("tools must be a list of objects", param="tools")
+    if body.chat_template_kwargs_json is not None:
+        kwargs = _decode(body.chat_template_kwargs_json, "chat_template_kwargs")
+    ids = None
+    if body.prompt_ids is not None:
+        ids = array("I")
+        ids.frombytes(body.prompt_ids)
     return OpenAIRequest(
         endpoint=endpoint,
-        model=body.get("model"),
-        stream=bool(body.get("stream", False)),
-        max_tokens=body.get("max_tokens", body.get("max_completion_tokens")),
-        user=body.get("user"),
-        prompt_cache_key=body.get("prompt_cache_key"),
-        namespace=body.get("cache_salt"),
-        messages=messages if endpoint == "chat" else None,
-        prompt_text=text,
+        model=body.model,
+        stream=body.stream,
+        max_tokens=body.max_tokens,
+        user=body.user,
+        prompt_cache_key=body.prompt_cache_key,
+        namespace=body.cache_salt,
+        messages=messages,
+        tools=tools,
+        chat_template_kwargs=kwargs,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        prompt_text=body.prompt_text,
         prompt_ids=ids,
     )
+
+
+def _decode(text: str, param: str) -> Any:
+    """A field's JSON text (valid JSON: Rust checked it), which CPython may still refuse: an
+    integer of more than ``sys.get_int_max_str_digits()`` digits, say."""
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise RequestError(f"{param}: {e}", param=param) from None
+
+
+def _messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """``messages`` checked as vLLM's request model checks it."""
+    if not messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise RequestError(f"messages[{i}] must be an object", param="messages")
+        if not isinstance(m.get("role"), str):
+            raise RequestError(f"messages[{i}].role must be a string", param="messages")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise RequestError(f"messages[{i}].content must be a string, a list of parts or null", param="messages")
+        if isinstance(content, list) and not all(isinstance(p, dict | str) for p in content):
+            raise RequestError(f"messages[{i}].content parts must be objects", param="messages")
+    return messages

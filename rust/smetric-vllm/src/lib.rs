@@ -53,6 +53,7 @@ pub mod hash;
 pub mod ingest;
 mod msgpack;
 mod obj;
+pub mod openai_body;
 mod pickle;
 #[cfg(test)]
 mod test_msgpack;
@@ -69,3 +70,4 @@ pub use hash::{
     RequestKeys, event_hash, none_hash,
 };
 pub use ingest::{IndexSink, IngestConfig, IngestStats, Ingestor, RouterAt, SinkError, SourceId, Step, UnknownSource};
+pub use openai_body::{BodyError, Endpoint, OpenAiBody, Prompt, parse_openai_body};

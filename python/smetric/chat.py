@@ -1,0 +1,65 @@
+"""The plain ChatML rendering of a chat conversation, shared by the fake engine (its prompt ids)
+and ``smetric serve`` (its approximate routing tokens), so that both see the same text.
+
+:func:`render_chat` is the ChatML template (Qwen's, without tools) with
+``add_generation_prompt=True``: for each message ``<|im_start|>{role}\\n{content}<|im_end|>\\n``,
+then ``<|im_start|>assistant\\n``. :func:`content_text` turns a message's ``content`` into text:
+a string as is, a list of parts by joining the ``text`` of its ``text`` parts with no separator
+(other parts are dropped), a missing or null content as the empty string. Note that vLLM's own
+"string" content format joins text parts with ``"\\n"``; this module is not vLLM's renderer
+(``smetric.serve.tokens`` is), only the fixed convention the fake engine and an approximate-mode
+proxy share.
+
+Complexity: O(total length of the conversation). Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def render_chat(
+    messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, continue_final_message: bool = False
+) -> str:
+    """The ChatML rendering of ``messages`` (see the module docs).
+
+    ``continue_final_message`` (vLLM's chat field) leaves the final message open, without its
+    ``<|im_end|>``, so the model continues it; it excludes ``add_generation_prompt``.
+
+    Raises:
+        TypeError: a message is not an object, or its role or content has the wrong type.
+        ValueError: both ``add_generation_prompt`` and ``continue_final_message``.
+    """
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+    out = []
+    for m in messages:
+        if not isinstance(m, Mapping):
+            raise TypeError("each message must be an object")
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise TypeError("message role must be a string")
+        out.append(f"<|im_start|>{role}\n{content_text(m.get('content'))}<|im_end|>\n")
+    if continue_final_message and out:
+        out[-1] = out[-1].removesuffix("<|im_end|>\n")
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+def content_text(content: object) -> str:
+    """A message's content as text: a string, or its ``text`` parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, Mapping) or not isinstance(part.get("text", ""), str):
+                raise TypeError("content parts must be objects with a string 'text'")
+            if part.get("type", "text") == "text":
+                parts.append(part.get("text", ""))
+        return "".join(parts)
+    raise TypeError("message content must be a string, a list of parts or null")

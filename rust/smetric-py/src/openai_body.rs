@@ -1,0 +1,112 @@
+//! `parse_openai_body`: a thin binding of `smetric_vllm::openai_body`, the router's parse of an
+//! OpenAI request body. `smetric.serve.request.parse_request` is the typed facade.
+//!
+//! Token ids cross into Python as one `bytes` object of native-endian u32s (the facade wraps it
+//! in an `array('I')` with one copy), never as a list of ints; `messages`, `tools` and
+//! `chat_template_kwargs` as the JSON text of their values. The parse runs without the GIL.
+//! A rejected body raises `smetric.errors.InvalidArgumentError` with `argument` = the offending
+//! field, or `"body"` when the body is not JSON or not an object.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyModule};
+use smetric_vllm::{BodyError, Endpoint, Prompt, parse_openai_body as parse};
+
+use crate::errors::python_error;
+
+/// The fields of an OpenAI request body that a router reads (see ``parse_openai_body``).
+#[pyclass(frozen, get_all, module = "smetric._core", name = "OpenAIBody")]
+pub(crate) struct PyOpenAIBody {
+    model: Option<String>,
+    stream: bool,
+    max_tokens: Option<u64>,
+    user: Option<String>,
+    prompt_cache_key: Option<String>,
+    cache_salt: Option<String>,
+    messages_json: Option<String>,
+    tools_json: Option<String>,
+    chat_template_kwargs_json: Option<String>,
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    prompt_text: Option<String>,
+    prompt_ids: Option<Py<PyBytes>>,
+}
+
+fn body_error(py: Python<'_>, err: &BodyError) -> PyErr {
+    let argument = err.param.unwrap_or("body");
+    python_error(py, "InvalidArgumentError", &err.message, |k| {
+        k.set_item("argument", argument)?;
+        k.set_item("reason", &err.message)
+    })
+}
+
+/// Parses the body of an OpenAI-compatible request.
+///
+/// Args:
+///     raw: the request body.
+///     endpoint: ``"chat"`` (``/v1/chat/completions``; ``messages`` required) or
+///         ``"completions"`` (``/v1/completions``; ``prompt`` required).
+///
+/// Returns:
+///     OpenAIBody: the fields a router reads; ``prompt_ids`` is native-endian u32 bytes.
+///
+/// Raises:
+///     InvalidArgumentError: malformed JSON (``argument="body"``), or a field of the wrong type
+///         or value (``argument`` = the field).
+#[pyfunction]
+#[allow(clippy::doc_markdown)] // a Python docstring (it becomes `__doc__`), not rustdoc
+fn parse_openai_body(py: Python<'_>, raw: &[u8], endpoint: &str) -> PyResult<PyOpenAIBody> {
+    let endpoint = match endpoint {
+        "chat" => Endpoint::Chat,
+        "completions" => Endpoint::Completions,
+        other => {
+            let message = format!("endpoint must be 'chat' or 'completions', got {other:?}");
+            return Err(python_error(py, "InvalidArgumentError", &message, |k| {
+                k.set_item("argument", "endpoint")?;
+                k.set_item("reason", &message)
+            }));
+        }
+    };
+    // `raw` is an immutable bytes object the caller holds, so its slices outlive the release.
+    let parsed = py.detach(|| {
+        parse(raw, endpoint).map(|mut body| {
+            let (prompt_text, prompt_ids) = match body.prompt.take() {
+                Some(Prompt::Text(text)) => (Some(text), None),
+                Some(Prompt::Ids(ids)) => (None, Some(ids)),
+                None => (None, None),
+            };
+            (body, prompt_text, prompt_ids)
+        })
+    });
+    let (body, prompt_text, prompt_ids) = parsed.map_err(|e| body_error(py, &e))?;
+    let prompt_ids = prompt_ids.map(|ids| {
+        PyBytes::new_with(py, ids.len() * 4, |out| {
+            for (chunk, id) in out.chunks_exact_mut(4).zip(&ids) {
+                chunk.copy_from_slice(&id.to_ne_bytes());
+            }
+            Ok(())
+        })
+        .map(Bound::unbind)
+    });
+    Ok(PyOpenAIBody {
+        model: body.model,
+        stream: body.stream,
+        max_tokens: body.max_tokens,
+        user: body.user,
+        prompt_cache_key: body.prompt_cache_key,
+        cache_salt: body.cache_salt,
+        messages_json: body.messages.map(str::to_owned),
+        tools_json: body.tools.map(str::to_owned),
+        chat_template_kwargs_json: body.chat_template_kwargs.map(str::to_owned),
+        add_generation_prompt: body.add_generation_prompt,
+        continue_final_message: body.continue_final_message,
+        prompt_text,
+        prompt_ids: prompt_ids.transpose()?,
+    })
+}
+
+/// Adds `parse_openai_body` and `OpenAIBody` to `smetric._core`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyOpenAIBody>()?;
+    m.add_function(wrap_pyfunction!(parse_openai_body, m)?)?;
+    Ok(())
+}

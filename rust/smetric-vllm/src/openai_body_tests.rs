@@ -1,0 +1,178 @@
+//! Tests of [`super::parse_openai_body`]: every field's type check, the prompt variants, and
+//! that no input panics.
+
+use proptest::prelude::*;
+
+use super::{BodyError, Endpoint, OpenAiBody, Prompt, parse_openai_body};
+
+fn chat(body: &str) -> Result<OpenAiBody<'_>, BodyError> {
+    parse_openai_body(body.as_bytes(), Endpoint::Chat)
+}
+
+fn completions(body: &str) -> Result<OpenAiBody<'_>, BodyError> {
+    parse_openai_body(body.as_bytes(), Endpoint::Completions)
+}
+
+fn error_param(result: Result<OpenAiBody<'_>, BodyError>) -> Option<&'static str> {
+    result.expect_err("the body should be rejected").param
+}
+
+#[test]
+fn chat_fields_are_read_and_messages_kept_as_text() {
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi \u00e9"}],"stream":true,
+        "max_tokens":7,"max_completion_tokens":9,"user":"u","prompt_cache_key":"k","cache_salt":"s",
+        "tools":[{"type":"function"}],"chat_template_kwargs":{"enable_thinking":false},
+        "add_generation_prompt":false,"continue_final_message":true,"temperature":0.5,"prompt":[1]}"#;
+    let parsed = chat(body).unwrap();
+    assert_eq!(parsed.model.as_deref(), Some("m"));
+    assert!(parsed.stream);
+    assert_eq!(parsed.max_tokens, Some(9), "chat prefers max_completion_tokens");
+    assert_eq!(parsed.user.as_deref(), Some("u"));
+    assert_eq!(parsed.prompt_cache_key.as_deref(), Some("k"));
+    assert_eq!(parsed.cache_salt.as_deref(), Some("s"));
+    assert_eq!(parsed.messages, Some(r#"[{"role":"user","content":"hi \u00e9"}]"#));
+    assert_eq!(parsed.tools, Some(r#"[{"type":"function"}]"#));
+    assert_eq!(parsed.chat_template_kwargs, Some(r#"{"enable_thinking":false}"#));
+    assert!(!parsed.add_generation_prompt);
+    assert!(parsed.continue_final_message);
+    assert_eq!(parsed.prompt, None, "chat ignores prompt");
+}
+
+#[test]
+fn defaults_and_nulls() {
+    let parsed = chat(r#"{"messages":[],"model":null,"stream":null,"max_tokens":null,"tools":null}"#).unwrap();
+    assert_eq!(parsed.model, None);
+    assert!(!parsed.stream);
+    assert_eq!(parsed.max_tokens, None);
+    assert_eq!(parsed.tools, None);
+    assert!(parsed.add_generation_prompt);
+    assert!(!parsed.continue_final_message);
+}
+
+#[test]
+fn last_duplicate_key_wins_like_python_json() {
+    let parsed = chat(r#"{"model":"a","messages":[],"model":"b"}"#).unwrap();
+    assert_eq!(parsed.model.as_deref(), Some("b"));
+}
+
+#[test]
+fn escaped_keys_are_recognised() {
+    let parsed = chat(r#"{"mod\u0065l":"a","messages":[]}"#).unwrap();
+    assert_eq!(parsed.model.as_deref(), Some("a"));
+}
+
+#[test]
+fn completions_prompt_variants() {
+    let ids = completions(r#"{"prompt":[0, 1, 4294967295]}"#).unwrap();
+    assert_eq!(ids.prompt, Some(Prompt::Ids(vec![0, 1, u32::MAX])));
+    let text = completions(r#"{"prompt":"hello"}"#).unwrap();
+    assert_eq!(text.prompt, Some(Prompt::Text("hello".to_owned())));
+    let batch_text = completions(r#"{"prompt":["hello"]}"#).unwrap();
+    assert_eq!(batch_text.prompt, Some(Prompt::Text("hello".to_owned())));
+    let batch_ids = completions(r#"{"prompt":[[5,6]]}"#).unwrap();
+    assert_eq!(batch_ids.prompt, Some(Prompt::Ids(vec![5, 6])));
+    let empty_text = completions(r#"{"prompt":""}"#).unwrap();
+    assert_eq!(empty_text.prompt, Some(Prompt::Text(String::new())));
+    assert_eq!(
+        completions(r#"{"prompt":[1],"max_tokens":3,"max_completion_tokens":9}"#)
+            .unwrap()
+            .max_tokens,
+        Some(3)
+    );
+}
+
+#[test]
+fn bad_ids_name_their_position() {
+    for (body, needle) in [
+        (r#"{"prompt":[1,-1]}"#, "prompt[1] is -1"),
+        (r#"{"prompt":[4294967296]}"#, "prompt[0] is 4294967296"),
+        (r#"{"prompt":[1,2.5]}"#, "prompt[1] is 2.5"),
+        (r#"{"prompt":[1,"a"]}"#, "prompt[1] is a string"),
+        (r#"{"prompt":[[1,2,null]]}"#, "prompt[0][2] is null"),
+        (r#"{"prompt":[-3]}"#, "prompt[0] is -3"),
+    ] {
+        let err = completions(body).unwrap_err();
+        assert_eq!(err.param, Some("prompt"), "{body}");
+        assert!(err.message.contains(needle), "{body}: {}", err.message);
+    }
+}
+
+#[test]
+fn prompt_shapes_rejected() {
+    for (body, needle) in [
+        (r"{}", "prompt is required"),
+        (r#"{"prompt":null}"#, "prompt is required"),
+        (r#"{"prompt":[]}"#, "must not be empty"),
+        (r#"{"prompt":[[]]}"#, "must not be empty"),
+        (r#"{"prompt":["a","b"]}"#, "batch of 2"),
+        (r#"{"prompt":[[1],[2],[3]]}"#, "batch of 3"),
+        (r#"{"prompt":5}"#, "got a number"),
+        (r#"{"prompt":{"a":1}}"#, "got an object"),
+        (r#"{"prompt":[{"a":1}]}"#, "holding an object"),
+        (r#"{"prompt":[true]}"#, "holding a boolean"),
+    ] {
+        let err = completions(body).unwrap_err();
+        assert_eq!(err.param, Some("prompt"), "{body}");
+        assert!(err.message.contains(needle), "{body}: {}", err.message);
+    }
+}
+
+#[test]
+fn field_types_are_checked() {
+    for (body, param) in [
+        (r#"{"messages":[],"model":3}"#, "model"),
+        (r#"{"messages":[],"stream":"yes"}"#, "stream"),
+        (r#"{"messages":[],"max_tokens":1.5}"#, "max_tokens"),
+        (r#"{"messages":[],"max_tokens":0}"#, "max_tokens"),
+        (r#"{"messages":[],"max_completion_tokens":-2}"#, "max_completion_tokens"),
+        (r#"{"messages":[],"user":[]}"#, "user"),
+        (r#"{"messages":[],"prompt_cache_key":1}"#, "prompt_cache_key"),
+        (r#"{"messages":[],"cache_salt":""}"#, "cache_salt"),
+        (r#"{"messages":[],"cache_salt":7}"#, "cache_salt"),
+        (r#"{"messages":[],"tools":{}}"#, "tools"),
+        (r#"{"messages":[],"chat_template_kwargs":[]}"#, "chat_template_kwargs"),
+        (r#"{"messages":[],"add_generation_prompt":1}"#, "add_generation_prompt"),
+        (r#"{"messages":"hi"}"#, "messages"),
+        (r#"{"messages":null}"#, "messages"),
+        (r#"{"model":"m"}"#, "messages"),
+    ] {
+        assert_eq!(error_param(chat(body)), Some(param), "{body}");
+    }
+}
+
+#[test]
+fn malformed_and_non_object_bodies() {
+    for body in [
+        "",
+        "{",
+        "[1,2]",
+        "\"text\"",
+        "3",
+        "null",
+        "true",
+        r#"{"a":1} x"#,
+        r#"{"a":1,}"#,
+    ] {
+        let err = chat(body).unwrap_err();
+        assert_eq!(err.param, None, "{body}");
+    }
+    assert!(chat("[1]").unwrap_err().message.contains("must be a JSON object"));
+    assert!(chat("{").unwrap_err().message.contains("malformed JSON"));
+    let invalid_utf8 = parse_openai_body(b"{\"model\":\"\xff\",\"messages\":[]}", Endpoint::Chat);
+    assert!(invalid_utf8.unwrap_err().message.contains("malformed JSON"));
+}
+
+proptest! {
+    #[test]
+    fn never_panics(raw in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let _ = parse_openai_body(&raw, Endpoint::Chat);
+        let _ = parse_openai_body(&raw, Endpoint::Completions);
+    }
+
+    #[test]
+    fn ids_round_trip(ids in proptest::collection::vec(any::<u32>(), 1..300)) {
+        let body = format!("{{\"prompt\":{ids:?}}}");
+        let parsed = parse_openai_body(body.as_bytes(), Endpoint::Completions).unwrap();
+        prop_assert_eq!(parsed.prompt, Some(Prompt::Ids(ids)));
+    }
+}
