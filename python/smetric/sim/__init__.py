@@ -41,7 +41,9 @@ from smetric._types import (
     TurnFeed,
 )
 from smetric.sim.config import (
+    DECODE_RULES,
     DEFAULT_SLOS,
+    PD_DEFAULTS,
     FORMATS,
     INDEX_FEEDS,
     MOONCAKE_SEGMENT_BYTES_PER_RANK,
@@ -51,6 +53,7 @@ from smetric.sim.config import (
     TIER_PATHS,
     TURN_FEEDS,
     GlobalTier,
+    PdLayout,
     SimulationConfig,
     TraceSpec,
     Window,
@@ -71,7 +74,9 @@ from smetric.sim.runner import (
 
 __all__ = [
     "ATTAINMENT_TARGET",
+    "DECODE_RULES",
     "DEFAULT_SLOS",
+    "PD_DEFAULTS",
     "FORMATS",
     "INDEX_FEEDS",
     "MOONCAKE_SEGMENT_BYTES_PER_RANK",
@@ -85,6 +90,7 @@ __all__ = [
     "GlobalTierSettings",
     "IndexFeed",
     "LoadSeries",
+    "PdLayout",
     "Percentiles",
     "PolicySummary",
     "RequestRecords",

@@ -12,6 +12,7 @@ mod convert;
 mod engine;
 mod errors;
 mod events;
+mod pd;
 mod router;
 mod sim;
 mod vllm;
@@ -32,5 +33,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     events::register(m)?;
     sim::register(m)?;
     engine::register(m)?;
+    pd::register(m)?;
     Ok(())
 }
