@@ -506,7 +506,6 @@ def sim_tier_paths() -> list[TierPath]:
 def sim_pd_defaults() -> PdSettings:
     """``PdSimConfig::default()``: the settings of a PD run (``config["pd"]``)."""
 
-
 @final
 class PerfModel:
     """The simulator's analytic step time of one vLLM instance (``docs/perf-model.md``).

@@ -132,7 +132,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pd",
         action="store_true",
-        help="disaggregated prefill/decode: --prefill-instances run prefills, --decode-instances pull the KV and decode",
+        help="disaggregated prefill/decode: --prefill-instances run prefills, --decode-instances pull the KV "
+        "and decode",
     )
     p.add_argument("--prefill-instances", type=int, help="with --pd: prefill instances")
     p.add_argument("--decode-instances", type=int, help="with --pd: decode instances")

@@ -29,9 +29,11 @@ from typing import Any, Final, get_args
 
 from smetric import POLICIES
 from smetric._core import (
+    DECODE_RULES as CORE_DECODE_RULES,
+)
+from smetric._core import (
     MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK,
     RouterConfig,
-    DECODE_RULES,
     sim_config_defaults,
     sim_pd_defaults,
     synthetic_defaults,
@@ -39,8 +41,8 @@ from smetric._core import (
 from smetric._types import (
     DecodeRule,
     GlobalTierSettings,
-    PdSettings,
     IndexFeed,
+    PdSettings,
     PolicyName,
     SimConfigDefaults,
     SloSettings,
@@ -55,6 +57,10 @@ ENGINE_DEFAULTS: Final[SimConfigDefaults] = sim_config_defaults()
 """The engine's `SimConfig::default()` (read, never restated)."""
 _TIER: Final[GlobalTierSettings] = ENGINE_DEFAULTS["global_tier"]
 _SLO: Final[SloSettings] = ENGINE_DEFAULTS["slo"]
+
+DECODE_RULES: Final[tuple[DecodeRule, ...]] = CORE_DECODE_RULES
+"""How a PD run picks decode instances (``PdLayout.decode_rule``; ``None`` there: the prefill
+policy's peer form)."""
 
 PD_DEFAULTS: Final[PdSettings] = sim_pd_defaults()
 """The engine's `PdSimConfig::default()`: a PD run's transfer settings (read, never restated)."""

@@ -138,7 +138,16 @@ impl PyPdRouter {
             decode_max_batch,
             ..PdConfig::DEFAULT
         };
-        let inner = PdRouter::new(&prefill, &decode, kind, block_size, seed, config.get().inner.clone(), pd).py()?;
+        let inner = PdRouter::new(
+            &prefill,
+            &decode,
+            kind,
+            block_size,
+            seed,
+            config.get().inner.clone(),
+            pd,
+        )
+        .py()?;
         Ok(Self { inner, config })
     }
 

@@ -32,9 +32,9 @@ use smetric_core::{DecodeRule, PolicyKind};
 use smetric_sim::config::MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK;
 use smetric_sim::workload::ArrivalKind;
 use smetric_sim::{
-    BailianOptions, IndexFeed, PdSimConfig, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig, SloReport,
-    SyntheticOptions, TierPath, TurnFeed, WekaOptions, Workload, evaluate_slo, load_azure, load_bailian, load_mooncake,
-    load_weka, run, synthetic_agent_sessions,
+    BailianOptions, IndexFeed, PdSimConfig, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig,
+    SloReport, SyntheticOptions, TierPath, TurnFeed, WekaOptions, Workload, evaluate_slo, load_azure, load_bailian,
+    load_mooncake, load_weka, run, synthetic_agent_sessions,
 };
 
 use crate::config::PyRouterConfig;
@@ -468,7 +468,9 @@ fn pd_config(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Option<PdSimC
                 let name: Option<String> = field(&key, &v)?;
                 pd.decode_rule = match name {
                     None => None,
-                    Some(n) => Some(DecodeRule::parse(&n).map_err(|e| invalid_config(py, "pd.decode_rule", e.to_string()))?),
+                    Some(n) => {
+                        Some(DecodeRule::parse(&n).map_err(|e| invalid_config(py, "pd.decode_rule", e.to_string()))?)
+                    }
                 };
             }
             "transfer_rank_bytes_per_s" => pd.transfer_rank_bytes_per_s = field(&key, &v)?,

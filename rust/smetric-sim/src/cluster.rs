@@ -67,9 +67,15 @@ enum Kind {
     Deliver(u32),
     FetchDone(u32),
     StepDone(u32),
-    Transfer { link: u32, version: u64 },
+    Transfer {
+        link: u32,
+        version: u64,
+    },
     /// A PD pull's link (`pd`).
-    PdTransfer { link: u32, version: u64 },
+    PdTransfer {
+        link: u32,
+        version: u64,
+    },
     Sample,
     LoadReport,
     KvEvents,

@@ -40,8 +40,8 @@ impl CorePdPlacer {
     ) -> Result<Self> {
         let p: Vec<String> = (0..prefill).map(|i| format!("p{i}")).collect();
         let d: Vec<String> = (0..decode).map(|i| format!("d{i}")).collect();
-        let router =
-            PdRouter::new(&p, &d, policy, block_tokens, seed, config, pd).map_err(|e| SimError::Router(e.to_string()))?;
+        let router = PdRouter::new(&p, &d, policy, block_tokens, seed, config, pd)
+            .map_err(|e| SimError::Router(e.to_string()))?;
         Ok(Self {
             router,
             prefill,
@@ -117,7 +117,9 @@ impl Placer for CorePdPlacer {
     }
 
     fn on_load(&mut self, instance: u32, snapshot: EngineLoadReport, now: f64) {
-        let Some(name) = self.names.get(instance as usize) else { return };
+        let Some(name) = self.names.get(instance as usize) else {
+            return;
+        };
         // Every name exists (the router was built from them) and the usage is a share in
         // [0, 1], so neither call can fail.
         if instance < self.prefill {

@@ -62,10 +62,7 @@ impl DecodeRule {
             .find(|r| r.name() == name)
             .ok_or_else(|| crate::SmetricError::InvalidConfig {
                 field: "decode_rule",
-                reason: format!(
-                    "{name:?} is not one of {}",
-                    Self::ALL.map(DecodeRule::name).join(", ")
-                ),
+                reason: format!("{name:?} is not one of {}", Self::ALL.map(DecodeRule::name).join(", ")),
             })
     }
 
@@ -132,10 +129,7 @@ pub fn choose(rule: DecodeRule, input: &DecodeInput<'_>, rng: &DrawCounter, rr: 
             let pull = |i: usize| input.context_blocks.saturating_sub(c[i].hit_blocks);
             let score = |i: usize| (c[i].used_blocks + pull(i)) as f64 * b;
             // Ties of the token score go to the smaller batch, then at random.
-            let best = (0..n)
-                .filter(|&i| allowed(i))
-                .map(score)
-                .fold(f64::INFINITY, f64::min);
+            let best = (0..n).filter(|&i| allowed(i)).map(score).fold(f64::INFINITY, f64::min);
             #[allow(clippy::float_cmp)]
             let tied = |i: usize| allowed(i) && score(i) == best;
             argmin_by(n, rng, tied, |i| c[i].bs as f64).unwrap_or(0)
@@ -238,7 +232,10 @@ mod tests {
             assert_eq!(DecodeRule::parse(r.name()).unwrap(), r);
         }
         assert!(DecodeRule::parse("nope").is_err());
-        assert_eq!(DecodeRule::peer_form(crate::PolicyKind::Lmetric), DecodeRule::PowerOfTwo);
+        assert_eq!(
+            DecodeRule::peer_form(crate::PolicyKind::Lmetric),
+            DecodeRule::PowerOfTwo
+        );
         assert_eq!(DecodeRule::peer_form(crate::PolicyKind::Smetric), DecodeRule::KvFit);
     }
 }

@@ -46,7 +46,10 @@ fn follow_up_prefills_at_home_and_decodes_where_its_kv_is() {
     assert_ne!(d2.decode_instance, d1.decode_instance);
     // Once both finished, turn 3 goes where turn 2 decoded: that instance's prefix cache
     // holds turn 2's 20 blocks, so only the new 10 are pulled.
-    for phase in [r.on_prefilled(d1.prefill.request_id), r.on_transferred(d1.prefill.request_id)] {
+    for phase in [
+        r.on_prefilled(d1.prefill.request_id),
+        r.on_transferred(d1.prefill.request_id),
+    ] {
         assert!(phase);
     }
     assert!(r.on_finished(d1.prefill.request_id, 5));
@@ -99,7 +102,11 @@ fn every_counter_returns_to_zero_whatever_the_order() {
         let s = r.stats();
         assert_eq!(s.in_flight, 0);
         for (_, l) in &s.decode {
-            assert_eq!((l.bs, l.reserved_blocks, l.pulling, l.pull_tokens), (0, 0, 0, 0), "{policy:?}");
+            assert_eq!(
+                (l.bs, l.reserved_blocks, l.pulling, l.pull_tokens),
+                (0, 0, 0, 0),
+                "{policy:?}"
+            );
         }
         for name in r.prefill().instances() {
             let l = r.prefill().load(&name).unwrap();
@@ -119,7 +126,11 @@ fn prefill_counters_follow_the_phases() {
     assert_eq!((l.bs, l.waiting, l.queued), (1, 1, 64));
     r.on_prefilled(id);
     let l = r.prefill().load(&d.prefill.instance_name).unwrap();
-    assert_eq!((l.bs, l.waiting, l.queued), (1, 0, 0), "P holds the request until the transfer");
+    assert_eq!(
+        (l.bs, l.waiting, l.queued),
+        (1, 0, 0),
+        "P holds the request until the transfer"
+    );
     let dl = r.decode_load(&d.decode_instance_name).unwrap();
     assert_eq!((dl.bs, dl.pulling, dl.pull_tokens), (1, 1, 64));
     r.on_transferred(id);
@@ -157,11 +168,27 @@ fn full_decode_instances_are_avoided_and_engine_usage_counts() {
 fn bad_pools_are_refused() {
     let cfg = RouterConfig::default;
     assert!(matches!(
-        PdRouter::new(&names("p", 2), &[], PolicyKind::Smetric, 16, 0, cfg(), PdConfig::default()),
+        PdRouter::new(
+            &names("p", 2),
+            &[],
+            PolicyKind::Smetric,
+            16,
+            0,
+            cfg(),
+            PdConfig::default()
+        ),
         Err(SmetricError::NoInstances)
     ));
     assert!(matches!(
-        PdRouter::new(&names("x", 2), &names("x", 1), PolicyKind::Smetric, 16, 0, cfg(), PdConfig::default()),
+        PdRouter::new(
+            &names("x", 2),
+            &names("x", 1),
+            PolicyKind::Smetric,
+            16,
+            0,
+            cfg(),
+            PdConfig::default()
+        ),
         Err(SmetricError::DuplicateInstance { .. })
     ));
     let bad = PdConfig {

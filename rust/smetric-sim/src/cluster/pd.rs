@@ -19,10 +19,10 @@
 
 use super::{Kind, Sim};
 use crate::config::SimConfig;
+use crate::error::{Result, SimError};
 use crate::metrics::Percentiles;
 use crate::pd::{PdReport, PdSimConfig};
 use crate::placement::Placement;
-use crate::error::{Result, SimError};
 use crate::transfer::{Direction, Transfer, Transfers};
 
 /// PD state of a run.
@@ -118,9 +118,9 @@ impl Sim<'_> {
     pub(super) fn pd_placed(&mut self, r: u32, placed: &Placement) -> Result<()> {
         let Some(pd) = &mut self.pd else { return Ok(()) };
         let total = self.config.instances;
-        let d = placed.decode_instance.ok_or_else(|| {
-            SimError::Router("a PD run needs a placer that names a decode instance".to_owned())
-        })?;
+        let d = placed
+            .decode_instance
+            .ok_or_else(|| SimError::Router("a PD run needs a placer that names a decode instance".to_owned()))?;
         if placed.instance >= pd.prefill || d < pd.prefill || d >= total {
             return Err(SimError::Router(format!(
                 "placer chose prefill {} and decode {d}; prefill slots are 0..{}, decode {}..{total}",
@@ -173,7 +173,10 @@ impl Sim<'_> {
             req.num_tokens.div_ceil(b),
             "a decode instance allocates the whole context before it pulls"
         );
-        debug_assert!(!pd.held[r as usize].is_empty(), "the prefill instance still holds the blocks");
+        debug_assert!(
+            !pd.held[r as usize].is_empty(),
+            "the prefill instance still holds the blocks"
+        );
         let hit_tokens = (req.blocks.len() - blocks) as u64 * b;
         let tokens = req.num_tokens - hit_tokens;
         pd.decode_hit_tokens += hit_tokens;
@@ -232,7 +235,7 @@ impl Sim<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{build, Kind};
+    use super::super::{Kind, build};
     use crate::config::{GlobalTierConfig, SimConfig};
     use crate::pd::PdSimConfig;
     use crate::workload::{ArrivalKind, RequestSpec, Workload, WorkloadBuilder};
@@ -335,7 +338,10 @@ mod tests {
         for r in 0..n {
             let rec = &sim.records[r];
             let pulled = pulled_at[r].expect("every request was pulled");
-            assert!(rec.first_token_s.unwrap() > pulled, "request {r}: first token after the pull");
+            assert!(
+                rec.first_token_s.unwrap() > pulled,
+                "request {r}: first token after the pull"
+            );
             assert!(rec.finish_s.is_some());
             assert!(rec.instance.unwrap() < 2 && pd.decode_of[r] >= 2);
         }
@@ -356,7 +362,11 @@ mod tests {
         let cap = c.pd.as_ref().unwrap().transfer_rank_bytes_per_s;
         let alone = f64::from(tokens) * rank_bytes / cap.min(c.global_tier.nic_bytes_per_s);
         assert_eq!(pd.transfers, 1);
-        assert!((pd.transfer_time.p50 - alone).abs() < 1e-9, "{} vs {alone}", pd.transfer_time.p50);
+        assert!(
+            (pd.transfer_time.p50 - alone).abs() < 1e-9,
+            "{} vs {alone}",
+            pd.transfer_time.p50
+        );
         assert!((pd.transfer_bytes - f64::from(tokens) * c.profile.kv_bytes_per_token).abs() < 1.0);
         // Two equal requests prefilled side by side on two prefill instances: their pulls
         // start together into two decode instances of one node and share its 87 GB/s.
@@ -367,7 +377,11 @@ mod tests {
         let share = (c.global_tier.nic_bytes_per_s / 2.0).min(cap);
         let shared = f64::from(tokens) * rank_bytes / share;
         assert_eq!(pd.transfers, 2);
-        assert!((pd.transfer_time.p50 - shared).abs() < 1e-9, "{} vs {shared}", pd.transfer_time.p50);
+        assert!(
+            (pd.transfer_time.p50 - shared).abs() < 1e-9,
+            "{} vs {shared}",
+            pd.transfer_time.p50
+        );
         assert!((pd.transfer_time.p99 - shared).abs() < 1e-9);
         assert!(shared > alone);
     }
