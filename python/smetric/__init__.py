@@ -13,11 +13,25 @@ with types.
 
 from __future__ import annotations
 
-from smetric._core import DEFAULT_BLOCK_SIZE, POLICIES, Decision, IndexHits, Router, RouterConfig, __version__
+from smetric._core import (
+    DECODE_RULES,
+    DEFAULT_BLOCK_SIZE,
+    POLICIES,
+    Decision,
+    IndexHits,
+    PdDecision,
+    PdRouter,
+    Router,
+    RouterConfig,
+    __version__,
+)
 from smetric._types import (
     CacheFirstMode,
+    DecodeLoad,
+    DecodeRule,
     IndexMode,
     InstanceLoad,
+    PdRouterStats,
     PolicyName,
     Reason,
     RouterConfigFields,
@@ -40,10 +54,13 @@ from smetric.errors import (
 )
 
 __all__ = [
+    "DECODE_RULES",
     "DEFAULT_BLOCK_SIZE",
     "POLICIES",
     "CacheFirstMode",
     "Decision",
+    "DecodeLoad",
+    "DecodeRule",
     "DuplicateInstanceError",
     "IndexHits",
     "IndexMode",
@@ -54,6 +71,9 @@ __all__ = [
     "InvalidTokenError",
     "MissingPromptError",
     "NoInstancesError",
+    "PdDecision",
+    "PdRouter",
+    "PdRouterStats",
     "PolicyName",
     "Reason",
     "Router",

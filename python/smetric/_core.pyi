@@ -10,10 +10,14 @@ import numpy.typing as npt
 from smetric._types import (
     ArrivalKind,
     CacheFirstMode,
+    DecodeLoad,
+    DecodeRule,
     IndexMode,
     IngestSourceStats,
     IngestStats,
     InstanceLoad,
+    PdRouterStats,
+    PdSettings,
     PolicyName,
     Reason,
     ReuseStats,
@@ -30,6 +34,7 @@ from smetric._types import (
 )
 
 __all__ = [
+    "DECODE_RULES",
     "DEFAULT_BLOCK_SIZE",
     "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
     "POLICIES",
@@ -38,6 +43,8 @@ __all__ = [
     "IngestStep",
     "KvEventIngestor",
     "OpenAIBody",
+    "PdDecision",
+    "PdRouter",
     "PerfModel",
     "Router",
     "RouterConfig",
@@ -47,6 +54,7 @@ __all__ = [
     "load_workload",
     "parse_openai_body",
     "sim_config_defaults",
+    "sim_pd_defaults",
     "sim_profiles",
     "sim_tier_paths",
     "simulate",
@@ -63,6 +71,8 @@ MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK: Final[int]
 defaults (4 GiB): the small end of a ``global_tier.capacity_bytes`` sweep."""
 POLICIES: Final[tuple[PolicyName, ...]]
 """Every policy name, in the order reports list them (the core's ``PolicyKind::ALL``)."""
+DECODE_RULES: Final[tuple[DecodeRule, ...]]
+"""Every decode rule of a :class:`PdRouter` (the core's ``DecodeRule::ALL``)."""
 
 _TokenArray: TypeAlias = npt.NDArray[np.int32] | npt.NDArray[np.uint32] | npt.NDArray[np.int64]
 _Tokens: TypeAlias = Sequence[int] | _TokenArray
@@ -542,6 +552,9 @@ def sim_profiles() -> list[str]:
 def sim_tier_paths() -> list[TierPath]:
     """Names of the global-tier paths (``global_tier.path``), the default first."""
 
+def sim_pd_defaults() -> PdSettings:
+    """``PdSimConfig::default()``: the settings of a PD run (``config["pd"]``)."""
+
 @final
 class PerfModel:
     """The simulator's analytic step time of one vLLM instance (``docs/perf-model.md``).
@@ -585,3 +598,148 @@ def encode_kv_batch(ts: float, events: Sequence[_KvEvent], dp_rank: int | None =
     Raises:
         TypeError: an event is not one of the three shapes.
     """
+
+@final
+class PdDecision:
+    """The outcome of :meth:`PdRouter.route`: a prefill and a decode instance."""
+
+    @property
+    def prefill_instance(self) -> str:
+        """Name of the prefill instance."""
+    @property
+    def decode_instance(self) -> str:
+        """Name of the decode instance."""
+    @property
+    def first_turn(self) -> bool:
+        """Whether the request was treated as the first turn of its session."""
+    @property
+    def turn_source(self) -> TurnSource:
+        """``"hint"``, ``"messages"`` or ``"index"``."""
+    @property
+    def local_hit_tokens(self) -> int:
+        """Prompt tokens already cached on the prefill instance's GPU."""
+    @property
+    def global_hit_tokens(self) -> int:
+        """Prompt tokens available from the global KV$ tier."""
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens the prefill instance is expected to compute."""
+    @property
+    def decode_hit_tokens(self) -> int:
+        """Prompt tokens the decode instance's prefix cache holds (not transferred)."""
+    @property
+    def transfer_tokens(self) -> int:
+        """Prompt tokens to transfer from the prefill to the decode instance."""
+    @property
+    def num_tokens(self) -> int:
+        """Prompt length in tokens."""
+    @property
+    def reason(self) -> Reason:
+        """Why the prefill policy chose the prefill instance."""
+    @property
+    def decode_rule(self) -> DecodeRule:
+        """The rule that chose the decode instance."""
+    @property
+    def request_id(self) -> _RequestId:
+        """The caller's id, or the one the router issued."""
+    @property
+    def policy(self) -> PolicyName:
+        """The prefill policy."""
+
+@final
+class PdRouter:
+    """Routes requests to a disaggregated prefill/decode fleet: one decision names both instances.
+
+    The prefill side is a :class:`Router` over ``prefill`` (the same policy, index, load board and
+    migration); the decode instance is chosen by ``decode_rule`` among the instances where the
+    request's context fits (``None``: the policy's peer form — ``kv_fit`` for smetric: least
+    resident KV plus transferred tokens; ``round_robin`` for round_robin; ``power_of_two``
+    otherwise, as vllm-router and SMG run their decode side).
+
+    Arguments:
+        prefill: unique prefill instance names; at least one.
+        decode: unique decode instance names (distinct from the prefill ones); at least one.
+        policy: the prefill policy, one of ``smetric.POLICIES``.
+        block_size: tokens per KV block.
+        seed: seed of the random tie-breaks.
+        config: the prefill side's :class:`RouterConfig`; defaults when ``None``.
+        decode_rule: one of ``DECODE_RULES``, or ``None`` for the policy's peer form.
+        decode_capacity_blocks: KV blocks of one decode instance (the fit test).
+        decode_max_batch: requests one decode instance batches at most (vLLM ``max_num_seqs``).
+
+    Raises:
+        NoInstancesError, DuplicateInstanceError, UnknownPolicyError, InvalidBlockSizeError,
+        InvalidConfigError.
+    """
+
+    def __new__(
+        cls,
+        prefill: Sequence[str],
+        decode: Sequence[str],
+        *,
+        policy: PolicyName = "smetric",
+        block_size: int = ...,
+        seed: int = 0,
+        config: RouterConfig | None = None,
+        decode_rule: DecodeRule | None = None,
+        decode_capacity_blocks: int = ...,
+        decode_max_batch: int = ...,
+    ) -> Self: ...
+    def route(
+        self,
+        tokens: _Tokens | None = None,
+        *,
+        hashes: _Hashes | None = None,
+        num_tokens: int | None = None,
+        messages: Sequence[_Message] | None = None,
+        turn: int | None = None,
+        request_id: _RequestId | None = None,
+        namespace: str | None = None,
+        now: float | None = None,
+        exclude: Sequence[str] | None = None,
+    ) -> PdDecision:
+        """Chooses the prefill and the decode instance of one request (arguments as :meth:`Router.route`;
+        ``exclude`` names instances of either pool not to choose).
+
+        Raises:
+            InvalidTokenError, UnsupportedDtypeError, MissingPromptError, InvalidArgumentError,
+            NoInstancesError (``exclude`` leaves no prefill or no decode instance).
+        """
+    def on_prefilled(self, request_id: _RequestId) -> bool:
+        """The prefill instance computed the prompt; the KV transfer starts. Lowers its prefill backlog."""
+    def on_transferred(self, request_id: _RequestId) -> bool:
+        """The decode instance has read the KV: the prefill instance's share of the request ends."""
+    def on_finished(self, request_id: _RequestId, output_tokens: int = 0) -> bool:
+        """The request finished on its decode instance (earlier phases applied if their calls never came)."""
+    def on_aborted(self, request_id: _RequestId) -> bool:
+        """The request was aborted in either phase: every counter it raised is lowered."""
+    def update_load(
+        self,
+        instance: str,
+        *,
+        running: int | None = None,
+        waiting: int | None = None,
+        kv_usage: float | None = None,
+        now: float | None = None,
+    ) -> None:
+        """Stores a prefill engine's load snapshot (as :meth:`Router.update_load`)."""
+    def update_decode_load(self, instance: str, kv_usage: float, *, now: float | None = None) -> None:
+        """Stores a decode engine's KV-cache usage in [0, 1] (fused with the router's reservations)."""
+    def load(self, instance: str) -> InstanceLoad:
+        """A prefill instance's load counters."""
+    def decode_load(self, instance: str) -> DecodeLoad:
+        """A decode instance's counters."""
+    def stats(self) -> PdRouterStats:
+        """PD counters."""
+    @property
+    def prefill_instances(self) -> list[str]: ...
+    @property
+    def decode_instances(self) -> list[str]: ...
+    @property
+    def policy(self) -> PolicyName: ...
+    @property
+    def decode_rule(self) -> DecodeRule: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def config(self) -> RouterConfig: ...

@@ -16,6 +16,8 @@ from typing import Literal, NotRequired, TypeAlias, TypedDict
 __all__ = [
     "ArrivalKind",
     "CacheFirstMode",
+    "DecodeLoad",
+    "DecodeRule",
     "GlobalTierSettings",
     "IndexFeed",
     "IndexMode",
@@ -23,6 +25,9 @@ __all__ = [
     "IngestStats",
     "InstanceLoad",
     "LoadSeries",
+    "PdRouterStats",
+    "PdRunReport",
+    "PdSettings",
     "Percentiles",
     "PolicyName",
     "Reason",
@@ -90,6 +95,11 @@ vLLM's offloading connector (asynchronous, host DRAM); :func:`smetric._core.sim_
 
 IndexFeed: TypeAlias = Literal["approximate", "events", "oracle"]
 """How a simulation feeds the router's index: insert on route, the engines' KV events, or an oracle."""
+
+DecodeRule: TypeAlias = Literal["kv_fit", "least_batch", "power_of_two", "round_robin"]
+"""How a PD router picks the decode instance (``PdRouter``, ``config["pd"]["decode_rule"]``):
+least resident KV plus transfer among instances where the context fits (smetric's), fewest
+requests, vllm-router's power-of-two, or round-robin."""
 
 TurnFeed: TypeAlias = Literal["request", "index"]
 """What a simulation tells the router of a request's turn: the turn it carries (a real request
@@ -279,6 +289,18 @@ class SloSettings(TypedDict):
     """Tail-TBT bound (mean of a request's longest tenth of token gaps), seconds; ``None``: none."""
 
 
+class PdSettings(TypedDict):
+    """``config["pd"]`` of a PD (disaggregated prefill/decode) run; :func:`smetric._core.sim_pd_defaults`."""
+
+    prefill_instances: int
+    decode_instances: int
+    decode_rule: DecodeRule | None
+    """``None``: the prefill policy's peer form (``kv_fit`` for smetric, ``round_robin`` for
+    round_robin, ``power_of_two`` for every other)."""
+    transfer_rank_bytes_per_s: float
+    transfer_latency_s: float
+
+
 class SimConfigDefaults(TypedDict):
     """:func:`smetric._core.sim_config_defaults`: ``SimConfig::default()`` (the router's are
     ``RouterConfig()``'s). ``simulate(config=...)`` takes any subset of these keys."""
@@ -306,6 +328,8 @@ class SimConfigDefaults(TypedDict):
     index_feed: IndexFeed
     event_delay_s: float
     turns: TurnFeed
+    pd: PdSettings | None
+    """Disaggregated prefill/decode; ``None``: co-located."""
 
 
 class SyntheticOptions(TypedDict):
@@ -379,6 +403,8 @@ class SloResult(TypedDict):
     """(input + output) tokens of the requests meeting the SLO per second of the window."""
     output_tps_under_slo: float
     """Output tokens of the requests meeting the SLO per second of the window."""
+    prefill_tps_under_slo: float
+    """Prompt tokens of the requests whose TTFT meets the bound (whatever their TPOT) per second."""
 
 
 class LoadSeries(TypedDict):
@@ -417,6 +443,26 @@ class RequestRecords(TypedDict):
     """The router's reason (a :data:`Reason`; empty for a request never routed)."""
     rejected: list[bool]
     preemptions: list[int]
+
+
+class PdRunReport(TypedDict):
+    """What a PD run reports beyond the co-located metrics (``SimReport.pd``)."""
+
+    prefill_instances: int
+    decode_instances: int
+    decode_rule: DecodeRule
+    transfers: int
+    transfer_bytes: float
+    """Bytes pulled from prefill to decode instances (the whole model's KV)."""
+    decode_hit_tokens: int
+    """Prompt tokens a decode instance's own prefix cache held, so not pulled."""
+    transfer_time: Percentiles
+    """Pull submission to end, seconds."""
+    decode_admission_wait: Percentiles
+    """Prefill end to decode allocation, seconds (waiting for decode KV space)."""
+    decode_kv_usage_mean: float
+    decode_kv_usage_max: float
+    decode_preemptions: int
 
 
 class SimReport(TypedDict):
@@ -470,5 +516,35 @@ class SimReport(TypedDict):
     local_hit_prediction_error: float
     feed_counters: dict[str, int]
     load_series: LoadSeries
+    pd: PdRunReport | None
+    """PD runs only; ``None`` co-located."""
     records: NotRequired[RequestRecords]
     """Only with ``keep_records``."""
+
+
+class DecodeLoad(TypedDict):
+    """``PdRouter.decode_load(instance)``: the PD router's counters of one decode instance."""
+
+    batch_size: int
+    """Requests routed here and not yet finished or aborted."""
+    reserved_blocks: int
+    """KV blocks of those requests' contexts."""
+    pulling: int
+    """Requests whose KV transfer has not ended (``on_transferred``)."""
+    pull_tokens: int
+    """Tokens those transfers move."""
+    kv_usage: float
+    """KV-cache usage in [0, 1] the engine last reported (``update_decode_load``)."""
+
+
+class PdRouterStats(TypedDict):
+    """``PdRouter.stats()``: PD counters (the prefill side counts as a ``Router``)."""
+
+    routed: int
+    transfer_tokens: int
+    """Tokens the decisions transfer from prefill to decode instances, summed."""
+    unknown_request_events: int
+    in_flight: int
+    output_tokens: int
+    decode: dict[str, DecodeLoad]
+    """Every decode instance's counters, by name."""

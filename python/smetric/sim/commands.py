@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from smetric import POLICIES, __version__
 from smetric.sim.config import (
+    DECODE_RULES,
     ENGINE_DEFAULTS,
     FORMATS,
     INDEX_FEEDS,
@@ -128,6 +129,20 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Weka: do not share the tool + system-prompt blocks across sessions",
     )
+    p.add_argument(
+        "--pd",
+        action="store_true",
+        help="disaggregated prefill/decode: --prefill-instances run prefills, --decode-instances pull the KV "
+        "and decode",
+    )
+    p.add_argument("--prefill-instances", type=int, help="with --pd: prefill instances")
+    p.add_argument("--decode-instances", type=int, help="with --pd: decode instances")
+    p.add_argument(
+        "--decode-rule",
+        choices=DECODE_RULES,
+        help="with --pd: decode-side rule (default: the policy's peer form: kv_fit for smetric, round_robin "
+        "for round_robin, power_of_two otherwise)",
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel processes (default %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -178,6 +193,15 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
     if args.no_global_tier:
         config = config.with_tier(False)
     config = config.with_turns(args.turns)
+    if args.pd:
+        if args.prefill_instances is None or args.decode_instances is None:
+            _die("--pd needs --prefill-instances and --decode-instances")
+        try:
+            config = config.with_pd(args.prefill_instances, args.decode_instances, args.decode_rule)
+        except ValueError as e:
+            _die(str(e))
+    elif args.prefill_instances is not None or args.decode_instances is not None or args.decode_rule is not None:
+        _die("--prefill-instances, --decode-instances and --decode-rule need --pd")
     window = Window(duration_s=args.duration_s, warmup_s=args.warmup_s, max_think_s=args.max_think_s)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
@@ -230,7 +254,8 @@ def simulate_command(args: argparse.Namespace) -> int:
     loads = sorted({round(nominal * f, 9) for f in _floats(args.ladder)} | {nominal})
     print(
         f"smetric {__version__} simulate: {trace.name} ({len(workload):,} requests, {workload.sessions} sessions, "
-        f"{workload.arrival}), {config.instances} x {config.profile}, global tier "
+        f"{workload.arrival}), {config.instances} x {config.profile}"
+        f"{f' (PD {config.pd.label})' if config.pd else ''}, global tier "
         f"{_tier_label(config)}, turns from {config.turns}, policies {', '.join(policies)}, "
         f"loads {', '.join(f'{x:g}' for x in loads)} {unit}",
         file=sys.stderr,

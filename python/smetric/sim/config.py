@@ -28,10 +28,21 @@ from pathlib import Path
 from typing import Any, Final, get_args
 
 from smetric import POLICIES
-from smetric._core import MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK, RouterConfig, sim_config_defaults, synthetic_defaults
+from smetric._core import (
+    DECODE_RULES as CORE_DECODE_RULES,
+)
+from smetric._core import (
+    MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK,
+    RouterConfig,
+    sim_config_defaults,
+    sim_pd_defaults,
+    synthetic_defaults,
+)
 from smetric._types import (
+    DecodeRule,
     GlobalTierSettings,
     IndexFeed,
+    PdSettings,
     PolicyName,
     SimConfigDefaults,
     SloSettings,
@@ -46,6 +57,13 @@ ENGINE_DEFAULTS: Final[SimConfigDefaults] = sim_config_defaults()
 """The engine's `SimConfig::default()` (read, never restated)."""
 _TIER: Final[GlobalTierSettings] = ENGINE_DEFAULTS["global_tier"]
 _SLO: Final[SloSettings] = ENGINE_DEFAULTS["slo"]
+
+DECODE_RULES: Final[tuple[DecodeRule, ...]] = CORE_DECODE_RULES
+"""How a PD run picks decode instances (``PdLayout.decode_rule``; ``None`` there: the prefill
+policy's peer form)."""
+
+PD_DEFAULTS: Final[PdSettings] = sim_pd_defaults()
+"""The engine's `PdSimConfig::default()`: a PD run's transfer settings (read, never restated)."""
 
 SYNTHETIC_DEFAULTS: Final[SyntheticOptions] = synthetic_defaults()
 """The synthetic agent-session generator's `SyntheticOptions::default()` (read, never restated)."""
@@ -166,6 +184,34 @@ class GlobalTier:
         }
 
 
+@dataclass(frozen=True)
+class PdLayout:
+    """A disaggregated prefill/decode cluster: ``prefill_instances`` run prefills only,
+    ``decode_instances`` pull the KV and decode (``rust/smetric-sim/src/pd.rs``)."""
+
+    prefill_instances: int
+    decode_instances: int
+    decode_rule: DecodeRule | None = PD_DEFAULTS["decode_rule"]
+    """One of :data:`DECODE_RULES`; ``None``: the prefill policy's peer form."""
+    transfer_rank_bytes_per_s: float = PD_DEFAULTS["transfer_rank_bytes_per_s"]
+    transfer_latency_s: float = PD_DEFAULTS["transfer_latency_s"]
+
+    @property
+    def label(self) -> str:
+        """``8P:8D``."""
+        return f"{self.prefill_instances}P:{self.decode_instances}D"
+
+    def settings(self) -> PdSettings:
+        """The engine's ``pd`` dict."""
+        return {
+            "prefill_instances": self.prefill_instances,
+            "decode_instances": self.decode_instances,
+            "decode_rule": self.decode_rule,
+            "transfer_rank_bytes_per_s": self.transfer_rank_bytes_per_s,
+            "transfer_latency_s": self.transfer_latency_s,
+        }
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimulationConfig:
     """Cluster, SLOs and measurement of a run; defaults are the engine's.
@@ -193,6 +239,8 @@ class SimulationConfig:
     """With ``index_feed="events"``: seconds from a batch's publication to its application."""
     turns: TurnFeed = ENGINE_DEFAULTS["turns"]
     """One of :data:`TURN_FEEDS`."""
+    pd: PdLayout | None = None
+    """Disaggregated prefill/decode (``instances`` is then their sum); ``None``: co-located."""
     router: tuple[tuple[str, Any], ...] = ()
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
@@ -230,6 +278,19 @@ class SimulationConfig:
         if turns not in TURN_FEEDS:
             raise ValueError(f"unknown turn source {turns!r}; known: {', '.join(TURN_FEEDS)}")
         return replace(self, turns=turns)
+
+    def with_pd(self, prefill: int, decode: int, decode_rule: DecodeRule | None = None) -> SimulationConfig:
+        """A PD copy: ``prefill`` prefill and ``decode`` decode instances (``instances`` is
+        their sum), decode instances picked by ``decode_rule`` (``None``: the policy's peer form).
+
+        Raises:
+            ValueError: a pool of fewer than one instance, or an unknown rule.
+        """
+        if prefill < 1 or decode < 1:
+            raise ValueError(f"a PD cluster needs >= 1 prefill and >= 1 decode instance, got {prefill}P:{decode}D")
+        if decode_rule is not None and decode_rule not in DECODE_RULES:
+            raise ValueError(f"unknown decode rule {decode_rule!r}; known: {', '.join(DECODE_RULES)}")
+        return replace(self, instances=prefill + decode, pd=PdLayout(prefill, decode, decode_rule))
 
     def with_tier(self, enabled: bool) -> SimulationConfig:
         """A copy with the global tier switched on or off."""
@@ -300,6 +361,8 @@ class SimulationConfig:
             "event_delay_s": self.event_delay_s,
             "turns": self.turns,
         }
+        if self.pd is not None:
+            config["pd"] = self.pd.settings()
         return config, variants, where
 
     def describe(self) -> dict[str, Any]:

@@ -174,6 +174,28 @@ def _flat(report: SimReport, slo: SloResult) -> dict[str, Any]:
         "kv_event_batches": report["feed_counters"].get("published_batches", 0),
         "kv_event_bytes": report["feed_counters"].get("published_bytes", 0),
         "kv_event_unmapped_hashes": report["feed_counters"].get("ingest_unmapped_hashes", 0),
+        "prefill_tps_under_slo": slo["prefill_tps_under_slo"],
+        **_pd_metrics(report),
+    }
+
+
+def _pd_metrics(report: SimReport) -> dict[str, Any]:
+    """A PD run's transfer and decode-side figures (none for a co-located run)."""
+    pd = report["pd"]
+    if pd is None:
+        return {}
+    return {
+        "pd": f"{pd['prefill_instances']}P:{pd['decode_instances']}D",
+        "decode_rule": pd["decode_rule"],
+        "transfers": pd["transfers"],
+        "transfer_bytes": pd["transfer_bytes"],
+        "transfer_p50_ms": 1e3 * pd["transfer_time"]["p50"],
+        "transfer_p99_ms": 1e3 * pd["transfer_time"]["p99"],
+        "decode_hit_tokens": pd["decode_hit_tokens"],
+        "decode_admission_wait_p99_ms": 1e3 * pd["decode_admission_wait"]["p99"],
+        "decode_kv_usage_mean": pd["decode_kv_usage_mean"],
+        "decode_kv_usage_max": pd["decode_kv_usage_max"],
+        "decode_preemptions": pd["decode_preemptions"],
     }
 
 
@@ -225,7 +247,10 @@ def run_one(spec: RunSpec) -> RunResult:
     return RunResult(
         spec=spec,
         metrics=_flat(report, slos[0]),
-        slos=[{k: s[k] for k in ("tps_under_slo", "output_tps_under_slo", "attainment", "met")} for s in slos],
+        slos=[
+            {k: s[k] for k in ("tps_under_slo", "output_tps_under_slo", "prefill_tps_under_slo", "attainment", "met")}
+            for s in slos
+        ],
         wall_s=time.perf_counter() - start,
         ttft_quantiles=_quantiles(ttft, CDF_POINTS),
         load_series=_thin_series(report["load_series"], SERIES_POINTS) if spec.detail else {},

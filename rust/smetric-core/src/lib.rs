@@ -11,7 +11,8 @@
 //! * [`mix_map`] — the hash map for keys that already are hashes or small ids;
 //! * [`policy`] — the seven policies, one file each;
 //! * [`turn`] — stateless first-turn inference;
-//! * [`router`] — the decision path tying them together.
+//! * [`router`] — the decision path tying them together;
+//! * [`pd`] — disaggregated prefill/decode: the router over a prefill pool plus the decode choice.
 //!
 //! No pyo3 here: the crate builds, tests, benches and fuzzes with plain cargo; the Python
 //! bindings live in `rust/smetric-py`. The normative semantics are in
@@ -25,6 +26,7 @@ pub mod ids;
 pub mod index;
 pub mod load;
 pub mod mix_map;
+pub mod pd;
 pub mod policy;
 pub mod rng;
 pub mod router;
@@ -37,6 +39,7 @@ pub use ids::{BlockHash, InstanceId, RequestId};
 pub use index::{Holder, IndexQuery, KvIndex};
 pub use load::{EffectiveLoad, LoadSnapshot};
 pub use mix_map::{MixHasher, MixMap};
+pub use pd::{DecodeRule, PdConfig, PdDecision, PdRouter};
 pub use policy::{Candidate, Policy, PolicyKind, Reason, Selection, SelectionInput};
 pub use router::{Decision, Hits, IndexOp, Prompt, RouteRequest, Router, RouterStats, Tier};
 pub use turn::{TurnHint, TurnSource, first_turn_from_roles};

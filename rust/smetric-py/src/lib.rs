@@ -13,6 +13,7 @@ mod engine;
 mod errors;
 mod events;
 mod openai_body;
+mod pd;
 mod router;
 mod sim;
 mod vllm;
@@ -34,5 +35,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sim::register(m)?;
     engine::register(m)?;
     openai_body::register(m)?;
+    pd::register(m)?;
     Ok(())
 }

@@ -99,13 +99,13 @@ pub(crate) struct PyRouter {
 
 /// A prompt as converted with the GIL held: owned, so it can cross `py.detach`, where
 /// [`PromptArg::check`] finishes it.
-enum PromptArg {
+pub(crate) enum PromptArg {
     Tokens(convert::TokenIds),
     Hashes(Vec<BlockHash>, Option<u64>),
 }
 
 impl PromptArg {
-    fn from_args(
+    pub(crate) fn from_args(
         tokens: Option<&Bound<'_, PyAny>>,
         hashes: Option<&Bound<'_, PyAny>>,
         num_tokens: Option<u64>,
@@ -118,7 +118,7 @@ impl PromptArg {
     }
 
     /// The checked prompt (token ids validated and narrowed; no GIL needed).
-    fn check(self) -> Result<OwnedPrompt, SmetricError> {
+    pub(crate) fn check(self) -> Result<OwnedPrompt, SmetricError> {
         Ok(match self {
             Self::Tokens(ids) => OwnedPrompt::Tokens(ids.check()?),
             Self::Hashes(h, n) => OwnedPrompt::Hashes(h, n),
@@ -127,13 +127,13 @@ impl PromptArg {
 }
 
 /// A checked prompt, borrowed as the core's [`Prompt`].
-enum OwnedPrompt {
+pub(crate) enum OwnedPrompt {
     Tokens(Vec<u32>),
     Hashes(Vec<BlockHash>, Option<u64>),
 }
 
 impl OwnedPrompt {
-    fn borrow(&self) -> Prompt<'_> {
+    pub(crate) fn borrow(&self) -> Prompt<'_> {
         match self {
             Self::Tokens(t) => Prompt::Tokens(t),
             Self::Hashes(h, n) => Prompt::Hashes {
@@ -142,6 +142,40 @@ impl OwnedPrompt {
             },
         }
     }
+}
+
+/// The turn hint of `route(turn=..., messages=...)`: the caller's turn, else the roles of the
+/// messages, else nothing.
+pub(crate) fn turn_hint(turn: Option<i64>, messages: Option<&Bound<'_, PyAny>>) -> PyResult<TurnHint> {
+    Ok(match (turn, messages) {
+        (Some(t), _) => TurnHint::Turn(u32::try_from(t).ok().filter(|&t| t >= 1).ok_or_else(|| {
+            to_py(&SmetricError::InvalidArgument {
+                argument: "turn",
+                reason: format!("turns count from 1, got {t}"),
+            })
+        })?),
+        (None, Some(m)) => {
+            let roles = convert::roles(m)?;
+            TurnHint::Messages {
+                first_turn: first_turn_from_roles(roles.iter().map(String::as_str)),
+            }
+        }
+        (None, None) => TurnHint::Unknown,
+    })
+}
+
+/// An instance's load counters as the ``InstanceLoad`` dict (the core's terse field names
+/// `bs`, `running_e`, `waiting_e` spelled out).
+pub(crate) fn load_dict<'py>(py: Python<'py>, l: &smetric_core::LoadSnapshot) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("batch_size", l.bs)?;
+    d.set_item("waiting", l.waiting)?;
+    d.set_item("queued", l.queued)?;
+    d.set_item("active", l.active)?;
+    d.set_item("engine_running", l.running_e)?;
+    d.set_item("engine_waiting", l.waiting_e)?;
+    d.set_item("kv_usage", l.kv_usage)?;
+    Ok(d)
 }
 
 fn tier(name: &str) -> PyResult<Tier> {
@@ -214,21 +248,7 @@ impl PyRouter {
     ) -> PyResult<PyDecision> {
         let prompt = PromptArg::from_args(tokens, hashes, num_tokens)?;
         let exclude = exclude.unwrap_or_default();
-        let hint = match (turn, messages) {
-            (Some(t), _) => TurnHint::Turn(u32::try_from(t).ok().filter(|&t| t >= 1).ok_or_else(|| {
-                to_py(&SmetricError::InvalidArgument {
-                    argument: "turn",
-                    reason: format!("turns count from 1, got {t}"),
-                })
-            })?),
-            (None, Some(m)) => {
-                let roles = convert::roles(m)?;
-                TurnHint::Messages {
-                    first_turn: first_turn_from_roles(roles.iter().map(String::as_str)),
-                }
-            }
-            (None, None) => TurnHint::Unknown,
-        };
+        let hint = turn_hint(turn, messages)?;
         let id = request_id.map(convert::request_id).transpose()?;
         let inner = &self.inner;
         let decision = py
@@ -372,16 +392,7 @@ impl PyRouter {
     /// The load counters of one instance (keys: ``InstanceLoad`` in ``_core.pyi``; the core's
     /// terse field names `bs`, `running_e`, `waiting_e` are spelled out here).
     fn load<'py>(&self, py: Python<'py>, instance: &str) -> PyResult<Bound<'py, PyDict>> {
-        let l = self.inner.load(instance).py()?;
-        let d = PyDict::new(py);
-        d.set_item("batch_size", l.bs)?;
-        d.set_item("waiting", l.waiting)?;
-        d.set_item("queued", l.queued)?;
-        d.set_item("active", l.active)?;
-        d.set_item("engine_running", l.running_e)?;
-        d.set_item("engine_waiting", l.waiting_e)?;
-        d.set_item("kv_usage", l.kv_usage)?;
-        Ok(d)
+        load_dict(py, &self.inner.load(instance).py()?)
     }
 
     /// The chained block hashes this router computes for ``tokens``.

@@ -28,13 +28,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule};
 use pythonize::pythonize;
 use serde::Serialize;
-use smetric_core::PolicyKind;
+use smetric_core::{DecodeRule, PolicyKind};
 use smetric_sim::config::MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK;
 use smetric_sim::workload::ArrivalKind;
 use smetric_sim::{
-    BailianOptions, IndexFeed, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig, SloReport,
-    SyntheticOptions, TierPath, TurnFeed, WekaOptions, Workload, evaluate_slo, load_azure, load_bailian, load_mooncake,
-    load_weka, run, synthetic_agent_sessions,
+    BailianOptions, IndexFeed, PdSimConfig, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig,
+    SloReport, SyntheticOptions, TierPath, TurnFeed, WekaOptions, Workload, evaluate_slo, load_azure, load_bailian,
+    load_mooncake, load_weka, run, synthetic_agent_sessions,
 };
 
 use crate::config::PyRouterConfig;
@@ -444,11 +444,47 @@ fn sim_config(
                     )
                 })?;
             }
+            "pd" => c.pd = pd_config(py, &v)?,
             _ => return Err(unknown_key(py, "config", &key)),
         }
     }
     c.validate().map_err(|e| sim_error(py, &e))?;
     Ok(c)
+}
+
+/// The `pd` section: `None` (co-located) or a dict of `PdSimConfig` fields over its defaults.
+fn pd_config(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Option<PdSimConfig>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    let d = nested("pd", value)?;
+    let mut pd = PdSimConfig::default();
+    for (k, v) in d.iter() {
+        let key: String = k.extract()?;
+        match key.as_str() {
+            "prefill_instances" => pd.prefill_instances = field(&key, &v)?,
+            "decode_instances" => pd.decode_instances = field(&key, &v)?,
+            "decode_rule" => {
+                let name: Option<String> = field(&key, &v)?;
+                pd.decode_rule = match name {
+                    None => None,
+                    Some(n) => {
+                        Some(DecodeRule::parse(&n).map_err(|e| invalid_config(py, "pd.decode_rule", e.to_string()))?)
+                    }
+                };
+            }
+            "transfer_rank_bytes_per_s" => pd.transfer_rank_bytes_per_s = field(&key, &v)?,
+            "transfer_latency_s" => pd.transfer_latency_s = field(&key, &v)?,
+            _ => return Err(unknown_key(py, "pd", &key)),
+        }
+    }
+    Ok(Some(pd))
+}
+
+/// `PdSimConfig::default()` as a dict: the settings of a PD run (``config["pd"]``).
+#[pyfunction]
+fn sim_pd_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    Ok(pythonize(py, &PdSimConfig::default())?)
 }
 
 /// `SimConfig::default()` as a dict (``router`` excluded: see ``RouterConfig()``).
@@ -615,6 +651,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(workload_reuse_stats, m)?)?;
     m.add_function(wrap_pyfunction!(sim_profiles, m)?)?;
     m.add_function(wrap_pyfunction!(sim_tier_paths, m)?)?;
+    m.add_function(wrap_pyfunction!(sim_pd_defaults, m)?)?;
     m.add(
         "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
         MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK,

@@ -55,8 +55,10 @@ use crate::token_gaps::TokenGaps;
 use crate::transfer::{Direction, Transfer, Transfers, link_direction};
 use crate::workload::{ArrivalKind, Workload};
 
+mod pd;
 mod tier_io;
 
+use pd::PdRun;
 use tier_io::{Payload, StalledStep};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,7 +67,15 @@ enum Kind {
     Deliver(u32),
     FetchDone(u32),
     StepDone(u32),
-    Transfer { link: u32, version: u64 },
+    Transfer {
+        link: u32,
+        version: u64,
+    },
+    /// A PD pull's link (`pd`).
+    PdTransfer {
+        link: u32,
+        version: u64,
+    },
     Sample,
     LoadReport,
     KvEvents,
@@ -150,6 +160,8 @@ struct Sim<'a> {
     /// With `index_feed = events`: the engines' publisher and the messages on their way.
     publisher: Option<EventPublisher>,
     in_transit: VecDeque<(u32, Frames)>,
+    /// PD mode's state (`pd`); `None` co-located.
+    pd: Option<PdRun>,
 }
 
 /// Runs `workload` on the cluster described by `config`, routing with `placer`.
@@ -215,6 +227,7 @@ fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn 
         publisher: (config.index_feed == IndexFeed::Events)
             .then(|| EventPublisher::new(config.instances, workload.block_tokens())),
         in_transit: VecDeque::new(),
+        pd: config.pd.as_ref().map(|pd| PdRun::new(config, pd, n)),
     };
     if config.index_feed.logs_changes() {
         for inst in &mut sim.instances {
@@ -236,6 +249,7 @@ fn finish(sim: Sim<'_>) -> SimReport {
         tier,
         placer,
         publisher,
+        pd,
         ..
     } = sim;
     if let Some(p) = publisher {
@@ -249,7 +263,13 @@ fn finish(sim: Sim<'_>) -> SimReport {
     counters.preemptions = instances.iter().map(|i| i.preemptions).sum();
     counters.gpu_evictions = instances.iter().map(|i| i.pool.evictions()).sum();
     counters.tier_evictions = tier.evictions();
-    summarize(config, workload, placer.policy(), records, counters)
+    let rule = placer.decode_rule();
+    let mut report = summarize(config, workload, placer.policy(), records, counters);
+    report.pd = pd.map(|pd| {
+        let decode_preemptions = instances[pd.prefill as usize..].iter().map(|i| i.preemptions).sum();
+        pd.report(rule, decode_preemptions)
+    });
+    report
 }
 
 impl Sim<'_> {
@@ -350,6 +370,7 @@ impl Sim<'_> {
                 Kind::FetchDone(r) => self.fetch_done(r),
                 Kind::StepDone(i) => self.step_done(i),
                 Kind::Transfer { link, version } => self.transfer_done(link, version),
+                Kind::PdTransfer { link, version } => self.pd_transfer_done(link, version),
                 Kind::Sample => self.sample()?,
                 Kind::LoadReport => self.load_report(),
                 Kind::KvEvents => self.deliver_kv_events(),
@@ -395,6 +416,7 @@ impl Sim<'_> {
                 placed.instance, self.config.instances
             )));
         }
+        self.pd_placed(r, &placed)?;
         let rec = &mut self.records[r as usize];
         rec.instance = Some(placed.instance);
         rec.first_turn_inferred = placed.first_turn;
@@ -407,7 +429,7 @@ impl Sim<'_> {
     }
 
     fn fetch_done(&mut self, r: u32) {
-        let i = self.records[r as usize].instance.unwrap_or(0) as usize;
+        let i = self.serving_instance(r);
         self.instances[i].fetch_done(r, &mut self.reqs, self.workload, self.limits.block_tokens);
         if !self.instances[i].busy {
             self.start_step(i);
@@ -453,14 +475,18 @@ impl Sim<'_> {
         let mut first_tokens = std::mem::take(&mut self.scratch_first);
         let mut finished = std::mem::take(&mut self.scratch_finished);
         let mut prefilled = std::mem::take(&mut self.scratch_prefilled);
+        // A PD prefill instance's one sampled token is dropped by the proxy: no token gap.
+        let pd_prefill = self.is_prefill_instance(i);
+        let pd_decode = self.pd.is_some() && !pd_prefill;
         let (gaps, specs) = (&mut self.gaps, self.workload.requests());
         self.instances[i as usize].complete(&mut self.reqs, |ev| match ev {
             StepEvent::Prefilled { request, from, to } => prefilled.push((request, from, to)),
+            StepEvent::Sampled { .. } if pd_prefill => {}
             StepEvent::Sampled { request } => gaps.on_token(request, specs[request as usize].output_tokens, now),
             StepEvent::FirstToken { request } => first_tokens.push(request),
             StepEvent::Finished { request } => finished.push(request),
         });
-        if self.tier.enabled() {
+        if self.tier.enabled() && !pd_decode {
             for &(request, from, to) in &prefilled {
                 self.write_through(i, request, from, to);
             }
@@ -468,8 +494,18 @@ impl Sim<'_> {
         prefilled.clear();
         self.scratch_prefilled = prefilled;
         for &r in &first_tokens {
-            self.records[r as usize].first_token_s = Some(now);
-            self.placer.on_prefilled(u64::from(r), now);
+            if !pd_prefill {
+                self.records[r as usize].first_token_s = Some(now);
+            }
+            if !pd_decode {
+                self.placer.on_prefilled(u64::from(r), now);
+            }
+        }
+        if pd_prefill {
+            for &r in &finished {
+                self.pd_prefill_finished(r);
+            }
+            finished.clear();
         }
         for &r in &finished {
             let rec = &mut self.records[r as usize];
@@ -576,6 +612,7 @@ impl Sim<'_> {
                 }
             }
         }
+        self.pd_sample();
         if let Some(cv) = coefficient_of_variation(queued.iter().copied()) {
             self.counters.queued_cv.push(cv);
         }

@@ -355,6 +355,9 @@ pub struct SimConfig {
     /// `index_mode` with the one `index_feed` needs.
     #[serde(skip)]
     pub router: RouterConfig,
+    /// Disaggregated prefill/decode: `instances` split into a prefill and a decode pool
+    /// (`crate::pd`); `None`: co-located.
+    pub pd: Option<crate::pd::PdSimConfig>,
 }
 
 fn profile_name<S: serde::Serializer>(profile: &Profile, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -388,6 +391,7 @@ impl Default for SimConfig {
             event_delay_s: DEFAULT_EVENT_DELAY_S,
             turns: TurnFeed::Request,
             router: RouterConfig::default(),
+            pd: None,
         }
     }
 }
@@ -498,6 +502,22 @@ impl SimConfig {
         }
         if let Some(t) = self.series_interval_s {
             positive("series_interval_s", t)?;
+        }
+        if let Some(pd) = &self.pd {
+            pd.validate(self.instances)?;
+            positive("global_tier.nic_bytes_per_s", self.global_tier.nic_bytes_per_s)?;
+            if self.global_tier.gpus_per_node == 0 {
+                return Err(SimError::InvalidConfig {
+                    field: "global_tier.gpus_per_node",
+                    reason: "must be >= 1".into(),
+                });
+            }
+            if self.index_feed != IndexFeed::Approximate {
+                return Err(SimError::InvalidConfig {
+                    field: "index_feed",
+                    reason: "PD mode feeds the prefill router by insert on route only".into(),
+                });
+            }
         }
         let tier = &self.global_tier;
         if tier.enabled {

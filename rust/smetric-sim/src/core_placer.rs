@@ -220,6 +220,7 @@ impl Placer for CorePlacer {
             global_hit_tokens: decision.global_hit_tokens,
             prefill_tokens: decision.prefill_tokens,
             reason: decision.reason.name(),
+            decode_instance: None,
         })
     }
 

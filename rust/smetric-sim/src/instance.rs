@@ -67,6 +67,12 @@ pub(crate) struct LiveRequest {
     pub global_hit_tokens: u64,
     /// Times this request was preempted.
     pub preemptions: u32,
+    /// PD, prefill side: keep the blocks when the request finishes (the prefill instance
+    /// holds them until the decode instance has pulled them; `cluster::pd` frees them).
+    pub hold_blocks: bool,
+    /// PD, decode side: at admission allocate the whole context and pull what the prefix
+    /// cache lacks from the prefill instance (vLLM's `WAITING_FOR_REMOTE_KVS`).
+    pub remote_kv: bool,
 }
 
 /// What happened to a request when a step completed.
@@ -99,6 +105,8 @@ pub(crate) struct StartedLoad {
     pub blocks: usize,
     /// The step just scheduled must wait for it (the request is in that step).
     pub synchronous: bool,
+    /// A PD pull from the request's prefill instance, not a tier load.
+    pub remote: bool,
 }
 
 /// One engine.
@@ -252,8 +260,10 @@ impl Instance {
                 sink(StepEvent::FirstToken { request: r });
             }
             if req.generated >= req.output {
-                self.pool.release(&req.blocks);
-                req.blocks = Vec::new();
+                if !req.hold_blocks {
+                    self.pool.release(&req.blocks);
+                    req.blocks = Vec::new();
+                }
                 any_finished = true;
                 sink(StepEvent::Finished { request: r });
             } else {
@@ -308,6 +318,28 @@ impl Instance {
             }
             let max_hit = (((req.num_tokens - 1) / b) as usize).min(chain.len());
             let local = self.pool.longest_hit(chain, max_hit);
+            if req.remote_kv {
+                // PD decode: allocate the whole context before pulling it; what the prefix
+                // cache holds is not pulled (the last block always is: its last token is
+                // recomputed here).
+                let pull = req.num_tokens.div_ceil(b) as usize - local;
+                if !self.pool.can_allocate(&chain[..local], pull as u32) {
+                    break;
+                }
+                self.pool.acquire_hits(&chain[..local], &mut req.blocks);
+                self.pool.allocate(pull as u32, &mut req.blocks);
+                req.registered = local;
+                req.remote_kv = false;
+                req.fetching = true;
+                self.started_fetches.push(StartedLoad {
+                    request: r,
+                    blocks: pull,
+                    synchronous: false,
+                    remote: true,
+                });
+                j += 1;
+                continue;
+            }
             let external = if tier.enabled() {
                 tier.run_from(&chain[..max_hit], local)
             } else {
@@ -329,6 +361,7 @@ impl Instance {
                     request: r,
                     blocks: external,
                     synchronous: false,
+                    remote: false,
                 });
                 j += 1;
                 continue;
@@ -353,6 +386,7 @@ impl Instance {
                     request: r,
                     blocks: external,
                     synchronous: true,
+                    remote: false,
                 });
             }
             req.computed = computed;
@@ -364,11 +398,13 @@ impl Instance {
         }
     }
 
-    /// The global-tier load of `r` completed: its loaded blocks become computed, cached KV.
+    /// The global-tier load (or PD pull) of `r` completed: its loaded blocks become computed,
+    /// cached KV. At most `n − 1` tokens count as computed: a pull brings the whole context,
+    /// and the last token is recomputed to sample the first output token (vLLM).
     pub fn fetch_done(&mut self, r: u32, reqs: &mut [LiveRequest], workload: &Workload, block_tokens: u64) {
         let req = &mut reqs[r as usize];
         req.fetching = false;
-        req.computed = req.blocks.len() as u64 * block_tokens;
+        req.computed = (req.blocks.len() as u64 * block_tokens).min(req.num_tokens - 1);
         req.expected_prefill = req.num_tokens - req.computed;
         register_full(
             &mut self.pool,

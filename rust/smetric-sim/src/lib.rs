@@ -42,6 +42,8 @@ pub mod error;
 pub mod global_tier;
 mod instance;
 pub mod metrics;
+pub mod pd;
+pub mod pd_placer;
 pub mod perf_model;
 pub mod placement;
 pub mod token_gaps;
@@ -54,6 +56,8 @@ pub use config::{GlobalTierConfig, SimConfig, SloConfig, TierPath, TurnFeed};
 pub use core_placer::CorePlacer;
 pub use error::{Result, SimError};
 pub use metrics::{LoadSeries, Percentiles, RequestRecord, SimReport, SloReport, evaluate_slo};
+pub use pd::{PdReport, PdSimConfig};
+pub use pd_placer::CorePdPlacer;
 pub use perf_model::{BatchShape, Profile};
 pub use placement::{EngineLoadReport, PlaceRequest, Placement, Placer, RoundRobinPlacer};
 pub use smetric_core::{PolicyKind, RouterConfig};
@@ -67,8 +71,48 @@ pub use workload::{ArrivalKind, RequestSpec, SyntheticSessions, Workload, Worklo
 /// Runs `workload` on the cluster of `config`, routing with the real router running `policy`
 /// (built by [`core_placer`]).
 pub fn run(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Result<SimReport> {
+    if config.pd.is_some() {
+        let mut placer = core_pd_placer(config, workload, policy)?;
+        return simulate(config, workload, &mut placer);
+    }
     let mut placer = core_placer(config, workload, policy)?;
     simulate(config, workload, &mut placer)
+}
+
+/// The real PD router running `policy` on the prefill side, for a PD `config`: the prefill
+/// side set up as [`core_placer`] sets up a co-located router (capacities from the simulated
+/// pools and tier, insert on route), the decode side's capacity the simulated pool and its
+/// batch bound `max_num_seqs`, its rule `config.pd.decode_rule`.
+pub fn core_pd_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Result<CorePdPlacer> {
+    config.validate()?;
+    let pd = config.pd.as_ref().ok_or(SimError::InvalidConfig {
+        field: "pd",
+        reason: "a PD placer needs a PD configuration".into(),
+    })?;
+    let block = u64::from(workload.block_tokens());
+    let mut router_config = config.router.clone();
+    router_config.local_capacity_blocks = config.kv_tokens() / block;
+    router_config.global_capacity_blocks = if config.global_tier.enabled {
+        (config.global_tier.capacity_bytes as f64 / (block as f64 * config.profile.kv_bytes_per_token)) as u64
+    } else {
+        0
+    };
+    let pd_config = smetric_core::PdConfig {
+        decode_rule: pd.decode_rule,
+        decode_capacity_blocks: router_config.local_capacity_blocks,
+        decode_max_batch: u64::from(config.max_num_seqs),
+        ..smetric_core::PdConfig::default()
+    };
+    let placer = CorePdPlacer::new(
+        pd.prefill_instances,
+        pd.decode_instances,
+        policy,
+        workload.block_tokens(),
+        config.seed,
+        router_config,
+        pd_config,
+    )?;
+    Ok(placer.with_turns(config.turns))
 }
 
 /// The real router running `policy`, set up for `config` and `workload`: its block size is

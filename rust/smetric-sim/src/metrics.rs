@@ -159,6 +159,9 @@ pub struct SloReport {
     pub tbt_tail_attainment: f64,
     /// (input + output) tokens of requests meeting the SLO per second of the window.
     pub tps_under_slo: f64,
+    /// Prompt tokens per second of measured requests whose TTFT meets the bound, whatever
+    /// their TPOT (the seed's "prefill TPS under the TTFT SLO").
+    pub prefill_tps_under_slo: f64,
     /// Output tokens of requests meeting the SLO per second of the window.
     pub output_tps_under_slo: f64,
 }
@@ -304,6 +307,8 @@ pub struct SimReport {
     pub feed_counters: Vec<(String, u64)>,
     /// Per-instance load over time (when `series_interval_s` is set).
     pub load_series: LoadSeries,
+    /// PD runs: transfers and decode-side pressure (`crate::pd`); `None` co-located.
+    pub pd: Option<crate::pd::PdReport>,
     /// Per-request outcomes when `keep_records` is set (not serialised: see the module docs).
     #[serde(skip)]
     pub records: Vec<RequestRecord>,
@@ -355,7 +360,7 @@ pub fn evaluate_slo(
     let window = (window_end_s - window_start_s).max(f64::MIN_POSITIVE);
     // Per bound: (met, ttft met, tpot met, tokens of met, output tokens of met).
     let mut met = vec![(0_u64, 0_u64, 0_u64, 0_u64, 0_u64); slo.tpot_s.len()];
-    let (mut measured, mut tbt_met) = (0_u64, 0_u64);
+    let (mut measured, mut tbt_met, mut ttft_met_prompt) = (0_u64, 0_u64, 0_u64);
     for r in records {
         if !r.arrival_s.is_some_and(|a| a >= window_start_s && a <= window_end_s) {
             continue;
@@ -369,6 +374,9 @@ pub fn evaluate_slo(
                 .tbt_tail_s
                 .is_none_or(|bound| r.tbt_tail_s.is_none_or(|t| t <= bound));
         tbt_met += u64::from(tbt_ok);
+        if ttft_ok {
+            ttft_met_prompt += u64::from(r.input_tokens);
+        }
         let tpot = r.tpot_s();
         for (k, &bound) in slo.tpot_s.iter().enumerate() {
             let tpot_ok = served && tpot.is_none_or(|t| t <= bound);
@@ -397,6 +405,7 @@ pub fn evaluate_slo(
             tbt_tail_s: slo.tbt_tail_s,
             tbt_tail_attainment: tbt_met as f64 / measured,
             tps_under_slo: tokens as f64 / window,
+            prefill_tps_under_slo: ttft_met_prompt as f64 / window,
             output_tps_under_slo: output as f64 / window,
         })
         .collect()

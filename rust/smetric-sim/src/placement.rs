@@ -8,7 +8,8 @@
 //!
 //! Call order per request: `place` at arrival → `on_prefilled` when its last prefill chunk
 //! completes (the step that emits its first token) → `on_finished` when its last token is
-//! out. Requests rejected before routing (longer than `max_model_len`) get no call. Cache
+//! out. In PD mode `on_transferred` comes between the two, when the decode instance has
+//! pulled the KV (`on_prefilled` is then the end of the prefill instance's work). Requests rejected before routing (longer than `max_model_len`) get no call. Cache
 //! changes reach it through `on_cache_changes` (oracle) or `on_kv_event_message` (events),
 //! depending on `SimConfig::index_feed`.
 
@@ -46,6 +47,9 @@ pub struct Placement {
     pub prefill_tokens: u64,
     /// Why this instance (the router's reason string, e.g. `"follow-up: sticky"`).
     pub reason: &'static str,
+    /// PD mode: the decode instance (an index among all instances, after the prefill ones);
+    /// `None` in co-located mode.
+    pub decode_instance: Option<u32>,
 }
 
 /// An engine's load report, as vLLM's metrics endpoint would publish it (the router's own
@@ -71,6 +75,9 @@ pub trait Placer {
     /// The request's prompt is fully computed (first token emitted).
     fn on_prefilled(&mut self, _request_id: u64, _now: f64) {}
 
+    /// PD mode: the decode instance has pulled the request's KV from its prefill instance.
+    fn on_transferred(&mut self, _request_id: u64, _now: f64) {}
+
     /// The request produced its last token.
     fn on_finished(&mut self, _request_id: u64, _output_tokens: u32, _now: f64) {}
 
@@ -83,6 +90,11 @@ pub trait Placer {
     /// The event feed: one KV-event message `[topic, seq, payload]` that `instance` published,
     /// as it reaches the router.
     fn on_kv_event_message(&mut self, _instance: u32, _frames: &[Vec<u8>], _now: f64) {}
+
+    /// PD mode: the name of the decode rule in use (empty co-located).
+    fn decode_rule(&self) -> String {
+        String::new()
+    }
 
     /// Counters of the index feed, for the report (`(name, value)`, stable order).
     fn feed_counters(&self) -> Vec<(String, u64)> {
@@ -122,6 +134,7 @@ impl Placer for RoundRobinPlacer {
             global_hit_tokens: 0,
             prefill_tokens: u64::from(request.prompt_tokens),
             reason: "round-robin",
+            decode_instance: None,
         })
     }
 }

@@ -53,6 +53,10 @@ impl Sim<'_> {
         let rank_bytes_per_block = self.limits.block_tokens as f64 * self.config.profile.kv_bytes_per_token_rank;
         let mut synchronous = 0;
         for load in &loads {
+            if load.remote {
+                self.pd_submit_pull(i, load.request, load.blocks);
+                continue;
+            }
             let bytes = load.blocks as f64 * rank_bytes_per_block;
             self.counters.tier_fetches += 1;
             self.counters.tier_fetch_bytes += bytes;
