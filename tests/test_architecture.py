@@ -186,6 +186,23 @@ def test_only_the_cli_imports_the_simulator_layer(target: str, allowed: Iterable
     assert importers(package_imports(), target) <= set(allowed)
 
 
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        ("smetric.serve", {"smetric.sim", "smetric.fake_engine"}),
+        ("smetric.fake_engine", {"smetric.sim", "smetric.serve"}),
+    ],
+)
+def test_the_proxy_and_the_fake_engine_stay_apart_and_off_the_simulator(package: str, forbidden: set[str]) -> None:
+    graph = package_imports()
+    bad = {
+        module: {t for t in targets if any(within(t, f) for f in forbidden)}
+        for module, targets in graph.items()
+        if within(module, package)
+    }
+    assert not {m: t for m, t in bad.items() if t}, bad
+
+
 def test_the_import_checks_see_violations() -> None:
     # A relative import climbing out of the reference is still an import of smetric._core.
     graph = {

@@ -20,6 +20,9 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (default 8080; 0: any free port)")
     p.add_argument("--instance", action="append", default=None, metavar="URL", help="a vLLM base URL (repeat for each)")
+    p.add_argument("--prefill", action="append", default=None, metavar="URL", help="PD mode: a prefill instance")
+    p.add_argument("--decode", action="append", default=None, metavar="URL", help="PD mode: a decode instance")
+    p.add_argument("--decode-rule", default=None, help="PD mode: the decode-side rule (smetric.DECODE_RULES)")
     p.add_argument(
         "--kv-events",
         default="discover",
@@ -60,8 +63,12 @@ def _run(args: argparse.Namespace) -> int:
             "admin_token": args.admin_token,
             "engine_load": False if args.no_engine_load else None,
         }
-        if args.instance:
-            overrides["instances"] = [InstanceConfig(url=u, kv_events=args.kv_events) for u in args.instance]
+        for flag, key in ((args.instance, "instances"), (args.prefill, "prefill"), (args.decode, "decode")):
+            if flag:
+                overrides[key] = [InstanceConfig(url=u, kv_events=args.kv_events) for u in flag]
+        if args.prefill or args.decode:
+            overrides.setdefault("instances", [])
+        overrides["decode_rule"] = args.decode_rule
         config = load_config(args.config, **overrides)
         if tokens:
             import dataclasses

@@ -86,6 +86,13 @@ class ServeConfig:
     """Every setting of ``smetric serve``."""
 
     instances: tuple[InstanceConfig, ...] = ()
+    """Co-located instances (each prefills and decodes its own requests)."""
+    prefill: tuple[InstanceConfig, ...] = ()
+    """Disaggregated mode: the prefill instances (with ``decode``, instead of ``instances``)."""
+    decode: tuple[InstanceConfig, ...] = ()
+    """Disaggregated mode: the decode instances."""
+    decode_rule: str | None = None
+    """PD: the decode-side rule (``smetric.DECODE_RULES``); None: the policy's peer form."""
     host: str = "127.0.0.1"
     port: int = 8080
     policy: str = "smetric"
@@ -125,9 +132,13 @@ class ServeConfig:
     """How often ``/v1/models`` of every instance is asked again."""
 
     def __post_init__(self) -> None:
-        if not self.instances:
+        if bool(self.prefill) != bool(self.decode):
+            raise _bad("prefill", "disaggregated mode needs both --prefill and --decode instances")
+        if self.prefill and self.instances:
+            raise _bad("instances", "give --instance (co-located) or --prefill/--decode (disaggregated), not both")
+        if not self.instances and not self.prefill:
             raise _bad("instances", "at least one instance is needed (--instance URL)")
-        urls = [i.url for i in self.instances]
+        urls = [i.url for i in self.all_instances]
         if len(set(urls)) != len(urls):
             raise _bad("instances", "instance urls must be unique")
         if self.policy not in POLICIES:
@@ -146,6 +157,16 @@ class ServeConfig:
             RouterConfig(**self.router)  # the core validates its own values (a typed error)
         except TypeError as e:
             raise _bad("router", f"not a RouterConfig field set: {e}") from e
+
+    @property
+    def disaggregated(self) -> bool:
+        """Prefill/decode disaggregated mode (``prefill`` and ``decode`` given)."""
+        return bool(self.prefill)
+
+    @property
+    def all_instances(self) -> tuple[InstanceConfig, ...]:
+        """Every instance: the co-located ones, or the prefill then the decode ones."""
+        return self.instances or (*self.prefill, *self.decode)
 
     def router_config(self, *, exact_index: bool) -> RouterConfig:
         """The router's config: the file's fields, ``index_mode`` by the event feed unless set."""
@@ -201,7 +222,8 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServeConfig
     unknown = set(data) - known
     if unknown:
         raise _bad("file", f"unknown settings {sorted(unknown)}")
-    data["instances"] = tuple(_instance(i) for i in data.get("instances", ()))
+    for pool in ("instances", "prefill", "decode"):
+        data[pool] = tuple(_instance(i) for i in data.get(pool, ()))
     tokens = data.get("tokens", {})
     if isinstance(tokens, dict):
         tokens_known = {f.name for f in dataclasses.fields(TokensConfig)}

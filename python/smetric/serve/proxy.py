@@ -42,15 +42,19 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import aiohttp
 from aiohttp import web
 
 from smetric._core import Decision, Router
+
+if TYPE_CHECKING:
+    from smetric._core import PdRouter
 from smetric.errors import NoInstancesError, SmetricError
 from smetric.metrics import CONTENT_TYPE, MetricsExporter
 from smetric.serve.config import KV_EVENTS_DISCOVER, KV_EVENTS_OFF, InstanceConfig, ServeConfig
+from smetric.serve.disagg import decode_body, kv_params_of, pd_decision_header, prefill_body, prefill_headers
 from smetric.serve.request import OpenAIRequest, RequestError, parse_request
 from smetric.serve.session import SessionTable, session_hint
 from smetric.serve.telemetry import ProxyTelemetry
@@ -246,10 +250,16 @@ class _Health:
 class Proxy:
     """The proxy's state and handlers; :func:`serve` runs it. Build with :meth:`create`."""
 
-    def __init__(self, config: ServeConfig, router: Router, sources: Mapping[str, list[Any]]) -> None:
+    def __init__(
+        self, config: ServeConfig, router: Router, sources: Mapping[str, list[Any]], pd: PdRouter | None = None
+    ) -> None:
         self.config = config
         self.router = router
-        self.instances: dict[str, InstanceConfig] = {i.url: i for i in config.instances}
+        """The co-located router; in PD mode the PD router's prefill side is ``pd``."""
+        self.pd = pd
+        self.instances: dict[str, InstanceConfig] = {i.url: i for i in config.all_instances}
+        self.prefill_pool = {i.url for i in config.prefill}
+        self.decode_pool = {i.url for i in config.decode}
         self.sources = dict(sources)
         self.tokens = TokenSource(
             TokenConfig(
@@ -282,6 +292,8 @@ class Proxy:
     async def create(cls, config: ServeConfig) -> Proxy:
         """Discovers every instance's KV-event publishers, then builds the router."""
         loop = asyncio.get_running_loop()
+        if config.disaggregated:
+            return cls._create_pd(config)
         sources = {i.url: await loop.run_in_executor(None, _sources_of, i) for i in config.instances}
         # The index can trust KV events only when the routed ids are the engine's own ids.
         exact_ids = config.tokens.mode in ("ids", "tokenizer") or (
@@ -296,6 +308,26 @@ class Proxy:
             config=config.router_config(exact_index=exact),
         )
         return cls(config, router, sources)
+
+    @classmethod
+    def _create_pd(cls, config: ServeConfig) -> Proxy:
+        """PD mode: a :class:`smetric.PdRouter` over the two pools. Its prefill index is the
+        router's own (insert on route): the KV-event ingestor feeds a co-located ``Router``."""
+        from smetric._core import PdRouter
+
+        pd = PdRouter(
+            [i.url for i in config.prefill],
+            [i.url for i in config.decode],
+            policy=config.policy,  # type: ignore[arg-type]  # validated by ServeConfig
+            block_size=config.block_size,
+            seed=config.seed,
+            config=config.router_config(exact_index=False),
+            decode_rule=config.decode_rule,  # type: ignore[arg-type]  # checked by PdRouter
+        )
+        # The co-located router is not used for decisions in PD mode; it backs the metrics page
+        # (router families at zero) so one exporter serves both modes.
+        placeholder = Router([i.url for i in config.prefill], policy="round_robin", block_size=config.block_size)
+        return cls(config, placeholder, {}, pd=pd)
 
     async def start(self) -> None:
         """Opens the upstream client and starts the feeds, the probe and the model refresh."""
@@ -340,8 +372,13 @@ class Proxy:
         if self.config.engine_load:
             from smetric.engine_load import EngineLoadScraper
 
-            urls = {url: (i.metrics_url or url).removesuffix("/metrics") for url, i in self.instances.items()}
-            self._scraper = EngineLoadScraper(self.router, urls, period_s=self.config.engine_load_period_s).start()
+            target: Any = self.router if self.pd is None else self.pd
+            urls = {
+                url: (i.metrics_url or url).removesuffix("/metrics")
+                for url, i in self.instances.items()
+                if self.pd is None or url in self.prefill_pool
+            }
+            self._scraper = EngineLoadScraper(target, urls, period_s=self.config.engine_load_period_s).start()
         self._exporter = MetricsExporter(self.router, events=self._subscriber, load=self._scraper)
 
     async def _probe_loop(self) -> None:
@@ -350,7 +387,8 @@ class Proxy:
             for url in [u for u, h in self.health.items() if h.ejected]:
                 if await self._healthy(url):
                     self.health[url] = _Health()
-                    self.router.clear(url)
+                    if self.pd is None:
+                        self.router.clear(url)
                     self.telemetry.readmissions[url] += 1
                     log.warning("instance %s re-admitted (its /health answers)", url)
 
@@ -424,9 +462,21 @@ class Proxy:
         eligible = [u for u in self.instances if u not in failed and (serving is None or u in serving)]
         if not eligible:
             return None
-        healthy = [u for u in eligible if not self.health[u].ejected]
-        # Ejected instances are a last resort: better a try than a refusal.
-        chosen = healthy or eligible
+        pools = (
+            [eligible]
+            if self.pd is None
+            else [
+                [u for u in eligible if u in self.prefill_pool],
+                [u for u in eligible if u in self.decode_pool],
+            ]
+        )
+        chosen: list[str] = []
+        for pool in pools:
+            if not pool:
+                return None
+            healthy = [u for u in pool if not self.health[u].ejected]
+            # Ejected instances are a last resort: better a try than a refusal.
+            chosen += healthy or pool
         return [u for u in self.instances if u not in chosen]
 
     # -- HTTP handlers ----------------------------------------------------------------------------
@@ -461,20 +511,31 @@ class Proxy:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         in_flight = {}
+        pd_stats = self.pd.stats() if self.pd is not None else None
         for url in self.instances:
             try:
-                load = self.router.load(url)
-                in_flight[url] = load["batch_size"]
-            except SmetricError:
+                if self.pd is None:
+                    in_flight[url] = self.router.load(url)["batch_size"]
+                elif url in self.prefill_pool:
+                    in_flight[url] = self.pd.load(url)["batch_size"]
+                else:
+                    assert pd_stats is not None
+                    in_flight[url] = pd_stats["decode"][url]["batch_size"]
+            except (SmetricError, KeyError):
                 continue
         lines = [*self.telemetry.render(in_flight, lambda u: self.health[u].ejected)]
-        text = self._exporter.render() + ("\n".join(lines) + "\n" if lines else "")
+        if pd_stats is not None:
+            lines += _pd_families(pd_stats)
+        head = self._exporter.render() if self.pd is None else ""
+        text = head + ("\n".join(lines) + "\n" if lines else "")
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     def _admin_allowed(self, request: web.Request) -> web.Response | None:
         token = self.config.admin_token
         if token is None:
             return error_response(404, "admin endpoints are disabled (no admin_token)", kind="NotFoundError")
+        if self.pd is not None:
+            return error_response(409, "adding or removing instances is not supported in PD mode", kind="ConflictError")
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             return error_response(401, "a valid admin token is required", kind="AuthenticationError")
@@ -606,6 +667,8 @@ class Proxy:
                 break
             if opened == "retry":
                 continue
+            if isinstance(opened, web.StreamResponse):
+                return opened
             attempt, upstream, t0 = opened
             try:
                 is_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
@@ -652,22 +715,89 @@ class Proxy:
         failed: list[str],
         headers: Mapping[str, str],
         attempt_no: int,
-    ) -> tuple[_Attempt, aiohttp.ClientResponse, float] | Literal["retry"] | None:
+    ) -> tuple[_Attempt, aiohttp.ClientResponse, float] | web.Response | Literal["retry"] | None:
         """Routes one attempt and opens its upstream response (headers received, status < 500).
 
         Returns ``"retry"`` after a failure before the first byte (the instance is in
-        ``failed``), None when no instance is left to try.
+        ``failed``), None when no instance is left to try, or a finished response (PD: the
+        prefill instance refused the request).
         """
         assert self._client is not None
         exclude = self._exclusions(req.model, failed)
         if exclude is None:
             return None
+        if self.pd is not None:
+            return await self._open_pd(req, body, tokens, turn, failed, headers, attempt_no, exclude)
         try:
             decision = self._route(req, tokens, turn, exclude)
         except NoInstancesError:
             return None
         attempt = _Attempt.colocated(self.router, decision, attempt=attempt_no, source=tokens.source)
         return await self._post(attempt, PATHS[req.endpoint], body, headers, failed)
+
+    async def _open_pd(
+        self,
+        req: OpenAIRequest,
+        body: bytes,
+        tokens: RoutingTokens,
+        turn: int | None,
+        failed: list[str],
+        headers: Mapping[str, str],
+        attempt_no: int,
+        exclude: list[str],
+    ) -> tuple[_Attempt, aiohttp.ClientResponse, float] | web.Response | Literal["retry"] | None:
+        """One PD attempt (:mod:`smetric.serve.disagg`): prefill, then open the decode answer."""
+        pd = self.pd
+        assert pd is not None and self._client is not None
+        t0 = time.perf_counter()
+        try:
+            d = pd.route(tokens.ids, messages=req.messages, turn=turn, namespace=req.namespace, exclude=exclude)
+        except NoInstancesError:
+            return None
+        self.telemetry.decision_s.observe(time.perf_counter() - t0)
+        self.telemetry.decisions[(d.policy, reason_label(d.reason), str(d.first_turn).lower())] += 1
+        self.telemetry.hit_tokens["local"] += d.local_hit_tokens
+        self.telemetry.hit_tokens["global"] += d.global_hit_tokens
+        self.telemetry.prompt_tokens[tokens.source] += tokens.count
+        rid = d.request_id
+        attempt = _Attempt(
+            d.decode_instance,
+            pd_decision_header(d, attempt=attempt_no, source=tokens.source),
+            lambda: pd.on_transferred(rid),
+            lambda n: pd.on_finished(rid, n),
+            lambda: pd.on_aborted(rid),
+        )
+        original = json.loads(body)
+        prefill = _Attempt(d.prefill_instance, attempt.header, lambda: None, lambda n: None, attempt.abort)
+        opened = await self._post(
+            prefill, PATHS[req.endpoint], prefill_body(original), prefill_headers(headers), failed
+        )
+        if opened == "retry":
+            return "retry"
+        _, answer_of_p, _ = opened
+        try:
+            answer = await answer_of_p.read()
+        except _RETRYABLE as e:
+            attempt.abort()
+            failed.append(d.prefill_instance)
+            self._failed(d.prefill_instance, type(e).__name__)
+            return "retry"
+        finally:
+            answer_of_p.release()
+        if 400 <= answer_of_p.status < 500:  # the client's error: its answer
+            attempt.finish(0)
+            hdrs = forwardable(answer_of_p.headers)
+            hdrs["x-smetric-decision"] = attempt.header
+            return web.Response(body=answer, status=answer_of_p.status, headers=hdrs)
+        params = kv_params_of(answer)
+        if params is None:
+            attempt.abort()
+            failed.append(d.prefill_instance)
+            self._failed(d.prefill_instance, "no_kv_transfer_params")
+            return "retry"
+        self._succeeded(d.prefill_instance)
+        pd.on_prefilled(rid)
+        return await self._post(attempt, PATHS[req.endpoint], decode_body(original, params), headers, failed)
 
     async def _post(
         self, attempt: _Attempt, path: str, body: bytes, headers: Mapping[str, str], failed: list[str]
@@ -818,6 +948,29 @@ class Proxy:
         await response.write(b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+def _pd_families(stats: Mapping[str, Any]) -> list[str]:
+    """The PD router's counters (``PdRouter.stats()``) in the text format."""
+    from smetric.metrics import _family
+
+    lines: list[str] = []
+    for key, kind, help_text in (
+        ("routed", "counter", "PD decisions."),
+        ("transfer_tokens", "counter", "Prompt tokens the decisions send from prefill to decode instances."),
+        ("in_flight", "gauge", "PD requests routed and not finished."),
+        ("unknown_request_events", "counter", "PD lifecycle calls for unknown request ids."),
+    ):
+        name = f"smetric_pd_{key}" + ("_total" if kind == "counter" and not key.endswith("_total") else "")
+        lines += _family(name, kind, help_text, [({}, float(stats[key]))])
+    for field in ("batch_size", "reserved_blocks", "pulling", "kv_usage"):
+        lines += _family(
+            f"smetric_pd_decode_{field}",
+            "gauge",
+            f"Decode instance {field.replace('_', ' ')} (the PD router's view).",
+            [({"instance": url}, float(d[field])) for url, d in stats["decode"].items()],
+        )
+    return lines
 
 
 def _completion_tokens(data: bytes) -> int:
