@@ -435,3 +435,31 @@ def test_sigterm_drains_in_flight_requests_then_exits() -> None:
             proc.kill()
             proc.wait()
         engine.stop()
+
+
+def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index() -> None:
+    tokenizer = str(ROOT / "tests" / "data" / "serve" / "tokenizer.json")
+    engines = [
+        FakeEngine(port=0, kv_events_port=0, kv_replay_port=0, speedup=1000, tokenizer=tokenizer).start()
+        for _ in range(2)
+    ]
+    p = proxy_for([e.url for e in engines], tokens={"mode": "tokenizer", "tokenizer": tokenizer})
+    try:
+        assert p.proxy is not None and p.proxy.router.config.index_mode == "exact", "events are the index's truth"
+        msgs = [SYSTEM, {"role": "user", "content": "refactor the parser " * 60}]
+        status, h, body = request(p.url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
+        assert status == 200 and decision(h)["tokens"] == "tokenizer"
+        home = decision(h)["instance"]
+        prompt_tokens = json.loads(body)["usage"]["prompt_tokens"]
+        time.sleep(0.3)  # the engine's KV events reach the index
+        follow = [*msgs, {"role": "assistant", "content": "done"}, {"role": "user", "content": "now test it " * 30}]
+        status, h, body = request(p.url, "/v1/chat/completions", {"messages": follow, "max_tokens": 2})
+        d = decision(h)
+        cached = json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert d["instance"] == home and d["reason"] == "sticky"
+        assert int(d["local_hit_tokens"]) == cached > prompt_tokens // 2, "the router's hit is the engine's"
+        settled(p)
+    finally:
+        p.stop()
+        for e in engines:
+            e.stop()

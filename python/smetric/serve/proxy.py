@@ -42,6 +42,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 import aiohttp
@@ -270,6 +271,7 @@ class Proxy:
             )
         )
         self.health = {url: _Health() for url in self.instances}
+        self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smetric-tokenizer")
         self.telemetry = ProxyTelemetry()
         self.sessions = SessionTable()
         self.models: dict[str, set[str]] = {}
@@ -351,6 +353,7 @@ class Proxy:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._stop_feeds()
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         if self._client is not None:
             await self._client.close()
 
@@ -602,7 +605,13 @@ class Proxy:
                 return self._respond(
                     error_response(404, f"The model `{req.model}` does not exist.", kind="NotFoundError", param="model")
                 )
-            tokens = self.tokens.routing_tokens(req)
+            if req.prompt_ids is None and self.tokens.kind == "tokenizer":
+                # BPE work (a first turn: tens of ms) runs off the event loop, so other requests
+                # keep flowing; one worker thread, which also keeps the piece cache single-threaded.
+                loop = asyncio.get_running_loop()
+                tokens = await loop.run_in_executor(self._tokenizer_pool, self.tokens.routing_tokens, req)
+            else:
+                tokens = self.tokens.routing_tokens(req)
         except RequestError as e:
             return self._respond(web.json_response(e.body(), status=e.status))
         except Exception:  # a bug must still answer in the OpenAI form, and the proxy live on
