@@ -13,8 +13,10 @@ Commands are JSON lines on stdin, one JSON reply line each on stdout:
 * ``{"op": "register", "instance": "inst-A", "worker": 0, "ip": "127.0.0.1", "port": 1}`` → ``{"ok": true}``
 * ``{"op": "admit" | "evict", "instance", "worker", "location", "tokens", "chunk_size"}`` → ``{"keys": [...]}``
   (full chunks only, as an engine stores them; pushed in one batch)
-* ``{"op": "lookup_in_process", "tokens": [...], "repeat": 200}`` → in-process ``LookupMsg`` latency of a
-  ``LMCacheControllerManager`` this peer embeds, filled with the same keys (``{"us": [...], "layout": ...}``)
+* ``{"op": "lookup_in_process", "tokens": [...], "repeat": 200, "pull_port", "worker_port"}`` → smetric's
+  ``lookup_in_process`` on a ``LMCacheControllerManager`` this peer embeds, after admitting the prompt's full
+  chunks on ``inst-A``: ``{"us": [per-call µs], "holders": [[instance, location, end], ...]}``. Needs
+  ``--smetric-path`` (the repo's ``python/`` with the built abi3 extension), since smetric is not installed here.
 """
 
 from __future__ import annotations
@@ -32,8 +34,6 @@ from lmcache.v1.cache_controller.controller_manager import LMCacheControllerMana
 from lmcache.v1.cache_controller.message import (
     BatchedKVOperationMsg,
     KVOpEvent,
-    LookupMsg,
-    LookupRetMsg,
     Msg,
     OpType,
     RegisterMsg,
@@ -98,21 +98,25 @@ async def _lookup_in_process(cmd: dict[str, Any]) -> dict[str, Any]:
     await manager.kv_controller.handle_batched_kv_operations(
         BatchedKVOperationMsg(instance_id="inst-A", worker_id=0, location="LocalCPUBackend", operations=ops)
     )
+    from smetric.integrations.lmcache import lookup_in_process
+
     samples = []
-    ret: Any = None
+    found: Any = None
     for i in range(cmd.get("repeat", 200)):
         start = time.perf_counter()
-        ret = await manager.handle_orchestration_message(LookupMsg(event_id=str(i), tokens=tokens))
+        found = await lookup_in_process(manager, tokens, event_id=str(i))
         samples.append((time.perf_counter() - start) * 1e6)
-    assert isinstance(ret, LookupRetMsg), ret
-    return {"us": samples, "layout": {k: list(v) for k, v in ret.layout_info.items()}}
+    return {"us": samples, "holders": [[h.instance_id, h.location, h.end] for h in found.holders]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pull", help="host:port of the controller's pull socket")
     parser.add_argument("--reply", help="host:port of the controller's reply socket")
+    parser.add_argument("--smetric-path", help="a directory to import smetric from")
     args = parser.parse_args()
+    if args.smetric_path:
+        sys.path.insert(0, args.smetric_path)
     peer = Peer(args.pull, args.reply) if args.pull else None
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

@@ -158,7 +158,8 @@ class ControllerClient:
 
     def query_instance(self, ip: str) -> str:
         """``POST /query_instance``: the LMCache instance id registered from ``ip``."""
-        doc = self._post("/query_instance", {"ip": ip})
+        # The endpoint requires an event_id in the body (0.5.6) and replaces it with its own.
+        doc = self._post("/query_instance", {"event_id": "smetric", "ip": ip})
         return str(doc["res"])
 
     def close(self) -> None:
