@@ -16,6 +16,7 @@ import os
 import select
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from smetric import Router, RouterConfig
+from smetric import InvalidArgumentError, Router, RouterConfig
 from smetric.integrations.lmcache import ControllerClient, GlobalTierFeed, Holder, Lookup, chunk_keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +46,7 @@ def _lmcache_python() -> tuple[str | None, str]:
 
 
 LMCACHE_PYTHON, WHY_NOT = _lmcache_python()
-if LMCACHE_PYTHON is None:
-    pytest.skip(WHY_NOT, allow_module_level=True)
+needs_lmcache = pytest.mark.skipif(LMCACHE_PYTHON is None, reason=WHY_NOT)
 
 
 def _free_port() -> int:
@@ -147,10 +147,15 @@ def _eventually(probe: Callable[[], Lookup], expected: Lookup, timeout: float = 
         time.sleep(0.05)
 
 
+@needs_lmcache
 @pytest.mark.parametrize(
     ("n", "chunk_size", "full_chunks_only"),
-    [(0, 256, False), (1, 256, False), (255, 256, False), (256, 256, False), (257, 256, False), (600, 256, True)]
-    + [(600, 256, False), (32_768, 256, False), (1000, 16, False), (1000, 16, True)],
+    [
+        *[(n, 256, False) for n in (0, 1, 255, 256, 257, 600, 32_768)],
+        (600, 256, True),
+        (1000, 16, False),
+        (1000, 16, True),
+    ],
 )
 def test_chunk_keys_equal_lmcache_token_database(
     keys_peer: Peer, n: int, chunk_size: int, full_chunks_only: bool
@@ -163,6 +168,7 @@ def test_chunk_keys_equal_lmcache_token_database(
     assert [k.to_bytes(8, "big", signed=True) for k in ours] == [k.to_bytes(8, "big", signed=True) for k in theirs]
 
 
+@needs_lmcache
 def test_register_admit_lookup_evict_through_the_controller(controller: tuple[str, Peer]) -> None:
     url, peer = controller
     client = ControllerClient(url, timeout=10.0)
@@ -218,6 +224,7 @@ def _register_admit_lookup_evict(client: ControllerClient, peer: Peer) -> None:
     assert router.query(p).global_hit_tokens == 0
 
 
+@needs_lmcache
 def test_lookup_in_process_on_an_embedded_controller(keys_peer: Peer) -> None:
     tokens = list(range(4096 + 100))
     out = keys_peer(
@@ -229,3 +236,30 @@ def test_lookup_in_process_on_an_embedded_controller(keys_peer: Peer) -> None:
     )
     assert out["holders"] == [["inst-A", "LocalCPUBackend", 4096]]
     assert len(out["us"]) == 3
+
+
+def test_the_module_needs_nothing_but_lookup_in_process_names_its_extra() -> None:
+    # The HTTP client, the keys and the feed use the standard library only; the in-process lookup
+    # imports lmcache when called, and says which extra installs it when it is missing.
+    code = (
+        "import asyncio, sys; sys.modules['lmcache'] = None\n"
+        "import smetric.integrations.lmcache as m, smetric.integrations.mooncake\n"
+        "loaded = {k.split('.')[0] for k, v in sys.modules.items() if v is not None}\n"
+        "assert not {'lmcache', 'torch', 'mooncake', 'numpy', 'zmq'} & loaded, loaded\n"
+        "try:\n    asyncio.run(m.lookup_in_process(None, [1]))\n"
+        "except ImportError as e:\n    print(type(e).__name__, e.extra)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["MissingExtraError", "lmcache"]
+
+
+def test_lookup_reads_the_controllers_layout() -> None:
+    lookup = Lookup.from_layout({"inst-A": ("LocalCPUBackend", 512), "inst-B": ["RemoteBackend", 768]})
+    assert lookup.holders == (Holder("inst-A", "LocalCPUBackend", 512), Holder("inst-B", "RemoteBackend", 768))
+    assert lookup.prefix_tokens == 768
+    assert Lookup(()).prefix_tokens == 0
+    with pytest.raises(InvalidArgumentError):
+        chunk_keys([1], chunk_size=0)
+    with pytest.raises(InvalidArgumentError):
+        ControllerClient("tcp://127.0.0.1:9000")

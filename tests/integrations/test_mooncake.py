@@ -25,17 +25,15 @@ from smetric import Router, RouterConfig
 from smetric import vllm as vllm_hashes
 from smetric.integrations.mooncake import GlobalTierFeed, KeySpace, StoreProbe, pool_keys
 
+WHY_NOT = ""
 try:
     from mooncake.store import MooncakeDistributedStore
 except ImportError as e:  # the package, or a library its extension links (libibverbs, librdmacm, libnuma)
-    pytest.skip(
-        f"mooncake.store is not importable ({e}); run scripts/integrations/mooncake_deps.sh",
-        allow_module_level=True,
-    )
+    WHY_NOT = f"mooncake.store is not importable ({e}); run scripts/integrations/mooncake_deps.sh"
 
 MASTER = shutil.which("mooncake_master", path=str(Path(sys.executable).parent)) or shutil.which("mooncake_master")
-if MASTER is None:
-    pytest.skip("the mooncake_master binary is not installed", allow_module_level=True)
+if MASTER is None and not WHY_NOT:
+    WHY_NOT = "the mooncake_master binary is not installed (scripts/integrations/mooncake_deps.sh)"
 
 BLOCK = 16
 MODEL = "/models/Qwen/Qwen3-8B/"  # vLLM keys use the last path component
@@ -50,6 +48,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if WHY_NOT:
+        pytest.skip(WHY_NOT)
     rpc, http, metrics = _free_port(), _free_port(), _free_port()
     log = tmp_path_factory.mktemp("mooncake") / "master.log"
     with log.open("w") as out:

@@ -30,15 +30,19 @@ controller on every block of that prompt's chain.
 from __future__ import annotations
 
 import http.client
+import importlib
 import json
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from smetric import Decision, Router
 from smetric.errors import InvalidArgumentError, MissingExtraError
 from smetric.integrations._global_tier import record_prefix
+
+if TYPE_CHECKING:
+    from smetric._core import _Tokens  # a list of ints or a token buffer (numpy int32/uint32/int64 array)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -56,7 +60,7 @@ DEFAULT_CHUNK_SIZE = 256
 
 
 def chunk_keys(
-    tokens: Sequence[int], *, chunk_size: int = DEFAULT_CHUNK_SIZE, none_hash: int = 0, full_chunks_only: bool = False
+    tokens: _Tokens, *, chunk_size: int = DEFAULT_CHUNK_SIZE, none_hash: int = 0, full_chunks_only: bool = False
 ) -> list[int]:
     """LMCache's chained chunk keys of a prompt, equal to its controller's (pre-caching hash ``"builtin"``).
 
@@ -77,7 +81,7 @@ def chunk_keys(
         raise InvalidArgumentError(
             f"chunk_size must be positive, got {chunk_size}", argument="chunk_size", reason="not positive"
         )
-    tokens = list(tokens)
+    tokens = _int_list(tokens)
     end = len(tokens) - len(tokens) % chunk_size if full_chunks_only else len(tokens)
     keys = []
     key = none_hash
@@ -85,6 +89,12 @@ def chunk_keys(
         key = hash((key, tuple(tokens[start : start + chunk_size]), ()))
         keys.append(key)
     return keys
+
+
+def _int_list(tokens: _Tokens) -> list[int]:
+    # A numpy array's ``tolist`` gives Python ints (JSON-serialisable, hashed like LMCache's list) in one C loop.
+    tolist = getattr(tokens, "tolist", None)
+    return list(tokens) if tolist is None else list(tolist())
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,15 +152,17 @@ class ControllerClient:
     def __init__(self, url: str, *, timeout: float = 1.0) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme != "http" or not parsed.hostname:
-            raise InvalidArgumentError(f"expected an http://host:port URL, got {url!r}", argument="url", reason="not http")
+            raise InvalidArgumentError(
+                f"expected an http://host:port URL, got {url!r}", argument="url", reason="not http"
+            )
         self._host = parsed.hostname
         self._port = parsed.port or 80
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
 
-    def lookup(self, tokens: Sequence[int]) -> Lookup:
+    def lookup(self, tokens: _Tokens) -> Lookup:
         """``POST /lookup``: where the fleet's LMCache instances hold the prompt's prefix."""
-        doc = self._post("/lookup", {"tokens": list(tokens)})
+        doc = self._post("/lookup", {"tokens": _int_list(tokens)})
         layout = doc.get("layout_info")
         if not isinstance(layout, dict):
             raise ControllerError("/lookup", 200, json.dumps(doc))
@@ -195,7 +207,7 @@ class _OrchestrationHandler(Protocol):
     def handle_orchestration_message(self, msg: Any, /) -> Awaitable[Any]: ...
 
 
-async def lookup_in_process(manager: _OrchestrationHandler, tokens: Sequence[int], *, event_id: str = "") -> Lookup:
+async def lookup_in_process(manager: _OrchestrationHandler, tokens: _Tokens, *, event_id: str = "") -> Lookup:
     """Asks an ``LMCacheControllerManager`` embedded in this process (as production-stack's kvaware router does).
 
     Needs lmcache (``pip install 'smetric-router[lmcache]'``); the HTTP client needs nothing.
@@ -205,11 +217,14 @@ async def lookup_in_process(manager: _OrchestrationHandler, tokens: Sequence[int
         ControllerError: the controller answered with an error message.
     """
     try:
-        from lmcache.v1.cache_controller.message import LookupMsg, LookupRetMsg
+        # Imported by name: lmcache is optional and ships no type information.
+        message = importlib.import_module("lmcache.v1.cache_controller.message")
     except ModuleNotFoundError as e:
-        raise MissingExtraError("smetric.integrations.lmcache.lookup_in_process", "lmcache", "lmcache", name=e.name) from e
-    ret = await manager.handle_orchestration_message(LookupMsg(event_id=event_id, tokens=list(tokens)))
-    if not isinstance(ret, LookupRetMsg):
+        raise MissingExtraError(
+            "smetric.integrations.lmcache.lookup_in_process", "lmcache", "lmcache", name=e.name
+        ) from e
+    ret = await manager.handle_orchestration_message(message.LookupMsg(event_id=event_id, tokens=_int_list(tokens)))
+    if not isinstance(ret, message.LookupRetMsg):
         raise ControllerError("LookupMsg", 0, repr(ret))
     return Lookup.from_layout(ret.layout_info)
 
@@ -225,17 +240,18 @@ class GlobalTierFeed:
         last: the controller's answer for the last prompt (the per-instance detail the router drops).
     """
 
-    def __init__(self, router: Router, lookup: Callable[[Sequence[int]], Lookup]) -> None:
+    def __init__(self, router: Router, lookup: Callable[[_Tokens], Lookup]) -> None:
         self.router = router
         self._lookup = lookup
         self.last: Lookup | None = None
 
-    def refresh(self, tokens: Sequence[int], *, namespace: str | None = None) -> list[int]:
-        """Looks the prompt up and records the answer; returns the prompt's block hashes."""
+    def refresh(self, tokens: _Tokens, *, namespace: str | None = None) -> Lookup:
+        """Looks the prompt up and records the answer into the router's global tier; returns the answer."""
         self.last = self._lookup(tokens)
-        return record_prefix(self.router, tokens, self.last.prefix_tokens, namespace=namespace)
+        record_prefix(self.router, tokens, self.last.prefix_tokens, namespace=namespace)
+        return self.last
 
-    def route(self, tokens: Sequence[int], *, namespace: str | None = None, **route_kwargs: Any) -> Decision:
+    def route(self, tokens: _Tokens, *, namespace: str | None = None, **route_kwargs: Any) -> Decision:
         """:meth:`refresh`, then ``router.route`` on the same hashes (other arguments are passed through)."""
-        hashes = self.refresh(tokens, namespace=namespace)
-        return self.router.route(hashes=hashes, num_tokens=len(tokens), **route_kwargs)
+        self.refresh(tokens, namespace=namespace)
+        return self.router.route(tokens, namespace=namespace, **route_kwargs)

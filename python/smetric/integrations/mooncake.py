@@ -30,12 +30,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from smetric import DEFAULT_BLOCK_SIZE, Decision, Router
 from smetric import vllm as vllm_hashes
 from smetric.errors import InvalidArgumentError
 from smetric.integrations._global_tier import record_prefix
+
+if TYPE_CHECKING:
+    from smetric._core import _Tokens  # a list of ints or a token buffer (numpy int32/uint32/int64 array)
 
 __all__ = ["GlobalTierFeed", "KeySpace", "StoreProbe", "pool_keys"]
 
@@ -120,16 +123,20 @@ class StoreProbe:
         self._namespaces = len(space.prefixes())
 
     def digests(
-        self, tokens: Sequence[int], *, lora: tuple[str, str] | None = None, cache_salt: str | None = None
+        self, tokens: _Tokens, *, lora: tuple[str, str] | None = None, cache_salt: str | None = None
     ) -> list[bytes]:
         """vLLM's block digests of the prompt (the keys' last component)."""
+        tolist = getattr(tokens, "tolist", None)  # a numpy buffer: Python ints in one C loop
         return vllm_hashes.block_hashes(
-            tokens, block_size=self.block_size, algo=self.algo, seed=self.seed, lora=lora, cache_salt=cache_salt
+            tokens if tolist is None else tolist(),
+            block_size=self.block_size,
+            algo=self.algo,
+            seed=self.seed,
+            lora=lora,
+            cache_salt=cache_salt,
         )
 
-    def hit_blocks(
-        self, tokens: Sequence[int], *, lora: tuple[str, str] | None = None, cache_salt: str | None = None
-    ) -> int:
+    def hit_blocks(self, tokens: _Tokens, *, lora: tuple[str, str] | None = None, cache_salt: str | None = None) -> int:
         """The number of leading full blocks whose keys all exist in the store."""
         digests = self.digests(tokens, lora=lora, cache_salt=cache_salt)
         if not digests:
@@ -141,9 +148,7 @@ class StoreProbe:
                 return block
         return len(digests)
 
-    def hit_tokens(
-        self, tokens: Sequence[int], *, lora: tuple[str, str] | None = None, cache_salt: str | None = None
-    ) -> int:
+    def hit_tokens(self, tokens: _Tokens, *, lora: tuple[str, str] | None = None, cache_salt: str | None = None) -> int:
         """:meth:`hit_blocks` in tokens."""
         return self.hit_blocks(tokens, lora=lora, cache_salt=cache_salt) * self.block_size
 
@@ -162,19 +167,20 @@ class GlobalTierFeed:
 
     def refresh(
         self,
-        tokens: Sequence[int],
+        tokens: _Tokens,
         *,
         namespace: str | None = None,
         lora: tuple[str, str] | None = None,
         cache_salt: str | None = None,
-    ) -> list[int]:
-        """Probes the store and records the answer; returns the prompt's router block hashes."""
+    ) -> int:
+        """Probes the store and records the answer into the router's global tier; returns the hit in tokens."""
         self.last_hit_tokens = self.probe.hit_tokens(tokens, lora=lora, cache_salt=cache_salt)
-        return record_prefix(self.router, tokens, self.last_hit_tokens, namespace=namespace)
+        record_prefix(self.router, tokens, self.last_hit_tokens, namespace=namespace)
+        return self.last_hit_tokens
 
     def route(
         self,
-        tokens: Sequence[int],
+        tokens: _Tokens,
         *,
         namespace: str | None = None,
         lora: tuple[str, str] | None = None,
@@ -182,5 +188,5 @@ class GlobalTierFeed:
         **route_kwargs: Any,
     ) -> Decision:
         """:meth:`refresh`, then ``router.route`` on the same hashes (other arguments are passed through)."""
-        hashes = self.refresh(tokens, namespace=namespace, lora=lora, cache_salt=cache_salt)
-        return self.router.route(hashes=hashes, num_tokens=len(tokens), **route_kwargs)
+        self.refresh(tokens, namespace=namespace, lora=lora, cache_salt=cache_salt)
+        return self.router.route(tokens, namespace=namespace, **route_kwargs)
