@@ -15,7 +15,8 @@ Commands are JSON lines on stdin, one JSON reply line each on stdout:
   (full chunks only, as an engine stores them; pushed in one batch)
 * ``{"op": "lookup_in_process", "tokens": [...], "repeat": 200, "pull_port", "worker_port"}`` → smetric's
   ``lookup_in_process`` on a ``LMCacheControllerManager`` this peer embeds, after admitting the prompt's full
-  chunks on ``inst-A``: ``{"us": [per-call µs], "holders": [[instance, location, end], ...]}``. Needs
+  chunks on ``inst-A``: ``{"us": [per-call µs], "holders": [[instance, location, end], ...],
+  "router_global_hit_tokens": n}`` (a router fed with the answer by ``GlobalTierFeed.record``). Needs
   ``--smetric-path`` (the repo's ``python/`` with the built abi3 extension), since smetric is not installed here.
 """
 
@@ -98,7 +99,8 @@ async def _lookup_in_process(cmd: dict[str, Any]) -> dict[str, Any]:
     await manager.kv_controller.handle_batched_kv_operations(
         BatchedKVOperationMsg(instance_id="inst-A", worker_id=0, location="LocalCPUBackend", operations=ops)
     )
-    from smetric.integrations.lmcache import lookup_in_process
+    from smetric import Router, RouterConfig
+    from smetric.integrations.lmcache import GlobalTierFeed, lookup_in_process
 
     samples = []
     found: Any = None
@@ -106,7 +108,13 @@ async def _lookup_in_process(cmd: dict[str, Any]) -> dict[str, Any]:
         start = time.perf_counter()
         found = await lookup_in_process(manager, tokens, event_id=str(i))
         samples.append((time.perf_counter() - start) * 1e6)
-    return {"us": samples, "holders": [[h.instance_id, h.location, h.end] for h in found.holders]}
+    router = Router(["a"], block_size=16, config=RouterConfig(index_mode="exact"))
+    GlobalTierFeed(router).record(tokens, found)  # the asynchronous caller's pattern
+    return {
+        "us": samples,
+        "holders": [[h.instance_id, h.location, h.end] for h in found.holders],
+        "router_global_hit_tokens": router.query(tokens).global_hit_tokens,
+    }
 
 
 def main() -> None:

@@ -235,6 +235,7 @@ def test_lookup_in_process_on_an_embedded_controller(keys_peer: Peer) -> None:
         worker_port=_free_port(),
     )
     assert out["holders"] == [["inst-A", "LocalCPUBackend", 4096]]
+    assert out["router_global_hit_tokens"] == 4096
     assert len(out["us"]) == 3
 
 
@@ -263,3 +264,5 @@ def test_lookup_reads_the_controllers_layout() -> None:
         chunk_keys([1], chunk_size=0)
     with pytest.raises(InvalidArgumentError):
         ControllerClient("tcp://127.0.0.1:9000")
+    with pytest.raises(InvalidArgumentError):
+        GlobalTierFeed(Router(["a"])).refresh([1, 2, 3])

@@ -234,24 +234,36 @@ class GlobalTierFeed:
 
     Args:
         router: the router to feed (its ``RouterConfig.global_capacity_blocks`` must be positive).
-        lookup: one prompt → :class:`Lookup`, e.g. ``ControllerClient(url).lookup``.
+        lookup: one prompt → :class:`Lookup`, e.g. ``ControllerClient(url).lookup``; ``None`` when the
+            caller looks up itself (``await lookup_in_process(...)``) and calls :meth:`record`.
 
     Attributes:
         last: the controller's answer for the last prompt (the per-instance detail the router drops).
     """
 
-    def __init__(self, router: Router, lookup: Callable[[_Tokens], Lookup]) -> None:
+    def __init__(self, router: Router, lookup: Callable[[_Tokens], Lookup] | None = None) -> None:
         self.router = router
         self._lookup = lookup
         self.last: Lookup | None = None
 
+    def record(self, tokens: _Tokens, found: Lookup, *, namespace: str | None = None) -> None:
+        """Records the controller's answer for a prompt into the router's global tier."""
+        self.last = found
+        record_prefix(self.router, tokens, found.prefix_tokens, namespace=namespace)
+
     def refresh(self, tokens: _Tokens, *, namespace: str | None = None) -> Lookup:
-        """Looks the prompt up and records the answer into the router's global tier; returns the answer."""
-        self.last = self._lookup(tokens)
-        record_prefix(self.router, tokens, self.last.prefix_tokens, namespace=namespace)
-        return self.last
+        """Looks the prompt up and records the answer; returns the answer.
+
+        Raises:
+            InvalidArgumentError: the feed was built without a ``lookup``.
+        """
+        if self._lookup is None:
+            raise InvalidArgumentError("this feed has no lookup: call record()", argument="lookup", reason="None")
+        found = self._lookup(tokens)
+        self.record(tokens, found, namespace=namespace)
+        return found
 
     def route(self, tokens: _Tokens, *, namespace: str | None = None, **route_kwargs: Any) -> Decision:
-        """:meth:`refresh`, then ``router.route`` on the same hashes (other arguments are passed through)."""
+        """:meth:`refresh`, then ``router.route`` (other arguments are passed through)."""
         self.refresh(tokens, namespace=namespace)
         return self.router.route(tokens, namespace=namespace, **route_kwargs)
