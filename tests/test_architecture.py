@@ -180,7 +180,7 @@ def test_the_package_never_imports_the_reference() -> None:
 
 @pytest.mark.parametrize(
     ("target", "allowed"),
-    [("smetric.sim", {"smetric.cli"}), ("smetric.cli", {"smetric.__main__"})],
+    [("smetric.sim", {"smetric.cli"}), ("smetric.cli", {"smetric.__main__"}), ("smetric.integrations", set())],
 )
 def test_only_the_cli_imports_the_simulator_layer(target: str, allowed: Iterable[str]) -> None:
     assert importers(package_imports(), target) <= set(allowed)
