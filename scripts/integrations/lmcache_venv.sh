@@ -27,6 +27,6 @@ pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-
 # What the controller and its HTTP front end (`lmcache_controller`) import.
 "${pip[@]}" msgspec pyzmq pyyaml requests prometheus_client transformers cachetools fastapi uvicorn \
     py-cpuinfo psutil aiohttp
-"$venv/bin/python" -c "import lmcache.v1.api_server.__main__, lmcache.v1.token_database"
+LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1 "$venv/bin/python" -c "import lmcache.v1.api_server.__main__, lmcache.v1.token_database"
 touch "$stamp"
 echo "lmcache_venv: $venv ready in $(( $(date +%s) - start )) s" >&2

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -38,6 +39,7 @@ from smetric.integrations._global_tier import record_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER = ROOT / "tests" / "integrations" / "lmcache_peer.py"
+OFFLINE = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def free_port() -> int:
@@ -82,6 +84,7 @@ def measure_lmcache(python: str, tokens: npt.NDArray[np.int32], repeat: int) -> 
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=OFFLINE,
     )
     peer = subprocess.Popen(
         [
@@ -95,6 +98,7 @@ def measure_lmcache(python: str, tokens: npt.NDArray[np.int32], repeat: int) -> 
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        env=OFFLINE,
     )
     try:
         assert peer.stdout is not None and json.loads(peer.stdout.readline()) == {"ready": True}

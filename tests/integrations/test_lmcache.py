@@ -31,6 +31,8 @@ from smetric.integrations.lmcache import ControllerClient, GlobalTierFeed, Holde
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER = Path(__file__).with_name("lmcache_peer.py")
+# LMCache reports usage to its own server unless told not to; tests reach nothing beyond loopback.
+OFFLINE = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def _lmcache_python() -> tuple[str | None, str]:
@@ -38,7 +40,11 @@ def _lmcache_python() -> tuple[str | None, str]:
     if not Path(python).exists():
         return None, f"{python} does not exist (create it with scripts/integrations/lmcache_venv.sh)"
     probe = subprocess.run(
-        [python, "-c", "import lmcache.v1.api_server.__main__"], capture_output=True, text=True, timeout=120
+        [python, "-c", "import lmcache.v1.api_server.__main__"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=OFFLINE,
     )
     if probe.returncode != 0:
         return None, f"{python} cannot import lmcache's controller: {probe.stderr.strip()[-300:]}"
@@ -65,6 +71,7 @@ class Peer:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
+            env=OFFLINE,
         )
         assert self._read(120.0) == {"ready": True}
 
@@ -106,6 +113,7 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
+            env=OFFLINE,
         )
     url = f"http://127.0.0.1:{http}"
     peer = None
