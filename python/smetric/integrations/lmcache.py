@@ -10,11 +10,13 @@ has the measurements behind that choice and what is lost).
 **Chunk keys** (:func:`chunk_keys`), as the controller computes them (``ChunkedTokenDatabase`` with
 no engine config, pre-caching hash ``"builtin"``): ``key[i] = hash((key[i-1], tuple(chunk_i), ()))``
 with Python's own ``hash``, chained from ``key[-1] = none_hash``, over chunks of ``chunk_size``
-tokens, the trailing partial chunk included. ``none_hash`` is 0 when the controller's process cannot
-import vLLM (the usual standalone ``lmcache_controller``); with vLLM importable LMCache derives it
-from ``PYTHONHASHSEED`` and must be passed. ``hash`` of a tuple of ints does not depend on
+tokens, the trailing partial chunk included (``full_chunks_only`` drops it, as an engine's store
+does). ``none_hash`` is 0 when the controller's process cannot import vLLM (the usual standalone
+``lmcache_controller``); with vLLM importable LMCache derives it from ``PYTHONHASHSEED`` and it
+must be passed. ``hash`` of a tuple of ints does not depend on
 ``PYTHONHASHSEED``, so the keys are the same in every CPython process (64-bit builds: hashes are
-signed 64-bit ints). Complexity: O(n) tuple building and hashing, ≈1 µs per 256-token chunk.
+signed 64-bit ints). Complexity: O(n) tuple building and hashing, 1.4–4 µs per 256-token chunk
+(32K tokens: 0.17–0.5 ms, measured on a loaded 2-core machine).
 
 **Lookup** (:class:`ControllerClient` over the controller's HTTP ``POST /lookup``, or
 :func:`lookup_in_process` on an embedded ``LMCacheControllerManager``): the controller walks the
