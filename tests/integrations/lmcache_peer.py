@@ -12,7 +12,8 @@ Commands are JSON lines on stdin, one JSON reply line each on stdout:
 * ``{"op": "keys", "tokens": [...], "chunk_size": 256, "full_chunks_only": false}`` → ``{"keys": [...]}``
 * ``{"op": "register", "instance": "inst-A", "worker": 0, "ip": "127.0.0.1", "port": 1}`` → ``{"ok": true}``
 * ``{"op": "admit" | "evict", "instance", "worker", "location", "tokens", "chunk_size"}`` → ``{"keys": [...]}``
-  (full chunks only, as an engine stores them; pushed in one batch)
+  (full chunks only, as an engine stores them; pushed in one batch); with ``"keys": [...]`` instead of
+  ``"tokens"``, those keys are pushed as given
 * ``{"op": "lookup_in_process", "tokens": [...], "repeat": 200, "pull_port", "worker_port"}`` → smetric's
   ``lookup_in_process`` on a ``LMCacheControllerManager`` this peer embeds, after admitting the prompt's full
   chunks on ``inst-A``: ``{"us": [per-call µs], "holders": [[instance, location, end], ...],
@@ -69,7 +70,8 @@ class Peer:
         return {"ok": True, "reply": type(reply).__name__}
 
     def operate(self, cmd: dict[str, Any], op: OpType) -> dict[str, Any]:
-        keys = _keys(cmd["tokens"], cmd.get("chunk_size", 256), full_chunks_only=True)
+        # Explicit "keys" (computed by smetric) go to the controller as they are; else LMCache's own.
+        keys = cmd["keys"] if "keys" in cmd else _keys(cmd["tokens"], cmd.get("chunk_size", 256), full_chunks_only=True)
         stream = (cmd["instance"], cmd["worker"], cmd["location"])
         events = []
         for key in keys:

@@ -231,6 +231,20 @@ def _register_admit_lookup_evict(client: ControllerClient, peer: Peer) -> None:
     assert router.query(q).global_hit_tokens == 0
     assert router.query(p).global_hit_tokens == 0
 
+    # Keys computed by smetric, admitted as they are: the controller's own hashing of the prompt finds
+    # exactly them, chunk by chunk (a 32K prompt, 128 chunks, and a prompt that differs in its last token).
+    r = [(i * 40_503) % 151_000 for i in range(32_768)]
+    ours = chunk_keys(r, full_chunks_only=True)
+    peer("admit", instance="inst-B", worker=0, location="RemoteBackend", keys=ours[:100])
+    expected_r = Lookup((Holder("inst-B", "RemoteBackend", 100 * 256),))
+    assert _eventually(lambda: client.lookup(r), expected_r) == expected_r
+    assert client.lookup([*r[: 99 * 256], *r[99 * 256 : 100 * 256 - 1], 7]) == Lookup(
+        (Holder("inst-B", "RemoteBackend", 99 * 256),)
+    )
+    peer("evict", instance="inst-B", worker=0, location="RemoteBackend", keys=ours[50:100])
+    expected_r = Lookup((Holder("inst-B", "RemoteBackend", 50 * 256),))
+    assert _eventually(lambda: client.lookup(r), expected_r) == expected_r
+
 
 @needs_lmcache
 def test_lookup_in_process_on_an_embedded_controller(keys_peer: Peer) -> None:
