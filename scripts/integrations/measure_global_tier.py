@@ -123,6 +123,17 @@ def measure_lmcache(python: str, tokens: npt.NDArray[np.int32], repeat: int) -> 
         )
         row("lmcache: in-process lookup_in_process (LookupMsg)", inproc["us"][1:])
         row("lmcache: chunk_keys (option b's per-prompt hashing)", timed(lambda: lmcache.chunk_keys(tokens), repeat))
+        mirror = Router([f"i{k}" for k in range(16)], block_size=16, config=RouterConfig(index_mode="exact"))
+        key_map: dict[int, tuple[int | None, list[int]]] = {}
+        row(
+            "lmcache: (b) remember a prompt (keys + hashes + map)",
+            timed(lambda: _remember(mirror, tokens, key_map), repeat),
+        )
+        admits = lmcache.chunk_keys(tokens, full_chunks_only=True)
+        row(
+            f"lmcache: (b) apply {len(admits)} ADMITs to the router",
+            timed(lambda: _admit(mirror, admits, key_map), repeat),
+        )
         router = Router([f"i{k}" for k in range(16)], block_size=16, config=RouterConfig(index_mode="exact"))
         feed = lmcache.GlobalTierFeed(router, client.lookup)
         assert feed.route(tokens, turn=1).global_hit_tokens == len(tokens) - 1
@@ -199,6 +210,21 @@ def main() -> None:
         measure_lmcache(args.lmcache_python, tokens, args.repeat)
     if "mooncake" not in args.skip:
         measure_mooncake(tokens, args.repeat)
+
+
+def _remember(router: Router, tokens: npt.NDArray[np.int32], key_map: dict[int, tuple[int | None, list[int]]]) -> None:
+    """Option (b)'s bookkeeping per routed prompt: LMCache chunk key → (parent block, the chunk's router blocks)."""
+    keys = lmcache.chunk_keys(tokens, full_chunks_only=True)
+    hashes = router.hash_tokens(tokens)
+    per_chunk = 256 // router.block_size
+    for i, key in enumerate(keys):
+        key_map[key] = (hashes[i * per_chunk - 1] if i else None, hashes[i * per_chunk : (i + 1) * per_chunk])
+
+
+def _admit(router: Router, keys: list[int], key_map: dict[int, tuple[int | None, list[int]]]) -> None:
+    for key in keys:
+        parent, blocks = key_map[key]
+        router.store_blocks(None, blocks, tier="global", parent=parent)
 
 
 def _record(router: Router, tokens: npt.NDArray[np.int32]) -> None:
