@@ -38,7 +38,7 @@ wheel: setup
 	$(VENV)/bin/maturin build --release --quiet --out $(WHEELS)
 
 # The real peers of tests/integrations: LMCache's controller in its own venv (its pins clash with
-# .venv's; PyPI's torch runs on CPU, ~5 GB, ~95 s from scratch), Mooncake's master and client in .venv (+ apt libs).
+# .venv's; PyPI's torch runs on CPU, ~5 GB, 95-200 s from scratch), Mooncake's master and client in .venv (+ apt libs).
 # Idempotent; a failed install is not fatal here: the tests then skip and print why.
 integration-deps: setup
 	-bash scripts/integrations/lmcache_venv.sh "$(PYTHON)" .venv-lmcache
