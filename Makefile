@@ -8,7 +8,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 PY_SOURCES := $(wildcard python tests benches scripts examples)
 WHEELS := target/wheels
 
-.PHONY: setup demo test lint lint-rust lint-python test-rust test-python wheel bench clean
+.PHONY: setup demo test lint lint-rust lint-python test-rust test-python wheel bench clean integration-deps
 
 setup:
 	bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
@@ -37,7 +37,14 @@ wheel: setup
 	rm -f $(WHEELS)/smetric_router-*.whl
 	$(VENV)/bin/maturin build --release --quiet --out $(WHEELS)
 
-test-python: setup wheel
+# The real peers of tests/integrations: LMCache's controller in its own venv (its pins clash with
+# .venv's; PyPI's torch runs on CPU, ~5 GB, 95-200 s from scratch), Mooncake's master and client in .venv (+ apt libs).
+# Idempotent; a failed install is not fatal here: the tests then skip and print why.
+integration-deps: setup
+	-bash scripts/integrations/lmcache_venv.sh "$(PYTHON)" .venv-lmcache
+	-bash scripts/integrations/mooncake_deps.sh "$(VENV)"
+
+test-python: setup wheel integration-deps
 	$(PY) -m pytest
 
 test: lint test-rust test-python
@@ -47,4 +54,4 @@ bench: setup
 	$(PY) -m pytest benches/python --benchmark-enable --benchmark-only
 
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) .venv-lmcache target
