@@ -48,7 +48,7 @@ def load_sessions(max_turns: int, max_sessions: int | None = None) -> list[list[
     """The excerpt's sessions (sub-agents are sessions of their own), each cut to ``max_turns``."""
     path = resources.files("smetric") / "data" / "weka_excerpt.jsonl.gz"
     sessions: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    with gzip.open(path.open("rb"), "rt") as f:
+    with path.open("rb") as raw, gzip.open(raw, "rt") as f:
         for line in f:
             row = json.loads(line)
             sessions[row["session_id"]].append(row)
