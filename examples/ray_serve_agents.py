@@ -165,7 +165,9 @@ def summarize(router: str, replicas: int, served: list[dict[str, Any]], sessions
             previous = rows[i - 1]
             if extends(previous["hash_ids"], row["hash_ids"]):
                 report.extending += 1
-                report.extending_sticky += got["replica"] == where[(previous["session_id"], previous["turn"])]["replica"]
+                report.extending_sticky += (
+                    got["replica"] == where[(previous["session_id"], previous["turn"])]["replica"]
+                )
     report.first_turns_per_replica = dict(sorted(first.items()))
     return report
 

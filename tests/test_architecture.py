@@ -186,6 +186,13 @@ def test_only_the_cli_imports_the_simulator_layer(target: str, allowed: Iterable
     assert importers(package_imports(), target) <= set(allowed)
 
 
+def test_nothing_outside_the_integrations_imports_them() -> None:
+    # The router library never loads a serving framework; the frameworks load smetric.
+    graph = package_imports()
+    assert any(within(m, "smetric.integrations") for m in graph), "the integrations moved: update this test"
+    assert importers(graph, "smetric.integrations") == set()
+
+
 def test_the_import_checks_see_violations() -> None:
     # A relative import climbing out of the reference is still an import of smetric._core.
     graph = {

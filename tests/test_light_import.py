@@ -58,6 +58,7 @@ EXTRA_CASES = [
     ("smetric.cli", "matplotlib", "matplotlib", "sim"),
     ("smetric.fake_engine.run", "aiohttp", "aiohttp", "fake-engine"),
     ("smetric.fake_engine.server", "zmq", "pyzmq", "fake-engine"),
+    ("smetric.integrations.ray_serve", "ray", "ray", "ray"),
 ]
 
 

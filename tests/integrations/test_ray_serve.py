@@ -29,10 +29,10 @@ import pytest
 pytest.importorskip("zmq", reason="the KV-event tests need the events extra (pyzmq)")
 pytest.importorskip("aiohttp", reason="the KV-event tests need the fake-engine extra (aiohttp)")
 
-from smetric import Router, RouterConfig  # noqa: E402
-from smetric.events import KvEventSubscriber, discover_sources  # noqa: E402
-from smetric.fake_engine import FakeEngine  # noqa: E402
-from smetric.integrations._prompt import approximate_tokens  # noqa: E402
+from smetric import Router, RouterConfig
+from smetric.events import KvEventSubscriber, discover_sources
+from smetric.fake_engine import FakeEngine
+from smetric.integrations._prompt import approximate_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "fake-model"
@@ -58,7 +58,10 @@ def chat(base: str, messages: list[dict[str, str]], max_tokens: int = 8) -> dict
 
 def session_messages(session: int, turn: int) -> list[dict[str, str]]:
     """Turn ``turn`` (1-based) of a synthetic agent session: the history plus one tool result."""
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Task {session}: fix bug {session}."}]
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Task {session}: fix bug {session}."},
+    ]
     for t in range(1, turn):
         messages.append({"role": "assistant", "content": f"Calling tool {t} of session {session}."})
         messages.append({"role": "tool", "content": f"Result {t} of session {session}: " + "ok " * (40 + 7 * t)})

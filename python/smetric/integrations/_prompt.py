@@ -70,9 +70,13 @@ def _as_message(message: object) -> Mapping[str, Any]:
 
 
 def _int_list(value: object) -> list[int] | None:
-    if isinstance(value, Sequence) and not isinstance(value, str | bytes) and value:
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return list(value)
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, str | bytes)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return list(value)
     return None
 
 

@@ -55,7 +55,9 @@ from smetric.integrations._prompt import Prompt, prompt_from_body, route
 try:
     from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 except ModuleNotFoundError as e:
-    raise MissingExtraError(__name__, "ray[serve]", "ray", name=e.name) from e
+    # Ray itself (or a Ray without ray.serve.request_router), or a package of its `serve` extra.
+    top = (e.name or "").partition(".")[0]
+    raise MissingExtraError(__name__, "ray" if top == "ray" else "ray[serve]", "ray", name=top or e.name) from e
 
 __all__ = [
     "KV_EVENT_SOURCES",
@@ -101,7 +103,7 @@ def _number(value: object) -> float | None:
     return None
 
 
-class SMetricRequestRouter(RequestRouter):  # type: ignore[misc]  # ray ships no type information
+class SMetricRequestRouter(RequestRouter):
     """Routes a deployment's requests with :class:`smetric.Router` (see the module docs).
 
     Configure it with ``RequestRouterConfig(request_router_class=SMetricRequestRouter,
