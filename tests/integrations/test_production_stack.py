@@ -15,6 +15,7 @@ and plain dicts for bodies.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import time
 from dataclasses import dataclass
@@ -168,12 +169,15 @@ def test_registered_router_routes_with_production_stacks_types() -> None:
     assert register() is cls
     router = rl.initialize_routing_logic(ROUTING_LOGIC, session_key="x-session-id")
     assert isinstance(router, cls) and isinstance(router, rl.SessionRouter) and rl.get_routing_logic() is router
-    endpoints = [
-        EndpointInfo(
-            url=u, model_names=["m"], Id=str(i), added_timestamp=time.time(), model_label="default", sleep=False
-        )
-        for i, u in enumerate(URLS)
-    ]
+
+    def endpoint(i: int, url: str) -> Any:
+        # EndpointInfo's fields changed across production-stack versions (model_name -> model_names,
+        # Id, sleep, ...): fill those this version has; a new required field fails the test.
+        values = {"url": url, "model_names": ["m"], "model_name": "m", "Id": str(i), "added_timestamp": time.time()}
+        values |= {"model_label": "default", "sleep": False}
+        return EndpointInfo(**{f.name: values[f.name] for f in dataclasses.fields(EndpointInfo) if f.name in values})
+
+    endpoints = [endpoint(i, u) for i, u in enumerate(URLS)]
     stats = {u: EngineStats(num_running_requests=0, num_queuing_requests=0) for u in URLS}
 
     def request() -> Any:
