@@ -38,7 +38,8 @@ endpoint's vLLM KV events, found with ``GET {url}/kv_event_sources``
 (:func:`smetric.events.discover_sources`), one :class:`smetric.events.KvEventSubscriber` per
 endpoint, removed with it.
 
-Cost per request: one ``Router.route`` plus one ``update_load`` per endpoint; the pairing is O(1).
+Cost per request: one ``Router.route`` plus one ``update_load`` per endpoint; pairing a start scans
+the URL's unpaired decisions (about one: production-stack starts a request right after routing it).
 """
 
 from __future__ import annotations
@@ -211,7 +212,11 @@ class SMetricRouting:
             while queue and now - queue[0].routed_at > self.stale_after_s:
                 router.on_aborted(queue.popleft().decision_id)
                 self.expired += 1
-        for key in [k for k, v in self._paired.items() if now - v.routed_at > self.stale_after_s]:
+        # Paired entries are in pairing order, which is routing order up to races: the oldest first.
+        while self._paired:
+            key, entry = next(iter(self._paired.items()))
+            if now - entry.routed_at <= self.stale_after_s:
+                break
             router.on_aborted(self._paired.pop(key).decision_id)
             self.expired += 1
 

@@ -19,7 +19,8 @@ deployment's replicas (``ReplicaID.unique_id``) and, for each pending request:
 Lifecycle: ``on_request_routed`` learns the replica Ray actually used; when it is not the chosen
 one the decision is aborted (its load leaves the wrong replica) and counted in
 :attr:`SMetricRequestRouter.mismatched`. ``on_request_completed`` is the router's
-``on_finished`` (a request re-chosen after a rejection is aborted first, so it counts once).
+``on_finished`` (a request re-chosen after a rejection is aborted first, so it counts once); a
+decision never completed (cancelled between routing and sending) is aborted after ``stale_after_s``.
 Replica changes (``update_replicas``, ``on_replica_actor_died``) add and remove instances.
 
 KV$ state. With ``index_mode="approximate"`` (default) the router inserts each prompt where it
@@ -44,6 +45,7 @@ replicas) plus one ``update_load`` per candidate.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -117,6 +119,7 @@ class SMetricRequestRouter(RequestRouter):
         seed: int = 0,
         index_mode: IndexMode = "approximate",
         config: Mapping[str, Any] | None = None,
+        stale_after_s: float = 600.0,
         **_: Any,
     ) -> None:
         """Keywords of ``request_router_kwargs``.
@@ -127,6 +130,8 @@ class SMetricRequestRouter(RequestRouter):
             seed: seed of the router's random tie-breaks (the same on every handle: same choices).
             index_mode: ``"approximate"`` (insert on route) or ``"exact"`` (the replicas' KV events).
             config: other :class:`smetric.RouterConfig` fields, by name (``index_mode`` wins).
+            stale_after_s: a decision Ray never reports complete (a request cancelled between
+                routing and sending) is aborted after this long.
         """
         fields = dict(config or {})
         fields["index_mode"] = index_mode
@@ -135,12 +140,15 @@ class SMetricRequestRouter(RequestRouter):
         self._seed = seed
         self._config = RouterConfig(**fields)
         self._router: Router | None = None
-        self._decisions: dict[str, Decision] = {}
+        self._decisions: dict[str, tuple[Decision, float]] = {}  # in routing order
+        self._stale_after_s = stale_after_s
         self._subscribers: dict[str, Any] = {}  # instance -> smetric.events.KvEventSubscriber
         self.mismatched = 0
         """Requests Ray sent to another replica than the chosen one (its queue was full)."""
         self.unrouted = 0
         """Requests without a prompt, routed Ray's way."""
+        self.expired = 0
+        """Decisions aborted after ``stale_after_s`` without a completion."""
 
     @property
     def router(self) -> Router | None:
@@ -229,8 +237,9 @@ class SMetricRequestRouter(RequestRouter):
         for replica in candidate_replicas:
             self._observe(router, replica)
         request_id = pending_request.metadata.internal_request_id
-        earlier = self._decisions.pop(request_id, None)
-        if earlier is not None:  # re-chosen after a rejection or a full queue: count it once
+        now = time.monotonic()
+        self._expire(router, now)
+        if self._decisions.pop(request_id, None) is not None:  # re-chosen after a rejection: count it once
             router.on_aborted(request_id)
         try:
             decision = route(router, prompt, request_id)
@@ -238,17 +247,27 @@ class SMetricRequestRouter(RequestRouter):
             log.exception("smetric could not route request %s; routing it Ray's way", request_id)
             self.unrouted += 1
             return [candidate_replicas]
-        self._decisions[request_id] = decision
+        self._decisions[request_id] = (decision, now)
         chosen = [r for r in candidate_replicas if r.replica_id.unique_id == decision.instance]
         rest = [r for r in candidate_replicas if r.replica_id.unique_id != decision.instance]
         return [chosen, rest] if chosen else [rest]
 
+    def _expire(self, router: Router, now: float) -> None:
+        while self._decisions:
+            request_id, (_, routed_at) = next(iter(self._decisions.items()))
+            if now - routed_at <= self._stale_after_s:
+                break
+            del self._decisions[request_id]
+            router.on_aborted(request_id)
+            self.expired += 1
+
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
-        decision = self._decisions.get(pending_request.metadata.internal_request_id)
-        if decision is not None and self._router is not None and decision.instance != replica_id.unique_id:
+        request_id = pending_request.metadata.internal_request_id
+        entry = self._decisions.get(request_id)
+        if entry is not None and self._router is not None and entry[0].instance != replica_id.unique_id:
             self.mismatched += 1
-            self._router.on_aborted(pending_request.metadata.internal_request_id)
-            del self._decisions[pending_request.metadata.internal_request_id]
+            self._router.on_aborted(request_id)
+            del self._decisions[request_id]
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         if self._decisions.pop(internal_request_id, None) is not None and self._router is not None:
