@@ -179,7 +179,7 @@ def test_exact_mode_follows_the_replicas_kv_events(ray_cluster: Any) -> None:
             return {"replica": self.name, "cached": usage["prompt_tokens_details"]["cached_tokens"], **body["tag"]}
 
     handle = serve.run(EngineReplica.bind(), name="engines", route_prefix=None)
-    time.sleep(2.0)  # a few routing-stats periods: the router has subscribed to every replica
+    time.sleep(4.0)  # several routing-stats periods: the stats (and so the sources) reach the handle
 
     async def replay() -> list[dict[str, Any]]:
         async def one(s: int) -> list[dict[str, Any]]:
