@@ -103,6 +103,10 @@ class Report:
     """Of those, served by the replica that served the previous turn."""
     on_first_turn_replica: int = 0
     """Follow-ups served by their session's first-turn replica."""
+    extending_first: int = 0
+    """Follow-ups that extend their session's first turn."""
+    extending_first_home: int = 0
+    """Of those, served by the session's first-turn replica."""
     prompt_tokens: int = 0
     hit_tokens: int = 0
 
@@ -110,6 +114,11 @@ class Report:
     def stickiness(self) -> float:
         """Share of extending follow-ups served where their previous turn was."""
         return self.extending_sticky / max(self.extending, 1)
+
+    @property
+    def first_turn_stickiness(self) -> float:
+        """Share of the follow-ups that extend their session's first turn served by its replica."""
+        return self.extending_first_home / max(self.extending_first, 1)
 
     @property
     def first_turn_replica_share(self) -> float:
@@ -131,6 +140,7 @@ class Report:
             **asdict(self),
             "stickiness": self.stickiness,
             "first_turn_replica_share": self.first_turn_replica_share,
+            "first_turn_stickiness": self.first_turn_stickiness,
             "max_first_turn_share": self.max_first_turn_share,
             "hit_ratio": self.hit_ratio,
         }
@@ -162,6 +172,9 @@ def summarize(router: str, replicas: int, served: list[dict[str, Any]], sessions
                 continue
             report.follow_ups += 1
             report.on_first_turn_replica += got["replica"] == home
+            if extends(rows[0]["hash_ids"], row["hash_ids"]):
+                report.extending_first += 1
+                report.extending_first_home += got["replica"] == home
             previous = rows[i - 1]
             if extends(previous["hash_ids"], row["hash_ids"]):
                 report.extending += 1
@@ -272,7 +285,11 @@ def main() -> None:
         f"{report.extending} ({report.stickiness:.1%})"
     )
     print(
-        f"follow-ups on their session's first-turn replica: {report.on_first_turn_replica}/{report.follow_ups}"
+        f"follow-ups that extend their session's first turn, on its replica: {report.extending_first_home}/"
+        f"{report.extending_first} ({report.first_turn_stickiness:.1%})"
+    )
+    print(
+        f"all follow-ups on their session's first-turn replica: {report.on_first_turn_replica}/{report.follow_ups}"
         f" ({report.first_turn_replica_share:.1%})"
     )
     print(f"prompt tokens served from the replicas' caches: {report.hit_ratio:.1%}")
