@@ -10,10 +10,11 @@ a session's next turn leaves when its previous one came back, after its think ti
 ``--speedup`` (at most ``--max-think-s``). Every request goes through a ``DeploymentHandle``, so
 Ray Serve calls ``SMetricRequestRouter.choose_replicas`` for it.
 
-It prints, from what the replicas recorded: the first turns per replica (spread), the share of
-follow-ups served by their session's first-turn replica (stickiness), the prompt tokens served
-from the replicas' caches, and the decisions the router took. ``--router ray`` runs Ray Serve's
-default router on the same replay, for comparison.
+It prints, from what the replicas recorded: the first turns per replica (spread); the share of
+the follow-ups that extend their previous turn served where it was (stickiness, see
+:class:`Report`), of those that extend the session's first turn served by its replica, and of all
+follow-ups on the first-turn replica; and the prompt tokens served from the replicas' caches.
+``--router ray`` runs Ray Serve's default router on the same replay, for comparison.
 
     python examples/ray_serve_agents.py --replicas 4 --max-turns 12
     python examples/ray_serve_agents.py --router ray      # Ray Serve's power-of-two-choices
