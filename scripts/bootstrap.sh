@@ -23,5 +23,6 @@ fi
 # source tree by an older build would be imported before it.
 rm -f python/smetric/_core.cpython-*.so
 # maturin develop builds the Rust extension (release profile), installs the package editable
-# and, with it, what the tests need: the dev tools and every extra (pyproject.toml lists them).
-VIRTUAL_ENV="$(cd "$venv" && pwd)" "$venv/bin/maturin" develop --release --quiet --extras dev,sim,events,fake-engine,serve
+# and, with it, what the tests need: the dev tools and every extra (pyproject.toml lists them;
+# `ray` is Ray Serve for tests/integrations/test_ray_serve.py, about 15 s and 400 MB).
+VIRTUAL_ENV="$(cd "$venv" && pwd)" "$venv/bin/maturin" develop --release --quiet --extras dev,sim,events,fake-engine,serve,ray

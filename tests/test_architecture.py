@@ -203,9 +203,11 @@ def test_the_proxy_and_the_fake_engine_stay_apart_and_off_the_simulator(package:
     assert not {m: t for m, t in bad.items() if t}, bad
 
 
-def test_nothing_in_the_package_imports_the_integrations() -> None:
-    # Adapters to outside systems sit on top: a router process imports only the ones it uses.
-    assert importers(package_imports(), "smetric.integrations") == set()
+def test_nothing_outside_the_integrations_imports_them() -> None:
+    # The router library never loads a serving framework; the frameworks load smetric.
+    graph = package_imports()
+    assert any(within(m, "smetric.integrations") for m in graph), "the integrations moved: update this test"
+    assert importers(graph, "smetric.integrations") == set()
 
 
 def test_the_import_checks_see_violations() -> None:

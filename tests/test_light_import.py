@@ -65,6 +65,7 @@ EXTRA_CASES = [
     ("smetric.fake_engine.server", "zmq", "pyzmq", "fake-engine"),
     ("smetric.serve.chat_template", "jinja2", "jinja2", "serve"),
     ("smetric.serve.piecewise", "tokenizers", "tokenizers", "serve"),
+    ("smetric.integrations.ray_serve", "ray", "ray", "ray"),
 ]
 
 
