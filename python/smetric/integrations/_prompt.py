@@ -12,8 +12,8 @@ Every integration hands the router the same thing, read from an OpenAI-style req
 
 Approximate mode hashes what the engine would see without its tokenizer: the chat rendered with
 the ChatML template, cut into fixed 4-byte chunks. That is exactly the fake engine's default
-tokenizer (:func:`smetric.serve.tokens.approximate_ids`, the 4-byte chunks of
-:func:`smetric.chat.render_chat`, which is the fake engine's default tokenizer), so against the fake engine the router's block
+tokenizer (:func:`smetric.serve.tokens.approximate_ids` of :func:`smetric.chat.render_chat`),
+so against the fake engine the router's block
 hashes are the engine's; against a real tokenizer they are a stand-in whose prefix structure
 (shared system prompt, re-sent history) is the same, which is all the router's index needs in
 approximate mode. :func:`approximate_tokens` is the one place that conversion lives.
@@ -107,7 +107,7 @@ def prompt_from_body(body: object) -> Prompt | None:
     if messages is not None:
         return Prompt(tokens=approximate_tokens(messages), messages=messages, turn=turn, approximate=True)
     if isinstance(prompt, str):
-        return Prompt(tokens=byte_chunk_ids(prompt), turn=turn, approximate=True)
+        return Prompt(tokens=approximate_ids(prompt).tolist(), turn=turn, approximate=True)
     return None
 
 
