@@ -425,3 +425,19 @@ def test_text_prompts_get_the_special_tokens_vllm_adds(tmp_path: Path) -> None:
         plain.routing_tokens(completions_request("abc")).ids.tolist()
         == tokenizers.Tokenizer.from_file(str(TOKENIZER)).encode("abc", add_special_tokens=True).ids
     )
+
+
+def test_the_cache_is_consistent_under_threads() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from smetric.serve.piecewise import ENTRY_OVERHEAD_BYTES
+
+    bound = 20_000
+    encoder = PiecewiseEncoder(TOKENIZER, cache_bytes=bound)
+    whole = tokenizers.Tokenizer.from_file(str(TOKENIZER))
+    texts = random_texts(21, 400)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda t: encoder.encode(t).tolist(), texts))
+    assert results == [whole.encode(t, add_special_tokens=False).ids for t in texts]
+    charged = sum(len(p) + 4 * len(ids) + ENTRY_OVERHEAD_BYTES for p, ids in encoder._cache.items())
+    assert encoder.cached_bytes == charged <= bound

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -104,6 +105,10 @@ class PiecewiseEncoder:
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, array[int]] = OrderedDict()
         self._cached_bytes = 0
+        # The cache's lookups and evictions are several dict operations each; a proxy may encode
+        # from worker threads (the library releases the GIL while it encodes), so they are locked.
+        # The encode itself runs outside the lock.
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
         self.exact_pieces = not self.blockers and self._probe_agrees()
@@ -142,29 +147,31 @@ class PiecewiseEncoder:
         pieces: Iterable[str] = self._split.split(text) if self._split is not None else (text,)
         parts: list[array[int] | int] = []
         missing: dict[str, int] = {}
-        for piece in pieces:
-            if not piece:
-                continue
-            added = self._added.get(piece)
-            if added is not None:
-                parts.append(added)
-                continue
-            ids = self._cache.get(piece) if _cache else None
-            if ids is None:
-                missing.setdefault(piece, len(missing))
-                parts.append(-1 - missing[piece])
-            else:
-                self._cache.move_to_end(piece)
-                self.hits += 1
-                parts.append(ids)
+        with self._lock:
+            for piece in pieces:
+                if not piece:
+                    continue
+                added = self._added.get(piece)
+                if added is not None:
+                    parts.append(added)
+                    continue
+                ids = self._cache.get(piece) if _cache else None
+                if ids is None:
+                    missing.setdefault(piece, len(missing))
+                    parts.append(-1 - missing[piece])
+                else:
+                    self._cache.move_to_end(piece)
+                    self.hits += 1
+                    parts.append(ids)
+            self.misses += len(missing)
         encoded: list[array[int]] = []
         if missing:
-            self.misses += len(missing)
             batch = self._tok.encode_batch_fast(list(missing), add_special_tokens=False)
             encoded = [array("I", e.ids) for e in batch]
             if _cache:
-                for piece, ids in zip(missing, encoded, strict=True):
-                    self._keep(piece, ids)
+                with self._lock:
+                    for piece, ids in zip(missing, encoded, strict=True):
+                        self._keep(piece, ids)
         out = array("I")
         for part in parts:
             if isinstance(part, int):
@@ -178,7 +185,7 @@ class PiecewiseEncoder:
 
     def _keep(self, piece: str, ids: array[int]) -> None:
         cost = len(piece) + 4 * len(ids) + ENTRY_OVERHEAD_BYTES
-        if cost > self.cache_bytes:
+        if cost > self.cache_bytes or piece in self._cache:  # another thread kept it meanwhile
             return
         self._cache[piece] = ids
         self._cached_bytes += cost
