@@ -15,8 +15,8 @@
 //!   `max_tokens` / `max_completion_tokens`, integers ≥ 1 (chat prefers `max_completion_tokens`,
 //!   OpenAI's newer name, when both are present). JSON `null` is the same as absent.
 //! * `messages` (chat; required), `tools` (a list) and `chat_template_kwargs` (an object) are
-//!   returned as the JSON text of their value: the caller decodes them only if it renders the
-//!   conversation, and their inner validation (roles, content) belongs to that caller.
+//!   returned as the JSON text of their value: the caller decodes them (text crosses into Python
+//!   cheaply), and their inner validation (roles, content) belongs to that caller.
 //! * `prompt` (completions; required): a string, a list of token ids, or a batch of one of
 //!   either (`["text"]`, `[[ids]]`), which is unwrapped. Token ids are read straight into a
 //!   `Vec<u32>`, each checked to be an integer in `[0, 2^32)`; the first bad one is reported
@@ -26,13 +26,13 @@
 //! # Invariants
 //! Parsing never panics; every failure is a [`BodyError`] naming the offending field (or none,
 //! for malformed JSON and a body that is not an object). Allocation is bounded by the body's
-//! length: ids at 4 bytes each (≤ the 2+ bytes each takes in JSON, times two), strings copied
-//! once.
+//! length: an id takes at least 2 bytes of JSON (`1,`) and 4 in the vector, so the ids need at
+//! most twice the body (four times while the vector grows); strings are copied once.
 //!
 //! # Complexity
 //! O(body length): one scan of the body, plus one scan of each kept scalar's slice (the
 //! `messages`, `tools` and `chat_template_kwargs` slices are returned unscanned). Measured on a
-//! 32K-id completions body (238 KB): see `docs/routing-tokens.md`.
+//! 33K-id completions body (225 KB): see `docs/routing-tokens.md`.
 
 use std::cell::Cell;
 use std::fmt;
