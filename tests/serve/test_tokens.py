@@ -286,8 +286,13 @@ def test_vllms_message_steps() -> None:
 def test_content_format_detection() -> None:
     assert detect_content_format((DATA / "chatml_tools.jinja").read_text()) == "openai"
     assert detect_content_format(CHATML_TEMPLATE) == "string"
+    sliced = "{% set rest = messages[1:] %}{% for m in rest %}{% for p in m.content | list %}x{% endfor %}{% endfor %}"
+    assert detect_content_format(sliced) == "openai"
+    # vLLM's walk follows names bound to messages, not to a message's content: this is "string".
     via_set = "{% for m in messages %}{% set c = m['content'] %}{% for p in c %}{{ p.text }}{% endfor %}{% endfor %}"
-    assert detect_content_format(via_set) == "openai"
+    assert detect_content_format(via_set) == "string"
+    assert detect_content_format("{% for t in tools %}{% for p in t.content %}{% endfor %}{% endfor %}") == "string"
+    assert detect_content_format("{% for m in messages %") == "string"
 
 
 def test_template_errors_are_400s() -> None:
