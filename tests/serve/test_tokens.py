@@ -425,6 +425,11 @@ def test_text_prompts_get_the_special_tokens_vllm_adds(tmp_path: Path) -> None:
         routed = source.routing_tokens(completions_request(text))
         assert routed.ids.tolist() == tok.encode(text, add_special_tokens=True).ids
         assert routed.ids[0] == tok.token_to_id("<|endoftext|>")
+    without = parse_request(json.dumps({"prompt": "plain", "add_special_tokens": False}).encode(), "completions")
+    assert source.routing_tokens(without).ids.tolist() == tok.encode("plain", add_special_tokens=False).ids
+    messages = CONVERSATIONS["plain"]
+    with_bos = source.routing_tokens(chat_request(messages, add_special_tokens=True)).ids.tolist()
+    assert with_bos == tok.encode(source.render(chat_request(messages)), add_special_tokens=True).ids
     plain = TokenSource(TokenConfig(tokenizer=str(TOKENIZER)))
     assert (
         plain.routing_tokens(completions_request("abc")).ids.tolist()

@@ -13,7 +13,7 @@ Validation follows vLLM's OpenAI server for the fields read (every failure is a
 
 * the body is a JSON object; ``model``, ``user``, ``prompt_cache_key`` are strings;
   ``cache_salt`` a non-empty string; ``stream``, ``add_generation_prompt``,
-  ``continue_final_message`` booleans; ``max_tokens`` / ``max_completion_tokens`` integers ≥ 1
+  ``continue_final_message``, ``add_special_tokens`` booleans; ``max_tokens`` / ``max_completion_tokens`` integers ≥ 1
   (``null`` is absent everywhere);
 * chat: ``messages`` is a non-empty list of objects, each with a string ``role`` and a
   ``content`` that is a string, a list of parts (objects) or null; ``tools`` a list of objects;
@@ -107,6 +107,9 @@ class OpenAIRequest:
     """Chat: vLLM's extra chat-template variables."""
     add_generation_prompt: bool
     continue_final_message: bool
+    add_special_tokens: bool
+    """Whether the engine adds the tokenizer's special tokens (a BOS, say) when it encodes the
+    prompt text: vLLM's field, false for chat and true for completions unless the request says."""
     prompt_text: str | None
     """Completions: a text prompt."""
     prompt_ids: array[int] | None
@@ -151,6 +154,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> OpenAIRequest:
         chat_template_kwargs=kwargs,
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message,
+        add_special_tokens=body.add_special_tokens,
         prompt_text=body.prompt_text,
         prompt_ids=ids,
     )

@@ -7,8 +7,9 @@ caches, so the ids it routes on decide which hits it can see. Three sources
 * **ids** — the request carries them (``/v1/completions`` with ``prompt`` as token ids). Exact
   and free: they are the engine's ids. Always used when present.
 * **tokenizer** — a local ``tokenizer.json`` (the ``tokenizers`` library) and the model's chat
-  template rendered as vLLM renders it (:mod:`smetric.serve.chat_template`), encoded with
-  ``add_special_tokens=False`` for chat and ``True`` for a text prompt, as vLLM's server does.
+  template rendered as vLLM renders it (:mod:`smetric.serve.chat_template`), encoded with the
+  request's ``add_special_tokens`` (vLLM's field: false for chat, true for a text prompt by
+  default), as vLLM's server does.
   The ids equal the engine's, so the router's block hashes equal vLLM's and its index can be fed
   by KV events (``index_mode="exact"``). Use it in front of real vLLM. The encoder caches the
   ids of the text pieces between special tokens (:mod:`smetric.serve.piecewise`), so an agent's
@@ -180,12 +181,8 @@ class TokenSource:
         if self.kind == "ids":
             param = "messages" if req.endpoint == "chat" else "prompt"
             raise RequestError("this proxy routes on token ids: send prompt as a list of token ids", param=param)
-        if req.endpoint == "chat":
-            text = self.render(req)
-            ids = self.encoder.encode(text) if self.encoder is not None else None
-        else:
-            text = req.prompt_text or ""
-            ids = self._encode_prompt(text) if self.encoder is not None else None
+        text = self.render(req) if req.endpoint == "chat" else req.prompt_text or ""
+        ids = self._encode(text, special=req.add_special_tokens) if self.encoder is not None else None
         if ids is None:
             ids = approximate_ids(text, self.config.approx_chunk_bytes)
         return RoutingTokens(ids, len(ids), self.kind)
@@ -216,9 +213,11 @@ class TokenSource:
         except TemplateRenderError as e:
             raise RequestError(str(e), param="messages") from None
 
-    def _encode_prompt(self, text: str) -> array[int]:
-        """A completions text prompt, with the special tokens vLLM's server adds to it."""
+    def _encode(self, text: str, *, special: bool) -> array[int]:
+        """``text``'s ids, with the tokenizer's special tokens around them when ``special``."""
         assert self.encoder is not None
+        if not special:
+            return self.encoder.encode(text)
         if self._affixes is None:
             return self.encoder.encode_whole(text, add_special_tokens=True)
         prefix, suffix = self._affixes

@@ -12,7 +12,8 @@
 //! any other prompt (text, a batch, and every error) takes serde's typed walk.
 //!
 //! * scalars: `model`, `user`, `prompt_cache_key` (OpenAI's), `cache_salt` (vLLM's; non-empty),
-//!   strings; `stream`, `add_generation_prompt`, `continue_final_message`, booleans;
+//!   strings; `stream`, `add_generation_prompt`, `continue_final_message`,
+//!   `add_special_tokens` (default false for chat, true for completions, as in vLLM), booleans;
 //!   `max_tokens` / `max_completion_tokens`, integers ≥ 1 (chat prefers `max_completion_tokens`,
 //!   OpenAI's newer name, when both are present). JSON `null` is the same as absent.
 //! * `messages` (chat; required), `tools` (a list) and `chat_template_kwargs` (an object) are
@@ -62,6 +63,7 @@ pub enum Prompt {
 
 /// The router's view of a request body. Borrowed fields are slices of the body.
 #[derive(Clone, Debug, Default)]
+#[allow(clippy::struct_excessive_bools)] // the request's own boolean fields, one each
 pub struct OpenAiBody<'a> {
     /// `model`.
     pub model: Option<String>,
@@ -85,6 +87,9 @@ pub struct OpenAiBody<'a> {
     pub add_generation_prompt: bool,
     /// `continue_final_message` (vLLM's; absent or `null`: false).
     pub continue_final_message: bool,
+    /// `add_special_tokens` (vLLM's; absent or `null`: the endpoint's default, false for chat
+    /// and true for completions).
+    pub add_special_tokens: bool,
     /// `prompt` (completions only).
     pub prompt: Option<Prompt>,
 }
@@ -131,6 +136,8 @@ pub fn parse_openai_body(raw: &[u8], endpoint: Endpoint) -> Result<OpenAiBody<'_
         chat_template_kwargs: raw_of_kind(fields.chat_template_kwargs, "chat_template_kwargs", b'{', "an object")?,
         add_generation_prompt: boolean(fields.add_generation_prompt, "add_generation_prompt")?.unwrap_or(true),
         continue_final_message: boolean(fields.continue_final_message, "continue_final_message")?.unwrap_or(false),
+        add_special_tokens: boolean(fields.add_special_tokens, "add_special_tokens")?
+            .unwrap_or(endpoint == Endpoint::Completions),
         ..OpenAiBody::default()
     };
     match endpoint {
@@ -171,6 +178,7 @@ struct Fields<'a> {
     chat_template_kwargs: Option<&'a RawValue>,
     add_generation_prompt: Option<&'a RawValue>,
     continue_final_message: Option<&'a RawValue>,
+    add_special_tokens: Option<&'a RawValue>,
     /// Kept only for [`Endpoint::Completions`].
     prompt: Option<&'a RawValue>,
 }
@@ -190,6 +198,7 @@ impl<'a> Fields<'a> {
             "chat_template_kwargs" => &mut self.chat_template_kwargs,
             "add_generation_prompt" => &mut self.add_generation_prompt,
             "continue_final_message" => &mut self.continue_final_message,
+            "add_special_tokens" => &mut self.add_special_tokens,
             _ => return None,
         })
     }

@@ -35,6 +35,7 @@ fn chat_fields_are_read_and_messages_kept_as_text() {
     assert_eq!(parsed.chat_template_kwargs, Some(r#"{"enable_thinking":false}"#));
     assert!(!parsed.add_generation_prompt);
     assert!(parsed.continue_final_message);
+    assert!(!parsed.add_special_tokens, "chat's default");
     assert_eq!(parsed.prompt, None, "chat ignores prompt");
 }
 
@@ -132,6 +133,7 @@ fn field_types_are_checked() {
         (r#"{"messages":[],"tools":{}}"#, "tools"),
         (r#"{"messages":[],"chat_template_kwargs":[]}"#, "chat_template_kwargs"),
         (r#"{"messages":[],"add_generation_prompt":1}"#, "add_generation_prompt"),
+        (r#"{"messages":[],"add_special_tokens":"no"}"#, "add_special_tokens"),
         (r#"{"messages":"hi"}"#, "messages"),
         (r#"{"messages":null}"#, "messages"),
         (r#"{"model":"m"}"#, "messages"),
