@@ -230,6 +230,7 @@ def test_render_and_ids_equal_transformers(hf: Any, name: str, with_tools: bool)
         {"add_generation_prompt": False},
         {"chat_template_kwargs": {"enable_thinking": False}},
         {"continue_final_message": True, "add_generation_prompt": False},
+        {"chat_template_kwargs": {"add_generation_prompt": False}},
     ],
 )
 def test_request_options_reach_the_template(hf: Any, extra: dict[str, Any]) -> None:
@@ -237,15 +238,19 @@ def test_request_options_reach_the_template(hf: Any, extra: dict[str, Any]) -> N
     source = TokenSource(TokenConfig(tokenizer=str(TOKENIZER)))
     template = source._templates["default"]
     kwargs = dict(extra.get("chat_template_kwargs", {}))
+    # vLLM merges chat_template_kwargs over its own add_generation_prompt.
+    generation_prompt = kwargs.pop("add_generation_prompt", extra.get("add_generation_prompt", True))
     expected = hf_render(
         hf,
         template.source,
         messages,
         template.content_format,
-        add_generation_prompt=extra.get("add_generation_prompt", True),
+        add_generation_prompt=generation_prompt,
         continue_final_message=extra.get("continue_final_message", False),
         **kwargs,
     )
+    if not kwargs:  # (enable_thinking=False appends an empty think block after the prompt)
+        assert expected.endswith("<|im_start|>assistant\n") == generation_prompt
     assert source.render(chat_request(messages, **extra)) == expected
 
 

@@ -202,13 +202,17 @@ class TokenSource:
         from .chat_template import TemplateRenderError
 
         template = self._templates.get("tool_use" if req.tools else "default") or self._templates["default"]
+        # vLLM merges the request's chat_template_kwargs over these two, so they win there too.
+        kwargs = dict(req.chat_template_kwargs or {})
+        generation_prompt = bool(kwargs.pop("add_generation_prompt", req.add_generation_prompt))
+        continue_final = bool(kwargs.pop("continue_final_message", req.continue_final_message))
         try:
             return template.render(
                 messages,
                 tools=req.tools,
-                add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message,
-                chat_template_kwargs=req.chat_template_kwargs,
+                add_generation_prompt=generation_prompt,
+                continue_final_message=continue_final,
+                chat_template_kwargs=kwargs,
             )
         except TemplateRenderError as e:
             raise RequestError(str(e), param="messages") from None
