@@ -254,6 +254,48 @@ def test_request_options_reach_the_template(hf: Any, extra: dict[str, Any]) -> N
     assert source.render(chat_request(messages, **extra)) == expected
 
 
+FEATURES_TEMPLATE = """\
+{%- set ns = namespace(last_user=-1, tools_seen=0) -%}
+{%- for m in messages[::-1] -%}
+    {%- if ns.last_user < 0 and m.role == 'user' -%}
+        {%- set ns.last_user = messages | length - 1 - loop.index0 -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- if tools -%}<|im_start|>system
+{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}
+{{ tools[0] | tojson(indent=2) }}<|im_end|>
+{% endif -%}
+{%- for m in messages -%}
+    {%- if m.role not in ['system', 'user', 'assistant', 'tool'] -%}
+        {{- raise_exception('bad role ' + m.role) -}}
+    {%- endif -%}
+    <|im_start|>{{ m.role }}{% if loop.index0 == ns.last_user %} (last){% endif %}
+{% if m.content is string -%}
+    {%- if m.content.startswith('Fix') %}[fix] {% endif -%}{{ m.content.strip() | replace('  ', ' ') }}
+{%- endif -%}
+{%- for call in m.tool_calls | default([]) %}
+<tool_call>{{ call.function.name }} {{ call.function.arguments | tojson }}</tool_call>
+{%- set ns.tools_seen = ns.tools_seen + 1 -%}
+{%- endfor %}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt -%}<|im_start|>assistant ({{ ns.tools_seen }} calls so far)
+{% endif -%}
+"""
+
+
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+def test_template_features_render_as_in_transformers(hf: Any, name: str) -> None:
+    # namespace, reversed slices, string methods, filters, tojson options, default, loop vars.
+    messages = CONVERSATIONS[name]
+    source = TokenSource(TokenConfig(tokenizer=str(TOKENIZER), chat_template=FEATURES_TEMPLATE))
+    template = source._templates["default"]
+    assert template.content_format == "string"
+    expected = hf_render(hf, FEATURES_TEMPLATE, messages, "string", add_generation_prompt=True, tools=TOOLS)
+    assert source.render(chat_request(messages, tools=TOOLS)) == expected
+    with pytest.raises(RequestError, match="bad role"):
+        source.render(chat_request([{"role": "narrator", "content": "x"}]))
+
+
 def test_string_format_chatml_default_and_template_file(hf: Any, tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_bytes(TOKENIZER.read_bytes())
     source = TokenSource(TokenConfig(tokenizer=str(tmp_path / "tokenizer.json")))

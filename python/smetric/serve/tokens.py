@@ -253,11 +253,18 @@ def _special_tokens(tokenizer_config: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except OSError:  # a template's text is often too long to be a file name
+        return False
+
+
 def _template_sources(config: TokenConfig, tokenizer_config: dict[str, Any], directory: Path | None) -> dict[str, str]:
     """Template name → Jinja text; empty for the built-in ChatML of :func:`render_chat`."""
     if config.chat_template is not None:
         given = config.chat_template
-        if Path(given).is_file():
+        if _is_file(given):
             return {"default": Path(given).read_text(encoding="utf-8")}
         if "{" not in given:
             raise _config_error("chat_template", f"is neither a file nor a Jinja template: {given!r}")
