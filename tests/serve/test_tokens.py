@@ -434,7 +434,7 @@ def test_added_token_options_fall_back_to_whole_text(tmp_path: Path, flag: str) 
     target[flag] = True
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(config))
-    encoder = PiecewiseEncoder(path)
+    encoder = PiecewiseEncoder(path, cache_bytes=1 << 20)
     assert not encoder.exact_pieces and any(flag in b for b in encoder.blockers)
     whole = tokenizers.Tokenizer.from_file(str(path))
     for text in random_texts(3, 50):
