@@ -309,6 +309,13 @@ def test_string_format_chatml_default_and_template_file(hf: Any, tmp_path: Path)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": {"content": "<|endoftext|>"}}))
     shipped = TokenSource(TokenConfig(tokenizer=str(tmp_path / "tokenizer.json")))
     assert shipped.render(chat_request(messages)) == "<|endoftext|>[system][user]"
+    (tmp_path / "chat_template.jinja").unlink()
+    named = [{"name": "default", "template": "plain"}, {"name": "tool_use", "template": "{{ tools | length }} tools"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    chooser = TokenSource(TokenConfig(tokenizer=str(tmp_path / "tokenizer.json")))
+    assert chooser.render(chat_request(messages)) == "plain"
+    assert chooser.render(chat_request(messages, tools=[])) == "0 tools"
+    assert chooser.render(chat_request(messages, tools=TOOLS)) == "2 tools"
 
 
 def test_vllms_message_steps() -> None:

@@ -31,9 +31,10 @@ tokenizer when one is configured, else the approximation.
 
 The chat template (tokenizer mode, or approximate mode when one is given): ``chat_template`` as a
 file path or Jinja text; by default the ``chat_template.jinja`` next to ``tokenizer.json``, else
-the ``chat_template`` of the ``tokenizer_config.json`` there (its ``"default"`` entry when it is
-a list of named templates, ``"tool_use"`` for requests with tools when present), else plain
-ChatML (:data:`smetric.serve.chat_template.CHATML_TEMPLATE`). The named special tokens of that
+the ``chat_template`` of the ``tokenizer_config.json`` there (when it is a list of named
+templates: ``"tool_use"`` for a request that carries ``tools``, even an empty list, as
+transformers picks it, else ``"default"``), else plain ChatML
+(:data:`smetric.serve.chat_template.CHATML_TEMPLATE`). The named special tokens of that
 ``tokenizer_config.json`` are the template's ``bos_token``, ``eos_token``, ….
 
 Complexity per request: ids O(1) (the buffer is reused); approximate O(prompt bytes);
@@ -201,7 +202,7 @@ class TokenSource:
                 raise RequestError(str(e), param="messages") from None
         from .chat_template import TemplateRenderError
 
-        template = self._templates.get("tool_use" if req.tools else "default") or self._templates["default"]
+        template = self._templates.get("tool_use" if req.tools is not None else "default") or self._templates["default"]
         # vLLM merges the request's chat_template_kwargs over these two, so they win there too.
         kwargs = dict(req.chat_template_kwargs or {})
         generation_prompt = bool(kwargs.pop("add_generation_prompt", req.add_generation_prompt))
