@@ -505,3 +505,46 @@ def test_the_cache_is_consistent_under_threads() -> None:
     assert results == [whole.encode(t, add_special_tokens=False).ids for t in texts]
     charged = sum(len(p) + 4 * len(ids) + ENTRY_OVERHEAD_BYTES for p, ids in encoder._cache.items())
     assert encoder.cached_bytes == charged <= bound
+
+
+def test_odd_but_valid_json_conversations_never_crash_a_source() -> None:
+    # Whatever passes parse_request, every source either routes it or answers a RequestError.
+    rng = random.Random(4)
+    values: list[Any] = [None, 1, 2.5, True, "s", "", [], {}, [1], ["x"], {"a": 1}, [{"type": "text", "text": "t"}]]
+    keys = ["content", "tool_calls", "name", "tool_call_id", "reasoning", "function", "arguments", "type", "text"]
+    roles = ["user", "assistant", "tool", "system", "developer", "other"]
+
+    def odd(depth: int) -> Any:
+        if depth == 0 or rng.random() < 0.4:
+            return rng.choice(values)
+        if rng.random() < 0.5:
+            return [odd(depth - 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(keys): odd(depth - 1) for _ in range(rng.randint(0, 3))}
+
+    sources = [
+        TokenSource(TokenConfig(mode="approximate")),
+        TokenSource(TokenConfig(tokenizer=str(TOKENIZER))),
+        TokenSource(TokenConfig(tokenizer=str(TOKENIZER), chat_template=FEATURES_TEMPLATE)),
+    ]
+    routed = rejected = 0
+    statuses = set()
+    for _ in range(300):
+        messages = []
+        for _ in range(rng.randint(1, 4)):
+            message = {"role": rng.choice(roles)} | {rng.choice(keys): odd(3) for _ in range(rng.randint(0, 3))}
+            messages.append(message)
+        extra = {"tools": [odd(2) for _ in range(rng.randint(0, 2))]} if rng.random() < 0.3 else {}
+        try:
+            req = chat_request(messages, **extra)
+        except RequestError:
+            rejected += 1
+            continue
+        for source in sources:
+            try:
+                source.routing_tokens(req)
+                routed += 1
+            except RequestError as e:
+                statuses.add(e.status)
+                rejected += 1
+    assert routed > 100 and rejected > 10, (routed, rejected)
+    assert statuses == {400}

@@ -264,8 +264,29 @@ class ChatTemplate:
         """The prompt text vLLM renders for this conversation.
 
         Raises:
-            TemplateRenderError: the template raised, or a content part is not one vLLM takes.
+            TemplateRenderError: the template raised, or the conversation has a shape the
+                template or vLLM's parse cannot take (a content part vLLM rejects, a tool call
+                that is not an object, a type error inside the template, …). vLLM answers all of
+                them with a 400 (its chat handler turns ``ValueError``, ``TypeError`` and Jinja
+                errors of the preprocessing into a bad request), and so does the proxy.
         """
+        try:
+            return self._render(messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs)
+        except TemplateRenderError:
+            raise
+        except jinja2.exceptions.TemplateError as e:
+            raise TemplateRenderError(f"the chat template rejected the conversation: {e}") from None
+        except (TypeError, ValueError, LookupError, AttributeError) as e:
+            raise TemplateRenderError(f"the conversation does not fit the chat template: {e!r}") from None
+
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template_kwargs: Mapping[str, Any] | None,
+    ) -> str:
         chat = [_template_message(m) for m in vllm_conversation(messages, self.content_format)]
         final: str | None = None
         if continue_final_message:
@@ -279,10 +300,7 @@ class ChatTemplate:
             documents=None,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
         )
-        try:
-            text = self._template.render(**variables)
-        except jinja2.exceptions.TemplateError as e:
-            raise TemplateRenderError(f"the chat template rejected the conversation: {e}") from None
+        text = self._template.render(**variables)
         if final is not None:
             marker = text.rfind(_CONTINUE_TAG.strip())
             if marker < 0:
