@@ -358,6 +358,9 @@ class OpenAIBody:
     @property
     def continue_final_message(self) -> bool: ...
     @property
+    def add_special_tokens(self) -> bool:
+        """vLLM's ``add_special_tokens``; absent: false for chat, true for completions."""
+    @property
     def prompt_text(self) -> str | None:
         """Completions: a text prompt."""
     @property

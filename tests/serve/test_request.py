@@ -53,6 +53,7 @@ def test_chat_fields() -> None:
         chat_template_kwargs={"enable_thinking": False},
         add_generation_prompt=False,
         continue_final_message=False,
+        add_special_tokens=False,
         prompt_text=None,
         prompt_ids=None,
     )
@@ -61,7 +62,9 @@ def test_chat_fields() -> None:
 def test_defaults() -> None:
     req = parse_request(b'{"messages":[{"role":"user","content":null}]}', "chat")
     assert (req.model, req.stream, req.max_tokens, req.namespace) == (None, False, None, None)
-    assert req.add_generation_prompt and not req.continue_final_message
+    assert req.add_generation_prompt and not req.continue_final_message and not req.add_special_tokens
+    assert parse_request(b'{"prompt":"x"}', "completions").add_special_tokens
+    assert not parse_request(b'{"prompt":"x","add_special_tokens":false}', "completions").add_special_tokens
 
 
 def test_ids_come_back_as_a_buffer_the_router_takes() -> None:

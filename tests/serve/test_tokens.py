@@ -230,6 +230,7 @@ def test_render_and_ids_equal_transformers(hf: Any, name: str, with_tools: bool)
         {"add_generation_prompt": False},
         {"chat_template_kwargs": {"enable_thinking": False}},
         {"continue_final_message": True, "add_generation_prompt": False},
+        {"chat_template_kwargs": {"add_generation_prompt": False}},
     ],
 )
 def test_request_options_reach_the_template(hf: Any, extra: dict[str, Any]) -> None:
@@ -237,16 +238,62 @@ def test_request_options_reach_the_template(hf: Any, extra: dict[str, Any]) -> N
     source = TokenSource(TokenConfig(tokenizer=str(TOKENIZER)))
     template = source._templates["default"]
     kwargs = dict(extra.get("chat_template_kwargs", {}))
+    # vLLM merges chat_template_kwargs over its own add_generation_prompt.
+    generation_prompt = kwargs.pop("add_generation_prompt", extra.get("add_generation_prompt", True))
     expected = hf_render(
         hf,
         template.source,
         messages,
         template.content_format,
-        add_generation_prompt=extra.get("add_generation_prompt", True),
+        add_generation_prompt=generation_prompt,
         continue_final_message=extra.get("continue_final_message", False),
         **kwargs,
     )
+    if not kwargs:  # (enable_thinking=False appends an empty think block after the prompt)
+        assert expected.endswith("<|im_start|>assistant\n") == generation_prompt
     assert source.render(chat_request(messages, **extra)) == expected
+
+
+FEATURES_TEMPLATE = """\
+{%- set ns = namespace(last_user=-1, tools_seen=0) -%}
+{%- for m in messages[::-1] -%}
+    {%- if ns.last_user < 0 and m.role == 'user' -%}
+        {%- set ns.last_user = messages | length - 1 - loop.index0 -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- if tools -%}<|im_start|>system
+{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}
+{{ tools[0] | tojson(indent=2) }}<|im_end|>
+{% endif -%}
+{%- for m in messages -%}
+    {%- if m.role not in ['system', 'user', 'assistant', 'tool'] -%}
+        {{- raise_exception('bad role ' + m.role) -}}
+    {%- endif -%}
+    <|im_start|>{{ m.role }}{% if loop.index0 == ns.last_user %} (last){% endif %}
+{% if m.content is string -%}
+    {%- if m.content.startswith('Fix') %}[fix] {% endif -%}{{ m.content.strip() | replace('  ', ' ') }}
+{%- endif -%}
+{%- for call in m.tool_calls | default([]) %}
+<tool_call>{{ call.function.name }} {{ call.function.arguments | tojson }}</tool_call>
+{%- set ns.tools_seen = ns.tools_seen + 1 -%}
+{%- endfor %}<|im_end|>
+{% endfor -%}
+{%- if add_generation_prompt -%}<|im_start|>assistant ({{ ns.tools_seen }} calls so far)
+{% endif -%}
+"""
+
+
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+def test_template_features_render_as_in_transformers(hf: Any, name: str) -> None:
+    # namespace, reversed slices, string methods, filters, tojson options, default, loop vars.
+    messages = CONVERSATIONS[name]
+    source = TokenSource(TokenConfig(tokenizer=str(TOKENIZER), chat_template=FEATURES_TEMPLATE))
+    template = source._templates["default"]
+    assert template.content_format == "string"
+    expected = hf_render(hf, FEATURES_TEMPLATE, messages, "string", add_generation_prompt=True, tools=TOOLS)
+    assert source.render(chat_request(messages, tools=TOOLS)) == expected
+    with pytest.raises(RequestError, match="bad role"):
+        source.render(chat_request([{"role": "narrator", "content": "x"}]))
 
 
 def test_string_format_chatml_default_and_template_file(hf: Any, tmp_path: Path) -> None:
@@ -262,6 +309,13 @@ def test_string_format_chatml_default_and_template_file(hf: Any, tmp_path: Path)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": {"content": "<|endoftext|>"}}))
     shipped = TokenSource(TokenConfig(tokenizer=str(tmp_path / "tokenizer.json")))
     assert shipped.render(chat_request(messages)) == "<|endoftext|>[system][user]"
+    (tmp_path / "chat_template.jinja").unlink()
+    named = [{"name": "default", "template": "plain"}, {"name": "tool_use", "template": "{{ tools | length }} tools"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    chooser = TokenSource(TokenConfig(tokenizer=str(tmp_path / "tokenizer.json")))
+    assert chooser.render(chat_request(messages)) == "plain"
+    assert chooser.render(chat_request(messages, tools=[])) == "0 tools"
+    assert chooser.render(chat_request(messages, tools=TOOLS)) == "2 tools"
 
 
 def test_vllms_message_steps() -> None:
@@ -286,8 +340,13 @@ def test_vllms_message_steps() -> None:
 def test_content_format_detection() -> None:
     assert detect_content_format((DATA / "chatml_tools.jinja").read_text()) == "openai"
     assert detect_content_format(CHATML_TEMPLATE) == "string"
+    sliced = "{% set rest = messages[1:] %}{% for m in rest %}{% for p in m.content | list %}x{% endfor %}{% endfor %}"
+    assert detect_content_format(sliced) == "openai"
+    # vLLM's walk follows names bound to messages, not to a message's content: this is "string".
     via_set = "{% for m in messages %}{% set c = m['content'] %}{% for p in c %}{{ p.text }}{% endfor %}{% endfor %}"
-    assert detect_content_format(via_set) == "openai"
+    assert detect_content_format(via_set) == "string"
+    assert detect_content_format("{% for t in tools %}{% for p in t.content %}{% endfor %}{% endfor %}") == "string"
+    assert detect_content_format("{% for m in messages %") == "string"
 
 
 def test_template_errors_are_400s() -> None:
@@ -382,7 +441,7 @@ def test_added_token_options_fall_back_to_whole_text(tmp_path: Path, flag: str) 
     target[flag] = True
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(config))
-    encoder = PiecewiseEncoder(path)
+    encoder = PiecewiseEncoder(path, cache_bytes=1 << 20)
     assert not encoder.exact_pieces and any(flag in b for b in encoder.blockers)
     whole = tokenizers.Tokenizer.from_file(str(path))
     for text in random_texts(3, 50):
@@ -420,8 +479,72 @@ def test_text_prompts_get_the_special_tokens_vllm_adds(tmp_path: Path) -> None:
         routed = source.routing_tokens(completions_request(text))
         assert routed.ids.tolist() == tok.encode(text, add_special_tokens=True).ids
         assert routed.ids[0] == tok.token_to_id("<|endoftext|>")
+    without = parse_request(json.dumps({"prompt": "plain", "add_special_tokens": False}).encode(), "completions")
+    assert source.routing_tokens(without).ids.tolist() == tok.encode("plain", add_special_tokens=False).ids
+    messages = CONVERSATIONS["plain"]
+    with_bos = source.routing_tokens(chat_request(messages, add_special_tokens=True)).ids.tolist()
+    assert with_bos == tok.encode(source.render(chat_request(messages)), add_special_tokens=True).ids
     plain = TokenSource(TokenConfig(tokenizer=str(TOKENIZER)))
     assert (
         plain.routing_tokens(completions_request("abc")).ids.tolist()
         == tokenizers.Tokenizer.from_file(str(TOKENIZER)).encode("abc", add_special_tokens=True).ids
     )
+
+
+def test_the_cache_is_consistent_under_threads() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from smetric.serve.piecewise import ENTRY_OVERHEAD_BYTES
+
+    bound = 20_000
+    encoder = PiecewiseEncoder(TOKENIZER, cache_bytes=bound)
+    whole = tokenizers.Tokenizer.from_file(str(TOKENIZER))
+    texts = random_texts(21, 400)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda t: encoder.encode(t).tolist(), texts))
+    assert results == [whole.encode(t, add_special_tokens=False).ids for t in texts]
+    charged = sum(len(p) + 4 * len(ids) + ENTRY_OVERHEAD_BYTES for p, ids in encoder._cache.items())
+    assert encoder.cached_bytes == charged <= bound
+
+
+def test_odd_but_valid_json_conversations_never_crash_a_source() -> None:
+    # Whatever passes parse_request, every source either routes it or answers a RequestError.
+    rng = random.Random(4)
+    values: list[Any] = [None, 1, 2.5, True, "s", "", [], {}, [1], ["x"], {"a": 1}, [{"type": "text", "text": "t"}]]
+    keys = ["content", "tool_calls", "name", "tool_call_id", "reasoning", "function", "arguments", "type", "text"]
+    roles = ["user", "assistant", "tool", "system", "developer", "other"]
+
+    def odd(depth: int) -> Any:
+        if depth == 0 or rng.random() < 0.4:
+            return rng.choice(values)
+        if rng.random() < 0.5:
+            return [odd(depth - 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(keys): odd(depth - 1) for _ in range(rng.randint(0, 3))}
+
+    sources = [
+        TokenSource(TokenConfig(mode="approximate")),
+        TokenSource(TokenConfig(tokenizer=str(TOKENIZER))),
+        TokenSource(TokenConfig(tokenizer=str(TOKENIZER), chat_template=FEATURES_TEMPLATE)),
+    ]
+    routed = rejected = 0
+    statuses = set()
+    for _ in range(300):
+        messages = []
+        for _ in range(rng.randint(1, 4)):
+            message = {"role": rng.choice(roles)} | {rng.choice(keys): odd(3) for _ in range(rng.randint(0, 3))}
+            messages.append(message)
+        extra = {"tools": [odd(2) for _ in range(rng.randint(0, 2))]} if rng.random() < 0.3 else {}
+        try:
+            req = chat_request(messages, **extra)
+        except RequestError:
+            rejected += 1
+            continue
+        for source in sources:
+            try:
+                source.routing_tokens(req)
+                routed += 1
+            except RequestError as e:
+                statuses.add(e.status)
+                rejected += 1
+    assert routed > 100 and rejected > 10, (routed, rejected)
+    assert statuses == {400}

@@ -9,10 +9,11 @@ each reproduced here so that a router's token ids, and so its block hashes, equa
    kept, with a null text skipped. In the **"string" content format** a message's texts are
    joined with ``"\\n"``; in the **"openai"** format they stay a list of
    ``{"type": "text", "text": ...}`` parts (media parts become ``{"type": "image"}`` etc.). The
-   format is detected from the template as vLLM does: a template that loops over a message's
-   ``content`` gets "openai", any other "string". Assistant ``tool_calls`` are kept (an empty
-   list dropped) with each ``function.arguments`` JSON string decoded to an object (``{}``
-   when it is not valid JSON); ``reasoning`` is copied to ``reasoning_content``; a tool
+   format is detected from the template as vLLM does (:func:`detect_content_format`): a
+   template that loops over a message's ``content`` gets "openai", any other "string".
+   Assistant ``tool_calls`` are kept (an empty list dropped) with each ``function.arguments``
+   JSON string decoded to an object (``{}`` when it is not valid JSON); ``reasoning`` is
+   copied to ``reasoning_content``; a tool
    message's all-text parts are joined with ``"\\n"``; ``name`` (a string), ``tool_call_id``
    and a developer message's ``tools`` are carried. ``tools`` are dumped as vLLM's pydantic
    models dump them: ``{"type", "function": {"name", "description", "parameters", ...}}``
@@ -175,30 +176,56 @@ def _environment() -> jinja2.Environment:
 
 
 def detect_content_format(source: str) -> ContentFormat:
-    """The content format vLLM picks for a template: ``"openai"`` if it loops over a message's
-    ``content`` (``for x in message['content']``, ``message.content``, or a variable set from
-    either), else ``"string"``."""
+    """The content format vLLM picks for a template: ``"openai"`` if it loops over the
+    ``content`` of a message, else ``"string"``.
+
+    The walk is vLLM's: the names bound to ``messages`` (``messages`` itself, and names set from
+    it or from a slice of it, transitively), the loop variables over those (``for message in
+    messages``), then any loop over ``message['content']`` or ``message.content`` (through a
+    filter, a test or a slice too). A template that does not parse is "string".
+    """
     env = _environment()
     try:
         tree = env.parse(source)
     except jinja2.exceptions.TemplateSyntaxError:
         return "string"
-    content_vars: set[str] = set()
-    for node in tree.find_all(jinja2.nodes.Assign):
-        if _is_content_access(node.node) and isinstance(node.target, jinja2.nodes.Name):
-            content_vars.add(node.target.name)
+    aliases = ["messages"]
+    queue = ["messages"]
+    while queue:
+        name = queue.pop(0)
+        for assign in tree.find_all(jinja2.nodes.Assign):
+            target = assign.target
+            if _names(assign.node, name) and isinstance(target, jinja2.nodes.Name) and target.name not in aliases:
+                aliases.append(target.name)
+                queue.append(target.name)
+    message_vars = {
+        loop.target.name
+        for loop in tree.find_all(jinja2.nodes.For)
+        if isinstance(loop.target, jinja2.nodes.Name) and any(_names(loop.iter, a) for a in aliases)
+    }
     for loop in tree.find_all(jinja2.nodes.For):
-        it = loop.iter
-        if _is_content_access(it) or (isinstance(it, jinja2.nodes.Name) and it.name in content_vars):
+        if any(_names(loop.iter, m, key="content") for m in message_vars):
             return "openai"
     return "string"
 
 
-def _is_content_access(node: jinja2.nodes.Node) -> bool:
-    if isinstance(node, jinja2.nodes.Getattr):
-        return node.attr == "content"
+def _names(node: jinja2.nodes.Node, var: str, key: str | None = None) -> bool:
+    """Whether ``node`` is ``var`` (or ``var[key]`` / ``var.key``), possibly filtered, tested or
+    sliced: vLLM's ``_is_var_or_elems_access``."""
+    while True:
+        if isinstance(node, jinja2.nodes.Filter | jinja2.nodes.Test) and node.node is not None:
+            node = node.node
+            continue
+        if not (isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)):
+            break
+        node = node.node
+    if key is None:
+        return isinstance(node, jinja2.nodes.Name) and node.name == var
     if isinstance(node, jinja2.nodes.Getitem):
-        return isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == "content"
+        is_key = isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key
+        return is_key and isinstance(node.node, jinja2.nodes.Name) and node.node.name == var
+    if isinstance(node, jinja2.nodes.Getattr):
+        return node.attr == key and isinstance(node.node, jinja2.nodes.Name) and node.node.name == var
     return False
 
 
@@ -237,8 +264,29 @@ class ChatTemplate:
         """The prompt text vLLM renders for this conversation.
 
         Raises:
-            TemplateRenderError: the template raised, or a content part is not one vLLM takes.
+            TemplateRenderError: the template raised, or the conversation has a shape the
+                template or vLLM's parse cannot take (a content part vLLM rejects, a tool call
+                that is not an object, a type error inside the template, …). vLLM answers all of
+                them with a 400 (its chat handler turns ``ValueError``, ``TypeError`` and Jinja
+                errors of the preprocessing into a bad request), and so does the proxy.
         """
+        try:
+            return self._render(messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs)
+        except TemplateRenderError:
+            raise
+        except jinja2.exceptions.TemplateError as e:
+            raise TemplateRenderError(f"the chat template rejected the conversation: {e}") from None
+        except (TypeError, ValueError, LookupError, AttributeError) as e:
+            raise TemplateRenderError(f"the conversation does not fit the chat template: {e!r}") from None
+
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template_kwargs: Mapping[str, Any] | None,
+    ) -> str:
         chat = [_template_message(m) for m in vllm_conversation(messages, self.content_format)]
         final: str | None = None
         if continue_final_message:
@@ -252,10 +300,7 @@ class ChatTemplate:
             documents=None,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
         )
-        try:
-            text = self._template.render(**variables)
-        except jinja2.exceptions.TemplateError as e:
-            raise TemplateRenderError(f"the chat template rejected the conversation: {e}") from None
+        text = self._template.render(**variables)
         if final is not None:
             marker = text.rfind(_CONTINUE_TAG.strip())
             if marker < 0:

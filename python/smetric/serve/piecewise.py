@@ -19,12 +19,14 @@ at offset 0 of the whole text). :class:`PiecewiseEncoder` inspects the ``tokeniz
 those, and for any of them encodes the whole text every time (:attr:`PiecewiseEncoder.exact_pieces`
 is False). It also checks the identity on a probe text when it loads.
 
-**The cache.** Piece text → ids as an ``array('I')``, in an LRU bounded by bytes: a piece costs
-its text's length (a bound on CPython's ASCII/UTF-8 storage for typical prompts) plus 4 bytes per
-id plus :data:`ENTRY_OVERHEAD_BYTES`; the least recently used pieces go first once the total
-passes ``cache_bytes`` (default :data:`DEFAULT_CACHE_BYTES`, 256 MiB: a 32K-token history is
-about 128 KB of text and 128 KB of ids, so the default holds the histories of about a thousand
-such sessions). A piece larger than the whole budget is encoded but not kept.
+**The cache.** Piece text → ids as an ``array('I')``, in an LRU bounded by bytes: a piece is
+charged its length in characters (what CPython stores for ASCII text; non-ASCII text takes up
+to 4 bytes a character, so the bound is approximate for it), plus 4 bytes per id, plus
+:data:`ENTRY_OVERHEAD_BYTES`. The least recently used pieces go first once the total passes
+``cache_bytes``. The proxy's default, ``smetric.serve.tokens.DEFAULT_PIECE_CACHE_BYTES``, is
+256 MiB: a 32K-token history is about 128 KB of text and 128 KB of ids, so the default holds the
+histories of about a thousand such sessions. A piece larger than the whole budget is encoded but
+not kept.
 
 Complexity: a text of n characters in k pieces costs one regex split (O(n)) and a hash of each
 piece (O(n)); only the pieces not cached are encoded, in one ``encode_batch`` call.
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -47,10 +50,8 @@ try:
 except ModuleNotFoundError as e:
     raise MissingExtraError(__name__, "tokenizers", "serve", name=e.name) from e
 
-__all__ = ["DEFAULT_CACHE_BYTES", "ENTRY_OVERHEAD_BYTES", "PiecewiseEncoder"]
+__all__ = ["ENTRY_OVERHEAD_BYTES", "PiecewiseEncoder", "piecewise_blockers"]
 
-DEFAULT_CACHE_BYTES = 256 << 20
-"""Default bound of the piece cache, bytes."""
 ENTRY_OVERHEAD_BYTES = 200
 """Bytes charged per cached piece besides its text and ids (dict slot, str and array headers)."""
 
@@ -86,7 +87,7 @@ class PiecewiseEncoder:
         cache_bytes: the cache's bound (see the module docs); 0 disables it.
     """
 
-    def __init__(self, path: str | Path, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    def __init__(self, path: str | Path, *, cache_bytes: int) -> None:
         self.path = Path(path)
         config = json.loads(self.path.read_text(encoding="utf-8"))
         self._tok = Tokenizer.from_file(str(self.path))
@@ -104,8 +105,13 @@ class PiecewiseEncoder:
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, array[int]] = OrderedDict()
         self._cached_bytes = 0
+        # The cache's lookups and evictions are several dict operations each; a proxy may encode
+        # from worker threads (the library releases the GIL while it encodes), so they are locked.
+        # The encode itself runs outside the lock.
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.exact_pieces = False  # until the probe says otherwise
         self.exact_pieces = not self.blockers and self._probe_agrees()
 
     def _probe_agrees(self) -> bool:
@@ -142,29 +148,32 @@ class PiecewiseEncoder:
         pieces: Iterable[str] = self._split.split(text) if self._split is not None else (text,)
         parts: list[array[int] | int] = []
         missing: dict[str, int] = {}
-        for piece in pieces:
-            if not piece:
-                continue
-            added = self._added.get(piece)
-            if added is not None:
-                parts.append(added)
-                continue
-            ids = self._cache.get(piece) if _cache else None
-            if ids is None:
-                missing.setdefault(piece, len(missing))
-                parts.append(-1 - missing[piece])
-            else:
-                self._cache.move_to_end(piece)
-                self.hits += 1
-                parts.append(ids)
+        with self._lock:
+            for piece in pieces:
+                if not piece:
+                    continue
+                added = self._added.get(piece)
+                if added is not None:
+                    parts.append(added)
+                    continue
+                ids = self._cache.get(piece) if _cache else None
+                if ids is None:
+                    missing.setdefault(piece, len(missing))
+                    parts.append(-1 - missing[piece])
+                else:
+                    self._cache.move_to_end(piece)
+                    self.hits += 1
+                    parts.append(ids)
+            if _cache:
+                self.misses += len(missing)
         encoded: list[array[int]] = []
         if missing:
-            self.misses += len(missing)
             batch = self._tok.encode_batch_fast(list(missing), add_special_tokens=False)
             encoded = [array("I", e.ids) for e in batch]
             if _cache:
-                for piece, ids in zip(missing, encoded, strict=True):
-                    self._keep(piece, ids)
+                with self._lock:
+                    for piece, ids in zip(missing, encoded, strict=True):
+                        self._keep(piece, ids)
         out = array("I")
         for part in parts:
             if isinstance(part, int):
@@ -178,7 +187,7 @@ class PiecewiseEncoder:
 
     def _keep(self, piece: str, ids: array[int]) -> None:
         cost = len(piece) + 4 * len(ids) + ENTRY_OVERHEAD_BYTES
-        if cost > self.cache_bytes:
+        if cost > self.cache_bytes or piece in self._cache:  # another thread kept it meanwhile
             return
         self._cache[piece] = ids
         self._cached_bytes += cost

@@ -7,8 +7,9 @@ caches, so the ids it routes on decide which hits it can see. Three sources
 * **ids** — the request carries them (``/v1/completions`` with ``prompt`` as token ids). Exact
   and free: they are the engine's ids. Always used when present.
 * **tokenizer** — a local ``tokenizer.json`` (the ``tokenizers`` library) and the model's chat
-  template rendered as vLLM renders it (:mod:`smetric.serve.chat_template`), encoded with
-  ``add_special_tokens=False`` for chat and ``True`` for a text prompt, as vLLM's server does.
+  template rendered as vLLM renders it (:mod:`smetric.serve.chat_template`), encoded with the
+  request's ``add_special_tokens`` (vLLM's field: false for chat, true for a text prompt by
+  default), as vLLM's server does.
   The ids equal the engine's, so the router's block hashes equal vLLM's and its index can be fed
   by KV events (``index_mode="exact"``). Use it in front of real vLLM. The encoder caches the
   ids of the text pieces between special tokens (:mod:`smetric.serve.piecewise`), so an agent's
@@ -30,9 +31,10 @@ tokenizer when one is configured, else the approximation.
 
 The chat template (tokenizer mode, or approximate mode when one is given): ``chat_template`` as a
 file path or Jinja text; by default the ``chat_template.jinja`` next to ``tokenizer.json``, else
-the ``chat_template`` of the ``tokenizer_config.json`` there (its ``"default"`` entry when it is
-a list of named templates, ``"tool_use"`` for requests with tools when present), else plain
-ChatML (:data:`smetric.serve.chat_template.CHATML_TEMPLATE`). The named special tokens of that
+the ``chat_template`` of the ``tokenizer_config.json`` there (when it is a list of named
+templates: ``"tool_use"`` for a request that carries ``tools``, even an empty list, as
+transformers picks it, else ``"default"``), else plain ChatML
+(:data:`smetric.serve.chat_template.CHATML_TEMPLATE`). The named special tokens of that
 ``tokenizer_config.json`` are the template's ``bos_token``, ``eos_token``, ….
 
 Complexity per request: ids O(1) (the buffer is reused); approximate O(prompt bytes);
@@ -180,12 +182,8 @@ class TokenSource:
         if self.kind == "ids":
             param = "messages" if req.endpoint == "chat" else "prompt"
             raise RequestError("this proxy routes on token ids: send prompt as a list of token ids", param=param)
-        if req.endpoint == "chat":
-            text = self.render(req)
-            ids = self.encoder.encode(text) if self.encoder is not None else None
-        else:
-            text = req.prompt_text or ""
-            ids = self._encode_prompt(text) if self.encoder is not None else None
+        text = self.render(req) if req.endpoint == "chat" else req.prompt_text or ""
+        ids = self._encode(text, special=req.add_special_tokens) if self.encoder is not None else None
         if ids is None:
             ids = approximate_ids(text, self.config.approx_chunk_bytes)
         return RoutingTokens(ids, len(ids), self.kind)
@@ -208,21 +206,27 @@ class TokenSource:
                 raise RequestError(str(e), param="messages") from None
         from .chat_template import TemplateRenderError
 
-        template = self._templates.get("tool_use" if req.tools else "default") or self._templates["default"]
+        template = self._templates.get("tool_use" if req.tools is not None else "default") or self._templates["default"]
+        # vLLM merges the request's chat_template_kwargs over these two, so they win there too.
+        kwargs = dict(req.chat_template_kwargs or {})
+        generation_prompt = bool(kwargs.pop("add_generation_prompt", req.add_generation_prompt))
+        continue_final = bool(kwargs.pop("continue_final_message", req.continue_final_message))
         try:
             return template.render(
                 messages,
                 tools=req.tools,
-                add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message,
-                chat_template_kwargs=req.chat_template_kwargs,
+                add_generation_prompt=generation_prompt,
+                continue_final_message=continue_final,
+                chat_template_kwargs=kwargs,
             )
         except TemplateRenderError as e:
             raise RequestError(str(e), param="messages") from None
 
-    def _encode_prompt(self, text: str) -> array[int]:
-        """A completions text prompt, with the special tokens vLLM's server adds to it."""
+    def _encode(self, text: str, *, special: bool) -> array[int]:
+        """``text``'s ids, with the tokenizer's special tokens around them when ``special``."""
         assert self.encoder is not None
+        if not special:
+            return self.encoder.encode(text)
         if self._affixes is None:
             return self.encoder.encode_whole(text, add_special_tokens=True)
         prefix, suffix = self._affixes
@@ -254,11 +258,18 @@ def _special_tokens(tokenizer_config: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except OSError:  # a template's text is often too long to be a file name
+        return False
+
+
 def _template_sources(config: TokenConfig, tokenizer_config: dict[str, Any], directory: Path | None) -> dict[str, str]:
     """Template name → Jinja text; empty for the built-in ChatML of :func:`render_chat`."""
     if config.chat_template is not None:
         given = config.chat_template
-        if Path(given).is_file():
+        if _is_file(given):
             return {"default": Path(given).read_text(encoding="utf-8")}
         if "{" not in given:
             raise _config_error("chat_template", f"is neither a file nor a Jinja template: {given!r}")

@@ -15,6 +15,7 @@ use crate::errors::python_error;
 
 /// The fields of an OpenAI request body that a router reads (see ``parse_openai_body``).
 #[pyclass(frozen, get_all, module = "smetric._core", name = "OpenAIBody")]
+#[allow(clippy::struct_excessive_bools)] // the request's own boolean fields, one each
 pub(crate) struct PyOpenAIBody {
     model: Option<String>,
     stream: bool,
@@ -27,6 +28,7 @@ pub(crate) struct PyOpenAIBody {
     chat_template_kwargs_json: Option<String>,
     add_generation_prompt: bool,
     continue_final_message: bool,
+    add_special_tokens: bool,
     prompt_text: Option<String>,
     prompt_ids: Option<Py<PyBytes>>,
 }
@@ -99,6 +101,7 @@ fn parse_openai_body(py: Python<'_>, raw: &[u8], endpoint: &str) -> PyResult<PyO
         chat_template_kwargs_json: body.chat_template_kwargs.map(str::to_owned),
         add_generation_prompt: body.add_generation_prompt,
         continue_final_message: body.continue_final_message,
+        add_special_tokens: body.add_special_tokens,
         prompt_text,
         prompt_ids: prompt_ids.transpose()?,
     })

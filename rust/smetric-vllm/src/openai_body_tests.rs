@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 
-use super::{BodyError, Endpoint, OpenAiBody, Prompt, parse_openai_body};
+use super::{BodyError, Endpoint, OpenAiBody, Prompt, flat_ids, parse_openai_body};
 
 fn chat(body: &str) -> Result<OpenAiBody<'_>, BodyError> {
     parse_openai_body(body.as_bytes(), Endpoint::Chat)
@@ -35,6 +35,7 @@ fn chat_fields_are_read_and_messages_kept_as_text() {
     assert_eq!(parsed.chat_template_kwargs, Some(r#"{"enable_thinking":false}"#));
     assert!(!parsed.add_generation_prompt);
     assert!(parsed.continue_final_message);
+    assert!(!parsed.add_special_tokens, "chat's default");
     assert_eq!(parsed.prompt, None, "chat ignores prompt");
 }
 
@@ -132,6 +133,7 @@ fn field_types_are_checked() {
         (r#"{"messages":[],"tools":{}}"#, "tools"),
         (r#"{"messages":[],"chat_template_kwargs":[]}"#, "chat_template_kwargs"),
         (r#"{"messages":[],"add_generation_prompt":1}"#, "add_generation_prompt"),
+        (r#"{"messages":[],"add_special_tokens":"no"}"#, "add_special_tokens"),
         (r#"{"messages":"hi"}"#, "messages"),
         (r#"{"messages":null}"#, "messages"),
         (r#"{"model":"m"}"#, "messages"),
@@ -162,6 +164,37 @@ fn malformed_and_non_object_bodies() {
     assert!(invalid_utf8.unwrap_err().message.contains("malformed JSON"));
 }
 
+#[test]
+fn the_byte_loop_takes_flat_lists_and_leaves_the_rest_to_serde() {
+    assert_eq!(flat_ids(b"[1,2,3]"), Some(vec![1, 2, 3]));
+    assert_eq!(flat_ids(b"[ 0 ,\n\t4294967295\r]"), Some(vec![0, u32::MAX]));
+    for other in [
+        &b"[]"[..],
+        b"[ ]",
+        b"[-1]",
+        b"[4294967296]",
+        b"[12345678901]",
+        b"[1.5]",
+        b"[1e3]",
+        b"[1,]",
+        b"[[1]]",
+        b"[\"a\"]",
+        b"[1] ",
+        b"\"1\"",
+    ] {
+        assert_eq!(flat_ids(other), None, "{}", String::from_utf8_lossy(other));
+    }
+    // And serde words the errors of what the loop leaves.
+    let eleven = completions(r#"{"prompt":[1, 12345678901]}"#).unwrap_err();
+    assert!(
+        eleven.message.contains("prompt[1] is 12345678901"),
+        "{}",
+        eleven.message
+    );
+    let float = completions(r#"{"prompt":[1e3]}"#).unwrap_err();
+    assert!(float.message.contains("prompt[0] is 1000"), "{}", float.message);
+}
+
 proptest! {
     #[test]
     fn never_panics(raw in proptest::collection::vec(any::<u8>(), 0..200)) {
@@ -170,8 +203,13 @@ proptest! {
     }
 
     #[test]
-    fn ids_round_trip(ids in proptest::collection::vec(any::<u32>(), 1..300)) {
-        let body = format!("{{\"prompt\":{ids:?}}}");
+    fn ids_round_trip(ids in proptest::collection::vec(any::<u32>(), 1..300), spaced in any::<bool>()) {
+        let list = if spaced {
+            format!("{ids:?}").replace(", ", " ,\n ")
+        } else {
+            format!("{ids:?}").replace(", ", ",")
+        };
+        let body = format!("{{\"prompt\": {list} }}");
         let parsed = parse_openai_body(body.as_bytes(), Endpoint::Completions).unwrap();
         prop_assert_eq!(parsed.prompt, Some(Prompt::Ids(ids)));
     }
