@@ -594,17 +594,12 @@ class Proxy:
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return self._respond(
-                error_response(
-                    413, f"the body exceeds {self.config.max_body_bytes} bytes", kind="BadRequestError", param=None
-                )
-            )
+            err = RequestError.too_large(self.config.max_body_bytes)
+            return self._respond(web.json_response(err.body(), status=err.status))
         try:
             req = parse_request(raw, endpoint)
             if req.model is not None and self.models and req.model not in self.models:
-                return self._respond(
-                    error_response(404, f"The model `{req.model}` does not exist.", kind="NotFoundError", param="model")
-                )
+                raise RequestError.unknown_model(req.model)
             if req.prompt_ids is None and self.tokens.kind == "tokenizer":
                 # BPE work (a first turn: tens of ms) runs off the event loop, so other requests
                 # keep flowing; one worker thread, which also keeps the piece cache single-threaded.
