@@ -309,7 +309,10 @@ impl PdRouter {
         // call fails before the prefill side counts anything.
         let decode_allowed: Vec<bool> = {
             let g = self.decode.lock();
-            g.names.iter().map(|name| !req.exclude.iter().any(|x| *x == &**name)).collect()
+            g.names
+                .iter()
+                .map(|name| !req.exclude.iter().any(|x| *x == &**name))
+                .collect()
         };
         if !decode_allowed.iter().any(|&ok| ok) {
             return Err(SmetricError::NoInstances);

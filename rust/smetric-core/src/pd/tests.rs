@@ -222,5 +222,9 @@ fn excluded_instances_are_skipped_on_both_sides() {
         })
         .unwrap_err();
     assert_eq!(err, SmetricError::NoInstances);
-    assert_eq!(r.prefill().stats().routed, 6, "no prefill decision was counted for the failed call");
+    assert_eq!(
+        r.prefill().stats().routed,
+        6,
+        "no prefill decision was counted for the failed call"
+    );
 }
