@@ -332,6 +332,8 @@ def test_bad_input_gets_openai_errors_and_loses_nothing(fleet: list[FakeEngine])
             assert isinstance(err["message"], str) and err["message"] and "type" in err, body
         status, _, _ = request(p.url, "/v1/completions", {"prompt": [1, -5]})
         assert status == 400
+        huge = {"x-padding": "a" * 20_000}  # over max_header_bytes (16 KiB): the HTTP parser refuses it
+        assert request(p.url, "/v1/chat/completions", {"messages": []}, headers=huge)[0] == 400
         ok = request(p.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
         assert ok[0] == 200
         assert p.proxy is not None and p.proxy.router.stats()["routed"] == 1, "bad requests are never routed"
@@ -463,3 +465,25 @@ def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index() -
         p.stop()
         for e in engines:
             e.stop()
+
+
+def test_a_request_over_its_time_limit_ends_its_stream_with_an_error_event() -> None:
+    async def stalls(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": []})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(_role_chunk() + _chunk("partial "))
+        await asyncio_wait(threading.Event(), timeout=2.5)  # then nothing, for longer than the limit
+        return resp
+
+    with Stub(stalls) as stub:
+        p = proxy_for([stub.url], client_timeout_s=1.0)
+        try:
+            status, _, body = request(p.url, "/v1/chat/completions", {"messages": [{"role": "user"}], "stream": True})
+            assert status == 200 and chat_text(body) == "partial "
+            errors = [e for e in events(body) if isinstance(e, dict) and "error" in e]
+            assert errors and "timed out" in errors[0]["error"]["message"] and events(body)[-1] == "[DONE]"
+            settled(p)
+        finally:
+            p.stop()

@@ -91,6 +91,9 @@ HOP_BY_HOP = frozenset(
 """RFC 9110 §7.6.1 hop-by-hop fields, never forwarded (nor any field ``Connection`` names)."""
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
 
+_STREAM_KEY = web.RequestKey("smetric.stream", web.StreamResponse)
+"""Where a request keeps its client stream once the headers are sent."""
+
 _RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError)
 
 
@@ -618,7 +621,11 @@ class Proxy:
             async with asyncio.timeout(self.config.client_timeout_s):
                 response = await self._serve_request(request, raw, req, tokens)
         except TimeoutError:
-            response = error_response(504, "the request timed out in the proxy", kind="TimeoutError")
+            started_stream = request.get(_STREAM_KEY)
+            if started_stream is not None:  # headers are out: end the stream with an error event
+                response = await self._end_cut_stream(started_stream, "the request timed out in the proxy")
+            else:
+                response = error_response(504, "the request timed out in the proxy", kind="TimeoutError")
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
@@ -884,6 +891,7 @@ class Proxy:
                     headers["x-smetric-decision"] = attempt.header
                     response = web.StreamResponse(status=upstream.status, headers=headers)
                     await response.prepare(request)
+                    request[_STREAM_KEY] = response  # for _handle, should the request time out
                 attempt.first_byte()
                 events = sse.feed(chunk)
                 if not continuation:
@@ -940,10 +948,12 @@ class Proxy:
             return None  # token-id prompts: the generated ids are not in the stream
         return new, json.dumps(body).encode(), self.tokens.routing_tokens(new)
 
-    async def _end_cut_stream(self, response: web.StreamResponse) -> web.StreamResponse:
+    async def _end_cut_stream(
+        self, response: web.StreamResponse, message: str = "the stream was cut and could not be continued"
+    ) -> web.StreamResponse:
         err = {
             "error": {
-                "message": "the stream was cut and could not be continued",
+                "message": message,
                 "type": "ServiceUnavailableError",
                 "param": None,
                 "code": 503,
