@@ -20,8 +20,13 @@
 //! Why KvFit for smetric: on agent traces decode contexts are long (tens of thousands of
 //! tokens) and output short, so a decode instance's step time and its preemption risk follow
 //! its resident KV, not its request count; and a session's follow-up sent to the decode
-//! instance that served its previous turn pulls only the new tokens. The report measures it
-//! against the other three (docs/results.md §PD).
+//! instance that served its previous turn pulls only the new tokens.
+//!
+//! What the alternatives measured (docs/results.md §12.5, tuning window Weka 0476–0549, smetric
+//! on the prefill side, peak prefill TPS under the TTFT SLO, mean of 3 seeds): at 8P:8D kv_fit
+//! 77,747, least_batch 77,548, power_of_two 72,441, round_robin 42,368; at 6P:10D 73,546,
+//! 69,551, 70,829, 43,223. On the report windows the whole of smetric's PD lead over the
+//! baselines is this rule's: a baseline's prefill policy with kv_fit matches it (§12.2).
 //!
 //! Complexity: O(decode instances) per decision.
 
