@@ -126,6 +126,56 @@ def tuning(traces_dir: Path, out: Path, jobs: int) -> Path:
     return path
 
 
+ATTRIBUTION = ("lmetric", "linear", "smetric")
+"""Prefill policies also run with the other decode rule: the strongest baselines with smetric's
+``kv_fit``, smetric with the baselines' ``power_of_two`` (which half of the PD result is whose)."""
+
+
+def attribution(traces_dir: Path, out: Path, jobs: int) -> Path:
+    cells: list[tuple[dict[str, Any], RunSpec]] = []
+    for trace in (t for t in TRACES if t.role == "report"):
+        spec = spec_of(trace, traces_dir)
+        for split in SPLITS:
+            for label in ATTRIBUTION:
+                rule = "power_of_two" if label == "smetric" else "kv_fit"
+                for load in LOADS[trace.format]:
+                    for seed in SEEDS:
+                        cell = {"trace": trace.key, "layout": layout_name(split), "label": f"{label}+{rule}"}
+                        cell |= {"load": load, "seed": seed}
+                        cells.append((cell, RunSpec(spec, config_of(split, rule), Window(), label, load, seed)))
+    started = time.perf_counter()
+    runs, failed = run_cells(cells, jobs)
+    path = out / "pd_attribution.json"
+    payload = {"wall_s": time.perf_counter() - started, "failed": failed, "runs": runs}
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
+def attribution_table(d: dict[str, Any], a: dict[str, Any]) -> str:
+    """Peak prefill TPS under SLO of each prefill policy with each decode rule."""
+    cells = group(d["runs"] + a["runs"], "trace", "layout", "label")
+    combos = [
+        ("smetric", "smetric+power_of_two"),
+        ("lmetric", "lmetric+kv_fit"),
+        ("linear", "linear+kv_fit"),
+    ]
+    head = " | ".join(f"{x} | {y}" for x, y in combos)
+    lines = [
+        f"| trace | layout | {head} |",
+        "|---|---|" + "---:|" * (2 * len(combos)),
+    ]
+    traces = sorted({r["trace"] for r in a["runs"]}, key=[t.key for t in TRACES].index)
+    for trace in traces:
+        for lay in d["splits"]:
+            vals = []
+            for x, y in combos:
+                for lab in (x, y):
+                    v, load, _ = peak(cells[(trace, lay, lab)], "prefill_tps_under_slo")
+                    vals.append(f"{_fmt(v)} ({load:g})")
+            lines.append(f"| {trace} | {lay} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
 def report(traces_dir: Path, out: Path, jobs: int) -> Path:
     cells: list[tuple[dict[str, Any], RunSpec]] = []
     for trace in (t for t in TRACES if t.role == "report"):
@@ -320,6 +370,13 @@ def tables(data_dir: Path) -> str:
             parts += [f"\n### {trace}\n", per_policy(d, trace)]
         if d["failed"]:
             parts.append(f"\nFailed runs: {len(d['failed'])}")
+        attribution_path = data_dir / "pd_attribution.json"
+        if attribution_path.exists():
+            a = json.loads(attribution_path.read_text())
+            parts += [
+                "\n### Attribution: prefill policy x decode rule (peak prefill TPS under SLO)\n",
+                attribution_table(d, a),
+            ]
     return "\n".join(parts)
 
 
@@ -330,16 +387,20 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--tuning-only", action="store_true", help="only the tuning-window scans")
     parser.add_argument("--report-only", action="store_true", help="only the report grid")
+    parser.add_argument("--attribution-only", action="store_true", help="only the policy x decode-rule runs")
     parser.add_argument("--tables", type=Path, help="only print the markdown tables of this data directory")
     args = parser.parse_args()
     if args.tables:
         print(tables(args.tables))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.report_only:
+    only = args.tuning_only or args.report_only or args.attribution_only
+    if args.tuning_only or not only:
         print(f"wrote {tuning(args.traces, args.out, args.jobs)}", file=sys.stderr)
-    if not args.tuning_only:
+    if args.report_only or not only:
         print(f"wrote {report(args.traces, args.out, args.jobs)}", file=sys.stderr)
+    if args.attribution_only or not only:
+        print(f"wrote {attribution(args.traces, args.out, args.jobs)}", file=sys.stderr)
     print(tables(args.out))
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import smetric
-from smetric import DECODE_RULES, PdRouter
+from smetric import DECODE_RULES, DecodeLoad, PdRouter, PdRouterStats
 from smetric.errors import DuplicateInstanceError, InvalidConfigError, NoInstancesError, UnknownInstanceError
 
 
@@ -29,6 +29,8 @@ def test_route_names_both_instances_and_the_lifecycle_balances() -> None:
     assert d2.decode_instance == d1.decode_instance and d2.decode_hit_tokens == 40
     assert r.on_aborted(2)
     s = r.stats()
+    assert set(s) == set(PdRouterStats.__required_keys__)
+    assert all(set(v) == set(DecodeLoad.__required_keys__) for v in s["decode"].values())
     assert s["routed"] == 2 and s["in_flight"] == 0 and s["output_tokens"] == 7
     assert all(v["batch_size"] == 0 and v["reserved_blocks"] == 0 for v in s["decode"].values())
     assert "PdDecision(" in repr(d2) and "PdRouter(" in repr(r)

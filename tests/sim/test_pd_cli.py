@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from smetric._core import load_workload, simulate
+from smetric._types import PdRunReport, PdSettings, Percentiles
 from smetric.cli import main
 from smetric.errors import InvalidConfigError
 from smetric.sim import PD_DEFAULTS, SimulationConfig
@@ -62,6 +63,9 @@ def test_engine_pd_config(weka_trace: TraceWriter) -> None:
     pd = {"prefill_instances": 1, "decode_instances": 1, "decode_rule": "least_batch"}
     report = simulate(w, "smetric", config={"instances": 2, "pd": pd})
     assert report["pd"] is not None and report["pd"]["decode_rule"] == "least_batch"
+    assert set(report["pd"]) == set(PdRunReport.__required_keys__)
+    assert set(report["pd"]["transfer_time"]) == set(Percentiles.__required_keys__)
+    assert set(PD_DEFAULTS) == set(PdSettings.__required_keys__)
     assert report["pd"]["transfers"] == report["completed"]
     assert simulate(w, "smetric", config={"instances": 2})["pd"] is None
     with pytest.raises(InvalidConfigError):

@@ -23,6 +23,11 @@
 //! a request whose tokens are all computed samples one token (the first one ends its TTFT);
 //! a request with all its output tokens finishes and frees its blocks (tail first).
 //!
+//! In a PD cluster (`cluster::pd`) a request's [`PdRole`] changes two steps: on its prefill
+//! instance it keeps its blocks when it finishes (its one token sampled), and on its decode
+//! instance its admission allocates the whole context and starts a pull instead of a
+//! prefill; the pulled blocks then count as computed up to `n − 1` tokens.
+//!
 //! Only prompt blocks have trace hashes, so blocks filled by generated tokens stay anonymous:
 //! they count against capacity but never hit (the next turn's copy of that text is
 //! recomputed — a few hundred tokens per turn on agent traces).
@@ -67,12 +72,22 @@ pub(crate) struct LiveRequest {
     pub global_hit_tokens: u64,
     /// Times this request was preempted.
     pub preemptions: u32,
-    /// PD, prefill side: keep the blocks when the request finishes (the prefill instance
-    /// holds them until the decode instance has pulled them; `cluster::pd` frees them).
-    pub hold_blocks: bool,
-    /// PD, decode side: at admission allocate the whole context and pull what the prefix
-    /// cache lacks from the prefill instance (vLLM's `WAITING_FOR_REMOTE_KVS`).
-    pub remote_kv: bool,
+    /// Its part in a PD cluster, if any.
+    pub pd: PdRole,
+}
+
+/// What a request is to the instance it is on, in a PD cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum PdRole {
+    /// Co-located, or decoding after its pull (an ordinary request).
+    #[default]
+    Ordinary,
+    /// On its prefill instance: keep the blocks when it finishes (the prefill instance holds
+    /// them until the decode instance has pulled them; `cluster::pd` frees them).
+    Prefill,
+    /// Queued on its decode instance: at admission allocate the whole context and pull what
+    /// the prefix cache lacks from the prefill instance (vLLM's `WAITING_FOR_REMOTE_KVS`).
+    RemoteDecode,
 }
 
 /// What happened to a request when a step completed.
@@ -260,7 +275,7 @@ impl Instance {
                 sink(StepEvent::FirstToken { request: r });
             }
             if req.generated >= req.output {
-                if !req.hold_blocks {
+                if req.pd != PdRole::Prefill {
                     self.pool.release(&req.blocks);
                     req.blocks = Vec::new();
                 }
@@ -318,7 +333,7 @@ impl Instance {
             }
             let max_hit = (((req.num_tokens - 1) / b) as usize).min(chain.len());
             let local = self.pool.longest_hit(chain, max_hit);
-            if req.remote_kv {
+            if req.pd == PdRole::RemoteDecode {
                 // PD decode: allocate the whole context before pulling it; what the prefix
                 // cache holds is not pulled (the last block always is: its last token is
                 // recomputed here).
@@ -329,7 +344,7 @@ impl Instance {
                 self.pool.acquire_hits(&chain[..local], &mut req.blocks);
                 self.pool.allocate(pull as u32, &mut req.blocks);
                 req.registered = local;
-                req.remote_kv = false;
+                req.pd = PdRole::Ordinary;
                 req.fetching = true;
                 self.started_fetches.push(StartedLoad {
                     request: r,

@@ -14,7 +14,10 @@
 //!   `tbt_tail_s` is set, tail TBT ≤ it. Rejected requests (longer than `max_model_len`) never
 //!   meet it.
 //! * **TPS under SLO** = Σ (input + output) tokens of measured requests meeting the SLO ÷
-//!   window length; **output TPS under SLO** counts output tokens only.
+//!   window length; **output TPS under SLO** counts output tokens only; **prefill TPS under
+//!   SLO** = Σ prompt tokens of measured requests whose TTFT meets the bound (whatever their
+//!   TPOT) ÷ window length (the seed's PD metric).
+//! * **PD runs** (`crate::pd`): TTFT ends at the decode instance's first token, after the pull.
 //! * **Hit ratios**: local = prompt tokens served from the instance's GPU prefix cache at
 //!   first admission ÷ prompt tokens of measured, served (not rejected) requests; global =
 //!   tokens loaded from the global tier ÷ the same denominator.

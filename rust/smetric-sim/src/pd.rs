@@ -49,6 +49,8 @@ pub struct PdSimConfig {
     pub transfer_latency_s: f64,
 }
 
+// serde's `serialize_with` hands the field by reference.
+#[allow(clippy::ref_option, clippy::trivially_copy_pass_by_ref)]
 fn rule_name<S: Serializer>(rule: &Option<DecodeRule>, s: S) -> std::result::Result<S::Ok, S::Error> {
     match rule {
         Some(r) => s.serialize_str(r.name()),

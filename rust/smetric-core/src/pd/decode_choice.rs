@@ -20,8 +20,13 @@
 //! Why KvFit for smetric: on agent traces decode contexts are long (tens of thousands of
 //! tokens) and output short, so a decode instance's step time and its preemption risk follow
 //! its resident KV, not its request count; and a session's follow-up sent to the decode
-//! instance that served its previous turn pulls only the new tokens. The report measures it
-//! against the other three (docs/results.md §PD).
+//! instance that served its previous turn pulls only the new tokens.
+//!
+//! What the alternatives measured (docs/results.md §12.5, tuning window Weka 0476–0549, smetric
+//! on the prefill side, peak prefill TPS under the TTFT SLO, mean of 3 seeds): at 8P:8D kv_fit
+//! 77,747, least_batch 77,548, power_of_two 72,441, round_robin 42,368; at 6P:10D 73,546,
+//! 69,551, 70,829, 43,223. On the report windows the whole of smetric's PD lead over the
+//! baselines is this rule's: a baseline's prefill policy with kv_fit matches it (§12.2).
 //!
 //! Complexity: O(decode instances) per decision.
 
@@ -116,36 +121,40 @@ pub fn choose(rule: DecodeRule, input: &DecodeInput<'_>, rng: &DrawCounter, rr: 
     let n = input.candidates.len();
     let any_fits = (0..n).any(|i| input.fits(i));
     let allowed = |i: usize| !any_fits || input.fits(i);
-    let c = input.candidates;
-    let b = f64::from(input.block_size);
+    let cands = input.candidates;
+    let block = f64::from(input.block_size);
     match rule {
         DecodeRule::RoundRobin => {
             let k = (*rr % n as u64) as usize;
             *rr += 1;
             k
         }
-        DecodeRule::LeastBatch => argmin_by(n, rng, allowed, |i| c[i].bs as f64).unwrap_or(0),
+        DecodeRule::LeastBatch => argmin_by(n, rng, allowed, |i| cands[i].bs as f64).unwrap_or(0),
         DecodeRule::KvFit => {
-            let pull = |i: usize| input.context_blocks.saturating_sub(c[i].hit_blocks);
-            let score = |i: usize| (c[i].used_blocks + pull(i)) as f64 * b;
+            let pull = |i: usize| input.context_blocks.saturating_sub(cands[i].hit_blocks);
+            let score = |i: usize| (cands[i].used_blocks + pull(i)) as f64 * block;
             // Ties of the token score go to the smaller batch, then at random.
             let best = (0..n).filter(|&i| allowed(i)).map(score).fold(f64::INFINITY, f64::min);
             #[allow(clippy::float_cmp)]
             let tied = |i: usize| allowed(i) && score(i) == best;
-            argmin_by(n, rng, tied, |i| c[i].bs as f64).unwrap_or(0)
+            argmin_by(n, rng, tied, |i| cands[i].bs as f64).unwrap_or(0)
         }
         DecodeRule::PowerOfTwo => {
             let pool: Vec<usize> = (0..n).filter(|&i| allowed(i)).collect();
             if pool.len() == 1 {
                 return pool[0];
             }
-            let a = rng.pick(pool.len());
-            let mut d = rng.pick(pool.len() - 1);
-            if d >= a {
-                d += 1;
+            let first = rng.pick(pool.len());
+            let mut second = rng.pick(pool.len() - 1);
+            if second >= first {
+                second += 1;
             }
-            let (a, d) = (pool[a], pool[d]);
-            if c[d].bs < c[a].bs { d } else { a }
+            let (first, second) = (pool[first], pool[second]);
+            if cands[second].bs < cands[first].bs {
+                second
+            } else {
+                first
+            }
         }
     }
 }

@@ -20,6 +20,7 @@
 use super::{Kind, Sim};
 use crate::config::SimConfig;
 use crate::error::{Result, SimError};
+use crate::instance::PdRole;
 use crate::metrics::Percentiles;
 use crate::pd::{PdReport, PdSimConfig};
 use crate::placement::Placement;
@@ -131,7 +132,7 @@ impl Sim<'_> {
         pd.decode_of[r as usize] = d;
         let req = &mut self.reqs[r as usize];
         req.output = 1;
-        req.hold_blocks = true;
+        req.pd = PdRole::Prefill;
         Ok(())
     }
 
@@ -150,8 +151,7 @@ impl Sim<'_> {
         req.generated = 0;
         req.registered = 0;
         req.output = spec.output_tokens.max(1);
-        req.hold_blocks = false;
-        req.remote_kv = true;
+        req.pd = PdRole::RemoteDecode;
         req.expected_prefill = 0;
         let d = pd.decode_of[r as usize] as usize;
         self.instances[d].waiting.push_back(r);
@@ -335,9 +335,9 @@ mod tests {
         }
         let pd = sim.pd.as_ref().unwrap();
         assert_eq!(pd.transfers, n as u64);
-        for r in 0..n {
+        for (r, pulled) in pulled_at.iter().enumerate() {
             let rec = &sim.records[r];
-            let pulled = pulled_at[r].expect("every request was pulled");
+            let pulled = pulled.expect("every request was pulled");
             assert!(
                 rec.first_token_s.unwrap() > pulled,
                 "request {r}: first token after the pull"
