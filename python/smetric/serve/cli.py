@@ -5,7 +5,6 @@ command runs, so ``smetric --help`` needs no extra."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from typing import Any
@@ -44,7 +43,7 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from smetric.errors import SmetricError
     from smetric.serve.config import InstanceConfig, load_config
-    from smetric.serve.proxy import run
+    from smetric.serve.proxy import run, run_forever
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tokens = {
@@ -77,5 +76,5 @@ def _run(args: argparse.Namespace) -> int:
     except (SmetricError, OSError) as e:
         print(f"smetric serve: {e}", file=sys.stderr)
         return 2
-    asyncio.run(run(config))
+    run_forever(run(config))
     return 0
