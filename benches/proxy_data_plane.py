@@ -43,11 +43,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+ROOT = Path(__file__).resolve().parents[1]
 ENGINES = 4
 MODEL = "fake-model"
 """The fake engine's default served model name."""
@@ -158,8 +160,12 @@ async def one(session: aiohttp.ClientSession, url: str, body: bytes, stream: boo
     return (first or end) - start, end - start
 
 
-async def open_loop(urls: Sequence[str], body: bytes, stream: bool, rate: float, n: int) -> list[tuple[float, float]]:
+async def open_loop(
+    urls: Sequence[str], body: bytes | Sequence[bytes], stream: bool, rate: float, n: int, path: str = "/v1/completions"
+) -> list[tuple[float, float]]:
+    """``n`` requests at ``rate``/s; ``body`` is one body, or one per request (cycled)."""
     targets = itertools.cycle(urls)
+    bodies = itertools.cycle([body] if isinstance(body, bytes) else body)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         t0 = time.perf_counter()
         tasks = []
@@ -167,7 +173,7 @@ async def open_loop(urls: Sequence[str], body: bytes, stream: bool, rate: float,
             delay = t0 + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(session, f"{next(targets)}/v1/completions", body, stream)))
+            tasks.append(asyncio.create_task(one(session, f"{next(targets)}{path}", next(bodies), stream)))
         return await asyncio.gather(*tasks)
 
 
@@ -216,22 +222,56 @@ def wrk_rate(url: str, body: bytes, concurrency: int, seconds: float) -> float:
     return float(match.group(1))
 
 
+def chat_bodies(n: int, history_tokens: int, stream: bool) -> list[bytes]:
+    """``n`` chat requests of one agent session's next turn: the same history of about
+    ``history_tokens`` tokens (the repository's docs as text) and a distinct short user message
+    each, as a session's follow-ups are (a proxy's tokenizer cache holds the history, the new
+    message is new work)."""
+    text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md")))
+    chars = int(history_tokens * 2.9)  # the test tokenizer's characters per token on these docs
+    text = (text * (1 + chars // max(1, len(text))))[:chars]
+    step = 4000
+    history: list[dict[str, Any]] = [{"role": "system", "content": text[:6000]}]
+    for i, start in enumerate(range(6000, len(text), step)):
+        history.append({"role": "user" if i % 2 == 0 else "assistant", "content": text[start : start + step]})
+    if history[-1]["role"] == "user":
+        history.append({"role": "assistant", "content": "Done."})
+    return [
+        json.dumps(
+            {
+                "model": MODEL,
+                "messages": [*history, {"role": "user", "content": f"Request {i}: now run the tests for step {i}."}],
+                "max_tokens": 16,
+                "stream": stream,
+            }
+        ).encode()
+        for i in range(n)
+    ]
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] * 1e3 if len(values) > 1 else 0.0
 
 
 def measure(
-    name: str, urls: Sequence[str], args: argparse.Namespace, bodies: dict[bool, bytes], short: bytes
+    name: str,
+    urls: Sequence[str],
+    args: argparse.Namespace,
+    bodies: dict[bool, Any],
+    short: bytes | None,
+    path: str = "/v1/completions",
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"target": name}
     for stream in (False, True):
-        res = asyncio.run(open_loop(urls, bodies[stream], stream, args.rate, args.requests))
+        res = asyncio.run(open_loop(urls, bodies[stream], stream, args.rate, args.requests, path))
         kind = "stream" if stream else "plain"
         ttfb = [r[0] for r in res]
         total = [r[1] for r in res]
         row[f"{kind}_ttfb_p50_ms"], row[f"{kind}_ttfb_p99_ms"] = pct(ttfb, 50), pct(ttfb, 99)
         row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = pct(total, 50), pct(total, 99)
-    if shutil.which("wrk") and len(urls) == 1:
+    if short is None:
+        row["max_rate"], row["max_rate_by"] = float("nan"), "-"
+    elif shutil.which("wrk") and len(urls) == 1:
         row["max_rate"] = wrk_rate(f"{urls[0]}/v1/completions", short, args.concurrency, args.seconds)
         row["max_rate_by"] = "wrk"
     else:
@@ -256,6 +296,11 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--speedup", type=float, default=1e6)
     p.add_argument("--out", help="write the rows as JSON here")
+    p.add_argument(
+        "--tokenizer",
+        default=str(ROOT / "tests" / "data" / "serve" / "tokenizer.json"),
+        help="chat rows: smetric serve routes on this tokenizer.json (empty: no chat rows)",
+    )
     args = p.parse_args()
     prompt = list(range(1000, 1000 + args.prompt_tokens))
     bodies = {
@@ -277,13 +322,15 @@ def main() -> None:
         for stream in (False, True):
             asyncio.run(open_loop(engines, bodies[stream], stream, args.rate, min(args.requests, 400)))
         rows = [measure("direct", engines, args, bodies, short)]
+        router_url: str | None = None
         if args.vllm_router and shutil.which(args.vllm_router):
             port = free_port()
             cmd = [*pinned(1), args.vllm_router, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"]
             cmd += ["--worker-urls", *engines, "--max-payload-size", str(64 << 20), "--log-level", "error"]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             wait_http(f"http://127.0.0.1:{port}/health")
-            rows.append(measure("vllm-router", [f"http://127.0.0.1:{port}"], args, bodies, short))
+            router_url = f"http://127.0.0.1:{port}"
+            rows.append(measure("vllm-router", [router_url], args, bodies, short))
         port = free_port()
         code = (
             "import sys; sys.argv=['x']; import importlib.util as u;"
@@ -301,6 +348,25 @@ def main() -> None:
         procs.append(subprocess.Popen(cmd))
         wait_http(f"http://127.0.0.1:{port}/health")
         rows.append(measure("smetric-serve", [f"http://127.0.0.1:{port}"], args, bodies, short))
+        if args.tokenizer:
+            # Chat rows: the same engines (their own cheap tokenizer), 32K-token conversations; the
+            # proxy routes on the local tokenizer's ids, a follow-up's new message being new work.
+            chats = {st: chat_bodies(args.requests, args.prompt_tokens, st) for st in (False, True)}
+            chat_path = "/v1/chat/completions"
+            rows.append(measure("direct chat", engines, args, chats, None, chat_path))
+            if router_url is not None:
+                rows.append(measure("vllm-router chat", [router_url], args, chats, None, chat_path))
+            port = free_port()
+            cmd = [*pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "tokenizer"]
+            cmd += ["--tokenizer", args.tokenizer, "--kv-events", "off", "--log-level", "WARNING"]
+            for url in engines:
+                cmd += ["--instance", url]
+            procs.append(subprocess.Popen(cmd))
+            wait_http(f"http://127.0.0.1:{port}/health")
+            serve_url = f"http://127.0.0.1:{port}"
+            # Warm-up, not recorded: the first request of the session tokenizes its whole history.
+            asyncio.run(open_loop([serve_url], chats[False][:20], False, 20.0, 20, chat_path))
+            rows.append(measure("smetric-serve chat (tokenizer)", [serve_url], args, chats, None, chat_path))
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -309,16 +375,18 @@ def main() -> None:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    base = rows[0]
     print(f"{args.requests} requests at {args.rate:g}/s, {args.prompt_tokens}-token prompts (ms; added = minus direct)")
     print(
         f"max req/s: a closed loop of {args.concurrency} streaming clients ({rows[-1]['max_rate_by']} for proxies),"
         f" {args.max_rate_prompt_tokens}-token prompts"
     )
-    print(f"{'target':<16} {'plain p50':>10} {'p99':>8} {'stream ttfb p50':>16} {'p99':>8} {'max req/s':>10}")
+    print(f"{'target':<31} {'plain p50':>10} {'p99':>8} {'stream ttfb p50':>16} {'p99':>8} {'max req/s':>10}")
+    base = rows[0]
     for r in rows:
         added = ""
-        if r is not base:
+        if r["target"].startswith("direct"):
+            base = r  # the chat rows' baseline is direct chat
+        else:
             d = {
                 k: r[k] - base[k] for k in ("plain_p50_ms", "plain_p99_ms", "stream_ttfb_p50_ms", "stream_ttfb_p99_ms")
             }
@@ -327,7 +395,7 @@ def main() -> None:
                 f" stream ttfb {d['stream_ttfb_p50_ms']:+.2f}/{d['stream_ttfb_p99_ms']:+.2f}"
             )
         print(
-            f"{r['target']:<16} {r['plain_p50_ms']:>10.2f} {r['plain_p99_ms']:>8.2f} "
+            f"{r['target']:<31} {r['plain_p50_ms']:>10.2f} {r['plain_p99_ms']:>8.2f} "
             f"{r['stream_ttfb_p50_ms']:>16.2f} {r['stream_ttfb_p99_ms']:>8.2f} {r['max_rate']:>10.0f}{added}"
         )
     if args.out:
