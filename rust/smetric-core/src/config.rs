@@ -210,6 +210,7 @@ impl RouterConfig {
     };
 
     /// This config with the `smetric_*` fields of the paper's form.
+    #[must_use]
     pub fn with_paper_smetric(&self) -> RouterConfig {
         let p = Self::PAPER;
         RouterConfig {

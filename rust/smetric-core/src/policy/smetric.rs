@@ -286,15 +286,15 @@ mod tests {
                 .collect();
             let mut sel = input(&c, n, draws_src.pick(3) == 0, &cfg, &draws_src);
             sel.global_hit_tokens = [0, n / 3, n][draws_src.pick(3)];
-            let (a, b) = (DrawCounter::new(case), DrawCounter::new(case));
-            let now = Smetric.select(&SelectionInput { rng: &a, ..sel });
-            let then = before_switches(&SelectionInput { rng: &b, ..sel });
+            let (rng_now, rng_then) = (DrawCounter::new(case), DrawCounter::new(case));
+            let now = Smetric.select(&SelectionInput { rng: &rng_now, ..sel });
+            let then = before_switches(&SelectionInput { rng: &rng_then, ..sel });
             assert_eq!(now, then, "case {case}: {c:?}");
-            assert_eq!(a.draws(), b.draws(), "case {case}");
-            let d = DrawCounter::new(case);
+            assert_eq!(rng_now.draws(), rng_then.draws(), "case {case}");
+            let rng_new = DrawCounter::new(case);
             let default = RouterConfig::default();
             let new = Smetric.select(&SelectionInput {
-                rng: &d,
+                rng: &rng_new,
                 config: &default,
                 ..sel
             });
