@@ -234,8 +234,21 @@ def _peaks(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, tuple[
 def tuning_table(path: Path) -> str:
     d = json.loads(path.read_text())
     peaks = _peaks(d["runs"])
-    columns = sorted(peaks, key=lambda w: (w[0] != "weka-0476", w[1]))
-    head = " | ".join(f"{s} {p}" for s, p in columns)
+
+    def order(w: tuple[str, str]) -> tuple[bool, int, str]:
+        tier = next(i for i, t in enumerate(rr.TIERS) if w[1].startswith(t))
+        return (w[0] != "weka-0476", tier, w[1])
+
+    columns = sorted(peaks, key=order)
+    short = {"context_ratio": "ctx", "mean_turns": "turns", "think_mean_s": "think", "weka-0476": "0476"}
+
+    def name(s: str, p: str) -> str:
+        text = f"{s} {p}" if s != "synthetic" else f"syn. {p}"
+        for long, brief in short.items():
+            text = text.replace(long, brief)
+        return text
+
+    head = " | ".join(name(s, p) for s, p in columns)
     lines = [f"| variant | {head} |", "|---|" + "---:|" * len(columns)]
     for label in d["variants"]:
         cells = []
