@@ -654,6 +654,10 @@ class StreamGen:
                 return self._query()
 
 
+PAPER_FIELDS = {k: v for k, v in smetric.RouterConfig().paper().to_dict().items() if k.startswith("smetric_")}
+"""The ``smetric_*`` fields of ``RouterConfig.paper()``."""
+
+
 def case_spec(rnd: random.Random, case: int) -> CaseSpec:
     policy, cf_mode, mode = COMBOS[case % len(COMBOS)]
     default = rnd.random() < 0.25  # now and then the shipped tunables, unchanged
@@ -678,7 +682,15 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
             "overload_factor": rnd.choice([1.5, 1.0, 1.2, 2.0]),
             "overload_slack_tokens": rnd.choice([8192, 0, 0, 8, 32, 128]),
             "overload_slack_requests": rnd.choice([4, 0, 0, 1, 1, 2]),
+            "smetric_active_weight": rnd.choice([0.0, 0.0, 0.5, 1.0]),
+            "smetric_batch_term": rnd.choice([True, True, False]),
+            "smetric_migration": rnd.choice(["threshold", "cost", "work", "fetch"]),
+            "smetric_migration_margin": rnd.choice([0.0, 0.25, 1.0]),
+            "smetric_kv_fit": rnd.choice([True, False]),
+            "smetric_growth_headroom_tokens": rnd.choice([0.0, 16.0, 64.0]),
         }
+    elif rnd.random() < 0.5:  # the paper's form, the `smetric_paper` preset
+        config |= PAPER_FIELDS
     names = BIG_NAMES if case % 16 == 15 else NAMES
     count = rnd.randint(63, 70) if names is BIG_NAMES else rnd.randint(1, 5)
     hot = case % 16 == 7
@@ -779,3 +791,19 @@ if __name__ == "__main__":  # quick manual run: python tests/test_differential.p
     for c in range(int(sys.argv[1]) if len(sys.argv) > 1 else CASES):
         total += run_case(c)
     print(f"{total} ops in {time.monotonic() - start:.1f}s")
+
+
+def test_reference_defaults_and_paper_preset_follow_the_core() -> None:
+    """The reference restates the core's defaults; they must agree field for field, and so must
+    the paper preset (``RouterConfig.paper()`` / ``ReferenceConfig.paper()``)."""
+    import dataclasses
+
+    core, ref = smetric.RouterConfig().to_dict(), dataclasses.asdict(ReferenceConfig())
+    assert {k: (float(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in core.items()} == {
+        k: (float(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in ref.items()
+    }
+    assert smetric.RouterConfig().paper().to_dict() != core, "the smetric+ defaults differ from the paper's form"
+    paper_ref = dataclasses.asdict(ReferenceConfig().paper())
+    assert {k: v for k, v in smetric.RouterConfig().paper().to_dict().items() if k.startswith("smetric_")} == {
+        k: v for k, v in paper_ref.items() if k.startswith("smetric_")
+    }

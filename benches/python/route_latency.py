@@ -1,6 +1,6 @@
 """Per-call latency of ``Router.route()`` from Python, against the plain-Python reference.
 
-Usage: ``python benches/python/route_latency.py [--calls N] [--quick]``. Prints p50/p99 per
+Usage: ``python benches/python/route_latency.py [--calls N] [--quick] [--smetric-forms]``. Prints p50/p99 per
 (policy, input kind, prompt size), the 32K prompt in every input form (numpy int32/int64,
 ``array.array``, ``memoryview``, list) beside CPython's own list conversions (the floor of the
 list path), single-thread and two-thread throughput, and the speed-up over
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from smetric import POLICIES, Router
+from smetric import POLICIES, Router, RouterConfig
 from smetric.reference import ReferenceRouter
 
 INSTANCES = [f"gpu-{i}" for i in range(32)]
@@ -102,6 +102,26 @@ def bench_inputs(calls: int) -> list[tuple[str, float, float]]:
     return rows
 
 
+def bench_smetric_forms(size_label: str, calls: int, rounds: int = 5) -> tuple[float, float]:
+    """p50 of ``smetric`` with its defaults and in the paper's form (``RouterConfig().paper()``),
+    interleaved in rounds on the same warm prompt so that a busy machine slows both alike;
+    the median over rounds of each."""
+    routers = []
+    for config in (RouterConfig(), RouterConfig().paper()):
+        router = Router(INSTANCES, policy="smetric", config=config)
+        routers.append((router, warm(router, SIZES[size_label], np.random.default_rng(1))))
+    p50s: list[list[float]] = [[], []]
+    for _ in range(rounds):
+        for k, (router, prompt) in enumerate(routers):
+
+            def one(router: Any = router, prompt: Any = prompt) -> None:
+                router.on_finished(router.route(prompt).request_id)
+
+            one()
+            p50s[k].append(percentiles(timed_calls(one, calls))[0])
+    return statistics.median(p50s[0]), statistics.median(p50s[1])
+
+
 def bench_reference(policy: str, size_label: str, calls: int) -> tuple[float, float]:
     rng = np.random.default_rng(1)
     router = ReferenceRouter(INSTANCES, policy=policy)
@@ -139,7 +159,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=5_000)
     parser.add_argument("--quick", action="store_true", help="few calls, smetric only (a smoke run)")
+    parser.add_argument(
+        "--smetric-forms", action="store_true", help="only smetric's defaults against its paper form, 1K and 32K"
+    )
     args = parser.parse_args()
+    if args.smetric_forms:
+        print("smetric route() p50, numpy int32, 32 instances, warm (µs): defaults vs the paper's form")
+        for size in ("1K", "32K"):
+            new, paper = bench_smetric_forms(size, args.calls)
+            print(f"{size:>5} defaults {new:>7.2f}  paper {paper:>7.2f}  ratio x{new / paper:.3f}")
+        return
     calls = 50 if args.quick else args.calls
     policies = ["smetric"] if args.quick else list(POLICIES)
     print(f"route() latency, 32 instances, warm index, {calls} calls per row (µs)")

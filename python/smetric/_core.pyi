@@ -25,6 +25,7 @@ from smetric._types import (
     RouterStats,
     SimConfigDefaults,
     SimReport,
+    SmetricMigration,
     SyntheticOptions,
     Tier,
     TierPath,
@@ -106,6 +107,12 @@ class RouterConfig:
         overload_factor: float = ...,
         overload_slack_tokens: float = ...,
         overload_slack_requests: float = ...,
+        smetric_active_weight: float = ...,
+        smetric_batch_term: bool = ...,
+        smetric_migration: SmetricMigration = ...,
+        smetric_migration_margin: float = ...,
+        smetric_kv_fit: bool = ...,
+        smetric_growth_headroom_tokens: float = ...,
     ) -> Self: ...
     @property
     def hash_seed(self) -> int: ...
@@ -137,6 +144,20 @@ class RouterConfig:
     def overload_slack_tokens(self) -> float: ...
     @property
     def overload_slack_requests(self) -> float: ...
+    @property
+    def smetric_active_weight(self) -> float: ...
+    @property
+    def smetric_batch_term(self) -> bool: ...
+    @property
+    def smetric_migration(self) -> SmetricMigration: ...
+    @property
+    def smetric_migration_margin(self) -> float: ...
+    @property
+    def smetric_kv_fit(self) -> bool: ...
+    @property
+    def smetric_growth_headroom_tokens(self) -> float: ...
+    def paper(self) -> RouterConfig:
+        """This config with SMetric in the paper's form (every ``smetric_*`` switch off)."""
     def to_dict(self) -> RouterConfigFields:
         """Every field as a dict."""
 

@@ -39,6 +39,7 @@ __all__ = [
     "SimReport",
     "SloResult",
     "SloSettings",
+    "SmetricMigration",
     "SyntheticOptions",
     "Tier",
     "TierPath",
@@ -59,6 +60,11 @@ IndexMode: TypeAlias = Literal["approximate", "exact"]
 CacheFirstMode: TypeAlias = Literal["weighted", "argmax", "max_hit"]
 """``RouterConfig.cache_first_mode``: how ``cache_first`` turns its score into a choice."""
 
+SmetricMigration: TypeAlias = Literal["threshold", "cost", "work", "fetch"]
+"""``RouterConfig.smetric_migration``: the paper's fixed thresholds, a score comparison, a
+comparison of pending work (no batch factor), or the score comparison only where the global
+tier holds the prompt (else the thresholds)."""
+
 Tier: TypeAlias = Literal["local", "global"]
 """Where blocks live: an instance's GPU cache, or the cluster-wide global KV$ tier."""
 
@@ -78,6 +84,7 @@ Reason: TypeAlias = Literal[
     "follow-up: sticky",
     "follow-up: migrate (local KV$ evicted)",
     "follow-up: migrate (home overloaded)",
+    "follow-up: migrate (cheaper elsewhere)",
 ]
 """Why a policy chose an instance (``Decision.reason``; the keys of ``stats()["reasons"]``)."""
 
@@ -131,6 +138,12 @@ class RouterConfigFields(TypedDict):
     overload_factor: float
     overload_slack_tokens: float
     overload_slack_requests: float
+    smetric_active_weight: float
+    smetric_batch_term: bool
+    smetric_migration: SmetricMigration
+    smetric_migration_margin: float
+    smetric_kv_fit: bool
+    smetric_growth_headroom_tokens: float
 
 
 class InstanceLoad(TypedDict):

@@ -502,7 +502,7 @@ def test_lpwl() -> None:
 
 def test_smetric_first_turn_ignores_local_hits() -> None:
     rng = CounterRng(0)
-    cfg = ReferenceConfig()
+    cfg = ReferenceConfig().paper()
     # (q + c) * (bs + 1) with c = n - Gh + Gh*f = 100: (0+100)*3 = 300 vs (50+100)*1 = 150
     cands = [cand(hit=99, bs=2), cand(hit=0, bs=0, queued=50)]
     assert smetric_policy(cands, req(100, first_turn=True), cfg, rng) == (1, "first-turn: least-loaded")
@@ -510,7 +510,7 @@ def test_smetric_first_turn_ignores_local_hits() -> None:
 
 def test_smetric_follow_up_sticky_evicted_overloaded() -> None:
     rng = CounterRng(0)
-    cfg = ReferenceConfig()
+    cfg = ReferenceConfig().paper()
     # Home = most local hits; 60 >= 0.5 * 100 and not overloaded -> sticky.
     cands = [cand(hit=10), cand(hit=60, bs=1), cand()]
     assert smetric_policy(cands, req(100), cfg, rng) == (1, "follow-up: sticky")
@@ -529,13 +529,30 @@ def test_smetric_follow_up_sticky_evicted_overloaded() -> None:
 
 def test_smetric_global_hits_enter_the_cost() -> None:
     rng = CounterRng(0)
-    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.0)
+    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.0).paper()
     # cost = (n - max(L, Gh)) + max(Gh - L, 0) * f, n = 100, Gh = 80:
     # L=0: 20 + 40 = 60 -> score 60*(1+1) = 120 ; L=10: 20 + 35 = 55 -> 55*(3+1) = 220 (home, sticky)
     cands = [cand(hit=0, bs=1), cand(hit=10, bs=3)]
     assert smetric_policy(cands, req(100, global_hit=80), cfg, rng) == (1, "follow-up: sticky")
-    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.5)
+    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.5).paper()
     assert smetric_policy(cands, req(100, global_hit=80), cfg, rng) == (0, "follow-up: migrate (local KV$ evicted)")
+
+
+def test_smetric_kv_fit_and_fetch_rule() -> None:
+    rng = CounterRng(0)
+    # 100 blocks of 16 tokens: 1,600 tokens of KV per instance.
+    cfg = ReferenceConfig(local_capacity_blocks=100)
+    assert (cfg.smetric_kv_fit, cfg.smetric_migration) == (True, "fetch")  # the smetric+ defaults
+    # Instance 1 is idle by the score but 1,200 tokens in flight leave no room for 1,000.
+    cands = [cand(bs=2), cand(active=1200), cand(bs=3)]
+    assert smetric_policy(cands, req(1000, first_turn=True), cfg, rng)[0] == 0
+    assert smetric_policy(cands, req(1000, first_turn=True), cfg.paper(), rng)[0] == 1
+    # The fetch rule: the score decides only where the tier holds the prompt.
+    cands = [cand(), cand(hit=9000, bs=12)]
+    cfg = ReferenceConfig(smetric_migration_margin=0.25)
+    assert smetric_policy(cands, req(10_000), cfg, rng) == (1, "follow-up: sticky")
+    moved = smetric_policy(cands, req(10_000, global_hit=10_000), cfg, rng)
+    assert moved == (0, "follow-up: migrate (cheaper elsewhere)")
 
 
 def test_router_ties_consume_draws_in_order() -> None:

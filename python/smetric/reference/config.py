@@ -6,10 +6,11 @@ from the same keyword arguments, so the field names must match exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 INDEX_MODES = ("approximate", "exact")
 CACHE_FIRST_MODES = ("weighted", "argmax", "max_hit")
+SMETRIC_MIGRATIONS = ("threshold", "cost", "work", "fetch")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +32,12 @@ class ReferenceConfig:
     overload_factor: float = 1.5
     overload_slack_tokens: int = 8192
     overload_slack_requests: int = 4
+    smetric_active_weight: float = 0.0
+    smetric_batch_term: bool = True
+    smetric_migration: str = "fetch"
+    smetric_migration_margin: float = 0.25
+    smetric_kv_fit: bool = True
+    smetric_growth_headroom_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         # Only the checks that keep the reference itself well-defined; invalid configs never reach
@@ -39,7 +46,21 @@ class ReferenceConfig:
             raise ValueError(f"index_mode must be one of {INDEX_MODES}, got {self.index_mode!r}")
         if self.cache_first_mode not in CACHE_FIRST_MODES:
             raise ValueError(f"cache_first_mode must be one of {CACHE_FIRST_MODES}, got {self.cache_first_mode!r}")
+        if self.smetric_migration not in SMETRIC_MIGRATIONS:
+            raise ValueError(f"smetric_migration must be one of {SMETRIC_MIGRATIONS}, got {self.smetric_migration!r}")
         if self.local_capacity_blocks < 0 or self.global_capacity_blocks < 0:
             raise ValueError("capacities must be >= 0")
         if len(self.cache_first_weights) != 3:
             raise ValueError("cache_first_weights must have three entries")
+
+    def paper(self) -> ReferenceConfig:
+        """This config with SMetric in the paper's form (``RouterConfig.paper()``)."""
+        return replace(
+            self,
+            smetric_active_weight=0.0,
+            smetric_batch_term=True,
+            smetric_migration="threshold",
+            smetric_migration_margin=0.0,
+            smetric_kv_fit=False,
+            smetric_growth_headroom_tokens=0.0,
+        )

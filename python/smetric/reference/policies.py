@@ -200,28 +200,60 @@ def lpwl(cands: Sequence[Candidate], req: RouteInput, rng: CounterRng) -> tuple[
 # --- 6. smetric ------------------------------------------------------------------------------
 def smetric(cands: Sequence[Candidate], req: RouteInput, cfg: ReferenceConfig, rng: CounterRng) -> tuple[int, str]:
     """First turns spread by a cache-blind cost; follow-ups stick to their home unless it lost
-    its cache or is overloaded."""
+    its cache or is overloaded (the paper's threshold rule), or unless another instance scores
+    better (the cost rule). The ``smetric_*`` switches of §6.6; all off is the paper's form."""
     f = cfg.global_fetch_cost
+    w = cfg.smetric_active_weight
     n = float(req.n)
     gh = float(req.global_hit)
     everyone = range(len(cands))
+    capacity = float(cfg.local_capacity_blocks) * float(req.block_size)
+
+    def full(i: int, need: float) -> bool:
+        return cfg.smetric_kv_fit and float(cands[i].active) + need > capacity
 
     def cost(i: int) -> float:
         li = float(cands[i].local_hit)
         return (n - max(li, gh)) + max(gh - li, 0.0) * f
 
+    def work(i: int) -> float:
+        c = cands[i]
+        return float(c.queued) + cost(i) + w * float(c.active)
+
     def score(i: int) -> float:
-        return max(float(cands[i].queued) + cost(i), 1.0) * (float(cands[i].bs) + 1.0)
+        load = work(i)
+        return max(load, 1.0) * (float(cands[i].bs) + 1.0) if cfg.smetric_batch_term else load
 
     if req.first_turn:
         blind = (n - gh) + gh * f  # local hits ignored on purpose (§6.6)
-        pos = argmin(everyone, lambda i: (float(cands[i].queued) + blind) * (float(cands[i].bs) + 1.0), rng)
-        return pos, "first-turn: least-loaded"
+
+        def first_score(i: int) -> float:
+            c = cands[i]
+            load = float(c.queued) + blind + w * float(c.active)
+            return load * (float(c.bs) + 1.0) if cfg.smetric_batch_term else load
+
+        need = n + cfg.smetric_growth_headroom_tokens
+        roomy_first = [i for i in everyone if not full(i, need)] or list(everyone)
+        return argmin(roomy_first, first_score, rng), "first-turn: least-loaded"
 
     home_tied = keep_max(everyone, lambda i: float(cands[i].local_hit))
     home = argmin(home_tied, score, rng)
-    if float(cands[home].local_hit) < cfg.min_local_hit_ratio * n:
-        return argmin(everyone, score, rng), "follow-up: migrate (local KV$ evicted)"
+    roomy = [i for i in everyone if not full(i, n)]
+    targets = roomy or list(everyone)
+    evicted = float(cands[home].local_hit) < cfg.min_local_hit_ratio * n
+    by_cost = cfg.smetric_migration in ("cost", "work") or (
+        cfg.smetric_migration == "fetch" and gh >= cfg.min_local_hit_ratio * n
+    )
+    if by_cost:
+        best = argmin(targets, score, rng)
+        compared = work if cfg.smetric_migration == "work" else score
+        if home in targets and compared(home) <= (1.0 + cfg.smetric_migration_margin) * compared(best):
+            return home, "follow-up: sticky"
+        if evicted:
+            return best, "follow-up: migrate (local KV$ evicted)"
+        return best, "follow-up: migrate (cheaper elsewhere)"
+    if evicted:
+        return argmin(targets, score, rng), "follow-up: migrate (local KV$ evicted)"
 
     count = float(len(cands))
     sum_q = 0.0
@@ -232,13 +264,14 @@ def smetric(cands: Sequence[Candidate], req: RouteInput, cfg: ReferenceConfig, r
     mean_q = sum_q / count
     mean_bs = sum_bs / count
 
-    def overloaded(i: int) -> bool:
+    def blocked(i: int) -> bool:
         c = cands[i]
-        return float(c.queued) > cfg.overload_factor * mean_q + float(cfg.overload_slack_tokens) or float(
+        overloaded = float(c.queued) > cfg.overload_factor * mean_q + float(cfg.overload_slack_tokens) or float(
             c.bs
         ) > cfg.overload_factor * mean_bs + float(cfg.overload_slack_requests)
+        return overloaded or full(i, n)  # a full home is left even when every instance is full
 
-    if overloaded(home):
-        calm = [i for i in everyone if not overloaded(i)] or list(everyone)
+    if blocked(home):
+        calm = [i for i in everyone if not blocked(i)] or list(everyone)
         return argmin(calm, score, rng), "follow-up: migrate (home overloaded)"
     return home, "follow-up: sticky"

@@ -74,8 +74,14 @@ FORMATS: Final[tuple[TraceFormat, ...]] = get_args(TraceFormat)
 POLICY_VARIANTS: Final[dict[str, tuple[PolicyName, dict[str, Any]]]] = {
     "cache_first_max_hit": ("cache_first", {"cache_first_mode": "max_hit"}),
     "cache_first_argmax": ("cache_first", {"cache_first_mode": "argmax"}),
+    "smetric_paper": (
+        "smetric",
+        {k: v for k, v in RouterConfig().paper().to_dict().items() if k.startswith("smetric_")},
+    ),
 }
-"""Extra report names: the core policy and the :class:`RouterConfig` fields it sets."""
+"""Extra report names: the core policy and the :class:`RouterConfig` fields it sets.
+``smetric_paper`` is SMetric in the paper's form (``RouterConfig.paper()``, the core's
+``RouterConfig::PAPER``), next to ``smetric`` with its smetric+ defaults."""
 
 TIER_PATHS: Final[tuple[TierPath, ...]] = get_args(TierPath)
 """How KV moves to and from the global tier (the engine's ``TierPath``; the default first):

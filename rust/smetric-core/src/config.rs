@@ -74,6 +74,49 @@ impl CacheFirstMode {
     }
 }
 
+/// How `smetric` decides that a follow-up leaves its home.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrationRule {
+    /// The paper's rule: leave only when the home lost its KV$ or crosses a fixed overload
+    /// threshold (`min_local_hit_ratio`, `overload_*`).
+    Threshold,
+    /// Leave when another instance's score, in the same prefilled-token units (queueing plus
+    /// re-prefill or tier fetch there), beats the home's by more than `smetric_migration_margin`.
+    Cost,
+    /// Like `Cost`, but the home is compared with the best-scored target on pending work
+    /// alone (`queued + cost + w·active`, no batch factor): the time a prefill waits.
+    Work,
+    /// `Cost` where the global tier holds at least `min_local_hit_ratio` of the prompt (moving
+    /// costs a tier fetch), `Threshold` where it does not (moving costs a re-prefill).
+    Fetch,
+}
+
+impl MigrationRule {
+    /// The name used in configs and in Python.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Threshold => "threshold",
+            Self::Cost => "cost",
+            Self::Work => "work",
+            Self::Fetch => "fetch",
+        }
+    }
+
+    /// Parses a config name.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "threshold" => Ok(Self::Threshold),
+            "cost" => Ok(Self::Cost),
+            "work" => Ok(Self::Work),
+            "fetch" => Ok(Self::Fetch),
+            other => Err(SmetricError::InvalidConfig {
+                field: "smetric_migration",
+                reason: format!("{other:?} is not one of \"threshold\", \"cost\", \"work\", \"fetch\""),
+            }),
+        }
+    }
+}
+
 /// All tunables of the router. See `docs/routing-semantics.md` §9 for the reasons.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouterConfig {
@@ -107,6 +150,23 @@ pub struct RouterConfig {
     pub overload_slack_tokens: f64,
     /// `smetric`: slack of the batch-size overload test.
     pub overload_slack_requests: f64,
+    /// `smetric`: weight of an instance's in-flight prompt tokens (its decode load and KV
+    /// occupancy, `linear`'s second term) added to its load in every score; 0 in the paper.
+    pub smetric_active_weight: f64,
+    /// `smetric`: multiply the load by the batch size plus one (LMetric's form, the paper's);
+    /// without it the score is additive, as Dynamo's `linear`.
+    pub smetric_batch_term: bool,
+    /// `smetric`: the rule that moves a follow-up off its home.
+    pub smetric_migration: MigrationRule,
+    /// `smetric`, cost rule: the home is kept while its score is at most `1 + margin` times
+    /// the best score.
+    pub smetric_migration_margin: f64,
+    /// `smetric`: an instance whose in-flight prompt tokens plus the request's would exceed
+    /// its GPU KV (`local_capacity_blocks` × block size) is not a target while another one
+    /// has room, and a home without room is left.
+    pub smetric_kv_fit: bool,
+    /// `smetric` with `smetric_kv_fit`: tokens a first turn reserves for its session's growth.
+    pub smetric_growth_headroom_tokens: f64,
 }
 
 impl RouterConfig {
@@ -127,7 +187,42 @@ impl RouterConfig {
         overload_factor: 1.5,
         overload_slack_tokens: 8192.0,
         overload_slack_requests: 4.0,
+        // smetric+ (docs/results.md §12): KV-fit placement and cost-based migration where the
+        // tier makes a move a fetch; kept on the tuning window and the synthetic map.
+        smetric_active_weight: 0.0,
+        smetric_batch_term: true,
+        smetric_migration: MigrationRule::Fetch,
+        smetric_migration_margin: 0.25,
+        smetric_kv_fit: true,
+        smetric_growth_headroom_tokens: 0.0,
     };
+
+    /// The paper's SMetric (the `smetric_paper` preset): every `smetric_*` switch off. Only
+    /// the `smetric_*` fields differ from [`RouterConfig::DEFAULT`].
+    pub const PAPER: RouterConfig = RouterConfig {
+        smetric_active_weight: 0.0,
+        smetric_batch_term: true,
+        smetric_migration: MigrationRule::Threshold,
+        smetric_migration_margin: 0.0,
+        smetric_kv_fit: false,
+        smetric_growth_headroom_tokens: 0.0,
+        ..RouterConfig::DEFAULT
+    };
+
+    /// This config with the `smetric_*` fields of the paper's form.
+    #[must_use]
+    pub fn with_paper_smetric(&self) -> RouterConfig {
+        let p = Self::PAPER;
+        RouterConfig {
+            smetric_active_weight: p.smetric_active_weight,
+            smetric_batch_term: p.smetric_batch_term,
+            smetric_migration: p.smetric_migration,
+            smetric_migration_margin: p.smetric_migration_margin,
+            smetric_kv_fit: p.smetric_kv_fit,
+            smetric_growth_headroom_tokens: p.smetric_growth_headroom_tokens,
+            ..self.clone()
+        }
+    }
 }
 
 impl Default for RouterConfig {
@@ -184,6 +279,9 @@ impl RouterConfig {
         finite_non_negative("overload_factor", self.overload_factor)?;
         finite_non_negative("overload_slack_tokens", self.overload_slack_tokens)?;
         finite_non_negative("overload_slack_requests", self.overload_slack_requests)?;
+        finite_non_negative("smetric_active_weight", self.smetric_active_weight)?;
+        finite_non_negative("smetric_migration_margin", self.smetric_migration_margin)?;
+        finite_non_negative("smetric_growth_headroom_tokens", self.smetric_growth_headroom_tokens)?;
         Ok(())
     }
 }

@@ -32,7 +32,7 @@ pub mod rng;
 pub mod router;
 pub mod turn;
 
-pub use config::{CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, RouterConfig};
+pub use config::{CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, MigrationRule, RouterConfig};
 pub use error::{Result, SmetricError};
 pub use hash::{chain_root, chain_tokens_into, hash_tokens, hash_tokens_into};
 pub use ids::{BlockHash, InstanceId, RequestId};

@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use smetric_core::{CacheFirstMode, IndexMode, RouterConfig};
+use smetric_core::{CacheFirstMode, IndexMode, MigrationRule, RouterConfig};
 
 use crate::errors::IntoPyResult;
 
@@ -38,6 +38,12 @@ impl PyRouterConfig {
         overload_factor = D.overload_factor,
         overload_slack_tokens = D.overload_slack_tokens,
         overload_slack_requests = D.overload_slack_requests,
+        smetric_active_weight = D.smetric_active_weight,
+        smetric_batch_term = D.smetric_batch_term,
+        smetric_migration = D.smetric_migration.name(),
+        smetric_migration_margin = D.smetric_migration_margin,
+        smetric_kv_fit = D.smetric_kv_fit,
+        smetric_growth_headroom_tokens = D.smetric_growth_headroom_tokens,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -56,6 +62,12 @@ impl PyRouterConfig {
         overload_factor: f64,
         overload_slack_tokens: f64,
         overload_slack_requests: f64,
+        smetric_active_weight: f64,
+        smetric_batch_term: bool,
+        smetric_migration: &str,
+        smetric_migration_margin: f64,
+        smetric_kv_fit: bool,
+        smetric_growth_headroom_tokens: f64,
     ) -> PyResult<Self> {
         let inner = RouterConfig {
             hash_seed,
@@ -73,6 +85,12 @@ impl PyRouterConfig {
             overload_factor,
             overload_slack_tokens,
             overload_slack_requests,
+            smetric_active_weight,
+            smetric_batch_term,
+            smetric_migration: MigrationRule::parse(smetric_migration).py()?,
+            smetric_migration_margin,
+            smetric_kv_fit,
+            smetric_growth_headroom_tokens,
         };
         inner.validate().py()?;
         Ok(Self { inner })
@@ -138,6 +156,38 @@ impl PyRouterConfig {
     fn overload_slack_requests(&self) -> f64 {
         self.inner.overload_slack_requests
     }
+    #[getter]
+    fn smetric_active_weight(&self) -> f64 {
+        self.inner.smetric_active_weight
+    }
+    #[getter]
+    fn smetric_batch_term(&self) -> bool {
+        self.inner.smetric_batch_term
+    }
+    #[getter]
+    fn smetric_migration(&self) -> &'static str {
+        self.inner.smetric_migration.name()
+    }
+    #[getter]
+    fn smetric_migration_margin(&self) -> f64 {
+        self.inner.smetric_migration_margin
+    }
+    #[getter]
+    fn smetric_kv_fit(&self) -> bool {
+        self.inner.smetric_kv_fit
+    }
+    #[getter]
+    fn smetric_growth_headroom_tokens(&self) -> f64 {
+        self.inner.smetric_growth_headroom_tokens
+    }
+
+    /// This config with SMetric in the paper's form (every ``smetric_*`` switch as in
+    /// ``RouterConfig::PAPER``); the other fields unchanged.
+    fn paper(&self) -> Self {
+        Self {
+            inner: self.inner.with_paper_smetric(),
+        }
+    }
 
     /// Every field as a dict (for logs and reports).
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -158,6 +208,12 @@ impl PyRouterConfig {
         d.set_item("overload_factor", c.overload_factor)?;
         d.set_item("overload_slack_tokens", c.overload_slack_tokens)?;
         d.set_item("overload_slack_requests", c.overload_slack_requests)?;
+        d.set_item("smetric_active_weight", c.smetric_active_weight)?;
+        d.set_item("smetric_batch_term", c.smetric_batch_term)?;
+        d.set_item("smetric_migration", c.smetric_migration.name())?;
+        d.set_item("smetric_migration_margin", c.smetric_migration_margin)?;
+        d.set_item("smetric_kv_fit", c.smetric_kv_fit)?;
+        d.set_item("smetric_growth_headroom_tokens", c.smetric_growth_headroom_tokens)?;
         Ok(d)
     }
 

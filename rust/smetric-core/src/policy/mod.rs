@@ -105,6 +105,8 @@ pub enum Reason {
     MigrateEvicted,
     /// `smetric`, follow-up moved: its home is overloaded.
     MigrateOverloaded,
+    /// `smetric` (cost rule), follow-up moved: another instance's score beats its home's.
+    MigrateCheaper,
 }
 
 impl Reason {
@@ -123,11 +125,12 @@ impl Reason {
             Self::Sticky => "follow-up: sticky",
             Self::MigrateEvicted => "follow-up: migrate (local KV$ evicted)",
             Self::MigrateOverloaded => "follow-up: migrate (home overloaded)",
+            Self::MigrateCheaper => "follow-up: migrate (cheaper elsewhere)",
         }
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
@@ -140,6 +143,7 @@ impl Reason {
         Self::Sticky,
         Self::MigrateEvicted,
         Self::MigrateOverloaded,
+        Self::MigrateCheaper,
     ];
 }
 

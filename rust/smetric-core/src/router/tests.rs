@@ -12,7 +12,9 @@ fn names(n: usize) -> Vec<String> {
 
 #[test]
 fn follow_up_returns_home_and_lifecycle_balances() {
-    let r = Router::new(&names(4), PolicyKind::Smetric, 4, 1, RouterConfig::default()).unwrap();
+    // The paper's form: with the smetric+ defaults this follow-up, whose first turn still
+    // queues at home while the tier holds its prefix, moves to an idle instance (a fetch).
+    let r = Router::new(&names(4), PolicyKind::Smetric, 4, 1, RouterConfig::PAPER).unwrap();
     let turn1: Vec<u32> = (0..40).collect();
     let d1 = r
         .route(&RouteRequest {
