@@ -28,7 +28,18 @@ fn route(r: &PdRouter, tokens: &[u32], now: f64) -> PdDecision {
 
 #[test]
 fn follow_up_prefills_at_home_and_decodes_where_its_kv_is() {
-    let r = router(PolicyKind::Smetric);
+    // The paper's form: turn 2 arrives while turn 1 is still in flight at home, which the
+    // smetric+ defaults (KV-fit, fetch-rule migration) may move; this test is about the phases.
+    let r = PdRouter::new(
+        &names("p", 3),
+        &names("d", 2),
+        PolicyKind::Smetric,
+        4,
+        7,
+        RouterConfig::PAPER,
+        PdConfig::default(),
+    )
+    .unwrap();
     assert_eq!(r.decode_rule(), DecodeRule::KvFit);
     let turn1: Vec<u32> = (0..40).collect();
     let d1 = route(&r, &turn1, 0.0);
