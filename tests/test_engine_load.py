@@ -172,3 +172,16 @@ def test_staleness_bound_is_explicit() -> None:
     scraper = EngineLoadScraper(router)
     assert scraper.timeout_s == 0.5
     scraper.stop()
+
+
+def test_kv_capacity_from_vllms_cache_config_info() -> None:
+    from smetric.engine_load import kv_capacity_tokens
+
+    page = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="17920"} 1.0\n'
+        'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="17000"} 1.0\n'
+    )
+    assert kv_capacity_tokens(page) == 17000 * 16, "the smallest rank's cache"
+    assert kv_capacity_tokens("vllm:num_requests_running 3\n") is None
+    assert kv_capacity_tokens('vllm:cache_config_info{block_size="16"} 1.0\n') is None

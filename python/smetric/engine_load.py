@@ -97,6 +97,19 @@ def parse_prometheus(text: str) -> dict[str, Series]:
     return out
 
 
+def kv_capacity_tokens(text: str) -> int | None:
+    """An engine's GPU KV capacity in tokens, from vLLM's ``vllm:cache_config_info`` gauge (its
+    ``num_gpu_blocks`` × ``block_size`` labels; summed over data-parallel ranks would overstate
+    one rank's cache, so the smallest rank counts), or None when the page has no such series."""
+    capacities = []
+    for labels, _ in parse_prometheus(text).get("vllm:cache_config_info", []):
+        try:
+            capacities.append(int(labels["num_gpu_blocks"]) * int(labels["block_size"]))
+        except (KeyError, ValueError):
+            continue
+    return min(capacities) if capacities else None
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSample:
     """One instance's load, summed over its engines (data-parallel ranks).

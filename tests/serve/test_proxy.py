@@ -66,6 +66,10 @@ def settled(p: ProxyServer) -> None:
 def test_chat_and_completions_through_the_proxy_match_the_engine(fleet: list[FakeEngine]) -> None:
     p = proxy_for([e.url for e in fleet])
     try:
+        assert p.proxy is not None
+        config = p.proxy.router.config
+        assert config.local_capacity_blocks == 4096, "sized from the engines' vllm:cache_config_info"
+        assert config.global_capacity_blocks == 0, "no global tier unless one is declared"
         chat = {"model": "fake-model", "messages": [SYSTEM, {"role": "user", "content": "hi"}], "max_tokens": 6}
         status, headers, body = request(p.url, "/v1/chat/completions", chat)
         assert status == 200

@@ -364,4 +364,17 @@ def render_metrics(engine: Engine, model: str) -> str:
     out = []
     for name, kind, doc, value in families:
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n{name}{labels} {float(value)!r}\n")
+    # vLLM's info gauge of its CacheConfig (value 1, the settings as labels; a subset of them).
+    info = {
+        "block_size": cache.block_size,
+        "cache_dtype": "auto",
+        "enable_prefix_caching": "True",
+        "num_gpu_blocks": cache.num_blocks,
+        "prefix_caching_hash_algo": cache.algo,
+    }
+    info_labels = ",".join(f'{k}="{v}"' for k, v in info.items())
+    out.append(
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        f'# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{engine="0",{info_labels}}} 1.0\n'
+    )
     return "".join(out)

@@ -104,6 +104,9 @@ class SMetricRouting:
         subscribe: Callable[[Router, str], Any] | None = None,
     ) -> None:
         fields = {**(config or {}), "index_mode": index_mode}
+        # No global KV$ tier unless the deployment declares one (its size in blocks): the core's
+        # default models the seed's 1.5 TiB store, which a plain fleet does not have.
+        fields.setdefault("global_capacity_blocks", 0)
         self.config = RouterConfig(**fields)
         self.policy: PolicyName = policy
         self.block_size = block_size

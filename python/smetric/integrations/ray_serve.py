@@ -135,6 +135,9 @@ class SMetricRequestRouter(RequestRouter):
         """
         fields = dict(config or {})
         fields["index_mode"] = index_mode
+        # No global KV$ tier unless the deployment declares one (its size in blocks): the core's
+        # default models the seed's 1.5 TiB store, which a plain fleet does not have.
+        fields.setdefault("global_capacity_blocks", 0)
         self._policy: PolicyName = policy
         self._block_size = block_size
         self._seed = seed

@@ -168,10 +168,21 @@ class ServeConfig:
         """Every instance: the co-located ones, or the prefill then the decode ones."""
         return self.instances or (*self.prefill, *self.decode)
 
-    def router_config(self, *, exact_index: bool) -> RouterConfig:
-        """The router's config: the file's fields, ``index_mode`` by the event feed unless set."""
+    def router_config(self, *, exact_index: bool, kv_capacity_tokens: int | None = None) -> RouterConfig:
+        """The router's config: the file's fields, and unless the file sets them,
+
+        * ``index_mode`` by the event feed (``exact`` when every instance's events can be trusted);
+        * ``local_capacity_blocks`` from the engines' own KV capacity (``vllm:cache_config_info``
+          on their ``/metrics``: the smallest instance's, in this router's blocks);
+        * ``global_capacity_blocks`` 0: a fleet has no global KV$ tier unless one is declared —
+          set it to the LMCache / Mooncake store's size in blocks, and feed it with
+          :mod:`smetric.integrations` (the core's default models the seed's 1.5 TiB store).
+        """
         fields = dict(self.router)
         fields.setdefault("index_mode", "exact" if exact_index else "approximate")
+        if kv_capacity_tokens is not None and kv_capacity_tokens >= self.block_size:
+            fields.setdefault("local_capacity_blocks", kv_capacity_tokens // self.block_size)
+        fields.setdefault("global_capacity_blocks", 0)
         return RouterConfig(**fields)
 
 

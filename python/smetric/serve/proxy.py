@@ -41,7 +41,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -327,8 +327,10 @@ class Proxy:
         """Discovers every instance's KV-event publishers, then builds the router."""
         loop = asyncio.get_running_loop()
         if config.disaggregated:
-            return cls._create_pd(config)
+            capacity = await loop.run_in_executor(None, _fleet_kv_capacity, config.prefill)
+            return cls._create_pd(config, capacity)
         sources = {i.url: await loop.run_in_executor(None, _sources_of, i) for i in config.instances}
+        capacity = await loop.run_in_executor(None, _fleet_kv_capacity, config.instances)
         # The index can trust KV events only when the routed ids are the engine's own ids.
         exact_ids = config.tokens.mode in ("ids", "tokenizer") or (
             config.tokens.mode == "auto" and config.tokens.tokenizer is not None
@@ -339,12 +341,12 @@ class Proxy:
             policy=config.policy,  # type: ignore[arg-type]  # validated by ServeConfig
             block_size=config.block_size,
             seed=config.seed,
-            config=config.router_config(exact_index=exact),
+            config=config.router_config(exact_index=exact, kv_capacity_tokens=capacity),
         )
         return cls(config, router, sources)
 
     @classmethod
-    def _create_pd(cls, config: ServeConfig) -> Proxy:
+    def _create_pd(cls, config: ServeConfig, kv_capacity_tokens: int | None) -> Proxy:
         """PD mode: a :class:`smetric.PdRouter` over the two pools. Its prefill index is the
         router's own (insert on route): the KV-event ingestor feeds a co-located ``Router``."""
         from smetric._core import PdRouter
@@ -355,7 +357,7 @@ class Proxy:
             policy=config.policy,  # type: ignore[arg-type]  # validated by ServeConfig
             block_size=config.block_size,
             seed=config.seed,
-            config=config.router_config(exact_index=False),
+            config=config.router_config(exact_index=False, kv_capacity_tokens=kv_capacity_tokens),
             decode_rule=config.decode_rule,  # type: ignore[arg-type]  # checked by PdRouter
         )
         # The co-located router is not used for decisions in PD mode; it backs the metrics page
@@ -1030,6 +1032,27 @@ def _completion_tokens(data: bytes) -> int:
         return 0
     n = usage.get("completion_tokens")
     return n if isinstance(n, int) and n >= 0 else 0
+
+
+def _fleet_kv_capacity(instances: Sequence[InstanceConfig], timeout: float = 2.0) -> int | None:
+    """The smallest GPU KV capacity (tokens) the instances report on ``/metrics``
+    (``vllm:cache_config_info``), or None when none answers with it. Blocking."""
+    import http.client
+    import urllib.request
+
+    from smetric.engine_load import kv_capacity_tokens
+
+    found = []
+    for inst in instances:
+        url = inst.metrics_url or f"{inst.url}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                capacity = kv_capacity_tokens(r.read().decode("utf-8", errors="replace"))
+        except (OSError, ValueError, http.client.HTTPException):  # an engine without it, or down
+            continue
+        if capacity is not None:
+            found.append(capacity)
+    return min(found) if found else None
 
 
 def _sources_of(inst: InstanceConfig) -> list[Any]:
