@@ -690,11 +690,7 @@ class Proxy:
             namespace=req.namespace,
             exclude=exclude,
         )
-        self.telemetry.decision_s.observe(time.perf_counter() - t0)
-        self.telemetry.decisions[(d.policy, reason_label(d.reason), str(d.first_turn).lower())] += 1
-        self.telemetry.hit_tokens["local"] += d.local_hit_tokens
-        self.telemetry.hit_tokens["global"] += d.global_hit_tokens
-        self.telemetry.prompt_tokens[tokens.source] += tokens.count
+        self.telemetry.record_decision(d, reason_label(d.reason), tokens.source, tokens.count, time.perf_counter() - t0)
         return d
 
     async def _serve_request(
@@ -803,11 +799,7 @@ class Proxy:
             d = pd.route(tokens.ids, messages=req.messages, turn=turn, namespace=req.namespace, exclude=exclude)
         except NoInstancesError:
             return None
-        self.telemetry.decision_s.observe(time.perf_counter() - t0)
-        self.telemetry.decisions[(d.policy, reason_label(d.reason), str(d.first_turn).lower())] += 1
-        self.telemetry.hit_tokens["local"] += d.local_hit_tokens
-        self.telemetry.hit_tokens["global"] += d.global_hit_tokens
-        self.telemetry.prompt_tokens[tokens.source] += tokens.count
+        self.telemetry.record_decision(d, reason_label(d.reason), tokens.source, tokens.count, time.perf_counter() - t0)
         rid = d.request_id
         attempt = _Attempt(
             d.decode_instance,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from smetric.metrics import _family
 
@@ -71,6 +72,14 @@ class ProxyTelemetry:
         self.decision_s = Histogram(DECISION_BUCKETS_S)
         self.first_byte_s = Histogram(LATENCY_BUCKETS_S)
         self.request_s = Histogram(LATENCY_BUCKETS_S)
+
+    def record_decision(self, d: Any, label: str, source: str, prompt_tokens: int, seconds: float) -> None:
+        """Counts one routing decision (a ``Decision`` or a ``PdDecision``) and its latency."""
+        self.decision_s.observe(seconds)
+        self.decisions[(d.policy, label, str(d.first_turn).lower())] += 1
+        self.hit_tokens["local"] += d.local_hit_tokens
+        self.hit_tokens["global"] += d.global_hit_tokens
+        self.prompt_tokens[source] += prompt_tokens
 
     def render(self, in_flight: Mapping[str, int], ejected: Callable[[str], bool]) -> Iterator[str]:
         """The families in the text format; ``in_flight`` is the router's count per instance."""
