@@ -54,6 +54,7 @@ from typing import Any
 
 from smetric._core import Router, RouterConfig
 from smetric._types import IndexMode, PolicyName
+from smetric.deployment import deployed_fields
 from smetric.errors import SmetricError
 from smetric.integrations._prompt import prompt_from_body, route
 
@@ -103,10 +104,7 @@ class SMetricRouting:
         stale_after_s: float = 600.0,
         subscribe: Callable[[Router, str], Any] | None = None,
     ) -> None:
-        fields = {**(config or {}), "index_mode": index_mode}
-        # No global KV$ tier unless the deployment declares one (its size in blocks): the core's
-        # default models the seed's 1.5 TiB store, which a plain fleet does not have.
-        fields.setdefault("global_capacity_blocks", 0)
+        fields = {**deployed_fields(config or {}, block_size=block_size), "index_mode": index_mode}
         self.config = RouterConfig(**fields)
         self.policy: PolicyName = policy
         self.block_size = block_size

@@ -51,6 +51,7 @@ from typing import Any
 
 from smetric._core import Decision, Router, RouterConfig
 from smetric._types import IndexMode, PolicyName
+from smetric.deployment import deployed_fields
 from smetric.errors import MissingExtraError, SmetricError
 from smetric.integrations._prompt import Prompt, prompt_from_body, route
 
@@ -133,11 +134,8 @@ class SMetricRequestRouter(RequestRouter):
             stale_after_s: a decision Ray never reports complete (a request cancelled between
                 routing and sending) is aborted after this long.
         """
-        fields = dict(config or {})
+        fields = deployed_fields(config or {}, block_size=block_size)
         fields["index_mode"] = index_mode
-        # No global KV$ tier unless the deployment declares one (its size in blocks): the core's
-        # default models the seed's 1.5 TiB store, which a plain fleet does not have.
-        fields.setdefault("global_capacity_blocks", 0)
         self._policy: PolicyName = policy
         self._block_size = block_size
         self._seed = seed

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from smetric._core import POLICIES, RouterConfig
+from smetric.deployment import deployed_fields
 from smetric.errors import InvalidConfigError, MissingExtraError
 
 TokensMode = Literal["auto", "ids", "tokenizer", "approximate"]
@@ -172,17 +173,11 @@ class ServeConfig:
         """The router's config: the file's fields, and unless the file sets them,
 
         * ``index_mode`` by the event feed (``exact`` when every instance's events can be trusted);
-        * ``local_capacity_blocks`` from the engines' own KV capacity (``vllm:cache_config_info``
-          on their ``/metrics``: the smallest instance's, in this router's blocks);
-        * ``global_capacity_blocks`` 0: a fleet has no global KV$ tier unless one is declared —
-          set it to the LMCache / Mooncake store's size in blocks, and feed it with
-          :mod:`smetric.integrations` (the core's default models the seed's 1.5 TiB store).
+        * the deployment's sizes (:func:`smetric.deployment.deployed_fields`): the engines' own KV
+          capacity (the smallest instance's ``vllm:cache_config_info``), no global tier.
         """
-        fields = dict(self.router)
+        fields = deployed_fields(self.router, block_size=self.block_size, kv_capacity_tokens=kv_capacity_tokens)
         fields.setdefault("index_mode", "exact" if exact_index else "approximate")
-        if kv_capacity_tokens is not None and kv_capacity_tokens >= self.block_size:
-            fields.setdefault("local_capacity_blocks", kv_capacity_tokens // self.block_size)
-        fields.setdefault("global_capacity_blocks", 0)
         return RouterConfig(**fields)
 
 

@@ -104,9 +104,9 @@ def reason_label(reason: str) -> str:
 
 def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
     """``headers`` without hop-by-hop fields, those ``Connection`` names, ``Host`` and ``Content-Length``."""
-    connection = ",".join(v for k, v in headers.items() if k.lower() == "connection")
-    named = {h.strip().lower() for h in connection.split(",") if h.strip()}
-    return {k: v for k, v in headers.items() if k.lower() not in _NOT_FORWARDED and k.lower() not in named}
+    lowered = [(k.lower(), k, v) for k, v in headers.items()]
+    named = {h.strip() for low, _, v in lowered if low == "connection" for h in v.lower().split(",") if h.strip()}
+    return {k: v for low, k, v in lowered if low not in _NOT_FORWARDED and low not in named}
 
 
 def decision_header(d: Decision, *, attempt: int, source: str) -> str:

@@ -7,12 +7,12 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use smetric_core::pd::{DecodeRule, PdConfig, PdRouter};
-use smetric_core::{DEFAULT_BLOCK_SIZE, PolicyKind, RouteRequest, RouterConfig, SmetricError};
+use smetric_core::{DEFAULT_BLOCK_SIZE, PolicyKind, RouterConfig, SmetricError};
 
 use crate::config::PyRouterConfig;
 use crate::convert;
 use crate::errors::{IntoPyResult, to_py};
-use crate::router::{PromptArg, load_dict, turn_hint};
+use crate::router::{RouteArgs, load_dict, reported_request_id};
 
 /// The outcome of :meth:`PdRouter.route`.
 #[pyclass(frozen, module = "smetric._core", name = "PdDecision")]
@@ -167,29 +167,12 @@ impl PyPdRouter {
         now: Option<f64>,
         exclude: Option<Vec<String>>,
     ) -> PyResult<PyPdDecision> {
-        let prompt = PromptArg::from_args(tokens, hashes, num_tokens)?;
-        let exclude = exclude.unwrap_or_default();
-        let hint = turn_hint(turn, messages)?;
-        let id = request_id.map(convert::request_id).transpose()?;
+        let args = RouteArgs::new(
+            tokens, hashes, num_tokens, messages, turn, request_id, namespace, now, exclude,
+        )?;
         let inner = &self.inner;
-        let d = py
-            .detach(|| {
-                let prompt = prompt.check()?;
-                let exclude: Vec<&str> = exclude.iter().map(String::as_str).collect();
-                inner.route(&RouteRequest {
-                    prompt: prompt.borrow(),
-                    namespace: namespace.as_deref(),
-                    turn: hint,
-                    request_id: id,
-                    now,
-                    exclude: &exclude,
-                })
-            })
-            .py()?;
-        let request_id = match request_id {
-            Some(obj) => obj.clone().unbind(),
-            None => d.prefill.request_id.0.into_pyobject(py)?.into_any().unbind(),
-        };
+        let d = args.run(py, |req| inner.route(req))?;
+        let request_id = reported_request_id(py, request_id, d.prefill.request_id)?;
         let p = &d.prefill;
         Ok(PyPdDecision {
             prefill_instance: p.instance_name.as_ref().into_pyobject(py)?.into_any().unbind(),

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use smetric_core::{
-    BlockHash, DEFAULT_BLOCK_SIZE, PolicyKind, Prompt, RouteRequest, Router, RouterConfig, SmetricError, Tier,
-    TurnHint, first_turn_from_roles,
+    BlockHash, DEFAULT_BLOCK_SIZE, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig, SmetricError,
+    Tier, TurnHint, first_turn_from_roles,
 };
 
 use crate::config::PyRouterConfig;
@@ -164,6 +164,75 @@ pub(crate) fn turn_hint(turn: Option<i64>, messages: Option<&Bound<'_, PyAny>>) 
     })
 }
 
+/// The arguments `Router.route` and `PdRouter.route` share, converted with the GIL held; [`RouteArgs::run`]
+/// checks the prompt and calls the core with the GIL released.
+pub(crate) struct RouteArgs {
+    prompt: PromptArg,
+    hint: TurnHint,
+    id: Option<RequestId>,
+    namespace: Option<String>,
+    now: Option<f64>,
+    exclude: Vec<String>,
+}
+
+impl RouteArgs {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        tokens: Option<&Bound<'_, PyAny>>,
+        hashes: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<u64>,
+        messages: Option<&Bound<'_, PyAny>>,
+        turn: Option<i64>,
+        request_id: Option<&Bound<'_, PyAny>>,
+        namespace: Option<String>,
+        now: Option<f64>,
+        exclude: Option<Vec<String>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            prompt: PromptArg::from_args(tokens, hashes, num_tokens)?,
+            hint: turn_hint(turn, messages)?,
+            id: request_id.map(convert::request_id).transpose()?,
+            namespace,
+            now,
+            exclude: exclude.unwrap_or_default(),
+        })
+    }
+
+    /// Runs `route` on the checked request, without the GIL.
+    pub(crate) fn run<T: Send>(
+        self,
+        py: Python<'_>,
+        route: impl FnOnce(&RouteRequest<'_>) -> Result<T, SmetricError> + Send,
+    ) -> PyResult<T> {
+        py.detach(move || {
+            let prompt = self.prompt.check()?;
+            let exclude: Vec<&str> = self.exclude.iter().map(String::as_str).collect();
+            route(&RouteRequest {
+                prompt: prompt.borrow(),
+                namespace: self.namespace.as_deref(),
+                turn: self.hint,
+                request_id: self.id,
+                now: self.now,
+                exclude: &exclude,
+            })
+        })
+        .py()
+    }
+}
+
+/// The request id a decision reports: the caller's own object when it gave one, else the id the
+/// router issued.
+pub(crate) fn reported_request_id(
+    py: Python<'_>,
+    given: Option<&Bound<'_, PyAny>>,
+    issued: RequestId,
+) -> PyResult<Py<PyAny>> {
+    Ok(match given {
+        Some(obj) => obj.clone().unbind(),
+        None => issued.0.into_pyobject(py)?.into_any().unbind(),
+    })
+}
+
 /// An instance's load counters as the ``InstanceLoad`` dict (the core's terse field names
 /// `bs`, `running_e`, `waiting_e` spelled out).
 pub(crate) fn load_dict<'py>(py: Python<'py>, l: &smetric_core::LoadSnapshot) -> PyResult<Bound<'py, PyDict>> {
@@ -246,29 +315,12 @@ impl PyRouter {
         now: Option<f64>,
         exclude: Option<Vec<String>>,
     ) -> PyResult<PyDecision> {
-        let prompt = PromptArg::from_args(tokens, hashes, num_tokens)?;
-        let exclude = exclude.unwrap_or_default();
-        let hint = turn_hint(turn, messages)?;
-        let id = request_id.map(convert::request_id).transpose()?;
+        let args = RouteArgs::new(
+            tokens, hashes, num_tokens, messages, turn, request_id, namespace, now, exclude,
+        )?;
         let inner = &self.inner;
-        let decision = py
-            .detach(|| {
-                let prompt = prompt.check()?;
-                let exclude: Vec<&str> = exclude.iter().map(String::as_str).collect();
-                inner.route(&RouteRequest {
-                    prompt: prompt.borrow(),
-                    namespace: namespace.as_deref(),
-                    turn: hint,
-                    request_id: id,
-                    now,
-                    exclude: &exclude,
-                })
-            })
-            .py()?;
-        let request_id = match request_id {
-            Some(obj) => obj.clone().unbind(),
-            None => decision.request_id.0.into_pyobject(py)?.into_any().unbind(),
-        };
+        let decision = args.run(py, |req| inner.route(req))?;
+        let request_id = reported_request_id(py, request_id, decision.request_id)?;
         Ok(PyDecision {
             instance: decision.instance_name.as_ref().into_pyobject(py)?.into_any().unbind(),
             first_turn: decision.first_turn,

@@ -21,10 +21,7 @@
 
 use hashbrown::HashMap;
 use smetric_core::hash::{chain_root, hash_block};
-use smetric_core::{
-    BlockHash, Hits, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig, Tier,
-    TurnHint,
-};
+use smetric_core::{BlockHash, Hits, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, Router, RouterConfig, Tier};
 use smetric_vllm::{IngestConfig, Ingestor, RouterAt, SourceId};
 
 use crate::cache_events::{CacheLog, IndexFeed, Medium, block_tokens};
@@ -198,20 +195,7 @@ impl Placer for CorePlacer {
         }
         let decision = self
             .router
-            .route(&RouteRequest {
-                prompt: Prompt::Hashes {
-                    hashes: &self.chain,
-                    num_tokens: Some(u64::from(request.prompt_tokens)),
-                },
-                namespace: None,
-                turn: match (self.turns, request.turn) {
-                    (TurnFeed::Request, Some(k)) => TurnHint::Turn(k),
-                    _ => TurnHint::Unknown,
-                },
-                request_id: Some(RequestId(request.request_id)),
-                now: Some(request.now),
-                exclude: &[],
-            })
+            .route(&request.route_request(&self.chain, self.turns))
             .map_err(|e| SimError::Router(e.to_string()))?;
         Ok(Placement {
             instance: decision.instance.0,

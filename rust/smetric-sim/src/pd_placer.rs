@@ -10,7 +10,7 @@
 //! Complexity: the core's cost per decision plus O(chain) to copy the chain.
 
 use smetric_core::pd::{PdConfig, PdRouter};
-use smetric_core::{BlockHash, PolicyKind, Prompt, RequestId, RouteRequest, RouterConfig, TurnHint};
+use smetric_core::{BlockHash, PolicyKind, RequestId, RouterConfig};
 
 use crate::config::TurnFeed;
 use crate::error::{Result, SimError};
@@ -78,20 +78,7 @@ impl Placer for CorePdPlacer {
         self.chain.extend(request.chain.iter().map(|&h| BlockHash(h)));
         let decision = self
             .router
-            .route(&RouteRequest {
-                prompt: Prompt::Hashes {
-                    hashes: &self.chain,
-                    num_tokens: Some(u64::from(request.prompt_tokens)),
-                },
-                namespace: None,
-                turn: match (self.turns, request.turn) {
-                    (TurnFeed::Request, Some(k)) => TurnHint::Turn(k),
-                    _ => TurnHint::Unknown,
-                },
-                request_id: Some(RequestId(request.request_id)),
-                now: Some(request.now),
-                exclude: &[],
-            })
+            .route(&request.route_request(&self.chain, self.turns))
             .map_err(|e| SimError::Router(e.to_string()))?;
         let p = &decision.prefill;
         Ok(Placement {

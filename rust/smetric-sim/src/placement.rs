@@ -13,7 +13,10 @@
 //! changes reach it through `on_cache_changes` (oracle) or `on_kv_event_message` (events),
 //! depending on `SimConfig::index_feed`.
 
+use smetric_core::{BlockHash, Prompt, RequestId, RouteRequest, TurnHint};
+
 use crate::cache_events::CacheLog;
+use crate::config::TurnFeed;
 use crate::error::Result;
 
 /// What the simulator tells a placer about an arriving request.
@@ -30,6 +33,28 @@ pub struct PlaceRequest<'a> {
     pub turn: Option<u32>,
     /// Simulated time, seconds.
     pub now: f64,
+}
+
+impl PlaceRequest<'_> {
+    /// The core routing request of this placement over `chain` (the chain as the router hashes
+    /// it): the prompt length, the request id, the simulated time, and the turn when `turns`
+    /// feeds it.
+    pub(crate) fn route_request<'c>(&self, chain: &'c [BlockHash], turns: TurnFeed) -> RouteRequest<'c> {
+        RouteRequest {
+            prompt: Prompt::Hashes {
+                hashes: chain,
+                num_tokens: Some(u64::from(self.prompt_tokens)),
+            },
+            namespace: None,
+            turn: match (turns, self.turn) {
+                (TurnFeed::Request, Some(k)) => TurnHint::Turn(k),
+                _ => TurnHint::Unknown,
+            },
+            request_id: Some(RequestId(self.request_id)),
+            now: Some(self.now),
+            exclude: &[],
+        }
+    }
 }
 
 /// A placer's decision.

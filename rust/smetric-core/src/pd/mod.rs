@@ -37,7 +37,6 @@ mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -50,7 +49,7 @@ use crate::index::{Holder, IndexLimits, IndexQuery, KvIndex};
 use crate::mix_map::MixMap;
 use crate::policy::PolicyKind;
 use crate::rng::DrawCounter;
-use crate::router::{Decision, Prompt, RouteRequest, Router};
+use crate::router::{Decision, Prompt, RouteRequest, Router, to_ms};
 
 /// PD settings. Every default is defined here, in [`PdConfig::DEFAULT`].
 #[derive(Clone, Debug, PartialEq)]
@@ -190,11 +189,6 @@ pub struct PdRouter {
     transfer_tokens: AtomicU64,
     unknown_events: AtomicU64,
     output_tokens: AtomicU64,
-    epoch: Instant,
-}
-
-fn to_ms(seconds: f64) -> u64 {
-    (seconds * 1000.0).floor() as u64
 }
 
 impl PdRouter {
@@ -247,7 +241,6 @@ impl PdRouter {
             transfer_tokens: AtomicU64::new(0),
             unknown_events: AtomicU64::new(0),
             output_tokens: AtomicU64::new(0),
-            epoch: Instant::now(),
         })
     }
 
@@ -272,14 +265,7 @@ impl PdRouter {
     }
 
     fn now_ms(&self, now: Option<f64>) -> Result<u64> {
-        match now {
-            None => Ok(to_ms(self.epoch.elapsed().as_secs_f64())),
-            Some(t) if t.is_finite() && t >= 0.0 => Ok(to_ms(t)),
-            Some(t) => Err(SmetricError::InvalidArgument {
-                argument: "now",
-                reason: format!("must be finite and >= 0, got {t}"),
-            }),
-        }
+        self.prefill.now_ms(now)
     }
 
     /// Routes one request: a prefill instance (the co-located decision) and a decode instance.

@@ -83,7 +83,7 @@ pub struct Router {
 }
 
 /// Converts seconds to the index's millisecond clock.
-fn to_ms(seconds: f64) -> u64 {
+pub(crate) fn to_ms(seconds: f64) -> u64 {
     (seconds * 1000.0).floor() as u64
 }
 
@@ -156,7 +156,9 @@ impl Router {
     }
 
     /// `now` (seconds) on the index's millisecond clock; the router's own clock when absent.
-    fn now_ms(&self, now: Option<f64>) -> Result<u64> {
+    /// The router's clock in ms: the caller's `now`, or the time since the router was made.
+    /// (The PD router reads its prefill router's clock, so both sides share one.)
+    pub(crate) fn now_ms(&self, now: Option<f64>) -> Result<u64> {
         match now {
             None => Ok(to_ms(self.epoch.elapsed().as_secs_f64())),
             Some(t) if t.is_finite() && t >= 0.0 => Ok(to_ms(t)),
