@@ -97,6 +97,7 @@ class RouterConfig:
         local_capacity_blocks: int = ...,
         global_capacity_blocks: int = ...,
         local_ttl_s: float | None = ...,
+        exact_pending_ttl_s: float = ...,
         engine_load_staleness_s: float = ...,
         first_turn_min_branches: int = ...,
         cache_first_mode: CacheFirstMode = ...,
@@ -124,6 +125,8 @@ class RouterConfig:
     def global_capacity_blocks(self) -> int: ...
     @property
     def local_ttl_s(self) -> float | None: ...
+    @property
+    def exact_pending_ttl_s(self) -> float: ...
     @property
     def engine_load_staleness_s(self) -> float: ...
     @property

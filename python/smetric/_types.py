@@ -128,6 +128,7 @@ class RouterConfigFields(TypedDict):
     local_capacity_blocks: int
     global_capacity_blocks: int
     local_ttl_s: float | None
+    exact_pending_ttl_s: float
     engine_load_staleness_s: float
     first_turn_min_branches: int
     cache_first_mode: CacheFirstMode

@@ -28,6 +28,7 @@ impl PyRouterConfig {
         local_capacity_blocks = D.local_capacity_blocks,
         global_capacity_blocks = D.global_capacity_blocks,
         local_ttl_s = D.local_ttl_s,
+        exact_pending_ttl_s = D.exact_pending_ttl_s,
         engine_load_staleness_s = D.engine_load_staleness_s,
         first_turn_min_branches = D.first_turn_min_branches,
         cache_first_mode = D.cache_first_mode.name(),
@@ -52,6 +53,7 @@ impl PyRouterConfig {
         local_capacity_blocks: u64,
         global_capacity_blocks: u64,
         local_ttl_s: Option<f64>,
+        exact_pending_ttl_s: f64,
         engine_load_staleness_s: f64,
         first_turn_min_branches: u32,
         cache_first_mode: &str,
@@ -75,6 +77,7 @@ impl PyRouterConfig {
             local_capacity_blocks,
             global_capacity_blocks,
             local_ttl_s,
+            exact_pending_ttl_s,
             engine_load_staleness_s,
             first_turn_min_branches,
             cache_first_mode: CacheFirstMode::parse(cache_first_mode).py()?,
@@ -115,6 +118,10 @@ impl PyRouterConfig {
     #[getter]
     fn local_ttl_s(&self) -> Option<f64> {
         self.inner.local_ttl_s
+    }
+    #[getter]
+    fn exact_pending_ttl_s(&self) -> f64 {
+        self.inner.exact_pending_ttl_s
     }
     #[getter]
     fn engine_load_staleness_s(&self) -> f64 {
@@ -198,6 +205,7 @@ impl PyRouterConfig {
         d.set_item("local_capacity_blocks", c.local_capacity_blocks)?;
         d.set_item("global_capacity_blocks", c.global_capacity_blocks)?;
         d.set_item("local_ttl_s", c.local_ttl_s)?;
+        d.set_item("exact_pending_ttl_s", c.exact_pending_ttl_s)?;
         d.set_item("engine_load_staleness_s", c.engine_load_staleness_s)?;
         d.set_item("first_turn_min_branches", c.first_turn_min_branches)?;
         d.set_item("cache_first_mode", c.cache_first_mode.name())?;

@@ -35,11 +35,13 @@
 //! [`KvIndex::memory_bytes`] estimates them from the container sizes.
 
 pub(crate) mod lru;
+mod pending;
 mod query;
 #[cfg(test)]
 mod tests;
 
 use lru::RunLru;
+use pending::PendingBlocks;
 
 use crate::mix_map::MixMap;
 
@@ -146,6 +148,8 @@ pub struct IndexStats {
     pub global_blocks: usize,
     /// Blocks evicted for capacity or age since creation.
     pub evictions: u64,
+    /// Sent, not yet confirmed blocks per instance slot (§2.7; expired ones not yet purged count).
+    pub pending_blocks: Vec<usize>,
 }
 
 /// The two-tier index. Not synchronised: the router wraps it in a mutex.
@@ -173,6 +177,8 @@ pub struct KvIndex {
     resolved: Vec<u32>,
     /// `walked` holds the ids a query walk found and no entry has been freed since.
     walk_fresh: bool,
+    /// Blocks sent to an instance and not yet confirmed by its events (exact mode, §2.7).
+    pending: PendingBlocks,
 }
 
 impl KvIndex {
@@ -193,7 +199,16 @@ impl KvIndex {
             walked: Vec::new(),
             resolved: Vec::new(),
             walk_fresh: false,
+            pending: PendingBlocks::default(),
         }
+    }
+
+    /// Makes the blocks sent to an instance ([`KvIndex::send_queried`]) count as present there
+    /// for `ttl_ms` or until an event confirms or evicts them, at most `local_capacity` per
+    /// instance (docs §2.7). `ttl_ms = 0` turns it off (the default).
+    pub fn enable_pending(&mut self, ttl_ms: u64) {
+        let cap = usize::try_from(self.limits.local_capacity).unwrap_or(usize::MAX);
+        self.pending = PendingBlocks::new(ttl_ms, cap);
     }
 
     fn global_enabled(&self) -> bool {
@@ -213,6 +228,7 @@ impl KvIndex {
             live: true,
             ..InstanceHolder::default()
         };
+        self.pending.clear(slot);
         self.live_mask[s / 64] |= 1 << (s % 64);
     }
 
@@ -622,7 +638,13 @@ impl KvIndex {
         match holder {
             Holder::Instance(s) if !self.is_live(s) => return,
             Holder::Global if !self.global_enabled() => return,
-            Holder::Instance(s) => self.purge_expired(s, now_ms),
+            Holder::Instance(s) => {
+                self.purge_expired(s, now_ms);
+                if !self.pending.is_empty() {
+                    // The engine stored them: they are confirmed, no longer only sent.
+                    self.pending.end(s, run);
+                }
+            }
             Holder::Global => {}
         }
         self.resolve(run, parent, 0);
@@ -672,6 +694,10 @@ impl KvIndex {
             if !self.is_live(s) {
                 return;
             }
+            if !self.pending.is_empty() {
+                // Evicted by the engine: a sent block stops counting too.
+                self.pending.end(s, hashes);
+            }
         }
         for &h in hashes {
             if let Some(e) = self.entry_of(h) {
@@ -698,6 +724,7 @@ impl KvIndex {
     pub fn clear_instance(&mut self, slot: u32) {
         if self.is_live(slot) {
             self.clear_holder(Holder::Instance(slot));
+            self.pending.clear(slot);
         }
     }
 
@@ -713,6 +740,9 @@ impl KvIndex {
             local_blocks: self.instances.iter().map(|h| if h.live { h.held } else { 0 }).collect(),
             global_blocks: self.global_held,
             evictions: self.evictions,
+            pending_blocks: (0..self.instances.len() as u32)
+                .map(|s| if self.is_live(s) { self.pending.len(s) } else { 0 })
+                .collect(),
         }
     }
 
@@ -725,7 +755,7 @@ impl KvIndex {
     }
 
     /// Heap bytes of the index by component, from the containers' capacities.
-    pub fn memory_breakdown(&self) -> [(&'static str, usize); 6] {
+    pub fn memory_breakdown(&self) -> [(&'static str, usize); 7] {
         use std::mem::size_of;
         // hashbrown: one control byte per bucket plus the slot; buckets = capacity · 8/7.
         let table_bytes = |cap: usize, slot: usize| cap * 8 / 7 * (slot + 1);
@@ -745,6 +775,7 @@ impl KvIndex {
             ("holder_bits", self.more_bits.capacity() * 8),
             ("extra_holder_maps", seqs),
             ("lru_runs", runs),
+            ("pending", self.pending.heap_bytes()),
             ("entry_count", self.by_hash.len()),
         ]
     }

@@ -1,8 +1,13 @@
 //! The query walk of the KV$ index: for a request's chain, the longest prefix every instance and
 //! the global tier hold, in one pass (see the module docs of `index` for the algorithm).
 //!
+//! In exact mode an instance's hit also counts the blocks the router sent it and its events
+//! have not confirmed yet (docs §2.7, module `pending`): after the walk, each instance with sent
+//! blocks extends its confirmed prefix while the next block is sent there or held there.
+//!
 //! Invariants: a query changes no holder's blocks (only `last_child` links along the chain).
-//! Complexity: O(matched blocks · ⌈instances/64⌉), one cache line per step on a slab chain.
+//! Complexity: O(matched blocks · ⌈instances/64⌉), one cache line per step on a slab chain;
+//! with sent blocks, one map lookup per instance that has any, plus one per sent block matched.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
@@ -14,6 +19,76 @@ impl KvIndex {
     pub fn query(&mut self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery) {
         self.purge_all_expired(now_ms);
         self.walk(chain, out);
+        if !self.pending.is_empty() {
+            self.count_pending(chain, now_ms, out);
+        }
+    }
+
+    /// Docs §2.7, query: each instance's hit is the longest prefix of `chain` whose blocks it
+    /// holds *or* was sent (and no event has confirmed or evicted yet); `deepest` and
+    /// `branches` follow (a sent chain that continued past the deepest block is a branch).
+    #[cold]
+    fn count_pending(&self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery) {
+        let mut deepest = out.deepest_blocks;
+        for s in 0..self.instances.len() as u32 {
+            if !self.instances[s as usize].live || self.pending.slot_is_empty(s) {
+                continue;
+            }
+            let mut k = out.local_blocks[s as usize] as usize;
+            while k < chain.len() && (self.pending.counts(s, chain[k], now_ms) || self.held_at(s, chain, k)) {
+                k += 1;
+            }
+            out.local_blocks[s as usize] = k as u32;
+            deepest = deepest.max(k as u32);
+        }
+        if deepest == 0 {
+            return;
+        }
+        let last = chain[deepest as usize - 1];
+        let children = if deepest == out.deepest_blocks {
+            out.branches
+        } else {
+            self.entry_at(chain, deepest as usize - 1)
+                .map_or(0, |e| u32::from(self.entries[e as usize].children))
+        };
+        let sent_child = (0..self.instances.len() as u32)
+            .any(|s| self.instances[s as usize].live && self.pending.has_child(s, last, now_ms));
+        out.deepest_blocks = deepest;
+        out.branches = children.max(u32::from(sent_child));
+    }
+
+    /// The entry of `chain[i]`: from the last walk when it reached that far, else looked up.
+    fn entry_at(&self, chain: &[BlockHash], i: usize) -> Option<u32> {
+        match self.walked.get(i) {
+            Some(&e) => Some(e),
+            None => self.entry_of(chain[i]),
+        }
+    }
+
+    /// Whether instance `s` holds `chain[i]` (confirmed by its events).
+    fn held_at(&self, s: u32, chain: &[BlockHash], i: usize) -> bool {
+        self.entry_at(chain, i).is_some_and(|e| {
+            let bit = 1u64 << (s % 64);
+            let word = if s < 64 {
+                self.entries[e as usize].held
+            } else {
+                self.more_bits[e as usize * (self.words - 1) + s as usize / 64 - 1]
+            };
+            word & bit != 0
+        })
+    }
+
+    /// Exact mode's record of a decision (docs §2.7): the blocks of `chain` (the chain the last
+    /// [`KvIndex::query`] walked, at the same `now_ms`) that `slot` does not hold count as
+    /// present there until an event confirms or evicts them or the pending TTL passes. Does
+    /// nothing unless [`KvIndex::enable_pending`] turned sent blocks on.
+    pub(crate) fn send_queried(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64) {
+        if !self.pending.enabled() || !self.is_live(slot) {
+            return;
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.send(slot, chain, now_ms, |i| self.held_at(slot, chain, i));
+        self.pending = pending;
     }
 
     /// TTL purge of every live instance, in slot order (docs §2.4 step 1).

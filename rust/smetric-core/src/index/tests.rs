@@ -220,3 +220,242 @@ proptest::proptest! {
         }
     }
 }
+
+// ---- sent, not yet confirmed blocks (docs §2.7) -------------------------------------------------
+
+fn exact_index(local: u64, ttl_ms: u64) -> KvIndex {
+    let mut ix = index(local, 0);
+    ix.enable_pending(ttl_ms);
+    ix
+}
+
+/// Routes `c` to `slot` in exact mode at `now`: the query then the record of the decision.
+fn send(ix: &mut KvIndex, slot: u32, c: &[BlockHash], now: u64) -> IndexQuery {
+    let mut q = IndexQuery::default();
+    ix.query(c, now, &mut q);
+    ix.send_queried(slot, c, now);
+    q
+}
+
+fn hits(ix: &mut KvIndex, c: &[BlockHash], now: u64) -> IndexQuery {
+    let mut q = IndexQuery::default();
+    ix.query(c, now, &mut q);
+    q
+}
+
+#[test]
+fn sent_blocks_count_until_events_confirm_them_without_double_count() {
+    let mut ix = exact_index(100, 1_000);
+    let first = chain(0..10);
+    assert_eq!(send(&mut ix, 1, &first, 0).local_blocks, vec![0, 0, 0]);
+    // The follow-up beats the predecessor's events: its home still shows the whole prefix.
+    let follow_up = chain(0..14);
+    let q = hits(&mut ix, &follow_up, 5);
+    assert_eq!(q.local_blocks, vec![0, 10, 0]);
+    assert_eq!(q.deepest_blocks, 10);
+    assert_eq!(ix.stats().pending_blocks[1], 10);
+    // Events confirm six of them: they move to the index proper, counted once.
+    ix.touch(Holder::Instance(1), &first[..6], None, 6);
+    assert_eq!(ix.stats().local_blocks[1], 6);
+    assert_eq!(ix.stats().pending_blocks[1], 4);
+    assert_eq!(hits(&mut ix, &follow_up, 7).local_blocks, vec![0, 10, 0]);
+    // The rest confirmed: nothing pending, the same hit.
+    ix.touch(Holder::Instance(1), &first[6..], Some(first[5]), 8);
+    assert_eq!(ix.stats().pending_blocks[1], 0);
+    assert_eq!(hits(&mut ix, &follow_up, 9).local_blocks, vec![0, 10, 0]);
+}
+
+#[test]
+fn an_eviction_event_ends_a_sent_block() {
+    let mut ix = exact_index(100, 1_000);
+    let c = chain(0..10);
+    send(&mut ix, 0, &c, 0);
+    ix.remove(Holder::Instance(0), &[BlockHash(7)]);
+    assert_eq!(hits(&mut ix, &c, 1).local_blocks[0], 7);
+    assert_eq!(ix.stats().pending_blocks[0], 9);
+    // An eviction addressed to another instance changes nothing here.
+    ix.remove(Holder::Instance(2), &[BlockHash(3)]);
+    assert_eq!(hits(&mut ix, &c, 1).local_blocks[0], 7);
+    ix.clear_instance(0);
+    assert_eq!(hits(&mut ix, &c, 1).local_blocks[0], 0);
+    assert_eq!(ix.stats().pending_blocks[0], 0);
+}
+
+#[test]
+fn sent_blocks_expire_after_the_ttl_and_renew_when_sent_again() {
+    let mut ix = exact_index(100, 50);
+    let c = chain(0..4);
+    send(&mut ix, 0, &c, 0);
+    assert_eq!(hits(&mut ix, &c, 49).local_blocks[0], 4);
+    assert_eq!(
+        hits(&mut ix, &c, 50).local_blocks[0],
+        0,
+        "counts while now < route + ttl"
+    );
+    send(&mut ix, 0, &c, 60);
+    assert_eq!(hits(&mut ix, &c, 109).local_blocks[0], 4);
+    // A longer chain re-sent later renews the shared prefix's deadline too.
+    send(&mut ix, 0, &chain(0..6), 100);
+    assert_eq!(hits(&mut ix, &c, 140).local_blocks[0], 4);
+    assert_eq!(hits(&mut ix, &c, 150).local_blocks[0], 0);
+}
+
+#[test]
+fn hit_is_the_prefix_of_confirmed_and_sent_blocks_together() {
+    let mut ix = exact_index(100, 1_000);
+    // Confirmed 0..3 and 6..8 (a hole at 3..6), then 0..10 sent: blocks 3..6 and 8..10
+    // become pending, and the hit runs through both kinds.
+    ix.touch(Holder::Instance(0), &chain(0..3), None, 0);
+    ix.touch(Holder::Instance(0), &chain(6..8), None, 0);
+    send(&mut ix, 0, &chain(0..10), 1);
+    assert_eq!(ix.stats().pending_blocks[0], 5);
+    assert_eq!(hits(&mut ix, &chain(0..12), 2).local_blocks[0], 10);
+    // Only what the instance lacked was recorded: after the TTL the hole is back.
+    assert_eq!(hits(&mut ix, &chain(0..12), 1_001).local_blocks[0], 3);
+}
+
+#[test]
+fn sent_blocks_are_bounded_per_instance_oldest_first() {
+    let mut ix = exact_index(8, 1_000_000);
+    send(&mut ix, 0, &chain(0..5), 0);
+    send(&mut ix, 0, &chain(100..105), 1);
+    assert_eq!(ix.stats().pending_blocks[0], 8);
+    // The oldest sends went first: the first chain lost its first two blocks (sent first)...
+    assert_eq!(hits(&mut ix, &chain(0..5), 2).local_blocks[0], 0);
+    assert!(!ix.pending.counts(0, BlockHash(1), 2));
+    assert!(ix.pending.counts(0, BlockHash(2), 2));
+    // ...and the second chain is whole.
+    assert_eq!(hits(&mut ix, &chain(100..105), 2).local_blocks[0], 5);
+    // A client re-sending long prompts cannot grow the set or its queue without limit.
+    for t in 0..2_000u64 {
+        send(&mut ix, 0, &chain(t * 7..t * 7 + 20), 10 + t);
+        assert!(ix.stats().pending_blocks[0] <= 8);
+        assert!(ix.pending.queued(0) <= 2 * 8 + 64 + 20);
+    }
+}
+
+#[test]
+fn a_sent_chain_that_continued_past_the_match_is_a_branch() {
+    let mut ix = exact_index(100, 1_000);
+    // Session A (system prompt 0..4, then its own 4..8) is sent; no event yet.
+    let a = chain(0..8);
+    send(&mut ix, 2, &a, 0);
+    // Session B shares the system prompt only: a match that ends where A went on is a branch
+    // (a first turn), as the index proper would say once A's events arrive.
+    let mut b = chain(0..4);
+    b.extend(chain(50..54));
+    let q = hits(&mut ix, &b, 1);
+    assert_eq!((q.local_blocks[2], q.deepest_blocks, q.branches), (4, 4, 1));
+    // A's follow-up extends A's whole prompt: no branch at its end (a follow-up).
+    let q = hits(&mut ix, &chain(0..12), 1);
+    assert_eq!((q.local_blocks[2], q.deepest_blocks, q.branches), (8, 8, 0));
+}
+
+#[test]
+fn sent_blocks_are_off_unless_enabled() {
+    let mut ix = index(100, 0);
+    send(&mut ix, 0, &chain(0..4), 0);
+    assert_eq!(hits(&mut ix, &chain(0..4), 1).local_blocks[0], 0);
+    assert_eq!(ix.stats().pending_blocks[0], 0);
+}
+
+/// A naive model of §2.7 beside [`Model`]: per instance, the sent blocks in send order with
+/// their deadline and child flag.
+#[derive(Default)]
+struct PendingModel {
+    sent: std::collections::HashMap<u32, Vec<(u64, u64, bool)>>,
+}
+
+impl PendingModel {
+    fn send(&mut self, slot: u32, run: &[u64], now: u64, ttl: u64, cap: usize, held: &Model) {
+        let list = self.sent.entry(slot).or_default();
+        while list.first().is_some_and(|&(_, d, _)| d <= now) {
+            list.remove(0);
+        }
+        for (i, &h) in run.iter().enumerate() {
+            if held.hit(Some(slot), &[h]) == 1 {
+                continue;
+            }
+            let old = list.iter().position(|x| x.0 == h).map(|p| list.remove(p));
+            list.push((h, now + ttl, old.is_some_and(|x| x.2) || i + 1 < run.len()));
+        }
+        while list.len() > cap {
+            list.remove(0);
+        }
+    }
+    fn end(&mut self, slot: u32, run: &[u64]) {
+        self.sent.entry(slot).or_default().retain(|x| !run.contains(&x.0));
+    }
+    fn hit(&self, slot: u32, chain: &[u64], now: u64, held: &Model) -> u32 {
+        let sent = self.sent.get(&slot);
+        chain
+            .iter()
+            .take_while(|&&h| {
+                held.hit(Some(slot), &[h]) == 1 || sent.is_some_and(|l| l.iter().any(|x| x.0 == h && now < x.1))
+            })
+            .count() as u32
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+    /// Events and routes interleaved at random against the naive models: every instance's hit
+    /// is the prefix of its confirmed ∪ sent blocks; a store confirms (no double count), a
+    /// removal ends, the TTL expires; the set and its queue stay within their bounds.
+    #[test]
+    fn sent_blocks_match_a_naive_model(ops in proptest::collection::vec((0u8..5, 0u32..3, 0u64..6, 1usize..8, 0u64..4), 1..300)) {
+        let (local, ttl) = (6usize, 5u64);
+        let mut ix = KvIndex::new(IndexLimits { local_capacity: local as u64, global_capacity: 0, local_ttl_ms: None });
+        for s in 0..3 {
+            ix.add_slot(s);
+        }
+        ix.enable_pending(ttl);
+        let (mut model, mut sent) = (Model::default(), PendingModel::default());
+        let mut now = 0u64;
+        let mut q = IndexQuery::default();
+        for (kind, slot, start, len, dt) in ops {
+            now += dt;
+            let run: Vec<u64> = (start..start + len as u64).collect();
+            let c: Vec<BlockHash> = run.iter().map(|&h| BlockHash(h)).collect();
+            match kind {
+                // A store event: confirms what was sent.
+                0 => {
+                    ix.touch(Holder::Instance(slot), &c, None, now);
+                    model.touch(Some(slot), &run, local);
+                    sent.end(slot, &run);
+                }
+                1 => {
+                    ix.remove(Holder::Instance(slot), &c);
+                    model.remove(Some(slot), &run);
+                    sent.end(slot, &run);
+                }
+                // A decision: the chain from the root, sent to `slot`.
+                2 | 3 => {
+                    let from_root: Vec<u64> = (0..start + len as u64).collect();
+                    let rc: Vec<BlockHash> = from_root.iter().map(|&h| BlockHash(h)).collect();
+                    ix.query(&rc, now, &mut q);
+                    ix.send_queried(slot, &rc, now);
+                    sent.send(slot, &from_root, now, ttl, local, &model);
+                }
+                _ => {
+                    ix.clear_instance(slot);
+                    model.order.remove(&Some(slot));
+                    sent.sent.remove(&slot);
+                }
+            }
+            let probe: Vec<u64> = (0..13).collect();
+            let probe_chain: Vec<BlockHash> = probe.iter().map(|&h| BlockHash(h)).collect();
+            ix.query(&probe_chain, now, &mut q);
+            for s in 0..3u32 {
+                proptest::prop_assert_eq!(q.local_blocks[s as usize], sent.hit(s, &probe, now, &model));
+                proptest::prop_assert_eq!(ix.stats().local_blocks[s as usize], model.order.get(&Some(s)).map_or(0, Vec::len));
+                proptest::prop_assert!(ix.stats().pending_blocks[s as usize] <= local);
+                proptest::prop_assert!(ix.pending.queued(s) <= 2 * local + 64 + 13);
+                for &h in &probe {
+                    let model_counts = sent.sent.get(&s).is_some_and(|l| l.iter().any(|x| x.0 == h && now < x.1));
+                    proptest::prop_assert_eq!(ix.pending.counts(s, BlockHash(h), now), model_counts);
+                }
+            }
+        }
+    }
+}

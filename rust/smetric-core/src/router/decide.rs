@@ -132,8 +132,10 @@ impl Router {
             rng: &self.rng,
         });
         let chosen = candidates[selection.index];
-        if self.config.index_mode == IndexMode::Approximate {
-            index.touch_queried(chosen.slot, chain, now_ms);
+        match self.config.index_mode {
+            IndexMode::Approximate => index.touch_queried(chosen.slot, chain, now_ms),
+            // Sent, not yet confirmed by the engine's events (docs §2.7).
+            IndexMode::Exact => index.send_queried(chosen.slot, chain, now_ms),
         }
         let member = fleet.member(chosen.slot).expect("candidates are live members");
         let prefill = chosen.prefill_tokens(n, global_hit_tokens);

@@ -4,7 +4,8 @@
 //! lock, into a buffer of the calling thread; then, under the index mutex, walk the chain
 //! through the two-tier index, read every live instance's load off the lock-free board, ask
 //! the policy, insert the chain on route (approximate mode; reusing the entry ids the walk
-//! found) and bump the chosen instance's counters; then, outside it, record the request in
+//! found) or record its blocks as sent, not yet confirmed (exact mode, docs §2.7) and bump the
+//! chosen instance's counters; then, outside it, record the request in
 //! the in-flight table and count the decision.
 //!
 //! Invariants:
@@ -45,7 +46,7 @@ use parking_lot::Mutex;
 pub use request::{Decision, Hits, IndexOp, Prompt, RouteRequest, Tier};
 pub use stats::RouterStats;
 
-use crate::config::RouterConfig;
+use crate::config::{IndexMode, RouterConfig};
 use crate::error::{Result, SmetricError};
 use crate::fleet::Fleet;
 use crate::index::{IndexLimits, IndexQuery, KvIndex};
@@ -111,6 +112,9 @@ impl Router {
         });
         for (slot, _) in fleet.members() {
             index.add_slot(slot);
+        }
+        if config.index_mode == IndexMode::Exact {
+            index.enable_pending(to_ms(config.exact_pending_ttl_s));
         }
         Ok(Self {
             policy: kind.build(),

@@ -1,0 +1,261 @@
+//! Sent, not yet confirmed: the blocks an exact (event-fed) index counts as present on an
+//! instance because the router has just sent it a prompt holding them, before the engine's KV
+//! events say so (docs/routing-semantics.md §2.7).
+//!
+//! Why: vLLM publishes KV events after the fact (measured on CPU vLLM: p50 1.9 ms, p90 32 ms,
+//! p99 243 ms). A follow-up sent as soon as its predecessor answered is routed before the
+//! predecessor's blocks are in the event-fed index; without this set its home showed a 0 hit,
+//! it was decided "migrate (local KV$ evicted)" and left its cache behind.
+//!
+//! Learnt from Dynamo (read, not copied): its KV router keeps, next to the event-fed radix tree,
+//! a short-TTL *approximate* tree written on every routing decision ("predict on route") and
+//! scores each worker with the larger of the two overlaps; its approximate indexer expires each
+//! (block, worker) after a fixed TTL with a lazily cleaned timer queue, and prunes the tree to a
+//! size bound. Dynamo needs two trees because an engine's event hashes are salted digests the
+//! router cannot recompute; smetric's ingestor maps every event back onto smetric's own chain
+//! hashes (through the published token ids), so one key space serves both and an event can
+//! *confirm* a sent block by hash. Taken: the fixed TTL, a lazily cleaned FIFO instead of a
+//! timer per block, a size bound. Changed: the hit is the longest prefix of the *union* of
+//! confirmed and sent blocks (a per-block union, not the larger of two overlaps, so a chain
+//! half confirmed, half sent counts whole), a confirming or evicting event ends a sent block
+//! at once (not only its TTL), and the bound is per instance.
+//!
+//! Algorithm: per instance, a map block hash → ([`Mark`]: send stamp, deadline, whether a sent
+//! chain continued past it) and a FIFO of (stamp, hash) in send order; a re-sent block gets a
+//! fresh stamp at the back and its old FIFO item goes stale (the stamps differ). Expiry and the
+//! memory bound pop from the front, skipping stale items; the FIFO is compacted when stale items
+//! outnumber live ones.
+//!
+//! Invariants: a sent block counts on its instance iff it is in the map and `now < deadline`
+//! (a purge is only memory hygiene: lookups check the deadline themselves); every map key has
+//! exactly one current FIFO item (same stamp); an instance never has more than `capacity` sent
+//! blocks after a call returns; the FIFO holds at most `2·len + COMPACT_SLACK` items after one.
+//! Memory is therefore O(instances · capacity).
+//!
+//! Complexity: `send` O(chain blocks not held) amortised; `counts` O(1); `confirm` O(1) per
+//! block; purge and bound O(1) amortised per sent block.
+
+use std::collections::VecDeque;
+
+use crate::ids::BlockHash;
+use crate::mix_map::MixMap;
+
+/// Stale FIFO items tolerated beyond the live ones before a compaction.
+const COMPACT_SLACK: usize = 64;
+
+/// What the index knows about one sent block.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    /// Send order on its instance: the FIFO item with this stamp is the current one.
+    stamp: u64,
+    /// The block stops counting at this time (ms).
+    deadline_ms: u64,
+    /// Some chain sent to this instance continued past this block (turn inference: a match
+    /// ending here ends where another request branched off, docs §4).
+    has_child: bool,
+}
+
+#[derive(Debug, Default)]
+struct SlotPending {
+    marks: MixMap<u64, Mark>,
+    fifo: VecDeque<(u64, u64)>,
+    next_stamp: u64,
+}
+
+impl SlotPending {
+    fn is_current(&self, stamp: u64, hash: u64) -> bool {
+        self.marks.get(&hash).is_some_and(|m| m.stamp == stamp)
+    }
+
+    /// Drops the oldest sent block (skipping stale FIFO items); false when none is left.
+    fn pop_oldest(&mut self) -> bool {
+        while let Some((stamp, hash)) = self.fifo.pop_front() {
+            if self.is_current(stamp, hash) {
+                self.marks.remove(&hash);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Drops, oldest first, the sent blocks whose deadline has passed, up to the first that
+    /// has not (send order is deadline order while the clock does not go back).
+    fn purge(&mut self, now_ms: u64) {
+        while let Some(&(stamp, hash)) = self.fifo.front() {
+            match self.marks.get(&hash) {
+                Some(m) if m.stamp == stamp && m.deadline_ms > now_ms => break,
+                Some(m) if m.stamp == stamp => {
+                    self.marks.remove(&hash);
+                }
+                _ => {}
+            }
+            self.fifo.pop_front();
+        }
+    }
+
+    fn compact(&mut self) {
+        if self.fifo.len() > 2 * self.marks.len() + COMPACT_SLACK {
+            let marks = &self.marks;
+            self.fifo
+                .retain(|&(stamp, hash)| marks.get(&hash).is_some_and(|m| m.stamp == stamp));
+        }
+    }
+}
+
+/// The sent-not-confirmed blocks of every instance slot. Disabled (and free) when its TTL is 0.
+#[derive(Debug, Default)]
+pub(crate) struct PendingBlocks {
+    ttl_ms: u64,
+    capacity: usize,
+    slots: Vec<SlotPending>,
+    /// Sent blocks over all slots (expired ones included until purged): lets a query skip
+    /// this set entirely when it is empty.
+    total: usize,
+}
+
+impl PendingBlocks {
+    /// Sent blocks count for `ttl_ms` (0 disables the set), at most `capacity` per instance.
+    pub(crate) fn new(ttl_ms: u64, capacity: usize) -> Self {
+        Self {
+            ttl_ms,
+            capacity,
+            slots: Vec::new(),
+            total: 0,
+        }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.ttl_ms > 0
+    }
+
+    /// Whether no instance has a sent block (expired ones not yet purged count).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Whether `slot` has a sent block (expired ones not yet purged count).
+    #[inline]
+    pub(crate) fn slot_is_empty(&self, slot: u32) -> bool {
+        self.slots.get(slot as usize).is_none_or(|p| p.marks.is_empty())
+    }
+
+    /// Records that `chain` was sent to `slot` at `now_ms`: every block for which `held(i)` is
+    /// false (the instance does not hold `chain[i]` yet) counts on `slot` until `now_ms + ttl`
+    /// (a re-sent block's deadline is renewed). Then the oldest sent blocks go while the slot
+    /// has more than `capacity`.
+    pub(crate) fn send(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64, mut held: impl FnMut(usize) -> bool) {
+        if !self.enabled() {
+            return;
+        }
+        let s = slot as usize;
+        if self.slots.len() <= s {
+            self.slots.resize_with(s + 1, SlotPending::default);
+        }
+        let p = &mut self.slots[s];
+        let before = p.marks.len();
+        p.purge(now_ms);
+        let deadline_ms = now_ms.saturating_add(self.ttl_ms);
+        let last = chain.len().saturating_sub(1);
+        for (i, h) in chain.iter().enumerate() {
+            if held(i) {
+                continue;
+            }
+            let stamp = p.next_stamp;
+            p.next_stamp += 1;
+            let has_child = i < last;
+            p.marks
+                .entry(h.0)
+                .and_modify(|m| {
+                    *m = Mark {
+                        stamp,
+                        deadline_ms,
+                        has_child: m.has_child || has_child,
+                    }
+                })
+                .or_insert(Mark {
+                    stamp,
+                    deadline_ms,
+                    has_child,
+                });
+            p.fifo.push_back((stamp, h.0));
+        }
+        while p.marks.len() > self.capacity {
+            if !p.pop_oldest() {
+                break;
+            }
+        }
+        p.compact();
+        self.total = self.total - before + p.marks.len();
+    }
+
+    /// Whether `hash` counts as present on `slot` at `now_ms`.
+    #[inline]
+    pub(crate) fn counts(&self, slot: u32, hash: BlockHash, now_ms: u64) -> bool {
+        self.mark(slot, hash, now_ms).is_some()
+    }
+
+    /// Whether `hash` counts on `slot` at `now_ms` and a chain sent there continued past it.
+    pub(crate) fn has_child(&self, slot: u32, hash: BlockHash, now_ms: u64) -> bool {
+        self.mark(slot, hash, now_ms).is_some_and(|m| m.has_child)
+    }
+
+    fn mark(&self, slot: u32, hash: BlockHash, now_ms: u64) -> Option<&Mark> {
+        self.slots
+            .get(slot as usize)?
+            .marks
+            .get(&hash.0)
+            .filter(|m| now_ms < m.deadline_ms)
+    }
+
+    /// Ends the listed blocks on `slot`: an event confirmed them (they are now in the index
+    /// proper) or evicted them. Their FIFO items go stale.
+    pub(crate) fn end(&mut self, slot: u32, hashes: &[BlockHash]) {
+        let Some(p) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        if p.marks.is_empty() {
+            return;
+        }
+        let before = p.marks.len();
+        for h in hashes {
+            p.marks.remove(&h.0);
+        }
+        p.compact();
+        self.total -= before - p.marks.len();
+    }
+
+    /// Forgets every sent block of `slot` (the instance was cleared or removed).
+    pub(crate) fn clear(&mut self, slot: u32) {
+        if let Some(p) = self.slots.get_mut(slot as usize) {
+            self.total -= p.marks.len();
+            *p = SlotPending::default();
+        }
+    }
+
+    /// Sent blocks of `slot` (expired ones not yet purged count).
+    pub(crate) fn len(&self, slot: u32) -> usize {
+        self.slots.get(slot as usize).map_or(0, |p| p.marks.len())
+    }
+
+    /// Heap bytes of the maps and FIFOs, from their capacities.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.slots
+            .iter()
+            .map(|p| {
+                p.marks.capacity() * 8 / 7 * (size_of::<(u64, Mark)>() + 1)
+                    + p.fifo.capacity() * size_of::<(u64, u64)>()
+            })
+            .sum::<usize>()
+            + self.slots.capacity() * size_of::<SlotPending>()
+    }
+}
+
+#[cfg(test)]
+impl PendingBlocks {
+    /// FIFO items of `slot`, stale ones included (for the memory-bound tests).
+    pub(crate) fn queued(&self, slot: u32) -> usize {
+        self.slots.get(slot as usize).map_or(0, |p| p.fifo.len())
+    }
+}
