@@ -354,6 +354,9 @@ class StreamGen:
         self.done: list[InFlight] = []
         self.chains: list[list[int]] = []  # recently routed chains, for store/remove/query
         self.pending: list[Op] = []  # ops queued by the previous op (e.g. KV events after a route)
+        # Exact mode: KV events held back past later decisions, as vLLM publishes them late
+        # (docs/routing-semantics.md §2.7); each is issued with the clock of its delivery.
+        self.late_events: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self.str_ids = 0
 
     # -- building blocks -----------------------------------------------------------------------
@@ -512,14 +515,18 @@ class StreamGen:
         if self.exact or rnd.random() < 0.15:
             if rnd.random() < 0.75:
                 target = decision["instance"]
+                late = self.exact and rnd.random() < 0.5
+                events: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
                 if rnd.random() < 0.4 and len(chain) > 1:  # two events: head, then tail under parent
                     k = rnd.randrange(1, len(chain))
-                    self.pending.append(Op("store_blocks", (target, chain[:k]), {"now": self.now}))
-                    self.pending.append(
-                        Op("store_blocks", (target, chain[k:]), {"parent": chain[k - 1], "now": self.now})
-                    )
+                    events.append(((target, chain[:k]), {}))
+                    events.append(((target, chain[k:]), {"parent": chain[k - 1]}))
                 else:
-                    self.pending.append(Op("store_blocks", (target, chain), {"now": self.now}))
+                    events.append(((target, chain), {}))
+                if late:
+                    self.late_events.extend(events)
+                else:
+                    self.pending.extend(Op("store_blocks", a, {**kw, "now": self.now}) for a, kw in events)
             if rnd.random() < 0.3 and (self.global_on or rnd.random() < 0.2):
                 self.pending.append(Op("store_blocks", (None, chain), {"tier": "global", "now": self.now}))
 
@@ -614,6 +621,9 @@ class StreamGen:
         if self.pending:
             return self.pending.pop(0)
         rnd = self.rnd
+        if self.late_events and rnd.random() < 0.2:  # a late KV event arrives
+            args, kw = self.late_events.pop(0)
+            return Op("store_blocks", args, {**kw, "now": self._advance()})
         live = self._live(ref)
         kinds = ["route", "lifecycle", "update_load", "store", "remove", "clear", "add", "remove_instance", "query"]
         weights = [38, 27, 6, 6, 3, 1, 2, 2, 8]
@@ -688,6 +698,7 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
             "smetric_migration_margin": rnd.choice([0.0, 0.25, 1.0]),
             "smetric_kv_fit": rnd.choice([True, False]),
             "smetric_growth_headroom_tokens": rnd.choice([0.0, 16.0, 64.0]),
+            "exact_pending_ttl_s": rnd.choice([2.0, 0.0, 0.05, 0.3, 0.0305]),
         }
     elif rnd.random() < 0.5:  # the paper's form, the `smetric_paper` preset
         config |= PAPER_FIELDS

@@ -22,6 +22,7 @@ class ReferenceConfig:
     local_capacity_blocks: int = 17_920
     global_capacity_blocks: int = 1_048_576  # 0 disables the global tier
     local_ttl_s: float | None = None
+    exact_pending_ttl_s: float = 2.0  # §2.7; 0 turns sent blocks off
     engine_load_staleness_s: float = 1.0
     first_turn_min_branches: int = 1
     cache_first_mode: str = "weighted"

@@ -1,7 +1,7 @@
-"""Two-tier KV$ index: entries with children counters, per-holder LRU sets, TTL.
+"""Two-tier KV$ index: entries with children counters, per-holder LRU sets, TTL, sent blocks.
 
 Mirrors docs/routing-semantics.md §2 (2.1 state, 2.2 touch, 2.3 removal, 2.4 query matching,
-2.5 TTL). Holders are keyed by instance slot (0, 1, ...) or `GLOBAL` for the global tier.
+2.5 TTL, 2.7 sent-not-confirmed blocks of exact mode). Holders are keyed by instance slot (0, 1, ...) or `GLOBAL` for the global tier.
 Each holder is an `OrderedDict` from block hash to touch time in ms, least recently used first,
 so eviction is `popitem(last=False)` and a touch is `move_to_end`.
 """
@@ -37,18 +37,64 @@ class Holder:
 class KvIndex:
     """The index of §2: one entry table shared by all holders."""
 
-    def __init__(self) -> None:
+    def __init__(self, pending_ttl_ms: int = 0, pending_capacity: int = 0) -> None:
         self.entries: dict[int, Entry] = {}
         self.holders: dict[int, Holder] = {}
+        # §2.7: per instance slot, the blocks sent and not yet confirmed, in send order:
+        # hash -> (deadline ms, a sent chain continued past it). TTL 0: none are ever recorded.
+        self.pending_ttl_ms = pending_ttl_ms
+        self.pending_capacity = pending_capacity
+        self.pending: dict[int, OrderedDict[int, tuple[int, bool]]] = {}
 
     # -- holders -------------------------------------------------------------------------------
     def add_holder(self, key: int, capacity: int, ttl_ms: int | None) -> None:
         self.holders[key] = Holder(capacity=capacity, ttl_ms=ttl_ms)
+        self.pending.pop(key, None)
 
     def drop_holder(self, key: int) -> None:
         """Forget a removed instance: each of its blocks goes through §2.3 first (§7)."""
         self.clear(key)
         del self.holders[key]
+
+    # -- §2.7 sent, not yet confirmed ----------------------------------------------------------
+    def send(self, key: int, chain: list[int], now_ms: int) -> None:
+        """Exact mode's record of a decision: the chain's blocks `key` does not hold are sent."""
+        if self.pending_ttl_ms <= 0:
+            return
+        sent = self.pending.setdefault(key, OrderedDict())
+        while sent and next(iter(sent.values()))[0] <= now_ms:  # expiry, oldest send first
+            sent.popitem(last=False)
+        held = self.holders[key].blocks
+        for i, block in enumerate(chain):
+            if block in held:
+                continue
+            _, had_child = sent.pop(block, (0, False))
+            sent[block] = (now_ms + self.pending_ttl_ms, had_child or i < len(chain) - 1)
+        while len(sent) > self.pending_capacity:  # the memory bound, oldest send first
+            sent.popitem(last=False)
+
+    def end_pending(self, key: int, blocks: list[int]) -> None:
+        """An event stored (confirmed) or removed (evicted) these blocks of instance `key`."""
+        sent = self.pending.get(key)
+        if sent:
+            for block in blocks:
+                sent.pop(block, None)
+
+    def sent_counts(self, key: int, block: int, now_ms: int) -> bool:
+        mark = self.pending.get(key, {}).get(block)
+        return mark is not None and now_ms < mark[0]
+
+    def sent_has_child(self, key: int, block: int, now_ms: int) -> bool:
+        mark = self.pending.get(key, {}).get(block)
+        return mark is not None and now_ms < mark[0] and mark[1]
+
+    def matched_with_sent(self, key: int, chain: list[int], now_ms: int) -> int:
+        """Largest k with every chain[i < k] held by `key` or sent to it (§2.7)."""
+        blocks = self.holders[key].blocks
+        k = 0
+        while k < len(chain) and (chain[k] in blocks or self.sent_counts(key, chain[k], now_ms)):
+            k += 1
+        return k
 
     # -- §2.3 removal --------------------------------------------------------------------------
     def remove(self, key: int, block: int) -> None:
@@ -66,6 +112,7 @@ class KvIndex:
     def clear(self, key: int) -> None:
         for block in list(self.holders[key].blocks):
             self.remove(key, block)
+        self.pending.pop(key, None)
 
     def _evict_lru(self, key: int) -> None:
         lru_block = next(iter(self.holders[key].blocks))
@@ -92,6 +139,7 @@ class KvIndex:
         holder = self.holders[key]
         # 1. TTL purge of this holder only.
         self.purge(key, now_ms)
+        self.end_pending(key, run)  # §2.7: stored, so confirmed (the global tier has none)
         # 2. Creation pass, head to tail: a new entry counts as one more child of its parent.
         for i, block in enumerate(run):
             if block in self.entries:
@@ -119,4 +167,5 @@ class KvIndex:
         return k
 
     def children(self, block: int) -> int:
-        return self.entries[block].children
+        entry = self.entries.get(block)  # a block only sent (§2.7) has no entry
+        return 0 if entry is None else entry.children

@@ -126,7 +126,8 @@ class ReferenceRouter:
         self._staleness_ms = _ms(cfg.engine_load_staleness_s)
         self._global_enabled = cfg.global_capacity_blocks > 0
 
-        self._index = KvIndex()
+        pending_ttl_ms = _ms(cfg.exact_pending_ttl_s) if cfg.index_mode == "exact" else 0  # §2.7
+        self._index = KvIndex(pending_ttl_ms, cfg.local_capacity_blocks)
         self._index.add_holder(GLOBAL, cfg.global_capacity_blocks, None)  # the global tier has no TTL
         self._slots: list[_Slot | None] = []
         self._generations: list[int] = []  # per slot, survives the slot being freed (§7)
@@ -189,10 +190,15 @@ class ReferenceRouter:
         live = self._live_slots()
         for slot in live:  # 1. TTL purge of every instance, slot order (the global tier has no TTL)
             self._index.purge(slot, now_ms)
-        local = {slot: self._index.matched_blocks(slot, chain) for slot in live}  # 2.
+        # 2., with §2.7: a block sent to an instance and not yet confirmed counts there.
+        local = {slot: self._index.matched_with_sent(slot, chain, now_ms) for slot in live}
         global_blocks = self._index.matched_blocks(GLOBAL, chain)
         deepest = max([*local.values(), global_blocks])  # 3.
-        branches = self._index.children(chain[deepest - 1]) if deepest > 0 else 0
+        branches = 0
+        if deepest > 0:
+            last = chain[deepest - 1]
+            sent_child = any(self._index.sent_has_child(slot, last, now_ms) for slot in live)
+            branches = max(self._index.children(last), int(sent_child))
         return _Hits(local, global_blocks, deepest, branches)
 
     def query(
@@ -279,6 +285,8 @@ class ReferenceRouter:
             self._index.touch(chosen_slot, chain, now_ms)
             if self._global_enabled:
                 self._index.touch(GLOBAL, chain, now_ms)
+        else:  # §2.7: sent, not yet confirmed by the engine's events
+            self._index.send(chosen_slot, chain, now_ms)
 
         return Decision(
             instance=chosen.name,
@@ -432,6 +440,8 @@ class ReferenceRouter:
         blocks = [check_u64(int(h), "block hash") for h in hashes]
         key = self._holder(instance, tier)
         if key is not None:
+            if key != GLOBAL:
+                self._index.end_pending(key, blocks)  # §2.7: evicted by the engine
             for block in blocks:
                 self._index.remove(key, block)
 

@@ -1,0 +1,91 @@
+"""The index lag, through the public ``Router`` (docs/routing-semantics.md §2.7).
+
+vLLM publishes KV events after the fact, so in ``exact`` mode a follow-up is often routed before
+its predecessor's blocks are in the index. The blocks the router sent count on their instance
+until the events confirm or evict them, or ``exact_pending_ttl_s`` passes: the follow-up stays
+home with its predecessor's whole prompt as its predicted hit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from smetric import Router, RouterConfig
+
+BLOCK = 16
+STAY = "follow-up: sticky"
+EVICTED = "follow-up: migrate (local KV$ evicted)"
+
+
+def _tokens(start: int, count: int) -> list[int]:
+    return list(range(start, start + count))
+
+
+def _router(**config: object) -> Router:
+    return Router(["a", "b", "c"], policy="smetric", block_size=BLOCK, config=RouterConfig(index_mode="exact", **config))  # type: ignore[arg-type]
+
+
+# Turn 1: a 40-block prompt. Its answer plus the next user message: 8 more blocks.
+PROMPT = _tokens(1_000, 40 * BLOCK)
+FOLLOW_UP = PROMPT + _tokens(90_000, 8 * BLOCK)
+
+
+def _first_turn(router: Router, now: float) -> str:
+    first = router.route(PROMPT, turn=1, now=now)
+    assert first.first_turn
+    return first.instance
+
+
+@pytest.mark.parametrize("turn", [2, None], ids=["turn-hint", "turn-from-index"])
+def test_follow_up_routed_before_its_predecessors_events_stays_home_with_the_full_hit(turn: int | None) -> None:
+    router = _router()
+    home = _first_turn(router, now=10.0)
+    # 1 ms later, before any KV event: the predecessor's whole prompt is predicted at home.
+    follow_up = router.route(FOLLOW_UP, turn=turn, now=10.001)
+    assert follow_up.instance == home
+    assert not follow_up.first_turn
+    assert follow_up.local_hit_tokens == len(PROMPT)
+    assert follow_up.reason == STAY
+    # The same decision as with the events already in: the lag changes nothing.
+    confirmed = _router()
+    home_c = _first_turn(confirmed, now=10.0)
+    confirmed.store_blocks(home_c, confirmed.hash_tokens(PROMPT), now=10.0005)
+    same = confirmed.route(FOLLOW_UP, turn=turn, now=10.001)
+    assert (same.local_hit_tokens, same.reason, same.first_turn) == (
+        follow_up.local_hit_tokens,
+        follow_up.reason,
+        follow_up.first_turn,
+    )
+
+
+def test_without_sent_blocks_the_same_follow_up_is_taken_for_evicted() -> None:
+    # What the lag did before §2.7 (and does with the bound set to 0): a 0 hit at home.
+    router = _router(exact_pending_ttl_s=0.0)
+    _first_turn(router, now=10.0)
+    follow_up = router.route(FOLLOW_UP, turn=2, now=10.001)
+    assert follow_up.local_hit_tokens == 0
+    assert follow_up.reason == EVICTED
+
+
+def test_events_confirm_evict_and_the_bound_expires_sent_blocks() -> None:
+    router = _router()
+    home = _first_turn(router, now=10.0)
+    chain = router.hash_tokens(PROMPT)
+    # Confirmed by the engine's events: counted once, the same hit.
+    router.store_blocks(home, chain, now=10.01)
+    assert dict(router.query(FOLLOW_UP, now=10.02).local)[home] == len(PROMPT)
+    # Evicted by the engine (tail first): the hit shrinks at once, the sent record with it.
+    router.remove_blocks(home, chain[30:])
+    assert dict(router.query(FOLLOW_UP, now=10.03).local)[home] == 30 * BLOCK
+    # Never confirmed: counts until exact_pending_ttl_s after the route, not after it.
+    other = _router(exact_pending_ttl_s=0.5)
+    home_o = _first_turn(other, now=10.0)
+    assert dict(other.query(FOLLOW_UP, now=10.499).local)[home_o] == len(PROMPT)
+    assert dict(other.query(FOLLOW_UP, now=10.5).local)[home_o] == 0
+
+
+def test_the_bound_is_documented_once() -> None:
+    assert RouterConfig().exact_pending_ttl_s == 2.0
+    assert RouterConfig().to_dict()["exact_pending_ttl_s"] == 2.0
+    with pytest.raises(Exception, match="exact_pending_ttl_s"):
+        RouterConfig(exact_pending_ttl_s=-1.0)
