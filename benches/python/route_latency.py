@@ -1,6 +1,6 @@
 """Per-call latency of ``Router.route()`` from Python, against the plain-Python reference.
 
-Usage: ``python benches/python/route_latency.py [--calls N] [--quick] [--smetric-forms]``. Prints p50/p99 per
+Usage: ``python benches/python/route_latency.py [--calls N] [--quick] [--smetric-forms] [--exact-lag]``. Prints p50/p99 per
 (policy, input kind, prompt size), the 32K prompt in every input form (numpy int32/int64,
 ``array.array``, ``memoryview``, list) beside CPython's own list conversions (the floor of the
 list path), single-thread and two-thread throughput, and the speed-up over
@@ -122,6 +122,42 @@ def bench_smetric_forms(size_label: str, calls: int, rounds: int = 5) -> tuple[f
     return statistics.median(p50s[0]), statistics.median(p50s[1])
 
 
+def bench_exact_lag(size_label: str, calls: int) -> list[tuple[str, float, float]]:
+    """``smetric`` in exact mode (docs/routing-semantics.md §2.7): a warm follow-up whose
+    history the engines' events confirmed (only its new tail is recorded as sent), against the
+    worst case, a prompt none of whose blocks an event has confirmed yet (every block counted
+    from the sent set and recorded again on every call), and ``exact_pending_ttl_s=0``."""
+    size = SIZES[size_label]
+    rows = []
+    cases = (
+        ("exact, history confirmed", 2.0, True),
+        ("exact, nothing confirmed", 2.0, False),
+        ("exact, sent blocks off", 0.0, True),
+    )
+    for label, ttl, confirmed in cases:
+        router = Router(INSTANCES, policy="smetric", config=RouterConfig(index_mode="exact", exact_pending_ttl_s=ttl))
+        rng = np.random.default_rng(1)
+        system = rng.integers(0, 151_936, min(4_096, size // 2), dtype=np.int32)
+        prompts = [session_prompt(rng, system, size) for _ in range(256)]
+        clock = [0.0]
+        for p in prompts:
+            d = router.route(p, now=clock[0])
+            if confirmed:
+                router.store_blocks(d.instance, router.hash_tokens(p), now=clock[0])
+            router.on_finished(d.request_id)
+        # The measured follow-up: session 7's prompt and a new turn of an eighth of it (its last
+        # blocks are never confirmed, so each call records them as sent again).
+        follow_up = np.concatenate([prompts[7], rng.integers(0, 151_936, size // 8, dtype=np.int32)])
+
+        def one(router: Any = router, follow_up: Any = follow_up) -> None:
+            clock[0] += 1e-4  # 0.1 ms a call: the sent blocks stay within their bound
+            router.on_finished(router.route(follow_up, now=clock[0]).request_id)
+
+        one()
+        rows.append((label, *percentiles(timed_calls(one, calls))))
+    return rows
+
+
 def bench_reference(policy: str, size_label: str, calls: int) -> tuple[float, float]:
     rng = np.random.default_rng(1)
     router = ReferenceRouter(INSTANCES, policy=policy)
@@ -162,7 +198,18 @@ def main() -> None:
     parser.add_argument(
         "--smetric-forms", action="store_true", help="only smetric's defaults against its paper form, 1K and 32K"
     )
+    parser.add_argument(
+        "--exact-lag",
+        action="store_true",
+        help="only smetric in exact mode: confirmed history vs blocks only sent (docs §2.7), 1K and 32K",
+    )
     args = parser.parse_args()
+    if args.exact_lag:
+        print("smetric route() in exact mode, numpy int32, a follow-up 1/8 longer, 32 instances, warm (µs)")
+        for size in ("1K", "32K"):
+            for label, p50, p99 in bench_exact_lag(size, args.calls):
+                print(f"{size:>5} {label:<28} p50 {p50:>7.2f}  p99 {p99:>7.2f}")
+        return
     if args.smetric_forms:
         print("smetric route() p50, numpy int32, 32 instances, warm (µs): defaults vs the paper's form")
         for size in ("1K", "32K"):

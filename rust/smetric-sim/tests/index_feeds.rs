@@ -109,14 +109,20 @@ fn what_the_router_knew_at_routing_time_orders_the_feeds() {
     let run_feed = |feed, delay| run_with(&tight(feed, delay), &w, PolicyKind::Smetric).0;
     let approximate = run_feed(IndexFeed::Approximate, 0.0);
     let events = run_feed(IndexFeed::Events, 0.01);
-    let late = run_feed(IndexFeed::Events, 30.0);
+    // 30 s late and without the blocks it sent (docs/routing-semantics.md §2.7): the router
+    // knows nothing a session did when its next turn comes.
+    let mut blind = tight(IndexFeed::Events, 30.0);
+    blind.router.exact_pending_ttl_s = 0.0;
+    let late = run_with(&blind, &w, PolicyKind::Smetric).0;
+    // The same lag with the sent blocks counted (the default).
+    let late_sent = run_feed(IndexFeed::Events, 30.0);
     let oracle = run_feed(IndexFeed::Oracle, 0.0);
-    for r in [&approximate, &events, &late, &oracle] {
+    for r in [&approximate, &events, &late, &late_sent, &oracle] {
         assert_eq!(r.completed, w.len() as u64, "{}", r.index_feed);
     }
     let over = |r: &SimReport| r.local_hit_overpredicted_share;
     let err = |r: &SimReport| r.local_hit_prediction_error;
-    for r in [&approximate, &events, &late, &oracle] {
+    for r in [&approximate, &events, &late, &late_sent, &oracle] {
         eprintln!(
             "{} {}: over {:.3} err {:.3} hit {:.3} tps {:.0} reasons {:?}",
             r.index_feed,
@@ -141,6 +147,28 @@ fn what_the_router_knew_at_routing_time_orders_the_feeds() {
         late.reasons
             .iter()
             .any(|(reason, n)| *n > 0 && reason.contains("evicted"))
+    );
+    // Counting what it sent, the late router keeps follow-ups whose predecessor it routed
+    // within the bound: fewer taken for evicted, expected hits as close as the oracle's.
+    let evicted = |r: &SimReport| {
+        r.reasons
+            .iter()
+            .filter(|(reason, _)| reason.contains("evicted"))
+            .map(|&(_, n)| n)
+            .sum::<u64>()
+    };
+    assert!(
+        evicted(&late_sent) < evicted(&late),
+        "{:?} vs {:?}",
+        late_sent.reasons,
+        late.reasons
+    );
+    assert!(err(&late_sent) < err(&late), "{} vs {}", err(&late_sent), err(&late));
+    assert!(
+        err(&late_sent) <= err(&oracle) + 0.01,
+        "{} vs {}",
+        err(&late_sent),
+        err(&oracle)
     );
     assert_eq!(approximate.index_feed, "approximate");
     assert!(approximate.feed_counters.is_empty());

@@ -23,10 +23,17 @@
 //! instance to hold a block keeps its LRU sequence number inline in the entry (most blocks
 //! are one session's history, held by one instance); further holders use a per-instance map.
 //!
+//! In exact (event-fed) mode the index also keeps, per instance, the blocks the router sent
+//! there and no event has confirmed yet ([`pending`], docs §2.7): a query counts them with the
+//! instance's held blocks, a store or removal addressed to the instance ends them, and they
+//! expire `exact_pending_ttl_s` after the route that sent them — so a follow-up that beats its
+//! predecessor's KV events still finds its prefix at home.
+//!
 //! Invariants: an entry exists iff at least one holder holds it; every held (entry, holder)
 //! pair is current in exactly one run of the holder's LRU order; a holder never holds more
-//! than its capacity after a call returns. Memory is therefore bounded by `Σ capacities`
-//! entries.
+//! than its capacity after a call returns; an instance never has more sent blocks than its
+//! capacity. Memory is therefore bounded by `Σ capacities` entries plus `instances · local
+//! capacity` sent blocks.
 //!
 //! Complexity: `query` O(chain blocks with an entry · ⌈instances/64⌉); `touch` O(run) amortised; removal O(1) per block; `clear`/`remove_slot`
 //! O(blocks held).
@@ -179,6 +186,10 @@ pub struct KvIndex {
     walk_fresh: bool,
     /// Blocks sent to an instance and not yet confirmed by its events (exact mode, §2.7).
     pending: PendingBlocks,
+    /// Per slot, the prefix of the last queried chain each instance holds (kept while sent
+    /// blocks are on), and whether no holder changed since.
+    confirmed: Vec<u32>,
+    confirmed_fresh: bool,
 }
 
 impl KvIndex {
@@ -200,6 +211,8 @@ impl KvIndex {
             resolved: Vec::new(),
             walk_fresh: false,
             pending: PendingBlocks::default(),
+            confirmed: Vec::new(),
+            confirmed_fresh: false,
         }
     }
 
@@ -229,6 +242,7 @@ impl KvIndex {
             ..InstanceHolder::default()
         };
         self.pending.clear(slot);
+        self.confirmed_fresh = false;
         self.live_mask[s / 64] |= 1 << (s % 64);
     }
 
@@ -647,6 +661,7 @@ impl KvIndex {
             }
             Holder::Global => {}
         }
+        self.confirmed_fresh = false;
         self.resolve(run, parent, 0);
         self.apply(holder, now_ms);
         std::mem::swap(&mut self.walked, &mut self.resolved);
@@ -681,6 +696,7 @@ impl KvIndex {
             return;
         }
         self.purge_expired(slot, now_ms);
+        self.confirmed_fresh = false;
         let trusted = if self.walk_fresh { trusted } else { 0 };
         self.resolve(chain, None, trusted);
         self.apply(Holder::Instance(slot), now_ms);
@@ -690,6 +706,7 @@ impl KvIndex {
 
     /// Removes the listed blocks from `holder` (blocks it does not hold are ignored).
     pub fn remove(&mut self, holder: Holder, hashes: &[BlockHash]) {
+        self.confirmed_fresh = false;
         if let Holder::Instance(s) = holder {
             if !self.is_live(s) {
                 return;
@@ -712,6 +729,7 @@ impl KvIndex {
 
     /// Drops every block `holder` holds (each is current in exactly one queued run).
     fn clear_holder(&mut self, holder: Holder) {
+        self.confirmed_fresh = false;
         let lru = std::mem::take(self.lru_mut(holder));
         for (seq, e) in lru.all() {
             if self.seq_of(holder, e) == Some(seq) {

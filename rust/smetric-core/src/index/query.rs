@@ -19,6 +19,12 @@ impl KvIndex {
     pub fn query(&mut self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery) {
         self.purge_all_expired(now_ms);
         self.walk(chain, out);
+        if self.pending.enabled() {
+            // Kept for `send_queried`, which skips the prefix the instance holds.
+            self.confirmed.clear();
+            self.confirmed.extend_from_slice(&out.local_blocks);
+            self.confirmed_fresh = true;
+        }
         if !self.pending.is_empty() {
             self.count_pending(chain, now_ms, out);
         }
@@ -86,8 +92,16 @@ impl KvIndex {
         if !self.pending.enabled() || !self.is_live(slot) {
             return;
         }
+        // The confirmed prefix the query found holds by definition: start after it.
+        let start = if self.confirmed_fresh {
+            self.confirmed
+                .get(slot as usize)
+                .map_or(0, |&k| (k as usize).min(chain.len()))
+        } else {
+            0
+        };
         let mut pending = std::mem::take(&mut self.pending);
-        pending.send(slot, chain, now_ms, |i| self.held_at(slot, chain, i));
+        pending.send(slot, &chain[start..], now_ms, |i| self.held_at(slot, chain, start + i));
         self.pending = pending;
     }
 

@@ -359,8 +359,8 @@ fn sent_blocks_are_off_unless_enabled() {
     assert_eq!(ix.stats().pending_blocks[0], 0);
 }
 
-/// A naive model of §2.7 beside [`Model`]: per instance, the sent blocks in send order with
-/// their deadline and child flag.
+/// A naive model of §2.7 beside [`Model`]: per instance, the sent blocks in first-send order
+/// with their deadline and child flag.
 #[derive(Default)]
 struct PendingModel {
     sent: std::collections::HashMap<u32, Vec<(u64, u64, bool)>>,
@@ -376,8 +376,14 @@ impl PendingModel {
             if held.hit(Some(slot), &[h]) == 1 {
                 continue;
             }
-            let old = list.iter().position(|x| x.0 == h).map(|p| list.remove(p));
-            list.push((h, now + ttl, old.is_some_and(|x| x.2) || i + 1 < run.len()));
+            // Sent again: renewed in place (the send order is the first send's).
+            match list.iter().position(|x| x.0 == h) {
+                Some(p) => {
+                    list[p].1 = now + ttl;
+                    list[p].2 |= i + 1 < run.len();
+                }
+                None => list.push((h, now + ttl, i + 1 < run.len())),
+            }
         }
         while list.len() > cap {
             list.remove(0);
