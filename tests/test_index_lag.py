@@ -22,7 +22,9 @@ def _tokens(start: int, count: int) -> list[int]:
 
 
 def _router(**config: object) -> Router:
-    return Router(["a", "b", "c"], policy="smetric", block_size=BLOCK, config=RouterConfig(index_mode="exact", **config))  # type: ignore[arg-type]
+    return Router(
+        ["a", "b", "c"], policy="smetric", block_size=BLOCK, config=RouterConfig(index_mode="exact", **config)
+    )  # type: ignore[arg-type]
 
 
 # Turn 1: a 40-block prompt. Its answer plus the next user message: 8 more blocks.

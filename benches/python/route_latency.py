@@ -1,10 +1,11 @@
 """Per-call latency of ``Router.route()`` from Python, against the plain-Python reference.
 
-Usage: ``python benches/python/route_latency.py [--calls N] [--quick] [--smetric-forms] [--exact-lag]``. Prints p50/p99 per
-(policy, input kind, prompt size), the 32K prompt in every input form (numpy int32/int64,
-``array.array``, ``memoryview``, list) beside CPython's own list conversions (the floor of the
-list path), single-thread and two-thread throughput, and the speed-up over
-``smetric.reference.ReferenceRouter`` on the same calls. Figures go to BENCHMARKS.md.
+Usage: ``python benches/python/route_latency.py [--calls N] [--quick] [--smetric-forms]
+[--exact-lag]``. Prints p50/p99 per (policy, input kind, prompt size), the 32K prompt in every
+input form (numpy int32/int64, ``array.array``, ``memoryview``, list) beside CPython's own list
+conversions (the floor of the list path), single-thread and two-thread throughput, and the
+speed-up over ``smetric.reference.ReferenceRouter`` on the same calls. Figures go to
+BENCHMARKS.md.
 
 The index is warm: 256 agent sessions (shared 4K system prompt, private histories) are routed
 first, then the measured prompt is a follow-up of one of them (a near-full local hit).
@@ -149,7 +150,7 @@ def bench_exact_lag(size_label: str, calls: int) -> list[tuple[str, float, float
         # blocks are never confirmed, so each call records them as sent again).
         follow_up = np.concatenate([prompts[7], rng.integers(0, 151_936, size // 8, dtype=np.int32)])
 
-        def one(router: Any = router, follow_up: Any = follow_up) -> None:
+        def one(router: Any = router, follow_up: Any = follow_up, clock: list[float] = clock) -> None:
             clock[0] += 1e-4  # 0.1 ms a call: the sent blocks stay within their bound
             router.on_finished(router.route(follow_up, now=clock[0]).request_id)
 

@@ -1,9 +1,10 @@
 """Two-tier KV$ index: entries with children counters, per-holder LRU sets, TTL, sent blocks.
 
 Mirrors docs/routing-semantics.md §2 (2.1 state, 2.2 touch, 2.3 removal, 2.4 query matching,
-2.5 TTL, 2.7 sent-not-confirmed blocks of exact mode). Holders are keyed by instance slot (0, 1, ...) or `GLOBAL` for the global tier.
-Each holder is an `OrderedDict` from block hash to touch time in ms, least recently used first,
-so eviction is `popitem(last=False)` and a touch is `move_to_end`.
+2.5 TTL, 2.7 sent-not-confirmed blocks of exact mode). Holders are keyed by instance slot (0, 1,
+...) or `GLOBAL` for the global tier. Each holder is an `OrderedDict` from block hash to touch
+time in ms, least recently used first, so eviction is `popitem(last=False)` and a touch is
+`move_to_end`.
 """
 
 from __future__ import annotations
@@ -81,12 +82,16 @@ class KvIndex:
             for block in blocks:
                 sent.pop(block, None)
 
+    def _sent_mark(self, key: int, block: int) -> tuple[int, bool] | None:
+        sent = self.pending.get(key)
+        return None if sent is None else sent.get(block)
+
     def sent_counts(self, key: int, block: int, now_ms: int) -> bool:
-        mark = self.pending.get(key, {}).get(block)
+        mark = self._sent_mark(key, block)
         return mark is not None and now_ms < mark[0]
 
     def sent_has_child(self, key: int, block: int, now_ms: int) -> bool:
-        mark = self.pending.get(key, {}).get(block)
+        mark = self._sent_mark(key, block)
         return mark is not None and now_ms < mark[0] and mark[1]
 
     def matched_with_sent(self, key: int, chain: list[int], now_ms: int) -> int:
