@@ -237,11 +237,25 @@ def test_removal_deletes_entries_and_loses_children() -> None:
 
 
 def test_exact_mode_route_does_not_touch() -> None:
-    r = router(("a",), index_mode="exact")
+    # Without sent blocks (§2.7 off) a decision changes nothing in the index.
+    r = router(("a",), index_mode="exact", exact_pending_ttl_s=0.0)
     r.route(list(range(16)), now=0.0)
     hits = r.query(list(range(16)), now=0.0)
     assert hits.local == {"a": 0}
     assert hits.global_hit_tokens == 0
+
+
+def test_exact_mode_route_sends_blocks_until_the_bound() -> None:
+    # §2.7: the blocks sent count on the chosen instance (never in the global tier) until an
+    # event confirms or evicts them or exact_pending_ttl_s passes; the index proper is untouched.
+    r = router(("a",), index_mode="exact", exact_pending_ttl_s=0.5)
+    r.route(list(range(16)), now=0.0)
+    hits = r.query(list(range(16)), now=0.499)
+    assert hits.local == {"a": 15} and hits.global_hit_tokens == 0
+    assert r.query(list(range(16)), now=0.5).local == {"a": 0}
+    r.route(list(range(16)), now=1.0)
+    r.remove_blocks("a", r.hash_tokens(list(range(16)))[2:3])  # evicted by the engine
+    assert r.query(list(range(16)), now=1.1).local == {"a": 8}
 
 
 def test_global_tier_and_disabled_global_tier() -> None:
