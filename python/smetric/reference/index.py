@@ -41,7 +41,7 @@ class KvIndex:
     def __init__(self, pending_ttl_ms: int = 0, pending_capacity: int = 0) -> None:
         self.entries: dict[int, Entry] = {}
         self.holders: dict[int, Holder] = {}
-        # §2.7: per instance slot, the blocks sent and not yet confirmed, in first-send order:
+        # §2.7: per instance slot, the blocks sent and not yet confirmed, least recently sent first:
         # hash -> (deadline ms, a sent chain continued past it). TTL 0: none are ever recorded.
         self.pending_ttl_ms = pending_ttl_ms
         self.pending_capacity = pending_capacity
@@ -63,16 +63,16 @@ class KvIndex:
         if self.pending_ttl_ms <= 0:
             return
         sent = self.pending.setdefault(key, OrderedDict())
-        while sent and next(iter(sent.values()))[0] <= now_ms:  # expiry, first sent first
+        while sent and next(iter(sent.values()))[0] <= now_ms:  # expiry, least recently sent first
             sent.popitem(last=False)
         held = self.holders[key].blocks
-        for i, block in enumerate(chain):
+        for i in range(len(chain) - 1, -1, -1):  # tail to head: the head ends up most recent
+            block = chain[i]
             if block in held:
                 continue
-            # A new block goes to the newest end; one sent before keeps its place (dict order).
-            had_child = block in sent and sent[block][1]
+            _, had_child = sent.pop(block, (0, False))
             sent[block] = (now_ms + self.pending_ttl_ms, had_child or i < len(chain) - 1)
-        while len(sent) > self.pending_capacity:  # the memory bound, first sent first
+        while len(sent) > self.pending_capacity:  # the memory bound, least recently sent first
             sent.popitem(last=False)
 
     def end_pending(self, key: int, blocks: list[int]) -> None:

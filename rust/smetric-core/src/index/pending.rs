@@ -21,10 +21,12 @@
 //! at once (not only its TTL), and the bound is per instance.
 //!
 //! Algorithm: per instance, a map block hash → ([`Mark`]: send stamp, deadline, whether a sent
-//! chain continued past it) and a FIFO of (stamp, hash) in first-send order; a re-sent block
-//! only renews its deadline (it keeps its place). A confirmed or evicted block leaves a stale
-//! FIFO item (its stamp is no longer in the map). Expiry and the memory bound pop from the
-//! front, skipping stale items; the FIFO is compacted when stale items outnumber live ones.
+//! chain continued past it) and a FIFO of (stamp, hash) in send order, a chain sent tail to
+//! head; a re-sent block gets a fresh stamp at the back and its old FIFO item goes stale (the
+//! stamps differ), as does a confirmed or evicted block's. Expiry and the memory bound pop from
+//! the front, skipping stale items; the FIFO is compacted when stale items outnumber live ones,
+//! so its cost stays amortised O(1) per sent block. Least recently sent first, the head of a
+//! chain last: a shared prefix re-sent by every turn is the last thing the bound drops.
 //!
 //! Invariants: a sent block counts on its instance iff it is in the map and `now < deadline`
 //! (a purge is only memory hygiene: lookups check the deadline themselves); every map key has
@@ -78,8 +80,9 @@ impl SlotPending {
         false
     }
 
-    /// Drops, first sent first, the sent blocks whose deadline has passed, up to the first that
-    /// has not (later ones may have passed too; lookups check deadlines, this only frees memory).
+    /// Drops, least recently sent first, the sent blocks whose deadline has passed, up to the
+    /// first that has not (send order is deadline order while the clock does not go back;
+    /// lookups check deadlines themselves, this only frees memory).
     fn purge(&mut self, now_ms: u64) {
         while let Some(&(stamp, hash)) = self.fifo.front() {
             match self.marks.get(&hash) {
@@ -142,9 +145,9 @@ impl PendingBlocks {
 
     /// Records that `chain` (the tail of a chain: its last block ends the sent prompt) was sent
     /// to `slot` at `now_ms`: every block for which `held(i)` is false (the instance does not
-    /// hold `chain[i]` yet) counts on `slot` until `now_ms + ttl` (a block sent before keeps its
-    /// place in the send order, its deadline renewed). Then the first-sent blocks go while the
-    /// slot has more than `capacity`.
+    /// hold `chain[i]` yet) counts on `slot` until `now_ms + ttl` and becomes the most recently
+    /// sent, the chain's head last. Then the least recently sent blocks go while the slot has
+    /// more than `capacity`.
     pub(crate) fn send(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64, mut held: impl FnMut(usize) -> bool) {
         if !self.enabled() {
             return;
@@ -158,30 +161,34 @@ impl PendingBlocks {
         p.purge(now_ms);
         let deadline_ms = now_ms.saturating_add(self.ttl_ms);
         let last = chain.len().saturating_sub(1);
-        for (i, h) in chain.iter().enumerate() {
+        // Tail to head, as the index touches a chain (docs §2.2): the head ends up the most
+        // recently sent, so the memory bound drops a chain's tail before its head.
+        for (i, h) in chain.iter().enumerate().rev() {
             if held(i) {
                 continue;
             }
+            let stamp = p.next_stamp;
+            p.next_stamp += 1;
             let has_child = i < last;
             match p.marks.entry(h.0) {
-                // Sent again: a later deadline, the same place in the send order (so that
-                // re-sending a long unconfirmed prompt leaves no stale FIFO items behind).
+                // Sent again: the old FIFO item goes stale (its stamp is no longer the mark's).
                 std::collections::hash_map::Entry::Occupied(mut m) => {
                     let m = m.get_mut();
-                    m.deadline_ms = deadline_ms;
-                    m.has_child |= has_child;
+                    *m = Mark {
+                        stamp,
+                        deadline_ms,
+                        has_child: m.has_child || has_child,
+                    };
                 }
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    let stamp = p.next_stamp;
-                    p.next_stamp += 1;
                     v.insert(Mark {
                         stamp,
                         deadline_ms,
                         has_child,
                     });
-                    p.fifo.push_back((stamp, h.0));
                 }
             }
+            p.fifo.push_back((stamp, h.0));
         }
         while p.marks.len() > self.capacity {
             if !p.pop_oldest() {

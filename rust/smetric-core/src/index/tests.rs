@@ -320,9 +320,9 @@ fn sent_blocks_are_bounded_per_instance_oldest_first() {
     send(&mut ix, 0, &chain(0..5), 0);
     send(&mut ix, 0, &chain(100..105), 1);
     assert_eq!(ix.stats().pending_blocks[0], 8);
-    // The oldest sends went first: the first chain lost its first two blocks (sent first)...
-    assert_eq!(hits(&mut ix, &chain(0..5), 2).local_blocks[0], 0);
-    assert!(!ix.pending.counts(0, BlockHash(1), 2));
+    // The least recently sent went first: the first chain lost its tail (sent before its head)...
+    assert_eq!(hits(&mut ix, &chain(0..5), 2).local_blocks[0], 3);
+    assert!(!ix.pending.counts(0, BlockHash(3), 2));
     assert!(ix.pending.counts(0, BlockHash(2), 2));
     // ...and the second chain is whole.
     assert_eq!(hits(&mut ix, &chain(100..105), 2).local_blocks[0], 5);
@@ -359,8 +359,8 @@ fn sent_blocks_are_off_unless_enabled() {
     assert_eq!(ix.stats().pending_blocks[0], 0);
 }
 
-/// A naive model of §2.7 beside [`Model`]: per instance, the sent blocks in first-send order
-/// with their deadline and child flag.
+/// A naive model of §2.7 beside [`Model`]: per instance, the sent blocks least recently sent
+/// first, with their deadline and child flag.
 #[derive(Default)]
 struct PendingModel {
     sent: std::collections::HashMap<u32, Vec<(u64, u64, bool)>>,
@@ -372,18 +372,12 @@ impl PendingModel {
         while list.first().is_some_and(|&(_, d, _)| d <= now) {
             list.remove(0);
         }
-        for (i, &h) in run.iter().enumerate() {
+        for (i, &h) in run.iter().enumerate().rev() {
             if held.hit(Some(slot), &[h]) == 1 {
                 continue;
             }
-            // Sent again: renewed in place (the send order is the first send's).
-            match list.iter().position(|x| x.0 == h) {
-                Some(p) => {
-                    list[p].1 = now + ttl;
-                    list[p].2 |= i + 1 < run.len();
-                }
-                None => list.push((h, now + ttl, i + 1 < run.len())),
-            }
+            let old = list.iter().position(|x| x.0 == h).map(|p| list.remove(p));
+            list.push((h, now + ttl, old.is_some_and(|x| x.2) || i + 1 < run.len()));
         }
         while list.len() > cap {
             list.remove(0);
