@@ -273,3 +273,66 @@ fn exclude_skips_named_instances_and_fails_when_none_is_left() {
     assert_eq!(err, SmetricError::NoInstances);
     assert_eq!(r.stats().routed, 2, "a failed call is not counted");
 }
+
+/// Docs §2.7 through the router: in exact mode, back-to-back turns that all beat their
+/// predecessors' KV events stay home with their predecessor's whole prompt as the hit, the
+/// turn inferred from the index; without sent blocks the second turn is taken for evicted.
+#[test]
+fn exact_mode_follow_ups_that_beat_the_events_stay_home() {
+    let exact = |ttl: f64| {
+        let config = RouterConfig {
+            index_mode: IndexMode::Exact,
+            exact_pending_ttl_s: ttl,
+            ..RouterConfig::default()
+        };
+        Router::new(&names(4), PolicyKind::Smetric, 4, 1, config).unwrap()
+    };
+    let route = |r: &Router, tokens: &[u32], now: f64| {
+        r.route(&RouteRequest {
+            now: Some(now),
+            ..RouteRequest::new(Prompt::Tokens(tokens))
+        })
+        .unwrap()
+    };
+    let r = exact(2.0);
+    let mut prompt: Vec<u32> = (0..40).collect();
+    let first = route(&r, &prompt, 0.0);
+    assert!(first.first_turn);
+    for turn in 1..6u32 {
+        let sent = prompt.len() as u64;
+        prompt.extend((0..12).map(|t| 1_000 * turn + t));
+        let d = route(&r, &prompt, 0.001 * f64::from(turn));
+        assert!(!d.first_turn, "turn {turn}: inferred from the sent blocks");
+        assert_eq!(d.instance, first.instance, "turn {turn}");
+        assert_eq!(d.local_hit_tokens, sent, "turn {turn}");
+        assert_eq!(d.reason, Reason::Sticky, "turn {turn}");
+    }
+    // The events arrive: confirmed blocks leave the sent set, the hit is the same.
+    let chain = r.hash_tokens(&prompt, None);
+    let home = first.instance_name.clone();
+    let ops = [IndexOp::Store {
+        tier: Tier::Local,
+        hashes: &chain,
+        parent: None,
+    }];
+    r.apply_blocks(Some(&home), &ops, Some(0.01)).unwrap();
+    assert_eq!(r.stats().index.pending_blocks.iter().sum::<usize>(), 0);
+    let hits = r.query(Prompt::Tokens(&prompt), None, Some(0.02)).unwrap();
+    assert!(
+        hits.local
+            .iter()
+            .any(|(n, t)| *n == home && *t == prompt.len() as u64 - 1)
+    );
+
+    // Sent blocks off: the same second turn finds nothing at home.
+    let blind = exact(0.0);
+    route(&blind, &prompt[..40], 0.0);
+    let d = blind
+        .route(&RouteRequest {
+            now: Some(0.001),
+            turn: TurnHint::Turn(2),
+            ..RouteRequest::new(Prompt::Tokens(&prompt[..52]))
+        })
+        .unwrap();
+    assert_eq!((d.local_hit_tokens, d.reason), (0, Reason::MigrateEvicted));
+}
