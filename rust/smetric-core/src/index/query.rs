@@ -33,7 +33,7 @@ impl KvIndex {
     /// Docs §2.7, query: each instance's hit is the longest prefix of `chain` whose blocks it
     /// holds *or* was sent (and no event has confirmed or evicted yet); `deepest` and
     /// `branches` follow (a sent chain that continued past the deepest block is a branch).
-    #[cold]
+    #[inline(never)]
     fn count_pending(&self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery) {
         let mut deepest = out.deepest_blocks;
         for s in 0..self.instances.len() as u32 {
@@ -63,11 +63,12 @@ impl KvIndex {
         out.branches = children.max(u32::from(sent_child));
     }
 
-    /// The entry of `chain[i]`: from the last walk when it reached that far, else looked up.
+    /// The entry of `chain[i]`, `chain` being the chain the last query walked: from that walk
+    /// when it reached that far and no entry was freed since, else looked up.
     fn entry_at(&self, chain: &[BlockHash], i: usize) -> Option<u32> {
         match self.walked.get(i) {
-            Some(&e) => Some(e),
-            None => self.entry_of(chain[i]),
+            Some(&e) if self.walk_fresh => Some(e),
+            _ => self.entry_of(chain[i]),
         }
     }
 
