@@ -14,8 +14,8 @@
 //! size bound. Dynamo needs two trees because an engine's event hashes are salted digests the
 //! router cannot recompute; smetric's ingestor maps every event back onto smetric's own chain
 //! hashes (through the published token ids), so one key space serves both and an event can
-//! *confirm* a sent block by hash. Taken: the fixed TTL, a lazily cleaned FIFO instead of a
-//! timer per block, a size bound. Changed: the hit is the longest prefix of the *union* of
+//! *confirm* a sent block by hash. Taken: the fixed TTL, a lazily cleaned timer queue (here a
+//! FIFO: with one TTL, send order is deadline order, so no heap is needed), a size bound. Changed: the hit is the longest prefix of the *union* of
 //! confirmed and sent blocks (a per-block union, not the larger of two overlaps, so a chain
 //! half confirmed, half sent counts whole), a confirming or evicting event ends a sent block
 //! at once (not only its TTL), and the bound is per instance.
