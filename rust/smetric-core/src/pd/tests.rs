@@ -36,7 +36,7 @@ fn follow_up_prefills_at_home_and_decodes_where_its_kv_is() {
         PolicyKind::Smetric,
         4,
         7,
-        RouterConfig::PAPER,
+        RouterConfig::V1,
         PdConfig::default(),
     )
     .unwrap();
