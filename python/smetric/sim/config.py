@@ -78,10 +78,19 @@ POLICY_VARIANTS: Final[dict[str, tuple[PolicyName, dict[str, Any]]]] = {
         "smetric",
         {k: v for k, v in RouterConfig().paper().to_dict().items() if k.startswith("smetric_")},
     ),
+    "smetric_v1": (
+        "smetric",
+        {k: v for k, v in RouterConfig().v1().to_dict().items() if k.startswith("smetric_")},
+    ),
 }
 """Extra report names: the core policy and the :class:`RouterConfig` fields it sets.
-``smetric_paper`` is SMetric in the paper's form (``RouterConfig.paper()``, the core's
-``RouterConfig::PAPER``), next to ``smetric`` with its smetric+ defaults."""
+``smetric_paper`` is SMetric as the paper now defines it (the v2 SLO-feasibility rule,
+``RouterConfig.paper()``, the core's ``RouterConfig::PAPER``); ``smetric_v1`` is the July
+paper's overload-threshold rule (``RouterConfig.v1()``, ``RouterConfig::V1``: what
+``smetric_paper`` named before v2), next to ``smetric`` with its smetric+ defaults. A variant
+sets every ``smetric_*`` field; the smetric+ switches (``smetric_kv_fit``,
+``smetric_migration``) sit on top of either rule as ``smetric`` with ``smetric_rule`` and the
+switches in its router config."""
 
 TIER_PATHS: Final[tuple[TierPath, ...]] = get_args(TierPath)
 """How KV moves to and from the global tier (the engine's ``TierPath``; the default first):
