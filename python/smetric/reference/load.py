@@ -17,9 +17,9 @@ def sat_sub(value: int, amount: int) -> int:
 
 
 def prefill_work(new_tokens: int, n: int, l_eq_tokens: float) -> int:
-    """§3 / §6 item 8: `ceil(p + p * (n - p / 2) / L_EQ)`, in the core's operation order."""
+    """§3 / §6 item 8: `ceil(p + p * (n - p / 2) * (1 / L_EQ))`, in the core's operation order."""
     p, length = float(new_tokens), float(n)
-    return math.ceil(p + p * (length - p / 2.0) / l_eq_tokens)
+    return math.ceil(p + p * (length - p / 2.0) * (1.0 / l_eq_tokens))
 
 
 @dataclass

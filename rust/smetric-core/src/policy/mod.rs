@@ -60,9 +60,12 @@ pub struct Candidate {
 /// attention over the context; `config::L_EQ_QWEN3_CODER_30B_A3B` derives it). What the load
 /// board charges at routing and releases at the first token.
 #[inline]
+///
+/// Written with the reciprocal `1/L_EQ` so that a loop over candidates divides once (the
+/// division is loop-invariant and hoisted), not once per candidate.
 pub fn prefill_work(new_tokens: u64, prompt_tokens: u64, l_eq_tokens: f64) -> u64 {
     let (n, l) = (new_tokens as f64, prompt_tokens as f64);
-    (n + n * (l - n / 2.0) / l_eq_tokens).ceil() as u64
+    (n + n * (l - n / 2.0) * (1.0 / l_eq_tokens)).ceil() as u64
 }
 
 impl Candidate {
