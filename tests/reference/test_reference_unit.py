@@ -508,7 +508,7 @@ def test_lpwl() -> None:
 
 def test_smetric_first_turn_ignores_local_hits() -> None:
     rng = CounterRng(0)
-    cfg = ReferenceConfig().paper()
+    cfg = ReferenceConfig().v1()
     # (q + c) * (bs + 1) with c = n - Gh + Gh*f = 100: (0+100)*3 = 300 vs (50+100)*1 = 150
     cands = [cand(hit=99, bs=2), cand(hit=0, bs=0, queued=50)]
     assert smetric_policy(cands, req(100, first_turn=True), cfg, rng) == (1, "first-turn: least-loaded")
@@ -516,7 +516,7 @@ def test_smetric_first_turn_ignores_local_hits() -> None:
 
 def test_smetric_follow_up_sticky_evicted_overloaded() -> None:
     rng = CounterRng(0)
-    cfg = ReferenceConfig().paper()
+    cfg = ReferenceConfig().v1()
     # Home = most local hits; 60 >= 0.5 * 100 and not overloaded -> sticky.
     cands = [cand(hit=10), cand(hit=60, bs=1), cand()]
     assert smetric_policy(cands, req(100), cfg, rng) == (1, "follow-up: sticky")
@@ -535,12 +535,12 @@ def test_smetric_follow_up_sticky_evicted_overloaded() -> None:
 
 def test_smetric_global_hits_enter_the_cost() -> None:
     rng = CounterRng(0)
-    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.0).paper()
+    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.0).v1()
     # cost = (n - max(L, Gh)) + max(Gh - L, 0) * f, n = 100, Gh = 80:
     # L=0: 20 + 40 = 60 -> score 60*(1+1) = 120 ; L=10: 20 + 35 = 55 -> 55*(3+1) = 220 (home, sticky)
     cands = [cand(hit=0, bs=1), cand(hit=10, bs=3)]
     assert smetric_policy(cands, req(100, global_hit=80), cfg, rng) == (1, "follow-up: sticky")
-    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.5).paper()
+    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.5).v1()
     assert smetric_policy(cands, req(100, global_hit=80), cfg, rng) == (0, "follow-up: migrate (local KV$ evicted)")
 
 
