@@ -38,6 +38,8 @@ from smetric._types import (
 __all__ = [
     "DECODE_RULES",
     "DEFAULT_BLOCK_SIZE",
+    "L_EQ_QWEN3_235B_A22B",
+    "L_EQ_QWEN3_CODER_30B_A3B",
     "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
     "POLICIES",
     "Decision",
@@ -68,6 +70,11 @@ __all__ = [
 
 __version__: Final[str]
 DEFAULT_BLOCK_SIZE: Final[int]
+L_EQ_QWEN3_CODER_30B_A3B: Final[float]
+"""``RouterConfig.smetric_l_eq_tokens`` of Qwen3-Coder-30B-A3B (the default): the context length
+where a token's attention FLOPs equal its linear FLOPs (the core's ``config.rs`` derives it)."""
+L_EQ_QWEN3_235B_A22B: Final[float]
+"""``RouterConfig.smetric_l_eq_tokens`` of Qwen3-235B-A22B."""
 MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK: Final[int]
 """The global segment each rank gives the Mooncake store under vLLM's Mooncake-store connector
 defaults (4 GiB): the small end of a ``global_tier.capacity_bytes`` sweep."""

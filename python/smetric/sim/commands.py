@@ -26,6 +26,7 @@ from smetric.sim.config import (
     ENGINE_DEFAULTS,
     FORMATS,
     INDEX_FEEDS,
+    NAMED_SLOS,
     POLICY_VARIANTS,
     SLO,
     TIER_PATHS,
@@ -97,6 +98,16 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default="",
         help="tail-TBT bounds in ms (mean of a request's longest tenth of token gaps, Mooncake's TBT); each adds "
         "an SLO setting: the headline TTFT and TPOT bounds plus that bound (default: none)",
+    )
+    p.add_argument(
+        "--slo",
+        default="",
+        help="named SLO settings to score beside the others, comma-separated: "
+        + ", ".join(
+            f"{name} ({slo(ENGINE_DEFAULTS['profile']).label} for the default profile)"
+            for name, slo in NAMED_SLOS.items()
+        )
+        + " (default: none)",
     )
     p.add_argument(
         "--ttft-base-s",
@@ -186,6 +197,8 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
     if any(not t > 0 for t in tails):
         _die("--tbt-tail-ms bounds must be > 0")
     slos += tuple(replace(slos[0], tbt_tail_s=t / 1e3) for t in tails)
+    for name in _names(args.slo, tuple(NAMED_SLOS), "--slo"):
+        slos += (NAMED_SLOS[name](args.profile),)
     config = SimulationConfig(instances=args.instances, profile=args.profile, slos=slos)
     if args.layerwise and args.tier_path != "lmcache":
         _die("--layerwise needs --tier-path lmcache")

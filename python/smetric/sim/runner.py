@@ -34,6 +34,7 @@ from smetric._core import Workload, load_workload, simulate
 from smetric._types import LoadSeries, SimReport, SloResult
 from smetric.errors import MissingExtraError, SimulationError
 from smetric.sim.config import SimulationConfig, TraceSpec, Window, policy_router
+from smetric.sim.end_to_end_slo import score_end_to_end
 
 try:
     from tqdm import tqdm
@@ -234,11 +235,13 @@ def run_one(spec: RunSpec) -> RunResult:
     policy, router = policy_router(spec.policy, spec.config.router_config())
     report = simulate(workload, policy, config=config, router=router, slo_variants=variants)
     groups = [report["slo"], *report["slo_variants"]]
-    slos = [groups[v][i] for v, i in where]
+    lo, hi = report["window_start_s"], report["window_end_s"]
+    slos = [
+        groups[v][i] if v >= 0 else score_end_to_end(report["records"], spec.config.slos[i], lo, hi) for v, i in where
+    ]
     ttft: list[float] = []
     if spec.detail:
         records = report["records"]
-        lo, hi = report["window_start_s"], report["window_end_s"]
         ttft = [
             t
             for a, t in zip(records["arrival_s"], records["ttft_s"], strict=True)
