@@ -65,6 +65,7 @@ from smetric.sim.config import (
 )
 from smetric.sim.runner import (
     ATTAINMENT_TARGET,
+    COLLAPSE_ATTAINMENT,
     PolicySummary,
     RunResult,
     RunSpec,
@@ -72,11 +73,13 @@ from smetric.sim.runner import (
     load_unit,
     run_grid,
     run_one,
+    run_until_collapse,
     summarize,
 )
 
 __all__ = [
     "ATTAINMENT_TARGET",
+    "COLLAPSE_ATTAINMENT",
     "DECODE_RULES",
     "DEFAULT_SLOS",
     "FORMATS",
@@ -121,6 +124,7 @@ __all__ = [
     "policy_router",
     "run_grid",
     "run_one",
+    "run_until_collapse",
     "sim_config_defaults",
     "sim_profiles",
     "sim_tier_paths",
