@@ -40,8 +40,9 @@ import reproduce_results as rr
 from smetric import RouterConfig
 from smetric.sim import RunSpec, SimulationConfig, TraceSpec, Window, run_grid
 
-PAPER: dict[str, Any] = {k: v for k, v in RouterConfig().paper().to_dict().items() if k.startswith("smetric_")}
-"""The ``smetric_*`` fields of the paper's form; every variant starts from them."""
+PAPER: dict[str, Any] = {k: v for k, v in RouterConfig().v1().to_dict().items() if k.startswith("smetric_")}
+"""The ``smetric_*`` fields of the July paper's form (``RouterConfig.v1()``, the rule results.md
+§12 tuned on, named ``smetric_paper`` then); every variant starts from them."""
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "paper": ("the paper's SMetric (all switches off)", {}),
     "T1 overload 1.0/0/1": (

@@ -551,8 +551,8 @@ class StreamGen:
         args: tuple[Any, ...] = (rid,)
         if name == "on_finished" and rnd.random() < 0.7:
             args = (rid, rnd.randrange(500))
-        self._advance()  # time passes, though lifecycle calls take no clock
-        return Op(name, args, {})
+        self._advance()  # time passes; on_prefilled reads it (a drain-rate sample), the others do not
+        return Op(name, args, {"now": self.now} if name == "on_prefilled" else {})
 
     def _update_load(self, live: list[str]) -> Op:
         rnd = self.rnd
@@ -665,7 +665,30 @@ class StreamGen:
 
 
 PAPER_FIELDS = {k: v for k, v in smetric.RouterConfig().paper().to_dict().items() if k.startswith("smetric_")}
-"""The ``smetric_*`` fields of ``RouterConfig.paper()``."""
+"""The ``smetric_*`` fields of ``RouterConfig.paper()`` (the v2 rule)."""
+V1_FIELDS = {k: v for k, v in smetric.RouterConfig().v1().to_dict().items() if k.startswith("smetric_")}
+"""The ``smetric_*`` fields of ``RouterConfig.v1()`` (the July rule)."""
+
+
+def v2_fields(rnd: random.Random) -> dict[str, Any]:
+    """Tunables of the v2 rule, scaled so that the stream's small prompts and short gaps reach
+    every gate branch: budgets from generous to none, fixed and learned rates, short windows."""
+    window = rnd.choice([64, 1, 2, 3, 8])
+    rule = rnd.choice(["v1", "v2", "v2"])
+    # v2's own gate decides only under the "threshold" migration rule: give it most v2 streams.
+    migration = rnd.choice(["threshold", "threshold", "threshold", "cost", "work", "fetch"])
+    return {
+        **({"smetric_migration": migration} if rule == "v2" else {}),
+        "smetric_rule": rule,
+        "smetric_l_eq_tokens": rnd.choice([6923.0, 13568.0, 100.0, 7.5]),
+        "smetric_ttft_slack": rnd.choice([1.0, 0.5, 2.0, 0.0]),
+        "smetric_ttft_base_s": rnd.choice([1.0, 0.0, 0.001, 0.02, 0.1]),
+        "smetric_ttft_s_per_token": rnd.choice([1.0 / 16000.0, 0.0, 1e-4, 1e-3]),
+        "smetric_drain_rate": rnd.choice([None, None, None, 500.0, 20_000.0]),
+        "smetric_drain_rate_fallback": rnd.choice([22_000.0, 300.0, 2_000.0, 50.0]),
+        "smetric_drain_window": window,
+        "smetric_drain_min_samples": rnd.randint(1, min(window, 4)),
+    }
 
 
 def case_spec(rnd: random.Random, case: int) -> CaseSpec:
@@ -699,9 +722,9 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
             "smetric_kv_fit": rnd.choice([True, False]),
             "smetric_growth_headroom_tokens": rnd.choice([0.0, 16.0, 64.0]),
             "exact_pending_ttl_s": rnd.choice([2.0, 0.0, 0.05, 0.3, 0.0305]),
-        }
-    elif rnd.random() < 0.5:  # the paper's form, the `smetric_paper` preset
-        config |= PAPER_FIELDS
+        } | v2_fields(rnd)
+    elif rnd.random() < 0.5:  # the paper's forms: the `smetric_paper` (v2) and `smetric_v1` presets
+        config |= rnd.choice([PAPER_FIELDS, V1_FIELDS])
     names = BIG_NAMES if case % 16 == 15 else NAMES
     count = rnd.randint(63, 70) if names is BIG_NAMES else rnd.randint(1, 5)
     hot = case % 16 == 7
@@ -815,6 +838,7 @@ def test_reference_defaults_and_paper_preset_follow_the_core() -> None:
     }
     assert smetric.RouterConfig().paper().to_dict() != core, "the smetric+ defaults differ from the paper's form"
     paper_ref = dataclasses.asdict(ReferenceConfig().paper())
-    assert {k: v for k, v in smetric.RouterConfig().paper().to_dict().items() if k.startswith("smetric_")} == {
-        k: v for k, v in paper_ref.items() if k.startswith("smetric_")
-    }
+    assert {k: v for k, v in paper_ref.items() if k.startswith("smetric_")} == PAPER_FIELDS
+    v1_ref = dataclasses.asdict(ReferenceConfig().v1())
+    assert {k: v for k, v in v1_ref.items() if k.startswith("smetric_")} == V1_FIELDS
+    assert (PAPER_FIELDS["smetric_rule"], V1_FIELDS["smetric_rule"]) == ("v2", "v1")

@@ -47,9 +47,9 @@ def test_any_buffer_of_32_or_64_bit_ints(typecode: str) -> None:
 
 
 def test_decision_fields_and_follow_up() -> None:
-    # The paper's form: the smetric+ defaults would move this follow-up (its first turn still
+    # The July paper's form (v1): the smetric+ defaults would move this follow-up (its first turn still
     # queues at home and the tier holds the prefix, so a fetch on an idle instance scores better).
-    r = make(**RouterConfig().paper().to_dict())
+    r = make(**RouterConfig().v1().to_dict())
     first = list(range(40))
     d1 = r.route(first, now=0.0, request_id="req-1")
     assert (d1.first_turn, d1.turn_source, d1.request_id, d1.policy) == (True, "index", "req-1", "smetric")

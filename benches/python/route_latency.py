@@ -103,24 +103,38 @@ def bench_inputs(calls: int) -> list[tuple[str, float, float]]:
     return rows
 
 
-def bench_smetric_forms(size_label: str, calls: int, rounds: int = 5) -> tuple[float, float]:
-    """p50 of ``smetric`` with its defaults and in the paper's form (``RouterConfig().paper()``),
-    interleaved in rounds on the same warm prompt so that a busy machine slows both alike;
-    the median over rounds of each."""
+SMETRIC_FORMS: dict[str, RouterConfig] = {
+    "defaults": RouterConfig(),
+    "v1 (RouterConfig().v1())": RouterConfig().v1(),
+    "v2 (RouterConfig().paper())": RouterConfig().paper(),
+}
+"""``smetric``'s forms that ``--smetric-forms`` compares."""
+
+
+def bench_smetric_forms(size_label: str, calls: int, rounds: int = 5, prefilled: bool = False) -> list[float]:
+    """p50 of ``smetric`` in each of :data:`SMETRIC_FORMS`, interleaved in rounds on the same
+    warm prompt so that a busy machine slows them alike; the median over rounds of each. With
+    ``prefilled``, each call also reports ``on_prefilled`` (the v2 drain-rate sample) before
+    ``on_finished``."""
     routers = []
-    for config in (RouterConfig(), RouterConfig().paper()):
+    for config in SMETRIC_FORMS.values():
         router = Router(INSTANCES, policy="smetric", config=config)
         routers.append((router, warm(router, SIZES[size_label], np.random.default_rng(1))))
-    p50s: list[list[float]] = [[], []]
+    p50s: list[list[float]] = [[] for _ in routers]
+    clock = [0.0]
     for _ in range(rounds):
         for k, (router, prompt) in enumerate(routers):
 
             def one(router: Any = router, prompt: Any = prompt) -> None:
-                router.on_finished(router.route(prompt).request_id)
+                clock[0] += 0.01
+                rid = router.route(prompt, now=clock[0]).request_id
+                if prefilled:
+                    router.on_prefilled(rid, now=clock[0] + 0.005)
+                router.on_finished(rid)
 
             one()
             p50s[k].append(percentiles(timed_calls(one, calls))[0])
-    return statistics.median(p50s[0]), statistics.median(p50s[1])
+    return [statistics.median(p) for p in p50s]
 
 
 def bench_exact_lag(size_label: str, calls: int) -> list[tuple[str, float, float]]:
@@ -212,10 +226,12 @@ def main() -> None:
                 print(f"{size:>5} {label:<28} p50 {p50:>7.2f}  p99 {p99:>7.2f}")
         return
     if args.smetric_forms:
-        print("smetric route() p50, numpy int32, 32 instances, warm (µs): defaults vs the paper's form")
-        for size in ("1K", "32K"):
-            new, paper = bench_smetric_forms(size, args.calls)
-            print(f"{size:>5} defaults {new:>7.2f}  paper {paper:>7.2f}  ratio x{new / paper:.3f}")
+        print("smetric p50, numpy int32, 32 instances, warm (µs), per form: " + " | ".join(SMETRIC_FORMS))
+        for prefilled in (False, True):
+            calls_label = "route+on_prefilled+on_finished" if prefilled else "route+on_finished"
+            for size in ("1K", "32K"):
+                p50s = bench_smetric_forms(size, args.calls, prefilled=prefilled)
+                print(f"{calls_label:<31} {size:>4} " + "  ".join(f"{p:>7.2f}" for p in p50s))
         return
     calls = 50 if args.quick else args.calls
     policies = ["smetric"] if args.quick else list(POLICIES)

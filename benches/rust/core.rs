@@ -132,11 +132,19 @@ fn bench_select(c: &mut Criterion) {
                 waiting: u64::from(i % 3),
                 queued: u64::from(i % 11) * 512,
                 active: u64::from(i % 13) * 10_000,
+                queued_work: u64::from(i % 11) * 900,
+                drain_rate: 22_000.0,
             })
             .collect();
-        for kind in PolicyKind::ALL {
+        let paper = RouterConfig::PAPER;
+        let mut runs: Vec<(String, &RouterConfig, PolicyKind)> = PolicyKind::ALL
+            .iter()
+            .map(|k| (k.name().to_owned(), &config, *k))
+            .collect();
+        runs.push(("smetric_paper".to_owned(), &paper, PolicyKind::Smetric));
+        for (label, cfg, kind) in runs {
             let policy = kind.build();
-            g.bench_with_input(BenchmarkId::new(kind.name(), n), &candidates, |b, candidates| {
+            g.bench_with_input(BenchmarkId::new(label, n), &candidates, |b, candidates| {
                 b.iter(|| {
                     policy.select(&SelectionInput {
                         candidates: black_box(candidates),
@@ -144,7 +152,8 @@ fn bench_select(c: &mut Criterion) {
                         global_hit_tokens: 16_384,
                         first_turn: false,
                         block_size: 16,
-                        config: &config,
+                        prefill_only: false,
+                        config: cfg,
                         rng: &rng,
                     })
                 });

@@ -26,6 +26,7 @@ from smetric._types import (
     SimConfigDefaults,
     SimReport,
     SmetricMigration,
+    SmetricRule,
     SyntheticOptions,
     Tier,
     TierPath,
@@ -37,6 +38,8 @@ from smetric._types import (
 __all__ = [
     "DECODE_RULES",
     "DEFAULT_BLOCK_SIZE",
+    "L_EQ_QWEN3_235B_A22B",
+    "L_EQ_QWEN3_CODER_30B_A3B",
     "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
     "POLICIES",
     "Decision",
@@ -67,6 +70,11 @@ __all__ = [
 
 __version__: Final[str]
 DEFAULT_BLOCK_SIZE: Final[int]
+L_EQ_QWEN3_CODER_30B_A3B: Final[float]
+"""``RouterConfig.smetric_l_eq_tokens`` of Qwen3-Coder-30B-A3B (the default): the context length
+where a token's attention FLOPs equal its linear FLOPs (the core's ``config.rs`` derives it)."""
+L_EQ_QWEN3_235B_A22B: Final[float]
+"""``RouterConfig.smetric_l_eq_tokens`` of Qwen3-235B-A22B."""
 MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK: Final[int]
 """The global segment each rank gives the Mooncake store under vLLM's Mooncake-store connector
 defaults (4 GiB): the small end of a ``global_tier.capacity_bytes`` sweep."""
@@ -114,6 +122,15 @@ class RouterConfig:
         smetric_migration_margin: float = ...,
         smetric_kv_fit: bool = ...,
         smetric_growth_headroom_tokens: float = ...,
+        smetric_rule: SmetricRule = ...,
+        smetric_l_eq_tokens: float = ...,
+        smetric_ttft_slack: float = ...,
+        smetric_ttft_base_s: float = ...,
+        smetric_ttft_s_per_token: float = ...,
+        smetric_drain_rate: float | None = ...,
+        smetric_drain_rate_fallback: float = ...,
+        smetric_drain_window: int = ...,
+        smetric_drain_min_samples: int = ...,
     ) -> Self: ...
     @property
     def hash_seed(self) -> int: ...
@@ -159,8 +176,30 @@ class RouterConfig:
     def smetric_kv_fit(self) -> bool: ...
     @property
     def smetric_growth_headroom_tokens(self) -> float: ...
+    @property
+    def smetric_rule(self) -> SmetricRule: ...
+    @property
+    def smetric_l_eq_tokens(self) -> float: ...
+    @property
+    def smetric_ttft_slack(self) -> float: ...
+    @property
+    def smetric_ttft_base_s(self) -> float: ...
+    @property
+    def smetric_ttft_s_per_token(self) -> float: ...
+    @property
+    def smetric_drain_rate(self) -> float | None: ...
+    @property
+    def smetric_drain_rate_fallback(self) -> float: ...
+    @property
+    def smetric_drain_window(self) -> int: ...
+    @property
+    def smetric_drain_min_samples(self) -> int: ...
     def paper(self) -> RouterConfig:
-        """This config with SMetric in the paper's form (every ``smetric_*`` switch off)."""
+        """This config with SMetric in the paper's current form: the v2 SLO-feasibility rule,
+        every smetric+ switch off (the ``smetric_paper`` preset)."""
+    def v1(self) -> RouterConfig:
+        """This config with SMetric in the July paper's form: the v1 overload-threshold rule,
+        every smetric+ switch off (the ``smetric_v1`` preset)."""
     def to_dict(self) -> RouterConfigFields:
         """Every field as a dict."""
 
@@ -279,11 +318,17 @@ class Router:
         now: float | None = None,
     ) -> IndexHits:
         """Prefix hits of a prompt on every instance and in the global tier; changes nothing."""
-    def on_prefilled(self, request_id: _RequestId) -> bool:
-        """The request's prefill is done (its first token is out). Returns whether a counter changed.
+    def on_prefilled(self, request_id: _RequestId, now: float | None = None) -> bool:
+        """The request's prefill is done (its first token is out) at ``now`` (seconds, the clock
+        ``route`` was given; the router's own when ``None``). Returns whether a counter changed.
 
-        Lowers the instance's waiting count and queued prefill tokens once; repeated or unknown
-        calls change nothing (an unknown one is counted in ``stats()["unknown_request_events"]``).
+        Lowers the instance's waiting count, queued prefill tokens and queued work once, and
+        gives its drain rate one sample (the work drained since routing over the time it took);
+        repeated or unknown calls change nothing (an unknown one is counted in
+        ``stats()["unknown_request_events"]``).
+
+        Raises:
+            InvalidArgumentError: ``now`` is negative or not finite.
         """
     def on_finished(self, request_id: _RequestId, output_tokens: int = 0) -> bool:
         """The request finished after generating ``output_tokens`` tokens. Returns whether a counter changed.
@@ -732,8 +777,9 @@ class PdRouter:
             InvalidTokenError, UnsupportedDtypeError, MissingPromptError, InvalidArgumentError,
             NoInstancesError (``exclude`` leaves no prefill or no decode instance).
         """
-    def on_prefilled(self, request_id: _RequestId) -> bool:
-        """The prefill instance computed the prompt; the KV transfer starts. Lowers its prefill backlog."""
+    def on_prefilled(self, request_id: _RequestId, now: float | None = None) -> bool:
+        """The prefill instance computed the prompt at ``now`` (the prefill router's clock when
+        ``None``); the KV transfer starts. Lowers its prefill backlog and times its drain rate."""
     def on_transferred(self, request_id: _RequestId) -> bool:
         """The decode instance has read the KV: the prefill instance's share of the request ends."""
     def on_finished(self, request_id: _RequestId, output_tokens: int = 0) -> bool:

@@ -40,6 +40,7 @@ __all__ = [
     "SloResult",
     "SloSettings",
     "SmetricMigration",
+    "SmetricRule",
     "SyntheticOptions",
     "Tier",
     "TierPath",
@@ -65,6 +66,10 @@ SmetricMigration: TypeAlias = Literal["threshold", "cost", "work", "fetch"]
 comparison of pending work (no batch factor), or the score comparison only where the global
 tier holds the prompt (else the thresholds)."""
 
+SmetricRule: TypeAlias = Literal["v1", "v2"]
+"""``RouterConfig.smetric_rule``: the July paper's overload thresholds (v1), or the paper's
+current TTFT-feasibility gate with attention-aware work and a learned drain rate (v2)."""
+
 Tier: TypeAlias = Literal["local", "global"]
 """Where blocks live: an instance's GPU cache, or the cluster-wide global KV$ tier."""
 
@@ -85,6 +90,8 @@ Reason: TypeAlias = Literal[
     "follow-up: migrate (local KV$ evicted)",
     "follow-up: migrate (home overloaded)",
     "follow-up: migrate (cheaper elsewhere)",
+    "follow-up: migrate (home misses TTFT budget)",
+    "follow-up: sticky (no instance meets TTFT budget)",
 ]
 """Why a policy chose an instance (``Decision.reason``; the keys of ``stats()["reasons"]``)."""
 
@@ -145,6 +152,15 @@ class RouterConfigFields(TypedDict):
     smetric_migration_margin: float
     smetric_kv_fit: bool
     smetric_growth_headroom_tokens: float
+    smetric_rule: SmetricRule
+    smetric_l_eq_tokens: float
+    smetric_ttft_slack: float
+    smetric_ttft_base_s: float
+    smetric_ttft_s_per_token: float
+    smetric_drain_rate: float | None
+    smetric_drain_rate_fallback: float
+    smetric_drain_window: int
+    smetric_drain_min_samples: int
 
 
 class InstanceLoad(TypedDict):
@@ -158,8 +174,15 @@ class InstanceLoad(TypedDict):
     """Requests routed here whose prefill is not yet done."""
     queued: int
     """Uncached prompt tokens of the requests routed here and not yet prefilled."""
+    queued_work: int
+    """Prefill work of those requests in cold-token equivalents (``n + n·(L − n/2)/L_EQ`` each,
+    rounded up): ``smetric`` v2's queue ``q``."""
     active: int
     """Prompt tokens of the requests in flight here."""
+    drain_rate: float | None
+    """Prefill work this instance drains per second, learned from first-token latencies (the
+    median of the last ``smetric_drain_window`` samples); ``None`` before
+    ``smetric_drain_min_samples`` samples."""
     engine_running: int
     """Requests the engine last reported running (``update_load(running=...)``; 0 before any)."""
     engine_waiting: int

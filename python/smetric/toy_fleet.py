@@ -126,7 +126,7 @@ def run_fleet(
         now, kind, _, s, request_id, out = heapq.heappop(events)
         if kind == 1:
             assert request_id is not None
-            router.on_prefilled(request_id)
+            router.on_prefilled(request_id, now=now)  # the simulated clock `route` was given
             continue
         if kind == 2:
             assert request_id is not None

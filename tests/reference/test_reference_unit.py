@@ -52,6 +52,9 @@ from smetric.reference.policies import (
 from smetric.reference.policies import (
     smetric as smetric_policy,
 )
+from smetric.reference.policies import (
+    smetric_paper as smetric_v2_policy,
+)
 
 GOLDEN = 0x9E3779B97F4A7C15
 
@@ -278,17 +281,20 @@ def test_hit_tokens_leave_the_last_token() -> None:
 
 
 # --- §3 load board and lifecycle ------------------------------------------------------------
-def board(**fields: float) -> dict[str, float]:
-    """A `load()` dict: the given fields, every other field zero."""
-    keys = ("batch_size", "waiting", "queued", "active", "engine_running", "engine_waiting", "kv_usage")
-    return {k: fields.get(k, 0.0 if k == "kv_usage" else 0) for k in keys}
+def board(**fields: float | None) -> dict[str, float | None]:
+    """A `load()` dict: the given fields, every other field zero (no learned drain rate)."""
+    keys = ("batch_size", "waiting", "queued", "queued_work", "active", "drain_rate")
+    keys += ("engine_running", "engine_waiting", "kv_usage")
+    defaults: dict[str, float | None] = {"kv_usage": 0.0, "drain_rate": None}
+    return {k: fields.get(k, defaults.get(k, 0)) for k in keys}
 
 
 def test_lifecycle_counters_never_negative_and_events_are_idempotent() -> None:
     r = router(("a",), policy="round_robin", global_capacity_blocks=0)
     d = r.route(list(range(10)), request_id="req-1", now=0.0)
     assert d.request_id == "req-1"  # echoed as given; keyed as xxh3_64("req-1", seed=0)
-    assert r.load("a") == board(batch_size=1, waiting=1, queued=10, active=10)
+    # 10 cold tokens of work: ceil(10 + 10·(10 − 5)/6923) = 11.
+    assert r.load("a") == board(batch_size=1, waiting=1, queued=10, queued_work=11, active=10)
     assert r.on_finished("req-1", 5) is True  # finish before prefilled: prefilled step first
     assert r.load("a") == board()
     assert r.on_finished("req-1") is False  # double finish: unknown now
@@ -305,7 +311,7 @@ def test_lifecycle_counters_never_negative_and_events_are_idempotent() -> None:
     assert r.load("a")["queued"] == 0
     assert r.load("a")["batch_size"] == 1
     assert r.on_aborted(d2.request_id) is True
-    assert all(v == 0 for v in r.load("a").values())
+    assert all(v == 0 for k, v in r.load("a").items() if k != "drain_rate")
 
     r.route(list(range(10)), request_id="req-2", now=0.0)
     assert r.on_finished(xxh(b"req-2", 0)) is True  # a str id and its hash name the same request
@@ -516,7 +522,7 @@ def test_lpwl() -> None:
 
 def test_smetric_first_turn_ignores_local_hits() -> None:
     rng = CounterRng(0)
-    cfg = ReferenceConfig().paper()
+    cfg = ReferenceConfig().v1()
     # (q + c) * (bs + 1) with c = n - Gh + Gh*f = 100: (0+100)*3 = 300 vs (50+100)*1 = 150
     cands = [cand(hit=99, bs=2), cand(hit=0, bs=0, queued=50)]
     assert smetric_policy(cands, req(100, first_turn=True), cfg, rng) == (1, "first-turn: least-loaded")
@@ -524,7 +530,7 @@ def test_smetric_first_turn_ignores_local_hits() -> None:
 
 def test_smetric_follow_up_sticky_evicted_overloaded() -> None:
     rng = CounterRng(0)
-    cfg = ReferenceConfig().paper()
+    cfg = ReferenceConfig().v1()
     # Home = most local hits; 60 >= 0.5 * 100 and not overloaded -> sticky.
     cands = [cand(hit=10), cand(hit=60, bs=1), cand()]
     assert smetric_policy(cands, req(100), cfg, rng) == (1, "follow-up: sticky")
@@ -543,12 +549,12 @@ def test_smetric_follow_up_sticky_evicted_overloaded() -> None:
 
 def test_smetric_global_hits_enter_the_cost() -> None:
     rng = CounterRng(0)
-    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.0).paper()
+    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.0).v1()
     # cost = (n - max(L, Gh)) + max(Gh - L, 0) * f, n = 100, Gh = 80:
     # L=0: 20 + 40 = 60 -> score 60*(1+1) = 120 ; L=10: 20 + 35 = 55 -> 55*(3+1) = 220 (home, sticky)
     cands = [cand(hit=0, bs=1), cand(hit=10, bs=3)]
     assert smetric_policy(cands, req(100, global_hit=80), cfg, rng) == (1, "follow-up: sticky")
-    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.5).paper()
+    cfg = ReferenceConfig(global_fetch_cost=0.5, min_local_hit_ratio=0.5).v1()
     assert smetric_policy(cands, req(100, global_hit=80), cfg, rng) == (0, "follow-up: migrate (local KV$ evicted)")
 
 
@@ -585,3 +591,43 @@ def test_config_is_keyword_only_and_frozen() -> None:
         cfg.hash_seed = 1  # type: ignore[misc]
     with pytest.raises(ValueError, match="index_mode"):
         ReferenceConfig(index_mode="fuzzy")
+
+
+# --- §6 item 8: smetric v2, one test per gate branch (the Rust unit tests' cases) ------------
+V2 = ReferenceConfig().paper()
+N_V2 = 16_000  # budget 1 + 16,000/16,000 = 2 s
+
+
+def v2_cand(hit: int, bs: int, queued_work: int, rate: float) -> Candidate:
+    return Candidate(hit, bs, 0, 0, 0, queued_work, rate)
+
+
+def v2(cands: list[Candidate], first_turn: bool = False, cfg: ReferenceConfig = V2) -> tuple[int, str]:
+    return smetric_v2_policy(cands, RouteInput(N_V2, 0, 16, first_turn), cfg, CounterRng(0))
+
+
+def test_v2_first_turn_takes_the_least_pending_work_times_batch() -> None:
+    cands = [v2_cand(15_000, 2, 40_000, 1e4), v2_cand(0, 4, 1_000, 1e4), v2_cand(0, 1, 20_000, 1e4)]
+    assert v2(cands, first_turn=True) == (2, "first-turn: least-loaded")
+
+
+def test_v2_gate_branches() -> None:
+    # Home 1 meets: 10,000 queued + 3,239 own at 10,000/s = 1.3 s <= 2 s.
+    assert v2([v2_cand(0, 0, 0, 1e4), v2_cand(15_000, 5, 10_000, 1e4)]) == (1, "follow-up: sticky")
+    # Home misses (3.3 s); the idle instance drains 20,000/s: a cold 16K prompt in 1.7 s.
+    cands = [v2_cand(0, 0, 0, 2e4), v2_cand(15_000, 5, 30_000, 1e4)]
+    assert v2(cands) == (0, "follow-up: migrate (home misses TTFT budget)")
+    # Nobody meets: stay home.
+    cands = [v2_cand(0, 0, 0, 1e4), v2_cand(15_000, 5, 30_000, 1e4)]
+    assert v2(cands) == (1, "follow-up: sticky (no instance meets TTFT budget)")
+    # Evicted: the home holds only half the prompt.
+    assert v2([v2_cand(0, 1, 0, 2e4), v2_cand(8_000, 0, 0, 2e4)])[1] == "follow-up: migrate (local KV$ evicted)"
+
+
+def test_v2_drain_rate_is_learned_from_on_prefilled_timing() -> None:
+    r = router(("a",), smetric_rule="v2", smetric_drain_min_samples=2, global_capacity_blocks=0)
+    for k in range(3):
+        d = r.route(list(range(100 * k, 100 * k + 40)), now=float(k))
+        # 40 cold tokens: ceil(40 + 40·20/6923) = 41 work units, first token 41 ms later.
+        assert r.on_prefilled(d.request_id, now=k + 0.041) is True
+    assert r.load("a")["drain_rate"] == 1000.0

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 INDEX_MODES = ("approximate", "exact")
 CACHE_FIRST_MODES = ("weighted", "argmax", "max_hit")
 SMETRIC_MIGRATIONS = ("threshold", "cost", "work", "fetch")
+SMETRIC_RULES = ("v1", "v2")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +40,15 @@ class ReferenceConfig:
     smetric_migration_margin: float = 0.25
     smetric_kv_fit: bool = True
     smetric_growth_headroom_tokens: float = 0.0
+    smetric_rule: str = "v1"
+    smetric_l_eq_tokens: float = 6923.0
+    smetric_ttft_slack: float = 1.0
+    smetric_ttft_base_s: float = 1.0
+    smetric_ttft_s_per_token: float = 1.0 / 16000.0
+    smetric_drain_rate: float | None = None
+    smetric_drain_rate_fallback: float = 22000.0
+    smetric_drain_window: int = 64
+    smetric_drain_min_samples: int = 8
 
     def __post_init__(self) -> None:
         # Only the checks that keep the reference itself well-defined; invalid configs never reach
@@ -49,13 +59,19 @@ class ReferenceConfig:
             raise ValueError(f"cache_first_mode must be one of {CACHE_FIRST_MODES}, got {self.cache_first_mode!r}")
         if self.smetric_migration not in SMETRIC_MIGRATIONS:
             raise ValueError(f"smetric_migration must be one of {SMETRIC_MIGRATIONS}, got {self.smetric_migration!r}")
+        if self.smetric_rule not in SMETRIC_RULES:
+            raise ValueError(f"smetric_rule must be one of {SMETRIC_RULES}, got {self.smetric_rule!r}")
+        if not 1 <= self.smetric_drain_min_samples <= self.smetric_drain_window:
+            raise ValueError("smetric_drain_min_samples must be in [1, smetric_drain_window]")
         if self.local_capacity_blocks < 0 or self.global_capacity_blocks < 0:
             raise ValueError("capacities must be >= 0")
         if len(self.cache_first_weights) != 3:
             raise ValueError("cache_first_weights must have three entries")
 
-    def paper(self) -> ReferenceConfig:
-        """This config with SMetric in the paper's form (``RouterConfig.paper()``)."""
+    def v1(self) -> ReferenceConfig:
+        """This config with SMetric in the July paper's form (``RouterConfig.v1()``): the v1 rule,
+        every smetric+ switch off, the v2 fields at their defaults."""
+        d = ReferenceConfig()
         return replace(
             self,
             smetric_active_weight=0.0,
@@ -64,4 +80,18 @@ class ReferenceConfig:
             smetric_migration_margin=0.0,
             smetric_kv_fit=False,
             smetric_growth_headroom_tokens=0.0,
+            smetric_rule="v1",
+            smetric_l_eq_tokens=d.smetric_l_eq_tokens,
+            smetric_ttft_slack=d.smetric_ttft_slack,
+            smetric_ttft_base_s=d.smetric_ttft_base_s,
+            smetric_ttft_s_per_token=d.smetric_ttft_s_per_token,
+            smetric_drain_rate=d.smetric_drain_rate,
+            smetric_drain_rate_fallback=d.smetric_drain_rate_fallback,
+            smetric_drain_window=d.smetric_drain_window,
+            smetric_drain_min_samples=d.smetric_drain_min_samples,
         )
+
+    def paper(self) -> ReferenceConfig:
+        """This config with SMetric in the paper's current form (``RouterConfig.paper()``): the
+        v2 SLO-feasibility rule (§6 item 8), every smetric+ switch off."""
+        return replace(self.v1(), smetric_rule="v2")

@@ -7,12 +7,38 @@ snapshot comes from `update_load` and only counts while it is fresh. Every decre
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 
 def sat_sub(value: int, amount: int) -> int:
     """`value - amount`, floored at 0 (§3: every decrement saturates)."""
     return max(value - amount, 0)
+
+
+def prefill_work(new_tokens: int, n: int, l_eq_tokens: float) -> int:
+    """§3 / §6 item 8: `ceil(p + p * (n - p / 2) * (1 / L_EQ))`, in the core's operation order."""
+    p, length = float(new_tokens), float(n)
+    return math.ceil(p + p * (length - p / 2.0) * (1.0 / l_eq_tokens))
+
+
+@dataclass
+class DrainRate:
+    """§6 item 8: an instance's learned drain rate, the median of its last `window` samples."""
+
+    samples: list[float] = field(default_factory=list)
+    learned: float | None = None
+
+    def record(self, work: int, elapsed_ms: int, window: int, min_samples: int) -> None:
+        if work == 0 or elapsed_ms == 0:
+            return
+        self.samples.append(float(work) * 1000.0 / float(elapsed_ms))
+        del self.samples[: max(len(self.samples) - window, 0)]
+        if len(self.samples) < min_samples:
+            return
+        ordered = sorted(self.samples)
+        mid = len(ordered) // 2
+        self.learned = ordered[mid] if len(ordered) % 2 == 1 else (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
 @dataclass
@@ -22,11 +48,13 @@ class InstanceLoad:
     bs: int = 0  # requests routed here and not finished
     waiting: int = 0  # routed, not prefilled
     queued: int = 0  # uncached prompt tokens routed, not prefilled
+    queued_work: int = 0  # their prefill work (§6 item 8)
     active: int = 0  # prompt tokens of the requests in flight
     running_e: int = 0  # engine snapshot (update_load) ...
     waiting_e: int = 0
     kv_usage: float = 0.0
     stamp_ms: int | None = None  # ... and when it was taken; None: no snapshot yet
+    drain: DrainRate = field(default_factory=DrainRate)
 
     def effective(self, now_ms: int, staleness_ms: int) -> tuple[int, int]:
         """(bs_eff, waiting_eff): the engine snapshot only counts while it exists and is fresh."""
@@ -34,13 +62,15 @@ class InstanceLoad:
             return max(self.bs, self.running_e + self.waiting_e), max(self.waiting, self.waiting_e)
         return self.bs, self.waiting
 
-    def as_dict(self) -> dict[str, int | float]:
+    def as_dict(self) -> dict[str, int | float | None]:
         """The shape of `Router.load(name)` (§8; `smetric.InstanceLoad` names the keys)."""
         return {
             "batch_size": self.bs,
             "waiting": self.waiting,
             "queued": self.queued,
+            "queued_work": self.queued_work,
             "active": self.active,
+            "drain_rate": self.drain.learned,
             "engine_running": self.running_e,
             "engine_waiting": self.waiting_e,
             "kv_usage": self.kv_usage,
@@ -55,13 +85,17 @@ class RequestRecord:
     generation: int  # the slot's generation at routing time: detects removed/reused slots
     prefill: int  # prefill(r, X): what was added to `queued`
     n: int  # prompt tokens: what was added to `active`
+    work: int = 0  # what was added to `queued_work`
+    work_ahead: int = 0  # X's queued_work before the decision
+    routed_ms: int = 0
     prefilled: bool = False
 
 
-def apply_routed(load: InstanceLoad, prefill: int, n: int) -> None:
+def apply_routed(load: InstanceLoad, prefill: int, n: int, work: int) -> None:
     load.bs += 1
     load.waiting += 1
     load.queued += prefill
+    load.queued_work += work
     load.active += n
 
 
@@ -69,6 +103,7 @@ def apply_prefilled(load: InstanceLoad, record: RequestRecord) -> None:
     """The prefilled step; callers check that it has not happened yet."""
     load.waiting = sat_sub(load.waiting, 1)
     load.queued = sat_sub(load.queued, record.prefill)
+    load.queued_work = sat_sub(load.queued_work, record.work)
     record.prefilled = True
 
 

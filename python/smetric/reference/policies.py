@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .config import ReferenceConfig
+from .load import prefill_work
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -54,6 +55,8 @@ class Candidate:
     waiting: int  # effective (§3)
     queued: int  # router's own
     active: int  # router's own
+    queued_work: int = 0  # router's own (§6 item 8)
+    drain_rate: float = 22000.0  # work units/s: configured, learned or the fallback (§6 item 8)
 
 
 @dataclass(frozen=True)
@@ -275,3 +278,54 @@ def smetric(cands: Sequence[Candidate], req: RouteInput, cfg: ReferenceConfig, r
         calm = [i for i in everyone if not blocked(i)] or list(everyone)
         return argmin(calm, score, rng), "follow-up: migrate (home overloaded)"
     return home, "follow-up: sticky"
+
+
+# --- 8. smetric v2 (the paper's SLO-feasibility rule) ----------------------------------------
+def smetric_paper(
+    cands: Sequence[Candidate], req: RouteInput, cfg: ReferenceConfig, rng: CounterRng
+) -> tuple[int, str]:
+    """§6 item 8: a follow-up sticks to its home iff the home meets its TTFT budget (or nobody
+    does); first turns, evicted sessions and moves take the least pending work (times the batch,
+    co-located; the reference has no PD pool)."""
+    n = req.n
+    gh = min(req.global_hit, n)
+    everyone = range(len(cands))
+    capacity = float(cfg.local_capacity_blocks) * float(req.block_size)
+    budget = cfg.smetric_ttft_slack * (cfg.smetric_ttft_base_s + cfg.smetric_ttft_s_per_token * float(n))
+
+    def pending(i: int) -> float:
+        c = cands[i]
+        x = n - min(max(c.local_hit, gh), n)
+        return float(c.queued_work + prefill_work(x, n, cfg.smetric_l_eq_tokens))
+
+    def score(i: int) -> float:
+        return pending(i) * float(cands[i].bs)
+
+    def meets(i: int) -> bool:
+        return pending(i) / cands[i].drain_rate <= budget
+
+    headroom = cfg.smetric_growth_headroom_tokens if req.first_turn else 0.0
+    roomy = [i for i in everyone if not cfg.smetric_kv_fit or float(cands[i].active) + float(n) + headroom <= capacity]
+    targets = roomy or list(everyone)
+
+    if req.first_turn:
+        return argmin(targets, score, rng), "first-turn: least-loaded"
+    home = argmin(keep_max(everyone, lambda i: float(cands[i].local_hit)), score, rng)
+    if float(cands[home].local_hit) <= cfg.min_local_hit_ratio * float(n):
+        return argmin(targets, score, rng), "follow-up: migrate (local KV$ evicted)"
+    if home not in targets:
+        return argmin(targets, score, rng), "follow-up: migrate (home overloaded)"
+    by_cost = cfg.smetric_migration in ("cost", "work") or (
+        cfg.smetric_migration == "fetch" and float(gh) >= cfg.min_local_hit_ratio * float(n)
+    )
+    if by_cost:
+        best = argmin(targets, score, rng)
+        compared = pending if cfg.smetric_migration == "work" else score
+        if compared(home) <= (1.0 + cfg.smetric_migration_margin) * compared(best):
+            return home, "follow-up: sticky"
+        return best, "follow-up: migrate (cheaper elsewhere)"
+    if meets(home):
+        return home, "follow-up: sticky"
+    if not any(meets(i) for i in targets):
+        return home, "follow-up: sticky (no instance meets TTFT budget)"
+    return argmin(targets, score, rng), "follow-up: migrate (home misses TTFT budget)"

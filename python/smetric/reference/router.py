@@ -19,7 +19,7 @@ from . import policies
 from .config import ReferenceConfig
 from .hashing import InvalidInputError, chain_root, check_u64, hash_blocks, request_id_value, token_list
 from .index import GLOBAL, KvIndex
-from .load import InstanceLoad, RequestRecord, apply_finished, apply_prefilled, apply_routed
+from .load import InstanceLoad, RequestRecord, apply_finished, apply_prefilled, apply_routed, prefill_work
 from .policies import Candidate, CounterRng, RouteInput
 
 POLICIES = ("round_robin", "least_load", "cache_first", "linear", "lmetric", "lpwl", "smetric")
@@ -259,12 +259,18 @@ class ReferenceRouter:
         global_hit = self._hit_tokens(hits.global_blocks, n) if self._global_enabled else 0
 
         cands: list[Candidate] = []
+        cfg = self._config
         for slot in live:
             s = self._slots[slot]
             assert s is not None
             bs_eff, waiting_eff = s.load.effective(now_ms, self._staleness_ms)
             local_hit = self._hit_tokens(hits.local_blocks[slot], n)
-            cands.append(Candidate(local_hit, bs_eff, waiting_eff, s.load.queued, s.load.active))
+            rate = cfg.smetric_drain_rate
+            if rate is None:
+                rate = s.load.drain.learned if s.load.drain.learned is not None else cfg.smetric_drain_rate_fallback
+            cands.append(
+                Candidate(local_hit, bs_eff, waiting_eff, s.load.queued, s.load.active, s.load.queued_work, rate)
+            )
         req = RouteInput(n=n, global_hit=global_hit, block_size=self._block_size, first_turn=first_turn)
         pos, reason = self._choose(cands, req)
 
@@ -276,9 +282,12 @@ class ReferenceRouter:
         if key is None:  # §8: issued ids count up from 2^63, for routed requests only
             key = self._next_auto_id
             self._next_auto_id += 1
+        work = prefill_work(prefill, n, cfg.smetric_l_eq_tokens)
         # §3: an id still in flight is simply overwritten (its old record is lost).
-        self._requests[key] = RequestRecord(chosen_slot, chosen.generation, prefill, n)
-        apply_routed(chosen.load, prefill, n)
+        self._requests[key] = RequestRecord(
+            chosen_slot, chosen.generation, prefill, n, work=work, work_ahead=cands[pos].queued_work, routed_ms=now_ms
+        )
+        apply_routed(chosen.load, prefill, n, work)
         self._routed += 1
 
         if self._config.index_mode == "approximate":  # §2.6: insert-on-route
@@ -321,6 +330,8 @@ class ReferenceRouter:
                 return policies.lmetric(cands, req, rng)
             case "lpwl":
                 return policies.lpwl(cands, req, rng)
+            case _ if cfg.smetric_rule == "v2":
+                return policies.smetric_paper(cands, req, cfg, rng)
             case _:
                 return policies.smetric(cands, req, cfg, rng)
 
@@ -332,7 +343,8 @@ class ReferenceRouter:
             return None
         return s.load
 
-    def on_prefilled(self, request_id: int | str) -> bool:
+    def on_prefilled(self, request_id: int | str, now: float | None = None) -> bool:
+        now_ms = self._now_ms(now)
         record = self._requests.get(request_id_value(request_id))
         if record is None:
             self._unknown_request_events += 1
@@ -341,6 +353,13 @@ class ReferenceRouter:
         if load is None or record.prefilled:
             return False
         apply_prefilled(load, record)
+        cfg = self._config
+        load.drain.record(
+            record.work_ahead + record.work,
+            max(now_ms - record.routed_ms, 0),
+            cfg.smetric_drain_window,
+            cfg.smetric_drain_min_samples,
+        )
         return True
 
     def _finish(self, request_id: int | str) -> bool:
@@ -451,7 +470,7 @@ class ReferenceRouter:
             self._index.clear(key)
 
     # -- read-only surface ---------------------------------------------------------------------
-    def load(self, instance: str) -> dict[str, int | float]:
+    def load(self, instance: str) -> dict[str, int | float | None]:
         return self._slot(instance).load.as_dict()
 
     def hash_tokens(self, tokens: Iterable[SupportsIndex], namespace: str | None = None) -> list[int]:

@@ -46,6 +46,9 @@ from smetric.sim.config import (
     FORMATS,
     INDEX_FEEDS,
     MOONCAKE_SEGMENT_BYTES_PER_RANK,
+    NAMED_SLOS,
+    PAPER_SLO,
+    PAPER_SLO_235B,
     PD_DEFAULTS,
     POLICY_VARIANTS,
     SLO,
@@ -62,6 +65,7 @@ from smetric.sim.config import (
 )
 from smetric.sim.runner import (
     ATTAINMENT_TARGET,
+    COLLAPSE_ATTAINMENT,
     PolicySummary,
     RunResult,
     RunSpec,
@@ -69,16 +73,21 @@ from smetric.sim.runner import (
     load_unit,
     run_grid,
     run_one,
+    run_until_collapse,
     summarize,
 )
 
 __all__ = [
     "ATTAINMENT_TARGET",
+    "COLLAPSE_ATTAINMENT",
     "DECODE_RULES",
     "DEFAULT_SLOS",
     "FORMATS",
     "INDEX_FEEDS",
     "MOONCAKE_SEGMENT_BYTES_PER_RANK",
+    "NAMED_SLOS",
+    "PAPER_SLO",
+    "PAPER_SLO_235B",
     "PD_DEFAULTS",
     "POLICY_VARIANTS",
     "SLO",
@@ -115,6 +124,7 @@ __all__ = [
     "policy_router",
     "run_grid",
     "run_one",
+    "run_until_collapse",
     "sim_config_defaults",
     "sim_profiles",
     "sim_tier_paths",

@@ -26,6 +26,7 @@ from smetric.sim.config import (
     ENGINE_DEFAULTS,
     FORMATS,
     INDEX_FEEDS,
+    NAMED_SLOS,
     POLICY_VARIANTS,
     SLO,
     TIER_PATHS,
@@ -37,7 +38,19 @@ from smetric.sim.config import (
     policy_router,
 )
 from smetric.sim.report import comparison_table, index_feed_table, plot_tps_vs_load, slo_lines, write_outputs
-from smetric.sim.runner import PolicySummary, RunResult, RunSpec, load_trace, load_unit, run_grid, summarize
+from smetric.sim.runner import (
+    COLLAPSE_ATTAINMENT,
+    LADDER_STEP,
+    MAX_EXTRA_RUNGS,
+    PolicySummary,
+    RunResult,
+    RunSpec,
+    load_trace,
+    load_unit,
+    run_grid,
+    run_until_collapse,
+    summarize,
+)
 
 LADDER: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 2.5)
 """Loads of ``simulate``'s TPS-vs-load curve, as multiples of ``--load``: from half the
@@ -97,6 +110,16 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         default="",
         help="tail-TBT bounds in ms (mean of a request's longest tenth of token gaps, Mooncake's TBT); each adds "
         "an SLO setting: the headline TTFT and TPOT bounds plus that bound (default: none)",
+    )
+    p.add_argument(
+        "--slo",
+        default="",
+        help="named SLO settings to score beside the others, comma-separated: "
+        + ", ".join(
+            f"{name} ({slo(ENGINE_DEFAULTS['profile']).label} for the default profile)"
+            for name, slo in NAMED_SLOS.items()
+        )
+        + " (default: none)",
     )
     p.add_argument(
         "--ttft-base-s",
@@ -186,6 +209,8 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
     if any(not t > 0 for t in tails):
         _die("--tbt-tail-ms bounds must be > 0")
     slos += tuple(replace(slos[0], tbt_tail_s=t / 1e3) for t in tails)
+    for name in _names(args.slo, tuple(NAMED_SLOS), "--slo"):
+        slos += (NAMED_SLOS[name](args.profile),)
     config = SimulationConfig(instances=args.instances, profile=args.profile, slos=slos)
     if args.layerwise and args.tier_path != "lmcache":
         _die("--layerwise needs --tier-path lmcache")
@@ -313,15 +338,21 @@ def simulate_command(args: argparse.Namespace) -> int:
 def _sweep_table(summaries: list[PolicySummary], unit: str, slo: SLO) -> str:
     lines = [
         f"{slo.label}",
-        f"{'policy':<20} {'tier':>4} {'peak TPS<=SLO':>13} {'at load':>8} {'max load, attain>=90%':>22}",
+        f"{'policy':<20} {'tier':>4} {'peak TPS<=SLO':>13} {'at load':>8} {'max load, attain>=90%':>22} "
+        f"{'collapsed at':>12}",
     ]
     for s in sorted(summaries, key=lambda s: (not s.tier, s.policy)):
         sustainable = "none" if s.max_load_at_target is None else f"{s.max_load_at_target:g}"
+        collapsed = "not reached" if s.collapsed_at is None else f"{s.collapsed_at:g}"
         lines.append(
             f"{s.policy:<20} {'on' if s.tier else 'off':>4} {s.peak_tps_under_slo:>13,.0f} "
-            f"{s.load_at_peak:>8g} {sustainable:>22}"
+            f"{s.load_at_peak:>8g} {sustainable:>22} {collapsed:>12}"
         )
-    return "\n".join(lines) + f"\n(loads in {unit})"
+    return (
+        "\n".join(lines)
+        + f"\n(loads in {unit}; collapsed: attainment < {COLLAPSE_ATTAINMENT:.0%} at or past the peak, which the"
+        + " ladder then brackets)"
+    )
 
 
 def sweep_command(args: argparse.Namespace) -> int:
@@ -348,7 +379,15 @@ def sweep_command(args: argparse.Namespace) -> int:
         f"{len(seeds)} seeds x {len(tiers)} tier settings), {args.jobs} processes",
         file=sys.stderr,
     )
-    results = run_grid(specs, jobs=args.jobs, progress=False if args.no_progress else None)
+    progress = False if args.no_progress else None
+    if args.until_collapse and not (args.ladder_step > 1.0 and args.max_extra_rungs >= 0):
+        _die("--ladder-step must be > 1 and --max-extra-rungs >= 0")
+    if args.until_collapse:
+        results = run_until_collapse(
+            specs, step=args.ladder_step, max_extra_rungs=args.max_extra_rungs, jobs=args.jobs, progress=progress
+        )
+    else:
+        results = run_grid(specs, jobs=args.jobs, progress=progress)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print("\n".join(slo_lines(config.slos)))
@@ -370,6 +409,9 @@ def sweep_command(args: argparse.Namespace) -> int:
             config,
             window,
             loads=loads,
+            until_collapse={"step": args.ladder_step, "max_extra_rungs": args.max_extra_rungs}
+            if args.until_collapse
+            else None,
             seeds=seeds,
             tiers=tiers,
             policies=policies,
@@ -444,5 +486,23 @@ def register(sub: Any) -> None:
     sweep.add_argument("--loads", required=True, help="comma-separated loads (sessions/s or speed-up)")
     sweep.add_argument("--seeds", default="0", help="comma-separated seeds (default %(default)s)")
     sweep.add_argument("--tier", choices=("on", "off", "both"), default="on", help="global KV$ tier (default on)")
+    sweep.add_argument(
+        "--until-collapse",
+        action="store_true",
+        help=f"extend each policy's ladder past --loads, x{LADDER_STEP:g} a rung, until its attainment falls below "
+        f"{COLLAPSE_ATTAINMENT:.0%} under every SLO (or --max-extra-rungs), so that every peak is bracketed",
+    )
+    sweep.add_argument(
+        "--ladder-step",
+        type=float,
+        default=LADDER_STEP,
+        help="--until-collapse: load ratio between rungs (default %(default)s)",
+    )
+    sweep.add_argument(
+        "--max-extra-rungs",
+        type=int,
+        default=MAX_EXTRA_RUNGS,
+        help="--until-collapse: rungs added at most per policy (default %(default)s)",
+    )
     sweep.add_argument("--out", default="results/sweep", help="output directory (default %(default)s)")
     sweep.set_defaults(func=sweep_command)

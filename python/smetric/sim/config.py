@@ -22,6 +22,7 @@ module adds is the *experiment design* the engine leaves to its caller:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -32,6 +33,8 @@ from smetric._core import (
     DECODE_RULES as CORE_DECODE_RULES,
 )
 from smetric._core import (
+    L_EQ_QWEN3_235B_A22B,
+    L_EQ_QWEN3_CODER_30B_A3B,
     MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK,
     RouterConfig,
     sim_config_defaults,
@@ -71,17 +74,38 @@ SYNTHETIC_DEFAULTS: Final[SyntheticOptions] = synthetic_defaults()
 FORMATS: Final[tuple[TraceFormat, ...]] = get_args(TraceFormat)
 """Trace formats :func:`smetric._core.load_workload` reads."""
 
+
+def _rule_fields(config: RouterConfig) -> dict[str, Any]:
+    """The ``smetric_*`` fields of a preset but ``smetric_l_eq_tokens``, a property of the served
+    model that the run's profile sets (:func:`profile_l_eq_tokens`)."""
+    return {k: v for k, v in config.to_dict().items() if k.startswith("smetric_") and k != "smetric_l_eq_tokens"}
+
+
 POLICY_VARIANTS: Final[dict[str, tuple[PolicyName, dict[str, Any]]]] = {
     "cache_first_max_hit": ("cache_first", {"cache_first_mode": "max_hit"}),
     "cache_first_argmax": ("cache_first", {"cache_first_mode": "argmax"}),
-    "smetric_paper": (
-        "smetric",
-        {k: v for k, v in RouterConfig().paper().to_dict().items() if k.startswith("smetric_")},
-    ),
+    "smetric_paper": ("smetric", _rule_fields(RouterConfig().paper())),
+    "smetric_v1": ("smetric", _rule_fields(RouterConfig().v1())),
 }
 """Extra report names: the core policy and the :class:`RouterConfig` fields it sets.
-``smetric_paper`` is SMetric in the paper's form (``RouterConfig.paper()``, the core's
-``RouterConfig::PAPER``), next to ``smetric`` with its smetric+ defaults."""
+``smetric_paper`` is SMetric as the paper now defines it (the v2 SLO-feasibility rule,
+``RouterConfig.paper()``, the core's ``RouterConfig::PAPER``); ``smetric_v1`` is the July
+paper's overload-threshold rule (``RouterConfig.v1()``, ``RouterConfig::V1``: what
+``smetric_paper`` named before v2), next to ``smetric`` with its smetric+ defaults. A variant
+sets every ``smetric_*`` field; the smetric+ switches (``smetric_kv_fit``,
+``smetric_migration``) sit on top of either rule as ``smetric`` with ``smetric_rule`` and the
+switches in its router config."""
+
+
+def is_235b_profile(profile: str) -> bool:
+    """Whether a simulator profile serves Qwen3-235B-A22B (else it serves Qwen3-Coder-30B-A3B)."""
+    return "qwen3-235b" in profile
+
+
+def profile_l_eq_tokens(profile: str) -> float:
+    """``RouterConfig.smetric_l_eq_tokens`` of the model a simulator profile serves."""
+    return L_EQ_QWEN3_235B_A22B if is_235b_profile(profile) else L_EQ_QWEN3_CODER_30B_A3B
+
 
 TIER_PATHS: Final[tuple[TierPath, ...]] = get_args(TierPath)
 """How KV moves to and from the global tier (the engine's ``TierPath``; the default first):
@@ -129,17 +153,35 @@ def policy_router(name: str, base: RouterConfig | None = None) -> tuple[PolicyNa
 @dataclass(frozen=True)
 class SLO:
     """One SLO setting: TTFT ≤ ``ttft_base_s + ttft_s_per_token · prompt tokens``, TPOT ≤ ``tpot_s``
-    and, when ``tbt_tail_s`` is set, tail TBT (mean of the longest tenth of token gaps) ≤ it."""
+    and, when ``tbt_tail_s`` is set, tail TBT (mean of the longest tenth of token gaps) ≤ it.
+
+    With ``e2e_s_per_output_token`` set it is instead the SMetric paper's end-to-end form
+    (:mod:`smetric.sim.end_to_end_slo`): finish − arrival ≤ the TTFT bound +
+    ``e2e_s_per_output_token · output tokens``, scored from the run's request records; requests
+    whose output exceeds ``max_output_tokens`` are then not measured. :data:`PAPER_SLO` is the
+    paper's setting."""
 
     ttft_base_s: float = _SLO["ttft_base_s"]
     ttft_s_per_token: float = _SLO["ttft_s_per_token"]
     tpot_s: float = _SLO["tpot_s"][0]
     tbt_tail_s: float | None = _SLO["tbt_tail_s"]
+    e2e_s_per_output_token: float | None = None
+    max_output_tokens: int | None = None
+
+    @property
+    def end_to_end(self) -> bool:
+        """Whether this is an end-to-end budget (scored in Python, not by the engine)."""
+        return self.e2e_s_per_output_token is not None
 
     @property
     def label(self) -> str:
-        """A short human-readable form, e.g. ``TTFT≤2s+0.1ms/tok TPOT≤100ms`` (``… TBTtail≤200ms``)."""
-        label = f"TTFT≤{self.ttft_base_s:g}s+{self.ttft_s_per_token * 1e3:g}ms/tok TPOT≤{self.tpot_s * 1e3:g}ms"
+        """A short human-readable form, e.g. ``TTFT≤2s+0.1ms/tok TPOT≤100ms`` (``… TBTtail≤200ms``),
+        or ``e2e≤1s+0.0625ms/tok+20ms/out (out≤16384)`` for an end-to-end budget."""
+        ttft = f"{self.ttft_base_s:g}s+{self.ttft_s_per_token * 1e3:g}ms/tok"
+        if self.e2e_s_per_output_token is not None:
+            label = f"e2e≤{ttft}+{self.e2e_s_per_output_token * 1e3:g}ms/out"
+            return label if self.max_output_tokens is None else f"{label} (out≤{self.max_output_tokens})"
+        label = f"TTFT≤{ttft} TPOT≤{self.tpot_s * 1e3:g}ms"
         return label if self.tbt_tail_s is None else f"{label} TBTtail≤{self.tbt_tail_s * 1e3:g}ms"
 
     def to_dict(self) -> dict[str, float | None]:
@@ -149,7 +191,35 @@ class SLO:
             "ttft_s_per_token": self.ttft_s_per_token,
             "tpot_s": self.tpot_s,
             "tbt_tail_s": self.tbt_tail_s,
+            "e2e_s_per_output_token": self.e2e_s_per_output_token,
+            "max_output_tokens": self.max_output_tokens,
         }
+
+
+PAPER_SLO: Final[SLO] = SLO(
+    ttft_base_s=1.0,
+    ttft_s_per_token=1.0 / 16_000.0,
+    tpot_s=0.020,
+    tbt_tail_s=None,
+    e2e_s_per_output_token=0.020,
+    max_output_tokens=16_384,
+)
+"""The SMetric paper's SLO for Qwen3-Coder-30B-A3B co-located (the simulator's profile; the
+235B profile's is 33 ms per output token): end-to-end ≤ 1 s + input/16,000 s + 20 ms per output
+token, requests with more than 16,384 output tokens dropped. Its TTFT part, ``1 + input/16000``,
+is the paper's prefill-only budget (the run's ``prefill_tps_under_slo``)."""
+
+PAPER_SLO_235B: Final[SLO] = replace(PAPER_SLO, tpot_s=0.033, e2e_s_per_output_token=0.033)
+"""The paper's SLO for Qwen3-235B-A22B: 33 ms per output token."""
+
+
+def paper_slo(profile: str) -> SLO:
+    """The paper's SLO for the model a simulator profile serves."""
+    return PAPER_SLO_235B if is_235b_profile(profile) else PAPER_SLO
+
+
+NAMED_SLOS: Final[dict[str, Callable[[str], SLO]]] = {"paper": paper_slo}
+"""SLO settings by name (``smetric simulate/sweep --slo NAME``), each a function of the profile."""
 
 
 DEFAULT_SLOS: Final[tuple[SLO, ...]] = tuple(SLO(tpot_s=t) for t in _SLO["tpot_s"])
@@ -259,8 +329,13 @@ class SimulationConfig:
         return replace(self, router=tuple(sorted(merged.items())))
 
     def router_config(self) -> RouterConfig | None:
-        """The router config to run with (``None``: the defaults)."""
-        return RouterConfig(**dict(self.router)) if self.router else None
+        """The router config to run with (``None``: the defaults). ``smetric_l_eq_tokens`` is the
+        profile's model's unless the overrides set it."""
+        fields = dict(self.router)
+        l_eq = profile_l_eq_tokens(self.profile)
+        if "smetric_l_eq_tokens" not in fields and l_eq != RouterConfig().smetric_l_eq_tokens:
+            fields["smetric_l_eq_tokens"] = l_eq
+        return RouterConfig(**fields) if fields else None
 
     def with_feed(self, feed: str, event_delay_s: float | None = None) -> SimulationConfig:
         """A copy whose router index is fed by ``feed`` (one of :data:`INDEX_FEEDS`).
@@ -321,20 +396,25 @@ class SimulationConfig:
         and re-scores the same run under further SLOs on request: SLOs sharing the first one's
         TTFT and tail-TBT bounds go in ``slo``, each other one becomes a variant. Entry ``k`` of
         the returned positions is ``(variant, index)`` of ``slos[k]``: variant 0 is
-        ``report["slo"]``, variant ``v`` is ``report["slo_variants"][v - 1]``.
+        ``report["slo"]``, variant ``v`` is ``report["slo_variants"][v - 1]``, variant ``-1`` an
+        end-to-end SLO the runner scores from the request records (which the config then keeps).
         """
         if not self.slos:
             raise ValueError("a SimulationConfig needs at least one SLO")
-        head = self.slos[0]
+        engine_slos = [s for s in self.slos if not s.end_to_end]
+        # The engine scores some SLO in every run; with only end-to-end ones, its default.
+        head = engine_slos[0] if engine_slos else SLO()
 
         def shared(s: SLO) -> tuple[float, float, float | None]:
             return (s.ttft_base_s, s.ttft_s_per_token, s.tbt_tail_s)
 
-        same_ttft = [s for s in self.slos if shared(s) == shared(head)]
+        same_ttft = [s for s in engine_slos if shared(s) == shared(head)] or [head]
         variants: list[dict[str, Any]] = []
         where: list[tuple[int, int]] = []
-        for s in self.slos:
-            if s in same_ttft:
+        for k, s in enumerate(self.slos):
+            if s.end_to_end:
+                where.append((-1, k))  # scored from the records (smetric.sim.end_to_end_slo)
+            elif s in same_ttft:
                 where.append((0, same_ttft.index(s)))
             else:
                 variants.append(
@@ -369,6 +449,8 @@ class SimulationConfig:
         }
         if self.pd is not None:
             config["pd"] = self.pd.settings()
+        if any(s.end_to_end for s in self.slos):
+            config["keep_records"] = True
         return config, variants, where
 
     def describe(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final
 
@@ -34,6 +34,7 @@ from smetric._core import Workload, load_workload, simulate
 from smetric._types import LoadSeries, SimReport, SloResult
 from smetric.errors import MissingExtraError, SimulationError
 from smetric.sim.config import SimulationConfig, TraceSpec, Window, policy_router
+from smetric.sim.end_to_end_slo import score_end_to_end
 
 try:
     from tqdm import tqdm
@@ -41,6 +42,14 @@ except ModuleNotFoundError as e:
     raise MissingExtraError(__name__, "tqdm", "sim", name=e.name) from e
 
 ATTAINMENT_TARGET: Final[float] = 0.9
+COLLAPSE_ATTAINMENT: Final[float] = 0.5
+"""A load where fewer than half the measured requests meet the SLO is past saturation: TPS under
+SLO falls from there on (the queue grows without bound), so a ladder that reached it brackets
+the peak."""
+LADDER_STEP: Final[float] = 1.25
+""":func:`run_until_collapse`'s ratio between rungs: 25 % steps resolve a peak to within ±12 %."""
+MAX_EXTRA_RUNGS: Final[int] = 8
+"""At most this many rungs past the given ladder (1.25^8 ≈ 6× its top load)."""
 """SLO attainment that defines the highest sustainable load (DistServe's 90%)."""
 CDF_POINTS: Final[int] = 201
 """Quantiles kept of the TTFT distribution of a detailed run."""
@@ -234,11 +243,13 @@ def run_one(spec: RunSpec) -> RunResult:
     policy, router = policy_router(spec.policy, spec.config.router_config())
     report = simulate(workload, policy, config=config, router=router, slo_variants=variants)
     groups = [report["slo"], *report["slo_variants"]]
-    slos = [groups[v][i] for v, i in where]
+    lo, hi = report["window_start_s"], report["window_end_s"]
+    slos = [
+        groups[v][i] if v >= 0 else score_end_to_end(report["records"], spec.config.slos[i], lo, hi) for v, i in where
+    ]
     ttft: list[float] = []
     if spec.detail:
         records = report["records"]
-        lo, hi = report["window_start_s"], report["window_end_s"]
         ttft = [
             t
             for a, t in zip(records["arrival_s"], records["ttft_s"], strict=True)
@@ -333,6 +344,9 @@ class PolicySummary:
     load_at_peak: float
     max_load_at_target: float | None
     """Highest load whose served attainment, and that of every lower load, is ≥ 90%."""
+    collapsed_at: float | None = None
+    """Lowest load at or past the peak whose attainment is below :data:`COLLAPSE_ATTAINMENT`:
+    the ladder brackets the peak. ``None``: it never collapsed, so the peak may lie beyond."""
 
 
 def summarize(results: Iterable[RunResult], slo_index: int = 0) -> list[PolicySummary]:
@@ -355,8 +369,53 @@ def summarize(results: Iterable[RunResult], slo_index: int = 0) -> list[PolicySu
             if a < ATTAINMENT_TARGET:
                 break
             sustainable = load
-        out.append(PolicySummary(policy, tier, loads, tps, att, served, tps[peak], loads[peak], sustainable))
+        collapsed = next((loads[k] for k in range(peak, len(loads)) if att[k] < COLLAPSE_ATTAINMENT), None)
+        out.append(PolicySummary(policy, tier, loads, tps, att, served, tps[peak], loads[peak], sustainable, collapsed))
     return out
+
+
+def _collapsed(runs: Sequence[RunResult]) -> bool:
+    """Whether a (policy, tier) group's runs at one load have collapsed under every SLO (mean
+    attainment over seeds below :data:`COLLAPSE_ATTAINMENT`)."""
+    slos = len(runs[0].slos)
+    return all(_mean(r.slos[k]["attainment"] for r in runs) < COLLAPSE_ATTAINMENT for k in range(slos))
+
+
+def run_until_collapse(
+    specs: Sequence[RunSpec],
+    *,
+    step: float = LADDER_STEP,
+    max_extra_rungs: int = MAX_EXTRA_RUNGS,
+    jobs: int | None = None,
+    progress: bool | None = None,
+) -> list[RunResult]:
+    """Runs ``specs``, then extends each (policy, tier)'s load ladder past saturation: while the
+    group's attainment at its highest load has not collapsed under every SLO, it gets a rung at
+    ``step`` × that load (every seed of the group), up to ``max_extra_rungs`` rungs. Returns
+    every result, the extra rungs' after ``specs``'. The paper's gains live at 8–10× load,
+    near and past saturation, so a peak read off a ladder that stops short of the collapse is
+    not a peak (:attr:`PolicySummary.collapsed_at` tells which ones are bracketed).
+
+    Raises:
+        ValueError: ``step`` ≤ 1 or ``max_extra_rungs`` < 0.
+    """
+    if not step > 1.0 or max_extra_rungs < 0:
+        raise ValueError(f"need step > 1 and max_extra_rungs >= 0, got {step} and {max_extra_rungs}")
+    results = run_grid(specs, jobs=jobs, progress=progress)
+    for _ in range(max_extra_rungs):
+        groups: dict[tuple[str, bool], list[RunResult]] = defaultdict(list)
+        for r in results:
+            groups[(r.spec.policy, r.spec.tier)].append(r)
+        extra: list[RunSpec] = []
+        for runs in groups.values():
+            top = max(r.spec.load for r in runs)
+            at_top = [r for r in runs if r.spec.load == top]
+            if not _collapsed(at_top):
+                extra += [replace(r.spec, load=top * step) for r in at_top]
+        if not extra:
+            break
+        results += run_grid(extra, jobs=jobs, progress=progress)
+    return results
 
 
 def _served(r: RunResult, slo_index: int) -> float:

@@ -117,6 +117,54 @@ impl MigrationRule {
     }
 }
 
+/// Which SMetric rule decides (Figure 13 of arXiv 2607.08565 in its two versions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SmetricRule {
+    /// The July v1: relative overload thresholds (`overload_*`) and the eviction test decide
+    /// whether a follow-up leaves its home; moves and first turns take LMetric's score.
+    V1,
+    /// The September v2, the paper's current rule: a follow-up sticks to its home iff the
+    /// home meets the request's TTFT budget (or nobody does), priced with attention-aware
+    /// work and a per-instance drain rate (`policy/smetric_paper.rs`).
+    V2,
+}
+
+impl SmetricRule {
+    /// The name used in configs and in Python.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::V1 => "v1",
+            Self::V2 => "v2",
+        }
+    }
+
+    /// Parses a config name.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "v1" => Ok(Self::V1),
+            "v2" => Ok(Self::V2),
+            other => Err(SmetricError::InvalidConfig {
+                field: "smetric_rule",
+                reason: format!("{other:?} is not one of \"v1\", \"v2\""),
+            }),
+        }
+    }
+}
+
+/// `L_EQ` of Qwen3-Coder-30B-A3B, in tokens: the context length at which a token's attention
+/// FLOPs equal its linear-layer (projection + MoE expert) FLOPs. A token at position `p` costs
+/// `linear + p·attn`; with `attn = linear / L_EQ`, prefilling `n` new tokens after `L − n`
+/// cached ones costs `Σ_{p=L−n}^{L−1} (1 + p/L_EQ) ≈ n + n·(L − n/2)/L_EQ` cold-token
+/// equivalents. So `L_EQ = per-token linear FLOPs / per-context-position attention FLOPs`
+/// (`2·P_active / (4·layers·query heads·head dim)` for plain softmax attention). The value is
+/// the paper's (arXiv 2607.08565 v2), which its authors measured for this model.
+pub const L_EQ_QWEN3_CODER_30B_A3B: f64 = 6_923.0;
+/// `L_EQ` of Qwen3-235B-A22B (the paper's second profile), in tokens; derived as above.
+pub const L_EQ_QWEN3_235B_A22B: f64 = 13_568.0;
+
+/// Largest drain-rate window (samples kept per instance): keeps the median's sort cheap.
+pub const MAX_DRAIN_WINDOW: u32 = 1024;
+
 /// All tunables of the router. See `docs/routing-semantics.md` §9 for the reasons.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouterConfig {
@@ -173,6 +221,28 @@ pub struct RouterConfig {
     pub smetric_kv_fit: bool,
     /// `smetric` with `smetric_kv_fit`: tokens a first turn reserves for its session's growth.
     pub smetric_growth_headroom_tokens: f64,
+    /// `smetric`: the rule (v1 thresholds, v2 SLO feasibility). `min_local_hit_ratio` is the
+    /// eviction test of both (v2's HIT_RATIO); `smetric_kv_fit`, its headroom and
+    /// `smetric_migration` / `smetric_migration_margin` apply to both.
+    pub smetric_rule: SmetricRule,
+    /// `smetric` v2: `L_EQ` of the served model, tokens (the work model's attention term).
+    pub smetric_l_eq_tokens: f64,
+    /// `smetric` v2: SLACK, the share of the TTFT budget the queue may take.
+    pub smetric_ttft_slack: f64,
+    /// `smetric` v2: the TTFT budget's fixed part `b`, seconds.
+    pub smetric_ttft_base_s: f64,
+    /// `smetric` v2: the TTFT budget's slope `a`, seconds per prompt token.
+    pub smetric_ttft_s_per_token: f64,
+    /// `smetric` v2: every instance's prefill drain rate, work units per second; `None`
+    /// learns it per instance from the first-token latencies (`drain_rate.rs`).
+    pub smetric_drain_rate: Option<f64>,
+    /// `smetric` v2: the rate an instance is assumed to drain at until it has
+    /// `smetric_drain_min_samples` samples, work units per second.
+    pub smetric_drain_rate_fallback: f64,
+    /// `smetric` v2: first-token samples each instance's learned rate is the median of.
+    pub smetric_drain_window: u32,
+    /// `smetric` v2: samples an instance needs before its learned rate replaces the fallback.
+    pub smetric_drain_min_samples: u32,
 }
 
 impl RouterConfig {
@@ -203,24 +273,41 @@ impl RouterConfig {
         smetric_migration_margin: 0.25,
         smetric_kv_fit: true,
         smetric_growth_headroom_tokens: 0.0,
+        smetric_rule: SmetricRule::V1,
+        smetric_l_eq_tokens: L_EQ_QWEN3_CODER_30B_A3B,
+        smetric_ttft_slack: 1.0,
+        smetric_ttft_base_s: 1.0,
+        smetric_ttft_s_per_token: 1.0 / 16_000.0,
+        smetric_drain_rate: None,
+        // The middle of the paper's measured 21–24K work/s for the 30B model on one H20.
+        smetric_drain_rate_fallback: 22_000.0,
+        smetric_drain_window: 64,
+        smetric_drain_min_samples: 8,
     };
 
-    /// The paper's SMetric (the `smetric_paper` preset): every `smetric_*` switch off. Only
-    /// the `smetric_*` fields differ from [`RouterConfig::DEFAULT`].
-    pub const PAPER: RouterConfig = RouterConfig {
+    /// The July paper's SMetric (the `smetric_v1` preset): the v1 rule, every smetric+ switch
+    /// off. Only the `smetric_*` fields differ from [`RouterConfig::DEFAULT`].
+    pub const V1: RouterConfig = RouterConfig {
         smetric_active_weight: 0.0,
         smetric_batch_term: true,
         smetric_migration: MigrationRule::Threshold,
         smetric_migration_margin: 0.0,
         smetric_kv_fit: false,
         smetric_growth_headroom_tokens: 0.0,
+        smetric_rule: SmetricRule::V1,
         ..RouterConfig::DEFAULT
     };
 
-    /// This config with the `smetric_*` fields of the paper's form.
-    #[must_use]
-    pub fn with_paper_smetric(&self) -> RouterConfig {
-        let p = Self::PAPER;
+    /// The paper's SMetric as it now stands (the `smetric_paper` preset): the v2 rule with
+    /// its defaults, every smetric+ switch off.
+    pub const PAPER: RouterConfig = RouterConfig {
+        smetric_rule: SmetricRule::V2,
+        ..RouterConfig::V1
+    };
+
+    /// This config with the `smetric_*` fields of `preset` (the rest unchanged).
+    fn with_smetric_of(&self, preset: &RouterConfig) -> RouterConfig {
+        let p = preset;
         RouterConfig {
             smetric_active_weight: p.smetric_active_weight,
             smetric_batch_term: p.smetric_batch_term,
@@ -228,8 +315,29 @@ impl RouterConfig {
             smetric_migration_margin: p.smetric_migration_margin,
             smetric_kv_fit: p.smetric_kv_fit,
             smetric_growth_headroom_tokens: p.smetric_growth_headroom_tokens,
+            smetric_rule: p.smetric_rule,
+            smetric_l_eq_tokens: p.smetric_l_eq_tokens,
+            smetric_ttft_slack: p.smetric_ttft_slack,
+            smetric_ttft_base_s: p.smetric_ttft_base_s,
+            smetric_ttft_s_per_token: p.smetric_ttft_s_per_token,
+            smetric_drain_rate: p.smetric_drain_rate,
+            smetric_drain_rate_fallback: p.smetric_drain_rate_fallback,
+            smetric_drain_window: p.smetric_drain_window,
+            smetric_drain_min_samples: p.smetric_drain_min_samples,
             ..self.clone()
         }
+    }
+
+    /// This config with the `smetric_*` fields of the paper's current (v2) form.
+    #[must_use]
+    pub fn with_paper_smetric(&self) -> RouterConfig {
+        self.with_smetric_of(&Self::PAPER)
+    }
+
+    /// This config with the `smetric_*` fields of the July (v1) form.
+    #[must_use]
+    pub fn with_v1_smetric(&self) -> RouterConfig {
+        self.with_smetric_of(&Self::V1)
     }
 }
 
@@ -249,6 +357,17 @@ fn finite_non_negative(field: &'static str, value: f64) -> Result<()> {
         Err(SmetricError::InvalidConfig {
             field,
             reason: format!("must be a finite number >= 0, got {value}"),
+        })
+    }
+}
+
+fn finite_positive(field: &'static str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(SmetricError::InvalidConfig {
+            field,
+            reason: format!("must be a finite number > 0, got {value}"),
         })
     }
 }
@@ -291,6 +410,29 @@ impl RouterConfig {
         finite_non_negative("smetric_active_weight", self.smetric_active_weight)?;
         finite_non_negative("smetric_migration_margin", self.smetric_migration_margin)?;
         finite_non_negative("smetric_growth_headroom_tokens", self.smetric_growth_headroom_tokens)?;
+        finite_positive("smetric_l_eq_tokens", self.smetric_l_eq_tokens)?;
+        finite_non_negative("smetric_ttft_slack", self.smetric_ttft_slack)?;
+        finite_non_negative("smetric_ttft_base_s", self.smetric_ttft_base_s)?;
+        finite_non_negative("smetric_ttft_s_per_token", self.smetric_ttft_s_per_token)?;
+        if let Some(rate) = self.smetric_drain_rate {
+            finite_positive("smetric_drain_rate", rate)?;
+        }
+        finite_positive("smetric_drain_rate_fallback", self.smetric_drain_rate_fallback)?;
+        if !(1..=MAX_DRAIN_WINDOW).contains(&self.smetric_drain_window) {
+            return Err(SmetricError::InvalidConfig {
+                field: "smetric_drain_window",
+                reason: format!("must be in [1, {MAX_DRAIN_WINDOW}], got {}", self.smetric_drain_window),
+            });
+        }
+        if !(1..=self.smetric_drain_window).contains(&self.smetric_drain_min_samples) {
+            return Err(SmetricError::InvalidConfig {
+                field: "smetric_drain_min_samples",
+                reason: format!(
+                    "must be in [1, smetric_drain_window = {}], got {}",
+                    self.smetric_drain_window, self.smetric_drain_min_samples
+                ),
+            });
+        }
         Ok(())
     }
 }

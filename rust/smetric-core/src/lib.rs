@@ -8,8 +8,9 @@
 //! * [`hash`] — block hashes of token ids (xxh3 per block, chained by a cheap mix);
 //! * [`index`] — the two-tier (GPU per instance, global CPU/store) KV$ index;
 //! * [`load`] — the lock-free load board;
+//! * [`drain_rate`] — each instance's prefill drain rate, learned from first-token latencies;
 //! * [`mix_map`] — the hash map for keys that already are hashes or small ids;
-//! * [`policy`] — the seven policies, one file each;
+//! * [`policy`] — the seven policies, one file each (`smetric` in its two rules, v1 and v2);
 //! * [`turn`] — stateless first-turn inference;
 //! * [`router`] — the decision path tying them together;
 //! * [`pd`] — disaggregated prefill/decode: the router over a prefill pool plus the decode choice.
@@ -19,6 +20,7 @@
 //! `docs/routing-semantics.md`, shared with the plain-Python reference.
 
 pub mod config;
+pub mod drain_rate;
 pub mod error;
 pub mod fleet;
 pub mod hash;
@@ -32,7 +34,10 @@ pub mod rng;
 pub mod router;
 pub mod turn;
 
-pub use config::{CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, MigrationRule, RouterConfig};
+pub use config::{
+    CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, L_EQ_QWEN3_235B_A22B, L_EQ_QWEN3_CODER_30B_A3B, MigrationRule,
+    RouterConfig, SmetricRule,
+};
 pub use error::{Result, SmetricError};
 pub use hash::{chain_root, chain_tokens_into, hash_tokens, hash_tokens_into};
 pub use ids::{BlockHash, InstanceId, RequestId};

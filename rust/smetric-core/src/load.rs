@@ -5,9 +5,15 @@
 //! counter negative. Engine snapshots (`update_load`) are stored beside the router's own
 //! counts and fused at read time under a staleness bound (docs §3).
 //!
-//! Complexity: every operation is O(1); a read of one instance is six relaxed loads.
+//! Besides tokens, the board keeps the queued prefill *work* (the v2 rule's attention-aware
+//! cold-token equivalents, rounded up to whole units at routing) and the instance's learned
+//! drain rate ([`DrainRate`]), which the lifecycle feeds.
+//!
+//! Complexity: every operation is O(1); a read of one instance is eight relaxed loads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::drain_rate::DrainRate;
 
 /// "No engine snapshot yet".
 const NEVER: u64 = u64::MAX;
@@ -23,11 +29,14 @@ pub struct InstanceLoad {
     bs: AtomicU64,
     waiting: AtomicU64,
     queued: AtomicU64,
+    queued_work: AtomicU64,
     active: AtomicU64,
     running_e: AtomicU64,
     waiting_e: AtomicU64,
     kv_usage_bits: AtomicU64,
     stamp_ms: AtomicU64,
+    /// The instance's learned prefill drain rate.
+    pub drain: DrainRate,
 }
 
 impl Default for InstanceLoad {
@@ -36,11 +45,13 @@ impl Default for InstanceLoad {
             bs: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             queued: AtomicU64::new(0),
+            queued_work: AtomicU64::new(0),
             active: AtomicU64::new(0),
             running_e: AtomicU64::new(0),
             waiting_e: AtomicU64::new(0),
             kv_usage_bits: AtomicU64::new(0f64.to_bits()),
             stamp_ms: AtomicU64::new(NEVER),
+            drain: DrainRate::default(),
         }
     }
 }
@@ -54,8 +65,12 @@ pub struct LoadSnapshot {
     pub waiting: u64,
     /// Uncached prompt tokens routed and not yet prefilled.
     pub queued: u64,
+    /// Prefill work (cold-token equivalents, `smetric` v2's `q`) routed and not yet prefilled.
+    pub queued_work: u64,
     /// Prompt tokens of the requests in flight.
     pub active: u64,
+    /// The learned prefill drain rate in work units per second, once enough samples came in.
+    pub drain_rate: Option<f64>,
     /// Engine-reported running requests (last snapshot).
     pub running_e: u64,
     /// Engine-reported waiting requests (last snapshot).
@@ -75,23 +90,27 @@ pub struct EffectiveLoad {
     pub waiting: u64,
     /// Queued uncached prefill tokens (router's own).
     pub queued: u64,
+    /// Queued prefill work (router's own).
+    pub queued_work: u64,
     /// Active tokens (router's own).
     pub active: u64,
 }
 
 impl InstanceLoad {
     /// A decision placed a request here.
-    pub fn on_routed(&self, prefill_tokens: u64, prompt_tokens: u64) {
+    pub fn on_routed(&self, prefill_tokens: u64, prompt_tokens: u64, work: u64) {
         self.bs.fetch_add(1, Ordering::Relaxed);
         self.waiting.fetch_add(1, Ordering::Relaxed);
         self.queued.fetch_add(prefill_tokens, Ordering::Relaxed);
+        self.queued_work.fetch_add(work, Ordering::Relaxed);
         self.active.fetch_add(prompt_tokens, Ordering::Relaxed);
     }
 
     /// A request finished its prefill.
-    pub fn on_prefilled(&self, prefill_tokens: u64) {
+    pub fn on_prefilled(&self, prefill_tokens: u64, work: u64) {
         saturating_sub(&self.waiting, 1);
         saturating_sub(&self.queued, prefill_tokens);
+        saturating_sub(&self.queued_work, work);
     }
 
     /// A request finished or was aborted (after its prefill step was applied).
@@ -121,7 +140,9 @@ impl InstanceLoad {
             bs: self.bs.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),
             queued: self.queued.load(Ordering::Relaxed),
+            queued_work: self.queued_work.load(Ordering::Relaxed),
             active: self.active.load(Ordering::Relaxed),
+            drain_rate: self.drain.learned(),
             running_e: self.running_e.load(Ordering::Relaxed),
             waiting_e: self.waiting_e.load(Ordering::Relaxed),
             kv_usage: f64::from_bits(self.kv_usage_bits.load(Ordering::Relaxed)),
@@ -141,6 +162,7 @@ impl InstanceLoad {
             },
             waiting: if fresh { s.waiting.max(s.waiting_e) } else { s.waiting },
             queued: s.queued,
+            queued_work: s.queued_work,
             active: s.active,
         }
     }
@@ -153,13 +175,13 @@ mod tests {
     #[test]
     fn never_negative_and_fused() {
         let l = InstanceLoad::default();
-        l.on_routed(100, 120);
-        l.on_prefilled(100);
-        l.on_prefilled(100);
+        l.on_routed(100, 120, 150);
+        l.on_prefilled(100, 150);
+        l.on_prefilled(100, 150);
         l.on_done(120);
         l.on_done(120);
         let s = l.snapshot();
-        assert_eq!((s.bs, s.waiting, s.queued, s.active), (0, 0, 0, 0));
+        assert_eq!((s.bs, s.waiting, s.queued, s.queued_work, s.active), (0, 0, 0, 0, 0));
         l.update_engine(Some(5), Some(2), Some(0.5), 1000);
         assert_eq!(l.effective(1500, 1000).bs, 7);
         assert_eq!(l.effective(2001, 1000).bs, 0, "a stale snapshot is ignored");

@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use smetric_core::{CacheFirstMode, IndexMode, MigrationRule, RouterConfig};
+use smetric_core::{CacheFirstMode, IndexMode, MigrationRule, RouterConfig, SmetricRule};
 
 use crate::errors::IntoPyResult;
 
@@ -45,6 +45,15 @@ impl PyRouterConfig {
         smetric_migration_margin = D.smetric_migration_margin,
         smetric_kv_fit = D.smetric_kv_fit,
         smetric_growth_headroom_tokens = D.smetric_growth_headroom_tokens,
+        smetric_rule = D.smetric_rule.name(),
+        smetric_l_eq_tokens = D.smetric_l_eq_tokens,
+        smetric_ttft_slack = D.smetric_ttft_slack,
+        smetric_ttft_base_s = D.smetric_ttft_base_s,
+        smetric_ttft_s_per_token = D.smetric_ttft_s_per_token,
+        smetric_drain_rate = D.smetric_drain_rate,
+        smetric_drain_rate_fallback = D.smetric_drain_rate_fallback,
+        smetric_drain_window = D.smetric_drain_window,
+        smetric_drain_min_samples = D.smetric_drain_min_samples,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -70,6 +79,15 @@ impl PyRouterConfig {
         smetric_migration_margin: f64,
         smetric_kv_fit: bool,
         smetric_growth_headroom_tokens: f64,
+        smetric_rule: &str,
+        smetric_l_eq_tokens: f64,
+        smetric_ttft_slack: f64,
+        smetric_ttft_base_s: f64,
+        smetric_ttft_s_per_token: f64,
+        smetric_drain_rate: Option<f64>,
+        smetric_drain_rate_fallback: f64,
+        smetric_drain_window: u32,
+        smetric_drain_min_samples: u32,
     ) -> PyResult<Self> {
         let inner = RouterConfig {
             hash_seed,
@@ -94,6 +112,15 @@ impl PyRouterConfig {
             smetric_migration_margin,
             smetric_kv_fit,
             smetric_growth_headroom_tokens,
+            smetric_rule: SmetricRule::parse(smetric_rule).py()?,
+            smetric_l_eq_tokens,
+            smetric_ttft_slack,
+            smetric_ttft_base_s,
+            smetric_ttft_s_per_token,
+            smetric_drain_rate,
+            smetric_drain_rate_fallback,
+            smetric_drain_window,
+            smetric_drain_min_samples,
         };
         inner.validate().py()?;
         Ok(Self { inner })
@@ -187,12 +214,56 @@ impl PyRouterConfig {
     fn smetric_growth_headroom_tokens(&self) -> f64 {
         self.inner.smetric_growth_headroom_tokens
     }
+    #[getter]
+    fn smetric_rule(&self) -> &'static str {
+        self.inner.smetric_rule.name()
+    }
+    #[getter]
+    fn smetric_l_eq_tokens(&self) -> f64 {
+        self.inner.smetric_l_eq_tokens
+    }
+    #[getter]
+    fn smetric_ttft_slack(&self) -> f64 {
+        self.inner.smetric_ttft_slack
+    }
+    #[getter]
+    fn smetric_ttft_base_s(&self) -> f64 {
+        self.inner.smetric_ttft_base_s
+    }
+    #[getter]
+    fn smetric_ttft_s_per_token(&self) -> f64 {
+        self.inner.smetric_ttft_s_per_token
+    }
+    #[getter]
+    fn smetric_drain_rate(&self) -> Option<f64> {
+        self.inner.smetric_drain_rate
+    }
+    #[getter]
+    fn smetric_drain_rate_fallback(&self) -> f64 {
+        self.inner.smetric_drain_rate_fallback
+    }
+    #[getter]
+    fn smetric_drain_window(&self) -> u32 {
+        self.inner.smetric_drain_window
+    }
+    #[getter]
+    fn smetric_drain_min_samples(&self) -> u32 {
+        self.inner.smetric_drain_min_samples
+    }
 
-    /// This config with SMetric in the paper's form (every ``smetric_*`` switch as in
-    /// ``RouterConfig::PAPER``); the other fields unchanged.
+    /// This config with SMetric in the paper's current form (the v2 rule; every ``smetric_*``
+    /// field as in ``RouterConfig::PAPER``); the other fields unchanged.
     fn paper(&self) -> Self {
         Self {
             inner: self.inner.with_paper_smetric(),
+        }
+    }
+
+    /// This config with SMetric in the July paper's form (the v1 rule; every ``smetric_*``
+    /// field as in ``RouterConfig::V1``); the other fields unchanged.
+    fn v1(&self) -> Self {
+        Self {
+            inner: self.inner.with_v1_smetric(),
         }
     }
 
@@ -222,6 +293,15 @@ impl PyRouterConfig {
         d.set_item("smetric_migration_margin", c.smetric_migration_margin)?;
         d.set_item("smetric_kv_fit", c.smetric_kv_fit)?;
         d.set_item("smetric_growth_headroom_tokens", c.smetric_growth_headroom_tokens)?;
+        d.set_item("smetric_rule", c.smetric_rule.name())?;
+        d.set_item("smetric_l_eq_tokens", c.smetric_l_eq_tokens)?;
+        d.set_item("smetric_ttft_slack", c.smetric_ttft_slack)?;
+        d.set_item("smetric_ttft_base_s", c.smetric_ttft_base_s)?;
+        d.set_item("smetric_ttft_s_per_token", c.smetric_ttft_s_per_token)?;
+        d.set_item("smetric_drain_rate", c.smetric_drain_rate)?;
+        d.set_item("smetric_drain_rate_fallback", c.smetric_drain_rate_fallback)?;
+        d.set_item("smetric_drain_window", c.smetric_drain_window)?;
+        d.set_item("smetric_drain_min_samples", c.smetric_drain_min_samples)?;
         Ok(d)
     }
 

@@ -27,6 +27,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::PyRouterConfig>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_BLOCK_SIZE", smetric_core::DEFAULT_BLOCK_SIZE)?;
+    m.add("L_EQ_QWEN3_CODER_30B_A3B", smetric_core::L_EQ_QWEN3_CODER_30B_A3B)?;
+    m.add("L_EQ_QWEN3_235B_A22B", smetric_core::L_EQ_QWEN3_235B_A22B)?;
     // The policy names, generated from the core's list so Python never restates them.
     let policies = smetric_core::PolicyKind::ALL.map(smetric_core::PolicyKind::name);
     m.add("POLICIES", PyTuple::new(m.py(), policies)?)?;

@@ -193,8 +193,9 @@ impl PyPdRouter {
     }
 
     /// The prefill instance computed the prompt; the KV transfer starts.
-    fn on_prefilled(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(self.inner.on_prefilled(convert::request_id(request_id)?))
+    #[pyo3(signature = (request_id, now = None))]
+    fn on_prefilled(&self, request_id: &Bound<'_, PyAny>, now: Option<f64>) -> PyResult<bool> {
+        self.inner.on_prefilled_at(convert::request_id(request_id)?, now).py()
     }
 
     /// The decode instance has read the KV; the prefill instance frees its blocks.

@@ -240,7 +240,9 @@ pub(crate) fn load_dict<'py>(py: Python<'py>, l: &smetric_core::LoadSnapshot) ->
     d.set_item("batch_size", l.bs)?;
     d.set_item("waiting", l.waiting)?;
     d.set_item("queued", l.queued)?;
+    d.set_item("queued_work", l.queued_work)?;
     d.set_item("active", l.active)?;
+    d.set_item("drain_rate", l.drain_rate)?;
     d.set_item("engine_running", l.running_e)?;
     d.set_item("engine_waiting", l.waiting_e)?;
     d.set_item("kv_usage", l.kv_usage)?;
@@ -363,9 +365,10 @@ impl PyRouter {
         })
     }
 
-    /// The request's prefill is done (first token out).
-    fn on_prefilled(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(self.inner.on_prefilled(convert::request_id(request_id)?))
+    /// The request's prefill is done (first token out), at ``now`` (the router's clock when absent).
+    #[pyo3(signature = (request_id, now = None))]
+    fn on_prefilled(&self, request_id: &Bound<'_, PyAny>, now: Option<f64>) -> PyResult<bool> {
+        self.inner.on_prefilled_at(convert::request_id(request_id)?, now).py()
     }
 
     /// The request finished, having generated ``output_tokens`` tokens.

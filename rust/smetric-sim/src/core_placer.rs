@@ -208,8 +208,10 @@ impl Placer for CorePlacer {
         })
     }
 
-    fn on_prefilled(&mut self, request_id: u64, _now: f64) {
-        self.router.on_prefilled(RequestId(request_id));
+    fn on_prefilled(&mut self, request_id: u64, now: f64) {
+        // The simulated clock is finite and >= 0, so the call cannot fail; the router's
+        // answer (whether a counter changed) carries nothing the simulation needs.
+        let _ = self.router.on_prefilled_at(RequestId(request_id), Some(now));
     }
 
     fn on_finished(&mut self, request_id: u64, output_tokens: u32, _now: f64) {

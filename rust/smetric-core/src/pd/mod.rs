@@ -213,7 +213,8 @@ impl PdRouter {
                 return Err(SmetricError::DuplicateInstance { name: name.clone() });
             }
         }
-        let router = Router::new(prefill, policy, block_size, seed, config)?;
+        let mut router = Router::new(prefill, policy, block_size, seed, config)?;
+        router.prefill_only = true;
         let mut index = KvIndex::new(IndexLimits {
             local_capacity: pd.decode_capacity_blocks,
             global_capacity: 0,
@@ -384,12 +385,19 @@ impl PdRouter {
     }
 
     /// The prefill instance finished computing the prompt; the transfer starts. Returns
-    /// whether a counter changed.
+    /// whether a counter changed. The prefill router's clock times it.
     pub fn on_prefilled(&self, id: RequestId) -> bool {
+        self.on_prefilled_at(id, None).unwrap_or(false)
+    }
+
+    /// As [`PdRouter::on_prefilled`], at time `now` (seconds, the clock `route` was given; the
+    /// prefill router's own when absent), which times the prefill instance's drain rate.
+    pub fn on_prefilled_at(&self, id: RequestId, now: Option<f64>) -> Result<bool> {
+        let now_ms = self.prefill.now_ms(now)?;
         if !self.requests.lock().contains_key(&id) {
-            return self.unknown();
+            return Ok(self.unknown());
         }
-        self.prefill.on_prefilled(id)
+        Ok(self.prefill.prefilled_at(id, now_ms))
     }
 
     /// The decode instance has read the KV: the prefill instance frees (and keeps cached) the

@@ -36,7 +36,7 @@ fn follow_up_prefills_at_home_and_decodes_where_its_kv_is() {
         PolicyKind::Smetric,
         4,
         7,
-        RouterConfig::PAPER,
+        RouterConfig::V1,
         PdConfig::default(),
     )
     .unwrap();
@@ -238,4 +238,43 @@ fn excluded_instances_are_skipped_on_both_sides() {
         6,
         "no prefill decision was counted for the failed call"
     );
+}
+
+/// `smetric` v2 on a PD router's prefill pool scores `q + w` (a prefill instance's batch is
+/// requests waiting for their transfer, which costs no prefill time), where a co-located
+/// router scores `(q + w) × active requests`. p0 holds two prefilled requests awaiting their
+/// transfer (batch 2, nothing queued); p1 one request not yet prefilled (batch 1, a 16-token
+/// prompt's 17 work units queued). A 64-token first turn (65 units): the prefill pool picks p0
+/// (65 against 82); the co-located form would pick p1 (65 · 2 = 130 against 82 · 1).
+#[test]
+fn v2_scores_pending_work_alone_on_the_prefill_pool() {
+    let r = PdRouter::new(
+        &names("p", 2),
+        &names("d", 1),
+        PolicyKind::Smetric,
+        4,
+        7,
+        RouterConfig::PAPER,
+        PdConfig::default(),
+    )
+    .unwrap();
+    let at = |tokens: &[u32], now: f64, exclude: &[&str]| {
+        r.route(&RouteRequest {
+            now: Some(now),
+            exclude,
+            ..RouteRequest::new(Prompt::Tokens(tokens))
+        })
+        .unwrap()
+    };
+    for k in 0..2u32 {
+        let tokens: Vec<u32> = (1000 * (k + 1)..1000 * (k + 1) + 16).collect();
+        let d = at(&tokens, 0.0, &["p1"]);
+        assert!(r.on_prefilled_at(d.prefill.request_id, Some(0.01)).unwrap());
+    }
+    let waiting: Vec<u32> = (5000..5016).collect();
+    assert_eq!(&*at(&waiting, 0.02, &["p0"]).prefill.instance_name, "p1");
+    let (p0, p1) = (r.prefill().load("p0").unwrap(), r.prefill().load("p1").unwrap());
+    assert_eq!((p0.bs, p0.queued_work, p1.bs, p1.queued_work), (2, 0, 1, 17));
+    let first: Vec<u32> = (9000..9064).collect();
+    assert_eq!(&*at(&first, 0.03, &[]).prefill.instance_name, "p0");
 }

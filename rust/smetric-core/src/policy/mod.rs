@@ -17,6 +17,7 @@ mod lmetric;
 mod lpwl;
 mod round_robin;
 mod smetric;
+mod smetric_paper;
 
 use std::fmt::Debug;
 
@@ -47,6 +48,24 @@ pub struct Candidate {
     pub queued: u64,
     /// Prompt tokens of the requests in flight.
     pub active: u64,
+    /// Prefill work queued (cold-token equivalents, see [`prefill_work`]): `smetric` v2's `q`.
+    pub queued_work: u64,
+    /// The instance's prefill drain rate, work units per second (configured, learned, or the
+    /// fallback): `smetric` v2's `RATE`.
+    pub drain_rate: f64,
+}
+
+/// The prefill work of computing `new_tokens` at the end of an `prompt_tokens`-token prompt,
+/// in cold-token equivalents, rounded up: `n + n·(L − n/2)/L_EQ` (linear cost plus causal
+/// attention over the context; `config::L_EQ_QWEN3_CODER_30B_A3B` derives it). What the load
+/// board charges at routing and releases at the first token.
+#[inline]
+///
+/// Written with the reciprocal `1/L_EQ` so that a loop over candidates divides once (the
+/// division is loop-invariant and hoisted), not once per candidate.
+pub fn prefill_work(new_tokens: u64, prompt_tokens: u64, l_eq_tokens: f64) -> u64 {
+    let (n, l) = (new_tokens as f64, prompt_tokens as f64);
+    (n + n * (l - n / 2.0) * (1.0 / l_eq_tokens)).ceil() as u64
 }
 
 impl Candidate {
@@ -72,6 +91,9 @@ pub struct SelectionInput<'a> {
     pub first_turn: bool,
     /// Tokens per block.
     pub block_size: u32,
+    /// Whether the instances only prefill (the prefill pool of a PD router) rather than
+    /// prefill and decode (co-located).
+    pub prefill_only: bool,
     /// The router's configuration.
     pub config: &'a RouterConfig,
     /// The router's random stream.
@@ -107,6 +129,11 @@ pub enum Reason {
     MigrateOverloaded,
     /// `smetric` (cost rule), follow-up moved: another instance's score beats its home's.
     MigrateCheaper,
+    /// `smetric` v2, follow-up moved: its home cannot meet the TTFT budget and another can.
+    MigrateInfeasible,
+    /// `smetric` v2, follow-up kept at its home although the home cannot meet the TTFT
+    /// budget: no instance can.
+    StayNoneFeasible,
 }
 
 impl Reason {
@@ -126,11 +153,13 @@ impl Reason {
             Self::MigrateEvicted => "follow-up: migrate (local KV$ evicted)",
             Self::MigrateOverloaded => "follow-up: migrate (home overloaded)",
             Self::MigrateCheaper => "follow-up: migrate (cheaper elsewhere)",
+            Self::MigrateInfeasible => "follow-up: migrate (home misses TTFT budget)",
+            Self::StayNoneFeasible => "follow-up: sticky (no instance meets TTFT budget)",
         }
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 15] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
@@ -144,6 +173,8 @@ impl Reason {
         Self::MigrateEvicted,
         Self::MigrateOverloaded,
         Self::MigrateCheaper,
+        Self::MigrateInfeasible,
+        Self::StayNoneFeasible,
     ];
 }
 
@@ -179,7 +210,8 @@ pub enum PolicyKind {
     Lmetric,
     /// Least pending prefill work: argmin queued + uncached tokens, no batch term.
     Lpwl,
-    /// SMetric: first turns load-balanced, follow-ups cache-aware, migration on overload/eviction.
+    /// SMetric: first turns load-balanced, follow-ups cache-aware; `RouterConfig::smetric_rule`
+    /// chooses how a follow-up leaves its home (v1 overload thresholds, v2 TTFT feasibility).
     Smetric,
 }
 
@@ -280,6 +312,8 @@ pub(crate) mod test_support {
             waiting: 0,
             queued,
             active: 0,
+            queued_work: 0,
+            drain_rate: RouterConfig::DEFAULT.smetric_drain_rate_fallback,
         }
     }
 
@@ -296,6 +330,7 @@ pub(crate) mod test_support {
             global_hit_tokens: 0,
             first_turn,
             block_size: 16,
+            prefill_only: false,
             config,
             rng,
         }

@@ -1,5 +1,8 @@
 //! `smetric`: session-aware routing for agent workloads (SMetric, IPADS SJTU + Alibaba).
 //!
+//! This file is the July (v1) rule, `RouterConfig::smetric_rule = v1`; the paper's current
+//! rule (v2, SLO feasibility) is `smetric_paper.rs`, which `select` hands over to.
+//!
 //! Agent sessions re-send their whole history every turn, so where a session's *first*
 //! request lands decides where its whole life runs (96.6% of follow-ups return there under
 //! cache-first routing). Cache-first routers send first turns to the few instances holding
@@ -16,8 +19,8 @@
 //!   overloaded, where `cost = (n − max(L, G)) + max(G − L, 0)·f` counts local hits as free and
 //!   global hits at their fetch cost — LMetric's score with a tier-aware prefill term.
 //!
-//! **smetric+ switches** (`RouterConfig::smetric_*`; all off is the paper's form, the
-//! `smetric_paper` preset `RouterConfig::PAPER`):
+//! **smetric+ switches** (`RouterConfig::smetric_*`; all off is the July paper's form, the
+//! `smetric_v1` preset `RouterConfig::V1`):
 //! * `smetric_active_weight` `w` adds `w·active` (in-flight prompt tokens: decode load and KV
 //!   occupancy, `linear`'s second term) to the load `queued + cost` of every score;
 //! * `smetric_batch_term = false` drops the `(bs + 1)` factor (an additive score, as `linear`);
@@ -32,8 +35,8 @@
 //! a `RouterConfig` field; with every switch off the arithmetic is the paper's, operation for
 //! operation. Complexity: O(N) per decision.
 
-use super::{Candidate, Policy, Reason, Selection, SelectionInput, argmin_by};
-use crate::config::{MigrationRule, RouterConfig};
+use super::{Candidate, Policy, Reason, Selection, SelectionInput, argmin_by, smetric_paper};
+use crate::config::{MigrationRule, RouterConfig, SmetricRule};
 
 /// SMetric.
 #[derive(Debug, Default)]
@@ -88,6 +91,9 @@ impl Policy for Smetric {
     }
 
     fn select(&self, input: &SelectionInput<'_>) -> Selection {
+        if input.config.smetric_rule == SmetricRule::V2 {
+            return smetric_paper::select(input);
+        }
         let c = input.candidates;
         let cfg = input.config;
         let (n, g, f) = (
@@ -184,7 +190,7 @@ mod tests {
 
     #[test]
     fn first_turn_ignores_local_hits() {
-        for cfg in [RouterConfig::PAPER, RouterConfig::default()] {
+        for cfg in [RouterConfig::V1, RouterConfig::default()] {
             let rng = DrawCounter::new(0);
             let c = [cand(0, 4000, 3, 0), cand(1, 0, 0, 0), cand(2, 4000, 1, 0)];
             let s = Smetric.select(&input(&c, 4200, true, &cfg, &rng));
@@ -194,7 +200,7 @@ mod tests {
 
     #[test]
     fn follow_up_sticks_then_migrates() {
-        let (cfg, rng) = (RouterConfig::PAPER, DrawCounter::new(0));
+        let (cfg, rng) = (RouterConfig::V1, DrawCounter::new(0));
         let c = [cand(0, 0, 0, 0), cand(1, 9000, 3, 0), cand(2, 0, 2, 0)];
         let s = Smetric.select(&input(&c, 10_000, false, &cfg, &rng));
         assert_eq!((s.index, s.reason), (1, Reason::Sticky));
@@ -209,7 +215,7 @@ mod tests {
     }
 
     /// SMetric as it was before the smetric+ switches (commit d532eb1), verbatim: the
-    /// `smetric_paper` preset must decide exactly as it did.
+    /// `smetric_v1` preset (formerly `smetric_paper`) must decide exactly as it did.
     fn before_switches(input: &SelectionInput<'_>) -> Selection {
         fn score(c: &Candidate, n: u64, global: u64, fetch: f64) -> f64 {
             (c.queued as f64 + cost(c, n, global, fetch)).max(1.0) * (c.bs + 1) as f64
@@ -268,7 +274,7 @@ mod tests {
 
     #[test]
     fn paper_preset_decides_as_before_the_switches() {
-        let cfg = RouterConfig::PAPER;
+        let cfg = RouterConfig::V1;
         let draws_src = DrawCounter::new(7);
         let mut differ_from_default = 0;
         for case in 0..4000u64 {
@@ -282,6 +288,8 @@ mod tests {
                     waiting: 0,
                     queued: [0, 1000, 9000, 40_000][draws_src.pick(4)],
                     active: draws_src.pick(300_000) as u64,
+                    queued_work: draws_src.pick(300_000) as u64,
+                    drain_rate: 20_000.0,
                 })
                 .collect();
             let mut sel = input(&c, n, draws_src.pick(3) == 0, &cfg, &draws_src);
@@ -311,7 +319,7 @@ mod tests {
         let cfg = RouterConfig {
             smetric_kv_fit: true,
             local_capacity_blocks: 100,
-            ..RouterConfig::PAPER
+            ..RouterConfig::V1
         };
         let rng = DrawCounter::new(0);
         // 1,600 tokens of KV each (100 blocks of 16). Instance 1 is idle by the score but has
@@ -320,7 +328,7 @@ mod tests {
         c[1].active = 1200;
         let s = Smetric.select(&input(&c, 1000, true, &cfg, &rng));
         assert_eq!(s.index, 0);
-        let paper = Smetric.select(&input(&c, 1000, true, &RouterConfig::PAPER, &rng));
+        let paper = Smetric.select(&input(&c, 1000, true, &RouterConfig::V1, &rng));
         assert_eq!(paper.index, 1);
         // A follow-up whose home has no room leaves it as if overloaded.
         let mut c = [cand(0, 0, 1, 0), cand(1, 900, 1, 0)];
@@ -338,7 +346,7 @@ mod tests {
         let cfg = RouterConfig {
             smetric_migration: MigrationRule::Cost,
             smetric_migration_margin: 0.25,
-            ..RouterConfig::PAPER
+            ..RouterConfig::V1
         };
         let rng = DrawCounter::new(0);
         // Home (1): 1,000 uncached · 7 = 7,000; elsewhere 10,000 · 1 = 10,000 → stay.
@@ -350,7 +358,7 @@ mod tests {
         let c = [cand(0, 0, 0, 0), cand(1, 9000, 12, 0)];
         let s = Smetric.select(&input(&c, 10_000, false, &cfg, &rng));
         assert_eq!((s.index, s.reason), (0, Reason::MigrateCheaper));
-        let paper = Smetric.select(&input(&c, 10_000, false, &RouterConfig::PAPER, &rng));
+        let paper = Smetric.select(&input(&c, 10_000, false, &RouterConfig::V1, &rng));
         assert_eq!(paper.reason, Reason::Sticky);
     }
 
@@ -359,7 +367,7 @@ mod tests {
         let cfg = RouterConfig {
             smetric_migration: MigrationRule::Fetch,
             smetric_migration_margin: 0.25,
-            ..RouterConfig::PAPER
+            ..RouterConfig::V1
         };
         let rng = DrawCounter::new(0);
         let c = [cand(0, 0, 0, 0), cand(1, 9000, 12, 0)];
@@ -380,12 +388,12 @@ mod tests {
         let mut c = [cand(0, 0, 1, 0), cand(1, 0, 1, 0)];
         c[0].active = 50_000;
         c[1].queued = 10_000;
-        let paper = Smetric.select(&input(&c, 1000, true, &RouterConfig::PAPER, &rng));
+        let paper = Smetric.select(&input(&c, 1000, true, &RouterConfig::V1, &rng));
         assert_eq!(paper.index, 0);
         let weighted = RouterConfig {
             smetric_active_weight: 1.0,
             smetric_batch_term: false,
-            ..RouterConfig::PAPER
+            ..RouterConfig::V1
         };
         assert_eq!(Smetric.select(&input(&c, 1000, true, &weighted, &rng)).index, 1);
     }

@@ -18,7 +18,7 @@ use crate::error::{Result, SmetricError};
 use crate::hash::{chain_root, chain_tokens_into};
 use crate::ids::{BlockHash, InstanceId, RequestId};
 use crate::index::IndexQuery;
-use crate::policy::{Candidate, Reason, SelectionInput};
+use crate::policy::{Candidate, Reason, SelectionInput, prefill_work};
 use crate::router::request::{Decision, Hits, Prompt, RouteRequest};
 use crate::turn::{TurnHint, infer};
 
@@ -98,6 +98,7 @@ impl Router {
         } = &mut *g;
         index.query(chain, now_ms, query);
         candidates.clear();
+        let (fixed_rate, fallback_rate) = (self.config.smetric_drain_rate, self.config.smetric_drain_rate_fallback);
         for (slot, m) in fleet.members() {
             if !req.exclude.is_empty() && req.exclude.iter().any(|name| *name == &*m.name) {
                 continue;
@@ -110,6 +111,8 @@ impl Router {
                 waiting: load.waiting,
                 queued: load.queued,
                 active: load.active,
+                queued_work: load.queued_work,
+                drain_rate: fixed_rate.unwrap_or_else(|| m.load.drain.rate_or(fallback_rate)),
             });
         }
         if candidates.is_empty() {
@@ -128,6 +131,7 @@ impl Router {
             global_hit_tokens,
             first_turn,
             block_size: self.block_size,
+            prefill_only: self.prefill_only,
             config: &self.config,
             rng: &self.rng,
         });
@@ -139,7 +143,8 @@ impl Router {
         }
         let member = fleet.member(chosen.slot).expect("candidates are live members");
         let prefill = chosen.prefill_tokens(n, global_hit_tokens);
-        member.load.on_routed(prefill, n);
+        let work = prefill_work(prefill, n, self.config.smetric_l_eq_tokens);
+        member.load.on_routed(prefill, n, work);
         // Issued only for a decision that happened, so a failed call consumes no id.
         let request_id = req
             .request_id
@@ -152,6 +157,9 @@ impl Router {
                 slot: chosen.slot,
                 generation: member.generation,
                 prefill,
+                work,
+                work_ahead: chosen.queued_work,
+                routed_ms: now_ms,
                 num_tokens: n,
                 prefilled: false,
             },

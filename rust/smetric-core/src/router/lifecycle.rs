@@ -1,7 +1,9 @@
 //! A routed request's lifecycle: prefilled (first token out), then finished or aborted.
 //!
 //! Algorithm: the decision records the request in the in-flight table with what it added to
-//! the chosen instance's counters; `on_prefilled` lowers the prefill counters once,
+//! the chosen instance's counters; `on_prefilled` lowers the prefill counters (tokens and
+//! work) once and gives the instance's drain rate one sample (`drain_rate.rs`): the work
+//! queued ahead of the request at routing plus its own, over the time since routing;
 //! `on_finished` / `on_aborted` lower the rest (and the prefill ones if `on_prefilled` never
 //! came) and forget the request.
 //!
@@ -17,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Router;
+use crate::error::Result;
 use crate::ids::RequestId;
 use crate::load::InstanceLoad;
 
@@ -26,6 +29,12 @@ pub(super) struct InFlight {
     pub(super) slot: u32,
     pub(super) generation: u32,
     pub(super) prefill: u64,
+    /// The prefill work charged (released with the prefill tokens).
+    pub(super) work: u64,
+    /// The chosen instance's queued work when the request was routed.
+    pub(super) work_ahead: u64,
+    /// The router's clock at routing, ms.
+    pub(super) routed_ms: u64,
     pub(super) num_tokens: u64,
     pub(super) prefilled: bool,
 }
@@ -45,9 +54,24 @@ impl Router {
         false
     }
 
-    /// The request finished its prefill (its first token is out). Returns whether a counter
-    /// changed; repeated or unknown calls change nothing.
+    /// The request finished its prefill (its first token is out), now on the router's own
+    /// clock. Returns whether a counter changed; repeated or unknown calls change nothing.
     pub fn on_prefilled(&self, id: RequestId) -> bool {
+        self.on_prefilled_at(id, None).unwrap_or(false)
+    }
+
+    /// As [`Router::on_prefilled`], at time `now` in seconds (the clock `route` was given; the
+    /// router's own when absent). The time since routing is a drain-rate sample.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `now` is negative or not finite (nothing changes then).
+    pub fn on_prefilled_at(&self, id: RequestId, now: Option<f64>) -> Result<bool> {
+        let now_ms = self.now_ms(now)?;
+        Ok(self.prefilled_at(id, now_ms))
+    }
+
+    /// The prefill step of `on_prefilled_at` on the millisecond clock.
+    pub(crate) fn prefilled_at(&self, id: RequestId, now_ms: u64) -> bool {
         let mut requests = self.requests.lock();
         let Some(rec) = requests.get_mut(&id) else {
             return self.unknown();
@@ -57,7 +81,15 @@ impl Router {
         }
         let Some(load) = self.load_of(rec) else { return false };
         rec.prefilled = true;
-        load.on_prefilled(rec.prefill);
+        let rec = *rec;
+        drop(requests);
+        load.on_prefilled(rec.prefill, rec.work);
+        load.drain.record(
+            rec.work_ahead + rec.work,
+            now_ms.saturating_sub(rec.routed_ms),
+            self.config.smetric_drain_window as usize,
+            self.config.smetric_drain_min_samples as usize,
+        );
         true
     }
 
@@ -84,7 +116,9 @@ impl Router {
         };
         let Some(load) = self.load_of(&rec) else { return false };
         if !rec.prefilled {
-            load.on_prefilled(rec.prefill);
+            // No first token came (aborted, or finished unreported): release, but learn
+            // nothing about the drain rate.
+            load.on_prefilled(rec.prefill, rec.work);
         }
         load.on_done(rec.num_tokens);
         true

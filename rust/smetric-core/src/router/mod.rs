@@ -81,6 +81,9 @@ pub struct Router {
     unknown_events: AtomicU64,
     output_tokens: AtomicU64,
     epoch: Instant,
+    /// Whether this router places prefills only (a PD router's prefill pool): `smetric` v2
+    /// then scores `q + w` instead of `(q + w) × active requests`.
+    pub(crate) prefill_only: bool,
 }
 
 /// Converts seconds to the index's millisecond clock.
@@ -135,6 +138,7 @@ impl Router {
             unknown_events: AtomicU64::new(0),
             output_tokens: AtomicU64::new(0),
             epoch: Instant::now(),
+            prefill_only: false,
             config,
         })
     }

@@ -14,7 +14,7 @@ fn names(n: usize) -> Vec<String> {
 fn follow_up_returns_home_and_lifecycle_balances() {
     // The paper's form: with the smetric+ defaults this follow-up, whose first turn still
     // queues at home while the tier holds its prefix, moves to an idle instance (a fetch).
-    let r = Router::new(&names(4), PolicyKind::Smetric, 4, 1, RouterConfig::PAPER).unwrap();
+    let r = Router::new(&names(4), PolicyKind::Smetric, 4, 1, RouterConfig::V1).unwrap();
     let turn1: Vec<u32> = (0..40).collect();
     let d1 = r
         .route(&RouteRequest {
@@ -201,7 +201,7 @@ mod concurrent {
                 .min_by_key(|(slot, m)| (m.load.snapshot().bs, *slot))
                 .unwrap();
             read_then_bump.wait();
-            fleet.member(slot).unwrap().load.on_routed(0, 1);
+            fleet.member(slot).unwrap().load.on_routed(0, 1, 0);
         });
         assert_eq!(counts.iter().sum::<u64>(), (THREADS * ROUNDS) as u64);
         assert!(spread(&counts) > 1, "the racy decision must unbalance: {counts:?}");
@@ -335,4 +335,89 @@ fn exact_mode_follow_ups_that_beat_the_events_stay_home() {
         })
         .unwrap();
     assert_eq!((d.local_hit_tokens, d.reason), (0, Reason::MigrateEvicted));
+}
+
+/// `smetric` v2's queued work: charged at route, released once at the first token, and
+/// released (without a rate sample) by an abort before it; an excluded instance is never
+/// charged; a retry after an abort leaves exactly the retry's charge.
+#[test]
+fn queued_work_is_exact_under_retries_aborts_and_exclude() {
+    let r = Router::new(&names(2), PolicyKind::Smetric, 16, 0, RouterConfig::PAPER).unwrap();
+    let hashes: Vec<BlockHash> = (1..=100).map(BlockHash).collect();
+    let route = |now: f64, exclude: &[&str]| {
+        r.route(&RouteRequest {
+            now: Some(now),
+            exclude,
+            ..RouteRequest::new(Prompt::Hashes {
+                hashes: &hashes,
+                num_tokens: None,
+            })
+        })
+        .unwrap()
+    };
+    let first = route(0.0, &["i1"]);
+    assert_eq!(&*first.instance_name, "i0");
+    let work = crate::policy::prefill_work(1600, 1600, r.config().smetric_l_eq_tokens);
+    assert_eq!(r.load("i0").unwrap().queued_work, work);
+    assert_eq!(r.load("i1").unwrap().queued_work, 0, "excluded: never charged");
+    // The attempt fails; the proxy aborts it and retries elsewhere.
+    assert!(r.on_aborted(first.request_id));
+    assert!(!r.on_aborted(first.request_id));
+    let retry = route(0.5, &["i0"]);
+    assert_eq!(&*retry.instance_name, "i1");
+    assert_eq!(r.load("i0").unwrap().queued_work, 0);
+    let retry_work = r.load("i1").unwrap().queued_work;
+    assert!(retry_work > 0);
+    assert!(r.on_prefilled_at(retry.request_id, Some(1.0)).unwrap());
+    assert!(!r.on_prefilled_at(retry.request_id, Some(2.0)).unwrap(), "once");
+    assert_eq!(r.load("i1").unwrap().queued_work, 0);
+    assert!(r.on_finished(retry.request_id, 3));
+    assert!(matches!(
+        r.on_prefilled_at(retry.request_id, Some(f64::NAN)),
+        Err(SmetricError::InvalidArgument { argument: "now", .. })
+    ));
+}
+
+/// The drain rate is learned from the lifecycle's timing: pairs of requests queued behind
+/// each other on one instance that drains a known 25,000 work/s give that rate (to the
+/// millisecond clock), and the decisions read it (the fallback until
+/// `smetric_drain_min_samples` samples came in).
+#[test]
+fn drain_rate_is_learned_from_first_token_timing() {
+    const RATE: f64 = 25_000.0;
+    let cfg = RouterConfig {
+        smetric_drain_min_samples: 4,
+        ..RouterConfig::PAPER
+    };
+    let l_eq = cfg.smetric_l_eq_tokens;
+    let r = Router::new(&names(1), PolicyKind::Smetric, 16, 0, cfg).unwrap();
+    let mut ids = 0u64;
+    for k in 0..6 {
+        let t = f64::from(k) * 0.5;
+        // Two requests routed at `t`: the second queues behind the first (its work ahead).
+        let mut routed = Vec::new();
+        for _ in 0..2 {
+            ids += 1;
+            let hashes: Vec<BlockHash> = (0..200).map(|b| BlockHash(1000 * ids + b)).collect();
+            let d = r
+                .route(&RouteRequest {
+                    now: Some(t),
+                    ..RouteRequest::new(Prompt::Hashes {
+                        hashes: &hashes,
+                        num_tokens: None,
+                    })
+                })
+                .unwrap();
+            routed.push(d);
+        }
+        assert_eq!(r.load("i0").unwrap().drain_rate.is_some(), k >= 2);
+        let mut drained_at = t;
+        for d in routed {
+            drained_at += crate::policy::prefill_work(d.prefill_tokens, d.num_tokens, l_eq) as f64 / RATE;
+            assert!(r.on_prefilled_at(d.request_id, Some(drained_at)).unwrap());
+        }
+    }
+    let learned = r.load("i0").unwrap().drain_rate.unwrap();
+    assert!((learned / RATE - 1.0).abs() < 0.01, "learned {learned}");
+    assert_eq!(r.load("i0").unwrap().queued_work, 0);
 }

@@ -1,0 +1,274 @@
+//! `smetric` v2 — the SMetric paper's current rule (arXiv 2607.08565 v2, Figure 13): a
+//! follow-up sticks to its home only if the home can still serve it within its TTFT budget.
+//!
+//! Algorithm, for a request of `L` prompt tokens with global-tier hit `G`, on instance `i`
+//! with local (GPU) hit `c_i`, queued work `q_i`, drain rate `RATE_i` and `bs_i` requests in
+//! flight:
+//! * own work `w_i = work(n_i, L) = n_i + n_i·(L − n_i/2)/L_EQ` with `n_i = L − max(c_i, G)`,
+//!   the tokens `i` would compute (cold-token equivalents: causal attention makes a token at
+//!   depth `p` cost `1 + p/L_EQ`; `config::L_EQ_QWEN3_CODER_30B_A3B` derives `L_EQ`); the tier's
+//!   fetch is not priced, as the paper prices none;
+//! * `e_i = q_i + w_i`; `meets(i)` iff `e_i / RATE_i ≤ SLACK · (b + a·L)`;
+//! * the least-loaded score `s_i = e_i` on a prefill pool (PD prefill, prefill-only), and
+//!   `e_i × bs_i` co-located (the authors' co-located form: pending work times active
+//!   requests; every idle instance scores 0 and the tie is drawn at random);
+//! * home `h = argmax_i c_i` — local hits only, so the tier's hit (equal everywhere) cannot
+//!   blind the eviction test — ties to the least `s_i`;
+//! * a first turn goes to `argmin s_i` (reason `first-turn: least-loaded`);
+//! * a follow-up whose home holds no more than `HIT_RATIO × expected hit` (expected: the
+//!   whole prompt, the authors' stricter form, since the request does not carry its history
+//!   length) was evicted: `argmin s_i` (`migrate (local KV$ evicted)`);
+//! * otherwise it sticks if `meets(h)` (`sticky`), or if no instance meets its budget
+//!   (`sticky (no instance meets TTFT budget)`: moving would re-prefill for nothing), and
+//!   moves to `argmin s_i` when the home misses and another instance meets
+//!   (`migrate (home misses TTFT budget)`).
+//!
+//! smetric+ options on top (all off in the `smetric_paper` preset):
+//! * `smetric_kv_fit`: instances whose in-flight prompt tokens plus this request's (plus the
+//!   growth headroom for a first turn) exceed their GPU KV are not targets while one has
+//!   room; a home without room is left (`migrate (home overloaded)`);
+//! * `smetric_migration = cost | work | fetch` replaces the gate (everywhere, or where the tier
+//!   holds at least `HIT_RATIO` of the prompt for `fetch`): the home is kept while its score
+//!   (`cost`) or its `e` (`work`) is at most `1 + smetric_migration_margin` times the best
+//!   target's, else the request moves to the best (`migrate (cheaper elsewhere)`).
+//!
+//! Invariants: no per-session state (the turn comes from the request); every constant is a
+//! `RouterConfig` field; scores are integer-valued floats, so ties are exact and the Python
+//! reference finds the same ones; a single best candidate takes no random draw.
+//!
+//! Complexity: O(N) per decision (a constant number of passes over the candidates).
+
+use super::{Candidate, Reason, Selection, SelectionInput, argmin_by, prefill_work};
+use crate::config::MigrationRule;
+
+/// The v2 decision.
+pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
+    let c = input.candidates;
+    let cfg = input.config;
+    let n = input.num_tokens;
+    let g = input.global_hit_tokens.min(n);
+    let work = |x: &Candidate| prefill_work(x.prefill_tokens(n, g), n, cfg.smetric_l_eq_tokens);
+    let pending = |i: usize| (c[i].queued_work + work(&c[i])) as f64;
+    let budget_s = cfg.smetric_ttft_slack * (cfg.smetric_ttft_base_s + cfg.smetric_ttft_s_per_token * n as f64);
+    let meets = |i: usize| pending(i) / c[i].drain_rate <= budget_s;
+    let score = |i: usize| {
+        if input.prefill_only {
+            pending(i)
+        } else {
+            pending(i) * c[i].bs as f64
+        }
+    };
+    let capacity = cfg.local_capacity_blocks as f64 * f64::from(input.block_size);
+    let headroom = if input.first_turn {
+        cfg.smetric_growth_headroom_tokens
+    } else {
+        0.0
+    };
+    let roomy = |i: usize| !cfg.smetric_kv_fit || (c[i].active as f64 + n as f64 + headroom) <= capacity;
+    let any_roomy = (0..c.len()).any(roomy);
+    let target = |i: usize| !any_roomy || roomy(i);
+    let least = |fallback: usize| argmin_by(c.len(), input.rng, target, score).unwrap_or(fallback);
+
+    if input.first_turn {
+        return Selection {
+            index: least(0),
+            reason: Reason::FirstTurnLeastLoaded,
+        };
+    }
+    let best_hit = c.iter().map(|x| x.local_hit_tokens).max().unwrap_or(0);
+    let home = argmin_by(c.len(), input.rng, |i| c[i].local_hit_tokens == best_hit, score).unwrap_or(0);
+    let expected_hit = n as f64;
+    if c[home].local_hit_tokens as f64 <= cfg.min_local_hit_ratio * expected_hit {
+        return Selection {
+            index: least(home),
+            reason: Reason::MigrateEvicted,
+        };
+    }
+    if !target(home) {
+        return Selection {
+            index: least(home),
+            reason: Reason::MigrateOverloaded,
+        };
+    }
+    let by_cost = match cfg.smetric_migration {
+        MigrationRule::Threshold => false,
+        MigrationRule::Cost | MigrationRule::Work => true,
+        MigrationRule::Fetch => g as f64 >= cfg.min_local_hit_ratio * n as f64,
+    };
+    if by_cost {
+        let best = least(home);
+        let compared = |i: usize| {
+            if cfg.smetric_migration == MigrationRule::Work {
+                pending(i)
+            } else {
+                score(i)
+            }
+        };
+        return if compared(home) <= (1.0 + cfg.smetric_migration_margin) * compared(best) {
+            Selection {
+                index: home,
+                reason: Reason::Sticky,
+            }
+        } else {
+            Selection {
+                index: best,
+                reason: Reason::MigrateCheaper,
+            }
+        };
+    }
+    if meets(home) {
+        return Selection {
+            index: home,
+            reason: Reason::Sticky,
+        };
+    }
+    if !(0..c.len()).any(|i| target(i) && meets(i)) {
+        return Selection {
+            index: home,
+            reason: Reason::StayNoneFeasible,
+        };
+    }
+    Selection {
+        index: least(home),
+        reason: Reason::MigrateInfeasible,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{MigrationRule, RouterConfig};
+    use crate::policy::test_support::{cand, input};
+    use crate::rng::DrawCounter;
+
+    const CFG: RouterConfig = RouterConfig::PAPER;
+
+    /// An instance with `hit` local tokens, `bs` requests, `q` queued work and a drain rate.
+    fn inst(slot: u32, hit: u64, bs: u64, q: u64, rate: f64) -> Candidate {
+        Candidate {
+            queued_work: q,
+            drain_rate: rate,
+            ..cand(slot, hit, bs, 0)
+        }
+    }
+
+    #[test]
+    fn work_prices_attention() {
+        // The paper's example: 4K tokens after a 60K reused prefix cost ≈7.7× a cold 4K request.
+        let l_eq = RouterConfig::DEFAULT.smetric_l_eq_tokens;
+        let appended = prefill_work(4096, 60_000 + 4096, l_eq) as f64;
+        let cold = prefill_work(4096, 4096, l_eq) as f64;
+        assert!((appended / cold - 7.7).abs() < 0.15, "{}", appended / cold);
+        assert_eq!(prefill_work(0, 50_000, l_eq), 0);
+        assert_eq!(prefill_work(1, 1, 2.0), 2, "1 + 1·0.5/2 = 1.25, rounded up");
+    }
+
+    // A 16,000-token follow-up has a budget of 1 + 1 = 2 s; at 10,000 work/s, 20,000 units.
+    const N: u64 = 16_000;
+    const RATE: f64 = 10_000.0;
+
+    #[test]
+    fn first_turn_goes_to_the_least_pending_work_times_batch() {
+        let rng = DrawCounter::new(0);
+        // Instance 0 holds most of the prompt but is busy (43,239 · 2); 1 has the least
+        // pending work but a batch of 4 (35,489 · 4); 2 wins (54,489 · 1).
+        let c = [
+            inst(0, 15_000, 2, 40_000, RATE),
+            inst(1, 0, 4, 1_000, RATE),
+            inst(2, 0, 1, 20_000, RATE),
+        ];
+        let s = select(&input(&c, N, true, &CFG, &rng));
+        assert_eq!((s.index, s.reason), (2, Reason::FirstTurnLeastLoaded));
+        // On a prefill pool the batch does not count: least `q + w` is instance 1.
+        let mut sel = input(&c, N, true, &CFG, &rng);
+        sel.prefill_only = true;
+        assert_eq!(select(&sel).index, 1);
+    }
+
+    #[test]
+    fn gate_sticks_when_the_home_meets_its_budget() {
+        let rng = DrawCounter::new(0);
+        // Home 1: 1,000 new tokens → w = 1000 + 1000·15,500/6,923 ≈ 3,239; with 10,000 queued,
+        // 13,239 units / 10,000 per s = 1.3 s ≤ 2 s.
+        let c = [inst(0, 0, 0, 0, RATE), inst(1, 15_000, 5, 10_000, RATE)];
+        let s = select(&input(&c, N, false, &CFG, &rng));
+        assert_eq!((s.index, s.reason), (1, Reason::Sticky));
+    }
+
+    #[test]
+    fn gate_moves_when_the_home_misses_and_another_meets() {
+        let rng = DrawCounter::new(0);
+        // Home 1: 30,000 queued → 3.3 s > 2 s. Instance 0 idle: a cold 16K prompt is
+        // 16,000 + 16,000·8,000/6,923 ≈ 34,489 units → 3.4 s at 10K/s: misses too, but at
+        // 20,000/s it takes 1.7 s and meets.
+        let c = [inst(0, 0, 0, 0, 2.0 * RATE), inst(1, 15_000, 5, 30_000, RATE)];
+        let s = select(&input(&c, N, false, &CFG, &rng));
+        assert_eq!((s.index, s.reason), (0, Reason::MigrateInfeasible));
+    }
+
+    #[test]
+    fn gate_stays_home_when_no_instance_meets() {
+        let rng = DrawCounter::new(0);
+        let c = [inst(0, 0, 0, 0, RATE), inst(1, 15_000, 5, 30_000, RATE)];
+        let s = select(&input(&c, N, false, &CFG, &rng));
+        assert_eq!((s.index, s.reason), (1, Reason::StayNoneFeasible));
+    }
+
+    #[test]
+    fn an_evicted_home_is_left_whatever_the_gate_says() {
+        let rng = DrawCounter::new(0);
+        // The home holds 8,000 of 16,000 tokens: not more than half, so evicted, although it
+        // is idle and meets its budget.
+        let c = [inst(0, 0, 1, 0, 2.0 * RATE), inst(1, 8_000, 0, 0, 2.0 * RATE)];
+        let s = select(&input(&c, N, false, &CFG, &rng));
+        assert_eq!(s.reason, Reason::MigrateEvicted);
+        // The global tier's hit does not count towards the home test.
+        let mut sel = input(&c, N, false, &CFG, &rng);
+        sel.global_hit_tokens = N;
+        assert_eq!(select(&sel).reason, Reason::MigrateEvicted);
+        // One more local token and it is home.
+        let c = [inst(0, 0, 1, 0, 2.0 * RATE), inst(1, 8_016, 0, 0, 2.0 * RATE)];
+        assert_eq!(select(&input(&c, N, false, &CFG, &rng)).reason, Reason::Sticky);
+    }
+
+    #[test]
+    fn the_slack_scales_the_budget() {
+        let rng = DrawCounter::new(0);
+        // Home: 1.3 s; instance 0: a cold 16K prompt at 40,000/s, 0.86 s.
+        let c = [inst(0, 0, 0, 0, 4.0 * RATE), inst(1, 15_000, 5, 10_000, RATE)];
+        assert_eq!(select(&input(&c, N, false, &CFG, &rng)).reason, Reason::Sticky);
+        let tight = RouterConfig {
+            smetric_ttft_slack: 0.5,
+            ..CFG
+        };
+        assert_eq!(
+            select(&input(&c, N, false, &tight, &rng)).reason,
+            Reason::MigrateInfeasible
+        );
+    }
+
+    #[test]
+    fn kv_fit_and_cost_options_sit_on_top() {
+        let rng = DrawCounter::new(0);
+        let fit = RouterConfig {
+            smetric_kv_fit: true,
+            local_capacity_blocks: 2_000, // 32,000 tokens of KV
+            ..CFG
+        };
+        let mut c = [inst(0, 0, 1, 0, RATE), inst(1, 15_000, 1, 0, RATE)];
+        c[1].active = 20_000;
+        assert_eq!(select(&input(&c, N, false, &CFG, &rng)).reason, Reason::Sticky);
+        let s = select(&input(&c, N, false, &fit, &rng));
+        assert_eq!((s.index, s.reason), (0, Reason::MigrateOverloaded));
+        // Cost rule: the home meets its budget but its score is far above the best.
+        let cost = RouterConfig {
+            smetric_migration: MigrationRule::Cost,
+            smetric_migration_margin: 0.25,
+            ..CFG
+        };
+        let c = [inst(0, 0, 1, 0, RATE), inst(1, 15_000, 20, 10_000, RATE)];
+        assert_eq!(select(&input(&c, N, false, &CFG, &rng)).reason, Reason::Sticky);
+        let s = select(&input(&c, N, false, &cost, &rng));
+        assert_eq!((s.index, s.reason), (0, Reason::MigrateCheaper));
+    }
+}
