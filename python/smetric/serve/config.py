@@ -29,13 +29,13 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from smetric._core import POLICIES, RouterConfig
 from smetric.deployment import deployed_fields
 from smetric.errors import InvalidConfigError, MissingExtraError
+from smetric.serve.tokens import TokenConfig
 
-TokensMode = Literal["auto", "ids", "tokenizer", "approximate"]
 KV_EVENTS_DISCOVER = "discover"
 KV_EVENTS_OFF = "off"
 
@@ -70,19 +70,6 @@ class InstanceConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class TokensConfig:
-    """How the proxy gets the token ids it routes on (``docs/routing-tokens.md``)."""
-
-    mode: TokensMode = "auto"
-    tokenizer: str | None = None
-    """A ``tokenizer.json`` (the ``tokenizer`` mode; ``auto`` uses it when given)."""
-    chat_template: str | None = None
-    """A jinja chat template (text or a file); default: the tokenizer's ``tokenizer_config.json``."""
-    approx_chunk_bytes: int = 4
-    """Bytes of rendered text per pseudo-token in the ``approximate`` mode."""
-
-
-@dataclass(frozen=True, slots=True)
 class ServeConfig:
     """Every setting of ``smetric serve``."""
 
@@ -103,7 +90,8 @@ class ServeConfig:
     router: dict[str, Any] = field(default_factory=dict)
     """:class:`smetric.RouterConfig` fields; ``index_mode`` defaults to ``exact`` when every instance
     publishes KV events and the tokens are exact, else ``approximate``."""
-    tokens: TokensConfig = TokensConfig()
+    tokens: TokenConfig = field(default_factory=TokenConfig)
+    """How the routed token ids are made (:class:`smetric.serve.tokens.TokenConfig`, the ``[tokens]`` table)."""
     engine_load: bool = True
     """Scrape each instance's ``/metrics`` (running / waiting / KV usage) into the load board."""
     engine_load_period_s: float = 0.25
@@ -232,10 +220,10 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServeConfig
         data[pool] = tuple(_instance(i) for i in data.get(pool, ()))
     tokens = data.get("tokens", {})
     if isinstance(tokens, dict):
-        tokens_known = {f.name for f in dataclasses.fields(TokensConfig)}
+        tokens_known = {f.name for f in dataclasses.fields(TokenConfig)}
         if set(tokens) - tokens_known:
             raise _bad("tokens", f"unknown tokens keys {sorted(set(tokens) - tokens_known)}")
-        data["tokens"] = TokensConfig(**tokens)
+        data["tokens"] = TokenConfig(**tokens)
     router = data.get("router", {})
     if not isinstance(router, dict):
         raise _bad("router", "router must be a table of RouterConfig fields")

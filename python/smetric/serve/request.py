@@ -44,6 +44,8 @@ from typing import Any, Literal
 from smetric import _core
 from smetric.errors import InvalidArgumentError, SmetricError
 
+from .errors import openai_error
+
 __all__ = ["Endpoint", "OpenAIRequest", "RequestError", "parse_request"]
 
 Endpoint = Literal["chat", "completions"]
@@ -75,7 +77,7 @@ class RequestError(SmetricError):
 
     def body(self) -> dict[str, Any]:
         """The OpenAI error body."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return openai_error(self.message, type=self.type, param=self.param, code=self.code)
 
     @classmethod
     def unknown_model(cls, model: str) -> RequestError:
