@@ -21,6 +21,8 @@ keys)::
 
 ``smetric serve --port 8080 --instance http://10.0.0.1:8000 --instance http://10.0.0.2:8000``
 needs no file. Flags override the file; ``--instance`` flags replace its instance list.
+
+May import (inside ``smetric.serve``): :mod:`.tokens` (its ``TokenConfig`` is the ``[tokens]`` table).
 """
 
 from __future__ import annotations

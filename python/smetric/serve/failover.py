@@ -61,7 +61,7 @@ class Failover:
         while attempt_no < self.config.max_attempts:
             attempt_no += 1
             exclude = fleet.exclusions(prepared.model, failed, backend.pools)
-            opened = await backend.open(api, prepared, headers, attempt_no, exclude) if exclude is not None else None
+            opened = await backend.open(prepared, headers, attempt_no, exclude) if exclude is not None else None
             if opened is None or isinstance(opened, NoInstance):
                 attempt_no -= 1
                 break

@@ -32,6 +32,8 @@ The model is not checked here (the proxy knows its models): :meth:`RequestError.
 builds vLLM's 404 for it, :meth:`RequestError.too_large` the 413 of an oversized body.
 
 Complexity: O(body length) — one Rust scan, plus ``json.loads`` of ``messages`` for chat.
+May import (inside ``smetric.serve``): :mod:`.errors`; never ``aiohttp`` (the integrations load
+this module without the ``serve`` extra).
 """
 
 from __future__ import annotations

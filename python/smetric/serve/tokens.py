@@ -39,6 +39,8 @@ transformers picks it, else ``"default"``), else plain ChatML
 
 Complexity per request: ids O(1) (the buffer is reused); approximate O(prompt bytes);
 tokenizer O(conversation length) to render and split, plus encoding the uncached pieces.
+May import (inside ``smetric.serve``): :mod:`.request`, and lazily :mod:`.chat_template` and
+:mod:`.piecewise` (their extras); never ``aiohttp``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ An adapter owns, for its API:
 * **error shape**: :meth:`Api.reject`, :meth:`Api.fail` and :meth:`Api.stream_failure` render
   the proxy's own errors as the API's clients expect them.
 
-The backends (:mod:`smetric.serve.backends`) see only :class:`Prepared` and the adapter's ``path``;
+The backends (:mod:`smetric.serve.backends`) see only :class:`Prepared`;
 the relay (:mod:`smetric.serve.relay`) only :class:`StreamState`. A new API (Anthropic Messages,
 OpenAI Responses, a pass-through) is one module implementing :class:`Api` plus one line in
 :data:`smetric.serve.apis.APIS`.
@@ -50,6 +50,8 @@ class Prepared(Generic[R]):
     router reads (the same for every API)."""
 
     request: R
+    path: str
+    """The engine's path the body is POSTed to."""
     body: bytes
     """Forwarded unchanged (a continuation's is rewritten by its adapter)."""
     tokens: RoutingTokens

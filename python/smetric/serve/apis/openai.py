@@ -145,11 +145,10 @@ class OpenAIApi(Api[OpenAIRequest]):
             turn = None if hint is None else sessions.next_turn(hint.key)
         return self._prepared(request, raw, tokens, turn)
 
-    @staticmethod
     def _prepared(
-        request: OpenAIRequest, body: bytes, tokens: RoutingTokens, turn: int | None
+        self, request: OpenAIRequest, body: bytes, tokens: RoutingTokens, turn: int | None
     ) -> Prepared[OpenAIRequest]:
-        return Prepared(request, body, tokens, turn, request.model, request.messages, request.namespace)
+        return Prepared(request, self.path, body, tokens, turn, request.model, request.messages, request.namespace)
 
     def stream(self, *, keep: bool) -> OpenAIStream:
         return OpenAIStream(self, keep=keep)

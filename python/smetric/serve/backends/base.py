@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from smetric.serve.apis.base import Api, Prepared
+from smetric.serve.apis.base import Prepared
 from smetric.serve.fleet import FeedTargets
 from smetric.serve.upstream import Opened, Refused
 
@@ -66,7 +66,7 @@ class Backend(ABC):
 
     @abstractmethod
     async def open(
-        self, api: Api[Any], prepared: Prepared[Any], headers: Mapping[str, str], attempt_no: int, exclude: list[str]
+        self, prepared: Prepared[Any], headers: Mapping[str, str], attempt_no: int, exclude: list[str]
     ) -> OpenOutcome:
         """Routes attempt ``attempt_no`` without the ``exclude``\\ d instances and opens its answer."""
 

@@ -22,7 +22,7 @@ from typing import Any
 from smetric._core import Decision, Router
 from smetric.errors import NoInstancesError, SmetricError
 from smetric.metrics import MetricsExporter
-from smetric.serve.apis.base import Api, Prepared
+from smetric.serve.apis.base import Prepared
 from smetric.serve.attempt import Attempt
 from smetric.serve.backends.base import NO_INSTANCE, Backend, OpenOutcome
 from smetric.serve.fleet import FeedTargets
@@ -53,7 +53,7 @@ class ColocatedBackend(Backend):
         self._telemetry = telemetry
 
     async def open(
-        self, api: Api[Any], prepared: Prepared[Any], headers: Mapping[str, str], attempt_no: int, exclude: list[str]
+        self, prepared: Prepared[Any], headers: Mapping[str, str], attempt_no: int, exclude: list[str]
     ) -> OpenOutcome:
         router, tokens = self.router, prepared.tokens
         t0 = time.perf_counter()
@@ -77,7 +77,7 @@ class ColocatedBackend(Backend):
             finish=lambda n: router.on_finished(rid, n),
             abort=lambda: router.on_aborted(rid),
         )
-        return await self._upstream.post(attempt, api.path, prepared.body, headers)
+        return await self._upstream.post(attempt, prepared.path, prepared.body, headers)
 
     def feed_targets(self) -> FeedTargets:
         return FeedTargets(events=self.router, load=self.router, scraped=None, on_readmitted=self.router.clear)

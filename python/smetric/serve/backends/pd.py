@@ -39,7 +39,7 @@ from aiohttp import web
 from smetric._core import PdDecision, PdRouter
 from smetric.errors import NoInstancesError, SmetricError
 from smetric.metrics import _family
-from smetric.serve.apis.base import Api, Prepared
+from smetric.serve.apis.base import Prepared
 from smetric.serve.attempt import Attempt
 from smetric.serve.backends.base import NO_INSTANCE, Answered, Backend, OpenOutcome
 from smetric.serve.fleet import FeedTargets, Fleet
@@ -134,7 +134,7 @@ class PdBackend(Backend):
         self._telemetry = telemetry
 
     async def open(
-        self, api: Api[Any], prepared: Prepared[Any], headers: Mapping[str, str], attempt_no: int, exclude: list[str]
+        self, prepared: Prepared[Any], headers: Mapping[str, str], attempt_no: int, exclude: list[str]
     ) -> OpenOutcome:
         """One PD attempt: prefill, then open the decode answer."""
         pd, tokens = self.pd, prepared.tokens
@@ -162,7 +162,7 @@ class PdBackend(Backend):
         original = json.loads(prepared.body)
         # The prefill leg has no lifecycle of its own: its failure aborts the whole attempt.
         prefill = Attempt(d.prefill_instance, attempt.header, abort=attempt.abort)
-        opened = await self._upstream.post(prefill, api.path, prefill_body(original), prefill_headers(headers))
+        opened = await self._upstream.post(prefill, prepared.path, prefill_body(original), prefill_headers(headers))
         if isinstance(opened, Refused):
             return opened
         answer_of_p = opened.upstream
@@ -184,7 +184,7 @@ class PdBackend(Backend):
             return Refused(d.prefill_instance, "no_kv_transfer_params")
         self._fleet.succeeded(d.prefill_instance)
         pd.on_prefilled(rid)
-        return await self._upstream.post(attempt, api.path, decode_body(original, params), headers)
+        return await self._upstream.post(attempt, prepared.path, decode_body(original, params), headers)
 
     def feed_targets(self) -> FeedTargets:
         return FeedTargets(events=None, load=self.pd, scraped=self.prefill_pool, on_readmitted=lambda _: None)
