@@ -362,7 +362,7 @@ class ProxyServer:
         self.config = config
         self.port: int | None = None
         self.proxy: Proxy | None = None
-        """The running proxy (read its router and telemetry; mutate only from its loop)."""
+        """The running proxy (read its backend's router and its telemetry; mutate only from its loop)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None

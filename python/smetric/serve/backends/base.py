@@ -63,6 +63,8 @@ class Backend(ABC):
 
     pools: Sequence[frozenset[str]] | None
     """Pools that must each keep an eligible instance for an attempt; None: the fleet is one."""
+    resizable: bool = False
+    """Whether :meth:`add_instance` / :meth:`remove_instance` are supported."""
 
     @abstractmethod
     async def open(
@@ -94,8 +96,3 @@ class Backend(ABC):
     def remove_instance(self, url: str) -> None:
         """Removes an instance from the router. Raises :class:`Unsupported`."""
         raise Unsupported("adding or removing instances is not supported in this mode")
-
-    @property
-    def resizable(self) -> bool:
-        """Whether :meth:`add_instance` / :meth:`remove_instance` are supported."""
-        return type(self).add_instance is not Backend.add_instance

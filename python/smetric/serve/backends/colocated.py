@@ -46,6 +46,7 @@ class ColocatedBackend(Backend):
     """One router over co-located instances."""
 
     pools = None
+    resizable = True
 
     def __init__(self, router: Router, upstream: Upstream, telemetry: ProxyTelemetry) -> None:
         self.router = router
