@@ -36,7 +36,7 @@ from typing import Any, cast
 from smetric._core import POLICIES, RouterConfig
 from smetric.deployment import deployed_fields
 from smetric.errors import InvalidConfigError, MissingExtraError
-from smetric.serve.tokens import TokenConfig
+from smetric.serve.tokens import TOKEN_MODES, TokenConfig
 
 KV_EVENTS_DISCOVER = "discover"
 KV_EVENTS_OFF = "off"
@@ -140,7 +140,7 @@ class ServeConfig:
         for name in ("probe_interval_s", "connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 raise _bad(name, f"{name} must be > 0")
-        if self.tokens.mode not in ("auto", "ids", "tokenizer", "approximate"):
+        if self.tokens.mode not in TOKEN_MODES:
             raise _bad("tokens.mode", f"unknown tokens mode {self.tokens.mode!r}")
         if self.tokens.mode == "tokenizer" and not self.tokens.tokenizer:
             raise _bad("tokens.tokenizer", "tokens mode 'tokenizer' needs tokens.tokenizer")
