@@ -121,7 +121,10 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
     keys = ["cpu_us_per_req", *([] if args.cpu_only else LATENCY_KEYS)]
-    print(f"medians of {args.rounds} rounds; 32K-token id prompts; CPU: {2 * args.cpu_requests} requests per round")
+    print(
+        f"medians of {args.rounds} rounds; {args.prompt_tokens}-token id prompts;"
+        f" CPU: {2 * args.cpu_requests} requests per round; latency: {args.requests} per row at {args.rate:g}/s"
+    )
     print(f"{'figure':<22} {'before':>10} {'after':>10} {'after/before':>13}")
     for key in keys:
         b, a = (statistics.median(r[key] for r in rows[n]) for n in ("before", "after"))
