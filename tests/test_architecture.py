@@ -8,7 +8,9 @@ sources (parsed, never imported): dependencies point down only.
   reader imports nothing of ``events``.
 * Python: ``smetric.reference`` (the differential test's oracle) imports nothing of
   ``smetric``; the package never imports the reference; only the CLI imports ``smetric.sim``
-  and ``smetric.cli``.
+  and ``smetric.cli``. Inside ``smetric.serve`` the modules are layered along a request's path
+  (:data:`SERVE_LAYERS`), the import graph has no cycle (a generic check), and only the app
+  picks a concrete backend or API adapter.
 
 Each checker also gets a negative control on a made-up violation, so a checker that silently
 stopped seeing dependencies would fail too.
@@ -225,3 +227,166 @@ def test_the_import_checks_see_violations() -> None:
     }
     assert importers(graph, "smetric.sim") == {"smetric.events"}
     assert "smetric.reference.index" in graph["smetric.reference.router"]
+
+
+# -- inside smetric.serve: the rooms along a request's path (docs/architecture.md) ----------------
+
+SERVE_LAYERS: dict[str, int] = {
+    # the package's docstring, and what needs nothing of the proxy
+    "": 0,
+    "errors": 0,
+    "session": 0,
+    "attempt": 0,
+    "labels": 0,
+    "chat_template": 0,
+    "piecewise": 0,
+    "telemetry": 0,
+    "request": 1,
+    "tokens": 2,
+    "upstream": 2,
+    "config": 3,
+    # one adapter per API
+    "apis.base": 4,
+    "apis.openai": 5,
+    "apis.chat": 6,
+    "apis.completions": 6,
+    "apis": 7,
+    # the relay, the fleet, then the backends behind one interface
+    "relay": 8,
+    "fleet": 8,
+    "backends.base": 9,
+    "backends.colocated": 10,
+    "backends.pd": 10,
+    "backends": 11,
+    # the attempt loop, the app, the command
+    "failover": 12,
+    "proxy": 13,
+    "cli": 14,
+}
+"""Module of ``smetric.serve`` (relative name) → its layer: a module imports only lower layers."""
+
+CHOSEN_ONLY_BY = {
+    "smetric.serve.backends.colocated": {"smetric.serve.backends"},
+    "smetric.serve.backends.pd": {"smetric.serve.backends"},
+    "smetric.serve.backends": {"smetric.serve.proxy"},
+    "smetric.serve.apis.chat": {"smetric.serve.apis"},
+    "smetric.serve.apis.completions": {"smetric.serve.apis"},
+    "smetric.serve.apis": {"smetric.serve.proxy"},
+}
+"""Concrete backends and adapters are picked in one place (the app); everything else sees only
+their interfaces (``backends.base``, ``apis.base``), so the data plane never branches on a mode or
+an API."""
+
+
+def within_graph(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """The import graph restricted to ``package``'s modules (edges between them only)."""
+    nodes = {m for m in graph if within(m, package)}
+    return {m: {t for t in graph[m] if t in nodes and t != m} for m in nodes}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: its strongly connected components of more than one module
+    (Tarjan's algorithm, iterative; O(modules + imports)), each sorted, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def serve_layer_violations(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    def rel(m: str) -> str:
+        return m.removeprefix("smetric.serve").removeprefix(".")
+
+    problems = []
+    for module, targets in sorted(graph.items()):
+        if rel(module) not in layers:
+            problems.append(f"{module} has no layer in SERVE_LAYERS (and docs/architecture.md)")
+            continue
+        for target in sorted(targets):
+            if rel(target) in layers and layers[rel(target)] >= layers[rel(module)]:
+                problems.append(
+                    f"{module} (layer {layers[rel(module)]}) imports {target} (layer {layers[rel(target)]})"
+                )
+    return problems
+
+
+def test_serve_has_no_import_cycle() -> None:
+    serve = within_graph(package_imports(), "smetric.serve")
+    assert "smetric.serve.failover" in serve, "the proxy moved: update this test"
+    assert cycles(serve) == []
+
+
+def test_serve_modules_import_only_lower_rooms() -> None:
+    serve = within_graph(package_imports(), "smetric.serve")
+    assert serve_layer_violations(serve, SERVE_LAYERS) == []
+    assert {f"smetric.serve.{m}".rstrip(".") for m in SERVE_LAYERS} == set(serve), "a module was removed"
+
+
+@pytest.mark.parametrize(("target", "allowed"), sorted(CHOSEN_ONLY_BY.items()))
+def test_concrete_backends_and_apis_are_chosen_only_by_the_app(target: str, allowed: set[str]) -> None:
+    graph = within_graph(package_imports(), "smetric.serve")
+    assert target in graph
+    assert {m for m, found in graph.items() if target in found} <= allowed
+
+
+def test_the_serve_checks_see_cycles_and_upward_imports() -> None:
+    # The proxy <-> disagg cycle this split removed, and a longer one through a relay.
+    old = {
+        "smetric.serve.proxy": {"smetric.serve.disagg", "smetric.serve.config"},
+        "smetric.serve.disagg": {"smetric.serve.proxy"},
+        "smetric.serve.config": set(),
+        "smetric.serve.a": {"smetric.serve.b"},
+        "smetric.serve.b": {"smetric.serve.c"},
+        "smetric.serve.c": {"smetric.serve.a"},
+    }
+    assert cycles(old) == [
+        ["smetric.serve.a", "smetric.serve.b", "smetric.serve.c"],
+        ["smetric.serve.disagg", "smetric.serve.proxy"],
+    ]
+    graph = within_graph(
+        {
+            "smetric.serve.relay": imports("from .backends.pd import PdBackend", "smetric.serve.relay", False),
+            "smetric.serve.backends.pd": set(),
+            "smetric.serve.new": set(),
+        },
+        "smetric.serve",
+    )
+    assert cycles(graph) == []
+    assert serve_layer_violations(graph, SERVE_LAYERS) == [
+        "smetric.serve.new has no layer in SERVE_LAYERS (and docs/architecture.md)",
+        "smetric.serve.relay (layer 8) imports smetric.serve.backends.pd (layer 10)",
+    ]

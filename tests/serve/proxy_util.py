@@ -14,6 +14,10 @@ from typing import Any, Self
 
 from aiohttp import web
 
+from smetric import PdRouter, Router
+from smetric.serve.backends import ColocatedBackend, PdBackend
+from smetric.serve.proxy import ProxyServer
+
 TIMEOUT_S = 15.0
 
 
@@ -121,3 +125,15 @@ def chat_text(body: bytes) -> str:
         for e in events(body)
         if isinstance(e, dict) and e.get("choices")
     )
+
+
+def colocated_router(server: ProxyServer) -> Router:
+    """The router of a running co-located proxy."""
+    assert server.proxy is not None and isinstance(server.proxy.backend, ColocatedBackend)
+    return server.proxy.backend.router
+
+
+def pd_router(server: ProxyServer) -> PdRouter:
+    """The PD router of a running disaggregated proxy."""
+    assert server.proxy is not None and isinstance(server.proxy.backend, PdBackend)
+    return server.proxy.backend.pd

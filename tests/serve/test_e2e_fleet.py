@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 from agent_replay import Session, sessions
-from proxy_util import free_port, metric
+from proxy_util import colocated_router, free_port, metric
 
 from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
@@ -154,11 +154,11 @@ def test_agent_sessions_through_the_proxy_survive_a_killed_engine() -> None:
             out2 = asyncio.run(_replay(p.url, again, []))
             assert out2["failures"] == []
             back = sum(r["instance"] == engines[KILLED].url for r in out2["results"])
-            stats = p.proxy.router.stats()
+            stats = colocated_router(p).stats()
             settle_deadline = time.monotonic() + 5
-            while p.proxy.router.stats()["in_flight"] and time.monotonic() < settle_deadline:
+            while colocated_router(p).stats()["in_flight"] and time.monotonic() < settle_deadline:
                 time.sleep(0.05)
-            in_flight = p.proxy.router.stats()["in_flight"]
+            in_flight = colocated_router(p).stats()["in_flight"]
             import urllib.request
 
             with urllib.request.urlopen(p.url + "/metrics", timeout=5) as r:

@@ -17,11 +17,11 @@ from typing import Any
 import aiohttp
 import pytest
 from agent_replay import sessions
-from proxy_util import free_port, request
+from proxy_util import free_port, pd_router, request
 
 from smetric.fake_engine import FakeEngine
+from smetric.serve.backends.pd import REMOTE_DECODE_PARAMS, decode_body, prefill_body
 from smetric.serve.config import load_config
-from smetric.serve.disagg import REMOTE_DECODE_PARAMS, decode_body, prefill_body
 from smetric.serve.proxy import ProxyServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,8 +71,7 @@ def test_requests_go_prefill_then_decode_and_follow_ups_return_to_their_prefill_
                 assert status == 200 and raw.rstrip().endswith(b"data: [DONE]")
                 d = decision(h)
                 assert d["prefill"] == homes[s] and d["reason"] == "sticky" and int(d["local_hit_tokens"]) > 0
-            assert proxy.proxy is not None and proxy.proxy.pd is not None
-            stats = proxy.proxy.pd.stats()
+            stats = pd_router(proxy).stats()
             assert stats["in_flight"] == 0
             held = [e.call(lambda e=e: e.stack.engine.cache.used_blocks if e.stack else -1) for e in ps]
             assert held == [0, 0], "every prefill's KV lease was read"
@@ -167,12 +166,11 @@ def test_pd_agent_sessions_survive_a_killed_decode_engine() -> None:
 
         with ProxyServer(cfg) as proxy:
             asyncio.run(replay(proxy.url))
-            assert proxy.proxy is not None and proxy.proxy.pd is not None
             retries = dict(proxy.proxy.telemetry.retries)
             deadline = time.monotonic() + 5
-            while proxy.proxy.pd.stats()["in_flight"] and time.monotonic() < deadline:
+            while pd_router(proxy).stats()["in_flight"] and time.monotonic() < deadline:
                 time.sleep(0.05)
-            in_flight = proxy.proxy.pd.stats()["in_flight"]
+            in_flight = pd_router(proxy).stats()["in_flight"]
         assert failures == [], f"{len(failures)} lost: {failures[:3]}"
         assert in_flight == 0
         firsts = Counter(r["prefill"] for r in results if r.get("turn") == 1)

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from proxy_util import Stub, chat_text, events, free_port, metric, request
+from proxy_util import Stub, chat_text, colocated_router, events, free_port, metric, request
 
 from smetric.fake_engine import FakeEngine
 from smetric.serve.config import load_config
-from smetric.serve.proxy import ProxyServer, forwardable
+from smetric.serve.proxy import ProxyServer
+from smetric.serve.upstream import forwardable
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
@@ -53,7 +54,7 @@ def decision(headers: dict[str, str]) -> dict[str, str]:
 def settled(p: ProxyServer) -> None:
     """Every instance's load counters are back to zero and no lifecycle call was unknown."""
     assert p.proxy is not None
-    router = p.proxy.router
+    router = colocated_router(p)
     deadline = time.monotonic() + 5
     while router.stats()["in_flight"] and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -67,7 +68,7 @@ def test_chat_and_completions_through_the_proxy_match_the_engine(fleet: list[Fak
     p = proxy_for([e.url for e in fleet])
     try:
         assert p.proxy is not None
-        config = p.proxy.router.config
+        config = colocated_router(p).config
         assert config.local_capacity_blocks == 4096, "sized from the engines' vllm:cache_config_info"
         assert config.global_capacity_blocks == 0, "no global tier unless one is declared"
         chat = {"model": "fake-model", "messages": [SYSTEM, {"role": "user", "content": "hi"}], "max_tokens": 6}
@@ -203,7 +204,7 @@ def test_streams_are_relayed_as_they_arrive_and_the_lifecycle_follows() -> None:
             conn, resp = _open_stream(p.url, {"messages": [{"role": "user", "content": "x"}], "stream": True})
             first = resp.read1()
             assert b"hello" in first, "the first chunk arrives before the upstream finished"
-            load = p.proxy.router.load(stub.url)
+            load = colocated_router(p).load(stub.url)
             assert (load["batch_size"], load["waiting"]) == (1, 0), "prefilled at the first byte, still running"
             release.set()
             rest = resp.read()
@@ -226,7 +227,7 @@ def test_a_client_that_leaves_mid_stream_aborts_its_attempt_once() -> None:
             conn.close()
             release.set()
             settled(p)
-            assert p.proxy.router.stats()["routed"] == 1
+            assert colocated_router(p).stats()["routed"] == 1
         finally:
             p.stop()
 
@@ -340,7 +341,7 @@ def test_bad_input_gets_openai_errors_and_loses_nothing(fleet: list[FakeEngine])
         assert request(p.url, "/v1/chat/completions", {"messages": []}, headers=huge)[0] == 400
         ok = request(p.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
         assert ok[0] == 200
-        assert p.proxy is not None and p.proxy.router.stats()["routed"] == 1, "bad requests are never routed"
+        assert colocated_router(p).stats()["routed"] == 1, "bad requests are never routed"
         settled(p)
     finally:
         p.stop()
@@ -391,11 +392,11 @@ def test_admin_endpoints_are_off_without_a_token_and_guarded_with_one(fleet: lis
             p.url, "/admin/instances", {"url": fleet[1].url}, headers={"Authorization": "Bearer s3cret"}
         )
         assert status == 200 and json.loads(body)["instances"] == [fleet[0].url, fleet[1].url]
-        assert p.proxy is not None and p.proxy.router.instances == [fleet[0].url, fleet[1].url]
+        assert colocated_router(p).instances == [fleet[0].url, fleet[1].url]
         status, _, _ = request(
             p.url, f"/admin/instances?url={fleet[0].url}", method="DELETE", headers={"Authorization": "Bearer s3cret"}
         )
-        assert status == 200 and p.proxy.router.instances == [fleet[1].url]
+        assert status == 200 and colocated_router(p).instances == [fleet[1].url]
         ok = request(p.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
         assert ok[0] == 200 and decision(ok[1])["instance"] == fleet[1].url
     finally:
@@ -451,7 +452,7 @@ def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index() -
     ]
     p = proxy_for([e.url for e in engines], tokens={"mode": "tokenizer", "tokenizer": tokenizer})
     try:
-        assert p.proxy is not None and p.proxy.router.config.index_mode == "exact", "events are the index's truth"
+        assert colocated_router(p).config.index_mode == "exact", "events are the index's truth"
         msgs = [SYSTEM, {"role": "user", "content": "refactor the parser " * 60}]
         status, h, body = request(p.url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
         assert status == 200 and decision(h)["tokens"] == "tokenizer"

@@ -36,6 +36,7 @@ exactness: vLLM expands them into model-specific placeholder tokens.
 
 Checked against transformers' own ``apply_chat_template`` in ``tests/serve/test_tokens.py``.
 Complexity: O(conversation length) per render, plus Jinja's constant overhead per message.
+May import: ``jinja2`` (the ``serve`` extra), nothing of :mod:`smetric.serve`.
 """
 
 from __future__ import annotations

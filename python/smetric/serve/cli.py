@@ -1,6 +1,7 @@
 """The ``smetric serve`` subcommand: flags on top of an optional TOML/YAML file
 (:func:`smetric.serve.config.load_config`). The proxy's modules are imported only when the
-command runs, so ``smetric --help`` needs no extra."""
+command runs, so ``smetric --help`` needs no extra. May import: :mod:`.config` and :mod:`.proxy`
+(lazily, in the command)."""
 
 from __future__ import annotations
 

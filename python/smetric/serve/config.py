@@ -21,6 +21,8 @@ keys)::
 
 ``smetric serve --port 8080 --instance http://10.0.0.1:8000 --instance http://10.0.0.2:8000``
 needs no file. Flags override the file; ``--instance`` flags replace its instance list.
+
+May import (inside ``smetric.serve``): :mod:`.tokens` (its ``TokenConfig`` is the ``[tokens]`` table).
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from smetric._core import POLICIES, RouterConfig
 from smetric.deployment import deployed_fields
 from smetric.errors import InvalidConfigError, MissingExtraError
+from smetric.serve.tokens import TOKEN_MODES, TokenConfig
 
-TokensMode = Literal["auto", "ids", "tokenizer", "approximate"]
 KV_EVENTS_DISCOVER = "discover"
 KV_EVENTS_OFF = "off"
 
@@ -70,19 +72,6 @@ class InstanceConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class TokensConfig:
-    """How the proxy gets the token ids it routes on (``docs/routing-tokens.md``)."""
-
-    mode: TokensMode = "auto"
-    tokenizer: str | None = None
-    """A ``tokenizer.json`` (the ``tokenizer`` mode; ``auto`` uses it when given)."""
-    chat_template: str | None = None
-    """A jinja chat template (text or a file); default: the tokenizer's ``tokenizer_config.json``."""
-    approx_chunk_bytes: int = 4
-    """Bytes of rendered text per pseudo-token in the ``approximate`` mode."""
-
-
-@dataclass(frozen=True, slots=True)
 class ServeConfig:
     """Every setting of ``smetric serve``."""
 
@@ -103,7 +92,8 @@ class ServeConfig:
     router: dict[str, Any] = field(default_factory=dict)
     """:class:`smetric.RouterConfig` fields; ``index_mode`` defaults to ``exact`` when every instance
     publishes KV events and the tokens are exact, else ``approximate``."""
-    tokens: TokensConfig = TokensConfig()
+    tokens: TokenConfig = field(default_factory=TokenConfig)
+    """How the routed token ids are made (:class:`smetric.serve.tokens.TokenConfig`, the ``[tokens]`` table)."""
     engine_load: bool = True
     """Scrape each instance's ``/metrics`` (running / waiting / KV usage) into the load board."""
     engine_load_period_s: float = 0.25
@@ -150,7 +140,7 @@ class ServeConfig:
         for name in ("probe_interval_s", "connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 raise _bad(name, f"{name} must be > 0")
-        if self.tokens.mode not in ("auto", "ids", "tokenizer", "approximate"):
+        if self.tokens.mode not in TOKEN_MODES:
             raise _bad("tokens.mode", f"unknown tokens mode {self.tokens.mode!r}")
         if self.tokens.mode == "tokenizer" and not self.tokens.tokenizer:
             raise _bad("tokens.tokenizer", "tokens mode 'tokenizer' needs tokens.tokenizer")
@@ -232,10 +222,10 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServeConfig
         data[pool] = tuple(_instance(i) for i in data.get(pool, ()))
     tokens = data.get("tokens", {})
     if isinstance(tokens, dict):
-        tokens_known = {f.name for f in dataclasses.fields(TokensConfig)}
+        tokens_known = {f.name for f in dataclasses.fields(TokenConfig)}
         if set(tokens) - tokens_known:
             raise _bad("tokens", f"unknown tokens keys {sorted(set(tokens) - tokens_known)}")
-        data["tokens"] = TokensConfig(**tokens)
+        data["tokens"] = TokenConfig(**tokens)
     router = data.get("router", {})
     if not isinstance(router, dict):
         raise _bad("router", "router must be a table of RouterConfig fields")

@@ -30,6 +30,7 @@ not kept.
 
 Complexity: a text of n characters in k pieces costs one regex split (O(n)) and a hash of each
 piece (O(n)); only the pieces not cached are encoded, in one ``encode_batch`` call.
+May import: ``tokenizers`` (the ``serve`` extra), nothing of :mod:`smetric.serve`.
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ The model is not checked here (the proxy knows its models): :meth:`RequestError.
 builds vLLM's 404 for it, :meth:`RequestError.too_large` the 413 of an oversized body.
 
 Complexity: O(body length) — one Rust scan, plus ``json.loads`` of ``messages`` for chat.
+May import (inside ``smetric.serve``): :mod:`.errors`; never ``aiohttp`` (the integrations load
+this module without the ``serve`` extra).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from typing import Any, Literal
 
 from smetric import _core
 from smetric.errors import InvalidArgumentError, SmetricError
+
+from .errors import openai_error
 
 __all__ = ["Endpoint", "OpenAIRequest", "RequestError", "parse_request"]
 
@@ -75,7 +79,7 @@ class RequestError(SmetricError):
 
     def body(self) -> dict[str, Any]:
         """The OpenAI error body."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return openai_error(self.message, type=self.type, param=self.param, code=self.code)
 
     @classmethod
     def unknown_model(cls, model: str) -> RequestError:

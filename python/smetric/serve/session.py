@@ -17,6 +17,8 @@ Hints, first match wins (``docs/serve.md`` lists their origins):
 ``ttl_s`` starts over at turn 1. Several proxy replicas keep separate tables: a session whose
 requests alternate between replicas is seen as starting over on each, which only costs the
 balanced placement of what is really a follow-up — the index still finds its KV$.
+
+May import: the standard library only.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ Families (``smetric_`` prefix): ``proxy_decisions_total{policy,reason,first_turn
 ``proxy_readmissions_total{instance}``, ``proxy_resumed_streams_total``,
 ``proxy_responses_total{code}``, ``proxy_instance_in_flight{instance}``,
 ``proxy_instance_ejected{instance}``.
+
+May import: :mod:`smetric.metrics` only.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from smetric.metrics import _family
+
+if TYPE_CHECKING:
+    from smetric._core import Decision, PdDecision
 
 DECISION_BUCKETS_S = (10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3)
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -73,7 +78,9 @@ class ProxyTelemetry:
         self.first_byte_s = Histogram(LATENCY_BUCKETS_S)
         self.request_s = Histogram(LATENCY_BUCKETS_S)
 
-    def record_decision(self, d: Any, label: str, source: str, prompt_tokens: int, seconds: float) -> None:
+    def record_decision(
+        self, d: Decision | PdDecision, label: str, source: str, prompt_tokens: int, seconds: float
+    ) -> None:
         """Counts one routing decision (a ``Decision`` or a ``PdDecision``) and its latency."""
         self.decision_s.observe(seconds)
         self.decisions[(d.policy, label, str(d.first_turn).lower())] += 1

@@ -39,6 +39,8 @@ transformers picks it, else ``"default"``), else plain ChatML
 
 Complexity per request: ids O(1) (the buffer is reused); approximate O(prompt bytes);
 tokenizer O(conversation length) to render and split, plus encoding the uncached pieces.
+May import (inside ``smetric.serve``): :mod:`.request`, and lazily :mod:`.chat_template` and
+:mod:`.piecewise` (their extras); never ``aiohttp``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import zlib
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from smetric.chat import render_chat
 from smetric.errors import InvalidConfigError
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_APPROX_CHUNK_BYTES",
     "DEFAULT_PIECE_CACHE_BYTES",
+    "TOKEN_MODES",
     "RoutingTokens",
     "TokenConfig",
     "TokenMode",
@@ -72,6 +75,7 @@ __all__ = [
 ]
 
 TokenMode = Literal["auto", "ids", "tokenizer", "approximate"]
+TOKEN_MODES: tuple[TokenMode, ...] = get_args(TokenMode)
 TokenSourceKind = Literal["ids", "tokenizer", "approximate"]
 DEFAULT_APPROX_CHUNK_BYTES = 4
 """UTF-8 bytes per approximate token: the fake engine's default tokenizer's."""
@@ -140,7 +144,7 @@ class TokenSource:
 
     def __init__(self, config: TokenConfig | None = None) -> None:
         self.config = config = config or TokenConfig()
-        if config.mode not in ("auto", "ids", "tokenizer", "approximate"):
+        if config.mode not in TOKEN_MODES:
             raise _config_error("mode", f"must be auto, ids, tokenizer or approximate, got {config.mode!r}")
         if config.approx_chunk_bytes < 1:
             raise _config_error("approx_chunk_bytes", f"must be at least 1, got {config.approx_chunk_bytes}")

@@ -1,0 +1,138 @@
+"""A/B of two source trees of ``smetric serve`` on the same fake engines: did a change to the
+proxy add latency or CPU?
+
+Four ``smetric fake-engine`` instances (CPU 0 where ``taskset`` exists) serve every round; each
+round starts the ``before`` proxy and the ``after`` proxy in turn (``PYTHONPATH`` set to each
+tree's ``python/`` directory, the order alternating between rounds so drift hits both alike),
+``smetric serve --tokens ids`` with the rows of :mod:`proxy_data_plane` (32K-token id prompts,
+``max_tokens`` 16). Per proxy and round:
+
+* **CPU per request**: the proxy process's user + system CPU time over a fixed open loop of
+  ``--cpu-requests`` requests, plain then streamed (read from ``/proc/PID/stat``; the engine-load
+  scraper is off, so this is the data plane's own work). Far less sensitive to other tenants of
+  the machine than latency is;
+* **latency** (unless ``--cpu-only``): :func:`proxy_data_plane.measure` — p50/p99 of the plain
+  answer and of a stream's first byte at ``--rate``, and a closed loop's maximum rate.
+
+The medians over rounds of each figure are printed for both trees, with their ratio
+(after / before). Bounded: loopback only, fixed counts, every process stopped at the end.
+
+    git archive BASE python | tar -x -C /tmp/base && cp python/smetric/_core.abi3.so /tmp/base/python/smetric/
+    .venv/bin/python benches/proxy_ab.py --before /tmp/base/python --after python --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proxy_data_plane as bench
+
+LATENCY_KEYS = ("plain_p50_ms", "plain_p99_ms", "stream_ttfb_p50_ms", "stream_ttfb_p99_ms", "max_rate")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_proxy(
+    tree: str, engines: list[str], args: argparse.Namespace, bodies: dict[bool, bytes], short: bytes
+) -> dict[str, Any]:
+    port = bench.free_port()
+    cmd = [*bench.pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "ids"]
+    cmd += ["--kv-events", "off", "--log-level", "WARNING", "--no-engine-load"]
+    for url in engines:
+        cmd += ["--instance", url]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(Path(tree).resolve())})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        bench.wait_http(f"{url}/health")
+        asyncio.run(bench.open_loop([url], bodies[True], True, args.rate, 40))  # warm-up
+        before = cpu_seconds(proc.pid)
+        for stream in (False, True):
+            asyncio.run(bench.open_loop([url], bodies[stream], stream, args.cpu_rate, args.cpu_requests))
+        row: dict[str, Any] = {"cpu_us_per_req": (cpu_seconds(proc.pid) - before) / (2 * args.cpu_requests) * 1e6}
+        if not args.cpu_only:
+            row |= bench.measure("proxy", [url], args, bodies, short)
+        return row
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--before", required=True, help="the python/ directory of the baseline tree")
+    p.add_argument("--after", required=True, help="the python/ directory of the changed tree")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--rate", type=float, default=20.0, help="latency rows: requests/s")
+    p.add_argument("--requests", type=int, default=200, help="latency rows: requests per row")
+    p.add_argument("--cpu-rate", type=float, default=80.0)
+    p.add_argument("--cpu-requests", type=int, default=400, help="per kind (plain, streamed)")
+    p.add_argument("--cpu-only", action="store_true", help="skip the latency rows")
+    p.add_argument("--prompt-tokens", type=int, default=32_768)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--out", help="write every row as JSON here")
+    args = p.parse_args()
+    args.max_rate_prompt_tokens = 256
+    prompt = list(range(1000, 1000 + args.prompt_tokens))
+    bodies = {
+        s: json.dumps({"model": bench.MODEL, "prompt": prompt, "max_tokens": 16, "stream": s}).encode()
+        for s in (False, True)
+    }
+    short = json.dumps({"model": bench.MODEL, "prompt": list(range(7, 263)), "max_tokens": 16, "stream": True}).encode()
+    trees = {"before": args.before, "after": args.after}
+    rows: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    engines_procs: list[subprocess.Popen[str]] = []
+    try:
+        engines = []
+        for _ in range(bench.ENGINES):
+            proc, url = bench.start_engine(1e6)
+            engines_procs.append(proc)
+            engines.append(url)
+        subprocess.run(["taskset", "-p", "-c", "1", str(os.getpid())], check=False, capture_output=True)
+        for stream in (False, True):  # the engines' prefix caches fill here, unrecorded
+            asyncio.run(bench.open_loop(engines, bodies[stream], stream, args.rate, 200))
+        for r in range(args.rounds):
+            order = ("before", "after") if r % 2 == 0 else ("after", "before")
+            for name in order:
+                row = one_proxy(trees[name], engines, args, bodies, short)
+                rows[name].append(row)
+                print(json.dumps({"round": r, "tree": name, **row}), flush=True)
+    finally:
+        for proc in engines_procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in engines_procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    keys = ["cpu_us_per_req", *([] if args.cpu_only else LATENCY_KEYS)]
+    print(
+        f"medians of {args.rounds} rounds; {args.prompt_tokens}-token id prompts;"
+        f" CPU: {2 * args.cpu_requests} requests per round; latency: {args.requests} per row at {args.rate:g}/s"
+    )
+    print(f"{'figure':<22} {'before':>10} {'after':>10} {'after/before':>13}")
+    for key in keys:
+        b, a = (statistics.median(r[key] for r in rows[n]) for n in ("before", "after"))
+        print(f"{key:<22} {b:>10.2f} {a:>10.2f} {a / b if b else float('nan'):>13.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

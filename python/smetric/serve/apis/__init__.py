@@ -1,0 +1,20 @@
+"""The client APIs ``smetric serve`` speaks, one adapter module each (:mod:`.base` is the
+interface): :mod:`.chat` (``POST /v1/chat/completions``) and :mod:`.completions`
+(``POST /v1/completions``), sharing OpenAI's stream and error shape in :mod:`.openai`.
+
+:data:`APIS` is the registry the app's routes table is built from: a new API is a module and a
+line here. May import: the adapter modules of this package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smetric.serve.apis.base import Api
+from smetric.serve.apis.chat import ChatApi
+from smetric.serve.apis.completions import CompletionsApi
+
+__all__ = ["APIS", "ChatApi", "CompletionsApi"]
+
+APIS: tuple[Api[Any], ...] = (ChatApi(), CompletionsApi())
+"""Every API the proxy routes, in the order of its routes table."""

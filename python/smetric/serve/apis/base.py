@@ -1,0 +1,153 @@
+"""The interface of an API adapter: what one client API (``POST /v1/chat/completions``, …) owns on
+a request's path, so that each API is one module and the rest of the proxy never branches on it.
+
+An adapter owns, for its API:
+
+* **body parsing**: :meth:`Api.parse` validates the bytes into the API's own request type ``R``
+  (a :class:`~smetric.serve.request.RequestError` for bad input);
+* **routing tokens and turn**: :meth:`Api.routing_tokens` (with the configured
+  :class:`~smetric.serve.tokens.TokenSource`), :meth:`Api.turn` (session hints where the body has
+  no roles), and what the router reads of the request, gathered in a :class:`Prepared`;
+* **stream format**: :meth:`Api.stream` gives the scanner of its event stream
+  (:class:`StreamState`: end marker, finish, output tokens, what a continuation's opening drops)
+  and :meth:`Api.continuation` the request that continues a cut stream on another instance;
+* **error shape**: :meth:`Api.reject`, :meth:`Api.fail` and :meth:`Api.stream_failure` render
+  the proxy's own errors as the API's clients expect them.
+
+The backends (:mod:`smetric.serve.backends`) see only :class:`Prepared`;
+the relay (:mod:`smetric.serve.relay`) only :class:`StreamState`. A new API (Anthropic Messages,
+OpenAI Responses, a pass-through) is one module implementing :class:`Api` plus one line in
+:data:`smetric.serve.apis.APIS`.
+
+Invariants: a :class:`Prepared` is immutable — a continuation is a new one; ``Prepared.body`` is
+what is forwarded, byte for byte. May import: :mod:`smetric.serve.errors`, ``.request``,
+``.session``, ``.tokens``, ``aiohttp.web``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from aiohttp import web
+
+from smetric.serve.errors import ProxyError
+from smetric.serve.request import RequestError
+from smetric.serve.session import SessionTable
+from smetric.serve.tokens import RoutingTokens, TokenSource
+
+__all__ = ["Api", "Prepared", "R", "StreamState"]
+
+R = TypeVar("R")
+"""An API's parsed request type."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared(Generic[R]):
+    """A request ready to route: its API's parsed form, the bytes to forward, and what the
+    router reads (the same for every API)."""
+
+    request: R
+    path: str
+    """The engine's path the body is POSTed to."""
+    body: bytes
+    """Forwarded unchanged (a continuation's is rewritten by its adapter)."""
+    tokens: RoutingTokens
+    turn: int | None
+    """The turn from a session hint; None: the router reads it from ``messages`` or its index."""
+    model: str | None
+    messages: list[dict[str, Any]] | None
+    """The conversation (chat roles tell the router the turn), or None."""
+    namespace: str | None
+    """vLLM's ``cache_salt``: requests in different namespaces share no cached blocks."""
+
+
+class StreamState(ABC):
+    """An API's event stream as it is relayed: split into events, scanned for what accounting and
+    continuation need. Relaying must stay O(chunk bytes); decoding is left to continuation."""
+
+    done: bool
+    """The API's end marker arrived."""
+    finished: bool
+    """The answer is complete (a finish reason arrived), even if the end marker is lost."""
+
+    @abstractmethod
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The complete events in what is pending plus ``chunk`` (each without its separator)."""
+
+    @property
+    @abstractmethod
+    def tokens(self) -> int:
+        """Output tokens so far."""
+
+    @abstractmethod
+    def drops_on_continuation(self, event: bytes) -> bool:
+        """Whether ``event``, the first of a continuation, repeats what the client already has
+        (it is then dropped and :meth:`forget` is called)."""
+
+    @abstractmethod
+    def forget(self, event: bytes) -> None:
+        """Removes a fed event from the counts."""
+
+    @property
+    @abstractmethod
+    def end_marker(self) -> bytes:
+        """What ends a stream whose upstream ended without its marker (written when not ``done``)."""
+
+
+class Api(ABC, Generic[R]):
+    """One client API (see the module docs)."""
+
+    name: str
+    """Short name (logs, metrics)."""
+    path: str
+    """The path clients POST to, and the engines' path for it."""
+
+    @abstractmethod
+    def parse(self, raw: bytes) -> R:
+        """Validates a body. Raises :class:`RequestError`."""
+
+    @abstractmethod
+    def model(self, request: R) -> str | None:
+        """The model the request names (checked against the fleet's models before routing)."""
+
+    @abstractmethod
+    def tokenizes(self, source: TokenSource, request: R) -> bool:
+        """Whether :meth:`routing_tokens` runs a BPE tokenizer (then it runs off the event loop)."""
+
+    @abstractmethod
+    def routing_tokens(self, source: TokenSource, request: R) -> RoutingTokens:
+        """The ids the request is routed on. Raises :class:`RequestError`."""
+
+    @abstractmethod
+    def prepare(
+        self, request: R, raw: bytes, tokens: RoutingTokens, headers: Mapping[str, str], sessions: SessionTable
+    ) -> Prepared[R]:
+        """The request ready to route (its turn counted in ``sessions`` when a hint gives it)."""
+
+    @abstractmethod
+    def stream(self, *, keep: bool) -> StreamState:
+        """A scanner of the API's event stream; ``keep``: keep the events for a continuation."""
+
+    @abstractmethod
+    def output_tokens(self, answer: bytes) -> int:
+        """Output tokens of a whole (non-streamed) 200 answer (0 when it does not say)."""
+
+    @abstractmethod
+    def continuation(self, prepared: Prepared[R], state: StreamState, source: TokenSource) -> Prepared[R] | None:
+        """The request that continues a stream cut after ``state``, or None when it cannot be
+        continued faithfully."""
+
+    @abstractmethod
+    def reject(self, error: RequestError) -> web.Response:
+        """The answer to a request the proxy refuses (bad input, unknown model, too large)."""
+
+    @abstractmethod
+    def fail(self, error: ProxyError) -> web.Response:
+        """The answer when the proxy itself fails the request before any byte was sent."""
+
+    @abstractmethod
+    def stream_failure(self, error: ProxyError) -> bytes:
+        """The bytes that end a started stream with ``error`` (its end marker included)."""

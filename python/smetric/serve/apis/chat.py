@@ -1,0 +1,48 @@
+"""``POST /v1/chat/completions``: OpenAI's chat API as vLLM serves it.
+
+Routing tokens: the conversation rendered with the model's chat template (or the client's ids —
+never, for chat), the turn from the roles. Stream: a chunk's text is ``choices[0].delta.content``;
+the stream opens with a role chunk (``delta`` with a role and no content) that carries no token.
+A stream cut after its first chunk continues with vLLM's ``continue_final_message``: the text so
+far becomes the final assistant message, and the continuation's own opening role chunk is
+dropped (the client already has one). Errors: OpenAI's shape (:mod:`.openai`).
+May import: :mod:`smetric.serve.apis.openai` and what it may.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from smetric.serve.apis.openai import OpenAIApi
+from smetric.serve.request import OpenAIRequest
+
+__all__ = ["ChatApi"]
+
+
+class ChatApi(OpenAIApi):
+    name = "chat"
+    path = "/v1/chat/completions"
+    endpoint = "chat"
+    opening_chunks = 1
+
+    def text_of(self, choice: dict[str, Any]) -> object:
+        return (choice.get("delta") or {}).get("content")
+
+    def is_opening_chunk(self, event: bytes) -> bool:
+        try:
+            obj = json.loads(event[5:].strip())
+        except ValueError:
+            return False
+        choices = obj.get("choices") or []
+        if len(choices) != 1:
+            return False
+        delta = choices[0].get("delta") or {}
+        return "role" in delta and not delta.get("content") and choices[0].get("finish_reason") is None
+
+    def _continue(self, request: OpenAIRequest, body: dict[str, Any], text: str) -> OpenAIRequest | None:
+        assert request.messages is not None  # a parsed chat request always has them
+        messages = [*request.messages, {"role": "assistant", "content": text}]
+        body.update(messages=messages, continue_final_message=True, add_generation_prompt=False)
+        return dataclasses.replace(request, messages=messages, continue_final_message=True, add_generation_prompt=False)

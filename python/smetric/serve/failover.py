@@ -1,0 +1,116 @@
+"""The attempt loop of one request: route, open, relay; on a failure, try elsewhere or continue.
+
+Per attempt (``max_attempts`` in all): the fleet names the instances to skip
+(:meth:`~smetric.serve.fleet.Fleet.exclusions`), the backend routes and opens the answer
+(:mod:`smetric.serve.backends`), the relay forwards it (:mod:`smetric.serve.relay`). A failure
+before the first byte reached the client — a connection error, a timeout, a 5xx — counts against
+the instance and the request is retried as it was; a stream cut after its first chunk is
+continued on another instance with the request its API builds
+(:meth:`~smetric.serve.apis.base.Api.continuation`), or ended with the API's error event when it
+cannot be continued. A request is lost only when no instance can serve it (503 in the API's shape).
+
+Invariants: each attempt's lifecycle is closed on every path (the backend and the relay close it;
+an exception here aborts it and closes the upstream connection, which makes vLLM abort the
+request); a failed instance is not tried again by the same request. Cost beyond the parts: O(1)
+per attempt. May import: :mod:`smetric.serve.apis.base`, ``.backends.base``, ``.errors``,
+``.fleet``, ``.relay``, ``.telemetry``, ``.tokens``, ``.upstream``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from smetric.serve.apis.base import Api, Prepared, StreamState
+from smetric.serve.backends.base import Answered, Backend, NoInstance
+from smetric.serve.config import ServeConfig
+from smetric.serve.errors import ProxyError
+from smetric.serve.fleet import Fleet
+from smetric.serve.relay import Relayed, end_stream, read_whole, relay_stream
+from smetric.serve.telemetry import ProxyTelemetry
+from smetric.serve.tokens import TokenSource
+from smetric.serve.upstream import Refused, forwardable
+
+__all__ = ["CUT_MESSAGE", "Failover"]
+
+CUT_MESSAGE = "the stream was cut and could not be continued"
+
+
+class Failover:
+    """Serves prepared requests over a backend, with failover and stream continuation."""
+
+    def __init__(
+        self, config: ServeConfig, fleet: Fleet, backend: Backend, telemetry: ProxyTelemetry, tokens: TokenSource
+    ) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.backend = backend
+        self.telemetry = telemetry
+        self.tokens = tokens
+
+    async def serve(self, request: web.Request, api: Api[Any], prepared: Prepared[Any]) -> web.StreamResponse:
+        """The client's answer to ``prepared`` (see the module docs)."""
+        fleet, backend = self.fleet, self.backend
+        headers = forwardable(request.headers)
+        failed: list[str] = []
+        response: web.StreamResponse | None = None
+        """The client stream, once its headers are out."""
+        state: StreamState | None = None
+        attempt_no = 0
+        while attempt_no < self.config.max_attempts:
+            attempt_no += 1
+            exclude = fleet.exclusions(prepared.model, failed, backend.pools)
+            opened = await backend.open(prepared, headers, attempt_no, exclude) if exclude is not None else None
+            if opened is None or isinstance(opened, NoInstance):
+                attempt_no -= 1
+                break
+            if isinstance(opened, Refused):
+                failed.append(opened.instance)
+                fleet.failed(opened.instance, opened.cause)
+                continue
+            if isinstance(opened, Answered):
+                return opened.response
+            attempt, upstream = opened.attempt, opened.upstream
+            try:
+                if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                    stream = state or api.stream(keep=self.config.resume_streams)
+                    result = await relay_stream(
+                        request,
+                        opened,
+                        stream,
+                        response,
+                        idle_timeout_s=self.config.idle_timeout_s,
+                        telemetry=self.telemetry,
+                    )
+                else:
+                    result = await read_whole(api, opened, self.telemetry, response)
+                if isinstance(result, Relayed):
+                    fleet.succeeded(attempt.instance)
+                    return result.response
+                # The attempt failed: before any byte reached the client (retry as it was), or
+                # mid-stream (continue the client's stream).
+                failed.append(attempt.instance)
+                fleet.failed(attempt.instance, result.cause)
+                state, response = result.state, result.response
+                if response is not None:
+                    continued = None
+                    if state is not None and self.config.resume_streams:
+                        continued = api.continuation(prepared, state, self.tokens)
+                    if continued is None:
+                        return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
+                    prepared = continued
+                    self.telemetry.resumed_streams += 1
+            except BaseException:
+                attempt.abort()
+                upstream.close()  # the engine aborts a request whose connection closes
+                raise
+            finally:
+                upstream.release()
+        if response is not None:
+            return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
+        return api.fail(
+            ProxyError.unavailable(
+                f"no instance could serve the request ({attempt_no} attempts; failed: {', '.join(failed) or 'none'})"
+            )
+        )

@@ -1,0 +1,275 @@
+"""The fleet behind the proxy: its instances, their health, their models, and the feeds that
+tell the router what they cache and how loaded they are.
+
+* **discovery and sizing** (blocking, before the router exists): :func:`kv_event_sources` (an
+  instance's KV-event publishers: ``GET /kv_event_sources``, explicit, or none) and
+  :func:`fleet_kv_capacity` (the smallest GPU KV capacity the instances report on ``/metrics``);
+* **health**: consecutive failures per instance; ``eject_after`` in a row eject it until its
+  ``GET /health`` answers 200 (probed every ``probe_interval_s``), when the backend is told
+  (:attr:`FeedTargets.on_readmitted`: the co-located router clears its index, since an engine
+  that came back has usually restarted empty);
+* **models**: every instance's ``/v1/models``, refreshed every ``models_refresh_s`` (an
+  unreachable instance keeps what it served before);
+* **eligibility**: :meth:`Fleet.exclusions`, the instances an attempt must skip — failed ones,
+  those without the model, ejected ones unless a pool has nothing else (better a try than a
+  refusal);
+* **feeds**: the KV-event subscriber and the engine-load scraper, aimed at the router(s) the
+  backend names (:class:`FeedTargets`), restarted when the instance list changes.
+
+Invariants: state is mutated only on the proxy's event loop; the feeds run on their own threads
+and only call the (thread-safe) router. Costs: :meth:`Fleet.exclusions` is O(instances) per
+attempt. May import: :mod:`smetric.serve.config`, ``.telemetry``, ``.upstream``,
+``smetric._core``, ``smetric.events`` and ``smetric.engine_load`` (lazily: their extras).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from smetric._core import PdRouter, Router
+from smetric.serve.config import KV_EVENTS_DISCOVER, KV_EVENTS_OFF, InstanceConfig, ServeConfig
+from smetric.serve.telemetry import ProxyTelemetry
+from smetric.serve.upstream import Upstream
+
+__all__ = ["FeedTargets", "Fleet", "Health", "fleet_kv_capacity", "kv_event_sources"]
+
+log = logging.getLogger("smetric.serve")
+
+
+@dataclass(frozen=True, slots=True)
+class FeedTargets:
+    """Where the backend wants the fleet's feeds to go."""
+
+    events: Router | None
+    """The router KV events feed (an exact or approximate index), or None: no event feed."""
+    load: Router | PdRouter
+    """Where scraped engine load goes."""
+    scraped: frozenset[str] | None
+    """The instances whose load is scraped; None: every instance."""
+    on_readmitted: Callable[[str], None]
+    """Called when an ejected instance answers its health probe again."""
+
+
+class Health:
+    """Consecutive failures and ejection of one instance."""
+
+    __slots__ = ("ejected", "failures")
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.ejected = False
+
+
+class Fleet:
+    """The instances, their health and models, and the feeds (see the module docs)."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        sources: dict[str, list[Any]],
+        upstream: Upstream,
+        telemetry: ProxyTelemetry,
+    ) -> None:
+        self.config = config
+        self.instances: dict[str, InstanceConfig] = {i.url: i for i in config.all_instances}
+        self.sources = sources
+        """Instance URL → its KV-event sources (``smetric.events.KvEventSource``)."""
+        self.health = {url: Health() for url in self.instances}
+        self.models: dict[str, set[str]] = {}
+        """Model id → instances serving it (from their ``/v1/models``)."""
+        self.model_cards: dict[str, dict[str, Any]] = {}
+        self.subscriber: Any = None
+        self.scraper: Any = None
+        self._upstream = upstream
+        self._telemetry = telemetry
+        self._targets: FeedTargets | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self, targets: FeedTargets) -> None:
+        """Starts the feeds, asks every instance for its models, starts the probe and the refresh."""
+        self._targets = targets
+        self.restart_feeds()
+        await self.refresh_models()
+        self._tasks = [
+            asyncio.create_task(self._probe_loop(), name="smetric-probe"),
+            asyncio.create_task(self._models_loop(), name="smetric-models"),
+        ]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._stop_feeds()
+
+    def _stop_feeds(self) -> None:
+        if self.subscriber is not None:
+            self.subscriber.stop()
+            self.subscriber = None
+        if self.scraper is not None:
+            self.scraper.stop()
+            self.scraper = None
+
+    def restart_feeds(self) -> None:
+        """(Re)starts the KV-event subscriber and the load scraper over the current instances."""
+        targets = self._targets
+        assert targets is not None, "start() names the feeds' targets"
+        self._stop_feeds()
+        flat = [s for url in self.instances for s in self.sources.get(url, [])]
+        if flat and targets.events is not None:
+            from smetric.events import KvEventSubscriber
+
+            self.subscriber = KvEventSubscriber(targets.events, flat).start()
+        if self.config.engine_load:
+            from smetric.engine_load import EngineLoadScraper
+
+            urls = {
+                url: (i.metrics_url or url).removesuffix("/metrics")
+                for url, i in self.instances.items()
+                if targets.scraped is None or url in targets.scraped
+            }
+            # Typed for a Router; a PdRouter has the same update_load and config it calls.
+            load: Any = targets.load
+            self.scraper = EngineLoadScraper(load, urls, period_s=self.config.engine_load_period_s).start()
+
+    # -- membership -------------------------------------------------------------------------------
+
+    def add(self, inst: InstanceConfig, sources: list[Any]) -> None:
+        self.instances[inst.url] = inst
+        self.sources[inst.url] = sources
+        self.health[inst.url] = Health()
+
+    def remove(self, url: str) -> None:
+        del self.instances[url], self.health[url]
+        self.sources.pop(url, None)
+
+    # -- health -----------------------------------------------------------------------------------
+
+    def failed(self, url: str, cause: str) -> None:
+        """Counts a failed attempt at ``url`` (a retry, by cause); ejects it after ``eject_after``."""
+        self._telemetry.retries[cause] += 1
+        h = self.health.get(url)
+        if h is None:
+            return
+        h.failures += 1
+        if h.failures >= self.config.eject_after and not h.ejected:
+            h.ejected = True
+            self._telemetry.ejections[url] += 1
+            log.warning("instance %s ejected after %d consecutive failures", url, h.failures)
+
+    def succeeded(self, url: str) -> None:
+        h = self.health.get(url)
+        if h is not None:
+            h.failures = 0
+
+    def ejected(self, url: str) -> bool:
+        return self.health[url].ejected
+
+    @property
+    def all_ejected(self) -> bool:
+        return all(h.ejected for h in self.health.values())
+
+    def exclusions(
+        self, model: str | None, failed: Sequence[str], pools: Sequence[frozenset[str]] | None
+    ) -> list[str] | None:
+        """Instances the next attempt must skip, or None when no instance is left to try.
+
+        ``pools``: the backend's pools, each of which must keep an instance (PD: prefill and
+        decode); None: the whole fleet is one pool.
+        """
+        serving = self.models.get(model) if model is not None else None
+        eligible = [u for u in self.instances if u not in failed and (serving is None or u in serving)]
+        if not eligible:
+            return None
+        groups = [eligible] if pools is None else [[u for u in eligible if u in pool] for pool in pools]
+        chosen: list[str] = []
+        for group in groups:
+            if not group:
+                return None
+            healthy = [u for u in group if not self.health[u].ejected]
+            # Ejected instances are a last resort: better a try than a refusal.
+            chosen += healthy or group
+        return [u for u in self.instances if u not in chosen]
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.probe_interval_s)
+            for url in [u for u, h in self.health.items() if h.ejected]:
+                if await self._upstream.healthy(url):
+                    self.health[url] = Health()
+                    if self._targets is not None:
+                        self._targets.on_readmitted(url)
+                    self._telemetry.readmissions[url] += 1
+                    log.warning("instance %s re-admitted (its /health answers)", url)
+
+    # -- models -----------------------------------------------------------------------------------
+
+    async def _models_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.models_refresh_s)
+            await self.refresh_models()
+
+    async def refresh_models(self) -> None:
+        """Asks every instance for its models (concurrently)."""
+
+        async def one(url: str) -> tuple[str, list[dict[str, Any]] | None]:
+            return url, await self._upstream.model_cards(url)
+
+        answers = await asyncio.gather(*(one(url) for url in self.instances))
+        models: dict[str, set[str]] = {}
+        cards: dict[str, dict[str, Any]] = {}
+        for url, cards_of in answers:
+            if cards_of is None:  # unreachable now: keep what it served before
+                for mid, urls in self.models.items():
+                    if url in urls:
+                        models.setdefault(mid, set()).add(url)
+                        cards.setdefault(mid, self.model_cards[mid])
+                continue
+            for card in cards_of:
+                models.setdefault(card["id"], set()).add(url)
+                cards.setdefault(card["id"], card)
+        self.models, self.model_cards = models, cards
+
+
+def fleet_kv_capacity(instances: Sequence[InstanceConfig], timeout: float = 2.0) -> int | None:
+    """The smallest GPU KV capacity (tokens) the instances report on ``/metrics``
+    (``vllm:cache_config_info``), or None when none answers with it. Blocking."""
+    import http.client
+    import urllib.request
+
+    from smetric.engine_load import kv_capacity_tokens
+
+    found = []
+    for inst in instances:
+        url = inst.metrics_url or f"{inst.url}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                capacity = kv_capacity_tokens(r.read().decode("utf-8", errors="replace"))
+        except (OSError, ValueError, http.client.HTTPException):  # an engine without it, or down
+            continue
+        if capacity is not None:
+            found.append(capacity)
+    return min(found) if found else None
+
+
+def kv_event_sources(inst: InstanceConfig) -> list[Any]:
+    """The KV-event sources of an instance (discovered, explicit, or none). Blocking."""
+    if inst.kv_events == KV_EVENTS_OFF:
+        return []
+    try:
+        from smetric.events import KvEventSource, discover_sources
+    except ImportError:
+        log.warning("pyzmq is not installed: no KV events (pip install 'smetric-router[events]')")
+        return []
+    if inst.kv_events == KV_EVENTS_DISCOVER:
+        try:
+            return list(discover_sources(inst.url))
+        except Exception as e:  # an engine without the endpoint, or not up yet
+            log.warning("no KV-event sources from %s/kv_event_sources: %s", inst.url, e)
+            return []
+    return [KvEventSource(inst.url, inst.kv_events, replay_endpoint=inst.kv_replay)]

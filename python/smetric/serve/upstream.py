@@ -1,0 +1,144 @@
+"""The proxy's side of its calls to engines: which headers travel, which failures may be retried,
+and the one HTTP client every call goes through.
+
+* :func:`forwardable` drops RFC 9110 §7.6.1 hop-by-hop fields (and any ``Connection`` names),
+  ``Host`` and ``Content-Length`` from a header map, in one pass;
+* :data:`RETRYABLE` is what counts as the instance's failure (connection, payload, timeout);
+* :class:`Upstream` owns the ``aiohttp.ClientSession`` (no pool limit, no decompression: bodies
+  pass through as the engine sent them) and the attempt's POST (:meth:`Upstream.post`, a typed
+  :class:`Opened` or :class:`Refused`), and the short GETs of discovery and health.
+
+Invariants: the proxy fetches only configured instance URLs, never a URL taken from a request; a
+refused attempt has its lifecycle closed (``abort``) before :meth:`Upstream.post` returns.
+May import: :mod:`smetric.serve.attempt`, ``aiohttp``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from smetric.serve.attempt import Attempt
+
+__all__ = ["HOP_BY_HOP", "RETRYABLE", "Opened", "Refused", "Upstream", "forwardable"]
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+"""RFC 9110 §7.6.1 hop-by-hop fields, never forwarded (nor any field ``Connection`` names)."""
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
+
+RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError)
+"""Failures of the instance (not of the request): the attempt is retried elsewhere."""
+
+
+def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` without hop-by-hop fields, those ``Connection`` names, ``Host`` and ``Content-Length``."""
+    lowered = [(k.lower(), k, v) for k, v in headers.items()]
+    named = {h.strip() for low, _, v in lowered if low == "connection" for h in v.lower().split(",") if h.strip()}
+    return {k: v for low, k, v in lowered if low not in _NOT_FORWARDED and low not in named}
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """An attempt whose upstream answered with headers and a status below 500."""
+
+    attempt: Attempt
+    upstream: aiohttp.ClientResponse
+    started: float
+    """``time.perf_counter()`` when the POST was sent (the first-byte latency's origin)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An attempt that failed before its first byte, at ``instance``: retry elsewhere."""
+
+    instance: str
+    cause: str
+    """A connection error's class name, ``http_<status>``, or a protocol failure."""
+
+
+class Upstream:
+    """The proxy's one HTTP client to its engines (open it on the proxy's event loop)."""
+
+    def __init__(self, *, connect_timeout_s: float, first_byte_timeout_s: float) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._first_byte_timeout_s = first_byte_timeout_s
+        self._client: aiohttp.ClientSession | None = None
+
+    def open(self) -> None:
+        self._client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self.connect_timeout_s, sock_read=self._first_byte_timeout_s
+            ),
+        )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        if self._client is None:
+            raise RuntimeError("the upstream client is not open")
+        return self._client
+
+    async def post(self, attempt: Attempt, path: str, body: bytes, headers: Mapping[str, str]) -> Opened | Refused:
+        """POSTs an attempt's body to its instance; a connection error or a 5xx aborts the attempt."""
+        started = time.perf_counter()
+        url = attempt.instance
+        try:
+            upstream = await self.client.post(url + path, data=body, headers=headers)
+        except RETRYABLE as e:
+            attempt.abort()
+            return Refused(url, type(e).__name__)
+        except BaseException:
+            attempt.abort()
+            raise
+        if upstream.status >= 500:
+            attempt.abort()
+            upstream.release()
+            return Refused(url, f"http_{upstream.status}")
+        return Opened(attempt, upstream, started)
+
+    async def healthy(self, url: str) -> bool:
+        """``GET {url}/health`` answers 200 within the connect timeout."""
+        try:
+            async with self.client.get(
+                f"{url}/health", timeout=aiohttp.ClientTimeout(total=self.connect_timeout_s)
+            ) as r:
+                return r.status == 200
+        except RETRYABLE:
+            return False
+
+    async def model_cards(self, url: str) -> list[dict[str, Any]] | None:
+        """The model cards of ``GET {url}/v1/models`` (those with a string ``id``), or None when
+        the instance does not answer with them."""
+        try:
+            async with self.client.get(
+                f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=self.connect_timeout_s)
+            ) as r:
+                if r.status != 200:
+                    return None
+                data = (await r.json()).get("data")
+                return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        except (*RETRYABLE, ValueError, AttributeError, TypeError):
+            return None
