@@ -38,8 +38,12 @@ ESTABLISHED: dict[str, str] = {
     "follow-up: migrate (home overloaded)": "migrated-overload",
     "follow-up: migrate (local KV$ evicted)": "migrated-evicted",
     "follow-up: migrate (cheaper elsewhere)": "migrated-cheaper",
+    # The v2 (SLO-feasibility) rule's own outcomes, short like the others.
+    "follow-up: migrate (home misses TTFT budget)": "migrated-slo",
+    "follow-up: sticky (no instance meets TTFT budget)": "sticky-infeasible",
 }
-"""smetric's reasons whose short labels predate the derivation (kept: dashboards match on them)."""
+"""smetric's reasons with a short label chosen by hand (dashboards match on them); a reason missing
+here still gets its slug (rule 3), so nothing is ever unlabelled."""
 
 _BALANCING_POLICIES = frozenset(POLICIES) - {"smetric"}
 
