@@ -38,12 +38,12 @@ use crate::perf_model::Profile;
 
 /// Default store capacity, bytes: 1.5 TiB, 16,777,216 tokens × 96 KiB (the router's default
 /// global capacity). Spread over the default 16 GPUs that is 96 GiB per rank, the order of the
-/// "80GB" global segment of vLLM's Mooncake-store example (pd-and-tier §10): a store that every
+/// "80GB" global segment of vLLM's Mooncake-store example (`docs/pd-and-tier.md` §B.10): a store that every
 /// rank feeds with a large share of its host DRAM. A deployment parameter, not a measurement:
 /// the report sweeps it down to [`MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK`] per rank.
 pub const DEFAULT_TIER_CAPACITY_BYTES: u64 = 16_777_216 * 98_304;
 /// The global segment each rank contributes to the Mooncake store when vLLM's Mooncake-store
-/// connector runs with its defaults (`DEFAULT_GLOBAL_SEGMENT_SIZE` = 4 GiB, pd-and-tier §10):
+/// connector runs with its defaults (`DEFAULT_GLOBAL_SEGMENT_SIZE` = 4 GiB, `docs/pd-and-tier.md` §B.10):
 /// 64 GiB for 16 single-GPU instances, the small end of a capacity sweep.
 pub const MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK: u64 = 4 << 30;
 /// GPUs per node: the seed's 4 × 8 H20 testbed.

@@ -17,6 +17,9 @@
 //!   compact form;
 //! * `cluster` — the event loop; [`metrics`] — the report;
 //! * [`placement`] / [`core_placer`] — the seam to the routing core;
+//! * disaggregated prefill/decode: [`pd`] (its configuration and report), `cluster::pd` (the
+//!   pulls from prefill to decode instances and the decode admission), [`pd_placer`] (the core
+//!   `PdRouter` as the placer);
 //! * [`token_gaps`] — each request's tail token gap (Mooncake's TBT), exact in O(tail) memory.
 //!
 //! ```no_run

@@ -18,7 +18,7 @@
 //! | `prefill_instances` / `decode_instances` | 8 / 8 | the default 16-GPU fleet split in half; the CLI always sets them |
 //! | `decode_rule` | none | the peer form of the prefill policy (`DecodeRule::peer_form`) |
 //! | `transfer_rank_bytes_per_s` | 54 GB/s | a GPU's own link: GPUDirect RDMA reads cross its PCIe link, measured at 54 GB/s on H20 (perf-model §3B) |
-//! | `transfer_latency_s` | 0.4 ms | Mooncake's 1P1D figure for 128 tokens (0.54 ms for 20 MB) minus its bytes at the measured 142 GB/s (pd-and-tier §3) |
+//! | `transfer_latency_s` | 0.4 ms | Mooncake's 1P1D figure for 128 tokens (0.54 ms for 20 MB) minus its bytes at the measured 142 GB/s (`docs/pd-and-tier.md` §A.3) |
 //!
 //! The node NIC is `global_tier.nic_bytes_per_s` (87 GB/s, Mooncake's transfer engine on
 //! 4 × 200 Gbps) and nodes hold `global_tier.gpus_per_node / tp` instances, decode nodes
