@@ -24,6 +24,7 @@ def smetric_run() -> FleetReport:
     return run_fleet("smetric", instances=8, workload=WORKLOAD, seed=1, config=RouterConfig().paper())
 
 
+@pytest.mark.slow  # ≈8 s: a full toy fleet
 def test_smetric_defaults_spread_and_mostly_stay() -> None:
     # The smetric+ defaults move a follow-up when the tier holds its prompt and another instance
     # scores 25 % better (a fetch instead of queueing at home), so fewer stay home than in the
@@ -35,6 +36,7 @@ def test_smetric_defaults_spread_and_mostly_stay() -> None:
     assert report.overloaded_decisions <= 0.01 * report.requests, report.overloaded_decisions
 
 
+@pytest.mark.slow  # ≈11 s: a full toy fleet
 def test_cache_first_piles_first_turns_up() -> None:
     # The deterministic form of the production scheduler: most local hit wins.
     report = run_fleet(

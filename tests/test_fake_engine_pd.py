@@ -56,7 +56,11 @@ def test_a_decode_engine_refuses_peers_outside_its_fleet_and_expired_leases() ->
         params = json.loads(post(p.url, "/v1/completions", prefill_body())[1])["kv_transfer_params"]
         status, body = post(outsider.url, "/v1/completions", {"prompt": PROMPT, "kv_transfer_params": params})
         assert status == 400 and "not a prefill engine of this fleet" in json.loads(body)["error"]["message"]
-        time.sleep(0.3)
+        # Wait for the condition itself: the lease's own expiry time (wall clock, as vLLM's) has passed.
+        expiry = params["remote_blocks_expiry_time"]
+        assert expiry - time.time() <= 0.2 + 1.0, "the lease is kv_lease_s long"
+        while time.time() <= expiry:
+            time.sleep(min(0.01, max(0.0, expiry - time.time())))
         assert post(d.url, "/v1/completions", {"prompt": PROMPT, "kv_transfer_params": params})[0] == 400, "expired"
         assert p.call(lambda: p.stack.engine.cache.used_blocks if p.stack else -1) == 0
         other = post(d.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
