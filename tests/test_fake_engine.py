@@ -388,6 +388,19 @@ def test_default_tokenizer_is_reproducible() -> None:
     assert BYTES_PER_TOKEN == 4 and byte_chunk_ids("") == []
 
 
+def test_one_byte_chunk_tokenizer_serves_the_engine_and_the_proxy() -> None:
+    # The fake engine's default ids and the proxy's approximate ids come from one function.
+    import smetric.chat
+    from smetric.serve import tokens as serve_tokens
+
+    assert serve_tokens.approximate_ids is smetric.chat.byte_chunk_ids
+    assert serve_tokens.DEFAULT_APPROX_CHUNK_BYTES == BYTES_PER_TOKEN == smetric.chat.BYTE_CHUNK_BYTES
+    text = render_chat(chat("one tokenizer")["messages"])
+    assert byte_chunk_ids(text) == serve_tokens.approximate_ids(text).tolist()
+    with pytest.raises(ValueError, match="at least 1"):
+        smetric.chat.byte_chunk_ids(text, 0)
+
+
 def test_a_client_that_disconnects_aborts_its_request() -> None:
     with FakeEngine(speedup=20.0) as fe:  # ~0.5 ms per decode step: 4000 tokens outlast the read
         assert fe.stack is not None

@@ -71,9 +71,10 @@ class _Stack:
             replay = None if config.kv_replay_port is None else f"tcp://{host}:{config.kv_replay_port}"
             self.publisher = KvEventPublisher(f"tcp://{host}:{config.kv_events_port}", replay)
         cache = PrefixCache(config.num_gpu_blocks, config.block_size, config.prefix_caching_hash_algo, config.hash_seed)
+        perf = PerfModel(config.profile)
         self.engine = Engine(
             cache,
-            PerfModel(config.profile),
+            perf,
             speedup=config.speedup,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -88,7 +89,7 @@ class _Stack:
             else None
         )
         self.decode = (
-            DecodeSide(cache, speedup=config.speedup, peers=config.kv_peers) if config.role == "decode" else None
+            DecodeSide(cache, perf, speedup=config.speedup, peers=config.kv_peers) if config.role == "decode" else None
         )
         server = ServerConfig(
             config.model, config.max_model_len, self.kv_event_sources(), prefill=self.prefill, decode=self.decode

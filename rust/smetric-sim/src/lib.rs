@@ -54,6 +54,7 @@ mod transfer;
 pub mod workload;
 
 pub use cache_events::IndexFeed;
+pub use cluster::pd::uncontended_pull_s;
 pub use cluster::simulate;
 pub use config::{GlobalTierConfig, SimConfig, SloConfig, TierPath, TurnFeed};
 pub use core_placer::CorePlacer;

@@ -14,6 +14,10 @@
 //! never longer, and released exactly once; a pull starts only after its decode blocks are
 //! allocated; a pull of `t` tokens moves `t · kv_bytes_per_token_rank` bytes per rank.
 //!
+//! A pull alone on its decode node's link takes [`uncontended_pull_s`]: the closed form of the
+//! link model for one transfer, which `smetric fake-engine` waits (through the bindings) so
+//! that the fake engine and the simulator price a pull alike.
+//!
 //! Complexity: O(1) per phase change plus the link's reshare (`transfer`); O(decode
 //! instances) per load sample.
 
@@ -25,6 +29,19 @@ use crate::metrics::Percentiles;
 use crate::pd::{PdReport, PdSimConfig};
 use crate::placement::Placement;
 use crate::transfer::{Direction, Transfer, Transfers};
+
+/// Seconds from the submission of a pull of `tokens` KV tokens to its blocks being usable on
+/// the decode instance, when nothing else crosses the decode node's link: each of the
+/// profile's `tp` ranks moves its `tokens · kv_bytes_per_token_rank` bytes at the per-rank cap
+/// or its fair share of the node NIC, whichever is lower (the water-fill of `transfer` for one
+/// transfer of weight `tp`), then `transfer_latency_s`. O(1).
+pub fn uncontended_pull_s(config: &SimConfig, pd: &PdSimConfig, tokens: u64) -> f64 {
+    let ranks = f64::from(config.profile.tp.max(1));
+    let rate = pd
+        .transfer_rank_bytes_per_s
+        .min(config.global_tier.nic_bytes_per_s / ranks);
+    tokens as f64 * config.profile.kv_bytes_per_token_rank / rate + pd.transfer_latency_s
+}
 
 /// PD state of a run.
 #[derive(Debug)]
@@ -236,6 +253,7 @@ impl Sim<'_> {
 #[cfg(test)]
 mod tests {
     use super::super::{Kind, build};
+    use super::uncontended_pull_s;
     use crate::config::{GlobalTierConfig, SimConfig};
     use crate::pd::PdSimConfig;
     use crate::workload::{ArrivalKind, RequestSpec, Workload, WorkloadBuilder};
@@ -367,6 +385,11 @@ mod tests {
             "{} vs {alone}",
             pd.transfer_time.p50
         );
+        // The closed form the fake engine waits: the simulated pull plus the fixed latency.
+        let pd_config = c.pd.as_ref().unwrap();
+        let latency = pd_config.transfer_latency_s;
+        let closed = uncontended_pull_s(&c, pd_config, u64::from(tokens));
+        assert!((closed - (pd.transfer_time.p50 + latency)).abs() < 1e-12, "{closed}");
         assert!((pd.transfer_bytes - f64::from(tokens) * c.profile.kv_bytes_per_token).abs() < 1.0);
         // Two equal requests prefilled side by side on two prefill instances: their pulls
         // start together into two decode instances of one node and share its 87 GB/s.
@@ -384,6 +407,27 @@ mod tests {
         );
         assert!((pd.transfer_time.p99 - shared).abs() < 1e-9);
         assert!(shared > alone);
+    }
+
+    /// A TP instance's ranks share the node NIC: with TP4 each rank gets a quarter of 87 GB/s,
+    /// below the per-rank cap, and the closed form is still the simulated pull.
+    #[test]
+    fn a_tp_instance_pulls_at_its_share_of_the_nic() {
+        let tokens = 8192_u32;
+        let c = SimConfig {
+            profile: crate::Profile::by_name("h20-qwen3-235b-a22b-fp8-tp4").unwrap(),
+            ..config(1, 1)
+        };
+        let pd_config = c.pd.clone().unwrap();
+        let share = c.global_tier.nic_bytes_per_s / 4.0;
+        assert!(share < pd_config.transfer_rank_bytes_per_s, "the NIC share binds");
+        let report = crate::run(&c, &workload(&[(tokens, 4, 0.0)]), PolicyKind::RoundRobin).unwrap();
+        let pd = report.pd.unwrap();
+        assert_eq!(pd.transfers, 1);
+        let expected = f64::from(tokens) * c.profile.kv_bytes_per_token_rank / share + pd_config.transfer_latency_s;
+        let closed = uncontended_pull_s(&c, &pd_config, u64::from(tokens));
+        assert!((closed - expected).abs() < 1e-12, "{closed} vs {expected}");
+        assert!((pd.transfer_time.p50 + pd_config.transfer_latency_s - closed).abs() < 1e-9);
     }
 
     /// A follow-up decoded where its previous turn decoded pulls only the new tokens.
