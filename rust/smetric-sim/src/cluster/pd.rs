@@ -1,4 +1,24 @@
-//! The event loop's side of disaggregated prefill/decode (`crate::pd` states the model).
+//! Disaggregated prefill/decode (PD) in the simulator: the model, and the event loop's side of it.
+//! Its settings are [`crate::config::PdSimConfig`], its report [`crate::metrics::PdReport`].
+//!
+//! Instances `0..P` are prefill instances, `P..P+D` decode
+//! instances. A request is routed once, by the real `smetric_core::PdRouter`
+//! ([`crate::placers::CorePdPlacer`]), to a pair. Its prefill instance runs it as vLLM's
+//! proxy asks (`max_tokens = 1`): chunked prefill with the prefix cache and the global tier's
+//! loads as in co-located mode; when the step that computes its last prompt token ends, the
+//! prefill instance keeps the request's blocks (vLLM's `delay_free_blocks`) and the request
+//! joins its decode instance's queue. There the scheduler allocates the whole context before
+//! pulling it (`WAITING_FOR_REMOTE_KVS`); blocks its own prefix cache holds are not pulled.
+//! The pull crosses the decode node's NIC (the `transfer` model: per-rank FIFO, the node's
+//! NIC shared fairly, each rank capped); when it ends the prefill instance frees its blocks
+//! (they stay cached there until LRU eviction), and the decode instance recomputes the last
+//! prompt token, which samples the first output token (TTFT ends there), then decodes.
+//!
+//! The node NIC is `global_tier.nic_bytes_per_s` (87 GB/s, Mooncake's transfer engine on
+//! 4 × 200 Gbps) and nodes hold `global_tier.gpus_per_node / tp` instances, decode nodes
+//! apart from prefill nodes. A pull is timed on the decode node's ingress only; the prefill
+//! node's egress is not modelled (with D ≤ P each prefill node sends less than a decode node
+//! receives).
 //!
 //! A PD request's path: `Arrive` (one decision: prefill and decode instance) → `Deliver` to
 //! its prefill instance, which runs it with `max_tokens = 1` and `hold_blocks` → the step
@@ -22,11 +42,12 @@
 //! instances) per load sample.
 
 use super::{Kind, Sim};
+use crate::config::PdSimConfig;
 use crate::config::SimConfig;
 use crate::error::{Result, SimError};
 use crate::instance::PdRole;
+use crate::metrics::PdReport;
 use crate::metrics::Percentiles;
-use crate::pd::{PdReport, PdSimConfig};
 use crate::placement::Placement;
 use crate::transfer::{Direction, Transfer, Transfers};
 
@@ -254,8 +275,8 @@ impl Sim<'_> {
 mod tests {
     use super::super::{Kind, build};
     use super::uncontended_pull_s;
+    use crate::config::PdSimConfig;
     use crate::config::{GlobalTierConfig, SimConfig};
-    use crate::pd::PdSimConfig;
     use crate::workload::{ArrivalKind, RequestSpec, Workload, WorkloadBuilder};
     use crate::{PolicyKind, core_pd_placer};
 
