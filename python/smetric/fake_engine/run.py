@@ -58,6 +58,23 @@ class FakeEngineConfig:
     """Decode role: the prefill engines (``host:port``) it may pull from; None: any."""
     kv_lease_s: float = 30.0
     """Prefill role: how long held KV waits for its pull (vLLM's ``kv_lease_duration``)."""
+    lora_modules: tuple[str, ...] = ()
+    """Served LoRA adapters, ``name=path`` each (vLLM's ``--lora-modules``; a bare name gets the
+    path ``/fake-lora/<name>``): a request whose ``model`` is one is cached under it."""
+
+    def adapters(self) -> dict[str, str]:
+        """``lora_modules`` as name → path.
+
+        Raises:
+            ValueError: an empty name, or a name given twice.
+        """
+        out: dict[str, str] = {}
+        for module in self.lora_modules:
+            name, _, path = module.partition("=")
+            if not name or name in out:
+                raise ValueError(f"lora module {module!r}: a non-empty name, once")
+            out[name] = path or f"/fake-lora/{name}"
+        return out
 
 
 class _Stack:
@@ -92,7 +109,12 @@ class _Stack:
             DecodeSide(cache, perf, speedup=config.speedup, peers=config.kv_peers) if config.role == "decode" else None
         )
         server = ServerConfig(
-            config.model, config.max_model_len, self.kv_event_sources(), prefill=self.prefill, decode=self.decode
+            config.model,
+            config.max_model_len,
+            self.kv_event_sources(),
+            prefill=self.prefill,
+            decode=self.decode,
+            lora_modules=config.adapters(),
         )
         self.app = FakeEngineApp(self.engine, tokenizer, server).build()
         self.runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
