@@ -24,6 +24,7 @@ def smetric_run() -> FleetReport:
     return run_fleet("smetric", instances=8, workload=WORKLOAD, seed=1, config=RouterConfig().v1())
 
 
+@pytest.mark.slow  # ≈8 s: a full toy fleet
 def test_smetric_defaults_spread_and_mostly_stay() -> None:
     # The smetric+ defaults move a follow-up when the tier holds its prompt and another instance
     # scores 25 % better (a fetch instead of queueing at home), so fewer stay home than in the
@@ -35,6 +36,7 @@ def test_smetric_defaults_spread_and_mostly_stay() -> None:
     assert report.overloaded_decisions <= 0.01 * report.requests, report.overloaded_decisions
 
 
+@pytest.mark.slow  # ≈11 s: a full toy fleet
 def test_cache_first_piles_first_turns_up() -> None:
     # The deterministic form of the production scheduler: most local hit wins.
     report = run_fleet(
@@ -45,17 +47,20 @@ def test_cache_first_piles_first_turns_up() -> None:
     assert report.follow_up_return >= 0.9
 
 
+@pytest.mark.slow  # shares the ≈12 s fleet run of `smetric_run`
 def test_smetric_spreads_first_turns(smetric_run: FleetReport) -> None:
     counts = sorted(smetric_run.first_turns_per_instance.values())
     assert sum(counts) == 2_000
     assert counts[-1] <= 1.3 * counts[0], counts
 
 
+@pytest.mark.slow  # shares the ≈12 s fleet run of `smetric_run`
 def test_smetric_follow_ups_return_home_without_overload(smetric_run: FleetReport) -> None:
     assert smetric_run.follow_up_return >= 0.90, smetric_run.follow_up_return
     assert smetric_run.overloaded_decisions <= 0.01 * smetric_run.requests, smetric_run.overloaded_decisions
 
 
+@pytest.mark.slow  # shares the ≈12 s fleet run of `smetric_run`
 def test_turn_inference_is_stateless_and_right(smetric_run: FleetReport) -> None:
     assert smetric_run.turn_accuracy >= 0.99, smetric_run.turn_accuracy
 

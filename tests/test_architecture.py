@@ -5,12 +5,14 @@ sources (parsed, never imported): dependencies point down only.
   layers (so no cycles, nothing upward); ``smetric-core`` depends on no smetric crate and not
   on pyo3; ``smetric-py`` is the only crate that depends on pyo3. A crate cannot ``use`` what
   its manifest does not list, so the manifests are enough. Inside ``smetric-vllm``, the msgpack
-  reader imports nothing of ``events``.
+  reader imports nothing of ``events``. Inside every crate, the top-level modules form no cycle
+  (read from ``crate::`` paths), and the simulator keeps its PD shapes apart: settings in
+  ``config``, report in ``metrics``, model in ``cluster``, placers in ``placers``.
 * Python: ``smetric.reference`` (the differential test's oracle) imports nothing of
   ``smetric``; the package never imports the reference; only the CLI imports ``smetric.sim``
-  and ``smetric.cli``. Inside ``smetric.serve`` the modules are layered along a request's path
-  (:data:`SERVE_LAYERS`), the import graph has no cycle (a generic check), and only the app
-  picks a concrete backend or API adapter.
+  and ``smetric.cli``; no two modules import each other, directly or around a loop. Inside
+  ``smetric.serve`` the modules are layered along a request's path (:data:`SERVE_LAYERS`) and
+  only the app picks a concrete backend or API adapter.
 
 Each checker also gets a negative control on a made-up violation, so a checker that silently
 stopped seeing dependencies would fail too.
@@ -229,6 +231,44 @@ def test_the_import_checks_see_violations() -> None:
     assert "smetric.reference.index" in graph["smetric.reference.router"]
 
 
+# -- cycles ---------------------------------------------------------------------------------------
+
+RUST_PATH = re.compile(r"\b(crate|super)::(?:\{([^}]*)\}|([a-z_][a-z0-9_]*))")
+
+
+def rust_module_uses(source: str, top_level: bool) -> set[str]:
+    """The crate-level modules a Rust file names, by ``crate::m`` (or ``super::m`` in a file at
+    the crate's top, where ``super`` is the crate root), in ``use`` groups too. Comments and the
+    test module (from ``#[cfg(test)]`` on) are left out: a doc link or a test's helper is not a
+    dependency of the module's code."""
+    code = "\n".join(
+        line for line in source.split("#[cfg(test)]", 1)[0].splitlines() if not line.lstrip().startswith("//")
+    )
+    out: set[str] = set()
+    for m in RUST_PATH.finditer(code):
+        if m.group(1) == "super" and not top_level:
+            continue  # a sibling inside the same top-level module
+        names = [m.group(3)] if m.group(3) else re.findall(r"(?:^|,)\s*([a-z_][a-z0-9_]*)", m.group(2))
+        out.update(names)
+    return out
+
+
+def rust_module_graph(src: Path) -> dict[str, set[str]]:
+    """Top-level module → the other top-level modules its files use (the crate root, which only
+    declares and re-exports, is not a node)."""
+    modules = {p.stem for p in src.glob("*.rs")} | {p.name for p in src.iterdir() if p.is_dir()}
+    modules -= {"lib", "main"}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for path in src.rglob("*.rs"):
+        rel = path.relative_to(src)
+        top = rel.parts[0].removesuffix(".rs")
+        if top not in graph:
+            continue
+        uses = rust_module_uses(path.read_text(), top_level=len(rel.parts) == 1)
+        graph[top] |= (uses & modules) - {top}
+    return graph
+
+
 # -- inside smetric.serve: the rooms along a request's path (docs/architecture.md) ----------------
 
 SERVE_LAYERS: dict[str, int] = {
@@ -390,3 +430,45 @@ def test_the_serve_checks_see_cycles_and_upward_imports() -> None:
         "smetric.serve.new has no layer in SERVE_LAYERS (and docs/architecture.md)",
         "smetric.serve.relay (layer 8) imports smetric.serve.backends.pd (layer 10)",
     ]
+
+
+@pytest.mark.parametrize("crate", sorted(LAYERS))
+def test_no_crate_has_a_module_cycle(crate: str) -> None:
+    graph = rust_module_graph(ROOT / "rust" / crate / "src")
+    assert sum(len(v) for v in graph.values()) > 0, "the scan sees no module use: the checker is broken"
+    assert cycles(graph) == []
+
+
+def test_the_simulator_is_layered_config_then_metrics_then_the_cluster() -> None:
+    # The PD shapes: its settings in `config`, its report in `metrics`, its model in `cluster`;
+    # the placers in their own folder, above the seam and below nothing of the event loop.
+    graph = rust_module_graph(ROOT / "rust" / "smetric-sim" / "src")
+    assert "pd" not in graph and "core_placer" not in graph and "pd_placer" not in graph
+    assert "metrics" not in graph["config"] and "cluster" not in graph["metrics"]
+    assert "placement" in graph["placers"] and "cluster" not in graph["placers"]
+
+
+def test_no_python_import_cycle() -> None:
+    graph = package_imports()
+    # A package's `__init__` importing its own submodules, and those importing names from the
+    # package, is how Python packages re-export: it is not counted as a cycle; an import
+    # between two modules that are not parent and child is.
+    edges = {m: {d for d in deps if d in graph and not within(m, d) and not within(d, m)} for m, deps in graph.items()}
+    assert cycles(edges) == []
+
+
+def test_the_cycle_checks_see_cycles() -> None:
+    # Negative controls: the simulator's old config → pd → metrics → config cycle, parsed from
+    # source text as the real files are, and a Python pair importing each other.
+    sources = {
+        "config": "use crate::error::Result;\npub pd: Option<crate::pd::PdSimConfig>,",
+        "pd": "use crate::config::DEFAULT_PCIE_BYTES_PER_S;\nuse crate::{error::SimError, metrics::Percentiles};",
+        "metrics": "use crate::config::{SimConfig, SloConfig};\n/// [`crate::cluster`] is a doc link\n",
+        "cluster": "use super::{Kind, Sim};\n#[cfg(test)]\nmod tests { use crate::cluster::x; use crate::pd::y; }",
+        "error": "",
+    }
+    graph = {m: (rust_module_uses(s, top_level=True) & set(sources)) - {m} for m, s in sources.items()}
+    assert graph["cluster"] == set() and graph["metrics"] == {"config"}
+    assert cycles(graph) == [["config", "metrics", "pd"]]
+    python = {"smetric.a": {"smetric.b"}, "smetric.b": {"smetric.a"}, "smetric.c": {"smetric.a"}}
+    assert cycles(python) == [["smetric.a", "smetric.b"]]

@@ -60,7 +60,6 @@ EXTRA_CASES = [
     ("smetric.sim", "tqdm", "tqdm", "sim"),
     ("smetric.sim.report", "matplotlib", "matplotlib", "sim"),
     ("smetric.toy_fleet", "numpy", "numpy", "sim"),
-    ("smetric.cli", "matplotlib", "matplotlib", "sim"),
     ("smetric.fake_engine.run", "aiohttp", "aiohttp", "fake-engine"),
     ("smetric.fake_engine.server", "zmq", "pyzmq", "fake-engine"),
     ("smetric.serve.chat_template", "jinja2", "jinja2", "serve"),
@@ -89,6 +88,43 @@ except MissingExtraError as e:
     assert message.startswith(f"{attributes.split()[0]} needs {requirement}")
     # Control: with the package present, the same import succeeds.
     assert run(f"import {module}").returncode == 0
+
+
+EVERY_EXTRA = (*HEAVY, "jinja2", "yaml", "uvloop")
+"""Every top-level module an extra installs (of those the CLI's commands use)."""
+
+
+def test_the_cli_and_each_commands_help_load_no_extra_but_their_own() -> None:
+    # `smetric --help`, `smetric serve --help` and `smetric fake-engine --help` work with no extra:
+    # the simulator's commands are imported only when one of them is chosen.
+    code = """
+import contextlib, io, sys
+from smetric.cli import main
+for argv in (["--help"], ["serve", "--help"], ["fake-engine", "--help"], ["toy-fleet", "--help"]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        main(argv)
+print(" ".join(sorted({m.split(".")[0] for m in sys.modules})))
+"""
+    out = run(code)
+    assert out.returncode == 0, out.stderr
+    assert not set(out.stdout.split()) & set(EVERY_EXTRA)
+    # Control: choosing a simulator command does load its extra.
+    out = run(code.replace('["toy-fleet", "--help"]', '["simulate", "--help"]'))
+    assert out.returncode == 0, out.stderr
+    assert {"matplotlib", "tqdm", "numpy"} <= set(out.stdout.split())
+
+
+@pytest.mark.parametrize(
+    ("command", "missing", "extra"),
+    [("simulate", "matplotlib", "sim"), ("sweep", "tqdm", "sim"), ("toy-fleet", "numpy", "sim")],
+)
+def test_a_command_whose_extra_is_missing_names_it_and_exits_2(command: str, missing: str, extra: str) -> None:
+    out = run(
+        f"import sys; sys.modules[{missing!r}] = None; from smetric.cli import main; sys.exit(main([{command!r}]))"
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"smetric {command}: smetric.")
+    assert out.stderr.rstrip().endswith(f"pip install 'smetric-router[{extra}]'")
 
 
 def test_the_reference_names_the_dev_extra() -> None:

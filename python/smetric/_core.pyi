@@ -645,11 +645,18 @@ class PerfModel:
     @property
     def kv_capacity_tokens(self) -> int:
         """The instance's GPU KV cache, tokens."""
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes of one token across the instance's GPUs."""
     def step_time(self, prefills: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
         """Seconds of one engine step running these ``(new, cached)`` prefill chunks and decodes
         (one per KV context length); 0.0 for an empty step."""
     def frontend_time(self, prompt_tokens: int) -> float:
         """Seconds the API server spends on a request before the engine sees it."""
+    def pd_pull_time(self, tokens: int) -> float:
+        """Seconds a decode instance waits to pull ``tokens`` KV tokens from a prefill instance
+        when nothing else crosses its node's link (the simulator's default PD settings and NIC
+        for this profile: ``smetric_sim::uncontended_pull_s``)."""
 
 _KvEvent: TypeAlias = (
     tuple[str, Sequence[int], int | None, Sequence[int], int, str | None, str | None]

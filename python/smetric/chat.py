@@ -1,5 +1,6 @@
-"""The plain ChatML rendering of a chat conversation, shared by the fake engine (its prompt ids)
-and ``smetric serve`` (its approximate routing tokens), so that both see the same text.
+"""The plain ChatML rendering of a chat conversation and the byte-chunk tokenizer, shared by the
+fake engine (its default prompt ids) and ``smetric serve`` (its approximate routing tokens), so
+that both see the same text and the same ids.
 
 :func:`render_chat` is the ChatML template (Qwen's, without tools) with
 ``add_generation_prompt=True``: for each message ``<|im_start|>{role}\\n{content}<|im_end|>\\n``,
@@ -10,13 +11,25 @@ a string as is, a list of parts by joining the ``text`` of its ``text`` parts wi
 (``smetric.serve.tokens`` is), only the fixed convention the fake engine and an approximate-mode
 proxy share.
 
-Complexity: O(total length of the conversation). Standard library only.
+:func:`byte_chunk_ids` is the tokenizer without a vocabulary: the text's UTF-8 bytes in chunks of
+:data:`BYTE_CHUNK_BYTES` (4), each chunk read as a big-endian unsigned int, the last one padded
+with zero bytes (so every id is below ``2**32``); for any other chunk size (a proxy's
+``approx_chunk_bytes``) each chunk's id is its CRC-32. It is the fake engine's default tokenizer,
+so a proxy routing on it in front of fake engines sees their real prefix hits.
+
+Complexity: O(total length of the conversation), O(bytes) for the ids. Standard library only.
 """
 
 from __future__ import annotations
 
+import sys
+import zlib
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+BYTE_CHUNK_BYTES = 4
+"""UTF-8 bytes per id of the byte-chunk tokenizer (the fake engine's default)."""
 
 
 def render_chat(
@@ -63,3 +76,25 @@ def content_text(content: object) -> str:
                 parts.append(part.get("text", ""))
         return "".join(parts)
     raise TypeError("message content must be a string, a list of parts or null")
+
+
+def byte_chunk_ids(text: str, chunk_bytes: int = BYTE_CHUNK_BYTES) -> array[int]:
+    """``text``'s UTF-8 bytes in chunks of ``chunk_bytes`` as ``array('I')`` (see the module docs):
+    big-endian u32s, zero-padded, for 4; the CRC-32 of each chunk otherwise.
+
+    Raises:
+        ValueError: ``chunk_bytes`` < 1.
+    """
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
+    data = text.encode()
+    if chunk_bytes == BYTE_CHUNK_BYTES:
+        pad = -len(data) % BYTE_CHUNK_BYTES
+        ids = array("I", data + b"\0" * pad if pad else data)
+        if ids.itemsize != BYTE_CHUNK_BYTES:  # pragma: no cover - every CPython platform has 4-byte "I"
+            raise RuntimeError("array('I') is not 4 bytes here")
+        if sys.byteorder == "little":
+            ids.byteswap()
+        return ids
+    view = memoryview(data)
+    return array("I", [zlib.crc32(view[i : i + chunk_bytes]) for i in range(0, len(data), chunk_bytes)])

@@ -8,6 +8,15 @@ every policy and compares them; ``smetric sweep`` runs load × policy × seed gr
 service model instead of simulated vLLM engines) through every policy, prints the decisions of
 one session, and a table of where first turns landed, how many follow-ups went home and whether
 turn inference was right. (``make demo`` is ``smetric simulate``, not this.)
+
+``smetric serve`` and ``smetric fake-engine`` are in :mod:`smetric.serve.cli` and
+:mod:`smetric.fake_engine.cli`.
+
+Each command needs only its own extra (``sim``, ``serve``, ``fake-engine``): building the parser
+imports no optional package, and a command's modules are imported only when that command is the
+one chosen — ``simulate``'s and ``sweep``'s arguments are added only then, since they are built
+from the simulator's defaults. A command whose extra is missing prints the
+:class:`~smetric.errors.MissingExtraError` (which names the extra) and exits with status 2.
 """
 
 from __future__ import annotations
@@ -15,17 +24,34 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from smetric import Decision, __version__
-from smetric.errors import UnknownPolicyError
+from smetric.errors import MissingExtraError, UnknownPolicyError
 from smetric.fake_engine import cli as fake_engine_cli
 from smetric.serve import cli as serve_cli
-from smetric.sim import commands as sim_commands
-from smetric.sim.config import policy_router
-from smetric.toy_fleet import FleetReport, SessionWorkload, run_fleet
+
+if TYPE_CHECKING:
+    from smetric.toy_fleet import FleetReport
+
+SIM_COMMANDS = {
+    "simulate": "replay a trace on a simulated vLLM cluster and compare policies",
+    "sweep": "load x policy x seed grid in parallel: peak TPS under SLO per policy",
+}
+"""The simulator's commands (:mod:`smetric.sim.commands` adds their arguments), with their help."""
+
+
+def _missing_extra(command: str, error: MissingExtraError) -> int:
+    print(f"smetric {command}: {error}", file=sys.stderr)
+    return 2
 
 
 def _toy_fleet(args: argparse.Namespace) -> int:
+    try:
+        from smetric.sim.config import policy_router
+        from smetric.toy_fleet import SessionWorkload, run_fleet
+    except MissingExtraError as e:
+        return _missing_extra("toy-fleet", e)
     workload = SessionWorkload(sessions=args.sessions)
     print(
         f"smetric {__version__} toy fleet: {args.sessions} agent sessions of "
@@ -74,6 +100,9 @@ def _toy_fleet(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``smetric`` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The top-level parser has no option that takes a value, so the first bare word is the command.
+    chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = argparse.ArgumentParser(prog="smetric", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"smetric {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,7 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     toy.add_argument("--show-session", type=int, default=7, help="print the decisions of this session")
     toy.add_argument("--show", type=int, default=6, help="how many of its decisions to print")
     toy.set_defaults(func=_toy_fleet)
-    sim_commands.register(sub)
+    for name, help_text in SIM_COMMANDS.items():
+        command = sub.add_parser(name, help=help_text)
+        if name == chosen:
+            try:
+                from smetric.sim import commands as sim_commands
+            except MissingExtraError as e:
+                return _missing_extra(name, e)
+            sim_commands.configure(name, command)
     fake_engine_cli.register(sub)
     serve_cli.register(sub)
     args = parser.parse_args(argv)

@@ -15,6 +15,15 @@ vLLM publishes in its KV-cache events (``BlockStored.block_hashes``) by default.
 Matching an engine requires the same tokenization (chat template included), the engine's
 ``block_size``, hash algorithm, ``PYTHONHASHSEED`` (if set), LoRA adapter and cache salt, and no
 speculative-decoding lookahead hashing (EAGLE/MTP). Multimodal prompts are not covered here.
+
+:func:`cache_namespace` is the router-side counterpart: the ``namespace`` a request is routed
+(and its chain hashed) under, so that requests vLLM caches apart are indexed apart. vLLM 0.33
+puts a LoRA adapter into the extra keys of *every* block (``("lora", name, path)``) and the cache
+salt into the first block's, so an adapter's chain and a salted chain share no block with the
+base model's chain of the same tokens; smetric mixes the namespace into the chain's root, which
+separates them the same way. The KV-event ingestor roots an event's chain at its ``lora_name``,
+so an adapter request routed under ``cache_namespace(adapter, None)`` finds the adapter's blocks
+and only them.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from collections.abc import Iterable
 from smetric import _core
 from smetric._types import VllmHashAlgo as HashAlgo
 
-__all__ = ["DEFAULT_NONE_HASH_SEED", "HASH_ALGOS", "HashAlgo", "block_hashes", "event_hash"]
+__all__ = ["DEFAULT_NONE_HASH_SEED", "HASH_ALGOS", "HashAlgo", "block_hashes", "cache_namespace", "event_hash"]
 
 HASH_ALGOS: tuple[HashAlgo, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 """Every algorithm :func:`block_hashes` accepts; vLLM's default is ``"sha256"``."""
@@ -78,3 +87,21 @@ def event_hash(digest: bytes) -> int:
         The event hash, in ``[0, 2**64)``.
     """
     return _core.vllm_event_hash(digest)
+
+
+def cache_namespace(lora_name: str | None = None, cache_salt: str | None = None) -> str | None:
+    """The router ``namespace`` of a request for LoRA adapter ``lora_name`` (``None``: the base
+    model) with vLLM's ``cache_salt``: ``None`` for neither, the adapter's name alone (what the
+    KV-event ingestor roots an adapter's chain at), the salt alone, or both joined by a unit
+    separator (``\x1f``), which no adapter name or salt a client sends in JSON text contains.
+
+    Raises:
+        ValueError: an empty adapter name or salt (vLLM refuses both).
+    """
+    if lora_name == "" or cache_salt == "":
+        raise ValueError("an adapter name and a cache salt must be non-empty when given")
+    if lora_name is None:
+        return cache_salt
+    if cache_salt is None:
+        return lora_name
+    return f"{lora_name}\x1f{cache_salt}"

@@ -84,7 +84,11 @@ def test_two_routers_on_the_same_events_hold_the_same_index() -> None:
         ]
         lags: list[float] = []
         try:
-            time.sleep(0.2)  # SUB sockets join before the first event (a late joiner would replay)
+            # Both SUB sockets join each engine before the first event (a late joiner would replay).
+            deadline = time.monotonic() + 10
+            while any(e.call(lambda e=e: e.stack.publisher.subscriptions) < 2 for e in (a, b)):
+                assert time.monotonic() < deadline, "the subscribers did not join within 10 s"
+                time.sleep(0.01)
             prompts = []
             for s in range(6):
                 url = list(engines)[s % 2]
@@ -129,6 +133,7 @@ def ray_cluster() -> Iterator[Any]:
         ray.shutdown()
 
 
+@pytest.mark.slow  # ≈35 s with the cluster's start
 @pytest.mark.timeout(180)
 def test_replayed_agent_trace_spreads_first_turns_and_keeps_follow_ups(ray_cluster: Any) -> None:
     example = load_example()
@@ -145,10 +150,12 @@ def test_replayed_agent_trace_spreads_first_turns_and_keeps_follow_ups(ray_clust
     assert smetric.hit_ratio > baseline.hit_ratio
 
 
+@pytest.mark.slow  # ≈11 s
 @pytest.mark.timeout(180)
 def test_exact_mode_follows_the_replicas_kv_events(ray_cluster: Any) -> None:
     serve = ray_cluster
     import asyncio
+    import gc
 
     from ray.serve.config import RequestRouterConfig
 
@@ -175,12 +182,29 @@ def test_exact_mode_follows_the_replicas_kv_events(ray_cluster: Any) -> None:
             return kv_event_sources_stats(self.engine.url)
 
         async def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+            if body.get("probe"):  # routed like a request, never sent to the engine
+                return {"replica": self.name}
             doc = await asyncio.to_thread(chat, self.engine.url, body["messages"])
             usage = doc["usage"]
             return {"replica": self.name, "cached": usage["prompt_tokens_details"]["cached_tokens"], **body["tag"]}
 
     handle = serve.run(EngineReplica.bind(), name="engines", route_prefix=None)
-    time.sleep(4.0)  # several routing-stats periods: the stats (and so the sources) reach the handle
+
+    def subscribed() -> int:
+        # The handle's request router lives in this process; it subscribes to a replica's KV
+        # events when it routes a request after that replica's routing stats reached the handle.
+        routers = [o for o in gc.get_objects() if isinstance(o, SMetricRequestRouter)]
+        return max((len(r.subscribed_replicas) for r in routers), default=0)
+
+    # Probe requests (a throwaway session each, never sent to an engine) until the router has
+    # every replica's KV events: the stats arrive every 0.5 s, so this is a few probes.
+    deadline = time.monotonic() + 60
+    probe = 0
+    while subscribed() < 4:
+        assert time.monotonic() < deadline, "the replicas' KV-event sources did not reach the handle in 60 s"
+        probe += 1
+        messages = [{"role": "user", "content": f"probe {probe}"}]
+        handle.remote({"messages": messages, "tag": {}, "probe": True}).result(timeout_s=30)
 
     async def replay() -> list[dict[str, Any]]:
         async def one(s: int) -> list[dict[str, Any]]:

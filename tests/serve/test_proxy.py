@@ -458,7 +458,11 @@ def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index() -
         assert status == 200 and decision(h)["tokens"] == "tokenizer"
         home = decision(h)["instance"]
         prompt_tokens = json.loads(body)["usage"]["prompt_tokens"]
-        time.sleep(0.3)  # the engine's KV events reach the index
+        # Wait until the engine's KV events have reached the index: it holds the prompt's blocks.
+        deadline = time.monotonic() + 10
+        while p.proxy.router.stats()["index_local_blocks"].get(home, 0) < prompt_tokens // 16:
+            assert time.monotonic() < deadline, "the first turn's KV events never reached the index"
+            time.sleep(0.01)
         follow = [*msgs, {"role": "assistant", "content": "done"}, {"role": "user", "content": "now test it " * 30}]
         status, h, body = request(p.url, "/v1/chat/completions", {"messages": follow, "max_tokens": 2})
         d = decision(h)

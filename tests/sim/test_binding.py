@@ -200,10 +200,17 @@ def test_event_fed_run_reports_its_feed(weka_trace: TraceWriter) -> None:
     assert counters["published_batches"] == counters["ingest_batches"] > 0
     assert counters["published_events"] == counters["ingest_events"]
     assert counters["ingest_decode_errors"] == counters["ingest_unmapped_hashes"] == 0
-    assert fed["local_hit_prediction_error"] >= 0.0
-    assert 0.0 <= fed["local_hit_overpredicted_share"] <= 1.0
     oracle = simulate(w, "smetric", config={**config, "index_feed": "oracle"})
     assert oracle["completed"] == fed["completed"] == plain["completed"]
+    # On this tiny trace (no eviction, think times ≫ 50 ms) the oracle predicts every hit, and
+    # events 50 ms late still arrive before the next turn: both without error.
+    for exact in (oracle, fed):
+        assert (exact["local_hit_prediction_error"], exact["local_hit_overpredicted_share"]) == (0.0, 0.0)
+    # Events 5 s late miss the previous turn's blocks: the router under-predicts, never over;
+    # so Σ|predicted − actual| ≤ Σ actual, i.e. the error is at most the local hit ratio.
+    late = simulate(w, "smetric", config={**config, "index_feed": "events", "event_delay_s": 5.0})
+    assert late["local_hit_overpredicted_share"] == 0.0
+    assert 0.0 < late["local_hit_prediction_error"] <= late["local_hit_ratio"]
 
 
 def test_report_fields_series_records_and_slo_variants(weka_trace: TraceWriter) -> None:

@@ -24,6 +24,7 @@ from smetric._types import (
     TurnFeed,
 )
 from smetric.sim import FORMATS, INDEX_FEEDS, TURN_FEEDS
+from smetric.sim.report import instance_rows
 
 TraceWriter = Callable[..., Path]
 
@@ -59,3 +60,20 @@ def test_report_has_the_declared_keys(weka_trace: TraceWriter) -> None:
     assert set(report["records"]["reason"]) <= {*get_args(Reason), ""}
     assert report["index_feed"] in get_args(IndexFeed)
     assert report["turns"] == "request"
+
+
+def test_the_load_heat_map_rows_are_instances_by_mean_load_in_the_window() -> None:
+    series: LoadSeries = {
+        "instances": 3,
+        "time_s": [0.0, 10.0, 20.0, 30.0],
+        # Instance 0 is busiest before the window, instance 2 inside it (t = 10 … 30).
+        "requests": [[9, 0, 0], [1, 2, 5], [1, 3, 5], [1, 4, 5]],
+        "queued_tokens": [[0, 0, 0]] * 4,
+        "kv_usage": [[0.0, 0.0, 0.0]] * 4,
+    }
+    rows, means = instance_rows(series, (10.0, 30.0))
+    assert rows == [[9, 1, 1, 1], [0, 2, 3, 4], [0, 5, 5, 5]]
+    assert means == [1.0, 3.0, 5.0]
+    # A window without samples falls back to the whole run: instance 0's spike then counts.
+    rows, means = instance_rows(series, (100.0, 200.0))
+    assert means == [2.25, 3.0, 3.75] and rows[0] == [0, 2, 3, 4]

@@ -17,6 +17,11 @@ bound endpoint (a consumer substitutes the engine's host), even though the socke
 ``--kv-events-host`` (127.0.0.1 by default). Without ``--kv-events-port`` events
 are off (vLLM's default): ``enable_kv_cache_events`` is false and ``publisher`` ``"null"``.
 
+LoRA adapters (``--lora-modules name=path``) are served beside the model as vLLM serves them:
+listed in ``/v1/models`` with the model as ``parent``, and a request naming one is hashed with
+the adapter in every block (vLLM's extra keys), so it shares no cached block with the base model,
+and its ``BlockStored`` events carry its ``lora_name``.
+
 Simplifications, all stated where they live: one data-parallel rank, ``n=1``, one prompt per
 ``/v1/completions`` request, no preemption, generated tokens never cached, no sampling
 parameters but ``max_tokens`` / ``max_completion_tokens``, filler output text.

@@ -52,6 +52,8 @@ class Allocation:
     pinned: list[int] = field(default_factory=list)
     """Cached blocks this request holds a reference to."""
     stored: bool = False
+    lora_name: str | None = None
+    """The request's LoRA adapter (published with its blocks); None: the base model."""
 
 
 class PrefixCache:
@@ -90,15 +92,20 @@ class PrefixCache:
         """The event hashes of every cached block."""
         return set(self._refs)
 
-    def hash_prompt(self, tokens: list[int]) -> list[int]:
-        """Event hashes of the prompt's full blocks."""
-        digests = block_hashes(tokens, block_size=self.block_size, algo=self.algo, seed=self.seed)  # type: ignore[arg-type]
+    def hash_prompt(self, tokens: list[int], lora: tuple[str, str] | None = None) -> list[int]:
+        """Event hashes of the prompt's full blocks; ``lora`` (``(name, path)``) is the request's
+        adapter, which vLLM puts into every block's hash, so an adapter shares no block with the
+        base model or another adapter."""
+        digests = block_hashes(tokens, block_size=self.block_size, algo=self.algo, seed=self.seed, lora=lora)  # type: ignore[arg-type]
         return [event_hash(d) for d in digests]
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def admit(self, tokens: list[int], output_tokens: int, hashes: list[int] | None = None) -> Allocation | None:
-        """Pins the cached prefix and reserves the rest, or returns None if it does not fit."""
+    def admit(
+        self, tokens: list[int], output_tokens: int, hashes: list[int] | None = None, lora_name: str | None = None
+    ) -> Allocation | None:
+        """Pins the cached prefix and reserves the rest, or returns None if it does not fit.
+        ``hashes`` must be the prompt's under its adapter ``lora_name`` (:meth:`hash_prompt`)."""
         hashes = self.hash_prompt(tokens) if hashes is None else hashes
         b = self.block_size
         hit = 0
@@ -118,7 +125,9 @@ class PrefixCache:
         self._private += need
         self.queries += len(tokens)
         self.hits += hit * b
-        return Allocation(hashes=hashes, tokens=tokens, hit_blocks=hit, private=need, pinned=list(hashes[:hit]))
+        return Allocation(
+            hashes=hashes, tokens=tokens, hit_blocks=hit, private=need, pinned=list(hashes[:hit]), lora_name=lora_name
+        )
 
     def store(self, a: Allocation) -> None:
         """Caches the request's new full prompt blocks (its prefill completed)."""
@@ -182,7 +191,8 @@ class PrefixCache:
     def _emit_stored(self, a: Allocation, start: int, end: int) -> None:
         b = self.block_size
         parent = a.hashes[start - 1] if start > 0 else None
-        self.events.append(("BlockStored", a.hashes[start:end], parent, a.tokens[start * b : end * b], b, None, "GPU"))
+        stored = ("BlockStored", a.hashes[start:end], parent, a.tokens[start * b : end * b], b, a.lora_name, "GPU")
+        self.events.append(stored)
 
     def release(self, a: Allocation) -> None:
         """Unpins the request's cached blocks and frees its private ones."""

@@ -40,6 +40,14 @@ def register(sub: Any) -> None:
         help="decode role: host:port,... of the prefill engines it may pull from (default: any)",
     )
     p.add_argument("--kv-lease-s", type=float, default=30.0, help="prefill role: how long held KV waits for a pull")
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=(),
+        type=str,
+        metavar="NAME=PATH",
+        help="LoRA adapters served beside the model (a request naming one is cached under it)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -47,5 +55,7 @@ def _run(args: argparse.Namespace) -> int:
     from smetric.fake_engine import FakeEngineConfig, serve
 
     fields = FakeEngineConfig.__dataclass_fields__
-    serve(FakeEngineConfig(**{k: v for k, v in vars(args).items() if k in fields}))
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    values["lora_modules"] = tuple(values.get("lora_modules", ()))
+    serve(FakeEngineConfig(**values))
     return 0

@@ -55,6 +55,8 @@ class Request:
     first_token_at: float | None = None
     hold: bool = False
     """Keep the blocks pinned at the end (a prefill for remote decode: a decode engine reads them)."""
+    lora_name: str | None = None
+    """The LoRA adapter the request names (its blocks are hashed and published under it)."""
 
 
 @dataclass(slots=True)
@@ -162,7 +164,7 @@ class Engine:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
             r = self.waiting[0]
-            a = self.cache.admit(r.tokens, r.output_tokens, r.hashes)
+            a = self.cache.admit(r.tokens, r.output_tokens, r.hashes, r.lora_name)
             if a is None:
                 return
             self.waiting.popleft()

@@ -11,6 +11,10 @@
 
 The sockets live on one thread of their own; the engine hands batches over an ``inproc`` PUSH
 socket, so no ZMQ socket is ever used from two threads.
+
+The PUB socket is an XPUB (vLLM's is a PUB; subscribers see no difference): it reports every
+subscription it receives, counted in :attr:`KvEventPublisher.subscriptions`, so that a test can
+wait until a subscriber has joined instead of sleeping and hoping it has.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ class KvEventPublisher:
         self._inproc = f"inproc://smetric-fake-kv-{next(_ids)}"
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._stop = threading.Event()
-        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub = self._ctx.socket(zmq.XPUB)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, not only a topic's first
         self._pub.setsockopt(zmq.SNDHWM, hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.bind(pub_endpoint)
@@ -74,6 +79,8 @@ class KvEventPublisher:
         self._push = self._ctx.socket(zmq.PUSH)  # used only by the engine's thread
         self._push.connect(self._inproc)
         self.published = 0
+        self.subscriptions = 0
+        """Subscriptions received so far (a subscriber that joins counts once per topic it asks)."""
         self._thread = threading.Thread(target=self._run, name="smetric-fake-kv", daemon=True)
         self._thread.start()
 
@@ -94,6 +101,7 @@ class KvEventPublisher:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._pull, zmq.POLLIN)
+        poller.register(self._pub, zmq.POLLIN)
         if self._router is not None:
             poller.register(self._router, zmq.POLLIN)
         seq = 0
@@ -109,6 +117,10 @@ class KvEventPublisher:
                     self._buffer.append((seq, payload))
                     seq += 1
                     self.published += 1
+                if self._pub in ready:
+                    message = self._pub.recv()
+                    if message[:1] == b"\x01":  # subscribe (b"\x00" + topic is an unsubscribe)
+                        self.subscriptions += 1
                 if self._router is not None and self._router in ready:
                     self._replay(self._router.recv_multipart())
         finally:

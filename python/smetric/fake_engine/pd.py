@@ -12,10 +12,15 @@ The protocol is the one vLLM's NIXL proxy speaks (``docs/pd-and-tier.md`` §A.1)
   those fields name before it is scheduled. The pull is the fake's transport: ``POST
   {remote}/fake_kv/pull`` on the prefill engine, which checks the lease (engine id, request id),
   frees its blocks (``finished_sending``) and returns the prompt's block hashes; the decode
-  engine waits the transfer time (KV bytes over the NIC, ``/ speedup``) and installs the blocks
+  engine waits the transfer time and installs the blocks
   in its own prefix cache, so only the last partial block is computed. Parameters that no
   prefill engine of the fleet issued are refused with 400 (a host outside ``--kv-peers``, an
   unknown or expired lease, an engine id that does not match) — nothing is computed for them.
+
+The transfer time is the simulator's, for the engine's ``--profile``
+(:meth:`smetric._core.PerfModel.pd_pull_time`: the KV bytes per rank at the per-rank cap or the
+rank's share of the node NIC, plus the pull's fixed latency; ``docs/pd-and-tier.md`` §A.3 for the
+figures), divided by ``speedup`` like every other wait of the fake engine.
 
 Simplifications against vLLM: the decode engine installs before it allocates (vLLM allocates,
 then waits in ``WAITING_FOR_REMOTE_KVS``); blocks the decode engine already caches are pulled
@@ -33,15 +38,11 @@ from typing import Any, Literal
 
 import aiohttp
 
+from smetric._core import PerfModel
+
 from .cache import Allocation, PrefixCache
 
 Role = Literal["both", "prefill", "decode"]
-
-KV_BYTES_PER_TOKEN = 96 * 1024
-"""Qwen3-Coder-30B-A3B's KV per token per GPU (48 layers × 4 KV heads × 128 × 2 × bf16;
-``docs/perf-model.md`` §2)."""
-NIC_BYTES_PER_S = 87e9
-"""Mooncake Transfer Engine on 4×200 Gbps RoCE (``docs/pd-and-tier.md`` §A.3)."""
 
 
 class KvTransferError(Exception):
@@ -112,13 +113,16 @@ class PrefillSide:
 class DecodeSide:
     """Pulls KV from prefill engines and installs it in the decode engine's prefix cache."""
 
-    def __init__(self, cache: PrefixCache, *, speedup: float, peers: Sequence[str] | None) -> None:
+    def __init__(self, cache: PrefixCache, perf: PerfModel, *, speedup: float, peers: Sequence[str] | None) -> None:
         self.cache = cache
+        self.perf = perf
         self.speedup = speedup
         self.peers = None if peers is None else {p.removeprefix("http://").rstrip("/") for p in peers}
         self.pulls = 0
         self.refused = 0
-        self.bytes_pulled = 0
+        self.tokens_pulled = 0
+        self.modelled_pull_s = 0.0
+        """Sum of the pulls' modelled durations, seconds on the profile's hardware."""
         self._client: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -156,9 +160,11 @@ class DecodeSide:
         if hashes != mine[: len(hashes)]:
             self.refused += 1
             raise KvTransferError("the pulled KV is not this prompt's")
-        nbytes = len(hashes) * self.cache.block_size * KV_BYTES_PER_TOKEN
-        await asyncio.sleep(nbytes / NIC_BYTES_PER_S / self.speedup)
+        pulled = len(hashes) * self.cache.block_size
+        modelled = self.perf.pd_pull_time(pulled)
+        await asyncio.sleep(modelled / self.speedup)
         self.cache.install(tokens, hashes)
         self.pulls += 1
-        self.bytes_pulled += nbytes
-        return len(hashes) * self.cache.block_size
+        self.tokens_pulled += pulled
+        self.modelled_pull_s += modelled
+        return pulled

@@ -58,6 +58,23 @@ class FakeEngineConfig:
     """Decode role: the prefill engines (``host:port``) it may pull from; None: any."""
     kv_lease_s: float = 30.0
     """Prefill role: how long held KV waits for its pull (vLLM's ``kv_lease_duration``)."""
+    lora_modules: tuple[str, ...] = ()
+    """Served LoRA adapters, ``name=path`` each (vLLM's ``--lora-modules``; a bare name gets the
+    path ``/fake-lora/<name>``): a request whose ``model`` is one is cached under it."""
+
+    def adapters(self) -> dict[str, str]:
+        """``lora_modules`` as name → path.
+
+        Raises:
+            ValueError: an empty name, or a name given twice.
+        """
+        out: dict[str, str] = {}
+        for module in self.lora_modules:
+            name, _, path = module.partition("=")
+            if not name or name in out:
+                raise ValueError(f"lora module {module!r}: a non-empty name, once")
+            out[name] = path or f"/fake-lora/{name}"
+        return out
 
 
 class _Stack:
@@ -71,9 +88,10 @@ class _Stack:
             replay = None if config.kv_replay_port is None else f"tcp://{host}:{config.kv_replay_port}"
             self.publisher = KvEventPublisher(f"tcp://{host}:{config.kv_events_port}", replay)
         cache = PrefixCache(config.num_gpu_blocks, config.block_size, config.prefix_caching_hash_algo, config.hash_seed)
+        perf = PerfModel(config.profile)
         self.engine = Engine(
             cache,
-            PerfModel(config.profile),
+            perf,
             speedup=config.speedup,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -88,10 +106,15 @@ class _Stack:
             else None
         )
         self.decode = (
-            DecodeSide(cache, speedup=config.speedup, peers=config.kv_peers) if config.role == "decode" else None
+            DecodeSide(cache, perf, speedup=config.speedup, peers=config.kv_peers) if config.role == "decode" else None
         )
         server = ServerConfig(
-            config.model, config.max_model_len, self.kv_event_sources(), prefill=self.prefill, decode=self.decode
+            config.model,
+            config.max_model_len,
+            self.kv_event_sources(),
+            prefill=self.prefill,
+            decode=self.decode,
+            lora_modules=config.adapters(),
         )
         self.app = FakeEngineApp(self.engine, tokenizer, server).build()
         self.runner = web.AppRunner(self.app, handle_signals=False, access_log=None)

@@ -36,7 +36,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -79,6 +79,9 @@ class ServerConfig:
     """Set for ``--role prefill``: honours ``do_remote_decode`` and serves KV pulls."""
     decode: DecodeSide | None = None
     """Set for ``--role decode``: honours ``do_remote_prefill`` by pulling the KV first."""
+    lora_modules: Mapping[str, str] = field(default_factory=dict)
+    """Served LoRA adapters, name → path (vLLM's ``--lora-modules name=path``): a request naming
+    one as its ``model`` is cached and published under it."""
 
 
 def _int_field(body: Mapping[str, Any], name: str, default: int | None, minimum: int) -> int | None:
@@ -141,7 +144,8 @@ class FakeEngineApp:
         return web.Response(status=200)
 
     async def models(self, _: web.Request) -> web.Response:
-        """The served model, in vLLM's ``ModelCard`` form."""
+        """The served model and its LoRA adapters, in vLLM's ``ModelCard`` form (an adapter's
+        ``root`` is its path, its ``parent`` the base model)."""
         card = {
             "id": self.config.model,
             "object": "model",
@@ -151,7 +155,11 @@ class FakeEngineApp:
             "parent": None,
             "max_model_len": self.config.max_model_len,
         }
-        return web.json_response({"object": "list", "data": [card]}, dumps=_dumps)
+        adapters = [
+            card | {"id": name, "root": path, "parent": self.config.model}
+            for name, path in self.config.lora_modules.items()
+        ]
+        return web.json_response({"object": "list", "data": [card, *adapters]}, dumps=_dumps)
 
     async def kv_event_sources(self, _: web.Request) -> web.Response:
         """``{dp_rank: KVEventsConfig}``, with the endpoints actually bound."""
@@ -186,9 +194,16 @@ class FakeEngineApp:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise ApiError(400, "model must be a string", "model")
-        if model is not None and model != self.config.model:
+        if model is not None and model != self.config.model and model not in self.config.lora_modules:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
         return body
+
+    def _lora(self, body: Mapping[str, Any]) -> tuple[str, str] | None:
+        """``(name, path)`` of the adapter the (checked) body names, or None for the base model."""
+        model = body.get("model")
+        if isinstance(model, str) and model != self.config.model and model in self.config.lora_modules:
+            return model, self.config.lora_modules[model]
+        return None
 
     def _prompt(self, body: Mapping[str, Any], *, chat: bool) -> list[int]:
         if chat:
@@ -253,7 +268,14 @@ class FakeEngineApp:
                 await self.config.decode.pull(params, tokens)
             except KvTransferError as e:
                 raise ApiError(400, f"kv_transfer_params refused: {e}", "kv_transfer_params") from None
-        r = Request(tokens=tokens, output_tokens=output, hashes=cache.hash_prompt(tokens), hold=remote_decode)
+        lora = self._lora(body)
+        r = Request(
+            tokens=tokens,
+            output_tokens=output,
+            hashes=cache.hash_prompt(tokens, lora),
+            hold=remote_decode,
+            lora_name=None if lora is None else lora[0],
+        )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         try:

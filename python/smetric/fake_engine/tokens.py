@@ -33,6 +33,8 @@ from array import array
 from collections.abc import Sequence
 from typing import Protocol
 
+from smetric.chat import BYTE_CHUNK_BYTES as BYTES_PER_TOKEN
+from smetric.chat import byte_chunk_ids as chat_ids
 from smetric.chat import content_text, render_chat
 
 __all__ = [
@@ -47,8 +49,6 @@ __all__ = [
     "render_chat",
 ]
 
-BYTES_PER_TOKEN = 4
-"""UTF-8 bytes per token id of the default tokenizer."""
 DEFAULT_OUTPUT_MIN = 16
 """Shortest natural output (tokens) when ``max_tokens`` is absent."""
 DEFAULT_OUTPUT_MAX = 128
@@ -58,17 +58,8 @@ FILLER = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing",
 
 
 def byte_chunk_ids(text: str) -> list[int]:
-    """The default tokenizer: ``text``'s UTF-8 bytes, 4 to an id (big-endian, zero-padded)."""
-    data = text.encode()
-    pad = -len(data) % BYTES_PER_TOKEN
-    if pad:
-        data += b"\0" * pad
-    ids = array("I", data)
-    if ids.itemsize != BYTES_PER_TOKEN:  # pragma: no cover - every CPython platform has 4-byte "I"
-        raise RuntimeError("array('I') is not 4 bytes here")
-    if array("I", b"\0\0\0\1")[0] != 1:
-        ids.byteswap()
-    return ids.tolist()
+    """The default tokenizer's ids as a list: :func:`smetric.chat.byte_chunk_ids` in chunks of 4."""
+    return chat_ids(text).tolist()
 
 
 class Tokenizer(Protocol):

@@ -156,6 +156,12 @@ class SMetricRequestRouter(RequestRouter):
         """The smetric router (``None`` until the first replicas arrive)."""
         return self._router
 
+    @property
+    def subscribed_replicas(self) -> frozenset[str]:
+        """Replicas whose KV events this router subscribes to (``index_mode="exact"``): a replica
+        joins once a request is routed after its ``routing_stats`` listed its publishers."""
+        return frozenset(self._subscribers)
+
     # -- replicas -------------------------------------------------------------------------------
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:

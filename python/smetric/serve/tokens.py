@@ -46,13 +46,13 @@ May import (inside ``smetric.serve``): :mod:`.request`, and lazily :mod:`.chat_t
 from __future__ import annotations
 
 import json
-import sys
-import zlib
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from smetric.chat import BYTE_CHUNK_BYTES as DEFAULT_APPROX_CHUNK_BYTES
+from smetric.chat import byte_chunk_ids as approximate_ids
 from smetric.chat import render_chat
 from smetric.errors import InvalidConfigError
 
@@ -77,8 +77,6 @@ __all__ = [
 TokenMode = Literal["auto", "ids", "tokenizer", "approximate"]
 TOKEN_MODES: tuple[TokenMode, ...] = get_args(TokenMode)
 TokenSourceKind = Literal["ids", "tokenizer", "approximate"]
-DEFAULT_APPROX_CHUNK_BYTES = 4
-"""UTF-8 bytes per approximate token: the fake engine's default tokenizer's."""
 DEFAULT_PIECE_CACHE_BYTES = 256 << 20
 """Bound of the tokenizer's piece cache (:mod:`smetric.serve.piecewise` gives the accounting)."""
 _SPECIAL_TOKEN_NAMES = (
@@ -116,20 +114,6 @@ class RoutingTokens:
     """``array('I')``: pass it to ``Router.route`` as is (a buffer, no per-element conversion)."""
     count: int
     source: TokenSourceKind
-
-
-def approximate_ids(text: str, chunk_bytes: int = DEFAULT_APPROX_CHUNK_BYTES) -> array[int]:
-    """``text``'s UTF-8 bytes in chunks of ``chunk_bytes``: big-endian u32s (zero-padded) for 4,
-    the CRC-32 of each chunk otherwise."""
-    data = text.encode()
-    if chunk_bytes == 4:
-        pad = -len(data) % 4
-        ids = array("I", data + b"\0" * pad if pad else data)
-        if sys.byteorder == "little":
-            ids.byteswap()
-        return ids
-    view = memoryview(data)
-    return array("I", [zlib.crc32(view[i : i + chunk_bytes]) for i in range(0, len(data), chunk_bytes)])
 
 
 class TokenSource:

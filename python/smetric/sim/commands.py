@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from smetric import POLICIES, __version__
+from smetric.errors import InvalidArgumentError
 from smetric.sim.config import (
     DECODE_RULES,
     ENGINE_DEFAULTS,
@@ -441,13 +442,24 @@ def _run_record(r: RunResult) -> dict[str, Any]:
     }
 
 
-def register(sub: Any) -> None:
-    """Adds ``simulate`` and ``sweep`` to the ``smetric`` subcommand parsers."""
-    sim = sub.add_parser(
-        "simulate",
-        help="replay a trace on a simulated vLLM cluster and compare policies",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
+def configure(command: str, parser: argparse.ArgumentParser) -> None:
+    """Adds the arguments of ``simulate`` or ``sweep`` to the parser :mod:`smetric.cli` made for it.
+
+    Raises:
+        InvalidArgumentError: ``command`` is neither.
+    """
+    if command == "simulate":
+        _configure_simulate(parser)
+    elif command == "sweep":
+        _configure_sweep(parser)
+    else:
+        raise InvalidArgumentError(
+            f"not a simulator command: {command!r}", argument="command", reason="neither simulate nor sweep"
+        )
+
+
+def _configure_simulate(sim: argparse.ArgumentParser) -> None:
+    sim.description = __doc__.split("\n\n")[1] if __doc__ else None
     _add_common(sim)
     sim.add_argument(
         "--load",
@@ -481,7 +493,8 @@ def register(sub: Any) -> None:
     sim.add_argument("--out", default="results/simulate", help="output directory (default %(default)s)")
     sim.set_defaults(func=simulate_command)
 
-    sweep = sub.add_parser("sweep", help="load x policy x seed grid in parallel: peak TPS under SLO per policy")
+
+def _configure_sweep(sweep: argparse.ArgumentParser) -> None:
     _add_common(sweep)
     sweep.add_argument("--loads", required=True, help="comma-separated loads (sessions/s or speed-up)")
     sweep.add_argument("--seeds", default="0", help="comma-separated seeds (default %(default)s)")

@@ -263,7 +263,7 @@ class GlobalTier:
 @dataclass(frozen=True)
 class PdLayout:
     """A disaggregated prefill/decode cluster: ``prefill_instances`` run prefills only,
-    ``decode_instances`` pull the KV and decode (``rust/smetric-sim/src/pd.rs``)."""
+    ``decode_instances`` pull the KV and decode (``rust/smetric-sim/src/cluster/pd.rs``)."""
 
     prefill_instances: int
     decode_instances: int

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -251,30 +251,74 @@ def plot_ttft_cdf(path: Path, results: Sequence[RunResult], *, slo: SLO, title: 
     plt.close(fig)
 
 
+def instance_rows(series: Mapping[str, Any], window_s: tuple[float, float]) -> tuple[list[list[int]], list[float]]:
+    """The heat map's rows: each instance's requests over time (``series`` is a
+    :class:`~smetric._types.LoadSeries`), ordered by the instance's mean over the window, idlest
+    first (with ``origin="lower"`` the busiest is drawn at the top), and those means. A window
+    that holds no sample falls back to the whole series."""
+    lo, hi = window_s
+    columns = [list(c) for c in zip(*series["requests"], strict=True)]
+    measured = [k for k, t in enumerate(series["time_s"]) if lo <= t <= hi] or list(range(len(series["time_s"])))
+    means = [sum(c[k] for k in measured) / len(measured) for c in columns]
+    order = sorted(range(len(columns)), key=lambda i: means[i])
+    return [columns[i] for i in order], [means[i] for i in order]
+
+
 def plot_load_over_time(path: Path, results: Sequence[RunResult], *, title: str) -> None:
-    """Requests (running + waiting) per instance over time, one panel per policy."""
-    shown = [r for r in results if r.load_series]
+    """Requests (running + waiting) per instance over time: one instance × time heat map per
+    policy, on one colour scale.
+
+    Sixteen overlapping lines cannot be read; a heat map shows at once how even the load is
+    (a uniform band), where it piles up (hot rows) and when (hot columns). Each panel's rows
+    are sorted by the instance's mean load in the measured window, busiest at the top, so an
+    imbalance reads as a gradient from top to bottom whatever instance it fell on. The colour
+    scale tops out at the 99th percentile of every panel's values (``extend="max"``) so one
+    spike does not wash out the rest.
+    """
+    shown = [r for r in results if r.load_series and r.load_series["time_s"]]
     if not shown:
         return
-    cols = min(3, len(shown))
-    rows = math.ceil(len(shown) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False, sharey=True)
-    for ax, r in zip(axes.flat, shown, strict=False):
+    values = [v for r in shown for row in r.load_series["requests"] for v in row]
+    top = max(1.0, sorted(values)[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)])
+    fig, axes = plt.subplots(
+        len(shown), 1, figsize=(9, 0.8 + 1.3 * len(shown)), squeeze=False, sharex=True, layout="constrained"
+    )
+    image = None
+    for ax, r in zip(axes[:, 0], shown, strict=True):
         series = r.load_series
         minutes = [t / 60 for t in series["time_s"]]
-        per_instance = list(zip(*series["requests"], strict=True))
-        for values in per_instance:
-            ax.plot(minutes, values, lw=0.7)
         lo, hi = r.metrics["window_s"]
-        ax.axvspan(lo / 60, hi / 60, color="grey", alpha=0.08)
-        ax.set(title=f"{r.spec.policy} (CV {r.metrics['imbalance_queued_cv_mean']:.2f})", xlabel="time (min)")
-        ax.grid(alpha=0.3)
-    for ax in axes.flat[len(shown) :]:
-        ax.set_visible(False)
-    for row in axes:
-        row[0].set_ylabel("requests per instance")
-    fig.suptitle(f"Per-instance load over time (one line per instance; shaded: measured window) — {title}", fontsize=10)
-    fig.tight_layout()
+        rows, means = instance_rows(series, (lo, hi))
+        step = minutes[1] - minutes[0] if len(minutes) > 1 else 1.0
+        image = ax.imshow(
+            rows,
+            aspect="auto",
+            interpolation="nearest",
+            origin="lower",
+            cmap="viridis",
+            vmin=0,
+            vmax=top,
+            extent=(minutes[0] - step / 2, minutes[-1] + step / 2, -0.5, len(rows) - 0.5),
+        )
+        for edge in (lo / 60, hi / 60):
+            ax.axvline(edge, color="white", lw=0.8, ls="--")
+        ax.set_yticks([])
+        ax.set_ylabel(
+            f"{r.spec.policy}\nmean {means[-1]:.1f} … {means[0]:.1f}\nCV {r.metrics['imbalance_queued_cv_mean']:.2f}",
+            rotation=0,
+            ha="right",
+            va="center",
+            fontsize=8,
+        )
+    axes[-1, 0].set_xlabel("time (min); dashed: the measured window")
+    assert image is not None
+    bar = fig.colorbar(image, ax=axes[:, 0].tolist(), extend="max", fraction=0.03)
+    bar.set_label("requests on the instance (running + waiting)")
+    fig.suptitle(
+        f"Per-instance load over time — {title}\none row per instance, busiest at the top; left: each policy's "
+        "mean requests on its busiest … idlest instance and its queued-token CV (measured window)",
+        fontsize=8,
+    )
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -3,7 +3,9 @@
 //!
 //! * `PerfModel` wraps a built-in `smetric_sim::Profile`. `step_time` builds one
 //!   `BatchShape` from a step's prefill chunks and decode contexts, so the engine's scheduler
-//!   loop costs one call per step, O(requests in the step).
+//!   loop costs one call per step, O(requests in the step). `pd_pull_time` is
+//!   `smetric_sim::uncontended_pull_s` with the simulator's default PD and node settings for
+//!   the profile, so a fake decode engine waits what the simulator would for the same pull.
 //! * `encode_kv_batch` turns a list of plain tuples into a `KvEventBatch` and encodes it as
 //!   vLLM's `ZmqEventPublisher` does (the map form, `smetric_vllm::encode_batch`). Hashes are
 //!   the 64-bit ints vLLM publishes by default.
@@ -11,7 +13,7 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyModule, PyTuple};
-use smetric_sim::{BatchShape, Profile};
+use smetric_sim::{BatchShape, PdSimConfig, Profile, SimConfig, uncontended_pull_s};
 use smetric_vllm::{BlockRemoved, BlockStored, ExternalBlockHash, KvEvent, KvEventBatch, Medium};
 
 use crate::errors::python_error;
@@ -49,6 +51,12 @@ impl PyPerfModel {
         self.profile.kv_capacity_tokens
     }
 
+    /// KV bytes of one token across the instance's GPUs.
+    #[getter]
+    fn kv_bytes_per_token(&self) -> f64 {
+        self.profile.kv_bytes_per_token
+    }
+
     /// Seconds of one engine step.
     ///
     /// Args:
@@ -71,6 +79,17 @@ impl PyPerfModel {
     /// Seconds the API server spends on a request of ``prompt_tokens`` before the engine sees it.
     fn frontend_time(&self, prompt_tokens: u64) -> f64 {
         self.profile.frontend_time(prompt_tokens)
+    }
+
+    /// Seconds a decode instance waits to pull ``tokens`` KV tokens from a prefill instance when
+    /// nothing else crosses its node's link, under the simulator's default PD settings (per-rank
+    /// cap, fixed latency) and node NIC.
+    fn pd_pull_time(&self, tokens: u64) -> f64 {
+        let config = SimConfig {
+            profile: self.profile.clone(),
+            ..SimConfig::default()
+        };
+        uncontended_pull_s(&config, &PdSimConfig::default(), tokens)
     }
 
     fn __repr__(&self) -> String {

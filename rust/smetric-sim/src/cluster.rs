@@ -55,7 +55,7 @@ use crate::token_gaps::TokenGaps;
 use crate::transfer::{Direction, Transfer, Transfers, link_direction};
 use crate::workload::{ArrivalKind, Workload};
 
-mod pd;
+pub(crate) mod pd;
 mod tier_io;
 
 use pd::PdRun;

@@ -29,8 +29,15 @@
 //! | `index_feed` | approximate | the router's insert-on-route index, as without a KV-event feed |
 //! | `turns` | request | a real request re-sends its history, so the router sees its turn (`TurnHint::Turn`): a session's k-th request carries turn k. `index` withholds it and the router infers first turns from its index alone. Sessionless traces (Mooncake, Azure) carry no turn either way |
 //! | `event_delay_s` | 10 ms | publication to index write with `index_feed = events`: a ZMQ hop across the data-centre network plus the subscriber's loop (the published step itself already lags the cache change by up to one step) |
+//! | `pd` | none | co-located; [`PdSimConfig`] splits the fleet into prefill and decode pools (model: `cluster::pd`) |
+//! | `pd.prefill_instances` / `pd.decode_instances` | 8 / 8 | the default 16-GPU fleet split in half; the CLI always sets them |
+//! | `pd.decode_rule` | none | the peer form of the prefill policy (`DecodeRule::peer_form`) |
+//! | `pd.transfer_rank_bytes_per_s` | 54 GB/s | a GPU's own link: GPUDirect RDMA reads cross its PCIe link, measured at 54 GB/s on H20 (perf-model §3B) |
+//! | `pd.transfer_latency_s` | 0.4 ms | Mooncake's 1P1D figure for 128 tokens (0.54 ms for 20 MB) minus its bytes at the measured 142 GB/s (`docs/pd-and-tier.md` §A.3) |
 
+use serde::Serializer;
 use smetric_core::RouterConfig;
+use smetric_core::pd::DecodeRule;
 
 use crate::cache_events::IndexFeed;
 use crate::error::{Result, SimError};
@@ -38,12 +45,12 @@ use crate::perf_model::Profile;
 
 /// Default store capacity, bytes: 1.5 TiB, 16,777,216 tokens × 96 KiB (the router's default
 /// global capacity). Spread over the default 16 GPUs that is 96 GiB per rank, the order of the
-/// "80GB" global segment of vLLM's Mooncake-store example (pd-and-tier §10): a store that every
+/// "80GB" global segment of vLLM's Mooncake-store example (`docs/pd-and-tier.md` §B.10): a store that every
 /// rank feeds with a large share of its host DRAM. A deployment parameter, not a measurement:
 /// the report sweeps it down to [`MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK`] per rank.
 pub const DEFAULT_TIER_CAPACITY_BYTES: u64 = 16_777_216 * 98_304;
 /// The global segment each rank contributes to the Mooncake store when vLLM's Mooncake-store
-/// connector runs with its defaults (`DEFAULT_GLOBAL_SEGMENT_SIZE` = 4 GiB, pd-and-tier §10):
+/// connector runs with its defaults (`DEFAULT_GLOBAL_SEGMENT_SIZE` = 4 GiB, `docs/pd-and-tier.md` §B.10):
 /// 64 GiB for 16 single-GPU instances, the small end of a capacity sweep.
 pub const MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK: u64 = 4 << 30;
 /// GPUs per node: the seed's 4 × 8 H20 testbed.
@@ -356,8 +363,8 @@ pub struct SimConfig {
     #[serde(skip)]
     pub router: RouterConfig,
     /// Disaggregated prefill/decode: `instances` split into a prefill and a decode pool
-    /// (`crate::pd`); `None`: co-located.
-    pub pd: Option<crate::pd::PdSimConfig>,
+    /// ([`PdSimConfig`]); `None`: co-located.
+    pub pd: Option<PdSimConfig>,
 }
 
 fn profile_name<S: serde::Serializer>(profile: &Profile, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -543,6 +550,80 @@ impl SimConfig {
                     ),
                 });
             }
+        }
+        Ok(())
+    }
+}
+
+/// PD cluster settings ([`crate::SimConfig::pd`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PdSimConfig {
+    /// Prefill instances (slots `0..prefill_instances`).
+    pub prefill_instances: u32,
+    /// Decode instances (the slots after them).
+    pub decode_instances: u32,
+    /// The decode rule; `None`: the prefill policy's peer form.
+    #[serde(serialize_with = "rule_name")]
+    pub decode_rule: Option<DecodeRule>,
+    /// Per-rank cap of a pull, bytes/s.
+    pub transfer_rank_bytes_per_s: f64,
+    /// Fixed cost of one pull on top of its bytes, seconds.
+    pub transfer_latency_s: f64,
+}
+
+// serde's `serialize_with` hands the field by reference.
+#[allow(clippy::ref_option, clippy::trivially_copy_pass_by_ref)]
+fn rule_name<S: Serializer>(rule: &Option<DecodeRule>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    match rule {
+        Some(r) => s.serialize_str(r.name()),
+        None => s.serialize_none(),
+    }
+}
+
+/// A pull's fixed cost, seconds (see the module table).
+pub const DEFAULT_TRANSFER_LATENCY_S: f64 = 0.4e-3;
+
+impl Default for PdSimConfig {
+    fn default() -> Self {
+        Self {
+            prefill_instances: 8,
+            decode_instances: 8,
+            decode_rule: None,
+            transfer_rank_bytes_per_s: DEFAULT_PCIE_BYTES_PER_S,
+            transfer_latency_s: DEFAULT_TRANSFER_LATENCY_S,
+        }
+    }
+}
+
+impl PdSimConfig {
+    /// Checks the fields against the cluster's `instances`.
+    pub fn validate(&self, instances: u32) -> Result<()> {
+        if self.prefill_instances == 0 || self.decode_instances == 0 {
+            return Err(SimError::InvalidConfig {
+                field: "pd",
+                reason: "needs at least one prefill and one decode instance".into(),
+            });
+        }
+        if self.prefill_instances + self.decode_instances != instances {
+            return Err(SimError::InvalidConfig {
+                field: "pd",
+                reason: format!(
+                    "prefill_instances + decode_instances = {} must equal instances = {instances}",
+                    self.prefill_instances + self.decode_instances
+                ),
+            });
+        }
+        if !(self.transfer_rank_bytes_per_s.is_finite() && self.transfer_rank_bytes_per_s > 0.0) {
+            return Err(SimError::InvalidConfig {
+                field: "pd.transfer_rank_bytes_per_s",
+                reason: format!("must be a finite number > 0, got {}", self.transfer_rank_bytes_per_s),
+            });
+        }
+        if !(self.transfer_latency_s.is_finite() && self.transfer_latency_s >= 0.0) {
+            return Err(SimError::InvalidConfig {
+                field: "pd.transfer_latency_s",
+                reason: format!("must be a finite number >= 0, got {}", self.transfer_latency_s),
+            });
         }
         Ok(())
     }

@@ -311,7 +311,7 @@ pub struct SimReport {
     /// Per-instance load over time (when `series_interval_s` is set).
     pub load_series: LoadSeries,
     /// PD runs: transfers and decode-side pressure (`crate::pd`); `None` co-located.
-    pub pd: Option<crate::pd::PdReport>,
+    pub pd: Option<PdReport>,
     /// Per-request outcomes when `keep_records` is set (not serialised: see the module docs).
     #[serde(skip)]
     pub records: Vec<RequestRecord>,
@@ -538,6 +538,34 @@ pub(crate) fn summarize(
         report.records = records;
     }
     report
+}
+
+/// What a PD run reports beyond the co-located metrics.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PdReport {
+    /// Prefill instances.
+    pub prefill_instances: u32,
+    /// Decode instances.
+    pub decode_instances: u32,
+    /// The decode rule applied.
+    pub decode_rule: String,
+    /// Pulls completed.
+    pub transfers: u64,
+    /// Bytes pulled, summed over ranks (the whole model's KV).
+    pub transfer_bytes: f64,
+    /// Prompt tokens a decode instance's own prefix cache held (not pulled), summed.
+    pub decode_hit_tokens: u64,
+    /// Seconds from the pull's submission to its end (queueing behind the rank included).
+    pub transfer_time: Percentiles,
+    /// Seconds from the prefill instance's last step to the decode instance's allocation
+    /// (waiting for decode KV space: the decode side's KV pressure).
+    pub decode_admission_wait: Percentiles,
+    /// Mean share of decode KV blocks in use, sampled every `sample_interval_s`.
+    pub decode_kv_usage_mean: f64,
+    /// Largest sampled share of decode KV blocks in use.
+    pub decode_kv_usage_max: f64,
+    /// Preemptions on decode instances.
+    pub decode_preemptions: u64,
 }
 
 #[cfg(test)]

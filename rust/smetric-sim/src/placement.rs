@@ -2,7 +2,7 @@
 //!
 //! The simulator asks a [`Placer`] where each request goes and tells it about every
 //! lifecycle event at the simulated time it happens. The production implementation is
-//! [`crate::core_placer::CorePlacer`], which forwards to the real `smetric_core::Router` (the same
+//! [`crate::placers::CorePlacer`], which forwards to the real `smetric_core::Router` (the same
 //! code the router binary runs; there is no second implementation of any policy here).
 //! [`RoundRobinPlacer`] is a dependency-free double for the engine's own tests.
 //!

@@ -1,5 +1,6 @@
-//! vLLM wire compatibility for smetric: byte-identical prefix-cache block hashes and typed
-//! decoding of vLLM's KV-cache events. Pure Rust, no Python.
+//! vLLM wire compatibility for smetric: byte-identical prefix-cache block hashes, typed
+//! decoding of vLLM's KV-cache events, and the router's parse of OpenAI request bodies. Pure
+//! Rust, no Python.
 //!
 //! # Block hashes ([`hash`])
 //! [`BlockHasher`] reproduces vLLM 0.33's `hash_block_tokens` chain for all four
@@ -34,6 +35,13 @@
 //! decoded into reused buffers and its index writes reach the router in one
 //! `Router::apply_blocks` call. Counters: [`IngestStats`]. The socket loop lives in Python
 //! (`smetric.events`).
+//!
+//! # OpenAI request bodies ([`openai_body`])
+//! [`parse_openai_body`] reads the fields of a `/v1/chat/completions` or `/v1/completions` body
+//! that a router needs (the prompt or messages, `cache_salt`, the session keys, `max_tokens`, …)
+//! in one `serde_json` pass, keeping the rest unparsed; a flat list of token ids is read into a
+//! `Vec<u32>` by a byte loop. Every failure is a [`BodyError`] naming its field. The proxy
+//! (`smetric serve`) parses each request with it, through the bindings.
 //!
 //! ```
 //! use smetric_vllm::{BlockHasher, HashAlgo, RequestKeys};

@@ -12,7 +12,7 @@
 //!   (its context minus what the decode instance's own prefix cache still holds: vLLM pulls
 //!   only the blocks it lacks). Both are tokens, so no weight is needed. Ties → smaller
 //!   batch → random.
-//! * [`DecodeRule::LeastBatch`] — argmin batch (algorithms.md's first suggestion).
+//! * [`DecodeRule::LeastBatch`] — argmin batch (the first suggestion of `docs/algorithms.md` §4).
 //! * [`DecodeRule::PowerOfTwo`] — vllm-router's and SMG's recommended decode policy: two
 //!   distinct random instances, the one with fewer requests in flight (ties: the first drawn).
 //! * [`DecodeRule::RoundRobin`] — vLLM's toy proxy.

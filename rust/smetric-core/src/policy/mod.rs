@@ -100,7 +100,7 @@ pub struct SelectionInput<'a> {
     pub rng: &'a DrawCounter,
 }
 
-/// Why a policy chose what it chose. `Display` gives the `Decision.reason` string.
+/// Why a policy chose what it chose. [`Reason::name`] gives the `Decision.reason` string.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
     /// `round_robin`.

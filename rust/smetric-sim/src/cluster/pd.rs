@@ -1,4 +1,24 @@
-//! The event loop's side of disaggregated prefill/decode (`crate::pd` states the model).
+//! Disaggregated prefill/decode (PD) in the simulator: the model, and the event loop's side of it.
+//! Its settings are [`crate::config::PdSimConfig`], its report [`crate::metrics::PdReport`].
+//!
+//! Instances `0..P` are prefill instances, `P..P+D` decode
+//! instances. A request is routed once, by the real `smetric_core::PdRouter`
+//! ([`crate::placers::CorePdPlacer`]), to a pair. Its prefill instance runs it as vLLM's
+//! proxy asks (`max_tokens = 1`): chunked prefill with the prefix cache and the global tier's
+//! loads as in co-located mode; when the step that computes its last prompt token ends, the
+//! prefill instance keeps the request's blocks (vLLM's `delay_free_blocks`) and the request
+//! joins its decode instance's queue. There the scheduler allocates the whole context before
+//! pulling it (`WAITING_FOR_REMOTE_KVS`); blocks its own prefix cache holds are not pulled.
+//! The pull crosses the decode node's NIC (the `transfer` model: per-rank FIFO, the node's
+//! NIC shared fairly, each rank capped); when it ends the prefill instance frees its blocks
+//! (they stay cached there until LRU eviction), and the decode instance recomputes the last
+//! prompt token, which samples the first output token (TTFT ends there), then decodes.
+//!
+//! The node NIC is `global_tier.nic_bytes_per_s` (87 GB/s, Mooncake's transfer engine on
+//! 4 × 200 Gbps) and nodes hold `global_tier.gpus_per_node / tp` instances, decode nodes
+//! apart from prefill nodes. A pull is timed on the decode node's ingress only; the prefill
+//! node's egress is not modelled (with D ≤ P each prefill node sends less than a decode node
+//! receives).
 //!
 //! A PD request's path: `Arrive` (one decision: prefill and decode instance) → `Deliver` to
 //! its prefill instance, which runs it with `max_tokens = 1` and `hold_blocks` → the step
@@ -14,17 +34,35 @@
 //! never longer, and released exactly once; a pull starts only after its decode blocks are
 //! allocated; a pull of `t` tokens moves `t · kv_bytes_per_token_rank` bytes per rank.
 //!
+//! A pull alone on its decode node's link takes [`uncontended_pull_s`]: the closed form of the
+//! link model for one transfer, which `smetric fake-engine` waits (through the bindings) so
+//! that the fake engine and the simulator price a pull alike.
+//!
 //! Complexity: O(1) per phase change plus the link's reshare (`transfer`); O(decode
 //! instances) per load sample.
 
 use super::{Kind, Sim};
+use crate::config::PdSimConfig;
 use crate::config::SimConfig;
 use crate::error::{Result, SimError};
 use crate::instance::PdRole;
+use crate::metrics::PdReport;
 use crate::metrics::Percentiles;
-use crate::pd::{PdReport, PdSimConfig};
 use crate::placement::Placement;
 use crate::transfer::{Direction, Transfer, Transfers};
+
+/// Seconds from the submission of a pull of `tokens` KV tokens to its blocks being usable on
+/// the decode instance, when nothing else crosses the decode node's link: each of the
+/// profile's `tp` ranks moves its `tokens · kv_bytes_per_token_rank` bytes at the per-rank cap
+/// or its fair share of the node NIC, whichever is lower (the water-fill of `transfer` for one
+/// transfer of weight `tp`), then `transfer_latency_s`. O(1).
+pub fn uncontended_pull_s(config: &SimConfig, pd: &PdSimConfig, tokens: u64) -> f64 {
+    let ranks = f64::from(config.profile.tp.max(1));
+    let rate = pd
+        .transfer_rank_bytes_per_s
+        .min(config.global_tier.nic_bytes_per_s / ranks);
+    tokens as f64 * config.profile.kv_bytes_per_token_rank / rate + pd.transfer_latency_s
+}
 
 /// PD state of a run.
 #[derive(Debug)]
@@ -236,8 +274,9 @@ impl Sim<'_> {
 #[cfg(test)]
 mod tests {
     use super::super::{Kind, build};
+    use super::uncontended_pull_s;
+    use crate::config::PdSimConfig;
     use crate::config::{GlobalTierConfig, SimConfig};
-    use crate::pd::PdSimConfig;
     use crate::workload::{ArrivalKind, RequestSpec, Workload, WorkloadBuilder};
     use crate::{PolicyKind, core_pd_placer};
 
@@ -367,6 +406,11 @@ mod tests {
             "{} vs {alone}",
             pd.transfer_time.p50
         );
+        // The closed form the fake engine waits: the simulated pull plus the fixed latency.
+        let pd_config = c.pd.as_ref().unwrap();
+        let latency = pd_config.transfer_latency_s;
+        let closed = uncontended_pull_s(&c, pd_config, u64::from(tokens));
+        assert!((closed - (pd.transfer_time.p50 + latency)).abs() < 1e-12, "{closed}");
         assert!((pd.transfer_bytes - f64::from(tokens) * c.profile.kv_bytes_per_token).abs() < 1.0);
         // Two equal requests prefilled side by side on two prefill instances: their pulls
         // start together into two decode instances of one node and share its 87 GB/s.
@@ -384,6 +428,27 @@ mod tests {
         );
         assert!((pd.transfer_time.p99 - shared).abs() < 1e-9);
         assert!(shared > alone);
+    }
+
+    /// A TP instance's ranks share the node NIC: with TP4 each rank gets a quarter of 87 GB/s,
+    /// below the per-rank cap, and the closed form is still the simulated pull.
+    #[test]
+    fn a_tp_instance_pulls_at_its_share_of_the_nic() {
+        let tokens = 8192_u32;
+        let c = SimConfig {
+            profile: crate::Profile::by_name("h20-qwen3-235b-a22b-fp8-tp4").unwrap(),
+            ..config(1, 1)
+        };
+        let pd_config = c.pd.clone().unwrap();
+        let share = c.global_tier.nic_bytes_per_s / 4.0;
+        assert!(share < pd_config.transfer_rank_bytes_per_s, "the NIC share binds");
+        let report = crate::run(&c, &workload(&[(tokens, 4, 0.0)]), PolicyKind::RoundRobin).unwrap();
+        let pd = report.pd.unwrap();
+        assert_eq!(pd.transfers, 1);
+        let expected = f64::from(tokens) * c.profile.kv_bytes_per_token_rank / share + pd_config.transfer_latency_s;
+        let closed = uncontended_pull_s(&c, &pd_config, u64::from(tokens));
+        assert!((closed - expected).abs() < 1e-12, "{closed} vs {expected}");
+        assert!((pd.transfer_time.p50 + pd_config.transfer_latency_s - closed).abs() < 1e-9);
     }
 
     /// A follow-up decoded where its previous turn decoded pulls only the new tokens.

@@ -1,4 +1,4 @@
-//! Loader of the Alibaba Bailian traces (`qwen-bailian-usagetraces-anon`, algorithms.md §3):
+//! Loader of the Alibaba Bailian traces (`qwen-bailian-usagetraces-anon`, `docs/algorithms.md` §3):
 //! `chat_id`, `parent_chat_id`, `timestamp` (s), `input_length`, `output_length`, `turn`,
 //! `hash_ids` of 16-token blocks.
 //!
@@ -10,7 +10,7 @@
 //!   its own session (the trace is time-ordered, so this does not happen in practice).
 //! * Ground truth first turn: `parent_chat_id == -1`, `parent_chat_id == chat_id` or `turn == 1`.
 //! * Arrivals: open loop (`timestamp / time_scale`) or, with `gate_on_parent`, a child also
-//!   waits for its parent to finish (closed-loop gating, algorithms.md §3 step 5).
+//!   waits for its parent to finish (closed-loop gating, `docs/algorithms.md` §3 step 5).
 //!
 //! Complexity: O(ids in the file) time; memory O(kept ids + requests).
 

@@ -54,7 +54,7 @@ use crate::config::SimConfig;
 use crate::error::{Result, SimError};
 
 /// Parameters of [`synthetic_agent_sessions`]; the defaults are the centre of the regime map,
-/// set to the published Bailian agent-trace statistics (algorithms.md §2).
+/// set to the published Bailian agent-trace statistics (`docs/algorithms.md` §2).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SyntheticOptions {
     /// Sessions generated (replicated for load by the runner).

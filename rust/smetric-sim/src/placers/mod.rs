@@ -1,0 +1,97 @@
+//! The placers the simulator routes with, and their builders: the seam itself ([`Placer`]) is
+//! `crate::placement`.
+//!
+//! * [`CorePlacer`] (`core`) — the real `smetric_core::Router`, co-located serving;
+//! * [`CorePdPlacer`] (`pd`) — the real `smetric_core::PdRouter`, disaggregated serving;
+//! * [`core_placer`] / [`core_pd_placer`] — each set up for a [`SimConfig`] and a [`Workload`]:
+//!   the router's capacities are the simulated pools and tier, in the workload's blocks.
+//!
+//! Complexity: a builder is O(instances); the placers' costs are stated in their modules.
+//!
+//! [`Placer`]: crate::placement::Placer
+
+mod core;
+mod pd;
+
+use smetric_core::PolicyKind;
+
+pub use self::core::CorePlacer;
+pub use self::pd::CorePdPlacer;
+use crate::cache_events::IndexFeed;
+use crate::config::SimConfig;
+use crate::error::{Result, SimError};
+use crate::workload::Workload;
+
+/// The real PD router running `policy` on the prefill side, for a PD `config`: the prefill
+/// side set up as [`core_placer`] sets up a co-located router (capacities from the simulated
+/// pools and tier, insert on route), the decode side's capacity the simulated pool and its
+/// batch bound `max_num_seqs`, its rule `config.pd.decode_rule`.
+pub fn core_pd_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Result<CorePdPlacer> {
+    config.validate()?;
+    let pd = config.pd.as_ref().ok_or(SimError::InvalidConfig {
+        field: "pd",
+        reason: "a PD placer needs a PD configuration".into(),
+    })?;
+    let block = u64::from(workload.block_tokens());
+    let mut router_config = config.router.clone();
+    router_config.local_capacity_blocks = config.kv_tokens() / block;
+    router_config.global_capacity_blocks = if config.global_tier.enabled {
+        (config.global_tier.capacity_bytes as f64 / (block as f64 * config.profile.kv_bytes_per_token)) as u64
+    } else {
+        0
+    };
+    let pd_config = smetric_core::PdConfig {
+        decode_rule: pd.decode_rule,
+        decode_capacity_blocks: router_config.local_capacity_blocks,
+        decode_max_batch: u64::from(config.max_num_seqs),
+        ..smetric_core::PdConfig::default()
+    };
+    let placer = CorePdPlacer::new(
+        pd.prefill_instances,
+        pd.decode_instances,
+        policy,
+        workload.block_tokens(),
+        config.seed,
+        router_config,
+        pd_config,
+    )?;
+    Ok(placer.with_turns(config.turns))
+}
+
+/// The real router running `policy`, set up for `config` and `workload`: its block size is
+/// the workload's, its per-instance capacity is the simulated pool (`kv_tokens / block`), its
+/// global capacity is the simulated tier (0 when the tier is off), and its index is fed as
+/// `config.index_feed` says, and it hears each request's turn as `config.turns` says; every other router field comes from `config.router`. Its seed
+/// is `config.seed`.
+pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Result<CorePlacer> {
+    config.validate()?;
+    let block_tokens = workload.block_tokens();
+    let block = u64::from(block_tokens);
+    let mut router_config = config.router.clone();
+    router_config.local_capacity_blocks = config.kv_tokens() / block;
+    let tier_blocks =
+        (config.global_tier.capacity_bytes as f64 / (block as f64 * config.profile.kv_bytes_per_token)) as u64;
+    router_config.global_capacity_blocks = match (config.global_tier.enabled, config.index_feed) {
+        (false, _) => 0,
+        // Insert on route: the router's own LRU is its model of the store.
+        (true, IndexFeed::Approximate) => tier_blocks,
+        // Fed by the store's own changes: its removals keep the index exact, and an LRU of the
+        // router's, which sees stores but not the reads that refresh the store's order, would
+        // evict other blocks than the store does. Twice the store leaves room for removals
+        // that arrive late.
+        (true, IndexFeed::Events | IndexFeed::Oracle) => tier_blocks.saturating_mul(2),
+    };
+    // An ingestor source maps what its instance holds: its pool, plus the store blocks it
+    // announced (at most the whole store).
+    let max_mapped = router_config.local_capacity_blocks + router_config.global_capacity_blocks;
+    let placer = CorePlacer::with_feed(
+        config.instances,
+        policy,
+        block_tokens,
+        config.seed,
+        router_config,
+        config.index_feed,
+        usize::try_from(max_mapped).unwrap_or(usize::MAX),
+    )?;
+    Ok(placer.with_turns(config.turns))
+}
