@@ -402,10 +402,16 @@ class Proxy:
     def _restart_feeds(self) -> None:
         self._stop_feeds()
         flat = [s for url in self.instances for s in self.sources.get(url, [])]
-        if flat:
+        while flat:
+            from smetric.errors import KvEventEndpointInUseError
             from smetric.events import KvEventSubscriber
 
-            self._subscriber = KvEventSubscriber(self.router, flat).start()
+            try:
+                self._subscriber = KvEventSubscriber(self.router, flat).start()
+                break
+            except KvEventEndpointInUseError as e:  # an engine in connect mode: room for one router
+                log.error("%s. Serving %s without its KV events.", e, e.instance)
+                flat = [s for s in flat if s.endpoint != e.endpoint]
         if self.config.engine_load:
             from smetric.engine_load import EngineLoadScraper
 
