@@ -59,10 +59,8 @@ class Serve:
         for u in urls:
             argv += ["--instance", u]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-        self.stderr = ""
+        with log.open("w") as err:  # a file, not a pipe: nobody reads the log while the proxy runs
+            self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
 
     @property
     def url(self) -> str:

@@ -85,7 +85,10 @@ async def run_session(
 ) -> list[Record]:
     """``turns`` requests of ``conv`` (chat) or of a growing text prompt (``endpoint="completions"``)."""
     records: list[Record] = []
-    prompt = " ".join(m["content"] for m in conv.messages if isinstance(m["content"], str))
+    prompt = " ".join(
+        m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in m["content"])
+        for m in conv.messages
+    )
     headers = {"x-session-id": conv.key}
     answered_at: float | None = None
     for turn in range(1, turns + 1):
@@ -133,7 +136,7 @@ async def _wait_for_blocks(client: aiohttp.ClientSession, base: str, rec: Record
     while True:
         now = await _stored(client, base, rec.instance)
         if now - start >= new_blocks:
-            _stored_seen[rec.instance] = start + new_blocks
+            _stored_seen[rec.instance] = now
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"the proxy's feed got {now - start} of {new_blocks} blocks of {rec} in 10 s")
@@ -141,6 +144,27 @@ async def _wait_for_blocks(client: aiohttp.ClientSession, base: str, rec: Record
 
 
 async def mark_stored(client: aiohttp.ClientSession, base: str, instances: list[str]) -> None:
-    """Remembers each instance's stored-blocks counter (paced sessions must then run one at a time)."""
-    for i in instances:
-        _stored_seen[i] = await _stored(client, base, i)
+    """Brings the proxy's feed up to date, then remembers each instance's stored-blocks counter
+    (paced sessions must then run one at a time).
+
+    A proxy that subscribed after the engines served requests catches up by a replay when the first
+    live batch shows the gap, and the replayed blocks raise the counter too; so first make every
+    engine publish (a request straight to it, a block of new tokens) and wait until the proxy has
+    received it and its counter holds still for 0.3 s (≤ 30 s).
+    """
+    for i, url in enumerate(instances):
+        before = await _stored(client, base, url)
+        body = {"model": fleet.MODEL_NAME, "prompt": f"warm-up {i} {time.time()} " * 20, "max_tokens": 1}
+        async with client.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+        deadline = time.monotonic() + 30
+        last, still_since = before, time.monotonic()
+        while True:
+            now = await _stored(client, base, url)
+            if now != last:
+                last, still_since = now, time.monotonic()
+            elif now > before and time.monotonic() - still_since >= 0.3:
+                break
+            assert time.monotonic() < deadline, f"the proxy's feed from {url} did not settle"
+            await asyncio.sleep(0.02)
+        _stored_seen[url] = now
