@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +75,7 @@ async def _post(
 
 async def run_session(
     client: aiohttp.ClientSession,
-    base: str,
+    base: str | Sequence[str],
     conv: Conversation,
     *,
     turns: int,
@@ -83,7 +84,11 @@ async def run_session(
     paced: bool = False,
     max_tokens: int = 8,
 ) -> list[Record]:
-    """``turns`` requests of ``conv`` (chat) or of a growing text prompt (``endpoint="completions"``)."""
+    """``turns`` requests of ``conv`` (chat) or of a growing text prompt (``endpoint="completions"``).
+
+    With several ``base`` URLs (proxy replicas) turn k goes to ``base[(k - 1) % len(base)]``; paced
+    follow-ups then wait for every replica's feed."""
+    bases = [base] if isinstance(base, str) else list(base)
     records: list[Record] = []
     prompt = " ".join(
         m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in m["content"])
@@ -102,7 +107,7 @@ async def run_session(
         if stream:
             body.update(stream=True, stream_options={"include_usage": True})
         gap_ms = 0.0 if answered_at is None else (time.monotonic() - answered_at) * 1000
-        d, content, usage = await _post(client, base, path, body, headers)
+        d, content, usage = await _post(client, bases[(turn - 1) % len(bases)], path, body, headers)
         answered_at = time.monotonic()
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         rec = Record(
@@ -113,7 +118,8 @@ async def run_session(
         if turn == turns:
             break
         if paced:
-            await _wait_for_blocks(client, base, rec, before=records)
+            for b in bases:
+                await _wait_for_blocks(client, b, rec)
             answered_at = time.monotonic()
         if endpoint == "chat":
             conv.answer(content)
@@ -122,49 +128,52 @@ async def run_session(
     return records
 
 
-_stored_seen: dict[str, float] = {}
+_stored_seen: dict[tuple[str, str], float] = {}
+"""(proxy, instance) → the proxy's stored-blocks counter of the instance when last checked."""
 
 
-async def _wait_for_blocks(client: aiohttp.ClientSession, base: str, rec: Record, before: list[Record]) -> None:
+async def _wait_for_blocks(client: aiohttp.ClientSession, base: str, rec: Record) -> None:
     """Waits (≤ 10 s) until the proxy's feed counted the blocks ``rec`` made the engine store."""
     bs = fleet.BLOCK_SIZE
     new_blocks = (rec.prompt_tokens + rec.completion_tokens - 1) // bs - rec.cached // bs
-    start = _stored_seen.get(rec.instance)
+    start = _stored_seen.get((base, rec.instance))
     if start is None:
         raise AssertionError("call mark_stored() before a paced session")
     deadline = time.monotonic() + 10
     while True:
         now = await _stored(client, base, rec.instance)
         if now - start >= new_blocks:
-            _stored_seen[rec.instance] = now
+            _stored_seen[(base, rec.instance)] = now
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"the proxy's feed got {now - start} of {new_blocks} blocks of {rec} in 10 s")
         await asyncio.sleep(0.005)
 
 
-async def mark_stored(client: aiohttp.ClientSession, base: str, instances: list[str]) -> None:
-    """Brings the proxy's feed up to date, then remembers each instance's stored-blocks counter
-    (paced sessions must then run one at a time).
+async def mark_stored(client: aiohttp.ClientSession, base: str | Sequence[str], instances: list[str]) -> None:
+    """Brings the feed of every proxy in ``base`` up to date, then remembers its stored-blocks
+    counter of each instance (paced sessions must then run one at a time).
 
     A proxy that subscribed after the engines served requests catches up by a replay when the first
     live batch shows the gap, and the replayed blocks raise the counter too; so first make every
-    engine publish (a request straight to it, a block of new tokens) and wait until the proxy has
+    engine publish (a request straight to it, a block of new tokens) and wait until each proxy has
     received it and its counter holds still for 0.3 s (≤ 30 s).
     """
+    bases = [base] if isinstance(base, str) else list(base)
     for i, url in enumerate(instances):
-        before = await _stored(client, base, url)
+        before = {b: await _stored(client, b, url) for b in bases}
         body = {"model": fleet.MODEL_NAME, "prompt": f"warm-up {i} {time.time()} " * 20, "max_tokens": 1}
         async with client.post(url + "/v1/completions", json=body) as r:
             assert r.status == 200, await r.text()
-        deadline = time.monotonic() + 30
-        last, still_since = before, time.monotonic()
-        while True:
-            now = await _stored(client, base, url)
-            if now != last:
-                last, still_since = now, time.monotonic()
-            elif now > before and time.monotonic() - still_since >= 0.3:
-                break
-            assert time.monotonic() < deadline, f"the proxy's feed from {url} did not settle"
-            await asyncio.sleep(0.02)
-        _stored_seen[url] = now
+        for b in bases:
+            deadline = time.monotonic() + 30
+            last, still_since = before[b], time.monotonic()
+            while True:
+                now = await _stored(client, b, url)
+                if now != last:
+                    last, still_since = now, time.monotonic()
+                elif now > before[b] and time.monotonic() - still_since >= 0.3:
+                    break
+                assert time.monotonic() < deadline, f"the feed of {b} from {url} did not settle"
+                await asyncio.sleep(0.02)
+            _stored_seen[(b, url)] = now
