@@ -50,6 +50,11 @@ integration-deps: setup
 vllm-deps:
 	bash scripts/vllm_cpu/venv.sh "$(PYTHON)" .venv-vllm || [ "$$CI" != "true" ]
 
+# Two real CPU engines behind `smetric serve`, a few Weka-excerpt sessions replayed through it: each
+# decision beside the engine's own cached tokens (README, "smetric serve").
+live: setup vllm-deps
+	$(PY) scripts/vllm_cpu/live.py
+
 test-python: setup wheel integration-deps vllm-deps
 	SMETRIC_VLLM_PYTHON="$${SMETRIC_VLLM_PYTHON:-$(CURDIR)/.venv-vllm/bin/python}" $(PY) -m pytest
 
