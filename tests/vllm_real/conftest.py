@@ -9,17 +9,11 @@ reason, and fail in CI (``CI=true``): CI must never pass by skipping them. Each 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "vllm_cpu"))
-
-import fleet  # noqa: E402
-from real_util import Fleet  # noqa: E402
+from real_util import Fleet, fleet
 
 VENV = Path(os.environ.get("SMETRIC_VLLM_VENV") or fleet.VENV)
 
