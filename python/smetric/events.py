@@ -33,7 +33,7 @@ from typing import Any, Self
 
 from smetric._core import IngestStep, KvEventIngestor, Router
 from smetric._types import IngestSourceStats, IngestStats
-from smetric.errors import MissingExtraError
+from smetric.errors import KvEventEndpointInUseError, MissingExtraError
 
 try:
     import zmq
@@ -153,6 +153,24 @@ def discover_sources(instance: str, base_url: str | None = None, *, timeout: flo
     return sources_from_config(instance, configs, host)
 
 
+def _bind(sock: zmq.Socket[bytes], source: KvEventSource) -> None:
+    """Binds ``source.endpoint``; an address in use becomes :class:`KvEventEndpointInUseError`."""
+    try:
+        sock.bind(source.endpoint)
+    except zmq.ZMQError as e:
+        if e.errno != zmq.EADDRINUSE:
+            raise
+        port = source.endpoint.rsplit(":", 1)[-1]
+        raise KvEventEndpointInUseError(
+            f"KV events of {source.instance}: cannot bind {source.endpoint}, another subscriber holds it. "
+            f"The engine connects to a single subscriber when its kv-events endpoint names a host; for "
+            f"several routers start it with an endpoint it binds, "
+            f'--kv-events-config \'{{"endpoint": "tcp://*:{port}", ...}}\' (or ipc://PATH)',
+            instance=source.instance,
+            endpoint=source.endpoint,
+        ) from None
+
+
 class _Errors:
     """Logs decode errors per source: the first one, then a summary at most every ``every_s``."""
 
@@ -229,7 +247,10 @@ class KvEventSubscriber:
 
         Raises:
             RuntimeError: already started, or the sockets could not be set up in ``timeout``.
-            zmq.ZMQError: an endpoint could not be bound or connected.
+            KvEventEndpointInUseError: a ``bind=True`` source's address is held by another
+                subscriber (an engine in connect mode has room for one router; the message says
+                how to configure it for several).
+            zmq.ZMQError: any other failure to bind or connect an endpoint.
         """
         if self._thread is not None:
             raise RuntimeError("KvEventSubscriber already started")
@@ -309,7 +330,7 @@ class KvEventSubscriber:
                     sub = self._socket(ctx, zmq.SUB)
                     sub.setsockopt(zmq.SUBSCRIBE, source.topic.encode())
                     if source.bind:
-                        sub.bind(source.endpoint)
+                        _bind(sub, source)
                     else:
                         sub.connect(source.endpoint)
                     subs.append(sub)

@@ -121,10 +121,16 @@ class Fleet:
         assert targets is not None, "start() names the feeds' targets"
         self._stop_feeds()
         flat = [s for url in self.instances for s in self.sources.get(url, [])]
-        if flat and targets.events is not None:
+        while flat and targets.events is not None:
+            from smetric.errors import KvEventEndpointInUseError
             from smetric.events import KvEventSubscriber
 
-            self.subscriber = KvEventSubscriber(targets.events, flat).start()
+            try:
+                self.subscriber = KvEventSubscriber(targets.events, flat).start()
+                break
+            except KvEventEndpointInUseError as e:  # an engine in connect mode: room for one router
+                log.error("%s. Serving %s without its KV events.", e, e.instance)
+                flat = [s for s in flat if s.endpoint != e.endpoint]
         if self.config.engine_load:
             from smetric.engine_load import EngineLoadScraper
 
