@@ -41,7 +41,7 @@ from smetric.errors import NoInstancesError, SmetricError
 from smetric.metrics import _family
 from smetric.serve.apis.base import Prepared
 from smetric.serve.attempt import Attempt
-from smetric.serve.backends.base import NO_INSTANCE, Answered, Backend, OpenOutcome
+from smetric.serve.backends.base import NO_INSTANCE, Answered, Backend, OpenOutcome, open_unrouted
 from smetric.serve.fleet import FeedTargets, Fleet
 from smetric.serve.labels import reason_label
 from smetric.serve.telemetry import ProxyTelemetry
@@ -138,6 +138,11 @@ class PdBackend(Backend):
     ) -> OpenOutcome:
         """One PD attempt: prefill, then open the decode answer."""
         pd, tokens = self.pd, prepared.tokens
+        if not prepared.routed or prepared.pin is not None:
+            # A pinned request names state only its instance holds (the decode instance that
+            # answered): it is served there whole, prefill included, and not disaggregated.
+            candidates = [*self.decode_pool, *self.prefill_pool]
+            return await open_unrouted(self, self._upstream, candidates, prepared, headers, attempt_no, exclude)
         t0 = time.perf_counter()
         try:
             d = pd.route(
