@@ -36,7 +36,7 @@ def prepared(api: ChatApi | CompletionsApi, body: dict[str, Any]) -> Any:
 
 def test_every_api_has_its_own_path() -> None:
     paths = [api.path for api in APIS]
-    assert paths == ["/v1/chat/completions", "/v1/completions"]
+    assert paths == ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"]
 
 
 def test_a_chat_stream_counts_tokens_without_its_role_chunk_and_sees_its_end() -> None:
