@@ -6,11 +6,16 @@ and its clean failure once its instance is killed; chat completions through the 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from aiohttp import web
+from proxy_util import TIMEOUT_S, Stub, request
 
 from smetric.fake_engine import FakeEngine
 from smetric.serve.apis.responses import ResponsesApi, ResponsesStream, chat_messages, rewrite_ids
@@ -20,8 +25,6 @@ from smetric.serve.proxy import ProxyServer
 from smetric.serve.request import RequestError
 from smetric.serve.session import SessionTable
 from smetric.serve.tokens import TokenConfig, TokenSource
-
-from proxy_util import TIMEOUT_S, request
 
 openai = pytest.importorskip("openai")
 
@@ -196,7 +199,7 @@ def test_a_previous_response_id_chain_alternates_replicas_then_fails_cleanly(fle
         assert got.id == previous.id and got.output_text == previous.output_text
         with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
             sdks[0].responses.cancel(previous.id)
-        status, _, body = request(one.url, f"/v1/responses/{previous.id}", method="DELETE")
+        status, _, _ = request(one.url, f"/v1/responses/{previous.id}", method="DELETE")
         assert status == 405  # vLLM 0.32 serves no DELETE: the engine's answer, from the right instance
         # a forged id: vLLM's own 404, no instance asked
         engine_id = previous.id.rsplit("-", 2)[0]
@@ -214,3 +217,69 @@ def test_a_previous_response_id_chain_alternates_replicas_then_fails_cleanly(fle
         # a conversation without a stored response is still served by the instance left
         alive = sdks[0].responses.create(model="fake-model", input="fresh start", max_output_tokens=4)
         assert alive.id.rsplit("-", 2)[1] != home
+
+
+# -- the pass-through -----------------------------------------------------------------------------
+
+FORWARDED = [
+    ("POST", "/v1/embeddings"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("POST", "/v1/rerank"),
+    ("POST", "/v1/score"),
+    ("POST", "/pooling"),
+    ("GET", "/v1/models/fake-model"),
+]
+
+
+def test_the_rest_of_vllms_surface_passes_through_to_the_least_loaded_instance() -> None:
+    release = threading.Event()
+
+    def stub(name: str) -> Stub:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            if request.path == "/v1/models":
+                return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+            if request.path == "/kv_event_sources":
+                return web.json_response({})
+            if request.path == "/v1/chat/completions":  # held open: its instance is loaded
+                await asyncio.to_thread(release.wait, TIMEOUT_S)
+                return web.json_response({"choices": [], "usage": {"completion_tokens": 1}})
+            body = (await request.read()).decode()
+            return web.json_response({"at": name, "method": request.method, "path": request.path_qs, "body": body})
+
+        return Stub(handler).start()
+
+    stubs = [stub("a"), stub("b")]
+    server = ProxyServer(load_config(instances=[s.url for s in stubs], port=0)).start()
+    try:
+        for method, path in FORWARDED:
+            raw = b'{"model": "fake-model", "input": "x",  "odd": [1,2]}' if method == "POST" else None
+            status, headers, body = request(server.url, path + "?q=1", raw=raw, method=method)
+            answer = json.loads(body)
+            assert status == 200 and answer["method"] == method and answer["path"] == path + "?q=1"
+            assert answer["body"] == (raw or b"").decode()  # byte for byte
+            assert "reason=pass-through" in headers["x-smetric-decision"]
+        # a chat request held on one instance: the next pass-through goes to the other
+        held = threading.Thread(
+            target=request, args=(server.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "q"}]})
+        )
+        held.start()
+        deadline = time.monotonic() + TIMEOUT_S
+        while not any(seen["path"] == "/v1/chat/completions" for s in stubs for seen in s.seen):
+            assert time.monotonic() < deadline, "the chat request never reached an instance"
+            time.sleep(0.01)
+        busy = next(i for i, s in enumerate(stubs) if any(x["path"] == "/v1/chat/completions" for x in s.seen))
+        for _ in range(3):
+            _, _, body = request(server.url, "/v1/embeddings", {"model": "fake-model", "input": "y"})
+            assert json.loads(body)["at"] == "ab"[1 - busy]
+        release.set()
+        held.join(TIMEOUT_S)
+        for method, path in (("GET", "/v1/nothing"), ("POST", "/v2/whatever"), ("GET", "/v1/chat/completions")):
+            status, _, body = request(server.url, path, method=method, raw=b"{}" if method == "POST" else None)
+            error = json.loads(body)["error"]
+            assert status == 404 and error["type"] == "NotFoundError" and "no such route" in error["message"]
+    finally:
+        release.set()
+        server.stop()
+        for s in stubs:
+            s.stop()

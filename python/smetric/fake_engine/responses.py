@@ -104,7 +104,9 @@ class ResponsesEndpoint:
         app = self.app
         body = await app._parse(request)
         items = body.get("input")
-        if not isinstance(items, str | list) or (isinstance(items, list) and not all(isinstance(i, dict) for i in items)):
+        if not isinstance(items, str | list) or (
+            isinstance(items, list) and not all(isinstance(i, dict) for i in items)
+        ):
             raise ApiError(400, "input must be a string or a list of items", "input")
         previous_id = body.get("previous_response_id")
         history: list[dict[str, Any]] = []

@@ -46,7 +46,9 @@ def lost_state(instance: str | None, cause: str) -> ProxyError:
         f"the stored response this request names lived on {where}: it is lost (no other instance holds it); "
         "send the whole conversation instead (store: false, no previous_response_id)"
     )
-    return ProxyError(404 if instance is None else 503, message, "NotFoundError" if instance is None else "ServiceUnavailableError", "previous_response_id")
+    if instance is None:
+        return ProxyError(404, message, "NotFoundError", "previous_response_id")
+    return ProxyError(503, message, "ServiceUnavailableError", "previous_response_id")
 
 
 class Failover:

@@ -161,9 +161,7 @@ class Proxy:
                 app.router.add_route(route.method, route.path, self._handler(api, route))
         return app
 
-    def _handler(
-        self, api: Api[Any], route: Route
-    ) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
+    def _handler(self, api: Api[Any], route: Route) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             return await self._handle(request, api, route)
 
@@ -180,7 +178,11 @@ class Proxy:
         except web.HTTPRequestEntityTooLarge:
             return self._respond(api.reject(RequestError.too_large(self.config.max_body_bytes)))
         try:
-            req = api.parse(raw) if route is None else api.parse_route(raw, route, request.match_info, request.query_string)
+            req = (
+                api.parse(raw)
+                if route is None
+                else api.parse_route(raw, route, request.match_info, request.query_string)
+            )
             model = api.model(req)
             if model is not None and self.fleet.models and model not in self.fleet.models:
                 raise RequestError.unknown_model(model)

@@ -115,6 +115,7 @@ class StreamState(ABC):
 
     def begin(self, instance: str) -> None:
         """An attempt at ``instance`` starts relaying into this stream (default: nothing)."""
+        return None
 
     def outgoing(self, chunk: bytes, events: list[bytes]) -> bytes:
         """What the client receives for ``chunk``, whose complete events :meth:`feed` returned

@@ -86,9 +86,10 @@ class PassThroughApi(Api[PassThroughRequest]):
         if route == UNKNOWN:
             path = "/" + params.get("path", "")
             raise RequestError(f"no such route: {path}", status=404, type="NotFoundError", code="not_found")
+        suffix = f"?{query}" if query else ""
         if "model_id" in params:
-            return PassThroughRequest("GET", f"/v1/models/{params['model_id']}", None)
-        return PassThroughRequest(route.method, route.path + (f"?{query}" if query else ""), _model_of(raw))
+            return PassThroughRequest("GET", f"/v1/models/{params['model_id']}{suffix}", None)
+        return PassThroughRequest(route.method, route.path + suffix, _model_of(raw))
 
     def model(self, request: PassThroughRequest) -> str | None:
         return request.model

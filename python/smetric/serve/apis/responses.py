@@ -140,9 +140,9 @@ def chat_messages(instructions: str | None, items: str | list[dict[str, Any]]) -
         elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append({"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")})
         elif item.get("role") == "assistant" and _first_text(item.get("content")) is not None:
-            text = _first_text(item.get("content"))
-            if not _merge(messages, "content", text):
-                messages.append({"role": "assistant", "content": text})
+            said = _first_text(item.get("content"))
+            if not _merge(messages, "content", said):
+                messages.append({"role": "assistant", "content": said})
         elif isinstance(item.get("role"), str):
             messages.append(item)
         else:
@@ -354,9 +354,13 @@ class ResponsesApi(Api[ResponsesRequest]):
 
     def relay_body(self, answer: bytes, instance: str) -> bytes:
         out = rewrite_ids(answer, self.ids, instance)
-        if b"not found" in out[:512]:
-            out = _NOT_FOUND.sub(lambda m: f"Response with id '{self.ids.issue(m.group(1), instance)}' not found", out.decode()).encode()
-        return out
+        if b"not found" not in out[:512]:
+            return out
+
+        def proxy_id(match: re.Match[str]) -> str:
+            return f"Response with id '{self.ids.issue(match.group(1), instance)}' not found"
+
+        return _NOT_FOUND.sub(proxy_id, out.decode(errors="replace")).encode()
 
     def output_tokens(self, answer: bytes) -> int:
         try:
