@@ -18,6 +18,7 @@ from aiohttp import web
 from proxy_util import TIMEOUT_S, Stub, request
 
 from smetric.fake_engine import FakeEngine
+from smetric.fake_engine.responses import input_messages
 from smetric.serve.apis.responses import ResponsesApi, ResponsesStream, chat_messages, rewrite_ids
 from smetric.serve.config import load_config
 from smetric.serve.pinning import ResponseIds, instance_tag
@@ -59,6 +60,20 @@ def test_input_items_become_the_chat_messages_vllm_renders() -> None:
         chat_messages(None, [{"type": "bogus"}])
     with pytest.raises(RequestError, match="Encrypted content"):
         chat_messages(None, [{"type": "reasoning", "encrypted_content": "x", "summary": []}])
+
+
+def test_the_proxy_and_the_fake_engine_convert_items_alike() -> None:
+    """Two conversions written apart (the proxy's, the fake engine's) agree on every item kind."""
+    items: list[dict[str, Any]] = [
+        {"type": "function_call", "call_id": "c0", "name": "f", "arguments": "{}"},  # opens a turn
+        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "think"}], "summary": []},
+        {"type": "function_call_output", "call_id": "c0", "output": "ok"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "again"}]},
+        {"role": "assistant", "content": "said"},
+        {"role": "assistant", "content": "said twice"},
+        {"type": "message", "role": "developer", "content": "dev"},
+    ]
+    assert chat_messages(None, json.loads(json.dumps(items))) == input_messages(json.loads(json.dumps(items)))
 
 
 def test_proxy_ids_carry_their_instance_and_cannot_be_forged() -> None:
