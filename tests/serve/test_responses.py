@@ -151,8 +151,7 @@ def decision(headers: Any) -> dict[str, str]:
 
 
 def test_the_openai_sdk_works_through_the_proxy_streamed_and_not_with_tools(fleet: list[FakeEngine]) -> None:
-    with proxy(fleet) as server:
-        sdk = client(server)
+    with proxy(fleet) as server, client(server) as sdk:
         whole = sdk.responses.create(model="fake-model", input="hello there", max_output_tokens=8)
         assert whole.status == "incomplete" and whole.output_text and whole.usage.output_tokens == 8
         assert whole.id.rsplit("-", 2)[1] in {instance_tag(e.url) for e in fleet}
@@ -181,8 +180,8 @@ def test_the_openai_sdk_works_through_the_proxy_streamed_and_not_with_tools(flee
 
 
 def test_first_turns_spread_and_follow_ups_stick_with_the_whole_history(fleet: list[FakeEngine]) -> None:
-    with proxy(fleet) as server:
-        raw = client(server).responses.with_raw_response
+    with proxy(fleet) as server, client(server) as sdk:
+        raw = sdk.responses.with_raw_response
         homes = {}
         histories: dict[int, list[Any]] = {}
         for s in range(6):
@@ -199,8 +198,8 @@ def test_first_turns_spread_and_follow_ups_stick_with_the_whole_history(fleet: l
 
 
 def test_a_previous_response_id_chain_alternates_replicas_then_fails_cleanly(fleet: list[FakeEngine]) -> None:
-    with proxy(fleet) as one, proxy(fleet) as two:
-        sdks = [client(one), client(two)]
+    with proxy(fleet) as one, proxy(fleet) as two, client(one) as first_sdk, client(two) as second_sdk:
+        sdks = [first_sdk, second_sdk]
         first = sdks[0].responses.create(model="fake-model", input="remember 7", max_output_tokens=4)
         home = first.id.rsplit("-", 2)[1]
         previous = first

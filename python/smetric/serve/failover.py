@@ -123,6 +123,7 @@ class Failover:
                     if state is not None and self.config.resume_streams:
                         continued = api.continuation(prepared, state, self.tokens)
                     if continued is None:
+                        self.telemetry.unresumed_streams += 1
                         return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
                     prepared = continued
                     self.telemetry.resumed_streams += 1
@@ -133,6 +134,7 @@ class Failover:
             finally:
                 upstream.release()
         if response is not None:
+            self.telemetry.unresumed_streams += 1
             return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
         return api.fail(
             ProxyError.unavailable(

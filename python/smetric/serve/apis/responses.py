@@ -32,6 +32,7 @@ May import: :mod:`smetric.serve.apis.base` and what it may, ``.pinning``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from array import array
@@ -164,18 +165,34 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
 
 class ResponsesStream(StreamState):
     """A Responses event stream: scans for the terminal event and the usage; rewrites the
-    engine's response ids to the proxy's."""
+    engine's response ids to the proxy's; after a cut, splices a continuation in
+    (:class:`Splice`)."""
 
-    __slots__ = ("_ids", "_instance", "deltas", "done", "finished", "output_tokens", "pending")
+    __slots__ = (
+        "_ids",
+        "_instance",
+        "deltas",
+        "done",
+        "events",
+        "finished",
+        "keep",
+        "output_tokens",
+        "pending",
+        "splice",
+    )
 
-    def __init__(self, ids: ResponseIds) -> None:
+    def __init__(self, ids: ResponseIds, *, keep: bool = False) -> None:
         self._ids = ids
         self._instance = ""
+        self.keep = keep
         self.pending = b""
         self.done = False
         self.finished = False
         self.deltas = 0
         self.output_tokens: int | None = None
+        self.events: list[bytes] = []
+        """The events relayed so far, as the client received them (kept for a continuation)."""
+        self.splice: Splice | None = None
 
     def begin(self, instance: str) -> None:
         self._instance = instance
@@ -192,22 +209,32 @@ class ResponsesStream(StreamState):
             self.deltas += 1
         elif any(kind in head for kind in TERMINAL_EVENTS):
             self.done = self.finished = True
-            data = event.partition(b"data:")[2]
             try:
-                usage = json.loads(data)["response"]["usage"]
+                usage = _data(event)["response"]["usage"]
                 self.output_tokens = int(usage["output_tokens"])
             except (ValueError, KeyError, TypeError):
                 pass
 
     def outgoing(self, chunk: bytes, events: list[bytes]) -> bytes:
-        return b"".join(rewrite_ids(event, self._ids, self._instance) + b"\n\n" for event in events)
+        out = []
+        for event in events:
+            if self.splice is not None:
+                spliced = self.splice.event(event)
+                if spliced is None:
+                    continue
+                event = spliced
+            event = rewrite_ids(event, self._ids, self._instance)
+            if self.keep:
+                self.events.append(event)
+            out.append(event + b"\n\n")
+        return b"".join(out)
 
     @property
     def tokens(self) -> int:
         return self.output_tokens if self.output_tokens is not None else self.deltas
 
     def drops_on_continuation(self, event: bytes) -> bool:
-        return False
+        return False  # the splice drops what repeats (in outgoing)
 
     def forget(self, event: bytes) -> None:
         return None
@@ -217,14 +244,156 @@ class ResponsesStream(StreamState):
         return b""
 
 
+def _data(event: bytes) -> Any:
+    """The decoded ``data:`` of one SSE event."""
+    return json.loads(event.partition(b"data:")[2])
+
+
+_DELTAS = {
+    "response.output_text.delta": "output_text",
+    "response.reasoning_text.delta": "reasoning_text",
+    "response.function_call_arguments.delta": "arguments",
+}
+_TEXT_DONE = ("response.output_text.done", "response.reasoning_text.done")
+
+
+@dataclass(slots=True)
+class _Item:
+    """One output item as the client received it."""
+
+    index: int
+    item: dict[str, Any]
+    """Its ``output_item.added`` item, then its ``output_item.done`` item."""
+    text: str = ""
+    """Its streamed text (a message's, a reasoning's) or arguments (a function call's)."""
+    done: bool = False
+
+    @property
+    def kind(self) -> str:
+        return str(self.item.get("type"))
+
+    def as_input(self, *, status: str) -> dict[str, Any]:
+        """The item as the next request's input (vLLM continues an ``in_progress`` last one)."""
+        if self.kind == "function_call":
+            return {k: self.item.get(k) for k in ("type", "call_id", "name", "arguments")}
+        if self.kind == "reasoning":
+            return {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": self.text}]}
+        return {
+            "type": "message",
+            "role": "assistant",
+            "status": status,
+            "content": [{"type": "output_text", "text": self.text, "annotations": []}],
+        }
+
+
+def received(events: list[bytes]) -> tuple[dict[str, Any] | None, list[_Item], int]:
+    """What the client has of a cut stream: the ``response.created`` response, the output
+    items, and the last sequence number. O(events)."""
+    response: dict[str, Any] | None = None
+    items: dict[int, _Item] = {}
+    sequence = -1
+    for event in events:
+        try:
+            data = _data(event)
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        kind = data.get("type")
+        sequence = max(sequence, data.get("sequence_number", sequence))
+        index = data.get("output_index")
+        if kind == "response.created":
+            response = data.get("response")
+        elif kind == "response.output_item.added" and isinstance(index, int):
+            items[index] = _Item(index, dict(data.get("item") or {}))
+        elif kind in _DELTAS and index in items:
+            items[index].text += str(data.get("delta") or "")
+        elif kind == "response.output_item.done" and index in items:
+            items[index].item, items[index].done = dict(data.get("item") or {}), True
+    return response, [items[i] for i in sorted(items)], sequence
+
+
+@dataclass(slots=True)
+class Splice:
+    """Turns a continuation's events into the rest of the client's stream: its opening and the
+    continued item's opening dropped, indices shifted after what the client has, the continued
+    item under its first id with its text so far prefixed to every ``done`` event, sequence
+    numbers following the client's, and the terminal event's response carrying the client's id
+    and every output item. O(event bytes) per event (each is decoded: continuation only)."""
+
+    response: dict[str, Any]
+    """The client's ``response.created`` response (its id already the proxy's)."""
+    before: list[_Item]
+    """The client's items; the last is the continued one when ``open``."""
+    open: bool
+    sequence: int
+    output_tokens: int
+
+    def _index(self, index: object) -> int:
+        base = len(self.before) - (1 if self.open else 0)
+        return base + (index if isinstance(index, int) else 0)
+
+    def event(self, event: bytes) -> bytes | None:
+        try:
+            data = _data(event)
+        except ValueError:
+            return None
+        kind = data.get("type")
+        if kind in ("response.created", "response.in_progress"):
+            return None
+        continued = self.before[-1] if self.open and data.get("output_index") == 0 else None
+        if continued is not None:
+            prefix = continued.text
+            if kind in ("response.output_item.added", "response.content_part.added"):
+                return None
+            data["item_id"] = continued.item.get("id")
+            if kind in _TEXT_DONE:
+                data["text"] = prefix + str(data.get("text") or "")
+            elif kind == "response.content_part.done" and isinstance(data.get("part"), dict):
+                data["part"]["text"] = prefix + str(data["part"].get("text") or "")
+            elif kind == "response.output_item.done":
+                data["item"] = _continued(continued, data.get("item"))
+                data.pop("item_id")
+        if "output_index" in data:
+            data["output_index"] = self._index(data["output_index"])
+        if kind is not None and kind.encode() in TERMINAL_EVENTS and isinstance(data.get("response"), dict):
+            data["response"] = self._final(data["response"])
+        self.sequence += 1
+        data["sequence_number"] = self.sequence
+        return f"event: {kind}\ndata: ".encode() + json.dumps(data, separators=(",", ":")).encode()
+
+    def _final(self, answer: dict[str, Any]) -> dict[str, Any]:
+        output = [item.item for item in self.before[: len(self.before) - (1 if self.open else 0)]]
+        rest = list(answer.get("output") or [])
+        if self.open and rest:
+            rest[0] = _continued(self.before[-1], rest[0])
+        usage = answer.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
+            usage["output_tokens"] += self.output_tokens
+            if isinstance(usage.get("total_tokens"), int):
+                usage["total_tokens"] += self.output_tokens
+        keep = {k: v for k, v in answer.items() if k not in ("id", "created_at", "output", "previous_response_id")}
+        return {**self.response, **keep, "output": output + rest}
+
+
+def _continued(first: _Item, item: object) -> dict[str, Any]:
+    """The continued item's ``done`` form: the first attempt's id and text so far in front."""
+    out = dict(item) if isinstance(item, dict) else {}
+    out["id"] = first.item.get("id")
+    content = out.get("content")
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        content[0] = {**content[0], "text": first.text + str(content[0].get("text") or "")}
+    return out
+
+
 def rewrite_ids(data: bytes, ids: ResponseIds, instance: str) -> bytes:
     """``data`` with every ``id`` / ``previous_response_id`` that names a response of
     ``instance`` (``resp_…``) replaced by the proxy's id for it."""
 
     def proxy_id(match: re.Match[bytes]) -> bytes:
         key, value = match.group(1), match.group(2).decode()
-        if not value.startswith("resp_") and key == b"id":
-            return match.group(0)  # an item's id (msg_…, fc_…, rs_…)
+        if (not value.startswith("resp_") and key == b"id") or ids.open(value) is not None:
+            return match.group(0)  # an item's id (msg_…, fc_…, rs_…), or already the proxy's
         return b'"' + key + b'":"' + ids.issue(value, instance).encode() + b'"'
 
     return _ID_FIELD.sub(proxy_id, data)
@@ -350,7 +519,7 @@ class ResponsesApi(Api[ResponsesRequest]):
         )
 
     def stream(self, *, keep: bool) -> ResponsesStream:
-        return ResponsesStream(self.ids)
+        return ResponsesStream(self.ids, keep=keep)
 
     def relay_body(self, answer: bytes, instance: str) -> bytes:
         out = rewrite_ids(answer, self.ids, instance)
@@ -373,7 +542,47 @@ class ResponsesApi(Api[ResponsesRequest]):
     def continuation(
         self, prepared: Prepared[ResponsesRequest], state: StreamState, source: TokenSource
     ) -> Prepared[ResponsesRequest] | None:
-        return None
+        """The request that continues a cut stream on another instance: the input plus every
+        item the client received, the last one ``in_progress`` when it was cut inside a message
+        or a reasoning (vLLM then continues that message). None — the stream ends with
+        ``response.failed`` — when it cannot be continued faithfully: cut inside a function
+        call's arguments or in structured output (``text.format`` a JSON schema or object: a
+        fresh decoder would restart the schema), a follow-up of a stored response (its history
+        lived on the failed instance), or a second cut."""
+        request = prepared.request
+        if not isinstance(state, ResponsesStream) or not state.keep or state.splice is not None:
+            return None
+        if request.body is None or request.pin is not None:
+            return None
+        response, items, sequence = received(state.events)
+        if response is None:
+            return None
+        body = dict(request.body)
+        text_format = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+        structured = isinstance(text_format, dict) and text_format.get("type") in ("json_schema", "json_object")
+        if structured and any(item.kind == "message" for item in items):
+            return None
+        open_item = items[-1] if items and not items[-1].done else None
+        if open_item is not None and open_item.kind not in ("message", "reasoning"):
+            return None
+        items_in = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
+        done = [item.as_input(status="completed") for item in items if item.done]
+        tail = [] if open_item is None else [open_item.as_input(status="in_progress")]
+        body.update(input=[*items_in, *done, *tail], stream=True, store=False)
+        if isinstance(body.get("max_output_tokens"), int):
+            body["max_output_tokens"] = max(1, body["max_output_tokens"] - state.deltas)
+        continued = self.parse(json.dumps(body).encode())
+        if open_item is not None and continued.chat is not None:
+            chat = dataclasses.replace(continued.chat, add_generation_prompt=False, continue_final_message=True)
+            continued = dataclasses.replace(continued, chat=chat)
+        state.splice = Splice(response, items, open_item is not None, sequence, state.tokens)
+        state.done = state.finished = False
+        assert continued.chat is not None
+        tokens = source.routing_tokens(continued.chat)
+        chat = continued.chat
+        return Prepared(
+            continued, self.path, json.dumps(body).encode(), tokens, None, chat.model, chat.messages, chat.namespace
+        )
 
     def reject(self, error: RequestError) -> web.Response:
         return web.json_response(error.body(), status=error.status)
