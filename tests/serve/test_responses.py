@@ -18,7 +18,7 @@ from aiohttp import web
 from proxy_util import TIMEOUT_S, Stub, request
 
 from smetric.fake_engine import FakeEngine
-from smetric.fake_engine.responses import input_messages
+from smetric.fake_engine.responses import RESPONSES, input_messages
 from smetric.serve.apis.responses import ResponsesApi, ResponsesStream, chat_messages, rewrite_ids
 from smetric.serve.config import load_config
 from smetric.serve.pinning import ResponseIds, instance_tag
@@ -297,3 +297,35 @@ def test_the_rest_of_vllms_surface_passes_through_to_the_least_loaded_instance()
         server.stop()
         for s in stubs:
             s.stop()
+
+
+def test_responses_in_pd_mode_prefill_then_decode_and_a_stored_chain_stays_on_its_decode_instance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")
+    ps = [FakeEngine(port=0, role="prefill", speedup=1000).start() for _ in range(2)]
+    ds = [FakeEngine(port=0, role="decode", speedup=1000).start() for _ in range(2)]
+    cfg = load_config(
+        prefill=[e.url for e in ps], decode=[e.url for e in ds], port=0, engine_load=False, response_id_key=KEY
+    )
+    try:
+        with ProxyServer(cfg) as server, client(server) as sdk:
+            raw = sdk.responses.with_raw_response.create(
+                model="fake-model", input="agent context " * 100, max_output_tokens=4
+            )
+            first = raw.parse()
+            d = decision(raw.headers)
+            assert d["prefill"] in [e.url for e in ps] and d["instance"] in [e.url for e in ds]
+            assert first.usage.input_tokens_details.cached_tokens > 0, "the decode instance pulled the KV"
+            assert first.id.rsplit("-", 2)[1] == instance_tag(d["instance"]), "stored where it was decoded"
+            assert all(not e.stack.app[RESPONSES].responses for e in ps), "a prefill leg stores nothing"
+            follow = sdk.responses.create(
+                model="fake-model", input="go on", previous_response_id=first.id, max_output_tokens=4, stream=True
+            )
+            events = list(follow)
+            assert events[-1].type == "response.incomplete"
+            assert events[-1].response.id.rsplit("-", 2)[1] == instance_tag(d["instance"])
+            assert sdk.responses.retrieve(first.id).output_text == first.output_text
+    finally:
+        for engine in ps + ds:
+            engine.stop()

@@ -17,6 +17,9 @@
   "Cannot cancel a synchronous response." for a finished one); an id the store does not hold is
   vLLM's 404 ``Response with id '…' not found.`` (``param: response_id``). vLLM 0.32 has no
   ``DELETE`` route: aiohttp answers 405, as vLLM's FastAPI does.
+* Disaggregated prefill (``--role prefill|decode``): ``kv_transfer_params`` as on chat
+  (:mod:`.pd`) — a prefill holds its KV and answers the parameters at the top level of the
+  response object, as vLLM's response object carries them; a decode pulls first.
 
 Errors in OpenAI's shape, as :class:`~smetric.fake_engine.server.ApiError` writes them
 (:class:`ResponsesError`; this module imports nothing of the server, which imports it).
@@ -33,12 +36,17 @@ from typing import Any
 from aiohttp import web
 
 from .engine import Request
+from .pd import KvTransferError
 from .tokens import default_output_tokens, filler, render_chat
 
-__all__ = ["STORE_SWITCH", "ResponsesEndpoint", "ResponsesError", "input_messages"]
+__all__ = ["RESPONSES", "STORE_SWITCH", "ResponsesEndpoint", "ResponsesError", "input_messages"]
 
 STORE_SWITCH = "VLLM_ENABLE_RESPONSES_API_STORE"
 """vLLM's environment switch of its response store."""
+
+
+RESPONSES: web.AppKey[ResponsesEndpoint] = web.AppKey("smetric.fake_engine.responses", None)
+"""Where an engine's app keeps its :class:`ResponsesEndpoint` (tests read its store)."""
 
 
 def _dumps(obj: object) -> str:
@@ -124,7 +132,10 @@ class ResponsesEndpoint:
         self.responses: dict[str, dict[str, Any]] = {}
         self.messages: dict[str, list[dict[str, Any]]] = {}
 
-    def add_routes(self, router: web.UrlDispatcher) -> None:
+    def install(self, app: web.Application) -> None:
+        """Adds the routes to ``app``, and this endpoint as ``app[RESPONSES]`` (its store)."""
+        app[RESPONSES] = self
+        router = app.router
         router.add_post("/v1/responses", self._guard(self.create))
         router.add_get("/v1/responses/{response_id}", self._guard(self.retrieve))
         router.add_post("/v1/responses/{response_id}/cancel", self._guard(self.cancel))
@@ -220,7 +231,23 @@ class ResponsesEndpoint:
             "error": None,
             "incomplete_details": None,
         }
-        r = Request(tokens=tokens, output_tokens=output, hashes=app.engine.cache.hash_prompt(tokens, app._lora(body)))
+        params = body.get("kv_transfer_params")
+        if params is not None and not isinstance(params, dict):
+            raise ResponsesError(400, "kv_transfer_params must be an object", "kv_transfer_params")
+        remote_decode = app.config.prefill is not None and bool(params and params.get("do_remote_decode"))
+        if remote_decode and body.get("stream"):
+            raise ResponsesError(400, "a prefill for remote decode is not streamed (stream=false)", "stream")
+        if app.config.decode is not None and params and params.get("do_remote_prefill"):
+            try:
+                await app.config.decode.pull(params, tokens)
+            except KvTransferError as e:
+                raise ResponsesError(400, f"kv_transfer_params refused: {e}", "kv_transfer_params") from None
+        r = Request(
+            tokens=tokens,
+            output_tokens=output,
+            hashes=app.engine.cache.hash_prompt(tokens, app._lora(body)),
+            hold=remote_decode,
+        )
         if store:
             self.messages[rid] = messages
         try:
@@ -237,6 +264,8 @@ class ResponsesEndpoint:
         if r.aborted or r.generated < r.output_tokens:
             raise ResponsesError(500, "the engine stopped before the request finished")
         response = self._final(base, r, "".join(filler(i) for i in range(r.generated)), incomplete)
+        if remote_decode and r.alloc is not None:
+            response["kv_transfer_params"] = app.config.prefill.hold(rid, r.alloc, tokens)
         if store:
             self.responses[rid] = response
         return web.json_response(response, dumps=_dumps)

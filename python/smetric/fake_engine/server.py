@@ -120,7 +120,7 @@ class FakeEngineApp:
         app = web.Application(client_max_size=64 << 20)
         app.router.add_post("/v1/chat/completions", self._handler(chat=True))
         app.router.add_post("/v1/completions", self._handler(chat=False))
-        ResponsesEndpoint(self).add_routes(app.router)
+        ResponsesEndpoint(self).install(app)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)

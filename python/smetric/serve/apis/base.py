@@ -70,6 +70,10 @@ class Prepared(Generic[R]):
     pin: str | None = None
     """The instance tag (:func:`smetric.serve.pinning.instance_tag`) of the one instance that
     can serve it (it holds state the request names, e.g. a stored response), or None."""
+    prefill_overrides: Mapping[str, Any] | None = None
+    """Body fields a PD prefill-only copy sets besides the generic ones (Responses: its own
+    output limit ``max_output_tokens`` and ``store: false``), so the PD backend needs no
+    knowledge of the API."""
 
 
 @dataclass(frozen=True, slots=True)

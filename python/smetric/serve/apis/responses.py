@@ -38,6 +38,7 @@ import re
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 from aiohttp import web
@@ -55,6 +56,9 @@ __all__ = ["ResponsesApi", "ResponsesRequest", "ResponsesStream", "chat_messages
 Operation = Literal["create", "retrieve", "delete", "cancel"]
 TERMINAL_EVENTS = (b"response.completed", b"response.failed", b"response.incomplete")
 """The event types that end a Responses stream."""
+PREFILL_OVERRIDES = MappingProxyType({"max_output_tokens": 1, "store": False})
+"""A PD prefill leg generates one token and stores nothing (vLLM's store never evicts: a stored
+prefill-only response would stay on the prefill instance for good)."""
 _ID_FIELD = re.compile(rb'"(id|previous_response_id)":\s*"([^"\\]+)"')
 _NOT_FOUND = re.compile(r"Response with id '([^']+)' not found")
 
@@ -515,7 +519,18 @@ class ResponsesApi(Api[ResponsesRequest]):
         chat = request.chat
         messages = None if request.pin is not None else chat.messages
         return Prepared(
-            request, self.path, body, tokens, turn, chat.model, messages, chat.namespace, "POST", True, request.pin
+            request,
+            self.path,
+            body,
+            tokens,
+            turn,
+            chat.model,
+            messages,
+            chat.namespace,
+            "POST",
+            True,
+            request.pin,
+            PREFILL_OVERRIDES,
         )
 
     def stream(self, *, keep: bool) -> ResponsesStream:
@@ -581,7 +596,15 @@ class ResponsesApi(Api[ResponsesRequest]):
         tokens = source.routing_tokens(continued.chat)
         chat = continued.chat
         return Prepared(
-            continued, self.path, json.dumps(body).encode(), tokens, None, chat.model, chat.messages, chat.namespace
+            continued,
+            self.path,
+            json.dumps(body).encode(),
+            tokens,
+            None,
+            chat.model,
+            chat.messages,
+            chat.namespace,
+            prefill_overrides=PREFILL_OVERRIDES,
         )
 
     def reject(self, error: RequestError) -> web.Response:

@@ -68,9 +68,10 @@ REMOTE_DECODE_PARAMS: dict[str, Any] = {
 """What the prefill request carries (vLLM's NIXL proxy)."""
 
 
-def prefill_body(body: Mapping[str, Any]) -> bytes:
-    """The prefill instance's copy of a request body."""
+def prefill_body(body: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> bytes:
+    """The prefill instance's copy of a request body (``overrides``: the API's own fields)."""
     out = dict(body)
+    out.update(overrides or {})
     out["kv_transfer_params"] = dict(REMOTE_DECODE_PARAMS)
     out["stream"] = False
     out["max_tokens"] = 1
@@ -167,7 +168,9 @@ class PdBackend(Backend):
         original = json.loads(prepared.body)
         # The prefill leg has no lifecycle of its own: its failure aborts the whole attempt.
         prefill = Attempt(d.prefill_instance, attempt.header, abort=attempt.abort)
-        opened = await self._upstream.post(prefill, prepared.path, prefill_body(original), prefill_headers(headers))
+        opened = await self._upstream.post(
+            prefill, prepared.path, prefill_body(original, prepared.prefill_overrides), prefill_headers(headers)
+        )
         if isinstance(opened, Refused):
             return opened
         answer_of_p = opened.upstream
