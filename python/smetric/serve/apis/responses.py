@@ -159,12 +159,13 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     """Responses' function tools in chat's form (what a chat template is given)."""
     if tools is None:
         return None
-    out = []
-    for tool in tools:
-        if tool.get("type") == "function":
-            function = {k: tool.get(k) for k in ("name", "description", "parameters") if k in tool}
-            out.append({"type": "function", "function": function})
-    return out
+    # vLLM validates every field but the type into its FunctionDefinition, which keeps extra
+    # fields (``strict``), and the template is given its dump.
+    return [
+        {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+        for tool in tools
+        if tool.get("type") == "function"
+    ]
 
 
 class ResponsesStream(StreamState):
