@@ -3,7 +3,7 @@ its lifecycle.
 
 A request's path through :mod:`smetric.serve` (``docs/architecture.md`` draws it):
 
-1. **here**: the routes table (one route per API adapter of :data:`smetric.serve.apis.APIS`, and
+1. **here**: the routes table (the routes each API adapter of :data:`smetric.serve.apis.APIS` names, and
    ``/v1/models``, ``/health``, ``/metrics``, ``/admin/instances``); the body read (bounded),
    parsed by the API's adapter, checked against the fleet's models, and turned into routing
    tokens (BPE off the event loop) and a :class:`~smetric.serve.apis.base.Prepared` request;
