@@ -19,6 +19,7 @@ from proxy_util import TIMEOUT_S, Stub, request
 
 from smetric.fake_engine import FakeEngine
 from smetric.fake_engine.responses import RESPONSES, input_messages
+from smetric.serve.apis.base import Route
 from smetric.serve.apis.responses import ResponsesApi, ResponsesStream, chat_messages, rewrite_ids
 from smetric.serve.config import load_config
 from smetric.serve.pinning import ResponseIds, instance_tag
@@ -101,6 +102,43 @@ def test_a_follow_up_of_a_stored_response_is_pinned_and_forwarded_with_the_engin
     with pytest.raises(RequestError) as e:
         api.parse(forged)
     assert e.value.status == 404 and "not found" in e.value.message
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        (b"[1]", None),
+        (b'{"model": "m"}', "input"),
+        (b'{"input": 3}', "input"),
+        (b'{"input": ["x"]}', "input"),
+        (b'{"input": [{"type": "bogus"}]}', "input"),
+        (b'{"input": [{"type": "function_call", "call_id": "c"}]}', "input"),
+        (b'{"input": "x", "tools": {}}', "tools"),
+        (b'{"input": "x", "max_output_tokens": 0}', "max_output_tokens"),
+        (b'{"input": "x", "stream": "yes"}', "stream"),
+        (b'{"input": "x", "previous_response_id": 7}', "previous_response_id"),
+    ],
+)
+def test_bad_bodies_are_400s_in_openais_shape(body: bytes, param: str | None) -> None:
+    api = ResponsesApi(ResponseIds(KEY))
+    with pytest.raises(RequestError) as e:
+        api.parse(body)
+    assert e.value.status == 400 and e.value.param == param
+    answer = api.reject(e.value)
+    assert answer.status == 400 and answer.body is not None
+    assert json.loads(bytes(answer.body))["error"]["param"] == param
+
+
+def test_a_stored_responses_route_with_a_forged_id_is_vllms_404() -> None:
+    api = ResponsesApi(ResponseIds(KEY))
+    for route in api.routes()[1:]:
+        with pytest.raises(RequestError) as e:
+            api.parse_route(b"", route, {"response_id": "resp_guess"}, "")
+        assert e.value.status == 404 and e.value.message == "Response with id 'resp_guess' not found."
+    good = api.ids.issue("resp_1", A)
+    get = api.parse_route(b"", Route("GET", "/v1/responses/{response_id}"), {"response_id": good}, "stream=true")
+    assert get.engine_path == "/v1/responses/resp_1?stream=true" and get.pin == instance_tag(A)
 
 
 def test_answers_and_stream_events_show_the_proxys_ids() -> None:
