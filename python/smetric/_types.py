@@ -52,7 +52,19 @@ __all__ = [
 
 # --- strings ---------------------------------------------------------------------------------------
 
-PolicyName: TypeAlias = Literal["round_robin", "least_load", "cache_first", "linear", "lmetric", "lpwl", "smetric"]
+PolicyName: TypeAlias = Literal[
+    "round_robin",
+    "least_load",
+    "cache_first",
+    "linear",
+    "lmetric",
+    "lpwl",
+    "llmd_prefix_load",
+    "dynamo_host_tier",
+    "bailian_top3",
+    "vllm_router_smetric",
+    "smetric",
+]
 """A routing policy (``smetric.POLICIES`` lists them in report order)."""
 
 IndexMode: TypeAlias = Literal["approximate", "exact"]
@@ -85,6 +97,9 @@ Reason: TypeAlias = Literal[
     "linear",
     "lmetric",
     "lpwl",
+    "llmd-prefix-load",
+    "dynamo-host-tier",
+    "bailian-top3",
     "first-turn: least-loaded",
     "follow-up: sticky",
     "follow-up: migrate (local KV$ evicted)",
