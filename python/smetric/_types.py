@@ -113,9 +113,10 @@ Reason: TypeAlias = Literal[
 ArrivalKind: TypeAlias = Literal["closed_loop", "open_loop", "gated_open_loop"]
 """How a simulated workload's requests arrive (``Workload.arrival``)."""
 
-TraceFormat: TypeAlias = Literal["weka", "bailian", "mooncake", "azure", "synthetic"]
+TraceFormat: TypeAlias = Literal["weka", "bailian", "mooncake", "azure", "synthetic", "codex"]
 """Trace formats :func:`smetric._core.load_workload` reads (``"synthetic"``: generated agent
-sessions, no file)."""
+sessions, no file; ``"codex"``: sessions generated from the Codex SWE-bench Pro trace's published
+statistics, no file, ``docs/codex-workload.md``)."""
 
 TierPath: TypeAlias = Literal["lmcache", "mooncake-store", "cpu-offload"]
 """``SimConfig.global_tier.path``: how KV moves to and from the global tier — LMCache's connector
