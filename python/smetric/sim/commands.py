@@ -500,8 +500,9 @@ def register(sub: Any) -> None:
     sweep.add_argument(
         "--until-collapse",
         action="store_true",
+        # `%` doubled: argparse formats help strings with `%`.
         help=f"extend each policy's ladder past --loads, x{LADDER_STEP:g} a rung, until its attainment falls below "
-        f"{COLLAPSE_ATTAINMENT:.0%} under every SLO (or --max-extra-rungs), so that every peak is bracketed",
+        f"{COLLAPSE_ATTAINMENT:.0%}% under every SLO (or --max-extra-rungs), so that every peak is bracketed",
     )
     sweep.add_argument(
         "--ladder-step",
