@@ -1,9 +1,9 @@
 //! `dynamo_host_tier`: NVIDIA Dynamo's KV-router cost with its tiered overlap credit, the form
 //! the SMetric paper's authors ran as a baseline (arXiv 2607.08565 v2; their port is
 //! `python/ssched/scheduler/policy/external.py`, class `DynamoPrefillRouter`, in
-//! `clateral912/smetric-router-repro`, after `ai-dynamo/dynamo`'s `KvRouterConfig::default()`
-//! and its selector). Beside it, `linear` is the same cost with every cached token free and
-//! the global tier ignored.
+//! `clateral912/smetric-router-repro`, which ports `ai-dynamo/dynamo`'s selector at
+//! `KvRouterConfig::default()`; this file follows the port). Beside it, `linear` is the same
+//! cost with every cached token free and the global tier ignored.
 //!
 //! Algorithm, prompt of `n` tokens, blocks of `B`, on instance `i` with queued uncached prompt
 //! tokens `q_i`, local hit `L_i`, global-tier hit `G`, in-flight prompt tokens `a_i`:

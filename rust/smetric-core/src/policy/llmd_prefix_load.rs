@@ -1,8 +1,9 @@
 //! `llmd_prefix_load`: llm-d's prefix + load scorer profile, as the SMetric paper's authors
 //! ran it as a baseline (arXiv 2607.08565 v2; their port is `python/ssched/scheduler/policy/
-//! external.py`, class `LlmdPrefixLoad`, in `clateral912/smetric-router-repro`, frozen at
-//! llm-d-inference-scheduler `08dce7a`; upstream scorers in `llm-d/llm-d-inference-scheduler`,
-//! the prefix-cache, kv-cache-utilization and queue scorers of its sample profile).
+//! external.py`, class `LlmdPrefixLoad`, in `clateral912/smetric-router-repro`, which ports
+//! the prefix-cache, kv-cache-utilization and queue scorers of `llm-d/llm-d-inference-scheduler`
+//! at `08dce7a` with the sample profile's weights; this file follows the port, whose reading of
+//! upstream was not re-checked against the Go source).
 //!
 //! Algorithm: three scores in [0, 1] per instance, summed with the profile's weights 2 : 1 : 1,
 //! and the highest total wins (llm-d's max-score picker: ties at random):
