@@ -85,6 +85,10 @@ COMBOS: tuple[tuple[str, str, str], ...] = tuple(
         ("linear", "weighted"),
         ("lmetric", "weighted"),
         ("lpwl", "weighted"),
+        ("llmd_prefix_load", "weighted"),
+        ("dynamo_host_tier", "weighted"),
+        ("bailian_top3", "weighted"),
+        ("vllm_router_smetric", "weighted"),
         ("smetric", "weighted"),
         ("smetric", "weighted"),  # the policy this project is about gets twice the streams
     )

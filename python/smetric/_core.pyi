@@ -561,18 +561,22 @@ def load_workload(
     shared_prefix: bool = True,
     gate_on_parent: bool = False,
     synthetic: dict[str, Any] | None = None,
+    codex: dict[str, Any] | None = None,
 ) -> Workload:
     """Loads a trace file (or, for ``"weka"``, several files as one workload).
 
     Arguments:
         paths: the trace file(s): JSON Lines, gzipped or not.
-        format: ``"weka"``, ``"bailian"``, ``"mooncake"``, ``"azure"`` or ``"synthetic"`` (the
-            generated agent sessions; no file: ``paths`` must be empty).
+        format: ``"weka"``, ``"bailian"``, ``"mooncake"``, ``"azure"``, ``"synthetic"`` (the
+            generated agent sessions) or ``"codex"`` (sessions generated from the Codex SWE-bench
+            Pro trace's published statistics); the last two read no file: ``paths`` must be empty.
         coarsen: Weka only: keep every ``coarsen``-th 64-token id (block = 64·coarsen tokens).
         shared_prefix: Weka only: share the tool + system-prompt blocks across sessions.
         gate_on_parent: Bailian only: a child request also waits for its parent to finish.
         synthetic: ``"synthetic"`` only: generator options (keys of :func:`synthetic_defaults`)
             overriding the defaults.
+        codex: ``"codex"`` only: ``sessions`` (610), ``seed`` (0), ``block_tokens`` (256),
+            ``max_context_tokens`` (``None``: the engine's window minus 16,384).
 
     Raises:
         TraceFormatError: a bad record (``path`` and 1-based ``line``).

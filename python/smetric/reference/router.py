@@ -22,7 +22,19 @@ from .index import GLOBAL, KvIndex
 from .load import InstanceLoad, RequestRecord, apply_finished, apply_prefilled, apply_routed, prefill_work
 from .policies import Candidate, CounterRng, RouteInput
 
-POLICIES = ("round_robin", "least_load", "cache_first", "linear", "lmetric", "lpwl", "smetric")
+POLICIES = (
+    "round_robin",
+    "least_load",
+    "cache_first",
+    "linear",
+    "lmetric",
+    "lpwl",
+    "llmd_prefix_load",
+    "dynamo_host_tier",
+    "bailian_top3",
+    "vllm_router_smetric",
+    "smetric",
+)
 TIERS = ("local", "global")
 AUTO_REQUEST_ID_BASE = 1 << 63  # §8: generated request ids are 2^63, 2^63 + 1, ...
 FOLLOW_UP_ROLES = frozenset({"assistant", "tool", "function", "ipython"})  # §4.2
@@ -268,8 +280,11 @@ class ReferenceRouter:
             rate = cfg.smetric_drain_rate
             if rate is None:
                 rate = s.load.drain.learned if s.load.drain.learned is not None else cfg.smetric_drain_rate_fallback
+            peer_rate = cfg.smetric_drain_rate if cfg.smetric_drain_rate is not None else s.load.drain.peer_p90
             cands.append(
-                Candidate(local_hit, bs_eff, waiting_eff, s.load.queued, s.load.active, s.load.queued_work, rate)
+                Candidate(
+                    local_hit, bs_eff, waiting_eff, s.load.queued, s.load.active, s.load.queued_work, rate, peer_rate
+                )
             )
         req = RouteInput(n=n, global_hit=global_hit, block_size=self._block_size, first_turn=first_turn)
         pos, reason = self._choose(cands, req)
@@ -330,6 +345,14 @@ class ReferenceRouter:
                 return policies.lmetric(cands, req, rng)
             case "lpwl":
                 return policies.lpwl(cands, req, rng)
+            case "llmd_prefix_load":
+                return policies.llmd_prefix_load(cands, req, cfg.local_capacity_blocks, rng)
+            case "dynamo_host_tier":
+                return policies.dynamo_host_tier(cands, req, cfg.linear_prefill_weight, rng)
+            case "bailian_top3":
+                return policies.bailian_top3(cands, req, rng)
+            case "vllm_router_smetric":
+                return policies.vllm_router_smetric(cands, req, cfg, rng)
             case _ if cfg.smetric_rule == "v2":
                 return policies.smetric_paper(cands, req, cfg, rng)
             case _:
@@ -360,6 +383,8 @@ class ReferenceRouter:
             cfg.smetric_drain_window,
             cfg.smetric_drain_min_samples,
         )
+        if self._policy == "vllm_router_smetric":
+            load.drain.record_own_work(record.work, max(now_ms - record.routed_ms, 0))
         return True
 
     def _finish(self, request_id: int | str) -> bool:

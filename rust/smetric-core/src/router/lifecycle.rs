@@ -22,6 +22,7 @@ use super::Router;
 use crate::error::Result;
 use crate::ids::RequestId;
 use crate::load::InstanceLoad;
+use crate::policy::PolicyKind;
 
 /// What a routed request added to its instance's counters.
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +91,11 @@ impl Router {
             self.config.smetric_drain_window as usize,
             self.config.smetric_drain_min_samples as usize,
         );
+        if self.kind == PolicyKind::VllmRouterSmetric {
+            // Only that peer reads vllm-router's estimator: no other router pays for its sort.
+            load.drain
+                .record_own_work(rec.work, now_ms.saturating_sub(rec.routed_ms));
+        }
         true
     }
 
