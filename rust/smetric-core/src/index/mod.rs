@@ -157,6 +157,8 @@ pub struct IndexStats {
     pub evictions: u64,
     /// Sent, not yet confirmed blocks per instance slot (§2.7; expired ones not yet purged count).
     pub pending_blocks: Vec<usize>,
+    /// Answer credits per instance slot (§2.7; expired ones not yet purged count).
+    pub answer_credits: Vec<usize>,
 }
 
 /// The two-tier index. Not synchronised: the router wraps it in a mutex.
@@ -219,9 +221,22 @@ impl KvIndex {
     /// Makes the blocks sent to an instance ([`KvIndex::send_queried`]) count as present there
     /// for `ttl_ms` or until an event confirms or evicts them, at most `local_capacity` per
     /// instance (docs §2.7). `ttl_ms = 0` turns it off (the default).
-    pub fn enable_pending(&mut self, ttl_ms: u64) {
+    ///
+    /// With `answers`, a finished request's answer counts there too
+    /// ([`KvIndex::credit_answer`], docs §2.7 "The answer").
+    pub fn enable_pending(&mut self, ttl_ms: u64, answers: bool) {
         let cap = usize::try_from(self.limits.local_capacity).unwrap_or(usize::MAX);
-        self.pending = PendingBlocks::new(ttl_ms, cap);
+        self.pending = PendingBlocks::new(ttl_ms, cap, answers);
+    }
+
+    /// Exact mode's record of a finished request (docs §2.7, "The answer"): on `slot`, a chain
+    /// matched through `anchor` (the request's last full prompt block) counts up to `blocks`
+    /// more of its own blocks (the answer's full blocks), until the events confirm them, evict
+    /// `anchor`, or the pending TTL passes. Nothing unless sent blocks and answer credits are on.
+    pub fn credit_answer(&mut self, slot: u32, anchor: BlockHash, blocks: u32, now_ms: u64) {
+        if self.is_live(slot) {
+            self.pending.credit(slot, anchor, blocks, now_ms);
+        }
     }
 
     fn global_enabled(&self) -> bool {
@@ -657,6 +672,7 @@ impl KvIndex {
                 if !self.pending.is_empty() {
                     // The engine stored them: they are confirmed, no longer only sent.
                     self.pending.end(s, run);
+                    self.pending.confirm_credits(s, run, parent);
                 }
             }
             Holder::Global => {}
@@ -712,8 +728,10 @@ impl KvIndex {
                 return;
             }
             if !self.pending.is_empty() {
-                // Evicted by the engine: a sent block stops counting too.
+                // Evicted by the engine: a sent block stops counting too, and so does an
+                // answer past an evicted anchor (vLLM frees a chain tail first).
                 self.pending.end(s, hashes);
+                self.pending.end_credits(s, hashes);
             }
         }
         for &h in hashes {
@@ -760,6 +778,9 @@ impl KvIndex {
             evictions: self.evictions,
             pending_blocks: (0..self.instances.len() as u32)
                 .map(|s| if self.is_live(s) { self.pending.len(s) } else { 0 })
+                .collect(),
+            answer_credits: (0..self.instances.len() as u32)
+                .map(|s| if self.is_live(s) { self.pending.credits_len(s) } else { 0 })
                 .collect(),
         }
     }

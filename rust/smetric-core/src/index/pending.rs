@@ -57,11 +57,30 @@ struct Mark {
     has_child: bool,
 }
 
+/// A finished request's answer, credited on its instance (docs §2.7, "The answer").
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Credit {
+    /// Full blocks of the answer past the anchor (the request's last full prompt block).
+    pub(crate) blocks: u32,
+    /// The credit stops counting at this time (ms).
+    deadline_ms: u64,
+    /// Finish order on its instance: the credit FIFO item with this stamp is the current one.
+    stamp: u64,
+}
+
 #[derive(Debug, Default)]
 struct SlotPending {
     marks: MixMap<u64, Mark>,
     fifo: VecDeque<(u64, u64)>,
     next_stamp: u64,
+    /// Answer credits by anchor hash, and their FIFO of (stamp, anchor) in finish order.
+    credits: MixMap<u64, Credit>,
+    credit_fifo: VecDeque<(u64, u64)>,
+    /// Σ `blocks` of the credits in the map (expired ones included until purged).
+    credit_blocks: usize,
+    /// The largest `blocks` of any credit since the map was last empty: how far back from
+    /// its match end a query looks for an anchor.
+    credit_reach: u32,
 }
 
 impl SlotPending {
@@ -102,6 +121,49 @@ impl SlotPending {
             self.fifo
                 .retain(|&(stamp, hash)| marks.get(&hash).is_some_and(|m| m.stamp == stamp));
         }
+        if self.credit_fifo.len() > 2 * self.credits.len() + COMPACT_SLACK {
+            let credits = &self.credits;
+            self.credit_fifo
+                .retain(|&(stamp, hash)| credits.get(&hash).is_some_and(|c| c.stamp == stamp));
+        }
+    }
+
+    /// Drops the credit anchored at `anchor`, if any (its FIFO item goes stale).
+    fn drop_credit(&mut self, anchor: u64) {
+        if let Some(c) = self.credits.remove(&anchor) {
+            self.credit_blocks -= c.blocks as usize;
+            if self.credits.is_empty() {
+                self.credit_reach = 0;
+            }
+        }
+    }
+
+    /// Drops, least recently finished first, the credits whose deadline has passed, up to
+    /// the first that has not (memory hygiene: lookups check deadlines themselves).
+    fn purge_credits(&mut self, now_ms: u64) {
+        while let Some(&(stamp, anchor)) = self.credit_fifo.front() {
+            match self.credits.get(&anchor) {
+                Some(c) if c.stamp == stamp && c.deadline_ms > now_ms => break,
+                Some(c) if c.stamp == stamp => self.drop_credit(anchor),
+                _ => {}
+            }
+            self.credit_fifo.pop_front();
+        }
+    }
+
+    /// Drops the least recently finished credit; false when none is left.
+    fn pop_oldest_credit(&mut self) -> bool {
+        while let Some((stamp, anchor)) = self.credit_fifo.pop_front() {
+            if self.credits.get(&anchor).is_some_and(|c| c.stamp == stamp) {
+                self.drop_credit(anchor);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn is_empty(&self) -> bool {
+        self.marks.is_empty() && self.credits.is_empty()
     }
 }
 
@@ -111,19 +173,23 @@ pub(crate) struct PendingBlocks {
     ttl_ms: u64,
     capacity: usize,
     slots: Vec<SlotPending>,
-    /// Sent blocks over all slots (expired ones included until purged): lets a query skip
-    /// this set entirely when it is empty.
+    /// Sent blocks and answer credits over all slots (expired ones included until purged):
+    /// lets a query skip this set entirely when it is empty.
     total: usize,
+    /// Whether finished requests' answers are credited (`exact_answer_credit`).
+    answers: bool,
 }
 
 impl PendingBlocks {
     /// Sent blocks count for `ttl_ms` (0 disables the set), at most `capacity` per instance.
-    pub(crate) fn new(ttl_ms: u64, capacity: usize) -> Self {
+    /// With `answers`, a finished request's answer is credited too ([`PendingBlocks::credit`]).
+    pub(crate) fn new(ttl_ms: u64, capacity: usize, answers: bool) -> Self {
         Self {
             ttl_ms,
             capacity,
             slots: Vec::new(),
             total: 0,
+            answers,
         }
     }
 
@@ -140,7 +206,7 @@ impl PendingBlocks {
     /// Whether `slot` has a sent block (expired ones not yet purged count).
     #[inline]
     pub(crate) fn slot_is_empty(&self, slot: u32) -> bool {
-        self.slots.get(slot as usize).is_none_or(|p| p.marks.is_empty())
+        self.slots.get(slot as usize).is_none_or(SlotPending::is_empty)
     }
 
     /// Records that `chain` (the tail of a chain: its last block ends the sent prompt) was sent
@@ -238,9 +304,133 @@ impl PendingBlocks {
     /// Forgets every sent block of `slot` (the instance was cleared or removed).
     pub(crate) fn clear(&mut self, slot: u32) {
         if let Some(p) = self.slots.get_mut(slot as usize) {
-            self.total -= p.marks.len();
+            self.total -= p.marks.len() + p.credits.len();
             *p = SlotPending::default();
         }
+    }
+
+    /// Whether answers are credited (the set is on and `exact_answer_credit` is set).
+    pub(crate) fn credits_answers(&self) -> bool {
+        self.enabled() && self.answers
+    }
+
+    /// Credits, on `slot` at `now_ms`, the `blocks` full blocks of a finished request's answer
+    /// past `anchor` (its last full prompt block): a chain matched there through `anchor`
+    /// counts up to `blocks` more of its own blocks, until `now_ms + ttl`, an event evicts
+    /// `anchor` ([`PendingBlocks::end_credits`]), or the instance's events confirm as much
+    /// ([`PendingBlocks::confirm_credit`]). A credit for the same anchor is replaced. Then the
+    /// least recently finished credits go while their blocks exceed `capacity`.
+    pub(crate) fn credit(&mut self, slot: u32, anchor: BlockHash, blocks: u32, now_ms: u64) {
+        if !self.credits_answers() || blocks == 0 {
+            return;
+        }
+        let s = slot as usize;
+        if self.slots.len() <= s {
+            self.slots.resize_with(s + 1, SlotPending::default);
+        }
+        let p = &mut self.slots[s];
+        let before = p.credits.len();
+        p.purge_credits(now_ms);
+        p.drop_credit(anchor.0);
+        let stamp = p.next_stamp;
+        p.next_stamp += 1;
+        p.credits.insert(
+            anchor.0,
+            Credit {
+                blocks,
+                deadline_ms: now_ms.saturating_add(self.ttl_ms),
+                stamp,
+            },
+        );
+        p.credit_fifo.push_back((stamp, anchor.0));
+        p.credit_blocks += blocks as usize;
+        p.credit_reach = p.credit_reach.max(blocks);
+        while p.credit_blocks > self.capacity {
+            if !p.pop_oldest_credit() {
+                break;
+            }
+        }
+        p.compact();
+        self.total = self.total - before + p.credits.len();
+    }
+
+    /// The unexpired credit anchored at `anchor` on `slot`.
+    #[inline]
+    pub(crate) fn credit_at(&self, slot: u32, anchor: BlockHash, now_ms: u64) -> Option<Credit> {
+        self.slots
+            .get(slot as usize)?
+            .credits
+            .get(&anchor.0)
+            .filter(|c| now_ms < c.deadline_ms)
+            .copied()
+    }
+
+    /// How far back from a match end a query looks for an anchor on `slot` (0: no credit).
+    #[inline]
+    pub(crate) fn credit_reach(&self, slot: u32) -> u32 {
+        self.slots.get(slot as usize).map_or(0, |p| p.credit_reach)
+    }
+
+    /// Ends the credits anchored at any of `hashes` on `slot`: an event evicted the anchor,
+    /// and vLLM frees a chain tail first, so the answer past it is gone too.
+    pub(crate) fn end_credits(&mut self, slot: u32, hashes: &[BlockHash]) {
+        let Some(p) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        if p.credits.is_empty() {
+            return;
+        }
+        let before = p.credits.len();
+        for h in hashes {
+            p.drop_credit(h.0);
+        }
+        p.compact();
+        self.total -= before - p.credits.len();
+    }
+
+    /// A store event on `slot`: `run` continuing `parent`. A credit anchored at `parent` or
+    /// at a block of `run` (not its last) sees its first blocks confirmed: it ends when the
+    /// run covers it whole, else it moves to the run's last block with the blocks still
+    /// unconfirmed (same deadline), so the next event of the same answer continues it.
+    pub(crate) fn confirm_credits(&mut self, slot: u32, run: &[BlockHash], parent: Option<BlockHash>) {
+        let Some(p) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        if p.credits.is_empty() || run.is_empty() {
+            return;
+        }
+        let before = p.credits.len();
+        let last = run.len() - 1;
+        // (anchor, blocks of the run after it)
+        let anchors = parent.map(|h| (h, run.len())).into_iter().chain(run[..last].iter().enumerate().map(|(i, &h)| (h, last - i)));
+        let mut moved: Option<Credit> = None;
+        for (anchor, after) in anchors {
+            let Some(c) = p.credits.get(&anchor.0).copied() else { continue };
+            p.drop_credit(anchor.0);
+            if (c.blocks as usize) > after {
+                let rest = Credit { blocks: c.blocks - after as u32, ..c };
+                // Two credits along one run (an older turn's answer, then this one's) reach
+                // past its end: the one reaching further stands.
+                moved = Some(moved.map_or(rest, |m| if m.blocks >= rest.blocks { m } else { rest }));
+            }
+        }
+        if let Some(c) = moved {
+            let anchor = run[last].0;
+            p.drop_credit(anchor);
+            let stamp = p.next_stamp;
+            p.next_stamp += 1;
+            p.credits.insert(anchor, Credit { stamp, ..c });
+            p.credit_fifo.push_back((stamp, anchor));
+            p.credit_blocks += c.blocks as usize;
+            p.credit_reach = p.credit_reach.max(c.blocks);
+        }
+        p.compact();
+        self.total = self.total - before + p.credits.len();
+    }
+
+    /// Answer credits of `slot` (expired ones not yet purged count).
+    pub(crate) fn credits_len(&self, slot: u32) -> usize {
+        self.slots.get(slot as usize).map_or(0, |p| p.credits.len())
     }
 
     /// Sent blocks of `slot` (expired ones not yet purged count).
@@ -256,6 +446,8 @@ impl PendingBlocks {
             .map(|p| {
                 p.marks.capacity() * 8 / 7 * (size_of::<(u64, Mark)>() + 1)
                     + p.fifo.capacity() * size_of::<(u64, u64)>()
+                    + p.credits.capacity() * 8 / 7 * (size_of::<(u64, Credit)>() + 1)
+                    + p.credit_fifo.capacity() * size_of::<(u64, u64)>()
             })
             .sum::<usize>()
             + self.slots.capacity() * size_of::<SlotPending>()
@@ -267,5 +459,15 @@ impl PendingBlocks {
     /// FIFO items of `slot`, stale ones included (for the memory-bound tests).
     pub(crate) fn queued(&self, slot: u32) -> usize {
         self.slots.get(slot as usize).map_or(0, |p| p.fifo.len())
+    }
+
+    /// Σ blocks of `slot`'s credits (for the memory-bound tests).
+    pub(crate) fn credit_blocks(&self, slot: u32) -> usize {
+        self.slots.get(slot as usize).map_or(0, |p| p.credit_blocks)
+    }
+
+    /// Credit FIFO items of `slot`, stale ones included (for the memory-bound tests).
+    pub(crate) fn credits_queued(&self, slot: u32) -> usize {
+        self.slots.get(slot as usize).map_or(0, |p| p.credit_fifo.len())
     }
 }

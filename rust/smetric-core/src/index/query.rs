@@ -44,6 +44,10 @@ impl KvIndex {
             while k < chain.len() && (self.pending.counts(s, chain[k], now_ms) || self.held_at(s, chain, k)) {
                 k += 1;
             }
+            let reach = self.pending.credit_reach(s) as usize;
+            if reach > 0 {
+                k = self.credited(s, chain, k, reach, now_ms);
+            }
             out.local_blocks[s as usize] = k as u32;
             deepest = deepest.max(k as u32);
         }
@@ -61,6 +65,21 @@ impl KvIndex {
             .any(|s| self.instances[s as usize].live && self.pending.has_child(s, last, now_ms));
         out.deepest_blocks = deepest;
         out.branches = children.max(u32::from(sent_child));
+    }
+
+    /// Docs §2.7, "The answer": instance `s` matches `chain[..k]` (held or sent); a finished
+    /// request's answer credited there, anchored at some `chain[p]` with `p < k`, extends the
+    /// match to `p + 1 + blocks` (at most the chain). The larger of the two counts: blocks
+    /// already confirmed past the anchor are not counted twice. Only anchors within `reach`
+    /// (the slot's largest credit) of the match end can extend it, so at most `reach` lookups.
+    fn credited(&self, s: u32, chain: &[BlockHash], k: usize, reach: usize, now_ms: u64) -> usize {
+        let mut best = k;
+        for p in (k.saturating_sub(reach)..k).rev() {
+            if let Some(c) = self.pending.credit_at(s, chain[p], now_ms) {
+                best = best.max((p + 1 + c.blocks as usize).min(chain.len()));
+            }
+        }
+        best
     }
 
     /// The entry of `chain[i]`, `chain` being the chain the last query walked: from that walk
