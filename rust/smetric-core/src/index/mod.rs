@@ -27,7 +27,9 @@
 //! there and no event has confirmed yet ([`pending`], docs §2.7): a query counts them with the
 //! instance's held blocks, a store or removal addressed to the instance ends them, and they
 //! expire `exact_pending_ttl_s` after the route that sent them — so a follow-up that beats its
-//! predecessor's KV events still finds its prefix at home.
+//! predecessor's KV events still finds its prefix at home. A finished request's answer is
+//! credited the same way ([`KvIndex::credit_answer`]): a chain matched through the request's
+//! last prompt block counts the answer's full blocks past it, until their events arrive.
 //!
 //! Invariants: an entry exists iff at least one holder holds it; every held (entry, holder)
 //! pair is current in exactly one run of the holder's LRU order; a holder never holds more
@@ -780,7 +782,13 @@ impl KvIndex {
                 .map(|s| if self.is_live(s) { self.pending.len(s) } else { 0 })
                 .collect(),
             answer_credits: (0..self.instances.len() as u32)
-                .map(|s| if self.is_live(s) { self.pending.credits_len(s) } else { 0 })
+                .map(|s| {
+                    if self.is_live(s) {
+                        self.pending.credits_len(s)
+                    } else {
+                        0
+                    }
+                })
                 .collect(),
         }
     }

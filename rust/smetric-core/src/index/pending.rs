@@ -28,14 +28,33 @@
 //! so its cost stays amortised O(1) per sent block. Least recently sent first, the head of a
 //! chain last: a shared prefix re-sent by every turn is the last thing the bound drops.
 //!
+//! The answer (docs §2.7 "The answer"): vLLM also caches a finished request's answer, the full
+//! blocks of its first `n + output − 1` tokens past the prompt's; the router knows their number
+//! (`on_finished`'s `output_tokens`) but not their ids. Per instance, a second map *anchor* (the
+//! request's last full prompt block) → [`Credit`] (answer blocks, deadline, stamp), with its own
+//! FIFO in credit order: a query whose match on the instance runs through an anchor counts up to
+//! that many more of its own blocks (the larger of that and its match, never the sum). A store
+//! event under the anchor confirms the credit's first blocks: the credit moves to the run's
+//! last block with the rest, or ends when none is left; an event evicting the anchor ends it
+//! (vLLM frees a chain tail first, so the answer went before). Why not end it at the first
+//! store under the anchor, as a cursor-free design would: the answer's first blocks are stored
+//! while it still decodes, often before `on_finished`, and its last ones are the events that
+//! lag. Same TTL as sent blocks; at most `capacity` credited blocks per instance, the least
+//! recently credited dropped first. Assumes the follow-up repeats the answer token for token;
+//! a re-rendered answer over-predicts by at most the credit, for at most the TTL.
+//!
 //! Invariants: a sent block counts on its instance iff it is in the map and `now < deadline`
 //! (a purge is only memory hygiene: lookups check the deadline themselves); every map key has
 //! exactly one current FIFO item (same stamp); an instance never has more than `capacity` sent
 //! blocks after a call returns; the FIFO holds at most `2·len + COMPACT_SLACK` items after one.
-//! Memory is therefore O(instances · capacity).
+//! The same holds for credits (one current FIFO item each, `Σ blocks <= capacity` after
+//! `credit`, which a confirmation only lowers); `credit_reach` is at least every live credit's
+//! `blocks`. Memory is therefore O(instances · capacity).
 //!
 //! Complexity: `send` O(chain blocks not held) amortised; `counts` O(1); `confirm` O(1) per
-//! block; purge and bound O(1) amortised per sent block.
+//! block; purge and bound O(1) amortised per sent block. `credit` O(1) amortised; a store
+//! event O(run) credit lookups (only when the instance has credits); a query `credit_reach`
+//! lookups per instance with credits.
 
 use std::collections::VecDeque;
 
@@ -402,13 +421,21 @@ impl PendingBlocks {
         let before = p.credits.len();
         let last = run.len() - 1;
         // (anchor, blocks of the run after it)
-        let anchors = parent.map(|h| (h, run.len())).into_iter().chain(run[..last].iter().enumerate().map(|(i, &h)| (h, last - i)));
+        let anchors = parent
+            .map(|h| (h, run.len()))
+            .into_iter()
+            .chain(run[..last].iter().enumerate().map(|(i, &h)| (h, last - i)));
         let mut moved: Option<Credit> = None;
         for (anchor, after) in anchors {
-            let Some(c) = p.credits.get(&anchor.0).copied() else { continue };
+            let Some(c) = p.credits.get(&anchor.0).copied() else {
+                continue;
+            };
             p.drop_credit(anchor.0);
             if (c.blocks as usize) > after {
-                let rest = Credit { blocks: c.blocks - after as u32, ..c };
+                let rest = Credit {
+                    blocks: c.blocks - after as u32,
+                    ..c
+                };
                 // Two credits along one run (an older turn's answer, then this one's) reach
                 // past its end: the one reaching further stands.
                 moved = Some(moved.map_or(rest, |m| if m.blocks >= rest.blocks { m } else { rest }));

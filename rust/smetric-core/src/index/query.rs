@@ -3,11 +3,13 @@
 //!
 //! In exact mode an instance's hit also counts the blocks the router sent it and its events
 //! have not confirmed yet (docs §2.7, module `pending`): after the walk, each instance with sent
-//! blocks extends its confirmed prefix while the next block is sent there or held there.
+//! blocks extends its confirmed prefix while the next block is sent there or held there, then
+//! by the answer credited past an anchor its match runs through (`credited`).
 //!
 //! Invariants: a query changes no holder's blocks (only `last_child` links along the chain).
 //! Complexity: O(matched blocks · ⌈instances/64⌉), one cache line per step on a slab chain;
-//! with sent blocks, one map lookup per instance that has any, plus one per sent block matched.
+//! with sent blocks, one map lookup per instance that has any, plus one per sent block matched,
+//! plus at most the instance's largest credit in lookups when it has answer credits.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;

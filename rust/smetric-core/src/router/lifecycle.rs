@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Router;
-use crate::error::Result;
 use crate::config::IndexMode;
+use crate::error::Result;
 use crate::ids::{BlockHash, RequestId};
 use crate::load::InstanceLoad;
 
