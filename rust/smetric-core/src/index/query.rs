@@ -73,10 +73,15 @@ impl KvIndex {
     /// request's answer credited there, anchored at some `chain[p]` with `p < k`, extends the
     /// match to `p + 1 + blocks` (at most the chain). The larger of the two counts: blocks
     /// already confirmed past the anchor are not counted twice. Only anchors within `reach`
-    /// (the slot's largest credit) of the match end can extend it, so at most `reach` lookups.
+    /// (the slot's largest credit) of the best count so far can raise it, so at most `reach`
+    /// lookups, and one when the deepest anchor holds the largest credit (a back-to-back turn).
     fn credited(&self, s: u32, chain: &[BlockHash], k: usize, reach: usize, now_ms: u64) -> usize {
         let mut best = k;
-        for p in (k.saturating_sub(reach)..k).rev() {
+        let mut p = k;
+        // An anchor at `p` reaches at most `p + 1 + reach`: once that is not past `best`, no
+        // anchor at or before `p` can raise it.
+        while p > 0 && best < chain.len() && p + reach > best {
+            p -= 1;
             if let Some(c) = self.pending.credit_at(s, chain[p], now_ms) {
                 best = best.max((p + 1 + c.blocks as usize).min(chain.len()));
             }
