@@ -235,9 +235,11 @@ impl KvIndex {
     /// matched through `anchor` (the request's last full prompt block) counts up to `blocks`
     /// more of its own blocks (the answer's full blocks), until the events confirm them, evict
     /// `anchor`, or the pending TTL passes. Nothing unless sent blocks and answer credits are on.
-    pub fn credit_answer(&mut self, slot: u32, anchor: BlockHash, blocks: u32, now_ms: u64) {
-        if self.is_live(slot) {
-            self.pending.credit(slot, anchor, blocks, now_ms);
+    ///
+    /// `depth` is the anchor's position in the request's chain plus one (the chain's length).
+    pub fn credit_answer(&mut self, slot: u32, anchor: BlockHash, depth: u32, blocks: u32, now_ms: u64) {
+        if self.is_live(slot) && depth > 0 {
+            self.pending.credit(slot, anchor, depth, blocks, now_ms);
         }
     }
 

@@ -56,7 +56,7 @@
 //! event O(run) credit lookups (only when the instance has credits); a query `credit_reach`
 //! lookups per instance with credits.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::ids::BlockHash;
 use crate::mix_map::MixMap;
@@ -81,13 +81,16 @@ struct Mark {
 pub(crate) struct Credit {
     /// Full blocks of the answer past the anchor (the request's last full prompt block).
     pub(crate) blocks: u32,
+    /// The anchor's depth: blocks of the chain up to and including it (a chain hash fixes its
+    /// position, so a query looks for the anchor at `chain[depth − 1]` only).
+    depth: u32,
     /// The credit stops counting at this time (ms).
     deadline_ms: u64,
     /// Finish order on its instance: the credit FIFO item with this stamp is the current one.
     stamp: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct SlotPending {
     marks: MixMap<u64, Mark>,
     fifo: VecDeque<(u64, u64)>,
@@ -100,6 +103,11 @@ struct SlotPending {
     /// The largest `blocks` of any credit since the map was last empty: how far back from
     /// its match end a query looks for an anchor.
     credit_reach: u32,
+    /// Credits per anchor depth, so that a query visits only the depths its match covers.
+    depths: BTreeMap<u32, u32>,
+    /// The smallest key of `depths` (`u32::MAX` when empty): a match shallower than every
+    /// anchor is rejected without a lookup.
+    min_depth: u32,
 }
 
 impl SlotPending {
@@ -154,7 +162,28 @@ impl SlotPending {
             if self.credits.is_empty() {
                 self.credit_reach = 0;
             }
+            if let Some(n) = self.depths.get_mut(&c.depth) {
+                *n -= 1;
+                if *n == 0 {
+                    self.depths.remove(&c.depth);
+                    if c.depth == self.min_depth {
+                        self.min_depth = self.depths.keys().next().copied().unwrap_or(u32::MAX);
+                    }
+                }
+            }
         }
+    }
+
+    /// Inserts `c` at `anchor` (no credit there) as the most recently credited.
+    fn insert_credit(&mut self, anchor: u64, c: Credit) {
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        self.credits.insert(anchor, Credit { stamp, ..c });
+        self.credit_fifo.push_back((stamp, anchor));
+        self.credit_blocks += c.blocks as usize;
+        self.credit_reach = self.credit_reach.max(c.blocks);
+        *self.depths.entry(c.depth).or_insert(0) += 1;
+        self.min_depth = self.min_depth.min(c.depth);
     }
 
     /// Drops, least recently finished first, the credits whose deadline has passed, up to
@@ -183,6 +212,22 @@ impl SlotPending {
 
     fn is_empty(&self) -> bool {
         self.marks.is_empty() && self.credits.is_empty()
+    }
+}
+
+impl Default for SlotPending {
+    fn default() -> Self {
+        Self {
+            marks: MixMap::default(),
+            fifo: VecDeque::new(),
+            next_stamp: 0,
+            credits: MixMap::default(),
+            credit_fifo: VecDeque::new(),
+            credit_blocks: 0,
+            credit_reach: 0,
+            depths: BTreeMap::new(),
+            min_depth: u32::MAX,
+        }
     }
 }
 
@@ -339,7 +384,8 @@ impl PendingBlocks {
     /// `anchor` ([`PendingBlocks::end_credits`]), or the instance's events confirm as much
     /// ([`PendingBlocks::confirm_credit`]). A credit for the same anchor is replaced. Then the
     /// least recently finished credits go while their blocks exceed `capacity`.
-    pub(crate) fn credit(&mut self, slot: u32, anchor: BlockHash, blocks: u32, now_ms: u64) {
+    /// `depth`: the anchor's position in its chain, plus one (the request's chain length).
+    pub(crate) fn credit(&mut self, slot: u32, anchor: BlockHash, depth: u32, blocks: u32, now_ms: u64) {
         if !self.credits_answers() || blocks == 0 {
             return;
         }
@@ -351,19 +397,13 @@ impl PendingBlocks {
         let before = p.credits.len();
         p.purge_credits(now_ms);
         p.drop_credit(anchor.0);
-        let stamp = p.next_stamp;
-        p.next_stamp += 1;
-        p.credits.insert(
-            anchor.0,
-            Credit {
-                blocks,
-                deadline_ms: now_ms.saturating_add(self.ttl_ms),
-                stamp,
-            },
-        );
-        p.credit_fifo.push_back((stamp, anchor.0));
-        p.credit_blocks += blocks as usize;
-        p.credit_reach = p.credit_reach.max(blocks);
+        let credit = Credit {
+            blocks,
+            depth,
+            deadline_ms: now_ms.saturating_add(self.ttl_ms),
+            stamp: 0,
+        };
+        p.insert_credit(anchor.0, credit);
         while p.credit_blocks > self.capacity {
             if !p.pop_oldest_credit() {
                 break;
@@ -388,6 +428,17 @@ impl PendingBlocks {
     #[inline]
     pub(crate) fn credit_reach(&self, slot: u32) -> u32 {
         self.slots.get(slot as usize).map_or(0, |p| p.credit_reach)
+    }
+
+    /// The anchor depths of `slot`'s credits within `lo..=hi`, deepest first (none when `hi`
+    /// is below every anchor: O(1)).
+    #[inline]
+    pub(crate) fn credit_depths(&self, slot: u32, lo: u32, hi: u32) -> impl Iterator<Item = u32> + '_ {
+        self.slots
+            .get(slot as usize)
+            .filter(|p| p.min_depth <= hi && lo <= hi)
+            .into_iter()
+            .flat_map(move |p| p.depths.range(lo..=hi).rev().map(|(&d, _)| d))
     }
 
     /// Ends the credits anchored at any of `hashes` on `slot`: an event evicted the anchor,
@@ -434,6 +485,7 @@ impl PendingBlocks {
             if (c.blocks as usize) > after {
                 let rest = Credit {
                     blocks: c.blocks - after as u32,
+                    depth: c.depth + after as u32,
                     ..c
                 };
                 // Two credits along one run (an older turn's answer, then this one's) reach
@@ -444,12 +496,7 @@ impl PendingBlocks {
         if let Some(c) = moved {
             let anchor = run[last].0;
             p.drop_credit(anchor);
-            let stamp = p.next_stamp;
-            p.next_stamp += 1;
-            p.credits.insert(anchor, Credit { stamp, ..c });
-            p.credit_fifo.push_back((stamp, anchor));
-            p.credit_blocks += c.blocks as usize;
-            p.credit_reach = p.credit_reach.max(c.blocks);
+            p.insert_credit(anchor, c);
         }
         p.compact();
         self.total = self.total - before + p.credits.len();

@@ -72,18 +72,19 @@ impl KvIndex {
     /// Docs §2.7, "The answer": instance `s` matches `chain[..k]` (held or sent); a finished
     /// request's answer credited there, anchored at some `chain[p]` with `p < k`, extends the
     /// match to `p + 1 + blocks` (at most the chain). The larger of the two counts: blocks
-    /// already confirmed past the anchor are not counted twice. Only anchors within `reach`
-    /// (the slot's largest credit) of the best count so far can raise it, so at most `reach`
-    /// lookups, and one when the deepest anchor holds the largest credit (a back-to-back turn).
+    /// already confirmed past the anchor are not counted twice. Anchors are visited by depth,
+    /// deepest first, only at the depths some credit has; an anchor at depth `d` reaches at most
+    /// `d + reach` (the slot's largest credit), so the visit stops once that is not past the best.
     fn credited(&self, s: u32, chain: &[BlockHash], k: usize, reach: usize, now_ms: u64) -> usize {
         let mut best = k;
-        let mut p = k;
-        // An anchor at `p` reaches at most `p + 1 + reach`: once that is not past `best`, no
-        // anchor at or before `p` can raise it.
-        while p > 0 && best < chain.len() && p + reach > best {
-            p -= 1;
-            if let Some(c) = self.pending.credit_at(s, chain[p], now_ms) {
-                best = best.max((p + 1 + c.blocks as usize).min(chain.len()));
+        let lo = (k + 1).saturating_sub(reach).max(1);
+        for d in self.pending.credit_depths(s, lo as u32, k as u32) {
+            let d = d as usize;
+            if best >= chain.len() || d + reach <= best {
+                break;
+            }
+            if let Some(c) = self.pending.credit_at(s, chain[d - 1], now_ms) {
+                best = best.max((d + c.blocks as usize).min(chain.len()));
             }
         }
         best

@@ -473,7 +473,7 @@ fn a_follow_up_is_credited_prompt_plus_answer_before_any_event() {
     let mut ix = answer_index(100, 1_000);
     // Turn 1: prompt blocks 0..10 sent to instance 1; it finished with 3 full answer blocks.
     send(&mut ix, 1, &chain(0..10), 0);
-    ix.credit_answer(1, BlockHash(9), 3, 5);
+    ix.credit_answer(1, BlockHash(9), 10, 3, 5);
     // The follow-up repeats prompt + answer (10..13) and adds its message (13..16).
     let q = hits(&mut ix, &chain(0..16), 6);
     assert_eq!(q.local_blocks, vec![0, 13, 0]);
@@ -489,7 +489,7 @@ fn a_follow_up_is_credited_prompt_plus_answer_before_any_event() {
     // Off: the same calls credit nothing.
     let mut off = exact_index(100, 1_000);
     send(&mut off, 1, &chain(0..10), 0);
-    off.credit_answer(1, BlockHash(9), 3, 5);
+    off.credit_answer(1, BlockHash(9), 10, 3, 5);
     assert_eq!(hits(&mut off, &chain(0..16), 6).local_blocks[1], 10);
 }
 
@@ -498,7 +498,7 @@ fn answer_events_confirm_a_credit_without_double_count() {
     let mut ix = answer_index(100, 1_000);
     send(&mut ix, 0, &chain(0..10), 0);
     ix.touch(Holder::Instance(0), &chain(0..10), None, 1);
-    ix.credit_answer(0, BlockHash(9), 4, 2);
+    ix.credit_answer(0, BlockHash(9), 10, 4, 2);
     let follow_up = chain(0..20);
     assert_eq!(hits(&mut ix, &follow_up, 3).local_blocks[0], 14);
     // The first two answer blocks' event: counted once (14, not 16); the credit moves on.
@@ -521,7 +521,7 @@ fn events_that_beat_the_finish_leave_the_credit_whole() {
     // The first answer block's event arrives while the request still decodes...
     ix.touch(Holder::Instance(0), &chain(10..11), Some(BlockHash(9)), 1);
     // ...then it finishes with 3 answer blocks: the credit spans all three, counted once.
-    ix.credit_answer(0, BlockHash(9), 3, 2);
+    ix.credit_answer(0, BlockHash(9), 10, 3, 2);
     assert_eq!(hits(&mut ix, &chain(0..16), 3).local_blocks[0], 13);
 }
 
@@ -529,20 +529,20 @@ fn events_that_beat_the_finish_leave_the_credit_whole() {
 fn an_evicted_anchor_clear_or_ttl_ends_a_credit() {
     let mut ix = answer_index(100, 50);
     send(&mut ix, 0, &chain(0..4), 0);
-    ix.credit_answer(0, BlockHash(3), 2, 10);
+    ix.credit_answer(0, BlockHash(3), 4, 2, 10);
     assert_eq!(hits(&mut ix, &chain(0..8), 49).local_blocks[0], 6);
     // TTL: counts while now < finish + ttl (the sent prompt blocks expired at 50 already).
     ix.touch(Holder::Instance(0), &chain(0..4), None, 50);
     assert_eq!(hits(&mut ix, &chain(0..8), 59).local_blocks[0], 6);
     assert_eq!(hits(&mut ix, &chain(0..8), 60).local_blocks[0], 4);
     // Eviction of the anchor (vLLM frees tail first: the answer went before it).
-    ix.credit_answer(0, BlockHash(3), 2, 100);
+    ix.credit_answer(0, BlockHash(3), 4, 2, 100);
     ix.remove(Holder::Instance(0), &[BlockHash(3)]);
     assert_eq!(ix.stats().answer_credits[0], 0);
     ix.touch(Holder::Instance(0), &chain(3..4), Some(BlockHash(2)), 101);
     assert_eq!(hits(&mut ix, &chain(0..8), 102).local_blocks[0], 4);
     // Clear.
-    ix.credit_answer(0, BlockHash(3), 2, 110);
+    ix.credit_answer(0, BlockHash(3), 4, 2, 110);
     ix.clear_instance(0);
     assert_eq!(ix.stats().answer_credits[0], 0);
     assert_eq!(hits(&mut ix, &chain(0..8), 111).local_blocks[0], 0);
@@ -553,14 +553,14 @@ fn answer_credits_are_bounded_per_instance_oldest_first() {
     let mut ix = answer_index(8, 1_000_000);
     ix.touch(Holder::Instance(0), &chain(0..1), None, 0);
     ix.touch(Holder::Instance(0), &chain(100..101), None, 0);
-    ix.credit_answer(0, BlockHash(0), 5, 1);
-    ix.credit_answer(0, BlockHash(100), 5, 2);
+    ix.credit_answer(0, BlockHash(0), 1, 5, 1);
+    ix.credit_answer(0, BlockHash(100), 1, 5, 2);
     // 10 credited blocks > 8: the older credit went.
     assert_eq!(ix.stats().answer_credits[0], 1);
     assert_eq!(hits(&mut ix, &chain(0..10), 3).local_blocks[0], 1);
     assert_eq!(hits(&mut ix, &chain(100..110), 3).local_blocks[0], 6);
     for t in 0..2_000u64 {
-        ix.credit_answer(0, BlockHash(t * 3), 1 + (t % 4) as u32, 10 + t);
+        ix.credit_answer(0, BlockHash(t * 3), 1, 1 + (t % 4) as u32, 10 + t);
         assert!(ix.pending.credit_blocks(0) <= 8);
         assert!(ix.pending.credits_queued(0) <= 2 * 8 + 64);
     }
@@ -669,7 +669,7 @@ proptest::proptest! {
                 }
                 // A finish: the answer hangs past block `start` of the line.
                 3 | 4 => {
-                    ix.credit_answer(slot, BlockHash(base + start), len as u32, now);
+                    ix.credit_answer(slot, BlockHash(base + start), start as u32 + 1, len as u32, now);
                     credits.credit(slot, base + start, len as u32, now, ttl, local);
                 }
                 _ => {

@@ -154,7 +154,8 @@ impl Router {
         // The slot may have changed hands since routing: credit only its routed occupant.
         let fleet = self.fleet.load();
         if fleet.member(rec.slot).is_some_and(|m| m.generation == rec.generation) {
-            g.index.credit_answer(rec.slot, anchor, blocks, now_ms);
+            let depth = u32::try_from(rec.prompt_blocks).unwrap_or(u32::MAX);
+            g.index.credit_answer(rec.slot, anchor, depth, blocks, now_ms);
         }
     }
 
