@@ -534,7 +534,8 @@ class StreamGen:
             req = self.inflight.pop(rid)
             self.done.append(req)
             out = rnd.randrange(500) if rnd.random() < 0.3 else rnd.randrange(3 * self.block)
-            self.pending.append(Op("on_finished", (req.given if req.given is not None else rid, out), {"now": self.now}))
+            given = req.given if req.given is not None else rid
+            self.pending.append(Op("on_finished", (given, out), {"now": self.now}))
             self._answer_events(req, out)
             self.next_session = req.session
         if self.exact or rnd.random() < 0.15:

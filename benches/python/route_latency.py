@@ -171,7 +171,9 @@ def bench_exact_lag(size_label: str, calls: int) -> list[tuple[str, float, float
         # blocks are never confirmed, so each call records them as sent again).
         follow_up = np.concatenate([prompts[7], rng.integers(0, 151_936, size // 8, dtype=np.int32)])
 
-        def one(router: Any = router, follow_up: Any = follow_up, clock: list[float] = clock, output: int = output) -> None:
+        def one(
+            router: Any = router, follow_up: Any = follow_up, clock: list[float] = clock, output: int = output
+        ) -> None:
             clock[0] += 1e-4  # 0.1 ms a call: the sent blocks stay within their bound
             router.on_finished(router.route(follow_up, now=clock[0]).request_id, output, now=clock[0])
 

@@ -107,8 +107,9 @@ class KvIndex:
         while k < len(chain) and (chain[k] in blocks or self.sent_counts(key, chain[k], now_ms)):
             k += 1
         best = k
-        for p in range(k):
-            credit = self.credits.get(key, {}).get(chain[p])
+        credits = self.credits.get(key, OrderedDict())
+        for p in range(k if credits else 0):
+            credit = credits.get(chain[p])
             if credit is not None and now_ms < credit[1]:
                 best = max(best, min(len(chain), p + 1 + credit[0]))
         return best
