@@ -758,6 +758,7 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
         "engine_load_staleness_s": rnd.choice([0.0, 0.1, 0.25, 0.3, 1.0, 2.0]),
         "first_turn_min_branches": rnd.choice([1, 1, 1, 2, 3]),
         "cache_first_mode": cf_mode,
+        "exact_answer_credit": rnd.random() < 0.6,  # §2.7 "The answer" (off by default)
     }
     if not default:
         config |= {
@@ -777,7 +778,6 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
             "smetric_kv_fit": rnd.choice([True, False]),
             "smetric_growth_headroom_tokens": rnd.choice([0.0, 16.0, 64.0]),
             "exact_pending_ttl_s": rnd.choice([2.0, 0.0, 0.05, 0.3, 0.0305]),
-            "exact_answer_credit": rnd.choice([True, True, False]),
         } | v2_fields(rnd)
     elif rnd.random() < 0.5:  # the paper's forms: the `smetric_paper` (v2) and `smetric_v1` presets
         config |= rnd.choice([PAPER_FIELDS, V1_FIELDS])

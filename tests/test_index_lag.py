@@ -105,7 +105,7 @@ CACHED_BY_THE_ENGINE = (len(SHORT_PROMPT) + len(ANSWER) - 1) // BLOCK * BLOCK
 
 @pytest.mark.parametrize("turn", [2, None], ids=["turn-hint", "turn-from-index"])
 def test_follow_up_after_its_predecessor_finished_is_credited_prompt_plus_answer(turn: int | None) -> None:
-    router = _router()
+    router = _router(exact_answer_credit=True)
     first = router.route(SHORT_PROMPT, turn=1, now=10.0)
     assert router.on_finished(first.request_id, len(ANSWER), now=10.5)
     # 1 ms after the answer, before any KV event of prompt or answer.
@@ -125,7 +125,8 @@ def test_follow_up_after_its_predecessor_finished_is_credited_prompt_plus_answer
 
 
 def test_without_the_answer_credit_the_same_follow_up_is_taken_for_evicted() -> None:
-    router = _router(exact_answer_credit=False)
+    router = _router()  # the default: off (docs §2.7 "The answer")
+    assert not RouterConfig().exact_answer_credit
     first = router.route(SHORT_PROMPT, turn=1, now=10.0)
     router.on_finished(first.request_id, len(ANSWER), now=10.5)
     follow_up = router.route(ANSWERED, turn=2, now=10.501)
@@ -134,7 +135,7 @@ def test_without_the_answer_credit_the_same_follow_up_is_taken_for_evicted() -> 
 
 
 def test_the_answer_credit_ends_after_the_ttl_and_at_an_eviction() -> None:
-    router = _router(exact_pending_ttl_s=1.0)
+    router = _router(exact_pending_ttl_s=1.0, exact_answer_credit=True)
     first = router.route(SHORT_PROMPT, turn=1, now=10.0)
     router.on_finished(first.request_id, len(ANSWER), now=10.5)
     home = first.instance

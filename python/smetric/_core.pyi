@@ -339,7 +339,7 @@ class Router:
 
         Lowers the instance's batch and active-token counts (and the prefill ones if
         ``on_prefilled`` never came). The load board weighs prompt tokens only; ``output_tokens`` is
-        summed into ``stats()["output_tokens"]``. In exact mode (``exact_answer_credit``) the
+        summed into ``stats()["output_tokens"]``. In exact mode with ``exact_answer_credit`` set the
         answer's full blocks, ``(prompt + output_tokens - 1) // block_size`` minus the prompt's,
         count on the instance past the prompt's last full block until its KV events confirm them
         (``docs/routing-semantics.md`` §2.7, "The answer"): pass the real count, usage's
