@@ -152,6 +152,7 @@ class RouterConfigFields(TypedDict):
     global_capacity_blocks: int
     local_ttl_s: float | None
     exact_pending_ttl_s: float
+    exact_answer_credit: bool
     engine_load_staleness_s: float
     first_turn_min_branches: int
     cache_first_mode: CacheFirstMode

@@ -106,6 +106,8 @@ class RequestRecord:
     work_ahead: int = 0  # X's queued_work before the decision
     routed_ms: int = 0
     prefilled: bool = False
+    anchor: int | None = None  # §2.7: the routed chain's last block (None: shorter than a block)
+    prompt_blocks: int = 0  # blocks of the routed chain
 
 
 def apply_routed(load: InstanceLoad, prefill: int, n: int, work: int) -> None:

@@ -139,7 +139,7 @@ class ReferenceRouter:
         self._global_enabled = cfg.global_capacity_blocks > 0
 
         pending_ttl_ms = _ms(cfg.exact_pending_ttl_s) if cfg.index_mode == "exact" else 0  # §2.7
-        self._index = KvIndex(pending_ttl_ms, cfg.local_capacity_blocks)
+        self._index = KvIndex(pending_ttl_ms, cfg.local_capacity_blocks, cfg.exact_answer_credit)
         self._index.add_holder(GLOBAL, cfg.global_capacity_blocks, None)  # the global tier has no TTL
         self._slots: list[_Slot | None] = []
         self._generations: list[int] = []  # per slot, survives the slot being freed (§7)
@@ -300,7 +300,15 @@ class ReferenceRouter:
         work = prefill_work(prefill, n, cfg.smetric_l_eq_tokens)
         # §3: an id still in flight is simply overwritten (its old record is lost).
         self._requests[key] = RequestRecord(
-            chosen_slot, chosen.generation, prefill, n, work=work, work_ahead=cands[pos].queued_work, routed_ms=now_ms
+            chosen_slot,
+            chosen.generation,
+            prefill,
+            n,
+            work=work,
+            work_ahead=cands[pos].queued_work,
+            routed_ms=now_ms,
+            anchor=chain[-1] if chain else None,
+            prompt_blocks=len(chain),
         )
         apply_routed(chosen.load, prefill, n, work)
         self._routed += 1
@@ -387,25 +395,33 @@ class ReferenceRouter:
             load.drain.record_own_work(record.work, max(now_ms - record.routed_ms, 0))
         return True
 
-    def _finish(self, request_id: int | str) -> bool:
+    def _finish(self, request_id: int | str) -> RequestRecord | None:
+        """Forget the request and release its load; the record when its instance still counts it."""
         record = self._requests.pop(request_id_value(request_id), None)
         if record is None:
             self._unknown_request_events += 1
-            return False
+            return None
         load = self._board_of(record)
         if load is None:  # slot removed or reused: just forget the request
-            return False
+            return None
         apply_finished(load, record)
+        return record
+
+    def on_finished(self, request_id: int | str, output_tokens: int = 0, now: float | None = None) -> bool:
+        now_ms = self._now_ms(now)
+        record = self._finish(request_id)
+        if record is None:
+            return False
+        self._output_tokens += output_tokens
+        # §2.7 "The answer": vLLM caches the full blocks of the first n + output - 1 tokens.
+        if self._config.index_mode == "exact" and record.anchor is not None and output_tokens > 0:
+            blocks = (record.n + output_tokens - 1) // self._block_size - record.prompt_blocks
+            if blocks > 0:
+                self._index.credit(record.slot, record.anchor, blocks, now_ms)
         return True
 
-    def on_finished(self, request_id: int | str, output_tokens: int = 0) -> bool:
-        finished = self._finish(request_id)
-        if finished:
-            self._output_tokens += output_tokens
-        return finished
-
     def on_aborted(self, request_id: int | str) -> bool:
-        return self._finish(request_id)
+        return self._finish(request_id) is not None
 
     # -- §7 instances --------------------------------------------------------------------------
     def add_instance(self, name: str) -> None:
@@ -486,6 +502,7 @@ class ReferenceRouter:
         if key is not None:
             if key != GLOBAL:
                 self._index.end_pending(key, blocks)  # §2.7: evicted by the engine
+                self._index.end_credits(key, blocks)  # §2.7: an answer past an evicted anchor
             for block in blocks:
                 self._index.remove(key, block)
 

@@ -163,6 +163,8 @@ impl Router {
                 routed_ms: now_ms,
                 num_tokens: n,
                 prefilled: false,
+                anchor: chain.last().copied(),
+                prompt_blocks: chain.len() as u64,
             },
         );
         self.routed.fetch_add(1, Ordering::Relaxed);
