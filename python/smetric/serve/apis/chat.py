@@ -13,7 +13,8 @@ turn's), so the engine, finding the reasoning ended in the prompt, streams the r
 the continuation's own opening role chunk is dropped (the client already has one). A cut inside
 the reasoning (reasoning received, no text after it yet) is not continued: no template renders a
 reasoning left open, so the new engine would close it and answer without finishing the thought.
-Tool calls and structured output: :mod:`.openai`.
+Nor is a stream whose ``tool_choice`` forces a call (``"required"`` or a named function: vLLM
+decodes it under a grammar). Tool calls and structured output: :mod:`.openai`.
 May import: :mod:`smetric.serve.apis.openai` and what it may.
 """
 
@@ -51,6 +52,9 @@ class ChatApi(OpenAIApi):
         return "role" in delta and not delta.get("content") and choices[0].get("finish_reason") is None
 
     def continuable(self, body: Mapping[str, Any], got: Received) -> bool:
+        choice = body.get("tool_choice")  # "required" or a named function: vLLM guides the call
+        if choice == "required" or isinstance(choice, dict):
+            return False
         return bool(got.text)  # reasoning alone: cut inside it (see the module docs)
 
     def _continue(self, request: OpenAIRequest, body: dict[str, Any], got: Received) -> OpenAIRequest | None:

@@ -15,8 +15,8 @@ text (and, for chat, a reasoning that ended because text followed it) → the AP
 continuation request. Never continued — the stream ends with the API's error event — when a cut
 falls where a fresh engine could not go on faithfully: after any ``tool_calls`` delta (a tool
 call's arguments restarted by a new parser and decoder), in guided / structured output
-(``response_format`` JSON, ``guided_*``, ``structured_outputs``, a forced ``tool_choice``: the new
-decoder would start the grammar from its root), inside a reasoning (see :mod:`.chat`), with
+(``response_format`` JSON, ``guided_*``, ``structured_outputs``, chat's forced ``tool_choice``:
+the new decoder would start the grammar from its root), inside a reasoning (see :mod:`.chat`), with
 ``n`` ≠ 1 or completions' ``echo``. A second cut is continued from the original request, never
 from a continuation (so nothing is put back twice).
 May import: :mod:`smetric.serve.apis.base` and what it may.
@@ -252,13 +252,10 @@ class OpenAIApi(Api[OpenAIRequest]):
         if any(body.get(key) is not None for key in _STRUCTURED_FIELDS):
             return True
         fmt = body.get("response_format")
-        if isinstance(fmt, dict) and fmt.get("type") in _STRUCTURED_FORMATS:
-            return True
-        choice = body.get("tool_choice")  # "required" or a named function: vLLM guides the call
-        return choice == "required" or isinstance(choice, dict)
+        return isinstance(fmt, dict) and fmt.get("type") in _STRUCTURED_FORMATS
 
     def continuable(self, body: Mapping[str, Any], got: Received) -> bool:
-        """Whether the API can put ``got`` back faithfully (default: yes)."""
+        """Whether the API can put ``got`` back faithfully, besides the shared rules (default: yes)."""
         return True
 
     @abstractmethod
