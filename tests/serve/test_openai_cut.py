@@ -80,7 +80,7 @@ MAX_TOKENS = 50
 PROMPT = "Say it: "
 
 
-def chunk(api: str, delta: Delta | None, finish: str | None = None) -> bytes:
+def chunk(api: str, delta: Delta | None, finish: str | None = None, rid: str = "cmpl-0") -> bytes:
     """One vLLM stream event (``delta`` None: chat's opening role chunk, or the finish chunk)."""
     if api == "chat":
         if delta is None:
@@ -94,7 +94,7 @@ def chunk(api: str, delta: Delta | None, finish: str | None = None) -> bytes:
     else:
         choice = {"index": 0, "text": "" if delta is None else delta[1], "logprobs": None, "finish_reason": finish}
         kind = "text_completion"
-    event = {"id": "cmpl-x", "object": kind, "created": 1, "model": "m", "choices": [choice]}
+    event = {"id": rid, "object": kind, "created": 1, "model": "m", "choices": [choice]}
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
@@ -137,14 +137,15 @@ class Engines:
         start = self.resume_at(api, script, body)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        opening = chunk(api, None) if api == "chat" else b""
+        rid = f"cmpl-{attempt}"  # each engine names its own answer
+        opening = chunk(api, None, rid=rid) if api == "chat" else b""
         if attempt < len(cuts):
-            await resp.write(opening + b"".join(chunk(api, d) for d in script[start : cuts[attempt]]))
+            await resp.write(opening + b"".join(chunk(api, d, rid=rid) for d in script[start : cuts[attempt]]))
             assert request.transport is not None
             request.transport.abort()  # the engine dies mid-stream
             return resp
-        rest = b"".join(chunk(api, d) for d in script[start:])
-        await resp.write(opening + rest + chunk(api, None, finish) + b"data: [DONE]\n\n")
+        rest = b"".join(chunk(api, d, rid=rid) for d in script[start:])
+        await resp.write(opening + rest + chunk(api, None, finish, rid) + b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
@@ -200,12 +201,14 @@ def first_body(api: str, case: str, part: str) -> dict[str, Any]:
 def received(api: str, evs: list[Any]) -> dict[str, Any]:
     """What a client assembles from the stream (each structure's opening counted)."""
     out: dict[str, Any] = {"roles": 0, "content": "", "reasoning": "", "calls": {}, "finishes": [], "errors": []}
+    out["ids"] = set()
     for e in evs:
         if not isinstance(e, dict):
             continue
         if "error" in e:
             out["errors"].append(e["error"])
             continue
+        out["ids"].add(e["id"])
         for choice in e["choices"]:
             if choice["finish_reason"] is not None:
                 out["finishes"].append(choice["finish_reason"])
@@ -251,6 +254,7 @@ def test_a_cut_stream_is_continued_whole_or_ended_with_the_error_chunk(
     got = received(api, evs)
     assert evs[-1] == "[DONE]" and evs.count("[DONE]") == 1
     assert got["roles"] == (1 if api == "chat" else 0), "one opening, the continuation's dropped"
+    assert got["ids"] == {"cmpl-0"}, "one stream, one id: the continuation's chunks carry the first's"
     seen = engines.seen[case]
     if expected == CONTINUED:
         assert got["errors"] == [] and got["finishes"] == [engines.cases[case][2]]
@@ -311,7 +315,7 @@ def test_a_second_cut_is_continued_from_the_original_request(fleet: tuple[ProxyS
     assert status == 200
     got = received(api, events(body))
     assert got["errors"] == [] and got["content"] == joined(script, "content")
-    assert got["reasoning"] == joined(script, "reasoning")
+    assert got["reasoning"] == joined(script, "reasoning") and got["ids"] == {"cmpl-0"}
     first, _, third = engines.seen[case]
     assert third["max_tokens"] == MAX_TOKENS - 5
     if api == "chat":

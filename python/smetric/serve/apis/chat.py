@@ -9,8 +9,9 @@ that carries no token. Errors: OpenAI's shape (:mod:`.openai`).
 A stream cut after text reached the client continues with vLLM's ``continue_final_message``: the
 text so far becomes the final assistant message — with the reasoning the client received as its
 ``reasoning``, which the chat template renders closed before the text (as vLLM renders an earlier
-turn's), so the engine, finding the reasoning ended in the prompt, streams the rest as text — and
-the continuation's own opening role chunk is dropped (the client already has one). A cut inside
+turn's), so the engine, finding the reasoning ended in the prompt, streams the rest as text (for
+templates that render the final assistant message's reasoning, as Qwen3's do) — and the
+continuation's own opening role chunk is dropped (the client already has one). A cut inside
 the reasoning (reasoning received, no text after it yet) is not continued: no template renders a
 reasoning left open, so the new engine would close it and answer without finishing the thought.
 Nor is a stream whose ``tool_choice`` forces a call (``"required"`` or a named function: vLLM

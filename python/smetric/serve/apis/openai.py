@@ -11,20 +11,22 @@ bytes) per chunk and no JSON work.
 
 Continuation (:meth:`OpenAIApi.continuation`), from what the client already received
 (:class:`Received`): nothing yet → the original request again (the new stream's opening dropped);
-text (and, for chat, a reasoning that ended because text followed it) → the API's
-continuation request. Never continued — the stream ends with the API's error event — when a cut
-falls where a fresh engine could not go on faithfully: after any ``tool_calls`` delta (a tool
-call's arguments restarted by a new parser and decoder), in guided / structured output
-(``response_format`` JSON, ``guided_*``, ``structured_outputs``, chat's forced ``tool_choice``:
-the new decoder would start the grammar from its root), inside a reasoning (see :mod:`.chat`), with
-``n`` ≠ 1 or completions' ``echo``. A second cut is continued from the original request, never
-from a continuation (so nothing is put back twice).
+text (and, for chat, a reasoning that ended because text followed it) → the API's continuation
+request, whose chunks are relayed under the first attempt's ``id``. Never continued — the stream
+ends with the API's error event — when a cut falls where a fresh engine could not go on
+faithfully: after any ``tool_calls`` delta (a tool call's arguments restarted by a new parser and
+decoder), in guided / structured output (``response_format`` JSON, ``guided_*``,
+``structured_outputs``, chat's forced ``tool_choice``: the new decoder would start the grammar
+from its root), inside a reasoning (see :mod:`.chat`), with ``n`` ≠ 1 or completions' ``echo``.
+A second cut is continued from the original request, never from a continuation (so nothing is
+put back twice).
 May import: :mod:`smetric.serve.apis.base` and what it may.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +43,9 @@ from smetric.serve.tokens import RoutingTokens, TokenSource
 __all__ = ["OpenAIApi", "OpenAIStream", "Received"]
 
 _DONE = b"data: [DONE]\n\n"
+
+_CHUNK_ID = re.compile(rb'"id":\s*"[^"\\]*"')
+"""A chunk's ``"id"`` field (vLLM writes it first in every chunk, before any tool call's ``id``)."""
 
 _STRUCTURED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 """vLLM's request fields that constrain decoding to a grammar (its ``guided_*`` and their successor)."""
@@ -70,7 +75,20 @@ class Received:
 class OpenAIStream(StreamState):
     """An OpenAI completion stream (``data: {chunk}`` events, ``data: [DONE]`` at the end)."""
 
-    __slots__ = ("_api", "_events", "chunks", "done", "finished", "keep", "origin", "output_tokens", "pending")
+    __slots__ = (
+        "_api",
+        "_attempts",
+        "_events",
+        "_id",
+        "_renamed",
+        "chunks",
+        "done",
+        "finished",
+        "keep",
+        "origin",
+        "output_tokens",
+        "pending",
+    )
 
     def __init__(self, api: OpenAIApi, *, keep: bool) -> None:
         self._api = api
@@ -87,6 +105,26 @@ class OpenAIStream(StreamState):
         self.origin: Prepared[OpenAIRequest] | None = None
         """The client's own request, set at the first continuation: every later one is built
         from it and the whole stream so far, so nothing is put back twice."""
+        self._attempts = 0
+        self._id: bytes | None = None
+        """The ``"id": "…"`` field of the first attempt's chunks: a continuation's carry it too."""
+        self._renamed: bytes | None = None
+        """The current continuation's own ``"id"`` field, once seen."""
+
+    def begin(self, instance: str) -> None:
+        self._attempts += 1
+        self._renamed = None
+
+    def outgoing(self, chunk: bytes, events: list[bytes]) -> bytes:
+        """A continuation's chunks under the first attempt's id (one stream, one id)."""
+        if self._attempts < 2 or not self._id:
+            return chunk
+        if self._renamed is None:
+            found = next((m for m in map(_CHUNK_ID.search, events) if m is not None), None)
+            if found is None:
+                return chunk
+            self._renamed = found.group(0)
+        return chunk if self._renamed == self._id else chunk.replace(self._renamed, self._id)
 
     def feed(self, chunk: bytes) -> list[bytes]:
         data = self.pending + chunk
@@ -101,6 +139,9 @@ class OpenAIStream(StreamState):
         if event[5:].strip() == b"[DONE]":
             self.done = True
             return
+        if self._id is None and self._attempts <= 1:
+            found = _CHUNK_ID.search(event)  # the first event only: b"" when it has no id
+            self._id = b"" if found is None else found.group(0)
         if b'"finish_reason"' in event:
             self.chunks += 1
             if b'"finish_reason":null' not in event and b'"finish_reason": null' not in event:
