@@ -1,7 +1,8 @@
 """The fake engine's HTTP surface: vLLM's OpenAI-compatible API on aiohttp.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics``, ``GET /kv_event_sources``. Bodies follow vLLM 0.33:
+``GET /health``, ``GET /metrics``, ``GET /kv_event_sources``; Anthropic's ``POST /v1/messages``
+and ``/v1/messages/count_tokens`` live in :mod:`.messages`. Bodies follow vLLM 0.33:
 
 * non-streaming: one ``chat.completion`` / ``text_completion`` object with ``usage``
   (``prompt_tokens``, ``completion_tokens``, ``total_tokens``, and
@@ -42,6 +43,7 @@ from typing import Any
 from aiohttp import web
 
 from .engine import Engine, Request
+from .messages import MessagesRoutes
 from .pd import DecodeSide, KvTransferError, PrefillSide
 from .tokens import Tokenizer, default_output_tokens, filler, render_chat
 
@@ -118,6 +120,7 @@ class FakeEngineApp:
         app = web.Application(client_max_size=64 << 20)
         app.router.add_post("/v1/chat/completions", self._handler(chat=True))
         app.router.add_post("/v1/completions", self._handler(chat=False))
+        MessagesRoutes(self).add_to(app.router)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)

@@ -45,6 +45,7 @@ from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
 from smetric.serve.apis import APIS
 from smetric.serve.apis.base import Api
+from smetric.serve.apis.messages import COUNT_TOKENS_PATH, MessagesApi
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
 from smetric.serve.config import InstanceConfig, ServeConfig
 from smetric.serve.errors import ProxyError
@@ -55,7 +56,7 @@ from smetric.serve.request import RequestError
 from smetric.serve.session import SessionTable
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
-from smetric.serve.upstream import Upstream
+from smetric.serve.upstream import RETRYABLE, Upstream, forwardable
 
 __all__ = ["Proxy", "ProxyServer", "run", "run_forever"]
 
@@ -151,6 +152,7 @@ class Proxy:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         for api in APIS:
             app.router.add_post(api.path, self._handler(api))
+        app.router.add_post(COUNT_TOKENS_PATH, self._count_tokens)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -221,6 +223,40 @@ class Proxy:
     def _respond(self, response: web.StreamResponse) -> web.StreamResponse:
         self.telemetry.responses[response.status] += 1
         return response
+
+    async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/messages/count_tokens``: validated here, counted by the least-loaded
+        eligible instance (the engine's own rendering; no routing decision, no KV accounting:
+        nothing is prefilled), the next one on a connection failure."""
+        api = next(a for a in APIS if isinstance(a, MessagesApi))
+        if self.draining:
+            return self._respond(api.fail(ProxyError.unavailable("the proxy is shutting down")))
+        try:
+            raw = await request.read()
+            model = api.parse_count_tokens(raw)
+            if self.fleet.models and model not in self.fleet.models:
+                raise RequestError.unknown_model(model)
+        except web.HTTPRequestEntityTooLarge:
+            return self._respond(api.reject(RequestError.too_large(self.config.max_body_bytes)))
+        except RequestError as e:
+            return self._respond(api.reject(e))
+        failed: list[str] = []
+        headers = forwardable(request.headers)
+        while (exclude := self.fleet.exclusions(model, failed, None)) is not None:
+            load = self.backend.in_flight(u for u in self.fleet.instances if u not in exclude)
+            url = min(load or [u for u in self.fleet.instances if u not in exclude], key=lambda u: load.get(u, 0))
+            try:
+                async with self._upstream.client.post(url + COUNT_TOKENS_PATH, data=raw, headers=headers) as answer:
+                    body = await answer.read()
+                    if answer.status < 500:
+                        kept = forwardable(answer.headers)
+                        return self._respond(web.Response(body=body, status=answer.status, headers=kept))
+                    cause = f"http_{answer.status}"
+            except RETRYABLE as e:
+                cause = type(e).__name__
+            failed.append(url)
+            self.fleet.failed(url, cause)
+        return self._respond(api.fail(ProxyError.unavailable("no instance could count the tokens")))
 
     # -- fleet endpoints --------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The client APIs ``smetric serve`` speaks, one adapter module each (:mod:`.base` is the
 interface): :mod:`.chat` (``POST /v1/chat/completions``) and :mod:`.completions`
-(``POST /v1/completions``), sharing OpenAI's stream and error shape in :mod:`.openai`.
+(``POST /v1/completions``), sharing OpenAI's stream and error shape in :mod:`.openai`;
+:mod:`.messages` (``POST /v1/messages``, Anthropic's).
 
 :data:`APIS` is the registry the app's routes table is built from: a new API is a module and a
 line here. May import: the adapter modules of this package.
@@ -13,8 +14,9 @@ from typing import Any
 from smetric.serve.apis.base import Api
 from smetric.serve.apis.chat import ChatApi
 from smetric.serve.apis.completions import CompletionsApi
+from smetric.serve.apis.messages import MessagesApi
 
-__all__ = ["APIS", "ChatApi", "CompletionsApi"]
+__all__ = ["APIS", "ChatApi", "CompletionsApi", "MessagesApi"]
 
-APIS: tuple[Api[Any], ...] = (ChatApi(), CompletionsApi())
+APIS: tuple[Api[Any], ...] = (ChatApi(), CompletionsApi(), MessagesApi())
 """Every API the proxy routes, in the order of its routes table."""
