@@ -19,6 +19,8 @@ chat. Answers follow vLLM 0.32:
   ``input`` is ``{"text": <the filler tokens>}``, streamed as ``input_json_delta`` pieces (the
   first piece opens the object, the last closes it), ``stop_reason`` ``tool_use``;
   ``max_tokens`` reached gives ``max_tokens``, else ``end_turn``;
+* PD roles: ``kv_transfer_params`` as on the chat route (vLLM passes them to the chat
+  conversion and returns the prefill's in the answer);
 * ``count_tokens``: ``{"input_tokens": n, "context_management": {"original_input_tokens": n}}``;
 * errors in Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``: 400
   ``invalid_request_error`` for a body that fails validation or too long a prompt, 404
@@ -38,6 +40,7 @@ from aiohttp import web
 from smetric.anthropic import ChatConversion, MessagesRequestError, anthropic_error, error_type, to_chat
 
 from .engine import Request
+from .pd import KvTransferError
 from .tokens import default_output_tokens, filler, render_chat
 
 if TYPE_CHECKING:
@@ -147,11 +150,25 @@ class MessagesRoutes:
         cache = app.engine.cache
         if -(-(len(tokens) + output) // cache.block_size) > cache.num_blocks:
             raise _Error(400, f"the request needs more than the engine's {cache.num_blocks} KV blocks")
+        # vLLM's disaggregated-prefill protocol, as on the chat route: a Messages request carries
+        # kv_transfer_params to its chat conversion, and the answer returns the prefill's.
+        params = body.get("kv_transfer_params")
+        if params is not None and not isinstance(params, dict):
+            raise _Error(400, "kv_transfer_params must be an object")
+        remote_decode = app.config.prefill is not None and bool(params and params.get("do_remote_decode"))
+        if remote_decode and conversion.stream:
+            raise _Error(400, "a prefill for remote decode is not streamed (stream=false)")
+        if app.config.decode is not None and params and params.get("do_remote_prefill"):
+            try:
+                await app.config.decode.pull(params, tokens)
+            except KvTransferError as e:
+                raise _Error(400, f"kv_transfer_params refused: {e}") from None
         lora = app._lora(body)
         r = Request(
             tokens=tokens,
             output_tokens=output,
             hashes=cache.hash_prompt(tokens, lora),
+            hold=remote_decode,
             lora_name=None if lora is None else lora[0],
         )
         rid = "msg_" + uuid.uuid4().hex
@@ -184,6 +201,9 @@ class MessagesRoutes:
             "stop_sequence": None,
             "usage": self._usage(r),
         }
+        if remote_decode and r.alloc is not None:
+            assert app.config.prefill is not None
+            doc["kv_transfer_params"] = app.config.prefill.hold(rid, r.alloc, tokens)
         return web.json_response(doc, dumps=_dumps)
 
     @staticmethod

@@ -1,0 +1,389 @@
+"""``POST /v1/messages`` through ``smetric serve``: Anthropic's official SDK against fake engines
+(streaming and not, tool use, multi-turn, ``count_tokens``), the conversion vLLM makes, Anthropic's
+error shape, PD, and streams cut at every part × cut point (aiohttp stubs that die on purpose).
+Every test is bounded in requests and time; servers listen on loopback only."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import pytest
+from aiohttp import web
+from proxy_util import Stub, colocated_router, pd_router, request
+
+from smetric.anthropic import MessagesRequestError, to_chat
+from smetric.fake_engine import FakeEngine
+from smetric.serve.apis import APIS
+from smetric.serve.apis.messages import MessagesApi
+from smetric.serve.config import load_config
+from smetric.serve.proxy import ProxyServer
+
+MODEL = "fake-model"
+SYSTEM_TEXT = "You are Claude Code, a careful coding agent. " * 30
+TOOLS: list[Any] = [
+    {"name": "read_file", "description": "Reads a file.", "input_schema": {"properties": {"path": {"type": "string"}}}}
+]
+
+
+def proxy_for(urls: list[str], **overrides: Any) -> ProxyServer:
+    overrides.setdefault("probe_interval_s", 0.1)
+    overrides.setdefault("engine_load", False)
+    return ProxyServer(load_config(instances=urls, port=0, **overrides)).start()
+
+
+@pytest.fixture
+def fleet() -> Iterator[list[FakeEngine]]:
+    engines = [FakeEngine(port=0, kv_events_port=0, kv_replay_port=0, speedup=1000).start() for _ in range(2)]
+    yield engines
+    for e in engines:
+        e.stop()
+
+
+def decision(header: str) -> dict[str, str]:
+    return {k: v.strip('"') for k, _, v in (p.partition("=") for p in header.split("; "))}
+
+
+def settled(p: ProxyServer) -> None:
+    """Every instance's load is back to zero and no lifecycle call came twice."""
+    router = colocated_router(p)
+    deadline = time.monotonic() + 5
+    while router.stats()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert router.stats()["in_flight"] == 0
+    assert router.stats()["unknown_request_events"] == 0
+
+
+def system(session: int) -> list[dict[str, Any]]:
+    """Claude Code's system blocks: a per-request billing header (vLLM drops it), then the prompt."""
+    return [
+        {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2; cch={session}{time.monotonic_ns()};"},
+        {"type": "text", "text": SYSTEM_TEXT},
+    ]
+
+
+# -- the conversion ------------------------------------------------------------------------------
+
+
+def test_a_messages_request_converts_to_the_chat_request_vllm_renders() -> None:
+    body = {
+        "model": MODEL,
+        "max_tokens": 10,
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: a"}, {"type": "text", "text": "Be brief."}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "list files"}, {"type": "text", "text": ""}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "use ls", "signature": "s"},
+                    {"type": "redacted_thinking", "data": "x"},
+                    {"type": "tool_use", "id": "toolu_1", "name": "ls", "input": {"dir": "."}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "a.py"}]},
+                    {"type": "text", "text": "now read it"},
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAA"}},
+                ],
+            },
+            {"role": "system", "content": "inline reminder"},
+        ],
+        "tools": [{"name": "ls", "input_schema": {"properties": {}}}],
+        "tool_choice": {"type": "any"},
+        "thinking": {"type": "disabled"},
+    }
+    c = to_chat(body)
+    assert c.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "list files"},
+        {
+            "role": "assistant",
+            "reasoning": "use ls",
+            "tool_calls": [
+                {"id": "toolu_1", "type": "function", "function": {"name": "ls", "arguments": '{"dir": "."}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "a.py"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "now read it"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAA"}},
+            ],
+        },
+        {"role": "system", "content": "inline reminder"},
+    ]
+    assert c.tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "ls",
+                "description": None,
+                "parameters": {"properties": {}, "type": "object"},
+                "strict": None,
+                "defer_loading": None,
+            },
+        }
+    ]
+    assert c.chat_template_kwargs == {"enable_thinking": False, "reasoning_effort": "none"}
+    merged = to_chat(body, merge_inline_system=True).messages
+    assert merged[0] == {"role": "system", "content": "Be brief.inline reminder"} and merged[-1]["role"] == "user"
+    for bad, param in [
+        ({**body, "max_tokens": 0}, "max_tokens"),
+        ({**body, "messages": [{"role": "tool", "content": "x"}]}, "messages"),
+        ({**body, "messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages.0.content"),
+        ({**body, "tools": [{"name": "t"}]}, "tools"),
+        ({**body, "tool_choice": {"type": "tool"}}, "tool_choice"),
+        ({**body, "thinking": {"type": "enabled", "budget_tokens": 10}}, "thinking"),
+    ]:
+        with pytest.raises(MessagesRequestError) as e:
+            to_chat(bad)
+        assert e.value.param == param
+
+
+# -- the official SDK through the proxy ----------------------------------------------------------
+
+
+def test_the_anthropic_sdk_streams_uses_tools_and_follow_ups_stay_home(fleet: list[FakeEngine]) -> None:
+    p = proxy_for([e.url for e in fleet])
+    client = anthropic.Anthropic(base_url=p.url, api_key="sk-test", max_retries=0, timeout=30)
+    try:
+        homes: dict[int, str] = {}
+        turns: dict[int, list[Any]] = {}
+        for s in range(6):
+            turns[s] = [{"role": "user", "content": f"session {s}: fix the failing test " + "context " * 80}]
+            kwargs: dict[str, Any] = {
+                "model": MODEL,
+                "max_tokens": 6,
+                "system": system(s),
+                "messages": turns[s],
+                "tools": TOOLS,
+                "tool_choice": {"type": "tool", "name": "read_file"},
+            }
+            if s % 2:
+                with client.messages.stream(**kwargs) as stream:
+                    message = stream.get_final_message()
+                    header = stream.response.headers["x-smetric-decision"]
+            else:
+                raw = client.messages.with_raw_response.create(**kwargs)
+                message, header = raw.parse(), raw.headers["x-smetric-decision"]
+            assert message.stop_reason in ("tool_use", "max_tokens")
+            (block,) = message.content
+            assert block.type == "tool_use" and block.name == "read_file" and isinstance(block.input, dict)
+            assert block.input["text"].startswith("lorem"), "the streamed input_json_delta pieces form the object"
+            homes[s] = decision(header)["instance"]
+            turns[s] += [
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": block.id, "content": "def f(): pass\n" * 20}],
+                },
+            ]
+        assert set(homes.values()) == {e.url for e in fleet}, "first turns use every instance"
+        for turn in (2, 3):
+            for s in range(6):
+                kwargs = {"model": MODEL, "max_tokens": 4, "system": system(s), "messages": turns[s], "tools": TOOLS}
+                if (s + turn) % 2:
+                    with client.messages.stream(**kwargs) as stream:
+                        text = "".join(stream.text_stream)
+                        message = stream.get_final_message()
+                        header = stream.response.headers["x-smetric-decision"]
+                    assert text == message.content[0].text
+                else:
+                    raw = client.messages.with_raw_response.create(**kwargs)
+                    message, header = raw.parse(), raw.headers["x-smetric-decision"]
+                d = decision(header)
+                assert (d["instance"], d["first_turn"], d["reason"]) == (homes[s], "0", "sticky"), (turn, s, d)
+                cached = message.usage.cache_read_input_tokens
+                assert cached is not None and cached > 300
+                assert int(d["local_hit_tokens"]) == cached, "the router's predicted hit is the engine's"
+                assert message.content[0].type == "text" and message.stop_reason == "max_tokens"
+                turns[s] += [
+                    {"role": "assistant", "content": message.content[0].text},
+                    {"role": "user", "content": f"turn {turn}: and now the docs " * 10},
+                ]
+        counted = client.messages.count_tokens(model=MODEL, system=system(0), messages=turns[0], tools=TOOLS)
+        engine = fleet[0] if homes[0] == fleet[0].url else fleet[1]
+        status, _, body = request(
+            engine.url, "/v1/messages/count_tokens", {"model": MODEL, "system": system(0), "messages": turns[0]}
+        )
+        assert status == 200 and counted.input_tokens == json.loads(body)["input_tokens"] > 300
+        settled(p)
+    finally:
+        client.close()
+        p.stop()
+
+
+def test_messages_errors_are_in_anthropics_shape_with_its_statuses(fleet: list[FakeEngine]) -> None:
+    p = proxy_for([e.url for e in fleet])
+    client = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0, timeout=30)
+    try:
+        with pytest.raises(anthropic.NotFoundError) as nf:
+            client.messages.create(model="no-such-model", max_tokens=3, messages=[{"role": "user", "content": "x"}])
+        assert nf.value.body == {
+            "type": "error",
+            "error": {"type": "not_found_error", "message": "The model `no-such-model` does not exist."},
+        }
+        for raw in (b"{not json", b'{"model": "fake-model", "messages": []}', b"[]"):
+            for path in ("/v1/messages", "/v1/messages/count_tokens"):
+                status, _, body = request(p.url, path, raw=raw)
+                doc = json.loads(body)
+                assert status == 400 and doc["type"] == "error", (path, raw, body)
+                assert doc["error"]["type"] == "invalid_request_error" and doc["error"]["message"]
+        with pytest.raises(anthropic.BadRequestError):
+            client.messages.create(model=MODEL, max_tokens=3, messages=[{"role": "robot", "content": "x"}])  # type: ignore[typeddict-item]
+        settled(p)
+    finally:
+        client.close()
+        p.stop()
+
+
+def test_no_instance_left_is_anthropics_overloaded_error() -> None:
+    async def dead(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": []})
+        return web.Response(status=503)
+
+    with Stub(dead) as a:
+        p = proxy_for([a.url], max_attempts=2)
+        try:
+            status, _, body = request(
+                p.url, "/v1/messages", {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]}
+            )
+            assert status == 529 and json.loads(body)["error"]["type"] == "overloaded_error"
+        finally:
+            p.stop()
+
+
+def test_messages_go_prefill_then_decode_in_pd_mode() -> None:
+    ps = [FakeEngine(port=0, role="prefill", speedup=1000).start() for _ in range(2)]
+    ds = [FakeEngine(port=0, role="decode", speedup=1000).start() for _ in range(2)]
+    cfg = load_config(prefill=[e.url for e in ps], decode=[e.url for e in ds], port=0, engine_load=False)
+    try:
+        with ProxyServer(cfg) as proxy:
+            client = anthropic.Anthropic(base_url=proxy.url, api_key="k", max_retries=0, timeout=30)
+            messages: list[Any] = [{"role": "user", "content": "agent task " * 100}]
+            raw = client.messages.with_raw_response.create(
+                model=MODEL, max_tokens=4, system=SYSTEM_TEXT, messages=messages
+            )
+            first, d = raw.parse(), decision(raw.headers["x-smetric-decision"])
+            assert d["instance"] in [e.url for e in ds] and d["prefill"] in [e.url for e in ps]
+            assert first.usage.cache_read_input_tokens, "the decode engine pulled the prefill's KV"
+            messages += [{"role": "assistant", "content": first.content[0].text}, {"role": "user", "content": "go on"}]
+            with client.messages.stream(model=MODEL, max_tokens=4, system=SYSTEM_TEXT, messages=messages) as stream:
+                follow = stream.get_final_message()
+                d2 = decision(stream.response.headers["x-smetric-decision"])
+            assert follow.stop_reason == "max_tokens" and d2["prefill"] == d["prefill"] and d2["reason"] == "sticky"
+            client.close()
+            assert pd_router(proxy).stats()["in_flight"] == 0
+    finally:
+        for e in ps + ds:
+            e.stop()
+
+
+# -- streams cut mid-way -------------------------------------------------------------------------
+
+
+def _sse(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _message(part: str) -> list[bytes]:
+    """A complete vLLM Messages stream with one content block of ``part``."""
+    start = {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": MODEL}
+    start |= {"stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 0}}
+    block: dict[str, Any]
+    if part == "text":
+        block, deltas = {"type": "text", "text": ""}, [{"type": "text_delta", "text": t} for t in ("hel", "lo")]
+    elif part == "thinking":
+        block = {"type": "thinking", "thinking": ""}
+        deltas = [{"type": "thinking_delta", "thinking": t} for t in ("hm", "m")]
+        deltas.append({"type": "signature_delta", "signature": "sig"})
+    else:
+        block = {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {}}
+        deltas = [{"type": "input_json_delta", "partial_json": t} for t in ('{"path": ', '"a.py"}')]
+    stop = "tool_use" if part == "tool_use" else "end_turn"
+    return [
+        _sse("message_start", {"type": "message_start", "message": start}),
+        _sse("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
+        *[_sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d}) for d in deltas],
+        _sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        _sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 2}}),
+        _sse("message_stop", {"type": "message_stop"}),
+    ]
+
+
+CUT_POINTS = {"before_block": 1, "inside_block": 3, "after_block": -3}
+"""Events of :func:`_message` the client has when the stream is cut."""
+
+
+def _stub(part: str, cut: int | None, received: list[dict[str, Any]]) -> Any:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        if request.path != "/v1/messages":
+            return web.Response(status=404 if request.path != "/health" else 200)
+        received.append(await request.json())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        events = _message(part)
+        await resp.write(b"".join(events if cut is None else events[:cut]))
+        if cut is not None:
+            assert request.transport is not None
+            request.transport.abort()  # the engine dies mid-stream
+            return resp
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+def _parsed(body: bytes) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for block in body.decode().split("\n\n"):
+        if block.strip():
+            name_line, data_line = block.split("\n", 1)
+            out.append((name_line.removeprefix("event: "), json.loads(data_line.removeprefix("data: "))))
+    return out
+
+
+@pytest.mark.parametrize("part", ["text", "thinking", "tool_use"])
+@pytest.mark.parametrize("cut_at", sorted(CUT_POINTS))
+def test_a_cut_messages_stream_is_resent_whole_or_ended_with_an_error_event(part: str, cut_at: str) -> None:
+    cut = CUT_POINTS[cut_at]
+    api = next(x for x in APIS if isinstance(x, MessagesApi))
+    unresumable = api.unresumable_cuts
+    received: list[dict[str, Any]] = []
+    with Stub(_stub(part, cut, received)) as a, Stub(_stub(part, None, received)) as b:
+        p = proxy_for([a.url, b.url], policy="round_robin", eject_after=100)
+        try:
+            body = {"model": MODEL, "max_tokens": 9, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+            headers = {"x-api-key": "sk-client", "anthropic-version": "2023-06-01"}
+            status, _, raw = request(p.url, "/v1/messages", body, headers=headers)
+            assert status == 200
+            got = _parsed(raw)
+            assert [n for n, _ in got].count("message_start") == 1, "one message, never a second opening"
+            full = _parsed(b"".join(_message(part)))
+            if cut_at == "before_block":
+                assert got == full, "nothing reached the client but message_start: the answer is whole"
+                assert len(received) == 2 and received[1] == received[0], "sent again as it was"
+                assert p.proxy is not None and p.proxy.telemetry.resumed_streams == 1
+            else:
+                had = full[:cut]
+                assert got[: len(had)] == had, "every block the client had is kept as it was"
+                name, error = got[-1]
+                assert len(got) == len(had) + 1 and name == "error" and error["type"] == "error", got
+                assert error["error"]["type"] == "overloaded_error" and error["error"]["message"]
+                assert api.unresumable_cuts == unresumable + 1
+            for seen in a.seen + b.seen:
+                if seen["path"] == "/v1/messages":
+                    forwarded = {k.lower(): v for k, v in seen["headers"].items()}
+                    assert forwarded["x-api-key"] == "sk-client" and forwarded["anthropic-version"] == "2023-06-01"
+            settled(p)
+        finally:
+            p.stop()
