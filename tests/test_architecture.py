@@ -290,6 +290,7 @@ SERVE_LAYERS: dict[str, int] = {
     "apis.openai": 5,
     "apis.chat": 6,
     "apis.completions": 6,
+    "apis.messages": 6,
     "apis": 7,
     # the relay, the fleet, then the backends behind one interface
     "relay": 8,
@@ -311,6 +312,8 @@ CHOSEN_ONLY_BY = {
     "smetric.serve.backends": {"smetric.serve.proxy"},
     "smetric.serve.apis.chat": {"smetric.serve.apis"},
     "smetric.serve.apis.completions": {"smetric.serve.apis"},
+    # the app names it for count_tokens, which it forwards without a routing decision
+    "smetric.serve.apis.messages": {"smetric.serve.apis", "smetric.serve.proxy"},
     "smetric.serve.apis": {"smetric.serve.proxy"},
 }
 """Concrete backends and adapters are picked in one place (the app); everything else sees only

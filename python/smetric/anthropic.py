@@ -228,7 +228,9 @@ def _reasoning_effort(thinking: object, output_config: object) -> str | None:
         assert isinstance(thinking, dict)
         budget = thinking.get("budget_tokens")
         if kind == "enabled" and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024):
-            raise MessagesRequestError("thinking.budget_tokens: an integer of at least 1024 is required", param="thinking")
+            raise MessagesRequestError(
+                "thinking.budget_tokens: an integer of at least 1024 is required", param="thinking"
+            )
         if kind == "disabled":
             effort = "none"
     if output_config is not None:
@@ -245,13 +247,13 @@ def _reasoning_effort(thinking: object, output_config: object) -> str | None:
 # -- conversion --------------------------------------------------------------------------------
 
 
-def _system_text(content: object) -> str | None:
+def _system_text(content: str | list[dict[str, Any]]) -> str | None:
     """A system message's text (billing blocks dropped), None when empty."""
     if isinstance(content, str):
         return None if content.startswith(BILLING_HEADER_PREFIX) else content
     parts = [
         b["text"]
-        for b in content  # type: ignore[union-attr]  # validated: a list of blocks
+        for b in content
         if b.get("type") == "text" and b.get("text") and not b["text"].startswith(BILLING_HEADER_PREFIX)
     ]
     return "".join(parts) if parts else None
@@ -262,7 +264,7 @@ def _system_messages(system: object, messages: list[Any], merge_inline: bool) ->
     if isinstance(system, str):
         if system:
             parts.append(system)
-    elif system:
+    elif isinstance(system, list) and system:
         text = _system_text(system)
         if text:
             parts.append(text)

@@ -20,6 +20,7 @@ from smetric.fake_engine import FakeEngine
 from smetric.serve.apis import APIS
 from smetric.serve.apis.messages import MessagesApi
 from smetric.serve.config import load_config
+from smetric.serve.errors import ProxyError
 from smetric.serve.proxy import ProxyServer
 
 MODEL = "fake-model"
@@ -387,3 +388,22 @@ def test_a_cut_messages_stream_is_resent_whole_or_ended_with_an_error_event(part
             settled(p)
         finally:
             p.stop()
+
+
+def test_the_proxys_own_errors_are_anthropics_and_a_stream_ends_with_an_error_event() -> None:
+    api = MessagesApi()
+    for error, status, kind in [
+        (ProxyError.unavailable("gone"), 529, "overloaded_error"),
+        (ProxyError.timeout("slow"), 504, "timeout_error"),
+        (ProxyError.internal(), 500, "api_error"),
+    ]:
+        response = api.fail(error)
+        assert response.status == status and response.body is not None
+        assert json.loads(bytes(response.body)) == {"type": "error", "error": {"type": kind, "message": error.message}}
+    event = api.stream_failure(ProxyError.unavailable("cut"))
+    assert _parsed(event) == [("error", {"type": "error", "error": {"type": "overloaded_error", "message": "cut"}})]
+    state = api.stream(keep=False)
+    events = b"".join(_message("text"))
+    assert len(state.feed(events[:-5])) == 6 and state.finished and not state.done and state.tokens == 2
+    state.feed(events[-5:])
+    assert state.done and state.end_marker.startswith(b"event: message_stop\n")

@@ -32,19 +32,16 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from smetric.anthropic import ChatConversion, MessagesRequestError, anthropic_error, error_type, to_chat
 
-from .engine import Request
-from .pd import KvTransferError
-from .tokens import default_output_tokens, filler, render_chat
-
-if TYPE_CHECKING:
-    from .server import FakeEngineApp
+from .engine import Engine, Request
+from .pd import DecodeSide, KvTransferError, PrefillSide
+from .tokens import Tokenizer, default_output_tokens, filler, render_chat
 
 __all__ = ["MessagesRoutes"]
 
@@ -81,10 +78,37 @@ def _forced_tool(body: dict[str, Any]) -> str | None:
     return None
 
 
-class MessagesRoutes:
-    """The two routes, on a :class:`FakeEngineApp`'s engine and tokenizer."""
+class _Config(Protocol):
+    """What the routes read of the server's configuration (``server.ServerConfig``)."""
 
-    def __init__(self, app: FakeEngineApp) -> None:
+    @property
+    def model(self) -> str: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def lora_modules(self) -> Mapping[str, str]: ...
+    @property
+    def prefill(self) -> PrefillSide | None: ...
+    @property
+    def decode(self) -> DecodeSide | None: ...
+
+
+class _App(Protocol):
+    """The server app the routes run on (``server.FakeEngineApp``; named structurally, so this
+    module does not import the server that imports it)."""
+
+    engine: Engine
+    tokenizer: Tokenizer
+
+    @property
+    def config(self) -> _Config: ...
+    def _lora(self, body: Mapping[str, Any]) -> tuple[str, str] | None: ...
+
+
+class MessagesRoutes:
+    """The two routes, on the server app's engine and tokenizer."""
+
+    def __init__(self, app: _App) -> None:
         self.app = app
 
     def add_to(self, router: web.UrlDispatcher) -> None:
@@ -220,7 +244,7 @@ class MessagesRoutes:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         model = self.app.config.model if r.lora_name is None else r.lora_name
-        start = {"id": rid, "type": "message", "role": "assistant", "content": [], "model": model}
+        start: dict[str, Any] = {"id": rid, "type": "message", "role": "assistant", "content": [], "model": model}
         start |= {"stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
         if tool is not None:
             block: dict[str, Any] = {"type": "tool_use", "id": "toolu_" + rid[4:], "name": tool, "input": {}}
@@ -233,7 +257,9 @@ class MessagesRoutes:
             if not opened:  # after the prefill: the usage now knows the cached tokens
                 start["usage"] = self._usage(r) | {"output_tokens": 0}
                 parts.append(_event("message_start", {"type": "message_start", "message": start}))
-                parts.append(_event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}))
+                parts.append(
+                    _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block})
+                )
                 opened = True
             while sent < count:
                 piece = filler(sent)
@@ -252,7 +278,11 @@ class MessagesRoutes:
             _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
             _event(
                 "message_delta",
-                {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": self._usage(r)},
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": self._usage(r),
+                },
             ),
             _event("message_stop", {"type": "message_stop"}),
         ]
