@@ -319,25 +319,43 @@ def _message(part: str) -> list[bytes]:
     ]
 
 
-CUT_POINTS = {"before_block": 1, "inside_block": 3, "after_block": -3}
-"""Events of :func:`_message` the client has when the stream is cut."""
+CUT_POINTS = {"before_block": 1, "inside_block": 3, "after_block": -2}
+"""Events of :func:`_message` the client has when the stream is cut (after_block: up to its
+``content_block_stop``)."""
 
 
-def _stub(part: str, cut: int | None, received: list[dict[str, Any]]) -> Any:
+def _chat_chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return b"data: " + json.dumps({"object": "chat.completion.chunk", "choices": [choice]}).encode() + b"\n\n"
+
+
+CHAT_CONTINUATION = [
+    _chat_chunk({"role": "assistant", "content": ""}),
+    _chat_chunk({"content": "lo"}),
+    _chat_chunk({"content": " world"}, finish="stop"),
+    b'data: {"object":"chat.completion.chunk","choices":[],"usage":{"completion_tokens":2}}\n\n',
+    b"data: [DONE]\n\n",
+]
+"""What a healthy engine streams for a continuation over ``/v1/chat/completions``."""
+
+
+def _stub(events: list[bytes], cut: int | None, received: list[tuple[str, dict[str, Any]]]) -> Any:
     async def handler(request: web.Request) -> web.StreamResponse:
         if request.path == "/v1/models":
             return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-        if request.path != "/v1/messages":
+        if request.path not in ("/v1/messages", "/v1/chat/completions"):
             return web.Response(status=404 if request.path != "/health" else 200)
-        received.append(await request.json())
+        received.append((request.path, await request.json()))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        events = _message(part)
-        await resp.write(b"".join(events if cut is None else events[:cut]))
-        if cut is not None:
-            assert request.transport is not None
-            request.transport.abort()  # the engine dies mid-stream
-            return resp
+        if request.path == "/v1/chat/completions":
+            await resp.write(b"".join(CHAT_CONTINUATION))
+        else:
+            await resp.write(b"".join(events if cut is None else events[:cut]))
+            if cut is not None:
+                assert request.transport is not None
+                request.transport.abort()  # the engine dies mid-stream
+                return resp
         await resp.write_eof()
         return resp
 
@@ -353,41 +371,114 @@ def _parsed(body: bytes) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _cut_stream(events: list[bytes], cut: int) -> tuple[ProxyServer, list[Any], bytes, list[Stub]]:
+    """One streamed request through a proxy whose first instance dies after ``events[:cut]``."""
+    received: list[tuple[str, dict[str, Any]]] = []
+    a, b = Stub(_stub(events, cut, received)).start(), Stub(_stub(events, None, received)).start()
+    p = proxy_for([a.url, b.url], policy="round_robin", eject_after=100)
+    body = {"model": MODEL, "max_tokens": 9, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    headers = {"x-api-key": "sk-client", "anthropic-version": "2023-06-01"}
+    status, _, raw = request(p.url, "/v1/messages", body, headers=headers)
+    assert status == 200
+    return p, received, raw, [a, b]
+
+
+def _delta(index: int, **delta: Any) -> tuple[str, dict[str, Any]]:
+    return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def _tail(index: int, output_tokens: int) -> list[tuple[str, dict[str, Any]]]:
+    """The end of a message continued over chat: the open block closed, vLLM's stop and usage."""
+    return [
+        ("content_block_stop", {"type": "content_block_stop", "index": index}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": output_tokens},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+
+
 @pytest.mark.parametrize("part", ["text", "thinking", "tool_use"])
 @pytest.mark.parametrize("cut_at", sorted(CUT_POINTS))
-def test_a_cut_messages_stream_is_resent_whole_or_ended_with_an_error_event(part: str, cut_at: str) -> None:
+def test_a_cut_messages_stream_keeps_every_block_and_never_breaks_one(part: str, cut_at: str) -> None:
     cut = CUT_POINTS[cut_at]
     api = next(x for x in APIS if isinstance(x, MessagesApi))
-    unresumable = api.unresumable_cuts
-    received: list[dict[str, Any]] = []
-    with Stub(_stub(part, cut, received)) as a, Stub(_stub(part, None, received)) as b:
-        p = proxy_for([a.url, b.url], policy="round_robin", eject_after=100)
-        try:
-            body = {"model": MODEL, "max_tokens": 9, "stream": True, "messages": [{"role": "user", "content": "x"}]}
-            headers = {"x-api-key": "sk-client", "anthropic-version": "2023-06-01"}
-            status, _, raw = request(p.url, "/v1/messages", body, headers=headers)
-            assert status == 200
-            got = _parsed(raw)
-            assert [n for n, _ in got].count("message_start") == 1, "one message, never a second opening"
-            full = _parsed(b"".join(_message(part)))
-            if cut_at == "before_block":
-                assert got == full, "nothing reached the client but message_start: the answer is whole"
-                assert len(received) == 2 and received[1] == received[0], "sent again as it was"
-                assert p.proxy is not None and p.proxy.telemetry.resumed_streams == 1
-            else:
-                had = full[:cut]
-                assert got[: len(had)] == had, "every block the client had is kept as it was"
-                name, error = got[-1]
-                assert len(got) == len(had) + 1 and name == "error" and error["type"] == "error", got
-                assert error["error"]["type"] == "overloaded_error" and error["error"]["message"]
-                assert api.unresumable_cuts == unresumable + 1
-            for seen in a.seen + b.seen:
+    unresumable, over_chat = api.unresumable_cuts, api.resumed_over_chat
+    events = _message(part)
+    p, received, raw, stubs = _cut_stream(events, cut)
+    try:
+        got, full = _parsed(raw), _parsed(b"".join(events))
+        had = full[:cut]
+        assert got[: len(had)] == had, "every event the client had is kept as it was"
+        assert [n for n, _ in got].count("message_start") == 1, "one message, never a second opening"
+        if cut_at == "before_block":
+            assert got == full, "nothing but message_start had reached the client: the answer is whole"
+            assert [r[0] for r in received] == ["/v1/messages"] * 2 and received[1] == received[0]
+        elif part == "text":
+            (path, chat) = received[-1]
+            assert path == "/v1/chat/completions" and api.resumed_over_chat == over_chat + 1
+            so_far = "hel" if cut_at == "inside_block" else "hello"
+            assert chat["messages"] == [{"role": "user", "content": "x"}, {"role": "assistant", "content": so_far}]
+            assert chat["continue_final_message"] is True and chat["add_generation_prompt"] is False
+            assert chat["max_tokens"] == 9 - (1 if cut_at == "inside_block" else 2), "less the deltas sent"
+            if cut_at == "inside_block":  # the open block goes on at its index
+                expected = [*had, _delta(0, type="text_delta", text="lo"), _delta(0, type="text_delta", text=" world")]
+                assert got == [*expected, *_tail(0, 3)]
+            else:  # the client's block was closed: the rest is a new block
+                start = (
+                    "content_block_start",
+                    {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+                )
+                expected = [
+                    *had,
+                    start,
+                    _delta(1, type="text_delta", text="lo"),
+                    _delta(1, type="text_delta", text=" world"),
+                ]
+                assert got == [*expected, *_tail(1, 4)]
+            assert p.proxy is not None and p.proxy.telemetry.resumed_streams == 1
+        else:
+            name, error = got[-1]
+            assert len(got) == len(had) + 1 and name == "error" and error["type"] == "error", got
+            assert error["error"]["type"] == "overloaded_error" and error["error"]["message"]
+            assert api.unresumable_cuts == unresumable + 1
+        for stub in stubs:
+            for seen in stub.seen:
                 if seen["path"] == "/v1/messages":
                     forwarded = {k.lower(): v for k, v in seen["headers"].items()}
                     assert forwarded["x-api-key"] == "sk-client" and forwarded["anthropic-version"] == "2023-06-01"
-            settled(p)
-        finally:
-            p.stop()
+        settled(p)
+    finally:
+        p.stop()
+        for stub in stubs:
+            stub.stop()
+
+
+def test_a_text_block_cut_after_thinking_is_continued_with_the_reasoning_in_the_history() -> None:
+    thinking, text = _message("thinking"), _message("text")
+    events = [*thinking[:5], *[e.replace(b'"index": 0', b'"index": 1') for e in text[1:3]]]
+    p, received, raw, stubs = _cut_stream(events, len(events))
+    try:
+        got = _parsed(raw)
+        path, chat = received[-1]
+        assert path == "/v1/chat/completions"
+        assert chat["messages"][-1] == {"role": "assistant", "content": "hel", "reasoning": "hmm"}
+        assert got[: len(events)] == _parsed(b"".join(events))
+        assert got[len(events) :] == [
+            _delta(1, type="text_delta", text="lo"),
+            _delta(1, type="text_delta", text=" world"),
+            *_tail(1, 3 + 2),  # two thinking deltas and "hel" before, two after
+        ]
+        settled(p)
+    finally:
+        p.stop()
+        for stub in stubs:
+            stub.stop()
 
 
 def test_the_proxys_own_errors_are_anthropics_and_a_stream_ends_with_an_error_event() -> None:
@@ -407,3 +498,21 @@ def test_the_proxys_own_errors_are_anthropics_and_a_stream_ends_with_an_error_ev
     assert len(state.feed(events[:-5])) == 6 and state.finished and not state.done and state.tokens == 2
     state.feed(events[-5:])
     assert state.done and state.end_marker.startswith(b"event: message_stop\n")
+
+
+def test_the_sdk_reads_a_continued_stream_as_one_message() -> None:
+    received: list[tuple[str, dict[str, Any]]] = []
+    events = _message("text")
+    with Stub(_stub(events, 3, received)) as a, Stub(_stub(events, None, received)) as b:
+        p = proxy_for([a.url, b.url], policy="round_robin", eject_after=100)
+        client = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0, timeout=30)
+        try:
+            with client.messages.stream(model=MODEL, max_tokens=9, messages=[{"role": "user", "content": "x"}]) as s:
+                message = s.get_final_message()
+            assert [block.type for block in message.content] == ["text"]
+            assert message.content[0].text == "hello world" and message.stop_reason == "end_turn"  # type: ignore[union-attr]
+            assert [path for path, _ in received] == ["/v1/messages", "/v1/chat/completions"]
+            settled(p)
+        finally:
+            client.close()
+            p.stop()
