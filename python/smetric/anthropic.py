@@ -20,7 +20,7 @@ part (the sampling fields are not needed to route):
   message of its images; in an assistant message → a text part ``"Tool result: …"``. A single
   text part collapses to a string; a user message left without content is dropped;
 * ``tools`` → OpenAI function tools (``input_schema`` as ``parameters``, ``type: object``
-  added when missing; ``strict`` and ``defer_loading`` kept, null when absent);
+  added when missing; ``strict`` and ``defer_loading`` only when set, as vLLM dumps them);
 * ``thinking: {type: disabled}`` → ``reasoning_effort`` ``"none"``, ``output_config.effort`` →
   ``reasoning_effort``, passed to the template over the request's ``chat_template_kwargs``; it
   also sets the template's ``enable_thinking`` unless those kwargs do. vLLM may map "disabled" to ``"low"`` for a model
@@ -197,13 +197,12 @@ def _tools(tools: object) -> list[dict[str, Any]] | None:
             raise MessagesRequestError(f"tools.{i}.input_schema must be an object", param="tools")
         if "type" not in schema:
             schema = {**schema, "type": "object"}
-        function = {
-            "name": tool["name"],
-            "description": tool.get("description"),
-            "parameters": schema,
-            "strict": tool.get("strict"),
-            "defer_loading": tool.get("defer_loading"),
-        }
+        function = {"name": tool["name"], "description": tool.get("description"), "parameters": schema}
+        # vLLM's FunctionDefinition dumps these two only when set: a null would print in the
+        # template's tojson and change the prompt.
+        for key in ("strict", "defer_loading"):
+            if tool.get(key) is not None:
+                function[key] = tool[key]
         out.append({"type": "function", "function": function})
     return out
 

@@ -126,8 +126,6 @@ def test_a_messages_request_converts_to_the_chat_request_vllm_renders() -> None:
                 "name": "ls",
                 "description": None,
                 "parameters": {"properties": {}, "type": "object"},
-                "strict": None,
-                "defer_loading": None,
             },
         }
     ]
