@@ -13,11 +13,10 @@ from typing import Any
 import anthropic
 import pytest
 from aiohttp import web
-from proxy_util import Stub, colocated_router, pd_router, request
+from proxy_util import Stub, colocated_router, metric, pd_router, request
 
 from smetric.anthropic import MessagesRequestError, to_chat
 from smetric.fake_engine import FakeEngine
-from smetric.serve.apis import APIS
 from smetric.serve.apis.messages import MessagesApi
 from smetric.serve.config import load_config
 from smetric.serve.errors import ProxyError
@@ -405,8 +404,6 @@ def _tail(index: int, output_tokens: int) -> list[tuple[str, dict[str, Any]]]:
 @pytest.mark.parametrize("cut_at", sorted(CUT_POINTS))
 def test_a_cut_messages_stream_keeps_every_block_and_never_breaks_one(part: str, cut_at: str) -> None:
     cut = CUT_POINTS[cut_at]
-    api = next(x for x in APIS if isinstance(x, MessagesApi))
-    unresumable, over_chat = api.unresumable_cuts, api.resumed_over_chat
     events = _message(part)
     p, received, raw, stubs = _cut_stream(events, cut)
     try:
@@ -419,7 +416,7 @@ def test_a_cut_messages_stream_keeps_every_block_and_never_breaks_one(part: str,
             assert [r[0] for r in received] == ["/v1/messages"] * 2 and received[1] == received[0]
         elif part == "text":
             (path, chat) = received[-1]
-            assert path == "/v1/chat/completions" and api.resumed_over_chat == over_chat + 1
+            assert path == "/v1/chat/completions"
             so_far = "hel" if cut_at == "inside_block" else "hello"
             assert chat["messages"] == [{"role": "user", "content": "x"}, {"role": "assistant", "content": so_far}]
             assert chat["continue_final_message"] is True and chat["add_generation_prompt"] is False
@@ -444,7 +441,9 @@ def test_a_cut_messages_stream_keeps_every_block_and_never_breaks_one(part: str,
             name, error = got[-1]
             assert len(got) == len(had) + 1 and name == "error" and error["type"] == "error", got
             assert error["error"]["type"] == "overloaded_error" and error["error"]["message"]
-            assert api.unresumable_cuts == unresumable + 1
+            assert p.proxy is not None and p.proxy.telemetry.unresumable_streams == {"messages": 1}
+            page = request(p.url, "/metrics", method="GET")[2].decode()
+            assert metric(page, "smetric_proxy_unresumable_streams_total", api="messages") == 1
         for stub in stubs:
             for seen in stub.seen:
                 if seen["path"] == "/v1/messages":

@@ -97,6 +97,8 @@ class Failover:
                     continued = None
                     if state is not None and self.config.resume_streams:
                         continued = api.continuation(prepared, state, self.tokens)
+                        if continued is None:
+                            self.telemetry.unresumable_streams[api.name] += 1
                     if continued is None:
                         return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
                     prepared = continued

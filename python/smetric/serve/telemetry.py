@@ -11,7 +11,7 @@ Families (``smetric_`` prefix): ``proxy_decisions_total{policy,reason,first_turn
 ``proxy_decision_seconds``, ``proxy_upstream_first_byte_seconds``, ``proxy_request_seconds``,
 ``proxy_retries_total{cause}``, ``proxy_ejections_total{instance}``,
 ``proxy_readmissions_total{instance}``, ``proxy_resumed_streams_total``,
-``proxy_responses_total{code}``, ``proxy_instance_in_flight{instance}``,
+``proxy_unresumable_streams_total{api}``, ``proxy_responses_total{code}``, ``proxy_instance_in_flight{instance}``,
 ``proxy_instance_ejected{instance}``.
 
 May import: :mod:`smetric.metrics` only.
@@ -74,6 +74,8 @@ class ProxyTelemetry:
         self.readmissions: Counter[str] = Counter()
         self.responses: Counter[int] = Counter()
         self.resumed_streams = 0
+        self.unresumable_streams: Counter[str] = Counter()
+        """Cut streams that could not be continued faithfully, by API (ended with its error event)."""
         self.decision_s = Histogram(DECISION_BUCKETS_S)
         self.first_byte_s = Histogram(LATENCY_BUCKETS_S)
         self.request_s = Histogram(LATENCY_BUCKETS_S)
@@ -140,6 +142,12 @@ class ProxyTelemetry:
             "counter",
             "Streams cut after their first chunk and continued on another instance.",
             [({}, self.resumed_streams)],
+        )
+        yield from _family(
+            name("unresumable_streams_total"),
+            "counter",
+            "Streams cut inside a part that cannot be continued faithfully, ended with the API's error event.",
+            [({"api": a}, n) for a, n in sorted(self.unresumable_streams.items())],
         )
         yield from _family(
             name("responses_total"),

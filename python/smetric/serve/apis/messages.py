@@ -29,8 +29,8 @@ client keeps every block it received and never gets a second opening or a broken
   with vLLM's ``message_delta`` (stop reason mapped as vLLM maps it) and ``message_stop``;
 * cut inside or after a **thinking** block with no text after it, or once a **tool_use** block
   has started (its ``input_json_delta`` cannot be continued: a tool parser starts a call from
-  its beginning): the stream is ended with Anthropic's ``error`` event and counted in
-  :attr:`MessagesApi.unresumable_cuts`.
+  its beginning): the stream is ended with Anthropic's ``error`` event and counted
+  (``smetric_proxy_unresumable_streams_total{api="messages"}``).
 
 Errors: Anthropic's shape ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's
 statuses (the proxy's 503 becomes 529 ``overloaded_error``, its 504 ``timeout_error``).
@@ -378,12 +378,6 @@ class MessagesApi(Api[MessagesRequest]):
     name = "messages"
     path = "/v1/messages"
 
-    def __init__(self) -> None:
-        self.unresumable_cuts = 0
-        """Streams cut inside a part that cannot be continued: ended with an ``error`` event."""
-        self.resumed_over_chat = 0
-        """Streams cut inside or after a text block, continued over ``/v1/chat/completions``."""
-
     def parse(self, raw: bytes) -> MessagesRequest:
         try:
             body = json.loads(raw)
@@ -460,8 +454,7 @@ class MessagesApi(Api[MessagesRequest]):
         # message's content; a thinking block cannot be left open by the template, and a tool
         # call's arguments are not continued by a tool parser.
         if last is None or last["type"] != "text" or any(b["type"] not in ("text", "thinking") for b in blocks):
-            self.unresumable_cuts += 1
-            return None
+            return None  # the failover ends the stream with the error event and counts it
         request = prepared.request
         text = "".join(b["text"] for b in blocks if b["type"] == "text")
         reasoning = "".join(b["thinking"] for b in blocks if b["type"] == "thinking")
@@ -478,7 +471,6 @@ class MessagesApi(Api[MessagesRequest]):
         )
         open_index = None if last["stopped"] else last["index"]
         state.translation = _ChatTranslation(open_index, last["index"] + 1, state.deltas)
-        self.resumed_over_chat += 1
         # The continuation's turn comes from its messages (a follow-up of its own history).
         return Prepared(
             request,
