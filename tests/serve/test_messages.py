@@ -513,3 +513,27 @@ def test_the_sdk_reads_a_continued_stream_as_one_message() -> None:
         finally:
             client.close()
             p.stop()
+
+
+def test_count_tokens_is_counted_by_an_engine_and_fails_over() -> None:
+    async def broken(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        return web.Response(status=503 if request.method == "POST" else 200)
+
+    engine = FakeEngine(port=0, kv_events_port=0, kv_replay_port=0, speedup=1000).start()
+    try:
+        with Stub(broken) as dead:
+            p = proxy_for([dead.url, engine.url], eject_after=100)
+            try:
+                body = {"model": MODEL, "system": SYSTEM_TEXT, "messages": [{"role": "user", "content": "count me"}]}
+                direct = json.loads(request(engine.url, "/v1/messages/count_tokens", body)[2])["input_tokens"]
+                for _ in range(3):
+                    status, _, raw = request(p.url, "/v1/messages/count_tokens", body)
+                    assert status == 200 and json.loads(raw)["input_tokens"] == direct > 100
+                assert any(s["path"] == "/v1/messages/count_tokens" for s in dead.seen), "the dead one was tried"
+                assert colocated_router(p).stats()["in_flight"] == 0, "counting is no routed request"
+            finally:
+                p.stop()
+    finally:
+        engine.stop()

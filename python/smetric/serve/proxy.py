@@ -240,23 +240,35 @@ class Proxy:
             return self._respond(api.reject(RequestError.too_large(self.config.max_body_bytes)))
         except RequestError as e:
             return self._respond(api.reject(e))
+        self.in_flight += 1
+        self.idle.clear()
+        try:
+            async with asyncio.timeout(self.config.client_timeout_s):
+                return self._respond(await self._counted(model, raw, forwardable(request.headers), api))
+        except TimeoutError:
+            return self._respond(api.fail(ProxyError.timeout("the request timed out in the proxy")))
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self.idle.set()
+
+    async def _counted(self, model: str, raw: bytes, headers: dict[str, str], api: MessagesApi) -> web.Response:
         failed: list[str] = []
-        headers = forwardable(request.headers)
         while (exclude := self.fleet.exclusions(model, failed, None)) is not None:
-            load = self.backend.in_flight(u for u in self.fleet.instances if u not in exclude)
-            url = min(load or [u for u in self.fleet.instances if u not in exclude], key=lambda u: load.get(u, 0))
+            eligible = [u for u in self.fleet.instances if u not in exclude]
+            load = self.backend.in_flight(eligible)
+            url = min(eligible, key=lambda u: load.get(u, 0))
             try:
                 async with self._upstream.client.post(url + COUNT_TOKENS_PATH, data=raw, headers=headers) as answer:
                     body = await answer.read()
                     if answer.status < 500:
-                        kept = forwardable(answer.headers)
-                        return self._respond(web.Response(body=body, status=answer.status, headers=kept))
+                        return web.Response(body=body, status=answer.status, headers=forwardable(answer.headers))
                     cause = f"http_{answer.status}"
             except RETRYABLE as e:
                 cause = type(e).__name__
             failed.append(url)
             self.fleet.failed(url, cause)
-        return self._respond(api.fail(ProxyError.unavailable("no instance could count the tokens")))
+        return api.fail(ProxyError.unavailable("no instance could count the tokens"))
 
     # -- fleet endpoints --------------------------------------------------------------------------
 

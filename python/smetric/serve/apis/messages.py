@@ -10,7 +10,7 @@ with the model's local tokenizer the ids, and the predicted local hit, are the e
 ``x-claude-code-session-id`` / ``x-claude-code-agent-id`` are read by
 :func:`smetric.serve.session.session_hint` (a sub-agent is a session of its own); with roles in
 the body the router needs no hint. ``x-api-key`` and ``anthropic-version`` are forwarded with the
-other end-to-end headers (vLLM ignores the version and checks the key against ``--api-key``).
+other end-to-end headers (vLLM reads neither: its ``--api-key`` checks ``Authorization: Bearer``).
 
 Stream: Anthropic's SSE events (``event: NAME\\ndata: {json}``), ``message_stop`` the end marker,
 a ``message_delta`` with a ``stop_reason`` the finish; each ``content_block_delta`` but a
