@@ -5,6 +5,7 @@ Every test is bounded in requests and time; servers listen on loopback only."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from smetric.serve.apis.messages import MessagesApi
 from smetric.serve.config import load_config
 from smetric.serve.errors import ProxyError
 from smetric.serve.proxy import ProxyServer
+from smetric.serve.tokens import TokenConfig, TokenSource, approximate_ids
 
 MODEL = "fake-model"
 SYSTEM_TEXT = "You are Claude Code, a careful coding agent. " * 30
@@ -537,3 +539,35 @@ def test_count_tokens_is_counted_by_an_engine_and_fails_over() -> None:
                 p.stop()
     finally:
         engine.stop()
+
+
+def test_inline_system_messages_are_merged_when_the_template_wants_system_first() -> None:
+    strict = (
+        "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+        "{{ raise_exception('System message must be at the beginning.') }}{% endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    lenient = strict.replace("raise_exception('System message must be at the beginning.')", "''")
+    body = {
+        "model": MODEL,
+        "max_tokens": 3,
+        "system": "Be brief.",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": "a reminder"},
+            {"role": "user", "content": "go"},
+        ],
+    }
+    api = MessagesApi()
+    request_ = api.parse(json.dumps(body).encode())
+    texts = {}
+    for name, template in (("strict", strict), ("lenient", lenient)):
+        source = TokenSource(TokenConfig(mode="approximate", chat_template=template))
+        texts[name] = api.routing_tokens(source, request_).ids.tobytes()
+        assert source.requires_leading_system(tools=False) is (name == "strict")
+    merged = TokenSource(TokenConfig(mode="approximate", chat_template=lenient)).render(
+        dataclasses.replace(request_.chat, messages=to_chat(body, merge_inline_system=True).messages)
+    )
+    assert texts["strict"] != texts["lenient"]
+    assert texts["strict"] == approximate_ids(merged).tobytes(), "rendered as vLLM merges it: system first"
