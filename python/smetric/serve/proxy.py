@@ -3,7 +3,7 @@ its lifecycle.
 
 A request's path through :mod:`smetric.serve` (``docs/architecture.md`` draws it):
 
-1. **here**: the routes table (one route per API adapter of :data:`smetric.serve.apis.APIS`, and
+1. **here**: the routes table (the routes each API adapter of :data:`smetric.serve.apis.APIS` names, and
    ``/v1/models``, ``/health``, ``/metrics``, ``/admin/instances``); the body read (bounded),
    parsed by the API's adapter, checked against the fleet's models, and turned into routing
    tokens (BPE off the event loop) and a :class:`~smetric.serve.apis.base.Prepared` request;
@@ -44,8 +44,7 @@ from smetric._core import PdRouter, Router
 from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
 from smetric.serve.apis import APIS
-from smetric.serve.apis.base import Api
-from smetric.serve.apis.messages import COUNT_TOKENS_PATH, MessagesApi
+from smetric.serve.apis.base import Api, Route
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
 from smetric.serve.config import InstanceConfig, ServeConfig
 from smetric.serve.errors import ProxyError
@@ -56,7 +55,7 @@ from smetric.serve.request import RequestError
 from smetric.serve.session import SessionTable
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
-from smetric.serve.upstream import RETRYABLE, Upstream, forwardable
+from smetric.serve.upstream import Upstream
 
 __all__ = ["Proxy", "ProxyServer", "run", "run_forever"]
 
@@ -81,6 +80,8 @@ class Proxy:
         self.tokens = TokenSource(config.tokens)
         self.sessions = SessionTable()
         self.failover = Failover(config, fleet, backend, telemetry, self.tokens)
+        self.apis = tuple(api.bind(config) for api in APIS)
+        """The adapters of :data:`APIS` as this proxy configured them."""
         self.in_flight = 0
         self.draining = False
         self.idle = asyncio.Event()
@@ -150,25 +151,25 @@ class Proxy:
     def app(self) -> web.Application:
         """The aiohttp application."""
         app = web.Application(client_max_size=self.config.max_body_bytes)
-        for api in APIS:
-            app.router.add_post(api.path, self._handler(api))
-        app.router.add_post(COUNT_TOKENS_PATH, self._count_tokens)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/admin/instances", self._admin_add)
         app.router.add_delete("/admin/instances", self._admin_remove)
+        for api in self.apis:  # after the fixed routes: a pass-through's catch-all comes last
+            for route in api.routes():
+                app.router.add_route(route.method, route.path, self._handler(api, route))
         return app
 
-    def _handler(self, api: Api[Any]) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
+    def _handler(self, api: Api[Any], route: Route) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
-            return await self._handle(request, api)
+            return await self._handle(request, api, route)
 
         return handle
 
     # -- the request path -------------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request, api: Api[Any]) -> web.StreamResponse:
+    async def _handle(self, request: web.Request, api: Api[Any], route: Route | None = None) -> web.StreamResponse:
         started = time.perf_counter()
         if self.draining:
             return self._respond(api.fail(ProxyError.unavailable("the proxy is shutting down")))
@@ -177,7 +178,11 @@ class Proxy:
         except web.HTTPRequestEntityTooLarge:
             return self._respond(api.reject(RequestError.too_large(self.config.max_body_bytes)))
         try:
-            req = api.parse(raw)
+            req = (
+                api.parse(raw)
+                if route is None
+                else api.parse_route(raw, route, request.match_info, request.query_string)
+            )
             model = api.model(req)
             if model is not None and self.fleet.models and model not in self.fleet.models:
                 raise RequestError.unknown_model(model)
@@ -223,52 +228,6 @@ class Proxy:
     def _respond(self, response: web.StreamResponse) -> web.StreamResponse:
         self.telemetry.responses[response.status] += 1
         return response
-
-    async def _count_tokens(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/messages/count_tokens``: validated here, counted by the least-loaded
-        eligible instance (the engine's own rendering; no routing decision, no KV accounting:
-        nothing is prefilled), the next one on a connection failure."""
-        api = next(a for a in APIS if isinstance(a, MessagesApi))
-        if self.draining:
-            return self._respond(api.fail(ProxyError.unavailable("the proxy is shutting down")))
-        try:
-            raw = await request.read()
-            model = api.parse_count_tokens(raw)
-            if self.fleet.models and model not in self.fleet.models:
-                raise RequestError.unknown_model(model)
-        except web.HTTPRequestEntityTooLarge:
-            return self._respond(api.reject(RequestError.too_large(self.config.max_body_bytes)))
-        except RequestError as e:
-            return self._respond(api.reject(e))
-        self.in_flight += 1
-        self.idle.clear()
-        try:
-            async with asyncio.timeout(self.config.client_timeout_s):
-                return self._respond(await self._counted(model, raw, forwardable(request.headers), api))
-        except TimeoutError:
-            return self._respond(api.fail(ProxyError.timeout("the request timed out in the proxy")))
-        finally:
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self.idle.set()
-
-    async def _counted(self, model: str, raw: bytes, headers: dict[str, str], api: MessagesApi) -> web.Response:
-        failed: list[str] = []
-        while (exclude := self.fleet.exclusions(model, failed, None)) is not None:
-            eligible = [u for u in self.fleet.instances if u not in exclude]
-            load = self.backend.in_flight(eligible)
-            url = min(eligible, key=lambda u: load.get(u, 0))
-            try:
-                async with self._upstream.client.post(url + COUNT_TOKENS_PATH, data=raw, headers=headers) as answer:
-                    body = await answer.read()
-                    if answer.status < 500:
-                        return web.Response(body=body, status=answer.status, headers=forwardable(answer.headers))
-                    cause = f"http_{answer.status}"
-            except RETRYABLE as e:
-                cause = type(e).__name__
-            failed.append(url)
-            self.fleet.failed(url, cause)
-        return api.fail(ProxyError.unavailable("no instance could count the tokens"))
 
     # -- fleet endpoints --------------------------------------------------------------------------
 

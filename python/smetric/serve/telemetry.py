@@ -10,8 +10,8 @@ Families (``smetric_`` prefix): ``proxy_decisions_total{policy,reason,first_turn
 ``proxy_hit_tokens_total{tier}``, ``proxy_prompt_tokens_total{source}``,
 ``proxy_decision_seconds``, ``proxy_upstream_first_byte_seconds``, ``proxy_request_seconds``,
 ``proxy_retries_total{cause}``, ``proxy_ejections_total{instance}``,
-``proxy_readmissions_total{instance}``, ``proxy_resumed_streams_total``,
-``proxy_unresumable_streams_total{api}``, ``proxy_responses_total{code}``, ``proxy_instance_in_flight{instance}``,
+``proxy_readmissions_total{instance}``, ``proxy_resumed_streams_total``, ``proxy_unresumed_streams_total``,
+``proxy_responses_total{code}``, ``proxy_instance_in_flight{instance}``,
 ``proxy_instance_ejected{instance}``.
 
 May import: :mod:`smetric.metrics` only.
@@ -74,8 +74,7 @@ class ProxyTelemetry:
         self.readmissions: Counter[str] = Counter()
         self.responses: Counter[int] = Counter()
         self.resumed_streams = 0
-        self.unresumable_streams: Counter[str] = Counter()
-        """Cut streams that could not be continued faithfully, by API (ended with its error event)."""
+        self.unresumed_streams = 0
         self.decision_s = Histogram(DECISION_BUCKETS_S)
         self.first_byte_s = Histogram(LATENCY_BUCKETS_S)
         self.request_s = Histogram(LATENCY_BUCKETS_S)
@@ -144,10 +143,10 @@ class ProxyTelemetry:
             [({}, self.resumed_streams)],
         )
         yield from _family(
-            name("unresumable_streams_total"),
+            name("unresumed_streams_total"),
             "counter",
-            "Streams cut inside a part that cannot be continued faithfully, ended with the API's error event.",
-            [({"api": a}, n) for a, n in sorted(self.unresumable_streams.items())],
+            "Streams cut after their first chunk that could not be continued (ended with the API's error event).",
+            [({}, self.unresumed_streams)],
         )
         yield from _family(
             name("responses_total"),

@@ -1,4 +1,7 @@
-"""``POST /v1/messages``: Anthropic's Messages API (Claude Code's only API) as vLLM serves it.
+"""``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API (Claude
+Code's only API) as vLLM serves it. ``count_tokens`` is validated here and counted by the
+least-loaded eligible instance with its own rendering (``Prepared.routed`` false: nothing is
+prefilled, so no decision and no KV accounting).
 
 Body: validated and converted to the chat request vLLM renders (:func:`smetric.anthropic.to_chat`:
 system as a string or blocks, text / image / ``tool_use`` / ``tool_result`` / thinking blocks,
@@ -30,7 +33,7 @@ client keeps every block it received and never gets a second opening or a broken
 * cut inside or after a **thinking** block with no text after it, or once a **tool_use** block
   has started (its ``input_json_delta`` cannot be continued: a tool parser starts a call from
   its beginning): the stream is ended with Anthropic's ``error`` event and counted
-  (``smetric_proxy_unresumable_streams_total{api="messages"}``).
+  (``smetric_proxy_unresumed_streams_total``).
 
 Errors: Anthropic's shape ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's
 statuses (the proxy's 503 becomes 529 ``overloaded_error``, its 504 ``timeout_error``).
@@ -42,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +53,7 @@ from typing import Any
 from aiohttp import web
 
 from smetric.anthropic import ChatConversion, MessagesRequestError, anthropic_error, error_type, to_chat
-from smetric.serve.apis.base import Api, Prepared, StreamState
+from smetric.serve.apis.base import Api, Prepared, Route, StreamState
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import OpenAIRequest, RequestError
 from smetric.serve.session import SessionTable
@@ -60,7 +64,7 @@ __all__ = ["COUNT_TOKENS_PATH", "MessagesApi", "MessagesRequest", "MessagesStrea
 CHAT_PATH = "/v1/chat/completions"
 """Where a cut Messages stream is continued (see the module docs)."""
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
-"""Counted by an engine (its rendering), not routed: the app forwards it to the least-loaded one."""
+"""Counted by an engine (its own rendering), not routed: the least-loaded eligible instance."""
 
 _MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 _STATUS = {503: 529}
@@ -79,6 +83,8 @@ class MessagesRequest:
     body: dict[str, Any]
     conversion: ChatConversion
     chat: OpenAIRequest
+    count_tokens: bool = False
+    """A ``count_tokens`` request: counted by the least-loaded instance, not routed."""
 
 
 def _chat_request(conversion: ChatConversion) -> OpenAIRequest:
@@ -104,6 +110,13 @@ def _chat_request(conversion: ChatConversion) -> OpenAIRequest:
         prompt_text=None,
         prompt_ids=None,
     )
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(f"malformed JSON body: {e}") from None
 
 
 def _blocks(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -379,34 +392,35 @@ class MessagesApi(Api[MessagesRequest]):
     path = "/v1/messages"
 
     def parse(self, raw: bytes) -> MessagesRequest:
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RequestError(f"malformed JSON body: {e}") from None
+        body = _decode(raw)
         try:
             conversion = to_chat(body)
         except MessagesRequestError as e:
             raise RequestError(e.message, param=e.param) from None
         return MessagesRequest(body, conversion, _chat_request(conversion))
 
-    def parse_count_tokens(self, raw: bytes) -> str:
-        """Validates a ``count_tokens`` body; its model. Raises :class:`RequestError`."""
+    def routes(self) -> tuple[Route, ...]:
+        return (Route("POST", self.path), Route("POST", COUNT_TOKENS_PATH))
+
+    def parse_route(self, raw: bytes, route: Route, params: Mapping[str, str], query: str) -> MessagesRequest:
+        if route.path != COUNT_TOKENS_PATH:
+            return self.parse(raw)
+        body = _decode(raw)
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RequestError(f"malformed JSON body: {e}") from None
-        try:
-            return to_chat(body, count_tokens=True).model
+            conversion = to_chat(body, count_tokens=True)
         except MessagesRequestError as e:
             raise RequestError(e.message, param=e.param) from None
+        return MessagesRequest(body, conversion, _chat_request(conversion), count_tokens=True)
 
     def model(self, request: MessagesRequest) -> str | None:
         return request.conversion.model
 
     def tokenizes(self, source: TokenSource, request: MessagesRequest) -> bool:
-        return source.kind == "tokenizer"
+        return source.kind == "tokenizer" and not request.count_tokens
 
     def routing_tokens(self, source: TokenSource, request: MessagesRequest) -> RoutingTokens:
+        if request.count_tokens:  # not routed: the engine counts with its own rendering
+            return RoutingTokens(array("I"), 0, source.kind)
         chat = request.chat
         if source.requires_leading_system(tools=chat.tools is not None) and any(
             m.get("role") == "system" for m in request.body["messages"]
@@ -424,6 +438,8 @@ class MessagesApi(Api[MessagesRequest]):
         sessions: SessionTable,
     ) -> Prepared[MessagesRequest]:
         conversion = request.conversion
+        if request.count_tokens:  # nothing is prefilled: no decision, no KV accounting
+            return Prepared(request, COUNT_TOKENS_PATH, raw, tokens, None, conversion.model, None, None, routed=False)
         # The converted roles give the router the turn, as for chat.
         return Prepared(
             request, self.path, raw, tokens, None, conversion.model, conversion.messages, conversion.cache_salt
