@@ -282,6 +282,7 @@ SERVE_LAYERS: dict[str, int] = {
     "piecewise": 0,
     "telemetry": 0,
     "request": 1,
+    "admission": 1,
     "tokens": 2,
     "upstream": 2,
     "config": 3,
@@ -294,6 +295,7 @@ SERVE_LAYERS: dict[str, int] = {
     # the relay, the fleet, then the backends behind one interface
     "relay": 8,
     "fleet": 8,
+    "auth": 8,
     "backends.base": 9,
     "backends.colocated": 10,
     "backends.pd": 10,

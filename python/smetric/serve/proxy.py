@@ -43,8 +43,10 @@ from aiohttp import web
 from smetric._core import PdRouter, Router
 from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
+from smetric.serve.admission import Admission
 from smetric.serve.apis import APIS
 from smetric.serve.apis.base import Api
+from smetric.serve.auth import ClientKeys, keys_middleware, read_keys_file
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
 from smetric.serve.config import InstanceConfig, ServeConfig
 from smetric.serve.errors import ProxyError
@@ -86,6 +88,17 @@ class Proxy:
         """Set while no request is in flight (the drain waits for it)."""
         self.idle.set()
         self._upstream = upstream
+        self.keys = ClientKeys(
+            [*config.api_keys, *(read_keys_file(config.api_keys_file) if config.api_keys_file else [])]
+        )
+        self.admission = Admission(
+            max_in_flight=config.max_in_flight,
+            max_in_flight_per_instance=config.max_in_flight_per_instance,
+            queue_size=config.queue_size,
+            queue_timeout_s=config.queue_timeout_s,
+            retry_after_s=config.retry_after_s,
+            live_instances=lambda: sum(not h.ejected for h in fleet.health.values()),
+        )
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smetric-tokenizer")
 
     # -- construction and lifecycle ---------------------------------------------------------------
@@ -96,7 +109,10 @@ class Proxy:
         and the backend of the configured mode."""
         loop = asyncio.get_running_loop()
         upstream = Upstream(
-            connect_timeout_s=config.connect_timeout_s, first_byte_timeout_s=config.first_byte_timeout_s
+            connect_timeout_s=config.connect_timeout_s,
+            first_byte_timeout_s=config.first_byte_timeout_s,
+            api_key=config.upstream_api_key,
+            drop_client_credentials=bool(config.api_keys or config.api_keys_file),
         )
         telemetry = ProxyTelemetry()
         if config.disaggregated:
@@ -148,7 +164,9 @@ class Proxy:
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes, middlewares=[keys_middleware(self.keys, self._api_for)]
+        )
         for api in APIS:
             app.router.add_post(api.path, self._handler(api))
         app.router.add_get("/v1/models", self._models)
@@ -160,9 +178,24 @@ class Proxy:
 
     def _handler(self, api: Api[Any]) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
-            return await self._handle(request, api)
+            refusal = await self.admission.enter()  # ahead of parsing and routing: shedding stays cheap
+            if refusal is not None:
+                response = self._respond(api.fail(refusal.error))
+                response.headers["Retry-After"] = str(refusal.retry_after_s)
+                return response
+            try:
+                return await self._handle(request, api)
+            finally:
+                self.admission.leave()
 
         return handle
+
+    @staticmethod
+    def _api_for(path: str) -> Api[Any]:
+        """The API whose error shape answers for ``path``: the longest adapter path it starts
+        with, else OpenAI's (the first adapter)."""
+        matches = [api for api in APIS if path == api.path or path.startswith(api.path + "/")]
+        return max(matches, key=lambda api: len(api.path)) if matches else APIS[0]
 
     # -- the request path -------------------------------------------------------------------------
 
@@ -236,7 +269,12 @@ class Proxy:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         in_flight = self.backend.in_flight(self.fleet.instances)
-        lines = [*self.telemetry.render(in_flight, self.fleet.ejected), *self.backend.metric_lines()]
+        lines = [
+            *self.telemetry.render(in_flight, self.fleet.ejected),
+            *self.backend.metric_lines(),
+            *self.admission.render(),
+            *self.keys.render(),
+        ]
         head = self.backend.metrics_text(self.fleet.subscriber, self.fleet.scraper)
         text = head + ("\n".join(lines) + "\n" if lines else "")
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
@@ -329,6 +367,7 @@ async def run(
     try:
         await stop.wait()
         proxy.draining = True
+        proxy.admission.close()
         await site.stop()
         try:
             await asyncio.wait_for(proxy.idle.wait(), config.drain_timeout_s)
