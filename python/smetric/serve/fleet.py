@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,7 +141,9 @@ class Fleet:
             }
             # Typed for a Router; a PdRouter has the same update_load and config it calls.
             load: Any = targets.load
-            self.scraper = EngineLoadScraper(load, urls, period_s=self.config.engine_load_period_s).start()
+            self.scraper = EngineLoadScraper(
+                load, urls, period_s=self.config.engine_load_period_s, headers=self._upstream.auth
+            ).start()
 
     # -- membership -------------------------------------------------------------------------------
 
@@ -242,7 +244,9 @@ class Fleet:
         self.models, self.model_cards = models, cards
 
 
-def fleet_kv_capacity(instances: Sequence[InstanceConfig], timeout: float = 2.0) -> int | None:
+def fleet_kv_capacity(
+    instances: Sequence[InstanceConfig], timeout: float = 2.0, headers: Mapping[str, str] | None = None
+) -> int | None:
     """The smallest GPU KV capacity (tokens) the instances report on ``/metrics``
     (``vllm:cache_config_info``), or None when none answers with it. Blocking."""
     import http.client
@@ -254,7 +258,7 @@ def fleet_kv_capacity(instances: Sequence[InstanceConfig], timeout: float = 2.0)
     for inst in instances:
         url = inst.metrics_url or f"{inst.url}/metrics"
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=timeout) as r:
                 capacity = kv_capacity_tokens(r.read().decode("utf-8", errors="replace"))
         except (OSError, ValueError, http.client.HTTPException):  # an engine without it, or down
             continue
@@ -263,8 +267,9 @@ def fleet_kv_capacity(instances: Sequence[InstanceConfig], timeout: float = 2.0)
     return min(found) if found else None
 
 
-def kv_event_sources(inst: InstanceConfig) -> list[Any]:
-    """The KV-event sources of an instance (discovered, explicit, or none). Blocking."""
+def kv_event_sources(inst: InstanceConfig, headers: Mapping[str, str] | None = None) -> list[Any]:
+    """The KV-event sources of an instance (discovered, explicit, or none); ``headers`` go with the
+    discovery call (the upstream key). Blocking."""
     if inst.kv_events == KV_EVENTS_OFF:
         return []
     try:
@@ -274,7 +279,7 @@ def kv_event_sources(inst: InstanceConfig) -> list[Any]:
         return []
     if inst.kv_events == KV_EVENTS_DISCOVER:
         try:
-            return list(discover_sources(inst.url))
+            return list(discover_sources(inst.url, headers=headers))
         except Exception as e:  # an engine without the endpoint, or not up yet
             log.warning("no KV-event sources from %s/kv_event_sources: %s", inst.url, e)
             return []

@@ -116,7 +116,7 @@ class Proxy:
         )
         telemetry = ProxyTelemetry()
         if config.disaggregated:
-            capacity = await loop.run_in_executor(None, fleet_kv_capacity, config.prefill)
+            capacity = await loop.run_in_executor(None, fleet_kv_capacity, config.prefill, 2.0, upstream.auth)
             fleet = Fleet(config, {}, upstream, telemetry)
             pd = PdRouter(
                 [i.url for i in config.prefill],
@@ -132,8 +132,10 @@ class Proxy:
             decode = frozenset(i.url for i in config.decode)
             backend: Backend = PdBackend(pd, prefill, decode, fleet, upstream, telemetry)
             return cls(config, fleet, backend, upstream, telemetry)
-        sources = {i.url: await loop.run_in_executor(None, kv_event_sources, i) for i in config.instances}
-        capacity = await loop.run_in_executor(None, fleet_kv_capacity, config.instances)
+        sources = {
+            i.url: await loop.run_in_executor(None, kv_event_sources, i, upstream.auth) for i in config.instances
+        }
+        capacity = await loop.run_in_executor(None, fleet_kv_capacity, config.instances, 2.0, upstream.auth)
         # The index can trust KV events only when the routed ids are the engine's own ids.
         exact_ids = config.tokens.mode in ("ids", "tokenizer") or (
             config.tokens.mode == "auto" and config.tokens.tokenizer is not None
@@ -303,7 +305,7 @@ class Proxy:
             return _json_error(ProxyError(400, f"bad instance: {e}", "BadRequestError"))
         if inst.url in self.fleet.instances:
             return _json_error(ProxyError(409, f"instance {inst.url} is already in the fleet", "ConflictError"))
-        sources = await asyncio.get_running_loop().run_in_executor(None, kv_event_sources, inst)
+        sources = await asyncio.get_running_loop().run_in_executor(None, kv_event_sources, inst, self._upstream.auth)
         self.backend.add_instance(inst.url)
         self.fleet.add(inst, sources)
         self.fleet.restart_feeds()
