@@ -283,6 +283,7 @@ SERVE_LAYERS: dict[str, int] = {
     "telemetry": 0,
     "request": 1,
     "admission": 1,
+    "decision_log": 1,
     "tokens": 2,
     "upstream": 2,
     "config": 3,

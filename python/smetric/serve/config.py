@@ -140,6 +140,8 @@ class ServeConfig:
     upstream_api_key: str | None = None
     """The key the proxy sends to every engine (vLLM's ``--api-key``), on requests, ``/v1/models``,
     ``/health``, ``/metrics`` and ``/kv_event_sources``."""
+    decision_log: str | None = None
+    """A file the proxy appends one JSON line per request to (``smetric.serve.decision_log``); None: off."""
 
     def __post_init__(self) -> None:
         if bool(self.prefill) != bool(self.decode):

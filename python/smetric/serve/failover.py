@@ -25,6 +25,7 @@ from aiohttp import web
 from smetric.serve.apis.base import Api, Prepared, StreamState
 from smetric.serve.backends.base import Answered, Backend, NoInstance
 from smetric.serve.config import ServeConfig
+from smetric.serve.decision_log import note_answer, note_attempt, note_prepared, with_request_id
 from smetric.serve.errors import ProxyError
 from smetric.serve.fleet import Fleet
 from smetric.serve.relay import Relayed, end_stream, read_whole, relay_stream
@@ -52,7 +53,8 @@ class Failover:
     async def serve(self, request: web.Request, api: Api[Any], prepared: Prepared[Any]) -> web.StreamResponse:
         """The client's answer to ``prepared`` (see the module docs)."""
         fleet, backend = self.fleet, self.backend
-        headers = forwardable(request.headers)
+        headers = with_request_id(forwardable(request.headers), request)
+        note_prepared(request, prepared.model, prepared.turn, prepared.tokens.count)
         failed: list[str] = []
         response: web.StreamResponse | None = None
         """The client stream, once its headers are out."""
@@ -72,6 +74,8 @@ class Failover:
             if isinstance(opened, Answered):
                 return opened.response
             attempt, upstream = opened.attempt, opened.upstream
+            note_attempt(request, attempt)
+            stream: StreamState | None = None
             try:
                 if upstream.headers.get("content-type", "").startswith("text/event-stream"):
                     stream = state or api.stream(keep=self.config.resume_streams)
@@ -87,6 +91,12 @@ class Failover:
                     result = await read_whole(api, opened, self.telemetry, response)
                 if isinstance(result, Relayed):
                     fleet.succeeded(attempt.instance)
+                    if stream is not None:
+                        note_answer(request, attempt, cached_tokens=stream.cached_tokens, output_tokens=stream.tokens)
+                    elif isinstance(result.response, web.Response) and result.response.status == 200:
+                        body = result.response.body
+                        hit = api.realized_hit(body) if isinstance(body, bytes) else None
+                        note_answer(request, attempt, cached_tokens=hit, output_tokens=None)
                     return result.response
                 # The attempt failed: before any byte reached the client (retry as it was), or
                 # mid-stream (continue the client's stream).

@@ -49,6 +49,7 @@ from smetric.serve.apis.base import Api
 from smetric.serve.auth import ClientKeys, keys_middleware, read_keys_file
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
 from smetric.serve.config import InstanceConfig, ServeConfig
+from smetric.serve.decision_log import DecisionLog, Outcomes
 from smetric.serve.errors import ProxyError
 from smetric.serve.failover import Failover
 from smetric.serve.fleet import Fleet, fleet_kv_capacity, kv_event_sources
@@ -99,6 +100,7 @@ class Proxy:
             retry_after_s=config.retry_after_s,
             live_instances=lambda: sum(not h.ejected for h in fleet.health.values()),
         )
+        self.outcomes = Outcomes(DecisionLog(config.decision_log) if config.decision_log else None)
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smetric-tokenizer")
 
     # -- construction and lifecycle ---------------------------------------------------------------
@@ -160,6 +162,7 @@ class Proxy:
         """Stops the background work and closes the upstream client."""
         await self.fleet.close()
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+        self.outcomes.close()
         await self._upstream.close()
 
     # -- the routes table -------------------------------------------------------------------------
@@ -169,6 +172,7 @@ class Proxy:
         app = web.Application(
             client_max_size=self.config.max_body_bytes, middlewares=[keys_middleware(self.keys, self._api_for)]
         )
+        app.on_response_prepare.append(self.outcomes.stamp)
         for api in APIS:
             app.router.add_post(api.path, self._handler(api))
         app.router.add_get("/v1/models", self._models)
@@ -180,15 +184,19 @@ class Proxy:
 
     def _handler(self, api: Api[Any]) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
+            outcome = self.outcomes.begin(request, api.name)
             refusal = await self.admission.enter()  # ahead of parsing and routing: shedding stays cheap
             if refusal is not None:
                 response = self._respond(api.fail(refusal.error))
                 response.headers["Retry-After"] = str(refusal.retry_after_s)
+                self.outcomes.finish(outcome, response.status, refused=refusal.reason)
                 return response
             try:
-                return await self._handle(request, api)
+                answer = await self._handle(request, api)
             finally:
                 self.admission.leave()
+            self.outcomes.finish(outcome, answer.status)
+            return answer
 
         return handle
 
@@ -276,6 +284,7 @@ class Proxy:
             *self.backend.metric_lines(),
             *self.admission.render(),
             *self.keys.render(),
+            *self.outcomes.render(),
         ]
         head = self.backend.metrics_text(self.fleet.subscriber, self.fleet.scraper)
         text = head + ("\n".join(lines) + "\n" if lines else "")

@@ -72,6 +72,9 @@ class StreamState(ABC):
     """The API's end marker arrived."""
     finished: bool
     """The answer is complete (a finish reason arrived), even if the end marker is lost."""
+    cached_tokens: int | None = None
+    """Prompt tokens the engine served from its cache, when the stream's usage said (the
+    realized hit of the decision log); the API's scanner sets it."""
 
     @abstractmethod
     def feed(self, chunk: bytes) -> list[bytes]:
@@ -134,6 +137,12 @@ class Api(ABC, Generic[R]):
     @abstractmethod
     def output_tokens(self, answer: bytes) -> int:
         """Output tokens of a whole (non-streamed) 200 answer (0 when it does not say)."""
+
+    def realized_hit(self, answer: bytes) -> int | None:
+        """Prompt tokens the engine served from its cache, read from a whole 200 answer's usage
+        (the decision log's realized hit), or None when the answer does not say. The default
+        knows no usage format: an adapter whose API reports cached tokens overrides it."""
+        return None
 
     @abstractmethod
     def continuation(self, prepared: Prepared[R], state: StreamState, source: TokenSource) -> Prepared[R] | None:

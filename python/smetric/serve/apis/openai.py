@@ -30,10 +30,18 @@ __all__ = ["OpenAIApi", "OpenAIStream"]
 _DONE = b"data: [DONE]\n\n"
 
 
+def _cached_tokens(usage: object) -> int | None:
+    """OpenAI's ``usage.prompt_tokens_details.cached_tokens`` (vLLM fills it with
+    ``--enable-prompt-tokens-details``), or None."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
 class OpenAIStream(StreamState):
     """An OpenAI completion stream (``data: {chunk}`` events, ``data: [DONE]`` at the end)."""
 
-    __slots__ = ("_api", "_events", "chunks", "done", "finished", "keep", "output_tokens", "pending")
+    __slots__ = ("_api", "_events", "cached_tokens", "chunks", "done", "finished", "keep", "output_tokens", "pending")
 
     def __init__(self, api: OpenAIApi, *, keep: bool) -> None:
         self._api = api
@@ -44,6 +52,7 @@ class OpenAIStream(StreamState):
         opening role chunk)."""
         self.output_tokens: int | None = None
         """``usage.completion_tokens`` when the stream carried it."""
+        self.cached_tokens: int | None = None
         self.finished = False
         self.done = False
         self._events: list[bytes] = []
@@ -72,6 +81,7 @@ class OpenAIStream(StreamState):
                 usage = None
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                 self.output_tokens = usage["completion_tokens"]
+            self.cached_tokens = _cached_tokens(usage)
         if self.keep:
             self._events.append(event)
 
@@ -152,6 +162,13 @@ class OpenAIApi(Api[OpenAIRequest]):
 
     def stream(self, *, keep: bool) -> OpenAIStream:
         return OpenAIStream(self, keep=keep)
+
+    def realized_hit(self, answer: bytes) -> int | None:
+        try:
+            usage = json.loads(answer).get("usage")
+        except (ValueError, AttributeError):
+            return None
+        return _cached_tokens(usage)
 
     def output_tokens(self, answer: bytes) -> int:
         try:
