@@ -126,3 +126,40 @@ def test_a_follow_up_under_half_its_predicted_hit_counts_as_a_wrong_instance() -
     text = "\n".join(outcomes.render())
     assert metric(text, "smetric_proxy_followups_short_hit_total") == 1
     assert metric(text, "smetric_proxy_hit_error_tokens_bucket", le="0") == 1
+
+
+def test_streams_ask_the_engine_for_usage_and_the_client_sees_it_only_when_it_asked(tmp_path: Path) -> None:
+    log_path = tmp_path / "decisions.jsonl"
+    engine = FakeEngine(port=0, speedup=1000).start()
+    try:
+        direct_base = engine.url
+        config = load_config(instances=[direct_base], port=0, engine_load=False, decision_log=str(log_path))
+        base = {"model": "fake-model", "messages": conversation(2), "max_tokens": 4, "stream": True}
+        asked_not = [base, {**base, "stream_options": {"include_usage": False}}]
+        with ProxyServer(config) as p:
+            bodies = [request(p.url, "/v1/chat/completions", b)[2] for b in asked_not]
+            asked = request(p.url, "/v1/chat/completions", {**base, "stream_options": {"include_usage": True}})[2]
+            completions = {"model": "fake-model", "prompt": "hello " * 40, "max_tokens": 3, "stream": True}
+            plain = request(p.url, "/v1/completions", completions)[2]
+        direct = request(direct_base, "/v1/chat/completions", base)[2]
+        lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    finally:
+        engine.stop()
+
+    def usage_events(body: bytes) -> list[Any]:
+        return [e for e in events(body) if isinstance(e, dict) and "usage" in e and not e.get("choices")]
+
+    for body in [*bodies, plain]:
+        assert usage_events(body) == [], "the usage the client did not ask for is hidden"
+        assert events(body)[-1] == "[DONE]"
+    assert usage_events(direct) == [], "the engine itself sends none unasked (the control)"
+    assert len(usage_events(asked)) == 1, "a client that asked gets its usage"
+    texts = {
+        "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in events(b) if isinstance(e, dict) and e["choices"]
+        )
+        for b in (*bodies, direct)
+    }
+    assert len(texts) == 1, "the same answer, with or without the usage asked of the engine"
+    assert [line["cached_tokens"] is not None for line in lines] == [True] * 4
+    assert all(line["output_tokens"] in (3, 4) for line in lines)

@@ -79,6 +79,7 @@ class Failover:
             try:
                 if upstream.headers.get("content-type", "").startswith("text/event-stream"):
                     stream = state or api.stream(keep=self.config.resume_streams)
+                    stream.hide_usage = stream.hide_usage or prepared.hide_usage
                     result = await relay_stream(
                         request,
                         opened,

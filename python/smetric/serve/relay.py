@@ -111,7 +111,7 @@ async def relay_stream(
                 request[STREAM_KEY] = response
             attempt.first_byte()
             events = state.feed(chunk)
-            if not continuation:
+            if not continuation and not state.hide_usage:
                 await response.write(chunk)
                 continue
             out = []
@@ -121,6 +121,8 @@ async def relay_stream(
                     state.forget(event)
                     continue
                 first_event = False
+                if state.hide_usage and not state.shown(event):
+                    continue
                 out.append(event + b"\n\n")
             if out:
                 await response.write(b"".join(out))

@@ -62,6 +62,9 @@ class Prepared(Generic[R]):
     """The conversation (chat roles tell the router the turn), or None."""
     namespace: str | None
     """vLLM's ``cache_salt``: requests in different namespaces share no cached blocks."""
+    hide_usage: bool = False
+    """The proxy asked the engine for a stream's usage (the realized hit) that the client did not
+    ask for: the usage event is kept from the client (:meth:`StreamState.shown`)."""
 
 
 class StreamState(ABC):
@@ -75,6 +78,13 @@ class StreamState(ABC):
     cached_tokens: int | None = None
     """Prompt tokens the engine served from its cache, when the stream's usage said (the
     realized hit of the decision log); the API's scanner sets it."""
+    hide_usage: bool = False
+    """Set from :attr:`Prepared.hide_usage`: the relay then writes only the events :meth:`shown`
+    lets through (event by event instead of chunk by chunk)."""
+
+    def shown(self, event: bytes) -> bool:
+        """Whether a fed event goes to the client when ``hide_usage`` is set (default: all)."""
+        return True
 
     @abstractmethod
     def feed(self, chunk: bytes) -> list[bytes]:
