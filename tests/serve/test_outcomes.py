@@ -112,7 +112,7 @@ def test_a_follow_up_under_half_its_predicted_hit_counts_as_a_wrong_instance() -
     outcomes = Outcomes()
 
     def finish(first_turn: bool, predicted: int, cached: int | None) -> None:
-        o = Outcome("r", "chat", None, time.perf_counter(), model="m", first_turn=first_turn)
+        o = Outcome("r", "chat", None, None, time.perf_counter(), model="m", first_turn=first_turn)
         o.predicted_local_hit, o.predicted_global_hit, o.cached_tokens = predicted, 0, cached
         outcomes.finish(o, 200)
 

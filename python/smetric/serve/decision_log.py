@@ -62,6 +62,8 @@ log = logging.getLogger("smetric.serve")
 
 REQUEST_ID_HEADER = "x-request-id"
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+PARENT_HEADERS = ("x-codex-parent-thread-id", "x-claude-code-parent-agent-id", "x-parent-session-id")
+"""Headers naming the agent a request's agent was spawned by (recorded, not routed on)."""
 MAX_MODELS = 64
 """Model labels kept apart in the per-model histograms; later models share ``other``."""
 HIT_ERROR_BUCKETS = (-16384, -4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096, 16384)
@@ -84,6 +86,9 @@ class Outcome:
     request_id: str
     api: str
     session: str | None
+    parent: str | None
+    """The parent agent's or thread's id when the client names one (``x-codex-parent-thread-id``,
+    ``x-claude-code-parent-agent-id``, ``x-parent-session-id``)."""
     started: float
     """``time.perf_counter()`` when the request arrived (not logged)."""
     model: str | None = None
@@ -259,6 +264,7 @@ class Outcomes:
             request_id(request.headers.get(REQUEST_ID_HEADER)),
             api,
             None if hint is None else hint.key,
+            next((request.headers[h] for h in PARENT_HEADERS if h in request.headers), None),
             time.perf_counter(),
         )
         request[OUTCOME_KEY] = outcome

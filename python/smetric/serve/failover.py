@@ -18,6 +18,7 @@ per attempt. May import: :mod:`smetric.serve.apis.base`, ``.backends.base``, ``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -111,6 +112,8 @@ class Failover:
                     if continued is None:
                         return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
                     prepared = continued
+                    if prepared.model in fleet.adapters:  # as the app does for the original
+                        prepared = replace(prepared, namespace=fleet.namespace(prepared.model, prepared.namespace))
                     self.telemetry.resumed_streams += 1
             except BaseException:
                 attempt.abort()

@@ -9,7 +9,8 @@ tell the router what they cache and how loaded they are.
   (:attr:`FeedTargets.on_readmitted`: the co-located router clears its index, since an engine
   that came back has usually restarted empty);
 * **models**: every instance's ``/v1/models``, refreshed every ``models_refresh_s`` (an
-  unreachable instance keeps what it served before);
+  unreachable instance keeps what it served before); the LoRA adapters among them (cards with a
+  ``parent``) give a request naming one its cache namespace (:meth:`Fleet.namespace`);
 * **eligibility**: :meth:`Fleet.exclusions`, the instances an attempt must skip — failed ones,
   those without the model, ejected ones unless a pool has nothing else (better a try than a
   refusal);
@@ -19,7 +20,7 @@ tell the router what they cache and how loaded they are.
 Invariants: state is mutated only on the proxy's event loop; the feeds run on their own threads
 and only call the (thread-safe) router. Costs: :meth:`Fleet.exclusions` is O(instances) per
 attempt. May import: :mod:`smetric.serve.config`, ``.telemetry``, ``.upstream``,
-``smetric._core``, ``smetric.events`` and ``smetric.engine_load`` (lazily: their extras).
+``smetric._core``, ``smetric.vllm``, ``smetric.events`` and ``smetric.engine_load`` (lazily: their extras).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from smetric._core import PdRouter, Router
 from smetric.serve.config import KV_EVENTS_DISCOVER, KV_EVENTS_OFF, InstanceConfig, ServeConfig
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import Upstream
+from smetric.vllm import cache_namespace
 
 __all__ = ["FeedTargets", "Fleet", "Health", "fleet_kv_capacity", "kv_event_sources"]
 
@@ -82,6 +84,8 @@ class Fleet:
         self.models: dict[str, set[str]] = {}
         """Model id → instances serving it (from their ``/v1/models``)."""
         self.model_cards: dict[str, dict[str, Any]] = {}
+        self.adapters: frozenset[str] = frozenset()
+        """The LoRA adapters the fleet serves (model cards with a ``parent``)."""
         self.subscriber: Any = None
         self.scraper: Any = None
         self._upstream = upstream
@@ -242,6 +246,15 @@ class Fleet:
                 models.setdefault(card["id"], set()).add(url)
                 cards.setdefault(card["id"], card)
         self.models, self.model_cards = models, cards
+        self.adapters = frozenset(mid for mid, card in cards.items() if card.get("parent"))
+
+    def namespace(self, model: str | None, cache_salt: str | None) -> str | None:
+        """The router namespace of a request for ``model`` with vLLM's ``cache_salt``: an
+        adapter's requests are cached apart from the base model's (vLLM keys its blocks by the
+        adapter), as :func:`smetric.vllm.cache_namespace` names them."""
+        if model is None or model not in self.adapters:
+            return cache_salt
+        return cache_namespace(model, cache_salt or None)
 
 
 def fleet_kv_capacity(

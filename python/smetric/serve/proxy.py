@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Self
 
 from aiohttp import web
@@ -239,6 +240,8 @@ class Proxy:
         try:
             async with asyncio.timeout(self.config.client_timeout_s):
                 prepared = api.prepare(req, raw, tokens, request.headers, self.sessions)
+                if prepared.model in self.fleet.adapters:  # a LoRA adapter: its own cache namespace
+                    prepared = replace(prepared, namespace=self.fleet.namespace(prepared.model, prepared.namespace))
                 response = await self.failover.serve(request, api, prepared)
         except TimeoutError:
             response = await self._failed(request, api, ProxyError.timeout("the request timed out in the proxy"))
