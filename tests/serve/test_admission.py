@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 from proxy_util import Stub, metric, request
 
-from smetric.serve.admission import Admission
+from smetric.serve.admission import Admission, skip_full
 from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
 
@@ -176,3 +176,12 @@ def test_a_full_proxy_answers_429_with_retry_after_in_the_apis_shape_and_serves_
             assert metric(text, "smetric_proxy_admission_rejections_total", reason="queue_full") == 1
             assert metric(text, "smetric_proxy_admission_wait_seconds_count") == 2
             assert metric(text, "smetric_proxy_responses_total", code="429") == 1
+
+
+def test_a_full_instance_is_skipped_while_its_pool_has_room_and_never_the_last() -> None:
+    load = {"a": 2, "b": 1, "c": 2}
+    assert sorted(skip_full([], load, 2, None)) == ["a", "c"]
+    assert skip_full(["b"], load, 2, None) == ["b"], "every candidate full: none is skipped"
+    assert skip_full([], load, 3, None) == []
+    pools = [frozenset({"a", "b"}), frozenset({"c", "d"})]
+    assert skip_full([], {**load, "d": 5}, 2, pools) == ["a"], "the second pool is full throughout"

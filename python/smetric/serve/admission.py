@@ -2,7 +2,10 @@
 may wait for a slot, ahead of the routing decision.
 
 A request of an API adapter takes a slot before it is parsed and routed and gives it back when
-its answer is done. The fleet's capacity is ``min(max_in_flight, max_in_flight_per_instance ×
+its answer is done. The per-instance cap also shapes routing: :func:`skip_full` keeps an attempt
+off an instance already holding ``max_in_flight_per_instance`` requests while another instance of
+its pool has room (never off the last one: an admitted request is routed, however skewed the
+sessions' homes are). The fleet's capacity is ``min(max_in_flight, max_in_flight_per_instance ×
 live instances)`` (ejected instances do not count, but at least one always does), so a fleet
 that loses an instance admits less. When every slot is taken the request waits in a FIFO queue
 of at most ``queue_size`` for at most ``queue_timeout_s``; a full queue refuses at once with 429,
@@ -25,14 +28,14 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from smetric.metrics import _family
 from smetric.serve.errors import ProxyError
 from smetric.serve.telemetry import Histogram
 
-__all__ = ["WAIT_BUCKETS_S", "Admission", "Refusal"]
+__all__ = ["WAIT_BUCKETS_S", "Admission", "Refusal", "skip_full"]
 
 WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Upper bounds (seconds) of the queue-wait histogram; an immediate admission lands in the first."""
@@ -46,6 +49,24 @@ class Refusal:
     reason: str
     """``queue_full`` (429), ``queue_timeout`` (503) or ``draining`` (503): the metric's label."""
     retry_after_s: int
+
+
+def skip_full(
+    exclude: list[str],
+    in_flight: Mapping[str, int],
+    cap: int,
+    pools: Sequence[frozenset[str]] | None,
+) -> list[str]:
+    """``exclude`` plus the instances at ``cap`` in-flight requests, pool by pool (None: one pool
+    of every instance in ``in_flight``), where the pool keeps an instance below the cap."""
+    out = list(exclude)
+    skipped = set(exclude)
+    for pool in [frozenset(in_flight)] if pools is None else pools:
+        candidates = [u for u in pool if u in in_flight and u not in skipped]
+        full = [u for u in candidates if in_flight[u] >= cap]
+        if full and len(full) < len(candidates):
+            out += full
+    return out
 
 
 def _granted(waiter: asyncio.Future[bool]) -> bool:

@@ -12,7 +12,8 @@ cannot be continued. A request is lost only when no instance can serve it (503 i
 Invariants: each attempt's lifecycle is closed on every path (the backend and the relay close it;
 an exception here aborts it and closes the upstream connection, which makes vLLM abort the
 request); a failed instance is not tried again by the same request. Cost beyond the parts: O(1)
-per attempt. May import: :mod:`smetric.serve.apis.base`, ``.backends.base``, ``.errors``,
+per attempt, plus one load-board read per instance for the per-instance cap. May import:
+:mod:`smetric.serve.admission`, ``.apis.base``, ``.backends.base``, ``.decision_log``, ``.errors``,
 ``.fleet``, ``.relay``, ``.telemetry``, ``.tokens``, ``.upstream``.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from smetric.serve.admission import skip_full
 from smetric.serve.apis.base import Api, Prepared, StreamState
 from smetric.serve.backends.base import Answered, Backend, NoInstance
 from smetric.serve.config import ServeConfig
@@ -64,6 +66,9 @@ class Failover:
         while attempt_no < self.config.max_attempts:
             attempt_no += 1
             exclude = fleet.exclusions(prepared.model, failed, backend.pools)
+            if exclude is not None:  # the per-instance cap: a full instance only when nothing else is left
+                cap = self.config.max_in_flight_per_instance
+                exclude = skip_full(exclude, backend.in_flight(fleet.instances), cap, backend.pools)
             opened = await backend.open(prepared, headers, attempt_no, exclude) if exclude is not None else None
             if opened is None or isinstance(opened, NoInstance):
                 attempt_no -= 1
