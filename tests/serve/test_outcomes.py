@@ -163,3 +163,13 @@ def test_streams_ask_the_engine_for_usage_and_the_client_sees_it_only_when_it_as
     assert len(texts) == 1, "the same answer, with or without the usage asked of the engine"
     assert [line["cached_tokens"] is not None for line in lines] == [True] * 4
     assert all(line["output_tokens"] in (3, 4) for line in lines)
+
+
+def test_a_pd_answers_usage_is_logged_but_not_compared_with_the_prefill_prediction() -> None:
+    outcomes = Outcomes()
+    o = Outcome("r", "chat", None, None, time.perf_counter(), model="m", first_turn=False)
+    o.predicted_local_hit, o.predicted_global_hit, o.cached_tokens = 1000, 0, 4000
+    o.prefill_instance = "http://prefill:8000"
+    outcomes.finish(o, 200)
+    assert sum(outcomes.hit_error.counts) == 0 and outcomes.followups_measured == 0
+    assert json.loads(o.line())["prefill_instance"] == "http://prefill:8000"

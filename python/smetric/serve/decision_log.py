@@ -95,6 +95,8 @@ class Outcome:
     turn: int | None = None
     first_turn: bool | None = None
     instance: str | None = None
+    prefill_instance: str | None = None
+    """PD mode: the prefill instance (``instance`` is the decode one)."""
     reason: str | None = None
     detail: str | None = None
     predicted_local_hit: int | None = None
@@ -152,6 +154,7 @@ def note_attempt(request: web.Request, attempt: Attempt) -> None:
         outcome.detail = str(d.reason)
         outcome.predicted_local_hit = int(d.local_hit_tokens)
         outcome.predicted_global_hit = int(d.global_hit_tokens)
+        outcome.prefill_instance = getattr(d, "prefill_instance", None)
 
 
 def note_answer(
@@ -279,8 +282,11 @@ class Outcomes:
     def finish(self, outcome: Outcome, status: int, *, refused: str | None = None) -> None:
         outcome.status, outcome.refused = status, refused
         outcome.latency_s = time.perf_counter() - outcome.started
-        if outcome.cached_tokens is not None and outcome.predicted_local_hit is not None:
-            predicted = max(outcome.predicted_local_hit, outcome.predicted_global_hit or 0)
+        # In PD mode the answer's usage is the decode instance's, which counts the KV it was sent
+        # as cached: not the prefill hit the router predicted, so it is logged but not compared.
+        compared = outcome.prefill_instance is None and outcome.predicted_local_hit is not None
+        if outcome.cached_tokens is not None and compared:
+            predicted = max(outcome.predicted_local_hit or 0, outcome.predicted_global_hit or 0)
             self.hit_error.observe(predicted - outcome.cached_tokens)
             self.realized_hit_tokens += outcome.cached_tokens
             if outcome.first_turn is False and predicted > 0:
