@@ -4,7 +4,9 @@ its lifecycle.
 A request's path through :mod:`smetric.serve` (``docs/architecture.md`` draws it):
 
 1. **here**: the routes table (one route per API adapter of :data:`smetric.serve.apis.APIS`, and
-   ``/v1/models``, ``/health``, ``/metrics``, ``/admin/instances``); the body read (bounded),
+   ``/v1/models``, ``/health``, ``/metrics``, ``/admin/instances``); the client key
+   (:mod:`smetric.serve.auth`, a middleware), an admission slot (:mod:`smetric.serve.admission`)
+   and the request's outcome (:mod:`smetric.serve.decision_log`: its id, its log line); the body read (bounded),
    parsed by the API's adapter, checked against the fleet's models, and turned into routing
    tokens (BPE off the event loop) and a :class:`~smetric.serve.apis.base.Prepared` request;
 2. :mod:`smetric.serve.failover`: the attempt loop — exclusions from :mod:`smetric.serve.fleet`,
