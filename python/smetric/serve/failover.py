@@ -19,6 +19,7 @@ per attempt, plus one load-board read per instance for the per-instance cap. May
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -45,13 +46,21 @@ class Failover:
     """Serves prepared requests over a backend, with failover and stream continuation."""
 
     def __init__(
-        self, config: ServeConfig, fleet: Fleet, backend: Backend, telemetry: ProxyTelemetry, tokens: TokenSource
+        self,
+        config: ServeConfig,
+        fleet: Fleet,
+        backend: Backend,
+        telemetry: ProxyTelemetry,
+        tokens: TokenSource,
+        admitted: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
         self.backend = backend
         self.telemetry = telemetry
         self.tokens = tokens
+        self.admitted: Callable[[], int] = admitted or (lambda: config.max_in_flight_per_instance)
+        """Requests holding an admission slot now (the app's admission); unknown: assume a full load."""
 
     async def serve(self, request: web.Request, api: Api[Any], prepared: Prepared[Any]) -> web.StreamResponse:
         """The client's answer to ``prepared`` (see the module docs)."""
@@ -66,8 +75,10 @@ class Failover:
         while attempt_no < self.config.max_attempts:
             attempt_no += 1
             exclude = fleet.exclusions(prepared.model, failed, backend.pools)
-            if exclude is not None:  # the per-instance cap: a full instance only when nothing else is left
-                cap = self.config.max_in_flight_per_instance
+            cap = self.config.max_in_flight_per_instance
+            # The per-instance cap (a full instance only when nothing else is left) can bind only
+            # once the proxy has admitted `cap` requests: below that the load board is not read.
+            if exclude is not None and self.admitted() >= cap:
                 exclude = skip_full(exclude, backend.in_flight(fleet.instances), cap, backend.pools)
             opened = await backend.open(prepared, headers, attempt_no, exclude) if exclude is not None else None
             if opened is None or isinstance(opened, NoInstance):

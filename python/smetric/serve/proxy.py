@@ -85,7 +85,7 @@ class Proxy:
         self.telemetry = telemetry
         self.tokens = TokenSource(config.tokens)
         self.sessions = SessionTable()
-        self.failover = Failover(config, fleet, backend, telemetry, self.tokens)
+        self.failover = Failover(config, fleet, backend, telemetry, self.tokens, lambda: self.admission.admitted)
         self.in_flight = 0
         self.draining = False
         self.idle = asyncio.Event()
