@@ -283,6 +283,8 @@ SERVE_LAYERS: dict[str, int] = {
     "piecewise": 0,
     "telemetry": 0,
     "request": 1,
+    "admission": 1,
+    "decision_log": 1,
     "tokens": 2,
     "upstream": 2,
     "config": 3,
@@ -298,6 +300,7 @@ SERVE_LAYERS: dict[str, int] = {
     # the relay, the fleet, then the backends behind one interface
     "relay": 8,
     "fleet": 8,
+    "auth": 8,
     "backends.base": 9,
     "backends.colocated": 10,
     "backends.pd": 10,

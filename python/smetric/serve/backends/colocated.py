@@ -79,6 +79,7 @@ class ColocatedBackend(Backend):
             first_byte=lambda: router.on_prefilled(rid),
             finish=lambda n: router.on_finished(rid, n),
             abort=lambda: router.on_aborted(rid),
+            decision=d,
         )
         return await self._upstream.post(attempt, prepared.path, prepared.body, headers, method=prepared.method)
 
