@@ -19,7 +19,7 @@ import logging
 import math
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -109,8 +109,8 @@ def test_the_router_follows_the_membership() -> None:
 def test_sizing_declared_read_once_from_the_fleet_and_no_global_tier_by_default() -> None:
     asked: list[list[str]] = []
 
-    def size(instances: object) -> int | None:
-        asked.append(list(instances))  # type: ignore[call-overload]
+    def size(instances: Sequence[str]) -> int | None:
+        asked.append(list(instances))
         return 1000 * DEFAULT_BLOCK_SIZE + 5
 
     deployed = DeployedRouter(size=size)
