@@ -48,3 +48,12 @@ def test_ci_runs_every_marker_including_slow() -> None:
 def test_the_slow_marker_is_in_use() -> None:
     marked = [p for p in (ROOT / "tests").rglob("test_*.py") if "pytest.mark.slow" in p.read_text()]
     assert len(marked) >= 3, marked
+
+
+def test_test_modules_have_unique_names() -> None:
+    # pytest's default import mode imports each test module under its basename: two test files
+    # with one name in different folders stop the whole run at collection (it happened once:
+    # tests/serve/test_responses.py beside tests/vllm_real/test_responses.py).
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert len(names) > 50, "the scan sees no test modules: the check is broken"
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
