@@ -281,6 +281,7 @@ SERVE_LAYERS: dict[str, int] = {
     "chat_template": 0,
     "piecewise": 0,
     "telemetry": 0,
+    "http_guard": 0,
     "request": 1,
     "tokens": 2,
     "upstream": 2,

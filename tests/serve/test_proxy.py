@@ -460,7 +460,7 @@ def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index() -
         prompt_tokens = json.loads(body)["usage"]["prompt_tokens"]
         # Wait until the engine's KV events have reached the index: it holds the prompt's blocks.
         deadline = time.monotonic() + 10
-        while p.proxy.router.stats()["index_local_blocks"].get(home, 0) < prompt_tokens // 16:
+        while colocated_router(p).stats()["index_local_blocks"].get(home, 0) < prompt_tokens // 16:
             assert time.monotonic() < deadline, "the first turn's KV events never reached the index"
             time.sleep(0.01)
         follow = [*msgs, {"role": "assistant", "content": "done"}, {"role": "user", "content": "now test it " * 30}]

@@ -39,6 +39,7 @@ this module without the ``serve`` extra).
 from __future__ import annotations
 
 import json
+import re
 from array import array
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -168,13 +169,37 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> OpenAIRequest:
     )
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A ``\\uD800``–``\\uDFFF`` escape: half of a UTF-16 pair, or a lone surrogate."""
+
+
 def _decode(text: str, param: str) -> Any:
-    """A field's JSON text (valid JSON: Rust checked it), which CPython may still refuse: an
-    integer of more than ``sys.get_int_max_str_digits()`` digits, say."""
+    """A field's JSON text (valid JSON: Rust checked it), which CPython may still refuse or
+    decode into something no later step can use — each a 400 on ``param``:
+
+    * an integer of more than ``sys.get_int_max_str_digits()`` digits;
+    * nesting deeper than CPython's recursion limit (``RecursionError``);
+    * a lone surrogate (``"\\ud800"``): valid JSON, but not text; it would fail later, when the
+      prompt is encoded (checked only when the text escapes a surrogate at all: O(1) otherwise).
+    """
     try:
-        return json.loads(text)
+        value = json.loads(text)
+    except RecursionError:
+        raise RequestError(f"{param} is nested too deeply", param=param) from None
     except ValueError as e:
-        raise RequestError(f"{param}: {e}", param=param) from None
+        if "int_max_str_digits" in str(e) or "integer string conversion" in str(e):
+            raise RequestError(f"{param} holds an integer with too many digits", param=param) from None
+        raise RequestError(f"{param} is not valid JSON", param=param) from None
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(
+                f"{param} must be valid Unicode text (it escapes a lone surrogate)", param=param
+            ) from None
+        except RecursionError:
+            raise RequestError(f"{param} is nested too deeply", param=param) from None
+    return value
 
 
 def _messages(messages: list[Any]) -> list[dict[str, Any]]:

@@ -342,9 +342,15 @@ fn string(raw: Option<&RawValue>, param: &'static str) -> Result<Option<String>,
     match raw {
         None => Ok(None),
         Some(raw) if is_null(raw) => Ok(None),
-        Some(raw) => serde_json::from_str::<String>(raw.get())
-            .map(Some)
-            .map_err(|_| wrong_type(param, "a string", raw)),
+        // A JSON string that does not decode holds an escape of a lone UTF-16 surrogate
+        // (`"\ud800"`): valid JSON, but no Unicode text.
+        Some(raw) if raw.get().starts_with('"') => serde_json::from_str::<String>(raw.get()).map(Some).map_err(|_| {
+            BodyError::new(
+                Some(param),
+                format!("{param} must be valid Unicode text (it escapes a lone surrogate)"),
+            )
+        }),
+        Some(raw) => Err(wrong_type(param, "a string", raw)),
     }
 }
 
