@@ -17,6 +17,8 @@ timeout on a request head and no bound on open connections. :class:`GuardedRunne
   after ``keepalive_timeout_s``; a body's own read timeout is the app's);
 * **connection bound**: beyond ``max_connections`` open connections, a new one gets a 503 in
   OpenAI's shape and is closed before anything of it is read;
+* **early answers**: a body left unread (a 408, 413, 415) is drained for at most
+  :data:`LINGERING_S` before the connection closes;
 * **no version banner**: ``Server: smetric``.
 
 aiohttp's handler class is reached through its ``Server`` (``__call__`` builds the per-connection
@@ -36,7 +38,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -47,6 +49,10 @@ log = logging.getLogger("smetric.serve")
 
 SERVER_HEADER = "smetric"
 """The ``Server`` header of every answer (no Python or aiohttp version)."""
+
+LINGERING_S = 1.0
+"""How long the rest of an unread body is drained after an early answer (a 408, 413, 415) before
+the connection closes — so the client can read that answer — instead of aiohttp's 10 s."""
 
 ErrorRenderer = Callable[[str | None, int, str], web.StreamResponse]
 """``(path or None, status, message)`` → the answer in the error shape of the path's API."""
@@ -121,10 +127,10 @@ class _GuardedHandler(RequestHandler):
                 "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: {SERVER_HEADER}\r\n\r\n"
             )
-            assert isinstance(transport, asyncio.WriteTransport)
-            transport.write(head.encode() + body)
+            writable = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio subclass
+            writable.write(head.encode() + body)
             self.force_close()
-            transport.close()
+            writable.close()
 
     def data_received(self, data: bytes) -> None:
         if data and not self._busy and self._head_timer is None:
@@ -202,7 +208,13 @@ class GuardedRunner(web.AppRunner):
         limits: ConnectionLimits,
         **kwargs: Any,
     ) -> None:
-        super().__init__(app, keepalive_timeout=limits.keepalive_timeout_s, auto_decompress=False, **kwargs)
+        super().__init__(
+            app,
+            keepalive_timeout=limits.keepalive_timeout_s,
+            lingering_time=LINGERING_S,
+            auto_decompress=False,
+            **kwargs,
+        )
         self._guard_kwargs = {"render": render, "on_client_error": on_client_error, "limits": limits}
 
     async def _make_server(self) -> web.Server:
