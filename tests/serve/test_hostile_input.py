@@ -59,14 +59,14 @@ CLIENT_MISTAKES: list[tuple[str, str, bytes, int, str | None]] = [
         CHAT,
         _raw_chat(f'"messages": [{{"role": "user", "content": {deep_json(3000)}}}]'),
         400,
-        "messages",
+        None,
     ),
     (
         "tools 3000 deep",
         CHAT,
         _raw_chat(f'"messages": [{{"role": "user", "content": "x"}}], "tools": [{{"a": {deep_json(3000)}}}]'),
         400,
-        "tools",
+        None,
     ),
     (
         "chat_template_kwargs 3000 deep",
@@ -75,7 +75,21 @@ CLIENT_MISTAKES: list[tuple[str, str, bytes, int, str | None]] = [
             f'"messages": [{{"role": "user", "content": "x"}}], "chat_template_kwargs": {{"a": {deep_json(3000)}}}'
         ),
         400,
-        "chat_template_kwargs",
+        None,
+    ),
+    (
+        "an unknown field 300 deep",
+        CHAT,
+        _raw_chat(f'"messages": [{{"role": "user", "content": "x"}}], "x": {deep_json(300)}'),
+        400,
+        None,
+    ),
+    (
+        "an unknown field 100k deep",
+        "/v1/completions",
+        f'{{"prompt": "x", "x": {deep_json(100_000)}}}'.encode(),
+        400,
+        None,
     ),
     (
         "lone surrogate in content",
@@ -132,6 +146,13 @@ def test_a_client_mistake_is_a_4xx_in_the_api_shape_and_never_routed(
     assert "int_max_str_digits" not in err["message"] and "got a string" not in err["message"], err
     assert headers["content-type"].startswith("application/json")
     assert colocated_router(proxy).stats()["routed"] == 0, "a refused request is never routed"
+    assert_healthy(proxy, caplog)
+
+
+def test_an_unknown_model_is_named_but_not_echoed_whole(proxy: ProxyServer, caplog: pytest.LogCaptureFixture) -> None:
+    status, _, body = request(proxy.url, "/v1/completions", {"prompt": "x", "model": "m" * 100_000})
+    assert status == 404 and len(body) < 1000, len(body)
+    assert error_of(status, body)["param"] == "model"
     assert_healthy(proxy, caplog)
 
 

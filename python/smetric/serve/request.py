@@ -55,6 +55,10 @@ Endpoint = Literal["chat", "completions"]
 """``"chat"``: ``POST /v1/chat/completions``; ``"completions"``: ``POST /v1/completions``."""
 
 
+ECHOED_CHARS = 256
+"""The most of a client's value an error message repeats."""
+
+
 class RequestError(SmetricError):
     """A request the proxy answers itself with an OpenAI-style error.
 
@@ -84,8 +88,10 @@ class RequestError(SmetricError):
 
     @classmethod
     def unknown_model(cls, model: str) -> RequestError:
-        """404 for a model the proxy does not serve (vLLM's wording)."""
-        return cls(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
+        """404 for a model the proxy does not serve (vLLM's wording; a name longer than
+        :data:`ECHOED_CHARS` is cut there, so a 100 KB name does not come back whole)."""
+        shown = model if len(model) <= ECHOED_CHARS else model[:ECHOED_CHARS] + "…"
+        return cls(f"The model `{shown}` does not exist.", status=404, param="model", code="model_not_found")
 
     @classmethod
     def too_large(cls, limit_bytes: int) -> RequestError:

@@ -25,6 +25,9 @@
 //!   with its position. A batch of more than one prompt is rejected ([`BodyError`] on
 //!   `prompt`): a router places one request on one instance.
 //!
+//! A body nested deeper than [`MAX_NESTING`] levels anywhere — in a field the router does not
+//! read too — is rejected first ([`nests_deeper_than`]): engines cannot parse it.
+//!
 //! # Invariants
 //! Parsing never panics; every failure is a [`BodyError`] naming the offending field (or none,
 //! for malformed JSON and a body that is not an object). Allocation is bounded by the body's
@@ -110,8 +113,54 @@ impl BodyError {
     }
 }
 
+/// The deepest nesting of arrays and objects a body may have. Engines parse bodies with
+/// recursive decoders (CPython's `json` gives up near 1,000 levels, with a 500), and a proxy
+/// that forwarded such a body would relay the engines' failure; no real request comes near it
+/// (a tool's JSON schema is tens of levels deep).
+pub const MAX_NESTING: usize = 256;
+
+/// Whether `raw` nests arrays and objects deeper than `limit` (brackets inside strings do not
+/// count). O(length): a vectorizable count of the opening brackets first; only a body with more
+/// than `limit` of them is walked byte by byte.
+pub fn nests_deeper_than(raw: &[u8], limit: usize) -> bool {
+    if raw.iter().filter(|&&b| b == b'[' || b == b'{').count() <= limit {
+        return false;
+    }
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in raw {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Parses `raw` as the body of a request to `endpoint` (see the module docs).
 pub fn parse_openai_body(raw: &[u8], endpoint: Endpoint) -> Result<OpenAiBody<'_>, BodyError> {
+    if nests_deeper_than(raw, MAX_NESTING) {
+        return Err(BodyError::new(
+            None,
+            format!("the body nests arrays and objects deeper than {MAX_NESTING} levels"),
+        ));
+    }
     let mut fields = parse_fields(raw, endpoint)?;
     let max_tokens = positive_int(fields.max_tokens, "max_tokens")?;
     let max_completion_tokens = positive_int(fields.max_completion_tokens, "max_completion_tokens")?;

@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 
-use super::{BodyError, Endpoint, OpenAiBody, Prompt, flat_ids, parse_openai_body};
+use super::{BodyError, Endpoint, MAX_NESTING, OpenAiBody, Prompt, flat_ids, parse_openai_body};
 
 fn chat(body: &str) -> Result<OpenAiBody<'_>, BodyError> {
     parse_openai_body(body.as_bytes(), Endpoint::Chat)
@@ -213,4 +213,23 @@ proptest! {
         let parsed = parse_openai_body(body.as_bytes(), Endpoint::Completions).unwrap();
         prop_assert_eq!(parsed.prompt, Some(Prompt::Ids(ids)));
     }
+}
+
+#[test]
+fn a_body_nested_deeper_than_engines_parse_is_rejected_wherever_the_nesting_is() {
+    let deep = |depth: usize| "[".repeat(depth) + &"]".repeat(depth);
+    for field in ["unknown", "messages", "tools"] {
+        let body = format!(r#"{{"prompt": "x", "{field}": {}}}"#, deep(MAX_NESTING + 1));
+        let err = parse_openai_body(body.as_bytes(), Endpoint::Completions).unwrap_err();
+        assert_eq!(err.param, None);
+        assert!(err.message.contains("deeper than 256"), "{}", err.message);
+    }
+    // At the limit (the top-level object is one level), and brackets inside strings, pass.
+    let ok = format!(r#"{{"prompt": "x", "unknown": {}}}"#, deep(MAX_NESTING - 1));
+    assert!(parse_openai_body(ok.as_bytes(), Endpoint::Completions).is_ok());
+    let quoted = format!(r#"{{"prompt": "{}", "n\"[": 1}}"#, "[{".repeat(2000));
+    assert!(parse_openai_body(quoted.as_bytes(), Endpoint::Completions).is_ok());
+    // Many brackets side by side are not depth.
+    let wide = format!(r#"{{"prompt": "x", "unknown": [{}]}}"#, vec!["[]"; 5000].join(","));
+    assert!(parse_openai_body(wide.as_bytes(), Endpoint::Completions).is_ok());
 }
