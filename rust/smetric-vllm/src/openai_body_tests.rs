@@ -233,3 +233,19 @@ fn a_body_nested_deeper_than_engines_parse_is_rejected_wherever_the_nesting_is()
     let wide = format!(r#"{{"prompt": "x", "unknown": [{}]}}"#, vec!["[]"; 5000].join(","));
     assert!(parse_openai_body(wide.as_bytes(), Endpoint::Completions).is_ok());
 }
+
+#[test]
+fn the_nesting_check_reads_escapes_and_survives_truncation() {
+    use super::nests_deeper_than;
+    let brackets = "[".repeat(10);
+    // An escaped quote does not end the string; an escaped backslash does not escape the quote.
+    assert!(!nests_deeper_than(format!(r#"{{"a": "\"{brackets}"}}"#).as_bytes(), 5));
+    assert!(nests_deeper_than(
+        format!(r#"{{"a": "\\", "b": {brackets}}}"#).as_bytes(),
+        5
+    ));
+    for cut in [r#"{"a": "\"#, r#"{"a": "x"#, r#"[[[[[[[["\"#, "\"", "\\"] {
+        let text = format!("{brackets}{cut}");
+        let _ = nests_deeper_than(text.as_bytes(), 5); // no panic, whatever the answer
+    }
+}
