@@ -277,6 +277,7 @@ SERVE_LAYERS: dict[str, int] = {
     "errors": 0,
     "session": 0,
     "attempt": 0,
+    "pinning": 0,
     "labels": 0,
     "chat_template": 0,
     "piecewise": 0,
@@ -291,6 +292,8 @@ SERVE_LAYERS: dict[str, int] = {
     "apis.openai": 5,
     "apis.chat": 6,
     "apis.completions": 6,
+    "apis.responses": 5,
+    "apis.passthrough": 5,
     "apis": 7,
     # the relay, the fleet, then the backends behind one interface
     "relay": 8,
@@ -312,6 +315,8 @@ CHOSEN_ONLY_BY = {
     "smetric.serve.backends": {"smetric.serve.proxy"},
     "smetric.serve.apis.chat": {"smetric.serve.apis"},
     "smetric.serve.apis.completions": {"smetric.serve.apis"},
+    "smetric.serve.apis.responses": {"smetric.serve.apis"},
+    "smetric.serve.apis.passthrough": {"smetric.serve.apis"},
     "smetric.serve.apis": {"smetric.serve.proxy"},
 }
 """Concrete backends and adapters are picked in one place (the app); everything else sees only

@@ -85,6 +85,10 @@ COMBOS: tuple[tuple[str, str, str], ...] = tuple(
         ("linear", "weighted"),
         ("lmetric", "weighted"),
         ("lpwl", "weighted"),
+        ("llmd_prefix_load", "weighted"),
+        ("dynamo_host_tier", "weighted"),
+        ("bailian_top3", "weighted"),
+        ("vllm_router_smetric", "weighted"),
         ("smetric", "weighted"),
         ("smetric", "weighted"),  # the policy this project is about gets twice the streams
     )
@@ -326,6 +330,10 @@ class Session:
 class InFlight:
     rid: int  # Decision.request_id
     given: int | str | None  # what the caller passed, to sometimes use it again
+    instance: str = ""  # where it was routed
+    chain: list[int] = field(default_factory=list)  # the chain it was routed with
+    session: Session | None = None  # the session whose turn it was
+    num_tokens: int = 0  # its prompt length
 
 
 class StreamGen:
@@ -358,6 +366,8 @@ class StreamGen:
         # (docs/routing-semantics.md §2.7); each is issued with the clock of its delivery.
         self.late_events: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self.str_ids = 0
+        self.last_session: Session | None = None  # the session of the last route
+        self.next_session: Session | None = None  # a session whose next turn comes next
 
     # -- building blocks -----------------------------------------------------------------------
     def _tokens(self, count: int) -> list[int]:
@@ -438,6 +448,9 @@ class StreamGen:
 
     def _pick_session(self) -> Session:
         rnd = self.rnd
+        if self.next_session is not None and self.next_session in self.sessions:
+            s, self.next_session = self.next_session, None
+            return self._next_turn(s)
         if not self.sessions or rnd.random() < (0.02 if self.spec.hot else 0.3):
             s = self._new_session()
             self.sessions.append(s)
@@ -450,6 +463,10 @@ class StreamGen:
         if rnd.random() < 0.1:  # fork (a retry or a sub-agent): shares the whole history
             s = Session(list(s.tokens), list(s.chain), s.synthetic, s.namespace, s.turns, list(s.roles))
             self.sessions.append(s)
+        return self._next_turn(s)
+
+    def _next_turn(self, s: Session) -> Session:
+        rnd = self.rnd
         # The next turn: the model's output then a new user (or tool) message.
         if s.turns > 0:
             if s.synthetic:
@@ -463,6 +480,7 @@ class StreamGen:
     def _route(self) -> Op:
         rnd = self.rnd
         s = self._pick_session()
+        self.last_session = s
         s.turns += 1
         kw: dict[str, Any] = {}
         if s.synthetic:
@@ -507,11 +525,23 @@ class StreamGen:
             return  # refused (no instances)
         echoed = decision["request_id"]  # canon(): a str, or ("int", value)
         rid = request_id_value(echoed if isinstance(echoed, str) else echoed[1])
-        self.inflight[rid] = InFlight(rid, op.kwargs.get("request_id"))
         chain = self.chains[-1]
+        kw = op.kwargs
+        n = len(kw["tokens"]) if "tokens" in kw else kw.get("num_tokens", len(chain) * self.block)
+        self.inflight[rid] = InFlight(rid, kw.get("request_id"), decision["instance"], chain, self.last_session, n)
         rnd = self.rnd
         if not chain:
             return
+        if self.exact and rnd.random() < 0.3:
+            # A back-to-back turn (§2.7 "The answer"): this request finishes at once, its answer
+            # events may lag, and its session's next turn comes next.
+            req = self.inflight.pop(rid)
+            self.done.append(req)
+            out = rnd.randrange(500) if rnd.random() < 0.3 else rnd.randrange(3 * self.block)
+            given = req.given if req.given is not None else rid
+            self.pending.append(Op("on_finished", (given, out), {"now": self.now}))
+            self._answer_events(req, out)
+            self.next_session = req.session
         if self.exact or rnd.random() < 0.15:
             if rnd.random() < 0.75:
                 target = decision["instance"]
@@ -536,6 +566,7 @@ class StreamGen:
         name = rnd.choices(["on_prefilled", "on_finished", "on_aborted"], [40, 45, 15])[0]
         r = rnd.random()
         rid: int | str
+        req: InFlight | None = None
         if r < 0.85 and (self.inflight or self.done):
             pool = list(self.inflight.values()) if (r < 0.7 and self.inflight) or not self.done else self.done
             req = rnd.choice(pool)  # in flight, or already finished (double finish, late prefilled)
@@ -550,9 +581,37 @@ class StreamGen:
             rid = f"never-{rnd.randrange(10**6)}"
         args: tuple[Any, ...] = (rid,)
         if name == "on_finished" and rnd.random() < 0.7:
-            args = (rid, rnd.randrange(500))
-        self._advance()  # time passes; on_prefilled reads it (a drain-rate sample), the others do not
-        return Op(name, args, {"now": self.now} if name == "on_prefilled" else {})
+            # Sometimes as long as the next turn's echo of it (0..2 blocks), so that the answer
+            # credit (§2.7), not the chain's end, bounds a follow-up's hit.
+            args = (rid, rnd.randrange(500) if rnd.random() < 0.4 else rnd.randrange(3 * self.block))
+            if self.exact and req is not None and rnd.random() < 0.5:
+                self._answer_events(req, args[1])
+        self._advance()  # time passes: on_prefilled reads it (a drain-rate sample), on_finished too
+        # (exact mode credits the answer's blocks until now + TTL, §2.7); on_aborted does not
+        return Op(name, args, {"now": self.now} if name != "on_aborted" else {})
+
+    def _answer_events(self, req: InFlight, output_tokens: int) -> None:
+        """Queue the KV events of a finished request's answer (§2.7 "The answer"): its first
+        full blocks (all, or a prefix: the rest still in flight) under the prompt's last one,
+        now or late. A synthetic session still at this turn repeats the whole answer in its next
+        turn; otherwise no follow-up does (a re-rendered answer). Sometimes the engine evicts
+        the anchor instead."""
+        rnd = self.rnd
+        cached = (req.num_tokens + output_tokens - 1) // self.block - len(req.chain)
+        if not req.chain or cached <= 0:
+            return
+        answer = [rnd.randrange(U64) for _ in range(cached)]
+        s = req.session
+        if s is not None and s.synthetic and s.chain and s.chain[-1] == req.chain[-1]:
+            s.chain += answer
+        stored = answer[: rnd.randint(1, len(answer))]
+        event: tuple[tuple[Any, ...], dict[str, Any]] = ((req.instance, stored), {"parent": req.chain[-1]})
+        if rnd.random() < 0.2:
+            self.pending.append(Op("remove_blocks", (req.instance, req.chain[-1:]), {}))
+        elif rnd.random() < 0.5:
+            self.late_events.append(event)
+        else:
+            self.pending.append(Op("store_blocks", event[0], {**event[1], "now": self.now}))
 
     def _update_load(self, live: list[str]) -> Op:
         rnd = self.rnd
@@ -703,6 +762,7 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
         "engine_load_staleness_s": rnd.choice([0.0, 0.1, 0.25, 0.3, 1.0, 2.0]),
         "first_turn_min_branches": rnd.choice([1, 1, 1, 2, 3]),
         "cache_first_mode": cf_mode,
+        "exact_answer_credit": rnd.random() < 0.6,  # §2.7 "The answer" (off by default)
     }
     if not default:
         config |= {

@@ -144,13 +144,20 @@ def bench_exact_lag(size_label: str, calls: int) -> list[tuple[str, float, float
     from the sent set and recorded again on every call), and ``exact_pending_ttl_s=0``."""
     size = SIZES[size_label]
     rows = []
+    # (label, exact_pending_ttl_s, history confirmed, output tokens reported to on_finished,
+    # exact_answer_credit). With output tokens, every call's finish credits an answer (§2.7
+    # "The answer") that the next call's query looks up and the next finish replaces.
     cases = (
-        ("exact, history confirmed", 2.0, True),
-        ("exact, nothing confirmed", 2.0, False),
-        ("exact, sent blocks off", 0.0, True),
+        ("exact, history confirmed", 2.0, True, 0, True),
+        ("exact, history confirmed, answers credited", 2.0, True, size // 8, True),
+        ("exact, history confirmed, answer credit off", 2.0, True, size // 8, False),
+        ("exact, nothing confirmed", 2.0, False, 0, True),
+        ("exact, nothing confirmed, answers credited", 2.0, False, size // 8, True),
+        ("exact, sent blocks off", 0.0, True, 0, True),
     )
-    for label, ttl, confirmed in cases:
-        router = Router(INSTANCES, policy="smetric", config=RouterConfig(index_mode="exact", exact_pending_ttl_s=ttl))
+    for label, ttl, confirmed, output, answers in cases:
+        config = RouterConfig(index_mode="exact", exact_pending_ttl_s=ttl, exact_answer_credit=answers)
+        router = Router(INSTANCES, policy="smetric", config=config)
         rng = np.random.default_rng(1)
         system = rng.integers(0, 151_936, min(4_096, size // 2), dtype=np.int32)
         prompts = [session_prompt(rng, system, size) for _ in range(256)]
@@ -159,14 +166,16 @@ def bench_exact_lag(size_label: str, calls: int) -> list[tuple[str, float, float
             d = router.route(p, now=clock[0])
             if confirmed:
                 router.store_blocks(d.instance, router.hash_tokens(p), now=clock[0])
-            router.on_finished(d.request_id)
+            router.on_finished(d.request_id, output, now=clock[0])
         # The measured follow-up: session 7's prompt and a new turn of an eighth of it (its last
         # blocks are never confirmed, so each call records them as sent again).
         follow_up = np.concatenate([prompts[7], rng.integers(0, 151_936, size // 8, dtype=np.int32)])
 
-        def one(router: Any = router, follow_up: Any = follow_up, clock: list[float] = clock) -> None:
+        def one(
+            router: Any = router, follow_up: Any = follow_up, clock: list[float] = clock, output: int = output
+        ) -> None:
             clock[0] += 1e-4  # 0.1 ms a call: the sent blocks stay within their bound
-            router.on_finished(router.route(follow_up, now=clock[0]).request_id)
+            router.on_finished(router.route(follow_up, now=clock[0]).request_id, output, now=clock[0])
 
         one()
         rows.append((label, *percentiles(timed_calls(one, calls))))

@@ -134,6 +134,7 @@ fn bench_select(c: &mut Criterion) {
                 active: u64::from(i % 13) * 10_000,
                 queued_work: u64::from(i % 11) * 900,
                 drain_rate: 22_000.0,
+                peer_drain_rate: Some(22_000.0),
             })
             .collect();
         let paper = RouterConfig::PAPER;

@@ -106,6 +106,7 @@ class RouterConfig:
         global_capacity_blocks: int = ...,
         local_ttl_s: float | None = ...,
         exact_pending_ttl_s: float = ...,
+        exact_answer_credit: bool = ...,
         engine_load_staleness_s: float = ...,
         first_turn_min_branches: int = ...,
         cache_first_mode: CacheFirstMode = ...,
@@ -144,6 +145,8 @@ class RouterConfig:
     def local_ttl_s(self) -> float | None: ...
     @property
     def exact_pending_ttl_s(self) -> float: ...
+    @property
+    def exact_answer_credit(self) -> bool: ...
     @property
     def engine_load_staleness_s(self) -> float: ...
     @property
@@ -330,12 +333,20 @@ class Router:
         Raises:
             InvalidArgumentError: ``now`` is negative or not finite.
         """
-    def on_finished(self, request_id: _RequestId, output_tokens: int = 0) -> bool:
-        """The request finished after generating ``output_tokens`` tokens. Returns whether a counter changed.
+    def on_finished(self, request_id: _RequestId, output_tokens: int = 0, now: float | None = None) -> bool:
+        """The request finished after generating ``output_tokens`` tokens, at ``now`` (seconds, the
+        clock ``route`` was given; the router's own when ``None``). Returns whether a counter changed.
 
         Lowers the instance's batch and active-token counts (and the prefill ones if
         ``on_prefilled`` never came). The load board weighs prompt tokens only; ``output_tokens`` is
-        summed into ``stats()["output_tokens"]``.
+        summed into ``stats()["output_tokens"]``. In exact mode with ``exact_answer_credit`` set the
+        answer's full blocks, ``(prompt + output_tokens - 1) // block_size`` minus the prompt's,
+        count on the instance past the prompt's last full block until its KV events confirm them
+        (``docs/routing-semantics.md`` §2.7, "The answer"): pass the real count, usage's
+        ``completion_tokens``.
+
+        Raises:
+            InvalidArgumentError: ``now`` is negative or not finite.
         """
     def on_aborted(self, request_id: _RequestId) -> bool:
         """The request was aborted (client gone, engine error): as ``on_finished`` with no output."""
@@ -561,18 +572,22 @@ def load_workload(
     shared_prefix: bool = True,
     gate_on_parent: bool = False,
     synthetic: dict[str, Any] | None = None,
+    codex: dict[str, Any] | None = None,
 ) -> Workload:
     """Loads a trace file (or, for ``"weka"``, several files as one workload).
 
     Arguments:
         paths: the trace file(s): JSON Lines, gzipped or not.
-        format: ``"weka"``, ``"bailian"``, ``"mooncake"``, ``"azure"`` or ``"synthetic"`` (the
-            generated agent sessions; no file: ``paths`` must be empty).
+        format: ``"weka"``, ``"bailian"``, ``"mooncake"``, ``"azure"``, ``"synthetic"`` (the
+            generated agent sessions) or ``"codex"`` (sessions generated from the Codex SWE-bench
+            Pro trace's published statistics); the last two read no file: ``paths`` must be empty.
         coarsen: Weka only: keep every ``coarsen``-th 64-token id (block = 64·coarsen tokens).
         shared_prefix: Weka only: share the tool + system-prompt blocks across sessions.
         gate_on_parent: Bailian only: a child request also waits for its parent to finish.
         synthetic: ``"synthetic"`` only: generator options (keys of :func:`synthetic_defaults`)
             overriding the defaults.
+        codex: ``"codex"`` only: ``sessions`` (610), ``seed`` (0), ``block_tokens`` (256),
+            ``max_context_tokens`` (``None``: the engine's window minus 16,384).
 
     Raises:
         TraceFormatError: a bad record (``path`` and 1-based ``line``).

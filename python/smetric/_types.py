@@ -52,7 +52,19 @@ __all__ = [
 
 # --- strings ---------------------------------------------------------------------------------------
 
-PolicyName: TypeAlias = Literal["round_robin", "least_load", "cache_first", "linear", "lmetric", "lpwl", "smetric"]
+PolicyName: TypeAlias = Literal[
+    "round_robin",
+    "least_load",
+    "cache_first",
+    "linear",
+    "lmetric",
+    "lpwl",
+    "llmd_prefix_load",
+    "dynamo_host_tier",
+    "bailian_top3",
+    "vllm_router_smetric",
+    "smetric",
+]
 """A routing policy (``smetric.POLICIES`` lists them in report order)."""
 
 IndexMode: TypeAlias = Literal["approximate", "exact"]
@@ -85,6 +97,9 @@ Reason: TypeAlias = Literal[
     "linear",
     "lmetric",
     "lpwl",
+    "llmd-prefix-load",
+    "dynamo-host-tier",
+    "bailian-top3",
     "first-turn: least-loaded",
     "follow-up: sticky",
     "follow-up: migrate (local KV$ evicted)",
@@ -98,9 +113,10 @@ Reason: TypeAlias = Literal[
 ArrivalKind: TypeAlias = Literal["closed_loop", "open_loop", "gated_open_loop"]
 """How a simulated workload's requests arrive (``Workload.arrival``)."""
 
-TraceFormat: TypeAlias = Literal["weka", "bailian", "mooncake", "azure", "synthetic"]
+TraceFormat: TypeAlias = Literal["weka", "bailian", "mooncake", "azure", "synthetic", "codex"]
 """Trace formats :func:`smetric._core.load_workload` reads (``"synthetic"``: generated agent
-sessions, no file)."""
+sessions, no file; ``"codex"``: sessions generated from the Codex SWE-bench Pro trace's published
+statistics, no file, ``docs/codex-workload.md``)."""
 
 TierPath: TypeAlias = Literal["lmcache", "mooncake-store", "cpu-offload"]
 """``SimConfig.global_tier.path``: how KV moves to and from the global tier — LMCache's connector
@@ -136,6 +152,7 @@ class RouterConfigFields(TypedDict):
     global_capacity_blocks: int
     local_ttl_s: float | None
     exact_pending_ttl_s: float
+    exact_answer_credit: bool
     engine_load_staleness_s: float
     first_turn_min_branches: int
     cache_first_mode: CacheFirstMode

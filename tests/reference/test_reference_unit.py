@@ -40,10 +40,13 @@ from smetric.reference.policies import (
     Candidate,
     CounterRng,
     RouteInput,
+    bailian_top3,
     cache_first_max_hit,
     cache_first_weighted,
+    dynamo_host_tier,
     least_load,
     linear,
+    llmd_prefix_load,
     lmetric,
     lpwl,
     round_robin,
@@ -518,6 +521,46 @@ def test_lpwl() -> None:
     tied = [cand(queued=100), cand(hit=100, queued=200), cand(queued=500)]
     assert lpwl(tied, req(1000), rng) == ([0, 1][first_draw() % 2], "lpwl")
     assert rng.draws == 1
+
+
+def test_llmd_prefix_load() -> None:
+    # 1,000 tokens in blocks of 16: 992 hashed; 100 blocks of GPU KV = 1,600 tokens.
+    # 2*prefix + free KV + inverse queue: 2*0.5 + 0.5 + 4/8 = 2, 0 + 1 + 1 = 2, 2*1 + 0 + 0 = 2
+    cands = [cand(hit=496, bs=4, active=800), cand(), cand(hit=992, bs=8, active=1600)]
+    rng = CounterRng(0)
+    assert llmd_prefix_load(cands, req(1000), 100, rng) == (first_draw() % 3, "llmd-prefix-load")
+    # loads 5, 1, 8 and 160 tokens in flight on 1: 1 + 0.5 + 3/7, 0 + 0.9 + 1, 2 + 0 + 0 -> 2
+    cands = [cand(hit=496, bs=5, active=800), cand(bs=1, active=160), cand(hit=992, bs=8, active=1600)]
+    rng = CounterRng(0)
+    assert llmd_prefix_load(cands, req(1000), 100, rng) == (2, "llmd-prefix-load")
+    assert rng.draws == 0
+
+
+def test_dynamo_host_tier() -> None:
+    # 100 blocks, the tier holds 80: 120 - (40 + 0.75*40) = 50; 100 - 0.75*80 + 640/16 = 80; 150 - 80 = 70
+    cands = [cand(hit=640, bs=1, queued=320), cand(bs=1, active=640), cand(hit=1280, bs=1, queued=800)]
+    rng = CounterRng(0)
+    assert dynamo_host_tier(cands, req(1600, global_hit=1280), 1.0, rng) == (0, "dynamo-host-tier")
+    # without the tier: 80, 140, 70
+    assert dynamo_host_tier(cands, req(1600), 1.0, rng)[0] == 2
+    assert rng.draws == 0
+
+
+def test_bailian_top3() -> None:
+    # weights 2^35, 2^10, 2^45, 2^5 (loads 1, 0, 0.5, 0.5 around a mean of 0.5): the top three
+    # are 2, 0, 1 and the draw u * (2^45 + 2^35 + 2^10) falls on 2 unless u > 2^45 / total
+    cands = [cand(hit=900, bs=4), cand(), cand(hit=900, bs=2), cand(hit=100, bs=2)]
+    for seed in range(50):
+        rng = CounterRng(seed)
+        u = (first_draw(seed) >> 11) * 2.0**-53
+        total = 2.0**45 + 2.0**35 + 2.0**10
+        expected = 2 if u * total < 2.0**45 else (0 if u * total < 2.0**45 + 2.0**35 else 1)
+        assert bailian_top3(cands, req(1000), rng) == (expected, "bailian-top3")
+        assert rng.draws == 1
+    # a single instance takes no draw
+    rng = CounterRng(0)
+    assert bailian_top3(cands[:1], req(1000), rng) == (0, "bailian-top3")
+    assert rng.draws == 0
 
 
 def test_smetric_first_turn_ignores_local_hits() -> None:

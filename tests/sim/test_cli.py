@@ -148,3 +148,12 @@ def test_embedded_excerpt_and_licence_ship_in_the_package() -> None:
     assert first["root_session_id"].startswith("weka-")
     w = load_workload(path, "weka")
     assert (len(w), w.root_sessions) == (1039, 20)
+
+
+@pytest.mark.parametrize("command", ["simulate", "sweep"])
+def test_help_renders(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse %-formats help strings: a bare `%` in one (e.g. a formatted percentage) breaks --help."""
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    assert "--codex-seed" in capsys.readouterr().out

@@ -95,12 +95,6 @@ def test_paced_follow_ups_predict_the_engines_cached_tokens(serve: Serve, vllm_f
     assert all(r.cached > 0 for r in follow)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # only the bar itself: an engine that cannot start is an error, not this
-    reason="issue 20 item 3: the index lags vLLM's KV events; blocks sent to an instance must count as "
-    "present until the events confirm them (the core fix in rust/smetric-core/src/index, branch indexlag)",
-)
 def test_back_to_back_follow_ups_keep_their_cache(serve: Serve, vllm_fleet: Fleet) -> None:
     # One output token: the answer leaves right after the prefill step, whose KV events race it (a tool
     # call's turn is short too), and the engine computes no KV for the sampled token, so the follow-up's

@@ -1,6 +1,7 @@
 """The fake engine's HTTP surface: vLLM's OpenAI-compatible API on aiohttp.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``/v1/responses`` (and its
+stored responses' routes: :mod:`.responses`), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``GET /kv_event_sources``. Bodies follow vLLM 0.33:
 
 * non-streaming: one ``chat.completion`` / ``text_completion`` object with ``usage``
@@ -43,6 +44,7 @@ from aiohttp import web
 
 from .engine import Engine, Request
 from .pd import DecodeSide, KvTransferError, PrefillSide
+from .responses import ResponsesEndpoint
 from .tokens import Tokenizer, default_output_tokens, filler, render_chat
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,7 @@ class FakeEngineApp:
         app = web.Application(client_max_size=64 << 20)
         app.router.add_post("/v1/chat/completions", self._handler(chat=True))
         app.router.add_post("/v1/completions", self._handler(chat=False))
+        ResponsesEndpoint(self).install(app)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)

@@ -24,6 +24,7 @@ class ReferenceConfig:
     global_capacity_blocks: int = 1_048_576  # 0 disables the global tier
     local_ttl_s: float | None = None
     exact_pending_ttl_s: float = 2.0  # §2.7; 0 turns sent blocks off
+    exact_answer_credit: bool = False  # §2.7 "The answer"; True credits finished answers
     engine_load_staleness_s: float = 1.0
     first_turn_min_branches: int = 1
     cache_first_mode: str = "weighted"

@@ -38,7 +38,7 @@ class Holder:
 class KvIndex:
     """The index of §2: one entry table shared by all holders."""
 
-    def __init__(self, pending_ttl_ms: int = 0, pending_capacity: int = 0) -> None:
+    def __init__(self, pending_ttl_ms: int = 0, pending_capacity: int = 0, answer_credit: bool = False) -> None:
         self.entries: dict[int, Entry] = {}
         self.holders: dict[int, Holder] = {}
         # §2.7: per instance slot, the blocks sent and not yet confirmed, least recently sent first:
@@ -46,11 +46,16 @@ class KvIndex:
         self.pending_ttl_ms = pending_ttl_ms
         self.pending_capacity = pending_capacity
         self.pending: dict[int, OrderedDict[int, tuple[int, bool]]] = {}
+        # §2.7 "The answer": per instance slot, finished requests' answers, least recently
+        # credited first: anchor hash -> (answer blocks, deadline ms).
+        self.answer_credit = answer_credit and pending_ttl_ms > 0
+        self.credits: dict[int, OrderedDict[int, tuple[int, int]]] = {}
 
     # -- holders -------------------------------------------------------------------------------
     def add_holder(self, key: int, capacity: int, ttl_ms: int | None) -> None:
         self.holders[key] = Holder(capacity=capacity, ttl_ms=ttl_ms)
         self.pending.pop(key, None)
+        self.credits.pop(key, None)
 
     def drop_holder(self, key: int) -> None:
         """Forget a removed instance: each of its blocks goes through §2.3 first (§7)."""
@@ -95,12 +100,57 @@ class KvIndex:
         return mark is not None and now_ms < mark[0] and mark[1]
 
     def matched_with_sent(self, key: int, chain: list[int], now_ms: int) -> int:
-        """Largest k with every chain[i < k] held by `key` or sent to it (§2.7)."""
+        """Largest k with every chain[i < k] held by `key` or sent to it (§2.7), then extended by
+        the answer credits anchored at some chain[p], p < k, to p + 1 + blocks (the larger)."""
         blocks = self.holders[key].blocks
         k = 0
         while k < len(chain) and (chain[k] in blocks or self.sent_counts(key, chain[k], now_ms)):
             k += 1
-        return k
+        best = k
+        credits = self.credits.get(key, OrderedDict())
+        for p in range(k if credits else 0):
+            credit = credits.get(chain[p])
+            if credit is not None and now_ms < credit[1]:
+                best = max(best, min(len(chain), p + 1 + credit[0]))
+        return best
+
+    # -- §2.7 "The answer" -----------------------------------------------------------------------
+    def credit(self, key: int, anchor: int, blocks: int, now_ms: int) -> None:
+        """A finished request's `blocks` answer blocks hang past `anchor` on instance `key`."""
+        if not self.answer_credit or blocks <= 0:
+            return
+        credits = self.credits.setdefault(key, OrderedDict())
+        while credits and next(iter(credits.values()))[1] <= now_ms:  # expiry, oldest first
+            credits.popitem(last=False)
+        credits.pop(anchor, None)
+        credits[anchor] = (blocks, now_ms + self.pending_ttl_ms)
+        while sum(b for b, _ in credits.values()) > self.pending_capacity:  # the memory bound
+            credits.popitem(last=False)
+
+    def confirm_credits(self, key: int, run: list[int], parent: int | None) -> None:
+        """A store event: a credit anchored at `parent` or inside `run` (not its last block) sees
+        blocks confirmed; it ends when the run covers it, else moves to the run's last block."""
+        credits = self.credits.get(key)
+        if not credits or not run:
+            return
+        last = len(run) - 1
+        anchors = ([(parent, len(run))] if parent is not None else []) + [(run[i], last - i) for i in range(last)]
+        moved: tuple[int, int] | None = None
+        for anchor, after in anchors:
+            credit = credits.pop(anchor, None)
+            if credit is not None and credit[0] > after:
+                rest = (credit[0] - after, credit[1])
+                moved = rest if moved is None or rest[0] > moved[0] else moved
+        if moved is not None:
+            credits.pop(run[last], None)
+            credits[run[last]] = moved
+
+    def end_credits(self, key: int, blocks: list[int]) -> None:
+        """An event evicted these blocks of instance `key`: credits anchored there end."""
+        credits = self.credits.get(key)
+        if credits:
+            for block in blocks:
+                credits.pop(block, None)
 
     # -- §2.3 removal --------------------------------------------------------------------------
     def remove(self, key: int, block: int) -> None:
@@ -119,6 +169,7 @@ class KvIndex:
         for block in list(self.holders[key].blocks):
             self.remove(key, block)
         self.pending.pop(key, None)
+        self.credits.pop(key, None)
 
     def _evict_lru(self, key: int) -> None:
         lru_block = next(iter(self.holders[key].blocks))
@@ -146,6 +197,7 @@ class KvIndex:
         # 1. TTL purge of this holder only.
         self.purge(key, now_ms)
         self.end_pending(key, run)  # §2.7: stored, so confirmed (the global tier has none)
+        self.confirm_credits(key, run, parent)  # §2.7 "The answer": confirmed past the anchor
         # 2. Creation pass, head to tail: a new entry counts as one more child of its parent.
         for i, block in enumerate(run):
             if block in self.entries:

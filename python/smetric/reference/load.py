@@ -40,6 +40,23 @@ class DrainRate:
         mid = len(ordered) // 2
         self.learned = ordered[mid] if len(ordered) % 2 == 1 else (ordered[mid - 1] + ordered[mid]) / 2.0
 
+    own_work_samples: list[float] = field(default_factory=list)
+    peer_p90: float | None = None
+
+    def record_own_work(self, work: int, elapsed_ms: int) -> None:
+        """§6 item 12: vllm-router's estimator, the p90 of the last 64 own-work samples (>= 8)."""
+        if work == 0 or elapsed_ms == 0:
+            return
+        if len(self.own_work_samples) == 64:
+            del self.own_work_samples[0]
+        self.own_work_samples.append(float(work) * 1000.0 / float(elapsed_ms))
+        if len(self.own_work_samples) < 8:
+            return
+        ordered = sorted(self.own_work_samples)
+        x = float(len(ordered) - 1) * 0.9
+        whole = int(x)
+        self.peer_p90 = ordered[whole + 1 if x - float(whole) >= 0.5 else whole]  # round half away, as Rust
+
 
 @dataclass
 class InstanceLoad:
@@ -89,6 +106,8 @@ class RequestRecord:
     work_ahead: int = 0  # X's queued_work before the decision
     routed_ms: int = 0
     prefilled: bool = False
+    anchor: int | None = None  # §2.7: the routed chain's last block (None: shorter than a block)
+    prompt_blocks: int = 0  # blocks of the routed chain
 
 
 def apply_routed(load: InstanceLoad, prefill: int, n: int, work: int) -> None:

@@ -57,6 +57,7 @@ class Candidate:
     active: int  # router's own
     queued_work: int = 0  # router's own (§6 item 8)
     drain_rate: float = 22000.0  # work units/s: configured, learned or the fallback (§6 item 8)
+    peer_drain_rate: float | None = None  # vllm-router's: configured or its learned p90 (§6 item 12)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,112 @@ def lpwl(cands: Sequence[Candidate], req: RouteInput, rng: CounterRng) -> tuple[
         return float(c.queued) + (n - min(max(float(c.local_hit), gh), n))
 
     return argmin(range(len(cands)), work, rng), "lpwl"
+
+
+# --- 9. llmd_prefix_load -----------------------------------------------------------------------
+def llmd_prefix_load(
+    cands: Sequence[Candidate], req: RouteInput, local_capacity_blocks: int, rng: CounterRng
+) -> tuple[int, str]:
+    """llm-d's prefix + load profile: argmax 2*prefix + free KV + inverse queue, ties at random."""
+    b = req.block_size
+    hashed = float(req.n // b * b)
+    per_hashed = 1.0 / hashed if hashed > 0.0 else 0.0
+    capacity = float(local_capacity_blocks) * float(b)
+    q_lo = min(c.bs for c in cands)
+    q_hi = max(c.bs for c in cands)
+
+    def total(i: int) -> float:
+        c = cands[i]
+        prefix = min(float(c.local_hit) * per_hashed, 1.0)
+        free_kv = 1.0 - min(max(float(c.active) / capacity, 0.0), 1.0)
+        queue = 1.0 if q_lo == q_hi else float(q_hi - c.bs) / float(q_hi - q_lo)
+        return 2.0 * prefix + free_kv + queue
+
+    return argmin(range(len(cands)), lambda i: -total(i), rng), "llmd-prefix-load"
+
+
+# --- 10. dynamo_host_tier ------------------------------------------------------------------------
+def dynamo_host_tier(
+    cands: Sequence[Candidate], req: RouteInput, prefill_weight: float, rng: CounterRng
+) -> tuple[int, str]:
+    """Dynamo's cost with tiered credit: argmin w*max(0, (q + n)/B - (dev + 0.75*host)/B) + a/B."""
+    b = float(req.block_size)
+    n = req.n
+    global_hit = min(req.global_hit, n)
+
+    def cost(i: int) -> float:
+        c = cands[i]
+        device = min(c.local_hit, n)
+        host = max(global_hit - device, 0)
+        raw = float(c.queued + n) / b
+        credit = float(device) / b + 0.75 * (float(host) / b)
+        return prefill_weight * max(raw - credit, 0.0) + float(c.active) / b
+
+    return argmin(range(len(cands)), cost, rng), "dynamo-host-tier"
+
+
+# --- 11. bailian_top3 ----------------------------------------------------------------------------
+def bailian_top3(cands: Sequence[Candidate], req: RouteInput, rng: CounterRng) -> tuple[int, str]:
+    """Bailian's rule as the SMetric authors port it: w_i = 2^(50*reuse + 20*(mean load - load)),
+    load = bs / max bs; the three heaviest kept (ties in slot order), one sampled by weight."""
+    per_token = 1.0 / float(req.n) if req.n > 0 else 0.0
+    max_bs = max(c.bs for c in cands)
+    max_load = 1.0 if max_bs == 0 else float(max_bs)
+    loads = [float(c.bs) / max_load for c in cands]
+    total_load = 0.0
+    for x in loads:  # a plain left-to-right sum, as the core adds
+        total_load += x
+    mean = total_load / float(len(cands))
+    weights = [
+        2.0 ** (50.0 * min(float(c.local_hit) * per_token, 1.0) + 20.0 * (mean - loads[i])) for i, c in enumerate(cands)
+    ]
+    top = sorted(range(len(cands)), key=lambda i: -weights[i])[:3]
+    if len(top) == 1:
+        return top[0], "bailian-top3"
+    total = 0.0
+    for i in top:
+        total += weights[i]
+    u = rng.uniform() * total
+    running = 0.0
+    for i in top:
+        running += weights[i]
+        if running > u:
+            return i, "bailian-top3"
+    return top[-1], "bailian-top3"
+
+
+# --- 12. vllm_router_smetric ---------------------------------------------------------------------
+def vllm_router_smetric(
+    cands: Sequence[Candidate], req: RouteInput, cfg: ReferenceConfig, rng: CounterRng, prefill_only: bool = False
+) -> tuple[int, str]:
+    """vllm-router's SMetric (PR #330): e_i = qw_i + work(n - min(L_i, n), n); meets_i when no rate is
+    known or e_i / rate_i <= budget; score e_i * bs_i; a follow-up sticks to argmax L_i iff its hit
+    beats HIT_RATIO * n and (it meets or nobody does)."""
+    n = req.n
+    budget = cfg.smetric_ttft_slack * (cfg.smetric_ttft_base_s + cfg.smetric_ttft_s_per_token * float(n))
+    everyone = range(len(cands))
+
+    def pending(i: int) -> float:
+        c = cands[i]
+        return float(c.queued_work + prefill_work(n - min(c.local_hit, n), n, cfg.smetric_l_eq_tokens))
+
+    def meets(i: int) -> bool:
+        rate = cands[i].peer_drain_rate
+        return rate is None or pending(i) / rate <= budget
+
+    def score(i: int) -> float:
+        return pending(i) if prefill_only else pending(i) * float(cands[i].bs)
+
+    if req.first_turn:
+        return argmin(everyone, score, rng), "first-turn: least-loaded"
+    home = pick_among(keep_max(everyone, lambda i: float(cands[i].local_hit)), rng)
+    if float(cands[home].local_hit) <= cfg.min_local_hit_ratio * float(n):
+        return argmin(everyone, score, rng), "follow-up: migrate (local KV$ evicted)"
+    if meets(home):
+        return home, "follow-up: sticky"
+    if not any(meets(i) for i in everyone):
+        return home, "follow-up: sticky (no instance meets TTFT budget)"
+    return argmin(everyone, score, rng), "follow-up: migrate (home misses TTFT budget)"
 
 
 # --- 6. smetric ------------------------------------------------------------------------------

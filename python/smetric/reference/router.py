@@ -22,7 +22,19 @@ from .index import GLOBAL, KvIndex
 from .load import InstanceLoad, RequestRecord, apply_finished, apply_prefilled, apply_routed, prefill_work
 from .policies import Candidate, CounterRng, RouteInput
 
-POLICIES = ("round_robin", "least_load", "cache_first", "linear", "lmetric", "lpwl", "smetric")
+POLICIES = (
+    "round_robin",
+    "least_load",
+    "cache_first",
+    "linear",
+    "lmetric",
+    "lpwl",
+    "llmd_prefix_load",
+    "dynamo_host_tier",
+    "bailian_top3",
+    "vllm_router_smetric",
+    "smetric",
+)
 TIERS = ("local", "global")
 AUTO_REQUEST_ID_BASE = 1 << 63  # §8: generated request ids are 2^63, 2^63 + 1, ...
 FOLLOW_UP_ROLES = frozenset({"assistant", "tool", "function", "ipython"})  # §4.2
@@ -127,7 +139,7 @@ class ReferenceRouter:
         self._global_enabled = cfg.global_capacity_blocks > 0
 
         pending_ttl_ms = _ms(cfg.exact_pending_ttl_s) if cfg.index_mode == "exact" else 0  # §2.7
-        self._index = KvIndex(pending_ttl_ms, cfg.local_capacity_blocks)
+        self._index = KvIndex(pending_ttl_ms, cfg.local_capacity_blocks, cfg.exact_answer_credit)
         self._index.add_holder(GLOBAL, cfg.global_capacity_blocks, None)  # the global tier has no TTL
         self._slots: list[_Slot | None] = []
         self._generations: list[int] = []  # per slot, survives the slot being freed (§7)
@@ -268,8 +280,11 @@ class ReferenceRouter:
             rate = cfg.smetric_drain_rate
             if rate is None:
                 rate = s.load.drain.learned if s.load.drain.learned is not None else cfg.smetric_drain_rate_fallback
+            peer_rate = cfg.smetric_drain_rate if cfg.smetric_drain_rate is not None else s.load.drain.peer_p90
             cands.append(
-                Candidate(local_hit, bs_eff, waiting_eff, s.load.queued, s.load.active, s.load.queued_work, rate)
+                Candidate(
+                    local_hit, bs_eff, waiting_eff, s.load.queued, s.load.active, s.load.queued_work, rate, peer_rate
+                )
             )
         req = RouteInput(n=n, global_hit=global_hit, block_size=self._block_size, first_turn=first_turn)
         pos, reason = self._choose(cands, req)
@@ -285,7 +300,15 @@ class ReferenceRouter:
         work = prefill_work(prefill, n, cfg.smetric_l_eq_tokens)
         # §3: an id still in flight is simply overwritten (its old record is lost).
         self._requests[key] = RequestRecord(
-            chosen_slot, chosen.generation, prefill, n, work=work, work_ahead=cands[pos].queued_work, routed_ms=now_ms
+            chosen_slot,
+            chosen.generation,
+            prefill,
+            n,
+            work=work,
+            work_ahead=cands[pos].queued_work,
+            routed_ms=now_ms,
+            anchor=chain[-1] if chain else None,
+            prompt_blocks=len(chain),
         )
         apply_routed(chosen.load, prefill, n, work)
         self._routed += 1
@@ -330,6 +353,14 @@ class ReferenceRouter:
                 return policies.lmetric(cands, req, rng)
             case "lpwl":
                 return policies.lpwl(cands, req, rng)
+            case "llmd_prefix_load":
+                return policies.llmd_prefix_load(cands, req, cfg.local_capacity_blocks, rng)
+            case "dynamo_host_tier":
+                return policies.dynamo_host_tier(cands, req, cfg.linear_prefill_weight, rng)
+            case "bailian_top3":
+                return policies.bailian_top3(cands, req, rng)
+            case "vllm_router_smetric":
+                return policies.vllm_router_smetric(cands, req, cfg, rng)
             case _ if cfg.smetric_rule == "v2":
                 return policies.smetric_paper(cands, req, cfg, rng)
             case _:
@@ -360,27 +391,37 @@ class ReferenceRouter:
             cfg.smetric_drain_window,
             cfg.smetric_drain_min_samples,
         )
+        if self._policy == "vllm_router_smetric":
+            load.drain.record_own_work(record.work, max(now_ms - record.routed_ms, 0))
         return True
 
-    def _finish(self, request_id: int | str) -> bool:
+    def _finish(self, request_id: int | str) -> RequestRecord | None:
+        """Forget the request and release its load; the record when its instance still counts it."""
         record = self._requests.pop(request_id_value(request_id), None)
         if record is None:
             self._unknown_request_events += 1
-            return False
+            return None
         load = self._board_of(record)
         if load is None:  # slot removed or reused: just forget the request
-            return False
+            return None
         apply_finished(load, record)
+        return record
+
+    def on_finished(self, request_id: int | str, output_tokens: int = 0, now: float | None = None) -> bool:
+        now_ms = self._now_ms(now)
+        record = self._finish(request_id)
+        if record is None:
+            return False
+        self._output_tokens += output_tokens
+        # §2.7 "The answer": vLLM caches the full blocks of the first n + output - 1 tokens.
+        if self._config.index_mode == "exact" and record.anchor is not None and output_tokens > 0:
+            blocks = (record.n + output_tokens - 1) // self._block_size - record.prompt_blocks
+            if blocks > 0:
+                self._index.credit(record.slot, record.anchor, blocks, now_ms)
         return True
 
-    def on_finished(self, request_id: int | str, output_tokens: int = 0) -> bool:
-        finished = self._finish(request_id)
-        if finished:
-            self._output_tokens += output_tokens
-        return finished
-
     def on_aborted(self, request_id: int | str) -> bool:
-        return self._finish(request_id)
+        return self._finish(request_id) is not None
 
     # -- §7 instances --------------------------------------------------------------------------
     def add_instance(self, name: str) -> None:
@@ -461,6 +502,7 @@ class ReferenceRouter:
         if key is not None:
             if key != GLOBAL:
                 self._index.end_pending(key, blocks)  # §2.7: evicted by the engine
+                self._index.end_credits(key, blocks)  # §2.7: an answer past an evicted anchor
             for block in blocks:
                 self._index.remove(key, block)
 

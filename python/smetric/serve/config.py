@@ -134,6 +134,9 @@ class ServeConfig:
     """Enables ``POST/DELETE /admin/instances`` for requests bearing this token."""
     models_refresh_s: float = 10.0
     """How often ``/v1/models`` of every instance is asked again."""
+    response_id_key: str | None = None
+    """The key of the ids the proxy issues for stored responses (:mod:`smetric.serve.pinning`):
+    proxy replicas in front of one fleet must share it; None: a random key per process."""
 
     def __post_init__(self) -> None:
         if bool(self.prefill) != bool(self.decode):

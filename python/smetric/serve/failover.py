@@ -32,14 +32,28 @@ from smetric.serve.backends.base import Answered, Backend, NoInstance
 from smetric.serve.config import ServeConfig
 from smetric.serve.errors import ProxyError
 from smetric.serve.fleet import Fleet
+from smetric.serve.pinning import resolve
 from smetric.serve.relay import Relayed, end_stream, read_whole, relay_stream
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
 from smetric.serve.upstream import Refused, forwardable
 
-__all__ = ["CUT_MESSAGE", "Failover"]
+__all__ = ["CUT_MESSAGE", "Failover", "lost_state"]
 
 CUT_MESSAGE = "the stream was cut and could not be continued"
+
+
+def lost_state(instance: str | None, cause: str) -> ProxyError:
+    """The answer to a pinned request whose instance is gone (404) or does not answer (503):
+    the state it names lived there only."""
+    where = "an instance no longer in the fleet" if instance is None else f"instance {instance}, which {cause}"
+    message = (
+        f"the stored response this request names lived on {where}: it is lost (no other instance holds it); "
+        "send the whole conversation instead (store: false, no previous_response_id)"
+    )
+    if instance is None:
+        return ProxyError(404, message, "NotFoundError", "previous_response_id")
+    return ProxyError(503, message, "ServiceUnavailableError", "previous_response_id")
 
 
 class Failover:
@@ -59,21 +73,31 @@ class Failover:
         fleet, backend = self.fleet, self.backend
         headers = forwardable(request.headers)
         failed: list[str] = []
+        failed_causes: list[str] = []
         response: web.StreamResponse | None = None
         """The client stream, once its headers are out."""
         state: StreamState | None = None
         suspects: list[tuple[str, str]] = []
         """Instances that answered a 5xx that may be the request's, not yet charged."""
         statuses: set[int] = set()
+        pinned = None if prepared.pin is None else resolve(prepared.pin, fleet.instances)
+        if prepared.pin is not None and pinned is None:
+            return api.fail(lost_state(None, ""))
         attempt_no = 0
         while attempt_no < self.config.max_attempts:
             attempt_no += 1
-            exclude = fleet.exclusions(prepared.model, failed, backend.pools)
+            if pinned is not None:  # only its instance can serve it, ejected or not
+                if pinned in failed:
+                    return api.fail(lost_state(pinned, f"did not answer ({failed_causes[-1]})"))
+                exclude: list[str] | None = [u for u in fleet.instances if u != pinned]
+            else:
+                exclude = fleet.exclusions(prepared.model, failed, backend.pools)
             opened = await backend.open(prepared, headers, attempt_no, exclude) if exclude is not None else None
             if opened is None or isinstance(opened, NoInstance):
                 attempt_no -= 1
                 break
             if isinstance(opened, Refused):
+                failed_causes.append(opened.cause)
                 failed.append(opened.instance)
                 if opened.own:
                     fleet.failed(opened.instance, opened.cause)
@@ -111,6 +135,7 @@ class Failover:
                 # The attempt failed: before any byte reached the client (retry as it was), or
                 # mid-stream (continue the client's stream).
                 failed.append(attempt.instance)
+                failed_causes.append(result.cause)
                 fleet.failed(attempt.instance, result.cause)
                 state, response = result.state, result.response
                 if response is not None:
@@ -118,6 +143,7 @@ class Failover:
                     if state is not None and self.config.resume_streams:
                         continued = api.continuation(prepared, state, self.tokens)
                     if continued is None:
+                        self.telemetry.unresumed_streams += 1
                         return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
                     prepared = continued
                     self.telemetry.resumed_streams += 1
@@ -128,6 +154,7 @@ class Failover:
             finally:
                 upstream.release()
         if response is not None:
+            self.telemetry.unresumed_streams += 1
             return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
         return api.fail(
             ProxyError.unavailable(

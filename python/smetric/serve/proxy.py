@@ -3,7 +3,7 @@ its lifecycle.
 
 A request's path through :mod:`smetric.serve` (``docs/architecture.md`` draws it):
 
-1. **here**: the routes table (one route per API adapter of :data:`smetric.serve.apis.APIS`, and
+1. **here**: the routes table (the routes each API adapter of :data:`smetric.serve.apis.APIS` names, and
    ``/v1/models``, ``/health``, ``/metrics``, ``/admin/instances``); the body read (bounded),
    parsed by the API's adapter, checked against the fleet's models, and turned into routing
    tokens (BPE off the event loop) and a :class:`~smetric.serve.apis.base.Prepared` request;
@@ -52,7 +52,7 @@ from smetric._core import PdRouter, Router
 from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
 from smetric.serve.apis import APIS
-from smetric.serve.apis.base import Api
+from smetric.serve.apis.base import Api, Route
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
 from smetric.serve.config import InstanceConfig, ServeConfig
 from smetric.serve.errors import ProxyError
@@ -106,6 +106,8 @@ class Proxy:
         self.tokens = TokenSource(config.tokens)
         self.sessions = SessionTable()
         self.failover = Failover(config, fleet, backend, telemetry, self.tokens)
+        self.apis = tuple(api.bind(config) for api in APIS)
+        """The adapters of :data:`APIS` as this proxy configured them."""
         self.in_flight = 0
         self.draining = False
         self.idle = asyncio.Event()
@@ -113,7 +115,6 @@ class Proxy:
         self.idle.set()
         self._upstream = upstream
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smetric-tokenizer")
-        self._apis_by_path: dict[str, Api[Any]] = {api.path: api for api in APIS}
 
     # -- construction and lifecycle ---------------------------------------------------------------
 
@@ -177,19 +178,20 @@ class Proxy:
         """The aiohttp application."""
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._error_shape])
         app.on_response_prepare.append(_no_banner)
-        for api in APIS:
-            app.router.add_post(api.path, self._handler(api))
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/admin/instances", self._admin_add)
         app.router.add_delete("/admin/instances", self._admin_remove)
+        for api in self.apis:  # after the fixed routes: a pass-through's catch-all comes last
+            for route in api.routes():
+                app.router.add_route(route.method, route.path, self._handler(api, route))
         return app
 
     def error_response(self, path: str | None, status: int, message: str) -> web.StreamResponse:
         """An error the HTTP layer answers (aiohttp's own, a refused body) in the error shape of
         the API that owns ``path`` — its adapter renders it — or OpenAI's for any other path."""
-        api = self._apis_by_path.get(path) if path is not None else None
+        api = None if path is None else self._api_for(path)
         if api is None:
             kind = "InternalServerError" if status >= 500 else "BadRequestError"
             return self._respond(_json_error(ProxyError(status, message, kind)))
@@ -214,15 +216,22 @@ class Proxy:
                 response.headers["Allow"] = e.headers["Allow"]
             return response
 
-    def _handler(self, api: Api[Any]) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
+    def _api_for(self, path: str) -> Api[Any] | None:
+        """The adapter whose path ``path`` is or is under (``/v1/responses/{id}``), if any."""
+        for api in self.apis:
+            if path == api.path or path.startswith(api.path + "/"):
+                return api
+        return None
+
+    def _handler(self, api: Api[Any], route: Route) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
-            return await self._handle(request, api)
+            return await self._handle(request, api, route)
 
         return handle
 
     # -- the request path -------------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request, api: Api[Any]) -> web.StreamResponse:
+    async def _handle(self, request: web.Request, api: Api[Any], route: Route | None = None) -> web.StreamResponse:
         started = time.perf_counter()
         if self.draining:
             return self._respond(api.fail(ProxyError.unavailable("the proxy is shutting down")))
@@ -249,7 +258,11 @@ class Proxy:
             )
             return _closing(self._respond(api.reject(error)))
         try:
-            req = api.parse(raw)
+            req = (
+                api.parse(raw)
+                if route is None
+                else api.parse_route(raw, route, request.match_info, request.query_string)
+            )
         except RequestError as e:
             return self._respond(api.reject(e))
         except Exception as e:  # any failure to parse client input is the client's: a 400

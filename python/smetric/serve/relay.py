@@ -70,6 +70,7 @@ async def read_whole(
     attempt.finish(api.output_tokens(data) if upstream.status == 200 else 0)
     headers = forwardable(upstream.headers)
     headers["x-smetric-decision"] = attempt.header
+    data = api.relay_body(data, attempt.instance)
     return Relayed(web.Response(body=data, status=upstream.status, headers=headers))
 
 
@@ -87,6 +88,7 @@ async def relay_stream(
     continuation = response is not None
     before = state.tokens
     first_event = continuation
+    state.begin(attempt.instance)
     try:
         while True:
             try:
@@ -112,7 +114,7 @@ async def relay_stream(
             attempt.first_byte()
             events = state.feed(chunk)
             if not continuation:
-                await response.write(chunk)
+                await response.write(state.outgoing(chunk, events))
                 continue
             out = []
             for event in events:
@@ -123,7 +125,7 @@ async def relay_stream(
                 first_event = False
                 out.append(event + b"\n\n")
             if out:
-                await response.write(b"".join(out))
+                await response.write(state.outgoing(b"".join(out), [e[:-2] for e in out]))
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         attempt.abort()  # the client went away: close the upstream request with it
         upstream.close()

@@ -10,7 +10,7 @@ Families (``smetric_`` prefix): ``proxy_decisions_total{policy,reason,first_turn
 ``proxy_hit_tokens_total{tier}``, ``proxy_prompt_tokens_total{source}``,
 ``proxy_decision_seconds``, ``proxy_upstream_first_byte_seconds``, ``proxy_request_seconds``,
 ``proxy_retries_total{cause}``, ``proxy_ejections_total{instance}``,
-``proxy_readmissions_total{instance}``, ``proxy_resumed_streams_total``,
+``proxy_readmissions_total{instance}``, ``proxy_resumed_streams_total``, ``proxy_unresumed_streams_total``,
 ``proxy_responses_total{code}``, ``proxy_instance_in_flight{instance}``,
 ``proxy_instance_ejected{instance}``, ``proxy_client_errors_total{kind}`` (client garbage the
 proxy refused — malformed HTTP, slow heads, unparseable bodies — counted instead of logged).
@@ -75,6 +75,7 @@ class ProxyTelemetry:
         self.readmissions: Counter[str] = Counter()
         self.responses: Counter[int] = Counter()
         self.resumed_streams = 0
+        self.unresumed_streams = 0
         self.client_errors: Counter[str] = Counter()
         """Refused client input by kind (a bounded set of names the proxy chooses)."""
         self.decision_s = Histogram(DECISION_BUCKETS_S)
@@ -143,6 +144,12 @@ class ProxyTelemetry:
             "counter",
             "Streams cut after their first chunk and continued on another instance.",
             [({}, self.resumed_streams)],
+        )
+        yield from _family(
+            name("unresumed_streams_total"),
+            "counter",
+            "Streams cut after their first chunk that could not be continued (ended with the API's error event).",
+            [({}, self.unresumed_streams)],
         )
         yield from _family(
             name("responses_total"),

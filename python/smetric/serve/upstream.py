@@ -118,12 +118,15 @@ class Upstream:
             raise RuntimeError("the upstream client is not open")
         return self._client
 
-    async def post(self, attempt: Attempt, path: str, body: bytes, headers: Mapping[str, str]) -> Opened | Refused:
-        """POSTs an attempt's body to its instance; a connection error or a 5xx aborts the attempt."""
+    async def post(
+        self, attempt: Attempt, path: str, body: bytes, headers: Mapping[str, str], *, method: str = "POST"
+    ) -> Opened | Refused:
+        """Sends an attempt's request (``method``, POST by default) to its instance; a connection
+        error or a 5xx aborts the attempt."""
         started = time.perf_counter()
         url = attempt.instance
         try:
-            upstream = await self.client.post(url + path, data=body, headers=headers)
+            upstream = await self.client.request(method, url + path, data=body or None, headers=headers)
         except RETRYABLE as e:
             attempt.abort()
             return Refused(url, type(e).__name__)

@@ -72,6 +72,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--format", choices=FORMATS, help="trace format (default: guessed from the file name)")
     p.add_argument(
+        "--codex-seed",
+        type=int,
+        default=0,
+        help="with --format codex: the generator's seed (default %(default)s; report on seeds not tuned on)",
+    )
+    p.add_argument(
         "--instances", type=int, default=ENGINE_DEFAULTS["instances"], help="vLLM instances (default %(default)s)"
     )
     p.add_argument("--profile", default=ENGINE_DEFAULTS["profile"], help="hardware/model profile (default %(default)s)")
@@ -175,6 +181,11 @@ def _trace(args: argparse.Namespace) -> TraceSpec:
     if args.format == "synthetic":
         # Generated agent sessions at the generator's defaults (no file).
         return TraceSpec.synthetic_sessions() if not args.trace else _die("--format synthetic reads no --trace")
+    if args.format == "codex":
+        # Sessions from the Codex trace's published statistics (no file), seeded.
+        if args.trace:
+            _die("--format codex reads no --trace")
+        return TraceSpec.codex_sessions(seed=args.codex_seed)
     if not args.trace:
         return TraceSpec.embedded() if args.format in (None, "weka") else _die("--format needs --trace")
     fmt = args.format or guess_format(args.trace[0])
@@ -502,8 +513,9 @@ def _configure_sweep(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument(
         "--until-collapse",
         action="store_true",
+        # `%` doubled: argparse formats help strings with `%`.
         help=f"extend each policy's ladder past --loads, x{LADDER_STEP:g} a rung, until its attainment falls below "
-        f"{COLLAPSE_ATTAINMENT:.0%} under every SLO (or --max-extra-rungs), so that every peak is bracketed",
+        f"{COLLAPSE_ATTAINMENT:.0%}% under every SLO (or --max-extra-rungs), so that every peak is bracketed",
     )
     sweep.add_argument(
         "--ladder-step",

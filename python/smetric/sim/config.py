@@ -71,6 +71,9 @@ PD_DEFAULTS: Final[PdSettings] = sim_pd_defaults()
 SYNTHETIC_DEFAULTS: Final[SyntheticOptions] = synthetic_defaults()
 """The synthetic agent-session generator's `SyntheticOptions::default()` (read, never restated)."""
 
+CODEX_OPTIONS: Final[tuple[str, ...]] = ("sessions", "seed", "block_tokens", "max_context_tokens")
+"""Options of the ``"codex"`` generator (``rust/smetric-sim/src/workload/codex.rs``)."""
+
 FORMATS: Final[tuple[TraceFormat, ...]] = get_args(TraceFormat)
 """Trace formats :func:`smetric._core.load_workload` reads."""
 
@@ -474,6 +477,9 @@ class TraceSpec:
     synthetic: tuple[tuple[str, Any], ...] = ()
     """``format="synthetic"``: generator options overriding :data:`SYNTHETIC_DEFAULTS`, as
     sorted pairs (a spec is a dict key and travels to worker processes)."""
+    codex: tuple[tuple[str, Any], ...] = ()
+    """``format="codex"``: generator options (``sessions``, ``seed``, ``block_tokens``,
+    ``max_context_tokens``), as sorted pairs."""
 
     @staticmethod
     def embedded() -> TraceSpec:
@@ -493,17 +499,34 @@ class TraceSpec:
             raise ValueError(f"unknown synthetic options {unknown}; known: {', '.join(SYNTHETIC_DEFAULTS)}")
         return TraceSpec(paths=(), format="synthetic", synthetic=tuple(sorted(options.items())))
 
+    @staticmethod
+    def codex_sessions(**options: Any) -> TraceSpec:
+        """Sessions generated from the Codex SWE-bench Pro trace's published statistics
+        (``docs/codex-workload.md``); ``seed`` picks the draw (tune on some seeds, report on others).
+
+        Raises:
+            ValueError: an unknown option.
+        """
+        unknown = sorted(set(options) - set(CODEX_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown codex options {unknown}; known: {', '.join(CODEX_OPTIONS)}")
+        return TraceSpec(paths=(), format="codex", codex=tuple(sorted(options.items())))
+
     @property
     def name(self) -> str:
-        """The file name(s), for reports (``synthetic(key=value,…)`` for generated sessions)."""
+        """The file name(s), for reports (``synthetic(key=value,…)`` / ``codex(…)`` for generated sessions)."""
         if self.format == "synthetic":
             return "synthetic(" + ",".join(f"{k}={v}" for k, v in self.synthetic) + ")"
+        if self.format == "codex":
+            return "codex(" + ",".join(f"{k}={v}" for k, v in self.codex) + ")"
         return "+".join(Path(p).name for p in self.paths)
 
     def loader_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`smetric._core.load_workload`."""
         if self.format == "synthetic":
             return {"synthetic": dict(self.synthetic)}
+        if self.format == "codex":
+            return {"codex": dict(self.codex)}
         options: dict[str, Any] = {"gate_on_parent": self.gate_on_parent}
         if self.coarsen is not None:
             options["coarsen"] = self.coarsen

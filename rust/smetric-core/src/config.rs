@@ -184,6 +184,13 @@ pub struct RouterConfig {
     /// (`docs/routing-semantics.md` §2.7; at most `local_capacity_blocks` such blocks per
     /// instance). 0 turns it off; ignored in approximate mode.
     pub exact_pending_ttl_s: f64,
+    /// Exact mode, with `exact_pending_ttl_s > 0`: when a request finishes, its answer's full
+    /// blocks (from `output_tokens`) count on its instance past its last full prompt block,
+    /// under the same TTL, until the engine's events confirm them or evict that block — so a
+    /// follow-up that repeats the answer is credited prompt + answer before those events
+    /// arrive (`docs/routing-semantics.md` §2.7, "The answer"). Off by default: a follow-up
+    /// that does not repeat the answer token for token is over-predicted until those events.
+    pub exact_answer_credit: bool,
     /// Engine load snapshots older than this are ignored, in seconds.
     pub engine_load_staleness_s: f64,
     /// A match that ends where at least this many requests branched off is a first turn.
@@ -255,6 +262,9 @@ impl RouterConfig {
         local_ttl_s: None,
         // 8x vLLM's measured p99 KV-event delay (243 ms on CPU vLLM, docs §2.7).
         exact_pending_ttl_s: 2.0,
+        // Off until a real-engine run shows follow-ups repeat answers block for block: a
+        // follow-up that re-renders its predecessor's answer is over-predicted (§2.7).
+        exact_answer_credit: false,
         engine_load_staleness_s: 1.0,
         first_turn_min_branches: 1,
         cache_first_mode: CacheFirstMode::Weighted,

@@ -16,12 +16,21 @@
 //! gate then errs towards "infeasible", which sends a follow-up to the least loaded
 //! instance only if that one is feasible, else keeps it home.
 //!
+//! Beside it, for the `vllm_router_smetric` peer policy only, the estimator of vllm-router's
+//! `smetric` (vllm-project/router PR #330, `src/policies/smetric.rs`): a sample is the request's
+//! *own* work over the same elapsed time (the queue ahead is not counted, so a sample under load
+//! is low), and the published rate is the **90th percentile** (`sorted[round((k − 1)·0.9)]`) of
+//! the last [`PEER_WINDOW`] samples once there are [`PEER_MIN_SAMPLES`] — the high percentile
+//! picks the samples taken when the instance was idle. Without one, that policy treats every
+//! instance as meeting its budget, as vllm-router does.
+//!
 //! Invariants: the published rate is finite and > 0, or absent; a sample never blocks a
 //! decision (decisions read one atomic; samples take the instance's own small mutex, never
 //! the index mutex).
 //!
 //! Complexity: `record` O(window · log window) (sorting a copy of at most
-//! `MAX_DRAIN_WINDOW` samples, once per first token); `rate_or` O(1), one relaxed load.
+//! `MAX_DRAIN_WINDOW` samples, once per first token), `record_own_work` O(64 · log 64);
+//! `rate_or` and `peer_p90` O(1), one relaxed load.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,11 +40,18 @@ use parking_lot::Mutex;
 /// The bit pattern that means "no learned rate yet" (a NaN, never a published rate).
 const NONE: u64 = u64::MAX;
 
+/// vllm-router's `RATE_WINDOW`: own-work samples its p90 is taken over.
+pub const PEER_WINDOW: usize = 64;
+/// vllm-router's `RATE_MIN_SAMPLES`: samples before its p90 is published.
+pub const PEER_MIN_SAMPLES: usize = 8;
+
 /// One instance's learned drain rate.
 #[derive(Debug)]
 pub struct DrainRate {
     samples: Mutex<VecDeque<f64>>,
     published_bits: AtomicU64,
+    own_work_samples: Mutex<VecDeque<f64>>,
+    peer_bits: AtomicU64,
 }
 
 impl Default for DrainRate {
@@ -43,6 +59,8 @@ impl Default for DrainRate {
         Self {
             samples: Mutex::new(VecDeque::new()),
             published_bits: AtomicU64::new(NONE),
+            own_work_samples: Mutex::new(VecDeque::new()),
+            peer_bits: AtomicU64::new(NONE),
         }
     }
 }
@@ -73,6 +91,36 @@ impl DrainRate {
         match self.published_bits.load(Ordering::Relaxed) {
             NONE => fallback,
             bits => f64::from_bits(bits),
+        }
+    }
+
+    /// Records vllm-router's sample: the request's own `work` drained in `elapsed_ms`
+    /// milliseconds; publishes the p90 of the last [`PEER_WINDOW`] once there are
+    /// [`PEER_MIN_SAMPLES`].
+    pub fn record_own_work(&self, work: u64, elapsed_ms: u64) {
+        if work == 0 || elapsed_ms == 0 {
+            return;
+        }
+        let mut samples = self.own_work_samples.lock();
+        if samples.len() == PEER_WINDOW {
+            samples.pop_front();
+        }
+        samples.push_back(work as f64 * 1000.0 / elapsed_ms as f64);
+        if samples.len() < PEER_MIN_SAMPLES {
+            return;
+        }
+        let mut sorted: Vec<f64> = samples.iter().copied().collect();
+        sorted.sort_by(f64::total_cmp);
+        let p90 = sorted[((sorted.len() - 1) as f64 * 0.9).round() as usize];
+        self.peer_bits.store(p90.to_bits(), Ordering::Relaxed);
+    }
+
+    /// vllm-router's learned rate (the p90 of own-work samples), if enough came in.
+    #[inline]
+    pub fn peer_p90(&self) -> Option<f64> {
+        match self.peer_bits.load(Ordering::Relaxed) {
+            NONE => None,
+            bits => Some(f64::from_bits(bits)),
         }
     }
 
@@ -143,6 +191,24 @@ mod tests {
             (mean / TRUE_RATE - 1.0).abs() > 0.05,
             "the outliers must matter to a mean: {mean}"
         );
+    }
+
+    #[allow(clippy::float_cmp)]
+    #[test]
+    fn the_peer_estimator_is_the_p90_of_own_work_samples() {
+        let d = DrainRate::default();
+        for k in 1..=7u64 {
+            d.record_own_work(k * 1000, 1000); // k·1,000 work/s
+        }
+        assert_eq!(d.peer_p90(), None);
+        assert_eq!(d.learned(), None, "the two estimators are separate");
+        d.record_own_work(8000, 1000);
+        // 8 samples 1K..8K: index round(7·0.9) = round(6.3) = 6 → 7,000.
+        assert_eq!(d.peer_p90(), Some(7000.0));
+        for _ in 0..PEER_WINDOW {
+            d.record_own_work(500, 1000);
+        }
+        assert_eq!(d.peer_p90(), Some(500.0), "the window holds the last 64 only");
     }
 
     #[test]

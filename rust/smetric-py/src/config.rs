@@ -29,6 +29,7 @@ impl PyRouterConfig {
         global_capacity_blocks = D.global_capacity_blocks,
         local_ttl_s = D.local_ttl_s,
         exact_pending_ttl_s = D.exact_pending_ttl_s,
+        exact_answer_credit = D.exact_answer_credit,
         engine_load_staleness_s = D.engine_load_staleness_s,
         first_turn_min_branches = D.first_turn_min_branches,
         cache_first_mode = D.cache_first_mode.name(),
@@ -63,6 +64,7 @@ impl PyRouterConfig {
         global_capacity_blocks: u64,
         local_ttl_s: Option<f64>,
         exact_pending_ttl_s: f64,
+        exact_answer_credit: bool,
         engine_load_staleness_s: f64,
         first_turn_min_branches: u32,
         cache_first_mode: &str,
@@ -96,6 +98,7 @@ impl PyRouterConfig {
             global_capacity_blocks,
             local_ttl_s,
             exact_pending_ttl_s,
+            exact_answer_credit,
             engine_load_staleness_s,
             first_turn_min_branches,
             cache_first_mode: CacheFirstMode::parse(cache_first_mode).py()?,
@@ -149,6 +152,10 @@ impl PyRouterConfig {
     #[getter]
     fn exact_pending_ttl_s(&self) -> f64 {
         self.inner.exact_pending_ttl_s
+    }
+    #[getter]
+    fn exact_answer_credit(&self) -> bool {
+        self.inner.exact_answer_credit
     }
     #[getter]
     fn engine_load_staleness_s(&self) -> f64 {
@@ -277,6 +284,7 @@ impl PyRouterConfig {
         d.set_item("global_capacity_blocks", c.global_capacity_blocks)?;
         d.set_item("local_ttl_s", c.local_ttl_s)?;
         d.set_item("exact_pending_ttl_s", c.exact_pending_ttl_s)?;
+        d.set_item("exact_answer_credit", c.exact_answer_credit)?;
         d.set_item("engine_load_staleness_s", c.engine_load_staleness_s)?;
         d.set_item("first_turn_min_branches", c.first_turn_min_branches)?;
         d.set_item("cache_first_mode", c.cache_first_mode.name())?;

@@ -371,10 +371,12 @@ impl PyRouter {
         self.inner.on_prefilled_at(convert::request_id(request_id)?, now).py()
     }
 
-    /// The request finished, having generated ``output_tokens`` tokens.
-    #[pyo3(signature = (request_id, output_tokens = 0))]
-    fn on_finished(&self, request_id: &Bound<'_, PyAny>, output_tokens: u64) -> PyResult<bool> {
-        Ok(self.inner.on_finished(convert::request_id(request_id)?, output_tokens))
+    /// The request finished, having generated ``output_tokens`` tokens, at ``now``.
+    #[pyo3(signature = (request_id, output_tokens = 0, now = None))]
+    fn on_finished(&self, request_id: &Bound<'_, PyAny>, output_tokens: u64, now: Option<f64>) -> PyResult<bool> {
+        self.inner
+            .on_finished_at(convert::request_id(request_id)?, output_tokens, now)
+            .py()
     }
 
     /// The request was aborted.

@@ -32,9 +32,9 @@ use smetric_core::{DecodeRule, PolicyKind};
 use smetric_sim::config::MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK;
 use smetric_sim::workload::ArrivalKind;
 use smetric_sim::{
-    BailianOptions, IndexFeed, PdSimConfig, Profile, RequestRecord, SimConfig, SimError, SimReport, SloConfig,
-    SloReport, SyntheticOptions, TierPath, TurnFeed, WekaOptions, Workload, evaluate_slo, load_azure, load_bailian,
-    load_mooncake, load_weka, run, synthetic_agent_sessions,
+    BailianOptions, CodexOptions, IndexFeed, PdSimConfig, Profile, RequestRecord, SimConfig, SimError, SimReport,
+    SloConfig, SloReport, SyntheticOptions, TierPath, TurnFeed, WekaOptions, Workload, codex_sessions, evaluate_slo,
+    load_azure, load_bailian, load_mooncake, load_weka, run, synthetic_agent_sessions,
 };
 
 use crate::config::PyRouterConfig;
@@ -201,12 +201,14 @@ fn invalid_argument(py: Python<'_>, argument: &str, reason: &str) -> PyErr {
 ///
 /// Args:
 ///     paths: the trace file(s): JSON Lines, gzipped or not.
-///     format: ``"weka"``, ``"bailian"``, ``"mooncake"``, ``"azure"`` or ``"synthetic"`` (the
-///         generated agent sessions; no file: ``paths`` must be empty).
+///     format: ``"weka"``, ``"bailian"``, ``"mooncake"``, ``"azure"``, ``"synthetic"`` (the
+///         generated agent sessions) or ``"codex"`` (sessions generated from the Codex SWE-bench
+///         Pro trace's published statistics); the last two read no file: ``paths`` must be empty.
 ///     coarsen: Weka only: keep every ``coarsen``-th 64-token id (block = 64·coarsen tokens).
 ///     shared_prefix: Weka only: share the tool + system-prompt blocks across sessions.
 ///     gate_on_parent: Bailian only: a child request also waits for its parent to finish.
 ///     synthetic: ``"synthetic"`` only: generator options overriding :func:`synthetic_defaults`.
+///     codex: ``"codex"`` only: ``sessions``, ``seed``, ``block_tokens``, ``max_context_tokens``.
 ///
 /// Returns:
 ///     Workload: the loaded trace.
@@ -218,7 +220,8 @@ fn invalid_argument(py: Python<'_>, argument: &str, reason: &str) -> PyErr {
 ///     EmptyWorkloadError: no request in the file(s).
 #[pyfunction]
 #[allow(clippy::doc_markdown)] // a Python docstring (it becomes `__doc__`), not rustdoc
-#[pyo3(signature = (paths, format, *, coarsen = smetric_sim::workload::weka::DEFAULT_COARSEN, shared_prefix = true, gate_on_parent = false, synthetic = None))]
+#[allow(clippy::too_many_arguments)] // one per Python keyword argument
+#[pyo3(signature = (paths, format, *, coarsen = smetric_sim::workload::weka::DEFAULT_COARSEN, shared_prefix = true, gate_on_parent = false, synthetic = None, codex = None))]
 fn load_workload(
     py: Python<'_>,
     paths: &Bound<'_, PyAny>,
@@ -227,8 +230,26 @@ fn load_workload(
     shared_prefix: bool,
     gate_on_parent: bool,
     synthetic: Option<&Bound<'_, PyDict>>,
+    codex: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyWorkload> {
     let files = self::paths(paths)?;
+    if format == "codex" {
+        if !files.is_empty() {
+            return Err(invalid_argument(py, "paths", "the codex format reads no file"));
+        }
+        let options = codex_options(py, codex)?;
+        let workload = py.detach(|| codex_sessions(&options)).map_err(|e| sim_error(py, &e))?;
+        return Ok(PyWorkload {
+            inner: Arc::new(workload),
+        });
+    }
+    if codex.is_some() {
+        return Err(invalid_argument(
+            py,
+            "codex",
+            "only the codex format takes codex options",
+        ));
+    }
     if format == "synthetic" {
         if !files.is_empty() {
             return Err(invalid_argument(py, "paths", "the synthetic format reads no file"));
@@ -276,7 +297,9 @@ fn load_workload(
             return Err(invalid_argument(
                 py,
                 "format",
-                &format!("{other:?} is not one of \"weka\", \"bailian\", \"mooncake\", \"azure\", \"synthetic\""),
+                &format!(
+                    "{other:?} is not one of \"weka\", \"bailian\", \"mooncake\", \"azure\", \"synthetic\", \"codex\""
+                ),
             ));
         }
     };
@@ -313,6 +336,27 @@ fn synthetic_options(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyR
             "system_prompts" => o.system_prompts = field(&key, &v)?,
             "templates" => o.templates = field(&key, &v)?,
             _ => return Err(unknown_key(py, "synthetic", &key)),
+        }
+    }
+    Ok(o)
+}
+
+/// `CodexOptions::default()` updated with the keys of `options`.
+fn codex_options(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<CodexOptions> {
+    let mut o = CodexOptions::default();
+    let Some(options) = options else {
+        return Ok(o);
+    };
+    for (k, v) in options.iter() {
+        let key: String = k
+            .extract()
+            .map_err(|_| PyTypeError::new_err("codex option keys must be str"))?;
+        match key.as_str() {
+            "sessions" => o.sessions = field(&key, &v)?,
+            "seed" => o.seed = field(&key, &v)?,
+            "block_tokens" => o.block_tokens = field(&key, &v)?,
+            "max_context_tokens" => o.max_context_tokens = field(&key, &v)?,
+            _ => return Err(unknown_key(py, "codex", &key)),
         }
     }
     Ok(o)

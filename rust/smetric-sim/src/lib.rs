@@ -64,6 +64,7 @@ pub use placers::{CorePdPlacer, CorePlacer, core_pd_placer, core_placer};
 pub use smetric_core::{PolicyKind, RouterConfig};
 pub use workload::azure::load_azure;
 pub use workload::bailian::{BailianOptions, load_bailian};
+pub use workload::codex::{CodexOptions, codex_sessions};
 pub use workload::mooncake::load_mooncake;
 pub use workload::synthetic::{ReuseStats, SyntheticOptions, reuse_stats, synthetic_agent_sessions};
 pub use workload::weka::{WekaOptions, load_weka};

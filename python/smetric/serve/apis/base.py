@@ -21,7 +21,7 @@ OpenAI Responses, a pass-through) is one module implementing :class:`Api` plus o
 
 Invariants: a :class:`Prepared` is immutable — a continuation is a new one; ``Prepared.body`` is
 what is forwarded, byte for byte. May import: :mod:`smetric.serve.errors`, ``.request``,
-``.session``, ``.tokens``, ``aiohttp.web``.
+``.session``, ``.tokens``, ``.config``, ``aiohttp.web``.
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
+from smetric.serve.config import ServeConfig
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import RequestError
 from smetric.serve.session import SessionTable
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
-__all__ = ["Api", "Prepared", "R", "StreamState"]
+__all__ = ["Api", "Prepared", "R", "Route", "StreamState"]
 
 R = TypeVar("R")
 """An API's parsed request type."""
@@ -62,6 +63,26 @@ class Prepared(Generic[R]):
     """The conversation (chat roles tell the router the turn), or None."""
     namespace: str | None
     """vLLM's ``cache_salt``: requests in different namespaces share no cached blocks."""
+    method: str = "POST"
+    """The HTTP method the engine is called with."""
+    routed: bool = True
+    """False: no routing decision and no KV accounting — the least-loaded eligible instance."""
+    pin: str | None = None
+    """The instance tag (:func:`smetric.serve.pinning.instance_tag`) of the one instance that
+    can serve it (it holds state the request names, e.g. a stored response), or None."""
+    prefill_overrides: Mapping[str, Any] | None = None
+    """Body fields a PD prefill-only copy sets besides the generic ones (Responses: its own
+    output limit ``max_output_tokens`` and ``store: false``), so the PD backend needs no
+    knowledge of the API."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One route an adapter serves: an HTTP method and an aiohttp path pattern (``{name}`` is
+    a path parameter)."""
+
+    method: str
+    path: str
 
 
 class StreamState(ABC):
@@ -96,6 +117,15 @@ class StreamState(ABC):
     def end_marker(self) -> bytes:
         """What ends a stream whose upstream ended without its marker (written when not ``done``)."""
 
+    def begin(self, instance: str) -> None:
+        """An attempt at ``instance`` starts relaying into this stream (default: nothing)."""
+        return None
+
+    def outgoing(self, chunk: bytes, events: list[bytes]) -> bytes:
+        """What the client receives for ``chunk``, whose complete events :meth:`feed` returned
+        as ``events`` (default: the chunk as it came; an API that rewrites events sends those)."""
+        return chunk
+
 
 class Api(ABC, Generic[R]):
     """One client API (see the module docs)."""
@@ -105,9 +135,22 @@ class Api(ABC, Generic[R]):
     path: str
     """The path clients POST to, and the engines' path for it."""
 
+    def bind(self, config: ServeConfig) -> Api[R]:
+        """The adapter one proxy uses, configured by ``config`` (default: this one)."""
+        return self
+
+    def routes(self) -> tuple[Route, ...]:
+        """The routes this adapter serves (default: ``POST`` :attr:`path`)."""
+        return (Route("POST", self.path),)
+
     @abstractmethod
     def parse(self, raw: bytes) -> R:
         """Validates a body. Raises :class:`RequestError`."""
+
+    def parse_route(self, raw: bytes, route: Route, params: Mapping[str, str], query: str) -> R:
+        """Validates a request to ``route`` with its path parameters and query string (default:
+        :meth:`parse` of the body). Raises :class:`RequestError`."""
+        return self.parse(raw)
 
     @abstractmethod
     def model(self, request: R) -> str | None:
@@ -130,6 +173,10 @@ class Api(ABC, Generic[R]):
     @abstractmethod
     def stream(self, *, keep: bool) -> StreamState:
         """A scanner of the API's event stream; ``keep``: keep the events for a continuation."""
+
+    def relay_body(self, answer: bytes, instance: str) -> bytes:
+        """The whole answer from ``instance`` as the client receives it (default: unchanged)."""
+        return answer
 
     @abstractmethod
     def output_tokens(self, answer: bytes) -> int:

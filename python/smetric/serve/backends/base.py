@@ -30,10 +30,11 @@ from typing import Any, Final
 from aiohttp import web
 
 from smetric.serve.apis.base import Prepared
+from smetric.serve.attempt import Attempt
 from smetric.serve.fleet import FeedTargets
-from smetric.serve.upstream import Opened, Refused
+from smetric.serve.upstream import Opened, Refused, Upstream
 
-__all__ = ["NO_INSTANCE", "Answered", "Backend", "NoInstance", "OpenOutcome", "Unsupported"]
+__all__ = ["NO_INSTANCE", "Answered", "Backend", "NoInstance", "OpenOutcome", "Unsupported", "open_unrouted"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +97,25 @@ class Backend(ABC):
     def remove_instance(self, url: str) -> None:
         """Removes an instance from the router. Raises :class:`Unsupported`."""
         raise Unsupported("adding or removing instances is not supported in this mode")
+
+
+async def open_unrouted(
+    backend: Backend,
+    upstream: Upstream,
+    candidates: Iterable[str],
+    prepared: Prepared[Any],
+    headers: Mapping[str, str],
+    attempt_no: int,
+    exclude: list[str],
+) -> OpenOutcome:
+    """Opens a request that is not routed (``Prepared.routed`` false: a pass-through, a stored
+    response's route) on the least-loaded of ``candidates`` not excluded — no routing decision,
+    no KV accounting, no lifecycle on the load board. O(candidates)."""
+    skip = set(exclude)
+    eligible = [url for url in candidates if url not in skip]
+    if not eligible:
+        return NO_INSTANCE
+    load = backend.in_flight(eligible)
+    instance = min(eligible, key=lambda url: load.get(url, 0))
+    attempt = Attempt(instance, f"instance={instance}; reason=pass-through; attempt={attempt_no}")
+    return await upstream.post(attempt, prepared.path, prepared.body, headers, method=prepared.method)

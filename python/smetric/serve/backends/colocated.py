@@ -28,7 +28,7 @@ from smetric.errors import NoInstancesError, SmetricError
 from smetric.metrics import MetricsExporter
 from smetric.serve.apis.base import Prepared
 from smetric.serve.attempt import Attempt
-from smetric.serve.backends.base import NO_INSTANCE, Backend, OpenOutcome
+from smetric.serve.backends.base import NO_INSTANCE, Backend, OpenOutcome, open_unrouted
 from smetric.serve.fleet import FeedTargets
 from smetric.serve.labels import reason_label
 from smetric.serve.telemetry import ProxyTelemetry
@@ -79,6 +79,8 @@ class ColocatedBackend(Backend):
         self, prepared: Prepared[Any], headers: Mapping[str, str], attempt_no: int, exclude: list[str]
     ) -> OpenOutcome:
         router, tokens = self.router, prepared.tokens
+        if not prepared.routed:
+            return await open_unrouted(self, self._upstream, router.instances, prepared, headers, attempt_no, exclude)
         t0 = time.perf_counter()
         try:
             d = router.route(
@@ -101,7 +103,7 @@ class ColocatedBackend(Backend):
             abort=lambda: router.on_aborted(rid),
         )
         body = without_kv_transfer_params(prepared.body)
-        return await self._upstream.post(attempt, prepared.path, body, headers)
+        return await self._upstream.post(attempt, prepared.path, body, headers, method=prepared.method)
 
     def feed_targets(self) -> FeedTargets:
         return FeedTargets(events=self.router, load=self.router, scraped=None, on_readmitted=self.router.clear)

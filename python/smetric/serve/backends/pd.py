@@ -41,7 +41,7 @@ from smetric.errors import NoInstancesError, SmetricError
 from smetric.metrics import _family
 from smetric.serve.apis.base import Prepared
 from smetric.serve.attempt import Attempt
-from smetric.serve.backends.base import NO_INSTANCE, Answered, Backend, OpenOutcome
+from smetric.serve.backends.base import NO_INSTANCE, Answered, Backend, OpenOutcome, open_unrouted
 from smetric.serve.fleet import FeedTargets, Fleet
 from smetric.serve.labels import reason_label
 from smetric.serve.telemetry import ProxyTelemetry
@@ -68,9 +68,10 @@ REMOTE_DECODE_PARAMS: dict[str, Any] = {
 """What the prefill request carries (vLLM's NIXL proxy)."""
 
 
-def prefill_body(body: Mapping[str, Any]) -> bytes:
-    """The prefill instance's copy of a request body."""
+def prefill_body(body: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> bytes:
+    """The prefill instance's copy of a request body (``overrides``: the API's own fields)."""
     out = dict(body)
+    out.update(overrides or {})
     out["kv_transfer_params"] = dict(REMOTE_DECODE_PARAMS)
     out["stream"] = False
     out["max_tokens"] = 1
@@ -138,6 +139,11 @@ class PdBackend(Backend):
     ) -> OpenOutcome:
         """One PD attempt: prefill, then open the decode answer."""
         pd, tokens = self.pd, prepared.tokens
+        if not prepared.routed or prepared.pin is not None:
+            # A pinned request names state only its instance holds (the decode instance that
+            # answered): it is served there whole, prefill included, and not disaggregated.
+            candidates = [*self.decode_pool, *self.prefill_pool]
+            return await open_unrouted(self, self._upstream, candidates, prepared, headers, attempt_no, exclude)
         t0 = time.perf_counter()
         try:
             d = pd.route(
@@ -162,7 +168,9 @@ class PdBackend(Backend):
         original = json.loads(prepared.body)
         # The prefill leg has no lifecycle of its own: its failure aborts the whole attempt.
         prefill = Attempt(d.prefill_instance, attempt.header, abort=attempt.abort)
-        opened = await self._upstream.post(prefill, prepared.path, prefill_body(original), prefill_headers(headers))
+        opened = await self._upstream.post(
+            prefill, prepared.path, prefill_body(original, prepared.prefill_overrides), prefill_headers(headers)
+        )
         if isinstance(opened, Refused):
             return opened
         answer_of_p = opened.upstream

@@ -27,7 +27,9 @@
 //! there and no event has confirmed yet ([`pending`], docs §2.7): a query counts them with the
 //! instance's held blocks, a store or removal addressed to the instance ends them, and they
 //! expire `exact_pending_ttl_s` after the route that sent them — so a follow-up that beats its
-//! predecessor's KV events still finds its prefix at home.
+//! predecessor's KV events still finds its prefix at home. A finished request's answer is
+//! credited the same way ([`KvIndex::credit_answer`]): a chain matched through the request's
+//! last prompt block counts the answer's full blocks past it, until their events arrive.
 //!
 //! Invariants: an entry exists iff at least one holder holds it; every held (entry, holder)
 //! pair is current in exactly one run of the holder's LRU order; a holder never holds more
@@ -157,6 +159,8 @@ pub struct IndexStats {
     pub evictions: u64,
     /// Sent, not yet confirmed blocks per instance slot (§2.7; expired ones not yet purged count).
     pub pending_blocks: Vec<usize>,
+    /// Answer credits per instance slot (§2.7; expired ones not yet purged count).
+    pub answer_credits: Vec<usize>,
 }
 
 /// The two-tier index. Not synchronised: the router wraps it in a mutex.
@@ -219,9 +223,24 @@ impl KvIndex {
     /// Makes the blocks sent to an instance ([`KvIndex::send_queried`]) count as present there
     /// for `ttl_ms` or until an event confirms or evicts them, at most `local_capacity` per
     /// instance (docs §2.7). `ttl_ms = 0` turns it off (the default).
-    pub fn enable_pending(&mut self, ttl_ms: u64) {
+    ///
+    /// With `answers`, a finished request's answer counts there too
+    /// ([`KvIndex::credit_answer`], docs §2.7 "The answer").
+    pub fn enable_pending(&mut self, ttl_ms: u64, answers: bool) {
         let cap = usize::try_from(self.limits.local_capacity).unwrap_or(usize::MAX);
-        self.pending = PendingBlocks::new(ttl_ms, cap);
+        self.pending = PendingBlocks::new(ttl_ms, cap, answers);
+    }
+
+    /// Exact mode's record of a finished request (docs §2.7, "The answer"): on `slot`, a chain
+    /// matched through `anchor` (the request's last full prompt block) counts up to `blocks`
+    /// more of its own blocks (the answer's full blocks), until the events confirm them, evict
+    /// `anchor`, or the pending TTL passes. Nothing unless sent blocks and answer credits are on.
+    ///
+    /// `depth` is the anchor's position in the request's chain plus one (the chain's length).
+    pub fn credit_answer(&mut self, slot: u32, anchor: BlockHash, depth: u32, blocks: u32, now_ms: u64) {
+        if self.is_live(slot) && depth > 0 {
+            self.pending.credit(slot, anchor, depth, blocks, now_ms);
+        }
     }
 
     fn global_enabled(&self) -> bool {
@@ -657,6 +676,7 @@ impl KvIndex {
                 if !self.pending.is_empty() {
                     // The engine stored them: they are confirmed, no longer only sent.
                     self.pending.end(s, run);
+                    self.pending.confirm_credits(s, run, parent);
                 }
             }
             Holder::Global => {}
@@ -712,8 +732,10 @@ impl KvIndex {
                 return;
             }
             if !self.pending.is_empty() {
-                // Evicted by the engine: a sent block stops counting too.
+                // Evicted by the engine: a sent block stops counting too, and so does an
+                // answer past an evicted anchor (vLLM frees a chain tail first).
                 self.pending.end(s, hashes);
+                self.pending.end_credits(s, hashes);
             }
         }
         for &h in hashes {
@@ -760,6 +782,15 @@ impl KvIndex {
             evictions: self.evictions,
             pending_blocks: (0..self.instances.len() as u32)
                 .map(|s| if self.is_live(s) { self.pending.len(s) } else { 0 })
+                .collect(),
+            answer_credits: (0..self.instances.len() as u32)
+                .map(|s| {
+                    if self.is_live(s) {
+                        self.pending.credits_len(s)
+                    } else {
+                        0
+                    }
+                })
                 .collect(),
         }
     }

@@ -3,11 +3,13 @@
 //!
 //! In exact mode an instance's hit also counts the blocks the router sent it and its events
 //! have not confirmed yet (docs §2.7, module `pending`): after the walk, each instance with sent
-//! blocks extends its confirmed prefix while the next block is sent there or held there.
+//! blocks extends its confirmed prefix while the next block is sent there or held there, then
+//! by the answer credited past an anchor its match runs through (`credited`).
 //!
 //! Invariants: a query changes no holder's blocks (only `last_child` links along the chain).
 //! Complexity: O(matched blocks · ⌈instances/64⌉), one cache line per step on a slab chain;
-//! with sent blocks, one map lookup per instance that has any, plus one per sent block matched.
+//! with sent blocks, one map lookup per instance that has any, plus one per sent block matched,
+//! plus at most the instance's largest credit in lookups when it has answer credits.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
@@ -44,6 +46,10 @@ impl KvIndex {
             while k < chain.len() && (self.pending.counts(s, chain[k], now_ms) || self.held_at(s, chain, k)) {
                 k += 1;
             }
+            let reach = self.pending.credit_reach(s) as usize;
+            if reach > 0 {
+                k = self.credited(s, chain, k, reach, now_ms);
+            }
             out.local_blocks[s as usize] = k as u32;
             deepest = deepest.max(k as u32);
         }
@@ -61,6 +67,27 @@ impl KvIndex {
             .any(|s| self.instances[s as usize].live && self.pending.has_child(s, last, now_ms));
         out.deepest_blocks = deepest;
         out.branches = children.max(u32::from(sent_child));
+    }
+
+    /// Docs §2.7, "The answer": instance `s` matches `chain[..k]` (held or sent); a finished
+    /// request's answer credited there, anchored at some `chain[p]` with `p < k`, extends the
+    /// match to `p + 1 + blocks` (at most the chain). The larger of the two counts: blocks
+    /// already confirmed past the anchor are not counted twice. Anchors are visited by depth,
+    /// deepest first, only at the depths some credit has; an anchor at depth `d` reaches at most
+    /// `d + reach` (the slot's largest credit), so the visit stops once that is not past the best.
+    fn credited(&self, s: u32, chain: &[BlockHash], k: usize, reach: usize, now_ms: u64) -> usize {
+        let mut best = k;
+        let lo = (k + 1).saturating_sub(reach).max(1);
+        for d in self.pending.credit_depths(s, lo as u32, k as u32) {
+            let d = d as usize;
+            if best >= chain.len() || d + reach <= best {
+                break;
+            }
+            if let Some(c) = self.pending.credit_at(s, chain[d - 1], now_ms) {
+                best = best.max((d + c.blocks as usize).min(chain.len()));
+            }
+        }
+        best
     }
 
     /// The entry of `chain[i]`, `chain` being the chain the last query walked: from that walk

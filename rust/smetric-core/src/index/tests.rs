@@ -225,7 +225,7 @@ proptest::proptest! {
 
 fn exact_index(local: u64, ttl_ms: u64) -> KvIndex {
     let mut ix = index(local, 0);
-    ix.enable_pending(ttl_ms);
+    ix.enable_pending(ttl_ms, false);
     ix
 }
 
@@ -409,7 +409,7 @@ proptest::proptest! {
         for s in 0..3 {
             ix.add_slot(s);
         }
-        ix.enable_pending(ttl);
+        ix.enable_pending(ttl, false);
         let (mut model, mut sent) = (Model::default(), PendingModel::default());
         let mut now = 0u64;
         let mut q = IndexQuery::default();
@@ -454,6 +454,243 @@ proptest::proptest! {
                 for &h in &probe {
                     let model_counts = sent.sent.get(&s).is_some_and(|l| l.iter().any(|x| x.0 == h && now < x.1));
                     proptest::prop_assert_eq!(ix.pending.counts(s, BlockHash(h), now), model_counts);
+                }
+            }
+        }
+    }
+}
+
+// ---- answer credits (docs §2.7, "The answer") ---------------------------------------------------
+
+fn answer_index(local: u64, ttl_ms: u64) -> KvIndex {
+    let mut ix = index(local, 0);
+    ix.enable_pending(ttl_ms, true);
+    ix
+}
+
+#[test]
+fn a_follow_up_is_credited_prompt_plus_answer_before_any_event() {
+    let mut ix = answer_index(100, 1_000);
+    // Turn 1: prompt blocks 0..10 sent to instance 1; it finished with 3 full answer blocks.
+    send(&mut ix, 1, &chain(0..10), 0);
+    ix.credit_answer(1, BlockHash(9), 10, 3, 5);
+    // The follow-up repeats prompt + answer (10..13) and adds its message (13..16).
+    let q = hits(&mut ix, &chain(0..16), 6);
+    assert_eq!(q.local_blocks, vec![0, 13, 0]);
+    assert_eq!((q.deepest_blocks, q.branches), (13, 0), "a follow-up, not a branch");
+    // A chain that does not go through the anchor gets nothing from it.
+    let mut other = chain(0..5);
+    other.extend(chain(50..60));
+    assert_eq!(hits(&mut ix, &other, 6).local_blocks[1], 5);
+    // A follow-up shorter than the answer is credited up to its own length.
+    assert_eq!(hits(&mut ix, &chain(0..11), 6).local_blocks[1], 11);
+    // Credits live on the instance that answered only.
+    assert_eq!(ix.stats().answer_credits, vec![0, 1, 0]);
+    // Off: the same calls credit nothing.
+    let mut off = exact_index(100, 1_000);
+    send(&mut off, 1, &chain(0..10), 0);
+    off.credit_answer(1, BlockHash(9), 10, 3, 5);
+    assert_eq!(hits(&mut off, &chain(0..16), 6).local_blocks[1], 10);
+}
+
+#[test]
+fn answer_events_confirm_a_credit_without_double_count() {
+    let mut ix = answer_index(100, 1_000);
+    send(&mut ix, 0, &chain(0..10), 0);
+    ix.touch(Holder::Instance(0), &chain(0..10), None, 1);
+    ix.credit_answer(0, BlockHash(9), 10, 4, 2);
+    let follow_up = chain(0..20);
+    assert_eq!(hits(&mut ix, &follow_up, 3).local_blocks[0], 14);
+    // The first two answer blocks' event: counted once (14, not 16); the credit moves on.
+    ix.touch(Holder::Instance(0), &chain(10..12), Some(BlockHash(9)), 4);
+    assert_eq!(hits(&mut ix, &follow_up, 5).local_blocks[0], 14);
+    assert_eq!(ix.stats().answer_credits[0], 1);
+    // The rest: the credit ends, the events alone give the same hit.
+    ix.touch(Holder::Instance(0), &chain(12..14), Some(BlockHash(11)), 6);
+    assert_eq!(ix.stats().answer_credits[0], 0);
+    assert_eq!(hits(&mut ix, &follow_up, 7).local_blocks[0], 14);
+    // Now confirmed, an eviction of the answer's tail shows at once.
+    ix.remove(Holder::Instance(0), &[BlockHash(13)]);
+    assert_eq!(hits(&mut ix, &follow_up, 8).local_blocks[0], 13);
+}
+
+#[test]
+fn events_that_beat_the_finish_leave_the_credit_whole() {
+    let mut ix = answer_index(100, 1_000);
+    ix.touch(Holder::Instance(0), &chain(0..10), None, 0);
+    // The first answer block's event arrives while the request still decodes...
+    ix.touch(Holder::Instance(0), &chain(10..11), Some(BlockHash(9)), 1);
+    // ...then it finishes with 3 answer blocks: the credit spans all three, counted once.
+    ix.credit_answer(0, BlockHash(9), 10, 3, 2);
+    assert_eq!(hits(&mut ix, &chain(0..16), 3).local_blocks[0], 13);
+}
+
+#[test]
+fn an_evicted_anchor_clear_or_ttl_ends_a_credit() {
+    let mut ix = answer_index(100, 50);
+    send(&mut ix, 0, &chain(0..4), 0);
+    ix.credit_answer(0, BlockHash(3), 4, 2, 10);
+    assert_eq!(hits(&mut ix, &chain(0..8), 49).local_blocks[0], 6);
+    // TTL: counts while now < finish + ttl (the sent prompt blocks expired at 50 already).
+    ix.touch(Holder::Instance(0), &chain(0..4), None, 50);
+    assert_eq!(hits(&mut ix, &chain(0..8), 59).local_blocks[0], 6);
+    assert_eq!(hits(&mut ix, &chain(0..8), 60).local_blocks[0], 4);
+    // Eviction of the anchor (vLLM frees tail first: the answer went before it).
+    ix.credit_answer(0, BlockHash(3), 4, 2, 100);
+    ix.remove(Holder::Instance(0), &[BlockHash(3)]);
+    assert_eq!(ix.stats().answer_credits[0], 0);
+    ix.touch(Holder::Instance(0), &chain(3..4), Some(BlockHash(2)), 101);
+    assert_eq!(hits(&mut ix, &chain(0..8), 102).local_blocks[0], 4);
+    // Clear.
+    ix.credit_answer(0, BlockHash(3), 4, 2, 110);
+    ix.clear_instance(0);
+    assert_eq!(ix.stats().answer_credits[0], 0);
+    assert_eq!(hits(&mut ix, &chain(0..8), 111).local_blocks[0], 0);
+}
+
+#[test]
+fn answer_credits_are_bounded_per_instance_oldest_first() {
+    let mut ix = answer_index(8, 1_000_000);
+    ix.touch(Holder::Instance(0), &chain(0..1), None, 0);
+    ix.touch(Holder::Instance(0), &chain(100..101), None, 0);
+    ix.credit_answer(0, BlockHash(0), 1, 5, 1);
+    ix.credit_answer(0, BlockHash(100), 1, 5, 2);
+    // 10 credited blocks > 8: the older credit went.
+    assert_eq!(ix.stats().answer_credits[0], 1);
+    assert_eq!(hits(&mut ix, &chain(0..10), 3).local_blocks[0], 1);
+    assert_eq!(hits(&mut ix, &chain(100..110), 3).local_blocks[0], 6);
+    for t in 0..2_000u64 {
+        ix.credit_answer(0, BlockHash(t * 3), 1, 1 + (t % 4) as u32, 10 + t);
+        assert!(ix.pending.credit_blocks(0) <= 8);
+        assert!(ix.pending.credits_queued(0) <= 2 * 8 + 64);
+    }
+}
+
+/// A naive model of the credits: per instance, live credits in FIFO order as
+/// (anchor, blocks, deadline).
+#[derive(Default)]
+struct CreditModel {
+    credits: std::collections::HashMap<u32, Vec<(u64, u32, u64)>>,
+}
+
+impl CreditModel {
+    fn credit(&mut self, slot: u32, anchor: u64, blocks: u32, now: u64, ttl: u64, cap: usize) {
+        let list = self.credits.entry(slot).or_default();
+        while list.first().is_some_and(|c| c.2 <= now) {
+            list.remove(0);
+        }
+        list.retain(|c| c.0 != anchor);
+        list.push((anchor, blocks, now + ttl));
+        while list.iter().map(|c| c.1 as usize).sum::<usize>() > cap {
+            list.remove(0);
+        }
+    }
+    fn confirm(&mut self, slot: u32, run: &[u64], parent: Option<u64>) {
+        let list = self.credits.entry(slot).or_default();
+        let last = run.len() - 1;
+        let anchors: Vec<(u64, usize)> = parent
+            .map(|h| (h, run.len()))
+            .into_iter()
+            .chain(run[..last].iter().enumerate().map(|(i, &h)| (h, last - i)))
+            .collect();
+        let mut moved: Option<(u32, u64)> = None;
+        for (a, after) in anchors {
+            if let Some(pos) = list.iter().position(|c| c.0 == a) {
+                let c = list.remove(pos);
+                if c.1 as usize > after {
+                    let rest = (c.1 - after as u32, c.2);
+                    moved = Some(moved.map_or(rest, |m| if m.0 >= rest.0 { m } else { rest }));
+                }
+            }
+        }
+        if let Some((blocks, deadline)) = moved {
+            list.retain(|c| c.0 != run[last]);
+            list.push((run[last], blocks, deadline));
+        }
+    }
+    fn end(&mut self, slot: u32, hashes: &[u64]) {
+        self.credits.entry(slot).or_default().retain(|c| !hashes.contains(&c.0));
+    }
+    fn hit(&self, slot: u32, chain: &[u64], k: u32, now: u64) -> u32 {
+        let mut best = k as usize;
+        for c in self.credits.get(&slot).into_iter().flatten() {
+            if now < c.2 {
+                if let Some(p) = chain[..k as usize].iter().position(|&h| h == c.0) {
+                    best = best.max((p + 1 + c.1 as usize).min(chain.len()));
+                }
+            }
+        }
+        best as u32
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+    /// Events, routes and finishes interleaved at random on two chains against the naive
+    /// models: every hit is the larger of the confirmed ∪ sent prefix and the credits matched
+    /// through their anchor (no double count); a store past an anchor confirms, an eviction
+    /// of the anchor or a clear ends, the TTL expires; credits stay within the bound.
+    #[test]
+    fn answer_credits_match_a_naive_model(ops in proptest::collection::vec((0u8..6, 0u32..3, 0u64..10, 1usize..6, 0u64..4, 0u64..2), 1..300)) {
+        let (local, ttl) = (12usize, 7u64);
+        let mut ix = KvIndex::new(IndexLimits { local_capacity: local as u64, global_capacity: 0, local_ttl_ms: None });
+        for s in 0..3 {
+            ix.add_slot(s);
+        }
+        ix.enable_pending(ttl, true);
+        let (mut model, mut sent, mut credits) = (Model::default(), PendingModel::default(), CreditModel::default());
+        let mut now = 0u64;
+        let mut q = IndexQuery::default();
+        for (kind, slot, start, len, dt, line) in ops {
+            now += dt;
+            let base = line * 1_000;
+            let run: Vec<u64> = (base + start..base + start + len as u64).collect();
+            let parent = (start > 0).then(|| base + start - 1);
+            let c: Vec<BlockHash> = run.iter().map(|&h| BlockHash(h)).collect();
+            match kind {
+                0 => {
+                    ix.touch(Holder::Instance(slot), &c, parent.map(BlockHash), now);
+                    model.touch(Some(slot), &run, local);
+                    sent.end(slot, &run);
+                    credits.confirm(slot, &run, parent);
+                }
+                1 => {
+                    ix.remove(Holder::Instance(slot), &c);
+                    model.remove(Some(slot), &run);
+                    sent.end(slot, &run);
+                    credits.end(slot, &run);
+                }
+                2 => {
+                    let from_root: Vec<u64> = (base..base + start + len as u64).collect();
+                    let rc: Vec<BlockHash> = from_root.iter().map(|&h| BlockHash(h)).collect();
+                    ix.query(&rc, now, &mut q);
+                    ix.send_queried(slot, &rc, now);
+                    sent.send(slot, &from_root, now, ttl, local, &model);
+                }
+                // A finish: the answer hangs past block `start` of the line.
+                3 | 4 => {
+                    ix.credit_answer(slot, BlockHash(base + start), start as u32 + 1, len as u32, now);
+                    credits.credit(slot, base + start, len as u32, now, ttl, local);
+                }
+                _ => {
+                    ix.clear_instance(slot);
+                    model.order.remove(&Some(slot));
+                    sent.sent.remove(&slot);
+                    credits.credits.remove(&slot);
+                }
+            }
+            for l in 0..2u64 {
+                let probe: Vec<u64> = (l * 1_000..l * 1_000 + 16).collect();
+                let probe_chain: Vec<BlockHash> = probe.iter().map(|&h| BlockHash(h)).collect();
+                ix.query(&probe_chain, now, &mut q);
+                for s in 0..3u32 {
+                    let k = sent.hit(s, &probe, now, &model);
+                    proptest::prop_assert_eq!(q.local_blocks[s as usize], credits.hit(s, &probe, k, now));
+                    proptest::prop_assert!(ix.pending.credit_blocks(s) <= local);
+                    proptest::prop_assert_eq!(
+                        ix.stats().answer_credits[s as usize],
+                        credits.credits.get(&s).map_or(0, Vec::len)
+                    );
                 }
             }
         }

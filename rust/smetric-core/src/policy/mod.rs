@@ -10,14 +10,18 @@
 //!
 //! Complexity: every policy is O(candidates) per decision.
 
+mod bailian_top3;
 mod cache_first;
+mod dynamo_host_tier;
 mod least_load;
 mod linear;
+mod llmd_prefix_load;
 mod lmetric;
 mod lpwl;
 mod round_robin;
 mod smetric;
 mod smetric_paper;
+mod vllm_router_smetric;
 
 use std::fmt::Debug;
 
@@ -25,13 +29,17 @@ use crate::config::RouterConfig;
 use crate::error::{Result, SmetricError};
 use crate::rng::DrawCounter;
 
+pub use bailian_top3::BailianTop3;
 pub use cache_first::CacheFirst;
+pub use dynamo_host_tier::DynamoHostTier;
 pub use least_load::LeastLoad;
 pub use linear::Linear;
+pub use llmd_prefix_load::LlmdPrefixLoad;
 pub use lmetric::Lmetric;
 pub use lpwl::Lpwl;
 pub use round_robin::RoundRobin;
 pub use smetric::Smetric;
+pub use vllm_router_smetric::VllmRouterSmetric;
 
 /// One instance as a policy sees it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -53,6 +61,9 @@ pub struct Candidate {
     /// The instance's prefill drain rate, work units per second (configured, learned, or the
     /// fallback): `smetric` v2's `RATE`.
     pub drain_rate: f64,
+    /// The drain rate as vllm-router learns it (configured, or the p90 of own-work samples,
+    /// `drain_rate.rs`); `None` until learned. Read by `vllm_router_smetric` only.
+    pub peer_drain_rate: Option<f64>,
 }
 
 /// The prefill work of computing `new_tokens` at the end of an `prompt_tokens`-token prompt,
@@ -119,6 +130,12 @@ pub enum Reason {
     Lmetric,
     /// `lpwl`.
     Lpwl,
+    /// `llmd_prefix_load`.
+    LlmdPrefixLoad,
+    /// `dynamo_host_tier`.
+    DynamoHostTier,
+    /// `bailian_top3`.
+    BailianTop3,
     /// `smetric`, first turn placed for load balance.
     FirstTurnLeastLoaded,
     /// `smetric`, follow-up kept at its home.
@@ -148,6 +165,9 @@ impl Reason {
             Self::Linear => "linear",
             Self::Lmetric => "lmetric",
             Self::Lpwl => "lpwl",
+            Self::LlmdPrefixLoad => "llmd-prefix-load",
+            Self::DynamoHostTier => "dynamo-host-tier",
+            Self::BailianTop3 => "bailian-top3",
             Self::FirstTurnLeastLoaded => "first-turn: least-loaded",
             Self::Sticky => "follow-up: sticky",
             Self::MigrateEvicted => "follow-up: migrate (local KV$ evicted)",
@@ -159,7 +179,7 @@ impl Reason {
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 18] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
@@ -168,6 +188,9 @@ impl Reason {
         Self::Linear,
         Self::Lmetric,
         Self::Lpwl,
+        Self::LlmdPrefixLoad,
+        Self::DynamoHostTier,
+        Self::BailianTop3,
         Self::FirstTurnLeastLoaded,
         Self::Sticky,
         Self::MigrateEvicted,
@@ -210,6 +233,16 @@ pub enum PolicyKind {
     Lmetric,
     /// Least pending prefill work: argmin queued + uncached tokens, no batch term.
     Lpwl,
+    /// llm-d's prefix + load profile: argmax 2·prefix + free KV + inverse queue.
+    LlmdPrefixLoad,
+    /// Dynamo's KV-router cost with the host tier's hit credited at 0.75 of a GPU hit.
+    DynamoHostTier,
+    /// Bailian's production rule as the SMetric authors port it: `2^(50·reuse + 20·(mean
+    /// load − load))`, sampled over the top 3.
+    BailianTop3,
+    /// vllm-router's `smetric` (PR #330), a peer implementation of the paper's v2 rule:
+    /// learned p90 rate, `(q + w) × in-flight` score, the TTFT test.
+    VllmRouterSmetric,
     /// SMetric: first turns load-balanced, follow-ups cache-aware; `RouterConfig::smetric_rule`
     /// chooses how a follow-up leaves its home (v1 overload thresholds, v2 TTFT feasibility).
     Smetric,
@@ -217,13 +250,17 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 7] = [
+    pub const ALL: [PolicyKind; 11] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirst,
         Self::Linear,
         Self::Lmetric,
         Self::Lpwl,
+        Self::LlmdPrefixLoad,
+        Self::DynamoHostTier,
+        Self::BailianTop3,
+        Self::VllmRouterSmetric,
         Self::Smetric,
     ];
 
@@ -236,6 +273,10 @@ impl PolicyKind {
             Self::Linear => "linear",
             Self::Lmetric => "lmetric",
             Self::Lpwl => "lpwl",
+            Self::LlmdPrefixLoad => "llmd_prefix_load",
+            Self::DynamoHostTier => "dynamo_host_tier",
+            Self::BailianTop3 => "bailian_top3",
+            Self::VllmRouterSmetric => "vllm_router_smetric",
             Self::Smetric => "smetric",
         }
     }
@@ -260,6 +301,10 @@ impl PolicyKind {
             Self::Linear => Box::new(Linear),
             Self::Lmetric => Box::new(Lmetric),
             Self::Lpwl => Box::new(Lpwl),
+            Self::LlmdPrefixLoad => Box::new(LlmdPrefixLoad),
+            Self::DynamoHostTier => Box::new(DynamoHostTier),
+            Self::BailianTop3 => Box::new(BailianTop3),
+            Self::VllmRouterSmetric => Box::new(VllmRouterSmetric),
             Self::Smetric => Box::new(Smetric),
         }
     }
@@ -314,6 +359,7 @@ pub(crate) mod test_support {
             active: 0,
             queued_work: 0,
             drain_rate: RouterConfig::DEFAULT.smetric_drain_rate_fallback,
+            peer_drain_rate: None,
         }
     }
 

@@ -290,6 +290,7 @@ mod tests {
                     active: draws_src.pick(300_000) as u64,
                     queued_work: draws_src.pick(300_000) as u64,
                     drain_rate: 20_000.0,
+                    peer_drain_rate: None,
                 })
                 .collect();
             let mut sel = input(&c, n, draws_src.pick(3) == 0, &cfg, &draws_src);

@@ -113,6 +113,7 @@ impl Router {
                 active: load.active,
                 queued_work: load.queued_work,
                 drain_rate: fixed_rate.unwrap_or_else(|| m.load.drain.rate_or(fallback_rate)),
+                peer_drain_rate: fixed_rate.or_else(|| m.load.drain.peer_p90()),
             });
         }
         if candidates.is_empty() {
@@ -162,6 +163,8 @@ impl Router {
                 routed_ms: now_ms,
                 num_tokens: n,
                 prefilled: false,
+                anchor: chain.last().copied(),
+                prompt_blocks: chain.len() as u64,
             },
         );
         self.routed.fetch_add(1, Ordering::Relaxed);

@@ -5,7 +5,9 @@
 //! work) once and gives the instance's drain rate one sample (`drain_rate.rs`): the work
 //! queued ahead of the request at routing plus its own, over the time since routing;
 //! `on_finished` / `on_aborted` lower the rest (and the prefill ones if `on_prefilled` never
-//! came) and forget the request.
+//! came) and forget the request. In exact mode `on_finished` also credits the answer's full
+//! blocks on the request's instance (docs §2.7, "The answer"): `⌊(n + output − 1) / block⌋`
+//! minus the routed chain's blocks, past the chain's last block.
 //!
 //! Invariants: whatever the order and repetition of the calls, each counter a decision
 //! raised is lowered exactly once; a call for an unknown or already finished request changes
@@ -13,15 +15,18 @@
 //! whose slot was reused by a new instance) touches no counter.
 //!
 //! Complexity: O(1) per call: one hash-map operation under the table's mutex and a few
-//! atomics; the index mutex is never taken.
+//! atomics; the index mutex is taken only by an exact-mode `on_finished` that credits an
+//! answer (one map insert, amortised O(1)).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Router;
+use crate::config::IndexMode;
 use crate::error::Result;
-use crate::ids::RequestId;
+use crate::ids::{BlockHash, RequestId};
 use crate::load::InstanceLoad;
+use crate::policy::PolicyKind;
 
 /// What a routed request added to its instance's counters.
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +42,11 @@ pub(super) struct InFlight {
     pub(super) routed_ms: u64,
     pub(super) num_tokens: u64,
     pub(super) prefilled: bool,
+    /// The last block of the chain routed (the prompt's last full block; none when the
+    /// prompt is shorter than a block): where the answer's blocks hang (docs §2.7).
+    pub(super) anchor: Option<BlockHash>,
+    /// Blocks of the chain routed.
+    pub(super) prompt_blocks: u64,
 }
 
 impl Router {
@@ -90,31 +100,83 @@ impl Router {
             self.config.smetric_drain_window as usize,
             self.config.smetric_drain_min_samples as usize,
         );
+        if self.kind == PolicyKind::VllmRouterSmetric {
+            // Only that peer reads vllm-router's estimator: no other router pays for its sort.
+            load.drain
+                .record_own_work(rec.work, now_ms.saturating_sub(rec.routed_ms));
+        }
         true
     }
 
     /// The request finished, having generated `output_tokens` tokens. The load board tracks
     /// prompt tokens (the prefill work a policy weighs); the output tokens are added to the
     /// `output_tokens` total of [`Router::stats`]. Returns whether a counter changed.
+    ///
+    /// In exact mode (`exact_answer_credit`), the answer's full blocks are credited on the
+    /// request's instance at the router's own clock (docs §2.7): see [`Router::on_finished_at`].
     pub fn on_finished(&self, id: RequestId, output_tokens: u64) -> bool {
-        let done = self.done(id);
+        self.on_finished_at(id, output_tokens, None).unwrap_or(false)
+    }
+
+    /// As [`Router::on_finished`], at time `now` in seconds (the clock `route` was given; the
+    /// router's own when absent).
+    ///
+    /// Exact mode, docs §2.7 "The answer": vLLM caches the full blocks of prompt + answer
+    /// whose KV it computed, i.e. of the first `n + output_tokens − 1` tokens (the last sampled
+    /// token is never fed back), `⌊(n + output_tokens − 1) / block⌋` blocks, of which the
+    /// routed chain held `prompt_blocks`. The rest are credited past the chain's last block
+    /// until the engine's events confirm or evict them or the pending TTL passes.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if `now` is negative or not finite (nothing changes then).
+    pub fn on_finished_at(&self, id: RequestId, output_tokens: u64, now: Option<f64>) -> Result<bool> {
+        let now_ms = self.now_ms(now)?;
+        let Some(rec) = self.requests.lock().remove(&id) else {
+            return Ok(self.unknown());
+        };
+        let done = self.release(&rec);
         if done {
             self.output_tokens.fetch_add(output_tokens, Ordering::Relaxed);
+            self.credit_answer(&rec, output_tokens, now_ms);
         }
-        done
+        Ok(done)
+    }
+
+    /// Credits a finished request's answer blocks on its instance (exact mode, docs §2.7).
+    fn credit_answer(&self, rec: &InFlight, output_tokens: u64, now_ms: u64) {
+        let (Some(anchor), true) = (rec.anchor, output_tokens > 0) else {
+            return;
+        };
+        if self.config.index_mode != IndexMode::Exact || !self.config.exact_answer_credit {
+            return;
+        }
+        let cached = (rec.num_tokens + output_tokens - 1) / u64::from(self.block_size);
+        let blocks = cached.saturating_sub(rec.prompt_blocks);
+        if blocks == 0 {
+            return;
+        }
+        let blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
+        let mut g = self.guarded.lock();
+        // The slot may have changed hands since routing: credit only its routed occupant.
+        let fleet = self.fleet.load();
+        if fleet.member(rec.slot).is_some_and(|m| m.generation == rec.generation) {
+            let depth = u32::try_from(rec.prompt_blocks).unwrap_or(u32::MAX);
+            g.index.credit_answer(rec.slot, anchor, depth, blocks, now_ms);
+        }
     }
 
     /// The request was aborted (client gone, engine error). Returns whether a counter changed.
     pub fn on_aborted(&self, id: RequestId) -> bool {
-        self.done(id)
-    }
-
-    /// Forgets a request, applying its prefill step first if it never came.
-    fn done(&self, id: RequestId) -> bool {
         let Some(rec) = self.requests.lock().remove(&id) else {
             return self.unknown();
         };
-        let Some(load) = self.load_of(&rec) else { return false };
+        self.release(&rec)
+    }
+
+    /// Releases a forgotten request's counters, applying its prefill step first if it never
+    /// came. False when its instance left.
+    fn release(&self, rec: &InFlight) -> bool {
+        let Some(load) = self.load_of(rec) else { return false };
         if !rec.prefilled {
             // No first token came (aborted, or finished unreported): release, but learn
             // nothing about the drain rate.

@@ -15,8 +15,9 @@
 //! * Nothing that grows with the prompt but the index walk runs under the mutex: hashing
 //!   (O(prompt tokens)) runs before it, so threads hash in parallel. The walk costs one cache
 //!   line per matched block; scoring is O(instances).
-//! * Lifecycle calls (`on_prefilled`, `on_finished`, `on_aborted`) never take the index
-//!   mutex: they take the in-flight table's mutex and update atomics. Index feeds (KV events)
+//! * Lifecycle calls (`on_prefilled`, `on_finished`, `on_aborted`) take the in-flight table's
+//!   mutex and update atomics; only `on_finished` in exact mode takes the index mutex, once,
+//!   to credit the answer's blocks (docs §2.7). Index feeds (KV events)
 //!   and fleet changes take the index mutex; a fleet change publishes a new [`Fleet`]
 //!   through an `ArcSwap`, so readers of the fleet never block.
 //! * Every load counter a decision raised is lowered exactly once by the request's
@@ -117,7 +118,7 @@ impl Router {
             index.add_slot(slot);
         }
         if config.index_mode == IndexMode::Exact {
-            index.enable_pending(to_ms(config.exact_pending_ttl_s));
+            index.enable_pending(to_ms(config.exact_pending_ttl_s), config.exact_answer_credit);
         }
         Ok(Self {
             policy: kind.build(),

@@ -337,6 +337,56 @@ fn exact_mode_follow_ups_that_beat_the_events_stay_home() {
     assert_eq!((d.local_hit_tokens, d.reason), (0, Reason::MigrateEvicted));
 }
 
+#[test]
+fn exact_mode_credits_the_answer_a_back_to_back_follow_up_repeats() {
+    let exact = |answers: bool| {
+        let config = RouterConfig {
+            index_mode: IndexMode::Exact,
+            exact_answer_credit: answers,
+            ..RouterConfig::default()
+        };
+        Router::new(&names(4), PolicyKind::Smetric, 4, 1, config).unwrap()
+    };
+    let route = |r: &Router, tokens: &[u32], now: f64| {
+        r.route(&RouteRequest {
+            now: Some(now),
+            turn: TurnHint::Turn(2),
+            ..RouteRequest::new(Prompt::Tokens(tokens))
+        })
+        .unwrap()
+    };
+    // A short prompt (8 tokens, 2 blocks), a long answer (40 tokens): vLLM caches the KV of
+    // 8 + 40 - 1 tokens, 11 full blocks (44 tokens); the follow-up repeats both and adds 8.
+    let prompt: Vec<u32> = (0..8).collect();
+    let mut follow_up = prompt.clone();
+    follow_up.extend(100..140);
+    follow_up.extend(200..208);
+    for (answers, hit, reason) in [(true, 44, Reason::Sticky), (false, 8, Reason::MigrateEvicted)] {
+        let r = exact(answers);
+        let first = route(&r, &prompt, 0.0);
+        assert!(r.on_finished_at(first.request_id, 40, Some(0.5)).unwrap());
+        // Routed right after the answer, before any KV event.
+        let d = route(&r, &follow_up, 0.501);
+        assert_eq!((d.local_hit_tokens, d.reason), (hit, reason), "answer credit {answers}");
+        if answers {
+            assert_eq!(d.instance, first.instance);
+        }
+    }
+    // No output, an unknown request, an aborted one: no credit; a bad clock: an error.
+    let r = exact(true);
+    let first = route(&r, &prompt, 0.0);
+    assert!(r.on_finished_at(first.request_id, 40, Some(-1.0)).is_err());
+    assert!(r.on_aborted(first.request_id));
+    assert!(!r.on_finished_at(first.request_id, 40, Some(0.5)).unwrap());
+    assert_eq!(route(&r, &follow_up, 0.6).local_hit_tokens, 8);
+    assert_eq!(r.stats().index.answer_credits.iter().sum::<usize>(), 0);
+    // Approximate mode credits nothing (it never learns the answer's blocks, docs §2.7).
+    let approx = Router::new(&names(4), PolicyKind::Smetric, 4, 1, RouterConfig::default()).unwrap();
+    let first = route(&approx, &prompt, 0.0);
+    approx.on_finished_at(first.request_id, 40, Some(0.5)).unwrap();
+    assert_eq!(route(&approx, &follow_up, 0.501).local_hit_tokens, 8);
+}
+
 /// `smetric` v2's queued work: charged at route, released once at the first token, and
 /// released (without a rate sample) by an abort before it; an excluded instance is never
 /// charged; a retry after an abort leaves exactly the retry's charge.

@@ -111,6 +111,11 @@ impl CorePlacer {
             IndexFeed::Approximate => IndexMode::Approximate,
             IndexFeed::Events | IndexFeed::Oracle => IndexMode::Exact,
         };
+        // The simulated engine keeps the blocks its generated tokens fill anonymous (only
+        // prompt blocks have trace hashes, instance.rs), so no follow-up ever hits an answer
+        // there: crediting answers (docs/routing-semantics.md §2.7 "The answer") would only
+        // over-predict. A real vLLM caches them; this models the engine the simulator has.
+        config.exact_answer_credit = false;
         let names: Vec<String> = (0..instances).map(|i| format!("i{i}")).collect();
         let router =
             Router::new(&names, policy, block_tokens, seed, config).map_err(|e| SimError::Router(e.to_string()))?;
@@ -214,8 +219,11 @@ impl Placer for CorePlacer {
         let _ = self.router.on_prefilled_at(RequestId(request_id), Some(now));
     }
 
-    fn on_finished(&mut self, request_id: u64, output_tokens: u32, _now: f64) {
-        self.router.on_finished(RequestId(request_id), u64::from(output_tokens));
+    fn on_finished(&mut self, request_id: u64, output_tokens: u32, now: f64) {
+        // As `on_prefilled`: the simulated clock cannot make the call fail.
+        let _ = self
+            .router
+            .on_finished_at(RequestId(request_id), u64::from(output_tokens), Some(now));
     }
 
     fn on_load(&mut self, instance: u32, snapshot: EngineLoadReport, now: f64) {

@@ -18,6 +18,7 @@
 
 pub mod azure;
 pub mod bailian;
+pub mod codex;
 pub mod mooncake;
 pub mod synthetic;
 pub mod weka;

@@ -246,7 +246,7 @@ impl SyntheticOptions {
 }
 
 /// Uniform in [0, 1) from a key.
-fn unit(key: u64) -> f64 {
+pub(crate) fn unit(key: u64) -> f64 {
     (mix64(key) >> 11) as f64 / (1_u64 << 53) as f64
 }
 
