@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from smetric.serve.apis import APIS, ChatApi, CompletionsApi
-from smetric.serve.apis.openai import OpenAIStream
+from smetric.serve.apis.openai import OpenAIStream, Received
 from smetric.serve.errors import ProxyError
 from smetric.serve.session import SessionTable
 from smetric.serve.tokens import TokenConfig, TokenSource
@@ -47,7 +47,7 @@ def test_a_chat_stream_counts_tokens_without_its_role_chunk_and_sees_its_end() -
     assert state.tokens == 3 and state.finished and not state.done  # a, b and the finish chunk
     state.feed(b"data: [DONE]\n\n")
     assert state.done
-    assert isinstance(state, OpenAIStream) and state.text_and_pieces() == ("ab", 2)
+    assert isinstance(state, OpenAIStream) and state.received() == Received("ab", "", False, 2)
 
 
 def test_a_usage_chunk_is_the_token_count() -> None:
@@ -85,8 +85,10 @@ def test_a_cut_completion_continues_a_text_prompt_but_not_token_ids_nor_several_
     cont = api.continuation(prepared(api, {"prompt": "hello ", "max_tokens": 5}), state, SOURCE)
     assert cont is not None and json.loads(cont.body) == {"prompt": "hello world", "max_tokens": 3}
     assert cont.request.prompt_text == "hello world"
-    assert api.continuation(prepared(api, {"prompt": [1, 2, 3]}), state, SOURCE) is None
-    assert api.continuation(prepared(api, {"prompt": "a", "n": 2}), state, SOURCE) is None
+    for refused in ({"prompt": [1, 2, 3]}, {"prompt": "a", "n": 2}):
+        fresh = api.stream(keep=True)  # a stream is continued from its own first request
+        fresh.feed(text_chunk("wor") + text_chunk("ld"))
+        assert api.continuation(prepared(api, refused), fresh, SOURCE) is None
 
 
 def test_a_completion_turn_comes_from_a_session_hint() -> None:

@@ -1,20 +1,35 @@
 """What OpenAI's two completion APIs share: the error shape, the ``data:`` event stream ending in
-``data: [DONE]``, the body parser (:func:`smetric.serve.request.parse_request`), session hints, and
-the output-token count of a whole answer. :mod:`.chat` and :mod:`.completions` add what differs:
-where a stream chunk's text is, the opening chunk a continuation drops, and how a cut stream is
-continued.
+``data: [DONE]``, the body parser (:func:`smetric.serve.request.parse_request`), session hints,
+the output-token count of a whole answer, and the rule for what a cut stream may be continued
+with. :mod:`.chat` and :mod:`.completions` add what differs: where a stream chunk's text is, the
+opening chunk a continuation drops, and how the received parts are put back into the request.
 
 :class:`OpenAIStream` only scans bytes on the relay path — ``[DONE]``, a non-null
 ``finish_reason``, and the usage chunk (the one event it decodes) — and keeps the raw events,
-decoded only when a cut stream must be continued (:meth:`OpenAIStream.text_and_pieces`): O(chunk
-bytes) per chunk and no JSON work. May import: :mod:`smetric.serve.apis.base` and what it may.
+decoded only when a cut stream must be continued (:meth:`OpenAIStream.received`): O(chunk
+bytes) per chunk and no JSON work.
+
+Continuation (:meth:`OpenAIApi.continuation`), from what the client already received
+(:class:`Received`): nothing yet → the original request again (the new stream's opening dropped);
+text (and, for chat, a reasoning that ended because text followed it) → the API's continuation
+request, whose chunks are relayed under the first attempt's ``id``. Never continued — the stream
+ends with the API's error event — when a cut falls where a fresh engine could not go on
+faithfully: after any ``tool_calls`` delta (a tool call's arguments restarted by a new parser and
+decoder), in guided / structured output (``response_format`` JSON, ``guided_*``,
+``structured_outputs``, chat's forced ``tool_choice``: the new decoder would start the grammar
+from its root), inside a reasoning (see :mod:`.chat`), with ``n`` ≠ 1 or completions' ``echo``.
+A second cut is continued from the original request, never from a continuation (so nothing is
+put back twice).
+May import: :mod:`smetric.serve.apis.base` and what it may.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from abc import abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -25,15 +40,55 @@ from smetric.serve.request import Endpoint, OpenAIRequest, RequestError, parse_r
 from smetric.serve.session import SessionTable, session_hint
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
-__all__ = ["OpenAIApi", "OpenAIStream"]
+__all__ = ["OpenAIApi", "OpenAIStream", "Received"]
 
 _DONE = b"data: [DONE]\n\n"
+
+_CHUNK_ID = re.compile(rb'"id":\s*"[^"\\]*"')
+"""A chunk's ``"id"`` field (vLLM writes it first in every chunk, before any tool call's ``id``)."""
+
+_STRUCTURED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+"""vLLM's request fields that constrain decoding to a grammar (its ``guided_*`` and their successor)."""
+
+_STRUCTURED_FORMATS = ("json_schema", "json_object", "structural_tag")
+"""``response_format`` types decoded under a grammar (``text`` is free text)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What the client of a cut stream already has, decoded from its kept events."""
+
+    text: str
+    """The answer's text (chat ``delta.content``, completions ``text``)."""
+    reasoning: str
+    """Chat: ``delta.reasoning`` (vLLM's name since 0.11; ``reasoning_content`` before)."""
+    tool_calls: bool
+    """Chat: a ``tool_calls`` delta was sent (part of a call the client is assembling)."""
+    pieces: int
+    """Chunks that carried any of it (one generated token each)."""
+
+    @property
+    def nothing(self) -> bool:
+        return not self.pieces and not self.tool_calls
 
 
 class OpenAIStream(StreamState):
     """An OpenAI completion stream (``data: {chunk}`` events, ``data: [DONE]`` at the end)."""
 
-    __slots__ = ("_api", "_events", "chunks", "done", "finished", "keep", "output_tokens", "pending")
+    __slots__ = (
+        "_api",
+        "_attempts",
+        "_events",
+        "_id",
+        "_renamed",
+        "chunks",
+        "done",
+        "finished",
+        "keep",
+        "origin",
+        "output_tokens",
+        "pending",
+    )
 
     def __init__(self, api: OpenAIApi, *, keep: bool) -> None:
         self._api = api
@@ -47,6 +102,29 @@ class OpenAIStream(StreamState):
         self.finished = False
         self.done = False
         self._events: list[bytes] = []
+        self.origin: Prepared[OpenAIRequest] | None = None
+        """The client's own request, set at the first continuation: every later one is built
+        from it and the whole stream so far, so nothing is put back twice."""
+        self._attempts = 0
+        self._id: bytes | None = None
+        """The ``"id": "…"`` field of the first attempt's chunks: a continuation's carry it too."""
+        self._renamed: bytes | None = None
+        """The current continuation's own ``"id"`` field, once seen."""
+
+    def begin(self, instance: str) -> None:
+        self._attempts += 1
+        self._renamed = None
+
+    def outgoing(self, chunk: bytes, events: list[bytes]) -> bytes:
+        """A continuation's chunks under the first attempt's id (one stream, one id)."""
+        if self._attempts < 2 or not self._id:
+            return chunk
+        if self._renamed is None:
+            found = next((m for m in map(_CHUNK_ID.search, events) if m is not None), None)
+            if found is None:
+                return chunk
+            self._renamed = found.group(0)
+        return chunk if self._renamed == self._id else chunk.replace(self._renamed, self._id)
 
     def feed(self, chunk: bytes) -> list[bytes]:
         data = self.pending + chunk
@@ -61,6 +139,9 @@ class OpenAIStream(StreamState):
         if event[5:].strip() == b"[DONE]":
             self.done = True
             return
+        if self._id is None and self._attempts <= 1:
+            found = _CHUNK_ID.search(event)  # the first event only: b"" when it has no id
+            self._id = b"" if found is None else found.group(0)
         if b'"finish_reason"' in event:
             self.chunks += 1
             if b'"finish_reason":null' not in event and b'"finish_reason": null' not in event:
@@ -95,21 +176,37 @@ class OpenAIStream(StreamState):
     def end_marker(self) -> bytes:
         return _DONE
 
-    def text_and_pieces(self) -> tuple[str, int]:
-        """The text streamed so far and the chunks that carried it (decodes the kept events)."""
-        pieces = []
+    def received(self) -> Received:
+        """What the client has so far (decodes the kept events)."""
+        text: list[str] = []
+        reasoning: list[str] = []
+        pieces = 0
+        tool_calls = False
         for event in self._events:
             try:
                 obj = json.loads(event[5:])
             except ValueError:
                 continue
             choices = obj.get("choices") or [] if isinstance(obj, dict) else []
-            if not choices:
+            if not choices or not isinstance(choices[0], dict):
                 continue
-            piece = self._api.text_of(choices[0])
+            choice = choices[0]
+            piece = self._api.text_of(choice)
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                delta = {}
+            thought = delta.get("reasoning", delta.get("reasoning_content"))
+            carried = False
             if isinstance(piece, str) and piece:
-                pieces.append(piece)
-        return "".join(pieces), len(pieces)
+                text.append(piece)
+                carried = True
+            if isinstance(thought, str) and thought:
+                reasoning.append(thought)
+                carried = True
+            if delta.get("tool_calls"):
+                tool_calls = carried = True
+            pieces += carried
+        return Received("".join(text), "".join(reasoning), tool_calls, pieces)
 
 
 class OpenAIApi(Api[OpenAIRequest]):
@@ -164,29 +261,47 @@ class OpenAIApi(Api[OpenAIRequest]):
     def continuation(
         self, prepared: Prepared[OpenAIRequest], state: StreamState, source: TokenSource
     ) -> Prepared[OpenAIRequest] | None:
-        """Continues a single-choice stream with the text so far (its output budget reduced by
-        the chunks already sent); the API says how (:meth:`_continue`)."""
-        if not isinstance(state, OpenAIStream):
+        """The request that continues a single-choice stream from what the client received (its
+        output budget reduced by the chunks already sent), or None when it cannot be continued
+        faithfully (see the module docs); the API says how text is put back (:meth:`_continue`)."""
+        if not isinstance(state, OpenAIStream) or not state.keep:
             return None
+        origin = state.origin = state.origin or prepared
         try:
-            body = json.loads(prepared.body)
+            body = json.loads(origin.body)
         except ValueError:
             return None
-        if body.get("n", 1) != 1:
+        if not isinstance(body, dict) or body.get("n", 1) != 1:
             return None
-        text, used = state.text_and_pieces()
+        got = state.received()
+        if got.nothing:  # only the opening reached the client: the request again, as it was
+            return origin
+        if got.tool_calls or self.structured(body) or not self.continuable(body, got):
+            return None
         for key in ("max_tokens", "max_completion_tokens"):
             if isinstance(body.get(key), int):
-                body[key] = max(1, body[key] - used)
-        request = self._continue(prepared.request, body, text)
+                body[key] = max(1, body[key] - got.pieces)
+        request = self._continue(origin.request, body, got)
         if request is None:
             return None
         # The continuation's turn comes from its messages or the index: its session was counted.
         return self._prepared(request, json.dumps(body).encode(), source.routing_tokens(request), None)
 
+    @staticmethod
+    def structured(body: Mapping[str, Any]) -> bool:
+        """Whether the output is decoded under a grammar (the module docs list the fields)."""
+        if any(body.get(key) is not None for key in _STRUCTURED_FIELDS):
+            return True
+        fmt = body.get("response_format")
+        return isinstance(fmt, dict) and fmt.get("type") in _STRUCTURED_FORMATS
+
+    def continuable(self, body: Mapping[str, Any], got: Received) -> bool:
+        """Whether the API can put ``got`` back faithfully, besides the shared rules (default: yes)."""
+        return True
+
     @abstractmethod
-    def _continue(self, request: OpenAIRequest, body: dict[str, Any], text: str) -> OpenAIRequest | None:
-        """Rewrites ``body`` (in place) to continue after ``text``; the request it now is, or None."""
+    def _continue(self, request: OpenAIRequest, body: dict[str, Any], got: Received) -> OpenAIRequest | None:
+        """Rewrites ``body`` (in place) to continue after ``got``; the request it now is, or None."""
 
     @abstractmethod
     def text_of(self, choice: dict[str, Any]) -> object:
