@@ -106,8 +106,14 @@ class _GuardedHandler(RequestHandler):
         self._limits = limits
         self._manager_ref = manager
         self._head_timer: asyncio.TimerHandle | None = None
-        self._busy = False
-        """A request of this connection is being handled (its body is the app's to time)."""
+        self._handled = 0
+        """Messages of this connection whose handling ended (``_request_count`` counts those parsed)."""
+
+    @property
+    def _busy(self) -> bool:
+        """A parsed request of this connection is queued or being handled (its body is the app's
+        to time), so the bytes arriving now are not a head the client is slow to send."""
+        return self._request_count != self._handled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -138,7 +144,6 @@ class _GuardedHandler(RequestHandler):
         parsed = self._request_count
         super().data_received(data)
         if self._request_count != parsed:  # a head (or a parser error) is complete
-            self._busy = True
             self._cancel_head_timer()
 
     def _head_late(self) -> None:
@@ -163,7 +168,7 @@ class _GuardedHandler(RequestHandler):
         try:
             return await super()._handle_request(request, start_time, request_handler)
         finally:
-            self._busy = False  # the next byte on this connection starts a new head
+            self._handled += 1  # once all are handled, the next byte starts a new head
 
     def handle_error(
         self,
