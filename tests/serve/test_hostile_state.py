@@ -16,13 +16,13 @@ from proxy_util import Stub
 
 from smetric.serve.session import ENTRY_BYTES, SessionTable, session_digest
 
-HINTS = 1024
+HINTS = 2048
 """Distinct hints sent through the proxy."""
 HINT_BYTES = 2 << 20
-"""Each hint's size: 2 MiB (the table kept them whole: ≈ 2 GiB for this test)."""
+"""Each hint's size: 2 MiB (the table kept them whole: ≈ 4 GiB for this test)."""
 RSS_GROWTH_BOUND = 96 << 20
 """Allowed growth of the process's RSS over the run (buffers, allocator slack); the hints total
-2 GiB, so a table that kept them would exceed it twenty times over."""
+4 GiB, so a table that kept them would exceed it forty times over."""
 
 
 def test_the_table_keeps_a_fixed_size_digest_of_any_key() -> None:
