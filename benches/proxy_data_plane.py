@@ -25,6 +25,7 @@ engines, and a proxy's added latency includes its contention with the client (an
 Bounded: loopback only, fixed counts and durations, every server stopped at the end.
 
     .venv/bin/python benches/proxy_data_plane.py --vllm-router /tmp/vr-venv/bin/vllm-router
+    .venv/bin/python benches/proxy_data_plane.py --apis    # chat and Messages side by side, approximate tokens
 """
 
 from __future__ import annotations
@@ -249,6 +250,18 @@ def chat_bodies(n: int, history_tokens: int, stream: bool) -> list[bytes]:
     ]
 
 
+def messages_bodies(chats: list[bytes]) -> list[bytes]:
+    """The chat bodies as Anthropic Messages bodies (``POST /v1/messages``): the system message
+    as ``system``, the rest as text messages, ``max_tokens`` kept."""
+    out = []
+    for raw in chats:
+        chat = json.loads(raw)
+        system, *rest = chat["messages"]
+        body = {"model": MODEL, "system": system["content"], "messages": rest, "max_tokens": chat["max_tokens"]}
+        out.append(json.dumps({**body, "stream": chat["stream"]}).encode())
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] * 1e3 if len(values) > 1 else 0.0
 
@@ -301,6 +314,12 @@ def main() -> None:
         default=str(ROOT / "tests" / "data" / "serve" / "tokenizer.json"),
         help="chat rows: smetric serve routes on this tokenizer.json (empty: no chat rows)",
     )
+    p.add_argument(
+        "--apis",
+        action="store_true",
+        help="only the per-API rows: chat and Anthropic Messages, direct and through smetric serve with "
+        "approximate tokens (the engines' own tokenizer), side by side",
+    )
     args = p.parse_args()
     prompt = list(range(1000, 1000 + args.prompt_tokens))
     bodies = {
@@ -321,6 +340,9 @@ def main() -> None:
         # Warm-up, not recorded: the engines' first requests fill their prefix caches and allocate.
         for stream in (False, True):
             asyncio.run(open_loop(engines, bodies[stream], stream, args.rate, min(args.requests, 400)))
+        if args.apis:
+            report(args, api_rows(args, engines, procs))
+            return
         rows = [measure("direct", engines, args, bodies, short)]
         router_url: str | None = None
         if args.vllm_router and shutil.which(args.vllm_router):
@@ -375,6 +397,33 @@ def main() -> None:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    report(args, rows)
+
+
+def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subprocess.Popen[Any]]) -> list[dict[str, Any]]:
+    """Chat and Messages, 32K-token conversations, direct and through ``smetric serve --tokens
+    approximate`` (no BPE: the added latency of each API's adapter, beside the other's)."""
+    port = free_port()
+    cmd = [*pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "approximate"]
+    cmd += ["--kv-events", "off", "--log-level", "WARNING"]
+    for url in engines:
+        cmd += ["--instance", url]
+    procs.append(subprocess.Popen(cmd))
+    wait_http(f"http://127.0.0.1:{port}/health")
+    serve_url = f"http://127.0.0.1:{port}"
+    chats = {st: chat_bodies(args.requests, args.prompt_tokens, st) for st in (False, True)}
+    apis = {"chat": ("/v1/chat/completions", chats)}
+    apis["messages"] = ("/v1/messages", {st: messages_bodies(chats[st]) for st in (False, True)})
+    rows = []
+    for name, (path, bodies) in apis.items():
+        for url in [*engines, serve_url]:  # warm-up, not recorded: the engines' caches, the proxy's index
+            asyncio.run(open_loop([url], bodies[False][:20], False, 50.0, 20, path))
+        rows.append(measure(f"direct {name}", engines, args, bodies, None, path))
+        rows.append(measure(f"smetric-serve {name} (approximate)", [serve_url], args, bodies, None, path))
+    return rows
+
+
+def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     print(f"{args.requests} requests at {args.rate:g}/s, {args.prompt_tokens}-token prompts (ms; added = minus direct)")
     print(
         f"max req/s: a closed loop of {args.concurrency} streaming clients ({rows[-1]['max_rate_by']} for proxies),"

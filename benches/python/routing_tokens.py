@@ -13,7 +13,11 @@ about 3 bytes a token; a production vocabulary packs 3.5-4.5), and times, as the
 * the chat template's render (Jinja, vLLM's steps);
 * tokenizer mode, first turn (empty piece cache) and follow-up (the same history plus one new
   tool result of about 1K tokens), against one whole-text ``Tokenizer.encode``;
-* approximate mode (render with plain ChatML + 4-byte chunks).
+* approximate mode (render with plain ChatML + 4-byte chunks);
+* the same conversation as an Anthropic Messages body (``POST /v1/messages``: system, tool_use
+  and tool_result blocks): its parse and conversion to vLLM's chat request, the render of the
+  converted request (the issue-19 budget: conversion + render ≤ 0.5 ms, BPE excluded), and
+  approximate mode end to end.
 
 No assertion: it prints figures (docs/routing-tokens.md quotes them).
 """
@@ -29,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from smetric.anthropic import to_chat
+from smetric.serve.apis.messages import MessagesApi
 from smetric.serve.request import OpenAIRequest, parse_request
 from smetric.serve.tokens import TokenConfig, TokenSource
 
@@ -77,6 +83,27 @@ def session(target_tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         turn += 1
     next_result = {"role": "tool", "tool_call_id": "call_next", "content": take(3000)}
     return messages, next_result
+
+
+def as_messages(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat session as the Anthropic Messages body Claude Code would send for it: each tool
+    call a ``tool_use`` block, each tool result a ``tool_result`` block of a user message."""
+    out: list[dict[str, Any]] = []
+    for m in messages[1:]:
+        if m["role"] == "assistant":
+            call = m["tool_calls"][0]
+            arguments = json.loads(call["function"]["arguments"])
+            block = {"type": "tool_use", "id": call["id"], "name": "run_shell", "input": arguments}
+            out.append({"role": "assistant", "content": [block]})
+        elif m["role"] == "tool":
+            result = {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}
+            out.append({"role": "user", "content": [result]})
+        else:
+            out.append({"role": "user", "content": [{"type": "text", "text": m["content"]}]})
+    function = TOOL["function"]
+    assert isinstance(function, dict)
+    tool = {"name": "run_shell", "description": function["description"], "input_schema": function["parameters"]}
+    return {"model": "m", "max_tokens": 256, "system": messages[0]["content"], "messages": out, "tools": [tool]}
 
 
 def median_us(fn: Callable[[], object], repeat: int) -> float:
@@ -178,6 +205,35 @@ def main() -> None:
     approx8 = TokenSource(TokenConfig(mode="approximate", approx_chunk_bytes=8))
     rows.append(
         ("approximate mode, 8-byte chunks (CRC-32 loop)", median_us(lambda: approx8.routing_tokens(first), args.repeat))
+    )
+    api = MessagesApi()
+    anthropic_body = json.dumps(as_messages(messages)).encode()
+    parsed = api.parse(anthropic_body)
+    rows.append(
+        (
+            f"messages: parse + convert to vLLM's chat request ({len(anthropic_body) / 1e3:.0f} KB)",
+            median_us(lambda: api.parse(anthropic_body), args.repeat),
+        )
+    )
+    decoded = json.loads(anthropic_body)
+    rows.append(("messages: convert only (to_chat, body decoded)", median_us(lambda: to_chat(decoded), args.repeat)))
+    rows.append(
+        (
+            "messages: render of the converted request (chat template)",
+            median_us(lambda: source.render(parsed.chat), args.repeat),
+        )
+    )
+    rows.append(
+        (
+            "messages: parse + convert + render, total (budget 500 µs)",
+            median_us(lambda: source.render(api.parse(anthropic_body).chat), args.repeat),
+        )
+    )
+    rows.append(
+        (
+            "messages: approximate mode, parse to ids",
+            median_us(lambda: api.routing_tokens(approx, api.parse(anthropic_body)), args.repeat),
+        )
     )
     by_name = dict(rows)
     total = by_name[rows[0][0]] + by_name["tokenizer mode, follow-up (+1 tool result, warm cache)"]

@@ -193,6 +193,7 @@ class EngineLoadScraper:
         endpoint: ``"metrics"`` (``GET /metrics``) or ``"load"`` (``GET /load``).
         model_name: only count series of this ``model_name`` label (None: all).
         max_workers: concurrent requests per round (default: one per instance, at most 32).
+        headers: HTTP headers sent with every scrape (an engine's key).
 
     Raises:
         ValueError: a bad period, timeout or endpoint.
@@ -208,6 +209,7 @@ class EngineLoadScraper:
         endpoint: Literal["metrics", "load"] = "metrics",
         model_name: str | None = None,
         max_workers: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         staleness = router.config.engine_load_staleness_s
         if not 0 < period_s < staleness:
@@ -225,6 +227,8 @@ class EngineLoadScraper:
         self.timeout_s = timeout
         self.endpoint = endpoint
         self.model_name = model_name
+        self.headers = dict(headers or {})
+        """Sent with every scrape (an engine behind a key: ``Authorization: Bearer …``)."""
         self._state = {name: _InstanceState(url.rstrip("/")) for name, url in urls.items()}
         self._lock = threading.Lock()
         self._rounds = 0
@@ -237,7 +241,8 @@ class EngineLoadScraper:
     # -- one round -------------------------------------------------------------------------------
 
     def _fetch(self, url: str) -> EngineSample:
-        with urllib.request.urlopen(f"{url}/{self.endpoint}", timeout=self.timeout_s) as resp:
+        req = urllib.request.Request(f"{url}/{self.endpoint}", headers=self.headers)
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
             body = resp.read().decode("utf-8", errors="replace")
         if self.endpoint == "load":
             load = json.loads(body)["server_load"]

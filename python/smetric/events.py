@@ -26,7 +26,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -133,19 +133,23 @@ def sources_from_config(instance: str, configs: dict[str, Any], host: str) -> li
     return out
 
 
-def discover_sources(instance: str, base_url: str | None = None, *, timeout: float = 2.0) -> list[KvEventSource]:
+def discover_sources(
+    instance: str, base_url: str | None = None, *, timeout: float = 2.0, headers: Mapping[str, str] | None = None
+) -> list[KvEventSource]:
     """Asks a vLLM API server for its publishers (``GET {base_url}/kv_event_sources``).
 
     Args:
         instance: the router instance; also the base URL when ``base_url`` is None.
         base_url: the API server, e.g. ``http://gpu-0:8000``.
         timeout: seconds for the HTTP request.
+        headers: HTTP headers sent with it (an engine's key).
 
     Raises:
         OSError: the server could not be reached; ValueError: the answer is not a JSON object.
     """
     url = (base_url or instance).rstrip("/")
-    with urllib.request.urlopen(f"{url}/kv_event_sources", timeout=timeout) as resp:
+    req = urllib.request.Request(f"{url}/kv_event_sources", headers=dict(headers or {}))
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         configs = json.loads(resp.read())
     if not isinstance(configs, dict):
         raise ValueError(f"{url}/kv_event_sources returned {type(configs).__name__}, not an object")

@@ -40,6 +40,7 @@ def register(sub: Any) -> None:
         help="decode role: host:port,... of the prefill engines it may pull from (default: any)",
     )
     p.add_argument("--kv-lease-s", type=float, default=30.0, help="prefill role: how long held KV waits for a pull")
+    p.add_argument("--api-key", default=None, help="as vLLM's: the /v1 paths need Authorization: Bearer <key>")
     p.add_argument(
         "--lora-modules",
         nargs="+",

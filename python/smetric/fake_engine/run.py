@@ -58,6 +58,8 @@ class FakeEngineConfig:
     """Decode role: the prefill engines (``host:port``) it may pull from; None: any."""
     kv_lease_s: float = 30.0
     """Prefill role: how long held KV waits for its pull (vLLM's ``kv_lease_duration``)."""
+    api_key: str | None = None
+    """vLLM's ``--api-key``: the ``/v1`` paths need ``Authorization: Bearer <key>``."""
     lora_modules: tuple[str, ...] = ()
     """Served LoRA adapters, ``name=path`` each (vLLM's ``--lora-modules``; a bare name gets the
     path ``/fake-lora/<name>``): a request whose ``model`` is one is cached under it."""
@@ -115,6 +117,7 @@ class _Stack:
             prefill=self.prefill,
             decode=self.decode,
             lora_modules=config.adapters(),
+            api_key=config.api_key,
         )
         self.app = FakeEngineApp(self.engine, tokenizer, server).build()
         self.runner = web.AppRunner(self.app, handle_signals=False, access_log=None)

@@ -1,7 +1,8 @@
 """The fake engine's HTTP surface: vLLM's OpenAI-compatible API on aiohttp.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``/v1/responses`` (and its
-stored responses' routes: :mod:`.responses`), ``GET /v1/models``,
+stored responses' routes: :mod:`.responses`), Anthropic's ``POST /v1/messages`` and
+``/v1/messages/count_tokens`` (:mod:`.messages`), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``GET /kv_event_sources``. Bodies follow vLLM 0.33:
 
 * non-streaming: one ``chat.completion`` / ``text_completion`` object with ``usage``
@@ -14,7 +15,10 @@ stored responses' routes: :mod:`.responses`), ``GET /v1/models``,
   ``data: [DONE]``;
 * errors: ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status in ``code``:
   malformed JSON, a wrong type, a missing field or too long a prompt is 400
-  (``BadRequestError``), an unknown model 404 (``NotFoundError``).
+  (``BadRequestError``), an unknown model 404 (``NotFoundError``);
+* ``--api-key``: as vLLM's, it guards the ``/v1`` paths only — a request without
+  ``Authorization: Bearer <key>`` gets 401 ``{"error": "Unauthorized"}``; ``/health``,
+  ``/metrics`` and ``/kv_event_sources`` stay open.
 
 A client that disconnects from a stream aborts its request (it leaves the engine at the next
 step).
@@ -32,6 +36,8 @@ from . import _deps  # noqa: F401  (names the extra when a package is missing)
 
 # isort: split
 
+import hashlib
+import hmac
 import json
 import logging
 import time
@@ -43,6 +49,7 @@ from typing import Any
 from aiohttp import web
 
 from .engine import Engine, Request
+from .messages import MessagesRoutes
 from .pd import DecodeSide, KvTransferError, PrefillSide
 from .responses import ResponsesEndpoint
 from .tokens import Tokenizer, default_output_tokens, filler, render_chat
@@ -84,6 +91,8 @@ class ServerConfig:
     lora_modules: Mapping[str, str] = field(default_factory=dict)
     """Served LoRA adapters, name → path (vLLM's ``--lora-modules name=path``): a request naming
     one as its ``model`` is cached and published under it."""
+    api_key: str | None = None
+    """vLLM's ``--api-key``: the ``/v1`` paths need ``Authorization: Bearer <key>``."""
 
 
 def _int_field(body: Mapping[str, Any], name: str, default: int | None, minimum: int) -> int | None:
@@ -106,6 +115,22 @@ def _bool_field(body: Mapping[str, Any], name: str) -> bool:
     return value
 
 
+def _api_key_guard(key: str) -> Any:
+    """vLLM's ``--api-key`` check: ``/v1`` paths only, the bearer token compared in constant time."""
+    expected = hashlib.sha256(f"Bearer {key}".encode()).digest()
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        if request.path.startswith("/v1"):
+            given = hashlib.sha256(request.headers.get("Authorization", "").encode()).digest()
+            if not hmac.compare_digest(given, expected):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return guard
+
+
 class FakeEngineApp:
     """Builds the aiohttp application around an :class:`Engine`."""
 
@@ -117,10 +142,12 @@ class FakeEngineApp:
 
     def build(self) -> web.Application:
         """The application (routes only; the caller starts and stops the engine)."""
-        app = web.Application(client_max_size=64 << 20)
+        middlewares = [] if self.config.api_key is None else [_api_key_guard(self.config.api_key)]
+        app = web.Application(client_max_size=64 << 20, middlewares=middlewares)
         app.router.add_post("/v1/chat/completions", self._handler(chat=True))
         app.router.add_post("/v1/completions", self._handler(chat=False))
         ResponsesEndpoint(self).install(app)
+        MessagesRoutes(self).add_to(app.router)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)

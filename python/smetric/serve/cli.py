@@ -36,6 +36,18 @@ def register(sub: Any) -> None:
     p.add_argument("--max-attempts", type=int, default=None)
     p.add_argument("--eject-after", type=int, default=None)
     p.add_argument("--admin-token", default=None, help="enables /admin/instances for this bearer token")
+    p.add_argument("--max-in-flight", type=int, default=None, help="admitted requests across the fleet (4096)")
+    p.add_argument(
+        "--max-in-flight-per-instance", type=int, default=None, help="admitted requests per live instance (256)"
+    )
+    p.add_argument("--queue-size", type=int, default=None, help="requests that may wait for a slot (1024)")
+    p.add_argument("--queue-timeout", type=float, default=None, help="seconds a request may wait for a slot (30)")
+    p.add_argument(
+        "--api-key", action="append", default=None, help="a client key the proxy accepts (repeat; none: open)"
+    )
+    p.add_argument("--api-keys-file", default=None, help="a file of client keys, one a line")
+    p.add_argument("--upstream-api-key", default=None, help="the key the proxy sends to the engines (vLLM --api-key)")
+    p.add_argument("--decision-log", default=None, help="append one JSON line per request to this file")
     p.add_argument("--no-engine-load", action="store_true", help="do not scrape the instances' /metrics")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run)
@@ -62,6 +74,14 @@ def _run(args: argparse.Namespace) -> int:
             "eject_after": args.eject_after,
             "admin_token": args.admin_token,
             "engine_load": False if args.no_engine_load else None,
+            "max_in_flight": args.max_in_flight,
+            "max_in_flight_per_instance": args.max_in_flight_per_instance,
+            "queue_size": args.queue_size,
+            "queue_timeout_s": args.queue_timeout,
+            "api_keys": args.api_key,
+            "api_keys_file": args.api_keys_file,
+            "upstream_api_key": args.upstream_api_key,
+            "decision_log": args.decision_log,
         }
         for flag, key in ((args.instance, "instances"), (args.prefill, "prefill"), (args.decode, "decode")):
             if flag:

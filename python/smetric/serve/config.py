@@ -137,6 +137,27 @@ class ServeConfig:
     response_id_key: str | None = None
     """The key of the ids the proxy issues for stored responses (:mod:`smetric.serve.pinning`):
     proxy replicas in front of one fleet must share it; None: a random key per process."""
+    # -- admission (smetric.serve.admission) and keys (smetric.serve.auth) --
+    max_in_flight: int = 4096
+    """Requests admitted at once across the fleet (the admission cap; docs/serve.md)."""
+    max_in_flight_per_instance: int = 256
+    """Admitted requests per live instance (vLLM's default ``--max-num-seqs``): the fleet admits
+    ``min(max_in_flight, this × live instances)``."""
+    queue_size: int = 1024
+    """Requests that may wait for an admission slot; beyond it, 429 at once."""
+    queue_timeout_s: float = 30.0
+    """How long a request may wait for a slot before a 503."""
+    retry_after_s: int = 1
+    """The ``Retry-After`` of a 429 or 503 from admission."""
+    api_keys: tuple[str, ...] = ()
+    """Client keys the proxy accepts (``Authorization: Bearer`` or ``x-api-key``); none: open."""
+    api_keys_file: str | None = None
+    """A file of client keys, one a line (``#`` comments), added to ``api_keys``."""
+    upstream_api_key: str | None = None
+    """The key the proxy sends to every engine (vLLM's ``--api-key``), on requests, ``/v1/models``,
+    ``/health``, ``/metrics`` and ``/kv_event_sources``."""
+    decision_log: str | None = None
+    """A file the proxy appends one JSON line per request to (``smetric.serve.decision_log``); None: off."""
 
     def __post_init__(self) -> None:
         if bool(self.prefill) != bool(self.decode):
@@ -150,6 +171,11 @@ class ServeConfig:
             raise _bad("instances", "instance urls must be unique")
         if self.policy not in POLICIES:
             raise _bad("policy", f"unknown policy {self.policy!r} (known: {', '.join(POLICIES)})")
+        for name in ("max_in_flight", "max_in_flight_per_instance", "queue_size", "retry_after_s"):
+            if getattr(self, name) < 1:
+                raise _bad(name, f"{name} must be >= 1")
+        if not self.queue_timeout_s > 0:
+            raise _bad("queue_timeout_s", "queue_timeout_s must be > 0")
         for name in (
             "max_attempts",
             "eject_after",
@@ -257,6 +283,10 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServeConfig
         if set(tokens) - tokens_known:
             raise _bad("tokens", f"unknown tokens keys {sorted(set(tokens) - tokens_known)}")
         data["tokens"] = TokenConfig(**tokens)
+    if isinstance(data.get("api_keys"), list | tuple):
+        data["api_keys"] = tuple(str(k) for k in data["api_keys"])
+    elif "api_keys" in data:
+        raise _bad("api_keys", "api_keys must be a list of strings")
     router = data.get("router", {})
     if not isinstance(router, dict):
         raise _bad("router", "router must be a table of RouterConfig fields")

@@ -17,19 +17,24 @@ cannot be continued. A request is lost only when no instance can serve it (503 i
 Invariants: each attempt's lifecycle is closed on every path (the backend and the relay close it;
 an exception here aborts it and closes the upstream connection, which makes vLLM abort the
 request); a failed instance is not tried again by the same request. Cost beyond the parts: O(1)
-per attempt. May import: :mod:`smetric.serve.apis.base`, ``.backends.base``, ``.errors``,
+per attempt, plus one load-board read per instance for the per-instance cap. May import:
+:mod:`smetric.serve.admission`, ``.apis.base``, ``.backends.base``, ``.decision_log``, ``.errors``,
 ``.fleet``, ``.relay``, ``.telemetry``, ``.tokens``, ``.upstream``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
+from smetric.serve.admission import skip_full
 from smetric.serve.apis.base import Api, Prepared, StreamState
 from smetric.serve.backends.base import Answered, Backend, NoInstance
 from smetric.serve.config import ServeConfig
+from smetric.serve.decision_log import note_answer, note_attempt, note_prepared, with_request_id
 from smetric.serve.errors import ProxyError
 from smetric.serve.fleet import Fleet
 from smetric.serve.pinning import resolve
@@ -60,18 +65,27 @@ class Failover:
     """Serves prepared requests over a backend, with failover and stream continuation."""
 
     def __init__(
-        self, config: ServeConfig, fleet: Fleet, backend: Backend, telemetry: ProxyTelemetry, tokens: TokenSource
+        self,
+        config: ServeConfig,
+        fleet: Fleet,
+        backend: Backend,
+        telemetry: ProxyTelemetry,
+        tokens: TokenSource,
+        admitted: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
         self.backend = backend
         self.telemetry = telemetry
         self.tokens = tokens
+        self.admitted: Callable[[], int] = admitted or (lambda: config.max_in_flight_per_instance)
+        """Requests holding an admission slot now (the app's admission); unknown: assume a full load."""
 
     async def serve(self, request: web.Request, api: Api[Any], prepared: Prepared[Any]) -> web.StreamResponse:
         """The client's answer to ``prepared`` (see the module docs)."""
         fleet, backend = self.fleet, self.backend
-        headers = forwardable(request.headers)
+        headers = with_request_id(forwardable(request.headers), request)
+        note_prepared(request, prepared.model, prepared.turn, prepared.tokens.count)
         failed: list[str] = []
         failed_causes: list[str] = []
         response: web.StreamResponse | None = None
@@ -92,6 +106,12 @@ class Failover:
                 exclude: list[str] | None = [u for u in fleet.instances if u != pinned]
             else:
                 exclude = fleet.exclusions(prepared.model, failed, backend.pools)
+                cap = self.config.max_in_flight_per_instance
+                # The per-instance cap (a full instance only when nothing else is left) can bind
+                # only once the proxy has admitted `cap` requests: below that the load board is
+                # not read.
+                if exclude is not None and self.admitted() >= cap:
+                    exclude = skip_full(exclude, backend.in_flight(fleet.instances), cap, backend.pools)
             opened = await backend.open(prepared, headers, attempt_no, exclude) if exclude is not None else None
             if opened is None or isinstance(opened, NoInstance):
                 attempt_no -= 1
@@ -116,9 +136,12 @@ class Failover:
             if isinstance(opened, Answered):
                 return opened.response
             attempt, upstream = opened.attempt, opened.upstream
+            note_attempt(request, attempt)
+            stream: StreamState | None = None
             try:
                 if upstream.headers.get("content-type", "").startswith("text/event-stream"):
                     stream = state or api.stream(keep=self.config.resume_streams)
+                    stream.hide_usage = stream.hide_usage or prepared.hide_usage
                     result = await relay_stream(
                         request,
                         opened,
@@ -131,6 +154,12 @@ class Failover:
                     result = await read_whole(api, opened, self.telemetry, response)
                 if isinstance(result, Relayed):
                     fleet.succeeded(attempt.instance)
+                    if stream is not None:
+                        note_answer(request, attempt, cached_tokens=stream.cached_tokens, output_tokens=stream.tokens)
+                    elif isinstance(result.response, web.Response) and result.response.status == 200:
+                        body = result.response.body
+                        hit = api.realized_hit(body) if isinstance(body, bytes) else None
+                        note_answer(request, attempt, cached_tokens=hit, output_tokens=None)
                     return result.response
                 # The attempt failed: before any byte reached the client (retry as it was), or
                 # mid-stream (continue the client's stream).
@@ -146,6 +175,8 @@ class Failover:
                         self.telemetry.unresumed_streams += 1
                         return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
                     prepared = continued
+                    if prepared.model in fleet.adapters:  # as the app does for the original
+                        prepared = replace(prepared, namespace=fleet.namespace(prepared.model, prepared.namespace))
                     self.telemetry.resumed_streams += 1
             except BaseException:
                 attempt.abort()

@@ -12,7 +12,8 @@ tell the router what they cache and how loaded they are.
   that came back from that has usually restarted empty; one that kept answering (502–504, a
   timeout) kept its cache, and so the router keeps its index;
 * **models**: every instance's ``/v1/models``, refreshed every ``models_refresh_s`` (an
-  unreachable instance keeps what it served before);
+  unreachable instance keeps what it served before); the LoRA adapters among them (cards with a
+  ``parent``) give a request naming one its cache namespace (:meth:`Fleet.namespace`);
 * **eligibility**: :meth:`Fleet.exclusions`, the instances an attempt must skip — failed ones,
   those without the model, ejected ones unless a pool has nothing else (better a try than a
   refusal);
@@ -22,14 +23,14 @@ tell the router what they cache and how loaded they are.
 Invariants: state is mutated only on the proxy's event loop; the feeds run on their own threads
 and only call the (thread-safe) router. Costs: :meth:`Fleet.exclusions` is O(instances) per
 attempt. May import: :mod:`smetric.serve.config`, ``.telemetry``, ``.upstream``,
-``smetric._core``, ``smetric.events`` and ``smetric.engine_load`` (lazily: their extras).
+``smetric._core``, ``smetric.vllm``, ``smetric.events`` and ``smetric.engine_load`` (lazily: their extras).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ from smetric._core import PdRouter, Router
 from smetric.serve.config import KV_EVENTS_DISCOVER, KV_EVENTS_OFF, InstanceConfig, ServeConfig
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import Upstream
+from smetric.vllm import cache_namespace
 
 __all__ = ["FeedTargets", "Fleet", "Health", "fleet_kv_capacity", "kv_event_sources"]
 
@@ -93,6 +95,8 @@ class Fleet:
         self.models: dict[str, set[str]] = {}
         """Model id → instances serving it (from their ``/v1/models``)."""
         self.model_cards: dict[str, dict[str, Any]] = {}
+        self.adapters: frozenset[str] = frozenset()
+        """The LoRA adapters the fleet serves (model cards with a ``parent``)."""
         self.subscriber: Any = None
         self.scraper: Any = None
         self._upstream = upstream
@@ -152,7 +156,9 @@ class Fleet:
             }
             # Typed for a Router; a PdRouter has the same update_load and config it calls.
             load: Any = targets.load
-            self.scraper = EngineLoadScraper(load, urls, period_s=self.config.engine_load_period_s).start()
+            self.scraper = EngineLoadScraper(
+                load, urls, period_s=self.config.engine_load_period_s, headers=self._upstream.auth
+            ).start()
 
     # -- membership -------------------------------------------------------------------------------
 
@@ -268,9 +274,20 @@ class Fleet:
                 models.setdefault(card["id"], set()).add(url)
                 cards.setdefault(card["id"], card)
         self.models, self.model_cards = models, cards
+        self.adapters = frozenset(mid for mid, card in cards.items() if card.get("parent"))
+
+    def namespace(self, model: str | None, cache_salt: str | None) -> str | None:
+        """The router namespace of a request for ``model`` with vLLM's ``cache_salt``: an
+        adapter's requests are cached apart from the base model's (vLLM keys its blocks by the
+        adapter), as :func:`smetric.vllm.cache_namespace` names them."""
+        if model is None or model not in self.adapters:
+            return cache_salt
+        return cache_namespace(model, cache_salt or None)
 
 
-def fleet_kv_capacity(instances: Sequence[InstanceConfig], timeout: float = 2.0) -> int | None:
+def fleet_kv_capacity(
+    instances: Sequence[InstanceConfig], timeout: float = 2.0, headers: Mapping[str, str] | None = None
+) -> int | None:
     """The smallest GPU KV capacity (tokens) the instances report on ``/metrics``
     (``vllm:cache_config_info``), or None when none answers with it. Blocking."""
     import http.client
@@ -282,7 +299,7 @@ def fleet_kv_capacity(instances: Sequence[InstanceConfig], timeout: float = 2.0)
     for inst in instances:
         url = inst.metrics_url or f"{inst.url}/metrics"
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=timeout) as r:
                 capacity = kv_capacity_tokens(r.read().decode("utf-8", errors="replace"))
         except (OSError, ValueError, http.client.HTTPException):  # an engine without it, or down
             continue
@@ -291,8 +308,9 @@ def fleet_kv_capacity(instances: Sequence[InstanceConfig], timeout: float = 2.0)
     return min(found) if found else None
 
 
-def kv_event_sources(inst: InstanceConfig) -> list[Any]:
-    """The KV-event sources of an instance (discovered, explicit, or none). Blocking."""
+def kv_event_sources(inst: InstanceConfig, headers: Mapping[str, str] | None = None) -> list[Any]:
+    """The KV-event sources of an instance (discovered, explicit, or none); ``headers`` go with the
+    discovery call (the upstream key). Blocking."""
     if inst.kv_events == KV_EVENTS_OFF:
         return []
     try:
@@ -302,7 +320,7 @@ def kv_event_sources(inst: InstanceConfig) -> list[Any]:
         return []
     if inst.kv_events == KV_EVENTS_DISCOVER:
         try:
-            return list(discover_sources(inst.url))
+            return list(discover_sources(inst.url, headers=headers))
         except Exception as e:  # an engine without the endpoint, or not up yet
             log.warning("no KV-event sources from %s/kv_event_sources: %s", inst.url, e)
             return []

@@ -4,7 +4,9 @@ its lifecycle.
 A request's path through :mod:`smetric.serve` (``docs/architecture.md`` draws it):
 
 1. **here**: the routes table (the routes each API adapter of :data:`smetric.serve.apis.APIS` names, and
-   ``/v1/models``, ``/health``, ``/metrics``, ``/admin/instances``); the body read (bounded),
+   ``/v1/models``, ``/health``, ``/metrics``, ``/admin/instances``); the client key
+   (:mod:`smetric.serve.auth`, a middleware), an admission slot (:mod:`smetric.serve.admission`)
+   and the request's outcome (:mod:`smetric.serve.decision_log`: its id, its log line); the body read (bounded),
    parsed by the API's adapter, checked against the fleet's models, and turned into routing
    tokens (BPE off the event loop) and a :class:`~smetric.serve.apis.base.Prepared` request;
 2. :mod:`smetric.serve.failover`: the attempt loop — exclusions from :mod:`smetric.serve.fleet`,
@@ -44,6 +46,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Self
 
 from aiohttp import web
@@ -51,10 +54,13 @@ from aiohttp import web
 from smetric._core import PdRouter, Router
 from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
+from smetric.serve.admission import Admission
 from smetric.serve.apis import APIS
 from smetric.serve.apis.base import Api, Route
+from smetric.serve.auth import ClientKeys, keys_middleware, read_keys_file
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
 from smetric.serve.config import InstanceConfig, ServeConfig
+from smetric.serve.decision_log import DecisionLog, Outcomes
 from smetric.serve.errors import ProxyError
 from smetric.serve.failover import Failover
 from smetric.serve.fleet import Fleet, fleet_kv_capacity, kv_event_sources
@@ -105,7 +111,7 @@ class Proxy:
         self.telemetry = telemetry
         self.tokens = TokenSource(config.tokens)
         self.sessions = SessionTable()
-        self.failover = Failover(config, fleet, backend, telemetry, self.tokens)
+        self.failover = Failover(config, fleet, backend, telemetry, self.tokens, lambda: self.admission.admitted)
         self.apis = tuple(api.bind(config) for api in APIS)
         """The adapters of :data:`APIS` as this proxy configured them."""
         self.in_flight = 0
@@ -114,6 +120,18 @@ class Proxy:
         """Set while no request is in flight (the drain waits for it)."""
         self.idle.set()
         self._upstream = upstream
+        self.keys = ClientKeys(
+            [*config.api_keys, *(read_keys_file(config.api_keys_file) if config.api_keys_file else [])]
+        )
+        self.admission = Admission(
+            max_in_flight=config.max_in_flight,
+            max_in_flight_per_instance=config.max_in_flight_per_instance,
+            queue_size=config.queue_size,
+            queue_timeout_s=config.queue_timeout_s,
+            retry_after_s=config.retry_after_s,
+            live_instances=lambda: sum(not h.ejected for h in fleet.health.values()),
+        )
+        self.outcomes = Outcomes(DecisionLog(config.decision_log) if config.decision_log else None)
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smetric-tokenizer")
 
     # -- construction and lifecycle ---------------------------------------------------------------
@@ -124,11 +142,14 @@ class Proxy:
         and the backend of the configured mode."""
         loop = asyncio.get_running_loop()
         upstream = Upstream(
-            connect_timeout_s=config.connect_timeout_s, first_byte_timeout_s=config.first_byte_timeout_s
+            connect_timeout_s=config.connect_timeout_s,
+            first_byte_timeout_s=config.first_byte_timeout_s,
+            api_key=config.upstream_api_key,
+            drop_client_credentials=bool(config.api_keys or config.api_keys_file),
         )
         telemetry = ProxyTelemetry()
         if config.disaggregated:
-            capacity = await loop.run_in_executor(None, fleet_kv_capacity, config.prefill)
+            capacity = await loop.run_in_executor(None, fleet_kv_capacity, config.prefill, 2.0, upstream.auth)
             fleet = Fleet(config, {}, upstream, telemetry)
             pd = PdRouter(
                 [i.url for i in config.prefill],
@@ -144,8 +165,10 @@ class Proxy:
             decode = frozenset(i.url for i in config.decode)
             backend: Backend = PdBackend(pd, prefill, decode, fleet, upstream, telemetry)
             return cls(config, fleet, backend, upstream, telemetry)
-        sources = {i.url: await loop.run_in_executor(None, kv_event_sources, i) for i in config.instances}
-        capacity = await loop.run_in_executor(None, fleet_kv_capacity, config.instances)
+        sources = {
+            i.url: await loop.run_in_executor(None, kv_event_sources, i, upstream.auth) for i in config.instances
+        }
+        capacity = await loop.run_in_executor(None, fleet_kv_capacity, config.instances, 2.0, upstream.auth)
         # The index can trust KV events only when the routed ids are the engine's own ids.
         exact_ids = config.tokens.mode in ("ids", "tokenizer") or (
             config.tokens.mode == "auto" and config.tokens.tokenizer is not None
@@ -170,14 +193,20 @@ class Proxy:
         """Stops the background work and closes the upstream client."""
         await self.fleet.close()
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+        self.outcomes.close()
         await self._upstream.close()
 
     # -- the routes table -------------------------------------------------------------------------
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._error_shape])
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes,
+            # The error shape outermost: whatever a later layer raises is answered in it.
+            middlewares=[self._error_shape, keys_middleware(self.keys, self._api_for)],
+        )
         app.on_response_prepare.append(_no_banner)
+        app.on_response_prepare.append(self.outcomes.stamp)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -191,10 +220,7 @@ class Proxy:
     def error_response(self, path: str | None, status: int, message: str) -> web.StreamResponse:
         """An error the HTTP layer answers (aiohttp's own, a refused body) in the error shape of
         the API that owns ``path`` — its adapter renders it — or OpenAI's for any other path."""
-        api = None if path is None else self._api_for(path)
-        if api is None:
-            kind = "InternalServerError" if status >= 500 else "BadRequestError"
-            return self._respond(_json_error(ProxyError(status, message, kind)))
+        api = self._api_for(path or "/")
         if status >= 500:
             return self._respond(api.fail(ProxyError(status, message, "InternalServerError")))
         return self._respond(api.reject(RequestError(message, status=status)))
@@ -216,18 +242,30 @@ class Proxy:
                 response.headers["Allow"] = e.headers["Allow"]
             return response
 
-    def _api_for(self, path: str) -> Api[Any] | None:
-        """The adapter whose path ``path`` is or is under (``/v1/responses/{id}``), if any."""
-        for api in self.apis:
-            if path == api.path or path.startswith(api.path + "/"):
-                return api
-        return None
-
     def _handler(self, api: Api[Any], route: Route) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
-            return await self._handle(request, api, route)
+            outcome = self.outcomes.begin(request, api.name)
+            refusal = await self.admission.enter()  # ahead of parsing and routing: shedding stays cheap
+            if refusal is not None:
+                response = self._respond(api.fail(refusal.error))
+                response.headers["Retry-After"] = str(refusal.retry_after_s)
+                self.outcomes.finish(outcome, response.status, refused=refusal.reason)
+                return response
+            try:
+                answer = await self._handle(request, api, route)
+            finally:
+                self.admission.leave()
+            self.outcomes.finish(outcome, answer.status)
+            return answer
 
         return handle
+
+    @staticmethod
+    def _api_for(path: str) -> Api[Any]:
+        """The API whose error shape answers for ``path``: the longest adapter path it starts
+        with, else OpenAI's (the first adapter)."""
+        matches = [api for api in APIS if path == api.path or path.startswith(api.path + "/")]
+        return max(matches, key=lambda api: len(api.path)) if matches else APIS[0]
 
     # -- the request path -------------------------------------------------------------------------
 
@@ -295,6 +333,8 @@ class Proxy:
         try:
             async with asyncio.timeout(self.config.client_timeout_s):
                 prepared = api.prepare(req, raw, tokens, request.headers, self.sessions)
+                if prepared.model in self.fleet.adapters:  # a LoRA adapter: its own cache namespace
+                    prepared = replace(prepared, namespace=self.fleet.namespace(prepared.model, prepared.namespace))
                 response = await self.failover.serve(request, api, prepared)
         except TimeoutError:
             response = await self._failed(request, api, ProxyError.timeout("the request timed out in the proxy"))
@@ -339,7 +379,13 @@ class Proxy:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         in_flight = self.backend.in_flight(self.fleet.instances)
-        lines = [*self.telemetry.render(in_flight, self.fleet.ejected), *self.backend.metric_lines()]
+        lines = [
+            *self.telemetry.render(in_flight, self.fleet.ejected),
+            *self.backend.metric_lines(),
+            *self.admission.render(),
+            *self.keys.render(),
+            *self.outcomes.render(),
+        ]
         head = self.backend.metrics_text(self.fleet.subscriber, self.fleet.scraper)
         text = head + ("\n".join(lines) + "\n" if lines else "")
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
@@ -371,7 +417,7 @@ class Proxy:
             return _json_error(ProxyError(400, f"bad instance: {e}", "BadRequestError"))
         if inst.url in self.fleet.instances:
             return _json_error(ProxyError(409, f"instance {inst.url} is already in the fleet", "ConflictError"))
-        sources = await asyncio.get_running_loop().run_in_executor(None, kv_event_sources, inst)
+        sources = await asyncio.get_running_loop().run_in_executor(None, kv_event_sources, inst, self._upstream.auth)
         self.backend.add_instance(inst.url)
         self.fleet.add(inst, sources)
         self.fleet.restart_feeds()
@@ -446,6 +492,7 @@ async def run(
     try:
         await stop.wait()
         proxy.draining = True
+        proxy.admission.close()
         await site.stop()
         try:
             await asyncio.wait_for(proxy.idle.wait(), config.drain_timeout_s)

@@ -113,7 +113,7 @@ async def relay_stream(
                 request[STREAM_KEY] = response
             attempt.first_byte()
             events = state.feed(chunk)
-            if not continuation:
+            if not continuation and not state.hide_usage:
                 await response.write(state.outgoing(chunk, events))
                 continue
             out = []
@@ -123,6 +123,8 @@ async def relay_stream(
                     state.forget(event)
                     continue
                 first_event = False
+                if state.hide_usage and not state.shown(event):
+                    continue
                 out.append(event + b"\n\n")
             if out:
                 await response.write(state.outgoing(b"".join(out), [e[:-2] for e in out]))

@@ -10,7 +10,9 @@ Hints, first match wins (``docs/serve.md`` lists their origins):
 
 1. ``x-session-id`` (explicit; OpenCode, vLLM's own header), ``x-claude-code-session-id`` joined
    with ``x-claude-code-agent-id`` (a Claude Code sub-agent starts a history of its own, so it is
-   a session of its own), ``session-id`` (Codex CLI), ``x-dynamo-session-id``;
+   a session of its own), ``thread-id`` (Codex CLI: one thread; its ``session-id`` names the whole
+   agent tree, whose sub-agents have histories of their own), ``session-id`` (older Codex),
+   ``x-dynamo-session-id``;
 2. the body's ``session_id`` (vLLM), ``prompt_cache_key`` (OpenAI), ``user``.
 
 :class:`SessionTable` is an LRU of at most ``capacity`` keys (O(1) per request); a key unseen for
@@ -34,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-_HEADER_HINTS = ("x-session-id", "x-claude-code-session-id", "session-id", "x-dynamo-session-id")
+_HEADER_HINTS = ("x-session-id", "x-claude-code-session-id", "thread-id", "session-id", "x-dynamo-session-id")
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,6 +137,8 @@ class TokenSource:
         self.encoder: PiecewiseEncoder | None = None
         self._affixes: tuple[array[int], array[int]] | None = None
         self._templates: dict[str, ChatTemplate] = {}
+        self._leading_system: dict[str, bool] = {}
+        """Template name → whether it requires system-first ordering (probed once)."""
         uses_tokenizer = config.tokenizer is not None and config.mode in ("auto", "tokenizer")
         tokenizer_config: dict[str, Any] = {}
         if uses_tokenizer:
@@ -209,6 +211,26 @@ class TokenSource:
             )
         except TemplateRenderError as e:
             raise RequestError(str(e), param="messages") from None
+
+    def requires_leading_system(self, *, tools: bool) -> bool:
+        """Whether the template refuses a system message after the first (Qwen's ``loop.first``
+        guard, say): vLLM's Messages endpoint then merges inline system messages into the
+        leading one. Probed as vLLM probes it, by rendering system, user, system, user; the
+        built-in ChatML accepts any order."""
+        name = "tool_use" if tools else "default"
+        template = self._templates.get(name) or self._templates.get("default")
+        if template is None:
+            return False
+        if name not in self._leading_system:
+            from .chat_template import TemplateRenderError
+
+            probe = [{"role": r, "content": "t"} for r in ("system", "user", "system", "user")]
+            try:
+                template.render(probe, add_generation_prompt=False)
+                self._leading_system[name] = False
+            except TemplateRenderError:
+                self._leading_system[name] = True
+        return self._leading_system[name]
 
     def _encode(self, text: str, *, special: bool) -> array[int]:
         """``text``'s ids, with the tokenizer's special tokens around them when ``special``."""

@@ -8,7 +8,10 @@ and the one HTTP client every call goes through.
   are the instance's own — another 5xx may be the request's doing (:attr:`Refused.own`);
 * :class:`Upstream` owns the ``aiohttp.ClientSession`` (no pool limit, no decompression: bodies
   pass through as the engine sent them) and the attempt's POST (:meth:`Upstream.post`, a typed
-  :class:`Opened` or :class:`Refused`), and the short GETs of discovery and health.
+  :class:`Opened` or :class:`Refused`), and the short GETs of discovery and health;
+* the proxy's own credential on every call it makes (``upstream_api_key``: ``Authorization:
+  Bearer``, as vLLM's ``--api-key`` expects), and a client's credential (``Authorization``,
+  ``x-api-key``) dropped when the proxy checks client keys itself or has its own.
 
 Invariants: the proxy fetches only configured instance URLs, never a URL taken from a request; a
 refused attempt has its lifecycle closed (``abort``) before :meth:`Upstream.post` returns.
@@ -46,6 +49,8 @@ HOP_BY_HOP = frozenset(
 )
 """RFC 9110 §7.6.1 hop-by-hop fields, never forwarded (nor any field ``Connection`` names)."""
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
+_CREDENTIALS = frozenset({"authorization", "x-api-key"})
+"""A client's credential for the proxy: never sent on to an engine when the proxy checks keys."""
 
 RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError)
 """Failures of the instance (not of the request): the attempt is retried elsewhere."""
@@ -94,8 +99,18 @@ class Refused:
 class Upstream:
     """The proxy's one HTTP client to its engines (open it on the proxy's event loop)."""
 
-    def __init__(self, *, connect_timeout_s: float, first_byte_timeout_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float,
+        first_byte_timeout_s: float,
+        api_key: str | None = None,
+        drop_client_credentials: bool = False,
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.auth: dict[str, str] = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        """What every call to an engine carries (the upstream key), or nothing."""
+        self._drop_credentials = drop_client_credentials or bool(api_key)
         self._first_byte_timeout_s = first_byte_timeout_s
         self._client: aiohttp.ClientSession | None = None
 
@@ -125,6 +140,8 @@ class Upstream:
         error or a 5xx aborts the attempt."""
         started = time.perf_counter()
         url = attempt.instance
+        if self._drop_credentials:
+            headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIALS} | self.auth
         try:
             upstream = await self.client.request(method, url + path, data=body or None, headers=headers)
         except RETRYABLE as e:
@@ -143,7 +160,7 @@ class Upstream:
         """``GET {url}/health`` answers 200 within the connect timeout."""
         try:
             async with self.client.get(
-                f"{url}/health", timeout=aiohttp.ClientTimeout(total=self.connect_timeout_s)
+                f"{url}/health", headers=self.auth, timeout=aiohttp.ClientTimeout(total=self.connect_timeout_s)
             ) as r:
                 return r.status == 200
         except RETRYABLE:
@@ -154,7 +171,7 @@ class Upstream:
         the instance does not answer with them."""
         try:
             async with self.client.get(
-                f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=self.connect_timeout_s)
+                f"{url}/v1/models", headers=self.auth, timeout=aiohttp.ClientTimeout(total=self.connect_timeout_s)
             ) as r:
                 if r.status != 200:
                     return None

@@ -75,6 +75,9 @@ class Prepared(Generic[R]):
     output limit ``max_output_tokens`` and ``store: false``), so the PD backend needs no
     knowledge of the API."""
 
+    hide_usage: bool = False
+    """The proxy asked the engine for a stream's usage (the realized hit) that the client did not
+    ask for: the usage event is kept from the client (:meth:`StreamState.shown`)."""
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -93,6 +96,16 @@ class StreamState(ABC):
     """The API's end marker arrived."""
     finished: bool
     """The answer is complete (a finish reason arrived), even if the end marker is lost."""
+    cached_tokens: int | None = None
+    """Prompt tokens the engine served from its cache, when the stream's usage said (the
+    realized hit of the decision log); the API's scanner sets it."""
+    hide_usage: bool = False
+    """Set from :attr:`Prepared.hide_usage`: the relay then writes only the events :meth:`shown`
+    lets through (event by event instead of chunk by chunk)."""
+
+    def shown(self, event: bytes) -> bool:
+        """Whether a fed event goes to the client when ``hide_usage`` is set (default: all)."""
+        return True
 
     @abstractmethod
     def feed(self, chunk: bytes) -> list[bytes]:
@@ -181,6 +194,12 @@ class Api(ABC, Generic[R]):
     @abstractmethod
     def output_tokens(self, answer: bytes) -> int:
         """Output tokens of a whole (non-streamed) 200 answer (0 when it does not say)."""
+
+    def realized_hit(self, answer: bytes) -> int | None:
+        """Prompt tokens the engine served from its cache, read from a whole 200 answer's usage
+        (the decision log's realized hit), or None when the answer does not say. The default
+        knows no usage format: an adapter whose API reports cached tokens overrides it."""
+        return None
 
     @abstractmethod
     def continuation(self, prepared: Prepared[R], state: StreamState, source: TokenSource) -> Prepared[R] | None:

@@ -72,6 +72,36 @@ class Received:
         return not self.pieces and not self.tool_calls
 
 
+def _cached_tokens(usage: object) -> int | None:
+    """OpenAI's ``usage.prompt_tokens_details.cached_tokens`` (vLLM fills it with
+    ``--enable-prompt-tokens-details``), or None."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+_USAGE_OPTION = b'{"stream_options":{"include_usage":true},'
+
+
+def _asking_for_usage(raw: bytes) -> tuple[bytes, bool]:
+    """A stream's body that asks the engine for its usage (the realized hit), and whether the
+    client did not ask for it itself (then its usage event is hidden). Without a
+    ``stream_options`` field the option is spliced in after the opening brace (O(1) beyond one
+    search); with one that lacks it, the body is re-encoded."""
+    start = raw.find(b"{")
+    if b'"stream_options"' not in raw and start >= 0:
+        return raw[:start] + _USAGE_OPTION + raw[start + 1 :], True
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw, False
+    options = body.get("stream_options") if isinstance(body, dict) else None
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return raw, False
+    body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return json.dumps(body).encode(), True
+
+
 class OpenAIStream(StreamState):
     """An OpenAI completion stream (``data: {chunk}`` events, ``data: [DONE]`` at the end)."""
 
@@ -81,9 +111,11 @@ class OpenAIStream(StreamState):
         "_events",
         "_id",
         "_renamed",
+        "cached_tokens",
         "chunks",
         "done",
         "finished",
+        "hide_usage",
         "keep",
         "origin",
         "output_tokens",
@@ -99,6 +131,8 @@ class OpenAIStream(StreamState):
         opening role chunk)."""
         self.output_tokens: int | None = None
         """``usage.completion_tokens`` when the stream carried it."""
+        self.cached_tokens: int | None = None
+        self.hide_usage = False
         self.finished = False
         self.done = False
         self._events: list[bytes] = []
@@ -153,8 +187,13 @@ class OpenAIStream(StreamState):
                 usage = None
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                 self.output_tokens = usage["completion_tokens"]
+            self.cached_tokens = _cached_tokens(usage)
         if self.keep:
             self._events.append(event)
+
+    def shown(self, event: bytes) -> bool:
+        """Every event but the usage one (``choices: []`` with the token counts)."""
+        return not (b'"completion_tokens"' in event and (b'"choices":[]' in event or b'"choices": []' in event))
 
     def forget(self, event: bytes) -> None:
         if b'"finish_reason"' in event:
@@ -240,15 +279,25 @@ class OpenAIApi(Api[OpenAIRequest]):
         if request.messages is None:  # with messages the router reads the turn from the roles
             hint = session_hint(headers, prompt_cache_key=request.prompt_cache_key, user=request.user)
             turn = None if hint is None else sessions.next_turn(hint.key)
-        return self._prepared(request, raw, tokens, turn)
+        body, hide_usage = _asking_for_usage(raw) if request.stream else (raw, False)
+        return self._prepared(request, body, tokens, turn, hide_usage=hide_usage)
 
     def _prepared(
-        self, request: OpenAIRequest, body: bytes, tokens: RoutingTokens, turn: int | None
+        self, request: OpenAIRequest, body: bytes, tokens: RoutingTokens, turn: int | None, *, hide_usage: bool = False
     ) -> Prepared[OpenAIRequest]:
-        return Prepared(request, self.path, body, tokens, turn, request.model, request.messages, request.namespace)
+        return Prepared(
+            request, self.path, body, tokens, turn, request.model, request.messages, request.namespace, hide_usage
+        )
 
     def stream(self, *, keep: bool) -> OpenAIStream:
         return OpenAIStream(self, keep=keep)
+
+    def realized_hit(self, answer: bytes) -> int | None:
+        try:
+            usage = json.loads(answer).get("usage")
+        except (ValueError, AttributeError):
+            return None
+        return _cached_tokens(usage)
 
     def output_tokens(self, answer: bytes) -> int:
         try:

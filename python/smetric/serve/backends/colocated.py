@@ -101,6 +101,7 @@ class ColocatedBackend(Backend):
             first_byte=lambda: router.on_prefilled(rid),
             finish=lambda n: router.on_finished(rid, n),
             abort=lambda: router.on_aborted(rid),
+            decision=d,
         )
         body = without_kv_transfer_params(prepared.body)
         return await self._upstream.post(attempt, prepared.path, body, headers, method=prepared.method)

@@ -164,6 +164,7 @@ class PdBackend(Backend):
             first_byte=lambda: pd.on_transferred(rid),
             finish=lambda n: pd.on_finished(rid, n),
             abort=lambda: pd.on_aborted(rid),
+            decision=d,
         )
         original = json.loads(prepared.body)
         # The prefill leg has no lifecycle of its own: its failure aborts the whole attempt.
