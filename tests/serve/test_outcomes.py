@@ -173,3 +173,51 @@ def test_a_pd_answers_usage_is_logged_but_not_compared_with_the_prefill_predicti
     outcomes.finish(o, 200)
     assert sum(outcomes.hit_error.counts) == 0 and outcomes.followups_measured == 0
     assert json.loads(o.line())["prefill_instance"] == "http://prefill:8000"
+
+
+def test_messages_and_responses_report_their_realized_hit_from_their_own_usage(tmp_path: Path) -> None:
+    # Each API reports cached prompt tokens in its own usage field: Anthropic's
+    # `cache_read_input_tokens` (in `message_start` when streamed), Responses'
+    # `input_tokens_details.cached_tokens` (in the terminal event).
+    def sse(raw: bytes) -> list[dict[str, Any]]:  # Anthropic and Responses events: `event:` then `data:`
+        return [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: {")]
+
+    log_path = tmp_path / "decisions.jsonl"
+    engine = FakeEngine(port=0, speedup=1000).start()
+    try:
+        config = load_config(instances=[engine.url], port=0, engine_load=False, decision_log=str(log_path))
+        with ProxyServer(config) as p:
+            reported: list[int] = []
+            for stream in (False, True):
+                history: list[dict[str, Any]] = []
+                for turn in range(2):
+                    history.append({"role": "user", "content": f"step {turn} of {stream}: " + "inspect the diff " * 40})
+                    body = {"model": "fake-model", "max_tokens": 3, "stream": stream, "messages": history}
+                    status, _, raw = request(p.url, "/v1/messages", body)
+                    assert status == 200, raw[:300]
+                    if stream:
+                        start = next(e for e in sse(raw) if e.get("type") == "message_start")
+                        reported.append(start["message"]["usage"]["cache_read_input_tokens"])
+                    else:
+                        reported.append(json.loads(raw)["usage"]["cache_read_input_tokens"])
+                    history.append({"role": "assistant", "content": f"done {turn}"})
+                items: list[dict[str, Any]] = []
+                for turn in range(2):
+                    items.append({"role": "user", "content": f"task {turn} of {stream}: " + "run the tests " * 40})
+                    body = {"model": "fake-model", "max_output_tokens": 3, "stream": stream, "input": items}
+                    status, _, raw = request(p.url, "/v1/responses", body)
+                    assert status == 200, raw[:300]
+                    if stream:
+                        done = [e for e in sse(raw) if e.get("type") in ("response.completed", "response.incomplete")]
+                        usage = done[-1]["response"]["usage"]
+                    else:
+                        usage = json.loads(raw)["usage"]
+                    reported.append(usage["input_tokens_details"]["cached_tokens"])
+                    items.append({"role": "assistant", "content": f"ok {turn}"})
+        lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    finally:
+        engine.stop()
+    assert [r["api"] for r in lines] == ["messages", "messages", "responses", "responses"] * 2
+    assert [r["cached_tokens"] for r in lines] == reported
+    follow_ups = reported[1::2]
+    assert all(n > 0 for n in follow_ups), "every follow-up re-sent its first turn to the one engine"

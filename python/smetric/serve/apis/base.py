@@ -39,10 +39,19 @@ from smetric.serve.request import RequestError
 from smetric.serve.session import SessionTable
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
-__all__ = ["Api", "Prepared", "R", "Route", "StreamState"]
+__all__ = ["Api", "Prepared", "R", "Route", "StreamState", "usage_count"]
 
 R = TypeVar("R")
 """An API's parsed request type."""
+
+
+def usage_count(usage: object, *keys: str) -> int | None:
+    """The count at ``keys`` inside a usage object (``usage_count(u, "prompt_tokens_details",
+    "cached_tokens")``), or None when a level is missing or the value is not a count (a
+    non-negative int, never a bool): the engine's usage is read, never trusted."""
+    for key in keys:
+        usage = usage.get(key) if isinstance(usage, dict) else None
+    return usage if isinstance(usage, int) and not isinstance(usage, bool) and usage >= 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,7 @@ class Prepared(Generic[R]):
     hide_usage: bool = False
     """The proxy asked the engine for a stream's usage (the realized hit) that the client did not
     ask for: the usage event is kept from the client (:meth:`StreamState.shown`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Route:

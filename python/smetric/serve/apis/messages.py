@@ -53,7 +53,7 @@ from typing import Any
 from aiohttp import web
 
 from smetric.anthropic import ChatConversion, MessagesRequestError, anthropic_error, error_type, to_chat
-from smetric.serve.apis.base import Api, Prepared, Route, StreamState
+from smetric.serve.apis.base import Api, Prepared, Route, StreamState, usage_count
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import OpenAIRequest, RequestError
 from smetric.serve.session import SessionTable
@@ -309,7 +309,18 @@ class MessagesStream(StreamState):
     the events the client received when asked (a continuation decodes them). A continuation
     over chat translates its chunks (:class:`_ChatTranslation`)."""
 
-    __slots__ = ("_events", "blocks", "deltas", "done", "finished", "keep", "pending", "resending", "translation")
+    __slots__ = (
+        "_events",
+        "blocks",
+        "cached_tokens",
+        "deltas",
+        "done",
+        "finished",
+        "keep",
+        "pending",
+        "resending",
+        "translation",
+    )
 
     def __init__(self, *, keep: bool) -> None:
         self.keep = keep
@@ -352,9 +363,25 @@ class MessagesStream(StreamState):
                     self.finished = True
             elif name == b"message_stop":
                 self.done = True
+            if b'"cache_read_input_tokens"' in event and name in (b"message_start", b"message_delta"):
+                self._read_cached_tokens(event)
             if self.keep:
                 self._events.append(event)
         return events
+
+    def _read_cached_tokens(self, event: bytes) -> None:
+        """The realized hit from a ``message_start`` (its message's usage) or ``message_delta``
+        (its usage) event: Anthropic's ``cache_read_input_tokens``."""
+        try:
+            data = json.loads(event.split(b"data:", 1)[1])
+        except (IndexError, ValueError):
+            return
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if usage is None and isinstance(data, dict) and isinstance(data.get("message"), dict):
+            usage = data["message"].get("usage")
+        n = usage_count(usage, "cache_read_input_tokens")
+        if n is not None:
+            self.cached_tokens = n
 
     def client_view(self) -> list[tuple[str, dict[str, Any]]]:
         """The kept events, decoded: what the client has received."""
@@ -447,6 +474,13 @@ class MessagesApi(Api[MessagesRequest]):
 
     def stream(self, *, keep: bool) -> MessagesStream:
         return MessagesStream(keep=keep)
+
+    def realized_hit(self, answer: bytes) -> int | None:
+        """Anthropic's ``usage.cache_read_input_tokens`` of a whole answer."""
+        try:
+            return usage_count(json.loads(answer), "usage", "cache_read_input_tokens")
+        except ValueError:
+            return None
 
     def output_tokens(self, answer: bytes) -> int:
         try:

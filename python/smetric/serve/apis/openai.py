@@ -34,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from smetric.serve.apis.base import Api, Prepared, StreamState
+from smetric.serve.apis.base import Api, Prepared, StreamState, usage_count
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import Endpoint, OpenAIRequest, RequestError, parse_request
 from smetric.serve.session import SessionTable, session_hint
@@ -75,9 +75,7 @@ class Received:
 def _cached_tokens(usage: object) -> int | None:
     """OpenAI's ``usage.prompt_tokens_details.cached_tokens`` (vLLM fills it with
     ``--enable-prompt-tokens-details``), or None."""
-    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
-    n = details.get("cached_tokens") if isinstance(details, dict) else None
-    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+    return usage_count(usage, "prompt_tokens_details", "cached_tokens")
 
 
 _USAGE_OPTION = b'{"stream_options":{"include_usage":true},'
@@ -286,7 +284,15 @@ class OpenAIApi(Api[OpenAIRequest]):
         self, request: OpenAIRequest, body: bytes, tokens: RoutingTokens, turn: int | None, *, hide_usage: bool = False
     ) -> Prepared[OpenAIRequest]:
         return Prepared(
-            request, self.path, body, tokens, turn, request.model, request.messages, request.namespace, hide_usage
+            request,
+            self.path,
+            body,
+            tokens,
+            turn,
+            request.model,
+            request.messages,
+            request.namespace,
+            hide_usage=hide_usage,
         )
 
     def stream(self, *, keep: bool) -> OpenAIStream:

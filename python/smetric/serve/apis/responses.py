@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from smetric.serve.apis.base import Api, Prepared, Route, StreamState
+from smetric.serve.apis.base import Api, Prepared, Route, StreamState, usage_count
 from smetric.serve.config import ServeConfig
 from smetric.serve.errors import ProxyError
 from smetric.serve.pinning import ResponseIds
@@ -176,6 +176,7 @@ class ResponsesStream(StreamState):
     __slots__ = (
         "_ids",
         "_instance",
+        "cached_tokens",
         "deltas",
         "done",
         "events",
@@ -216,6 +217,7 @@ class ResponsesStream(StreamState):
             self.done = self.finished = True
             try:
                 usage = _data(event)["response"]["usage"]
+                self.cached_tokens = usage_count(usage, "input_tokens_details", "cached_tokens")
                 self.output_tokens = int(usage["output_tokens"])
             except (ValueError, KeyError, TypeError):
                 pass
@@ -546,6 +548,13 @@ class ResponsesApi(Api[ResponsesRequest]):
             return f"Response with id '{self.ids.issue(match.group(1), instance)}' not found"
 
         return _NOT_FOUND.sub(proxy_id, out.decode(errors="replace")).encode()
+
+    def realized_hit(self, answer: bytes) -> int | None:
+        """Responses' ``usage.input_tokens_details.cached_tokens`` of a whole answer."""
+        try:
+            return usage_count(json.loads(answer), "usage", "input_tokens_details", "cached_tokens")
+        except ValueError:
+            return None
 
     def output_tokens(self, answer: bytes) -> int:
         try:
