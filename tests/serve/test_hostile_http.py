@@ -93,8 +93,8 @@ def test_open_connections_are_bounded(proxy: ProxyServer, caplog: pytest.LogCapt
             s.settimeout(SOCKET_TIMEOUT_S)
             assert s.recv(65536).startswith(b"HTTP/1.1 200")
         with socket.create_connection(("127.0.0.1", proxy.port)) as extra:
-            status, _, body = parse_raw(closed_by_server(extra))
-        assert status == 503 and error_of(status, body)["code"] == 503
+            status, headers, body = parse_raw(closed_by_server(extra))
+        assert status == 503 and error_of(status, body)["code"] == 503 and "retry-after" in headers
     finally:
         for s in held:
             s.close()

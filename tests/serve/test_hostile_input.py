@@ -334,6 +334,6 @@ def test_the_error_hook_lets_each_api_adapter_render_its_own_errors(proxy: Proxy
         got = proxy.proxy.error_response(api.path, 500, "broken")
         want = api.fail(ProxyError(500, "broken", "InternalServerError"))
         assert isinstance(got, web.Response) and isinstance(want, web.Response) and got.body == want.body
-    other = proxy.proxy.error_response(None, 431, "request header fields too large")
-    assert isinstance(other, web.Response) and other.body is not None
-    assert json.loads(bytes(other.body))["error"]["code"] == 431
+    other = proxy.proxy.error_response(None, 431, "request header fields too large")  # no path: OpenAI's
+    assert isinstance(other, web.Response) and other.body is not None and other.status == 431
+    assert json.loads(bytes(other.body))["error"]["message"] == "request header fields too large"

@@ -123,8 +123,10 @@ class ServeConfig:
     """A request body must arrive whole within this long of its head (408 after)."""
     keepalive_timeout_s: float = 75.0
     """An idle client connection is closed after this long."""
-    max_connections: int = 4096
-    """Open client connections; one more is answered 503 and closed before it is read."""
+    max_connections: int = 8192
+    """Open client connections; one more is answered 503 and closed before it is read. Above
+    the admission queue's reach on purpose (a 5,000-connection burst is admission's to shed,
+    ``tests/serve/test_burst.py``); each open connection costs a file descriptor and its buffers."""
     resume_streams: bool = True
     """A chat stream cut after its first chunk continues on another instance with vLLM's
     ``continue_final_message`` (text completions: the prompt plus the text so far)."""

@@ -16,7 +16,8 @@ timeout on a request head and no bound on open connections. :class:`GuardedRunne
   within ``head_timeout_s`` or the connection is closed (an idle keep-alive connection is closed
   after ``keepalive_timeout_s``; a body's own read timeout is the app's);
 * **connection bound**: beyond ``max_connections`` open connections, a new one gets a 503 in
-  OpenAI's shape and is closed before anything of it is read;
+  OpenAI's shape (with ``Retry-After``, as the admission queue's refusals) and is closed before
+  anything of it is read;
 * **early answers**: a body left unread (a 408, 413, 415) is drained for at most
   :data:`LINGERING_S` before the connection closes;
 * **no version banner**: ``Server: smetric``.
@@ -86,6 +87,8 @@ class ConnectionLimits:
     head_timeout_s: float
     keepalive_timeout_s: float
     max_connections: int
+    retry_after_s: int
+    """The ``Retry-After`` of the 503 past ``max_connections`` (the admission queue's own)."""
 
 
 class _GuardedHandler(RequestHandler):
@@ -131,7 +134,8 @@ class _GuardedHandler(RequestHandler):
             ).encode()
             head = (
                 "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: {SERVER_HEADER}\r\n\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: {self._limits.retry_after_s}\r\n"
+                f"Connection: close\r\nServer: {SERVER_HEADER}\r\n\r\n"
             )
             writable = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio subclass
             writable.write(head.encode() + body)

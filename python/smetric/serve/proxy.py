@@ -463,6 +463,7 @@ async def run(
             head_timeout_s=config.head_timeout_s,
             keepalive_timeout_s=config.keepalive_timeout_s,
             max_connections=config.max_connections,
+            retry_after_s=config.retry_after_s,
         ),
         handler_cancellation=True,
         access_log=None,
