@@ -337,3 +337,24 @@ def test_the_error_hook_lets_each_api_adapter_render_its_own_errors(proxy: Proxy
     other = proxy.proxy.error_response(None, 431, "request header fields too large")  # no path: OpenAI's
     assert isinstance(other, web.Response) and other.body is not None and other.status == 431
     assert json.loads(bytes(other.body))["error"]["message"] == "request header fields too large"
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"]
+)
+def test_a_lone_surrogate_is_a_400_on_every_api(
+    proxy: ProxyServer, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    """``/v1/messages/count_tokens`` forwarded it, and the engine's 500 came back as a 529."""
+    field = {"/v1/completions": b'"prompt": "\\ud800"', "/v1/responses": b'"input": "\\udc00"'}.get(
+        path, b'"messages": [{"role": "user", "content": "\\ud800 \\ud83d\\ud83d"}]'
+    )
+    status, _, answer = request(proxy.url, path, raw=b'{"model": "fake-model", "max_tokens": 4, ' + field + b"}")
+    assert status == 400 and answer.startswith(b"{") and b"surrogate" in answer, (path, status, answer[:200])
+    fine = (
+        b'{"model": "fake-model", "max_tokens": 4, '
+        b'"messages": [{"role": "user", "content": "\\ud83d\\ude00 \\\\ud800"}]}'
+    )
+    status, _, answer = request(proxy.url, path, raw=fine)
+    assert status != 400 or b"surrogate" not in answer, "an escaped pair, and an escaped backslash, are text"
+    assert_healthy(proxy, caplog)

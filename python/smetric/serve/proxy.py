@@ -66,7 +66,7 @@ from smetric.serve.failover import Failover
 from smetric.serve.fleet import Fleet, fleet_kv_capacity, kv_event_sources
 from smetric.serve.http_guard import SERVER_HEADER, ConnectionLimits, GuardedRunner, status_message
 from smetric.serve.relay import STREAM_KEY, end_stream
-from smetric.serve.request import RequestError
+from smetric.serve.request import RequestError, escapes_lone_surrogate
 from smetric.serve.session import SessionTable
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
@@ -307,6 +307,11 @@ class Proxy:
             self.telemetry.client_errors["unparseable_body"] += 1
             log.debug("unparseable %s body: %s", api.name, type(e).__name__)
             return self._respond(api.reject(RequestError("the request body could not be parsed")))
+        # After the API's own checks (which name the field), for every API: engines decode such a
+        # body, then fail on it (a 500).
+        if escapes_lone_surrogate(raw):
+            self.telemetry.client_errors["lone_surrogate"] += 1
+            return self._respond(api.reject(RequestError("the body escapes a lone UTF-16 surrogate: not Unicode text")))
         try:
             model = api.model(req)
             if model is not None and self.fleet.models and model not in self.fleet.models:

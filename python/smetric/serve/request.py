@@ -49,7 +49,7 @@ from smetric.errors import InvalidArgumentError, SmetricError
 
 from .errors import openai_error
 
-__all__ = ["Endpoint", "OpenAIRequest", "RequestError", "parse_request"]
+__all__ = ["Endpoint", "OpenAIRequest", "RequestError", "escapes_lone_surrogate", "parse_request"]
 
 Endpoint = Literal["chat", "completions"]
 """``"chat"``: ``POST /v1/chat/completions``; ``"completions"``: ``POST /v1/completions``."""
@@ -173,6 +173,35 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> OpenAIRequest:
         prompt_text=body.prompt_text,
         prompt_ids=ids,
     )
+
+
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+"""One escape of a JSON string: ``\\uXXXX`` (its hex digits captured) or a backslash and one byte."""
+
+
+def escapes_lone_surrogate(raw: bytes) -> bool:
+    """Whether a JSON body escapes half of a UTF-16 surrogate pair alone (``"\\ud800"``): valid
+    JSON, but no Unicode text — an engine that decodes it fails on it later (a 500), so every
+    API refuses it up front. An emoji escaped as its pair (``\\ud83d\\ude00``, Python's
+    default) passes. Cost: O(1) (two substring searches) unless the body escapes a surrogate at
+    all; then one pass over its escapes, taken left to right so ``\\\\ud800`` (an escaped
+    backslash, then text) is not read as an escape."""
+    if b"\\ud" not in raw and b"\\uD" not in raw:
+        return False
+    high_end = -1
+    """Where the last escape ended when it was a high half still waiting for its low half."""
+    for m in _ESCAPE.finditer(raw):
+        digits = m.group(1)
+        code = -1 if digits is None else int(digits, 16)
+        if high_end >= 0:
+            if m.start() != high_end or not 0xDC00 <= code <= 0xDFFF:
+                return True  # the high half was not followed by its low half
+            high_end = -1
+        elif 0xD800 <= code <= 0xDBFF:
+            high_end = m.end()
+        elif 0xDC00 <= code <= 0xDFFF:
+            return True
+    return high_end >= 0
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")

@@ -467,9 +467,18 @@ fn prompt(raw: &RawValue) -> Result<Option<Prompt>, BodyError> {
     let verdict = Verdict::new(None);
     let mut de = serde_json::Deserializer::from_str(raw.get());
     PromptSeed { verdict: &verdict }.deserialize(&mut de).map_err(|e| {
-        verdict
-            .take()
-            .unwrap_or_else(|| BodyError::new(Some("prompt"), format!("prompt: {e}")))
+        verdict.take().unwrap_or_else(|| {
+            if e.is_syntax() {
+                // The slice is valid JSON (the body's scan checked it): what serde's decoding
+                // refuses is a string escaping a lone UTF-16 surrogate (`"\ud800"`).
+                BodyError::new(
+                    Some("prompt"),
+                    "prompt must be valid Unicode text (it escapes a lone surrogate)".to_owned(),
+                )
+            } else {
+                BodyError::new(Some("prompt"), format!("prompt: {e}"))
+            }
+        })
     })
 }
 

@@ -249,3 +249,15 @@ fn the_nesting_check_reads_escapes_and_survives_truncation() {
         let _ = nests_deeper_than(text.as_bytes(), 5); // no panic, whatever the answer
     }
 }
+
+#[test]
+fn a_prompt_escaping_a_lone_surrogate_says_so() {
+    for prompt in [r#""\ud800""#, r#"["\udc00"]"#, r#""a\ud83d\ud83d""#] {
+        let body = format!(r#"{{"prompt": {prompt}}}"#);
+        let err = parse_openai_body(body.as_bytes(), Endpoint::Completions).unwrap_err();
+        assert_eq!(err.param, Some("prompt"));
+        assert!(err.message.contains("lone surrogate"), "{}", err.message);
+    }
+    let pair = r#"{"prompt": "\ud83d\ude00"}"#;
+    assert!(parse_openai_body(pair.as_bytes(), Endpoint::Completions).is_ok());
+}
