@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from smetric import Router, RouterConfig
+from smetric import DEFAULT_BLOCK_SIZE, Router, RouterConfig
 from smetric import vllm as vllm_hashes
 from smetric.integrations import lmcache, mooncake
 from smetric.integrations._global_tier import record_prefix
@@ -123,7 +123,9 @@ def measure_lmcache(python: str, tokens: npt.NDArray[np.int32], repeat: int) -> 
         )
         row("lmcache: in-process lookup_in_process (LookupMsg)", inproc["us"][1:])
         row("lmcache: chunk_keys (option b's per-prompt hashing)", timed(lambda: lmcache.chunk_keys(tokens), repeat))
-        mirror = Router([f"i{k}" for k in range(16)], block_size=16, config=RouterConfig(index_mode="exact"))
+        mirror = Router(
+            [f"i{k}" for k in range(16)], block_size=DEFAULT_BLOCK_SIZE, config=RouterConfig(index_mode="exact")
+        )
         key_map: dict[int, tuple[int | None, list[int]]] = {}
         row(
             "lmcache: (b) remember a prompt (keys + hashes + map)",
@@ -134,7 +136,9 @@ def measure_lmcache(python: str, tokens: npt.NDArray[np.int32], repeat: int) -> 
             f"lmcache: (b) apply {len(admits)} ADMITs to the router",
             timed(lambda: _admit(mirror, admits, key_map), repeat),
         )
-        router = Router([f"i{k}" for k in range(16)], block_size=16, config=RouterConfig(index_mode="exact"))
+        router = Router(
+            [f"i{k}" for k in range(16)], block_size=DEFAULT_BLOCK_SIZE, config=RouterConfig(index_mode="exact")
+        )
         feed = lmcache.GlobalTierFeed(router, client.lookup)
         assert feed.route(tokens, turn=1).global_hit_tokens == len(tokens) - 1
         row("lmcache: feed.route (HTTP lookup + record + route)", timed(lambda: feed.route(tokens, turn=1), repeat))
@@ -185,7 +189,9 @@ def measure_mooncake(tokens: npt.NDArray[np.int32], repeat: int) -> None:
         row("mooncake: vLLM sha256 block hashes (Rust)", timed(lambda: probe.digests(tokens), repeat))
         row("mooncake: key strings", timed(lambda: mooncake.pool_keys(space, digests), repeat))
         row(f"mooncake: batch_is_exist({len(keys)} keys)", timed(lambda: store.batch_is_exist(keys), repeat))
-        router = Router([f"i{k}" for k in range(16)], block_size=16, config=RouterConfig(index_mode="exact"))
+        router = Router(
+            [f"i{k}" for k in range(16)], block_size=DEFAULT_BLOCK_SIZE, config=RouterConfig(index_mode="exact")
+        )
         feed = mooncake.GlobalTierFeed(router, probe)
         row("mooncake: feed.route (probe + record + route)", timed(lambda: feed.route(tokens, turn=1), repeat))
     finally:
@@ -203,7 +209,7 @@ def main() -> None:
     args = parser.parse_args()
     # A proxy holds the prompt as a token buffer (an int32 array): the router reads it without conversion.
     tokens = np.array([(i * 2_654_435_761) % 151_000 for i in range(args.tokens)], dtype=np.int32)
-    router = Router([f"i{k}" for k in range(16)], block_size=16)
+    router = Router([f"i{k}" for k in range(16)], block_size=DEFAULT_BLOCK_SIZE)
     row(f"route() alone, {args.tokens} tokens, 16 instances", timed(lambda: router.route(tokens, turn=1), args.repeat))
     row("record_prefix (hash + store + remove, half held)", timed(lambda: _record(router, tokens), args.repeat))
     if "lmcache" not in args.skip:

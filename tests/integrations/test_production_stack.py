@@ -26,6 +26,8 @@ import pytest
 from smetric.integrations.production_stack import ROUTING_LOGIC, SMetricRouting, register
 
 URLS = ["http://gpu-0:8000", "http://gpu-1:8000", "http://gpu-2:8000", "http://gpu-3:8000"]
+CAPACITY = 65_536
+"""The endpoints' KV capacity, declared: these hosts are names only, so nothing reads their /metrics."""
 SYSTEM = "You are a careful coding agent. Read the repository's rules before you change a file. " * 6
 
 
@@ -36,6 +38,10 @@ class Load:
     num_running_requests: int = 0
     num_queuing_requests: int = 0
     gpu_cache_usage_perc: float = 0.0
+
+
+def routing_(**kwargs: Any) -> SMetricRouting:
+    return SMetricRouting(kv_capacity_tokens=CAPACITY, **kwargs)
 
 
 def turn_body(session: int, turn: int) -> dict[str, Any]:
@@ -66,7 +72,7 @@ def replay(routing: SMetricRouting, sessions: int, turns: int, urls: list[str]) 
 
 
 def test_sessions_spread_then_stick() -> None:
-    routing = SMetricRouting()
+    routing = routing_()
     where = replay(routing, sessions=8, turns=5, urls=URLS)
     first = [where[(s, 1)] for s in range(8)]
     # Every endpoint takes first turns, none more than 1.5x its share (the score weighs queued tokens:
@@ -79,7 +85,7 @@ def test_sessions_spread_then_stick() -> None:
 
 
 def test_engine_stats_steer_first_turns_away_from_a_busy_engine() -> None:
-    routing = SMetricRouting()
+    routing = routing_()
     busy = {URLS[0]: Load(num_running_requests=40, num_queuing_requests=10, gpu_cache_usage_perc=0.9)}
     placed = [routing.route(URLS, busy, turn_body(s, 1)) for s in range(6)]
     assert URLS[0] not in placed
@@ -87,7 +93,7 @@ def test_engine_stats_steer_first_turns_away_from_a_busy_engine() -> None:
 
 
 def test_lifecycle_pairs_by_request_id_or_oldest_first() -> None:
-    routing = SMetricRouting()
+    routing = routing_()
     url = routing.route(URLS, {}, turn_body(0, 1), request_id="client-id")
     other = routing.route([url], {}, turn_body(1, 1))  # a second request in flight to the same URL
     assert other == url
@@ -103,17 +109,24 @@ def test_lifecycle_pairs_by_request_id_or_oldest_first() -> None:
 
 
 def test_a_request_without_completion_expires() -> None:
-    routing = SMetricRouting(stale_after_s=0.05)
+    now = [0.0]
+    routing = routing_(stale_after_s=60.0, clock=lambda: now[0])
     url = routing.route(URLS, {}, turn_body(0, 1))
     routing.on_new_request(url, "r")  # sent, then failed: production-stack reports no completion
-    time.sleep(0.1)
+    now[0] = 60.0  # not yet older than the bound
     routing.route(URLS, {}, turn_body(1, 1))
-    assert routing.expired == 1
-    assert routing.router is not None and routing.router.load(url)["batch_size"] == 0
+    assert routing.expired == 0
+    now[0] = 60.5
+    routing.route(URLS, {}, turn_body(2, 1))
+    assert routing.expired == 1  # the failed one; the second is 0.5 s old
+    assert routing.router is not None
+    assert sum(routing.router.load(u)["batch_size"] for u in URLS) == 2  # the second and the third
+    routing.on_request_complete(url, "r")  # a late completion of an expired decision: ignored
+    assert routing.router.stats()["unknown_request_events"] == 0
 
 
 def test_endpoints_come_and_go() -> None:
-    routing = SMetricRouting()
+    routing = routing_()
     replay(routing, sessions=2, turns=2, urls=URLS[:2])
     where = replay(routing, sessions=4, turns=1, urls=URLS[1:])
     assert routing.router is not None and sorted(routing.router.instances) == sorted(URLS[1:])
@@ -121,7 +134,7 @@ def test_endpoints_come_and_go() -> None:
 
 
 def test_a_body_without_a_prompt_goes_to_the_least_busy_endpoint() -> None:
-    routing = SMetricRouting()
+    routing = routing_()
     stats = {URLS[0]: Load(5, 5), URLS[1]: Load(1, 0), URLS[2]: Load(3, 0), URLS[3]: Load(2, 2)}
     assert routing.route(URLS, stats, {"model": "m"}) == URLS[1]
     assert routing.unrouted == 1

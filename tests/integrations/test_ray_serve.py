@@ -113,6 +113,56 @@ def test_two_routers_on_the_same_events_hold_the_same_index() -> None:
     print(f"index lag after the response: max {max(lags) * 1e3:.1f} ms over {len(lags)} requests")
 
 
+# -- choose_replicas without a cluster ----------------------------------------------------------
+
+
+class StatsReplica:
+    """What ``choose_replicas`` reads of a ``RunningReplica``: its id and its routing stats."""
+
+    def __init__(self, replica_id: Any, routing_stats: dict[str, Any]) -> None:
+        self.replica_id = replica_id
+        self.routing_stats = routing_stats
+        self.multiplexed_model_ids: set[str] = set()
+        self.node_id = self.availability_zone = ""
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        return 0
+
+
+def test_an_out_of_range_kv_usage_does_not_fail_choose_replicas() -> None:
+    pytest.importorskip("ray.serve.request_router", reason="needs ray[serve] >= 2.60 (ray.serve.request_router)")
+    import asyncio
+
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
+    from ray.serve.request_router import PendingRequest, ReplicaID
+
+    from smetric.integrations.ray_serve import SMetricRequestRouter
+
+    deployment = DeploymentID(name="engines", app_name="app")
+    # vLLM can report a usage a hair above 1 (or a broken exporter anything): 1.7 and -0.2 here.
+    stats = [
+        {"num_requests_running": 2, "num_requests_waiting": -1, "kv_cache_usage_perc": 1.7},
+        {"num_requests_running": 1, "num_requests_waiting": 0, "kv_cache_usage_perc": -0.2},
+    ]
+    replicas = [StatsReplica(ReplicaID(f"r{i}", deployment), s) for i, s in enumerate(stats)]
+
+    async def main() -> tuple[SMetricRequestRouter, list[list[Any]]]:
+        rr = SMetricRequestRouter(deployment, DeploymentHandleSource.UNKNOWN)
+        rr.initialize_state()
+        rr.update_replicas(replicas)  # type: ignore[arg-type]
+        body = {"messages": session_messages(0, 1)}
+        pending = PendingRequest(args=[body], kwargs={}, metadata=RequestMetadata("req", "internal-req"))
+        ranks = await rr.choose_replicas(replicas, pending)  # type: ignore[arg-type]
+        return rr, ranks
+
+    rr, ranks = asyncio.run(main())
+    assert rr.router is not None and rr.unrouted == 0
+    assert len(ranks) == 2 and len(ranks[0]) == 1  # routed by smetric: [[chosen], [the other]]
+    loads = [rr.router.load(f"r{i}") for i in range(2)]
+    assert [load["kv_usage"] for load in loads] == [1.0, 0.0]
+    assert [load["engine_waiting"] for load in loads] == [0, 0]
+
+
 # -- on a local Ray cluster ----------------------------------------------------------------------
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from smetric._core import DEFAULT_BLOCK_SIZE
+
 
 def register(sub: Any) -> None:
     """Adds ``fake-engine`` to the ``smetric`` command's subparsers."""
@@ -15,7 +17,7 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0: ephemeral)")
     p.add_argument("--model", default="fake-model", help="the served model name")
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     p.add_argument(
         "--prefix-caching-hash-algo", default="sha256", choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
     )

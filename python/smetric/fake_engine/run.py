@@ -17,7 +17,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from smetric._core import PerfModel
+from smetric._core import DEFAULT_BLOCK_SIZE, PerfModel
 
 from .cache import PrefixCache
 from .engine import Engine
@@ -35,7 +35,7 @@ class FakeEngineConfig:
     port: int = 8000
     """HTTP port (0: ephemeral)."""
     model: str = "fake-model"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     prefix_caching_hash_algo: str = "sha256"
     hash_seed: str | None = None
     """vLLM's ``PYTHONHASHSEED`` (needed by the xxhash algorithms)."""

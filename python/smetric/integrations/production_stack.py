@@ -33,10 +33,15 @@ one URL may swap their prefill counts, never their instance). A decision never p
 request that failed (production-stack then reports no completion), is aborted after
 ``stale_after_s``.
 
-KV$ state: ``index_mode="approximate"`` (default) inserts on route; ``"exact"`` subscribes to each
-endpoint's vLLM KV events, found with ``GET {url}/kv_event_sources``
-(:func:`smetric.events.discover_sources`), one :class:`smetric.events.KvEventSubscriber` per
-endpoint, removed with it.
+KV$ state: ``index_mode="approximate"`` (default) inserts on route; ``"exact"`` subscribes to the
+endpoints' vLLM KV events, found with ``GET {url}/kv_event_sources``
+(:func:`smetric.events.discover_sources`), one :class:`smetric.events.KvEventSubscriber` over all
+of them, restarted as endpoints come and go. Sizing: the router's per-endpoint KV capacity is the
+smallest the endpoints report on ``/metrics`` when the router is built (one blocking read of each,
+≤ 2 s; declare ``kv_capacity_tokens`` to skip it), and no global tier unless ``config`` declares
+one. Engine stats are clamped into range before they reach the router. The instance sync, the
+event feed, the expiry, the clamping and the sizing are :class:`smetric.deployment.DeployedRouter`'s,
+shared with ``smetric serve`` and the Ray Serve router.
 
 Cost per request: one ``Router.route`` plus one ``update_load`` per endpoint; pairing a start scans
 the URL's unpaired decisions (about one: production-stack starts a request right after routing it).
@@ -49,12 +54,11 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from smetric._core import Router, RouterConfig
+from smetric._core import DEFAULT_BLOCK_SIZE, Router, RouterConfig
 from smetric._types import IndexMode, PolicyName
-from smetric.deployment import deployed_fields
+from smetric.deployment import DEFAULT_STALE_AFTER_S, DeployedRouter, fleet_kv_capacity
 from smetric.errors import SmetricError
 from smetric.integrations._prompt import prompt_from_body, route
 
@@ -75,12 +79,6 @@ def _number(stats: object, name: str) -> float | None:
     return None
 
 
-@dataclass(slots=True)
-class _InFlight:
-    decision_id: int | str
-    routed_at: float
-
-
 class SMetricRouting:
     """smetric's decision for production-stack, free of production-stack's types (see the module docs).
 
@@ -89,71 +87,77 @@ class SMetricRouting:
         index_mode: ``"approximate"`` or ``"exact"`` (the endpoints' KV events).
         config: other :class:`smetric.RouterConfig` fields, by name.
         stale_after_s: a decision without a completion for this long is aborted.
-        subscribe: builds the KV-event subscriber of one endpoint (exact mode); the default
-            discovers the endpoint's publishers over HTTP.
+        kv_capacity_tokens: the engines' GPU KV capacity in tokens; None: read from the
+            endpoints' ``/metrics`` (vLLM's ``vllm:cache_config_info``) when the router is built.
+        subscribe: the KV-event sources of one endpoint (exact mode); the default discovers the
+            endpoint's publishers over HTTP (``GET {url}/kv_event_sources``).
+        clock: monotonic seconds (tests move it).
     """
 
     def __init__(
         self,
         *,
         policy: PolicyName = "smetric",
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         seed: int = 0,
         index_mode: IndexMode = "approximate",
         config: Mapping[str, Any] | None = None,
-        stale_after_s: float = 600.0,
-        subscribe: Callable[[Router, str], Any] | None = None,
+        stale_after_s: float = DEFAULT_STALE_AFTER_S,
+        kv_capacity_tokens: int | None = None,
+        subscribe: Callable[[str], Sequence[Any]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        fields = {**deployed_fields(config or {}, block_size=block_size), "index_mode": index_mode}
-        self.config = RouterConfig(**fields)
-        self.policy: PolicyName = policy
-        self.block_size = block_size
-        self.seed = seed
-        self.stale_after_s = stale_after_s
-        self.router: Router | None = None
-        self._subscribe = subscribe or _discover_and_subscribe
-        self._subscribers: dict[str, Any] = {}
-        self._unpaired: dict[str, deque[_InFlight]] = {}
-        self._paired: dict[tuple[str, str], _InFlight] = {}
+        self.deployed = DeployedRouter(
+            policy=policy,
+            block_size=block_size,
+            seed=seed,
+            index_mode=index_mode,
+            config=config,
+            stale_after_s=stale_after_s,
+            kv_capacity_tokens=kv_capacity_tokens,
+            size=lambda urls: fleet_kv_capacity(f"{u.rstrip('/')}/metrics" for u in urls),
+            clock=clock,
+        )
+        self._sources_of = subscribe or _discover
+        self._unpaired: dict[str, deque[int | str]] = {}
+        self._paired: dict[tuple[str, str], int | str] = {}
         self._next_id = 0
         self.unrouted = 0
         """Requests without a prompt (sent to the least busy endpoint)."""
-        self.expired = 0
+
+    @property
+    def router(self) -> Router | None:
+        """The smetric router (None until the first request)."""
+        return self.deployed.router
+
+    @property
+    def config(self) -> RouterConfig:
+        return self.deployed.config
+
+    @property
+    def expired(self) -> int:
         """Decisions aborted after ``stale_after_s`` without a completion."""
+        return self.deployed.expired
 
     # -- endpoints ------------------------------------------------------------------------------
 
     def _sync(self, urls: Sequence[str]) -> Router:
-        if self.router is None:
-            self.router = Router(
-                list(urls), policy=self.policy, block_size=self.block_size, seed=self.seed, config=self.config
-            )
-            added: Sequence[str] = urls
-        else:
-            live = set(self.router.instances)
-            added = [u for u in urls if u not in live]
-            for url in added:
-                self.router.add_instance(url)
-            for url in live - set(urls):
-                subscriber = self._subscribers.pop(url, None)
-                if subscriber is not None:
-                    subscriber.stop(clear=True)
-                self.router.remove_instance(url)
-                self._unpaired.pop(url, None)
-        if self.config.index_mode == "exact":
+        known = set(self.router.instances) if self.router is not None else set(urls)
+        router = self.deployed.sync(urls)
+        for url in known - set(urls):
+            self._unpaired.pop(url, None)
+        if self.deployed.exact and self.deployed.feeds is not None:
             for url in urls:
-                if url not in self._subscribers:
+                if url not in self.deployed.feeds.sources:
                     try:
-                        self._subscribers[url] = self._subscribe(self.router, url)
+                        self.deployed.set_sources(url, self._sources_of(url))
                     except Exception:  # an engine not reachable yet is tried again on the next request
                         log.exception("KV events of %s not subscribed", url)
-        return self.router
+        return router
 
     def close(self) -> None:
-        """Stops every KV-event subscriber."""
-        for subscriber in self._subscribers.values():
-            subscriber.stop()
-        self._subscribers.clear()
+        """Stops the KV-event subscriber."""
+        self.deployed.close()
 
     # -- routing --------------------------------------------------------------------------------
 
@@ -175,51 +179,43 @@ class SMetricRouting:
         if not urls:
             raise ValueError("no endpoint to route to")
         router = self._sync(urls)
-        now = time.monotonic()
-        self._expire(router, now)
+        if self.deployed.expire():
+            self._forget_closed()
         for url in urls:
             stats = engine_stats.get(url)
-            if stats is None:
-                continue
-            running = _number(stats, "num_running_requests")
-            waiting = _number(stats, "num_queuing_requests")
-            kv_usage = _number(stats, "gpu_cache_usage_perc")
-            router.update_load(
-                url,
-                running=None if running is None else int(running),
-                waiting=None if waiting is None else int(waiting),
-                kv_usage=None if kv_usage is None else min(max(kv_usage, 0.0), 1.0),
-            )
+            if stats is not None:
+                self.deployed.update_load(
+                    url,
+                    _number(stats, "num_running_requests"),
+                    _number(stats, "num_queuing_requests"),
+                    _number(stats, "gpu_cache_usage_perc"),
+                )
         prompt = prompt_from_body(body)
         if prompt is None:
             self.unrouted += 1
             return min(urls, key=lambda u: _busy(engine_stats.get(u)))
         decision_id: int | str = request_id if request_id is not None else self._issue()
+        self.deployed.aborted(decision_id)  # the same client id again: the old decision ends here
         try:
             decision = route(router, prompt, decision_id)
         except SmetricError:
             log.exception("smetric could not route a request; sending it to the least busy endpoint")
             self.unrouted += 1
             return min(urls, key=lambda u: _busy(engine_stats.get(u)))
-        self._unpaired.setdefault(decision.instance, deque()).append(_InFlight(decision_id, now))
+        self.deployed.routed(decision_id, decision.instance)
+        self._unpaired.setdefault(decision.instance, deque()).append(decision_id)
         return decision.instance
 
     def _issue(self) -> int:
         self._next_id += 1
         return self._next_id
 
-    def _expire(self, router: Router, now: float) -> None:
-        for queue in self._unpaired.values():
-            while queue and now - queue[0].routed_at > self.stale_after_s:
-                router.on_aborted(queue.popleft().decision_id)
-                self.expired += 1
-        # Paired entries are in pairing order, which is routing order up to races: the oldest first.
-        while self._paired:
-            key, entry = next(iter(self._paired.items()))
-            if now - entry.routed_at <= self.stale_after_s:
-                break
-            router.on_aborted(self._paired.pop(key).decision_id)
-            self.expired += 1
+    def _forget_closed(self) -> None:
+        """Drops pairing entries whose decision is no longer in flight (expired)."""
+        open_ = self.deployed.in_flight
+        for url, queue in self._unpaired.items():
+            self._unpaired[url] = deque(d for d in queue if d in open_)
+        self._paired = {k: d for k, d in self._paired.items() if d in open_}
 
     # -- lifecycle (RequestStatsMonitor's calls) ------------------------------------------------
 
@@ -228,35 +224,34 @@ class SMetricRouting:
         queue = self._unpaired.get(url)
         if not queue:
             return
-        for i, entry in enumerate(queue):
-            if entry.decision_id == request_id:
-                del queue[i]
-                break
+        if request_id in queue:
+            queue.remove(request_id)
+            decision_id: int | str = request_id
         else:
-            entry = queue.popleft()
-        self._paired[(url, request_id)] = entry
+            decision_id = queue.popleft()
+        self._paired[(url, request_id)] = decision_id
 
     def on_request_response(self, url: str, request_id: str) -> None:
         """The first bytes of ``request_id``'s response came back (its prefill is done)."""
-        entry = self._paired.get((url, request_id))
-        if entry is not None and self.router is not None:
-            self.router.on_prefilled(entry.decision_id)
+        decision_id = self._paired.get((url, request_id))
+        if decision_id is not None:
+            self.deployed.prefilled(decision_id)
 
     def on_request_complete(self, url: str, request_id: str) -> None:
         """``request_id`` completed."""
-        entry = self._paired.pop((url, request_id), None)
-        if entry is not None and self.router is not None:
-            self.router.on_finished(entry.decision_id)
+        decision_id = self._paired.pop((url, request_id), None)
+        if decision_id is not None:
+            self.deployed.finished(decision_id)
 
 
 def _busy(stats: object) -> float:
     return (_number(stats, "num_running_requests") or 0.0) + (_number(stats, "num_queuing_requests") or 0.0)
 
 
-def _discover_and_subscribe(router: Router, url: str) -> Any:
-    from smetric.events import KvEventSubscriber, discover_sources
+def _discover(url: str) -> list[Any]:
+    from smetric.events import discover_sources
 
-    return KvEventSubscriber(router, discover_sources(url)).start()
+    return discover_sources(url)
 
 
 def _tap(monitor: Any, routing: SMetricRouting) -> None:

@@ -11,7 +11,8 @@ deployment's replicas (``ReplicaID.unique_id``) and, for each pending request:
 2. feeds the router each candidate's load: the replica's ``routing_stats`` (the deployment's
    ``record_routing_stats``) when they carry vLLM's ``num_requests_running`` /
    ``num_requests_waiting`` / ``kv_cache_usage_perc``, else the handle's cached queue length
-   of the replica as its running count;
+   of the replica as its running count (clamped into the core's domain first,
+   :func:`smetric.deployment.clamp_load`: a ``kv_cache_usage_perc`` of 1.7 or -1 is not an error);
 3. routes (``request_id`` = Ray's ``internal_request_id``) and answers two ranks,
    ``[[chosen], [every other candidate]]``: Ray Serve sends to the chosen replica unless its
    queue is full (``max_ongoing_requests``), then to the shortest queue among the rest.
@@ -21,14 +22,16 @@ one the decision is aborted (its load leaves the wrong replica) and counted in
 :attr:`SMetricRequestRouter.mismatched`. ``on_request_completed`` is the router's
 ``on_finished`` (a request re-chosen after a rejection is aborted first, so it counts once); a
 decision never completed (cancelled between routing and sending) is aborted after ``stale_after_s``.
-Replica changes (``update_replicas``, ``on_replica_actor_died``) add and remove instances.
+Replica changes (``update_replicas``, ``on_replica_actor_died``) add and remove instances. The
+instance sync, the event feed, the expiry, the clamping and the sizing are
+:class:`smetric.deployment.DeployedRouter`'s, shared with ``smetric serve`` and production-stack.
 
 KV$ state. With ``index_mode="approximate"`` (default) the router inserts each prompt where it
 sent it. With ``index_mode="exact"`` it follows the replicas' vLLM KV events instead: a replica
 whose ``routing_stats`` hold ``kv_event_sources`` (a list of ``{"endpoint", "replay_endpoint",
-"topic"}``, :func:`kv_event_sources_stats` builds it from vLLM's ``/kv_event_sources``) gets one
-:class:`smetric.events.KvEventSubscriber`, started when the sources first appear and stopped
-(its blocks removed) when the replica goes.
+"topic"}``, :func:`kv_event_sources_stats` builds it from vLLM's ``/kv_event_sources``) joins the
+router's one :class:`smetric.events.KvEventSubscriber`, restarted when a replica's sources first
+appear or change and when a replica goes (its blocks leave with its instance).
 
 Across nodes: every handle's router subscribes to the same publishers and applies the same event
 stream through the same deterministic ingestor, so with the same block size and hash seed their
@@ -45,13 +48,12 @@ replicas) plus one ``update_load`` per candidate.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from smetric._core import Decision, Router, RouterConfig
+from smetric._core import DEFAULT_BLOCK_SIZE, Router
 from smetric._types import IndexMode, PolicyName
-from smetric.deployment import deployed_fields
+from smetric.deployment import DEFAULT_STALE_AFTER_S, DeployedRouter
 from smetric.errors import MissingExtraError, SmetricError
 from smetric.integrations._prompt import Prompt, prompt_from_body, route
 
@@ -100,6 +102,21 @@ def _payload(pending_request: PendingRequest) -> object:
     return kwargs.get("request", kwargs.get("body"))
 
 
+def _sources(name: str, raw: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """A replica's ``kv_event_sources`` stats as :class:`smetric.events.KvEventSource` values."""
+    from smetric.events import KvEventSource
+
+    return [
+        KvEventSource(
+            instance=name,
+            endpoint=str(s["endpoint"]),
+            replay_endpoint=None if s.get("replay_endpoint") is None else str(s["replay_endpoint"]),
+            topic=str(s.get("topic") or ""),
+        )
+        for s in raw
+    ]
+
+
 def _number(value: object) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
@@ -116,11 +133,12 @@ class SMetricRequestRouter(RequestRouter):
     def initialize_state(
         self,
         policy: PolicyName = "smetric",
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         seed: int = 0,
         index_mode: IndexMode = "approximate",
         config: Mapping[str, Any] | None = None,
-        stale_after_s: float = 600.0,
+        stale_after_s: float = DEFAULT_STALE_AFTER_S,
+        kv_capacity_tokens: int | None = None,
         **_: Any,
     ) -> None:
         """Keywords of ``request_router_kwargs``.
@@ -133,101 +151,64 @@ class SMetricRequestRouter(RequestRouter):
             config: other :class:`smetric.RouterConfig` fields, by name (``index_mode`` wins).
             stale_after_s: a decision Ray never reports complete (a request cancelled between
                 routing and sending) is aborted after this long.
+            kv_capacity_tokens: the replicas' GPU KV capacity in tokens (vLLM's
+                ``num_gpu_blocks × block_size``), the router's per-replica capacity; a handle
+                cannot reach its replicas' engines before it routes, so it is declared here.
         """
-        fields = deployed_fields(config or {}, block_size=block_size)
-        fields["index_mode"] = index_mode
-        self._policy: PolicyName = policy
-        self._block_size = block_size
-        self._seed = seed
-        self._config = RouterConfig(**fields)
-        self._router: Router | None = None
-        self._decisions: dict[str, tuple[Decision, float]] = {}  # in routing order
-        self._stale_after_s = stale_after_s
-        self._subscribers: dict[str, Any] = {}  # instance -> smetric.events.KvEventSubscriber
+        self._deployed = DeployedRouter(
+            policy=policy,
+            block_size=block_size,
+            seed=seed,
+            index_mode=index_mode,
+            config=config,
+            stale_after_s=stale_after_s,
+            kv_capacity_tokens=kv_capacity_tokens,
+        )
         self.mismatched = 0
         """Requests Ray sent to another replica than the chosen one (its queue was full)."""
         self.unrouted = 0
         """Requests without a prompt, routed Ray's way."""
-        self.expired = 0
-        """Decisions aborted after ``stale_after_s`` without a completion."""
 
     @property
     def router(self) -> Router | None:
         """The smetric router (``None`` until the first replicas arrive)."""
-        return self._router
+        return self._deployed.router
+
+    @property
+    def expired(self) -> int:
+        """Decisions aborted after ``stale_after_s`` without a completion."""
+        return self._deployed.expired
 
     @property
     def subscribed_replicas(self) -> frozenset[str]:
         """Replicas whose KV events this router subscribes to (``index_mode="exact"``): a replica
         joins once a request is routed after its ``routing_stats`` listed its publishers."""
-        return frozenset(self._subscribers)
+        return self._deployed.subscribed
 
     # -- replicas -------------------------------------------------------------------------------
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         names = [r.replica_id.unique_id for r in replicas]
-        if self._router is None:
-            if not names:
-                return
-            self._router = Router(
-                names, policy=self._policy, block_size=self._block_size, seed=self._seed, config=self._config
-            )
-        live = set(self._router.instances)
-        for name in names:
-            if name not in live:
-                self._router.add_instance(name)
-        for name in live - set(names):
-            self._drop(name)
+        if names or self._deployed.router is not None:
+            self._deployed.sync(names)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        if self._router is not None and replica_id.unique_id in self._router.instances:
-            self._drop(replica_id.unique_id)
-
-    def _drop(self, name: str) -> None:
-        subscriber = self._subscribers.pop(name, None)
-        if subscriber is not None:
-            subscriber.stop(clear=True)
-        if self._router is not None:
-            self._router.remove_instance(name)
+        self._deployed.remove(replica_id.unique_id)
 
     # -- load and KV events ---------------------------------------------------------------------
 
-    def _observe(self, router: Router, replica: RunningReplica) -> None:
+    def _observe(self, replica: RunningReplica) -> None:
         name = replica.replica_id.unique_id
         stats = replica.routing_stats or {}
         running, waiting, kv_usage = (_number(stats.get(k)) for k in LOAD_STATS)
         if running is None and waiting is None and kv_usage is None:
             queue_len = self._replica_queue_len_cache.get(replica.replica_id)
             running = None if queue_len is None else float(queue_len)
-        if running is not None or waiting is not None or kv_usage is not None:
-            router.update_load(
-                name,
-                running=None if running is None else int(running),
-                waiting=None if waiting is None else int(waiting),
-                kv_usage=kv_usage,
-            )
-        if self._config.index_mode == "exact" and name not in self._subscribers and stats.get(KV_EVENT_SOURCES):
-            self._subscribe(router, name, stats[KV_EVENT_SOURCES])
-
-    def _subscribe(self, router: Router, name: str, raw: Sequence[Mapping[str, Any]]) -> None:
-        from smetric.events import KvEventSource, KvEventSubscriber
-
-        sources = [
-            KvEventSource(
-                instance=name,
-                endpoint=str(s["endpoint"]),
-                replay_endpoint=None if s.get("replay_endpoint") is None else str(s["replay_endpoint"]),
-                topic=str(s.get("topic") or ""),
-            )
-            for s in raw
-        ]
-        try:
-            self._subscribers[name] = KvEventSubscriber(router, sources).start()
-        except Exception:
-            # A publisher that cannot be reached now is retried on the next request.
-            log.exception("KV events of replica %s (%s) not subscribed", name, [s.endpoint for s in sources])
+        self._deployed.update_load(name, running, waiting, kv_usage)
+        if self._deployed.exact and stats.get(KV_EVENT_SOURCES):
+            self._deployed.set_sources(name, _sources(name, stats[KV_EVENT_SOURCES]))
 
     # -- routing --------------------------------------------------------------------------------
 
@@ -236,46 +217,33 @@ class SMetricRequestRouter(RequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        router = self._router
+        router = self._deployed.router
         prompt: Prompt | None = None if pending_request is None else prompt_from_body(_payload(pending_request))
         if router is None or prompt is None or pending_request is None or not candidate_replicas:
             self.unrouted += pending_request is not None
             return [candidate_replicas]
         for replica in candidate_replicas:
-            self._observe(router, replica)
+            self._observe(replica)
         request_id = pending_request.metadata.internal_request_id
-        now = time.monotonic()
-        self._expire(router, now)
-        if self._decisions.pop(request_id, None) is not None:  # re-chosen after a rejection: count it once
-            router.on_aborted(request_id)
+        self._deployed.expire()
+        self._deployed.aborted(request_id)  # re-chosen after a rejection: count it once
         try:
             decision = route(router, prompt, request_id)
         except SmetricError:
             log.exception("smetric could not route request %s; routing it Ray's way", request_id)
             self.unrouted += 1
             return [candidate_replicas]
-        self._decisions[request_id] = (decision, now)
+        self._deployed.routed(request_id, decision.instance)
         chosen = [r for r in candidate_replicas if r.replica_id.unique_id == decision.instance]
         rest = [r for r in candidate_replicas if r.replica_id.unique_id != decision.instance]
         return [chosen, rest] if chosen else [rest]
 
-    def _expire(self, router: Router, now: float) -> None:
-        while self._decisions:
-            request_id, (_, routed_at) = next(iter(self._decisions.items()))
-            if now - routed_at <= self._stale_after_s:
-                break
-            del self._decisions[request_id]
-            router.on_aborted(request_id)
-            self.expired += 1
-
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         request_id = pending_request.metadata.internal_request_id
-        entry = self._decisions.get(request_id)
-        if entry is not None and self._router is not None and entry[0].instance != replica_id.unique_id:
+        chosen = self._deployed.in_flight.instance(request_id)
+        if chosen is not None and chosen != replica_id.unique_id:
             self.mismatched += 1
-            self._router.on_aborted(request_id)
-            del self._decisions[request_id]
+            self._deployed.aborted(request_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        if self._decisions.pop(internal_request_id, None) is not None and self._router is not None:
-            self._router.on_finished(internal_request_id)
+        self._deployed.finished(internal_request_id)

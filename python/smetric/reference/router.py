@@ -116,7 +116,7 @@ class ReferenceRouter:
         instances: Sequence[str],
         *,
         policy: str = "smetric",
-        block_size: int = 16,
+        block_size: int = 16,  # vLLM's default, as a literal: the oracle imports nothing of smetric
         seed: int = 0,
         config: ReferenceConfig | None = None,
     ) -> None:

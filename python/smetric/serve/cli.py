@@ -10,6 +10,8 @@ import logging
 import sys
 from typing import Any
 
+from smetric._core import DEFAULT_BLOCK_SIZE
+
 
 def register(sub: Any) -> None:
     """Adds ``serve`` to the ``smetric`` command's subparsers."""
@@ -29,7 +31,7 @@ def register(sub: Any) -> None:
         help="for --instance URLs: discover (GET /kv_event_sources, the default) or off",
     )
     p.add_argument("--policy", default=None, help="a routing policy (default smetric)")
-    p.add_argument("--block-size", type=int, default=None, help="vLLM's --block-size (default 16)")
+    p.add_argument("--block-size", type=int, default=None, help=f"vLLM's --block-size (default {DEFAULT_BLOCK_SIZE})")
     p.add_argument("--tokens", default=None, choices=["auto", "ids", "tokenizer", "approximate"], help="token mode")
     p.add_argument("--tokenizer", default=None, help="a tokenizer.json (its tokenizer_config.json beside it)")
     p.add_argument("--chat-template", default=None, help="a jinja chat template file")

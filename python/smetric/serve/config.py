@@ -5,7 +5,7 @@ keys)::
 
     port = 8080
     policy = "smetric"              # any of smetric.POLICIES
-    block_size = 16                 # vLLM's --block-size
+    block_size = 16                 # vLLM's --block-size (default: smetric.DEFAULT_BLOCK_SIZE)
     [router]                        # RouterConfig fields (docs/routing-semantics.md §9)
     overload_factor = 1.5
     [tokens]
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from smetric._core import POLICIES, RouterConfig
+from smetric._core import DEFAULT_BLOCK_SIZE, POLICIES, RouterConfig
 from smetric.deployment import deployed_fields
 from smetric.errors import InvalidConfigError, MissingExtraError
 from smetric.serve.tokens import TOKEN_MODES, TokenConfig
@@ -90,7 +90,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     policy: str = "smetric"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     """vLLM's ``--block-size`` of every instance (the router hashes blocks of this many tokens)."""
     seed: int = 0
     router: dict[str, Any] = field(default_factory=dict)

@@ -18,12 +18,14 @@ tell the router what they cache and how loaded they are.
   those without the model, ejected ones unless a pool has nothing else (better a try than a
   refusal);
 * **feeds**: the KV-event subscriber and the engine-load scraper, aimed at the router(s) the
-  backend names (:class:`FeedTargets`), restarted when the instance list changes.
+  backend names (:class:`FeedTargets`), restarted when the instance list changes — the shared
+  :class:`smetric.deployment.FleetFeeds` (an engine in connect mode whose one subscriber slot is
+  taken is served without its events), as the Ray Serve and production-stack routers use it.
 
 Invariants: state is mutated only on the proxy's event loop; the feeds run on their own threads
 and only call the (thread-safe) router. Costs: :meth:`Fleet.exclusions` is O(instances) per
 attempt. May import: :mod:`smetric.serve.config`, ``.telemetry``, ``.upstream``,
-``smetric._core``, ``smetric.vllm``, ``smetric.events`` and ``smetric.engine_load`` (lazily: their extras).
+``smetric._core``, ``smetric.deployment``, ``smetric.vllm`` and ``smetric.events`` (lazily: its extra).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from smetric._core import PdRouter, Router
+from smetric.deployment import FleetFeeds
+from smetric.deployment import fleet_kv_capacity as deployed_kv_capacity
 from smetric.serve.config import KV_EVENTS_DISCOVER, KV_EVENTS_OFF, InstanceConfig, ServeConfig
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import Upstream
@@ -97,8 +101,7 @@ class Fleet:
         self.model_cards: dict[str, dict[str, Any]] = {}
         self.adapters: frozenset[str] = frozenset()
         """The LoRA adapters the fleet serves (model cards with a ``parent``)."""
-        self.subscriber: Any = None
-        self.scraper: Any = None
+        self._feeds: FleetFeeds | None = None
         self._upstream = upstream
         self._telemetry = telemetry
         self._targets: FeedTargets | None = None
@@ -122,43 +125,43 @@ class Fleet:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._stop_feeds()
 
+    @property
+    def subscriber(self) -> Any:
+        """The running KV-event subscriber (``smetric.events.KvEventSubscriber``), or None."""
+        return None if self._feeds is None else self._feeds.subscriber
+
+    @property
+    def scraper(self) -> Any:
+        """The running engine-load scraper (``smetric.engine_load.EngineLoadScraper``), or None."""
+        return None if self._feeds is None else self._feeds.scraper
+
     def _stop_feeds(self) -> None:
-        if self.subscriber is not None:
-            self.subscriber.stop()
-            self.subscriber = None
-        if self.scraper is not None:
-            self.scraper.stop()
-            self.scraper = None
+        if self._feeds is not None:
+            self._feeds.stop()
 
     def restart_feeds(self) -> None:
-        """(Re)starts the KV-event subscriber and the load scraper over the current instances."""
+        """(Re)starts the KV-event subscriber and the load scraper over the current instances
+        (:class:`smetric.deployment.FleetFeeds`)."""
         targets = self._targets
         assert targets is not None, "start() names the feeds' targets"
-        self._stop_feeds()
-        flat = [s for url in self.instances for s in self.sources.get(url, [])]
-        while flat and targets.events is not None:
-            from smetric.errors import KvEventEndpointInUseError
-            from smetric.events import KvEventSubscriber
-
-            try:
-                self.subscriber = KvEventSubscriber(targets.events, flat).start()
-                break
-            except KvEventEndpointInUseError as e:  # an engine in connect mode: room for one router
-                log.error("%s. Serving %s without its KV events.", e, e.instance)
-                flat = [s for s in flat if s.endpoint != e.endpoint]
-        if self.config.engine_load:
-            from smetric.engine_load import EngineLoadScraper
-
-            urls = {
-                url: (i.metrics_url or url).removesuffix("/metrics")
-                for url, i in self.instances.items()
-                if targets.scraped is None or url in targets.scraped
-            }
-            # Typed for a Router; a PdRouter has the same update_load and config it calls.
-            load: Any = targets.load
-            self.scraper = EngineLoadScraper(
-                load, urls, period_s=self.config.engine_load_period_s, headers=self._upstream.auth
-            ).start()
+        if self._feeds is None:
+            self._feeds = FleetFeeds(
+                targets.events,
+                targets.load if self.config.engine_load else None,
+                load_period_s=self.config.engine_load_period_s,
+                headers=self._upstream.auth,
+            )
+        feeds = self._feeds
+        for url in [u for u in feeds.sources if u not in self.instances]:
+            feeds.remove(url)
+        for url in self.instances:
+            feeds.set_sources(url, self.sources.get(url, []))
+        feeds.load_urls = {
+            url: (i.metrics_url or url).removesuffix("/metrics")
+            for url, i in self.instances.items()
+            if targets.scraped is None or url in targets.scraped
+        }
+        feeds.restart()
 
     # -- membership -------------------------------------------------------------------------------
 
@@ -288,24 +291,9 @@ class Fleet:
 def fleet_kv_capacity(
     instances: Sequence[InstanceConfig], timeout: float = 2.0, headers: Mapping[str, str] | None = None
 ) -> int | None:
-    """The smallest GPU KV capacity (tokens) the instances report on ``/metrics``
-    (``vllm:cache_config_info``), or None when none answers with it. Blocking."""
-    import http.client
-    import urllib.request
-
-    from smetric.engine_load import kv_capacity_tokens
-
-    found = []
-    for inst in instances:
-        url = inst.metrics_url or f"{inst.url}/metrics"
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=timeout) as r:
-                capacity = kv_capacity_tokens(r.read().decode("utf-8", errors="replace"))
-        except (OSError, ValueError, http.client.HTTPException):  # an engine without it, or down
-            continue
-        if capacity is not None:
-            found.append(capacity)
-    return min(found) if found else None
+    """The smallest GPU KV capacity (tokens) the instances report on ``/metrics``, or None
+    (:func:`smetric.deployment.fleet_kv_capacity`). Blocking."""
+    return deployed_kv_capacity([i.metrics_url or f"{i.url}/metrics" for i in instances], timeout, headers)
 
 
 def kv_event_sources(inst: InstanceConfig, headers: Mapping[str, str] | None = None) -> list[Any]:
