@@ -282,6 +282,7 @@ SERVE_LAYERS: dict[str, int] = {
     "chat_template": 0,
     "piecewise": 0,
     "telemetry": 0,
+    "http_guard": 0,
     "request": 1,
     "admission": 1,
     "decision_log": 1,

@@ -46,6 +46,20 @@ def test_any_buffer_of_32_or_64_bit_ints(typecode: str) -> None:
     assert r.route(np.array(tokens, dtype=np.uint64), request_id="y").num_tokens == 50
 
 
+@pytest.mark.parametrize("typecode", ["i", "I", "l", "L", "q", "Q"])
+def test_an_empty_buffer_is_an_empty_prompt_like_an_empty_list(typecode: str) -> None:
+    """An empty ``array`` (no data pointer at all) or numpy array routes as ``[]`` does: an
+    empty completions prompt (``""``) must not become a ``BufferError``."""
+    r = make()
+    empty = array.array(typecode)
+    assert r.hash_tokens(empty) == r.hash_tokens([]) == []
+    assert r.route(empty, request_id="e").num_tokens == 0
+    assert r.route(memoryview(empty), request_id="m").num_tokens == 0
+    assert r.route(np.array([], dtype=np.uint32), request_id="n").num_tokens == 0
+    with pytest.raises(smetric.UnsupportedDtypeError):
+        r.route(array.array("d"))
+
+
 def test_decision_fields_and_follow_up() -> None:
     # The July paper's form (v1): the smetric+ defaults would move this follow-up (its first turn still
     # queues at home and the tier holds the prefix, so a fetch on an idle instance scores better).

@@ -109,7 +109,11 @@ def test_prompt_forms(prompt: Any, text: str | None, ids: list[int] | None) -> N
         (b'{"messages":[{"content":"x"}]}', "messages", "messages[0].role must be a string"),
         (b'{"messages":[{"role":"user","content":5}]}', "messages", "content must be"),
         (b'{"messages":[{"role":"user","content":[5]}]}', "messages", "parts must be objects"),
-        (b'{"messages":[{"role":"user","content":"x","n":' + b"9" * 5000 + b"}]}", "messages", "messages:"),
+        (
+            b'{"messages":[{"role":"user","content":"x","n":' + b"9" * 5000 + b"}]}",
+            "messages",
+            "an integer with too many digits",
+        ),
     ],
 )
 def test_chat_errors_are_openai_400s(raw: bytes, param: str | None, needle: str) -> None:

@@ -64,6 +64,10 @@ class InstanceConfig:
     metrics_url: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("url", "kv_events", "kv_replay", "metrics_url"):
+            value = getattr(self, name)
+            if not (isinstance(value, str) or (value is None and name in ("kv_replay", "metrics_url"))):
+                raise _bad(name, f"{name} must be a string, not {type(value).__name__}")
         if not self.url.startswith(("http://", "https://")):
             raise _bad("url", f"instance url must be http(s)://host:port, got {self.url!r}")
         object.__setattr__(self, "url", self.url.rstrip("/"))
@@ -110,8 +114,19 @@ class ServeConfig:
     client_timeout_s: float = 1800.0
     """A request's whole life in the proxy, retries included."""
     max_body_bytes: int = 64 << 20
-    max_header_bytes: int = 16 << 10
-    """Longest request line or header field."""
+    max_header_bytes: int = 8190
+    """Longest request line or header field: the engines' own limit (aiohttp's and h11's
+    defaults), so a header the proxy accepts is one the engine accepts too."""
+    head_timeout_s: float = 15.0
+    """A request head must arrive whole within this long of its first byte (slow clients)."""
+    body_timeout_s: float = 60.0
+    """A request body must arrive whole within this long of its head (408 after)."""
+    keepalive_timeout_s: float = 75.0
+    """An idle client connection is closed after this long."""
+    max_connections: int = 8192
+    """Open client connections; one more is answered 503 and closed before it is read. Above
+    the admission queue's reach on purpose (a 5,000-connection burst is admission's to shed,
+    ``tests/serve/test_burst.py``); each open connection costs a file descriptor and its buffers."""
     resume_streams: bool = True
     """A chat stream cut after its first chunk continues on another instance with vLLM's
     ``continue_final_message`` (text completions: the prompt plus the text so far)."""
@@ -163,10 +178,25 @@ class ServeConfig:
                 raise _bad(name, f"{name} must be >= 1")
         if not self.queue_timeout_s > 0:
             raise _bad("queue_timeout_s", "queue_timeout_s must be > 0")
-        for name in ("max_attempts", "eject_after", "block_size", "max_body_bytes", "max_header_bytes"):
+        for name in (
+            "max_attempts",
+            "eject_after",
+            "block_size",
+            "max_body_bytes",
+            "max_header_bytes",
+            "max_connections",
+        ):
             if getattr(self, name) < 1:
                 raise _bad(name, f"{name} must be >= 1")
-        for name in ("probe_interval_s", "connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s"):
+        for name in (
+            "probe_interval_s",
+            "connect_timeout_s",
+            "first_byte_timeout_s",
+            "idle_timeout_s",
+            "head_timeout_s",
+            "body_timeout_s",
+            "keepalive_timeout_s",
+        ):
             if not getattr(self, name) > 0:
                 raise _bad(name, f"{name} must be > 0")
         if self.tokens.mode not in TOKEN_MODES:

@@ -3,8 +3,13 @@
 Per attempt (``max_attempts`` in all): the fleet names the instances to skip
 (:meth:`~smetric.serve.fleet.Fleet.exclusions`), the backend routes and opens the answer
 (:mod:`smetric.serve.backends`), the relay forwards it (:mod:`smetric.serve.relay`). A failure
-before the first byte reached the client — a connection error, a timeout, a 5xx — counts against
-the instance and the request is retried as it was; a stream cut after its first chunk is
+before the first byte reached the client — a connection error, a timeout, a 5xx — is retried
+as it was on another instance. It counts against the instance only when it is the instance's
+own: no answer, a timeout, 502–504 (:attr:`~smetric.serve.upstream.Refused.own`) at once; any
+other 5xx only once another instance has served the same request (a 500 can be the request's
+doing: a body that crashes every engine must not eject the fleet). A request answered with the
+same such status by two instances is answered with it (in the API's shape), not retried
+fleet-wide. A stream cut after its first chunk is
 continued on another instance with the request its API builds
 (:meth:`~smetric.serve.apis.base.Api.continuation`), or ended with the API's error event when it
 cannot be continued. A request is lost only when no instance can serve it (503 in the API's shape).
@@ -86,6 +91,9 @@ class Failover:
         response: web.StreamResponse | None = None
         """The client stream, once its headers are out."""
         state: StreamState | None = None
+        suspects: list[tuple[str, str]] = []
+        """Instances that answered a 5xx that may be the request's, not yet charged."""
+        statuses: set[int] = set()
         pinned = None if prepared.pin is None else resolve(prepared.pin, fleet.instances)
         if prepared.pin is not None and pinned is None:
             return api.fail(lost_state(None, ""))
@@ -111,8 +119,20 @@ class Failover:
             if isinstance(opened, Refused):
                 failed_causes.append(opened.cause)
                 failed.append(opened.instance)
-                fleet.failed(opened.instance, opened.cause)
+                if opened.own:
+                    fleet.failed(opened.instance, opened.cause)
+                    continue
+                fleet.retried(opened.cause)
+                if opened.status in statuses:  # the same failure twice: the request's, not theirs
+                    return api.fail(_repeated_failure(opened.status, len(failed)))
+                if opened.status is not None:
+                    statuses.add(opened.status)
+                suspects.append((opened.instance, opened.cause))
                 continue
+            # Another instance took the request: the earlier 5xx were their own after all.
+            for url, cause in suspects:
+                fleet.charge(url, cause)
+            suspects.clear()
             if isinstance(opened, Answered):
                 return opened.response
             attempt, upstream = opened.attempt, opened.upstream
@@ -172,3 +192,14 @@ class Failover:
                 f"no instance could serve the request ({attempt_no} attempts; failed: {', '.join(failed) or 'none'})"
             )
         )
+
+
+def _repeated_failure(status: int, attempts: int) -> ProxyError:
+    """The answer to a request that two instances failed with the same ``status`` (not 502–504)."""
+    kind = "InternalServerError" if status == 500 else "APIError"
+    return ProxyError(
+        status,
+        f"the engines failed this request with HTTP {status} on {attempts} instances; "
+        "it is not retried further (the request itself is the likely cause)",
+        kind,
+    )

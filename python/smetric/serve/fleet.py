@@ -4,10 +4,13 @@ tell the router what they cache and how loaded they are.
 * **discovery and sizing** (blocking, before the router exists): :func:`kv_event_sources` (an
   instance's KV-event publishers: ``GET /kv_event_sources``, explicit, or none) and
   :func:`fleet_kv_capacity` (the smallest GPU KV capacity the instances report on ``/metrics``);
-* **health**: consecutive failures per instance; ``eject_after`` in a row eject it until its
-  ``GET /health`` answers 200 (probed every ``probe_interval_s``), when the backend is told
-  (:attr:`FeedTargets.on_readmitted`: the co-located router clears its index, since an engine
-  that came back has usually restarted empty);
+* **health**: consecutive failures per instance (only its own: :mod:`smetric.serve.failover`
+  decides which); ``eject_after`` in a row eject it until its ``GET /health`` answers 200
+  (probed every ``probe_interval_s``). The backend is told
+  (:attr:`FeedTargets.on_readmitted`: the co-located router clears its index) only when the
+  instance was out of reach meanwhile — a connection error or a failed probe — since an engine
+  that came back from that has usually restarted empty; one that kept answering (502–504, a
+  timeout) kept its cache, and so the router keeps its index;
 * **models**: every instance's ``/v1/models``, refreshed every ``models_refresh_s`` (an
   unreachable instance keeps what it served before); the LoRA adapters among them (cards with a
   ``parent``) give a request naming one its cache namespace (:meth:`Fleet.namespace`);
@@ -63,11 +66,19 @@ class FeedTargets:
 class Health:
     """Consecutive failures and ejection of one instance."""
 
-    __slots__ = ("ejected", "failures")
+    __slots__ = ("ejected", "failures", "lost_contact")
 
     def __init__(self) -> None:
         self.failures = 0
         self.ejected = False
+        self.lost_contact = False
+        """It could not be reached since its ejection began (it may have restarted empty)."""
+
+
+def _lost_contact(cause: str) -> bool:
+    """Whether a failure's cause says the instance could not be reached (not an answer, not a
+    timeout of a live connection)."""
+    return not cause.startswith("http_") and "Timeout" not in cause
 
 
 class Fleet:
@@ -166,11 +177,20 @@ class Fleet:
     # -- health -----------------------------------------------------------------------------------
 
     def failed(self, url: str, cause: str) -> None:
-        """Counts a failed attempt at ``url`` (a retry, by cause); ejects it after ``eject_after``."""
+        """Counts a failed attempt at ``url`` (a retry, by cause) and charges it to the instance."""
+        self.retried(cause)
+        self.charge(url, cause)
+
+    def retried(self, cause: str) -> None:
+        """Counts a failed attempt (a retry, by cause) without charging its instance."""
         self._telemetry.retries[cause] += 1
+
+    def charge(self, url: str, cause: str) -> None:
+        """Charges a failure to ``url``'s health; ejects it after ``eject_after`` in a row."""
         h = self.health.get(url)
         if h is None:
             return
+        h.lost_contact |= _lost_contact(cause)
         h.failures += 1
         if h.failures >= self.config.eject_after and not h.ejected:
             h.ejected = True
@@ -215,12 +235,20 @@ class Fleet:
         while True:
             await asyncio.sleep(self.config.probe_interval_s)
             for url in [u for u, h in self.health.items() if h.ejected]:
-                if await self._upstream.healthy(url):
-                    self.health[url] = Health()
-                    if self._targets is not None:
-                        self._targets.on_readmitted(url)
-                    self._telemetry.readmissions[url] += 1
-                    log.warning("instance %s re-admitted (its /health answers)", url)
+                if not await self._upstream.healthy(url):
+                    if url in self.health:
+                        self.health[url].lost_contact = True
+                    continue
+                if url not in self.health:  # removed while it was probed
+                    continue
+                lost = self.health[url].lost_contact
+                self.health[url] = Health()
+                if lost and self._targets is not None:
+                    self._targets.on_readmitted(url)
+                self._telemetry.readmissions[url] += 1
+                log.warning(
+                    "instance %s re-admitted (its /health answers; index %s)", url, "cleared" if lost else "kept"
+                )
 
     # -- models -----------------------------------------------------------------------------------
 

@@ -20,6 +20,14 @@ client and starts the fleet's feeds, health probe and model refresh; :func:`run`
 SIGTERM/SIGINT (or ``stop``), then drains: ``/health`` answers 503, the listening socket closes,
 and in-flight requests get ``drain_timeout_s`` to finish.
 
+Hostile clients (:mod:`smetric.serve.http_guard` for the HTTP layer): a body must arrive within
+``body_timeout_s`` (408) and be sent as is — a ``Content-Encoding`` other than ``identity`` is a
+415, so nothing is ever inflated on the loop and no body travels under a header that no longer
+describes it; any exception from parsing a body is a 400 (counted in
+``proxy_client_errors_total``, not logged as a traceback); aiohttp's own answers (404, 405, 413,
+431, parser errors) take the path's API error shape (:meth:`Proxy.error_response`, the hook an
+adapter's shape comes through).
+
 Invariants: the proxy fetches only configured instance URLs, never a URL taken from a request;
 every answer — a bug's included — is in the API's error shape, and the proxy stays up; all state
 lives on the proxy's one event loop (the KV-event subscriber and the load scraper feed the
@@ -36,7 +44,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Self
@@ -56,8 +64,9 @@ from smetric.serve.decision_log import DecisionLog, Outcomes
 from smetric.serve.errors import ProxyError
 from smetric.serve.failover import Failover
 from smetric.serve.fleet import Fleet, fleet_kv_capacity, kv_event_sources
+from smetric.serve.http_guard import SERVER_HEADER, ConnectionLimits, GuardedRunner, status_message
 from smetric.serve.relay import STREAM_KEY, end_stream
-from smetric.serve.request import RequestError
+from smetric.serve.request import RequestError, escapes_lone_surrogate
 from smetric.serve.session import SessionTable
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
@@ -67,10 +76,27 @@ __all__ = ["Proxy", "ProxyServer", "run", "run_forever"]
 
 log = logging.getLogger("smetric.serve")
 
+_IDENTITY = frozenset({"", "identity"})
+"""The ``Content-Encoding`` values of a body sent as is."""
+_TOKENIZING_ERRORS = (RecursionError, UnicodeError, OverflowError, ValueError, BufferError)
+"""What turning a valid body's text into routing tokens raises on client input (deep nesting in
+a template variable, text no encoder takes): a 400, not the proxy's bug."""
+
 
 def _json_error(error: ProxyError) -> web.Response:
     """An error of the proxy's own endpoints (admin, health): OpenAI's shape."""
     return web.json_response(error.body(), status=error.status)
+
+
+async def _no_banner(_: web.Request, response: web.StreamResponse) -> None:
+    """No Python or aiohttp version in the ``Server`` header."""
+    response.headers["Server"] = SERVER_HEADER
+
+
+def _closing(response: web.StreamResponse) -> web.StreamResponse:
+    """``response``, closing the connection after it (a body was left unread)."""
+    response.force_close()
+    return response
 
 
 class Proxy:
@@ -175,8 +201,11 @@ class Proxy:
     def app(self) -> web.Application:
         """The aiohttp application."""
         app = web.Application(
-            client_max_size=self.config.max_body_bytes, middlewares=[keys_middleware(self.keys, self._api_for)]
+            client_max_size=self.config.max_body_bytes,
+            # The error shape outermost: whatever a later layer raises is answered in it.
+            middlewares=[self._error_shape, keys_middleware(self.keys, self._api_for)],
         )
+        app.on_response_prepare.append(_no_banner)
         app.on_response_prepare.append(self.outcomes.stamp)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
@@ -187,6 +216,31 @@ class Proxy:
             for route in api.routes():
                 app.router.add_route(route.method, route.path, self._handler(api, route))
         return app
+
+    def error_response(self, path: str | None, status: int, message: str) -> web.StreamResponse:
+        """An error the HTTP layer answers (aiohttp's own, a refused body) in the error shape of
+        the API that owns ``path`` — its adapter renders it — or OpenAI's for any other path."""
+        api = self._api_for(path or "/")
+        if status >= 500:
+            return self._respond(api.fail(ProxyError(status, message, "InternalServerError")))
+        return self._respond(api.reject(RequestError(message, status=status)))
+
+    @web.middleware
+    async def _error_shape(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """aiohttp's HTTP errors (no route: 404, wrong method: 405, …) in the path's error shape,
+        with a fixed message (aiohttp's would name the client's path and method)."""
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            self.telemetry.client_errors[f"http_{e.status}"] += 1
+            response = self.error_response(request.path, e.status, status_message(e.status))
+            if "Allow" in e.headers:
+                response.headers["Allow"] = e.headers["Allow"]
+            return response
 
     def _handler(self, api: Api[Any], route: Route) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -219,16 +273,46 @@ class Proxy:
         started = time.perf_counter()
         if self.draining:
             return self._respond(api.fail(ProxyError.unavailable("the proxy is shutting down")))
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in _IDENTITY:
+            # aiohttp would inflate it on this loop (a bomb stalls every request), and the body
+            # would then be forwarded under a header that no longer describes it.
+            self.telemetry.client_errors["content_encoding"] += 1
+            error = RequestError(
+                "request bodies must be sent without Content-Encoding (identity)",
+                status=415,
+                code="unsupported_content_encoding",
+            )
+            return _closing(self._respond(api.reject(error)))
         try:
-            raw = await request.read()
+            async with asyncio.timeout(self.config.body_timeout_s):
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return self._respond(api.reject(RequestError.too_large(self.config.max_body_bytes)))
+            return _closing(self._respond(api.reject(RequestError.too_large(self.config.max_body_bytes))))
+        except TimeoutError:
+            self.telemetry.client_errors["body_timeout"] += 1
+            error = RequestError(
+                f"the request body did not arrive within {self.config.body_timeout_s} s", status=408, code="timeout"
+            )
+            return _closing(self._respond(api.reject(error)))
         try:
             req = (
                 api.parse(raw)
                 if route is None
                 else api.parse_route(raw, route, request.match_info, request.query_string)
             )
+        except RequestError as e:
+            return self._respond(api.reject(e))
+        except Exception as e:  # any failure to parse client input is the client's: a 400
+            self.telemetry.client_errors["unparseable_body"] += 1
+            log.debug("unparseable %s body: %s", api.name, type(e).__name__)
+            return self._respond(api.reject(RequestError("the request body could not be parsed")))
+        # After the API's own checks (which name the field), for every API: engines decode such a
+        # body, then fail on it (a 500).
+        if escapes_lone_surrogate(raw):
+            self.telemetry.client_errors["lone_surrogate"] += 1
+            return self._respond(api.reject(RequestError("the body escapes a lone UTF-16 surrogate: not Unicode text")))
+        try:
             model = api.model(req)
             if model is not None and self.fleet.models and model not in self.fleet.models:
                 raise RequestError.unknown_model(model)
@@ -241,6 +325,11 @@ class Proxy:
                 tokens = api.routing_tokens(self.tokens, req)
         except RequestError as e:
             return self._respond(api.reject(e))
+        except _TOKENIZING_ERRORS as e:
+            self.telemetry.client_errors["untokenizable_prompt"] += 1
+            log.debug("untokenizable %s prompt: %s", api.name, type(e).__name__)
+            message = f"the prompt could not be turned into tokens ({type(e).__name__})"
+            return self._respond(api.reject(RequestError(message)))
         except Exception:  # a bug must still answer in the API's shape, and the proxy live on
             log.exception("request preparation failed")
             return self._respond(api.fail(ProxyError.internal()))
@@ -277,6 +366,10 @@ class Proxy:
         self.telemetry.responses[response.status] += 1
         return response
 
+    def count_client_error(self, kind: str) -> None:
+        """Counts client garbage the HTTP layer refused (``proxy_client_errors_total``)."""
+        self.telemetry.client_errors[kind] += 1
+
     # -- fleet endpoints --------------------------------------------------------------------------
 
     async def _models(self, _: web.Request) -> web.Response:
@@ -311,7 +404,8 @@ class Proxy:
                 ProxyError(409, "adding or removing instances is not supported in PD mode", "ConflictError")
             )
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
+        # aiohttp keeps a header's non-UTF-8 bytes as surrogate escapes: compare the bytes.
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
             return _json_error(ProxyError(401, "a valid admin token is required", "AuthenticationError"))
         return None
 
@@ -322,6 +416,8 @@ class Proxy:
         try:
             body = await request.json()
             inst = InstanceConfig(**body) if isinstance(body, dict) else InstanceConfig(url=str(body))
+        except RecursionError:
+            return _json_error(ProxyError(400, "bad instance: the body is nested too deeply", "BadRequestError"))
         except (ValueError, TypeError, SmetricError) as e:
             return _json_error(ProxyError(400, f"bad instance: {e}", "BadRequestError"))
         if inst.url in self.fleet.instances:
@@ -359,9 +455,21 @@ async def run(
     up to ``drain_timeout_s`` to finish before the function returns.
     """
     proxy = await Proxy.create(config)
-    await proxy.start()
-    runner = web.AppRunner(
+    try:
+        await proxy.start()
+    except BaseException:
+        await proxy.close()  # the upstream session and the feeds, whatever failed
+        raise
+    runner = GuardedRunner(
         proxy.app(),
+        render=proxy.error_response,
+        on_client_error=proxy.count_client_error,
+        limits=ConnectionLimits(
+            head_timeout_s=config.head_timeout_s,
+            keepalive_timeout_s=config.keepalive_timeout_s,
+            max_connections=config.max_connections,
+            retry_after_s=config.retry_after_s,
+        ),
         handler_cancellation=True,
         access_log=None,
         max_line_size=config.max_header_bytes,

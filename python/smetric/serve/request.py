@@ -39,6 +39,7 @@ this module without the ``serve`` extra).
 from __future__ import annotations
 
 import json
+import re
 from array import array
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -48,10 +49,14 @@ from smetric.errors import InvalidArgumentError, SmetricError
 
 from .errors import openai_error
 
-__all__ = ["Endpoint", "OpenAIRequest", "RequestError", "parse_request"]
+__all__ = ["Endpoint", "OpenAIRequest", "RequestError", "escapes_lone_surrogate", "parse_request"]
 
 Endpoint = Literal["chat", "completions"]
 """``"chat"``: ``POST /v1/chat/completions``; ``"completions"``: ``POST /v1/completions``."""
+
+
+ECHOED_CHARS = 256
+"""The most of a client's value an error message repeats."""
 
 
 class RequestError(SmetricError):
@@ -83,8 +88,10 @@ class RequestError(SmetricError):
 
     @classmethod
     def unknown_model(cls, model: str) -> RequestError:
-        """404 for a model the proxy does not serve (vLLM's wording)."""
-        return cls(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
+        """404 for a model the proxy does not serve (vLLM's wording; a name longer than
+        :data:`ECHOED_CHARS` is cut there, so a 100 KB name does not come back whole)."""
+        shown = model if len(model) <= ECHOED_CHARS else model[:ECHOED_CHARS] + "…"
+        return cls(f"The model `{shown}` does not exist.", status=404, param="model", code="model_not_found")
 
     @classmethod
     def too_large(cls, limit_bytes: int) -> RequestError:
@@ -168,13 +175,66 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> OpenAIRequest:
     )
 
 
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+"""One escape of a JSON string: ``\\uXXXX`` (its hex digits captured) or a backslash and one byte."""
+
+
+def escapes_lone_surrogate(raw: bytes) -> bool:
+    """Whether a JSON body escapes half of a UTF-16 surrogate pair alone (``"\\ud800"``): valid
+    JSON, but no Unicode text — an engine that decodes it fails on it later (a 500), so every
+    API refuses it up front. An emoji escaped as its pair (``\\ud83d\\ude00``, Python's
+    default) passes. Cost: O(1) (two substring searches) unless the body escapes a surrogate at
+    all; then one pass over its escapes, taken left to right so ``\\\\ud800`` (an escaped
+    backslash, then text) is not read as an escape."""
+    if b"\\ud" not in raw and b"\\uD" not in raw:
+        return False
+    high_end = -1
+    """Where the last escape ended when it was a high half still waiting for its low half."""
+    for m in _ESCAPE.finditer(raw):
+        digits = m.group(1)
+        code = -1 if digits is None else int(digits, 16)
+        if high_end >= 0:
+            if m.start() != high_end or not 0xDC00 <= code <= 0xDFFF:
+                return True  # the high half was not followed by its low half
+            high_end = -1
+        elif 0xD800 <= code <= 0xDBFF:
+            high_end = m.end()
+        elif 0xDC00 <= code <= 0xDFFF:
+            return True
+    return high_end >= 0
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A ``\\uD800``–``\\uDFFF`` escape: half of a UTF-16 pair, or a lone surrogate."""
+
+
 def _decode(text: str, param: str) -> Any:
-    """A field's JSON text (valid JSON: Rust checked it), which CPython may still refuse: an
-    integer of more than ``sys.get_int_max_str_digits()`` digits, say."""
+    """A field's JSON text (valid JSON: Rust checked it), which CPython may still refuse or
+    decode into something no later step can use — each a 400 on ``param``:
+
+    * an integer of more than ``sys.get_int_max_str_digits()`` digits;
+    * nesting deeper than CPython's recursion limit (``RecursionError``);
+    * a lone surrogate (``"\\ud800"``): valid JSON, but not text; it would fail later, when the
+      prompt is encoded (checked only when the text escapes a surrogate at all: O(1) otherwise).
+    """
     try:
-        return json.loads(text)
+        value = json.loads(text)
+    except RecursionError:
+        raise RequestError(f"{param} is nested too deeply", param=param) from None
     except ValueError as e:
-        raise RequestError(f"{param}: {e}", param=param) from None
+        if "int_max_str_digits" in str(e) or "integer string conversion" in str(e):
+            raise RequestError(f"{param} holds an integer with too many digits", param=param) from None
+        raise RequestError(f"{param} is not valid JSON", param=param) from None
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(
+                f"{param} must be valid Unicode text (it escapes a lone surrogate)", param=param
+            ) from None
+        except RecursionError:
+            raise RequestError(f"{param} is nested too deeply", param=param) from None
+    return value
 
 
 def _messages(messages: list[Any]) -> list[dict[str, Any]]:

@@ -16,15 +16,21 @@ Hints, first match wins (``docs/serve.md`` lists their origins):
 2. the body's ``session_id`` (vLLM), ``prompt_cache_key`` (OpenAI), ``user``.
 
 :class:`SessionTable` is an LRU of at most ``capacity`` keys (O(1) per request); a key unseen for
-``ttl_s`` starts over at turn 1. Several proxy replicas keep separate tables: a session whose
-requests alternate between replicas is seen as starting over on each, which only costs the
-balanced placement of what is really a follow-up — the index still finds its KV$.
+``ttl_s`` starts over at turn 1. Hints are the client's and may be megabytes long: the table keeps
+only a fixed-size digest of each (BLAKE2b, 16 bytes; hashing is O(hint length) once per request),
+so it is bounded in bytes as well as entries — about :data:`ENTRY_BYTES` per entry, whatever the
+clients send (``tests/serve/test_hostile_state.py`` measures it).
+
+Several proxy replicas keep separate tables: a session whose requests alternate between
+replicas is seen as starting over on each, which only costs the balanced placement of what is
+really a follow-up — the index still finds its KV$.
 
 May import: the standard library only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -63,22 +69,32 @@ def session_hint(
     return None
 
 
+ENTRY_BYTES = 250
+"""An upper bound of one table entry's memory (digest, turn and time, the LRU's links), bytes."""
+
+
+def session_digest(key: str) -> bytes:
+    """The fixed-size form a session key is kept in (any ``str``, lone surrogates included)."""
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 class SessionTable:
-    """Turns routed per session key: a bounded LRU with an idle timeout."""
+    """Turns routed per session key: a bounded LRU with an idle timeout, keyed by digests."""
 
     def __init__(self, capacity: int = 100_000, ttl_s: float = 3600.0) -> None:
         if capacity < 1 or ttl_s <= 0:
             raise ValueError("capacity must be >= 1 and ttl_s > 0")
         self.capacity = capacity
         self.ttl_s = ttl_s
-        self._turns: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self._turns: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
 
     def next_turn(self, key: str, now: float | None = None) -> int:
         """Counts a request of session ``key`` and returns its turn (1 for a new or idle key)."""
         now = time.monotonic() if now is None else now
-        seen = self._turns.pop(key, None)
+        digest = session_digest(key)
+        seen = self._turns.pop(digest, None)
         turn = 1 if seen is None or now - seen[1] > self.ttl_s else seen[0] + 1
-        self._turns[key] = (turn, now)
+        self._turns[digest] = (turn, now)
         if len(self._turns) > self.capacity:
             self._turns.popitem(last=False)
         return turn

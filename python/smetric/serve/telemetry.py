@@ -12,7 +12,8 @@ Families (``smetric_`` prefix): ``proxy_decisions_total{policy,reason,first_turn
 ``proxy_retries_total{cause}``, ``proxy_ejections_total{instance}``,
 ``proxy_readmissions_total{instance}``, ``proxy_resumed_streams_total``, ``proxy_unresumed_streams_total``,
 ``proxy_responses_total{code}``, ``proxy_instance_in_flight{instance}``,
-``proxy_instance_ejected{instance}``.
+``proxy_instance_ejected{instance}``, ``proxy_client_errors_total{kind}`` (client garbage the
+proxy refused — malformed HTTP, slow heads, unparseable bodies — counted instead of logged).
 
 May import: :mod:`smetric.metrics` only.
 """
@@ -75,6 +76,8 @@ class ProxyTelemetry:
         self.responses: Counter[int] = Counter()
         self.resumed_streams = 0
         self.unresumed_streams = 0
+        self.client_errors: Counter[str] = Counter()
+        """Refused client input by kind (a bounded set of names the proxy chooses)."""
         self.decision_s = Histogram(DECISION_BUCKETS_S)
         self.first_byte_s = Histogram(LATENCY_BUCKETS_S)
         self.request_s = Histogram(LATENCY_BUCKETS_S)
@@ -153,6 +156,12 @@ class ProxyTelemetry:
             "counter",
             "Responses sent to clients, by HTTP status.",
             [({"code": str(c)}, n) for c, n in sorted(self.responses.items())],
+        )
+        yield from _family(
+            name("client_errors_total"),
+            "counter",
+            "Client input the proxy refused (malformed HTTP or body, slow head or body, connection limit), by kind.",
+            [({"kind": k}, n) for k, n in sorted(self.client_errors.items())],
         )
         yield from _family(
             name("instance_in_flight"),

@@ -4,6 +4,8 @@ and the one HTTP client every call goes through.
 * :func:`forwardable` drops RFC 9110 §7.6.1 hop-by-hop fields (and any ``Connection`` names),
   ``Host`` and ``Content-Length`` from a header map, in one pass;
 * :data:`RETRYABLE` is what counts as the instance's failure (connection, payload, timeout);
+  of the 5xx answers only :data:`OWN_STATUSES` (502–504: a gateway's or an unreachable engine's)
+  are the instance's own — another 5xx may be the request's doing (:attr:`Refused.own`);
 * :class:`Upstream` owns the ``aiohttp.ClientSession`` (no pool limit, no decompression: bodies
   pass through as the engine sent them) and the attempt's POST (:meth:`Upstream.post`, a typed
   :class:`Opened` or :class:`Refused`), and the short GETs of discovery and health;
@@ -19,6 +21,7 @@ May import: :mod:`smetric.serve.attempt`, ``aiohttp``.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +31,7 @@ import aiohttp
 
 from smetric.serve.attempt import Attempt
 
-__all__ = ["HOP_BY_HOP", "RETRYABLE", "Opened", "Refused", "Upstream", "forwardable"]
+__all__ = ["HOP_BY_HOP", "OWN_STATUSES", "RETRYABLE", "Opened", "Refused", "Upstream", "forwardable"]
 
 HOP_BY_HOP = frozenset(
     {
@@ -51,6 +54,11 @@ _CREDENTIALS = frozenset({"authorization", "x-api-key"})
 
 RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError)
 """Failures of the instance (not of the request): the attempt is retried elsewhere."""
+
+OWN_STATUSES = frozenset({502, 503, 504})
+"""5xx statuses that say the instance (or what stands in front of it) failed, whatever the
+request: a bad gateway, an unavailable or a timed-out engine. Any other 5xx (a 500 above all)
+can be a request's deterministic failure — an engine crashing on one body does so everywhere."""
 
 
 def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
@@ -77,6 +85,15 @@ class Refused:
     instance: str
     cause: str
     """A connection error's class name, ``http_<status>``, or a protocol failure."""
+    status: int | None = None
+    """The engine's 5xx status, or None (no answer)."""
+
+    @property
+    def own(self) -> bool:
+        """Whether the failure is the instance's whatever the request (no answer, or 502–504),
+        so it is charged to its health at once; else only if another instance then serves the
+        request (:mod:`smetric.serve.failover`)."""
+        return self.status is None or self.status in OWN_STATUSES
 
 
 class Upstream:
@@ -136,7 +153,7 @@ class Upstream:
         if upstream.status >= 500:
             attempt.abort()
             upstream.release()
-            return Refused(url, f"http_{upstream.status}")
+            return Refused(url, f"http_{upstream.status}", status=upstream.status)
         return Opened(attempt, upstream, started)
 
     async def healthy(self, url: str) -> bool:
@@ -158,7 +175,9 @@ class Upstream:
             ) as r:
                 if r.status != 200:
                     return None
-                data = (await r.json()).get("data")
+                # Any content type: an engine's JSON is read as JSON whatever it is labelled.
+                data = json.loads(await r.read()).get("data")
                 return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
-        except (*RETRYABLE, ValueError, AttributeError, TypeError):
+        # Not JSON, not the shape, or an HTTP-level error (aiohttp.ClientError): not an answer.
+        except (*RETRYABLE, aiohttp.ClientError, ValueError, AttributeError, TypeError, RecursionError):
             return None

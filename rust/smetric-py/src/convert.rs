@@ -138,7 +138,18 @@ fn narrow<T: TokenElement>(values: Vec<T>) -> Result<Vec<u32>, SmetricError> {
 /// exporter's memory may change; `PyBuffer_ToContiguous` also gathers a strided view).
 fn any_buffer_tokens(obj: &Bound<'_, PyAny>, buf: PyUntypedBuffer) -> PyResult<TokenIds> {
     let py = obj.py();
-    match ElementType::from_format(buf.format()) {
+    let element = ElementType::from_format(buf.format());
+    let supported = matches!(
+        element,
+        ElementType::SignedInteger { bytes: 4 | 8 } | ElementType::UnsignedInteger { bytes: 4 | 8 }
+    );
+    // An empty buffer is an empty prompt, as `[]` is. Its data pointer may be anything
+    // (CPython's empty `array('I')` has none), so pyo3's typed view would refuse it as
+    // misaligned: nothing to copy, so nothing is read.
+    if supported && buf.len_bytes() == 0 {
+        return Ok(TokenIds::Checked(Vec::new()));
+    }
+    match element {
         ElementType::SignedInteger { bytes: 4 } => Ok(TokenIds::I32(buf.as_typed::<i32>()?.to_vec(py)?)),
         ElementType::UnsignedInteger { bytes: 4 } => Ok(TokenIds::Checked(buf.as_typed::<u32>()?.to_vec(py)?)),
         ElementType::SignedInteger { bytes: 8 } => Ok(TokenIds::I64(buf.as_typed::<i64>()?.to_vec(py)?)),

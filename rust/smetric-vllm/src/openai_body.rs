@@ -25,6 +25,9 @@
 //!   with its position. A batch of more than one prompt is rejected ([`BodyError`] on
 //!   `prompt`): a router places one request on one instance.
 //!
+//! A body nested deeper than [`MAX_NESTING`] levels anywhere — in a field the router does not
+//! read too — is rejected first ([`nests_deeper_than`]): engines cannot parse it.
+//!
 //! # Invariants
 //! Parsing never panics; every failure is a [`BodyError`] naming the offending field (or none,
 //! for malformed JSON and a body that is not an object). Allocation is bounded by the body's
@@ -110,8 +113,66 @@ impl BodyError {
     }
 }
 
+/// The deepest nesting of arrays and objects a body may have. Engines parse bodies with
+/// recursive decoders (CPython's `json` gives up near 1,000 levels, with a 500), and a proxy
+/// that forwarded such a body would relay the engines' failure; no real request comes near it
+/// (a tool's JSON schema is tens of levels deep).
+pub const MAX_NESTING: usize = 256;
+
+/// Whether `raw` nests arrays and objects deeper than `limit` (brackets inside strings do not
+/// count). O(length): a count of the opening brackets first, which the compiler vectorizes
+/// (`[` and `{` differ only in bit 0x20, so one compare finds both; per-chunk `u8` sums); only a
+/// body with more than `limit` of them is walked, strings jumped over with `memchr`. Measured
+/// (release, loaded 2-core machine, `parse_openai_body` medians): an 89 KB chat body with 184
+/// brackets 16.6 µs before and after; a 243 KB one with 8,042 (400 content parts per message,
+/// so walked) ≈ 200 µs → ≈ 400 µs.
+pub fn nests_deeper_than(raw: &[u8], limit: usize) -> bool {
+    let opening: usize = raw
+        .chunks(255)
+        .map(|chunk| usize::from(chunk.iter().fold(0u8, |n, &b| n + u8::from(b | 0x20 == b'{'))))
+        .sum();
+    if opening <= limit {
+        return false;
+    }
+    let (mut depth, mut i) = (0usize, 0usize);
+    while let Some(&b) = raw.get(i) {
+        match b {
+            b'"' => {
+                // Jump to the string's closing quote (memchr: most of a body is string bytes).
+                i += 1;
+                loop {
+                    let Some(k) = raw.get(i..).and_then(|rest| memchr::memchr2(b'"', b'\\', rest)) else {
+                        return false; // unterminated: the parser reports it
+                    };
+                    i += k;
+                    if raw[i] == b'"' {
+                        break;
+                    }
+                    i += 2; // an escape and the byte it escapes
+                }
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    false
+}
+
 /// Parses `raw` as the body of a request to `endpoint` (see the module docs).
 pub fn parse_openai_body(raw: &[u8], endpoint: Endpoint) -> Result<OpenAiBody<'_>, BodyError> {
+    if nests_deeper_than(raw, MAX_NESTING) {
+        return Err(BodyError::new(
+            None,
+            format!("the body nests arrays and objects deeper than {MAX_NESTING} levels"),
+        ));
+    }
     let mut fields = parse_fields(raw, endpoint)?;
     let max_tokens = positive_int(fields.max_tokens, "max_tokens")?;
     let max_completion_tokens = positive_int(fields.max_completion_tokens, "max_completion_tokens")?;
@@ -342,9 +403,15 @@ fn string(raw: Option<&RawValue>, param: &'static str) -> Result<Option<String>,
     match raw {
         None => Ok(None),
         Some(raw) if is_null(raw) => Ok(None),
-        Some(raw) => serde_json::from_str::<String>(raw.get())
-            .map(Some)
-            .map_err(|_| wrong_type(param, "a string", raw)),
+        // A JSON string that does not decode holds an escape of a lone UTF-16 surrogate
+        // (`"\ud800"`): valid JSON, but no Unicode text.
+        Some(raw) if raw.get().starts_with('"') => serde_json::from_str::<String>(raw.get()).map(Some).map_err(|_| {
+            BodyError::new(
+                Some(param),
+                format!("{param} must be valid Unicode text (it escapes a lone surrogate)"),
+            )
+        }),
+        Some(raw) => Err(wrong_type(param, "a string", raw)),
     }
 }
 
@@ -400,9 +467,18 @@ fn prompt(raw: &RawValue) -> Result<Option<Prompt>, BodyError> {
     let verdict = Verdict::new(None);
     let mut de = serde_json::Deserializer::from_str(raw.get());
     PromptSeed { verdict: &verdict }.deserialize(&mut de).map_err(|e| {
-        verdict
-            .take()
-            .unwrap_or_else(|| BodyError::new(Some("prompt"), format!("prompt: {e}")))
+        verdict.take().unwrap_or_else(|| {
+            if e.is_syntax() {
+                // The slice is valid JSON (the body's scan checked it): what serde's decoding
+                // refuses is a string escaping a lone UTF-16 surrogate (`"\ud800"`).
+                BodyError::new(
+                    Some("prompt"),
+                    "prompt must be valid Unicode text (it escapes a lone surrogate)".to_owned(),
+                )
+            } else {
+                BodyError::new(Some("prompt"), format!("prompt: {e}"))
+            }
+        })
     })
 }
 

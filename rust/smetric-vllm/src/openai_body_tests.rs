@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 
-use super::{BodyError, Endpoint, OpenAiBody, Prompt, flat_ids, parse_openai_body};
+use super::{BodyError, Endpoint, MAX_NESTING, OpenAiBody, Prompt, flat_ids, parse_openai_body};
 
 fn chat(body: &str) -> Result<OpenAiBody<'_>, BodyError> {
     parse_openai_body(body.as_bytes(), Endpoint::Chat)
@@ -213,4 +213,51 @@ proptest! {
         let parsed = parse_openai_body(body.as_bytes(), Endpoint::Completions).unwrap();
         prop_assert_eq!(parsed.prompt, Some(Prompt::Ids(ids)));
     }
+}
+
+#[test]
+fn a_body_nested_deeper_than_engines_parse_is_rejected_wherever_the_nesting_is() {
+    let deep = |depth: usize| "[".repeat(depth) + &"]".repeat(depth);
+    for field in ["unknown", "messages", "tools"] {
+        let body = format!(r#"{{"prompt": "x", "{field}": {}}}"#, deep(MAX_NESTING + 1));
+        let err = parse_openai_body(body.as_bytes(), Endpoint::Completions).unwrap_err();
+        assert_eq!(err.param, None);
+        assert!(err.message.contains("deeper than 256"), "{}", err.message);
+    }
+    // At the limit (the top-level object is one level), and brackets inside strings, pass.
+    let ok = format!(r#"{{"prompt": "x", "unknown": {}}}"#, deep(MAX_NESTING - 1));
+    assert!(parse_openai_body(ok.as_bytes(), Endpoint::Completions).is_ok());
+    let quoted = format!(r#"{{"prompt": "{}", "n\"[": 1}}"#, "[{".repeat(2000));
+    assert!(parse_openai_body(quoted.as_bytes(), Endpoint::Completions).is_ok());
+    // Many brackets side by side are not depth.
+    let wide = format!(r#"{{"prompt": "x", "unknown": [{}]}}"#, vec!["[]"; 5000].join(","));
+    assert!(parse_openai_body(wide.as_bytes(), Endpoint::Completions).is_ok());
+}
+
+#[test]
+fn the_nesting_check_reads_escapes_and_survives_truncation() {
+    use super::nests_deeper_than;
+    let brackets = "[".repeat(10);
+    // An escaped quote does not end the string; an escaped backslash does not escape the quote.
+    assert!(!nests_deeper_than(format!(r#"{{"a": "\"{brackets}"}}"#).as_bytes(), 5));
+    assert!(nests_deeper_than(
+        format!(r#"{{"a": "\\", "b": {brackets}}}"#).as_bytes(),
+        5
+    ));
+    for cut in [r#"{"a": "\"#, r#"{"a": "x"#, r#"[[[[[[[["\"#, "\"", "\\"] {
+        let text = format!("{brackets}{cut}");
+        let _ = nests_deeper_than(text.as_bytes(), 5); // no panic, whatever the answer
+    }
+}
+
+#[test]
+fn a_prompt_escaping_a_lone_surrogate_says_so() {
+    for prompt in [r#""\ud800""#, r#"["\udc00"]"#, r#""a\ud83d\ud83d""#] {
+        let body = format!(r#"{{"prompt": {prompt}}}"#);
+        let err = parse_openai_body(body.as_bytes(), Endpoint::Completions).unwrap_err();
+        assert_eq!(err.param, Some("prompt"));
+        assert!(err.message.contains("lone surrogate"), "{}", err.message);
+    }
+    let pair = r#"{"prompt": "\ud83d\ude00"}"#;
+    assert!(parse_openai_body(pair.as_bytes(), Endpoint::Completions).is_ok());
 }

@@ -2,7 +2,10 @@
 :class:`smetric.Router` decides.
 
 One attempt: ``Router.route`` (GIL released) without the excluded instances, then the body
-forwarded unchanged to the chosen instance. Lifecycle: ``on_prefilled`` at the first body byte,
+forwarded unchanged to the chosen instance — but for a client's ``kv_transfer_params``, which is
+removed (:func:`without_kv_transfer_params`): vLLM's disaggregation field tells an engine with a
+KV connector which peer to pull blocks from or push them to, which only the proxy may choose
+(here: nobody). Lifecycle: ``on_prefilled`` at the first body byte,
 then ``on_finished`` (output tokens) or ``on_aborted``. The router's index is fed by the
 instances' KV events (exact) or by its own routes (approximate); a re-admitted instance's local
 index is cleared. Instances can be added and removed at run time.
@@ -15,6 +18,7 @@ Cost: one ``route`` (≈12 µs for 32K tokens) per attempt. May import: what
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -30,7 +34,25 @@ from smetric.serve.labels import reason_label
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import Upstream
 
-__all__ = ["ColocatedBackend", "decision_header"]
+__all__ = ["ColocatedBackend", "decision_header", "without_kv_transfer_params"]
+
+_KV_TRANSFER_KEY = b'"kv_transfer_params"'
+
+
+def without_kv_transfer_params(body: bytes) -> bytes:
+    """``body`` without a top-level ``kv_transfer_params`` (O(1) extra work when the key's bytes
+    are absent; else one JSON round trip). A body that does not decode as an object is kept: the
+    proxy parsed it already, so that cannot happen."""
+    if _KV_TRANSFER_KEY not in body:
+        return body
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return body
+    if not isinstance(obj, dict) or "kv_transfer_params" not in obj:
+        return body  # the bytes were inside a string or a nested object
+    del obj["kv_transfer_params"]
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def decision_header(d: Decision, *, attempt: int, source: str) -> str:
@@ -81,7 +103,8 @@ class ColocatedBackend(Backend):
             abort=lambda: router.on_aborted(rid),
             decision=d,
         )
-        return await self._upstream.post(attempt, prepared.path, prepared.body, headers, method=prepared.method)
+        body = without_kv_transfer_params(prepared.body)
+        return await self._upstream.post(attempt, prepared.path, body, headers, method=prepared.method)
 
     def feed_targets(self) -> FeedTargets:
         return FeedTargets(events=self.router, load=self.router, scraped=None, on_readmitted=self.router.clear)
