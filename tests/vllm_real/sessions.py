@@ -1,11 +1,15 @@
 """Drives conversations through ``smetric serve`` and records, for every request, the proxy's
 decision beside the engine's own numbers (``usage.prompt_tokens_details.cached_tokens``).
 
-``paced``: before a follow-up, wait until the proxy's KV-event feed has received every block the
-engine stored for the previous request — ``(prompt + completion - 1) // 32 - cached // 32`` new
-full blocks (the last sampled token's KV is never computed), read from the proxy's own
-``kv_events_stored_blocks_total`` counter of the home instance. Not paced: the follow-up leaves
-as soon as the answer is in (back to back, as an agent sends the next turn when a tool returns).
+``paced``: after every request, wait until the proxy's KV-event feed has received every block the
+engine stored for it — ``(prompt + completion - 1) // 32 - cached // 32`` new full blocks (the
+last sampled token's KV is never computed), read from the proxy's own
+``kv_events_stored_blocks_total`` counter of the home instance. The wait counts from the counter
+the previous wait on that instance left, so it waits after a session's last turn too: otherwise
+that turn's blocks, arriving unwaited, were counted by the next session's first wait on the
+instance, which could then end before its own answer's last block was in (a follow-up
+under-predicted by that block). Not paced: the follow-up leaves as soon as the answer is in (back
+to back, as an agent sends the next turn when a tool returns).
 """
 
 from __future__ import annotations
@@ -115,12 +119,14 @@ async def run_session(
             int(usage["prompt_tokens"]), int(usage["completion_tokens"]), gap_ms,
         )  # fmt: skip
         records.append(rec)
-        if turn == turns:
-            break
         if paced:
+            # After every turn, the last one too: the next paced wait on this instance (the next
+            # session's) counts from the counter this one leaves, so it must include these blocks.
             for b in bases:
                 await _wait_for_blocks(client, b, rec)
             answered_at = time.monotonic()
+        if turn == turns:
+            break
         if endpoint == "chat":
             conv.answer(content)
         else:
