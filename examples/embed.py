@@ -11,7 +11,7 @@ may be a list, or any int32/uint32/int64 buffer such as a numpy array or ``array
 
 from __future__ import annotations
 
-from smetric import DEFAULT_BLOCK_SIZE, Decision, Router, RouterConfig
+from smetric import Decision, Router, RouterConfig
 
 INSTANCES = ["http://gpu-0:8000", "http://gpu-1:8000"]
 
@@ -37,9 +37,8 @@ def serve(router: Router, prompt_token_ids: list[int], chat_messages: list[dict[
 def main() -> list[Decision]:
     # index_mode="approximate": the index learns from the router's own decisions; "exact" when
     # smetric.events feeds it every engine's KV-cache events (README, "Wire it to a vLLM fleet").
-    router = Router(
-        INSTANCES, policy="smetric", block_size=DEFAULT_BLOCK_SIZE, config=RouterConfig(index_mode="approximate")
-    )
+    # block_size: the engines' --block-size (vLLM's default on GPUs is 16; its CPU backend needs 32).
+    router = Router(INSTANCES, policy="smetric", block_size=16, config=RouterConfig(index_mode="approximate"))
 
     # Token ids as a tokenizer returns them; made up here, long enough for a few KV blocks.
     system, user, assistant, tool = (list(range(start, start + 64)) for start in (1000, 2000, 3000, 4000))
