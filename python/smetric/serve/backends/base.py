@@ -22,16 +22,21 @@ disaggregated-prefill protocol). May import: :mod:`smetric.serve.apis.base`, ``.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
+from smetric._core import Decision, PdDecision
+from smetric.errors import NoInstancesError
 from smetric.serve.apis.base import Prepared
 from smetric.serve.attempt import Attempt
 from smetric.serve.fleet import FeedTargets
+from smetric.serve.labels import reason_label
+from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import Opened, Refused, Upstream
 
 __all__ = ["NO_INSTANCE", "Answered", "Backend", "NoInstance", "OpenOutcome", "Unsupported", "open_unrouted"]
@@ -52,6 +57,27 @@ class NoInstance:
 NO_INSTANCE: Final = NoInstance()
 
 OpenOutcome = Opened | Refused | Answered | NoInstance
+
+D = TypeVar("D", Decision, PdDecision)
+
+
+def decide(
+    route: Callable[..., D], prepared: Prepared[Any], exclude: Sequence[str] | None, telemetry: ProxyTelemetry
+) -> D | None:
+    """Routes ``prepared``'s tokens with ``route`` (a ``Router``'s or a ``PdRouter``'s), counting
+    the decision and its latency; None when every instance is excluded."""
+    tokens = prepared.tokens
+    t0 = time.perf_counter()
+    try:
+        d = route(
+            tokens.ids, messages=prepared.messages, turn=prepared.turn, namespace=prepared.namespace, exclude=exclude
+        )
+    except NoInstancesError:
+        return None
+    telemetry.record_decision(d, reason_label(d.reason), tokens.source, tokens.count, time.perf_counter() - t0)
+    return d
+
+
 """What one :meth:`Backend.open` ends with."""
 
 

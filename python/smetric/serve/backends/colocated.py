@@ -19,16 +19,15 @@ Cost: one ``route`` (≈12 µs for 32K tokens) per attempt. May import: what
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from smetric._core import Decision, Router
-from smetric.errors import NoInstancesError, SmetricError
+from smetric.errors import SmetricError
 from smetric.metrics import MetricsExporter
 from smetric.serve.apis.base import Prepared
 from smetric.serve.attempt import Attempt
-from smetric.serve.backends.base import NO_INSTANCE, Backend, OpenOutcome, open_unrouted
+from smetric.serve.backends.base import NO_INSTANCE, Backend, OpenOutcome, decide, open_unrouted
 from smetric.serve.fleet import FeedTargets
 from smetric.serve.labels import reason_label
 from smetric.serve.telemetry import ProxyTelemetry
@@ -81,19 +80,9 @@ class ColocatedBackend(Backend):
         router, tokens = self.router, prepared.tokens
         if not prepared.routed:
             return await open_unrouted(self, self._upstream, router.instances, prepared, headers, attempt_no, exclude)
-        t0 = time.perf_counter()
-        try:
-            d = router.route(
-                tokens.ids,
-                messages=prepared.messages,
-                turn=prepared.turn,
-                namespace=prepared.namespace,
-                exclude=exclude,
-            )
-        except NoInstancesError:
+        d = decide(router.route, prepared, exclude, self._telemetry)
+        if d is None:
             return NO_INSTANCE
-        seconds = time.perf_counter() - t0
-        self._telemetry.record_decision(d, reason_label(d.reason), tokens.source, tokens.count, seconds)
         rid = d.request_id
         attempt = Attempt(
             d.instance,

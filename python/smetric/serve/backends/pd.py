@@ -29,7 +29,6 @@ May import: what :mod:`.base` may.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -37,11 +36,11 @@ from typing import Any
 from aiohttp import web
 
 from smetric._core import PdDecision, PdRouter
-from smetric.errors import NoInstancesError, SmetricError
+from smetric.errors import SmetricError
 from smetric.metrics import _family
 from smetric.serve.apis.base import Prepared
 from smetric.serve.attempt import Attempt
-from smetric.serve.backends.base import NO_INSTANCE, Answered, Backend, OpenOutcome, open_unrouted
+from smetric.serve.backends.base import NO_INSTANCE, Answered, Backend, OpenOutcome, decide, open_unrouted
 from smetric.serve.fleet import FeedTargets, Fleet
 from smetric.serve.labels import reason_label
 from smetric.serve.telemetry import ProxyTelemetry
@@ -144,19 +143,9 @@ class PdBackend(Backend):
             # answered): it is served there whole, prefill included, and not disaggregated.
             candidates = [*self.decode_pool, *self.prefill_pool]
             return await open_unrouted(self, self._upstream, candidates, prepared, headers, attempt_no, exclude)
-        t0 = time.perf_counter()
-        try:
-            d = pd.route(
-                tokens.ids,
-                messages=prepared.messages,
-                turn=prepared.turn,
-                namespace=prepared.namespace,
-                exclude=exclude,
-            )
-        except NoInstancesError:
+        d = decide(pd.route, prepared, exclude, self._telemetry)
+        if d is None:
             return NO_INSTANCE
-        seconds = time.perf_counter() - t0
-        self._telemetry.record_decision(d, reason_label(d.reason), tokens.source, tokens.count, seconds)
         rid = d.request_id
         attempt = Attempt(
             d.decode_instance,
