@@ -26,6 +26,7 @@ what is forwarded, byte for byte. May import: :mod:`smetric.serve.errors`, ``.re
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from smetric.serve.request import RequestError
 from smetric.serve.session import SessionTable
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
-__all__ = ["Api", "Prepared", "R", "Route", "StreamState", "usage_count"]
+__all__ = ["Api", "Prepared", "R", "Route", "StreamState", "answer_count", "usage_count"]
 
 R = TypeVar("R")
 """An API's parsed request type."""
@@ -52,6 +53,14 @@ def usage_count(usage: object, *keys: str) -> int | None:
     for key in keys:
         usage = usage.get(key) if isinstance(usage, dict) else None
     return usage if isinstance(usage, int) and not isinstance(usage, bool) and usage >= 0 else None
+
+
+def answer_count(answer: bytes, *keys: str) -> int | None:
+    """:func:`usage_count` at ``keys`` of a whole JSON answer, or None when it is not JSON."""
+    try:
+        return usage_count(json.loads(answer), *keys)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

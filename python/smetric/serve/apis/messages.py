@@ -53,7 +53,7 @@ from typing import Any
 from aiohttp import web
 
 from smetric.anthropic import ChatConversion, MessagesRequestError, anthropic_error, error_type, to_chat
-from smetric.serve.apis.base import Api, Prepared, Route, StreamState, usage_count
+from smetric.serve.apis.base import Api, Prepared, Route, StreamState, answer_count, usage_count
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import OpenAIRequest, RequestError
 from smetric.serve.session import SessionTable
@@ -477,18 +477,10 @@ class MessagesApi(Api[MessagesRequest]):
 
     def realized_hit(self, answer: bytes) -> int | None:
         """Anthropic's ``usage.cache_read_input_tokens`` of a whole answer."""
-        try:
-            return usage_count(json.loads(answer), "usage", "cache_read_input_tokens")
-        except ValueError:
-            return None
+        return answer_count(answer, "usage", "cache_read_input_tokens")
 
     def output_tokens(self, answer: bytes) -> int:
-        try:
-            usage = json.loads(answer).get("usage") or {}
-        except (ValueError, AttributeError):
-            return 0
-        n = usage.get("output_tokens") if isinstance(usage, dict) else None
-        return n if isinstance(n, int) and n >= 0 else 0
+        return answer_count(answer, "usage", "output_tokens") or 0
 
     def continuation(
         self, prepared: Prepared[MessagesRequest], state: StreamState, source: TokenSource

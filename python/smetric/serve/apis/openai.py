@@ -34,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from smetric.serve.apis.base import Api, Prepared, StreamState, usage_count
+from smetric.serve.apis.base import Api, Prepared, StreamState, answer_count, usage_count
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import Endpoint, OpenAIRequest, RequestError, parse_request
 from smetric.serve.session import SessionTable, session_hint
@@ -299,19 +299,10 @@ class OpenAIApi(Api[OpenAIRequest]):
         return OpenAIStream(self, keep=keep)
 
     def realized_hit(self, answer: bytes) -> int | None:
-        try:
-            usage = json.loads(answer).get("usage")
-        except (ValueError, AttributeError):
-            return None
-        return _cached_tokens(usage)
+        return answer_count(answer, "usage", "prompt_tokens_details", "cached_tokens")
 
     def output_tokens(self, answer: bytes) -> int:
-        try:
-            usage = json.loads(answer).get("usage") or {}
-        except (ValueError, AttributeError):
-            return 0
-        n = usage.get("completion_tokens")
-        return n if isinstance(n, int) and n >= 0 else 0
+        return answer_count(answer, "usage", "completion_tokens") or 0
 
     def continuation(
         self, prepared: Prepared[OpenAIRequest], state: StreamState, source: TokenSource

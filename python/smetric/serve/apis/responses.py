@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from smetric.serve.apis.base import Api, Prepared, Route, StreamState, usage_count
+from smetric.serve.apis.base import Api, Prepared, Route, StreamState, answer_count, usage_count
 from smetric.serve.config import ServeConfig
 from smetric.serve.errors import ProxyError
 from smetric.serve.pinning import ResponseIds
@@ -551,18 +551,10 @@ class ResponsesApi(Api[ResponsesRequest]):
 
     def realized_hit(self, answer: bytes) -> int | None:
         """Responses' ``usage.input_tokens_details.cached_tokens`` of a whole answer."""
-        try:
-            return usage_count(json.loads(answer), "usage", "input_tokens_details", "cached_tokens")
-        except ValueError:
-            return None
+        return answer_count(answer, "usage", "input_tokens_details", "cached_tokens")
 
     def output_tokens(self, answer: bytes) -> int:
-        try:
-            usage = json.loads(answer).get("usage") or {}
-        except (ValueError, AttributeError):
-            return 0
-        n = usage.get("output_tokens")
-        return n if isinstance(n, int) and n >= 0 else 0
+        return answer_count(answer, "usage", "output_tokens") or 0
 
     def continuation(
         self, prepared: Prepared[ResponsesRequest], state: StreamState, source: TokenSource
