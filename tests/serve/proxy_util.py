@@ -16,6 +16,7 @@ from aiohttp import web
 
 from smetric import PdRouter, Router
 from smetric.serve.backends import ColocatedBackend, PdBackend
+from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
 
 TIMEOUT_S = 15.0
@@ -137,3 +138,10 @@ def pd_router(server: ProxyServer) -> PdRouter:
     """The PD router of a running disaggregated proxy."""
     assert server.proxy is not None and isinstance(server.proxy.backend, PdBackend)
     return server.proxy.backend.pd
+
+
+def proxy_for(urls: list[str], **overrides: Any) -> ProxyServer:
+    """A started proxy in front of ``urls`` (fast probes, no engine-load scraping unless asked)."""
+    overrides.setdefault("probe_interval_s", 0.1)
+    overrides.setdefault("engine_load", False)
+    return ProxyServer(load_config(instances=urls, port=0, **overrides)).start()

@@ -8,13 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import pytest
 from aiohttp import web
-from proxy_util import Stub, colocated_router, metric, pd_router, request
+from proxy_util import Stub, colocated_router, metric, pd_router, proxy_for, request
 
 from smetric.anthropic import MessagesRequestError, to_chat
 from smetric.fake_engine import FakeEngine
@@ -29,20 +28,6 @@ SYSTEM_TEXT = "You are Claude Code, a careful coding agent. " * 30
 TOOLS: list[Any] = [
     {"name": "read_file", "description": "Reads a file.", "input_schema": {"properties": {"path": {"type": "string"}}}}
 ]
-
-
-def proxy_for(urls: list[str], **overrides: Any) -> ProxyServer:
-    overrides.setdefault("probe_interval_s", 0.1)
-    overrides.setdefault("engine_load", False)
-    return ProxyServer(load_config(instances=urls, port=0, **overrides)).start()
-
-
-@pytest.fixture
-def fleet() -> Iterator[list[FakeEngine]]:
-    engines = [FakeEngine(port=0, kv_events_port=0, kv_replay_port=0, speedup=1000).start() for _ in range(2)]
-    yield engines
-    for e in engines:
-        e.stop()
 
 
 def decision(header: str) -> dict[str, str]:

@@ -12,35 +12,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from proxy_util import Stub, chat_text, colocated_router, events, free_port, metric, request
+from proxy_util import Stub, chat_text, colocated_router, events, free_port, metric, proxy_for, request
 
 from smetric.fake_engine import FakeEngine
-from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
 from smetric.serve.upstream import forwardable
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
-
-
-def proxy_for(urls: list[str], **overrides: Any) -> ProxyServer:
-    overrides.setdefault("probe_interval_s", 0.1)
-    overrides.setdefault("engine_load", False)
-    return ProxyServer(load_config(instances=urls, port=0, **overrides)).start()
-
-
-@pytest.fixture
-def fleet() -> Iterator[list[FakeEngine]]:
-    engines = [FakeEngine(port=0, kv_events_port=0, kv_replay_port=0, speedup=1000).start() for _ in range(2)]
-    yield engines
-    for e in engines:
-        e.stop()
 
 
 def decision(headers: dict[str, str]) -> dict[str, str]:
