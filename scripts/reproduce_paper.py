@@ -15,10 +15,14 @@ baselines as their authors ran them (``lmetric``, ``llmd_prefix_load``, ``dynamo
 peer implementation ``vllm_router_smetric``, and for context ``smetric_v1``, ``smetric``,
 ``linear``, ``cache_first`` and ``lpwl``.
 
-Trace families: the Codex-like generator on **report** seeds (100, 101, 102: the tuning seeds
-are 0–9), the Weka report windows (0001–0175, 0176–0400, 0401–0475; 0476–0549 is the tuning
-window and is not run here). Every cell is one ``smetric sweep`` invocation; its ``sweep.json``
-is kept under ``--out``, and the table is rebuilt from them.
+Trace families: the Codex-like generator on **report** seeds (100, 101, 102: the tuning seeds are
+0–9), the Weka report windows (0001–0175, 0176–0400, 0401–0475; 0476–0549 is the tuning window and
+is not run here), and — not the paper's, the rest of our report set for issue 18 item 5 — the
+Mooncake conversation trace (open loop, no sessions). Every cell is one ``smetric sweep`` invocation
+of one policy on one trace and tier setting (``<trace>-<tier>/<policy>/sweep.json`` under
+``--out``), so that a policy added later runs alone; a cell already on disk is not run again, and
+the table is rebuilt from them. Every policy shares the first rungs and the ×1.25 extension, so
+peaks are read on the same loads.
 
 The table gives, per trace × tier setting × SLO, each policy's peak (mean over arrival seeds at
 each rung, as the sweep reports it), the best of the paper's baselines, and
@@ -37,7 +41,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 PAPER_BASELINES = ("lmetric", "llmd_prefix_load", "dynamo_host_tier", "bailian_top3")
 """The paper's baseline set as far as the core has it (Preble and llm-d session affinity missing)."""
@@ -71,12 +74,17 @@ def families(traces: Path, smoke: bool) -> list[Family]:
     out += [
         Family(f"weka-{w[:4]}", ("--trace", str(traces / f"weka_cc_sessions_{w}.jsonl.gz")), weka_loads) for w in weka
     ]
+    if not smoke:
+        # Not the paper's: the open-loop Mooncake conversation trace (requests/s), the rest of our
+        # report set (issue 18 item 5). Rungs: reproduce_results.py's 1–4 req/s on 16 instances.
+        mooncake = ("--trace", str(traces / "mooncake_conversation_trace.jsonl.gz"))
+        out.append(Family("mooncake-conv", mooncake, (0.0625, 0.125, 0.1875, 0.25)))
     return out
 
 
-def sweep(family: Family, tier: str, args: argparse.Namespace, out: Path) -> Path:
+def sweep(family: Family, tier: str, policy: str, args: argparse.Namespace, out: Path) -> Path:
     """Runs one cell (unless its ``sweep.json`` exists) and returns the directory."""
-    cell = out / f"{family.key}-{tier}"
+    cell = out / f"{family.key}-{tier}" / policy
     if (cell / "sweep.json").exists():
         return cell
     loads = ",".join(f"{x * args.instances:g}" for x in family.loads_per_instance)
@@ -91,7 +99,7 @@ def sweep(family: Family, tier: str, args: argparse.Namespace, out: Path) -> Pat
         "--instances",
         str(args.instances),
         "--policies",
-        ",".join(POLICIES),
+        policy,
         "--loads",
         loads,
         "--until-collapse",
@@ -112,34 +120,42 @@ def sweep(family: Family, tier: str, args: argparse.Namespace, out: Path) -> Pat
     print("$", " ".join(argv[2:]), flush=True)
     started = time.monotonic()
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
-    print(f"  {cell.name}: {time.monotonic() - started:.0f} s", flush=True)
+    print(f"  {cell.parent.name}/{cell.name}: {time.monotonic() - started:.0f} s", flush=True)
     return cell
 
 
-def peaks(summary: dict[str, Any]) -> dict[str, float]:
-    return {p["policy"]: float(p["peak_tps_under_slo"]) for p in summary["policies"]}
+def cells(out: Path) -> dict[tuple[str, str], dict[str, dict[str, float]]]:
+    """Peak TPS per (trace, tier) → SLO label → policy, merged over the per-policy cells."""
+    merged: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+    for path in sorted(out.glob("*/*/sweep.json")):
+        name = path.parent.parent.name
+        key = _split(name) if name.endswith(("mooncake-store", "cpu-offload")) else tuple(name.rsplit("-", 1))
+        for summary in json.loads(path.read_text())["summaries"]:
+            slo = "paper" if summary["slo"].startswith(PAPER_SLO_PREFIX) else summary["slo"]
+            by_policy = merged.setdefault((key[0], key[1]), {}).setdefault(slo, {})
+            by_policy.update({p["policy"]: float(p["peak_tps_under_slo"]) for p in summary["policies"]})
+    return merged
 
 
 def table(out: Path) -> str:
-    """The markdown table of every ``sweep.json`` under ``out``."""
+    """The markdown table of every cell under ``out``."""
     rows = [
         "| trace | tier | SLO | smetric_paper | best paper baseline | ÷ best | vllm_router_smetric "
         "| best of all others |",
         "|---|---|---|---:|---|---:|---:|---|",
     ]
-    for path in sorted(out.glob("*/sweep.json")):
-        d = json.loads(path.read_text())
-        name = path.parent.name
-        trace, tier = name.rsplit("-", 1) if not name.endswith(("mooncake-store", "cpu-offload")) else _split(name)
-        for summary in d["summaries"]:
-            slo = "paper" if summary["slo"].startswith(PAPER_SLO_PREFIX) else summary["slo"]
-            p = peaks(summary)
-            best = max(PAPER_BASELINES, key=lambda k: p.get(k, 0.0))
+    for (trace, tier), by_slo in sorted(cells(out).items()):
+        for slo, p in by_slo.items():
+            if "smetric_paper" not in p or not any(k in p for k in PAPER_BASELINES):
+                continue
+            best = max((k for k in PAPER_BASELINES if k in p), key=lambda k: p[k])
             others = max((k for k in p if k != "smetric_paper"), key=lambda k: p[k])
-            ratio = p["smetric_paper"] / p[best] if p.get(best) else float("nan")
+            missing = [k for k in PAPER_BASELINES if k not in p]
+            note = f" (missing: {', '.join(missing)})" if missing else ""
             rows.append(
-                f"| {trace} | {tier} | {slo} | {p['smetric_paper']:,.0f} | {best} {p[best]:,.0f} | "
-                f"{ratio:.3f} | {p.get('vllm_router_smetric', float('nan')):,.0f} | {others} {p[others]:,.0f} |"
+                f"| {trace} | {tier} | {slo} | {p['smetric_paper']:,.0f} | {best} {p[best]:,.0f}{note} | "
+                f"{p['smetric_paper'] / p[best]:.3f} | {p.get('vllm_router_smetric', float('nan')):,.0f} | "
+                f"{others} {p[others]:,.0f} |"
             )
     rows.append(f"\nThe paper (v2, 30B co-located, authors' scorer): ÷ best = {1 + PAPER_GAIN_30B:.3f}.")
     return "\n".join(rows)
@@ -164,6 +180,8 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, help="unmeasured start (default 1800; 600 with --smoke)")
     ap.add_argument("--tiers", help=f"comma-separated tier settings of {TIERS} (default all; lmcache with --smoke)")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--policies", help=f"comma-separated policies (default: {', '.join(POLICIES)})")
+    ap.add_argument("--families", help="comma-separated trace keys to run (default: all, e.g. codex-100,weka-0401)")
     args = ap.parse_args()
     if args.table is not None:
         print(table(args.table))
@@ -179,9 +197,17 @@ def main() -> None:
     if unknown := [t for t in tiers if t not in TIERS]:
         ap.error(f"unknown tier settings {unknown}; known: {', '.join(TIERS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    for family in families(args.traces, smoke):
+    policies = tuple(args.policies.split(",")) if args.policies else POLICIES
+    chosen = families(args.traces, smoke)
+    if args.families:
+        keys = args.families.split(",")
+        if unknown := [k for k in keys if k not in {f.key for f in chosen}]:
+            ap.error(f"unknown trace keys {unknown}; known: {', '.join(f.key for f in chosen)}")
+        chosen = [f for f in chosen if f.key in keys]
+    for family in chosen:
         for tier in tiers:
-            sweep(family, tier, args, args.out)
+            for policy in policies:
+                sweep(family, tier, policy, args, args.out)
     print(table(args.out))
 
 
