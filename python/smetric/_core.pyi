@@ -292,6 +292,7 @@ class Router:
         namespace: str | None = None,
         now: float | None = None,
         exclude: Sequence[str] | None = None,
+        previous_instance: str | None = None,
     ) -> Decision:
         """Chooses the instance for one request.
 
@@ -306,6 +307,9 @@ class Router:
             now: time in seconds (the router's own clock when ``None``).
             exclude: instances this decision must not choose (a retry after a failed attempt,
                 ejected instances); unknown names are ignored.
+            previous_instance: the instance that served this request's session last, as the
+                client knows it (what llm-d's session cookie carries); read by
+                ``llmd_session_affinity`` only. A name that is not a candidate counts as none.
 
         Raises:
             InvalidTokenError, UnsupportedDtypeError, MissingPromptError, NoInstancesError
@@ -791,9 +795,11 @@ class PdRouter:
         namespace: str | None = None,
         now: float | None = None,
         exclude: Sequence[str] | None = None,
+        previous_instance: str | None = None,
     ) -> PdDecision:
         """Chooses the prefill and the decode instance of one request (arguments as :meth:`Router.route`;
-        ``exclude`` names instances of either pool not to choose).
+        ``exclude`` names instances of either pool not to choose, ``previous_instance`` a prefill
+        instance).
 
         Raises:
             InvalidTokenError, UnsupportedDtypeError, MissingPromptError, InvalidArgumentError,

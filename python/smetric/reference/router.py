@@ -255,6 +255,7 @@ class ReferenceRouter:
         request_id: int | str | None = None,
         namespace: str | None = None,
         now: float | None = None,
+        previous_instance: str | None = None,  # §8: read by no policy yet
     ) -> Decision:
         chain, n = self._prompt(tokens, hashes, num_tokens, namespace)
         now_ms = self._now_ms(now)
