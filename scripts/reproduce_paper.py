@@ -11,9 +11,11 @@ each of the simulator's tier paths — and off, the paper's SLO (``--slo paper``
 and every policy's **peak** TPS under SLO over a load ladder extended past saturation
 (``smetric sweep --until-collapse``). Policies: ``smetric_paper`` (the v2 rule), the paper's
 baselines as their authors ran them (``lmetric``, ``llmd_prefix_load``, ``dynamo_host_tier``,
-``bailian_top3``; Preble and llm-d's session-affinity profile are not in the core yet), the
-peer implementation ``vllm_router_smetric``, and for context ``smetric_v1``, ``smetric``,
-``linear``, ``cache_first`` and ``lpwl``.
+``bailian_top3``, ``preble`` — AIBrix's Preble port — and ``llmd_session_affinity``, llm-d's
+session-affinity + active-requests profile, told each request's previous-turn instance by the
+simulator's driver as a client echoing llm-d's session cookie would), the peer implementation
+``vllm_router_smetric``, and for context ``smetric_v1``, ``smetric``, ``linear``,
+``cache_first`` and ``lpwl``.
 
 Trace families: the Codex-like generator on **report** seeds (100, 101, 102: the tuning seeds are
 0–9), the Weka report windows (0001–0175, 0176–0400, 0401–0475; 0476–0549 is the tuning window and
@@ -42,8 +44,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PAPER_BASELINES = ("lmetric", "llmd_prefix_load", "dynamo_host_tier", "bailian_top3")
-"""The paper's baseline set as far as the core has it (Preble and llm-d session affinity missing)."""
+PAPER_BASELINES = (
+    "lmetric",
+    "llmd_prefix_load",
+    "dynamo_host_tier",
+    "bailian_top3",
+    "preble",
+    "llmd_session_affinity",
+)
+"""The paper's baseline set: LMetric, llm-d's two profiles, Preble (AIBrix port), Dynamo, Bailian."""
 CONTEXT = ("vllm_router_smetric", "smetric_v1", "smetric", "linear", "cache_first", "lpwl")
 """Not the paper's baselines: the peer implementation of its rule, our rules, our other baselines."""
 POLICIES = ("smetric_paper", *PAPER_BASELINES, *CONTEXT)

@@ -89,6 +89,8 @@ COMBOS: tuple[tuple[str, str, str], ...] = tuple(
         ("dynamo_host_tier", "weighted"),
         ("bailian_top3", "weighted"),
         ("vllm_router_smetric", "weighted"),
+        ("preble", "weighted"),
+        ("llmd_session_affinity", "weighted"),
         ("smetric", "weighted"),
         ("smetric", "weighted"),  # the policy this project is about gets twice the streams
     )
@@ -324,6 +326,7 @@ class Session:
     namespace: str | None
     turns: int = 0
     roles: list[str] = field(default_factory=lambda: ["system", "user"])
+    last_instance: str | None = None  # where its previous turn went (llm-d's session cookie)
 
 
 @dataclass
@@ -513,6 +516,11 @@ class StreamGen:
         rid = self._request_id()
         if rid is not None:
             kw["request_id"] = rid
+        r = rnd.random()
+        if r < 0.6 and s.last_instance is not None:  # the client echoes its session's cookie
+            kw["previous_instance"] = s.last_instance
+        elif r < 0.7:  # any name of the pool, live or not, or one the router never had
+            kw["previous_instance"] = rnd.choice([*self.spec.names, "nope"])
         kw["now"] = self._advance()
         self.chains.append(chain)
         if len(self.chains) > 16:
@@ -525,6 +533,8 @@ class StreamGen:
             return  # refused (no instances)
         echoed = decision["request_id"]  # canon(): a str, or ("int", value)
         rid = request_id_value(echoed if isinstance(echoed, str) else echoed[1])
+        if self.last_session is not None:
+            self.last_session.last_instance = decision["instance"]
         chain = self.chains[-1]
         kw = op.kwargs
         n = len(kw["tokens"]) if "tokens" in kw else kw.get("num_tokens", len(chain) * self.block)
@@ -782,6 +792,10 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
             "smetric_kv_fit": rnd.choice([True, False]),
             "smetric_growth_headroom_tokens": rnd.choice([0.0, 16.0, 64.0]),
             "exact_pending_ttl_s": rnd.choice([2.0, 0.0, 0.05, 0.3, 0.0305]),
+            # Windows short enough for the stream's clock to age entries out.
+            "preble_window_s": rnd.choice([180.0, 0.05, 0.3, 0.3005, 1.0, 2.5]),
+            "preble_hit_threshold": rnd.choice([0.5, 0.0, 0.25, 0.9, 1.0]),
+            "preble_imbalance_requests": rnd.choice([8, 0, 1, 2]),
         } | v2_fields(rnd)
     elif rnd.random() < 0.5:  # the paper's forms: the `smetric_paper` (v2) and `smetric_v1` presets
         config |= rnd.choice([PAPER_FIELDS, V1_FIELDS])

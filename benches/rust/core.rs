@@ -135,6 +135,8 @@ fn bench_select(c: &mut Criterion) {
                 queued_work: u64::from(i % 11) * 900,
                 drain_rate: 22_000.0,
                 peer_drain_rate: Some(22_000.0),
+                recent_requests: u64::from(i % 9),
+                recent_cost_us: u64::from(i % 9) * 6_750_000,
             })
             .collect();
         let paper = RouterConfig::PAPER;
@@ -154,6 +156,7 @@ fn bench_select(c: &mut Criterion) {
                         first_turn: false,
                         block_size: 16,
                         prefill_only: false,
+                        previous: Some(n as usize / 2),
                         config: cfg,
                         rng: &rng,
                     })

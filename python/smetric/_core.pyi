@@ -132,6 +132,9 @@ class RouterConfig:
         smetric_drain_rate_fallback: float = ...,
         smetric_drain_window: int = ...,
         smetric_drain_min_samples: int = ...,
+        preble_window_s: float = ...,
+        preble_hit_threshold: float = ...,
+        preble_imbalance_requests: int = ...,
     ) -> Self: ...
     @property
     def hash_seed(self) -> int: ...
@@ -197,6 +200,12 @@ class RouterConfig:
     def smetric_drain_window(self) -> int: ...
     @property
     def smetric_drain_min_samples(self) -> int: ...
+    @property
+    def preble_window_s(self) -> float: ...
+    @property
+    def preble_hit_threshold(self) -> float: ...
+    @property
+    def preble_imbalance_requests(self) -> int: ...
     def paper(self) -> RouterConfig:
         """This config with SMetric in the paper's current form: the v2 SLO-feasibility rule,
         every smetric+ switch off (the ``smetric_paper`` preset)."""
@@ -292,6 +301,7 @@ class Router:
         namespace: str | None = None,
         now: float | None = None,
         exclude: Sequence[str] | None = None,
+        previous_instance: str | None = None,
     ) -> Decision:
         """Chooses the instance for one request.
 
@@ -306,6 +316,9 @@ class Router:
             now: time in seconds (the router's own clock when ``None``).
             exclude: instances this decision must not choose (a retry after a failed attempt,
                 ejected instances); unknown names are ignored.
+            previous_instance: the instance that served this request's session last, as the
+                client knows it (what llm-d's session cookie carries); read by
+                ``llmd_session_affinity`` only. A name that is not a candidate counts as none.
 
         Raises:
             InvalidTokenError, UnsupportedDtypeError, MissingPromptError, NoInstancesError
@@ -791,9 +804,11 @@ class PdRouter:
         namespace: str | None = None,
         now: float | None = None,
         exclude: Sequence[str] | None = None,
+        previous_instance: str | None = None,
     ) -> PdDecision:
         """Chooses the prefill and the decode instance of one request (arguments as :meth:`Router.route`;
-        ``exclude`` names instances of either pool not to choose).
+        ``exclude`` names instances of either pool not to choose, ``previous_instance`` a prefill
+        instance).
 
         Raises:
             InvalidTokenError, UnsupportedDtypeError, MissingPromptError, InvalidArgumentError,

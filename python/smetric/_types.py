@@ -63,6 +63,8 @@ PolicyName: TypeAlias = Literal[
     "dynamo_host_tier",
     "bailian_top3",
     "vllm_router_smetric",
+    "preble",
+    "llmd_session_affinity",
     "smetric",
 ]
 """A routing policy (``smetric.POLICIES`` lists them in report order)."""
@@ -100,6 +102,9 @@ Reason: TypeAlias = Literal[
     "llmd-prefix-load",
     "dynamo-host-tier",
     "bailian-top3",
+    "preble: exploit",
+    "preble: explore",
+    "llmd-session-affinity",
     "first-turn: least-loaded",
     "follow-up: sticky",
     "follow-up: migrate (local KV$ evicted)",
@@ -178,6 +183,9 @@ class RouterConfigFields(TypedDict):
     smetric_drain_rate_fallback: float
     smetric_drain_window: int
     smetric_drain_min_samples: int
+    preble_window_s: float
+    preble_hit_threshold: float
+    preble_imbalance_requests: int
 
 
 class InstanceLoad(TypedDict):

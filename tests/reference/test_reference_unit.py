@@ -47,8 +47,11 @@ from smetric.reference.policies import (
     least_load,
     linear,
     llmd_prefix_load,
+    llmd_session_affinity,
     lmetric,
     lpwl,
+    preble,
+    preble_routed_cost_us,
     round_robin,
     splitmix64_mix,
 )
@@ -561,6 +564,72 @@ def test_bailian_top3() -> None:
     rng = CounterRng(0)
     assert bailian_top3(cands[:1], req(1000), rng) == (0, "bailian-top3")
     assert rng.draws == 0
+
+
+def windowed(hit: int = 0, bs: int = 0, requests: int = 0, cost_us: int = 0) -> Candidate:
+    return Candidate(
+        local_hit=hit, bs=bs, waiting=0, queued=0, active=0, recent_requests=requests, recent_cost_us=cost_us
+    )
+
+
+def test_preble() -> None:
+    cfg = ReferenceConfig()
+    rng = CounterRng(0)
+    # 600 of 1,000 held by 1 and 2 (> 0.5): exploit, the fewest windowed requests whatever their cost
+    cands = [windowed(100), windowed(600, 3, 5, 1), windowed(600, 3, 4, 9_000_000)]
+    assert preble(cands, req(1000), cfg, rng) == (2, "preble: exploit")
+    # 500 of 1,000 is not more than half: explore by cost; an empty prompt explores too
+    cands = [windowed(500, 0, 0, 7_000_000), windowed(0, 2, 9, 6_900_000)]
+    assert preble(cands, req(1000), cfg, rng) == (1, "preble: explore")
+    assert preble(cands, req(0), cfg, rng) == (1, "preble: explore")
+    # in flight 10 and 1 (9 > 8): only 1 is gated in; the tree's ratio still says exploit (the root)
+    cands = [windowed(900, 10), windowed(0, 1, 50, 99_000_000)]
+    assert preble(cands, req(1000), cfg, rng) == (1, "preble: exploit")
+    assert preble([windowed(900, 9), windowed(0, 1)], req(1000), cfg, rng) == (0, "preble: exploit")
+    assert rng.draws == 0
+    # a tie is drawn
+    assert preble([windowed(), windowed(), windowed()], req(100), cfg, rng) == (first_draw() % 3, "preble: explore")
+    assert rng.draws == 1
+
+
+def test_preble_routed_cost() -> None:
+    # one new token of 1,000: 1/1000 * (55 + 0.8) ms / 0.9 + 45 * 0.15 s
+    one = 0.001 * ((55.0 / 1000.0 + 0.80 / 1000.0) / 0.9) + 45.0 * 0.15
+    assert preble_routed_cost_us(1000, [windowed(500), windowed(999)]) == int(one * 1e6)
+    # a cold 12,000-token prompt: linear + attention (not halved) + quadratic, ≈ 11.35 s
+    assert 11_000_000 < preble_routed_cost_us(12_000, [windowed()]) < 12_000_000
+
+
+def test_llmd_session_affinity() -> None:
+    rng = CounterRng(0)
+    # in flight 2, 4, 3: active 0.5, 0, 0.25; the previous instance adds 1
+    cands = [cand(bs=2), cand(bs=4), cand(bs=3)]
+    assert llmd_session_affinity(cands, RouteInput(100, 0, 16, False, previous=2), rng) == (2, "llmd-session-affinity")
+    assert llmd_session_affinity(cands, req(100), rng) == (0, "llmd-session-affinity")
+    assert rng.draws == 0
+    # the busiest previous instance (1 + 0) ties an idle one (0 + 1)
+    tied = llmd_session_affinity([cand(bs=4), cand()], RouteInput(100, 0, 16, False, previous=0), rng)
+    assert tied == (first_draw() % 2, "llmd-session-affinity")
+
+
+def test_previous_instance_only_counts_when_live() -> None:
+    r = router(("a", "b", "c"), policy="llmd_session_affinity")
+    assert r.route([1, 2, 3, 4], now=0.0, previous_instance="c").instance == "c"
+    r.remove_instance("b")
+    # "b" is gone: no candidate is favoured, the idle "a" wins over "c" (one in flight)
+    assert r.route([1, 2, 3, 4], now=0.0, previous_instance="b").instance == "a"
+
+
+def test_preble_window_ages_out() -> None:
+    r = router(("a", "b"), policy="preble", preble_window_s=10.0)
+    first = r.route(list(range(40)), now=0.0).instance
+    second = r.route(list(range(100, 140)), now=1.0).instance
+    assert first != second
+    # the follow-up of the first prompt exploits its instance
+    assert r.route(list(range(48)), now=2.0).instance == first
+    # just before 10 s the first instance's window holds two entries; at 11 s only the cheap follow-up
+    assert r.route(list(range(200, 240)), now=9.999).instance == second
+    assert r.route(list(range(300, 340)), now=11.0).instance == first
 
 
 def test_smetric_first_turn_ignores_local_hits() -> None:

@@ -50,6 +50,9 @@ class ReferenceConfig:
     smetric_drain_rate_fallback: float = 22000.0
     smetric_drain_window: int = 64
     smetric_drain_min_samples: int = 8
+    preble_window_s: float = 180.0  # §6 item 13: AIBrix's histogram window
+    preble_hit_threshold: float = 0.5
+    preble_imbalance_requests: int = 8
 
     def __post_init__(self) -> None:
         # Only the checks that keep the reference itself well-defined; invalid configs never reach

@@ -8,6 +8,7 @@ snapshot comes from `update_load` and only counts while it is fresh. Every decre
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -59,6 +60,25 @@ class DrainRate:
 
 
 @dataclass
+class RecentLoad:
+    """§6 item 13: the requests routed to an instance within `preble_window_s`, as
+    `(routed_ms, cost_us)` in routing order; a read drops expired entries from the front."""
+
+    entries: deque[tuple[int, int]] = field(default_factory=deque)
+    cost_us: int = 0
+
+    def record(self, now_ms: int, cost_us: int) -> None:
+        self.entries.append((now_ms, cost_us))
+        self.cost_us += cost_us
+
+    def read(self, now_ms: int, window_ms: int) -> tuple[int, int]:
+        """(requests, cost_us) still in the window at `now_ms`."""
+        while self.entries and self.entries[0][0] + window_ms <= now_ms:
+            self.cost_us -= self.entries.popleft()[1]
+        return len(self.entries), self.cost_us
+
+
+@dataclass
 class InstanceLoad:
     """One live instance's load (§3). A freshly added instance starts with all zeros."""
 
@@ -72,6 +92,7 @@ class InstanceLoad:
     kv_usage: float = 0.0
     stamp_ms: int | None = None  # ... and when it was taken; None: no snapshot yet
     drain: DrainRate = field(default_factory=DrainRate)
+    recent: RecentLoad = field(default_factory=RecentLoad)  # `preble` only (§6 item 13)
 
     def effective(self, now_ms: int, staleness_ms: int) -> tuple[int, int]:
         """(bs_eff, waiting_eff): the engine snapshot only counts while it exists and is fresh."""

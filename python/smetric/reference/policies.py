@@ -58,6 +58,8 @@ class Candidate:
     queued_work: int = 0  # router's own (§6 item 8)
     drain_rate: float = 22000.0  # work units/s: configured, learned or the fallback (§6 item 8)
     peer_drain_rate: float | None = None  # vllm-router's: configured or its learned p90 (§6 item 12)
+    recent_requests: int = 0  # `preble`: requests routed here within the window (§6 item 13)
+    recent_cost_us: int = 0  # `preble`: their AIBrix cost, microseconds
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class RouteInput:
     global_hit: int  # Gh; 0 when the global tier is disabled
     block_size: int
     first_turn: bool
+    previous: int | None = None  # position of the caller's previous_instance, if a candidate (§6 item 14)
 
 
 def pick_among(positions: Sequence[int], rng: CounterRng) -> int:
@@ -305,6 +308,73 @@ def vllm_router_smetric(
     if not any(meets(i) for i in everyone):
         return home, "follow-up: sticky (no instance meets TTFT budget)"
     return argmin(everyone, score, rng), "follow-up: migrate (home misses TTFT budget)"
+
+
+# --- 13. preble --------------------------------------------------------------------------------
+def _preble_linear_s(t: float) -> float:
+    if t >= 384.0:
+        return (0.27106428 * t + 10.52444263) / 1000.0
+    if t >= 192.0:
+        return (-295.0 + 3.125 * t - 6.4e-3 * (t * t)) / 1000.0
+    return 55.0 / 1000.0
+
+
+def _preble_attention_s(context: int, unique: int) -> float:
+    unique = context if unique == 0 else unique
+    if context <= 1024:
+        return 0.80 / 1000.0
+    forward = 4.65e-4 * float(context) + 0.398
+    if unique <= 1024:
+        forward /= 2.0
+    return forward / 1000.0
+
+
+def _preble_quadratic_s(t: float) -> float:
+    if t >= 4096.0:
+        return (-18.425 + 9.65e-3 * t + 5.4e-6 * (t * t)) / 1000.0
+    return 0.0
+
+
+def preble_routed_cost_us(n: int, cands: Sequence[Candidate]) -> int:
+    """What a routed request adds to its instance's window: AIBrix's node cost
+    miss * T(new, n) + 45 * 0.15 with new = n - max L, truncated to whole microseconds."""
+    new = n - min(max(c.local_hit for c in cands), n)
+    miss = float(new) / float(n) if n > 0 else 1.0
+    t = float(new)
+    prefill = (_preble_linear_s(t) + _preble_attention_s(n, new) + _preble_quadratic_s(t)) / 0.9
+    return int((miss * prefill + 45.0 * 0.15) * 1e6)
+
+
+def preble(cands: Sequence[Candidate], req: RouteInput, cfg: ReferenceConfig, rng: CounterRng) -> tuple[int, str]:
+    """Preble as AIBrix ports it: gate to the least busy when in-flight counts differ by more than
+    preble_imbalance_requests; if max L / n > preble_hit_threshold, the gated holders of the
+    longest gated match with the fewest windowed requests, else the least windowed cost."""
+    lo = min(c.bs for c in cands)
+    hi = max(c.bs for c in cands)
+    imbalanced = hi - lo > cfg.preble_imbalance_requests
+    gated = [i for i, c in enumerate(cands) if not imbalanced or c.bs == lo]
+    n = req.n
+    ratio = float(max(c.local_hit for c in cands)) / float(n) if n > 0 else 0.0
+    if ratio > cfg.preble_hit_threshold:
+        longest = max(cands[i].local_hit for i in gated)
+        holders = [i for i in gated if cands[i].local_hit == longest]
+        return argmin(holders, lambda i: float(cands[i].recent_requests), rng), "preble: exploit"
+    return argmin(gated, lambda i: float(cands[i].recent_cost_us), rng), "preble: explore"
+
+
+# --- 14. llmd_session_affinity ---------------------------------------------------------------------
+def llmd_session_affinity(cands: Sequence[Candidate], req: RouteInput, rng: CounterRng) -> tuple[int, str]:
+    """llm-d's session-affinity + active-requests profile: argmax 1 * (i is the previous instance)
+    + 1 * active score, active = 1 for bs 0 (or every bs 0), else (max bs - bs) / max bs."""
+    max_bs = max(c.bs for c in cands)
+
+    def total(i: int) -> float:
+        c = cands[i]
+        active = 1.0 if c.bs == 0 or max_bs == 0 else float(max_bs - c.bs) / float(max_bs)
+        session = 1.0 if req.previous == i else 0.0
+        return 1.0 * active + 1.0 * session
+
+    return argmin(range(len(cands)), lambda i: -total(i), rng), "llmd-session-affinity"
 
 
 # --- 6. smetric ------------------------------------------------------------------------------

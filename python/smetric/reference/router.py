@@ -33,6 +33,8 @@ POLICIES = (
     "dynamo_host_tier",
     "bailian_top3",
     "vllm_router_smetric",
+    "preble",
+    "llmd_session_affinity",
     "smetric",
 )
 TIERS = ("local", "global")
@@ -255,6 +257,7 @@ class ReferenceRouter:
         request_id: int | str | None = None,
         namespace: str | None = None,
         now: float | None = None,
+        previous_instance: str | None = None,
     ) -> Decision:
         chain, n = self._prompt(tokens, hashes, num_tokens, namespace)
         now_ms = self._now_ms(now)
@@ -272,10 +275,16 @@ class ReferenceRouter:
 
         cands: list[Candidate] = []
         cfg = self._config
+        preble = self._policy == "preble"
+        window_ms = _ms(cfg.preble_window_s)
+        previous = None
         for slot in live:
             s = self._slots[slot]
             assert s is not None
+            if s.name == previous_instance:  # §8: a name that is not live counts as none
+                previous = len(cands)
             bs_eff, waiting_eff = s.load.effective(now_ms, self._staleness_ms)
+            recent_requests, recent_cost_us = s.load.recent.read(now_ms, window_ms) if preble else (0, 0)
             local_hit = self._hit_tokens(hits.local_blocks[slot], n)
             rate = cfg.smetric_drain_rate
             if rate is None:
@@ -283,10 +292,21 @@ class ReferenceRouter:
             peer_rate = cfg.smetric_drain_rate if cfg.smetric_drain_rate is not None else s.load.drain.peer_p90
             cands.append(
                 Candidate(
-                    local_hit, bs_eff, waiting_eff, s.load.queued, s.load.active, s.load.queued_work, rate, peer_rate
+                    local_hit,
+                    bs_eff,
+                    waiting_eff,
+                    s.load.queued,
+                    s.load.active,
+                    s.load.queued_work,
+                    rate,
+                    peer_rate,
+                    recent_requests,
+                    recent_cost_us,
                 )
             )
-        req = RouteInput(n=n, global_hit=global_hit, block_size=self._block_size, first_turn=first_turn)
+        req = RouteInput(
+            n=n, global_hit=global_hit, block_size=self._block_size, first_turn=first_turn, previous=previous
+        )
         pos, reason = self._choose(cands, req)
 
         chosen_slot = live[pos]
@@ -311,6 +331,8 @@ class ReferenceRouter:
             prompt_blocks=len(chain),
         )
         apply_routed(chosen.load, prefill, n, work)
+        if preble:  # §6 item 13: AIBrix adds the prompt to its histogram at routing, for good
+            chosen.load.recent.record(now_ms, policies.preble_routed_cost_us(n, cands))
         self._routed += 1
 
         if self._config.index_mode == "approximate":  # §2.6: insert-on-route
@@ -361,6 +383,10 @@ class ReferenceRouter:
                 return policies.bailian_top3(cands, req, rng)
             case "vllm_router_smetric":
                 return policies.vllm_router_smetric(cands, req, cfg, rng)
+            case "preble":
+                return policies.preble(cands, req, cfg, rng)
+            case "llmd_session_affinity":
+                return policies.llmd_session_affinity(cands, req, rng)
             case _ if cfg.smetric_rule == "v2":
                 return policies.smetric_paper(cands, req, cfg, rng)
             case _:

@@ -250,6 +250,15 @@ pub struct RouterConfig {
     pub smetric_drain_window: u32,
     /// `smetric` v2: samples an instance needs before its learned rate replaces the fallback.
     pub smetric_drain_min_samples: u32,
+    /// `preble`: how long a routed request counts in its instance's load, seconds (AIBrix's
+    /// sliding window).
+    pub preble_window_s: f64,
+    /// `preble`: a prompt whose longest cached prefix is more than this share of it goes to
+    /// the longest match (exploit); otherwise to the least cost (explore).
+    pub preble_hit_threshold: f64,
+    /// `preble`: when the in-flight requests of the fleet differ by more than this, only the
+    /// least loaded instances are candidates.
+    pub preble_imbalance_requests: u64,
 }
 
 impl RouterConfig {
@@ -293,6 +302,11 @@ impl RouterConfig {
         smetric_drain_rate_fallback: 22_000.0,
         smetric_drain_window: 64,
         smetric_drain_min_samples: 8,
+        // AIBrix's Preble port (policy/preble.rs): its three-minute histogram window, its 50 %
+        // prefix gate and the running-request imbalance gate the SMetric authors ran it with.
+        preble_window_s: 180.0,
+        preble_hit_threshold: 0.5,
+        preble_imbalance_requests: 8,
     };
 
     /// The July paper's SMetric (the `smetric_v1` preset): the v1 rule, every smetric+ switch
@@ -434,6 +448,8 @@ impl RouterConfig {
                 reason: format!("must be in [1, {MAX_DRAIN_WINDOW}], got {}", self.smetric_drain_window),
             });
         }
+        finite_positive("preble_window_s", self.preble_window_s)?;
+        finite_non_negative("preble_hit_threshold", self.preble_hit_threshold)?;
         if !(1..=self.smetric_drain_window).contains(&self.smetric_drain_min_samples) {
             return Err(SmetricError::InvalidConfig {
                 field: "smetric_drain_min_samples",

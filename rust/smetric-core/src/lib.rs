@@ -9,8 +9,9 @@
 //! * [`index`] — the two-tier (GPU per instance, global CPU/store) KV$ index;
 //! * [`load`] — the lock-free load board;
 //! * [`drain_rate`] — each instance's prefill drain rate, learned from first-token latencies;
+//! * [`recent_load`] — each instance's requests routed within a sliding window (`preble`);
 //! * [`mix_map`] — the hash map for keys that already are hashes or small ids;
-//! * [`policy`] — the seven policies, one file each (`smetric` in its two rules, v1 and v2);
+//! * [`policy`] — the policies, one file each (`smetric` in its two rules, v1 and v2);
 //! * [`turn`] — stateless first-turn inference;
 //! * [`router`] — the decision path tying them together;
 //! * [`pd`] — disaggregated prefill/decode: the router over a prefill pool plus the decode choice.
@@ -30,6 +31,7 @@ pub mod load;
 pub mod mix_map;
 pub mod pd;
 pub mod policy;
+pub mod recent_load;
 pub mod rng;
 pub mod router;
 pub mod turn;

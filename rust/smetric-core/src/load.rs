@@ -7,13 +7,15 @@
 //!
 //! Besides tokens, the board keeps the queued prefill *work* (the v2 rule's attention-aware
 //! cold-token equivalents, rounded up to whole units at routing) and the instance's learned
-//! drain rate ([`DrainRate`]), which the lifecycle feeds.
+//! drain rate ([`DrainRate`]), which the lifecycle feeds, and, for the `preble` policy only,
+//! the requests routed to it within a sliding window ([`RecentLoad`]), which decisions feed.
 //!
 //! Complexity: every operation is O(1); a read of one instance is eight relaxed loads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::drain_rate::DrainRate;
+use crate::recent_load::RecentLoad;
 
 /// "No engine snapshot yet".
 const NEVER: u64 = u64::MAX;
@@ -37,6 +39,8 @@ pub struct InstanceLoad {
     stamp_ms: AtomicU64,
     /// The instance's learned prefill drain rate.
     pub drain: DrainRate,
+    /// The requests routed here within the last `preble_window_s` (`preble` only).
+    pub recent: RecentLoad,
 }
 
 impl Default for InstanceLoad {
@@ -52,6 +56,7 @@ impl Default for InstanceLoad {
             kv_usage_bits: AtomicU64::new(0f64.to_bits()),
             stamp_ms: AtomicU64::new(NEVER),
             drain: DrainRate::default(),
+            recent: RecentLoad::default(),
         }
     }
 }

@@ -55,6 +55,9 @@ impl PyRouterConfig {
         smetric_drain_rate_fallback = D.smetric_drain_rate_fallback,
         smetric_drain_window = D.smetric_drain_window,
         smetric_drain_min_samples = D.smetric_drain_min_samples,
+        preble_window_s = D.preble_window_s,
+        preble_hit_threshold = D.preble_hit_threshold,
+        preble_imbalance_requests = D.preble_imbalance_requests,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -90,6 +93,9 @@ impl PyRouterConfig {
         smetric_drain_rate_fallback: f64,
         smetric_drain_window: u32,
         smetric_drain_min_samples: u32,
+        preble_window_s: f64,
+        preble_hit_threshold: f64,
+        preble_imbalance_requests: u64,
     ) -> PyResult<Self> {
         let inner = RouterConfig {
             hash_seed,
@@ -124,6 +130,9 @@ impl PyRouterConfig {
             smetric_drain_rate_fallback,
             smetric_drain_window,
             smetric_drain_min_samples,
+            preble_window_s,
+            preble_hit_threshold,
+            preble_imbalance_requests,
         };
         inner.validate().py()?;
         Ok(Self { inner })
@@ -257,6 +266,18 @@ impl PyRouterConfig {
     fn smetric_drain_min_samples(&self) -> u32 {
         self.inner.smetric_drain_min_samples
     }
+    #[getter]
+    fn preble_window_s(&self) -> f64 {
+        self.inner.preble_window_s
+    }
+    #[getter]
+    fn preble_hit_threshold(&self) -> f64 {
+        self.inner.preble_hit_threshold
+    }
+    #[getter]
+    fn preble_imbalance_requests(&self) -> u64 {
+        self.inner.preble_imbalance_requests
+    }
 
     /// This config with SMetric in the paper's current form (the v2 rule; every ``smetric_*``
     /// field as in ``RouterConfig::PAPER``); the other fields unchanged.
@@ -310,6 +331,9 @@ impl PyRouterConfig {
         d.set_item("smetric_drain_rate_fallback", c.smetric_drain_rate_fallback)?;
         d.set_item("smetric_drain_window", c.smetric_drain_window)?;
         d.set_item("smetric_drain_min_samples", c.smetric_drain_min_samples)?;
+        d.set_item("preble_window_s", c.preble_window_s)?;
+        d.set_item("preble_hit_threshold", c.preble_hit_threshold)?;
+        d.set_item("preble_imbalance_requests", c.preble_imbalance_requests)?;
         Ok(d)
     }
 

@@ -152,7 +152,7 @@ impl PyPdRouter {
     }
 
     /// Chooses the prefill and the decode instance of one request.
-    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None))]
+    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None, previous_instance = None))]
     #[allow(clippy::too_many_arguments)]
     fn route(
         &self,
@@ -166,9 +166,19 @@ impl PyPdRouter {
         namespace: Option<String>,
         now: Option<f64>,
         exclude: Option<Vec<String>>,
+        previous_instance: Option<String>,
     ) -> PyResult<PyPdDecision> {
         let args = RouteArgs::new(
-            tokens, hashes, num_tokens, messages, turn, request_id, namespace, now, exclude,
+            tokens,
+            hashes,
+            num_tokens,
+            messages,
+            turn,
+            request_id,
+            namespace,
+            now,
+            exclude,
+            previous_instance,
         )?;
         let inner = &self.inner;
         let d = args.run(py, |req| inner.route(req))?;

@@ -173,6 +173,7 @@ pub(crate) struct RouteArgs {
     namespace: Option<String>,
     now: Option<f64>,
     exclude: Vec<String>,
+    previous_instance: Option<String>,
 }
 
 impl RouteArgs {
@@ -187,6 +188,7 @@ impl RouteArgs {
         namespace: Option<String>,
         now: Option<f64>,
         exclude: Option<Vec<String>>,
+        previous_instance: Option<String>,
     ) -> PyResult<Self> {
         Ok(Self {
             prompt: PromptArg::from_args(tokens, hashes, num_tokens)?,
@@ -195,6 +197,7 @@ impl RouteArgs {
             namespace,
             now,
             exclude: exclude.unwrap_or_default(),
+            previous_instance,
         })
     }
 
@@ -214,6 +217,7 @@ impl RouteArgs {
                 request_id: self.id,
                 now: self.now,
                 exclude: &exclude,
+                previous_instance: self.previous_instance.as_deref(),
             })
         })
         .py()
@@ -302,7 +306,7 @@ impl PyRouter {
     }
 
     /// Chooses the instance for one request.
-    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None))]
+    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None, previous_instance = None))]
     #[allow(clippy::too_many_arguments)]
     fn route(
         &self,
@@ -316,9 +320,19 @@ impl PyRouter {
         namespace: Option<String>,
         now: Option<f64>,
         exclude: Option<Vec<String>>,
+        previous_instance: Option<String>,
     ) -> PyResult<PyDecision> {
         let args = RouteArgs::new(
-            tokens, hashes, num_tokens, messages, turn, request_id, namespace, now, exclude,
+            tokens,
+            hashes,
+            num_tokens,
+            messages,
+            turn,
+            request_id,
+            namespace,
+            now,
+            exclude,
+            previous_instance,
         )?;
         let inner = &self.inner;
         let decision = args.run(py, |req| inner.route(req))?;

@@ -403,12 +403,19 @@ impl Sim<'_> {
         }
         self.in_flight += 1;
         let chain = workload.chain(r as usize);
+        // What a client echoing llm-d's session cookie sends: where its session's previous turn
+        // went (none for a subagent's first request, whose `prev` is its parent's turn).
+        let previous_instance = spec
+            .prev
+            .filter(|&p| workload.requests()[p as usize].session == spec.session)
+            .and_then(|p| self.records[p as usize].instance);
         let placed = self.placer.place(&PlaceRequest {
             request_id: u64::from(r),
             chain,
             prompt_tokens: spec.input_tokens,
             turn: workload.turn(r as usize),
             now,
+            previous_instance,
         })?;
         if placed.instance >= self.config.instances {
             return Err(SimError::Router(format!(

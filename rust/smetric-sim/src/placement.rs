@@ -33,13 +33,23 @@ pub struct PlaceRequest<'a> {
     pub turn: Option<u32>,
     /// Simulated time, seconds.
     pub now: f64,
+    /// The instance the request's session placed its previous turn on, the way a client that
+    /// echoes llm-d's session cookie names it (`None`: first turn, sessionless trace, or a
+    /// previous turn that was never placed).
+    pub previous_instance: Option<u32>,
 }
 
 impl PlaceRequest<'_> {
     /// The core routing request of this placement over `chain` (the chain as the router hashes
-    /// it): the prompt length, the request id, the simulated time, and the turn when `turns`
-    /// feeds it.
-    pub(crate) fn route_request<'c>(&self, chain: &'c [BlockHash], turns: TurnFeed) -> RouteRequest<'c> {
+    /// it): the prompt length, the request id, the simulated time, the turn when `turns` feeds
+    /// it, and the previous turn's instance by its name in `names` (the router's instances in
+    /// slot order).
+    pub(crate) fn route_request<'c>(
+        &self,
+        chain: &'c [BlockHash],
+        turns: TurnFeed,
+        names: &'c [String],
+    ) -> RouteRequest<'c> {
         RouteRequest {
             prompt: Prompt::Hashes {
                 hashes: chain,
@@ -53,6 +63,10 @@ impl PlaceRequest<'_> {
             request_id: Some(RequestId(self.request_id)),
             now: Some(self.now),
             exclude: &[],
+            previous_instance: self
+                .previous_instance
+                .and_then(|slot| names.get(slot as usize))
+                .map(String::as_str),
         }
     }
 }

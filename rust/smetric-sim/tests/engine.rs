@@ -564,3 +564,35 @@ fn a_block_is_visible_in_the_tier_only_once_its_write_completes() {
     );
     assert_eq!(late.records[1].global_hit_tokens, 2047 * 16);
 }
+
+/// The driver tells the router where a session's previous turn went (`PlaceRequest::
+/// previous_instance`, what a client echoing llm-d's session cookie sends): on a lightly loaded
+/// fleet `llmd_session_affinity` keeps follow-ups there, where a load score alone spreads them.
+#[test]
+fn session_affinity_follows_the_previous_turns_instance() {
+    let w = agent_sessions();
+    let c = SimConfig {
+        session_rate_per_s: 0.5,
+        ..config(4)
+    };
+    let affinity = run(&c, &w, PolicyKind::LlmdSessionAffinity).unwrap();
+    let least = run(&c, &w, PolicyKind::LeastLoad).unwrap();
+    assert_eq!((affinity.completed, affinity.followups), (60, least.followups));
+    assert!(
+        affinity.migrations * 10 < affinity.followups,
+        "{} of {} follow-ups moved",
+        affinity.migrations,
+        affinity.followups
+    );
+    assert!(
+        least.migrations > 3 * affinity.migrations.max(1),
+        "least_load moved {} follow-ups, session affinity {}",
+        least.migrations,
+        affinity.migrations
+    );
+    assert!(
+        affinity.reasons.iter().all(|(r, _)| r == "llmd-session-affinity"),
+        "{:?}",
+        affinity.reasons
+    );
+}

@@ -16,8 +16,10 @@ mod dynamo_host_tier;
 mod least_load;
 mod linear;
 mod llmd_prefix_load;
+mod llmd_session_affinity;
 mod lmetric;
 mod lpwl;
+mod preble;
 mod round_robin;
 mod smetric;
 mod smetric_paper;
@@ -35,8 +37,11 @@ pub use dynamo_host_tier::DynamoHostTier;
 pub use least_load::LeastLoad;
 pub use linear::Linear;
 pub use llmd_prefix_load::LlmdPrefixLoad;
+pub use llmd_session_affinity::LlmdSessionAffinity;
 pub use lmetric::Lmetric;
 pub use lpwl::Lpwl;
+pub use preble::Preble;
+pub(crate) use preble::routed_cost_us as preble_routed_cost_us;
 pub use round_robin::RoundRobin;
 pub use smetric::Smetric;
 pub use vllm_router_smetric::VllmRouterSmetric;
@@ -64,6 +69,11 @@ pub struct Candidate {
     /// The drain rate as vllm-router learns it (configured, or the p90 of own-work samples,
     /// `drain_rate.rs`); `None` until learned. Read by `vllm_router_smetric` only.
     pub peer_drain_rate: Option<f64>,
+    /// Requests routed here within the last `preble_window_s` (`recent_load.rs`); 0 unless
+    /// the policy is `preble`.
+    pub recent_requests: u64,
+    /// Their AIBrix cost (`policy/preble.rs`), microseconds; 0 unless the policy is `preble`.
+    pub recent_cost_us: u64,
 }
 
 /// The prefill work of computing `new_tokens` at the end of an `prompt_tokens`-token prompt,
@@ -105,6 +115,9 @@ pub struct SelectionInput<'a> {
     /// Whether the instances only prefill (the prefill pool of a PD router) rather than
     /// prefill and decode (co-located).
     pub prefill_only: bool,
+    /// The candidate that served the request's session last, as the caller says
+    /// (`RouteRequest::previous_instance`); `None` when not said or not a candidate.
+    pub previous: Option<usize>,
     /// The router's configuration.
     pub config: &'a RouterConfig,
     /// The router's random stream.
@@ -136,6 +149,12 @@ pub enum Reason {
     DynamoHostTier,
     /// `bailian_top3`.
     BailianTop3,
+    /// `preble`, exploit: the longest cached prefix covers more than the threshold.
+    PrebleExploit,
+    /// `preble`, explore: the least windowed cost.
+    PrebleExplore,
+    /// `llmd_session_affinity`.
+    LlmdSessionAffinity,
     /// `smetric`, first turn placed for load balance.
     FirstTurnLeastLoaded,
     /// `smetric`, follow-up kept at its home.
@@ -168,6 +187,9 @@ impl Reason {
             Self::LlmdPrefixLoad => "llmd-prefix-load",
             Self::DynamoHostTier => "dynamo-host-tier",
             Self::BailianTop3 => "bailian-top3",
+            Self::PrebleExploit => "preble: exploit",
+            Self::PrebleExplore => "preble: explore",
+            Self::LlmdSessionAffinity => "llmd-session-affinity",
             Self::FirstTurnLeastLoaded => "first-turn: least-loaded",
             Self::Sticky => "follow-up: sticky",
             Self::MigrateEvicted => "follow-up: migrate (local KV$ evicted)",
@@ -179,7 +201,7 @@ impl Reason {
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 21] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
@@ -191,6 +213,9 @@ impl Reason {
         Self::LlmdPrefixLoad,
         Self::DynamoHostTier,
         Self::BailianTop3,
+        Self::PrebleExploit,
+        Self::PrebleExplore,
+        Self::LlmdSessionAffinity,
         Self::FirstTurnLeastLoaded,
         Self::Sticky,
         Self::MigrateEvicted,
@@ -243,6 +268,12 @@ pub enum PolicyKind {
     /// vllm-router's `smetric` (PR #330), a peer implementation of the paper's v2 rule:
     /// learned p90 rate, `(q + w) × in-flight` score, the TTFT test.
     VllmRouterSmetric,
+    /// Preble as AIBrix ports it: the longest cached prefix when it covers more than half the
+    /// prompt, else the least cost over a sliding window of routed requests.
+    Preble,
+    /// llm-d's session-affinity + active-requests profile: argmax (previous instance) + (1 −
+    /// in-flight / max in-flight).
+    LlmdSessionAffinity,
     /// SMetric: first turns load-balanced, follow-ups cache-aware; `RouterConfig::smetric_rule`
     /// chooses how a follow-up leaves its home (v1 overload thresholds, v2 TTFT feasibility).
     Smetric,
@@ -250,7 +281,7 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 11] = [
+    pub const ALL: [PolicyKind; 13] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirst,
@@ -261,6 +292,8 @@ impl PolicyKind {
         Self::DynamoHostTier,
         Self::BailianTop3,
         Self::VllmRouterSmetric,
+        Self::Preble,
+        Self::LlmdSessionAffinity,
         Self::Smetric,
     ];
 
@@ -277,6 +310,8 @@ impl PolicyKind {
             Self::DynamoHostTier => "dynamo_host_tier",
             Self::BailianTop3 => "bailian_top3",
             Self::VllmRouterSmetric => "vllm_router_smetric",
+            Self::Preble => "preble",
+            Self::LlmdSessionAffinity => "llmd_session_affinity",
             Self::Smetric => "smetric",
         }
     }
@@ -305,6 +340,8 @@ impl PolicyKind {
             Self::DynamoHostTier => Box::new(DynamoHostTier),
             Self::BailianTop3 => Box::new(BailianTop3),
             Self::VllmRouterSmetric => Box::new(VllmRouterSmetric),
+            Self::Preble => Box::new(Preble),
+            Self::LlmdSessionAffinity => Box::new(LlmdSessionAffinity),
             Self::Smetric => Box::new(Smetric),
         }
     }
@@ -360,6 +397,8 @@ pub(crate) mod test_support {
             queued_work: 0,
             drain_rate: RouterConfig::DEFAULT.smetric_drain_rate_fallback,
             peer_drain_rate: None,
+            recent_requests: 0,
+            recent_cost_us: 0,
         }
     }
 
@@ -377,6 +416,7 @@ pub(crate) mod test_support {
             first_turn,
             block_size: 16,
             prefill_only: false,
+            previous: None,
             config,
             rng,
         }

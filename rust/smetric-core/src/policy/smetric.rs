@@ -291,6 +291,8 @@ mod tests {
                     queued_work: draws_src.pick(300_000) as u64,
                     drain_rate: 20_000.0,
                     peer_drain_rate: None,
+                    recent_requests: 0,
+                    recent_cost_us: 0,
                 })
                 .collect();
             let mut sel = input(&c, n, draws_src.pick(3) == 0, &cfg, &draws_src);

@@ -18,7 +18,7 @@ use crate::error::{Result, SmetricError};
 use crate::hash::{chain_root, chain_tokens_into};
 use crate::ids::{BlockHash, InstanceId, RequestId};
 use crate::index::IndexQuery;
-use crate::policy::{Candidate, Reason, SelectionInput, prefill_work};
+use crate::policy::{Candidate, PolicyKind, Reason, SelectionInput, preble_routed_cost_us, prefill_work};
 use crate::router::request::{Decision, Hits, Prompt, RouteRequest};
 use crate::turn::{TurnHint, infer};
 
@@ -99,11 +99,23 @@ impl Router {
         index.query(chain, now_ms, query);
         candidates.clear();
         let (fixed_rate, fallback_rate) = (self.config.smetric_drain_rate, self.config.smetric_drain_rate_fallback);
+        let preble = self.kind == PolicyKind::Preble;
+        let window_ms = to_ms(self.config.preble_window_s);
+        let mut previous = None;
         for (slot, m) in fleet.members() {
             if !req.exclude.is_empty() && req.exclude.iter().any(|name| *name == &*m.name) {
                 continue;
             }
+            if req.previous_instance == Some(&*m.name) {
+                previous = Some(candidates.len());
+            }
             let load = m.load.effective(now_ms, staleness_ms);
+            // Only Preble reads (and ages) the window: no other router pays for its lock.
+            let (recent_requests, recent_cost_us) = if preble {
+                m.load.recent.read(now_ms, window_ms)
+            } else {
+                (0, 0)
+            };
             candidates.push(Candidate {
                 slot,
                 local_hit_tokens: self.hit_tokens(query.local_blocks[slot as usize], n),
@@ -114,6 +126,8 @@ impl Router {
                 queued_work: load.queued_work,
                 drain_rate: fixed_rate.unwrap_or_else(|| m.load.drain.rate_or(fallback_rate)),
                 peer_drain_rate: fixed_rate.or_else(|| m.load.drain.peer_p90()),
+                recent_requests,
+                recent_cost_us,
             });
         }
         if candidates.is_empty() {
@@ -133,6 +147,7 @@ impl Router {
             first_turn,
             block_size: self.block_size,
             prefill_only: self.prefill_only,
+            previous,
             config: &self.config,
             rng: &self.rng,
         });
@@ -146,6 +161,10 @@ impl Router {
         let prefill = chosen.prefill_tokens(n, global_hit_tokens);
         let work = prefill_work(prefill, n, self.config.smetric_l_eq_tokens);
         member.load.on_routed(prefill, n, work);
+        if preble {
+            // AIBrix adds the routed prompt to its histogram at once and never takes it back.
+            member.load.recent.record(now_ms, preble_routed_cost_us(n, candidates));
+        }
         // Issued only for a decision that happened, so a failed call consumes no id.
         let request_id = req
             .request_id

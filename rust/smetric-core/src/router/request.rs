@@ -39,6 +39,10 @@ pub struct RouteRequest<'a> {
     /// instances it has ejected). Names the fleet no longer has are ignored; when every
     /// instance is excluded the call fails with `NoInstances`.
     pub exclude: &'a [&'a str],
+    /// The instance that served this request's session last, as the caller knows it (the
+    /// session cookie llm-d's endpoint picker sets and its client echoes). Only
+    /// `llmd_session_affinity` reads it; a name that is not a candidate counts as none.
+    pub previous_instance: Option<&'a str>,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -51,6 +55,7 @@ impl<'a> RouteRequest<'a> {
             request_id: None,
             now: None,
             exclude: &[],
+            previous_instance: None,
         }
     }
 }

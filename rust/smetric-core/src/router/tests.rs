@@ -471,3 +471,89 @@ fn drain_rate_is_learned_from_first_token_timing() {
     assert!((learned / RATE - 1.0).abs() < 0.01, "learned {learned}");
     assert_eq!(r.load("i0").unwrap().queued_work, 0);
 }
+
+/// `preble`: each decision charges its instance's window (`recent_load.rs`), explore reads the
+/// windows' costs, and an entry leaves `preble_window_s` after its routing.
+#[test]
+fn preble_windows_charge_the_chosen_instance_and_age_out() {
+    let config = RouterConfig {
+        preble_window_s: 10.0,
+        ..RouterConfig::default()
+    };
+    let router = Router::new(&names(2), PolicyKind::Preble, 4, 0, config).unwrap();
+    let route = |tokens: &[u32], now: f64| {
+        router
+            .route(&RouteRequest {
+                now: Some(now),
+                ..RouteRequest::new(Prompt::Tokens(tokens))
+            })
+            .unwrap()
+    };
+    // Two cold prompts explore: the second goes where the first did not (a charged window).
+    let first = route(&(0..40).collect::<Vec<u32>>(), 0.0);
+    let second = route(&(100..140).collect::<Vec<u32>>(), 1.0);
+    assert_eq!(
+        (first.reason, second.reason),
+        (Reason::PrebleExplore, Reason::PrebleExplore)
+    );
+    assert_ne!(first.instance, second.instance);
+    // A follow-up of the first (40 of 48 tokens held, > half) exploits its instance.
+    let follow: Vec<u32> = (0..48).collect();
+    let follow_up = route(&follow, 2.0);
+    assert_eq!(
+        (follow_up.instance, follow_up.reason),
+        (first.instance, Reason::PrebleExploit)
+    );
+    // Just before 10.0 the first's window holds two entries (≈ 6.81 s + 6.75 s), the second's
+    // one (≈ 6.81 s).
+    let third = route(&(200..240).collect::<Vec<u32>>(), 9.999);
+    assert_eq!(
+        (third.instance, third.reason),
+        (second.instance, Reason::PrebleExplore),
+        "2 entries cost more than 1"
+    );
+    // At 11.0 the entries of 0.0 and 1.0 are out: the first's window holds the follow-up (8 new
+    // tokens, ≈ 6.75 s), the second's the cold prompt of 9.999 (40 new tokens, ≈ 6.81 s).
+    let fourth = route(&(300..340).collect::<Vec<u32>>(), 11.0);
+    assert_eq!(
+        (fourth.instance, fourth.reason),
+        (first.instance, Reason::PrebleExplore)
+    );
+}
+
+/// `previous_instance` names the candidate `llmd_session_affinity` favours; a name that is not a
+/// candidate (unknown, or excluded) favours none.
+#[test]
+fn previous_instance_reaches_the_session_affinity_policy() {
+    let r = Router::new(
+        &names(3),
+        PolicyKind::LlmdSessionAffinity,
+        4,
+        0,
+        RouterConfig::default(),
+    )
+    .unwrap();
+    let prompt: Vec<u32> = (0..8).collect();
+    let route = |previous: Option<&str>, exclude: &[&str]| {
+        r.route(&RouteRequest {
+            now: Some(0.0),
+            previous_instance: previous,
+            exclude,
+            ..RouteRequest::new(Prompt::Tokens(&prompt))
+        })
+        .unwrap()
+    };
+    // Idle fleet: the previous instance scores 2, every other 1.
+    let d = route(Some("i2"), &[]);
+    assert_eq!((&*d.instance_name, d.reason), ("i2", Reason::LlmdSessionAffinity));
+    // i2 now has the only request: 1 + 0 for it, 0 + 1 for the idle ones: a tie of three.
+    let draws = r.stats().draws;
+    let _ = route(Some("i2"), &[]);
+    assert_eq!(r.stats().draws, draws + 1, "a tie is drawn");
+    // With i2 excluded, the named instance is no candidate: the least busy idle one wins.
+    let e = route(Some("i2"), &["i2"]);
+    assert_ne!(&*e.instance_name, "i2");
+    // An unknown name is no candidate either: the call succeeds as without one.
+    let u = route(Some("nope"), &[]);
+    assert_eq!(u.reason, Reason::LlmdSessionAffinity);
+}

@@ -200,7 +200,7 @@ impl Placer for CorePlacer {
         }
         let decision = self
             .router
-            .route(&request.route_request(&self.chain, self.turns))
+            .route(&request.route_request(&self.chain, self.turns, &self.names))
             .map_err(|e| SimError::Router(e.to_string()))?;
         Ok(Placement {
             instance: decision.instance.0,

@@ -78,7 +78,7 @@ impl Placer for CorePdPlacer {
         self.chain.extend(request.chain.iter().map(|&h| BlockHash(h)));
         let decision = self
             .router
-            .route(&request.route_request(&self.chain, self.turns))
+            .route(&request.route_request(&self.chain, self.turns, &self.names))
             .map_err(|e| SimError::Router(e.to_string()))?;
         let p = &decision.prefill;
         Ok(Placement {
