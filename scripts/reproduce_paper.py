@@ -28,7 +28,9 @@ peaks are read on the same loads.
 
 The table gives, per trace × tier setting × SLO, each policy's peak (mean over arrival seeds at
 each rung, as the sweep reports it), the best of the paper's baselines, and
-``smetric_paper ÷ best``, beside the paper's +8.9 % (30B co-located, the authors' scorer).
+``smetric_paper ÷ best`` — in our TPS (prompt + output tokens of the requests that met the SLO)
+and in the paper's co-located metric (output tokens only) — beside the paper's +8.9 % (30B
+co-located, the authors' scorer); then the load-sweep shape (:func:`shape`).
 
 ``--smoke`` shrinks everything (8 instances, 30-minute windows, one arrival seed, one Codex seed,
 one Weka window, the default tier path only): a check that the grid runs, **not** a result.
@@ -42,6 +44,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from math import nan
 from pathlib import Path
 
 PAPER_BASELINES = (
@@ -148,28 +151,36 @@ Curves = dict[tuple[str, str], dict[str, dict[str, dict[float, float]]]]
 """(trace, tier) → SLO label → policy → load → TPS under SLO (mean over arrival seeds)."""
 
 
-def curves(out: Path) -> Curves:
-    """Every policy's TPS per rung, merged over the per-policy cells under ``out``."""
+def curves(out: Path, metric: str = "tps_under_slo") -> Curves:
+    """Every policy's ``metric`` per rung (mean over arrival seeds), merged over the per-policy
+    cells under ``out``: ``tps_under_slo`` (prompt + output tokens of the requests that met the
+    SLO, our yardstick) or ``output_tps_under_slo`` (output tokens only, the paper's co-located
+    metric)."""
     merged: Curves = {}
     for path in sorted(out.glob("*/*/sweep.json")):
         name = path.parent.parent.name
         trace, tier = _split(name) if name.endswith(("mooncake-store", "cpu-offload")) else name.rsplit("-", 1)
-        for summary in json.loads(path.read_text())["summaries"]:
+        d = json.loads(path.read_text())
+        for k, summary in enumerate(d["summaries"]):
             slo = "paper" if summary["slo"].startswith(PAPER_SLO_PREFIX) else summary["slo"]
             by_policy = merged.setdefault((trace, tier), {}).setdefault(slo, {})
-            for p in summary["policies"]:
-                by_policy[p["policy"]] = dict(zip(map(float, p["loads"]), map(float, p["tps_under_slo"]), strict=True))
+            for policy in {p["policy"] for p in summary["policies"]}:
+                per_load: dict[float, list[float]] = {}
+                for run in d["runs"]:
+                    if run["policy"] == policy:
+                        per_load.setdefault(float(run["load"]), []).append(float(run["by_slo"][k][metric]))
+                by_policy[policy] = {load: sum(v) / len(v) for load, v in sorted(per_load.items())}
     return merged
 
 
-def cells(out: Path) -> dict[tuple[str, str], dict[str, dict[str, float]]]:
-    """Peak TPS per (trace, tier) → SLO label → policy: the best rung of each curve."""
+def cells(out: Path, metric: str = "tps_under_slo") -> dict[tuple[str, str], dict[str, dict[str, float]]]:
+    """Peak ``metric`` per (trace, tier) → SLO label → policy: the best rung of each curve."""
     return {
         key: {
             slo: {policy: max(curve.values()) for policy, curve in by_policy.items()}
             for slo, by_policy in by_slo.items()
         }
-        for key, by_slo in curves(out).items()
+        for key, by_slo in curves(out, metric).items()
     }
 
 
@@ -199,12 +210,15 @@ def shape(out: Path) -> str:
 def table(out: Path) -> str:
     """The markdown table of every cell under ``out``."""
     rows = [
-        "| trace | tier | SLO | smetric_paper | best paper baseline | ÷ best | vllm_router_smetric "
-        "| best of all others |",
-        "|---|---|---|---:|---|---:|---:|---|",
+        "| trace | tier | SLO | smetric_paper | best paper baseline | ÷ best | ÷ best, output TPS "
+        "| vllm_router_smetric | best of all others |",
+        "|---|---|---|---:|---|---:|---:|---:|---|",
     ]
+    output_peaks = cells(out, "output_tps_under_slo")
     for (trace, tier), by_slo in sorted(cells(out).items()):
         for slo, p in by_slo.items():
+            o = output_peaks[(trace, tier)][slo]
+            best_o = max((k for k in PAPER_BASELINES if k in o), key=lambda k: o[k], default=None)
             if "smetric_paper" not in p or not any(k in p for k in PAPER_BASELINES):
                 continue
             best = max((k for k in PAPER_BASELINES if k in p), key=lambda k: p[k])
@@ -213,7 +227,8 @@ def table(out: Path) -> str:
             note = f" (missing: {', '.join(missing)})" if missing else ""
             rows.append(
                 f"| {trace} | {tier} | {slo} | {p['smetric_paper']:,.0f} | {best} {p[best]:,.0f}{note} | "
-                f"{p['smetric_paper'] / p[best]:.3f} | {p.get('vllm_router_smetric', float('nan')):,.0f} | "
+                f"{p['smetric_paper'] / p[best]:.3f} | {o['smetric_paper'] / o[best_o] if best_o else nan:.3f} | "
+                f"{p.get('vllm_router_smetric', float('nan')):,.0f} | "
                 f"{others} {p[others]:,.0f} |"
             )
     rows.append(f"\nThe paper (v2, 30B co-located, authors' scorer): ÷ best = {1 + PAPER_GAIN_30B:.3f}.")
