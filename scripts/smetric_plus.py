@@ -526,8 +526,16 @@ def tune_v2(traces: Path, out: Path, jobs: int, points: list[str], labels: list[
         "wall_s": old["wall_s"] + time.perf_counter() - started,
         "runs": sorted(runs, key=lambda r: (r["point"], r["label"], r["load"], r["seed"])),
     }
-    path.write_text(json.dumps(payload, indent=0) + "\n")
+    _write_v2(path, payload)
     return path
+
+
+def _write_v2(path: Path, payload: dict[str, Any]) -> None:
+    """The JSON with one run per line and the behaviour figures to 4 decimals (kept small)."""
+    runs = [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in payload["runs"]]
+    head = json.dumps({k: v for k, v in payload.items() if k != "runs"}, indent=1)[:-2]
+    body = ",\n".join(json.dumps(r, separators=(",", ":")) for r in runs)
+    path.write_text(f'{head},\n "runs": [\n{body}\n]}}\n')
 
 
 Peak = tuple[float, float, list[float]]
