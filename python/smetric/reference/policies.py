@@ -476,7 +476,8 @@ def smetric_paper(
         return float(c.queued_work + prefill_work(x, n, cfg.smetric_l_eq_tokens))
 
     def score(i: int) -> float:
-        return pending(i) * float(cands[i].bs)
+        load = pending(i) + cfg.smetric_active_weight * float(cands[i].active)
+        return load * float(cands[i].bs) if cfg.smetric_batch_term else load
 
     def meets(i: int) -> bool:
         return pending(i) / cands[i].drain_rate <= budget

@@ -212,10 +212,12 @@ pub struct RouterConfig {
     /// `smetric`: slack of the batch-size overload test.
     pub overload_slack_requests: f64,
     /// `smetric`: weight of an instance's in-flight prompt tokens (its decode load and KV
-    /// occupancy, `linear`'s second term) added to its load in every score; 0 in the paper.
+    /// occupancy, `linear`'s second term) added to its load in every score (v2: co-located
+    /// scores only, not its TTFT gate); 0 in the paper.
     pub smetric_active_weight: f64,
-    /// `smetric`: multiply the load by the batch size plus one (LMetric's form, the paper's);
-    /// without it the score is additive, as Dynamo's `linear`.
+    /// `smetric`: multiply the load by the batch size plus one (LMetric's form, the paper's;
+    /// v2: by the batch size, the authors' co-located form); without it the score is
+    /// additive, as Dynamo's `linear`.
     pub smetric_batch_term: bool,
     /// `smetric`: the rule that moves a follow-up off its home.
     pub smetric_migration: MigrationRule,

@@ -24,6 +24,10 @@
 //!   (`migrate (home misses TTFT budget)`).
 //!
 //! smetric+ options on top (all off in the `smetric_paper` preset):
+//! * `smetric_active_weight` `w` (co-located): the score is `(e_i + w·a_i) × bs_i`, `a_i` the
+//!   prompt tokens in flight on `i` (its decode load and KV occupancy, `linear`'s second
+//!   term); `smetric_batch_term = false` drops the `× bs_i` (an additive score). The gate
+//!   (`meets`) and the `work` comparison keep `e_i`; a prefill pool keeps `s_i = e_i`;
 //! * `smetric_kv_fit`: instances whose in-flight prompt tokens plus this request's (plus the
 //!   growth headroom for a first turn) exceed their GPU KV are not targets while one has
 //!   room; a home without room is left (`migrate (home overloaded)`);
@@ -51,11 +55,14 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     let pending = |i: usize| (c[i].queued_work + work(&c[i])) as f64;
     let budget_s = cfg.smetric_ttft_slack * (cfg.smetric_ttft_base_s + cfg.smetric_ttft_s_per_token * n as f64);
     let meets = |i: usize| pending(i) / c[i].drain_rate <= budget_s;
+    let load = |i: usize| pending(i) + cfg.smetric_active_weight * c[i].active as f64;
     let score = |i: usize| {
         if input.prefill_only {
             pending(i)
+        } else if cfg.smetric_batch_term {
+            load(i) * c[i].bs as f64
         } else {
-            pending(i) * c[i].bs as f64
+            load(i)
         }
     };
     let capacity = cfg.local_capacity_blocks as f64 * f64::from(input.block_size);
@@ -245,6 +252,39 @@ mod tests {
             select(&input(&c, N, false, &tight, &rng)).reason,
             Reason::MigrateInfeasible
         );
+    }
+
+    #[test]
+    fn active_weight_and_additive_form_sit_on_top() {
+        let rng = DrawCounter::new(0);
+        // Two idle-queue instances, cold prompt: equal `e`. Instance 0 runs one request with
+        // 60,000 prompt tokens in flight, instance 1 two requests with 1,000 each.
+        let mut c = [inst(0, 0, 1, 0, RATE), inst(1, 0, 2, 0, RATE)];
+        c[0].active = 60_000;
+        c[1].active = 2_000;
+        // The paper's score `e × bs` prefers the smaller batch.
+        assert_eq!(select(&input(&c, N, true, &CFG, &rng)).index, 0);
+        // `(e + a) × bs`: 94,489 · 1 against 36,489 · 2 = 72,978 — instance 1.
+        let active = RouterConfig {
+            smetric_active_weight: 1.0,
+            ..CFG
+        };
+        assert_eq!(select(&input(&c, N, true, &active, &rng)).index, 1);
+        // Additive `e + a`: 94,489 against 36,489 — instance 1.
+        let additive = RouterConfig {
+            smetric_batch_term: false,
+            ..active
+        };
+        assert_eq!(select(&input(&c, N, true, &additive, &rng)).index, 1);
+        // A prefill pool ignores both.
+        let mut sel = input(&c, N, true, &additive, &rng);
+        sel.prefill_only = true;
+        let s = select(&sel);
+        assert_eq!(s.reason, Reason::FirstTurnLeastLoaded);
+        // The gate still reads `e` alone: a home that meets its budget sticks whatever its `a`.
+        let mut c = [inst(0, 0, 1, 0, RATE), inst(1, 15_000, 1, 10_000, RATE)];
+        c[1].active = 200_000;
+        assert_eq!(select(&input(&c, N, false, &additive, &rng)).reason, Reason::Sticky);
     }
 
     #[test]
