@@ -38,10 +38,10 @@ class ReferenceConfig:
     smetric_active_weight: float = 0.0
     smetric_batch_term: bool = True
     smetric_migration: str = "fetch"
-    smetric_migration_margin: float = 0.25
+    smetric_migration_margin: float = 4.0
     smetric_kv_fit: bool = True
     smetric_growth_headroom_tokens: float = 0.0
-    smetric_rule: str = "v1"
+    smetric_rule: str = "v2"
     smetric_l_eq_tokens: float = 6923.0
     smetric_ttft_slack: float = 1.0
     smetric_ttft_base_s: float = 1.0
