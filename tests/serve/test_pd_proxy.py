@@ -58,7 +58,9 @@ def test_requests_go_prefill_then_decode_and_follow_ups_return_to_their_prefill_
                 assert d["instance"] in [e.url for e in ds] and d["prefill"] in [e.url for e in ps]
                 assert json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, "decode pulled KV"
                 homes[s] = d["prefill"]
-            assert set(homes.values()) == {e.url for e in ps}, "first turns spread over the prefill pool"
+            # smetric's v2 rule sends a first turn to the least queued + own work: on an idle pool
+            # the instance that already holds the shared system prompt has the least own work.
+            assert len(set(homes.values())) == 1, "idle first turns go where the system prompt is cached"
             for s in range(4):
                 msgs = [
                     system,
