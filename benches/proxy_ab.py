@@ -9,16 +9,24 @@ tree's ``python/`` directory, the order alternating between rounds so drift hits
 
 * **CPU per request**: the proxy process's user + system CPU time over a fixed open loop of
   ``--cpu-requests`` requests, plain then streamed (read from ``/proc/PID/stat``; the engine-load
-  scraper is off, so this is the data plane's own work). Far less sensitive to other tenants of
-  the machine than latency is;
+  scraper is off, so this is the data plane's own work), and its minor page faults per request.
+  Less sensitive to other tenants of the machine than latency is, but they still move it by
+  ±30 %: for a repeatable count, :mod:`proxy_instructions` (callgrind);
 * **latency** (unless ``--cpu-only``): :func:`proxy_data_plane.measure` — p50/p99 of the plain
   answer and of a stream's first byte at ``--rate``, and a closed loop's maximum rate.
 
 The medians over rounds of each figure are printed for both trees, with their ratio
 (after / before). Bounded: loopback only, fixed counts, every process stopped at the end.
 
-    git archive BASE python | tar -x -C /tmp/base && cp python/smetric/_core.abi3.so /tmp/base/python/smetric/
+An old tree needs the extension built from its own Rust (the Python and the bindings change
+together): build BASE's wheel and put its ``_core.abi3.so`` in BASE's ``python/smetric/``, then
+
+    git worktree add /tmp/base BASE && (cd /tmp/base && maturin build --release -o /tmp/base-wheel)
+    unzip -j /tmp/base-wheel/*.whl 'smetric/_core.abi3.so' -d /tmp/base/python/smetric/
     .venv/bin/python benches/proxy_ab.py --before /tmp/base/python --after python --rounds 6
+
+Each side runs on this interpreter (its packages: aiohttp, uvloop) unless ``--before-python`` /
+``--after-python`` name another.
 """
 
 from __future__ import annotations
@@ -40,18 +48,20 @@ import proxy_data_plane as bench
 LATENCY_KEYS = ("plain_p50_ms", "plain_p99_ms", "stream_ttfb_p50_ms", "stream_ttfb_p99_ms", "max_rate")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux ``/proc``)."""
+def cpu_seconds(pid: int) -> tuple[float, float, int]:
+    """User and system CPU time of a process, every thread's, and its minor page faults (Linux
+    ``/proc``)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
 
 
 def one_proxy(
-    tree: str, engines: list[str], args: argparse.Namespace, bodies: dict[bool, bytes], short: bytes
+    tree: str, python: str, engines: list[str], args: argparse.Namespace, bodies: dict[bool, bytes], short: bytes
 ) -> dict[str, Any]:
     port = bench.free_port()
-    cmd = [*bench.pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "ids"]
+    cmd = [*bench.pinned(1), python, "-m", "smetric", "serve", "--port", str(port), "--tokens", "ids"]
     cmd += ["--kv-events", "off", "--log-level", "WARNING", "--no-engine-load"]
     for url in engines:
         cmd += ["--instance", url]
@@ -63,7 +73,14 @@ def one_proxy(
         before = cpu_seconds(proc.pid)
         for stream in (False, True):
             asyncio.run(bench.open_loop([url], bodies[stream], stream, args.cpu_rate, args.cpu_requests))
-        row: dict[str, Any] = {"cpu_us_per_req": (cpu_seconds(proc.pid) - before) / (2 * args.cpu_requests) * 1e6}
+        after = cpu_seconds(proc.pid)
+        user, system, faults = ((a - b) / (2 * args.cpu_requests) for a, b in zip(after, before, strict=True))
+        row: dict[str, Any] = {
+            "cpu_us_per_req": (user + system) * 1e6,
+            "cpu_user_us": user * 1e6,
+            "cpu_sys_us": system * 1e6,
+            "minflt_per_req": faults,
+        }
         if not args.cpu_only:
             row |= bench.measure("proxy", [url], args, bodies, short)
         return row
@@ -76,6 +93,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--before", required=True, help="the python/ directory of the baseline tree")
     p.add_argument("--after", required=True, help="the python/ directory of the changed tree")
+    p.add_argument("--before-python", default=sys.executable, help="the baseline proxy's interpreter (default: this)")
+    p.add_argument("--after-python", default=sys.executable, help="the changed proxy's interpreter (default: this)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--rate", type=float, default=20.0, help="latency rows: requests/s")
     p.add_argument("--requests", type=int, default=200, help="latency rows: requests per row")
@@ -94,7 +113,7 @@ def main() -> None:
         for s in (False, True)
     }
     short = json.dumps({"model": bench.MODEL, "prompt": list(range(7, 263)), "max_tokens": 16, "stream": True}).encode()
-    trees = {"before": args.before, "after": args.after}
+    trees = {"before": (args.before, args.before_python), "after": (args.after, args.after_python)}
     rows: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     engines_procs: list[subprocess.Popen[str]] = []
     try:
@@ -109,7 +128,7 @@ def main() -> None:
         for r in range(args.rounds):
             order = ("before", "after") if r % 2 == 0 else ("after", "before")
             for name in order:
-                row = one_proxy(trees[name], engines, args, bodies, short)
+                row = one_proxy(*trees[name], engines, args, bodies, short)
                 rows[name].append(row)
                 print(json.dumps({"round": r, "tree": name, **row}), flush=True)
     finally:
@@ -120,7 +139,7 @@ def main() -> None:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    keys = ["cpu_us_per_req", *([] if args.cpu_only else LATENCY_KEYS)]
+    keys = ["cpu_us_per_req", "cpu_user_us", "cpu_sys_us", "minflt_per_req", *([] if args.cpu_only else LATENCY_KEYS)]
     print(
         f"medians of {args.rounds} rounds; {args.prompt_tokens}-token id prompts;"
         f" CPU: {2 * args.cpu_requests} requests per round; latency: {args.requests} per row at {args.rate:g}/s"

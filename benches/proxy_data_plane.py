@@ -25,7 +25,7 @@ engines, and a proxy's added latency includes its contention with the client (an
 Bounded: loopback only, fixed counts and durations, every server stopped at the end.
 
     .venv/bin/python benches/proxy_data_plane.py --vllm-router /tmp/vr-venv/bin/vllm-router
-    .venv/bin/python benches/proxy_data_plane.py --apis    # chat and Messages side by side, approximate tokens
+    .venv/bin/python benches/proxy_data_plane.py --apis    # chat, Messages, Responses side by side, approximate tokens
 """
 
 from __future__ import annotations
@@ -262,6 +262,27 @@ def messages_bodies(chats: list[bytes]) -> list[bytes]:
     return out
 
 
+def responses_bodies(chats: list[bytes]) -> list[bytes]:
+    """The chat bodies as OpenAI Responses bodies (``POST /v1/responses``): the system message
+    as ``instructions``, the rest as message items (``input_text`` / ``output_text`` parts),
+    ``max_tokens`` as ``max_output_tokens``, nothing stored."""
+    out = []
+    for raw in chats:
+        chat = json.loads(raw)
+        system, *rest = chat["messages"]
+        items = [
+            {
+                "type": "message",
+                "role": m["role"],
+                "content": [{"type": "input_text" if m["role"] == "user" else "output_text", "text": m["content"]}],
+            }
+            for m in rest
+        ]
+        body = {"model": MODEL, "instructions": system["content"], "input": items, "store": False}
+        out.append(json.dumps({**body, "max_output_tokens": chat["max_tokens"], "stream": chat["stream"]}).encode())
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] * 1e3 if len(values) > 1 else 0.0
 
@@ -317,8 +338,8 @@ def main() -> None:
     p.add_argument(
         "--apis",
         action="store_true",
-        help="only the per-API rows: chat and Anthropic Messages, direct and through smetric serve with "
-        "approximate tokens (the engines' own tokenizer), side by side",
+        help="only the per-API rows: chat, Anthropic Messages and OpenAI Responses, direct and through "
+        "smetric serve with approximate tokens (the engines' own tokenizer), side by side",
     )
     args = p.parse_args()
     prompt = list(range(1000, 1000 + args.prompt_tokens))
@@ -401,8 +422,8 @@ def main() -> None:
 
 
 def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subprocess.Popen[Any]]) -> list[dict[str, Any]]:
-    """Chat and Messages, 32K-token conversations, direct and through ``smetric serve --tokens
-    approximate`` (no BPE: the added latency of each API's adapter, beside the other's)."""
+    """Chat, Messages and Responses, 32K-token conversations, direct and through ``smetric serve
+    --tokens approximate`` (no BPE: the added latency of each API's adapter, beside the others')."""
     port = free_port()
     cmd = [*pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "approximate"]
     cmd += ["--kv-events", "off", "--log-level", "WARNING"]
@@ -414,6 +435,7 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
     chats = {st: chat_bodies(args.requests, args.prompt_tokens, st) for st in (False, True)}
     apis = {"chat": ("/v1/chat/completions", chats)}
     apis["messages"] = ("/v1/messages", {st: messages_bodies(chats[st]) for st in (False, True)})
+    apis["responses"] = ("/v1/responses", {st: responses_bodies(chats[st]) for st in (False, True)})
     rows = []
     for name, (path, bodies) in apis.items():
         for url in [*engines, serve_url]:  # warm-up, not recorded: the engines' caches, the proxy's index
@@ -429,7 +451,7 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         f"max req/s: a closed loop of {args.concurrency} streaming clients ({rows[-1]['max_rate_by']} for proxies),"
         f" {args.max_rate_prompt_tokens}-token prompts"
     )
-    print(f"{'target':<31} {'plain p50':>10} {'p99':>8} {'stream ttfb p50':>16} {'p99':>8} {'max req/s':>10}")
+    print(f"{'target':<38} {'plain p50':>10} {'p99':>8} {'stream ttfb p50':>16} {'p99':>8} {'max req/s':>10}")
     base = rows[0]
     for r in rows:
         added = ""
@@ -444,7 +466,7 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
                 f" stream ttfb {d['stream_ttfb_p50_ms']:+.2f}/{d['stream_ttfb_p99_ms']:+.2f}"
             )
         print(
-            f"{r['target']:<31} {r['plain_p50_ms']:>10.2f} {r['plain_p99_ms']:>8.2f} "
+            f"{r['target']:<38} {r['plain_p50_ms']:>10.2f} {r['plain_p99_ms']:>8.2f} "
             f"{r['stream_ttfb_p50_ms']:>16.2f} {r['stream_ttfb_p99_ms']:>8.2f} {r['max_rate']:>10.0f}{added}"
         )
     if args.out:

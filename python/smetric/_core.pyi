@@ -55,6 +55,7 @@ __all__ = [
     "Workload",
     "__version__",
     "encode_kv_batch",
+    "escapes_lone_surrogate",
     "load_workload",
     "parse_openai_body",
     "sim_config_defaults",
@@ -459,6 +460,12 @@ class OpenAIBody:
     @property
     def prompt_ids(self) -> bytes | None:
         """Completions: the prompt's token ids as native-endian u32 bytes."""
+    @property
+    def stream_options_json(self) -> str | None:
+        """The JSON text of ``stream_options`` when the body has the field (``null`` included)."""
+    @property
+    def kv_transfer_params(self) -> bool:
+        """Whether the body has a top-level ``kv_transfer_params``."""
 
 def parse_openai_body(raw: bytes, endpoint: Literal["chat", "completions"]) -> OpenAIBody:
     """Parses an OpenAI request body in one pass (see :func:`smetric.serve.request.parse_request`).
@@ -466,6 +473,10 @@ def parse_openai_body(raw: bytes, endpoint: Literal["chat", "completions"]) -> O
     Raises:
         InvalidArgumentError: malformed JSON (``argument="body"``) or a bad field (``argument`` names it).
     """
+
+def escapes_lone_surrogate(raw: bytes) -> bool:
+    """Whether a JSON body escapes half of a UTF-16 surrogate pair alone (``"\ud800"``); an
+    escaped pair or an escaped backslash is text (see :func:`smetric.serve.request.escapes_lone_surrogate`)."""
 
 @final
 class IngestStep:

@@ -289,6 +289,17 @@ def test_a_clients_kv_transfer_params_never_reach_a_colocated_engine(caplog: pyt
             # The same bytes inside a string are not a field: the body goes as it was.
             plain = json.dumps({"prompt": '"kv_transfer_params"', "max_tokens": 1}).encode()
             assert request(p.url, "/v1/completions", raw=plain)[0] == 200 and seen[-1] == plain
+            # Every API: each adapter tells the backend whether its parse found the field.
+            messages = [{"role": "user", "content": "hi"}]
+            for path, fields in (
+                ("/v1/chat/completions", {"messages": messages}),
+                ("/v1/messages", {"messages": messages}),
+                ("/v1/responses", {"input": "hi"}),
+            ):
+                body = {"model": "m", "max_tokens": 1, **fields, "kv_transfer_params": hostile, "user": "u"}
+                assert request(p.url, path, body)[0] < 500, path
+                forwarded = json.loads(seen[-1])
+                assert "kv_transfer_params" not in forwarded and forwarded["user"] == "u", path
             assert_healthy(p, caplog)
         finally:
             p.stop()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import re
 from array import array
 from typing import Any
 
 import pytest
 
 from smetric import Router
-from smetric.serve.request import OpenAIRequest, RequestError, parse_request
+from smetric.serve.request import OpenAIRequest, RequestError, escapes_lone_surrogate, parse_request
 
 
 def chat_body(**extra: Any) -> bytes:
@@ -178,3 +179,56 @@ def test_random_and_mutated_bodies_raise_only_request_errors() -> None:
             except RequestError as e:
                 statuses.add(e.status)
     assert statuses == {400}
+
+
+def test_the_fields_the_proxy_rewrites_are_read_at_the_top_level_only() -> None:
+    """``stream_options`` and ``kv_transfer_params``: the proxy rewrites a forwarded body by
+    them, so their names inside a string or a nested object must not count."""
+    req = parse_request(
+        chat_body(stream_options={"include_usage": False}, kv_transfer_params={"do_remote_decode": True}), "chat"
+    )
+    assert (req.stream_options_json, req.kv_transfer_params) == ('{"include_usage": false}', True)
+    null = parse_request(json.dumps({"prompt": [1], "stream_options": None}).encode(), "completions")
+    assert (null.stream_options_json, null.kv_transfer_params) == ("null", False)
+    inside = chat_body(tools=[{"type": "function", "kv_transfer_params": 1, "stream_options": 2}])
+    inside = inside.replace(b'"hi"', b'"\\"stream_options\\" and \\"kv_transfer_params\\""')
+    req = parse_request(inside, "chat")
+    assert (req.stream_options_json, req.kv_transfer_params) == (None, False)
+
+
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+
+
+def _lone_surrogate_reference(raw: bytes) -> bool:
+    """The plain-Python scan the Rust check replaced: every escape, left to right."""
+    high_end = -1
+    for m in _ESCAPE.finditer(raw):
+        digits = m.group(1)
+        code = -1 if digits is None else int(digits, 16)
+        if high_end >= 0:
+            if m.start() != high_end or not 0xDC00 <= code <= 0xDFFF:
+                return True
+            high_end = -1
+        elif 0xD800 <= code <= 0xDBFF:
+            high_end = m.end()
+        elif 0xDC00 <= code <= 0xDFFF:
+            return True
+    return high_end >= 0
+
+
+def test_the_lone_surrogate_check_agrees_with_the_plain_scan() -> None:
+    pieces = [
+        "a", "u", "d800", " ", "\\\\", "\\n", '\\"', "\\u0041", "\\ud800", "\\uDBFF", "\\udc00", "\\uDFFF",
+        "\\ud83d\\ude00", "\\u00e9", "é",
+    ]  # fmt: skip
+    rng = random.Random(19)
+    found = 0
+    for _ in range(3000):
+        strings = ['"' + "".join(rng.choices(pieces, k=rng.randint(0, 12))) + '"' for _ in range(rng.randint(1, 3))]
+        raw = ("[" + ",".join(strings) + "]").encode()
+        want = _lone_surrogate_reference(raw)
+        assert escapes_lone_surrogate(raw) == want, raw
+        found += want
+    assert 300 < found < 2700, "both answers are exercised"
+    ids = json.dumps({"prompt": list(range(1000, 33768))}).encode()
+    assert not escapes_lone_surrogate(ids) and escapes_lone_surrogate(ids[:-1] + b', "x": "\\udfff"}')

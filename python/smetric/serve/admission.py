@@ -92,6 +92,8 @@ class Admission:
         self.queue_timeout_s = queue_timeout_s
         self.retry_after_s = retry_after_s
         self._live_instances = live_instances
+        self._floor = min(max_in_flight, max_in_flight_per_instance)
+        """:attr:`capacity` with one live instance: the least it can be."""
         self.admitted = 0
         """Requests holding a slot."""
         self.closed = False
@@ -113,7 +115,8 @@ class Admission:
         once the answer is done. A :class:`Refusal` holds no slot."""
         if self.closed:
             return self._refuse("draining", ProxyError.unavailable("the proxy is shutting down"))
-        if not self._waiters and self.admitted < self.capacity:
+        # The fleet's capacity is never below one live instance's: only past that is it counted.
+        if not self._waiters and (self.admitted < self._floor or self.admitted < self.capacity):
             self.admitted += 1
             self.wait_s.observe(0.0)
             return None
@@ -166,6 +169,8 @@ class Admission:
                 waiter.set_result(False)
 
     def _grant(self) -> None:
+        if not self._waiters:
+            return
         capacity = self.capacity
         while self._waiters and self.admitted < capacity:
             waiter = self._waiters.popleft()

@@ -6,6 +6,7 @@ command runs, so ``smetric --help`` needs no extra. May import: :mod:`.config` a
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import sys
 from typing import Any
@@ -99,5 +100,36 @@ def _run(args: argparse.Namespace) -> int:
     except (SmetricError, OSError) as e:
         print(f"smetric serve: {e}", file=sys.stderr)
         return 2
+    keep_freed_heap()
     run_forever(run(config))
     return 0
+
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+"""glibc's ``mallopt`` parameters (``malloc.h``)."""
+
+
+def keep_freed_heap(mmap_threshold: int = 8 << 20, trim_threshold: int = 64 << 20) -> bool:
+    """Keeps the memory one request frees for the next (glibc's malloc; elsewhere it does
+    nothing and returns False): allocations below ``mmap_threshold`` come from the heap, and
+    the heap's free top goes back to the OS only past ``trim_threshold``.
+
+    Why: a request of 32K token ids allocates several 128–220 KB buffers (the body as aiohttp
+    reads it, the parsed ids) and frees them at its end. glibc's thresholds are dynamic — raised
+    by the largest ``mmap``-ed block freed so far — so whether that freed memory was kept or
+    handed back (to be faulted in again, page by page, by the next request) depended on what the
+    process had happened to allocate at start: at ``f980f13`` it was kept; after the proxy's
+    imports were made lazy it was handed back, ≈ 40–60 minor page faults and two ``brk`` calls
+    per request (BENCHMARKS.md, "The proxy after the agent-gateway work"). Fixed thresholds make
+    it independent of that. The price: up to ``trim_threshold`` of freed heap stays mapped.
+    Process-wide, so the command calls it, not :func:`smetric.serve.proxy.run` (which may be
+    embedded)."""
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "gnu_get_libc_version"):
+        return False
+    mallopt = libc.mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # mallopt returns 1 on success.
+    done: list[int] = [mallopt(_M_MMAP_THRESHOLD, mmap_threshold), mallopt(_M_TRIM_THRESHOLD, trim_threshold)]
+    return done == [1, 1]

@@ -29,11 +29,11 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import os
 import queue
 import re
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -76,7 +76,7 @@ def request_id(given: str | None) -> str:
     """The client's id when it is safe (1–128 characters of ``[A-Za-z0-9._:-]``), else a new one."""
     if given is not None and _SAFE_ID.fullmatch(given):
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # uuid4().hex's randomness, without building a UUID
 
 
 @dataclass(slots=True)

@@ -222,13 +222,13 @@ class Fleet:
         if not eligible:
             return None
         groups = [eligible] if pools is None else [[u for u in eligible if u in pool] for pool in pools]
-        chosen: list[str] = []
+        chosen: set[str] = set()
         for group in groups:
             if not group:
                 return None
             healthy = [u for u in group if not self.health[u].ejected]
             # Ejected instances are a last resort: better a try than a refusal.
-            chosen += healthy or group
+            chosen.update(healthy or group)
         return [u for u in self.instances if u not in chosen]
 
     async def _probe_loop(self) -> None:

@@ -125,9 +125,9 @@ async def relay_stream(
                 first_event = False
                 if state.hide_usage and not state.shown(event):
                     continue
-                out.append(event + b"\n\n")
+                out.append(event)
             if out:
-                await response.write(state.outgoing(b"".join(out), [e[:-2] for e in out]))
+                await response.write(state.outgoing(b"\n\n".join(out) + b"\n\n", out))
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         attempt.abort()  # the client went away: close the upstream request with it
         upstream.close()

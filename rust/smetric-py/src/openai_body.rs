@@ -1,5 +1,6 @@
 //! `parse_openai_body`: a thin binding of `smetric_vllm::openai_body`, the router's parse of an
-//! OpenAI request body. `smetric.serve.request.parse_request` is the typed facade.
+//! OpenAI request body. `smetric.serve.request.parse_request` is the typed facade. Beside it,
+//! `escapes_lone_surrogate` (`smetric_vllm::lone_surrogate`), the proxy's check of any API's body.
 //!
 //! Token ids cross into Python as one `bytes` object of native-endian u32s (the facade wraps it
 //! in an `array('I')` with one copy), never as a list of ints; `messages`, `tools` and
@@ -31,6 +32,8 @@ pub(crate) struct PyOpenAIBody {
     add_special_tokens: bool,
     prompt_text: Option<String>,
     prompt_ids: Option<Py<PyBytes>>,
+    stream_options_json: Option<String>,
+    kv_transfer_params: bool,
 }
 
 fn body_error(py: Python<'_>, err: &BodyError) -> PyErr {
@@ -104,12 +107,33 @@ fn parse_openai_body(py: Python<'_>, raw: &[u8], endpoint: &str) -> PyResult<PyO
         add_special_tokens: body.add_special_tokens,
         prompt_text,
         prompt_ids: prompt_ids.transpose()?,
+        stream_options_json: body.stream_options.map(str::to_owned),
+        kv_transfer_params: body.kv_transfer_params,
     })
 }
 
-/// Adds `parse_openai_body` and `OpenAIBody` to `smetric._core`.
+/// Whether a JSON body escapes half of a UTF-16 surrogate pair alone (``"\ud800"``).
+///
+/// Valid JSON, but no Unicode text: an engine decodes such a body, then fails on it. An escaped
+/// pair (``"\ud83d\ude00"``) is text, and so is ``"\\ud800"`` (an escaped backslash). One
+/// vectorized search for ``\u`` over the body; the GIL is released.
+///
+/// Args:
+///     raw: a body that parsed as JSON.
+///
+/// Returns:
+///     bool: whether it escapes a lone surrogate.
+#[pyfunction]
+#[allow(clippy::doc_markdown)] // a Python docstring (it becomes `__doc__`), not rustdoc
+fn escapes_lone_surrogate(py: Python<'_>, raw: &[u8]) -> bool {
+    // `raw` is an immutable bytes object the caller holds, so the slice outlives the release.
+    py.detach(|| smetric_vllm::escapes_lone_surrogate(raw))
+}
+
+/// Adds `parse_openai_body`, `OpenAIBody` and `escapes_lone_surrogate` to `smetric._core`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyOpenAIBody>()?;
     m.add_function(wrap_pyfunction!(parse_openai_body, m)?)?;
+    m.add_function(wrap_pyfunction!(escapes_lone_surrogate, m)?)?;
     Ok(())
 }

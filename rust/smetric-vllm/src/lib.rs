@@ -42,6 +42,8 @@
 //! in one `serde_json` pass, keeping the rest unparsed; a flat list of token ids is read into a
 //! `Vec<u32>` by a byte loop. Every failure is a [`BodyError`] naming its field. The proxy
 //! (`smetric serve`) parses each request with it, through the bindings.
+//! [`escapes_lone_surrogate`] ([`lone_surrogate`]) is the check of any API's JSON body for an
+//! escaped lone UTF-16 surrogate, which engines decode and then fail on.
 //!
 //! ```
 //! use smetric_vllm::{BlockHasher, HashAlgo, RequestKeys};
@@ -59,6 +61,7 @@ pub mod events;
 pub mod frames;
 pub mod hash;
 pub mod ingest;
+pub mod lone_surrogate;
 mod msgpack;
 mod obj;
 pub mod openai_body;
@@ -78,4 +81,5 @@ pub use hash::{
     RequestKeys, event_hash, none_hash,
 };
 pub use ingest::{IndexSink, IngestConfig, IngestStats, Ingestor, RouterAt, SinkError, SourceId, Step, UnknownSource};
+pub use lone_surrogate::escapes_lone_surrogate;
 pub use openai_body::{BodyError, Endpoint, OpenAiBody, Prompt, parse_openai_body};

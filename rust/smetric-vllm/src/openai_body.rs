@@ -19,6 +19,10 @@
 //! * `messages` (chat; required), `tools` (a list) and `chat_template_kwargs` (an object) are
 //!   returned as the JSON text of their value: the caller decodes them (text crosses into Python
 //!   cheaply), and their inner validation (roles, content) belongs to that caller.
+//! * `stream_options` (its JSON text, `null` included) and whether `kv_transfer_params` is
+//!   present, unchecked: the two top-level fields the proxy rewrites in a body it forwards (it
+//!   asks a stream for its usage; it removes a client's KV-transfer instructions), so it need
+//!   not search the body's bytes for their names.
 //! * `prompt` (completions; required): a string, a list of token ids, or a batch of one of
 //!   either (`["text"]`, `[[ids]]`), which is unwrapped. Token ids are read straight into a
 //!   `Vec<u32>`, each checked to be an integer in `[0, 2^32)`; the first bad one is reported
@@ -95,6 +99,11 @@ pub struct OpenAiBody<'a> {
     pub add_special_tokens: bool,
     /// `prompt` (completions only).
     pub prompt: Option<Prompt>,
+    /// The JSON text of `stream_options` when the body has the field (`null` included); not
+    /// checked.
+    pub stream_options: Option<&'a str>,
+    /// Whether the body has a top-level `kv_transfer_params` (any value).
+    pub kv_transfer_params: bool,
 }
 
 /// Why a body was rejected: an HTTP 400 in the OpenAI error form.
@@ -199,6 +208,8 @@ pub fn parse_openai_body(raw: &[u8], endpoint: Endpoint) -> Result<OpenAiBody<'_
         continue_final_message: boolean(fields.continue_final_message, "continue_final_message")?.unwrap_or(false),
         add_special_tokens: boolean(fields.add_special_tokens, "add_special_tokens")?
             .unwrap_or(endpoint == Endpoint::Completions),
+        stream_options: fields.stream_options.map(RawValue::get),
+        kv_transfer_params: fields.kv_transfer_params,
         ..OpenAiBody::default()
     };
     match endpoint {
@@ -242,6 +253,9 @@ struct Fields<'a> {
     add_special_tokens: Option<&'a RawValue>,
     /// Kept only for [`Endpoint::Completions`].
     prompt: Option<&'a RawValue>,
+    stream_options: Option<&'a RawValue>,
+    /// Only its presence is kept (its value is skipped).
+    kv_transfer_params: bool,
 }
 
 impl<'a> Fields<'a> {
@@ -260,6 +274,7 @@ impl<'a> Fields<'a> {
             "add_generation_prompt" => &mut self.add_generation_prompt,
             "continue_final_message" => &mut self.continue_final_message,
             "add_special_tokens" => &mut self.add_special_tokens,
+            "stream_options" => &mut self.stream_options,
             _ => return None,
         })
     }
@@ -287,6 +302,11 @@ impl<'de> Visitor<'de> for FieldsVisitor<'_> {
         while let Some(key) = map.next_key::<String>()? {
             if key == "prompt" && self.endpoint == Endpoint::Completions {
                 fields.prompt = Some(map.next_value::<&'de RawValue>()?);
+                continue;
+            }
+            if key == "kv_transfer_params" {
+                fields.kv_transfer_params = true;
+                map.next_value::<IgnoredAny>()?;
                 continue;
             }
             match fields.slot(&key) {

@@ -51,6 +51,29 @@ fn defaults_and_nulls() {
 }
 
 #[test]
+fn the_fields_the_proxy_rewrites_are_found_only_at_the_top_level() {
+    let parsed = completions(
+        r#"{"prompt":[1],"stream_options":{"include_usage":false},"kv_transfer_params":{"do_remote_prefill":true}}"#,
+    )
+    .unwrap();
+    assert_eq!(parsed.stream_options, Some(r#"{"include_usage":false}"#));
+    assert!(parsed.kv_transfer_params);
+    let null = completions(r#"{"prompt":[1],"stream_options":null,"kv_transfer_params":null}"#).unwrap();
+    assert_eq!(null.stream_options, Some("null"), "null is kept: the field is there");
+    assert!(null.kv_transfer_params);
+    let nested = chat(
+        r#"{"messages":[{"role":"user","content":"\"stream_options\" \"kv_transfer_params\""}],
+        "tools":[{"kv_transfer_params":1,"stream_options":2}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        nested.stream_options, None,
+        "a name inside a string or a nested object is not the field"
+    );
+    assert!(!nested.kv_transfer_params);
+}
+
+#[test]
 fn last_duplicate_key_wins_like_python_json() {
     let parsed = chat(r#"{"model":"a","messages":[],"model":"b"}"#).unwrap();
     assert_eq!(parsed.model.as_deref(), Some("b"));

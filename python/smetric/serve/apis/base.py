@@ -96,6 +96,9 @@ class Prepared(Generic[R]):
     hide_usage: bool = False
     """The proxy asked the engine for a stream's usage (the realized hit) that the client did not
     ask for: the usage event is kept from the client (:meth:`StreamState.shown`)."""
+    kv_transfer_params: bool | None = None
+    """Whether ``body`` has a top-level ``kv_transfer_params`` (which the co-located backend
+    removes), as the adapter's parse found it; None: not known, the backend looks in the bytes."""
 
 
 @dataclass(frozen=True, slots=True)

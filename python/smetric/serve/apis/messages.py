@@ -469,7 +469,15 @@ class MessagesApi(Api[MessagesRequest]):
             return Prepared(request, COUNT_TOKENS_PATH, raw, tokens, None, conversion.model, None, None, routed=False)
         # The converted roles give the router the turn, as for chat.
         return Prepared(
-            request, self.path, raw, tokens, None, conversion.model, conversion.messages, conversion.cache_salt
+            request,
+            self.path,
+            raw,
+            tokens,
+            None,
+            conversion.model,
+            conversion.messages,
+            conversion.cache_salt,
+            kv_transfer_params="kv_transfer_params" in request.body,
         )
 
     def stream(self, *, keep: bool) -> MessagesStream:
@@ -523,6 +531,7 @@ class MessagesApi(Api[MessagesRequest]):
             prepared.model,
             body["messages"],
             prepared.namespace,
+            kv_transfer_params="kv_transfer_params" in body,
         )
 
     def reject(self, error: RequestError) -> web.Response:

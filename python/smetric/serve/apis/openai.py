@@ -81,20 +81,26 @@ def _cached_tokens(usage: object) -> int | None:
 _USAGE_OPTION = b'{"stream_options":{"include_usage":true},'
 
 
-def _asking_for_usage(raw: bytes) -> tuple[bytes, bool]:
+def _asking_for_usage(raw: bytes, stream_options_json: str | None) -> tuple[bytes, bool]:
     """A stream's body that asks the engine for its usage (the realized hit), and whether the
-    client did not ask for it itself (then its usage event is hidden). Without a
-    ``stream_options`` field the option is spliced in after the opening brace (O(1) beyond one
-    search); with one that lacks it, the body is re-encoded."""
+    client did not ask for it itself (then its usage event is hidden). ``stream_options_json``
+    is the body's own field as the parse found it (None: absent). Without the field the option
+    is spliced in after the opening brace (one copy of the body, no search); with one that lacks
+    it, the body is re-encoded."""
     start = raw.find(b"{")
-    if b'"stream_options"' not in raw and start >= 0:
-        return raw[:start] + _USAGE_OPTION + raw[start + 1 :], True
+    if stream_options_json is None and start >= 0:
+        return b"".join((raw[:start], _USAGE_OPTION, memoryview(raw)[start + 1 :])), True
+    try:
+        options = json.loads(stream_options_json) if stream_options_json is not None else None
+    except ValueError:
+        options = None
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return raw, False
     try:
         body = json.loads(raw)
     except ValueError:
         return raw, False
-    options = body.get("stream_options") if isinstance(body, dict) else None
-    if isinstance(options, dict) and options.get("include_usage") is True:
+    if not isinstance(body, dict):
         return raw, False
     body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     return json.dumps(body).encode(), True
@@ -277,7 +283,7 @@ class OpenAIApi(Api[OpenAIRequest]):
         if request.messages is None:  # with messages the router reads the turn from the roles
             hint = session_hint(headers, prompt_cache_key=request.prompt_cache_key, user=request.user)
             turn = None if hint is None else sessions.next_turn(hint.key)
-        body, hide_usage = _asking_for_usage(raw) if request.stream else (raw, False)
+        body, hide_usage = _asking_for_usage(raw, request.stream_options_json) if request.stream else (raw, False)
         return self._prepared(request, body, tokens, turn, hide_usage=hide_usage)
 
     def _prepared(
@@ -293,6 +299,7 @@ class OpenAIApi(Api[OpenAIRequest]):
             request.messages,
             request.namespace,
             hide_usage=hide_usage,
+            kv_transfer_params=request.kv_transfer_params,
         )
 
     def stream(self, *, keep: bool) -> OpenAIStream:

@@ -534,6 +534,7 @@ class ResponsesApi(Api[ResponsesRequest]):
             True,
             request.pin,
             PREFILL_OVERRIDES,
+            kv_transfer_params="kv_transfer_params" in request.body,
         )
 
     def stream(self, *, keep: bool) -> ResponsesStream:
@@ -607,6 +608,7 @@ class ResponsesApi(Api[ResponsesRequest]):
             chat.messages,
             chat.namespace,
             prefill_overrides=PREFILL_OVERRIDES,
+            kv_transfer_params="kv_transfer_params" in body,
         )
 
     def reject(self, error: RequestError) -> web.Response:

@@ -39,9 +39,10 @@ _KV_TRANSFER_KEY = b'"kv_transfer_params"'
 
 
 def without_kv_transfer_params(body: bytes) -> bytes:
-    """``body`` without a top-level ``kv_transfer_params`` (O(1) extra work when the key's bytes
-    are absent; else one JSON round trip). A body that does not decode as an object is kept: the
-    proxy parsed it already, so that cannot happen."""
+    """``body`` without a top-level ``kv_transfer_params`` (one search of the body for the key's
+    bytes — ≈ 45 µs on 220 KB, which :attr:`Prepared.kv_transfer_params` spares when the adapter's
+    parse knows; one JSON round trip when they are there). A body that does not decode as an
+    object is kept: the proxy parsed it already, so that cannot happen."""
     if _KV_TRANSFER_KEY not in body:
         return body
     try:
@@ -92,7 +93,7 @@ class ColocatedBackend(Backend):
             abort=lambda: router.on_aborted(rid),
             decision=d,
         )
-        body = without_kv_transfer_params(prepared.body)
+        body = prepared.body if prepared.kv_transfer_params is False else without_kv_transfer_params(prepared.body)
         return await self._upstream.post(attempt, prepared.path, body, headers, method=prepared.method)
 
     def feed_targets(self) -> FeedTargets:
