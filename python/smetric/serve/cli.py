@@ -116,13 +116,12 @@ def keep_freed_heap(mmap_threshold: int = 8 << 20, trim_threshold: int = 64 << 2
     the heap's free top goes back to the OS only past ``trim_threshold``.
 
     Why: a request of 32K token ids allocates several 128–220 KB buffers (the body as aiohttp
-    reads it, the parsed ids) and frees them at its end. glibc's thresholds are dynamic — raised
-    by the largest ``mmap``-ed block freed so far — so whether that freed memory was kept or
-    handed back (to be faulted in again, page by page, by the next request) depended on what the
-    process had happened to allocate at start: at ``f980f13`` it was kept; after the proxy's
-    imports were made lazy it was handed back, ≈ 40–60 minor page faults and two ``brk`` calls
-    per request (BENCHMARKS.md, "The proxy after the agent-gateway work"). Fixed thresholds make
-    it independent of that. The price: up to ``trim_threshold`` of freed heap stays mapped.
+    reads it, the parsed ids) and frees them at its end. glibc's thresholds are dynamic (raised
+    by the largest ``mmap``-ed block freed so far), so whether that memory was kept or handed
+    back — to be faulted in again, page by page, by the next request — depended on the heap's
+    history: the same tree measured 0 to 75 minor page faults a request from run to run, and
+    ``brk`` calls on most requests (BENCHMARKS.md, "The proxy after the agent-gateway work").
+    Fixed thresholds: none. The price: up to ``trim_threshold`` of freed heap stays mapped.
     Process-wide, so the command calls it, not :func:`smetric.serve.proxy.run` (which may be
     embedded)."""
     libc = ctypes.CDLL(None)

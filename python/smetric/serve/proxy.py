@@ -200,11 +200,12 @@ class Proxy:
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application(
-            client_max_size=self.config.max_body_bytes,
-            # The error shape outermost: whatever a later layer raises is answered in it.
-            middlewares=[self._error_shape, keys_middleware(self.keys, self._api_for)],
-        )
+        # The error shape outermost: whatever a later layer raises is answered in it. The keys are
+        # read once, at start: an open proxy has no key check on its path at all.
+        middlewares = [self._error_shape]
+        if self.keys.enabled:
+            middlewares.append(keys_middleware(self.keys, self._api_for))
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=middlewares)
         app.on_response_prepare.append(_no_banner)
         app.on_response_prepare.append(self.outcomes.stamp)
         app.router.add_get("/v1/models", self._models)

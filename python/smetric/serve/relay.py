@@ -116,16 +116,14 @@ async def relay_stream(
             if not continuation and not state.hide_usage:
                 await response.write(state.outgoing(chunk, events))
                 continue
-            out = []
-            for event in events:
-                if first_event and state.drops_on_continuation(event):
-                    first_event = False
-                    state.forget(event)
-                    continue
+            out = events
+            if first_event and out:
                 first_event = False
-                if state.hide_usage and not state.shown(event):
-                    continue
-                out.append(event)
+                if state.drops_on_continuation(out[0]):
+                    state.forget(out[0])
+                    out = out[1:]
+            if state.hide_usage:
+                out = [event for event in out if state.shown(event)]
             if out:
                 await response.write(state.outgoing(b"\n\n".join(out) + b"\n\n", out))
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):

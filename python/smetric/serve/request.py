@@ -149,10 +149,12 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> OpenAIRequest:
         param = None if e.argument == "body" else e.argument
         raise RequestError(str(e), param=param) from None
     messages = tools = kwargs = None
-    texts = (body.messages_json, body.tools_json, body.chat_template_kwargs_json)
     # A field's text is a slice of the body: only a body that escapes a lone surrogate somewhere
     # has a field to look at for one (which one the error names).
-    lone = any(t is not None for t in texts) and _core.escapes_lone_surrogate(raw)
+    decoded = (
+        body.messages_json is not None or body.tools_json is not None or body.chat_template_kwargs_json is not None
+    )
+    lone = decoded and _core.escapes_lone_surrogate(raw)
     if body.messages_json is not None:
         messages = _messages(_decode(body.messages_json, "messages", lone))
     if body.tools_json is not None:
