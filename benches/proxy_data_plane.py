@@ -22,6 +22,11 @@ clients for ``--seconds`` (the maximum rate): ``wrk`` (compiled; Debian's ``wrk`
 installed, else the Python client. Where ``taskset`` exists the engines run on CPU 0,
 and the client and the proxy share CPU 1: the direct baseline's client is not starved by the
 engines, and a proxy's added latency includes its contention with the client (an upper bound).
+
+``--apis`` measures only the per-API rows (chat, Anthropic Messages, OpenAI Responses; 32K-token
+conversations; ``smetric serve --tokens approximate``): direct and proxied requests are sent
+interleaved in pairs, ``--rate`` a second on each side, so the machine's drift hits both and the
+difference is the proxy's; the proxy's own CPU per request (``/proc``) is printed beside it.
 Bounded: loopback only, fixed counts and durations, every server stopped at the end.
 
     .venv/bin/python benches/proxy_data_plane.py --vllm-router /tmp/vr-venv/bin/vllm-router
@@ -421,15 +426,46 @@ def main() -> None:
     report(args, rows)
 
 
+async def interleaved(
+    direct: Sequence[str], proxy: str, bodies: Sequence[bytes], stream: bool, rate: float, n: int, path: str
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """``n`` requests straight to the engines and ``n`` through ``proxy``, in pairs (the same body;
+    which side goes first alternates), ``rate`` requests/s on each side: drift in the machine's
+    load hits both sides alike, so their difference is the proxy's."""
+    engines = itertools.cycle(direct)
+    sides: tuple[list[asyncio.Task[tuple[float, float]]], list[asyncio.Task[tuple[float, float]]]] = ([], [])
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        t0 = time.perf_counter()
+        for i in range(2 * n):
+            delay = t0 + i / (2 * rate) - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            pair, second = divmod(i, 2)
+            via_proxy = bool(second) != bool(pair % 2)
+            url = proxy if via_proxy else next(engines)
+            body = bodies[pair % len(bodies)]
+            sides[via_proxy].append(asyncio.create_task(one(session, f"{url}{path}", body, stream)))
+        return list(await asyncio.gather(*sides[0])), list(await asyncio.gather(*sides[1]))
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subprocess.Popen[Any]]) -> list[dict[str, Any]]:
     """Chat, Messages and Responses, 32K-token conversations, direct and through ``smetric serve
-    --tokens approximate`` (no BPE: the added latency of each API's adapter, beside the others')."""
+    --tokens approximate`` (no BPE: the added latency of each API's adapter, beside the others'),
+    the two sides interleaved (:func:`interleaved`); the proxy's CPU per request beside them."""
     port = free_port()
     cmd = [*pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "approximate"]
     cmd += ["--kv-events", "off", "--log-level", "WARNING"]
     for url in engines:
         cmd += ["--instance", url]
-    procs.append(subprocess.Popen(cmd))
+    proxy = subprocess.Popen(cmd)
+    procs.append(proxy)
     wait_http(f"http://127.0.0.1:{port}/health")
     serve_url = f"http://127.0.0.1:{port}"
     chats = {st: chat_bodies(args.requests, args.prompt_tokens, st) for st in (False, True)}
@@ -440,8 +476,20 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
     for name, (path, bodies) in apis.items():
         for url in [*engines, serve_url]:  # warm-up, not recorded: the engines' caches, the proxy's index
             asyncio.run(open_loop([url], bodies[False][:20], False, 50.0, 20, path))
-        rows.append(measure(f"direct {name}", engines, args, bodies, None, path))
-        rows.append(measure(f"smetric-serve {name} (approximate)", [serve_url], args, bodies, None, path))
+        direct: dict[str, Any] = {"target": f"direct {name}", "max_rate": float("nan"), "max_rate_by": "-"}
+        served: dict[str, Any] = {**direct, "target": f"smetric-serve {name} (approximate)"}
+        cpu = 0.0
+        for stream in (False, True):
+            before = process_cpu_s(proxy.pid)
+            sides = asyncio.run(interleaved(engines, serve_url, bodies[stream], stream, args.rate, args.requests, path))
+            cpu += process_cpu_s(proxy.pid) - before
+            kind = "stream" if stream else "plain"
+            for row, res in zip((direct, served), sides, strict=True):
+                ttfb, total = [r[0] for r in res], [r[1] for r in res]
+                row[f"{kind}_ttfb_p50_ms"], row[f"{kind}_ttfb_p99_ms"] = pct(ttfb, 50), pct(ttfb, 99)
+                row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = pct(total, 50), pct(total, 99)
+        served["cpu_us_per_req"] = cpu / (2 * args.requests) * 1e6
+        rows += [direct, served]
     return rows
 
 
@@ -465,6 +513,8 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
                 f"  added: plain {d['plain_p50_ms']:+.2f}/{d['plain_p99_ms']:+.2f},"
                 f" stream ttfb {d['stream_ttfb_p50_ms']:+.2f}/{d['stream_ttfb_p99_ms']:+.2f}"
             )
+            if "cpu_us_per_req" in r:
+                added += f"; proxy CPU {r['cpu_us_per_req']:.0f} µs/request"
         print(
             f"{r['target']:<38} {r['plain_p50_ms']:>10.2f} {r['plain_p99_ms']:>8.2f} "
             f"{r['stream_ttfb_p50_ms']:>16.2f} {r['stream_ttfb_p99_ms']:>8.2f} {r['max_rate']:>10.0f}{added}"

@@ -4,7 +4,8 @@ of source trees on a machine whose other cores are busy.
 :mod:`proxy_ab`'s CPU seconds from ``/proc`` move with the other tenants of a shared machine
 (caches, frequency, a sibling hyperthread): two runs of one tree differ by up to 30 %. An
 instruction count does not. Here each tree's proxy (``smetric serve --tokens ids``, the
-engine-load scraper and the KV-event feed off, as in :mod:`proxy_ab`) runs under
+engine-load scraper and the KV-event feed off, as in :mod:`proxy_ab`; ``--api chat``,
+``messages`` or ``responses``: their 32K-token conversations with ``--tokens approximate``) runs under
 ``valgrind --tool=callgrind`` in front of ``smetric fake-engine`` instances that do not;
 after a warm-up the counters are zeroed (``callgrind_control -z``), ``--requests`` plain then
 ``--requests`` streamed requests are sent one at a time, and the counters are dumped
@@ -60,11 +61,29 @@ class Row:
         return (self.plain + self.stream) / 2
 
 
-async def sequential(url: str, body: bytes, stream: bool, n: int) -> None:
-    """``n`` completions requests, one at a time; every answer read to its end and checked."""
+PATHS = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+    "messages": "/v1/messages",
+    "responses": "/v1/responses",
+}
+
+
+def bodies_of(api: str, n: int, prompt_tokens: int, stream: bool) -> list[bytes]:
+    """Completions: one body of ``prompt_tokens`` token ids. The others: ``n`` follow-ups of one
+    conversation of about ``prompt_tokens`` tokens (:mod:`proxy_data_plane`'s), in the API's form."""
+    if api == "completions":
+        prompt = list(range(1000, 1000 + prompt_tokens))
+        return [json.dumps({"model": bench.MODEL, "prompt": prompt, "max_tokens": 16, "stream": stream}).encode()]
+    chats = bench.chat_bodies(n, prompt_tokens, stream)
+    return {"chat": chats, "messages": bench.messages_bodies(chats), "responses": bench.responses_bodies(chats)}[api]
+
+
+async def sequential(url: str, path: str, bodies: list[bytes], stream: bool, n: int) -> None:
+    """``n`` requests (the bodies in turn), one at a time; every answer read to its end and checked."""
     async with aiohttp.ClientSession() as session:
-        for _ in range(n):
-            await bench.one(session, f"{url}/v1/completions", body, stream)
+        for i in range(n):
+            await bench.one(session, f"{url}{path}", bodies[i % len(bodies)], stream)
 
 
 def callgrind(pid: int, flag: str) -> None:
@@ -84,11 +103,14 @@ def total_ir(out_dir: str, pid: int) -> int:
     return int(match.group(1))
 
 
-def one_tree(tree: str, python: str, engines: list[str], body: dict[bool, bytes], args: argparse.Namespace) -> Row:
+def one_tree(
+    tree: str, python: str, engines: list[str], bodies: dict[bool, list[bytes]], args: argparse.Namespace
+) -> Row:
     """Instructions per request of one tree's proxy, plain and streamed."""
     port = bench.free_port()
+    tokens = "ids" if args.api == "completions" else "approximate"
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={args.out}/callgrind.out.%p"]
-    cmd += [python, "-m", "smetric", "serve", "--port", str(port), "--tokens", "ids"]
+    cmd += [python, "-m", "smetric", "serve", "--port", str(port), "--tokens", tokens]
     cmd += ["--kv-events", "off", "--log-level", "WARNING", "--no-engine-load"]
     for url in engines:
         cmd += ["--instance", url]
@@ -99,11 +121,11 @@ def one_tree(tree: str, python: str, engines: list[str], body: dict[bool, bytes]
         bench.wait_http(f"{url}/health", timeout=300)  # imports under valgrind: tens of seconds
         callgrind(proc.pid, "--instr=on")
         for stream in (False, True):
-            asyncio.run(sequential(url, body[stream], stream, args.warmup))
+            asyncio.run(sequential(url, PATHS[args.api], bodies[stream], stream, args.warmup))
         counts = []
         for stream in (False, True):
             callgrind(proc.pid, "-z")
-            asyncio.run(sequential(url, body[stream], stream, args.requests))
+            asyncio.run(sequential(url, PATHS[args.api], bodies[stream], stream, args.requests))
             callgrind(proc.pid, "-d")
             counts.append(total_ir(args.out, proc.pid) / args.requests)
         return Row(*counts)
@@ -122,15 +144,17 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=100, help="per kind (plain, streamed)")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--prompt-tokens", type=int, default=32_768)
+    p.add_argument(
+        "--api",
+        choices=sorted(PATHS),
+        default="completions",
+        help="completions: token-id prompts (--tokens ids); the others: a conversation (--tokens approximate)",
+    )
     p.add_argument("--keep", help="keep the callgrind dumps in this directory")
     args = p.parse_args()
     if not shutil.which("valgrind"):
         sys.exit("valgrind is required")
-    prompt = list(range(1000, 1000 + args.prompt_tokens))
-    body = {
-        s: json.dumps({"model": bench.MODEL, "prompt": prompt, "max_tokens": 16, "stream": s}).encode()
-        for s in (False, True)
-    }
+    bodies = {stream: bodies_of(args.api, args.requests, args.prompt_tokens, stream) for stream in (False, True)}
     trees = []
     for spec in args.tree:
         name, _, rest = spec.partition("=")
@@ -148,9 +172,9 @@ def main() -> None:
             engines_procs.append(proc)
             engines.append(url)
         for stream in (False, True):  # the engines' prefix caches fill here
-            asyncio.run(bench.open_loop(engines, body[stream], stream, 50.0, 20))
+            asyncio.run(bench.open_loop(engines, bodies[stream][:20], stream, 50.0, 20, PATHS[args.api]))
         for name, tree, python in trees:
-            rows[name] = one_tree(tree, python, engines, body, args)
+            rows[name] = one_tree(tree, python, engines, bodies, args)
             print(json.dumps({"tree": name, "plain": rows[name].plain, "stream": rows[name].stream}), flush=True)
     finally:
         for proc in engines_procs:
@@ -160,7 +184,8 @@ def main() -> None:
         if not keep:
             shutil.rmtree(args.out, ignore_errors=True)
     base = next(iter(rows.values())).mean
-    print(f"instructions per request (millions), {args.requests} per kind, {args.prompt_tokens}-token id prompts")
+    what = "id prompts" if args.api == "completions" else f"{args.api} conversations, approximate tokens"
+    print(f"instructions per request (millions), {args.requests} per kind, {args.prompt_tokens}-token {what}")
     print(f"{'tree':<14} {'plain':>8} {'stream':>8} {'mean':>8} {'vs first':>9}")
     for name, r in rows.items():
         print(f"{name:<14} {r.plain / 1e6:>8.3f} {r.stream / 1e6:>8.3f} {r.mean / 1e6:>8.3f} {r.mean / base:>9.3f}")

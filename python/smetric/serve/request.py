@@ -149,20 +149,20 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> OpenAIRequest:
         param = None if e.argument == "body" else e.argument
         raise RequestError(str(e), param=param) from None
     messages = tools = kwargs = None
+    # Each read of a text field builds a new str from Rust's (≈ 100 KB of messages): read once.
+    messages_json, tools_json, kwargs_json = body.messages_json, body.tools_json, body.chat_template_kwargs_json
     # A field's text is a slice of the body: only a body that escapes a lone surrogate somewhere
     # has a field to look at for one (which one the error names).
-    decoded = (
-        body.messages_json is not None or body.tools_json is not None or body.chat_template_kwargs_json is not None
-    )
+    decoded = messages_json is not None or tools_json is not None or kwargs_json is not None
     lone = decoded and _core.escapes_lone_surrogate(raw)
-    if body.messages_json is not None:
-        messages = _messages(_decode(body.messages_json, "messages", lone))
-    if body.tools_json is not None:
-        tools = _decode(body.tools_json, "tools", lone)
+    if messages_json is not None:
+        messages = _messages(_decode(messages_json, "messages", lone))
+    if tools_json is not None:
+        tools = _decode(tools_json, "tools", lone)
         if not all(isinstance(t, dict) for t in tools):
             raise RequestError("tools must be a list of objects", param="tools")
-    if body.chat_template_kwargs_json is not None:
-        kwargs = _decode(body.chat_template_kwargs_json, "chat_template_kwargs", lone)
+    if kwargs_json is not None:
+        kwargs = _decode(kwargs_json, "chat_template_kwargs", lone)
     ids = None
     if body.prompt_ids is not None:
         ids = array("I")
