@@ -774,6 +774,7 @@ impl KvIndex {
     /// same `now_ms`: the entry ids that walk found are used without being looked at again
     /// (unless an entry has been freed since). The caller guarantees that `chain` is that
     /// query's chain.
+    #[cfg(test)]
     pub(crate) fn touch_queried(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64) {
         let mut last = std::mem::take(&mut self.last);
         self.touch_walked(slot, chain, now_ms, &mut last);

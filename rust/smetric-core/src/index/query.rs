@@ -164,6 +164,7 @@ impl KvIndex {
     /// [`KvIndex::query`] walked, at the same `now_ms`) that `slot` does not hold count as
     /// present there until an event confirms or evicts them or the pending TTL passes. Does
     /// nothing unless [`KvIndex::enable_pending`] turned sent blocks on.
+    #[cfg(test)]
     pub(crate) fn send_queried(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64) {
         let last = std::mem::take(&mut self.last);
         self.send_walked(slot, chain, now_ms, &last);

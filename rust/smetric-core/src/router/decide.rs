@@ -1,23 +1,29 @@
 //! The decision path: [`Router::route`] and its read-only twin [`Router::query`].
 //!
-//! Algorithm: a token prompt is hashed into a buffer owned by the calling thread before the
-//! index mutex is taken (so threads hash in parallel); the walk, the scoring and the
-//! insert-on-route run under it; the in-flight record and the counters after it.
+//! Algorithm: a token prompt is hashed into a buffer owned by the calling thread before any
+//! index lock is taken (so threads hash in parallel); the walk runs under the index's shared
+//! lock (so threads walk in parallel), into buffers of the thread ([`Scratch`]); the scoring,
+//! the insert-on-route and the load bump run under its exclusive lock (the commit); the
+//! in-flight record and the counters after it.
 //!
 //! Invariants: a failed call changes nothing (no request id consumed, no counter bumped);
-//! the chain inserted on route is exactly the chain queried.
+//! the chain inserted on route is exactly the chain queried; a commit uses the hits of its
+//! own walk, which other commits may have followed (see the `router` module).
 //!
 //! Complexity: see the `router` module.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{Guarded, InFlight, Router, to_ms};
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
+
+use super::{InFlight, Router, to_ms};
 use crate::config::IndexMode;
 use crate::error::{Result, SmetricError};
 use crate::hash::{chain_root, chain_tokens_into};
 use crate::ids::{BlockHash, InstanceId, RequestId};
-use crate::index::IndexQuery;
+use crate::index::{IndexQuery, KvIndex, Walk};
 use crate::policy::{Candidate, PolicyKind, Reason, SelectionInput, preble_routed_cost_us, prefill_work};
 use crate::router::request::{Decision, Hits, Prompt, RouteRequest};
 use crate::turn::{TurnHint, infer};
@@ -26,9 +32,20 @@ use crate::turn::{TurnHint, infer};
 /// is freed after its call (2^16 blocks = 512 KiB, a 1M-token prompt at block size 16).
 const KEPT_CHAIN_BLOCKS: usize = 1 << 16;
 
+/// A decision's buffers, kept by the calling thread between its calls: the query's answer,
+/// the walk the commit reuses, the candidates.
+#[derive(Default)]
+struct Scratch {
+    query: IndexQuery,
+    walk: Walk,
+    candidates: Vec<Candidate>,
+}
+
 thread_local! {
     /// The calling thread's chain buffer: a decision hashes into it outside the index lock.
     static CHAIN: RefCell<Vec<BlockHash>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's decision buffers ([`Scratch`]).
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 impl Router {
@@ -83,20 +100,73 @@ impl Router {
         self.with_chain(req.prompt, req.namespace, |chain, n| self.decide(req, chain, n, now_ms))
     }
 
-    /// The locked part of [`Router::route`] and the bookkeeping after it.
+    /// The locked part of [`Router::route`] and the bookkeeping after it, with the calling
+    /// thread's buffers.
     fn decide(&self, req: &RouteRequest<'_>, chain: &[BlockHash], n: u64, now_ms: u64) -> Result<Decision> {
-        let staleness_ms = to_ms(self.config.engine_load_staleness_s);
-        let mut g = self.guarded.lock();
-        let fleet = self.fleet.load_full();
-        if fleet.is_empty() {
-            return Err(SmetricError::NoInstances);
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.decide_with(req, chain, n, now_ms, &mut scratch),
+            // A re-entrant call (none today) uses buffers of its own rather than panicking.
+            Err(_) => self.decide_with(req, chain, n, now_ms, &mut Scratch::default()),
+        })
+    }
+
+    /// The index under the shared lock, TTL-purged at `now_ms` (the purge, when one is due,
+    /// under the exclusive lock first).
+    fn read_index(&self, now_ms: u64) -> RwLockReadGuard<'_, KvIndex> {
+        let index = self.index.read();
+        if !index.purge_due(now_ms) {
+            return index;
         }
-        let Guarded {
-            index,
+        drop(index);
+        let mut index = self.index.write();
+        index.purge_all_expired(now_ms);
+        RwLockWriteGuard::downgrade(index)
+    }
+
+    /// [`Router::decide`] with `scratch`: the walk under the shared lock, then the commit
+    /// under the exclusive one.
+    fn decide_with(
+        &self,
+        req: &RouteRequest<'_>,
+        chain: &[BlockHash],
+        n: u64,
+        now_ms: u64,
+        scratch: &mut Scratch,
+    ) -> Result<Decision> {
+        let staleness_ms = to_ms(self.config.engine_load_staleness_s);
+        let Scratch {
             query,
+            walk,
             candidates,
-        } = &mut *g;
-        index.query(chain, now_ms, query);
+        } = scratch;
+        // The walk, under the shared lock: other decisions walk at the same time.
+        let walked_fleet = {
+            let index = self.read_index(now_ms);
+            let fleet = self.fleet.load_full();
+            if fleet.is_empty() {
+                return Err(SmetricError::NoInstances);
+            }
+            index.query_shared(chain, now_ms, query, walk);
+            fleet
+        };
+        #[cfg(test)]
+        if let Some(barrier) = &self.between_walk_and_commit {
+            barrier.wait();
+        }
+        // Scoring, the insert and the load bump, under the exclusive lock.
+        let mut index = self.index.write();
+        let fleet = self.fleet.load_full();
+        if !Arc::ptr_eq(&fleet, &walked_fleet) {
+            // An instance joined or left in between, and the index's slots with it: walk
+            // again, the exclusive lock held (rare).
+            if fleet.is_empty() {
+                return Err(SmetricError::NoInstances);
+            }
+            if index.purge_due(now_ms) {
+                index.purge_all_expired(now_ms);
+            }
+            index.query_shared(chain, now_ms, query, walk);
+        }
         candidates.clear();
         let (fixed_rate, fallback_rate) = (self.config.smetric_drain_rate, self.config.smetric_drain_rate_fallback);
         let preble = self.kind == PolicyKind::Preble;
@@ -153,9 +223,9 @@ impl Router {
         });
         let chosen = candidates[selection.index];
         match self.config.index_mode {
-            IndexMode::Approximate => index.touch_queried(chosen.slot, chain, now_ms),
+            IndexMode::Approximate => index.touch_walked(chosen.slot, chain, now_ms, walk),
             // Sent, not yet confirmed by the engine's events (docs §2.7).
-            IndexMode::Exact => index.send_queried(chosen.slot, chain, now_ms),
+            IndexMode::Exact => index.send_walked(chosen.slot, chain, now_ms, walk),
         }
         let member = fleet.member(chosen.slot).expect("candidates are live members");
         let prefill = chosen.prefill_tokens(n, global_hit_tokens);
@@ -169,7 +239,7 @@ impl Router {
         let request_id = req
             .request_id
             .unwrap_or_else(|| RequestId(self.next_request_id.fetch_add(1, Ordering::Relaxed)));
-        drop(g);
+        drop(index);
 
         self.requests.lock().insert(
             request_id,
@@ -208,11 +278,11 @@ impl Router {
     pub fn query(&self, prompt: Prompt<'_>, namespace: Option<&str>, now: Option<f64>) -> Result<Hits> {
         let now_ms = self.now_ms(now)?;
         self.with_chain(prompt, namespace, |chain, n| {
-            let mut g = self.guarded.lock();
+            let index = self.read_index(now_ms);
             let fleet = self.fleet.load_full();
             let mut query = IndexQuery::default();
-            g.index.query(chain, now_ms, &mut query);
-            drop(g);
+            index.query_shared(chain, now_ms, &mut query, &mut Walk::default());
+            drop(index);
             Ok(Hits {
                 local: fleet
                     .members()

@@ -1,24 +1,39 @@
 //! The router: hash → query the index → read the load board → policy → record.
 //!
 //! Algorithm, one decision ([`Router::route`]): hash the prompt's full blocks, before any
-//! lock, into a buffer of the calling thread; then, under the index mutex, walk the chain
-//! through the two-tier index, read every live instance's load off the lock-free board, ask
-//! the policy, insert the chain on route (approximate mode; reusing the entry ids the walk
-//! found) or record its blocks as sent, not yet confirmed (exact mode, docs §2.7) and bump the
-//! chosen instance's counters; then, outside it, record the request in
-//! the in-flight table and count the decision.
+//! lock, into a buffer of the calling thread; then, under the index's *shared* lock, walk the
+//! chain through the two-tier index, keeping what the walk found (hits, entry ids, held
+//! prefixes) in the thread's buffers; then, under the *exclusive* lock (the commit), read
+//! every live instance's load off the lock-free board, ask the policy, insert the chain on
+//! route (approximate mode; reusing the walk's entry ids unless an entry has been freed
+//! since) or record its blocks as sent, not yet confirmed (exact mode, docs §2.7), and bump
+//! the chosen instance's counters; then, outside both, record the request in the in-flight
+//! table and count the decision. A TTL purge the walk needs first is a write: it runs under
+//! the exclusive lock when one is due (`KvIndex::purge_due`), before the walk.
 //!
 //! Invariants:
-//! * Decisions serialise on the index mutex from the query to the load bump, so two
-//!   concurrent decisions always see each other's load (no thundering herd onto one idle
-//!   instance) and each sees the other's insert-on-route.
-//! * Nothing that grows with the prompt but the index walk runs under the mutex: hashing
-//!   (O(prompt tokens)) runs before it, so threads hash in parallel. The walk costs one cache
-//!   line per matched block; scoring is O(instances).
+//! * Decisions walk in parallel and commit one at a time. The commit, from the load read to
+//!   the load bump, is one critical section, so two concurrent decisions always see each
+//!   other's load (no thundering herd onto one idle instance), and the commits (and the
+//!   request ids they issue) have one order.
+//! * A decision's index hits are those of its walk, which may precede a concurrent decision's
+//!   commit (its insert on route) or an index feed's write: two concurrent decisions of one
+//!   chain may both score it as cold, or both see the hit neither has yet added to. Each
+//!   commit is still applied to the index as of its own time (the walk's entry ids are used
+//!   only while no entry has been freed since; an instance that joined or left in between
+//!   makes the commit walk again), so the index after any interleaving equals the index
+//!   after the same commits one by one (the concurrent replay test checks it). From one
+//!   thread, decisions are exactly those of a single lock.
+//! * Nothing that grows with the prompt runs under the exclusive lock but the insert on route
+//!   (approximate mode): hashing (O(prompt tokens)) runs before any lock, the walk (one cache
+//!   line per matched block) under the shared one; the commit is O(instances) scoring plus
+//!   the insert, O(run) id comparisons and no entry write when the chosen instance's newest
+//!   run already is the chain's prefix (the same prompt again, a follow-up right after its
+//!   previous turn), O(prompt blocks) entry writes otherwise.
 //! * Lifecycle calls (`on_prefilled`, `on_finished`, `on_aborted`) take the in-flight table's
-//!   mutex and update atomics; only `on_finished` in exact mode takes the index mutex, once,
-//!   to credit the answer's blocks (docs §2.7). Index feeds (KV events)
-//!   and fleet changes take the index mutex; a fleet change publishes a new [`Fleet`]
+//!   mutex and update atomics; only `on_finished` in exact mode takes the index's exclusive
+//!   lock, once, to credit the answer's blocks (docs §2.7). Index feeds (KV events)
+//!   and fleet changes take the exclusive lock; a fleet change publishes a new [`Fleet`]
 //!   through an `ArcSwap`, so readers of the fleet never block.
 //! * Every load counter a decision raised is lowered exactly once by the request's
 //!   lifecycle, whatever order or repetition the calls come in.
@@ -26,8 +41,9 @@
 //! Rooms: `request` (what goes in and out), `decide` (route and query), `lifecycle`,
 //! `fleet_ops` (instances and engine load), `index_feed` (explicit index writes), `stats`.
 //!
-//! Complexity per decision: O(prompt tokens) hashing outside the lock, then O(matched blocks
-//! · ⌈N/64⌉) query + O(N) scoring + O(prompt blocks) insert under it.
+//! Complexity per decision: O(prompt tokens) hashing outside the locks, O(matched blocks
+//! · ⌈N/64⌉) walk under the shared lock, then O(N) scoring + the insert (above) under the
+//! exclusive one.
 
 mod decide;
 mod fleet_ops;
@@ -42,7 +58,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 pub use request::{Decision, Hits, IndexOp, Prompt, RouteRequest, Tier};
 pub use stats::RouterStats;
@@ -50,19 +66,11 @@ pub use stats::RouterStats;
 use crate::config::{IndexMode, RouterConfig};
 use crate::error::{Result, SmetricError};
 use crate::fleet::Fleet;
-use crate::index::{IndexLimits, IndexQuery, KvIndex};
+use crate::index::{IndexLimits, KvIndex};
 use crate::mix_map::MixMap;
-use crate::policy::{Candidate, Policy, PolicyKind, Reason};
+use crate::policy::{Policy, PolicyKind, Reason};
 use crate::rng::DrawCounter;
 use lifecycle::InFlight;
-
-/// What the index mutex guards: the index and the buffers of the decision it serialises.
-#[derive(Debug)]
-struct Guarded {
-    index: KvIndex,
-    query: IndexQuery,
-    candidates: Vec<Candidate>,
-}
 
 /// The routing core. `Send + Sync`: share it behind an `Arc` between threads.
 #[derive(Debug)]
@@ -72,7 +80,8 @@ pub struct Router {
     config: RouterConfig,
     block_size: u32,
     rng: DrawCounter,
-    guarded: Mutex<Guarded>,
+    /// The index: decisions walk it under the shared lock and commit under the exclusive one.
+    index: RwLock<KvIndex>,
     fleet: ArcSwap<Fleet>,
     requests: Mutex<MixMap<crate::ids::RequestId, InFlight>>,
     next_request_id: AtomicU64,
@@ -85,6 +94,10 @@ pub struct Router {
     /// Whether this router places prefills only (a PD router's prefill pool): `smetric` v2
     /// then scores `q + w` instead of `(q + w) × active requests`.
     pub(crate) prefill_only: bool,
+    /// Test only: every decision waits here between its walk and its commit, so that a test
+    /// can make all its threads' walks precede their commits.
+    #[cfg(test)]
+    pub(crate) between_walk_and_commit: Option<std::sync::Arc<std::sync::Barrier>>,
 }
 
 /// Converts seconds to the index's millisecond clock.
@@ -125,11 +138,7 @@ impl Router {
             kind,
             block_size,
             rng: DrawCounter::new(seed),
-            guarded: Mutex::new(Guarded {
-                index,
-                query: IndexQuery::default(),
-                candidates: Vec::new(),
-            }),
+            index: RwLock::new(index),
             fleet: ArcSwap::from_pointee(fleet),
             requests: Mutex::new(MixMap::default()),
             next_request_id: AtomicU64::new(crate::ids::RequestId::FIRST_GENERATED),
@@ -140,6 +149,8 @@ impl Router {
             output_tokens: AtomicU64::new(0),
             epoch: Instant::now(),
             prefill_only: false,
+            #[cfg(test)]
+            between_walk_and_commit: None,
             config,
         })
     }
