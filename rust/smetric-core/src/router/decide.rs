@@ -139,10 +139,12 @@ impl Router {
             walk,
             candidates,
         } = scratch;
-        // The walk, under the shared lock: other decisions walk at the same time.
+        // The walk, under the shared lock: other decisions walk at the same time. (The fleet
+        // through `load`, a guard: `load_full` would bump the shared `Arc`'s count, a cache
+        // line both cores then write on every decision.)
         let walked_fleet = {
             let index = self.read_index(now_ms);
-            let fleet = self.fleet.load_full();
+            let fleet = self.fleet.load();
             if fleet.is_empty() {
                 return Err(SmetricError::NoInstances);
             }
@@ -155,7 +157,7 @@ impl Router {
         }
         // Scoring, the insert and the load bump, under the exclusive lock.
         let mut index = self.index.write();
-        let fleet = self.fleet.load_full();
+        let fleet = self.fleet.load();
         if !Arc::ptr_eq(&fleet, &walked_fleet) {
             // An instance joined or left in between, and the index's slots with it: walk
             // again, the exclusive lock held (rare).
