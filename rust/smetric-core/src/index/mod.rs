@@ -11,11 +11,13 @@
 //! `last_child`; the walk stops at the first block without an entry, so a miss costs one
 //! lookup. The walk only reads (a `last_child` it corrects is a relaxed atomic), so the
 //! router runs it under a shared lock; the entry ids it found go back to the caller in a
-//! `Walk`, so that inserting the same chain right after (insert on route, under the
-//! exclusive lock) needs no second lookup: they are used as they are while the index's count
-//! of freed entries has not moved since the walk, else checked one by one (a freed slot may
-//! name another block by then). The index takes chains already hashed: the router hashes a
-//! prompt before it takes the index lock.
+//! `Walk`, so that inserting the same chain right after (insert on route) needs no second
+//! lookup: they are used as they are while the index's count of freed entries has not moved
+//! since the walk, else checked one by one (a freed slot may name another block by then). An
+//! insert that only renews runs (`KvIndex::renew_walked`: the holders' newest run already is
+//! the chain) also runs under the shared lock, each holder's LRU order behind a mutex of its
+//! own; every other write takes `&mut self`. The index takes chains already hashed: the
+//! router hashes a prompt before it takes the index lock.
 //!
 //! Each holder (instance or global tier) has a capacity in blocks and an LRU order
 //! ([`lru::RunLru`], one run per touched chain). Touching a chain goes from its last block
@@ -56,6 +58,8 @@ mod query;
 mod tests;
 
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use parking_lot::Mutex;
 
 use lru::RunLru;
 use pending::PendingBlocks;
@@ -121,7 +125,9 @@ struct InstanceHolder {
     seqs: MixMap<u32, u32>,
     /// Blocks held (inline and in `seqs`).
     held: usize,
-    lru: RunLru,
+    /// In a mutex only so that [`KvIndex::renew_walked`] can renew a run under a shared
+    /// borrow; every other access goes through `get_mut`, with no locking.
+    lru: Mutex<RunLru>,
     live: bool,
 }
 
@@ -190,7 +196,8 @@ pub struct KvIndex {
     words: usize,
     live_mask: Vec<u64>,
     instances: Vec<InstanceHolder>,
-    global_lru: RunLru,
+    /// As [`InstanceHolder::lru`].
+    global_lru: Mutex<RunLru>,
     global_held: usize,
     evictions: u64,
     /// The walk of the last [`KvIndex::query`] (for `touch_queried` and
@@ -230,7 +237,7 @@ impl KvIndex {
             words: 1,
             live_mask: vec![0],
             instances: Vec::new(),
-            global_lru: RunLru::default(),
+            global_lru: Mutex::default(),
             global_held: 0,
             evictions: 0,
             last: Walk::default(),
@@ -357,9 +364,9 @@ impl KvIndex {
         let (lru, seqs) = match holder {
             Holder::Instance(s) => {
                 let h = &mut self.instances[s as usize];
-                (&mut h.lru, Some(&h.seqs))
+                (h.lru.get_mut(), Some(&h.seqs))
             }
-            Holder::Global => (&mut self.global_lru, None),
+            Holder::Global => (self.global_lru.get_mut(), None),
         };
         let entries = &self.entries;
         (lru, move |e, seq| seq_in(entries, holder, seqs, e) == Some(seq))
@@ -381,8 +388,8 @@ impl KvIndex {
 
     fn lru_mut(&mut self, holder: Holder) -> &mut RunLru {
         match holder {
-            Holder::Instance(s) => &mut self.instances[s as usize].lru,
-            Holder::Global => &mut self.global_lru,
+            Holder::Instance(s) => self.instances[s as usize].lru.get_mut(),
+            Holder::Global => self.global_lru.get_mut(),
         }
     }
 
@@ -800,6 +807,50 @@ impl KvIndex {
         self.apply(Holder::Instance(slot), now_ms, &walk.ids);
         self.apply(Holder::Global, now_ms, &walk.ids);
     }
+
+    /// [`KvIndex::touch_walked`] under a shared borrow, for the case where it changes no
+    /// holder's blocks: `walk` (of this very index state) found every block of the chain, so
+    /// no entry is created, and for the instance and the global tier the newest run is
+    /// exactly the chain, all current (the same prompt routed again where it went last). The
+    /// touch then only renews those two runs' time and lets them clean, as `apply` does with
+    /// nothing to append; that is all `touch_walked` would do (its TTL purge of the instance
+    /// evicts nothing, checked). Returns false, having changed nothing, in every other case:
+    /// the caller then calls `touch_walked` under the exclusive lock.
+    ///
+    /// The holders' mutexes make the borrow safe, not the order: concurrent callers must be
+    /// serialised by the caller (the router's decision lock) for the touches to have one order.
+    pub(crate) fn renew_walked(&self, slot: u32, chain: &[BlockHash], now_ms: u64, walk: &Walk) -> bool {
+        if chain.is_empty() || walk.ids.len() != chain.len() || walk.frees != self.frees || !self.is_live(slot) {
+            return false;
+        }
+        let h = &self.instances[slot as usize];
+        let mut local = h.lru.lock();
+        let expired = |lru: &RunLru| {
+            self.limits
+                .local_ttl_ms
+                .is_some_and(|ttl| lru.oldest_live_time().is_some_and(|t| now_ms.saturating_sub(t) >= ttl))
+        };
+        let renewable = |lru: &RunLru| !lru.needs_renumbering() && lru.newest_current() == Some(walk.ids.as_slice());
+        if expired(&local) || !renewable(&local) {
+            return false;
+        }
+        let mut global = self.global_enabled().then(|| self.global_lru.lock());
+        if global.as_deref().is_some_and(|g| !renewable(g)) {
+            return false;
+        }
+        let entries = &self.entries;
+        local.renew_newest(now_ms, |_, _| {});
+        local.clean(h.held, 0, |e, seq| {
+            seq_in(entries, Holder::Instance(slot), Some(&h.seqs), e) == Some(seq)
+        });
+        if let Some(g) = global.as_deref_mut() {
+            g.renew_newest(now_ms, |_, _| {});
+            g.clean(self.global_held, 0, |e, seq| {
+                seq_in(entries, Holder::Global, None, e) == Some(seq)
+            });
+        }
+        true
+    }
     /// Removes the listed blocks from `holder` (blocks it does not hold are ignored).
     pub fn remove(&mut self, holder: Holder, hashes: &[BlockHash]) {
         self.writes += 1;
@@ -889,8 +940,8 @@ impl KvIndex {
             .iter()
             .map(|h| table_bytes(h.seqs.capacity(), size_of::<(u32, u32)>()))
             .sum();
-        let runs: usize =
-            self.instances.iter().map(|h| h.lru.heap_bytes()).sum::<usize>() + self.global_lru.heap_bytes();
+        let runs: usize = self.instances.iter().map(|h| h.lru.lock().heap_bytes()).sum::<usize>()
+            + self.global_lru.lock().heap_bytes();
         [
             ("hash_table", table_bytes(self.by_hash.capacity(), size_of::<u32>())),
             (

@@ -196,6 +196,21 @@ impl KvIndex {
         self.pending = pending;
     }
 
+    /// Whether [`KvIndex::send_walked`] would change nothing: sent blocks are off, or `slot`
+    /// held the whole chain at the walk (no holder changed since) and has nothing sent or
+    /// credited there (so there is nothing to record and nothing expired to purge). The
+    /// router then skips the exclusive lock.
+    pub(crate) fn send_is_noop(&self, slot: u32, chain: &[BlockHash], walk: &Walk) -> bool {
+        !self.pending.enabled()
+            || !self.is_live(slot)
+            || (walk.writes == self.writes
+                && walk
+                    .confirmed
+                    .get(slot as usize)
+                    .is_some_and(|&k| k as usize >= chain.len())
+                && self.pending.slot_is_empty(slot))
+    }
+
     /// Whether a TTL purge at `now_ms` ([`KvIndex::purge_all_expired`]) would evict anything:
     /// some live instance's least recently used block is as old as the TTL. A shared reader
     /// asks this before [`KvIndex::query_shared`] and, when it is true, purges under the
@@ -207,7 +222,7 @@ impl KvIndex {
         self.instances
             .iter()
             .filter(|h| h.live)
-            .filter_map(|h| h.lru.oldest_live_time())
+            .filter_map(|h| h.lru.lock().oldest_live_time())
             .any(|t| now_ms.saturating_sub(t) >= ttl)
     }
 

@@ -51,8 +51,8 @@ impl KvIndex {
                 "{holder:?} within capacity"
             );
             let lru = match holder {
-                Holder::Instance(s) => &self.instances[s as usize].lru,
-                Holder::Global => &self.global_lru,
+                Holder::Instance(s) => self.instances[s as usize].lru.lock(),
+                Holder::Global => self.global_lru.lock(),
             };
             let mut current: Vec<u32> = lru
                 .all()
@@ -93,8 +93,8 @@ impl KvIndex {
     /// blocks and would evict them in the same order, however their runs are cut.
     pub(crate) fn lru_order(&self, holder: Holder) -> Vec<BlockHash> {
         let lru = match holder {
-            Holder::Instance(s) => &self.instances[s as usize].lru,
-            Holder::Global => &self.global_lru,
+            Holder::Instance(s) => self.instances[s as usize].lru.lock(),
+            Holder::Global => self.global_lru.lock(),
         };
         let mut order: Vec<BlockHash> = Vec::new();
         let (mut run_seq, mut run_start) = (None, 0);
@@ -216,7 +216,7 @@ fn compaction_keeps_order() {
         ix.touch(Holder::Global, &chain(0..4), None, round);
         ix.touch(Holder::Instance(0), &chain(100 + round..101 + round), None, round);
     }
-    assert!(ix.instances[0].lru.queued() <= 2 * 8 + lru::COMPACT_SLACK + 4 * lru::CLEAN_FACTOR);
+    assert!(ix.instances[0].lru.get_mut().queued() <= 2 * 8 + lru::COMPACT_SLACK + 4 * lru::CLEAN_FACTOR);
     let mut q = IndexQuery::default();
     ix.query(&chain(0..4), 0, &mut q);
     assert_eq!((q.local_blocks[0], q.global_blocks), (4, 4));
@@ -235,7 +235,7 @@ fn follow_up_turns_leave_no_stale_ids() {
         // Another session on the same instance in between.
         ix.touch_routed(1, &chain(10_000 + turn..10_001 + turn), 0);
     }
-    let (local, global) = (&ix.instances[1].lru, &ix.global_lru);
+    let (local, global) = (ix.instances[1].lru.lock(), ix.global_lru.lock());
     assert_eq!(local.queued(), ix.instances[1].held);
     assert_eq!(global.queued(), ix.global_held);
     assert!(local.queued_runs() < 2 * 49 + 8);

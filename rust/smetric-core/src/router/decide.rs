@@ -3,17 +3,17 @@
 //! Algorithm: a token prompt is hashed into a buffer owned by the calling thread before any
 //! index lock is taken (so threads hash in parallel); the walk runs under the index's shared
 //! lock (so threads walk in parallel), into buffers of the thread ([`Scratch`]); the scoring,
-//! the insert-on-route and the load bump run under its exclusive lock (the commit); the
-//! in-flight record and the counters after it.
+//! an index write that changes no holder's blocks and the load bump run under the decision
+//! lock too; an index write that does change blocks runs after, under the exclusive lock;
+//! the in-flight record and the counters last.
 //!
 //! Invariants: a failed call changes nothing (no request id consumed, no counter bumped);
-//! the chain inserted on route is exactly the chain queried; a commit uses the hits of its
-//! own walk, which other commits may have followed (see the `router` module).
+//! the chain inserted on route is exactly the chain queried; a decision uses the hits of its
+//! own walk, which other decisions' writes may have followed (see the `router` module).
 //!
 //! Complexity: see the `router` module.
 
 use std::cell::RefCell;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
@@ -33,7 +33,7 @@ use crate::turn::{TurnHint, infer};
 const KEPT_CHAIN_BLOCKS: usize = 1 << 16;
 
 /// A decision's buffers, kept by the calling thread between its calls: the query's answer,
-/// the walk the commit reuses, the candidates.
+/// the walk the index write reuses, the candidates.
 #[derive(Default)]
 struct Scratch {
     query: IndexQuery,
@@ -123,8 +123,9 @@ impl Router {
         RwLockWriteGuard::downgrade(index)
     }
 
-    /// [`Router::decide`] with `scratch`: the walk under the shared lock, then the commit
-    /// under the exclusive one.
+    /// [`Router::decide`] with `scratch`: the walk and the decision under the index's shared
+    /// lock (the decision under the decision lock too), then, when the insert or the record of
+    /// sent blocks changes some holder's blocks, that write under the exclusive lock.
     fn decide_with(
         &self,
         req: &RouteRequest<'_>,
@@ -139,36 +140,21 @@ impl Router {
             walk,
             candidates,
         } = scratch;
-        // The walk, under the shared lock: other decisions walk at the same time. (The fleet
-        // through `load`, a guard: `load_full` would bump the shared `Arc`'s count, a cache
-        // line both cores then write on every decision.)
-        let walked_fleet = {
-            let index = self.read_index(now_ms);
-            let fleet = self.fleet.load();
-            if fleet.is_empty() {
-                return Err(SmetricError::NoInstances);
-            }
-            index.query_shared(chain, now_ms, query, walk);
-            fleet
-        };
+        // The walk, under the shared lock: other decisions walk, decide and renew at the same
+        // time. (The fleet through `load`, a guard: `load_full` would bump the shared `Arc`'s
+        // count, a cache line every routing core would then write.)
+        let index = self.read_index(now_ms);
+        let fleet = self.fleet.load();
+        if fleet.is_empty() {
+            return Err(SmetricError::NoInstances);
+        }
+        index.query_shared(chain, now_ms, query, walk);
         #[cfg(test)]
-        if let Some(barrier) = &self.between_walk_and_commit {
+        if let Some(barrier) = &self.after_walk {
             barrier.wait();
         }
-        // Scoring, the insert and the load bump, under the exclusive lock.
-        let mut index = self.index.write();
-        let fleet = self.fleet.load();
-        if !Arc::ptr_eq(&fleet, &walked_fleet) {
-            // An instance joined or left in between, and the index's slots with it: walk
-            // again, the exclusive lock held (rare).
-            if fleet.is_empty() {
-                return Err(SmetricError::NoInstances);
-            }
-            if index.purge_due(now_ms) {
-                index.purge_all_expired(now_ms);
-            }
-            index.query_shared(chain, now_ms, query, walk);
-        }
+        // The decision, from the load read to the load bump, one at a time.
+        let decisions = self.decisions.lock();
         candidates.clear();
         let (fixed_rate, fallback_rate) = (self.config.smetric_drain_rate, self.config.smetric_drain_rate_fallback);
         let preble = self.kind == PolicyKind::Preble;
@@ -224,12 +210,14 @@ impl Router {
             rng: &self.rng,
         });
         let chosen = candidates[selection.index];
-        match self.config.index_mode {
-            IndexMode::Approximate => index.touch_walked(chosen.slot, chain, now_ms, walk),
-            // Sent, not yet confirmed by the engine's events (docs §2.7).
-            IndexMode::Exact => index.send_walked(chosen.slot, chain, now_ms, walk),
-        }
         let member = fleet.member(chosen.slot).expect("candidates are live members");
+        // The index write, in place when it changes no holder's blocks (the same prompt again
+        // where it went last), else after the shared lock under the exclusive one.
+        let in_place = match self.config.index_mode {
+            IndexMode::Approximate => index.renew_walked(chosen.slot, chain, now_ms, walk),
+            // Sent, not yet confirmed by the engine's events (docs §2.7).
+            IndexMode::Exact => index.send_is_noop(chosen.slot, chain, walk),
+        };
         let prefill = chosen.prefill_tokens(n, global_hit_tokens);
         let work = prefill_work(prefill, n, self.config.smetric_l_eq_tokens);
         member.load.on_routed(prefill, n, work);
@@ -241,7 +229,30 @@ impl Router {
         let request_id = req
             .request_id
             .unwrap_or_else(|| RequestId(self.next_request_id.fetch_add(1, Ordering::Relaxed)));
+        #[cfg(test)]
+        if in_place {
+            self.write_order.lock().push((request_id, true));
+        }
+        drop(decisions);
         drop(index);
+        if !in_place {
+            let mut index = self.index.write();
+            // The instance may have left since the walk (its slot then cleared or reused):
+            // what was sent there left with it.
+            if self
+                .fleet
+                .load()
+                .member(chosen.slot)
+                .is_some_and(|m| m.generation == member.generation)
+            {
+                match self.config.index_mode {
+                    IndexMode::Approximate => index.touch_walked(chosen.slot, chain, now_ms, walk),
+                    IndexMode::Exact => index.send_walked(chosen.slot, chain, now_ms, walk),
+                }
+            }
+            #[cfg(test)]
+            self.write_order.lock().push((request_id, false));
+        }
 
         self.requests.lock().insert(
             request_id,

@@ -2,8 +2,9 @@
 //!
 //! Invariants: a fleet change happens under the index's exclusive lock, so the index's slots
 //! and the published [`crate::fleet::Fleet`] change together and no decision sees one without
-//! the other (a decision whose walk preceded the change walks again in its commit); a slot
-//! reused by a new instance gets a new generation, so the old occupant's requests never
+//! the other (a decision holds the shared lock from its walk to its load bump; its index
+//! write under the exclusive lock, if any, is dropped if its instance left meanwhile); a
+//! slot reused by a new instance gets a new generation, so the old occupant's requests never
 //! touch the new one's counters.
 //!
 //! Complexity: add O(instances); remove O(instances + blocks the instance held); load

@@ -2,9 +2,9 @@
 //! as KV events (`smetric-vllm`'s ingestor) or a caller report them.
 //!
 //! Invariants: each call (and each batch of [`Router::apply_blocks`]) is applied under one
-//! exclusive index lock, so a decision's walk sees all of it or none of it (its commit may
-//! come after a batch its walk did not see, see the `router` module); an op addressed to an
-//! unknown instance changes nothing.
+//! exclusive index lock, so a decision's walk sees all of it or none of it (its own index
+//! write may come after a batch its walk did not see, see the `router` module); an op
+//! addressed to an unknown instance changes nothing.
 //!
 //! Complexity: the index's cost per op (`touch` O(run), removal O(1) per block) plus one
 //! lock acquisition per call.
@@ -64,7 +64,7 @@ impl Router {
     }
 
     /// [`Router::apply_blocks`] if the index lock is free right now; `None` (and nothing
-    /// applied) if a decision (walking or committing) or another write holds it. A feed that can hold its writes back
+    /// applied) if a decision (walking, deciding or writing) or another write holds it. A feed that can hold its writes back
     /// (the KV-event ingestor, between the messages of one drained socket) tries this first,
     /// so that it neither waits behind a decision nor makes one wait behind a long batch.
     pub fn try_apply_blocks(

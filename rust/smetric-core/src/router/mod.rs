@@ -2,48 +2,54 @@
 //!
 //! Algorithm, one decision ([`Router::route`]): hash the prompt's full blocks, before any
 //! lock, into a buffer of the calling thread; then, under the index's *shared* lock, walk the
-//! chain through the two-tier index, keeping what the walk found (hits, entry ids, held
-//! prefixes) in the thread's buffers; then, under the *exclusive* lock (the commit), read
-//! every live instance's load off the lock-free board, ask the policy, insert the chain on
-//! route (approximate mode; reusing the walk's entry ids unless an entry has been freed
-//! since) or record its blocks as sent, not yet confirmed (exact mode, docs §2.7), and bump
-//! the chosen instance's counters; then, outside both, record the request in the in-flight
-//! table and count the decision. A TTL purge the walk needs first is a write: it runs under
-//! the exclusive lock when one is due (`KvIndex::purge_due`), before the walk.
+//! chain through the two-tier index into buffers of the thread (hits, entry ids, held
+//! prefixes); then, still under it and under the *decision lock*, read every live instance's
+//! load off the lock-free board, ask the policy, write the index in place if that changes no
+//! holder's blocks (approximate mode: the chosen instance's and the global tier's newest run
+//! already is the chain, so the insert on route only renews them; exact mode: nothing to
+//! record as sent), bump the chosen instance's counters and issue the request id. Then, if
+//! the index write does change blocks (new blocks, a new holder, evictions, blocks recorded
+//! as sent, docs §2.7), it runs under the *exclusive* lock, reusing the walk's entry ids
+//! unless an entry has been freed since; and, outside the locks, the request is recorded in
+//! the in-flight table and the decision counted. A TTL purge the walk needs first is a write:
+//! it runs under the exclusive lock when one is due (`KvIndex::purge_due`), before the walk.
 //!
 //! Invariants:
-//! * Decisions walk in parallel and commit one at a time. The commit, from the load read to
-//!   the load bump, is one critical section, so two concurrent decisions always see each
-//!   other's load (no thundering herd onto one idle instance), and the commits (and the
-//!   request ids they issue) have one order.
-//! * A decision's index hits are those of its walk, which may precede a concurrent decision's
-//!   commit (its insert on route) or an index feed's write: two concurrent decisions of one
-//!   chain may both score it as cold, or both see the hit neither has yet added to. Each
-//!   commit is still applied to the index as of its own time (the walk's entry ids are used
-//!   only while no entry has been freed since; an instance that joined or left in between
-//!   makes the commit walk again), so the index after any interleaving equals the index
-//!   after the same commits one by one (the concurrent replay test checks it). From one
-//!   thread, decisions are exactly those of a single lock.
-//! * Nothing that grows with the prompt runs under the exclusive lock but the insert on route
-//!   (approximate mode): hashing (O(prompt tokens)) runs before any lock, the walk (one cache
-//!   line per matched block) under the shared one; the commit is O(instances) scoring plus
-//!   the insert, O(run) id comparisons and no entry write when the chosen instance's newest
-//!   run already is the chain's prefix (the same prompt again, a follow-up right after its
-//!   previous turn), O(prompt blocks) entry writes otherwise.
+//! * Decisions walk in parallel. From the load read to the load bump a decision holds the
+//!   decision lock, so two concurrent decisions always see each other's load (no thundering
+//!   herd onto one idle instance).
+//! * A decision's index hits are those of its own walk, which may precede a concurrent
+//!   decision's insert on route or an index feed's write: two concurrent decisions of one
+//!   chain may both score it as cold, or both count a hit. (Before, one mutex from the walk
+//!   to the load bump made each see the other's insert.) The index writes are applied one at
+//!   a time, each to the index as it is then (entry ids trusted only while no entry has been
+//!   freed since the walk; nothing written for an instance that has left), so the index after
+//!   any interleaving equals the index after the same writes applied one by one in the order
+//!   they were applied (the concurrent replay test checks it). That order is the decisions'
+//!   order for writes in place; a write under the exclusive lock may land after later
+//!   decisions'. From one thread, every decision is exactly what it was under one mutex.
+//! * Under the exclusive lock run only the writes that change some holder's blocks: inserts
+//!   on route that add or move blocks (O(prompt blocks)), records of sent blocks, index feeds
+//!   (KV events), fleet changes and TTL purges. A renewal in place costs O(prompt blocks) id
+//!   comparisons and writes no entry, so walks on other cores keep their cache lines.
+//!   parking_lot's lock is fair to a waiting writer: it holds new walks back, so feeds are
+//!   not starved, and waits for at most the walks and decisions in progress.
+//! * Lock order: index (shared or exclusive) → decision lock → a holder's LRU mutex; the
+//!   exclusive lock is never requested with the decision lock held.
 //! * Lifecycle calls (`on_prefilled`, `on_finished`, `on_aborted`) take the in-flight table's
 //!   mutex and update atomics; only `on_finished` in exact mode takes the index's exclusive
-//!   lock, once, to credit the answer's blocks (docs §2.7). Index feeds (KV events)
-//!   and fleet changes take the exclusive lock; a fleet change publishes a new [`Fleet`]
-//!   through an `ArcSwap`, so readers of the fleet never block.
+//!   lock, once, to credit the answer's blocks (docs §2.7). A fleet change publishes a new
+//!   [`Fleet`] through an `ArcSwap`, so readers of the fleet never block.
 //! * Every load counter a decision raised is lowered exactly once by the request's
 //!   lifecycle, whatever order or repetition the calls come in.
 //!
 //! Rooms: `request` (what goes in and out), `decide` (route and query), `lifecycle`,
 //! `fleet_ops` (instances and engine load), `index_feed` (explicit index writes), `stats`.
 //!
-//! Complexity per decision: O(prompt tokens) hashing outside the locks, O(matched blocks
-//! · ⌈N/64⌉) walk under the shared lock, then O(N) scoring + the insert (above) under the
-//! exclusive one.
+//! Complexity per decision: O(prompt tokens) hashing outside the locks; O(matched blocks
+//! · ⌈N/64⌉) walk, O(N) scoring and a renewal's O(prompt blocks) id comparisons under the
+//! shared lock (the last two under the decision lock); an insert that adds or moves blocks,
+//! O(prompt blocks), under the exclusive lock.
 
 mod decide;
 mod fleet_ops;
@@ -80,8 +86,12 @@ pub struct Router {
     config: RouterConfig,
     block_size: u32,
     rng: DrawCounter,
-    /// The index: decisions walk it under the shared lock and commit under the exclusive one.
+    /// The index: decisions walk it (and renew a run in place) under the shared lock; writes
+    /// that change a holder's blocks take the exclusive lock.
     index: RwLock<KvIndex>,
+    /// Held by a decision from its load read to its load bump (under the index's shared lock),
+    /// so that concurrent decisions see each other's load and renew runs in one order.
+    decisions: Mutex<()>,
     fleet: ArcSwap<Fleet>,
     requests: Mutex<MixMap<crate::ids::RequestId, InFlight>>,
     next_request_id: AtomicU64,
@@ -94,10 +104,14 @@ pub struct Router {
     /// Whether this router places prefills only (a PD router's prefill pool): `smetric` v2
     /// then scores `q + w` instead of `(q + w) × active requests`.
     pub(crate) prefill_only: bool,
-    /// Test only: every decision waits here between its walk and its commit, so that a test
-    /// can make all its threads' walks precede their commits.
+    /// Test only: every decision waits here after its walk (the shared lock held), so that a
+    /// test can make all its threads' walks precede their decisions and index writes.
     #[cfg(test)]
-    pub(crate) between_walk_and_commit: Option<std::sync::Arc<std::sync::Barrier>>,
+    pub(crate) after_walk: Option<std::sync::Arc<std::sync::Barrier>>,
+    /// Test only: request ids in the order their index writes were applied, and whether each
+    /// was applied in place (under the shared lock).
+    #[cfg(test)]
+    pub(crate) write_order: Mutex<Vec<(crate::ids::RequestId, bool)>>,
 }
 
 /// Converts seconds to the index's millisecond clock.
@@ -139,6 +153,7 @@ impl Router {
             block_size,
             rng: DrawCounter::new(seed),
             index: RwLock::new(index),
+            decisions: Mutex::new(()),
             fleet: ArcSwap::from_pointee(fleet),
             requests: Mutex::new(MixMap::default()),
             next_request_id: AtomicU64::new(crate::ids::RequestId::FIRST_GENERATED),
@@ -150,7 +165,9 @@ impl Router {
             epoch: Instant::now(),
             prefill_only: false,
             #[cfg(test)]
-            between_walk_and_commit: None,
+            after_walk: None,
+            #[cfg(test)]
+            write_order: Mutex::default(),
             config,
         })
     }
