@@ -2,8 +2,9 @@
 //!
 //! Per request: arguments are converted with the GIL held (token arrays in one validating
 //! copy), then hashing, the index query, scoring and bookkeeping run with the GIL released
-//! (`py.detach`), so `route()` from many Python threads proceeds in parallel up to the
-//! core's index mutex.
+//! (`py.detach`), so `route()` from many Python threads proceeds in parallel: hashing and the
+//! index walk (under the core's shared index lock) overlap, the commit (scoring, insert on
+//! route, load bump, under its exclusive lock) does not.
 
 use std::sync::Arc;
 

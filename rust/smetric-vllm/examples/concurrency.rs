@@ -1,5 +1,6 @@
 //! Routing and KV-event ingestion at once in one process, without Python: the core's own
-//! concurrency (the index mutex, hashing outside it, batched ingestion), with no GIL in the way.
+//! concurrency (the index's read-write lock: hashing outside it, the walk under its shared
+//! side, the commit under its exclusive side; batched ingestion), with no GIL in the way.
 //!
 //! Run: `cargo run --release -p smetric-vllm --example concurrency -- [seconds] [runs]` (defaults
 //! 2 and 1). Prints, for 32K-token `smetric` routes on 32 instances (exact index, as a fleet with
@@ -9,7 +10,9 @@
 //!   route + `on_prefilled` + `on_finished`, 1 and 2 threads interleaved over `runs` runs;
 //! * the same prompt only hashed, from 1 and 2 threads: the control (no lock, so its ratio is
 //!   what the machine gives a second thread) and the part of a route that runs outside the
-//!   index mutex; the rest of a route serialises, so 2 threads reach at most route ÷ the rest;
+//!   index lock; the pre-hashed route is the rest (the walk under the shared lock, the commit
+//!   under the exclusive one), and route ÷ that rest is the ceiling if all of it serialised
+//!   (as it did under the index mutex before the shared-lock walk);
 //! * routes/s and event batches/s alone and with the other running on the second core.
 //!
 //! `benches/python/concurrency.py` measures the same through the Python bindings, where the GIL
@@ -89,7 +92,7 @@ fn route_loop(r: &Router, prompt: &[u32], stop: &AtomicBool, lifecycle: bool) ->
     n
 }
 
-/// Hashes the prompt until `stop` (what a route does before it takes the index mutex); returns
+/// Hashes the prompt until `stop` (what a route does before it takes the index lock); returns
 /// the count.
 fn hash_loop(r: &Router, prompt: &[u32], stop: &AtomicBool) -> u64 {
     let mut n = 0;
@@ -128,8 +131,8 @@ fn hash_rate(secs: f64, threads: usize) -> f64 {
 }
 
 /// µs per route of the prompt's chain already hashed, plus its `on_finished`, from 1 thread: the
-/// upper bound of what a route holds the index mutex for (the in-flight record and
-/// `on_finished` run outside it).
+/// upper bound of what a route holds the index lock for, shared and exclusive together (the
+/// in-flight record and `on_finished` run outside it).
 fn prehashed_route_us(secs: f64) -> f64 {
     let tokens = prompt();
     let r = router(&tokens);
@@ -226,14 +229,15 @@ fn main() {
     let hashes = hash_ones.iter().copied().fold(0.0, f64::max);
     let prehashed_us = prehashed_route_us(secs);
     println!(
-        "route of the pre-hashed chain + on_finished, 1 thread: {prehashed_us:.2} µs (the most a route holds the index mutex)"
+        "route of the pre-hashed chain + on_finished, 1 thread: {prehashed_us:.2} µs (the most a route holds the index lock, shared and exclusive)"
     );
-    // A route is its hash (parallel) plus at most `prehashed_us` under the index mutex: two
-    // threads reach at most route / locked routes per route-time (and two cores at most ×2).
+    // A route is its hash (parallel) plus at most `prehashed_us` under the index lock: were all
+    // of it to serialise, two threads would reach at most route / locked routes per route-time
+    // (and two cores at most ×2); the walk under the shared lock does not serialise.
     let (route_us, hash_us) = (1e6 / one, 1e6 / hashes);
     println!(
         "quietest runs, 1 thread: hash alone {hash_us:.2} µs, route + on_finished {route_us:.2} µs; \
-         2-thread ceiling while the locked part serialises: x{:.2} (route ÷ pre-hashed route)",
+         2-thread ceiling were the whole locked part to serialise: x{:.2} (route ÷ pre-hashed route)",
         route_us / prehashed_us.max(f64::MIN_POSITIVE)
     );
     let (_, ingest_alone) = run(secs, 0, true);

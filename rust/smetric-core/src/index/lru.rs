@@ -207,6 +207,18 @@ impl RunLru {
             .and_then(|r| r.ids.last().map(|&e| (e, r.time_ms)))
     }
 
+    /// The touch time [`RunLru::peek`] would report after [`RunLru::settle`], read without
+    /// settling: that of the oldest run with a current id (dropped runs before it are skipped,
+    /// not removed), so that a shared reader can tell whether a TTL purge has work to do.
+    pub(crate) fn oldest_live_time(&self) -> Option<u64> {
+        self.cleaned
+            .iter()
+            .chain(&self.pending)
+            .chain(&self.recent)
+            .find(|r| r.live > 0)
+            .map(|r| r.time_ms)
+    }
+
     /// Drops the block [`RunLru::peek`] returned (a current one: the holder drops it too).
     pub(crate) fn pop(&mut self) {
         let mut dropped = 0;

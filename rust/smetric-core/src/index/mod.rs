@@ -9,8 +9,14 @@
 //! next block's entry without the hash table when it can: first in the slab slot after the
 //! previous entry's (a chain's entries are mostly consecutive), then at the previous entry's
 //! `last_child`; the walk stops at the first block without an entry, so a miss costs one
-//! lookup. The entry ids it walked are kept, so that inserting the same chain right after
-//! (insert on route) needs no second lookup. The index takes chains already hashed: the
+//! lookup. The walk only reads (a `last_child` it corrects is a relaxed atomic), so the
+//! router runs it under a shared lock; the entry ids it found go back to the caller in a
+//! `Walk`, so that inserting the same chain right after (insert on route) needs no second
+//! lookup: they are used as they are while the index's count of freed entries has not moved
+//! since the walk, else checked one by one (a freed slot may name another block by then). An
+//! insert that only renews runs (`KvIndex::renew_walked`: the holders' newest run already is
+//! the chain) also runs under the shared lock, each holder's LRU order behind a mutex of its
+//! own; every other write takes `&mut self`. The index takes chains already hashed: the
 //! router hashes a prompt before it takes the index lock.
 //!
 //! Each holder (instance or global tier) has a capacity in blocks and an LRU order
@@ -35,10 +41,12 @@
 //! pair is current in exactly one run of the holder's LRU order; a holder never holds more
 //! than its capacity after a call returns; an instance never has more sent blocks than its
 //! capacity. Memory is therefore bounded by `Σ capacities` entries plus `instances · local
-//! capacity` sent blocks.
+//! capacity` sent blocks. A `Walk` stays valid across writes: its ids are trusted only
+//! while `frees` is unchanged, its held prefixes only while `writes` is; a touch that uses
+//! one does exactly what a touch of the same chain without it would.
 //!
-//! Complexity: `query` O(chain blocks with an entry · ⌈instances/64⌉); `touch` O(run) amortised; removal O(1) per block; `clear`/`remove_slot`
-//! O(blocks held).
+//! Complexity: `query` O(chain blocks with an entry · ⌈instances/64⌉); `touch` O(run)
+//! amortised; removal O(1) per block; `clear`/`remove_slot` O(blocks held).
 //!
 //! Bytes per (block, holder) pair are measured by the `soak` example;
 //! [`KvIndex::memory_bytes`] estimates them from the container sizes.
@@ -49,8 +57,13 @@ mod query;
 #[cfg(test)]
 mod tests;
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use parking_lot::Mutex;
+
 use lru::RunLru;
 use pending::PendingBlocks;
+pub(crate) use query::Walk;
 
 use crate::mix_map::MixMap;
 
@@ -86,7 +99,9 @@ struct Entry {
     inline_seq: u32,
     /// The child most recently touched or walked after this block: a query that follows it
     /// (and checks the child's hash) walks a chain through the slab, not the hash table.
-    last_child: u32,
+    /// Atomic (relaxed) because walks under a shared lock update it: it is a hint, checked
+    /// before use, so a lost or torn-free race costs a lookup, never an answer.
+    last_child: AtomicU32,
     /// The first instance that held this block keeps its sequence number inline, so that a
     /// touch of a single-holder block needs no map access; other holders use their map.
     /// [`NO_SLOT`] when none, [`FREE_ENTRY`] while the slab slot is on the free list.
@@ -110,7 +125,9 @@ struct InstanceHolder {
     seqs: MixMap<u32, u32>,
     /// Blocks held (inline and in `seqs`).
     held: usize,
-    lru: RunLru,
+    /// In a mutex only so that [`KvIndex::renew_walked`] can renew a run under a shared
+    /// borrow; every other access goes through `get_mut`, with no locking.
+    lru: Mutex<RunLru>,
     live: bool,
 }
 
@@ -163,7 +180,8 @@ pub struct IndexStats {
     pub answer_credits: Vec<usize>,
 }
 
-/// The two-tier index. Not synchronised: the router wraps it in a mutex.
+/// The two-tier index. Not synchronised: the router wraps it in a read-write lock; the query
+/// walk (`KvIndex::query_shared`) reads only and runs under the shared side.
 #[derive(Debug)]
 pub struct KvIndex {
     limits: IndexLimits,
@@ -178,22 +196,33 @@ pub struct KvIndex {
     words: usize,
     live_mask: Vec<u64>,
     instances: Vec<InstanceHolder>,
-    global_lru: RunLru,
+    /// As [`InstanceHolder::lru`].
+    global_lru: Mutex<RunLru>,
     global_held: usize,
     evictions: u64,
-    /// Entry ids of the chain blocks walked by the last query or touched by the last touch,
-    /// in chain order; reused (after a liveness check) by the next touch of the same chain.
-    walked: Vec<u32>,
-    /// The entry ids of the chain being touched (a buffer kept between calls).
-    resolved: Vec<u32>,
-    /// `walked` holds the ids a query walk found and no entry has been freed since.
-    walk_fresh: bool,
+    /// The walk of the last [`KvIndex::query`] (for `touch_queried` and
+    /// `send_queried`, test-only), or the entry ids the last touch resolved, in chain order
+    /// (reused, after a liveness check, by the next touch of the same chain).
+    last: Walk,
+    /// Entries freed since creation: a [`Walk`]'s ids are trusted as they are while this has
+    /// not moved since the walk.
+    frees: u64,
+    /// Writes that may have changed some holder's blocks since creation: a [`Walk`]'s
+    /// confirmed prefixes hold while this has not moved since the walk.
+    writes: u64,
     /// Blocks sent to an instance and not yet confirmed by its events (exact mode, §2.7).
     pending: PendingBlocks,
-    /// Per slot, the prefix of the last queried chain each instance holds (kept while sent
-    /// blocks are on), and whether no holder changed since.
-    confirmed: Vec<u32>,
-    confirmed_fresh: bool,
+    /// Test only: trust a walk's ids even after entries were freed (the bug `frees` prevents),
+    /// so that the tests can show they catch it.
+    #[cfg(test)]
+    trust_stale_walks: bool,
+    /// Test only: walks used after an entry was freed since (so that a test can show it
+    /// exercised them).
+    #[cfg(test)]
+    pub(crate) outdated_walks: u64,
+    /// Test only: of those, the walks with an id that no longer names its block.
+    #[cfg(test)]
+    pub(crate) stale_walks: u64,
 }
 
 impl KvIndex {
@@ -208,19 +237,23 @@ impl KvIndex {
             words: 1,
             live_mask: vec![0],
             instances: Vec::new(),
-            global_lru: RunLru::default(),
+            global_lru: Mutex::default(),
             global_held: 0,
             evictions: 0,
-            walked: Vec::new(),
-            resolved: Vec::new(),
-            walk_fresh: false,
+            last: Walk::default(),
+            frees: 0,
+            writes: 0,
             pending: PendingBlocks::default(),
-            confirmed: Vec::new(),
-            confirmed_fresh: false,
+            #[cfg(test)]
+            trust_stale_walks: false,
+            #[cfg(test)]
+            outdated_walks: 0,
+            #[cfg(test)]
+            stale_walks: 0,
         }
     }
 
-    /// Makes the blocks sent to an instance ([`KvIndex::send_queried`]) count as present there
+    /// Makes the blocks sent to an instance (`KvIndex::send_walked`) count as present there
     /// for `ttl_ms` or until an event confirms or evicts them, at most `local_capacity` per
     /// instance (docs §2.7). `ttl_ms = 0` turns it off (the default).
     ///
@@ -261,12 +294,13 @@ impl KvIndex {
             ..InstanceHolder::default()
         };
         self.pending.clear(slot);
-        self.confirmed_fresh = false;
+        self.writes += 1;
         self.live_mask[s / 64] |= 1 << (s % 64);
     }
 
     /// Drops everything `slot` holds and marks it free.
     pub fn remove_slot(&mut self, slot: u32) {
+        self.writes += 1;
         self.clear_instance(slot);
         if let Some(h) = self.instances.get_mut(slot as usize) {
             h.live = false;
@@ -330,9 +364,9 @@ impl KvIndex {
         let (lru, seqs) = match holder {
             Holder::Instance(s) => {
                 let h = &mut self.instances[s as usize];
-                (&mut h.lru, Some(&h.seqs))
+                (h.lru.get_mut(), Some(&h.seqs))
             }
-            Holder::Global => (&mut self.global_lru, None),
+            Holder::Global => (self.global_lru.get_mut(), None),
         };
         let entries = &self.entries;
         (lru, move |e, seq| seq_in(entries, holder, seqs, e) == Some(seq))
@@ -354,8 +388,8 @@ impl KvIndex {
 
     fn lru_mut(&mut self, holder: Holder) -> &mut RunLru {
         match holder {
-            Holder::Instance(s) => &mut self.instances[s as usize].lru,
-            Holder::Global => &mut self.global_lru,
+            Holder::Instance(s) => self.instances[s as usize].lru.get_mut(),
+            Holder::Global => self.global_lru.get_mut(),
         }
     }
 
@@ -422,7 +456,7 @@ impl KvIndex {
                 found.remove();
             }
             self.free_entries.push(e);
-            self.walk_fresh = false;
+            self.frees += 1;
         }
     }
 
@@ -438,7 +472,7 @@ impl KvIndex {
             held: 0,
             global_seq: NOT_HELD,
             inline_seq: 0,
-            last_child: NOT_HELD,
+            last_child: AtomicU32::new(NOT_HELD),
             inline_slot: NO_SLOT,
             children: 0,
         };
@@ -523,27 +557,32 @@ impl KvIndex {
         *self.lru_mut(holder) = lru;
     }
 
-    /// The entry ids of `run` into `self.resolved` (docs §2.2, creation pass): missing entries
-    /// are created (bumping their parent's `children`) and each block's `last_child` is
-    /// pointed at its successor in the run.
+    /// The entry ids of `run` into `ids` (docs §2.2, creation pass): missing entries are
+    /// created (bumping their parent's `children`) and each block's `last_child` is pointed
+    /// at its successor in the run.
     ///
-    /// The first `trusted` ids of `self.walked` are taken as they are (the caller knows the
-    /// walk that found them was of this very run, and that no entry has been freed since);
-    /// the following ones are reused when they still name the block.
-    fn resolve(&mut self, run: &[BlockHash], parent: Option<BlockHash>, trusted: usize) {
-        let hint = std::mem::take(&mut self.walked);
-        let mut ids = std::mem::take(&mut self.resolved);
-        ids.clear();
-        ids.reserve(run.len());
-        debug_assert!(trusted <= hint.len().min(run.len()));
+    /// On entry `ids` holds guesses, position by position (a walk or touch of this chain);
+    /// the first `trusted` are taken as they are (the caller knows the walk that found them
+    /// was of this very run, and that no entry has been freed since), the following ones are
+    /// kept while they still name the block, and the rest is looked up or created.
+    fn resolve(&mut self, run: &[BlockHash], parent: Option<BlockHash>, trusted: usize, ids: &mut Vec<u32>) {
+        debug_assert!(trusted <= ids.len().min(run.len()));
+        // (The test-only broken variant must get past this, for the tests to show they see it.)
+        #[cfg(test)]
+        let checked = !self.trust_stale_walks;
+        #[cfg(not(test))]
+        let checked = true;
         debug_assert!(
-            hint[..trusted]
-                .iter()
-                .zip(run)
-                .all(|(&e, &h)| self.entries[e as usize].live() && self.entries[e as usize].hash == h)
+            !checked
+                || ids[..trusted]
+                    .iter()
+                    .zip(run)
+                    .all(|(&e, &h)| self.entries[e as usize].live() && self.entries[e as usize].hash == h)
         );
-        let known = trusted + self.check_hint(&run[trusted..], &hint[trusted..], hint[..trusted].last().copied());
-        ids.extend_from_slice(&hint[..known]);
+        ids.truncate(run.len());
+        let known = trusted + self.check_hint(&run[trusted..], &ids[trusted..], ids[..trusted].last().copied());
+        ids.truncate(known);
+        ids.reserve(run.len() - known);
         let mut prev = ids.last().copied();
         for (i, &h) in run.iter().enumerate().skip(known) {
             let parent = if i > 0 {
@@ -553,21 +592,18 @@ impl KvIndex {
             };
             let id = self.find_or_create(h, parent);
             if let Some(p) = prev {
-                self.entries[p as usize].last_child = id;
+                *self.entries[p as usize].last_child.get_mut() = id;
             }
             ids.push(id);
             prev = Some(id);
         }
-        self.walked = hint;
-        self.resolved = ids;
-        self.walk_fresh = false;
     }
 
     /// For [`KvIndex::resolve`]: how many leading blocks of `run` the ids in `hint` still name
     /// (live entries with these hashes), pointing each one's predecessor (`prev` for the
     /// first) `last_child` at it.
     fn check_hint(&mut self, run: &[BlockHash], hint: &[u32], mut prev: Option<u32>) -> usize {
-        let entries = self.entries.as_mut_slice();
+        let entries = self.entries.as_slice();
         let mut known = 0;
         for (&h, &e) in run.iter().zip(hint) {
             match entries.get(e as usize) {
@@ -575,7 +611,7 @@ impl KvIndex {
                 _ => break,
             }
             if let Some(p) = prev {
-                set_child(&mut entries[p as usize], e);
+                set_child(&entries[p as usize], e);
             }
             prev = Some(e);
             known += 1;
@@ -603,7 +639,7 @@ impl KvIndex {
         id
     }
 
-    /// Touch pass and eviction (docs §2.2 steps 3–4) of the resolved chain for `holder`.
+    /// Touch pass and eviction (docs §2.2 steps 3–4) of the resolved chain `ids` for `holder`.
     ///
     /// The chain's blocks become the holder's most recent ones, first block newest. When the
     /// holder's newest run is a prefix of the chain and all its blocks are still current
@@ -611,8 +647,7 @@ impl KvIndex {
     /// already holds: the run is renewed, in O(its length) id comparisons and no entry
     /// access, and only the blocks beyond it are written. Otherwise the chain becomes a new
     /// run, each block once, at its first position.
-    fn apply(&mut self, holder: Holder, now_ms: u64) {
-        let ids = std::mem::take(&mut self.resolved);
+    fn apply(&mut self, holder: Holder, now_ms: u64, ids: &[u32]) {
         let mut lru = std::mem::take(self.lru_mut(holder));
         let renewable = lru
             .newest_current()
@@ -628,14 +663,13 @@ impl KvIndex {
         } else {
             let seq = lru.next_seq();
             let mut run = Vec::with_capacity(ids.len());
-            self.mark_all(holder, &ids, seq, &mut run, &mut moved);
+            self.mark_all(holder, ids, seq, &mut run, &mut moved);
             let written = run.len();
             lru.push(run, now_ms);
             written + lru::RUN_WEIGHT
         };
         moved.flush(&mut lru);
         *self.lru_mut(holder) = lru;
-        self.resolved = ids;
         let cap = self.capacity(holder);
         while self.held(holder) as u64 > cap {
             if !self.evict_lru(holder) {
@@ -668,6 +702,24 @@ impl KvIndex {
     ///
     /// Entry ids found by the previous `query` or `touch` of the same chain are reused.
     pub fn touch(&mut self, holder: Holder, run: &[BlockHash], parent: Option<BlockHash>, now_ms: u64) {
+        let mut last = std::mem::take(&mut self.last);
+        // Not trusted: the last walk need not be of this run.
+        last.untrust();
+        self.touch_hinted(holder, run, parent, now_ms, &mut last);
+        self.last = last;
+    }
+
+    /// [`KvIndex::touch`] with `hint`'s ids as the guesses of `run`'s entries (trusted when
+    /// `hint` is a walk of `run` and no entry has been freed since); leaves in `hint` the ids
+    /// resolved, no longer trusted.
+    fn touch_hinted(
+        &mut self,
+        holder: Holder,
+        run: &[BlockHash],
+        parent: Option<BlockHash>,
+        now_ms: u64,
+        hint: &mut Walk,
+    ) {
         match holder {
             Holder::Instance(s) if !self.is_live(s) => return,
             Holder::Global if !self.global_enabled() => return,
@@ -681,10 +733,35 @@ impl KvIndex {
             }
             Holder::Global => {}
         }
-        self.confirmed_fresh = false;
-        self.resolve(run, parent, 0);
-        self.apply(holder, now_ms);
-        std::mem::swap(&mut self.walked, &mut self.resolved);
+        self.writes += 1;
+        // After the purge, which may have freed entries.
+        let trusted = self.trusted(hint, run);
+        self.resolve(run, parent, trusted, &mut hint.ids);
+        hint.untrust();
+        self.apply(holder, now_ms, &hint.ids);
+    }
+
+    /// How many of `walk`'s leading ids may be used unchecked for a chain of `len` blocks:
+    /// all of them while no entry has been freed since the walk, else none.
+    fn trusted(&mut self, walk: &Walk, run: &[BlockHash]) -> usize {
+        let len = run.len();
+        #[cfg(test)]
+        if walk.frees != u64::MAX && walk.frees != self.frees {
+            self.outdated_walks += 1;
+            let stale = walk.ids.iter().zip(run).any(|(&e, &h)| {
+                let x = &self.entries[e as usize];
+                !x.live() || x.hash != h
+            });
+            self.stale_walks += u64::from(stale);
+            if self.trust_stale_walks {
+                return walk.ids.len().min(len);
+            }
+        }
+        if walk.frees == self.frees {
+            walk.ids.len().min(len)
+        } else {
+            0
+        }
     }
 
     /// Insert on route (docs §2.6): `touch(Instance(slot), chain)` then `touch(Global, chain)`.
@@ -694,39 +771,89 @@ impl KvIndex {
     /// resolved once and both holders are touched from it, which is the same sequence of
     /// state changes. A longer chain takes the two touches one after the other.
     pub fn touch_routed(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64) {
-        self.touch_routed_with(slot, chain, now_ms, 0);
+        let mut last = std::mem::take(&mut self.last);
+        last.untrust();
+        self.touch_walked(slot, chain, now_ms, &mut last);
+        self.last = last;
     }
 
     /// [`KvIndex::touch_routed`] of the chain the last [`KvIndex::query`] walked, at the
-    /// same `now_ms`: the entry ids that walk found are used without being looked at again (unless an entry has been freed since).
-    /// The caller guarantees that `chain` is that query's chain.
+    /// same `now_ms`: the entry ids that walk found are used without being looked at again
+    /// (unless an entry has been freed since). The caller guarantees that `chain` is that
+    /// query's chain.
+    #[cfg(test)]
     pub(crate) fn touch_queried(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64) {
-        let trusted = if self.walk_fresh {
-            self.walked.len().min(chain.len())
-        } else {
-            0
-        };
-        self.touch_routed_with(slot, chain, now_ms, trusted);
+        let mut last = std::mem::take(&mut self.last);
+        self.touch_walked(slot, chain, now_ms, &mut last);
+        self.last = last;
     }
 
-    fn touch_routed_with(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64, trusted: usize) {
+    /// [`KvIndex::touch_routed`] of the chain `walk` walked ([`KvIndex::query_shared`]), at
+    /// the same `now_ms`: the walk's entry ids are used without being looked at again while
+    /// no entry has been freed since (other writes may have come between: entries created
+    /// since are found, ids of freed ones are not trusted). The caller guarantees that
+    /// `chain` is the walk's chain. Leaves in `walk` the ids resolved, no longer trusted.
+    pub(crate) fn touch_walked(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64, walk: &mut Walk) {
         if !self.is_live(slot) || !self.global_enabled() || chain.len() as u64 > self.limits.local_capacity {
-            self.touch(Holder::Instance(slot), chain, None, now_ms);
-            self.touch(Holder::Global, chain, None, now_ms);
+            self.touch_hinted(Holder::Instance(slot), chain, None, now_ms, walk);
+            self.touch_hinted(Holder::Global, chain, None, now_ms, walk);
             return;
         }
         self.purge_expired(slot, now_ms);
-        self.confirmed_fresh = false;
-        let trusted = if self.walk_fresh { trusted } else { 0 };
-        self.resolve(chain, None, trusted);
-        self.apply(Holder::Instance(slot), now_ms);
-        self.apply(Holder::Global, now_ms);
-        std::mem::swap(&mut self.walked, &mut self.resolved);
+        self.writes += 1;
+        let trusted = self.trusted(walk, chain);
+        self.resolve(chain, None, trusted, &mut walk.ids);
+        walk.untrust();
+        self.apply(Holder::Instance(slot), now_ms, &walk.ids);
+        self.apply(Holder::Global, now_ms, &walk.ids);
     }
 
+    /// [`KvIndex::touch_walked`] under a shared borrow, for the case where it changes no
+    /// holder's blocks: `walk` (of this very index state) found every block of the chain, so
+    /// no entry is created, and for the instance and the global tier the newest run is
+    /// exactly the chain, all current (the same prompt routed again where it went last). The
+    /// touch then only renews those two runs' time and lets them clean, as `apply` does with
+    /// nothing to append; that is all `touch_walked` would do (its TTL purge of the instance
+    /// evicts nothing, checked). Returns false, having changed nothing, in every other case:
+    /// the caller then calls `touch_walked` under the exclusive lock.
+    ///
+    /// The holders' mutexes make the borrow safe, not the order: concurrent callers must be
+    /// serialised by the caller (the router's decision lock) for the touches to have one order.
+    pub(crate) fn renew_walked(&self, slot: u32, chain: &[BlockHash], now_ms: u64, walk: &Walk) -> bool {
+        if chain.is_empty() || walk.ids.len() != chain.len() || walk.frees != self.frees || !self.is_live(slot) {
+            return false;
+        }
+        let h = &self.instances[slot as usize];
+        let mut local = h.lru.lock();
+        let expired = |lru: &RunLru| {
+            self.limits
+                .local_ttl_ms
+                .is_some_and(|ttl| lru.oldest_live_time().is_some_and(|t| now_ms.saturating_sub(t) >= ttl))
+        };
+        let renewable = |lru: &RunLru| !lru.needs_renumbering() && lru.newest_current() == Some(walk.ids.as_slice());
+        if expired(&local) || !renewable(&local) {
+            return false;
+        }
+        let mut global = self.global_enabled().then(|| self.global_lru.lock());
+        if global.as_deref().is_some_and(|g| !renewable(g)) {
+            return false;
+        }
+        let entries = &self.entries;
+        local.renew_newest(now_ms, |_, _| {});
+        local.clean(h.held, 0, |e, seq| {
+            seq_in(entries, Holder::Instance(slot), Some(&h.seqs), e) == Some(seq)
+        });
+        if let Some(g) = global.as_deref_mut() {
+            g.renew_newest(now_ms, |_, _| {});
+            g.clean(self.global_held, 0, |e, seq| {
+                seq_in(entries, Holder::Global, None, e) == Some(seq)
+            });
+        }
+        true
+    }
     /// Removes the listed blocks from `holder` (blocks it does not hold are ignored).
     pub fn remove(&mut self, holder: Holder, hashes: &[BlockHash]) {
-        self.confirmed_fresh = false;
+        self.writes += 1;
         if let Holder::Instance(s) = holder {
             if !self.is_live(s) {
                 return;
@@ -751,7 +878,7 @@ impl KvIndex {
 
     /// Drops every block `holder` holds (each is current in exactly one queued run).
     fn clear_holder(&mut self, holder: Holder) {
-        self.confirmed_fresh = false;
+        self.writes += 1;
         let lru = std::mem::take(self.lru_mut(holder));
         for (seq, e) in lru.all() {
             if self.seq_of(holder, e) == Some(seq) {
@@ -813,8 +940,8 @@ impl KvIndex {
             .iter()
             .map(|h| table_bytes(h.seqs.capacity(), size_of::<(u32, u32)>()))
             .sum();
-        let runs: usize =
-            self.instances.iter().map(|h| h.lru.heap_bytes()).sum::<usize>() + self.global_lru.heap_bytes();
+        let runs: usize = self.instances.iter().map(|h| h.lru.lock().heap_bytes()).sum::<usize>()
+            + self.global_lru.lock().heap_bytes();
         [
             ("hash_table", table_bytes(self.by_hash.capacity(), size_of::<u32>())),
             (
@@ -894,11 +1021,11 @@ fn lookup(by_hash: &hashbrown::HashTable<u32>, entries: &[Entry], hash: BlockHas
 }
 
 /// Points `parent.last_child` at `child`, writing only when it changes (a renewed chain
-/// leaves its entries' cache lines clean).
+/// leaves its entries' cache lines clean, and walks on other cores keep them shared).
 #[inline]
-fn set_child(parent: &mut Entry, child: u32) {
-    if parent.last_child != child {
-        parent.last_child = child;
+fn set_child(parent: &Entry, child: u32) {
+    if parent.last_child.load(Ordering::Relaxed) != child {
+        parent.last_child.store(child, Ordering::Relaxed);
     }
 }
 

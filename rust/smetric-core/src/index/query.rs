@@ -6,44 +6,90 @@
 //! blocks extends its confirmed prefix while the next block is sent there or held there, then
 //! by the answer credited past an anchor its match runs through (`credited`).
 //!
-//! Invariants: a query changes no holder's blocks (only `last_child` links along the chain).
+//! The walk reads the index only ([`KvIndex::query_shared`] takes `&self`), so decisions walk
+//! under a shared lock, several at once. What the decision's write that follows needs from it
+//! (the entry ids found, the prefixes held) it keeps in a [`Walk`] owned by the caller, with
+//! stamps of the index's write counters that say whether those still hold when the write
+//! comes: ids while no entry has been freed since, held prefixes while no holder changed.
+//! A TTL purge is a write: [`KvIndex::purge_due`] tells a shared reader when one is needed.
+//!
+//! Invariants: a query changes no holder's blocks (only `last_child` links along the chain,
+//! relaxed atomics, hints checked before use).
 //! Complexity: O(matched blocks · ⌈instances/64⌉), one cache line per step on a slab chain;
 //! with sent blocks, one map lookup per instance that has any, plus one per sent block matched,
 //! plus at most the instance's largest credit in lookups when it has answer credits.
+//! [`KvIndex::purge_due`] is O(live instances) when a TTL is set, O(1) otherwise.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+
+/// What a query walk found that the decision's write reuses, kept by the caller so that the
+/// walk can run under a shared lock (see the module docs).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Walk {
+    /// Entry ids of the chain's blocks in chain order, up to the first block without an entry.
+    pub(super) ids: Vec<u32>,
+    /// [`KvIndex::frees`] at the walk: the ids name the chain's entries while it is unchanged.
+    pub(super) frees: u64,
+    /// [`KvIndex::writes`] at the walk: `confirmed` holds while it is unchanged.
+    pub(super) writes: u64,
+    /// Per slot, the prefix of the chain the instance held (kept while sent blocks are on).
+    pub(super) confirmed: Vec<u32>,
+}
+
+impl Walk {
+    /// Marks the ids as guesses only (a touch resolved them, or they are not of the chain
+    /// about to be used), and the held prefixes as unknown.
+    pub(super) fn untrust(&mut self) {
+        self.frees = u64::MAX;
+        self.writes = u64::MAX;
+    }
+}
 
 impl KvIndex {
     /// Longest prefix hits of `chain` for every instance and the global tier (docs §2.4).
     /// Purges expired blocks first; changes no holder's blocks (only the `last_child` links
     /// along the chain, to where the walk found the entries).
     pub fn query(&mut self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery) {
-        self.purge_all_expired(now_ms);
-        self.walk(chain, out);
+        // A purge with nothing due would evict nothing: it is skipped as the router skips it.
+        if self.purge_due(now_ms) {
+            self.purge_all_expired(now_ms);
+        }
+        let mut last = std::mem::take(&mut self.last);
+        self.query_shared(chain, now_ms, out, &mut last);
+        self.last = last;
+    }
+
+    /// [`KvIndex::query`] without the TTL purge, for a reader sharing the index: the caller
+    /// has purged (no [`KvIndex::purge_due`] at `now_ms`). Fills `walk` for the write that
+    /// follows ([`KvIndex::touch_walked`], [`KvIndex::send_walked`]).
+    pub(crate) fn query_shared(&self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery, walk: &mut Walk) {
+        self.walk(chain, out, &mut walk.ids);
+        walk.frees = self.frees;
+        walk.writes = self.writes;
+        walk.confirmed.clear();
         if self.pending.enabled() {
-            // Kept for `send_queried`, which skips the prefix the instance holds.
-            self.confirmed.clear();
-            self.confirmed.extend_from_slice(&out.local_blocks);
-            self.confirmed_fresh = true;
+            // Kept for `send_walked`, which skips the prefix the instance holds.
+            walk.confirmed.extend_from_slice(&out.local_blocks);
         }
         if !self.pending.is_empty() {
-            self.count_pending(chain, now_ms, out);
+            self.count_pending(chain, now_ms, out, &walk.ids);
         }
     }
 
     /// Docs §2.7, query: each instance's hit is the longest prefix of `chain` whose blocks it
     /// holds *or* was sent (and no event has confirmed or evicted yet); `deepest` and
     /// `branches` follow (a sent chain that continued past the deepest block is a branch).
+    /// `walked`: the entry ids the walk just found.
     #[inline(never)]
-    fn count_pending(&self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery) {
+    fn count_pending(&self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery, walked: &[u32]) {
         let mut deepest = out.deepest_blocks;
         for s in 0..self.instances.len() as u32 {
             if !self.instances[s as usize].live || self.pending.slot_is_empty(s) {
                 continue;
             }
             let mut k = out.local_blocks[s as usize] as usize;
-            while k < chain.len() && (self.pending.counts(s, chain[k], now_ms) || self.held_at(s, chain, k)) {
+            while k < chain.len() && (self.pending.counts(s, chain[k], now_ms) || self.held_at(walked, s, chain, k)) {
                 k += 1;
             }
             let reach = self.pending.credit_reach(s) as usize;
@@ -60,7 +106,7 @@ impl KvIndex {
         let children = if deepest == out.deepest_blocks {
             out.branches
         } else {
-            self.entry_at(chain, deepest as usize - 1)
+            self.entry_at(walked, chain, deepest as usize - 1)
                 .map_or(0, |e| u32::from(self.entries[e as usize].children))
         };
         let sent_child = (0..self.instances.len() as u32)
@@ -90,18 +136,20 @@ impl KvIndex {
         best
     }
 
-    /// The entry of `chain[i]`, `chain` being the chain the last query walked: from that walk
-    /// when it reached that far and no entry was freed since, else looked up.
-    fn entry_at(&self, chain: &[BlockHash], i: usize) -> Option<u32> {
-        match self.walked.get(i) {
-            Some(&e) if self.walk_fresh => Some(e),
-            _ => self.entry_of(chain[i]),
+    /// The entry of `chain[i]`, `walked` holding entry ids of `chain`'s blocks that are
+    /// current (a walk with no entry freed since): from there when it reaches that far, else
+    /// looked up.
+    fn entry_at(&self, walked: &[u32], chain: &[BlockHash], i: usize) -> Option<u32> {
+        match walked.get(i) {
+            Some(&e) => Some(e),
+            None => self.entry_of(chain[i]),
         }
     }
 
-    /// Whether instance `s` holds `chain[i]` (confirmed by its events).
-    fn held_at(&self, s: u32, chain: &[BlockHash], i: usize) -> bool {
-        self.entry_at(chain, i).is_some_and(|e| {
+    /// Whether instance `s` holds `chain[i]` (confirmed by its events); `walked` as for
+    /// [`KvIndex::entry_at`].
+    fn held_at(&self, walked: &[u32], s: u32, chain: &[BlockHash], i: usize) -> bool {
+        self.entry_at(walked, chain, i).is_some_and(|e| {
             let bit = 1u64 << (s % 64);
             let word = if s < 64 {
                 self.entries[e as usize].held
@@ -116,26 +164,72 @@ impl KvIndex {
     /// [`KvIndex::query`] walked, at the same `now_ms`) that `slot` does not hold count as
     /// present there until an event confirms or evicts them or the pending TTL passes. Does
     /// nothing unless [`KvIndex::enable_pending`] turned sent blocks on.
+    #[cfg(test)]
     pub(crate) fn send_queried(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64) {
+        let last = std::mem::take(&mut self.last);
+        self.send_walked(slot, chain, now_ms, &last);
+        self.last = last;
+    }
+
+    /// Exact mode's record of a decision (docs §2.7, as `send_queried`) for the chain `walk`
+    /// walked ([`KvIndex::query_shared`]), at the same `now_ms`, other writes possibly in
+    /// between: the prefix the walk found `slot` holding is skipped while no holder changed
+    /// since, and its ids are used while no entry was freed since. The caller guarantees that
+    /// `chain` is the walk's chain.
+    pub(crate) fn send_walked(&mut self, slot: u32, chain: &[BlockHash], now_ms: u64, walk: &Walk) {
         if !self.pending.enabled() || !self.is_live(slot) {
             return;
         }
         // The confirmed prefix the query found holds by definition: start after it.
-        let start = if self.confirmed_fresh {
-            self.confirmed
+        let start = if walk.writes == self.writes {
+            walk.confirmed
                 .get(slot as usize)
                 .map_or(0, |&k| (k as usize).min(chain.len()))
         } else {
             0
         };
+        let walked: &[u32] = if walk.frees == self.frees { &walk.ids } else { &[] };
         let mut pending = std::mem::take(&mut self.pending);
-        pending.send(slot, &chain[start..], now_ms, |i| self.held_at(slot, chain, start + i));
+        pending.send(slot, &chain[start..], now_ms, |i| {
+            self.held_at(walked, slot, chain, start + i)
+        });
         self.pending = pending;
     }
 
+    /// Whether [`KvIndex::send_walked`] would change nothing: sent blocks are off, or `slot`
+    /// held the whole chain at the walk (no holder changed since) and has nothing sent or
+    /// credited there (so there is nothing to record and nothing expired to purge). The
+    /// router then skips the exclusive lock.
+    pub(crate) fn send_is_noop(&self, slot: u32, chain: &[BlockHash], walk: &Walk) -> bool {
+        !self.pending.enabled()
+            || !self.is_live(slot)
+            || (walk.writes == self.writes
+                && walk
+                    .confirmed
+                    .get(slot as usize)
+                    .is_some_and(|&k| k as usize >= chain.len())
+                && self.pending.slot_is_empty(slot))
+    }
+
+    /// Whether a TTL purge at `now_ms` ([`KvIndex::purge_all_expired`]) would evict anything:
+    /// some live instance's least recently used block is as old as the TTL. A shared reader
+    /// asks this before [`KvIndex::query_shared`] and, when it is true, purges under the
+    /// write lock first; when it is false the purge would evict nothing.
+    pub(crate) fn purge_due(&self, now_ms: u64) -> bool {
+        let Some(ttl) = self.limits.local_ttl_ms else {
+            return false;
+        };
+        self.instances
+            .iter()
+            .filter(|h| h.live)
+            .filter_map(|h| h.lru.lock().oldest_live_time())
+            .any(|t| now_ms.saturating_sub(t) >= ttl)
+    }
+
     /// TTL purge of every live instance, in slot order (docs §2.4 step 1).
-    fn purge_all_expired(&mut self, now_ms: u64) {
+    pub(crate) fn purge_all_expired(&mut self, now_ms: u64) {
         if self.limits.local_ttl_ms.is_some() {
+            self.writes += 1;
             for s in 0..self.instances.len() as u32 {
                 if self.instances[s as usize].live {
                     self.purge_expired(s, now_ms);
@@ -144,28 +238,25 @@ impl KvIndex {
         }
     }
 
-    /// The query walk over `chain`. Fills `out`, and `self.walked` with the entry ids found,
-    /// in chain order.
+    /// The query walk over `chain`. Fills `out`, and `walked` with the entry ids found, in
+    /// chain order.
     ///
     /// [`KvIndex::follow`] finds the entries and, with at most 64 instance slots, reads the
     /// holders off each entry as it goes; with more, [`KvIndex::tally`] does so in a second
     /// pass.
     #[inline(never)]
-    fn walk(&mut self, chain: &[BlockHash], out: &mut IndexQuery) {
-        let mut walked = std::mem::take(&mut self.walked);
+    fn walk(&self, chain: &[BlockHash], out: &mut IndexQuery, walked: &mut Vec<u32>) {
         walked.clear();
         out.local_blocks.clear();
         out.local_blocks.resize(self.instances.len(), 0);
         out.global_blocks = 0;
         if self.words == 1 {
-            let tally = self.follow::<true>(chain, &mut walked, &mut out.local_blocks);
-            tally.finish(&self.entries, &walked, out);
+            let tally = self.follow::<true>(chain, walked, &mut out.local_blocks);
+            tally.finish(&self.entries, walked, out);
         } else {
-            self.follow::<false>(chain, &mut walked, &mut out.local_blocks);
-            self.tally(&walked, out);
+            self.follow::<false>(chain, walked, &mut out.local_blocks);
+            self.tally(walked, out);
         }
-        self.walked = walked;
-        self.walk_fresh = true;
     }
 
     /// Appends to `walked` the entry ids of the chain's blocks up to the first block without
@@ -179,15 +270,9 @@ impl KvIndex {
     /// (for the insert that follows). Two loops instead of one with a "still matching" flag
     /// keep the tally's state in registers in the first and leave none in the second.
     #[inline]
-    fn follow<const TALLY: bool>(
-        &mut self,
-        chain: &[BlockHash],
-        walked: &mut Vec<u32>,
-        local_blocks: &mut [u32],
-    ) -> Tally {
+    fn follow<const TALLY: bool>(&self, chain: &[BlockHash], walked: &mut Vec<u32>, local_blocks: &mut [u32]) -> Tally {
         let mut tally = Tally::new(self.live_mask[0], self.global_enabled());
-        let Self { entries, by_hash, .. } = self;
-        let entries = entries.as_mut_slice();
+        let (entries, by_hash) = (self.entries.as_slice(), &self.by_hash);
         // Sized up front and written in place, cut to the blocks found at the end.
         walked.resize(chain.len(), 0);
         let mut i = 0;
@@ -352,7 +437,7 @@ impl Tally {
 /// ([`NOT_HELD`] before the first block), or `None` when no holder has it. Keeps `prev`'s
 /// `last_child` pointing at it, for the next walk.
 #[inline]
-fn step(entries: &mut [Entry], by_hash: &hashbrown::HashTable<u32>, prev: u32, h: BlockHash) -> Option<u32> {
+fn step(entries: &[Entry], by_hash: &hashbrown::HashTable<u32>, prev: u32, h: BlockHash) -> Option<u32> {
     let names = |e: u32, entries: &[Entry]| entries.get(e as usize).is_some_and(|x| x.hash == h && x.live());
     // A chain's entries are often consecutive slab slots (created together, or reusing slots
     // freed tail first): trying the next slot first needs no load to find it, so consecutive
@@ -361,14 +446,16 @@ fn step(entries: &mut [Entry], by_hash: &hashbrown::HashTable<u32>, prev: u32, h
     let e = if names(next, entries) {
         next
     } else {
-        let child = entries.get(prev as usize).map_or(NOT_HELD, |p| p.last_child);
+        let child = entries
+            .get(prev as usize)
+            .map_or(NOT_HELD, |p| p.last_child.load(Ordering::Relaxed));
         if names(child, entries) {
             child
         } else {
             lookup(by_hash, entries, h)?
         }
     };
-    if let Some(p) = entries.get_mut(prev as usize) {
+    if let Some(p) = entries.get(prev as usize) {
         set_child(p, e);
     }
     Some(e)

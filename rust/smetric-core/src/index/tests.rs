@@ -6,6 +6,112 @@ fn chain(range: std::ops::Range<u64>) -> Vec<BlockHash> {
     range.map(BlockHash).collect()
 }
 
+impl KvIndex {
+    /// Test only: checks the module's invariants (an entry exists iff some holder holds it and
+    /// the hash table finds it; holder bits, inline seats, maps and counts agree; every held
+    /// (entry, holder) pair is current in exactly one run; no holder is over capacity) and
+    /// panics naming the first one broken.
+    pub(crate) fn assert_consistent(&self) {
+        let live = self.entries.iter().filter(|e| e.live()).count();
+        assert_eq!(self.by_hash.len(), live, "the table holds every live entry");
+        assert_eq!(
+            live + self.free_entries.len(),
+            self.entries.len(),
+            "a slot is live or free"
+        );
+        for (e, entry) in self.entries.iter().enumerate() {
+            let e = e as u32;
+            if !entry.live() {
+                continue;
+            }
+            assert_eq!(self.entry_of(entry.hash), Some(e), "entry {e} is found by its hash");
+            assert!(
+                entry.global_seq != NOT_HELD || !self.no_instance_holds(e),
+                "entry {e} is held by someone"
+            );
+            if entry.inline_slot != NO_SLOT {
+                let s = u32::from(entry.inline_slot);
+                assert!(
+                    self.is_live(s) && self.bit(e, s),
+                    "entry {e}'s inline seat {s} holds it"
+                );
+            }
+        }
+        let holders = (0..self.instances.len() as u32)
+            .filter(|&s| self.is_live(s))
+            .map(Holder::Instance)
+            .chain(self.global_enabled().then_some(Holder::Global));
+        for holder in holders {
+            let members = (0..self.entries.len() as u32)
+                .filter(|&e| self.entries[e as usize].live() && self.seq_of(holder, e).is_some())
+                .count();
+            assert_eq!(self.held(holder), members, "{holder:?}'s count");
+            assert!(
+                self.held(holder) as u64 <= self.capacity(holder),
+                "{holder:?} within capacity"
+            );
+            let lru = match holder {
+                Holder::Instance(s) => self.instances[s as usize].lru.lock(),
+                Holder::Global => self.global_lru.lock(),
+            };
+            let mut current: Vec<u32> = lru
+                .all()
+                .filter(|&(seq, e)| self.seq_of(holder, e) == Some(seq))
+                .map(|(_, e)| e)
+                .collect();
+            assert_eq!(current.len(), members, "{holder:?}: each held block current in one run");
+            current.sort_unstable();
+            current.dedup();
+            assert_eq!(current.len(), members, "{holder:?}: no block current twice");
+            if let Holder::Instance(s) = holder {
+                for &e in self.instances[s as usize].seqs.keys() {
+                    assert!(self.bit(e, s), "{holder:?}'s map names only blocks it holds");
+                    assert_ne!(u32::from(self.entries[e as usize].inline_slot), s, "seated and mapped");
+                }
+            }
+        }
+        for s in (0..self.instances.len() as u32).filter(|&s| !self.is_live(s)) {
+            assert!(
+                (0..self.entries.len() as u32).all(|e| !self.bit(e, s)),
+                "free slot {s} holds nothing"
+            );
+        }
+    }
+
+    /// Whether entry `e`'s holder bitset has slot `s`.
+    fn bit(&self, e: u32, s: u32) -> bool {
+        let word = if s < 64 {
+            self.entries[e as usize].held
+        } else {
+            self.more_bits[e as usize * (self.words - 1) + s as usize / 64 - 1]
+        };
+        word & (1 << (s % 64)) != 0
+    }
+
+    /// Test only: `holder`'s blocks by hash in eviction order, least recently used first (runs
+    /// oldest first, each from its chain's tail): equal for two indexes iff they hold the same
+    /// blocks and would evict them in the same order, however their runs are cut.
+    pub(crate) fn lru_order(&self, holder: Holder) -> Vec<BlockHash> {
+        let lru = match holder {
+            Holder::Instance(s) => self.instances[s as usize].lru.lock(),
+            Holder::Global => self.global_lru.lock(),
+        };
+        let mut order: Vec<BlockHash> = Vec::new();
+        let (mut run_seq, mut run_start) = (None, 0);
+        for (seq, e) in lru.all() {
+            if run_seq != Some(seq) {
+                order[run_start..].reverse();
+                (run_seq, run_start) = (Some(seq), order.len());
+            }
+            if self.seq_of(holder, e) == Some(seq) {
+                order.push(self.entries[e as usize].hash);
+            }
+        }
+        order[run_start..].reverse();
+        order
+    }
+}
+
 fn index(local: u64, global: u64) -> KvIndex {
     let mut ix = KvIndex::new(IndexLimits {
         local_capacity: local,
@@ -110,7 +216,7 @@ fn compaction_keeps_order() {
         ix.touch(Holder::Global, &chain(0..4), None, round);
         ix.touch(Holder::Instance(0), &chain(100 + round..101 + round), None, round);
     }
-    assert!(ix.instances[0].lru.queued() <= 2 * 8 + lru::COMPACT_SLACK + 4 * lru::CLEAN_FACTOR);
+    assert!(ix.instances[0].lru.get_mut().queued() <= 2 * 8 + lru::COMPACT_SLACK + 4 * lru::CLEAN_FACTOR);
     let mut q = IndexQuery::default();
     ix.query(&chain(0..4), 0, &mut q);
     assert_eq!((q.local_blocks[0], q.global_blocks), (4, 4));
@@ -129,7 +235,7 @@ fn follow_up_turns_leave_no_stale_ids() {
         // Another session on the same instance in between.
         ix.touch_routed(1, &chain(10_000 + turn..10_001 + turn), 0);
     }
-    let (local, global) = (&ix.instances[1].lru, &ix.global_lru);
+    let (local, global) = (ix.instances[1].lru.lock(), ix.global_lru.lock());
     assert_eq!(local.queued(), ix.instances[1].held);
     assert_eq!(global.queued(), ix.global_held);
     assert!(local.queued_runs() < 2 * 49 + 8);
@@ -172,6 +278,8 @@ proptest::proptest! {
         }
         let mut model = Model::default();
         let mut q = IndexQuery::default();
+        // A decision's walk taken and not yet committed: (slot, run, chain, walk).
+        let mut walked: Option<(u32, Vec<u64>, Vec<BlockHash>, Walk)> = None;
         for (kind, who, start, len) in ops {
             let (holder, key, cap) = if who == 3 { (Holder::Global, None, global) } else { (Holder::Instance(who), Some(who), local) };
             let run: Vec<u64> = (start..start + len as u64).collect();
@@ -198,8 +306,23 @@ proptest::proptest! {
                     model.touch(Some(slot), &run, local);
                     model.touch(None, &run, global);
                 }
+                // A decision's walk under the shared lock, and its commit some ops later (other
+                // decisions' inserts and events in between): the insert on route at commit time.
+                3 => match walked.take() {
+                    None => {
+                        let mut walk = Walk::default();
+                        ix.query_shared(&chain, 0, &mut q, &mut walk);
+                        walked = Some((who % 3, run, chain, walk));
+                    }
+                    Some((slot, run, chain, mut walk)) => {
+                        ix.touch_walked(slot, &chain, 0, &mut walk);
+                        model.touch(Some(slot), &run, local);
+                        model.touch(None, &run, global);
+                    }
+                },
                 _ => {}
             }
+            ix.assert_consistent();
             let probe: Vec<u64> = (0..13).collect();
             let probe_chain: Vec<BlockHash> = probe.iter().map(|&h| BlockHash(h)).collect();
             ix.query(&probe_chain, 0, &mut q);
@@ -219,6 +342,58 @@ proptest::proptest! {
             }
         }
     }
+}
+
+/// Negative control of the walk stamps: a decision's walk whose entries are freed, and their
+/// slab slots reused for other blocks, before its commit. The commit must find its chain again
+/// (the `frees` stamp moved); the test-only variant that trusts the stale ids inserts the
+/// other blocks instead, and the model comparison the tests rely on sees it.
+#[test]
+fn a_stale_walk_is_not_trusted_and_the_checks_catch_one_that_is() {
+    let run = |broken: bool| {
+        let mut ix = index(4, 4);
+        ix.trust_stale_walks = broken;
+        let (a, b, c) = (chain(1..5), chain(10..14), chain(20..24));
+        ix.touch_routed(0, &a, 0);
+        let (mut walk, mut q) = (Walk::default(), IndexQuery::default());
+        ix.query_shared(&a, 0, &mut q, &mut walk);
+        assert_eq!(q.local_blocks[0], 4);
+        // Meanwhile: `a` leaves instance 0 (an event) and the global tier (evicted by `b`),
+        // and `c`'s new entries take the freed slots.
+        ix.remove(Holder::Instance(0), &a);
+        ix.touch_routed(1, &b, 0);
+        ix.touch(Holder::Instance(2), &c, None, 0);
+        assert!(
+            walk.ids.iter().all(|&e| ix.entries[e as usize].hash.0 >= 20),
+            "slots reused by `c`"
+        );
+        ix.touch_walked(0, &a, 0, &mut walk);
+        ix.assert_consistent();
+        // The same writes with the insert on route at commit time, no walk kept.
+        let mut replay = index(4, 4);
+        replay.touch_routed(0, &a, 0);
+        replay.remove(Holder::Instance(0), &a);
+        replay.touch_routed(1, &b, 0);
+        replay.touch(Holder::Instance(2), &c, None, 0);
+        replay.touch_routed(0, &a, 0);
+        let same = [
+            Holder::Instance(0),
+            Holder::Instance(1),
+            Holder::Instance(2),
+            Holder::Global,
+        ]
+        .into_iter()
+        .all(|h| ix.lru_order(h) == replay.lru_order(h));
+        ix.query(&a, 0, &mut q);
+        let mut cq = IndexQuery::default();
+        ix.query(&c, 0, &mut cq);
+        (same, q.local_blocks[0], q.global_blocks, cq.local_blocks[0])
+    };
+    // The model: instance 0 and the global tier hold `a` whole, instance 0 nothing of `c`.
+    assert_eq!(run(false), (true, 4, 4, 0));
+    let broken = run(true);
+    assert!(!broken.0, "the broken variant must be caught by the replay");
+    assert_ne!(broken, (false, 4, 4, 0), "and by the model");
 }
 
 // ---- sent, not yet confirmed blocks (docs §2.7) -------------------------------------------------

@@ -1,23 +1,29 @@
 //! The decision path: [`Router::route`] and its read-only twin [`Router::query`].
 //!
-//! Algorithm: a token prompt is hashed into a buffer owned by the calling thread before the
-//! index mutex is taken (so threads hash in parallel); the walk, the scoring and the
-//! insert-on-route run under it; the in-flight record and the counters after it.
+//! Algorithm: a token prompt is hashed into a buffer owned by the calling thread before any
+//! index lock is taken (so threads hash in parallel); the walk runs under the index's shared
+//! lock (so threads walk in parallel), into buffers of the thread ([`Scratch`]); the scoring,
+//! an index write that changes no holder's blocks and the load bump run under the decision
+//! lock too; an index write that does change blocks runs after, under the exclusive lock;
+//! the in-flight record and the counters last.
 //!
 //! Invariants: a failed call changes nothing (no request id consumed, no counter bumped);
-//! the chain inserted on route is exactly the chain queried.
+//! the chain inserted on route is exactly the chain queried; a decision uses the hits of its
+//! own walk, which other decisions' writes may have followed (see the `router` module).
 //!
 //! Complexity: see the `router` module.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
-use super::{Guarded, InFlight, Router, to_ms};
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
+
+use super::{InFlight, Router, to_ms};
 use crate::config::IndexMode;
 use crate::error::{Result, SmetricError};
 use crate::hash::{chain_root, chain_tokens_into};
 use crate::ids::{BlockHash, InstanceId, RequestId};
-use crate::index::IndexQuery;
+use crate::index::{IndexQuery, KvIndex, Walk};
 use crate::policy::{Candidate, PolicyKind, Reason, SelectionInput, preble_routed_cost_us, prefill_work};
 use crate::router::request::{Decision, Hits, Prompt, RouteRequest};
 use crate::turn::{TurnHint, infer};
@@ -26,9 +32,20 @@ use crate::turn::{TurnHint, infer};
 /// is freed after its call (2^16 blocks = 512 KiB, a 1M-token prompt at block size 16).
 const KEPT_CHAIN_BLOCKS: usize = 1 << 16;
 
+/// A decision's buffers, kept by the calling thread between its calls: the query's answer,
+/// the walk the index write reuses, the candidates.
+#[derive(Default)]
+struct Scratch {
+    query: IndexQuery,
+    walk: Walk,
+    candidates: Vec<Candidate>,
+}
+
 thread_local! {
     /// The calling thread's chain buffer: a decision hashes into it outside the index lock.
     static CHAIN: RefCell<Vec<BlockHash>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's decision buffers ([`Scratch`]).
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 impl Router {
@@ -83,20 +100,61 @@ impl Router {
         self.with_chain(req.prompt, req.namespace, |chain, n| self.decide(req, chain, n, now_ms))
     }
 
-    /// The locked part of [`Router::route`] and the bookkeeping after it.
+    /// The locked part of [`Router::route`] and the bookkeeping after it, with the calling
+    /// thread's buffers.
     fn decide(&self, req: &RouteRequest<'_>, chain: &[BlockHash], n: u64, now_ms: u64) -> Result<Decision> {
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.decide_with(req, chain, n, now_ms, &mut scratch),
+            // A re-entrant call (none today) uses buffers of its own rather than panicking.
+            Err(_) => self.decide_with(req, chain, n, now_ms, &mut Scratch::default()),
+        })
+    }
+
+    /// The index under the shared lock, TTL-purged at `now_ms` (the purge, when one is due,
+    /// under the exclusive lock first).
+    fn read_index(&self, now_ms: u64) -> RwLockReadGuard<'_, KvIndex> {
+        let index = self.index.read();
+        if !index.purge_due(now_ms) {
+            return index;
+        }
+        drop(index);
+        let mut index = self.index.write();
+        index.purge_all_expired(now_ms);
+        RwLockWriteGuard::downgrade(index)
+    }
+
+    /// [`Router::decide`] with `scratch`: the walk and the decision under the index's shared
+    /// lock (the decision under the decision lock too), then, when the insert or the record of
+    /// sent blocks changes some holder's blocks, that write under the exclusive lock.
+    fn decide_with(
+        &self,
+        req: &RouteRequest<'_>,
+        chain: &[BlockHash],
+        n: u64,
+        now_ms: u64,
+        scratch: &mut Scratch,
+    ) -> Result<Decision> {
         let staleness_ms = to_ms(self.config.engine_load_staleness_s);
-        let mut g = self.guarded.lock();
-        let fleet = self.fleet.load_full();
+        let Scratch {
+            query,
+            walk,
+            candidates,
+        } = scratch;
+        // The walk, under the shared lock: other decisions walk, decide and renew at the same
+        // time. (The fleet through `load`, a guard: `load_full` would bump the shared `Arc`'s
+        // count, a cache line every routing core would then write.)
+        let index = self.read_index(now_ms);
+        let fleet = self.fleet.load();
         if fleet.is_empty() {
             return Err(SmetricError::NoInstances);
         }
-        let Guarded {
-            index,
-            query,
-            candidates,
-        } = &mut *g;
-        index.query(chain, now_ms, query);
+        index.query_shared(chain, now_ms, query, walk);
+        #[cfg(test)]
+        if let Some(barrier) = &self.after_walk {
+            barrier.wait();
+        }
+        // The decision, from the load read to the load bump, one at a time.
+        let decisions = self.decisions.lock();
         candidates.clear();
         let (fixed_rate, fallback_rate) = (self.config.smetric_drain_rate, self.config.smetric_drain_rate_fallback);
         let preble = self.kind == PolicyKind::Preble;
@@ -152,12 +210,14 @@ impl Router {
             rng: &self.rng,
         });
         let chosen = candidates[selection.index];
-        match self.config.index_mode {
-            IndexMode::Approximate => index.touch_queried(chosen.slot, chain, now_ms),
-            // Sent, not yet confirmed by the engine's events (docs §2.7).
-            IndexMode::Exact => index.send_queried(chosen.slot, chain, now_ms),
-        }
         let member = fleet.member(chosen.slot).expect("candidates are live members");
+        // The index write, in place when it changes no holder's blocks (the same prompt again
+        // where it went last), else after the shared lock under the exclusive one.
+        let in_place = match self.config.index_mode {
+            IndexMode::Approximate => index.renew_walked(chosen.slot, chain, now_ms, walk),
+            // Sent, not yet confirmed by the engine's events (docs §2.7).
+            IndexMode::Exact => index.send_is_noop(chosen.slot, chain, walk),
+        };
         let prefill = chosen.prefill_tokens(n, global_hit_tokens);
         let work = prefill_work(prefill, n, self.config.smetric_l_eq_tokens);
         member.load.on_routed(prefill, n, work);
@@ -169,7 +229,30 @@ impl Router {
         let request_id = req
             .request_id
             .unwrap_or_else(|| RequestId(self.next_request_id.fetch_add(1, Ordering::Relaxed)));
-        drop(g);
+        #[cfg(test)]
+        if in_place {
+            self.write_order.lock().push((request_id, true));
+        }
+        drop(decisions);
+        drop(index);
+        if !in_place {
+            let mut index = self.index.write();
+            // The instance may have left since the walk (its slot then cleared or reused):
+            // what was sent there left with it.
+            if self
+                .fleet
+                .load()
+                .member(chosen.slot)
+                .is_some_and(|m| m.generation == member.generation)
+            {
+                match self.config.index_mode {
+                    IndexMode::Approximate => index.touch_walked(chosen.slot, chain, now_ms, walk),
+                    IndexMode::Exact => index.send_walked(chosen.slot, chain, now_ms, walk),
+                }
+            }
+            #[cfg(test)]
+            self.write_order.lock().push((request_id, false));
+        }
 
         self.requests.lock().insert(
             request_id,
@@ -208,11 +291,11 @@ impl Router {
     pub fn query(&self, prompt: Prompt<'_>, namespace: Option<&str>, now: Option<f64>) -> Result<Hits> {
         let now_ms = self.now_ms(now)?;
         self.with_chain(prompt, namespace, |chain, n| {
-            let mut g = self.guarded.lock();
+            let index = self.read_index(now_ms);
             let fleet = self.fleet.load_full();
             let mut query = IndexQuery::default();
-            g.index.query(chain, now_ms, &mut query);
-            drop(g);
+            index.query_shared(chain, now_ms, &mut query, &mut Walk::default());
+            drop(index);
             Ok(Hits {
                 local: fleet
                     .members()

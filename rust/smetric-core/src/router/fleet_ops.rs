@@ -1,9 +1,11 @@
 //! Fleet changes (instances joining and leaving) and engine load snapshots.
 //!
-//! Invariants: a fleet change happens under the index mutex, so the index's slots and the
-//! published [`crate::fleet::Fleet`] change together and no decision sees one without the
-//! other; a slot reused by a new instance gets a new generation, so the old occupant's
-//! requests never touch the new one's counters.
+//! Invariants: a fleet change happens under the index's exclusive lock, so the index's slots
+//! and the published [`crate::fleet::Fleet`] change together and no decision sees one without
+//! the other (a decision holds the shared lock from its walk to its load bump; its index
+//! write under the exclusive lock, if any, is dropped if its instance left meanwhile); a
+//! slot reused by a new instance gets a new generation, so the old occupant's requests never
+//! touch the new one's counters.
 //!
 //! Complexity: add O(instances); remove O(instances + blocks the instance held); load
 //! updates and reads O(1), lock-free.
@@ -18,10 +20,10 @@ use crate::load::LoadSnapshot;
 impl Router {
     /// Adds an instance (empty index, zero load).
     pub fn add_instance(&self, name: &str) -> Result<InstanceId> {
-        let mut g = self.guarded.lock();
+        let mut index = self.index.write();
         let mut fleet = (**self.fleet.load()).clone();
         let slot = fleet.add(name)?;
-        g.index.add_slot(slot);
+        index.add_slot(slot);
         self.fleet.store(Arc::new(fleet));
         Ok(InstanceId(slot))
     }
@@ -29,10 +31,10 @@ impl Router {
     /// Removes an instance; its index entries and load go with it. Requests in flight on it
     /// are forgotten by their later lifecycle calls.
     pub fn remove_instance(&self, name: &str) -> Result<()> {
-        let mut g = self.guarded.lock();
+        let mut index = self.index.write();
         let mut fleet = (**self.fleet.load()).clone();
         let slot = fleet.remove(name)?;
-        g.index.remove_slot(slot);
+        index.remove_slot(slot);
         self.fleet.store(Arc::new(fleet));
         Ok(())
     }

@@ -2,8 +2,9 @@
 //! as KV events (`smetric-vllm`'s ingestor) or a caller report them.
 //!
 //! Invariants: each call (and each batch of [`Router::apply_blocks`]) is applied under one
-//! index lock, so a decision sees all of it or none of it; an op addressed to an unknown
-//! instance changes nothing.
+//! exclusive index lock, so a decision's walk sees all of it or none of it (its own index
+//! write may come after a batch its walk did not see, see the `router` module); an op
+//! addressed to an unknown instance changes nothing.
 //!
 //! Complexity: the index's cost per op (`touch` O(run), removal O(1) per block) plus one
 //! lock acquisition per call.
@@ -36,17 +37,17 @@ impl Router {
         now: Option<f64>,
     ) -> Result<()> {
         let now_ms = self.now_ms(now)?;
-        let mut g = self.guarded.lock();
+        let mut index = self.index.write();
         let holder = self.holder(instance, tier)?;
-        g.index.touch(holder, hashes, parent, now_ms);
+        index.touch(holder, hashes, parent, now_ms);
         Ok(())
     }
 
     /// Records that `instance` (or the global tier) dropped `hashes`.
     pub fn remove_blocks(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<()> {
-        let mut g = self.guarded.lock();
+        let mut index = self.index.write();
         let holder = self.holder(instance, tier)?;
-        g.index.remove(holder, hashes);
+        index.remove(holder, hashes);
         Ok(())
     }
 
@@ -58,12 +59,12 @@ impl Router {
     /// Complexity: the sum of the ops' costs, plus one lock acquisition and one name lookup.
     pub fn apply_blocks(&self, instance: Option<&str>, ops: &[IndexOp<'_>], now: Option<f64>) -> Result<()> {
         let now_ms = self.now_ms(now)?;
-        let mut g = self.guarded.lock();
-        self.apply_locked(&mut g.index, instance, ops, now_ms)
+        let mut index = self.index.write();
+        self.apply_locked(&mut index, instance, ops, now_ms)
     }
 
     /// [`Router::apply_blocks`] if the index lock is free right now; `None` (and nothing
-    /// applied) if a decision or another write holds it. A feed that can hold its writes back
+    /// applied) if a decision (walking, deciding or writing) or another write holds it. A feed that can hold its writes back
     /// (the KV-event ingestor, between the messages of one drained socket) tries this first,
     /// so that it neither waits behind a decision nor makes one wait behind a long batch.
     pub fn try_apply_blocks(
@@ -76,8 +77,8 @@ impl Router {
             Ok(ms) => ms,
             Err(e) => return Some(Err(e)),
         };
-        let mut g = self.guarded.try_lock()?;
-        Some(self.apply_locked(&mut g.index, instance, ops, now_ms))
+        let mut index = self.index.try_write()?;
+        Some(self.apply_locked(&mut index, instance, ops, now_ms))
     }
 
     /// The writes of [`Router::apply_blocks`], the index lock held.
@@ -116,10 +117,10 @@ impl Router {
 
     /// Drops everything `instance` (or the global tier) holds.
     pub fn clear(&self, instance: Option<&str>, tier: Tier) -> Result<()> {
-        let mut g = self.guarded.lock();
+        let mut index = self.index.write();
         match self.holder(instance, tier)? {
-            Holder::Instance(slot) => g.index.clear_instance(slot),
-            Holder::Global => g.index.clear_global(),
+            Holder::Instance(slot) => index.clear_instance(slot),
+            Holder::Global => index.clear_global(),
         }
         Ok(())
     }

@@ -15,7 +15,7 @@
 //! whose slot was reused by a new instance) touches no counter.
 //!
 //! Complexity: O(1) per call: one hash-map operation under the table's mutex and a few
-//! atomics; the index mutex is taken only by an exact-mode `on_finished` that credits an
+//! atomics; the index's exclusive lock is taken only by an exact-mode `on_finished` that credits an
 //! answer (one map insert, amortised O(1)).
 
 use std::sync::Arc;
@@ -156,12 +156,12 @@ impl Router {
             return;
         }
         let blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
-        let mut g = self.guarded.lock();
+        let mut index = self.index.write();
         // The slot may have changed hands since routing: credit only its routed occupant.
         let fleet = self.fleet.load();
         if fleet.member(rec.slot).is_some_and(|m| m.generation == rec.generation) {
             let depth = u32::try_from(rec.prompt_blocks).unwrap_or(u32::MAX);
-            g.index.credit_answer(rec.slot, anchor, depth, blocks, now_ms);
+            index.credit_answer(rec.slot, anchor, depth, blocks, now_ms);
         }
     }
 

@@ -1,33 +1,55 @@
 //! The router: hash → query the index → read the load board → policy → record.
 //!
 //! Algorithm, one decision ([`Router::route`]): hash the prompt's full blocks, before any
-//! lock, into a buffer of the calling thread; then, under the index mutex, walk the chain
-//! through the two-tier index, read every live instance's load off the lock-free board, ask
-//! the policy, insert the chain on route (approximate mode; reusing the entry ids the walk
-//! found) or record its blocks as sent, not yet confirmed (exact mode, docs §2.7) and bump the
-//! chosen instance's counters; then, outside it, record the request in
-//! the in-flight table and count the decision.
+//! lock, into a buffer of the calling thread; then, under the index's *shared* lock, walk the
+//! chain through the two-tier index into buffers of the thread (hits, entry ids, held
+//! prefixes); then, still under it and under the *decision lock*, read every live instance's
+//! load off the lock-free board, ask the policy, write the index in place if that changes no
+//! holder's blocks (approximate mode: the chosen instance's and the global tier's newest run
+//! already is the chain, so the insert on route only renews them; exact mode: nothing to
+//! record as sent), bump the chosen instance's counters and issue the request id. Then, if
+//! the index write does change blocks (new blocks, a new holder, evictions, blocks recorded
+//! as sent, docs §2.7), it runs under the *exclusive* lock, reusing the walk's entry ids
+//! unless an entry has been freed since; and, outside the locks, the request is recorded in
+//! the in-flight table and the decision counted. A TTL purge the walk needs first is a write:
+//! it runs under the exclusive lock when one is due (`KvIndex::purge_due`), before the walk.
 //!
 //! Invariants:
-//! * Decisions serialise on the index mutex from the query to the load bump, so two
-//!   concurrent decisions always see each other's load (no thundering herd onto one idle
-//!   instance) and each sees the other's insert-on-route.
-//! * Nothing that grows with the prompt but the index walk runs under the mutex: hashing
-//!   (O(prompt tokens)) runs before it, so threads hash in parallel. The walk costs one cache
-//!   line per matched block; scoring is O(instances).
+//! * Decisions walk in parallel. From the load read to the load bump a decision holds the
+//!   decision lock, so two concurrent decisions always see each other's load (no thundering
+//!   herd onto one idle instance).
+//! * A decision's index hits are those of its own walk, which may precede a concurrent
+//!   decision's insert on route or an index feed's write: two concurrent decisions of one
+//!   chain may both score it as cold, or both count a hit. (Before, one mutex from the walk
+//!   to the load bump made each see the other's insert.) The index writes are applied one at
+//!   a time, each to the index as it is then (entry ids trusted only while no entry has been
+//!   freed since the walk; nothing written for an instance that has left), so the index after
+//!   any interleaving equals the index after the same writes applied one by one in the order
+//!   they were applied (the concurrent replay test checks it). That order is the decisions'
+//!   order for writes in place; a write under the exclusive lock may land after later
+//!   decisions'. From one thread, every decision is exactly what it was under one mutex.
+//! * Under the exclusive lock run only the writes that change some holder's blocks: inserts
+//!   on route that add or move blocks (O(prompt blocks)), records of sent blocks, index feeds
+//!   (KV events), fleet changes and TTL purges. A renewal in place costs O(prompt blocks) id
+//!   comparisons and writes no entry, so walks on other cores keep their cache lines.
+//!   parking_lot's lock is fair to a waiting writer: it holds new walks back, so feeds are
+//!   not starved, and waits for at most the walks and decisions in progress.
+//! * Lock order: index (shared or exclusive) → decision lock → a holder's LRU mutex; the
+//!   exclusive lock is never requested with the decision lock held.
 //! * Lifecycle calls (`on_prefilled`, `on_finished`, `on_aborted`) take the in-flight table's
-//!   mutex and update atomics; only `on_finished` in exact mode takes the index mutex, once,
-//!   to credit the answer's blocks (docs §2.7). Index feeds (KV events)
-//!   and fleet changes take the index mutex; a fleet change publishes a new [`Fleet`]
-//!   through an `ArcSwap`, so readers of the fleet never block.
+//!   mutex and update atomics; only `on_finished` in exact mode takes the index's exclusive
+//!   lock, once, to credit the answer's blocks (docs §2.7). A fleet change publishes a new
+//!   [`Fleet`] through an `ArcSwap`, so readers of the fleet never block.
 //! * Every load counter a decision raised is lowered exactly once by the request's
 //!   lifecycle, whatever order or repetition the calls come in.
 //!
 //! Rooms: `request` (what goes in and out), `decide` (route and query), `lifecycle`,
 //! `fleet_ops` (instances and engine load), `index_feed` (explicit index writes), `stats`.
 //!
-//! Complexity per decision: O(prompt tokens) hashing outside the lock, then O(matched blocks
-//! · ⌈N/64⌉) query + O(N) scoring + O(prompt blocks) insert under it.
+//! Complexity per decision: O(prompt tokens) hashing outside the locks; O(matched blocks
+//! · ⌈N/64⌉) walk, O(N) scoring and a renewal's O(prompt blocks) id comparisons under the
+//! shared lock (the last two under the decision lock); an insert that adds or moves blocks,
+//! O(prompt blocks), under the exclusive lock.
 
 mod decide;
 mod fleet_ops;
@@ -42,7 +64,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 pub use request::{Decision, Hits, IndexOp, Prompt, RouteRequest, Tier};
 pub use stats::RouterStats;
@@ -50,19 +72,11 @@ pub use stats::RouterStats;
 use crate::config::{IndexMode, RouterConfig};
 use crate::error::{Result, SmetricError};
 use crate::fleet::Fleet;
-use crate::index::{IndexLimits, IndexQuery, KvIndex};
+use crate::index::{IndexLimits, KvIndex};
 use crate::mix_map::MixMap;
-use crate::policy::{Candidate, Policy, PolicyKind, Reason};
+use crate::policy::{Policy, PolicyKind, Reason};
 use crate::rng::DrawCounter;
 use lifecycle::InFlight;
-
-/// What the index mutex guards: the index and the buffers of the decision it serialises.
-#[derive(Debug)]
-struct Guarded {
-    index: KvIndex,
-    query: IndexQuery,
-    candidates: Vec<Candidate>,
-}
 
 /// The routing core. `Send + Sync`: share it behind an `Arc` between threads.
 #[derive(Debug)]
@@ -72,7 +86,12 @@ pub struct Router {
     config: RouterConfig,
     block_size: u32,
     rng: DrawCounter,
-    guarded: Mutex<Guarded>,
+    /// The index: decisions walk it (and renew a run in place) under the shared lock; writes
+    /// that change a holder's blocks take the exclusive lock.
+    index: RwLock<KvIndex>,
+    /// Held by a decision from its load read to its load bump (under the index's shared lock),
+    /// so that concurrent decisions see each other's load and renew runs in one order.
+    decisions: Mutex<()>,
     fleet: ArcSwap<Fleet>,
     requests: Mutex<MixMap<crate::ids::RequestId, InFlight>>,
     next_request_id: AtomicU64,
@@ -85,6 +104,14 @@ pub struct Router {
     /// Whether this router places prefills only (a PD router's prefill pool): `smetric` v2
     /// then scores `q + w` instead of `(q + w) × active requests`.
     pub(crate) prefill_only: bool,
+    /// Test only: every decision waits here after its walk (the shared lock held), so that a
+    /// test can make all its threads' walks precede their decisions and index writes.
+    #[cfg(test)]
+    pub(crate) after_walk: Option<std::sync::Arc<std::sync::Barrier>>,
+    /// Test only: request ids in the order their index writes were applied, and whether each
+    /// was applied in place (under the shared lock).
+    #[cfg(test)]
+    pub(crate) write_order: Mutex<Vec<(crate::ids::RequestId, bool)>>,
 }
 
 /// Converts seconds to the index's millisecond clock.
@@ -125,11 +152,8 @@ impl Router {
             kind,
             block_size,
             rng: DrawCounter::new(seed),
-            guarded: Mutex::new(Guarded {
-                index,
-                query: IndexQuery::default(),
-                candidates: Vec::new(),
-            }),
+            index: RwLock::new(index),
+            decisions: Mutex::new(()),
             fleet: ArcSwap::from_pointee(fleet),
             requests: Mutex::new(MixMap::default()),
             next_request_id: AtomicU64::new(crate::ids::RequestId::FIRST_GENERATED),
@@ -140,6 +164,10 @@ impl Router {
             output_tokens: AtomicU64::new(0),
             epoch: Instant::now(),
             prefill_only: false,
+            #[cfg(test)]
+            after_walk: None,
+            #[cfg(test)]
+            write_order: Mutex::default(),
             config,
         })
     }

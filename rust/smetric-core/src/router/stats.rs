@@ -1,6 +1,6 @@
 //! Counters and index sizes, read for `stats()` and the Prometheus exporter.
 //!
-//! Invariants: counters are monotone; a read takes the index mutex once (for the index's
+//! Invariants: counters are monotone; a read takes the index's shared lock once (for the index's
 //! sizes) and reads every other counter lock-free, so the figures of one call are not one
 //! atomic snapshot under concurrent routing (each is exact on its own).
 //!
@@ -43,10 +43,10 @@ pub struct RouterStats {
 impl Router {
     /// Counters and index sizes.
     pub fn stats(&self) -> RouterStats {
-        let g = self.guarded.lock();
-        let index = g.index.stats();
-        let index_bytes = g.index.memory_bytes();
-        let index_breakdown = g.index.memory_breakdown().to_vec();
+        let g = self.index.read();
+        let index = g.stats();
+        let index_bytes = g.memory_bytes();
+        let index_breakdown = g.memory_breakdown().to_vec();
         drop(g);
         let fleet = self.fleet.load();
         let local_blocks = fleet

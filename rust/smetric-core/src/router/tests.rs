@@ -147,6 +147,8 @@ mod concurrent {
     use std::thread;
 
     use super::*;
+    use crate::ids::RequestId;
+    use crate::index::{Holder, IndexLimits, KvIndex};
 
     const THREADS: usize = 4;
     // Not a multiple of INSTANCES: a pile-up of THREADS decisions per round does not even out.
@@ -205,6 +207,180 @@ mod concurrent {
         });
         assert_eq!(counts.iter().sum::<u64>(), (THREADS * ROUNDS) as u64);
         assert!(spread(&counts) > 1, "the racy decision must unbalance: {counts:?}");
+    }
+
+    /// Capacities of the replay test: small, so that inserts evict and free entries while other
+    /// decisions hold walks that name them.
+    const LOCAL_CAP: u64 = 16;
+    const GLOBAL_CAP: u64 = 24;
+
+    /// One decision as the replay needs it: request id, chosen slot, chain, time.
+    type Routed = (RequestId, u32, Vec<BlockHash>, u64);
+
+    /// Routes `prompt` at `round` ms and records the decision.
+    fn route_at(r: &Router, prompt: &[u32], round: u32) -> Routed {
+        let now = f64::from(round) / 1000.0;
+        let d = r
+            .route(&RouteRequest {
+                now: Some(now),
+                ..RouteRequest::new(Prompt::Tokens(prompt))
+            })
+            .unwrap();
+        (d.request_id, d.instance.0, r.hash_tokens(prompt, None), to_ms(now))
+    }
+
+    /// Where `router`'s index and the single-threaded `replay` differ: counts, and each holder's
+    /// blocks in eviction order.
+    fn differences(router: &KvIndex, replay: &KvIndex) -> Vec<String> {
+        let (a, b) = (router.stats(), replay.stats());
+        let mut out = Vec::new();
+        for (what, x, y) in [
+            ("entries", a.entries, b.entries),
+            ("global blocks", a.global_blocks, b.global_blocks),
+            ("evictions", a.evictions as usize, b.evictions as usize),
+        ] {
+            if x != y {
+                out.push(format!("{what}: {x} vs {y}"));
+            }
+        }
+        let holders = (0..INSTANCES as u32).map(Holder::Instance).chain([Holder::Global]);
+        for holder in holders {
+            if router.lru_order(holder) != replay.lru_order(holder) {
+                out.push(format!("{holder:?}'s blocks or their order"));
+            }
+        }
+        out
+    }
+
+    /// The replay: each decision's insert on route, in the order the router applied them (its
+    /// test-only log), on a fresh index.
+    fn replay(decisions: &[Routed]) -> KvIndex {
+        let mut ix = KvIndex::new(IndexLimits {
+            local_capacity: LOCAL_CAP,
+            global_capacity: GLOBAL_CAP,
+            local_ttl_ms: None,
+        });
+        for slot in 0..INSTANCES as u32 {
+            ix.add_slot(slot);
+        }
+        for (_, slot, chain, now_ms) in decisions {
+            ix.touch_routed(*slot, chain, *now_ms);
+        }
+        ix
+    }
+
+    /// Concurrent routes of one chain from several threads, each round's walks all before its
+    /// decisions, each request kept in flight for a few rounds; then one last request alone.
+    /// The chain: an 8-block prefix, then one of `tails` tails of 4–8 blocks. With one tail
+    /// every thread routes the very same chain (most index writes are renewals in place);
+    /// with 16, more blocks than the holders keep, so that walks find entries that
+    /// concurrent inserts evict and free. Returns the router, its decisions in the order
+    /// their index writes were applied, and how many of those were in place.
+    fn route_one_chain_concurrently(tails: u32) -> (Router, Vec<Routed>, usize) {
+        let config = RouterConfig {
+            local_capacity_blocks: LOCAL_CAP,
+            global_capacity_blocks: GLOBAL_CAP,
+            ..RouterConfig::default()
+        };
+        let mut r = Router::new(&names(INSTANCES), PolicyKind::Smetric, 4, 3, config).unwrap();
+        // Every round's walks all precede its decisions.
+        r.after_walk = Some(Arc::new(Barrier::new(THREADS)));
+        let prefix: Vec<u32> = (0..32).collect();
+        let barrier = Barrier::new(THREADS);
+        let mut decisions: Vec<Routed> = thread::scope(|s| {
+            let threads: Vec<_> = (0..THREADS as u32)
+                .map(|t| {
+                    let (r, prefix, barrier) = (&r, &prefix, &barrier);
+                    s.spawn(move || {
+                        let (mut routed, mut in_flight) = (Vec::new(), Vec::new());
+                        for round in 0..ROUNDS as u32 {
+                            let tail = (t * 7 + round * 3) % tails;
+                            let mut prompt = prefix.clone();
+                            prompt.extend((0..4 * (4 + tail % 5)).map(|i| 1_000 * (tail + 1) + i));
+                            barrier.wait();
+                            let d = route_at(r, &prompt, round);
+                            r.on_prefilled(d.0);
+                            in_flight.push(d.0);
+                            if in_flight.len() > 3 {
+                                r.on_finished(in_flight.remove(0), 4);
+                            }
+                            routed.push(d);
+                        }
+                        for id in in_flight {
+                            r.on_finished(id, 4);
+                        }
+                        routed
+                    })
+                })
+                .collect();
+            threads.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        // One last request with a tail of its own, for the negative control.
+        r.after_walk = None;
+        let mut last = prefix;
+        last.extend(90_000..90_008);
+        let d = route_at(&r, &last, ROUNDS as u32);
+        r.on_finished(d.0, 0);
+        decisions.push(d);
+        let log = r.write_order.lock().clone();
+        let order: std::collections::HashMap<RequestId, usize> =
+            log.iter().enumerate().map(|(i, &(id, _))| (id, i)).collect();
+        assert_eq!(order.len(), decisions.len(), "every decision wrote the index once");
+        decisions.sort_by_key(|d| order[&d.0]);
+        let in_place = log.iter().filter(|(_, in_place)| *in_place).count();
+        (r, decisions, in_place)
+    }
+
+    /// What must hold after concurrent routes of one chain, against a single-threaded replay
+    /// of the same decisions: the index is consistent and equal to the replay's, block for
+    /// block and in eviction order (no insert lost, none applied to entries freed since its
+    /// walk); the load board and the in-flight table are back to zero.
+    #[test]
+    fn concurrent_routes_of_one_chain_match_a_serial_replay() {
+        let (mut stale, mut in_place, mut exclusive) = (0, 0, 0);
+        for tails in [1, 16] {
+            let (r, decisions, renewed) = route_one_chain_concurrently(tails);
+            assert_eq!(decisions.len(), THREADS * ROUNDS + 1);
+            let index = r.index.read();
+            index.assert_consistent();
+            assert_eq!(
+                differences(&index, &replay(&decisions)),
+                Vec::<String>::new(),
+                "{tails} tails"
+            );
+            stale += index.stale_walks;
+            (in_place, exclusive) = (in_place + renewed, exclusive + decisions.len() - renewed);
+            drop(index);
+            let stats = r.stats();
+            assert_eq!((stats.routed, stats.in_flight), ((THREADS * ROUNDS + 1) as u64, 0));
+            for name in r.instances() {
+                let l = r.load(&name).unwrap();
+                assert_eq!(
+                    (l.bs, l.waiting, l.queued, l.queued_work, l.active),
+                    (0, 0, 0, 0, 0),
+                    "{name}"
+                );
+            }
+        }
+        // What the runs went through: renewals in place (under the shared lock), writes under
+        // the exclusive lock, and walks whose ids were freed (and mostly reused) before their
+        // write, which must find the chain again (the broken variant that trusts them is
+        // caught by the index's own `a_stale_walk_is_not_trusted_and_the_checks_catch_one_that_is`).
+        assert!(
+            in_place > 0 && exclusive > 0,
+            "{in_place} in place, {exclusive} exclusive"
+        );
+        assert!(stale > 0, "some walks went stale before their write");
+    }
+
+    /// Negative control: the same comparison against a replay that lost one insert (the last
+    /// decision's, whose tail no other request has) must fail.
+    #[test]
+    fn the_replay_comparison_catches_a_lost_insert() {
+        let (r, mut decisions, _) = route_one_chain_concurrently(16);
+        decisions.pop();
+        let index = r.index.read();
+        assert!(!differences(&index, &replay(&decisions)).is_empty());
     }
 
     /// Each thread runs its own agent session, turn after turn; the sessions' follow-ups must
