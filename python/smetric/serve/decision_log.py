@@ -124,13 +124,16 @@ OUTCOME_KEY = web.RequestKey("smetric.outcome", Outcome)
 
 
 def with_request_id(headers: dict[str, str], request: web.Request) -> dict[str, str]:
-    """``headers`` (forwarded ones) carrying the request's id instead of any the client sent."""
+    """``headers`` (forwarded ones: a dict of the caller's own, changed in place) carrying the
+    request's id instead of any the client sent."""
     outcome = request.get(OUTCOME_KEY)
     if outcome is None:
         return headers
-    out = {k: v for k, v in headers.items() if k.lower() != REQUEST_ID_HEADER}
-    out[REQUEST_ID_HEADER] = outcome.request_id
-    return out
+    if REQUEST_ID_HEADER in request.headers:  # the client sent one (under any spelling): drop it
+        for name in [k for k in headers if k.lower() == REQUEST_ID_HEADER]:
+            del headers[name]
+    headers[REQUEST_ID_HEADER] = outcome.request_id
+    return headers
 
 
 def note_prepared(request: web.Request, model: str | None, turn: int | None, prompt_tokens: int) -> None:
@@ -293,11 +296,12 @@ class Outcomes:
                 self.followups_measured += 1
                 if 2 * outcome.cached_tokens < predicted:
                     self.followups_short += 1
-        model = self._model_label(outcome.model)
-        if outcome.ttft_s is not None:
-            self.ttft.setdefault(model, _Histogram(LATENCY_BUCKETS_S)).observe(outcome.ttft_s)
-        if outcome.itl_s is not None:
-            self.itl.setdefault(model, _Histogram(ITL_BUCKETS_S)).observe(outcome.itl_s)
+        if outcome.ttft_s is not None or outcome.itl_s is not None:
+            model = self._model_label(outcome.model)
+            if outcome.ttft_s is not None:
+                _per_model(self.ttft, model, LATENCY_BUCKETS_S).observe(outcome.ttft_s)
+            if outcome.itl_s is not None:
+                _per_model(self.itl, model, ITL_BUCKETS_S).observe(outcome.itl_s)
         if self.log is not None:
             self.log.write(outcome.line())
 
@@ -356,6 +360,15 @@ class Outcomes:
                 "Decision-log lines dropped because the writer fell behind.",
                 [({}, self.log.dropped)],
             )
+
+
+def _per_model(histograms: dict[str, _Histogram], model: str, bounds: tuple[float, ...]) -> _Histogram:
+    """``model``'s histogram, made on its first use (not built on every request to be dropped,
+    as ``setdefault`` would)."""
+    histogram = histograms.get(model)
+    if histogram is None:
+        histogram = histograms[model] = _Histogram(bounds)
+    return histogram
 
 
 def _escape(value: str) -> str:
