@@ -273,7 +273,6 @@ fn runs_are_deterministic_and_route_through_the_real_router() {
         "{:?}",
         a.turn_inference_accuracy
     );
-    assert!(a.followup_home_share.unwrap() > 0.9);
     let rr = run(&c, &w, PolicyKind::RoundRobin).unwrap();
     assert!(
         a.local_hit_ratio > rr.local_hit_ratio,
@@ -281,6 +280,10 @@ fn runs_are_deterministic_and_route_through_the_real_router() {
         a.local_hit_ratio,
         rr.local_hit_ratio
     );
+    // smetric's default moves a follow-up to an idle instance when the tier holds its prefix
+    // (the `fetch` rule), so it keeps fewer at home than the July rule, but more than chance.
+    let (home, rr_home) = (a.followup_home_share.unwrap(), rr.followup_home_share.unwrap());
+    assert!(home > rr_home, "{home} vs {rr_home}");
 }
 
 #[test]

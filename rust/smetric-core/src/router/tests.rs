@@ -515,11 +515,14 @@ fn exact_mode_follow_ups_that_beat_the_events_stay_home() {
 
 #[test]
 fn exact_mode_credits_the_answer_a_back_to_back_follow_up_repeats() {
+    // The July rule (v1): its evicted follow-up goes to the least-loaded score, which prefers
+    // the home's hit on an idle fleet, so the local hit of the pick shows what the index credits
+    // (v2's pick on an idle fleet is any instance: every score is 0).
     let exact = |answers: bool| {
         let config = RouterConfig {
             index_mode: IndexMode::Exact,
             exact_answer_credit: answers,
-            ..RouterConfig::default()
+            ..RouterConfig::V1
         };
         Router::new(&names(4), PolicyKind::Smetric, 4, 1, config).unwrap()
     };
@@ -557,7 +560,7 @@ fn exact_mode_credits_the_answer_a_back_to_back_follow_up_repeats() {
     assert_eq!(route(&r, &follow_up, 0.6).local_hit_tokens, 8);
     assert_eq!(r.stats().index.answer_credits.iter().sum::<usize>(), 0);
     // Approximate mode credits nothing (it never learns the answer's blocks, docs §2.7).
-    let approx = Router::new(&names(4), PolicyKind::Smetric, 4, 1, RouterConfig::default()).unwrap();
+    let approx = Router::new(&names(4), PolicyKind::Smetric, 4, 1, RouterConfig::V1).unwrap();
     let first = route(&approx, &prompt, 0.0);
     approx.on_finished_at(first.request_id, 40, Some(0.5)).unwrap();
     assert_eq!(route(&approx, &follow_up, 0.501).local_hit_tokens, 8);
