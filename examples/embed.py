@@ -40,8 +40,11 @@ def main() -> list[Decision]:
     # block_size: the engines' --block-size (vLLM's default on GPUs is 16; its CPU backend needs 32).
     router = Router(INSTANCES, policy="smetric", block_size=16, config=RouterConfig(index_mode="approximate"))
 
-    # Token ids as a tokenizer returns them; made up here, long enough for a few KV blocks.
-    system, user, assistant, tool = (list(range(start, start + 64)) for start in (1000, 2000, 3000, 4000))
+    # Token ids as a tokenizer returns them; made up here, long enough for a few KV blocks. A
+    # turn adds little to the history it re-sends (here 32 of 160 tokens): smetric's v2 rule
+    # takes a home holding no more than half the prompt for evicted.
+    system, user = (list(range(start, start + 64)) for start in (1000, 2000))
+    assistant, tool = (list(range(start, start + 16)) for start in (3000, 4000))
     chat: list[dict[str, str]] = [{"role": "system", "content": "…"}, {"role": "user", "content": "…"}]
     first = serve(router, system + user, chat)
     chat += [{"role": "assistant", "content": "…"}, {"role": "tool", "content": "…"}]
