@@ -28,6 +28,8 @@ pub mod hash;
 pub mod ids;
 pub mod index;
 pub mod load;
+#[cfg(test)]
+mod lockstep;
 pub mod mix_map;
 pub mod pd;
 pub mod policy;

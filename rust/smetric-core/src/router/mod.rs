@@ -107,7 +107,7 @@ pub struct Router {
     /// Test only: every decision waits here after its walk (the shared lock held), so that a
     /// test can make all its threads' walks precede their decisions and index writes.
     #[cfg(test)]
-    pub(crate) after_walk: Option<std::sync::Arc<std::sync::Barrier>>,
+    pub(crate) after_walk: Option<std::sync::Arc<crate::lockstep::Lockstep>>,
     /// Test only: request ids in the order their index writes were applied, and whether each
     /// was applied in place (under the shared lock).
     #[cfg(test)]
