@@ -258,7 +258,9 @@ impl PyPdRouter {
 
     /// PD counters (``PdRouterStats``); the prefill side's own are those of a ``Router``.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.stats();
+        // Without the GIL, as `Router.stats`: the index lock can wait behind a commit.
+        let inner = &self.inner;
+        let s = py.detach(|| inner.stats());
         let d = PyDict::new(py);
         d.set_item("routed", s.routed)?;
         d.set_item("transfer_tokens", s.transfer_tokens)?;

@@ -483,7 +483,10 @@ impl PyRouter {
 
     /// Counters of decisions, lifecycle events and the index.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.stats();
+        // Without the GIL: the index's shared lock can wait behind a route's commit, and a
+        // thread waiting there with the GIL would stall every other router thread.
+        let inner = &self.inner;
+        let s = py.detach(|| inner.stats());
         let d = PyDict::new(py);
         d.set_item("routed", s.routed)?;
         d.set_item("first_turns", s.first_turns)?;
