@@ -179,20 +179,22 @@ def test_ttl_expires_at_exactly_ttl_ms() -> None:
     r = router(("a",), policy="round_robin", index_mode="approximate", local_ttl_s=1.0, global_capacity_blocks=0)
     tokens = list(range(12))
     r.route(tokens, now=10.0)
-    assert r.query(tokens, now=10.999).local == {"a": 11}
-    assert r.query(tokens, now=11.0).local == {"a": 0}  # 1000 ms old >= ttl 1000 ms
+    # Queried with one token more, so that every stored block can count (a hit stops at the
+    # whole blocks before the last token).
+    assert r.query([*tokens, 7], now=10.999).local == {"a": 12}
+    assert r.query([*tokens, 7], now=11.0).local == {"a": 0}  # 1000 ms old >= ttl 1000 ms
     # Purge stops at the first unexpired LRU block.
     r.route(tokens, now=20.0)
     r.route(tokens + [99] * 4, now=20.5)  # re-touches blocks 0..2 at 20.5, adds block 3
-    hits = r.query(tokens + [99] * 4, now=21.2)
-    assert hits.local == {"a": 15}
+    hits = r.query([*tokens, 99, 99, 99, 99, 7], now=21.2)
+    assert hits.local == {"a": 16}
 
 
 def test_ttl_uses_floored_milliseconds() -> None:
     r = router(("a",), policy="round_robin", local_ttl_s=0.0015, global_capacity_blocks=0)  # ttl_ms = 1
     r.route(list(range(8)), now=0.0009)  # stored at ms 0
-    assert r.query(list(range(8)), now=0.00099).local == {"a": 7}  # ms 0: age 0 < 1
-    assert r.query(list(range(8)), now=0.001).local == {"a": 0}  # ms 1: age 1 >= 1
+    assert r.query(list(range(9)), now=0.00099).local == {"a": 8}  # ms 0: age 0 < 1
+    assert r.query(list(range(9)), now=0.001).local == {"a": 0}  # ms 1: age 1 >= 1
 
 
 def test_global_tier_has_no_ttl() -> None:
@@ -259,12 +261,13 @@ def test_exact_mode_route_sends_blocks_until_the_bound() -> None:
     # event confirms or evicts them or exact_pending_ttl_s passes; the index proper is untouched.
     r = router(("a",), index_mode="exact", exact_pending_ttl_s=0.5)
     r.route(list(range(16)), now=0.0)
-    hits = r.query(list(range(16)), now=0.499)
-    assert hits.local == {"a": 15} and hits.global_hit_tokens == 0
-    assert r.query(list(range(16)), now=0.5).local == {"a": 0}
+    probe = list(range(17))  # one token more: all four sent blocks can count
+    hits = r.query(probe, now=0.499)
+    assert hits.local == {"a": 16} and hits.global_hit_tokens == 0
+    assert r.query(probe, now=0.5).local == {"a": 0}
     r.route(list(range(16)), now=1.0)
     r.remove_blocks("a", r.hash_tokens(list(range(16)))[2:3])  # evicted by the engine
-    assert r.query(list(range(16)), now=1.1).local == {"a": 8}
+    assert r.query(probe, now=1.1).local == {"a": 8}
 
 
 def test_global_tier_and_disabled_global_tier() -> None:
@@ -281,7 +284,9 @@ def test_global_tier_and_disabled_global_tier() -> None:
 def test_hit_tokens_leave_the_last_token() -> None:
     r = router(("a",), index_mode="exact", block_size=4)
     r.store_blocks("a", [1, 2], now=0.0)
-    assert r.query(hashes=[1, 2], now=0.0).local == {"a": 7}  # n = 8: min(8, 7)
+    # §2.4, as vLLM counts: the whole blocks within the first n - 1 tokens.
+    assert r.query(hashes=[1, 2], now=0.0).local == {"a": 4}  # n = 8: one block fits in 7
+    assert r.query(hashes=[1, 2], num_tokens=9, now=0.0).local == {"a": 8}
     assert r.query(hashes=[1, 2], num_tokens=10, now=0.0).local == {"a": 8}
     assert r.query(hashes=[1, 2], num_tokens=0, now=0.0).local == {"a": 0}
 

@@ -173,8 +173,9 @@ class ReferenceRouter:
         return slot
 
     def _hit_tokens(self, blocks: int, n: int) -> int:
-        """§2.4: vLLM always recomputes the last prompt token."""
-        return min(blocks * self._block_size, max(n - 1, 0))
+        """§2.4: whole blocks within the first ``n - 1`` tokens (vLLM always recomputes the last
+        prompt token, and counts only the blocks that fit before it)."""
+        return min(blocks, max(n - 1, 0) // self._block_size) * self._block_size
 
     def _prompt(
         self,

@@ -206,9 +206,12 @@ impl Router {
         }
     }
 
-    /// A hit of `blocks` blocks in tokens, capped at `n − 1` (the last token is always
-    /// computed, as vLLM does).
+    /// A hit of `blocks` blocks in tokens, as vLLM counts one: whole blocks within the first
+    /// `n − 1` tokens (the last token is always computed, and vLLM's longest-hit search stops
+    /// at the last block that fits in `n − 1`), so a cached prompt of whole blocks hits
+    /// `n − B`, not `n − 1` (docs §2.4).
     fn hit_tokens(&self, blocks: u32, n: u64) -> u64 {
-        (u64::from(blocks) * u64::from(self.block_size)).min(n.saturating_sub(1))
+        let b = u64::from(self.block_size);
+        u64::from(blocks).min(n.saturating_sub(1) / b) * b
     }
 }

@@ -510,10 +510,14 @@ fn exact_mode_follow_ups_that_beat_the_events_stay_home() {
     r.apply_blocks(Some(&home), &ops, Some(0.01)).unwrap();
     assert_eq!(r.stats().index.pending_blocks.iter().sum::<usize>(), 0);
     let hits = r.query(Prompt::Tokens(&prompt), None, Some(0.02)).unwrap();
+    // The whole prompt is cached, in whole blocks: vLLM serves the blocks within its first
+    // n − 1 tokens, one block less than the prompt.
+    let whole_blocks_before_the_last_token = (prompt.len() as u64 - 1) / 4 * 4;
+    assert_eq!(whole_blocks_before_the_last_token, prompt.len() as u64 - 4);
     assert!(
         hits.local
             .iter()
-            .any(|(n, t)| *n == home && *t == prompt.len() as u64 - 1)
+            .any(|(n, t)| *n == home && *t == whole_blocks_before_the_last_token)
     );
 
     // Sent blocks off: the same second turn finds nothing at home.
