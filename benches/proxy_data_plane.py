@@ -22,6 +22,9 @@ clients for ``--seconds`` (the maximum rate): ``wrk`` (compiled; Debian's ``wrk`
 installed, else the Python client. Where ``taskset`` exists the engines run on CPU 0,
 and the client and the proxy share CPU 1: the direct baseline's client is not starved by the
 engines, and a proxy's added latency includes its contention with the client (an upper bound).
+``--client-cpu 0`` puts the client with the engines instead, so the proxy has CPU 1 to itself
+as a deployed proxy has its own cores (the other end of the bracket: the direct side's client
+then shares a core with the engines, which both sides pay).
 
 ``--apis`` measures only the per-API rows (chat, Anthropic Messages, OpenAI Responses; 32K-token
 conversations; ``smetric serve --tokens approximate``): direct and proxied requests are sent
@@ -333,6 +336,14 @@ def main() -> None:
         help="prompt of the closed loop (short, so the engines and the client are not what limits it)",
     )
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument(
+        "--client-cpu",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="where the load generator runs: 1 with the proxies (their added latency includes contention "
+        "with it: an upper bound), 0 with the engines (the proxy has a core to itself)",
+    )
     p.add_argument("--speedup", type=float, default=1e6)
     p.add_argument("--out", help="write the rows as JSON here")
     p.add_argument(
@@ -362,7 +373,8 @@ def main() -> None:
             procs.append(proc)
             engines.append(url)
         if shutil.which("taskset"):
-            subprocess.run(["taskset", "-p", "-c", "1", str(os.getpid())], check=False, capture_output=True)
+            cpu = str(args.client_cpu)
+            subprocess.run(["taskset", "-p", "-c", cpu, str(os.getpid())], check=False, capture_output=True)
         # Warm-up, not recorded: the engines' first requests fill their prefix caches and allocate.
         for stream in (False, True):
             asyncio.run(open_loop(engines, bodies[stream], stream, args.rate, min(args.requests, 400)))
