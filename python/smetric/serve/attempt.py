@@ -28,6 +28,7 @@ class Attempt:
         "_abort",
         "_finish",
         "_first_byte",
+        "cookie",
         "decision",
         "done",
         "finished_at",
@@ -54,6 +55,8 @@ class Attempt:
         self._first_byte, self._finish, self._abort = first_byte, finish, abort
         self.decision = decision
         """The router's ``Decision`` (or ``PdDecision``) behind the attempt, when one was made."""
+        self.cookie: str | None = None
+        """A ``Set-Cookie`` value its answer carries (llm-d's session cookie), or None."""
         self.first_byte_at: float | None = None
         """``time.perf_counter()`` at the first body byte."""
         self.finished_at: float | None = None

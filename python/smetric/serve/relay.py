@@ -29,7 +29,7 @@ from aiohttp import web
 from smetric.serve.apis.base import Api, StreamState
 from smetric.serve.errors import ProxyError
 from smetric.serve.telemetry import ProxyTelemetry
-from smetric.serve.upstream import RETRYABLE, Opened, forwardable
+from smetric.serve.upstream import RETRYABLE, Opened, answer_headers
 
 __all__ = ["STREAM_KEY", "Cut", "Relayed", "end_stream", "read_whole", "relay_stream"]
 
@@ -68,8 +68,7 @@ async def read_whole(
     telemetry.first_byte_s.observe(time.perf_counter() - opened.started)
     attempt.first_byte()
     attempt.finish(api.output_tokens(data) if upstream.status == 200 else 0)
-    headers = forwardable(upstream.headers)
-    headers["x-smetric-decision"] = attempt.header
+    headers = answer_headers(upstream.headers, attempt)
     data = api.relay_body(data, attempt.instance)
     return Relayed(web.Response(body=data, status=upstream.status, headers=headers))
 
@@ -106,9 +105,7 @@ async def relay_stream(
                 break
             if response is None:
                 telemetry.first_byte_s.observe(time.perf_counter() - opened.started)
-                headers = forwardable(upstream.headers)
-                headers["x-smetric-decision"] = attempt.header
-                response = web.StreamResponse(status=upstream.status, headers=headers)
+                response = web.StreamResponse(status=upstream.status, headers=answer_headers(upstream.headers, attempt))
                 await response.prepare(request)
                 request[STREAM_KEY] = response
             attempt.first_byte()

@@ -21,6 +21,13 @@ only a fixed-size digest of each (BLAKE2b, 16 bytes; hashing is O(hint length) o
 so it is bounded in bytes as well as entries — about :data:`ENTRY_BYTES` per entry, whatever the
 clients send (``tests/serve/test_hostile_state.py`` measures it).
 
+**llm-d's session cookie** (for ``--policy llmd_session_affinity``, llm-d's session-affinity
+scorer as smetric's core ports it): the answer sets ``llm-d-session`` to the base64 of the instance
+that served it, as llm-d's ``SessionAffinity.ResponseReceived`` does (``Path=/; HttpOnly;
+SameSite=Lax``, only when the request's cookie did not already say so), and a request's cookie
+names its ``previous_instance`` (:func:`affinity_instance`; a value that is not base64 of UTF-8
+text names none, as llm-d ignores it). No state: the client carries the session's instance.
+
 Several proxy replicas keep separate tables: a session whose requests alternate between
 replicas is seen as starting over on each, which only costs the balanced placement of what is
 really a follow-up — the index still finds its KV$.
@@ -30,11 +37,16 @@ May import: the standard library only.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+AFFINITY_COOKIE = "llm-d-session"
+"""llm-d's session-affinity cookie: the base64 of the instance that served the session last."""
 
 _HEADER_HINTS = ("x-session-id", "x-claude-code-session-id", "thread-id", "session-id", "x-dynamo-session-id")
 
@@ -101,3 +113,22 @@ class SessionTable:
 
     def __len__(self) -> int:
         return len(self._turns)
+
+
+def affinity_instance(headers: Mapping[str, str]) -> str | None:
+    """The instance a request's ``llm-d-session`` cookie names, or None (no cookie, or a value
+    that is not base64 of UTF-8 text). O(length of the ``Cookie`` header)."""
+    for pair in headers.get("cookie", "").split(";"):
+        name, sep, value = pair.strip().partition("=")
+        if sep and name == AFFINITY_COOKIE:
+            try:
+                return base64.b64decode(value, validate=True).decode()
+            except (binascii.Error, ValueError):
+                return None
+    return None
+
+
+def affinity_cookie(instance: str) -> str:
+    """The ``Set-Cookie`` value that names ``instance`` as the session's, as llm-d sets it."""
+    token = base64.b64encode(instance.encode()).decode()
+    return f"{AFFINITY_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"

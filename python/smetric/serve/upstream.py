@@ -68,6 +68,16 @@ def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for low, k, v in lowered if low not in _NOT_FORWARDED and low not in named}
 
 
+def answer_headers(headers: Mapping[str, str], attempt: Attempt) -> dict[str, str]:
+    """The headers of the answer relayed for ``attempt``: the engine's :func:`forwardable` ones,
+    ``x-smetric-decision``, and the attempt's ``Set-Cookie`` when it has one."""
+    out = forwardable(headers)
+    out["x-smetric-decision"] = attempt.header
+    if attempt.cookie is not None:
+        out["Set-Cookie"] = attempt.cookie
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Opened:
     """An attempt whose upstream answered with headers and a status below 500."""

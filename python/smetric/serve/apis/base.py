@@ -99,6 +99,9 @@ class Prepared(Generic[R]):
     kv_transfer_params: bool | None = None
     """Whether ``body`` has a top-level ``kv_transfer_params`` (which the co-located backend
     removes), as the adapter's parse found it; None: not known, the backend looks in the bytes."""
+    previous_instance: str | None = None
+    """The instance the client's llm-d session cookie names (``--policy llmd_session_affinity``
+    only: :func:`smetric.serve.session.affinity_instance`), or None."""
 
 
 @dataclass(frozen=True, slots=True)

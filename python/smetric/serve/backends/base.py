@@ -70,7 +70,12 @@ def decide(
     t0 = time.perf_counter()
     try:
         d = route(
-            tokens.ids, messages=prepared.messages, turn=prepared.turn, namespace=prepared.namespace, exclude=exclude
+            tokens.ids,
+            messages=prepared.messages,
+            turn=prepared.turn,
+            namespace=prepared.namespace,
+            exclude=exclude,
+            previous_instance=prepared.previous_instance,
         )
     except NoInstancesError:
         return None

@@ -30,6 +30,7 @@ from smetric.serve.attempt import Attempt
 from smetric.serve.backends.base import NO_INSTANCE, Backend, OpenOutcome, decide, open_unrouted
 from smetric.serve.fleet import FeedTargets
 from smetric.serve.labels import reason_label
+from smetric.serve.session import affinity_cookie
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import Upstream
 
@@ -93,6 +94,8 @@ class ColocatedBackend(Backend):
             abort=lambda: router.on_aborted(rid),
             decision=d,
         )
+        if d.policy == "llmd_session_affinity" and prepared.previous_instance != d.instance:
+            attempt.cookie = affinity_cookie(d.instance)
         body = prepared.body if prepared.kv_transfer_params is False else without_kv_transfer_params(prepared.body)
         return await self._upstream.post(attempt, prepared.path, body, headers, method=prepared.method)
 

@@ -43,8 +43,9 @@ from smetric.serve.attempt import Attempt
 from smetric.serve.backends.base import NO_INSTANCE, Answered, Backend, OpenOutcome, decide, open_unrouted
 from smetric.serve.fleet import FeedTargets, Fleet
 from smetric.serve.labels import reason_label
+from smetric.serve.session import affinity_cookie
 from smetric.serve.telemetry import ProxyTelemetry
-from smetric.serve.upstream import RETRYABLE, Refused, Upstream, forwardable
+from smetric.serve.upstream import RETRYABLE, Refused, Upstream, answer_headers
 
 __all__ = [
     "REMOTE_DECODE_PARAMS",
@@ -157,6 +158,9 @@ class PdBackend(Backend):
         )
         original = json.loads(prepared.body)
         # The prefill leg has no lifecycle of its own: its failure aborts the whole attempt.
+        if pd.policy == "llmd_session_affinity" and prepared.previous_instance != d.prefill_instance:
+            # The core's affinity is to a prefill instance: the cookie names that one.
+            attempt.cookie = affinity_cookie(d.prefill_instance)
         prefill = Attempt(d.prefill_instance, attempt.header, abort=attempt.abort)
         opened = await self._upstream.post(
             prefill, prepared.path, prefill_body(original, prepared.prefill_overrides), prefill_headers(headers)
@@ -173,8 +177,7 @@ class PdBackend(Backend):
             answer_of_p.release()
         if 400 <= answer_of_p.status < 500:  # the client's error: its answer
             attempt.finish(0)
-            hdrs = forwardable(answer_of_p.headers)
-            hdrs["x-smetric-decision"] = attempt.header
+            hdrs = answer_headers(answer_of_p.headers, attempt)
             return Answered(web.Response(body=answer, status=answer_of_p.status, headers=hdrs))
         params = kv_params_of(answer)
         if params is None:
