@@ -57,18 +57,29 @@ def cpu_seconds(pid: int) -> tuple[float, float, int]:
     return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
 
 
-def one_proxy(
-    tree: str, python: str, engines: list[str], args: argparse.Namespace, bodies: dict[bool, bytes], short: bytes
-) -> dict[str, Any]:
+def start_proxy(tree: str, python: str, engines: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    """``tree``'s ``smetric serve --tokens ids`` (CPU 1, no engine-load scraping, no KV events)
+    in front of ``engines``, once it answers ``/health``: the process and its URL."""
     port = bench.free_port()
     cmd = [*bench.pinned(1), python, "-m", "smetric", "serve", "--port", str(port), "--tokens", "ids"]
     cmd += ["--kv-events", "off", "--log-level", "WARNING", "--no-engine-load"]
     for url in engines:
         cmd += ["--instance", url]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(Path(tree).resolve())})
+    url = f"http://127.0.0.1:{port}"
     try:
-        url = f"http://127.0.0.1:{port}"
         bench.wait_http(f"{url}/health")
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, url
+
+
+def one_proxy(
+    tree: str, python: str, engines: list[str], args: argparse.Namespace, bodies: dict[bool, bytes], short: bytes
+) -> dict[str, Any]:
+    proc, url = start_proxy(tree, python, engines)
+    try:
         asyncio.run(bench.open_loop([url], bodies[True], True, args.rate, 40))  # warm-up
         before = cpu_seconds(proc.pid)
         for stream in (False, True):

@@ -1,8 +1,9 @@
 """The proxy's own path time: requests sent one at a time (no queueing), direct and through
 ``smetric serve`` from two source trees, so a change's latency can be told from the host's.
 
-One ``smetric fake-engine`` (CPU 0 where ``taskset`` exists, with this client); each proxy on
-CPU 1, ``--tokens ids``, no engine-load scraping, no KV events. Per kind (plain: to the last
+One ``smetric fake-engine`` (CPU 0 where ``taskset`` exists, with this client); each proxy as
+:func:`proxy_ab.start_proxy` starts it (CPU 1, ``--tokens ids``, no engine-load scraping, no KV
+events). Per kind (plain: to the last
 byte; streamed: to the first byte), ``--requests`` requests of a 32K-token id prompt, the two
 trees alternating over ``--rounds`` rounds after 20 unrecorded warm-up requests each; printed:
 the medians per round, direct and per tree. Bounded: loopback only, fixed counts, every process
@@ -20,7 +21,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,34 +28,15 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proxy_data_plane as bench
-
-
-def start_proxy(python_dir: str, engine: str) -> tuple[subprocess.Popen[Any], str]:
-    port = bench.free_port()
-    cmd = [*bench.pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "ids"]
-    cmd += ["--kv-events", "off", "--log-level", "WARNING", "--no-engine-load", "--instance", engine]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": python_dir})
-    bench.wait_http(f"http://127.0.0.1:{port}/health")
-    return proc, f"http://127.0.0.1:{port}"
+from proxy_ab import start_proxy
 
 
 async def one_at_a_time(url: str, body: bytes, n: int, stream: bool) -> float:
-    """The median of ``n`` requests' times (ms), each sent when the previous one is done."""
-    times = []
+    """The median (ms) of ``n`` requests, each sent when the previous one is done: to the first
+    byte of a stream, to the last byte of a whole answer (:func:`proxy_data_plane.one`)."""
     async with aiohttp.ClientSession() as session:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            async with session.post(
-                url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
-            ) as r:
-                if stream:
-                    await r.content.readany()
-                    times.append(time.perf_counter() - t0)
-                    await r.read()
-                else:
-                    await r.read()
-                    times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+        times = [await bench.one(session, url + "/v1/completions", body, stream) for _ in range(n)]
+    return statistics.median(first if stream else last for first, last in times) * 1e3
 
 
 def main() -> None:
@@ -79,7 +60,7 @@ def main() -> None:
             out: dict[str, list[float]] = {name: [] for name in trees}
             for rnd in range(args.rounds):
                 for name in trees if rnd % 2 == 0 else reversed(list(trees)):
-                    proc, url = start_proxy(trees[name], engine)
+                    proc, url = start_proxy(trees[name], sys.executable, [engine])
                     procs.append(proc)
                     asyncio.run(one_at_a_time(url, body, 20, stream))
                     out[name].append(asyncio.run(one_at_a_time(url, body, args.requests, stream)))

@@ -47,6 +47,7 @@ class Attempt:
         finish: Callable[[int], object] = _nothing,
         abort: Callable[[], object] = _nothing,
         decision: object = None,
+        cookie: str | None = None,
     ) -> None:
         self.instance = instance
         """The instance the attempt's request goes to."""
@@ -55,7 +56,7 @@ class Attempt:
         self._first_byte, self._finish, self._abort = first_byte, finish, abort
         self.decision = decision
         """The router's ``Decision`` (or ``PdDecision``) behind the attempt, when one was made."""
-        self.cookie: str | None = None
+        self.cookie = cookie
         """A ``Set-Cookie`` value its answer carries (llm-d's session cookie), or None."""
         self.first_byte_at: float | None = None
         """``time.perf_counter()`` at the first body byte."""

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 AFFINITY_COOKIE = "llm-d-session"
 """llm-d's session-affinity cookie: the base64 of the instance that served the session last."""
+AFFINITY_POLICY = "llmd_session_affinity"
+"""The policy that reads the cookie (as ``previous_instance``) and whose answers set it."""
 
 _HEADER_HINTS = ("x-session-id", "x-claude-code-session-id", "thread-id", "session-id", "x-dynamo-session-id")
 
@@ -132,3 +134,9 @@ def affinity_cookie(instance: str) -> str:
     """The ``Set-Cookie`` value that names ``instance`` as the session's, as llm-d sets it."""
     token = base64.b64encode(instance.encode()).decode()
     return f"{AFFINITY_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"
+
+
+def affinity_set_cookie(previous: str | None, chosen: str) -> str | None:
+    """The ``Set-Cookie`` an answer from ``chosen`` carries when the request's cookie named
+    ``previous``: none when it already named ``chosen`` (llm-d sets it only when it differs)."""
+    return None if previous == chosen else affinity_cookie(chosen)

@@ -76,6 +76,7 @@ impl Drop for Member<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::thread;
 
     use super::*;
@@ -83,16 +84,16 @@ mod tests {
     #[test]
     fn threads_meet_generation_after_generation() {
         let barrier = Lockstep::new(3);
-        let counter = std::sync::atomic::AtomicUsize::new(0);
+        let counter = AtomicUsize::new(0);
         thread::scope(|s| {
             for _ in 0..3 {
                 s.spawn(|| {
                     let _member = Member(&[&barrier]);
                     for round in 1..=50 {
-                        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        counter.fetch_add(1, Ordering::SeqCst);
                         barrier.wait();
                         // Every thread counted this round before any passed the barrier.
-                        assert!(counter.load(std::sync::atomic::Ordering::SeqCst) >= 3 * round);
+                        assert!(counter.load(Ordering::SeqCst) >= 3 * round);
                         barrier.wait();
                     }
                 });

@@ -30,7 +30,7 @@ from smetric.serve.attempt import Attempt
 from smetric.serve.backends.base import NO_INSTANCE, Backend, OpenOutcome, decide, open_unrouted
 from smetric.serve.fleet import FeedTargets
 from smetric.serve.labels import reason_label
-from smetric.serve.session import affinity_cookie
+from smetric.serve.session import AFFINITY_POLICY, affinity_set_cookie
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import Upstream
 
@@ -75,6 +75,8 @@ class ColocatedBackend(Backend):
         self.router = router
         self._upstream = upstream
         self._telemetry = telemetry
+        self._sets_affinity = router.policy == AFFINITY_POLICY
+        """Whether answers carry llm-d's session cookie (the policy never changes)."""
 
     async def open(
         self, prepared: Prepared[Any], headers: Mapping[str, str], attempt_no: int, exclude: list[str]
@@ -93,9 +95,8 @@ class ColocatedBackend(Backend):
             finish=lambda n: router.on_finished(rid, n),
             abort=lambda: router.on_aborted(rid),
             decision=d,
+            cookie=affinity_set_cookie(prepared.previous_instance, d.instance) if self._sets_affinity else None,
         )
-        if d.policy == "llmd_session_affinity" and prepared.previous_instance != d.instance:
-            attempt.cookie = affinity_cookie(d.instance)
         body = prepared.body if prepared.kv_transfer_params is False else without_kv_transfer_params(prepared.body)
         return await self._upstream.post(attempt, prepared.path, body, headers, method=prepared.method)
 

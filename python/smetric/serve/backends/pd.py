@@ -43,7 +43,7 @@ from smetric.serve.attempt import Attempt
 from smetric.serve.backends.base import NO_INSTANCE, Answered, Backend, OpenOutcome, decide, open_unrouted
 from smetric.serve.fleet import FeedTargets, Fleet
 from smetric.serve.labels import reason_label
-from smetric.serve.session import affinity_cookie
+from smetric.serve.session import AFFINITY_POLICY, affinity_set_cookie
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import RETRYABLE, Refused, Upstream, answer_headers
 
@@ -127,6 +127,9 @@ class PdBackend(Backend):
         telemetry: ProxyTelemetry,
     ) -> None:
         self.pd = pd
+        self._sets_affinity = pd.policy == AFFINITY_POLICY
+        """Whether answers carry llm-d's session cookie, naming the prefill instance (the core's
+        affinity is to a prefill instance)."""
         self.prefill_pool = prefill
         self.decode_pool = decode
         self.pools = (prefill, decode)
@@ -155,12 +158,10 @@ class PdBackend(Backend):
             finish=lambda n: pd.on_finished(rid, n),
             abort=lambda: pd.on_aborted(rid),
             decision=d,
+            cookie=affinity_set_cookie(prepared.previous_instance, d.prefill_instance) if self._sets_affinity else None,
         )
         original = json.loads(prepared.body)
         # The prefill leg has no lifecycle of its own: its failure aborts the whole attempt.
-        if pd.policy == "llmd_session_affinity" and prepared.previous_instance != d.prefill_instance:
-            # The core's affinity is to a prefill instance: the cookie names that one.
-            attempt.cookie = affinity_cookie(d.prefill_instance)
         prefill = Attempt(d.prefill_instance, attempt.header, abort=attempt.abort)
         opened = await self._upstream.post(
             prefill, prepared.path, prefill_body(original, prepared.prefill_overrides), prefill_headers(headers)
