@@ -5,6 +5,9 @@ loopback, in front of the same four ``smetric fake-engine`` instances (a speed-u
 the engines answer at once):
 
 * ``direct`` — the client spreads requests over the engines itself (the baseline);
+* ``tcp-relay`` — one ``socat`` byte relay per engine (Debian's ``socat``; skipped when absent),
+  the client spreading over them as over the engines: one more loopback hop and two more
+  processes to schedule, no HTTP at all. The floor under any proxy's added latency on this host;
 * ``vllm-router`` — the compiled Rust gateway from PyPI (``pip install vllm-router``), policy
   ``round_robin`` (its cheapest);
 * ``python-aiohttp`` — a minimal Python streaming proxy on aiohttp that does what smetric's proxy
@@ -29,7 +32,10 @@ then shares a core with the engines, which both sides pay).
 ``--apis`` measures only the per-API rows (chat, Anthropic Messages, OpenAI Responses; 32K-token
 conversations; ``smetric serve --tokens approximate``): direct and proxied requests are sent
 interleaved in pairs, ``--rate`` a second on each side, so the machine's drift hits both and the
-difference is the proxy's; the proxy's own CPU per request (``/proc``) is printed beside it.
+difference is the proxy's; the proxy's own CPU per request (``/proc``) is printed beside it. The
+same pairs are run for ``python-aiohttp`` (round robin: it has no renderer for these bodies),
+``tcp-relay`` and ``vllm-router`` (with ``--vllm-router``), each in turn, so every proxy is read
+against the direct requests sent beside its own.
 Bounded: loopback only, fixed counts and durations, every server stopped at the end.
 
     .venv/bin/python benches/proxy_data_plane.py --vllm-router /tmp/vr-venv/bin/vllm-router
@@ -52,6 +58,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,38 +112,59 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 # --- the Python candidate ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A proxy of the per-API rows: its URLs (the client takes them in turn) and the process
+    whose CPU is its own (``None``: not measured, e.g. a relay that forks per connection)."""
+
+    name: str
+    urls: list[str]
+    proc: subprocess.Popen[Any] | None
+
+
 def python_proxy_main(port: int, engines: Sequence[str]) -> None:
-    """The ``python-aiohttp`` candidate (run in its own process)."""
+    """The ``python-aiohttp`` candidate (run in its own process, on uvloop as ``smetric serve``
+    is): any ``POST`` path; the body parsed with :func:`json.loads`; a body with token ids
+    (``prompt``) routed on them, any other (chat, Messages, Responses: no tokens without a
+    renderer) sent to the engines in turn — the HTTP stack and the JSON parse of a Python data
+    plane, without a gateway's features."""
+    import uvloop
+
     from smetric import Router
 
     router = Router(list(engines), policy="smetric")
+    turn = itertools.cycle(engines)
     session: aiohttp.ClientSession | None = None
 
     async def on_startup(_: web.Application) -> None:
         nonlocal session
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
-    async def completions(request: web.Request) -> web.StreamResponse:
+    async def forward(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         body = json.loads(raw)
-        decision = router.route(body["prompt"])
+        prompt = body.get("prompt")
+        decision = router.route(prompt) if isinstance(prompt, list) else None
+        instance = decision.instance if decision is not None else next(turn)
         assert session is not None
         async with session.post(
-            f"{decision.instance}/v1/completions", data=raw, headers={"content-type": "application/json"}
+            f"{instance}{request.path}", data=raw, headers={"content-type": "application/json"}
         ) as up:
             if not body.get("stream"):
                 data = await up.read()
-                router.on_finished(decision.request_id)
+                if decision is not None:
+                    router.on_finished(decision.request_id)
                 return web.Response(body=data, status=up.status, content_type="application/json")
             out = web.StreamResponse(status=up.status, headers={"content-type": "text/event-stream"})
             await out.prepare(request)
             first = True
             async for chunk in up.content.iter_any():
-                if first:
+                if first and decision is not None:
                     router.on_prefilled(decision.request_id)
-                    first = False
+                first = False
                 await out.write(chunk)
-            router.on_finished(decision.request_id)
+            if decision is not None:
+                router.on_finished(decision.request_id)
             await out.write_eof()
             return out
 
@@ -147,8 +175,20 @@ def python_proxy_main(port: int, engines: Sequence[str]) -> None:
     app = web.Application(client_max_size=64 << 20)
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
-    app.router.add_post("/v1/completions", completions)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    app.router.add_post("/{path:.*}", forward)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=uvloop.new_event_loop())
+
+
+def start_python_proxy(engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> Candidate:
+    """:func:`python_proxy_main` in its own process on CPU 1."""
+    port = free_port()
+    here = str(Path(__file__).resolve().parent)
+    code = f"import sys; sys.path.insert(0, {here!r}); import proxy_data_plane as m; "
+    code += f"m.python_proxy_main({port}, {list(engines)!r})"
+    proc = subprocess.Popen([*pinned(1), sys.executable, "-c", code])
+    procs.append(proc)
+    wait_http(f"http://127.0.0.1:{port}/")
+    return Candidate("python-aiohttp", [f"http://127.0.0.1:{port}"], proc)
 
 
 # --- the load ------------------------------------------------------------------------------------
@@ -382,24 +422,13 @@ def main() -> None:
             report(args, api_rows(args, engines, procs))
             return
         rows = [measure("direct", engines, args, bodies, short)]
+        if shutil.which("socat"):
+            rows.append(measure("tcp-relay", start_relays(engines, procs), args, bodies, short))
         router_url: str | None = None
         if args.vllm_router and shutil.which(args.vllm_router):
-            port = free_port()
-            cmd = [*pinned(1), args.vllm_router, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"]
-            cmd += ["--worker-urls", *engines, "--max-payload-size", str(64 << 20), "--log-level", "error"]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            wait_http(f"http://127.0.0.1:{port}/health")
-            router_url = f"http://127.0.0.1:{port}"
+            router_url = start_vllm_router(args.vllm_router, engines, procs).urls[0]
             rows.append(measure("vllm-router", [router_url], args, bodies, short))
-        port = free_port()
-        code = (
-            "import sys; sys.argv=['x']; import importlib.util as u;"
-            f"s=u.spec_from_file_location('b', {__file__!r}); m=u.module_from_spec(s); s.loader.exec_module(m);"
-            f"m.python_proxy_main({port}, {engines!r})"
-        )
-        procs.append(subprocess.Popen([*pinned(1), sys.executable, "-c", code]))
-        wait_http(f"http://127.0.0.1:{port}/")
-        rows.append(measure("python-aiohttp", [f"http://127.0.0.1:{port}"], args, bodies, short))
+        rows.append(measure("python-aiohttp", start_python_proxy(engines, procs).urls, args, bodies, short))
         port = free_port()
         cmd = [*pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "ids"]
         cmd += ["--kv-events", "off", "--log-level", "WARNING"]
@@ -439,12 +468,12 @@ def main() -> None:
 
 
 async def interleaved(
-    direct: Sequence[str], proxy: str, bodies: Sequence[bytes], stream: bool, rate: float, n: int, path: str
+    direct: Sequence[str], proxy: Sequence[str], bodies: Sequence[bytes], stream: bool, rate: float, n: int, path: str
 ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    """``n`` requests straight to the engines and ``n`` through ``proxy``, in pairs (the same body;
-    which side goes first alternates), ``rate`` requests/s on each side: drift in the machine's
-    load hits both sides alike, so their difference is the proxy's."""
-    engines = itertools.cycle(direct)
+    """``n`` requests straight to the engines and ``n`` through ``proxy`` (its URLs in turn), in
+    pairs (the same body; which side goes first alternates), ``rate`` requests/s on each side:
+    drift in the machine's load hits both sides alike, so their difference is the proxy's."""
+    engines, proxies = itertools.cycle(direct), itertools.cycle(proxy)
     sides: tuple[list[asyncio.Task[tuple[float, float]]], list[asyncio.Task[tuple[float, float]]]] = ([], [])
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         t0 = time.perf_counter()
@@ -454,7 +483,7 @@ async def interleaved(
                 await asyncio.sleep(delay)
             pair, second = divmod(i, 2)
             via_proxy = bool(second) != bool(pair % 2)
-            url = proxy if via_proxy else next(engines)
+            url = next(proxies) if via_proxy else next(engines)
             body = bodies[pair % len(bodies)]
             sides[via_proxy].append(asyncio.create_task(one(session, f"{url}{path}", body, stream)))
         return list(await asyncio.gather(*sides[0])), list(await asyncio.gather(*sides[1]))
@@ -467,10 +496,41 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def start_relays(engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> list[str]:
+    """One ``socat`` byte relay per engine (the host's floor for one more hop); their URLs."""
+    relays = []
+    for url in engines:
+        port = free_port()
+        cmd = [
+            *pinned(1),
+            "socat",
+            f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork",
+            f"TCP:{url.removeprefix('http://')}",
+        ]
+        procs.append(subprocess.Popen(cmd))
+        relays.append(f"http://127.0.0.1:{port}")
+    for relay in relays:
+        wait_http(f"{relay}/health")
+    return relays
+
+
+def start_vllm_router(executable: str, engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> Candidate:
+    """vllm-router (``round_robin``, its cheapest policy) on CPU 1 in front of ``engines``."""
+    port = free_port()
+    cmd = [*pinned(1), executable, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"]
+    cmd += ["--worker-urls", *engines, "--max-payload-size", str(64 << 20), "--log-level", "error"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(proc)
+    wait_http(f"http://127.0.0.1:{port}/health")
+    return Candidate("vllm-router", [f"http://127.0.0.1:{port}"], proc)
+
+
 def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subprocess.Popen[Any]]) -> list[dict[str, Any]]:
     """Chat, Messages and Responses, 32K-token conversations, direct and through ``smetric serve
     --tokens approximate`` (no BPE: the added latency of each API's adapter, beside the others'),
-    the two sides interleaved (:func:`interleaved`); the proxy's CPU per request beside them."""
+    the two sides interleaved (:func:`interleaved`); the proxy's CPU per request beside them.
+    With ``socat`` installed, and with ``--vllm-router``, the same for a byte relay (the host's
+    floor for one more hop) and for the compiled peer, on every API they forward."""
     port = free_port()
     cmd = [*pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "approximate"]
     cmd += ["--kv-events", "off", "--log-level", "WARNING"]
@@ -479,29 +539,43 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
     proxy = subprocess.Popen(cmd)
     procs.append(proxy)
     wait_http(f"http://127.0.0.1:{port}/health")
-    serve_url = f"http://127.0.0.1:{port}"
+    candidates = [Candidate("smetric-serve", [f"http://127.0.0.1:{port}"], proxy)]
+    candidates.append(start_python_proxy(engines, procs))
+    if shutil.which("socat"):
+        candidates.append(Candidate("tcp-relay", start_relays(engines, procs), None))
+    if args.vllm_router and shutil.which(args.vllm_router):
+        candidates.append(start_vllm_router(args.vllm_router, engines, procs))
     chats = {st: chat_bodies(args.requests, args.prompt_tokens, st) for st in (False, True)}
     apis = {"chat": ("/v1/chat/completions", chats)}
     apis["messages"] = ("/v1/messages", {st: messages_bodies(chats[st]) for st in (False, True)})
     apis["responses"] = ("/v1/responses", {st: responses_bodies(chats[st]) for st in (False, True)})
     rows = []
     for name, (path, bodies) in apis.items():
-        for url in [*engines, serve_url]:  # warm-up, not recorded: the engines' caches, the proxy's index
-            asyncio.run(open_loop([url], bodies[False][:20], False, 50.0, 20, path))
-        direct: dict[str, Any] = {"target": f"direct {name}", "max_rate": float("nan"), "max_rate_by": "-"}
-        served: dict[str, Any] = {**direct, "target": f"smetric-serve {name} (approximate)"}
-        cpu = 0.0
-        for stream in (False, True):
-            before = process_cpu_s(proxy.pid)
-            sides = asyncio.run(interleaved(engines, serve_url, bodies[stream], stream, args.rate, args.requests, path))
-            cpu += process_cpu_s(proxy.pid) - before
-            kind = "stream" if stream else "plain"
-            for row, res in zip((direct, served), sides, strict=True):
-                ttfb, total = [r[0] for r in res], [r[1] for r in res]
-                row[f"{kind}_ttfb_p50_ms"], row[f"{kind}_ttfb_p99_ms"] = pct(ttfb, 50), pct(ttfb, 99)
-                row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = pct(total, 50), pct(total, 99)
-        served["cpu_us_per_req"] = cpu / (2 * args.requests) * 1e6
-        rows += [direct, served]
+        for candidate in candidates:
+            try:  # warm-up, not recorded: the engines' caches, the proxy's index
+                for url in [*engines, *candidate.urls]:
+                    asyncio.run(open_loop([url], bodies[False][:20], False, 50.0, 20, path))
+            except aiohttp.ClientResponseError as e:
+                print(f"{candidate.name} does not serve {path} ({e.status}): no row")
+                continue
+            label = f"{candidate.name} {name}" + (" (approximate)" if candidate.proc is proxy else "")
+            direct: dict[str, Any] = {"target": f"direct {name}", "max_rate": float("nan"), "max_rate_by": "-"}
+            served: dict[str, Any] = {**direct, "target": label}
+            cpu = 0.0
+            for stream in (False, True):
+                before = process_cpu_s(candidate.proc.pid) if candidate.proc else 0.0
+                sides = asyncio.run(
+                    interleaved(engines, candidate.urls, bodies[stream], stream, args.rate, args.requests, path)
+                )
+                cpu += (process_cpu_s(candidate.proc.pid) - before) if candidate.proc else 0.0
+                kind = "stream" if stream else "plain"
+                for row, res in zip((direct, served), sides, strict=True):
+                    ttfb, total = [r[0] for r in res], [r[1] for r in res]
+                    row[f"{kind}_ttfb_p50_ms"], row[f"{kind}_ttfb_p99_ms"] = pct(ttfb, 50), pct(ttfb, 99)
+                    row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = pct(total, 50), pct(total, 99)
+            if candidate.proc is not None:
+                served["cpu_us_per_req"] = cpu / (2 * args.requests) * 1e6
+            rows += [direct, served]
     return rows
 
 
