@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -96,8 +95,7 @@ def one_proxy(
             row |= bench.measure("proxy", [url], args, bodies, short)
         return row
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        bench.stop([proc], timeout=30)
 
 
 def main() -> None:
@@ -143,13 +141,7 @@ def main() -> None:
                 rows[name].append(row)
                 print(json.dumps({"round": r, "tree": name, **row}), flush=True)
     finally:
-        for proc in engines_procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in engines_procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        bench.stop(engines_procs)
     keys = ["cpu_us_per_req", "cpu_user_us", "cpu_sys_us", "minflt_per_req", *([] if args.cpu_only else LATENCY_KEYS)]
     print(
         f"medians of {args.rounds} rounds; {args.prompt_tokens}-token id prompts;"

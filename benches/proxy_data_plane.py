@@ -109,6 +109,18 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+def stop(procs: Sequence[subprocess.Popen[Any]], timeout: float = 10.0) -> None:
+    """SIGTERM to every process, then wait for each (``timeout`` seconds) and kill what is left."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 # --- the Python candidate ------------------------------------------------------------------------
 
 
@@ -335,6 +347,13 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] * 1e3 if len(values) > 1 else 0.0
 
 
+def put_percentiles(row: dict[str, Any], kind: str, res: Sequence[tuple[float, float]]) -> None:
+    """``row``'s p50 and p99 (ms) of ``res``'s (first byte, last byte) times, keys prefixed ``kind``."""
+    ttfb, total = [r[0] for r in res], [r[1] for r in res]
+    row[f"{kind}_ttfb_p50_ms"], row[f"{kind}_ttfb_p99_ms"] = pct(ttfb, 50), pct(ttfb, 99)
+    row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = pct(total, 50), pct(total, 99)
+
+
 def measure(
     name: str,
     urls: Sequence[str],
@@ -346,11 +365,7 @@ def measure(
     row: dict[str, Any] = {"target": name}
     for stream in (False, True):
         res = asyncio.run(open_loop(urls, bodies[stream], stream, args.rate, args.requests, path))
-        kind = "stream" if stream else "plain"
-        ttfb = [r[0] for r in res]
-        total = [r[1] for r in res]
-        row[f"{kind}_ttfb_p50_ms"], row[f"{kind}_ttfb_p99_ms"] = pct(ttfb, 50), pct(ttfb, 99)
-        row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = pct(total, 50), pct(total, 99)
+        put_percentiles(row, "stream" if stream else "plain", res)
     if short is None:
         row["max_rate"], row["max_rate_by"] = float("nan"), "-"
     elif shutil.which("wrk") and len(urls) == 1:
@@ -457,13 +472,7 @@ def main() -> None:
             asyncio.run(open_loop([serve_url], chats[False][:20], False, 20.0, 20, chat_path))
             rows.append(measure("smetric-serve chat (tokenizer)", [serve_url], args, chats, None, chat_path))
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(procs)
     report(args, rows)
 
 
@@ -568,11 +577,8 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
                     interleaved(engines, candidate.urls, bodies[stream], stream, args.rate, args.requests, path)
                 )
                 cpu += (process_cpu_s(candidate.proc.pid) - before) if candidate.proc else 0.0
-                kind = "stream" if stream else "plain"
                 for row, res in zip((direct, served), sides, strict=True):
-                    ttfb, total = [r[0] for r in res], [r[1] for r in res]
-                    row[f"{kind}_ttfb_p50_ms"], row[f"{kind}_ttfb_p99_ms"] = pct(ttfb, 50), pct(ttfb, 99)
-                    row[f"{kind}_p50_ms"], row[f"{kind}_p99_ms"] = pct(total, 50), pct(total, 99)
+                    put_percentiles(row, "stream" if stream else "plain", res)
             if candidate.proc is not None:
                 served["cpu_us_per_req"] = cpu / (2 * args.requests) * 1e6
             rows += [direct, served]

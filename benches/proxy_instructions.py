@@ -36,7 +36,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -130,12 +129,7 @@ def one_tree(
             counts.append(total_ir(args.out, proc.pid) / args.requests)
         return Row(*counts)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        bench.stop([proc], timeout=120)
 
 
 def main() -> None:
@@ -177,10 +171,7 @@ def main() -> None:
             rows[name] = one_tree(tree, python, engines, bodies, args)
             print(json.dumps({"tree": name, "plain": rows[name].plain, "stream": rows[name].stream}), flush=True)
     finally:
-        for proc in engines_procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in engines_procs:
-            proc.wait(timeout=10)
+        bench.stop(engines_procs)
         if not keep:
             shutil.rmtree(args.out, ignore_errors=True)
     base = next(iter(rows.values())).mean

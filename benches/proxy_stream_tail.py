@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -66,13 +65,7 @@ def main() -> None:
                     flush=True,
                 )
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        bench.stop(procs)
 
 
 if __name__ == "__main__":
