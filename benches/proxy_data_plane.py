@@ -15,6 +15,10 @@ the engines answer at once):
   (``smetric.Router.route``, GIL released), forward the body, stream the answer back chunk by
   chunk, and report the lifecycle (``on_prefilled`` at the first chunk, ``on_finished``). It is
   the measuring instrument for "a Python data plane", not the product;
+* ``dataplane-probe`` — the same minimal proxy compiled (``benches/dataplane``: hyper on one
+  tokio thread, the proxy's own Rust body parser, ``smetric_core::Router``; built with ``cargo
+  build --release --manifest-path benches/dataplane/Cargo.toml``, given with
+  ``--dataplane-probe``): what a data plane that is not Python would add on this host;
 * ``smetric-serve`` — the product: ``smetric serve --tokens ids`` with its defaults (failover,
   metrics, decision header, engine-load scraping of the engines' ``/metrics``).
 
@@ -380,6 +384,10 @@ def measure(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--vllm-router", help="the vllm-router executable (skipped when absent)")
+    p.add_argument(
+        "--dataplane-probe",
+        help="the compiled probe's executable, benches/dataplane/target/release/smetric-dataplane-probe (none: no row)",
+    )
     p.add_argument("--rate", type=float, default=200.0)
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--prompt-tokens", type=int, default=32_768)
@@ -444,6 +452,10 @@ def main() -> None:
             router_url = start_vllm_router(args.vllm_router, engines, procs).urls[0]
             rows.append(measure("vllm-router", [router_url], args, bodies, short))
         rows.append(measure("python-aiohttp", start_python_proxy(engines, procs).urls, args, bodies, short))
+        if args.dataplane_probe:
+            rows.append(
+                measure("dataplane-probe", start_probe(args.dataplane_probe, engines, procs).urls, args, bodies, short)
+            )
         port = free_port()
         cmd = [*pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "ids"]
         cmd += ["--kv-events", "off", "--log-level", "WARNING"]
@@ -534,6 +546,15 @@ def start_vllm_router(executable: str, engines: Sequence[str], procs: list[subpr
     return Candidate("vllm-router", [f"http://127.0.0.1:{port}"], proc)
 
 
+def start_probe(executable: str, engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> Candidate:
+    """The compiled probe (``benches/dataplane``) on CPU 1 in front of ``engines``."""
+    port = free_port()
+    proc = subprocess.Popen([*pinned(1), executable, str(port), *engines], stderr=subprocess.DEVNULL)
+    procs.append(proc)
+    wait_http(f"http://127.0.0.1:{port}/")
+    return Candidate("dataplane-probe", [f"http://127.0.0.1:{port}"], proc)
+
+
 def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subprocess.Popen[Any]]) -> list[dict[str, Any]]:
     """Chat, Messages and Responses, 32K-token conversations, direct and through ``smetric serve
     --tokens approximate`` (no BPE: the added latency of each API's adapter, beside the others'),
@@ -550,6 +571,8 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
     wait_http(f"http://127.0.0.1:{port}/health")
     candidates = [Candidate("smetric-serve", [f"http://127.0.0.1:{port}"], proxy)]
     candidates.append(start_python_proxy(engines, procs))
+    if args.dataplane_probe:
+        candidates.append(start_probe(args.dataplane_probe, engines, procs))
     if shutil.which("socat"):
         candidates.append(Candidate("tcp-relay", start_relays(engines, procs), None))
     if args.vllm_router and shutil.which(args.vllm_router):
