@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "L_EQ_QWEN3_235B_A22B",
     "L_EQ_QWEN3_CODER_30B_A3B",
+    "MAX_JSON_NESTING",
     "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
     "POLICIES",
     "Decision",
@@ -57,6 +58,7 @@ __all__ = [
     "encode_kv_batch",
     "escapes_lone_surrogate",
     "load_workload",
+    "nests_too_deep",
     "parse_openai_body",
     "sim_config_defaults",
     "sim_pd_defaults",
@@ -76,6 +78,9 @@ L_EQ_QWEN3_CODER_30B_A3B: Final[float]
 where a token's attention FLOPs equal its linear FLOPs (the core's ``config.rs`` derives it)."""
 L_EQ_QWEN3_235B_A22B: Final[float]
 """``RouterConfig.smetric_l_eq_tokens`` of Qwen3-235B-A22B."""
+MAX_JSON_NESTING: Final[int]
+"""The deepest nesting of arrays and objects a request body may have (256): the limit
+:func:`parse_openai_body` applies, and :func:`nests_too_deep` checks."""
 MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK: Final[int]
 """The global segment each rank gives the Mooncake store under vLLM's Mooncake-store connector
 defaults (4 GiB): the small end of a ``global_tier.capacity_bytes`` sweep."""
@@ -477,6 +482,10 @@ def parse_openai_body(raw: bytes, endpoint: Literal["chat", "completions"]) -> O
 def escapes_lone_surrogate(raw: bytes) -> bool:
     """Whether a JSON body escapes half of a UTF-16 surrogate pair alone (``"\ud800"``); an
     escaped pair or an escaped backslash is text (see :func:`smetric.serve.request.escapes_lone_surrogate`)."""
+
+def nests_too_deep(raw: bytes) -> bool:
+    """Whether a body nests arrays and objects deeper than :data:`MAX_JSON_NESTING` levels
+    (brackets inside strings do not count; the GIL is released)."""
 
 @final
 class IngestStep:

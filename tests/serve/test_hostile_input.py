@@ -18,6 +18,7 @@ from proxy_util import Stub, colocated_router, request
 
 from smetric.fake_engine import FakeEngine
 from smetric.serve.proxy import ProxyServer
+from smetric.serve.request import MAX_JSON_NESTING
 
 CHAT = "/v1/chat/completions"
 
@@ -146,6 +147,34 @@ def test_a_client_mistake_is_a_4xx_in_the_api_shape_and_never_routed(
     assert "int_max_str_digits" not in err["message"] and "got a string" not in err["message"], err
     assert headers["content-type"].startswith("application/json")
     assert colocated_router(proxy).stats()["routed"] == 0, "a refused request is never routed"
+    assert_healthy(proxy, caplog)
+
+
+@pytest.mark.parametrize(
+    ("path", "head"),
+    [
+        ("/v1/messages", '{"model": "fake-model", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]'),
+        ("/v1/responses", '{"model": "fake-model", "max_output_tokens": 1, "input": "x"'),
+    ],
+    ids=["messages", "responses"],
+)
+def test_messages_and_responses_bodies_have_the_chat_nesting_limit(
+    proxy: ProxyServer, caplog: pytest.LogCaptureFixture, path: str, head: str
+) -> None:
+    """Python's ``json`` takes these bodies to about 950 levels; chat's Rust parse stops at
+    :data:`MAX_JSON_NESTING`. Every API now refuses the same bodies with the same message, and
+    forwards one at the limit."""
+    at_limit = f'{head}, "x": {deep_json(MAX_JSON_NESTING - 1)}}}'.encode()  # the object is a level
+    status, _, answer = request(proxy.url, path, raw=at_limit)
+    assert status == 200, (status, answer[:300])
+    over = f'{head}, "x": {deep_json(MAX_JSON_NESTING)}}}'.encode()
+    status, headers, answer = request(proxy.url, path, raw=over)
+    assert status == 400, (status, answer[:300])
+    assert headers["content-type"].startswith("application/json")
+    err = error_of(status, answer)
+    assert err["message"] == f"the body nests arrays and objects deeper than {MAX_JSON_NESTING} levels", err
+    assert (json.loads(answer).get("type") == "error") == (path == "/v1/messages"), "each API's own error shape"
+    assert colocated_router(proxy).stats()["routed"] == 1, "only the body at the limit is routed"
     assert_healthy(proxy, caplog)
 
 

@@ -49,7 +49,15 @@ from smetric.errors import InvalidArgumentError, SmetricError
 
 from .errors import openai_error
 
-__all__ = ["Endpoint", "OpenAIRequest", "RequestError", "escapes_lone_surrogate", "parse_request"]
+__all__ = [
+    "MAX_JSON_NESTING",
+    "Endpoint",
+    "OpenAIRequest",
+    "RequestError",
+    "escapes_lone_surrogate",
+    "parse_request",
+    "refuse_deep_nesting",
+]
 
 Endpoint = Literal["chat", "completions"]
 """``"chat"``: ``POST /v1/chat/completions``; ``"completions"``: ``POST /v1/completions``."""
@@ -57,6 +65,10 @@ Endpoint = Literal["chat", "completions"]
 
 ECHOED_CHARS = 256
 """The most of a client's value an error message repeats."""
+
+MAX_JSON_NESTING: int = _core.MAX_JSON_NESTING
+"""The deepest nesting of arrays and objects a body may have, on every API (defined in the
+core's parser, ``smetric_vllm::openai_body::MAX_NESTING``)."""
 
 
 class RequestError(SmetricError):
@@ -247,3 +259,15 @@ def _messages(messages: list[Any]) -> list[dict[str, Any]]:
         if isinstance(content, list) and not all(isinstance(p, dict | str) for p in content):
             raise RequestError(f"messages[{i}].content parts must be objects", param="messages")
     return messages
+
+
+def refuse_deep_nesting(raw: bytes) -> None:
+    """For the APIs whose bodies Python decodes (Messages, Responses): the nesting limit that
+    :func:`parse_request` applies to chat and completions bodies in Rust, with the same message.
+    CPython's ``json`` would accept about 950 levels; an engine's decoder need not.
+
+    Raises:
+        RequestError: 400 when ``raw`` nests deeper than :data:`MAX_JSON_NESTING` levels.
+    """
+    if _core.nests_too_deep(raw):
+        raise RequestError(f"the body nests arrays and objects deeper than {MAX_JSON_NESTING} levels")

@@ -1,6 +1,8 @@
 //! `parse_openai_body`: a thin binding of `smetric_vllm::openai_body`, the router's parse of an
 //! OpenAI request body. `smetric.serve.request.parse_request` is the typed facade. Beside it,
-//! `escapes_lone_surrogate` (`smetric_vllm::lone_surrogate`), the proxy's check of any API's body.
+//! `escapes_lone_surrogate` (`smetric_vllm::lone_surrogate`), the proxy's check of any API's body,
+//! and `nests_too_deep` with `MAX_JSON_NESTING` (the same limit `parse_openai_body` applies), for
+//! the APIs whose bodies Python decodes.
 //!
 //! Token ids cross into Python as one `bytes` object of native-endian u32s (the facade wraps it
 //! in an `array('I')` with one copy), never as a list of ints; `messages`, `tools` and
@@ -10,6 +12,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyModule};
+use smetric_vllm::openai_body::{MAX_NESTING, nests_deeper_than};
 use smetric_vllm::{BodyError, Endpoint, Prompt, parse_openai_body as parse};
 
 use crate::errors::python_error;
@@ -130,10 +133,32 @@ fn escapes_lone_surrogate(py: Python<'_>, raw: &[u8]) -> bool {
     py.detach(|| smetric_vllm::escapes_lone_surrogate(raw))
 }
 
-/// Adds `parse_openai_body`, `OpenAIBody` and `escapes_lone_surrogate` to `smetric._core`.
+/// Whether a body nests arrays and objects deeper than ``MAX_JSON_NESTING`` levels.
+///
+/// The limit ``parse_openai_body`` applies to chat and completions bodies, for the APIs whose
+/// bodies are decoded in Python (Messages, Responses): CPython's ``json`` would take them to
+/// about 950 levels and an engine's decoder may not. Brackets inside strings do not count. One
+/// vectorized count of the opening brackets, a walk only past the limit; the GIL is released.
+///
+/// Args:
+///     raw: a request body (any bytes).
+///
+/// Returns:
+///     bool: whether it nests deeper than the limit.
+#[pyfunction]
+#[allow(clippy::doc_markdown)] // a Python docstring (it becomes `__doc__`), not rustdoc
+fn nests_too_deep(py: Python<'_>, raw: &[u8]) -> bool {
+    // `raw` is an immutable bytes object the caller holds, so the slice outlives the release.
+    py.detach(|| nests_deeper_than(raw, MAX_NESTING))
+}
+
+/// Adds `parse_openai_body`, `OpenAIBody`, `escapes_lone_surrogate`, `nests_too_deep` and
+/// `MAX_JSON_NESTING` to `smetric._core`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyOpenAIBody>()?;
     m.add_function(wrap_pyfunction!(parse_openai_body, m)?)?;
     m.add_function(wrap_pyfunction!(escapes_lone_surrogate, m)?)?;
+    m.add_function(wrap_pyfunction!(nests_too_deep, m)?)?;
+    m.add("MAX_JSON_NESTING", MAX_NESTING)?;
     Ok(())
 }

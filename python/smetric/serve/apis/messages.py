@@ -55,7 +55,7 @@ from aiohttp import web
 from smetric.anthropic import ChatConversion, MessagesRequestError, anthropic_error, error_type, to_chat
 from smetric.serve.apis.base import Api, Prepared, Route, StreamState, answer_count, usage_count
 from smetric.serve.errors import ProxyError
-from smetric.serve.request import OpenAIRequest, RequestError
+from smetric.serve.request import OpenAIRequest, RequestError, refuse_deep_nesting
 from smetric.serve.session import SessionTable
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
@@ -113,6 +113,7 @@ def _chat_request(conversion: ChatConversion) -> OpenAIRequest:
 
 
 def _decode(raw: bytes) -> Any:
+    refuse_deep_nesting(raw)
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:

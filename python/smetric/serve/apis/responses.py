@@ -47,7 +47,7 @@ from smetric.serve.apis.base import Api, Prepared, Route, StreamState, answer_co
 from smetric.serve.config import ServeConfig
 from smetric.serve.errors import ProxyError
 from smetric.serve.pinning import ResponseIds
-from smetric.serve.request import OpenAIRequest, RequestError
+from smetric.serve.request import OpenAIRequest, RequestError, refuse_deep_nesting
 from smetric.serve.session import SessionTable, session_hint
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
@@ -438,6 +438,7 @@ class ResponsesApi(Api[ResponsesRequest]):
         return ResponsesRequest("cancel", path + "/cancel", pin=tag)
 
     def parse(self, raw: bytes) -> ResponsesRequest:
+        refuse_deep_nesting(raw)
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
