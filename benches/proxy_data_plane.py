@@ -6,8 +6,8 @@ the engines answer at once):
 
 * ``direct`` — the client spreads requests over the engines itself (the baseline);
 * ``tcp-relay`` — one ``socat`` byte relay per engine (Debian's ``socat``; skipped when absent),
-  the client spreading over them as over the engines: one more loopback hop and two more
-  processes to schedule, no HTTP at all. The floor under any proxy's added latency on this host;
+  the client spreading over them as over the engines: one more loopback hop and one more
+  process to wake, no HTTP at all. The floor under any proxy's added latency on this host;
 * ``vllm-router`` — the compiled Rust gateway from PyPI (``pip install vllm-router``), policy
   ``round_robin`` (its cheapest);
 * ``python-aiohttp`` — a minimal Python streaming proxy on aiohttp that does what smetric's proxy
@@ -38,12 +38,17 @@ conversations; ``smetric serve --tokens approximate``): direct and proxied reque
 interleaved in pairs, ``--rate`` a second on each side, so the machine's drift hits both and the
 difference is the proxy's; the proxy's own CPU per request (``/proc``) is printed beside it. The
 same pairs are run for ``python-aiohttp`` (round robin: it has no renderer for these bodies),
-``tcp-relay`` and ``vllm-router`` (with ``--vllm-router``), each in turn, so every proxy is read
-against the direct requests sent beside its own.
+``dataplane-probe`` (with ``--dataplane-probe``; round robin too), ``tcp-relay`` and
+``vllm-router`` (with ``--vllm-router``), each in turn, so every proxy is read against the direct
+requests sent beside its own.
 Bounded: loopback only, fixed counts and durations, every server stopped at the end.
 
     .venv/bin/python benches/proxy_data_plane.py --vllm-router /tmp/vr-venv/bin/vllm-router
     .venv/bin/python benches/proxy_data_plane.py --apis    # chat, Messages, Responses side by side, approximate tokens
+    cargo build --release --manifest-path benches/dataplane/Cargo.toml
+    .venv/bin/python benches/proxy_data_plane.py --apis \
+        --dataplane-probe benches/dataplane/target/release/smetric-dataplane-probe \
+        --vllm-router /tmp/vr-venv/bin/vllm-router
 """
 
 from __future__ import annotations
