@@ -22,7 +22,7 @@ lint-rust:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo fmt --check --manifest-path benches/dataplane/Cargo.toml
-	cargo clippy --manifest-path benches/dataplane/Cargo.toml -- -D warnings -W clippy::pedantic
+	cargo clippy --manifest-path benches/dataplane/Cargo.toml --all-targets -- -D warnings -W clippy::pedantic
 
 lint-python: setup
 	$(VENV)/bin/ruff check $(PY_SOURCES)

@@ -16,7 +16,8 @@ the engines answer at once):
   chunk, and report the lifecycle (``on_prefilled`` at the first chunk, ``on_finished``). It is
   the measuring instrument for "a Python data plane", not the product;
 * ``dataplane-probe`` — the same minimal proxy compiled (``benches/dataplane``: hyper on one
-  tokio thread, the proxy's own Rust body parser, ``smetric_core::Router``; built with ``cargo
+  tokio thread, the proxy's own Rust body parser, ``smetric_core::Router`` on a completions
+  body's ids and on a chat body's plain-ChatML byte-chunk ids rendered in Rust; built with ``cargo
   build --release --manifest-path benches/dataplane/Cargo.toml``, given with
   ``--dataplane-probe``): what a data plane that is not Python would add on this host;
 * ``smetric-serve`` — the product: ``smetric serve --tokens ids`` with its defaults (failover,
@@ -38,7 +39,7 @@ conversations; ``smetric serve --tokens approximate``): direct and proxied reque
 interleaved in pairs, ``--rate`` a second on each side, so the machine's drift hits both and the
 difference is the proxy's; the proxy's own CPU per request (``/proc``) is printed beside it. The
 same pairs are run for ``python-aiohttp`` (round robin: it has no renderer for these bodies),
-``dataplane-probe`` (with ``--dataplane-probe``; round robin too), ``tcp-relay`` and
+``dataplane-probe`` (with ``--dataplane-probe``; chat routed, the others round robin), ``tcp-relay`` and
 ``vllm-router`` (with ``--vllm-router``), each in turn, so every proxy is read against the direct
 requests sent beside its own.
 Bounded: loopback only, fixed counts and durations, every server stopped at the end.

@@ -4,15 +4,18 @@
 //!
 //! Per request, on one thread (a current-thread tokio runtime, as the Python proxy has one
 //! event loop): read the whole body; parse it with the proxy's own Rust parser
-//! (`smetric_vllm::parse_openai_body`: the chat path for `/v1/chat/completions`, the
-//! completions path for the rest); route a body with token ids (`prompt`) with
-//! `smetric_core::Router` (policy `smetric`), any other body to the engines in turn (this
-//! instrument has no renderer, like the minimal aiohttp proxy); forward the body unchanged;
+//! (`smetric_vllm::parse_openai_body`); route with `smetric_core::Router` (policy `smetric`) a
+//! chat body on the approximate ids of its plain ChatML ([`chatml`], as `smetric serve --tokens
+//! approximate` routes it) and a completions body on its token ids (`prompt`), any other body
+//! (Messages, Responses: no renderer here) to the engines in turn; forward the body unchanged;
 //! relay the answer frame by frame, reporting `on_prefilled` at its first frame and
 //! `on_finished` when it ends. No admission, keys, headers, metrics or failover: the HTTP
 //! stack, the parse and the route, nothing of a gateway's features.
 //!
 //! Run: `smetric-dataplane-probe PORT URL...` (prints `listening on http://127.0.0.1:PORT`).
+
+// Prose names products (ChatML, SMetric) that are not code identifiers, as in the workspace.
+#![allow(clippy::doc_markdown)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -31,6 +34,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use smetric_core::{PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig};
 use smetric_vllm::{Endpoint, parse_openai_body};
+
+mod chatml;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -70,19 +75,19 @@ async fn handle(plane: Arc<Plane>, request: Request<Incoming>) -> Result<Respons
         return Ok(status(StatusCode::BAD_REQUEST, "body read failed"));
     };
     let raw = collected.to_bytes();
-    let endpoint = if path == "/v1/chat/completions" {
-        Endpoint::Chat
+    // Chat: the approximate routing ids of its ChatML, as `smetric serve --tokens approximate`
+    // renders them; completions: the token ids of `prompt`. Anything else (Messages, Responses:
+    // no renderer here) goes to the engines in turn.
+    let ids = if path == "/v1/chat/completions" {
+        chatml::chatml_ids(&raw)
     } else {
-        Endpoint::Completions
-    };
-    let ids = match parse_openai_body(&raw, endpoint) {
-        Ok(body) => match body.prompt {
-            Some(smetric_vllm::Prompt::Ids(ids)) => Some(ids),
-            _ => None,
-        },
-        // Messages and Responses bodies are not chat bodies: forwarded in turn, like the others
-        // without ids.
-        Err(_) => None,
+        match parse_openai_body(&raw, Endpoint::Completions) {
+            Ok(body) => match body.prompt {
+                Some(smetric_vllm::Prompt::Ids(ids)) => Some(ids),
+                _ => None,
+            },
+            Err(_) => None,
+        }
     };
     let (instance, id) = match ids
         .as_deref()

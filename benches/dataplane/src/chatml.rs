@@ -1,0 +1,191 @@
+//! The plain ChatML rendering of a chat body and its byte-chunk ids, straight from the body's
+//! bytes: the approximate routing tokens of `smetric serve --tokens approximate` (no tokenizer,
+//! no chat template), for the probe's chat rows.
+//!
+//! Per message `<|im_start|>{role}\n{content}<|im_end|>\n`, then `<|im_start|>assistant\n`
+//! when `add_generation_prompt` (with `continue_final_message`, the last message's
+//! `<|im_end|>\n` is left off instead). A content is its string, or the `text` of its parts
+//! whose `type` is absent or `"text"`, joined with nothing between them. The text is cut into
+//! big-endian u32s of 4 bytes, the last zero-padded: `smetric.chat.byte_chunk_ids(
+//! smetric.chat.render_chat(...))`. A body Python would render otherwise or reject gives `None`
+//! (the probe then sends it to the engines in turn). O(body length): the body's parse, one pass
+//! over `messages` (strings borrowed unless they escape a character), one copy, one pass to cut.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use smetric_vllm::{Endpoint, parse_openai_body};
+
+/// UTF-8 bytes per id of the byte-chunk tokenizer (`smetric.chat.BYTE_CHUNK_BYTES`).
+pub const BYTE_CHUNK_BYTES: usize = 4;
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+/// A content part. A field given as `null` is `Some` (its raw `null`), unlike an absent one:
+/// Python tells them apart (`part.get("type", "text")`).
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, default, rename = "type", deserialize_with = "present")]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    text: Option<&'a RawValue>,
+}
+
+/// A field that is there, `null` included (a plain `Option` reads `null` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// A JSON string's text, borrowed unless it escapes a character.
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+    raw.get()
+        .starts_with('"')
+        .then(|| serde_json::from_str::<Text<'_>>(raw.get()).ok())
+        .flatten()
+        .map(|t| t.0)
+}
+
+/// A JSON object as `T`; `None` for anything else (serde's derive would also read an array
+/// positionally, which Python's `Mapping` check refuses).
+fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Option<T> {
+    if !raw.get().starts_with('{') {
+        return None;
+    }
+    serde_json::from_str(raw.get()).ok()
+}
+
+/// Appends a message's content to `out`; `None` where Python's `content_text` raises.
+fn push_content(out: &mut Vec<u8>, content: Option<&RawValue>) -> Option<()> {
+    let Some(raw) = content else { return Some(()) };
+    match raw.get().as_bytes().first() {
+        Some(b'n') => Some(()), // `null` (`Option<&RawValue>` keeps a null it was given)
+        Some(b'"') => {
+            out.extend_from_slice(string(raw)?.as_bytes());
+            Some(())
+        }
+        Some(b'[') => {
+            for part in serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok()? {
+                let part: Part<'_> = object(part)?;
+                // `part.get("text", "")` must be a string, whether or not the part is text.
+                let text = match part.text {
+                    None => Cow::Borrowed(""),
+                    Some(t) => string(t)?,
+                };
+                let is_text = part.kind.is_none_or(|k| string(k).is_some_and(|k| k == "text"));
+                if is_text {
+                    out.extend_from_slice(text.as_bytes());
+                }
+            }
+            Some(())
+        }
+        _ => None,
+    }
+}
+
+/// The plain ChatML text of a chat body's `messages`, as UTF-8 bytes (see the module docs);
+/// `None` for a body Python would render differently or reject.
+#[must_use]
+pub fn render_chatml(raw: &[u8]) -> Option<Vec<u8>> {
+    let body = parse_openai_body(raw, Endpoint::Chat).ok()?;
+    if body.add_generation_prompt && body.continue_final_message {
+        return None;
+    }
+    let messages: Vec<&RawValue> = serde_json::from_str(body.messages?).ok()?;
+    if messages.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut last_end = None;
+    for m in messages {
+        let m: Message<'_> = object(m)?;
+        out.extend_from_slice(b"<|im_start|>");
+        out.extend_from_slice(m.role.as_bytes());
+        out.push(b'\n');
+        push_content(&mut out, m.content)?;
+        last_end = Some(out.len());
+        out.extend_from_slice(b"<|im_end|>\n");
+    }
+    if body.continue_final_message
+        && let Some(end) = last_end
+    {
+        out.truncate(end);
+    }
+    if body.add_generation_prompt {
+        out.extend_from_slice(b"<|im_start|>assistant\n");
+    }
+    Some(out)
+}
+
+/// `bytes` in chunks of [`BYTE_CHUNK_BYTES`], each read as a big-endian u32, the last one
+/// padded with zero bytes.
+#[must_use]
+pub fn byte_chunk_ids(bytes: &[u8]) -> Vec<u32> {
+    let chunks = bytes.chunks_exact(BYTE_CHUNK_BYTES);
+    let tail = chunks.remainder();
+    let mut ids: Vec<u32> = chunks.map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]])).collect();
+    if !tail.is_empty() {
+        let mut last = [0u8; BYTE_CHUNK_BYTES];
+        last[..tail.len()].copy_from_slice(tail);
+        ids.push(u32::from_be_bytes(last));
+    }
+    ids
+}
+
+/// The approximate routing ids of a chat body: [`byte_chunk_ids`] of [`render_chatml`].
+#[must_use]
+pub fn chatml_ids(raw: &[u8]) -> Option<Vec<u32>> {
+    render_chatml(raw).map(|text| byte_chunk_ids(&text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(raw: &str) -> Option<String> {
+        render_chatml(raw.as_bytes()).map(|b| String::from_utf8(b).unwrap())
+    }
+
+    #[test]
+    fn renders_roles_contents_and_the_generation_prompt() {
+        let body = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},
+            {"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{}},{"text":"b"}]},
+            {"role":"assistant","content":null,"tool_calls":[]},{"role":"tool"}]}"#;
+        assert_eq!(
+            text(body).unwrap(),
+            "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nab<|im_end|>\n\
+             <|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\n<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn continue_final_message_leaves_the_last_message_open() {
+        let body = r#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"par"}],
+            "continue_final_message":true,"add_generation_prompt":false}"#;
+        assert_eq!(
+            text(body).unwrap(),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\npar"
+        );
+        let both = r#"{"messages":[{"role":"user","content":"q"}],"continue_final_message":true}"#;
+        assert_eq!(text(both), None, "both flags: Python raises");
+    }
+
+    #[test]
+    fn escapes_are_decoded() {
+        let body = r#"{"messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00 \"q\"\n"}]}"#;
+        assert_eq!(
+            text(body).unwrap(),
+            "<|im_start|>user\ncafé 😀 \"q\"\n<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+}
