@@ -47,15 +47,6 @@ import proxy_data_plane as bench
 LATENCY_KEYS = ("plain_p50_ms", "plain_p99_ms", "stream_ttfb_p50_ms", "stream_ttfb_p99_ms", "max_rate")
 
 
-def cpu_seconds(pid: int) -> tuple[float, float, int]:
-    """User and system CPU time of a process, every thread's, and its minor page faults (Linux
-    ``/proc``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
-
-
 def start_proxy(tree: str, python: str, engines: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     """``tree``'s ``smetric serve --tokens ids`` (CPU 1, no engine-load scraping, no KV events)
     in front of ``engines``, once it answers ``/health``: the process and its URL."""
@@ -80,10 +71,10 @@ def one_proxy(
     proc, url = start_proxy(tree, python, engines)
     try:
         asyncio.run(bench.open_loop([url], bodies[True], True, args.rate, 40))  # warm-up
-        before = cpu_seconds(proc.pid)
+        before = bench.cpu_seconds(proc.pid)
         for stream in (False, True):
             asyncio.run(bench.open_loop([url], bodies[stream], stream, args.cpu_rate, args.cpu_requests))
-        after = cpu_seconds(proc.pid)
+        after = bench.cpu_seconds(proc.pid)
         user, system, faults = ((a - b) / (2 * args.cpu_requests) for a, b in zip(after, before, strict=True))
         row: dict[str, Any] = {
             "cpu_us_per_req": (user + system) * 1e6,

@@ -516,11 +516,19 @@ async def interleaved(
         return list(await asyncio.gather(*sides[0])), list(await asyncio.gather(*sides[1]))
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux ``/proc``)."""
+def cpu_seconds(pid: int) -> tuple[float, float, int]:
+    """User and system CPU time of a process, every thread's, and its minor page faults (Linux
+    ``/proc``)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (:func:`cpu_seconds`)."""
+    user, system, _ = cpu_seconds(pid)
+    return user + system
 
 
 def start_relays(engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> list[str]:

@@ -72,8 +72,7 @@ def main() -> None:
                 print(f"; {name} {[round(x, 2) for x in medians]}", end="")
             print()
     finally:
-        for proc in [engine_proc, *procs]:
-            proc.kill()
+        bench.stop([engine_proc, *procs])
 
 
 if __name__ == "__main__":

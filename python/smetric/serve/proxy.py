@@ -67,7 +67,7 @@ from smetric.serve.fleet import Fleet, fleet_kv_capacity, kv_event_sources
 from smetric.serve.http_guard import SERVER_HEADER, ConnectionLimits, GuardedRunner, status_message
 from smetric.serve.relay import STREAM_KEY, end_stream
 from smetric.serve.request import RequestError, escapes_lone_surrogate
-from smetric.serve.session import AFFINITY_POLICY, SessionTable, affinity_instance
+from smetric.serve.session import SessionTable, affinity_instance
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
 from smetric.serve.upstream import Upstream
@@ -341,7 +341,7 @@ class Proxy:
                 prepared = api.prepare(req, raw, tokens, request.headers, self.sessions)
                 if prepared.model in self.fleet.adapters:  # a LoRA adapter: its own cache namespace
                     prepared = replace(prepared, namespace=self.fleet.namespace(prepared.model, prepared.namespace))
-                if self.config.policy == AFFINITY_POLICY:  # llm-d's cookie names the session's instance
+                if self.backend.session_cookie:  # llm-d's cookie names the session's instance
                     prepared = replace(prepared, previous_instance=affinity_instance(request.headers))
                 response = await self.failover.serve(request, api, prepared)
         except TimeoutError:

@@ -97,6 +97,9 @@ class Backend(ABC):
     """Pools that must each keep an eligible instance for an attempt; None: the fleet is one."""
     resizable: bool = False
     """Whether :meth:`add_instance` / :meth:`remove_instance` are supported."""
+    session_cookie: bool = False
+    """Whether the router's policy is llm-d's session affinity: a request's ``llm-d-session``
+    cookie is read as its ``previous_instance`` and answers set it (:mod:`smetric.serve.session`)."""
 
     @abstractmethod
     async def open(

@@ -75,8 +75,7 @@ class ColocatedBackend(Backend):
         self.router = router
         self._upstream = upstream
         self._telemetry = telemetry
-        self._sets_affinity = router.policy == AFFINITY_POLICY
-        """Whether answers carry llm-d's session cookie (the policy never changes)."""
+        self.session_cookie = router.policy == AFFINITY_POLICY
 
     async def open(
         self, prepared: Prepared[Any], headers: Mapping[str, str], attempt_no: int, exclude: list[str]
@@ -95,7 +94,7 @@ class ColocatedBackend(Backend):
             finish=lambda n: router.on_finished(rid, n),
             abort=lambda: router.on_aborted(rid),
             decision=d,
-            cookie=affinity_set_cookie(prepared.previous_instance, d.instance) if self._sets_affinity else None,
+            cookie=affinity_set_cookie(prepared.previous_instance, d.instance) if self.session_cookie else None,
         )
         body = prepared.body if prepared.kv_transfer_params is False else without_kv_transfer_params(prepared.body)
         return await self._upstream.post(attempt, prepared.path, body, headers, method=prepared.method)

@@ -127,9 +127,7 @@ class PdBackend(Backend):
         telemetry: ProxyTelemetry,
     ) -> None:
         self.pd = pd
-        self._sets_affinity = pd.policy == AFFINITY_POLICY
-        """Whether answers carry llm-d's session cookie, naming the prefill instance (the core's
-        affinity is to a prefill instance)."""
+        self.session_cookie = pd.policy == AFFINITY_POLICY
         self.prefill_pool = prefill
         self.decode_pool = decode
         self.pools = (prefill, decode)
@@ -158,7 +156,8 @@ class PdBackend(Backend):
             finish=lambda n: pd.on_finished(rid, n),
             abort=lambda: pd.on_aborted(rid),
             decision=d,
-            cookie=affinity_set_cookie(prepared.previous_instance, d.prefill_instance) if self._sets_affinity else None,
+            # The cookie names the prefill instance: the core's session affinity is to one.
+            cookie=affinity_set_cookie(prepared.previous_instance, d.prefill_instance) if self.session_cookie else None,
         )
         original = json.loads(prepared.body)
         # The prefill leg has no lifecycle of its own: its failure aborts the whole attempt.
