@@ -87,6 +87,16 @@ def test_parser_edge_cases() -> None:
     assert engine_sample("vllm:num_requests_running NaN\nvllm:kv_cache_usage_perc 1.5\n") == EngineSample(kv_usage=1.0)
 
 
+def test_parse_of_only_some_names_keeps_their_samples_and_nothing_else() -> None:
+    whole = parse_prometheus(METRICS)
+    wanted = {"vllm:num_requests_running", "vllm:prefix_cache_hits_total", "vllm:no_such_metric"}
+    assert parse_prometheus(METRICS, wanted) == {name: whole[name] for name in wanted if name in whole}
+    # A name that merely starts with a wanted one is another metric.
+    text = "vllm:num_requests_running_total 9\nvllm:num_requests_running 2\n"
+    assert parse_prometheus(text, {"vllm:num_requests_running"}) == {"vllm:num_requests_running": [({}, 2.0)]}
+    assert engine_sample(text).running == 2
+
+
 class Engine:
     """A loopback HTTP server that answers /metrics and /load like a vLLM API server."""
 
