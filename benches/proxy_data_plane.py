@@ -15,6 +15,12 @@ the engines answer at once):
   (``smetric.Router.route``, GIL released), forward the body, stream the answer back chunk by
   chunk, and report the lifecycle (``on_prefilled`` at the first chunk, ``on_finished``). It is
   the measuring instrument for "a Python data plane", not the product;
+* ``python-protocol`` — the same minimal proxy without an HTTP framework
+  (``benches/protocol_proxy.py``: uvloop protocols and httptools on both sides, kept-alive engine
+  connections): the floor of a Python data plane, in the ``--apis`` rows only; and
+  ``python-protocol+adapters``, the same with ``smetric serve``'s own per-request Python (the API
+  adapter's parse, approximate routing tokens and prepare, the backend's ``decide``, the
+  attempt's header and lifecycle, the stream scan) in place of the JSON parse and route;
 * ``dataplane-probe`` — the same minimal proxy compiled (``benches/dataplane``: hyper on one
   tokio thread, the proxy's own Rust body parser, ``smetric_core::Router`` on a completions
   body's ids and on a chat body's plain-ChatML byte-chunk ids rendered in Rust; built with ``cargo
@@ -38,7 +44,8 @@ then shares a core with the engines, which both sides pay).
 conversations; ``smetric serve --tokens approximate``): direct and proxied requests are sent
 interleaved in pairs, ``--rate`` a second on each side, so the machine's drift hits both and the
 difference is the proxy's; the proxy's own CPU per request (``/proc``) is printed beside it. The
-same pairs are run for ``python-aiohttp`` (round robin: it has no renderer for these bodies),
+same pairs are run for ``python-aiohttp`` and ``python-protocol`` (round robin: they have no
+renderer for these bodies),
 ``dataplane-probe`` (with ``--dataplane-probe``; chat routed, the others round robin), ``tcp-relay`` and
 ``vllm-router`` (with ``--vllm-router``), each in turn, so every proxy is read against the direct
 requests sent beside its own.
@@ -199,6 +206,20 @@ def python_proxy_main(port: int, engines: Sequence[str]) -> None:
     app.on_cleanup.append(on_cleanup)
     app.router.add_post("/{path:.*}", forward)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=uvloop.new_event_loop())
+
+
+def start_protocol_proxy(
+    engines: Sequence[str], procs: list[subprocess.Popen[Any]], *, adapters: bool = False
+) -> Candidate:
+    """``benches/protocol_proxy.py`` (the framework-free Python candidate; ``adapters``: with
+    ``smetric serve``'s per-request Python) on CPU 1."""
+    port = free_port()
+    script = str(Path(__file__).with_name("protocol_proxy.py"))
+    cmd = [*pinned(1), sys.executable, script, *(["--adapters"] if adapters else []), str(port), *engines]
+    proc = subprocess.Popen(cmd)
+    procs.append(proc)
+    wait_http(f"http://127.0.0.1:{port}/")
+    return Candidate("python-protocol+adapters" if adapters else "python-protocol", [f"http://127.0.0.1:{port}"], proc)
 
 
 def start_python_proxy(engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> Candidate:
@@ -585,6 +606,8 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
     wait_http(f"http://127.0.0.1:{port}/health")
     candidates = [Candidate("smetric-serve", [f"http://127.0.0.1:{port}"], proxy)]
     candidates.append(start_python_proxy(engines, procs))
+    candidates.append(start_protocol_proxy(engines, procs))
+    candidates.append(start_protocol_proxy(engines, procs, adapters=True))
     if args.dataplane_probe:
         candidates.append(start_probe(args.dataplane_probe, engines, procs))
     if shutil.which("socat"):
