@@ -98,15 +98,25 @@ def test_parse_of_only_some_names_keeps_their_samples_and_nothing_else() -> None
 
 
 class Engine:
-    """A loopback HTTP server that answers /metrics and /load like a vLLM API server."""
+    """A loopback HTTP server that answers /metrics and /load like a vLLM API server; with
+    ``keep_alive`` it speaks HTTP/1.1 and keeps connections (as vLLM's uvicorn does), counting
+    them in ``connections``, and ``drop_after_answer`` closes one after its answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_alive: bool = False) -> None:
         self.metrics = METRICS
         self.load: Any = {"server_load": 7}
         self.status = 200
+        self.connections = 0
+        self.drop_after_answer = False
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+            def setup(self) -> None:
+                super().setup()
+                engine.connections += 1
+
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     body, kind = engine.metrics.encode(), "text/plain; version=0.0.4"
@@ -119,6 +129,8 @@ class Engine:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+                if engine.drop_after_answer:
+                    self.close_connection = True  # closed after this answer, unannounced
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -168,6 +180,28 @@ def test_scrape_feeds_the_router(engine: Engine) -> None:
     assert "HTTPError" in up["last_error"] and up["external_prefix_cache_hit_rate"] is None
     assert down["errors"] == 3 and down["ok"] == 0
     assert scraper.last(engine.url) is not None
+
+
+def test_a_kept_alive_engine_is_scraped_on_one_connection_and_a_closed_one_is_reopened() -> None:
+    engine = Engine(keep_alive=True)
+    router = Router([engine.url])
+    scraper = EngineLoadScraper(router, timeout_s=0.5)
+    try:
+        for _ in range(3):
+            assert scraper.scrape_once()[engine.url] == engine_sample(METRICS)
+        assert engine.connections == 1
+        # The engine drops the connection after its next answer, without saying so (an idle
+        # timeout): the scrape after it fails on the stale connection and is sent again on a
+        # new one, not counted as an error.
+        engine.drop_after_answer = True
+        assert scraper.scrape_once()[engine.url] == engine_sample(METRICS)
+        engine.drop_after_answer = False
+        assert scraper.scrape_once()[engine.url] == engine_sample(METRICS)
+        assert engine.connections == 2
+        assert scraper.stats()["instances"][engine.url]["errors"] == 0
+    finally:
+        scraper.stop()
+        engine.close()
 
 
 def test_load_endpoint_and_bad_bodies(engine: Engine) -> None:
