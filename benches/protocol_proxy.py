@@ -28,6 +28,7 @@ import asyncio
 import itertools
 import json
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -95,15 +96,20 @@ class Adapters:
         self.telemetry = ProxyTelemetry()
         self.apis = {api.path: api.bind(config) for api in APIS}
 
-    def plan(self, path: bytes, raw: bytes) -> Plan:
+    def plan(self, path: bytes, raw: bytes, lap: Callable[[str], object] = lambda _: None) -> Plan:
+        """The request's plan; ``lap(stage)`` is called as each stage ends (:func:`stage_costs`)."""
         from smetric.serve.backends.base import decide
         from smetric.serve.backends.colocated import decision_header
 
         api = self.apis[path.decode()]
         request = api.parse(raw)
+        lap("parse")
         tokens = api.routing_tokens(self.tokens, request)
+        lap("routing tokens")
         prepared = api.prepare(request, raw, tokens, {}, self.sessions)
+        lap("prepare")
         d = decide(self.router.route, prepared, [], self.telemetry)
+        lap("route")
         assert d is not None
         rid, router = d.request_id, self.router
         header = b"x-smetric-decision: %s\r\n" % decision_header(d, attempt=1, source=tokens.source).encode()
@@ -115,14 +121,23 @@ class Adapters:
         )
 
 
+class Stopwatch:
+    """Seconds per stage, summed: each call charges the time since the last to its stage."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self.last
+        self.last = now
+
+
 def stage_costs(requests: int = 300) -> None:
     """Prints what :meth:`Adapters.plan`'s stages cost per API, as the mean over the bench's
     ``requests`` distinct 32K-token conversations (``benches/proxy_data_plane.py``'s bodies)."""
-    import time
-
     import proxy_data_plane as bench
-
-    from smetric.serve.backends.base import decide
 
     adapters = Adapters(["http://a", "http://b", "http://c", "http://d"])
     chats = bench.chat_bodies(requests, 32_768, False)
@@ -132,22 +147,11 @@ def stage_costs(requests: int = 300) -> None:
         "/v1/responses": bench.responses_bodies(chats),
     }
     for path, bodies in apis.items():
-        api, totals = adapters.apis[path], dict.fromkeys(("parse", "routing tokens", "prepare", "route"), 0.0)
+        watch = Stopwatch()
         for raw in bodies:
-            t0 = time.perf_counter()
-            request = api.parse(raw)
-            t1 = time.perf_counter()
-            tokens = api.routing_tokens(adapters.tokens, request)
-            t2 = time.perf_counter()
-            prepared = api.prepare(request, raw, tokens, {}, adapters.sessions)
-            t3 = time.perf_counter()
-            d = decide(adapters.router.route, prepared, [], adapters.telemetry)
-            t4 = time.perf_counter()
-            assert d is not None
-            adapters.router.on_finished(d.request_id)
-            for stage, dt in zip(totals, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-                totals[stage] += dt
-        costs = ", ".join(f"{stage} {total / len(bodies) * 1e6:.0f} µs" for stage, total in totals.items())
+            watch.last = time.perf_counter()
+            adapters.plan(path.encode(), raw, watch).finish()
+        costs = ", ".join(f"{stage} {total / len(bodies) * 1e6:.0f} µs" for stage, total in watch.seconds.items())
         print(f"{path}: {costs}")
 
 

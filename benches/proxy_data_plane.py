@@ -208,30 +208,42 @@ def python_proxy_main(port: int, engines: Sequence[str]) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=uvloop.new_event_loop())
 
 
+def launch(
+    name: str,
+    cmd: Sequence[str],
+    procs: list[subprocess.Popen[Any]],
+    port: int,
+    *,
+    ready: str = "/",
+    quiet: bool = False,
+) -> Candidate:
+    """Starts a candidate proxy (``cmd``, listening on ``port``) pinned to CPU 1, waits until
+    ``ready`` answers, and returns it; ``quiet`` drops its output."""
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen([*pinned(1), *cmd], stdout=out, stderr=out)
+    procs.append(proc)
+    wait_http(f"http://127.0.0.1:{port}{ready}")
+    return Candidate(name, [f"http://127.0.0.1:{port}"], proc)
+
+
 def start_protocol_proxy(
     engines: Sequence[str], procs: list[subprocess.Popen[Any]], *, adapters: bool = False
 ) -> Candidate:
     """``benches/protocol_proxy.py`` (the framework-free Python candidate; ``adapters``: with
-    ``smetric serve``'s per-request Python) on CPU 1."""
+    ``smetric serve``'s per-request Python)."""
     port = free_port()
     script = str(Path(__file__).with_name("protocol_proxy.py"))
-    cmd = [*pinned(1), sys.executable, script, *(["--adapters"] if adapters else []), str(port), *engines]
-    proc = subprocess.Popen(cmd)
-    procs.append(proc)
-    wait_http(f"http://127.0.0.1:{port}/")
-    return Candidate("python-protocol+adapters" if adapters else "python-protocol", [f"http://127.0.0.1:{port}"], proc)
+    cmd = [sys.executable, script, *(["--adapters"] if adapters else []), str(port), *engines]
+    return launch("python-protocol+adapters" if adapters else "python-protocol", cmd, procs, port)
 
 
 def start_python_proxy(engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> Candidate:
-    """:func:`python_proxy_main` in its own process on CPU 1."""
+    """:func:`python_proxy_main` in its own process."""
     port = free_port()
     here = str(Path(__file__).resolve().parent)
     code = f"import sys; sys.path.insert(0, {here!r}); import proxy_data_plane as m; "
     code += f"m.python_proxy_main({port}, {list(engines)!r})"
-    proc = subprocess.Popen([*pinned(1), sys.executable, "-c", code])
-    procs.append(proc)
-    wait_http(f"http://127.0.0.1:{port}/")
-    return Candidate("python-aiohttp", [f"http://127.0.0.1:{port}"], proc)
+    return launch("python-aiohttp", [sys.executable, "-c", code], procs, port)
 
 
 # --- the load ------------------------------------------------------------------------------------
@@ -571,23 +583,17 @@ def start_relays(engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> 
 
 
 def start_vllm_router(executable: str, engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> Candidate:
-    """vllm-router (``round_robin``, its cheapest policy) on CPU 1 in front of ``engines``."""
+    """vllm-router (``round_robin``, its cheapest policy) in front of ``engines``."""
     port = free_port()
-    cmd = [*pinned(1), executable, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"]
+    cmd = [executable, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"]
     cmd += ["--worker-urls", *engines, "--max-payload-size", str(64 << 20), "--log-level", "error"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    procs.append(proc)
-    wait_http(f"http://127.0.0.1:{port}/health")
-    return Candidate("vllm-router", [f"http://127.0.0.1:{port}"], proc)
+    return launch("vllm-router", cmd, procs, port, ready="/health", quiet=True)
 
 
 def start_probe(executable: str, engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> Candidate:
-    """The compiled probe (``benches/dataplane``) on CPU 1 in front of ``engines``."""
+    """The compiled probe (``benches/dataplane``) in front of ``engines``."""
     port = free_port()
-    proc = subprocess.Popen([*pinned(1), executable, str(port), *engines], stderr=subprocess.DEVNULL)
-    procs.append(proc)
-    wait_http(f"http://127.0.0.1:{port}/")
-    return Candidate("dataplane-probe", [f"http://127.0.0.1:{port}"], proc)
+    return launch("dataplane-probe", [executable, str(port), *engines], procs, port, quiet=True)
 
 
 def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subprocess.Popen[Any]]) -> list[dict[str, Any]]:

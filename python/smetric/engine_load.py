@@ -236,22 +236,23 @@ class _KeptConnection:
             response = conn.getresponse()
             body = response.read()
         except BaseException:
-            self.close_locked()
+            self._drop()
             raise
         if response.will_close:
-            self.close_locked()
+            self._drop()
         if not 200 <= response.status < 300:
             raise EngineHTTPError(f"HTTP {response.status} from {path}")
         return body
 
-    def close_locked(self) -> None:
+    def _drop(self) -> None:
+        """Closes the connection (the lock held): the next request opens a new one."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
     def close(self) -> None:
         with self._lock:
-            self.close_locked()
+            self._drop()
 
 
 @dataclass

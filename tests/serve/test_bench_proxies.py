@@ -10,11 +10,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from proxy_util import free_port, request
 
 from smetric.fake_engine import FakeEngine
 
@@ -22,21 +22,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benches" / "protocol_proxy.py"
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _post(url: str, body: object) -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
-
-
 @pytest.fixture(params=[False, True], ids=["minimal", "adapters"])
 def bench_proxy(request: pytest.FixtureRequest, fleet: list[FakeEngine]) -> Iterator[tuple[str, bool]]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, str(SCRIPT), *(["--adapters"] if request.param else []), str(port), *(e.url for e in fleet)]
     proc = subprocess.Popen(cmd, cwd=SCRIPT.parent, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 20
@@ -57,13 +45,13 @@ def bench_proxy(request: pytest.FixtureRequest, fleet: list[FakeEngine]) -> Iter
 
 def test_the_bench_proxy_relays_whole_and_streamed_answers(bench_proxy: tuple[str, bool]) -> None:
     url, adapters = bench_proxy
-    status, headers, body = _post(f"{url}/v1/chat/completions", CHAT)
+    status, headers, body = request(url, "/v1/chat/completions", CHAT)
     assert status == 200 and json.loads(body)["choices"][0]["message"]["content"]
     assert ("x-smetric-decision" in headers) is adapters
-    status, headers, body = _post(f"{url}/v1/chat/completions", {**CHAT, "stream": True})
+    status, headers, body = request(url, "/v1/chat/completions", {**CHAT, "stream": True})
     events = [e for e in body.split(b"\n\n") if e]
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     assert events[-1] == b"data: [DONE]" and len(events) > 2
     if not adapters:  # token ids: routed by the core
-        status, _, body = _post(f"{url}/v1/completions", {"model": "fake-model", "prompt": [1, 2, 3], "max_tokens": 2})
+        status, _, body = request(url, "/v1/completions", {"model": "fake-model", "prompt": [1, 2, 3], "max_tokens": 2})
         assert status == 200 and json.loads(body)["choices"][0]["text"] is not None
