@@ -1,0 +1,170 @@
+//! Delegation: a request passed to the control plane as it came, and its answer passed back.
+//!
+//! The request keeps its method, path and query, headers and body; only the authority changes
+//! (the control plane's, never one taken from the request). Both ways drop the hop-by-hop
+//! fields of RFC 9110 §7.6.1 and every field a `Connection` header names, since they describe
+//! one connection and not the message; hyper frames each side itself. `X-Forwarded-For` gains
+//! the client's address, so the control plane still knows who called. Bodies are streamed
+//! frame by frame in both directions. A control plane that cannot be reached, or that fails
+//! before its answer's head, is a 502 in OpenAI's error shape (the shape the proxy answers its
+//! own failures in).
+//!
+//! Complexity: one pass over each side's headers; the bodies cost only the bytes moved.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{CONNECTION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use hyper::http::uri::PathAndQuery;
+use hyper::{Request, Response, StatusCode, Uri, Version};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// A body either way: a relayed one or one the gateway wrote itself.
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+
+/// RFC 9110 §7.6.1 (and the older fields proxies still meet): never forwarded.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// Removes the hop-by-hop fields and the fields `Connection` names.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// An answer the gateway writes itself, in OpenAI's error shape:
+/// `{"error": {"message", "type", "param": null, "code": status}}`. `message` and `kind` are
+/// the gateway's own constants, written as they are (nothing in them needs escaping).
+pub(crate) fn openai_error(status: StatusCode, message: &str, kind: &str) -> Response<Body> {
+    debug_assert!(
+        !format!("{message}{kind}").contains(['"', '\\']),
+        "an unescaped constant"
+    );
+    let body = format!(
+        r#"{{"error":{{"message":"{message}","type":"{kind}","param":null,"code":{}}}}}"#,
+        status.as_u16()
+    );
+    let mut response = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The control plane behind the door: its address and the kept-alive connections to it.
+pub(crate) struct ControlPlane {
+    authority: String,
+    client: Client<HttpConnector, Body>,
+}
+
+impl ControlPlane {
+    pub(crate) fn new(address: SocketAddr) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Self {
+            authority: address.to_string(),
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        }
+    }
+
+    /// Passes `request` (from `peer`) to the control plane and returns its answer, streamed.
+    pub(crate) async fn delegate(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let (mut parts, body) = request.into_parts();
+        let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        let Ok(uri) = Uri::builder()
+            .scheme("http")
+            .authority(self.authority.as_str())
+            .path_and_query(path)
+            .build()
+        else {
+            return openai_error(
+                StatusCode::BAD_REQUEST,
+                "the request target is not a path",
+                "BadRequestError",
+            );
+        };
+        parts.uri = uri;
+        parts.version = Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
+        let client = peer.ip().to_string();
+        let forwarded = match parts.headers.get(&FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(earlier) => format!("{earlier}, {client}"),
+            None => client,
+        };
+        if let Ok(value) = HeaderValue::from_str(&forwarded) {
+            parts.headers.insert(FORWARDED_FOR.clone(), value);
+        }
+        match self.client.request(Request::from_parts(parts, body.boxed())).await {
+            Ok(answer) => {
+                let (mut parts, body) = answer.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, body.boxed())
+            }
+            Err(_) => openai_error(
+                StatusCode::BAD_GATEWAY,
+                "the proxy's control plane could not be reached",
+                "BadGatewayError",
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_fields_and_the_ones_connection_names_are_dropped() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("connection", "keep-alive, X-Secret"),
+            ("x-secret", "1"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("keep-alive", "timeout=5"),
+            ("content-type", "application/json"),
+            ("authorization", "Bearer k"),
+        ] {
+            headers.append(name, HeaderValue::from_static(value));
+        }
+        strip_hop_by_hop(&mut headers);
+        let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn the_gateways_own_errors_are_in_openais_shape() {
+        let response = openai_error(StatusCode::BAD_GATEWAY, "down", "BadGatewayError");
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/json");
+    }
+}

@@ -1,0 +1,22 @@
+//! The compiled data plane of `smetric serve` (`docs/proxy-data-plane.md`, "The compiled data
+//! plane: design and stages"): a gateway that owns the proxy's public listener and serves the
+//! data path in Rust, with the Python app behind it as the control plane.
+//!
+//! **Stage 1, the door.** One listener, on a thread of its own running a current-thread tokio
+//! runtime (the proxy's hot path never waits for the GIL). Each connection is served HTTP/1.1 by
+//! hyper with the [`Limits`] (head size, head timeout, keep-alive). Every request is *delegated*
+//! ([`delegate`]): its head and its body, streamed as they arrive, go to the control plane — the
+//! Python app on a loopback address only the gateway knows — and the answer comes back the same
+//! way. Later stages serve the data-path APIs natively and delegate only the rest.
+//!
+//! Invariants: the gateway fetches only the configured control plane, never a URL taken from a
+//! request; no body is buffered whole (both ways are streamed, so a request holds hyper's
+//! buffers and no more); hop-by-hop fields never cross it (RFC 9110 §7.6.1); a control plane
+//! that cannot be reached is a 502 in OpenAI's error shape, never a dropped connection;
+//! [`Gateway::stop`] stops accepting at once and gives the requests in flight the drain time.
+//! Complexity: O(1) per request beyond the bytes moved, and one header pass each way.
+
+mod delegate;
+mod server;
+
+pub use server::{Gateway, GatewayConfig, GatewayError, Limits};

@@ -1,0 +1,187 @@
+//! The listener and its thread: [`Gateway::start`] binds, serves every connection with the
+//! [`Limits`], and [`Gateway::stop`] (or dropping it) drains and joins.
+//!
+//! One thread, one current-thread tokio runtime: the data plane of one proxy process fits in a
+//! core (the probe in `benches/dataplane` measured 0.5–1 ms of CPU a request), and the Python
+//! control plane keeps the other. `start` returns once the socket is bound (port 0 gives the
+//! address the system chose), or with the error that kept it from binding. `stop` closes the
+//! listener at once, lets each open connection finish the request it is serving (hyper's
+//! graceful shutdown closes idle keep-alive connections right away) for at most
+//! `drain_timeout`, then ends the runtime, which drops whatever is left.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+use crate::delegate::ControlPlane;
+
+/// The smallest head buffer hyper accepts (its `max_buf_size` panics below it).
+const MIN_HEAD_BYTES: usize = 8192;
+
+/// What one client connection may cost the gateway. No defaults here: `smetric serve`'s
+/// configuration defines them once and the binding passes them in.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The largest request head (line and fields) read; a larger one is refused (431).
+    pub max_head_bytes: usize,
+    /// The time a client has to send a whole head, on a new connection and between requests.
+    pub head_timeout: Duration,
+    /// How long [`Gateway::stop`] lets requests in flight finish.
+    pub drain_timeout: Duration,
+}
+
+/// Where the gateway listens and where its control plane is.
+#[derive(Clone, Copy, Debug)]
+pub struct GatewayConfig {
+    /// The public address (port 0: any free port; [`Gateway::address`] says which).
+    pub listen: SocketAddr,
+    /// The Python app's loopback address, known only to the gateway.
+    pub control_plane: SocketAddr,
+    pub limits: Limits,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("invalid gateway setting: {0}")]
+    Config(String),
+    #[error("cannot listen on {address}: {source}")]
+    Bind { address: SocketAddr, source: io::Error },
+    #[error("cannot start the gateway's thread or runtime: {0}")]
+    Start(io::Error),
+    #[error("the gateway's thread ended before it was listening")]
+    Exited,
+}
+
+/// A running gateway; stopped when dropped.
+pub struct Gateway {
+    address: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Gateway {
+    /// Binds `config.listen` and serves on a thread of its own until [`Gateway::stop`].
+    pub fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
+        if config.limits.max_head_bytes < MIN_HEAD_BYTES {
+            return Err(GatewayError::Config(format!(
+                "max_head_bytes must be at least {MIN_HEAD_BYTES}, got {}",
+                config.limits.max_head_bytes
+            )));
+        }
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("smetric-gateway".to_owned())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(GatewayError::Start(e)));
+                        return;
+                    }
+                };
+                runtime.block_on(serve(config, ready_tx, stop_rx));
+            })
+            .map_err(GatewayError::Start)?;
+        match ready_rx.recv() {
+            Ok(Ok(address)) => Ok(Self {
+                address,
+                stop: Some(stop_tx),
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(GatewayError::Exited)
+            }
+        }
+    }
+
+    /// The address it listens on.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Stops accepting, drains (at most `drain_timeout`) and joins the thread; idempotent.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn serve(
+    config: GatewayConfig,
+    ready: mpsc::Sender<Result<SocketAddr, GatewayError>>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let bound = TcpListener::bind(config.listen)
+        .await
+        .and_then(|listener| Ok((listener.local_addr()?, listener)));
+    let listener = match bound {
+        Ok((address, listener)) => {
+            let _ = ready.send(Ok(address));
+            listener
+        }
+        Err(source) => {
+            let _ = ready.send(Err(GatewayError::Bind {
+                address: config.listen,
+                source,
+            }));
+            return;
+        }
+    };
+    let plane = Arc::new(ControlPlane::new(config.control_plane));
+    let graceful = GracefulShutdown::new();
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(config.limits.head_timeout)
+        .max_buf_size(config.limits.max_head_bytes);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, peer)) = accepted else {
+                    // Out of descriptors or memory: back off instead of spinning on it.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let plane = Arc::clone(&plane);
+                let service = service_fn(move |request| {
+                    let plane = Arc::clone(&plane);
+                    async move { Ok::<_, Infallible>(plane.delegate(request, peer).await) }
+                });
+                let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+            }
+            _ = &mut stop => break,
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(config.limits.drain_timeout, graceful.shutdown()).await;
+}

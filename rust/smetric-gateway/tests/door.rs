@@ -1,0 +1,244 @@
+//! The door (stage 1): every request reaches the control plane as the client sent it, minus
+//! the hop-by-hop fields; answers come back streamed, not buffered; an unreachable control plane
+//! is a 502 in OpenAI's shape; `stop` lets a request in flight finish and refuses new clients.
+//! Bounded: loopback only, a handful of requests, every wait under a timeout.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::channel::Channel;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use smetric_gateway::{Gateway, GatewayConfig, Limits};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// What the test control plane saw of the last request.
+#[derive(Default)]
+struct Seen {
+    method: String,
+    target: String,
+    body_len: usize,
+    headers: Vec<(String, String)>,
+}
+
+/// A control plane: `/stream` answers "first", then waits for `release` before "second";
+/// `/slow` answers after 300 ms; anything else records the request and answers "ok".
+struct Plane {
+    address: SocketAddr,
+    seen: Arc<Mutex<Seen>>,
+    release: mpsc::Sender<()>,
+}
+
+async fn start_plane() -> Plane {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (release, released) = mpsc::channel::<()>(1);
+    let released = Arc::new(tokio::sync::Mutex::new(released));
+    let recorded = Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let seen = Arc::clone(&recorded);
+            let released = Arc::clone(&released);
+            let service = service_fn(move |request: Request<Incoming>| {
+                let seen = Arc::clone(&seen);
+                let released = Arc::clone(&released);
+                async move { Ok::<_, Infallible>(answer(request, &seen, released).await) }
+            });
+            tokio::spawn(async move {
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Plane { address, seen, release }
+}
+
+async fn answer(
+    request: Request<Incoming>,
+    seen: &Mutex<Seen>,
+    released: Arc<tokio::sync::Mutex<mpsc::Receiver<()>>>,
+) -> Response<Body> {
+    match request.uri().path() {
+        "/stream" => {
+            let (mut frames, body) = Channel::<Bytes, Infallible>::new(1);
+            tokio::spawn(async move {
+                frames.send_data(Bytes::from_static(b"first")).await.unwrap();
+                released.lock().await.recv().await;
+                frames.send_data(Bytes::from_static(b"second")).await.unwrap();
+            });
+            Response::new(body.boxed())
+        }
+        "/slow" => {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Response::new(Full::new(Bytes::from_static(b"slow")).boxed())
+        }
+        _ => {
+            let method = request.method().to_string();
+            let target = request.uri().to_string();
+            let headers = request
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned()))
+                .collect();
+            let body_len = request.into_body().collect().await.unwrap().to_bytes().len();
+            *seen.lock().unwrap() = Seen {
+                method,
+                target,
+                body_len,
+                headers,
+            };
+            Response::new(Full::new(Bytes::from_static(b"ok")).boxed())
+        }
+    }
+}
+
+fn limits() -> Limits {
+    Limits {
+        max_head_bytes: 8192,
+        head_timeout: Duration::from_secs(5),
+        drain_timeout: Duration::from_secs(5),
+    }
+}
+
+fn gateway(control_plane: SocketAddr) -> Gateway {
+    Gateway::start(GatewayConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        control_plane,
+        limits: limits(),
+    })
+    .unwrap()
+}
+
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+#[tokio::test]
+async fn a_request_reaches_the_control_plane_as_sent_without_hop_by_hop_fields() {
+    let plane = start_plane().await;
+    let door = gateway(plane.address);
+    let body = vec![b'x'; 1 << 20];
+    let request = Request::post(format!("http://{}/v1/chat/completions?trace=1", door.address()))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer key")
+        .header("connection", "keep-alive, x-hop")
+        .header("x-hop", "secret")
+        .header("te", "trailers")
+        .header("x-forwarded-for", "10.0.0.9")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let answer = timeout(WAIT, client().request(request)).await.unwrap().unwrap();
+    assert_eq!(answer.status(), 200);
+    let text = timeout(WAIT, answer.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&text[..], b"ok");
+    let seen = plane.seen.lock().unwrap();
+    assert_eq!(
+        (seen.method.as_str(), seen.target.as_str()),
+        ("POST", "/v1/chat/completions?trace=1")
+    );
+    assert_eq!(seen.body_len, 1 << 20);
+    let header = |name: &str| seen.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    assert_eq!(header("authorization"), Some("Bearer key"));
+    assert_eq!(header("content-type"), Some("application/json"));
+    assert_eq!(header("x-forwarded-for"), Some("10.0.0.9, 127.0.0.1"));
+    assert_eq!((header("x-hop"), header("te")), (None, None));
+}
+
+#[tokio::test]
+async fn an_answer_is_streamed_through_not_buffered() {
+    let plane = start_plane().await;
+    let door = gateway(plane.address);
+    let request = Request::get(format!("http://{}/stream", door.address()))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let answer = timeout(WAIT, client().request(request)).await.unwrap().unwrap();
+    let mut body = answer.into_body();
+    // The control plane holds "second" back until the client has "first": a door that waited
+    // for the whole answer would never deliver it.
+    let first = timeout(WAIT, body.frame()).await.unwrap().unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "first");
+    plane.release.send(()).await.unwrap();
+    let second = timeout(WAIT, body.frame()).await.unwrap().unwrap().unwrap();
+    assert_eq!(second.into_data().unwrap(), "second");
+}
+
+#[tokio::test]
+async fn an_unreachable_control_plane_is_a_502_in_openais_shape() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let door = gateway(closed);
+    let request = Request::get(format!("http://{}/v1/models", door.address()))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let answer = timeout(WAIT, client().request(request)).await.unwrap().unwrap();
+    assert_eq!(answer.status(), 502);
+    let text = timeout(WAIT, answer.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap()
+        .to_bytes();
+    let text = std::str::from_utf8(&text).unwrap();
+    assert!(text.starts_with(r#"{"error":{"message":"#) && text.contains(r#""type":"BadGatewayError""#));
+    assert!(text.ends_with(r#""param":null,"code":502}}"#), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_lets_the_request_in_flight_finish_and_refuses_new_clients() {
+    let plane = start_plane().await;
+    let mut door = gateway(plane.address);
+    let address = door.address();
+    let request = Request::get(format!("http://{address}/slow"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let in_flight = tokio::spawn(async move {
+        let answer = client().request(request).await.unwrap();
+        let status = answer.status();
+        (status, answer.into_body().collect().await.unwrap().to_bytes())
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await; // the request is at the control plane
+    tokio::task::spawn_blocking(move || door.stop()).await.unwrap();
+    let (status, text) = timeout(WAIT, in_flight).await.unwrap().unwrap();
+    assert_eq!((status.as_u16(), &text[..]), (200, &b"slow"[..]));
+    assert!(std::net::TcpStream::connect(address).is_err());
+}
+
+#[test]
+fn a_head_limit_hyper_cannot_honour_is_refused_at_start() {
+    let config = GatewayConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        control_plane: "127.0.0.1:9".parse().unwrap(),
+        limits: Limits {
+            max_head_bytes: 1024,
+            ..limits()
+        },
+    };
+    assert!(matches!(
+        Gateway::start(config),
+        Err(smetric_gateway::GatewayError::Config(_))
+    ));
+}
