@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHON = ROOT / "python"
 PACKAGE = PYTHON / "smetric"
 
-LAYERS = {"smetric-core": 1, "smetric-vllm": 2, "smetric-sim": 3, "smetric-py": 4}
+LAYERS = {"smetric-core": 1, "smetric-vllm": 2, "smetric-sim": 3, "smetric-gateway": 3, "smetric-py": 4}
 """Lower layers may be depended on by higher ones, never the reverse."""
 PYO3_CRATES = {"smetric-py"}
 DEPENDENCY_TABLES = ("dependencies", "dev-dependencies", "build-dependencies")

@@ -44,6 +44,7 @@ __all__ = [
     "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
     "POLICIES",
     "Decision",
+    "Gateway",
     "IndexHits",
     "IngestStep",
     "KvEventIngestor",
@@ -269,6 +270,33 @@ class IndexHits:
     def deepest_blocks(self) -> int: ...
     @property
     def branches(self) -> int: ...
+
+@final
+class Gateway:
+    """The compiled data plane's door (``rust/smetric-gateway``): listens on ``host:port`` on a
+    thread of its own and delegates every request to the app on ``127.0.0.1:control_plane_port``.
+
+    Raises:
+        InvalidConfigError: a host that is not an IP address, a head limit under 8192 bytes, a
+            negative time.
+        OSError: the address cannot be bound.
+    """
+
+    def __new__(
+        cls,
+        host: str,
+        port: int,
+        control_plane_port: int,
+        *,
+        max_head_bytes: int,
+        head_timeout_s: float,
+        drain_timeout_s: float,
+    ) -> Self: ...
+    @property
+    def port(self) -> int:
+        """The port it listens on (the one the system chose for port 0)."""
+    def stop(self) -> None:
+        """Stops accepting, lets requests in flight finish (at most the drain time); idempotent."""
 
 @final
 class Router:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -16,3 +17,23 @@ def fleet() -> Iterator[list[FakeEngine]]:
     yield engines
     for e in engines:
         e.stop()
+
+
+@pytest.fixture(autouse=True)
+def data_plane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SMETRIC_TEST_DATA_PLANE=compiled``: every in-process proxy of these tests runs with the
+    compiled data plane in front (the gateway's stage-1 acceptance: the suite passes through it)."""
+    import dataclasses
+    import os
+
+    import smetric.serve.proxy as proxy
+
+    plane = os.environ.get("SMETRIC_TEST_DATA_PLANE")
+    if not plane:
+        return
+    run = proxy.run
+
+    async def run_with(config: Any, **kwargs: Any) -> None:
+        await run(dataclasses.replace(config, data_plane=plane), **kwargs)
+
+    monkeypatch.setattr(proxy, "run", run_with)

@@ -51,6 +51,12 @@ def register(sub: Any) -> None:
     p.add_argument("--api-keys-file", default=None, help="a file of client keys, one a line")
     p.add_argument("--upstream-api-key", default=None, help="the key the proxy sends to the engines (vLLM --api-key)")
     p.add_argument("--decision-log", default=None, help="append one JSON line per request to this file")
+    p.add_argument(
+        "--data-plane",
+        choices=("python", "compiled"),
+        default=None,
+        help="what serves the public address: the Python app (default) or the Rust gateway in front of it",
+    )
     p.add_argument("--no-engine-load", action="store_true", help="do not scrape the instances' /metrics")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run)
@@ -85,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
             "api_keys_file": args.api_keys_file,
             "upstream_api_key": args.upstream_api_key,
             "decision_log": args.decision_log,
+            "data_plane": args.data_plane,
         }
         for flag, key in ((args.instance, "instances"), (args.prefill, "prefill"), (args.decode, "decode")):
             if flag:

@@ -38,6 +38,9 @@ from smetric.deployment import deployed_fields
 from smetric.errors import InvalidConfigError, MissingExtraError
 from smetric.serve.tokens import TOKEN_MODES, TokenConfig
 
+DATA_PLANES = ("python", "compiled")
+"""What may serve the public address (:attr:`ServeConfig.data_plane`)."""
+
 KV_EVENTS_DISCOVER = "discover"
 KV_EVENTS_OFF = "off"
 
@@ -160,6 +163,10 @@ class ServeConfig:
     ``/health``, ``/metrics`` and ``/kv_event_sources``."""
     decision_log: str | None = None
     """A file the proxy appends one JSON line per request to (``smetric.serve.decision_log``); None: off."""
+    data_plane: str = "python"
+    """``"python"``: the aiohttp app serves the public address. ``"compiled"``: the Rust gateway
+    (``rust/smetric-gateway``) does, and the app listens on a loopback port only it knows; in
+    its first stage the gateway delegates every request (``docs/proxy-data-plane.md``)."""
 
     def __post_init__(self) -> None:
         if bool(self.prefill) != bool(self.decode):
@@ -171,6 +178,8 @@ class ServeConfig:
         urls = [i.url for i in self.all_instances]
         if len(set(urls)) != len(urls):
             raise _bad("instances", "instance urls must be unique")
+        if self.data_plane not in DATA_PLANES:
+            raise _bad("data_plane", f"must be one of {', '.join(DATA_PLANES)}, got {self.data_plane!r}")
         if self.policy not in POLICIES:
             raise _bad("policy", f"unknown policy {self.policy!r} (known: {', '.join(POLICIES)})")
         for name in ("max_in_flight", "max_in_flight_per_instance", "queue_size", "retry_after_s"):

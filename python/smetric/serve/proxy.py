@@ -51,7 +51,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from smetric._core import PdRouter, Router
+from smetric._core import Gateway, PdRouter, Router
 from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
 from smetric.serve.admission import Admission
@@ -78,6 +78,10 @@ log = logging.getLogger("smetric.serve")
 
 _IDENTITY = frozenset({"", "identity"})
 """The ``Content-Encoding`` values of a body sent as is."""
+_GATEWAY_HEAD_FIELDS = 16
+"""With the compiled data plane, the gateway's bound on a whole request head, in fields of
+``max_header_bytes``: generous, so that the app behind it answers an oversized field itself
+(431, in the API's shape)."""
 _TOKENIZING_ERRORS = (RecursionError, UnicodeError, OverflowError, ValueError, BufferError)
 """What turning a valid body's text into routing tokens raises on client input (deep nesting in
 a template variable, text no encoder takes): a 400, not the proxy's bug."""
@@ -479,8 +483,21 @@ async def run(
         max_field_size=config.max_header_bytes,
     )
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
+    compiled = config.data_plane == "compiled"
+    # With the compiled data plane the app listens on a loopback port only the gateway knows.
+    site = web.TCPSite(runner, "127.0.0.1", 0) if compiled else web.TCPSite(runner, config.host, config.port)
     await site.start()
+    gateway = None
+    if compiled:
+        gateway = Gateway(
+            config.host,
+            config.port,
+            runner.addresses[0][1],
+            # hyper bounds the whole head (at least 8 KiB); aiohttp behind it bounds each field.
+            max_head_bytes=max(_GATEWAY_HEAD_FIELDS * config.max_header_bytes, 8192),
+            head_timeout_s=config.head_timeout_s,
+            drain_timeout_s=config.drain_timeout_s,
+        )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -488,7 +505,7 @@ async def run(
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             break
-    port = runner.addresses[0][1]
+    port = gateway.port if gateway is not None else runner.addresses[0][1]
     log.info(
         "smetric serve on http://%s:%s: %d instances, policy %s",
         config.host,
@@ -502,12 +519,16 @@ async def run(
         await stop.wait()
         proxy.draining = True
         proxy.admission.close()
+        if gateway is not None:  # stops accepting; its drain waits on requests this loop serves
+            await loop.run_in_executor(None, gateway.stop)
         await site.stop()
         try:
             await asyncio.wait_for(proxy.idle.wait(), config.drain_timeout_s)
         except TimeoutError:
             log.warning("drain timeout: %d requests still in flight", proxy.in_flight)
     finally:
+        if gateway is not None:
+            gateway.stop()  # idempotent: after a failure before the drain
         await runner.cleanup()
         await proxy.close()
 

@@ -53,8 +53,8 @@ pub struct GatewayConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
-    #[error("invalid gateway setting: {0}")]
-    Config(String),
+    #[error("invalid gateway setting {field}: {reason}")]
+    Config { field: &'static str, reason: String },
     #[error("cannot listen on {address}: {source}")]
     Bind { address: SocketAddr, source: io::Error },
     #[error("cannot start the gateway's thread or runtime: {0}")]
@@ -74,10 +74,13 @@ impl Gateway {
     /// Binds `config.listen` and serves on a thread of its own until [`Gateway::stop`].
     pub fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
         if config.limits.max_head_bytes < MIN_HEAD_BYTES {
-            return Err(GatewayError::Config(format!(
-                "max_head_bytes must be at least {MIN_HEAD_BYTES}, got {}",
-                config.limits.max_head_bytes
-            )));
+            return Err(GatewayError::Config {
+                field: "max_head_bytes",
+                reason: format!(
+                    "must be at least {MIN_HEAD_BYTES}, got {}",
+                    config.limits.max_head_bytes
+                ),
+            });
         }
         let (ready_tx, ready_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = oneshot::channel();

@@ -239,6 +239,9 @@ fn a_head_limit_hyper_cannot_honour_is_refused_at_start() {
     };
     assert!(matches!(
         Gateway::start(config),
-        Err(smetric_gateway::GatewayError::Config(_))
+        Err(smetric_gateway::GatewayError::Config {
+            field: "max_head_bytes",
+            ..
+        })
     ));
 }

@@ -12,6 +12,7 @@ mod convert;
 mod engine;
 mod errors;
 mod events;
+mod gateway;
 mod openai_body;
 mod pd;
 mod router;
@@ -22,6 +23,7 @@ mod vllm;
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::PyRouter>()?;
+    m.add_class::<gateway::PyGateway>()?;
     m.add_class::<router::PyDecision>()?;
     m.add_class::<router::PyIndexHits>()?;
     m.add_class::<config::PyRouterConfig>()?;
