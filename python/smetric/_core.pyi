@@ -291,10 +291,14 @@ class Gateway:
         max_head_bytes: int,
         head_timeout_s: float,
         drain_timeout_s: float,
+        max_connections: int,
+        retry_after_s: int,
     ) -> Self: ...
     @property
     def port(self) -> int:
         """The port it listens on (the one the system chose for port 0)."""
+    def client_errors(self) -> list[tuple[str, int]]:
+        """What the door refused or cut so far, by the proxy's kind names (zeros included)."""
     def stop(self) -> None:
         """Stops accepting, lets requests in flight finish (at most the drain time); idempotent."""
 

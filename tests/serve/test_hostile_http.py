@@ -60,7 +60,7 @@ def test_a_head_that_stalls_is_closed_after_the_head_timeout(
     finally:
         for s in sockets:
             s.close()
-    assert proxy.proxy is not None and proxy.proxy.telemetry.client_errors["head_timeout"] == 12
+    assert proxy.proxy is not None and proxy.proxy.telemetry.client_error_counts()["head_timeout"] == 12
     assert_healthy(proxy, caplog)
 
 

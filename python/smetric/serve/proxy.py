@@ -474,7 +474,9 @@ async def run(
         limits=ConnectionLimits(
             head_timeout_s=config.head_timeout_s,
             keepalive_timeout_s=config.keepalive_timeout_s,
-            max_connections=config.max_connections,
+            # Behind the gateway the app's connections are the gateway's pool (at most one per
+            # client connection it admitted, and its idle ones): the gateway bounds the clients.
+            max_connections=config.max_connections * (2 if config.data_plane == "compiled" else 1),
             retry_after_s=config.retry_after_s,
         ),
         handler_cancellation=True,
@@ -497,7 +499,10 @@ async def run(
             max_head_bytes=max(_GATEWAY_HEAD_FIELDS * config.max_header_bytes, 8192),
             head_timeout_s=config.head_timeout_s,
             drain_timeout_s=config.drain_timeout_s,
+            max_connections=config.max_connections,
+            retry_after_s=config.retry_after_s,
         )
+        proxy.telemetry.door_client_errors = gateway.client_errors
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from smetric.metrics import _family
@@ -78,6 +78,9 @@ class ProxyTelemetry:
         self.unresumed_streams = 0
         self.client_errors: Counter[str] = Counter()
         """Refused client input by kind (a bounded set of names the proxy chooses)."""
+        self.door_client_errors: Callable[[], Iterable[tuple[str, int]]] | None = None
+        """The compiled data plane's own tallies of the same kinds (``Gateway.client_errors``),
+        when a gateway serves the port: what it refuses never reaches the app."""
         self.decision_s = Histogram(DECISION_BUCKETS_S)
         self.first_byte_s = Histogram(LATENCY_BUCKETS_S)
         self.request_s = Histogram(LATENCY_BUCKETS_S)
@@ -91,6 +94,14 @@ class ProxyTelemetry:
         self.hit_tokens["local"] += d.local_hit_tokens
         self.hit_tokens["global"] += d.global_hit_tokens
         self.prompt_tokens[source] += prompt_tokens
+
+    def client_error_counts(self) -> Counter[str]:
+        """Refused client input by kind: the app's and, behind a gateway, the gateway's."""
+        counts = Counter(self.client_errors)
+        if self.door_client_errors is not None:
+            for kind, n in self.door_client_errors():
+                counts[kind] += n
+        return +counts
 
     def render(self, in_flight: Mapping[str, int], ejected: Callable[[str], bool]) -> Iterator[str]:
         """The families in the text format; ``in_flight`` is the router's count per instance."""
@@ -161,7 +172,7 @@ class ProxyTelemetry:
             name("client_errors_total"),
             "counter",
             "Client input the proxy refused (malformed HTTP or body, slow head or body, connection limit), by kind.",
-            [({"kind": k}, n) for k, n in sorted(self.client_errors.items())],
+            [({"kind": k}, n) for k, n in sorted(self.client_error_counts().items())],
         )
         yield from _family(
             name("instance_in_flight"),

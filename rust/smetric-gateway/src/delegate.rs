@@ -12,6 +12,8 @@
 //! Complexity: one pass over each side's headers; the bodies cost only the bytes moved.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -23,6 +25,8 @@ use hyper::{Request, Response, StatusCode, Uri, Version};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+
+use crate::counters::{ClientError, ClientErrors};
 
 /// A body either way: a relayed one or one the gateway wrote itself.
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
@@ -83,15 +87,17 @@ pub(crate) fn openai_error(status: StatusCode, message: &str, kind: &str) -> Res
 pub(crate) struct ControlPlane {
     authority: String,
     client: Client<HttpConnector, Body>,
+    errors: Arc<ClientErrors>,
 }
 
 impl ControlPlane {
-    pub(crate) fn new(address: SocketAddr) -> Self {
+    pub(crate) fn new(address: SocketAddr, errors: Arc<ClientErrors>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         Self {
             authority: address.to_string(),
             client: Client::builder(TokioExecutor::new()).build(connector),
+            errors,
         }
     }
 
@@ -122,11 +128,29 @@ impl ControlPlane {
         if let Ok(value) = HeaderValue::from_str(&forwarded) {
             parts.headers.insert(FORWARDED_FOR.clone(), value);
         }
-        match self.client.request(Request::from_parts(parts, body.boxed())).await {
+        // A failure of the client's own body (a bad chunk, a connection cut mid-body) surfaces
+        // as the delegation's failure: the flag tells the two apart.
+        let client_body_failed = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&client_body_failed);
+        let body = body
+            .map_err(move |e| {
+                flag.store(true, Ordering::Relaxed);
+                e
+            })
+            .boxed();
+        match self.client.request(Request::from_parts(parts, body)).await {
             Ok(answer) => {
                 let (mut parts, body) = answer.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 Response::from_parts(parts, body.boxed())
+            }
+            Err(_) if client_body_failed.load(Ordering::Relaxed) => {
+                self.errors.count(ClientError::Malformed);
+                let mut answer = openai_error(StatusCode::BAD_REQUEST, "malformed HTTP request", "BadRequestError");
+                answer
+                    .headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                answer
             }
             Err(_) => openai_error(
                 StatusCode::BAD_GATEWAY,

@@ -4,7 +4,8 @@
 //!
 //! **Stage 1, the door.** One listener, on a thread of its own running a current-thread tokio
 //! runtime (the proxy's hot path never waits for the GIL). Each connection is served HTTP/1.1 by
-//! hyper with the [`Limits`] (head size, head timeout, keep-alive). Every request is *delegated*
+//! hyper with the [`Limits`] (head size, head timeout, open connections: past the bound a new
+//! connection gets a 503 in OpenAI's shape and is closed unread). Every request is *delegated*
 //! ([`delegate`]): its head and its body, streamed as they arrive, go to the control plane — the
 //! Python app on a loopback address only the gateway knows — and the answer comes back the same
 //! way. Later stages serve the data-path APIs natively and delegate only the rest.
@@ -12,10 +13,13 @@
 //! Invariants: the gateway fetches only the configured control plane, never a URL taken from a
 //! request; no body is buffered whole (both ways are streamed, so a request holds hyper's
 //! buffers and no more); hop-by-hop fields never cross it (RFC 9110 §7.6.1); a control plane
-//! that cannot be reached is a 502 in OpenAI's error shape, never a dropped connection;
+//! that cannot be reached is a 502 in OpenAI's error shape, never a dropped connection, and a
+//! client whose body breaks its own framing gets a 400, not the control plane's 502; what the
+//! door refuses is counted under the proxy's kinds ([`Gateway::client_errors`]);
 //! [`Gateway::stop`] stops accepting at once and gives the requests in flight the drain time.
 //! Complexity: O(1) per request beyond the bytes moved, and one header pass each way.
 
+mod counters;
 mod delegate;
 mod server;
 

@@ -17,13 +17,16 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
+use crate::counters::{ClientError, ClientErrors};
 use crate::delegate::ControlPlane;
 
 /// The smallest head buffer hyper accepts (its `max_buf_size` panics below it).
@@ -39,6 +42,10 @@ pub struct Limits {
     pub head_timeout: Duration,
     /// How long [`Gateway::stop`] lets requests in flight finish.
     pub drain_timeout: Duration,
+    /// Open client connections at most; a new one past it gets a 503 and is closed unread.
+    pub max_connections: usize,
+    /// The `Retry-After` of that 503, in seconds.
+    pub retry_after_s: u64,
 }
 
 /// Where the gateway listens and where its control plane is.
@@ -66,6 +73,7 @@ pub enum GatewayError {
 /// A running gateway; stopped when dropped.
 pub struct Gateway {
     address: SocketAddr,
+    errors: Arc<ClientErrors>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -84,6 +92,8 @@ impl Gateway {
         }
         let (ready_tx, ready_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = oneshot::channel();
+        let errors = Arc::new(ClientErrors::default());
+        let counted = Arc::clone(&errors);
         let thread = std::thread::Builder::new()
             .name("smetric-gateway".to_owned())
             .spawn(move || {
@@ -94,12 +104,13 @@ impl Gateway {
                         return;
                     }
                 };
-                runtime.block_on(serve(config, ready_tx, stop_rx));
+                runtime.block_on(serve(config, counted, ready_tx, stop_rx));
             })
             .map_err(GatewayError::Start)?;
         match ready_rx.recv() {
             Ok(Ok(address)) => Ok(Self {
                 address,
+                errors,
                 stop: Some(stop_tx),
                 thread: Some(thread),
             }),
@@ -117,6 +128,11 @@ impl Gateway {
     /// The address it listens on.
     pub fn address(&self) -> SocketAddr {
         self.address
+    }
+
+    /// What the door refused or cut so far, by the proxy's kind names (zeros included).
+    pub fn client_errors(&self) -> Vec<(&'static str, u64)> {
+        self.errors.snapshot()
     }
 
     /// Stops accepting, drains (at most `drain_timeout`) and joins the thread; idempotent.
@@ -138,6 +154,7 @@ impl Drop for Gateway {
 
 async fn serve(
     config: GatewayConfig,
+    errors: Arc<ClientErrors>,
     ready: mpsc::Sender<Result<SocketAddr, GatewayError>>,
     mut stop: oneshot::Receiver<()>,
 ) {
@@ -157,7 +174,9 @@ async fn serve(
             return;
         }
     };
-    let plane = Arc::new(ControlPlane::new(config.control_plane));
+    let plane = Arc::new(ControlPlane::new(config.control_plane, Arc::clone(&errors)));
+    let open = Arc::new(Semaphore::new(config.limits.max_connections));
+    let refusal = Bytes::from(connection_refusal(config.limits.retry_after_s));
     let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -166,20 +185,35 @@ async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else {
+                let Ok((mut stream, peer)) = accepted else {
                     // Out of descriptors or memory: back off instead of spinning on it.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
+                let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+                    errors.count(ClientError::ConnectionLimit);
+                    let refusal = refusal.clone();
+                    tokio::spawn(async move {
+                        // Answered before anything is read; a client that does not read it is
+                        // not waited for long.
+                        let _ = tokio::time::timeout(REFUSAL_WRITE, stream.write_all(&refusal)).await;
+                        let _ = stream.shutdown().await;
+                    });
+                    continue;
+                };
                 let plane = Arc::clone(&plane);
                 let service = service_fn(move |request| {
                     let plane = Arc::clone(&plane);
                     async move { Ok::<_, Infallible>(plane.delegate(request, peer).await) }
                 });
                 let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                let errors = Arc::clone(&errors);
                 tokio::spawn(async move {
-                    let _ = connection.await;
+                    if let Err(e) = connection.await {
+                        count_connection_error(&errors, &e);
+                    }
+                    drop(permit);
                 });
             }
             _ = &mut stop => break,
@@ -187,4 +221,30 @@ async fn serve(
     }
     drop(listener);
     let _ = tokio::time::timeout(config.limits.drain_timeout, graceful.shutdown()).await;
+}
+
+/// How long a refused connection's 503 may take to write.
+const REFUSAL_WRITE: Duration = Duration::from_secs(1);
+
+/// The whole answer to a connection past the bound: the 503 `smetric serve` answers, in
+/// OpenAI's shape, with `Retry-After`.
+fn connection_refusal(retry_after_s: u64) -> Vec<u8> {
+    let body = r#"{"error":{"message":"too many open connections to the proxy","type":"ServiceUnavailableError","param":null,"code":503}}"#;
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         retry-after: {retry_after_s}\r\nconnection: close\r\nserver: smetric\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Counts what ended a connection early: a head that took too long, or one that did not parse.
+fn count_connection_error(errors: &ClientErrors, e: &hyper::Error) {
+    if e.is_timeout() {
+        errors.count(ClientError::HeadTimeout);
+    } else if e.is_parse_too_large() {
+        errors.count(ClientError::HeadTooLarge);
+    } else if e.is_parse() || e.is_parse_status() {
+        errors.count(ClientError::Malformed);
+    }
 }

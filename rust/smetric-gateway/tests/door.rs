@@ -116,16 +116,35 @@ fn limits() -> Limits {
         max_head_bytes: 8192,
         head_timeout: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(5),
+        max_connections: 64,
+        retry_after_s: 1,
     }
 }
 
-fn gateway(control_plane: SocketAddr) -> Gateway {
+fn gateway_with(control_plane: SocketAddr, limits: Limits) -> Gateway {
     Gateway::start(GatewayConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         control_plane,
-        limits: limits(),
+        limits,
     })
     .unwrap()
+}
+
+fn gateway(control_plane: SocketAddr) -> Gateway {
+    gateway_with(control_plane, limits())
+}
+
+fn tally(door: &Gateway, kind: &str) -> u64 {
+    door.client_errors().into_iter().find(|(k, _)| *k == kind).unwrap().1
+}
+
+/// Everything the server sends until it closes the connection (bounded by `WAIT`).
+fn read_until_closed(stream: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn client() -> Client<HttpConnector, Full<Bytes>> {
@@ -244,4 +263,81 @@ fn a_head_limit_hyper_cannot_honour_is_refused_at_start() {
             ..
         })
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_past_the_bound_gets_a_503_in_openais_shape_and_is_counted() {
+    let plane = start_plane().await;
+    let door = gateway_with(
+        plane.address,
+        Limits {
+            max_connections: 2,
+            retry_after_s: 3,
+            ..limits()
+        },
+    );
+    let address = door.address();
+    let answer = tokio::task::spawn_blocking(move || {
+        let held: Vec<_> = (0..2).map(|_| std::net::TcpStream::connect(address).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(100)); // both are open at the door
+        let mut third = std::net::TcpStream::connect(address).unwrap();
+        let answer = read_until_closed(&mut third);
+        drop(held);
+        answer
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+    assert!(answer.contains("retry-after: 3\r\n") && answer.contains("content-type: application/json"));
+    assert!(
+        answer.ends_with(r#""type":"ServiceUnavailableError","param":null,"code":503}}"#),
+        "{answer}"
+    );
+    assert_eq!(tally(&door, "connection_limit"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_body_that_breaks_its_framing_is_a_400_not_the_control_planes_502() {
+    let plane = start_plane().await;
+    let door = gateway(plane.address);
+    let address = door.address();
+    let answer = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+        stream
+            .write_all(format!("{head}5\r\nhello\r\nzz\r\n").as_bytes())
+            .unwrap();
+        read_until_closed(&mut stream)
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(answer.contains(r#""type":"BadRequestError""#), "{answer}");
+    assert_eq!(tally(&door, "http_400"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_that_stalls_is_closed_and_counted() {
+    let plane = start_plane().await;
+    let door = gateway_with(
+        plane.address,
+        Limits {
+            head_timeout: Duration::from_millis(300),
+            ..limits()
+        },
+    );
+    let address = door.address();
+    let answer = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        stream
+            .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+            .unwrap(); // never finished
+        read_until_closed(&mut stream)
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer, "", "closed without an answer, as the proxy does");
+    assert_eq!(tally(&door, "head_timeout"), 1);
 }

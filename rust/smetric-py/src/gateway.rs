@@ -33,7 +33,10 @@ fn to_py_err(py: Python<'_>, err: &GatewayError) -> PyErr {
 #[pymethods]
 impl PyGateway {
     #[new]
-    #[pyo3(signature = (host, port, control_plane_port, *, max_head_bytes, head_timeout_s, drain_timeout_s))]
+    #[pyo3(signature = (
+        host, port, control_plane_port, *, max_head_bytes, head_timeout_s, drain_timeout_s, max_connections, retry_after_s
+    ))]
+    #[allow(clippy::too_many_arguments)] // the constructor's keyword arguments, one per limit
     fn new(
         py: Python<'_>,
         host: &str,
@@ -42,6 +45,8 @@ impl PyGateway {
         max_head_bytes: usize,
         head_timeout_s: f64,
         drain_timeout_s: f64,
+        max_connections: usize,
+        retry_after_s: u64,
     ) -> PyResult<Self> {
         let ip: IpAddr = host.parse().map_err(|_| {
             python_error(
@@ -75,6 +80,8 @@ impl PyGateway {
                 max_head_bytes,
                 head_timeout: seconds("head_timeout_s", head_timeout_s)?,
                 drain_timeout: seconds("drain_timeout_s", drain_timeout_s)?,
+                max_connections,
+                retry_after_s,
             },
         };
         let gateway = py.detach(|| Gateway::start(config)).map_err(|e| to_py_err(py, &e))?;
@@ -88,6 +95,14 @@ impl PyGateway {
     #[getter]
     fn port(&self) -> u16 {
         self.address.port()
+    }
+
+    /// What the door refused or cut so far: ``{kind: count}`` under the proxy's kind names.
+    fn client_errors(&self) -> Vec<(&'static str, u64)> {
+        self.inner.lock().map_or_else(
+            |_| Vec::new(),
+            |inner| inner.as_ref().map_or_else(Vec::new, Gateway::client_errors),
+        )
     }
 
     /// Stops accepting, lets requests in flight finish (at most the drain time); idempotent.
