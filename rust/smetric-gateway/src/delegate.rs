@@ -6,8 +6,8 @@
 //! one connection and not the message; hyper frames each side itself. `X-Forwarded-For` gains
 //! the client's address, so the control plane still knows who called. Bodies are streamed
 //! frame by frame in both directions. A control plane that cannot be reached, or that fails
-//! before its answer's head, is a 502 in OpenAI's error shape (the shape the proxy answers its
-//! own failures in).
+//! before its answer's head, is a 502 in the shape of the proxy's own failures; a client whose
+//! body breaks its framing, a 400 in the shape of a client's mistake ([`crate::answers`]).
 //!
 //! Complexity: one pass over each side's headers; the bodies cost only the bytes moved.
 
@@ -16,16 +16,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
+use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use hyper::header::{CONNECTION, HeaderMap, HeaderName, HeaderValue};
 use hyper::http::uri::PathAndQuery;
 use hyper::{Request, Response, StatusCode, Uri, Version};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use crate::answers::{MALFORMED, client_error_body, json_response, proxy_error_body};
 use crate::counters::{ClientError, ClientErrors};
 
 /// A body either way: a relayed one or one the gateway wrote itself.
@@ -63,26 +64,6 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// An answer the gateway writes itself, in OpenAI's error shape:
-/// `{"error": {"message", "type", "param": null, "code": status}}`. `message` and `kind` are
-/// the gateway's own constants, written as they are (nothing in them needs escaping).
-pub(crate) fn openai_error(status: StatusCode, message: &str, kind: &str) -> Response<Body> {
-    debug_assert!(
-        !format!("{message}{kind}").contains(['"', '\\']),
-        "an unescaped constant"
-    );
-    let body = format!(
-        r#"{{"error":{{"message":"{message}","type":"{kind}","param":null,"code":{}}}}}"#,
-        status.as_u16()
-    );
-    let mut response = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
-}
-
 /// The control plane behind the door: its address and the kept-alive connections to it.
 pub(crate) struct ControlPlane {
     authority: String,
@@ -111,11 +92,7 @@ impl ControlPlane {
             .path_and_query(path)
             .build()
         else {
-            return openai_error(
-                StatusCode::BAD_REQUEST,
-                "the request target is not a path",
-                "BadRequestError",
-            );
+            return json_response(StatusCode::BAD_REQUEST, client_error_body(MALFORMED));
         };
         parts.uri = uri;
         parts.version = Version::HTTP_11;
@@ -146,17 +123,17 @@ impl ControlPlane {
             }
             Err(_) if client_body_failed.load(Ordering::Relaxed) => {
                 self.errors.count(ClientError::Malformed);
-                let mut answer = openai_error(StatusCode::BAD_REQUEST, "malformed HTTP request", "BadRequestError");
+                let mut answer = json_response(StatusCode::BAD_REQUEST, client_error_body(MALFORMED));
                 answer
                     .headers_mut()
                     .insert(CONNECTION, HeaderValue::from_static("close"));
                 answer
             }
-            Err(_) => openai_error(
-                StatusCode::BAD_GATEWAY,
-                "the proxy's control plane could not be reached",
-                "BadGatewayError",
-            ),
+            Err(_) => {
+                let status = StatusCode::BAD_GATEWAY;
+                let message = "the proxy's control plane could not be reached";
+                json_response(status, proxy_error_body(status, message, "BadGatewayError"))
+            }
         }
     }
 }
@@ -183,12 +160,5 @@ mod tests {
         let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["authorization", "content-type"]);
-    }
-
-    #[test]
-    fn the_gateways_own_errors_are_in_openais_shape() {
-        let response = openai_error(StatusCode::BAD_GATEWAY, "down", "BadGatewayError");
-        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
-        assert_eq!(response.headers()[CONTENT_TYPE], "application/json");
     }
 }

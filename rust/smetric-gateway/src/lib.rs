@@ -19,8 +19,10 @@
 //! [`Gateway::stop`] stops accepting at once and gives the requests in flight the drain time.
 //! Complexity: O(1) per request beyond the bytes moved, and one header pass each way.
 
+mod answers;
 mod counters;
 mod delegate;
 mod server;
+mod validate;
 
 pub use server::{Gateway, GatewayConfig, GatewayError, Limits};

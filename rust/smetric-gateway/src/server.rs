@@ -18,6 +18,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::StatusCode;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -26,8 +28,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot};
 
+use crate::answers::{proxy_error_body, raw_json_answer};
 use crate::counters::{ClientError, ClientErrors};
 use crate::delegate::ControlPlane;
+use crate::validate::{Exchange, Tracked, Validated};
 
 /// The smallest head buffer hyper accepts (its `max_buf_size` panics below it).
 const MIN_HEAD_BYTES: usize = 8192;
@@ -202,12 +206,19 @@ async fn serve(
                     });
                     continue;
                 };
+                let exchange = Arc::new(Exchange::default());
+                let answered = Arc::clone(&exchange);
                 let plane = Arc::clone(&plane);
                 let service = service_fn(move |request| {
                     let plane = Arc::clone(&plane);
-                    async move { Ok::<_, Infallible>(plane.delegate(request, peer).await) }
+                    let in_flight = answered.begin();
+                    async move {
+                        let answer = plane.delegate(request, peer).await;
+                        Ok::<_, Infallible>(answer.map(|body| Tracked::new(body, in_flight).boxed()))
+                    }
                 });
-                let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                let checked = Validated::new(stream, config.limits.max_head_bytes, Arc::clone(&errors), exchange);
+                let connection = graceful.watch(http.serve_connection(TokioIo::new(checked), service));
                 let errors = Arc::clone(&errors);
                 tokio::spawn(async move {
                     if let Err(e) = connection.await {
@@ -226,16 +237,16 @@ async fn serve(
 /// How long a refused connection's 503 may take to write.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 
-/// The whole answer to a connection past the bound: the 503 `smetric serve` answers, in
-/// OpenAI's shape, with `Retry-After`.
+/// The whole answer to a connection past the bound: the 503 `smetric serve` answers, in the
+/// shape of the proxy's own failures, with `Retry-After`.
 fn connection_refusal(retry_after_s: u64) -> Vec<u8> {
-    let body = r#"{"error":{"message":"too many open connections to the proxy","type":"ServiceUnavailableError","param":null,"code":503}}"#;
-    format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         retry-after: {retry_after_s}\r\nconnection: close\r\nserver: smetric\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    let body = proxy_error_body(
+        status,
+        "too many open connections to the proxy",
+        "ServiceUnavailableError",
+    );
+    raw_json_answer(status, &body, &format!("retry-after: {retry_after_s}\r\n"))
 }
 
 /// Counts what ended a connection early: a head that took too long, or one that did not parse.

@@ -99,7 +99,11 @@ async fn answer(
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned()))
                 .collect();
-            let body_len = request.into_body().collect().await.unwrap().to_bytes().len();
+            let body_len = request
+                .into_body()
+                .collect()
+                .await
+                .map_or(0, |body| body.to_bytes().len());
             *seen.lock().unwrap() = Seen {
                 method,
                 target,
@@ -313,7 +317,7 @@ async fn a_client_body_that_breaks_its_framing_is_a_400_not_the_control_planes_5
     .await
     .unwrap();
     assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
-    assert!(answer.contains(r#""type":"BadRequestError""#), "{answer}");
+    assert!(answer.contains(r#""type":"invalid_request_error""#), "{answer}");
     assert_eq!(tally(&door, "http_400"), 1);
 }
 
@@ -340,4 +344,110 @@ async fn a_head_that_stalls_is_closed_and_counted() {
     .unwrap();
     assert_eq!(answer, "", "closed without an answer, as the proxy does");
     assert_eq!(tally(&door, "head_timeout"), 1);
+}
+
+/// Sends `raw` on a new connection and returns everything the door answers until it closes.
+async fn exchange(door: &Gateway, raw: &'static [u8]) -> String {
+    let address = door.address();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        stream.write_all(raw).unwrap();
+        read_until_closed(&mut stream)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_heads_are_answered_once_in_the_json_shape_and_never_reach_the_control_plane() {
+    let cases: [(&str, &[u8]); 9] = [
+        (
+            "TE not chunked",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        ),
+        (
+            "TE and CL",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+        ),
+        (
+            "CL with sign",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\nhello",
+        ),
+        (
+            "two CLs",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello",
+        ),
+        (
+            "bad chunk size",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+        ),
+        (
+            "NUL in a field",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\n{}",
+        ),
+        (
+            "space before colon",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length : 2\r\n\r\n{}",
+        ),
+        ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+        (
+            "unknown version",
+            b"POST /v1/completions HTTP/7.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+        ),
+    ];
+    let plane = start_plane().await;
+    let door = gateway(plane.address);
+    for (case, raw) in cases {
+        let answer = exchange(&door, raw).await;
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{case}: {answer}");
+        assert_eq!(answer.matches("HTTP/1.").count(), 1, "{case}: one answer: {answer}");
+        assert!(answer.contains("content-type: application/json") && answer.contains("server: smetric"));
+        assert!(
+            answer.ends_with(r#""type":"invalid_request_error","param":null,"code":null}}"#),
+            "{case}: {answer}"
+        );
+    }
+    assert_eq!(
+        plane.seen.lock().unwrap().method,
+        "",
+        "no request reached the control plane"
+    );
+    assert_eq!(tally(&door, "http_400"), 9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_head_after_good_requests_is_answered_after_theirs() {
+    let plane = start_plane().await;
+    let door = gateway(plane.address);
+    let raw = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}\
+                POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n\
+                GET /c HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n";
+    let answer = exchange(&door, raw).await;
+    assert_eq!(answer.matches("HTTP/1.1 200 OK").count(), 2, "{answer}");
+    assert!(
+        answer.contains("HTTP/1.1 400 ") && answer.ends_with(r#""code":null}}"#),
+        "{answer}"
+    );
+    assert_eq!(
+        plane.seen.lock().unwrap().target,
+        "/b",
+        "the chunked body was followed to the next head"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_over_the_limit_is_a_431() {
+    let plane = start_plane().await;
+    let door = gateway(plane.address);
+    let mut raw = b"GET /health HTTP/1.1\r\nHost: x\r\n".to_vec();
+    for _ in 0..3 {
+        raw.extend_from_slice(b"X-Pad: ");
+        raw.extend(std::iter::repeat_n(b'a', 4000));
+        raw.extend_from_slice(b"\r\n");
+    }
+    raw.extend_from_slice(b"\r\n");
+    let answer = exchange(&door, Box::leak(raw.into_boxed_slice())).await;
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+    assert_eq!(tally(&door, "http_431"), 1);
 }

@@ -1,0 +1,60 @@
+//! The answers the door writes itself, in the shapes `smetric serve` answers in: a client's
+//! mistake is OpenAI's request error (`{"error": {"message", "type": "invalid_request_error",
+//! "param": null, "code": null}}`, as the app's `RequestError`), a failure of the proxy's own
+//! is `{"error": {"message", "type": <the SDK's class>, "param": null, "code": <status>}}` (the
+//! app's `ProxyError`). Every one carries `server: smetric` and a fixed message: no client
+//! byte is ever echoed. The messages are the door's constants (nothing in them needs escaping).
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{CONTENT_TYPE, HeaderValue, SERVER};
+use hyper::{Response, StatusCode};
+
+use crate::delegate::Body;
+
+/// The `Server` field of every answer (no version banner), as the app's.
+pub(crate) const SERVER_NAME: &str = "smetric";
+
+/// A malformed request, the one message the app uses for it.
+pub(crate) const MALFORMED: &str = "malformed HTTP request";
+
+/// The JSON of a client's mistake.
+pub(crate) fn client_error_body(message: &str) -> String {
+    debug_assert!(!message.contains(['"', '\\']), "an unescaped constant");
+    format!(r#"{{"error":{{"message":"{message}","type":"invalid_request_error","param":null,"code":null}}}}"#)
+}
+
+/// The JSON of the proxy's own failure.
+pub(crate) fn proxy_error_body(status: StatusCode, message: &str, kind: &str) -> String {
+    debug_assert!(
+        !format!("{message}{kind}").contains(['"', '\\']),
+        "an unescaped constant"
+    );
+    format!(
+        r#"{{"error":{{"message":"{message}","type":"{kind}","param":null,"code":{}}}}}"#,
+        status.as_u16()
+    )
+}
+
+/// A JSON answer through hyper.
+pub(crate) fn json_response(status: StatusCode, body: String) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(SERVER, HeaderValue::from_static(SERVER_NAME));
+    response
+}
+
+/// A whole JSON answer as bytes, for a connection hyper does not (or no longer) serve; it asks
+/// for the connection to close. `extra` are more header lines, each ending in CRLF.
+pub(crate) fn raw_json_answer(status: StatusCode, body: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\
+         connection: close\r\nserver: {SERVER_NAME}\r\n\r\n{body}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len()
+    )
+    .into_bytes()
+}
