@@ -6,11 +6,13 @@
 //! byte is ever echoed. The messages are the door's constants (nothing in them needs escaping).
 
 use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::header::{CONTENT_TYPE, HeaderValue, SERVER};
 use hyper::{Response, StatusCode};
 
-use crate::delegate::Body;
+/// A body either way through the door: a relayed one or one the door wrote itself.
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
 /// The `Server` field of every answer (no version banner), as the app's.
 pub(crate) const SERVER_NAME: &str = "smetric";

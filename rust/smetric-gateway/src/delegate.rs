@@ -15,9 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::Bytes;
 use http_body_util::BodyExt;
-use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper::header::{CONNECTION, HeaderMap, HeaderName, HeaderValue};
 use hyper::http::uri::PathAndQuery;
@@ -26,11 +24,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use crate::answers::{MALFORMED, client_error_body, json_response, proxy_error_body};
+use crate::answers::{Body, MALFORMED, client_error_body, json_response, proxy_error_body};
 use crate::counters::{ClientError, ClientErrors};
-
-/// A body either way: a relayed one or one the gateway wrote itself.
-pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
 /// RFC 9110 §7.6.1 (and the older fields proxies still meet): never forwarded.
 const HOP_BY_HOP: [&str; 9] = [
