@@ -217,14 +217,14 @@ async fn serve(
                         Ok::<_, Infallible>(answer.map(|body| Tracked::new(body, in_flight).boxed()))
                     }
                 });
-                let checked = Validated::new(stream, config.limits.max_head_bytes, Arc::clone(&errors), exchange);
+                let checked =
+                    Validated::new(stream, config.limits.max_head_bytes, Arc::clone(&errors), exchange, permit);
                 let connection = graceful.watch(http.serve_connection(TokioIo::new(checked), service));
                 let errors = Arc::clone(&errors);
                 tokio::spawn(async move {
                     if let Err(e) = connection.await {
                         count_connection_error(&errors, &e);
                     }
-                    drop(permit);
                 });
             }
             _ = &mut stop => break,

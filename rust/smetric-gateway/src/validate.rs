@@ -28,6 +28,7 @@ use std::task::{Context, Poll, Waker, ready};
 use hyper::StatusCode;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::answers::{MALFORMED, client_error_body, raw_json_answer};
 use crate::counters::{ClientError, ClientErrors};
@@ -153,10 +154,20 @@ pub(crate) struct Validated<S> {
     max_head_bytes: usize,
     errors: Arc<ClientErrors>,
     exchange: Arc<Exchange>,
+    /// The connection's slot under `max_connections`: given back as soon as the client has gone
+    /// (its end of the stream, or an error reading it), not when the request it left has
+    /// finished unwinding — a departed client holds no slot, as in the app.
+    slot: Option<OwnedSemaphorePermit>,
 }
 
 impl<S> Validated<S> {
-    pub(crate) fn new(inner: S, max_head_bytes: usize, errors: Arc<ClientErrors>, exchange: Arc<Exchange>) -> Self {
+    pub(crate) fn new(
+        inner: S,
+        max_head_bytes: usize,
+        errors: Arc<ClientErrors>,
+        exchange: Arc<Exchange>,
+        slot: OwnedSemaphorePermit,
+    ) -> Self {
         Self {
             inner,
             buf: Vec::new(),
@@ -170,6 +181,7 @@ impl<S> Validated<S> {
             max_head_bytes,
             errors,
             exchange,
+            slot: Some(slot),
         }
     }
 
@@ -329,9 +341,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Validated<S> {
             }
             let mut chunk = [0_u8; READ_CHUNK];
             let mut read = ReadBuf::new(&mut chunk);
-            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
+            if let Err(e) = ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read)) {
+                this.slot = None;
+                return Poll::Ready(Err(e));
+            }
             if read.filled().is_empty() {
                 this.client_ended = true; // an unfinished head is dropped, never passed on
+                this.slot = None;
             } else {
                 this.buf.extend_from_slice(read.filled());
             }
