@@ -451,3 +451,43 @@ async fn a_head_over_the_limit_is_a_431() {
     assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
     assert_eq!(tally(&door, "http_431"), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_its_request_is_in_flight_closes_the_delegated_one() {
+    use std::io::{Read, Write};
+    // A control plane that reads the request, never answers, and reports when the door closes
+    // the connection that carried it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    let (closed_tx, closed_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut upstream, _) = listener.accept().unwrap();
+        upstream.set_read_timeout(Some(WAIT)).unwrap();
+        let mut buf = [0_u8; 4096];
+        let mut seen = Vec::new();
+        while !seen.ends_with(b"\r\n\r\n{}") {
+            let n = upstream.read(&mut buf).unwrap();
+            seen.extend_from_slice(&buf[..n]);
+        }
+        let started = std::time::Instant::now();
+        let closed = matches!(upstream.read(&mut buf), Ok(0) | Err(_));
+        let _ = closed_tx.send((closed, started.elapsed()));
+    });
+    let door = gateway(address);
+    let client_address = door.address();
+    tokio::task::spawn_blocking(move || {
+        let mut client = std::net::TcpStream::connect(client_address).unwrap();
+        client
+            .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200)); // the request is at the control plane
+        drop(client); // leaves without reading an answer
+    })
+    .await
+    .unwrap();
+    let (closed, after) = closed_rx.recv_timeout(2 * WAIT).unwrap();
+    assert!(
+        closed && after < Duration::from_secs(2),
+        "closed {closed} after {after:?}"
+    );
+}
