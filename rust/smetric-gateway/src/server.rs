@@ -26,7 +26,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::answers::{proxy_error_body, raw_json_answer};
 use crate::counters::{ClientError, ClientErrors};
@@ -184,7 +184,8 @@ async fn serve(
     let graceful = GracefulShutdown::new();
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(config.limits.head_timeout)
+        // A backstop: the validating wrapper times a begun head itself (and counts it first).
+        .header_read_timeout(config.limits.head_timeout * 2)
         .max_buf_size(config.limits.max_head_bytes);
     loop {
         tokio::select! {
@@ -195,7 +196,7 @@ async fn serve(
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+                let Some(permit) = slot(&open).await else {
                     errors.count(ClientError::ConnectionLimit);
                     let refusal = refusal.clone();
                     tokio::spawn(async move {
@@ -217,8 +218,14 @@ async fn serve(
                         Ok::<_, Infallible>(answer.map(|body| Tracked::new(body, in_flight).boxed()))
                     }
                 });
-                let checked =
-                    Validated::new(stream, config.limits.max_head_bytes, Arc::clone(&errors), exchange, permit);
+                let checked = Validated::new(
+                    stream,
+                    config.limits.max_head_bytes,
+                    config.limits.head_timeout,
+                    Arc::clone(&errors),
+                    exchange,
+                    permit,
+                );
                 let connection = graceful.watch(http.serve_connection(TokioIo::new(checked), service));
                 let errors = Arc::clone(&errors);
                 tokio::spawn(async move {
@@ -233,6 +240,23 @@ async fn serve(
     drop(listener);
     let _ = tokio::time::timeout(config.limits.drain_timeout, graceful.shutdown()).await;
 }
+
+/// A slot under the connection bound, or None when the bound is reached. Before refusing, the
+/// connections accepted earlier get to run: a burst of accepts can meet clients that have
+/// already left but whose connection tasks have not yet read their end (and so still hold a
+/// slot), which would refuse a live client in their place.
+async fn slot(open: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+    for _ in 0..SLOT_YIELDS {
+        if let Ok(permit) = Arc::clone(open).try_acquire_owned() {
+            return Some(permit);
+        }
+        tokio::task::yield_now().await;
+    }
+    Arc::clone(open).try_acquire_owned().ok()
+}
+
+/// How many times the accept loop lets other tasks run before it refuses a connection.
+const SLOT_YIELDS: usize = 3;
 
 /// How long a refused connection's 503 may take to write.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);

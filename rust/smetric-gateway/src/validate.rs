@@ -16,19 +16,25 @@
 //! (a bad chunk) the request is already hyper's: its body ends early and the delegation
 //! answers the 400. A client that ends the stream inside a head is closed without an answer.
 //!
+//! A head begun and not finished within `head_timeout` ends the stream the same way, quietly
+//! (as the app closes such a connection), counted as `head_timeout` before hyper closes it.
+//!
 //! Invariants: at most `max_head_bytes` of an unfinished head are buffered; bytes are passed in
 //! order and only once; one answer per refusal. O(1) per byte beyond httparse's own pass.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker, ready};
+use std::time::Duration;
 
 use hyper::StatusCode;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Sleep;
 
 use crate::answers::{MALFORMED, client_error_body, raw_json_answer};
 use crate::counters::{ClientError, ClientErrors};
@@ -154,6 +160,9 @@ pub(crate) struct Validated<S> {
     max_head_bytes: usize,
     errors: Arc<ClientErrors>,
     exchange: Arc<Exchange>,
+    /// The time a begun head has to arrive whole, and its deadline while one is partly in.
+    head_timeout: Duration,
+    head_deadline: Option<Pin<Box<Sleep>>>,
     /// The connection's slot under `max_connections`: given back as soon as the client has gone
     /// (its end of the stream, or an error reading it), not when the request it left has
     /// finished unwinding — a departed client holds no slot, as in the app.
@@ -164,6 +173,7 @@ impl<S> Validated<S> {
     pub(crate) fn new(
         inner: S,
         max_head_bytes: usize,
+        head_timeout: Duration,
         errors: Arc<ClientErrors>,
         exchange: Arc<Exchange>,
         slot: OwnedSemaphorePermit,
@@ -181,6 +191,8 @@ impl<S> Validated<S> {
             max_head_bytes,
             errors,
             exchange,
+            head_timeout,
+            head_deadline: None,
             slot: Some(slot),
         }
     }
@@ -274,6 +286,27 @@ impl<S> Validated<S> {
         }
     }
 
+    /// Whether the head begun in the buffer has outlived `head_timeout` (counted, and the
+    /// stream ended, before the connection closes); arms the deadline at a head's first byte
+    /// and drops it once no head is partly in (registering `cx` while it runs).
+    fn head_late(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.framing != Framing::Head || self.unchecked().is_empty() {
+            self.head_deadline = None;
+            return false;
+        }
+        let timeout = self.head_timeout;
+        let deadline = self
+            .head_deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if deadline.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        self.head_deadline = None;
+        self.errors.count(ClientError::HeadTimeout);
+        self.ended = true;
+        true
+    }
+
     /// Drops what hyper already has, once it is most of the buffer.
     fn compact(&mut self) {
         if self.given > 0 && self.given * 2 >= self.buf.len() {
@@ -341,7 +374,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Validated<S> {
             }
             let mut chunk = [0_u8; READ_CHUNK];
             let mut read = ReadBuf::new(&mut chunk);
-            if let Err(e) = ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read)) {
+            let polled = Pin::new(&mut this.inner).poll_read(cx, &mut read);
+            if polled.is_pending() {
+                if this.head_late(cx) {
+                    continue; // ended: the stream ends for hyper, which closes quietly
+                }
+                return Poll::Pending;
+            }
+            if let Poll::Ready(Err(e)) = polled {
                 this.slot = None;
                 return Poll::Ready(Err(e));
             }
