@@ -38,6 +38,12 @@ from smetric._types import (
 __all__ = [
     "DECODE_RULES",
     "DEFAULT_BLOCK_SIZE",
+    "GATEWAY_ADMITTED_HEADER",
+    "GATEWAY_API_HEADER",
+    "GATEWAY_CONTINUE_PATH",
+    "GATEWAY_FAILED_HEADER",
+    "GATEWAY_HEADER",
+    "GATEWAY_REFUSED_HEADER",
     "L_EQ_QWEN3_235B_A22B",
     "L_EQ_QWEN3_CODER_30B_A3B",
     "MAX_JSON_NESTING",
@@ -45,6 +51,7 @@ __all__ = [
     "POLICIES",
     "Decision",
     "Gateway",
+    "GatewayNative",
     "IndexHits",
     "IngestStep",
     "KvEventIngestor",
@@ -273,12 +280,14 @@ class IndexHits:
 
 @final
 class Gateway:
-    """The compiled data plane's door (``rust/smetric-gateway``): listens on ``host:port`` on a
-    thread of its own and delegates every request to the app on ``127.0.0.1:control_plane_port``.
+    """The compiled data plane (``rust/smetric-gateway``): listens on ``host:port`` on a thread
+    of its own and delegates requests to the app on ``127.0.0.1:control_plane_port``; armed
+    with ``native``, it admits the APIs' requests and serves chat and completions itself,
+    starting from ``instances`` (:meth:`set_fleet` keeps its view of the fleet current).
 
     Raises:
         InvalidConfigError: a host that is not an IP address, a head limit under 8192 bytes, a
-            negative time.
+            negative time, an empty secret.
         OSError: the address cannot be bound.
     """
 
@@ -293,14 +302,71 @@ class Gateway:
         drain_timeout_s: float,
         max_connections: int,
         retry_after_s: int,
+        native: GatewayNative | None = None,
+        instances: list[str] = ...,
     ) -> Self: ...
     @property
     def port(self) -> int:
         """The port it listens on (the one the system chose for port 0)."""
     def client_errors(self) -> list[tuple[str, int]]:
         """What the door refused or cut so far, by the proxy's kind names (zeros included)."""
+    def set_fleet(
+        self, instances: list[str], ejected: set[str], models: dict[str, set[str]], adapters: set[str]
+    ) -> None:
+        """Replaces the native path's view of the fleet. Raises RuntimeError when not armed."""
+    def take_records(self) -> list[dict[str, Any]]:
+        """The native path's records since the last call, oldest first."""
+    def records_dropped(self) -> int:
+        """Records dropped because they were not taken in time."""
+    def admitted(self) -> int:
+        """Requests holding an admission slot at the door now."""
+    def admission(self) -> dict[str, Any]:
+        """The door's admission: ``admitted``, ``capacity``, ``queued``, ``wait_counts``,
+        ``wait_sum_s``, ``rejections``."""
     def stop(self) -> None:
         """Stops accepting, lets requests in flight finish (at most the drain time); idempotent."""
+
+@final
+class GatewayNative:
+    """What arms the gateway's native path (``smetric.serve.compiled.native_settings``)."""
+
+    def __new__(
+        cls,
+        router: Router,
+        *,
+        secret: str,
+        client_keys: list[str],
+        upstream_key: str | None,
+        max_body_bytes: int,
+        body_timeout_s: float,
+        connect_timeout_s: float,
+        first_byte_timeout_s: float,
+        idle_timeout_s: float,
+        client_timeout_s: float,
+        max_attempts: int,
+        max_in_flight: int,
+        max_in_flight_per_instance: int,
+        queue_size: int,
+        queue_timeout_s: float,
+        chat: bool,
+        completions: bool,
+        resume_streams: bool,
+        labels: dict[str, str],
+        max_records: int,
+    ) -> Self: ...
+
+GATEWAY_HEADER: Final[str]
+"""Carries the gateway's per-process secret on every request it sends the app."""
+GATEWAY_ADMITTED_HEADER: Final[str]
+"""The gateway admitted the request."""
+GATEWAY_REFUSED_HEADER: Final[str]
+"""The gateway refused the request admission: the reason."""
+GATEWAY_FAILED_HEADER: Final[str]
+"""An attempt that failed before the client had a byte: ``<instance> <cause>``."""
+GATEWAY_API_HEADER: Final[str]
+"""The API of a cut stream sent to :data:`GATEWAY_CONTINUE_PATH`."""
+GATEWAY_CONTINUE_PATH: Final[str]
+"""The app's endpoint that continues a cut stream the gateway was relaying."""
 
 @final
 class Router:

@@ -157,7 +157,7 @@ def test_a_full_proxy_answers_429_with_retry_after_in_the_apis_shape_and_serves_
         )
         with ProxyServer(config) as p, ThreadPoolExecutor(2) as pool:
             assert p.proxy is not None
-            admission = p.proxy.admission
+            admission = p.proxy.admitting
             first = pool.submit(request, p.url, "/v1/chat/completions", body)
             wait_for(lambda: held.arrived == 1, "the first request at the engine")
             second = pool.submit(request, p.url, "/v1/chat/completions", body)

@@ -35,7 +35,7 @@ from smetric.metrics import _family
 from smetric.serve.errors import ProxyError
 from smetric.serve.telemetry import Histogram
 
-__all__ = ["WAIT_BUCKETS_S", "Admission", "Refusal", "skip_full"]
+__all__ = ["WAIT_BUCKETS_S", "Admission", "Refusal", "refusal_error", "render_admission", "skip_full"]
 
 WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Upper bounds (seconds) of the queue-wait histogram; an immediate admission lands in the first."""
@@ -114,21 +114,14 @@ class Admission:
         """Takes a slot (waiting in the queue if need be); None: admitted — call :meth:`leave`
         once the answer is done. A :class:`Refusal` holds no slot."""
         if self.closed:
-            return self._refuse("draining", ProxyError.unavailable("the proxy is shutting down"))
+            return self._refuse("draining")
         # The fleet's capacity is never below one live instance's: only past that is it counted.
         if not self._waiters and (self.admitted < self._floor or self.admitted < self.capacity):
             self.admitted += 1
             self.wait_s.observe(0.0)
             return None
         if len(self._waiters) >= self.queue_size:
-            return self._refuse(
-                "queue_full",
-                ProxyError(
-                    429,
-                    f"the proxy is at capacity ({self.admitted} requests in flight, {len(self._waiters)} queued)",
-                    "RateLimitError",
-                ),
-            )
+            return self._refuse("queue_full")
         started = time.perf_counter()
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append(granted)
@@ -140,10 +133,7 @@ class Admission:
                 self.wait_s.observe(time.perf_counter() - started)
                 return None
             self._forget(granted)
-            return self._refuse(
-                "queue_timeout",
-                ProxyError.unavailable(f"no capacity freed within {self.queue_timeout_s:g} s in the proxy's queue"),
-            )
+            return self._refuse("queue_timeout")
         except asyncio.CancelledError:  # the client went away (or the proxy stops) while queued
             if _granted(granted):
                 self.leave()  # granted just before the cancellation: give the slot on
@@ -151,7 +141,7 @@ class Admission:
                 self._forget(granted)
             raise
         if not admitted:  # the proxy closed the queue (see close)
-            return self._refuse("draining", ProxyError.unavailable("the proxy is shutting down"))
+            return self._refuse("draining")
         self.wait_s.observe(time.perf_counter() - started)
         return None
 
@@ -183,27 +173,51 @@ class Admission:
         with contextlib.suppress(ValueError):  # already popped by a grant or by close
             self._waiters.remove(waiter)
 
-    def _refuse(self, reason: str, error: ProxyError) -> Refusal:
+    def _refuse(self, reason: str) -> Refusal:
         self.rejections[reason] += 1
+        error = refusal_error(
+            reason, admitted=self.admitted, queued=len(self._waiters), queue_timeout_s=self.queue_timeout_s
+        )
         return Refusal(error, reason, self.retry_after_s)
 
     def render(self, prefix: str = "smetric") -> Iterator[str]:
         """The admission families in Prometheus' text format."""
+        return render_admission(self.admitted, self.capacity, len(self._waiters), self.wait_s, self.rejections, prefix)
 
-        def name(n: str) -> str:
-            return f"{prefix}_proxy_admission_{n}"
 
-        yield from _family(name("in_flight"), "gauge", "Requests holding an admission slot.", [({}, self.admitted)])
-        yield from _family(name("capacity"), "gauge", "Admission slots the fleet has now.", [({}, self.capacity)])
-        yield from _family(
-            name("queue_depth"), "gauge", "Requests waiting for an admission slot.", [({}, len(self._waiters))]
+def refusal_error(reason: str, *, admitted: int, queued: int, queue_timeout_s: float) -> ProxyError:
+    """The error a refusal for ``reason`` answers with (``queue_full``: 429, else 503)."""
+    if reason == "queue_full":
+        return ProxyError(
+            429, f"the proxy is at capacity ({admitted} requests in flight, {queued} queued)", "RateLimitError"
         )
-        yield from self.wait_s.render(
-            name("wait_seconds"), "Time admitted requests waited for their slot (0 when admitted at once)."
-        )
-        yield from _family(
-            name("rejections_total"),
-            "counter",
-            "Requests refused admission, by reason (queue_full: 429; queue_timeout, draining: 503).",
-            [({"reason": r}, self.rejections[r]) for r in ("queue_full", "queue_timeout", "draining")],
-        )
+    if reason == "queue_timeout":
+        return ProxyError.unavailable(f"no capacity freed within {queue_timeout_s:g} s in the proxy's queue")
+    return ProxyError.unavailable("the proxy is shutting down")
+
+
+def render_admission(
+    admitted: int,
+    capacity: int,
+    queued: int,
+    wait_s: Histogram,
+    rejections: Mapping[str, int],
+    prefix: str = "smetric",
+) -> Iterator[str]:
+    """The admission families in Prometheus' text format (the app's, or its gateway's)."""
+
+    def name(n: str) -> str:
+        return f"{prefix}_proxy_admission_{n}"
+
+    yield from _family(name("in_flight"), "gauge", "Requests holding an admission slot.", [({}, admitted)])
+    yield from _family(name("capacity"), "gauge", "Admission slots the fleet has now.", [({}, capacity)])
+    yield from _family(name("queue_depth"), "gauge", "Requests waiting for an admission slot.", [({}, queued)])
+    yield from wait_s.render(
+        name("wait_seconds"), "Time admitted requests waited for their slot (0 when admitted at once)."
+    )
+    yield from _family(
+        name("rejections_total"),
+        "counter",
+        "Requests refused admission, by reason (queue_full: 429; queue_timeout, draining: 503).",
+        [({"reason": r}, rejections.get(r, 0)) for r in ("queue_full", "queue_timeout", "draining")],
+    )

@@ -282,9 +282,13 @@ class Outcomes:
         if outcome is not None:
             response.headers[REQUEST_ID_HEADER] = outcome.request_id
 
-    def finish(self, outcome: Outcome, status: int, *, refused: str | None = None) -> None:
+    def finish(
+        self, outcome: Outcome, status: int, *, refused: str | None = None, latency_s: float | None = None
+    ) -> None:
+        """Counts and logs a finished request (``latency_s``: measured elsewhere, else now −
+        ``outcome.started``)."""
         outcome.status, outcome.refused = status, refused
-        outcome.latency_s = time.perf_counter() - outcome.started
+        outcome.latency_s = time.perf_counter() - outcome.started if latency_s is None else latency_s
         # In PD mode the answer's usage is the decode instance's, which counts the KV it was sent
         # as cached: not the prefill hit the router predicted, so it is logged but not compared.
         compared = outcome.prefill_instance is None and outcome.predicted_local_hit is not None

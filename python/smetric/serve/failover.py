@@ -24,8 +24,8 @@ per attempt, plus one load-board read per instance for the per-instance cap. May
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
@@ -43,7 +43,7 @@ from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
 from smetric.serve.upstream import Refused, forwardable
 
-__all__ = ["CUT_MESSAGE", "Failover", "lost_state"]
+__all__ = ["CUT_MESSAGE", "Failover", "GatewayCut", "lost_state"]
 
 CUT_MESSAGE = "the stream was cut and could not be continued"
 
@@ -81,58 +81,71 @@ class Failover:
         self.admitted: Callable[[], int] = admitted or (lambda: config.max_in_flight_per_instance)
         """Requests holding an admission slot now (the app's admission); unknown: assume a full load."""
 
-    async def serve(self, request: web.Request, api: Api[Any], prepared: Prepared[Any]) -> web.StreamResponse:
-        """The client's answer to ``prepared`` (see the module docs)."""
-        fleet, backend = self.fleet, self.backend
+    async def serve(
+        self,
+        request: web.Request,
+        api: Api[Any],
+        prepared: Prepared[Any],
+        *,
+        earlier: Sequence[Refused] = (),
+        cut: GatewayCut | None = None,
+    ) -> web.StreamResponse:
+        """The client's answer to ``prepared`` (see the module docs). ``earlier``: attempts
+        that already failed before the client had a byte (the compiled data plane's, which
+        hands the request on); ``cut``: a stream the data plane was relaying when its instance
+        cut it, to continue into ``cut.response``."""
+        fleet = self.fleet
         headers = with_request_id(forwardable(request.headers), request)
         note_prepared(request, prepared.model, prepared.turn, prepared.tokens.count)
-        failed: list[str] = []
-        failed_causes: list[str] = []
+        tried = _Tried()
         response: web.StreamResponse | None = None
         """The client stream, once its headers are out."""
         state: StreamState | None = None
-        suspects: list[tuple[str, str]] = []
-        """Instances that answered a 5xx that may be the request's, not yet charged."""
-        statuses: set[int] = set()
         pinned = None if prepared.pin is None else resolve(prepared.pin, fleet.instances)
         if prepared.pin is not None and pinned is None:
             return api.fail(lost_state(None, ""))
         attempt_no = 0
+        for refused in earlier:
+            attempt_no += 1
+            repeated = self._refused(refused, tried)
+            if repeated is not None:
+                return api.fail(repeated)
+        if cut is not None:
+            attempt_no += 1
+            tried.fail(cut.instance, cut.cause)
+            fleet.failed(cut.instance, cut.cause)
+            state, response = cut.state, cut.response
+            resumed = self._resumed(api, prepared, state)
+            if resumed is None:
+                return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
+            prepared = resumed
         while attempt_no < self.config.max_attempts:
             attempt_no += 1
             if pinned is not None:  # only its instance can serve it, ejected or not
-                if pinned in failed:
-                    return api.fail(lost_state(pinned, f"did not answer ({failed_causes[-1]})"))
+                if pinned in tried.failed:
+                    return api.fail(lost_state(pinned, f"did not answer ({tried.causes[-1]})"))
                 exclude: list[str] | None = [u for u in fleet.instances if u != pinned]
             else:
-                exclude = fleet.exclusions(prepared.model, failed, backend.pools)
+                exclude = fleet.exclusions(prepared.model, tried.failed, self.backend.pools)
                 cap = self.config.max_in_flight_per_instance
                 # The per-instance cap (a full instance only when nothing else is left) can bind
                 # only once the proxy has admitted `cap` requests: below that the load board is
                 # not read.
                 if exclude is not None and self.admitted() >= cap:
-                    exclude = skip_full(exclude, backend.in_flight(fleet.instances), cap, backend.pools)
-            opened = await backend.open(prepared, headers, attempt_no, exclude) if exclude is not None else None
+                    exclude = skip_full(exclude, self.backend.in_flight(fleet.instances), cap, self.backend.pools)
+            opened = await self.backend.open(prepared, headers, attempt_no, exclude) if exclude is not None else None
             if opened is None or isinstance(opened, NoInstance):
                 attempt_no -= 1
                 break
             if isinstance(opened, Refused):
-                failed_causes.append(opened.cause)
-                failed.append(opened.instance)
-                if opened.own:
-                    fleet.failed(opened.instance, opened.cause)
-                    continue
-                fleet.retried(opened.cause)
-                if opened.status in statuses:  # the same failure twice: the request's, not theirs
-                    return api.fail(_repeated_failure(opened.status, len(failed)))
-                if opened.status is not None:
-                    statuses.add(opened.status)
-                suspects.append((opened.instance, opened.cause))
+                repeated = self._refused(opened, tried)
+                if repeated is not None:
+                    return api.fail(repeated)
                 continue
             # Another instance took the request: the earlier 5xx were their own after all.
-            for url, cause in suspects:
+            for url, cause in tried.suspects:
                 fleet.charge(url, cause)
-            suspects.clear()
+            tried.suspects.clear()
             if isinstance(opened, Answered):
                 return opened.response
             attempt, upstream = opened.attempt, opened.upstream
@@ -163,21 +176,14 @@ class Failover:
                     return result.response
                 # The attempt failed: before any byte reached the client (retry as it was), or
                 # mid-stream (continue the client's stream).
-                failed.append(attempt.instance)
-                failed_causes.append(result.cause)
+                tried.fail(attempt.instance, result.cause)
                 fleet.failed(attempt.instance, result.cause)
                 state, response = result.state, result.response
                 if response is not None:
-                    continued = None
-                    if state is not None and self.config.resume_streams:
-                        continued = api.continuation(prepared, state, self.tokens)
-                    if continued is None:
-                        self.telemetry.unresumed_streams += 1
+                    resumed = self._resumed(api, prepared, state)
+                    if resumed is None:
                         return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
-                    prepared = continued
-                    if prepared.model in fleet.adapters:  # as the app does for the original
-                        prepared = replace(prepared, namespace=fleet.namespace(prepared.model, prepared.namespace))
-                    self.telemetry.resumed_streams += 1
+                    prepared = resumed
             except BaseException:
                 attempt.abort()
                 upstream.close()  # the engine aborts a request whose connection closes
@@ -189,9 +195,64 @@ class Failover:
             return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
         return api.fail(
             ProxyError.unavailable(
-                f"no instance could serve the request ({attempt_no} attempts; failed: {', '.join(failed) or 'none'})"
+                f"no instance could serve the request ({attempt_no} attempts; failed: {', '.join(tried.failed) or 'none'})"
             )
         )
+
+    def _refused(self, refused: Refused, tried: _Tried) -> ProxyError | None:
+        """Accounts an attempt that failed before its first byte; the error to answer when the
+        same status came twice (the request's failure, not the instances')."""
+        tried.fail(refused.instance, refused.cause)
+        if refused.own:
+            self.fleet.failed(refused.instance, refused.cause)
+            return None
+        self.fleet.retried(refused.cause)
+        if refused.status in tried.statuses:
+            return _repeated_failure(refused.status, len(tried.failed))
+        if refused.status is not None:
+            tried.statuses.add(refused.status)
+        tried.suspects.append((refused.instance, refused.cause))
+        return None
+
+    def _resumed(self, api: Api[Any], prepared: Prepared[Any], state: StreamState | None) -> Prepared[Any] | None:
+        """The request that continues a stream cut after ``state``, or None when it is not
+        continued (off, or not faithfully possible); either is counted."""
+        continued = None
+        if state is not None and self.config.resume_streams:
+            continued = api.continuation(prepared, state, self.tokens)
+        if continued is None:
+            self.telemetry.unresumed_streams += 1
+            return None
+        if continued.model in self.fleet.adapters:  # as the app does for the original
+            continued = replace(continued, namespace=self.fleet.namespace(continued.model, continued.namespace))
+        self.telemetry.resumed_streams += 1
+        return continued
+
+
+@dataclass(slots=True)
+class _Tried:
+    """What one request's attempts went through so far."""
+
+    failed: list[str] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)
+    statuses: set[int] = field(default_factory=set)
+    suspects: list[tuple[str, str]] = field(default_factory=list)
+    """Instances that answered a 5xx that may be the request's, not yet charged."""
+
+    def fail(self, instance: str, cause: str) -> None:
+        self.failed.append(instance)
+        self.causes.append(cause)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayCut:
+    """A stream the compiled data plane was relaying when ``instance`` cut it (``cause``):
+    the client has what ``state`` scanned, and ``response`` carries the rest."""
+
+    instance: str
+    cause: str
+    state: StreamState
+    response: web.StreamResponse
 
 
 def _repeated_failure(status: int, attempts: int) -> ProxyError:

@@ -106,6 +106,13 @@ class Fleet:
         self._telemetry = telemetry
         self._targets: FeedTargets | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.on_change: Callable[[], None] | None = None
+        """Called after the instances, an ejection or the models changed (the compiled data
+        plane's view of the fleet follows it)."""
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -169,10 +176,12 @@ class Fleet:
         self.instances[inst.url] = inst
         self.sources[inst.url] = sources
         self.health[inst.url] = Health()
+        self._changed()
 
     def remove(self, url: str) -> None:
         del self.instances[url], self.health[url]
         self.sources.pop(url, None)
+        self._changed()
 
     # -- health -----------------------------------------------------------------------------------
 
@@ -196,6 +205,7 @@ class Fleet:
             h.ejected = True
             self._telemetry.ejections[url] += 1
             log.warning("instance %s ejected after %d consecutive failures", url, h.failures)
+            self._changed()
 
     def succeeded(self, url: str) -> None:
         h = self.health.get(url)
@@ -246,6 +256,7 @@ class Fleet:
                 if lost and self._targets is not None:
                     self._targets.on_readmitted(url)
                 self._telemetry.readmissions[url] += 1
+                self._changed()
                 log.warning(
                     "instance %s re-admitted (its /health answers; index %s)", url, "cleared" if lost else "kept"
                 )
@@ -278,6 +289,7 @@ class Fleet:
                 cards.setdefault(card["id"], card)
         self.models, self.model_cards = models, cards
         self.adapters = frozenset(mid for mid, card in cards.items() if card.get("parent"))
+        self._changed()
 
     def namespace(self, model: str | None, cache_salt: str | None) -> str | None:
         """The router namespace of a request for ``model`` with vLLM's ``cache_salt``: an

@@ -44,7 +44,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Self
@@ -54,15 +54,16 @@ from aiohttp import web
 from smetric._core import Gateway, PdRouter, Router
 from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
-from smetric.serve.admission import Admission
+from smetric.serve.admission import Admission, Refusal, refusal_error
 from smetric.serve.apis import APIS
 from smetric.serve.apis.base import Api, Route
 from smetric.serve.auth import ClientKeys, keys_middleware, read_keys_file
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
+from smetric.serve.compiled import API_HEADER, CONTINUE_PATH, CompiledPlane, DoorAdmission, native_settings, new_secret
 from smetric.serve.config import InstanceConfig, ServeConfig
-from smetric.serve.decision_log import DecisionLog, Outcomes
+from smetric.serve.decision_log import DecisionLog, Outcome, Outcomes
 from smetric.serve.errors import ProxyError
-from smetric.serve.failover import Failover
+from smetric.serve.failover import Failover, GatewayCut
 from smetric.serve.fleet import Fleet, fleet_kv_capacity, kv_event_sources
 from smetric.serve.http_guard import SERVER_HEADER, ConnectionLimits, GuardedRunner, status_message
 from smetric.serve.relay import STREAM_KEY, end_stream
@@ -70,7 +71,7 @@ from smetric.serve.request import RequestError, escapes_lone_surrogate
 from smetric.serve.session import SessionTable, affinity_instance
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
-from smetric.serve.upstream import Upstream
+from smetric.serve.upstream import Refused, Upstream
 
 __all__ = ["Proxy", "ProxyServer", "run", "run_forever"]
 
@@ -115,7 +116,7 @@ class Proxy:
         self.telemetry = telemetry
         self.tokens = TokenSource(config.tokens)
         self.sessions = SessionTable()
-        self.failover = Failover(config, fleet, backend, telemetry, self.tokens, lambda: self.admission.admitted)
+        self.failover = Failover(config, fleet, backend, telemetry, self.tokens, self._admitted)
         self.apis = tuple(api.bind(config) for api in APIS)
         """The adapters of :data:`APIS` as this proxy configured them."""
         self.in_flight = 0
@@ -124,9 +125,9 @@ class Proxy:
         """Set while no request is in flight (the drain waits for it)."""
         self.idle.set()
         self._upstream = upstream
-        self.keys = ClientKeys(
-            [*config.api_keys, *(read_keys_file(config.api_keys_file) if config.api_keys_file else [])]
-        )
+        self.client_keys = [*config.api_keys, *(read_keys_file(config.api_keys_file) if config.api_keys_file else [])]
+        """The configured client keys (none: the proxy is open)."""
+        self.keys = ClientKeys(self.client_keys)
         self.admission = Admission(
             max_in_flight=config.max_in_flight,
             max_in_flight_per_instance=config.max_in_flight_per_instance,
@@ -136,6 +137,8 @@ class Proxy:
             live_instances=lambda: sum(not h.ejected for h in fleet.health.values()),
         )
         self.outcomes = Outcomes(DecisionLog(config.decision_log) if config.decision_log else None)
+        self.compiled: CompiledPlane | None = None
+        """The compiled data plane in front of the app, when one serves the port (:func:`run`)."""
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smetric-tokenizer")
 
     # -- construction and lifecycle ---------------------------------------------------------------
@@ -200,6 +203,23 @@ class Proxy:
         self.outcomes.close()
         await self._upstream.close()
 
+    def _finish(self, outcome: Outcome, status: int, *, refused: str | None = None) -> None:
+        """Finishes a request the app served, after the gateway's records so far (the decision
+        log stays in the order requests ended, whichever plane served them)."""
+        if self.compiled is not None and self.compiled.armed:
+            self.compiled.drain()
+        self.outcomes.finish(outcome, status, refused=refused)
+
+    @property
+    def admitting(self) -> Admission | DoorAdmission:
+        """The admission this proxy's requests take their slots from: its gateway's when the
+        gateway's native path is armed, else the app's own."""
+        compiled = self.compiled
+        return compiled.admission if compiled is not None and compiled.armed else self.admission
+
+    def _admitted(self) -> int:
+        return self.admitting.admitted
+
     # -- the routes table -------------------------------------------------------------------------
 
     def app(self) -> web.Application:
@@ -217,6 +237,7 @@ class Proxy:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/admin/instances", self._admin_add)
         app.router.add_delete("/admin/instances", self._admin_remove)
+        app.router.add_post(CONTINUE_PATH, self._gateway_continue)
         for api in self.apis:  # after the fixed routes: a pass-through's catch-all comes last
             for route in api.routes():
                 app.router.add_route(route.method, route.path, self._handler(api, route))
@@ -250,17 +271,30 @@ class Proxy:
     def _handler(self, api: Api[Any], route: Route) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             outcome = self.outcomes.begin(request, api.name)
-            refusal = await self.admission.enter()  # ahead of parsing and routing: shedding stays cheap
+            compiled = self.compiled
+            vouched = compiled is not None and compiled.vouches(request.headers)
+            # The gateway admits (or refuses) the APIs' requests itself: only what it vouches
+            # for skips the app's admission.
+            door_refusal = CompiledPlane.refused(request.headers) if vouched else None
+            if door_refusal is not None:
+                refusal: Refusal | None = self._door_refusal(door_refusal)
+            elif vouched and CompiledPlane.admitted(request.headers):
+                refusal = None
+            else:
+                refusal = await self.admission.enter()  # ahead of parsing and routing: shedding stays cheap
+                vouched = False
             if refusal is not None:
                 response = self._respond(api.fail(refusal.error))
                 response.headers["Retry-After"] = str(refusal.retry_after_s)
-                self.outcomes.finish(outcome, response.status, refused=refusal.reason)
+                self._finish(outcome, response.status, refused=refusal.reason)
                 return response
+            earlier = CompiledPlane.failures(request.headers) if vouched else []
             try:
-                answer = await self._handle(request, api, route)
+                answer = await self._handle(request, api, route, earlier)
             finally:
-                self.admission.leave()
-            self.outcomes.finish(outcome, answer.status)
+                if not vouched:
+                    self.admission.leave()
+            self._finish(outcome, answer.status)
             return answer
 
         return handle
@@ -274,7 +308,20 @@ class Proxy:
 
     # -- the request path -------------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request, api: Api[Any], route: Route | None = None) -> web.StreamResponse:
+    def _door_refusal(self, reason: str) -> Refusal:
+        """The gateway's refusal (it counted it) as the app answers one."""
+        door = self.compiled.gateway.admission() if self.compiled is not None else {}
+        error = refusal_error(
+            reason,
+            admitted=door.get("admitted", 0),
+            queued=door.get("queued", 0),
+            queue_timeout_s=self.config.queue_timeout_s,
+        )
+        return Refusal(error, reason, self.config.retry_after_s)
+
+    async def _handle(
+        self, request: web.Request, api: Api[Any], route: Route | None = None, earlier: Sequence[Refused] = ()
+    ) -> web.StreamResponse:
         started = time.perf_counter()
         if self.draining:
             return self._respond(api.fail(ProxyError.unavailable("the proxy is shutting down")))
@@ -347,7 +394,7 @@ class Proxy:
                     prepared = replace(prepared, namespace=self.fleet.namespace(prepared.model, prepared.namespace))
                 if self.backend.session_cookie:  # llm-d's cookie names the session's instance
                     prepared = replace(prepared, previous_instance=affinity_instance(request.headers))
-                response = await self.failover.serve(request, api, prepared)
+                response = await self.failover.serve(request, api, prepared, earlier=earlier)
         except TimeoutError:
             response = await self._failed(request, api, ProxyError.timeout("the request timed out in the proxy"))
         except Exception:  # a bug: the attempt was aborted on the way out; answer in the API's shape
@@ -390,17 +437,65 @@ class Proxy:
         return web.json_response({"status": "ok"})
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        compiled = self.compiled if self.compiled is not None and self.compiled.armed else None
+        if compiled is not None:  # what the gateway served so far, counted before rendering
+            compiled.drain()
         in_flight = self.backend.in_flight(self.fleet.instances)
         lines = [
             *self.telemetry.render(in_flight, self.fleet.ejected),
             *self.backend.metric_lines(),
-            *self.admission.render(),
+            *(self.admission.render() if compiled is None else compiled.render_admission()),
             *self.keys.render(),
             *self.outcomes.render(),
         ]
         head = self.backend.metrics_text(self.fleet.subscriber, self.fleet.scraper)
         text = head + ("\n".join(lines) + "\n" if lines else "")
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _gateway_continue(self, request: web.Request) -> web.StreamResponse:
+        """A stream the gateway was relaying, cut by its instance, continued here: the body is
+        the client's body's length, a newline, that body, and the stream's bytes so far; the
+        answer's body is what the client gets next (the gateway relays it after what it sent)."""
+        compiled = self.compiled
+        if compiled is None or not compiled.vouches(request.headers):
+            raise web.HTTPNotFound()
+        api = next((a for a in self.apis if a.name == request.headers.get(API_HEADER)), None)
+        failures = CompiledPlane.failures(request.headers)
+        framed = await request.read()
+        length, _, rest = framed.partition(b"\n")
+        if api is None or len(failures) != 1 or not length.isdigit():
+            raise web.HTTPBadRequest()
+        raw, sent = rest[: int(length)], rest[int(length) :]
+        cut_at = failures[0]
+        outcome = self.outcomes.begin(request, api.name)
+        outcome.attempts = 1  # the gateway's, cut
+        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        request[STREAM_KEY] = response
+        self.in_flight += 1
+        self.idle.clear()
+        try:
+            async with asyncio.timeout(self.config.client_timeout_s):
+                # The gateway serves only what needs no BPE: the tokens are cheap on the loop.
+                req = api.parse(raw)
+                prepared = api.prepare(req, raw, api.routing_tokens(self.tokens, req), request.headers, self.sessions)
+                state = api.stream(keep=True)
+                state.hide_usage = prepared.hide_usage
+                state.begin(cut_at.instance)
+                state.feed(sent)
+                cut = GatewayCut(cut_at.instance, cut_at.cause, state, response)
+                answer = await self.failover.serve(request, api, prepared, cut=cut)
+        except TimeoutError:
+            answer = await self._failed(request, api, ProxyError.timeout("the request timed out in the proxy"))
+        except Exception:  # a bug: end the client's stream in the API's shape
+            log.exception("continuing a cut stream failed in the proxy")
+            answer = await self._failed(request, api, ProxyError.internal())
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self.idle.set()
+        self._finish(outcome, answer.status)
+        return answer
 
     def _admin_denied(self, request: web.Request) -> web.Response | None:
         token = self.config.admin_token
@@ -491,6 +586,9 @@ async def run(
     await site.start()
     gateway = None
     if compiled:
+        secret = new_secret()
+        router = proxy.backend.router if isinstance(proxy.backend, ColocatedBackend) else None
+        native = native_settings(config, router, proxy.tokens, secret, proxy.client_keys)
         gateway = Gateway(
             config.host,
             config.port,
@@ -501,8 +599,19 @@ async def run(
             drain_timeout_s=config.drain_timeout_s,
             max_connections=config.max_connections,
             retry_after_s=config.retry_after_s,
+            native=native,
+            instances=list(proxy.fleet.instances),
         )
         proxy.telemetry.door_client_errors = gateway.client_errors
+        proxy.compiled = CompiledPlane(
+            gateway,
+            secret,
+            armed=native is not None,
+            fleet=proxy.fleet,
+            telemetry=proxy.telemetry,
+            outcomes=proxy.outcomes,
+        )
+        proxy.compiled.start()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -534,6 +643,8 @@ async def run(
     finally:
         if gateway is not None:
             gateway.stop()  # idempotent: after a failure before the drain
+        if proxy.compiled is not None:
+            await proxy.compiled.close()
         await runner.cleanup()
         await proxy.close()
 

@@ -89,10 +89,26 @@ class ProxyTelemetry:
         self, d: Decision | PdDecision, label: str, source: str, prompt_tokens: int, seconds: float
     ) -> None:
         """Counts one routing decision (a ``Decision`` or a ``PdDecision``) and its latency."""
+        self.count_decision(
+            d.policy, label, d.first_turn, d.local_hit_tokens, d.global_hit_tokens, source, prompt_tokens, seconds
+        )
+
+    def count_decision(
+        self,
+        policy: str,
+        label: str,
+        first_turn: bool,
+        local_hit: int,
+        global_hit: int,
+        source: str,
+        prompt_tokens: int,
+        seconds: float,
+    ) -> None:
+        """Counts one routing decision given by its parts (the compiled data plane's records)."""
         self.decision_s.observe(seconds)
-        self.decisions[(d.policy, label, str(d.first_turn).lower())] += 1
-        self.hit_tokens["local"] += d.local_hit_tokens
-        self.hit_tokens["global"] += d.global_hit_tokens
+        self.decisions[(policy, label, str(first_turn).lower())] += 1
+        self.hit_tokens["local"] += local_hit
+        self.hit_tokens["global"] += global_hit
         self.prompt_tokens[source] += prompt_tokens
 
     def client_error_counts(self) -> Counter[str]:

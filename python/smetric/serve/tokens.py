@@ -160,6 +160,11 @@ class TokenSource:
                 for name, text in sources.items()
             }
 
+    @property
+    def renders_plain_chatml(self) -> bool:
+        """Whether chat is rendered as plain ChatML (no chat template configured or found)."""
+        return not self._templates
+
     def routing_tokens(self, req: OpenAIRequest) -> RoutingTokens:
         """The ids ``req`` is routed on.
 

@@ -5,9 +5,13 @@
 //! app's `ProxyError`). Every one carries `server: smetric` and a fixed message: no client
 //! byte is ever echoed. The messages are the door's constants (nothing in them needs escaping).
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use hyper::header::{CONTENT_TYPE, HeaderValue, SERVER};
 use hyper::{Response, StatusCode};
 
@@ -59,4 +63,34 @@ pub(crate) fn raw_json_answer(status: StatusCode, body: &str, extra: &str) -> Ve
         body.len()
     )
     .into_bytes()
+}
+
+/// An answer's body that keeps `G` alive until it is sent (or dropped): a request in flight on
+/// its connection, an admission slot.
+pub(crate) struct Held<B, G> {
+    inner: B,
+    _guard: G,
+}
+
+impl<B, G> Held<B, G> {
+    pub(crate) fn new(inner: B, guard: G) -> Self {
+        Self { inner, _guard: guard }
+    }
+}
+
+impl<B: HttpBody + Unpin, G: Unpin> HttpBody for Held<B, G> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }

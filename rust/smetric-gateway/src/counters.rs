@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) struct ClientErrors {
     connection_limit: AtomicU64,
     head_timeout: AtomicU64,
+    body_timeout: AtomicU64,
     http_400: AtomicU64,
     http_431: AtomicU64,
 }
@@ -21,6 +22,8 @@ pub(crate) enum ClientError {
     ConnectionLimit,
     /// A request head not complete within `head_timeout`; the connection is closed.
     HeadTimeout,
+    /// A request body not complete within `body_timeout` (408).
+    BodyTimeout,
     /// A malformed head or body (400).
     Malformed,
     /// A head over `max_head_bytes` (431).
@@ -32,6 +35,7 @@ impl ClientErrors {
         let tally = match kind {
             ClientError::ConnectionLimit => &self.connection_limit,
             ClientError::HeadTimeout => &self.head_timeout,
+            ClientError::BodyTimeout => &self.body_timeout,
             ClientError::Malformed => &self.http_400,
             ClientError::HeadTooLarge => &self.http_431,
         };
@@ -43,6 +47,7 @@ impl ClientErrors {
         [
             ("connection_limit", &self.connection_limit),
             ("head_timeout", &self.head_timeout),
+            ("body_timeout", &self.body_timeout),
             ("http_400", &self.http_400),
             ("http_431", &self.http_431),
         ]

@@ -15,9 +15,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use http_body_util::BodyExt;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{CONNECTION, HeaderMap, HeaderName, HeaderValue};
+use hyper::http::request::Parts;
 use hyper::http::uri::PathAndQuery;
 use hyper::{Request, Response, StatusCode, Uri, Version};
 use hyper_util::client::legacy::Client;
@@ -26,6 +28,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::answers::{Body, MALFORMED, client_error_body, json_response, proxy_error_body};
 use crate::counters::{ClientError, ClientErrors};
+use crate::native::GATEWAY_HEADER;
 
 /// RFC 9110 §7.6.1 (and the older fields proxies still meet): never forwarded.
 const HOP_BY_HOP: [&str; 9] = [
@@ -64,22 +67,71 @@ pub(crate) struct ControlPlane {
     authority: String,
     client: Client<HttpConnector, Body>,
     errors: Arc<ClientErrors>,
+    /// The gateway's secret, when the native path is armed: on every delegated request, and
+    /// the fields that vouch for a request (`x-smetric-gateway*`) only from the gateway.
+    secret: Option<HeaderValue>,
 }
 
 impl ControlPlane {
-    pub(crate) fn new(address: SocketAddr, errors: Arc<ClientErrors>) -> Self {
+    pub(crate) fn new(address: SocketAddr, errors: Arc<ClientErrors>, secret: Option<HeaderValue>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         Self {
             authority: address.to_string(),
             client: Client::builder(TokioExecutor::new()).build(connector),
             errors,
+            secret,
         }
     }
 
-    /// Passes `request` (from `peer`) to the control plane and returns its answer, streamed.
-    pub(crate) async fn delegate(&self, request: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-        let (mut parts, body) = request.into_parts();
+    pub(crate) fn errors(&self) -> &ClientErrors {
+        &self.errors
+    }
+
+    /// Passes `request` (from `peer`) to the control plane, with the `extra` fields, and returns
+    /// its answer, streamed.
+    pub(crate) async fn delegate(
+        &self,
+        request: Request<Incoming>,
+        peer: SocketAddr,
+        extra: &[(&'static str, &str)],
+    ) -> Response<Body> {
+        let (parts, body) = request.into_parts();
+        // A failure of the client's own body (a bad chunk, a connection cut mid-body) surfaces
+        // as the delegation's failure: the flag tells the two apart.
+        let client_body_failed = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&client_body_failed);
+        let body = body
+            .map_err(move |e| {
+                flag.store(true, Ordering::Relaxed);
+                e
+            })
+            .boxed();
+        self.send(parts, body, peer, extra, &client_body_failed).await
+    }
+
+    /// Passes a request whose body the gateway has read (`raw`) to the control plane.
+    pub(crate) async fn delegate_bytes(
+        &self,
+        parts: Parts,
+        raw: Bytes,
+        peer: SocketAddr,
+        extra: &[(&'static str, &str)],
+    ) -> Response<Body> {
+        let mut parts = parts;
+        parts.headers.remove(hyper::header::CONTENT_LENGTH); // hyper frames the bytes it is given
+        let body = Full::new(raw).map_err(|never| match never {}).boxed();
+        self.send(parts, body, peer, extra, &AtomicBool::new(false)).await
+    }
+
+    async fn send(
+        &self,
+        mut parts: Parts,
+        body: Body,
+        peer: SocketAddr,
+        extra: &[(&'static str, &str)],
+        client_body_failed: &AtomicBool,
+    ) -> Response<Body> {
         let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
         let Ok(uri) = Uri::builder()
             .scheme("http")
@@ -100,16 +152,23 @@ impl ControlPlane {
         if let Ok(value) = HeaderValue::from_str(&forwarded) {
             parts.headers.insert(FORWARDED_FOR.clone(), value);
         }
-        // A failure of the client's own body (a bad chunk, a connection cut mid-body) surfaces
-        // as the delegation's failure: the flag tells the two apart.
-        let client_body_failed = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&client_body_failed);
-        let body = body
-            .map_err(move |e| {
-                flag.store(true, Ordering::Relaxed);
-                e
-            })
-            .boxed();
+        if let Some(secret) = &self.secret {
+            let vouching: Vec<HeaderName> = parts
+                .headers
+                .keys()
+                .filter(|name| name.as_str().starts_with(GATEWAY_HEADER))
+                .cloned()
+                .collect();
+            for name in vouching {
+                parts.headers.remove(name);
+            }
+            parts.headers.insert(GATEWAY_HEADER, secret.clone());
+            for (name, value) in extra {
+                if let Ok(value) = HeaderValue::from_str(value) {
+                    parts.headers.append(*name, value);
+                }
+            }
+        }
         match self.client.request(Request::from_parts(parts, body)).await {
             Ok(answer) => {
                 let (mut parts, body) = answer.into_parts();

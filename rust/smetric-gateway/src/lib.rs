@@ -19,10 +19,16 @@
 //! [`Gateway::stop`] stops accepting at once and gives the requests in flight the drain time.
 //! Complexity: O(1) per request beyond the bytes moved, and one header pass each way.
 
+mod admission;
 mod answers;
 mod counters;
 mod delegate;
+pub mod native;
+mod records;
 mod server;
 mod validate;
 
+pub use admission::{AdmissionLimits, AdmissionSnapshot, WAIT_BUCKETS_S};
+pub use native::{FleetView, NativeConfig, NativeHandles};
+pub use records::Record;
 pub use server::{Gateway, GatewayConfig, GatewayError, Limits};

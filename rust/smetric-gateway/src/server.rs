@@ -20,6 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::StatusCode;
+use hyper::header::HeaderValue;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -28,9 +29,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
+use crate::admission::Admission;
 use crate::answers::{proxy_error_body, raw_json_answer};
 use crate::counters::{ClientError, ClientErrors};
 use crate::delegate::ControlPlane;
+use crate::native::{FleetView, Native, NativeConfig, NativeHandles};
+use crate::records::Records;
 use crate::validate::{Exchange, Tracked, Validated};
 
 /// The smallest head buffer hyper accepts (its `max_buf_size` panics below it).
@@ -78,13 +82,16 @@ pub enum GatewayError {
 pub struct Gateway {
     address: SocketAddr,
     errors: Arc<ClientErrors>,
+    native: Option<Arc<Native>>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Gateway {
-    /// Binds `config.listen` and serves on a thread of its own until [`Gateway::stop`].
-    pub fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
+    /// Binds `config.listen` and serves on a thread of its own until [`Gateway::stop`]; with
+    /// `native`, it admits the APIs' requests and serves chat and completions itself
+    /// ([`crate::native`]), starting from the fleet as `fleet` describes it.
+    pub fn start(config: GatewayConfig, native: Option<(NativeConfig, FleetView)>) -> Result<Self, GatewayError> {
         if config.limits.max_head_bytes < MIN_HEAD_BYTES {
             return Err(GatewayError::Config {
                 field: "max_head_bytes",
@@ -94,10 +101,25 @@ impl Gateway {
                 ),
             });
         }
+        let native = match native {
+            None => None,
+            Some((native, fleet)) => {
+                if HeaderValue::from_str(&native.secret).is_err() || native.secret.is_empty() {
+                    return Err(GatewayError::Config {
+                        field: "secret",
+                        reason: "must be a non-empty header value".to_owned(),
+                    });
+                }
+                let admission = Admission::new(native.admission, fleet.live());
+                let records = Arc::new(Records::new(native.max_records));
+                Some(Arc::new(Native::new(native, fleet, admission, records)))
+            }
+        };
         let (ready_tx, ready_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = oneshot::channel();
         let errors = Arc::new(ClientErrors::default());
         let counted = Arc::clone(&errors);
+        let serving = native.clone();
         let thread = std::thread::Builder::new()
             .name("smetric-gateway".to_owned())
             .spawn(move || {
@@ -108,13 +130,14 @@ impl Gateway {
                         return;
                     }
                 };
-                runtime.block_on(serve(config, counted, ready_tx, stop_rx));
+                runtime.block_on(serve(config, serving, counted, ready_tx, stop_rx));
             })
             .map_err(GatewayError::Start)?;
         match ready_rx.recv() {
             Ok(Ok(address)) => Ok(Self {
                 address,
                 errors,
+                native,
                 stop: Some(stop_tx),
                 thread: Some(thread),
             }),
@@ -139,8 +162,19 @@ impl Gateway {
         self.errors.snapshot()
     }
 
+    /// The native path's controls, when it is armed.
+    pub fn native(&self) -> Option<NativeHandles> {
+        self.native.as_ref().map(|native| NativeHandles {
+            native: Arc::clone(native),
+        })
+    }
+
     /// Stops accepting, drains (at most `drain_timeout`) and joins the thread; idempotent.
+    /// Requests waiting for admission are refused; admitted ones finish.
     pub fn stop(&mut self) {
+        if let Some(native) = &self.native {
+            native.admission.close();
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -158,6 +192,7 @@ impl Drop for Gateway {
 
 async fn serve(
     config: GatewayConfig,
+    native: Option<Arc<Native>>,
     errors: Arc<ClientErrors>,
     ready: mpsc::Sender<Result<SocketAddr, GatewayError>>,
     mut stop: oneshot::Receiver<()>,
@@ -178,7 +213,10 @@ async fn serve(
             return;
         }
     };
-    let plane = Arc::new(ControlPlane::new(config.control_plane, Arc::clone(&errors)));
+    let secret = native
+        .as_ref()
+        .and_then(|n| HeaderValue::from_str(&n.config.secret).ok());
+    let plane = Arc::new(ControlPlane::new(config.control_plane, Arc::clone(&errors), secret));
     let open = Arc::new(Semaphore::new(config.limits.max_connections));
     let refusal = Bytes::from(connection_refusal(config.limits.retry_after_s));
     let graceful = GracefulShutdown::new();
@@ -210,11 +248,16 @@ async fn serve(
                 let exchange = Arc::new(Exchange::default());
                 let answered = Arc::clone(&exchange);
                 let plane = Arc::clone(&plane);
+                let native = native.clone();
                 let service = service_fn(move |request| {
                     let plane = Arc::clone(&plane);
+                    let native = native.clone();
                     let in_flight = answered.begin();
                     async move {
-                        let answer = plane.delegate(request, peer).await;
+                        let answer = match native {
+                            Some(native) => crate::native::serve(native, plane, request, peer).await,
+                            None => plane.delegate(request, peer, &[]).await,
+                        };
                         Ok::<_, Infallible>(answer.map(|body| Tracked::new(body, in_flight).boxed()))
                     }
                 });

@@ -31,7 +31,6 @@ use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use hyper::StatusCode;
-use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
@@ -96,36 +95,7 @@ impl Drop for InFlight {
 }
 
 /// An answer's body that keeps its request in flight until it is sent (or dropped).
-pub(crate) struct Tracked<B> {
-    inner: B,
-    _in_flight: InFlight,
-}
-
-impl<B> Tracked<B> {
-    pub(crate) fn new(inner: B, in_flight: InFlight) -> Self {
-        Self {
-            inner,
-            _in_flight: in_flight,
-        }
-    }
-}
-
-impl<B: Body + Unpin> Body for Tracked<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
+pub(crate) type Tracked<B> = crate::answers::Held<B, InFlight>;
 
 /// Where the next unvalidated byte is in the message stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

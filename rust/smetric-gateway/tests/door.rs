@@ -130,7 +130,7 @@ fn gateway_with(control_plane: SocketAddr, limits: Limits) -> Gateway {
         listen: "127.0.0.1:0".parse().unwrap(),
         control_plane,
         limits,
-    })
+    }, None)
     .unwrap()
 }
 
@@ -261,7 +261,7 @@ fn a_head_limit_hyper_cannot_honour_is_refused_at_start() {
         },
     };
     assert!(matches!(
-        Gateway::start(config),
+        Gateway::start(config, None),
         Err(smetric_gateway::GatewayError::Config {
             field: "max_head_bytes",
             ..

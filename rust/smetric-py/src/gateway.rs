@@ -1,22 +1,143 @@
-//! `Gateway`: the compiled data plane's door (`smetric_gateway`), started and stopped from
-//! `smetric serve`. Conversion and error mapping only: a bad limit is `InvalidConfigError`, an
-//! address that cannot be bound `OSError`, a thread or runtime that cannot start
-//! `RuntimeError`. Starting and stopping release the GIL (`stop` waits for the drain).
+//! `Gateway`: the compiled data plane (`smetric_gateway`), started and stopped from
+//! `smetric serve`, and `GatewayNative`, what arms its native path. Conversion and error
+//! mapping only: a bad limit is `InvalidConfigError`, an address that cannot be bound
+//! `OSError`, a thread or runtime that cannot start `RuntimeError`. Starting and stopping
+//! release the GIL (`stop` waits for the drain); the native path's records cross as dicts.
 
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
-use smetric_gateway::{Gateway, GatewayConfig, GatewayError, Limits};
+use pyo3::types::PyDict;
+use smetric_core::Router;
+use smetric_gateway::{
+    AdmissionLimits, FleetView, Gateway, GatewayConfig, GatewayError, Limits, NativeConfig, NativeHandles, Record,
+};
 
 use crate::errors::python_error;
+use crate::router::PyRouter;
 
 #[pyclass(frozen, module = "smetric._core", name = "Gateway")]
 pub(crate) struct PyGateway {
     inner: Mutex<Option<Gateway>>,
+    native: Option<NativeHandles>,
     address: SocketAddr,
+}
+
+/// What arms the gateway's native path (see `smetric_gateway::native`); every field is
+/// `smetric serve`'s configuration, passed once at start.
+#[pyclass(frozen, module = "smetric._core", name = "GatewayNative")]
+pub(crate) struct PyGatewayNative {
+    router: Arc<Router>,
+    secret: String,
+    client_keys: Vec<String>,
+    upstream_key: Option<String>,
+    max_body_bytes: usize,
+    times: [f64; 6],
+    max_attempts: u32,
+    admission: [usize; 3],
+    chat: bool,
+    completions: bool,
+    resume_streams: bool,
+    labels: HashMap<String, String>,
+    max_records: usize,
+}
+
+#[pymethods]
+impl PyGatewayNative {
+    #[new]
+    #[pyo3(signature = (
+        router, *, secret, client_keys, upstream_key, max_body_bytes, body_timeout_s,
+        connect_timeout_s, first_byte_timeout_s, idle_timeout_s, client_timeout_s, max_attempts, max_in_flight,
+        max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions,
+        resume_streams, labels, max_records
+    ))]
+    #[allow(clippy::too_many_arguments)] // the constructor's keyword arguments, one per setting
+    fn new(
+        router: &Bound<'_, PyRouter>,
+        secret: String,
+        client_keys: Vec<String>,
+        upstream_key: Option<String>,
+        max_body_bytes: usize,
+        body_timeout_s: f64,
+        connect_timeout_s: f64,
+        first_byte_timeout_s: f64,
+        idle_timeout_s: f64,
+        client_timeout_s: f64,
+        max_attempts: u32,
+        max_in_flight: usize,
+        max_in_flight_per_instance: usize,
+        queue_size: usize,
+        queue_timeout_s: f64,
+        chat: bool,
+        completions: bool,
+        resume_streams: bool,
+        labels: HashMap<String, String>,
+        max_records: usize,
+    ) -> Self {
+        Self {
+            router: Arc::clone(router.get().core()),
+            secret,
+            client_keys,
+            upstream_key,
+            max_body_bytes,
+            times: [
+                body_timeout_s,
+                connect_timeout_s,
+                first_byte_timeout_s,
+                idle_timeout_s,
+                client_timeout_s,
+                queue_timeout_s,
+            ],
+            max_attempts,
+            admission: [max_in_flight, max_in_flight_per_instance, queue_size],
+            chat,
+            completions,
+            resume_streams,
+            labels,
+            max_records,
+        }
+    }
+}
+
+/// A record as the dict `smetric.serve.compiled` reads.
+fn record_dict<'py>(py: Python<'py>, r: &Record) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("request_id", &r.request_id)?;
+    d.set_item("api", r.api)?;
+    d.set_item("session", &r.session)?;
+    d.set_item("parent", &r.parent)?;
+    d.set_item("model", &r.model)?;
+    d.set_item("instance", &r.instance)?;
+    d.set_item("reason", r.reason)?;
+    d.set_item("policy", r.policy)?;
+    d.set_item("first_turn", r.first_turn)?;
+    d.set_item("predicted_local_hit", r.predicted_local_hit)?;
+    d.set_item("predicted_global_hit", r.predicted_global_hit)?;
+    d.set_item("prompt_tokens", r.prompt_tokens)?;
+    d.set_item("tokens_source", r.tokens_source)?;
+    d.set_item("decision_s", r.decision_s)?;
+    d.set_item("cached_tokens", r.cached_tokens)?;
+    d.set_item("output_tokens", r.output_tokens)?;
+    d.set_item("first_byte_s", r.first_byte_s)?;
+    d.set_item("ttft_s", r.ttft_s)?;
+    d.set_item("itl_s", r.itl_s)?;
+    d.set_item("attempts", r.attempts)?;
+    d.set_item("status", r.status)?;
+    d.set_item("refused", r.refused)?;
+    d.set_item("latency_s", r.latency_s)?;
+    d.set_item("succeeded", r.succeeded)?;
+    d.set_item("failed", &r.failed)?;
+    d.set_item("unresumed", r.unresumed)?;
+    d.set_item("handed_off", r.handed_off)?;
+    Ok(d)
+}
+
+fn not_armed() -> PyErr {
+    PyRuntimeError::new_err("the gateway's native path is not armed")
 }
 
 fn to_py_err(py: Python<'_>, err: &GatewayError) -> PyErr {
@@ -34,7 +155,8 @@ fn to_py_err(py: Python<'_>, err: &GatewayError) -> PyErr {
 impl PyGateway {
     #[new]
     #[pyo3(signature = (
-        host, port, control_plane_port, *, max_head_bytes, head_timeout_s, drain_timeout_s, max_connections, retry_after_s
+        host, port, control_plane_port, *, max_head_bytes, head_timeout_s, drain_timeout_s, max_connections,
+        retry_after_s, native = None, instances = Vec::new()
     ))]
     #[allow(clippy::too_many_arguments)] // the constructor's keyword arguments, one per limit
     fn new(
@@ -47,6 +169,8 @@ impl PyGateway {
         drain_timeout_s: f64,
         max_connections: usize,
         retry_after_s: u64,
+        native: Option<&Bound<'_, PyGatewayNative>>,
+        instances: Vec<String>,
     ) -> PyResult<Self> {
         let ip: IpAddr = host.parse().map_err(|_| {
             python_error(
@@ -84,11 +208,99 @@ impl PyGateway {
                 retry_after_s,
             },
         };
-        let gateway = py.detach(|| Gateway::start(config)).map_err(|e| to_py_err(py, &e))?;
+        let native = match native {
+            None => None,
+            Some(n) => {
+                let n = n.get();
+                let [body, connect, first_byte, idle, client, queue] = n.times;
+                let native = NativeConfig {
+                    router: Arc::clone(&n.router),
+                    secret: n.secret.clone(),
+                    client_keys: n.client_keys.clone(),
+                    upstream_key: n.upstream_key.clone(),
+                    max_body_bytes: n.max_body_bytes,
+                    body_timeout: seconds("body_timeout_s", body)?,
+                    connect_timeout: seconds("connect_timeout_s", connect)?,
+                    first_byte_timeout: seconds("first_byte_timeout_s", first_byte)?,
+                    idle_timeout: seconds("idle_timeout_s", idle)?,
+                    client_timeout: seconds("client_timeout_s", client)?,
+                    max_attempts: n.max_attempts,
+                    admission: AdmissionLimits {
+                        max_in_flight: n.admission[0],
+                        max_in_flight_per_instance: n.admission[1],
+                        queue_size: n.admission[2],
+                        queue_timeout: seconds("queue_timeout_s", queue)?,
+                        retry_after_s,
+                    },
+                    chat: n.chat,
+                    completions: n.completions,
+                    resume_streams: n.resume_streams,
+                    labels: n.labels.clone(),
+                    max_records: n.max_records,
+                };
+                let fleet = FleetView {
+                    instances,
+                    ..FleetView::default()
+                };
+                Some((native, fleet))
+            }
+        };
+        let gateway = py.detach(|| Gateway::start(config, native)).map_err(|e| to_py_err(py, &e))?;
         Ok(Self {
             address: gateway.address(),
+            native: gateway.native(),
             inner: Mutex::new(Some(gateway)),
         })
+    }
+
+    /// Replaces the native path's view of the fleet: every instance in order, the ejected ones,
+    /// model id → the instances serving it, and the LoRA adapters.
+    fn set_fleet(
+        &self,
+        instances: Vec<String>,
+        ejected: HashSet<String>,
+        models: HashMap<String, HashSet<String>>,
+        adapters: HashSet<String>,
+    ) -> PyResult<()> {
+        let native = self.native.as_ref().ok_or_else(not_armed)?;
+        native.set_fleet(FleetView {
+            instances,
+            ejected,
+            models,
+            adapters,
+        });
+        Ok(())
+    }
+
+    /// The native path's records since the last call, oldest first, as dicts.
+    fn take_records<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let native = self.native.as_ref().ok_or_else(not_armed)?;
+        native.take_records().iter().map(|r| record_dict(py, r)).collect()
+    }
+
+    /// Records dropped because they were not taken in time.
+    fn records_dropped(&self) -> PyResult<u64> {
+        Ok(self.native.as_ref().ok_or_else(not_armed)?.records_dropped())
+    }
+
+    /// Requests holding an admission slot at the door now.
+    fn admitted(&self) -> PyResult<usize> {
+        Ok(self.native.as_ref().ok_or_else(not_armed)?.admitted())
+    }
+
+    /// The door's admission for ``/metrics``: ``admitted``, ``capacity``, ``queued``,
+    /// ``wait_counts`` (per bucket of ``WAIT_BUCKETS_S`` and one past it), ``wait_sum_s``,
+    /// ``rejections`` (reason → count).
+    fn admission<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.native.as_ref().ok_or_else(not_armed)?.admission();
+        let d = PyDict::new(py);
+        d.set_item("admitted", s.admitted)?;
+        d.set_item("capacity", s.capacity)?;
+        d.set_item("queued", s.queued)?;
+        d.set_item("wait_counts", s.wait_counts)?;
+        d.set_item("wait_sum_s", s.wait_sum_s)?;
+        d.set_item("rejections", s.rejections.into_iter().collect::<HashMap<_, _>>())?;
+        Ok(d)
     }
 
     /// The port it listens on (the one the system chose for port 0).

@@ -24,6 +24,16 @@ mod vllm;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::PyRouter>()?;
     m.add_class::<gateway::PyGateway>()?;
+    m.add_class::<gateway::PyGatewayNative>()?;
+    {
+        use smetric_gateway::native as n;
+        m.add("GATEWAY_HEADER", n::GATEWAY_HEADER)?;
+        m.add("GATEWAY_ADMITTED_HEADER", n::ADMITTED_HEADER)?;
+        m.add("GATEWAY_REFUSED_HEADER", n::REFUSED_HEADER)?;
+        m.add("GATEWAY_FAILED_HEADER", n::FAILED_HEADER)?;
+        m.add("GATEWAY_API_HEADER", n::API_HEADER)?;
+        m.add("GATEWAY_CONTINUE_PATH", n::CONTINUE_PATH)?;
+    }
     m.add_class::<router::PyDecision>()?;
     m.add_class::<router::PyIndexHits>()?;
     m.add_class::<config::PyRouterConfig>()?;

@@ -8,15 +8,17 @@
 //! whose `type` is absent or `"text"`, joined with nothing between them. The text is cut into
 //! big-endian u32s of 4 bytes, the last zero-padded: `smetric.chat.byte_chunk_ids(
 //! smetric.chat.render_chat(...))`. A body Python would render otherwise or reject gives `None`
-//! (the probe then sends it to the engines in turn). O(body length): the body's parse, one pass
-//! over `messages` (strings borrowed unless they escape a character), one copy, one pass to cut.
+//! (the gateway then hands the request to the app, whose error or rendering it is). The roles
+//! also give the router its turn (`first_turn_from_roles`). O(body length): one pass over
+//! `messages` (strings borrowed unless they escape a character), one copy, one pass to cut.
 
 use std::borrow::Cow;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use smetric_vllm::{Endpoint, parse_openai_body};
+use smetric_core::first_turn_from_roles;
+use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
 
 /// UTF-8 bytes per id of the byte-chunk tokenizer (`smetric.chat.BYTE_CHUNK_BYTES`).
 pub const BYTE_CHUNK_BYTES: usize = 4;
@@ -93,11 +95,16 @@ fn push_content(out: &mut Vec<u8>, content: Option<&RawValue>) -> Option<()> {
     }
 }
 
-/// The plain ChatML text of a chat body's `messages`, as UTF-8 bytes (see the module docs);
-/// `None` for a body Python would render differently or reject.
+/// A chat body rendered for routing: its ChatML text and whether it is a session's first turn.
+pub struct Rendered {
+    pub text: Vec<u8>,
+    pub first_turn: bool,
+}
+
+/// The plain ChatML text of a parsed chat body's `messages` (see the module docs); `None` for
+/// a body Python would render differently or reject.
 #[must_use]
-pub fn render_chatml(raw: &[u8]) -> Option<Vec<u8>> {
-    let body = parse_openai_body(raw, Endpoint::Chat).ok()?;
+pub fn render(body: &OpenAiBody<'_>) -> Option<Rendered> {
     if body.add_generation_prompt && body.continue_final_message {
         return None;
     }
@@ -105,7 +112,8 @@ pub fn render_chatml(raw: &[u8]) -> Option<Vec<u8>> {
     if messages.is_empty() {
         return None;
     }
-    let mut out = Vec::with_capacity(raw.len());
+    let mut out = Vec::with_capacity(body.messages.map_or(0, str::len) + 64);
+    let mut roles = Vec::with_capacity(messages.len());
     let mut last_end = None;
     for m in messages {
         let m: Message<'_> = object(m)?;
@@ -115,6 +123,7 @@ pub fn render_chatml(raw: &[u8]) -> Option<Vec<u8>> {
         push_content(&mut out, m.content)?;
         last_end = Some(out.len());
         out.extend_from_slice(b"<|im_end|>\n");
+        roles.push(m.role);
     }
     if body.continue_final_message
         && let Some(end) = last_end
@@ -124,7 +133,14 @@ pub fn render_chatml(raw: &[u8]) -> Option<Vec<u8>> {
     if body.add_generation_prompt {
         out.extend_from_slice(b"<|im_start|>assistant\n");
     }
-    Some(out)
+    let first_turn = first_turn_from_roles(roles.iter().map(AsRef::as_ref));
+    Some(Rendered { text: out, first_turn })
+}
+
+/// [`render`] of a chat body's bytes: its ChatML text.
+#[must_use]
+pub fn render_chatml(raw: &[u8]) -> Option<Vec<u8>> {
+    render(&parse_openai_body(raw, Endpoint::Chat).ok()?).map(|r| r.text)
 }
 
 /// `bytes` in chunks of [`BYTE_CHUNK_BYTES`], each read as a big-endian u32, the last one

@@ -1,0 +1,272 @@
+"""The control plane's side of the compiled data plane (``rust/smetric-gateway``,
+``docs/proxy-data-plane.md``): what arms the gateway's native path, what the app learns from it.
+
+* :func:`native_settings` arms the native path for the APIs it can serve exactly as this
+  proxy would: chat when routing ids are the approximate ids of plain ChatML (``--tokens
+  approximate``, 4-byte chunks, no chat template), completions when text prompts are routed
+  that way too (token-id prompts always are); co-located instances over plain HTTP, a policy
+  without llm-d's session cookie. Otherwise it returns None and the gateway only admits and
+  delegates.
+* :class:`CompiledPlane` keeps the gateway and the app in step: the fleet's view (instances,
+  ejections, models, adapters) is pushed to the gateway whenever the fleet changes, and the
+  gateway's records — one per request it served natively — are taken every
+  :data:`DRAIN_INTERVAL_S` (and before ``/metrics`` renders) into the app's telemetry, the
+  fleet's health and the decision log, as the app's own requests are.
+
+The app trusts what the gateway's headers say (admitted, refused, earlier failed attempts, a
+cut stream to continue) only with the gateway's per-process secret (:meth:`CompiledPlane.vouches`).
+
+Cost: O(records) per drain on the app's loop, none on the request path. May import:
+:mod:`smetric.serve.admission`, ``.backends``, ``.decision_log``, ``.fleet``, ``.labels``,
+``.telemetry``, ``.tokens``, ``.upstream``, ``.config``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from smetric._core import (
+    GATEWAY_ADMITTED_HEADER,
+    GATEWAY_API_HEADER,
+    GATEWAY_CONTINUE_PATH,
+    GATEWAY_FAILED_HEADER,
+    GATEWAY_HEADER,
+    GATEWAY_REFUSED_HEADER,
+    Gateway,
+    GatewayNative,
+    Router,
+)
+from smetric.serve.admission import WAIT_BUCKETS_S, render_admission
+from smetric.serve.config import ServeConfig
+from smetric.serve.decision_log import Outcome, Outcomes
+from smetric.serve.fleet import Fleet
+from smetric.serve.labels import core_reasons, reason_label
+from smetric.serve.session import AFFINITY_POLICY
+from smetric.serve.telemetry import Histogram, ProxyTelemetry
+from smetric.serve.tokens import DEFAULT_APPROX_CHUNK_BYTES, TokenSource
+from smetric.serve.upstream import Refused
+
+__all__ = [
+    "API_HEADER",
+    "CONTINUE_PATH",
+    "DRAIN_INTERVAL_S",
+    "MAX_RECORDS",
+    "CompiledPlane",
+    "DoorAdmission",
+    "earlier_failures",
+    "native_settings",
+    "new_secret",
+]
+
+DRAIN_INTERVAL_S = 0.05
+"""How often the app takes the gateway's records."""
+
+MAX_RECORDS = 65_536
+"""Records the gateway keeps for the app at most (a stalled app: the oldest are dropped)."""
+
+API_HEADER: str = GATEWAY_API_HEADER
+CONTINUE_PATH: str = GATEWAY_CONTINUE_PATH
+
+
+def new_secret() -> str:
+    """A per-process secret the gateway sends the app on every request."""
+    return os.urandom(16).hex()
+
+
+def native_settings(
+    config: ServeConfig, router: Router | None, tokens: TokenSource, secret: str, client_keys: list[str]
+) -> GatewayNative | None:
+    """What arms the native path for this proxy, or None when it serves nothing natively (see
+    the module docs); ``router`` is the co-located backend's (None: PD)."""
+    plain_http = all(url.startswith("http://") for url in (i.url for i in config.all_instances))
+    if router is None or router.policy == AFFINITY_POLICY or not plain_http:
+        return None
+    approximate = tokens.kind == "approximate" and tokens.config.approx_chunk_bytes == DEFAULT_APPROX_CHUNK_BYTES
+    chat = approximate and tokens.renders_plain_chatml
+    if not approximate:
+        return None
+    return GatewayNative(
+        router,
+        secret=secret,
+        client_keys=client_keys,
+        upstream_key=config.upstream_api_key,
+        max_body_bytes=config.max_body_bytes,
+        body_timeout_s=config.body_timeout_s,
+        connect_timeout_s=config.connect_timeout_s,
+        first_byte_timeout_s=config.first_byte_timeout_s,
+        idle_timeout_s=config.idle_timeout_s,
+        client_timeout_s=config.client_timeout_s,
+        max_attempts=config.max_attempts,
+        max_in_flight=config.max_in_flight,
+        max_in_flight_per_instance=config.max_in_flight_per_instance,
+        queue_size=config.queue_size,
+        queue_timeout_s=config.queue_timeout_s,
+        chat=chat,
+        completions=True,
+        resume_streams=config.resume_streams,
+        labels={reason: reason_label(reason) for reason in core_reasons()},
+        max_records=MAX_RECORDS,
+    )
+
+
+def earlier_failures(values: list[str]) -> list[Refused]:
+    """The gateway's failed attempts (``<instance> <cause>`` each) as the failover's refusals."""
+    out = []
+    for value in values:
+        instance, _, cause = value.partition(" ")
+        status = int(cause[5:]) if cause.startswith("http_") and cause[5:].isdigit() else None
+        out.append(Refused(instance, cause, status=status))
+    return out
+
+
+class DoorAdmission:
+    """The gateway's admission, read as the app's :class:`~smetric.serve.admission.Admission`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    @property
+    def admitted(self) -> int:
+        return int(self._gateway.admitted())
+
+    @property
+    def queued(self) -> int:
+        return int(self._gateway.admission()["queued"])
+
+
+class CompiledPlane:
+    """The app's link to its gateway (see the module docs)."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        secret: str,
+        *,
+        armed: bool,
+        fleet: Fleet,
+        telemetry: ProxyTelemetry,
+        outcomes: Outcomes,
+    ) -> None:
+        self.gateway = gateway
+        self.armed = armed
+        """The native path serves requests (else the gateway only delegates)."""
+        self._secret = secret
+        self._fleet = fleet
+        self._telemetry = telemetry
+        self._outcomes = outcomes
+        self._task: asyncio.Task[None] | None = None
+        self.admission = DoorAdmission(gateway)
+
+    def start(self) -> None:
+        if not self.armed:
+            return
+        self._fleet.on_change = self.sync_fleet
+        self.sync_fleet()
+        self._task = asyncio.create_task(self._drain_loop(), name="smetric-gateway-records")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.armed:
+            self.drain()
+
+    def vouches(self, headers: Mapping[str, str]) -> bool:
+        """Whether a request came from the gateway (its secret, compared in constant time)."""
+        given = headers.get(GATEWAY_HEADER)
+        return given is not None and hmac.compare_digest(given, self._secret)
+
+    @staticmethod
+    def admitted(headers: Mapping[str, str]) -> bool:
+        return GATEWAY_ADMITTED_HEADER in headers
+
+    @staticmethod
+    def refused(headers: Mapping[str, str]) -> str | None:
+        return headers.get(GATEWAY_REFUSED_HEADER)
+
+    @staticmethod
+    def failures(headers: Any) -> list[Refused]:
+        return earlier_failures(headers.getall(GATEWAY_FAILED_HEADER, []))
+
+    def sync_fleet(self) -> None:
+        """Pushes the fleet's current view to the gateway."""
+        fleet = self._fleet
+        self.gateway.set_fleet(
+            list(fleet.instances),
+            {url for url, health in fleet.health.items() if health.ejected},
+            {model: set(urls) for model, urls in fleet.models.items()},
+            set(fleet.adapters),
+        )
+
+    async def _drain_loop(self) -> None:
+        while True:
+            await asyncio.sleep(DRAIN_INTERVAL_S)
+            self.drain()
+
+    def drain(self) -> None:
+        """Takes the gateway's records into the app's telemetry, fleet and decision log."""
+        for record in self.gateway.take_records():
+            self._apply(record)
+
+    def _apply(self, r: dict[str, Any]) -> None:
+        telemetry, fleet = self._telemetry, self._fleet
+        reason = r["reason"]
+        label = None if reason is None else reason_label(reason)
+        if reason is not None:
+            telemetry.count_decision(
+                r["policy"],
+                label or "",
+                bool(r["first_turn"]),
+                r["predicted_local_hit"] or 0,
+                r["predicted_global_hit"] or 0,
+                r["tokens_source"] or "",
+                r["prompt_tokens"] or 0,
+                r["decision_s"] or 0.0,
+            )
+        if r["handed_off"]:  # the app carries the request on and records its outcome
+            return
+        instance = r["instance"]
+        if r["failed"] is not None:
+            fleet.failed(*r["failed"])
+        if r["unresumed"]:
+            telemetry.unresumed_streams += 1
+        if r["succeeded"] and instance is not None:
+            fleet.succeeded(instance)
+        if r["first_byte_s"] is not None:
+            telemetry.first_byte_s.observe(r["first_byte_s"])
+        status = r["status"]
+        telemetry.responses[status] += 1
+        telemetry.request_s.observe(r["latency_s"])
+        outcome = Outcome(
+            r["request_id"],
+            r["api"],
+            r["session"],
+            r["parent"],
+            0.0,
+            model=r["model"],
+            first_turn=r["first_turn"],
+            instance=instance,
+            reason=label,
+            detail=reason,
+            predicted_local_hit=r["predicted_local_hit"],
+            predicted_global_hit=r["predicted_global_hit"],
+            cached_tokens=r["cached_tokens"],
+            prompt_tokens=r["prompt_tokens"],
+            output_tokens=r["output_tokens"],
+            ttft_s=r["ttft_s"],
+            itl_s=r["itl_s"],
+            attempts=r["attempts"],
+        )
+        self._outcomes.finish(outcome, status, latency_s=r["latency_s"])
+
+    def render_admission(self, prefix: str = "smetric") -> Iterator[str]:
+        """The door's admission families (the app's own admission then admits nothing)."""
+        a = self.gateway.admission()
+        wait = Histogram(WAIT_BUCKETS_S)
+        wait.counts = list(a["wait_counts"])
+        wait.sum = float(a["wait_sum_s"])
+        yield from render_admission(a["admitted"], a["capacity"], a["queued"], wait, a["rejections"], prefix)

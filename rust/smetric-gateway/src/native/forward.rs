@@ -1,0 +1,865 @@
+//! One request on the native path, from admission to its last byte (the steps of the module
+//! docs of [`crate::native`]): [`serve`].
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::channel::{Channel, Sender};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, SERVER};
+use hyper::http::request::Parts;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use smetric_core::{Decision, Prompt, RequestId, RouteRequest, TurnHint};
+use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
+use smetric_vllm::{Endpoint, parse_openai_body};
+
+use super::chatml::{byte_chunk_ids, render};
+use super::stream::{OpenAiStream, usage_counts};
+use super::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, Native, REFUSED_HEADER};
+use crate::admission::Slot;
+use crate::answers::{Body, Held, SERVER_NAME, json_response};
+use crate::counters::ClientError;
+use crate::delegate::{ControlPlane, strip_hop_by_hop};
+use crate::records::Record;
+
+/// The engines' client: kept-alive connections, no delay, the configured connect timeout.
+pub(crate) struct Engines {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Engines {
+    pub(crate) fn new(connect_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        }
+    }
+}
+
+/// The paths whose requests the app serves without admission: its own fixed routes.
+const UNADMITTED_PATHS: [&str; 4] = ["/health", "/metrics", "/v1/models", "/admin/instances"];
+
+/// `smetric serve`'s request id header.
+static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static DECISION: HeaderName = HeaderName::from_static("x-smetric-decision");
+/// The session headers of `session._HEADER_HINTS`, in their order.
+const SESSION_HEADERS: [&str; 5] = [
+    "x-session-id",
+    "x-claude-code-session-id",
+    "thread-id",
+    "session-id",
+    "x-dynamo-session-id",
+];
+/// `decision_log.PARENT_HEADERS`.
+const PARENT_HEADERS: [&str; 3] = [
+    "x-codex-parent-thread-id",
+    "x-claude-code-parent-agent-id",
+    "x-parent-session-id",
+];
+/// `failover.CUT_MESSAGE`.
+const CUT_MESSAGE: &str = "the stream was cut and could not be continued";
+/// The usage request spliced into a stream's body (`openai._USAGE_OPTION`).
+const USAGE_OPTION: &[u8] = br#"{"stream_options":{"include_usage":true},"#;
+
+#[derive(Clone, Copy)]
+enum Api {
+    Chat,
+    Completions,
+}
+
+impl Api {
+    fn of(native: &Native, method: &Method, path: &str) -> Option<Self> {
+        if method != Method::POST {
+            return None;
+        }
+        match path {
+            "/v1/chat/completions" if native.config.chat => Some(Self::Chat),
+            "/v1/completions" if native.config.completions => Some(Self::Completions),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Completions => "completions",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Self::Chat => "/v1/chat/completions",
+            Self::Completions => "/v1/completions",
+        }
+    }
+
+    fn endpoint(self) -> Endpoint {
+        match self {
+            Self::Chat => Endpoint::Chat,
+            Self::Completions => Endpoint::Completions,
+        }
+    }
+
+    /// Choice chunks that open its stream without a token (chat's role chunk).
+    fn opening_chunks(self) -> u64 {
+        match self {
+            Self::Chat => 1,
+            Self::Completions => 0,
+        }
+    }
+}
+
+/// Serves one request at the door: admitted (or refused through the app), then natively or
+/// delegated; the slot is held until the answer's last byte.
+pub(crate) async fn serve(
+    native: Arc<Native>,
+    plane: Arc<ControlPlane>,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<Body> {
+    let arrived = Instant::now();
+    if UNADMITTED_PATHS.contains(&request.uri().path()) {
+        return plane.delegate(request, peer, &[]).await;
+    }
+    let slot = match native.admission.enter().await {
+        Ok(slot) => slot,
+        Err(refusal) => return plane.delegate(request, peer, &[(REFUSED_HEADER, refusal.reason())]).await,
+    };
+    let answer = match Api::of(&native, request.method(), request.uri().path()) {
+        Some(api) if head_servable(&native, request.headers()) => {
+            let (parts, body) = request.into_parts();
+            let deadline = tokio::time::Instant::from_std(arrived + native.config.client_timeout);
+            let served = Native::serve(&native, &plane, api, parts, body, peer, arrived, deadline);
+            match tokio::time::timeout_at(deadline, served).await {
+                Ok(answer) => answer,
+                Err(_) => json_response(StatusCode::GATEWAY_TIMEOUT, proxy_error_json(504, TIMED_OUT, "TimeoutError")),
+            }
+        }
+        _ => plane.delegate(request, peer, &[(ADMITTED_HEADER, "1")]).await,
+    };
+    held(answer, slot)
+}
+
+/// The answer, holding the slot until its body is sent or dropped.
+fn held(answer: Response<Body>, slot: Slot) -> Response<Body> {
+    answer.map(|body| Held::new(body, slot).boxed())
+}
+
+/// Whether the request's head is one the native path serves: an identity body of a size it
+/// accepts, and a valid client key when keys are on (the app answers the rest).
+fn head_servable(native: &Native, headers: &HeaderMap) -> bool {
+    let identity = headers
+        .get(hyper::header::CONTENT_ENCODING)
+        .is_none_or(|v| v.to_str().is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "" | "identity")));
+    let sized = headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .is_none_or(|n| n <= native.config.max_body_bytes);
+    identity && sized && key_valid(&native.config.client_keys, headers)
+}
+
+/// The key a request presents (`Authorization: Bearer`, else `x-api-key`) is a configured one;
+/// no keys configured: every request is valid. Compared in time independent of where a key
+/// differs.
+fn key_valid(keys: &[String], headers: &HeaderMap) -> bool {
+    if keys.is_empty() {
+        return true;
+    }
+    let bearer = headers
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()).then(|| token.trim())
+        });
+    let presented = bearer.or_else(|| {
+        headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+    });
+    let Some(presented) = presented else { return false };
+    keys.iter().fold(false, |found, key| found | same(key.as_bytes(), presented.as_bytes()))
+}
+
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+/// The request's id: the client's when it is safe (1–128 of `[A-Za-z0-9._:-]`), else a new one.
+fn request_id(headers: &HeaderMap) -> String {
+    let given = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok());
+    if let Some(id) = given
+        && (1..=128).contains(&id.len())
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
+    {
+        return id.to_owned();
+    }
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let state = RandomState::new();
+    format!("{:016x}{:016x}", state.hash_one(n), state.hash_one(!n))
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty())
+}
+
+/// The session key a request's headers give (`session.session_hint` of the headers alone, as
+/// the decision log reads it).
+fn header_session(headers: &HeaderMap) -> Option<String> {
+    let name = SESSION_HEADERS.iter().find(|name| header(headers, name).is_some())?;
+    let value = header(headers, name)?;
+    if *name == "x-claude-code-session-id"
+        && let Some(agent) = header(headers, "x-claude-code-agent-id")
+    {
+        return Some(format!("{value}/{agent}"));
+    }
+    Some(value.to_owned())
+}
+
+/// What the native path routes on, or None: the request goes to the app.
+struct Plan {
+    ids: Vec<u32>,
+    turn: TurnHint,
+    source: &'static str,
+    model: Option<String>,
+    namespace: Option<String>,
+    hide_usage: bool,
+    session: Option<String>,
+}
+
+enum BodyFailure {
+    TooLarge,
+    Timeout,
+    Broken,
+}
+
+impl Native {
+    #[allow(clippy::too_many_arguments)] // one request's parts, all needed on every path
+    async fn serve(
+        self: &Arc<Self>,
+        plane: &Arc<ControlPlane>,
+        api: Api,
+        parts: Parts,
+        body: Incoming,
+        peer: SocketAddr,
+        arrived: Instant,
+        deadline: tokio::time::Instant,
+    ) -> Response<Body> {
+        let raw = match self.read_body(body).await {
+            Ok(raw) => raw,
+            Err(failure) => return self.body_failure(plane, failure),
+        };
+        let Some(plan) = self.plan(api, &parts.headers, &raw) else {
+            return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+        };
+        let id = request_id(&parts.headers);
+        let mut record = Record {
+            request_id: id.clone(),
+            api: api.name(),
+            session: plan.session.clone(),
+            parent: PARENT_HEADERS.iter().find_map(|h| header(&parts.headers, h)).map(str::to_owned),
+            model: plan.model.clone(),
+            prompt_tokens: Some(plan.ids.len() as u64),
+            tokens_source: Some(plan.source),
+            ..Record::default()
+        };
+        // Route.
+        let fleet = self.fleet();
+        let Some(mut exclude) = fleet.exclusions(plan.model.as_deref(), &[]) else {
+            return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+        };
+        let cap = self.config.admission.max_in_flight_per_instance;
+        if self.admission.admitted() >= cap {
+            exclude = self.skip_full(&fleet.instances, exclude, cap);
+        }
+        let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
+        let request = RouteRequest {
+            prompt: Prompt::Tokens(&plan.ids),
+            namespace: plan.namespace.as_deref(),
+            turn: plan.turn,
+            request_id: None,
+            now: None,
+            exclude: &excluded,
+            previous_instance: None,
+        };
+        let decided = Instant::now();
+        let Ok(decision) = self.config.router.route(&request) else {
+            return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+        };
+        record.decision_s = Some(decided.elapsed().as_secs_f64());
+        self.note_decision(&mut record, &decision);
+        let instance = decision.instance_name.to_string();
+        let mut lifecycle = Lifecycle {
+            router: Arc::clone(&self.config.router),
+            id: decision.request_id,
+            prefilled: false,
+            done: false,
+        };
+        // Forward.
+        let body = if plan.hide_usage { with_usage_request(&raw) } else { raw.clone() };
+        let upstream = self.upstream_request(api, &instance, &parts.headers, &id, body);
+        let decision_header = self.decision_header(&decision, plan.source);
+        let sent = Instant::now();
+        let answer = match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream)).await {
+            Ok(Ok(answer)) if answer.status().as_u16() < 500 => answer,
+            failed => {
+                drop(lifecycle);
+                let cause = match failed {
+                    Ok(Ok(answer)) => format!("http_{}", answer.status().as_u16()),
+                    Ok(Err(e)) if e.is_connect() => "ClientConnectorError".to_owned(),
+                    Ok(Err(_)) => "ServerDisconnectedError".to_owned(),
+                    Err(_) => "TimeoutError".to_owned(),
+                };
+                return self.hand_off(plane, record, parts, raw, peer, &instance, &cause).await;
+            }
+        };
+        let (mut head, upstream_body) = answer.into_parts();
+        strip_hop_by_hop(&mut head.headers);
+        head.headers.remove(hyper::header::CONTENT_LENGTH);
+        head.headers.remove(hyper::header::HOST);
+        head.headers.insert(DECISION.clone(), decision_header);
+        if let Ok(value) = HeaderValue::from_str(&id) {
+            head.headers.insert(REQUEST_ID.clone(), value);
+        }
+        head.headers.insert(SERVER, HeaderValue::from_static(SERVER_NAME));
+        let streamed = head
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if !streamed {
+            let whole = match tokio::time::timeout(self.config.first_byte_timeout, upstream_body.collect()).await {
+                Ok(Ok(whole)) => whole.to_bytes(),
+                failed => {
+                    drop(lifecycle);
+                    let cause = if failed.is_err() { "TimeoutError" } else { "ClientPayloadError" };
+                    return self.hand_off(plane, record, parts, raw, peer, &instance, cause).await;
+                }
+            };
+            lifecycle.prefilled();
+            record.first_byte_s = Some(sent.elapsed().as_secs_f64());
+            let ok = head.status == StatusCode::OK;
+            let (output, cached) = if ok { usage_counts(&whole) } else { (None, None) };
+            lifecycle.finished(output.unwrap_or(0));
+            record.cached_tokens = cached;
+            record.status = head.status.as_u16();
+            record.succeeded = true;
+            record.latency_s = arrived.elapsed().as_secs_f64();
+            self.records.push(record);
+            return Response::from_parts(head, Full::new(whole).map_err(|never| match never {}).boxed());
+        }
+        // A stream: the client's headers go out with its first event, as the app's relay does.
+        let scan = OpenAiStream::new(api.opening_chunks(), plan.hide_usage);
+        let mut upstream_body = upstream_body;
+        let first = loop {
+            match tokio::time::timeout(self.config.idle_timeout, upstream_body.frame()).await {
+                Ok(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) if !data.is_empty() => break Ok(data),
+                    _ => {}
+                },
+                Ok(None) => break Err("stream_cut"),
+                Ok(Some(Err(_))) => break Err("ClientPayloadError"),
+                Err(_) => break Err("TimeoutError"),
+            }
+        };
+        let first = match first {
+            Ok(first) => first,
+            Err(cause) => {
+                drop(lifecycle);
+                return self.hand_off(plane, record, parts, raw, peer, &instance, cause).await;
+            }
+        };
+        lifecycle.prefilled();
+        record.first_byte_s = Some(sent.elapsed().as_secs_f64());
+        let prefilled = Instant::now();
+        record.ttft_s = Some(arrived.elapsed().as_secs_f64());
+        record.status = head.status.as_u16();
+        let kept = self.config.resume_streams.then(BytesMut::new);
+        let (tx, body) = Channel::<Bytes, hyper::Error>::new(8);
+        let mut relay = Relay {
+            native: Arc::clone(self),
+            plane: Arc::clone(plane),
+            api,
+            lifecycle,
+            instance,
+            scan,
+            kept,
+            record,
+            arrived,
+            deadline,
+            prefilled,
+            parts,
+            raw,
+            peer,
+        };
+        let out = relay.scan_first(first);
+        tokio::spawn(relay.run(tx, out, upstream_body));
+        Response::from_parts(head, body.boxed())
+    }
+
+    /// The body, whole, within the size and time the proxy allows.
+    async fn read_body(&self, body: Incoming) -> Result<Bytes, BodyFailure> {
+        let limit = self.config.max_body_bytes;
+        let read = async {
+            let mut body = body;
+            let mut out = BytesMut::new();
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|_| BodyFailure::Broken)?;
+                if let Ok(data) = frame.into_data() {
+                    if out.len() + data.len() > limit {
+                        return Err(BodyFailure::TooLarge);
+                    }
+                    out.extend_from_slice(&data);
+                }
+            }
+            Ok(out.freeze())
+        };
+        tokio::time::timeout(self.config.body_timeout, read)
+            .await
+            .unwrap_or(Err(BodyFailure::Timeout))
+    }
+
+    /// The app's answers to a body that did not arrive whole (`proxy._handle`'s).
+    fn body_failure(&self, plane: &ControlPlane, failure: BodyFailure) -> Response<Body> {
+        let (status, message, code) = match failure {
+            BodyFailure::TooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body exceeds {} bytes", self.config.max_body_bytes),
+                Some("request_too_large"),
+            ),
+            BodyFailure::Timeout => {
+                plane.errors().count(ClientError::BodyTimeout);
+                let seconds = self.config.body_timeout.as_secs_f64();
+                (
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("the request body did not arrive within {seconds} s"),
+                    Some("timeout"),
+                )
+            }
+            BodyFailure::Broken => {
+                plane.errors().count(ClientError::Malformed);
+                (StatusCode::BAD_REQUEST, crate::answers::MALFORMED.to_owned(), None)
+            }
+        };
+        let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}});
+        let mut answer = json_response(status, body.to_string());
+        answer
+            .headers_mut()
+            .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+        answer
+    }
+
+    /// The routing plan of a body the native path serves exactly as the app would, or None.
+    fn plan(&self, api: Api, headers: &HeaderMap, raw: &[u8]) -> Option<Plan> {
+        let body = parse_openai_body(raw, api.endpoint()).ok()?;
+        if body.kv_transfer_params || escapes_lone_surrogate(raw) || has_long_digit_run(raw) {
+            return None;
+        }
+        let fleet = self.fleet();
+        if let Some(model) = body.model.as_deref()
+            && ((!fleet.models.is_empty() && !fleet.models.contains_key(model)) || fleet.adapters.contains(model))
+        {
+            return None;
+        }
+        if let Some(tools) = body.tools {
+            let tools: Vec<&serde_json::value::RawValue> = serde_json::from_str(tools).ok()?;
+            if !tools.iter().all(|t| t.get().starts_with('{')) {
+                return None;
+            }
+        }
+        let session = header_session(headers);
+        let hinted = session.is_some() || [&body.prompt_cache_key, &body.user].iter().any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
+        let (ids, turn, source) = match api {
+            Api::Chat => {
+                let rendered = render(&body)?;
+                let first_turn = rendered.first_turn;
+                (byte_chunk_ids(&rendered.text), TurnHint::Messages { first_turn }, "approximate")
+            }
+            // Without messages the app counts a session's turns in its own table: a session
+            // hint's request is the app's.
+            Api::Completions if hinted => return None,
+            Api::Completions => match body.prompt.as_ref()? {
+                smetric_vllm::Prompt::Ids(ids) => (ids.clone(), TurnHint::Unknown, "ids"),
+                smetric_vllm::Prompt::Text(text) => (byte_chunk_ids(text.as_bytes()), TurnHint::Unknown, "approximate"),
+            },
+        };
+        // A stream asks the engine for its usage (the realized hit); a body whose own
+        // `stream_options` lack it is re-encoded by the app.
+        let hide_usage = match (body.stream, body.stream_options) {
+            (false, _) => false,
+            (true, None) => true,
+            (true, Some(options)) => {
+                let value: serde_json::Value = serde_json::from_str(options).ok()?;
+                if value.get("include_usage") != Some(&serde_json::Value::Bool(true)) {
+                    return None;
+                }
+                false
+            }
+        };
+        Some(Plan {
+            ids,
+            turn,
+            source,
+            model: body.model,
+            namespace: body.cache_salt,
+            hide_usage,
+            session,
+        })
+    }
+
+    /// `exclude` plus the instances at `cap` requests in flight, while one below it is left
+    /// (`admission.skip_full` over one pool).
+    fn skip_full(&self, instances: &[String], exclude: Vec<String>, cap: usize) -> Vec<String> {
+        let candidates: Vec<&String> = instances.iter().filter(|u| !exclude.contains(u)).collect();
+        let full: Vec<String> = candidates
+            .iter()
+            .filter(|u| self.config.router.load(u).is_ok_and(|l| l.bs >= cap as u64))
+            .map(|u| (*u).clone())
+            .collect();
+        if full.is_empty() || full.len() >= candidates.len() {
+            return exclude;
+        }
+        let mut out = exclude;
+        out.extend(full);
+        out
+    }
+
+    fn note_decision(&self, record: &mut Record, d: &Decision) {
+        record.attempts = 1;
+        record.instance = Some(d.instance_name.to_string());
+        record.reason = Some(d.reason.name());
+        record.policy = Some(self.config.router.policy().name());
+        record.first_turn = Some(d.first_turn);
+        record.predicted_local_hit = Some(d.local_hit_tokens);
+        record.predicted_global_hit = Some(d.global_hit_tokens);
+    }
+
+    /// The `x-smetric-decision` value (`colocated.decision_header`).
+    fn decision_header(&self, d: &Decision, source: &str) -> HeaderValue {
+        let reason = d.reason.name();
+        let label = self.config.labels.get(reason).map_or(reason, String::as_str);
+        let value = format!(
+            "instance={}; reason={label}; first_turn={}; local_hit_tokens={}; global_hit_tokens={}; \
+             policy={}; detail=\"{reason}\"; attempt=1; tokens={source}",
+            d.instance_name,
+            u8::from(d.first_turn),
+            d.local_hit_tokens,
+            d.global_hit_tokens,
+            self.config.router.policy().name(),
+        );
+        HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("unrenderable"))
+    }
+
+    /// The engine's request: the client's end-to-end headers, the request id, and the keys.
+    fn upstream_request(&self, api: Api, instance: &str, headers: &HeaderMap, id: &str, body: Bytes) -> Request<Full<Bytes>> {
+        let mut out = headers.clone();
+        strip_hop_by_hop(&mut out);
+        for name in [hyper::header::HOST, hyper::header::CONTENT_LENGTH] {
+            out.remove(name);
+        }
+        if let Ok(value) = HeaderValue::from_str(id) {
+            out.insert(REQUEST_ID.clone(), value);
+        }
+        if !self.config.client_keys.is_empty() || self.config.upstream_key.is_some() {
+            out.remove(hyper::header::AUTHORIZATION);
+            out.remove("x-api-key");
+        }
+        if let Some(key) = &self.config.upstream_key
+            && let Ok(value) = HeaderValue::from_str(&format!("Bearer {key}"))
+        {
+            out.insert(hyper::header::AUTHORIZATION, value);
+        }
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = format!("{instance}{}", api.path()).parse().unwrap_or_default();
+        *request.headers_mut() = out;
+        request
+    }
+
+    /// An attempt that failed at `instance` before the client had a byte: the app carries the
+    /// request on from there (its decision is counted here, its outcome is the app's).
+    #[allow(clippy::too_many_arguments)] // the request's parts and the failure
+    async fn hand_off(
+        &self,
+        plane: &ControlPlane,
+        record: Record,
+        parts: Parts,
+        raw: Bytes,
+        peer: SocketAddr,
+        instance: &str,
+        cause: &str,
+    ) -> Response<Body> {
+        self.records.push(Record {
+            handed_off: true,
+            ..record
+        });
+        let failed = format!("{instance} {cause}");
+        let headers = [(ADMITTED_HEADER, "1"), (FAILED_HEADER, failed.as_str())];
+        plane.delegate_bytes(parts, raw, peer, &headers).await
+    }
+}
+
+/// Python's `json.loads` refuses an integer of more digits than this (the default of
+/// `sys.set_int_max_str_digits`); `serde_json` reads it.
+const PYTHON_MAX_INT_DIGITS: usize = 4300;
+
+/// Whether the body has a run of more than [`PYTHON_MAX_INT_DIGITS`] ASCII digits (in a number
+/// the app would refuse, or in a string: either way the app's to answer). Such a run covers a
+/// multiple of the limit, so only those bytes are probed: O(body / 4300).
+fn has_long_digit_run(raw: &[u8]) -> bool {
+    let digit = |i: usize| raw.get(i).is_some_and(u8::is_ascii_digit);
+    (PYTHON_MAX_INT_DIGITS..raw.len()).step_by(PYTHON_MAX_INT_DIGITS).any(|probe| {
+        if !digit(probe) {
+            return false;
+        }
+        let start = (0..probe).rev().take_while(|&i| digit(i)).last().unwrap_or(probe);
+        let end = (probe..raw.len()).take_while(|&i| digit(i)).last().unwrap_or(probe);
+        end + 1 - start > PYTHON_MAX_INT_DIGITS
+    })
+}
+
+/// A routed attempt's lifecycle: `on_prefilled` at most once, then exactly one `on_finished`
+/// or — on every other path, a dropped future included — `on_aborted`.
+struct Lifecycle {
+    router: Arc<smetric_core::Router>,
+    id: RequestId,
+    prefilled: bool,
+    done: bool,
+}
+
+impl Lifecycle {
+    fn prefilled(&mut self) {
+        if !self.prefilled && !self.done {
+            self.prefilled = true;
+            self.router.on_prefilled(self.id);
+        }
+    }
+
+    fn aborted(&mut self) {
+        if !self.done {
+            self.done = true;
+            self.router.on_aborted(self.id);
+        }
+    }
+
+    fn finished(&mut self, output_tokens: u64) {
+        if !self.done {
+            self.done = true;
+            self.router.on_finished(self.id, output_tokens);
+        }
+    }
+}
+
+impl Drop for Lifecycle {
+    fn drop(&mut self) {
+        self.aborted();
+    }
+}
+
+/// The proxy's own error as OpenAI's body (`errors.ProxyError.body`).
+fn proxy_error_json(status: u16, message: &str, kind: &str) -> String {
+    serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": status}}).to_string()
+}
+
+/// What ends a started stream with the proxy's error (`OpenAIApi.stream_failure` of a 503).
+fn stream_failure(message: &str) -> Bytes {
+    let error = proxy_error_json(503, message, "ServiceUnavailableError");
+    Bytes::from(format!("data: {error}\n\ndata: [DONE]\n\n"))
+}
+
+/// `proxy._handle`'s answer to a request over `client_timeout`.
+const TIMED_OUT: &str = "the request timed out in the proxy";
+
+/// A stream's body with `stream_options.include_usage` spliced in after its opening brace.
+fn with_usage_request(raw: &Bytes) -> Bytes {
+    let Some(start) = raw.iter().position(|&b| b == b'{') else {
+        return raw.clone();
+    };
+    let mut out = BytesMut::with_capacity(raw.len() + USAGE_OPTION.len());
+    out.extend_from_slice(&raw[..start]);
+    out.extend_from_slice(USAGE_OPTION);
+    out.extend_from_slice(&raw[start + 1..]);
+    out.freeze()
+}
+
+/// A stream being relayed, from its second frame on, in a task of its own.
+struct Relay {
+    native: Arc<Native>,
+    plane: Arc<ControlPlane>,
+    api: Api,
+    lifecycle: Lifecycle,
+    instance: String,
+    scan: OpenAiStream,
+    kept: Option<BytesMut>,
+    record: Record,
+    arrived: Instant,
+    deadline: tokio::time::Instant,
+    prefilled: Instant,
+    parts: Parts,
+    raw: Bytes,
+    peer: SocketAddr,
+}
+
+/// How a relayed stream ended.
+enum End {
+    Complete,
+    ClientGone,
+    Cut(&'static str),
+    /// Over the client timeout: ended with an error event, the instance not charged.
+    TimedOut,
+}
+
+impl Relay {
+    fn scan_first(&mut self, first: Bytes) -> Bytes {
+        if let Some(kept) = self.kept.as_mut() {
+            kept.extend_from_slice(&first);
+        }
+        self.scan.feed(first)
+    }
+
+    async fn run(mut self, mut tx: Sender<Bytes, hyper::Error>, first: Bytes, mut upstream: Incoming) {
+        let mut end = if first.is_empty() || tx.send_data(first).await.is_ok() {
+            None
+        } else {
+            Some(End::ClientGone)
+        };
+        while end.is_none() {
+            let idle = tokio::time::Instant::now() + self.native.config.idle_timeout;
+            if self.deadline <= idle && tokio::time::Instant::now() >= self.deadline {
+                end = Some(End::TimedOut);
+                break;
+            }
+            let next = tokio::time::timeout_at(idle.min(self.deadline), upstream.frame()).await;
+            if next.is_err() && tokio::time::Instant::now() >= self.deadline {
+                end = Some(End::TimedOut);
+                break;
+            }
+            end = match next {
+                Ok(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else { continue };
+                    if let Some(kept) = self.kept.as_mut() {
+                        kept.extend_from_slice(&data);
+                    }
+                    let out = self.scan.feed(data);
+                    if out.is_empty() || tx.send_data(out).await.is_ok() {
+                        continue;
+                    }
+                    Some(End::ClientGone)
+                }
+                Ok(None) if self.scan.done || self.scan.finished => Some(End::Complete),
+                Ok(None) => Some(End::Cut("stream_cut")),
+                // The answer was complete; only the end marker was lost.
+                Ok(Some(Err(_))) | Err(_) if self.scan.finished => Some(End::Complete),
+                Ok(Some(Err(_))) => Some(End::Cut("ClientPayloadError")),
+                Err(_) => Some(End::Cut("TimeoutError")),
+            };
+        }
+        drop(upstream); // the engine aborts a request whose connection closes
+        let tokens = self.scan.tokens();
+        self.record.output_tokens = Some(tokens);
+        self.record.cached_tokens = self.scan.cached_tokens;
+        match end {
+            Some(End::Complete) | None => {
+                if !self.scan.done {
+                    let _ = tx.send_data(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                }
+                self.lifecycle.finished(tokens);
+                if tokens >= 2 {
+                    let span = self.prefilled.elapsed().as_secs_f64();
+                    self.record.itl_s = Some(span / (tokens - 1) as f64);
+                }
+                self.finish(true);
+            }
+            Some(End::ClientGone) => self.finish(true),
+            Some(End::TimedOut) => {
+                let _ = tx.send_data(stream_failure(TIMED_OUT)).await;
+                self.finish(false);
+            }
+            Some(End::Cut(cause)) => {
+                self.lifecycle.aborted();
+                self.cut(cause, tx).await;
+            }
+        }
+    }
+
+    /// Records the outcome; the attempt is aborted unless it finished (the lifecycle's drop).
+    fn finish(mut self, succeeded: bool) {
+        self.record.succeeded = succeeded;
+        self.record.latency_s = self.arrived.elapsed().as_secs_f64();
+        self.native.records.push(self.record);
+    }
+
+    /// A stream cut after the client had its first event: continued by the app when the proxy
+    /// continues streams (the app's continuation is relayed after what was sent), else ended
+    /// with the API's error event.
+    async fn cut(mut self, cause: &'static str, mut tx: Sender<Bytes, hyper::Error>) {
+        let Some(kept) = self.kept.take() else {
+            let _ = tx.send_data(stream_failure(CUT_MESSAGE)).await;
+            self.record.failed = Some((self.instance.clone(), cause.to_owned()));
+            self.record.unresumed = true;
+            self.finish(false);
+            return;
+        };
+        // The app's continuation endpoint: the original body, then what the engine sent.
+        let mut framed = BytesMut::with_capacity(24 + self.raw.len() + kept.len());
+        framed.extend_from_slice(format!("{}\n", self.raw.len()).as_bytes());
+        framed.extend_from_slice(&self.raw);
+        framed.extend_from_slice(&kept);
+        let mut parts = self.parts.clone();
+        parts.uri = CONTINUE_PATH.parse().unwrap_or_default();
+        let failed = format!("{} {cause}", self.instance);
+        let request_id = self.record.request_id.clone();
+        let headers = [
+            (ADMITTED_HEADER, "1"),
+            (FAILED_HEADER, failed.as_str()),
+            ("x-request-id", request_id.as_str()),
+            (API_HEADER, self.api.name()),
+        ];
+        // The app records the request's outcome; this record counts the first decision only.
+        let record = std::mem::take(&mut self.record);
+        self.native.records.push(Record {
+            handed_off: true,
+            ..record
+        });
+        let answer = self.plane.delegate_bytes(parts, framed.freeze(), self.peer, &headers).await;
+        let mut body = answer.into_body();
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data()
+                && tx.send_data(data).await.is_err()
+            {
+                return; // the client left: dropping the app's answer closes its request
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_digit_run_longer_than_pythons_limit_is_found_wherever_it_lies() {
+        for (lead, run) in [(0, 4301), (1, 4301), (4299, 4301), (17, 9000)] {
+            let body = format!("{}{}x", "a".repeat(lead), "9".repeat(run));
+            assert!(has_long_digit_run(body.as_bytes()), "{lead} {run}");
+        }
+        for (lead, run) in [(0, 4300), (5, 4300), (4299, 4300)] {
+            let body = format!("{}{}x{}", "a".repeat(lead), "9".repeat(run), "7".repeat(4000));
+            assert!(!has_long_digit_run(body.as_bytes()), "{lead} {run}");
+        }
+    }
+}

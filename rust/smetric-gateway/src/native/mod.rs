@@ -1,0 +1,200 @@
+//! Stage 2 of the compiled data plane: OpenAI chat and completions served in Rust, on the same
+//! `smetric_core::Router` the Python control plane holds (`docs/proxy-data-plane.md`).
+//!
+//! A request of the proxy's APIs first takes an admission [`Slot`] ([`crate::admission`]; a
+//! refusal is delegated to the app with its reason, which answers it in the API's shape). The
+//! native path then takes `POST /v1/chat/completions` and `POST /v1/completions` when the
+//! control plane armed it for them ([`NativeConfig`]) and the request is one it serves exactly
+//! as the app would:
+//!
+//! 1. identity body encoding; a client key, when keys are on, among the configured ones;
+//! 2. the body read whole within `max_body_bytes` (else 413) and `body_timeout` (else 408);
+//! 3. parsed by the proxy's own parser (`smetric_vllm::parse_openai_body`), no lone surrogate,
+//!    a model the fleet serves and not a LoRA adapter, no `kv_transfer_params`;
+//! 4. routing ids: a completions prompt's token ids, or the plain ChatML of a chat body cut
+//!    into byte chunks ([`chatml`], `--tokens approximate` without a chat template), a text
+//!    prompt's bytes likewise; the turn from the chat roles;
+//! 5. routed with the fleet's exclusions (ejected instances, instances without the model, and
+//!    full instances once the admission holds one instance's share) and forwarded with the
+//!    request id, the upstream key, and for a stream a request for its usage;
+//! 6. a whole answer read whole, a stream relayed from its first event on, scanned
+//!    ([`stream`]); the router hears `on_prefilled` at the first byte and `on_finished` (the
+//!    output tokens) or `on_aborted`.
+//!
+//! Anything else is handed to the app as it came (its body, when read, resent): a request the
+//! native path does not serve, a body the app must refuse (the app's error says why), and an
+//! attempt that failed before any byte reached the client — with the instances that failed and
+//! why, so the app's failover carries on from there (`x-smetric-gateway-failed`). A stream cut
+//! after its first event goes to the app's continuation endpoint with what the client already
+//! has, and the app's continuation is relayed after it. Each native request leaves a
+//! [`Record`] for the control plane's metrics and decision log.
+//!
+//! Invariants: the app trusts the gateway's headers only with the per-process secret, and a
+//! client's own `x-smetric-gateway*` fields are dropped before anything is delegated; every
+//! routed attempt ends in exactly one `on_finished` or `on_aborted`; a slot is held until the
+//! answer's last byte (or the client's departure). Cost per request: one parse of the body,
+//! one render, one route, the bytes moved, and a scan of the stream.
+
+pub mod chatml;
+mod forward;
+mod stream;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use smetric_core::Router;
+
+use crate::admission::{Admission, AdmissionLimits};
+use crate::records::Records;
+
+pub(crate) use forward::serve;
+
+/// The header that carries the gateway's per-process secret on everything it sends the app.
+pub const GATEWAY_HEADER: &str = "x-smetric-gateway";
+/// The door admitted the request (the app must not admit it again).
+pub const ADMITTED_HEADER: &str = "x-smetric-gateway-admitted";
+/// The door refused the request: the reason (`queue_full`, `queue_timeout`, `draining`).
+pub const REFUSED_HEADER: &str = "x-smetric-gateway-refused";
+/// One attempt that failed before the client had a byte: `<instance> <cause>`, one field each.
+pub const FAILED_HEADER: &str = "x-smetric-gateway-failed";
+/// The API of a cut stream sent to the app's continuation endpoint (`chat`, `completions`).
+pub const API_HEADER: &str = "x-smetric-gateway-api";
+/// The app's endpoint that continues a cut stream the gateway was relaying: its body is the
+/// client's body's length in decimal and a newline, that body, then the stream's bytes so far.
+pub const CONTINUE_PATH: &str = "/_smetric/gateway/continue";
+
+/// What the control plane arms the native path with (no defaults here: `smetric serve`'s
+/// configuration has them).
+pub struct NativeConfig {
+    /// The router the app routes on too.
+    pub router: Arc<Router>,
+    /// Proves to the app that a request came from this gateway.
+    pub secret: String,
+    /// Client keys; empty: the proxy is open.
+    pub client_keys: Vec<String>,
+    /// The key every call to an engine carries, if any.
+    pub upstream_key: Option<String>,
+    pub max_body_bytes: usize,
+    pub body_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// A request's whole time in the proxy (504, or an error event once its stream started).
+    pub client_timeout: Duration,
+    /// The most attempts one request gets (the app carries on what the gateway began).
+    pub max_attempts: u32,
+    pub admission: AdmissionLimits,
+    /// Serve chat natively (approximate ChatML routing ids).
+    pub chat: bool,
+    /// Serve completions natively (token ids, or approximate ids of a text prompt).
+    pub completions: bool,
+    /// A cut stream is continued (by the app) rather than ended with an error event.
+    pub resume_streams: bool,
+    /// The core reason → label table of `smetric.serve.labels`.
+    pub labels: HashMap<String, String>,
+    /// Records kept for the control plane at most.
+    pub max_records: usize,
+}
+
+/// The fleet as the control plane sees it now; replaced whole on every change.
+#[derive(Clone, Debug, Default)]
+pub struct FleetView {
+    /// Every instance, in the fleet's order.
+    pub instances: Vec<String>,
+    /// Instances ejected after failures (a last resort only).
+    pub ejected: HashSet<String>,
+    /// Model id → the instances serving it (empty: models unknown, every request passes).
+    pub models: HashMap<String, HashSet<String>>,
+    /// LoRA adapters (their cache namespace is the app's to compute: delegated).
+    pub adapters: HashSet<String>,
+}
+
+impl FleetView {
+    /// Instances an attempt for `model` must skip (the app's `Fleet.exclusions`), or None
+    /// when none is left.
+    pub(crate) fn exclusions(&self, model: Option<&str>, failed: &[String]) -> Option<Vec<String>> {
+        let serving = model.and_then(|m| self.models.get(m));
+        let eligible: Vec<&String> = self
+            .instances
+            .iter()
+            .filter(|u| !failed.contains(u) && serving.is_none_or(|s| s.contains(*u)))
+            .collect();
+        if eligible.is_empty() {
+            return None;
+        }
+        let healthy: HashSet<&String> = eligible.iter().copied().filter(|u| !self.ejected.contains(*u)).collect();
+        let chosen: HashSet<&String> = if healthy.is_empty() {
+            eligible.into_iter().collect()
+        } else {
+            healthy
+        };
+        Some(self.instances.iter().filter(|u| !chosen.contains(u)).cloned().collect())
+    }
+
+    /// Instances not ejected (at least one counts: admission's capacity rule).
+    pub(crate) fn live(&self) -> usize {
+        self.instances.iter().filter(|u| !self.ejected.contains(*u)).count()
+    }
+}
+
+/// The native path's state, shared by every connection.
+pub(crate) struct Native {
+    pub(crate) config: NativeConfig,
+    pub(crate) fleet: RwLock<Arc<FleetView>>,
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) records: Arc<Records>,
+    pub(crate) engines: forward::Engines,
+}
+
+impl Native {
+    pub(crate) fn new(config: NativeConfig, fleet: FleetView, admission: Arc<Admission>, records: Arc<Records>) -> Self {
+        let engines = forward::Engines::new(config.connect_timeout);
+        Self {
+            config,
+            fleet: RwLock::new(Arc::new(fleet)),
+            admission,
+            records,
+            engines,
+        }
+    }
+
+    pub(crate) fn fleet(&self) -> Arc<FleetView> {
+        Arc::clone(&self.fleet.read().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// The shared handles `Gateway` keeps to talk to the native path from the control plane.
+#[derive(Clone)]
+pub struct NativeHandles {
+    pub(crate) native: Arc<Native>,
+}
+
+impl NativeHandles {
+    /// Every record queued since the last call, oldest first.
+    pub fn take_records(&self) -> Vec<crate::records::Record> {
+        self.native.records.take()
+    }
+
+    /// Records dropped because the control plane did not take them in time.
+    pub fn records_dropped(&self) -> u64 {
+        self.native.records.dropped()
+    }
+
+    /// The admission's state, for `/metrics`.
+    pub fn admission(&self) -> crate::admission::AdmissionSnapshot {
+        self.native.admission.snapshot()
+    }
+
+    /// Requests holding an admission slot now.
+    pub fn admitted(&self) -> usize {
+        self.native.admission.admitted()
+    }
+
+    /// Replaces the fleet view (and the admission's live-instance count).
+    pub fn set_fleet(&self, fleet: FleetView) {
+        let live = fleet.live();
+        *self.native.fleet.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(fleet);
+        self.native.admission.set_live(live);
+    }
+}
