@@ -27,7 +27,10 @@ the engines answer at once):
   build --release --manifest-path benches/dataplane/Cargo.toml``, given with
   ``--dataplane-probe``): what a data plane that is not Python would add on this host;
 * ``smetric-serve`` — the product: ``smetric serve --tokens ids`` with its defaults (failover,
-  metrics, decision header, engine-load scraping of the engines' ``/metrics``).
+  metrics, decision header, engine-load scraping of the engines' ``/metrics``); in the
+  ``--apis`` rows also ``smetric-serve-compiled``, the product with ``--data-plane compiled``
+  (the gateway in front: chat served natively, Messages and Responses delegated to the app).
+  ``--only`` runs the named ``--apis`` candidates alone.
 
 After an unrecorded warm-up, for each: an open loop at ``--rate`` requests/s for ``--requests``
 requests (32K-token prompts as token ids, ``max_tokens`` 16), streaming and not, recording each
@@ -74,7 +77,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,6 +227,18 @@ def launch(
     procs.append(proc)
     wait_http(f"http://127.0.0.1:{port}{ready}")
     return Candidate(name, [f"http://127.0.0.1:{port}"], proc)
+
+
+def start_smetric_serve(engines: Sequence[str], procs: list[subprocess.Popen[Any]], data_plane: str) -> Candidate:
+    """``smetric serve --tokens approximate`` on ``data_plane`` (``python``: the app alone;
+    ``compiled``: the gateway in front, serving chat natively)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "approximate"]
+    cmd += ["--kv-events", "off", "--log-level", "WARNING", "--data-plane", data_plane]
+    for url in engines:
+        cmd += ["--instance", url]
+    name = "smetric-serve" if data_plane == "python" else f"smetric-serve-{data_plane}"
+    return launch(name, cmd, procs, port, ready="/health")
 
 
 def start_protocol_proxy(
@@ -459,6 +474,11 @@ def main() -> None:
         help="only the per-API rows: chat, Anthropic Messages and OpenAI Responses, direct and through "
         "smetric serve with approximate tokens (the engines' own tokenizer), side by side",
     )
+    p.add_argument(
+        "--only",
+        help="--apis: these candidates only, comma-separated (smetric-serve, smetric-serve-compiled, python-aiohttp, "
+        "python-protocol, python-protocol+adapters, dataplane-probe, tcp-relay, vllm-router)",
+    )
     args = p.parse_args()
     prompt = list(range(1000, 1000 + args.prompt_tokens))
     bodies = {
@@ -602,24 +622,28 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
     the two sides interleaved (:func:`interleaved`); the proxy's CPU per request beside them.
     With ``socat`` installed, and with ``--vllm-router``, the same for a byte relay (the host's
     floor for one more hop) and for the compiled peer, on every API they forward."""
-    port = free_port()
-    cmd = [*pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "approximate"]
-    cmd += ["--kv-events", "off", "--log-level", "WARNING"]
-    for url in engines:
-        cmd += ["--instance", url]
-    proxy = subprocess.Popen(cmd)
-    procs.append(proxy)
-    wait_http(f"http://127.0.0.1:{port}/health")
-    candidates = [Candidate("smetric-serve", [f"http://127.0.0.1:{port}"], proxy)]
-    candidates.append(start_python_proxy(engines, procs))
-    candidates.append(start_protocol_proxy(engines, procs))
-    candidates.append(start_protocol_proxy(engines, procs, adapters=True))
-    if args.dataplane_probe:
-        candidates.append(start_probe(args.dataplane_probe, engines, procs))
-    if shutil.which("socat"):
-        candidates.append(Candidate("tcp-relay", start_relays(engines, procs), None))
-    if args.vllm_router and shutil.which(args.vllm_router):
-        candidates.append(start_vllm_router(args.vllm_router, engines, procs))
+    starters: dict[str, Callable[[], Candidate | None]] = {
+        "smetric-serve": lambda: start_smetric_serve(engines, procs, "python"),
+        "smetric-serve-compiled": lambda: start_smetric_serve(engines, procs, "compiled"),
+        "python-aiohttp": lambda: start_python_proxy(engines, procs),
+        "python-protocol": lambda: start_protocol_proxy(engines, procs),
+        "python-protocol+adapters": lambda: start_protocol_proxy(engines, procs, adapters=True),
+        "dataplane-probe": lambda: start_probe(args.dataplane_probe, engines, procs) if args.dataplane_probe else None,
+        "tcp-relay": lambda: (
+            Candidate("tcp-relay", start_relays(engines, procs), None) if shutil.which("socat") else None
+        ),
+        "vllm-router": lambda: (
+            start_vllm_router(args.vllm_router, engines, procs)
+            if args.vllm_router and shutil.which(args.vllm_router)
+            else None
+        ),
+    }
+    chosen = args.only.split(",") if args.only else list(starters)
+    unknown = set(chosen) - set(starters)
+    if unknown:
+        raise SystemExit(f"--only: unknown candidates {sorted(unknown)}; known: {', '.join(starters)}")
+    candidates = [c for c in (starters[name]() for name in chosen) if c is not None]
+    smetric_procs = {c.proc for c in candidates if c.name.startswith("smetric-serve")}
     chats = {st: chat_bodies(args.requests, args.prompt_tokens, st) for st in (False, True)}
     apis = {"chat": ("/v1/chat/completions", chats)}
     apis["messages"] = ("/v1/messages", {st: messages_bodies(chats[st]) for st in (False, True)})
@@ -633,7 +657,7 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
             except aiohttp.ClientResponseError as e:
                 print(f"{candidate.name} does not serve {path} ({e.status}): no row")
                 continue
-            label = f"{candidate.name} {name}" + (" (approximate)" if candidate.proc is proxy else "")
+            label = f"{candidate.name} {name}" + (" (approximate)" if candidate.proc in smetric_procs else "")
             direct: dict[str, Any] = {"target": f"direct {name}", "max_rate": float("nan"), "max_rate_by": "-"}
             served: dict[str, Any] = {**direct, "target": label}
             cpu = 0.0

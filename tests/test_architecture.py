@@ -306,8 +306,9 @@ SERVE_LAYERS: dict[str, int] = {
     "backends.colocated": 10,
     "backends.pd": 10,
     "backends": 11,
-    # the attempt loop, the app, the command
+    # the attempt loop, the compiled data plane's link, the app, the command
     "failover": 12,
+    "compiled": 12,
     "proxy": 13,
     "cli": 14,
 }

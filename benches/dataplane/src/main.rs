@@ -35,7 +35,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use smetric_core::{PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig};
 use smetric_vllm::{Endpoint, parse_openai_body};
 
-mod chatml;
+use smetric_gateway::native::chatml;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 

@@ -239,6 +239,7 @@ class CompiledPlane:
         if r["first_byte_s"] is not None:
             telemetry.first_byte_s.observe(r["first_byte_s"])
         status = r["status"]
+        telemetry.native[r["api"]] += 1
         telemetry.responses[status] += 1
         telemetry.request_s.observe(r["latency_s"])
         outcome = Outcome(

@@ -193,10 +193,9 @@ class Failover:
         if response is not None:
             self.telemetry.unresumed_streams += 1
             return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
+        failed = ", ".join(tried.failed) or "none"
         return api.fail(
-            ProxyError.unavailable(
-                f"no instance could serve the request ({attempt_no} attempts; failed: {', '.join(tried.failed) or 'none'})"
-            )
+            ProxyError.unavailable(f"no instance could serve the request ({attempt_no} attempts; failed: {failed})")
         )
 
     def _refused(self, refused: Refused, tried: _Tried) -> ProxyError | None:

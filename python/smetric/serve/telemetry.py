@@ -11,6 +11,7 @@ Families (``smetric_`` prefix): ``proxy_decisions_total{policy,reason,first_turn
 ``proxy_decision_seconds``, ``proxy_upstream_first_byte_seconds``, ``proxy_request_seconds``,
 ``proxy_retries_total{cause}``, ``proxy_ejections_total{instance}``,
 ``proxy_readmissions_total{instance}``, ``proxy_resumed_streams_total``, ``proxy_unresumed_streams_total``,
+``proxy_native_requests_total{api}``,
 ``proxy_responses_total{code}``, ``proxy_instance_in_flight{instance}``,
 ``proxy_instance_ejected{instance}``, ``proxy_client_errors_total{kind}`` (client garbage the
 proxy refused — malformed HTTP, slow heads, unparseable bodies — counted instead of logged).
@@ -76,6 +77,8 @@ class ProxyTelemetry:
         self.responses: Counter[int] = Counter()
         self.resumed_streams = 0
         self.unresumed_streams = 0
+        self.native: Counter[str] = Counter()
+        """Requests the compiled data plane served itself, by API (the rest reach the app)."""
         self.client_errors: Counter[str] = Counter()
         """Refused client input by kind (a bounded set of names the proxy chooses)."""
         self.door_client_errors: Callable[[], Iterable[tuple[str, int]]] | None = None
@@ -177,6 +180,12 @@ class ProxyTelemetry:
             "counter",
             "Streams cut after their first chunk that could not be continued (ended with the API's error event).",
             [({}, self.unresumed_streams)],
+        )
+        yield from _family(
+            name("native_requests_total"),
+            "counter",
+            "Requests the compiled data plane (--data-plane compiled) served without the app, by API.",
+            [({"api": a}, n) for a, n in sorted(self.native.items())],
         )
         yield from _family(
             name("responses_total"),

@@ -28,7 +28,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::answers::{Body, MALFORMED, client_error_body, json_response, proxy_error_body};
 use crate::counters::{ClientError, ClientErrors};
-use crate::native::GATEWAY_HEADER;
+use crate::handoff::GATEWAY_HEADER;
 
 /// RFC 9110 §7.6.1 (and the older fields proxies still meet): never forwarded.
 const HOP_BY_HOP: [&str; 9] = [

@@ -126,11 +126,14 @@ fn limits() -> Limits {
 }
 
 fn gateway_with(control_plane: SocketAddr, limits: Limits) -> Gateway {
-    Gateway::start(GatewayConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        control_plane,
-        limits,
-    }, None)
+    Gateway::start(
+        GatewayConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            control_plane,
+            limits,
+        },
+        None,
+    )
     .unwrap()
 }
 

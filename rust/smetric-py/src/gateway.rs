@@ -245,7 +245,9 @@ impl PyGateway {
                 Some((native, fleet))
             }
         };
-        let gateway = py.detach(|| Gateway::start(config, native)).map_err(|e| to_py_err(py, &e))?;
+        let gateway = py
+            .detach(|| Gateway::start(config, native))
+            .map_err(|e| to_py_err(py, &e))?;
         Ok(Self {
             address: gateway.address(),
             native: gateway.native(),

@@ -26,7 +26,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<gateway::PyGateway>()?;
     m.add_class::<gateway::PyGatewayNative>()?;
     {
-        use smetric_gateway::native as n;
+        use smetric_gateway::handoff as n;
         m.add("GATEWAY_HEADER", n::GATEWAY_HEADER)?;
         m.add("GATEWAY_ADMITTED_HEADER", n::ADMITTED_HEADER)?;
         m.add("GATEWAY_REFUSED_HEADER", n::REFUSED_HEADER)?;

@@ -22,13 +22,14 @@ use smetric_core::{Decision, Prompt, RequestId, RouteRequest, TurnHint};
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 use smetric_vllm::{Endpoint, parse_openai_body};
 
+use super::Native;
 use super::chatml::{byte_chunk_ids, render};
 use super::stream::{OpenAiStream, usage_counts};
-use super::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, Native, REFUSED_HEADER};
 use crate::admission::Slot;
 use crate::answers::{Body, Held, SERVER_NAME, json_response};
 use crate::counters::ClientError;
 use crate::delegate::{ControlPlane, strip_hop_by_hop};
+use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER};
 use crate::records::Record;
 
 /// The engines' client: kept-alive connections, no delay, the configured connect timeout.
@@ -134,7 +135,11 @@ pub(crate) async fn serve(
     }
     let slot = match native.admission.enter().await {
         Ok(slot) => slot,
-        Err(refusal) => return plane.delegate(request, peer, &[(REFUSED_HEADER, refusal.reason())]).await,
+        Err(refusal) => {
+            return plane
+                .delegate(request, peer, &[(REFUSED_HEADER, refusal.reason())])
+                .await;
+        }
     };
     let answer = match Api::of(&native, request.method(), request.uri().path()) {
         Some(api) if head_servable(&native, request.headers()) => {
@@ -143,7 +148,10 @@ pub(crate) async fn serve(
             let served = Native::serve(&native, &plane, api, parts, body, peer, arrived, deadline);
             match tokio::time::timeout_at(deadline, served).await {
                 Ok(answer) => answer,
-                Err(_) => json_response(StatusCode::GATEWAY_TIMEOUT, proxy_error_json(504, TIMED_OUT, "TimeoutError")),
+                Err(_) => json_response(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    proxy_error_json(504, TIMED_OUT, "TimeoutError"),
+                ),
             }
         }
         _ => plane.delegate(request, peer, &[(ADMITTED_HEADER, "1")]).await,
@@ -159,9 +167,10 @@ fn held(answer: Response<Body>, slot: Slot) -> Response<Body> {
 /// Whether the request's head is one the native path serves: an identity body of a size it
 /// accepts, and a valid client key when keys are on (the app answers the rest).
 fn head_servable(native: &Native, headers: &HeaderMap) -> bool {
-    let identity = headers
-        .get(hyper::header::CONTENT_ENCODING)
-        .is_none_or(|v| v.to_str().is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "" | "identity")));
+    let identity = headers.get(hyper::header::CONTENT_ENCODING).is_none_or(|v| {
+        v.to_str()
+            .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "" | "identity"))
+    });
     let sized = headers
         .get(hyper::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
@@ -191,12 +200,16 @@ fn key_valid(keys: &[String], headers: &HeaderMap) -> bool {
             .filter(|k| !k.is_empty())
     });
     let Some(presented) = presented else { return false };
-    keys.iter().fold(false, |found, key| found | same(key.as_bytes(), presented.as_bytes()))
+    keys.iter()
+        .fold(false, |found, key| found | same(key.as_bytes(), presented.as_bytes()))
 }
 
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
+
+/// Request ids minted so far: mixed into each new one.
+static MINTED: AtomicU64 = AtomicU64::new(0);
 
 /// The request's id: the client's when it is safe (1–128 of `[A-Za-z0-9._:-]`), else a new one.
 fn request_id(headers: &HeaderMap) -> String {
@@ -207,14 +220,16 @@ fn request_id(headers: &HeaderMap) -> String {
     {
         return id.to_owned();
     }
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let n = MINTED.fetch_add(1, Ordering::Relaxed);
     let state = RandomState::new();
     format!("{:016x}{:016x}", state.hash_one(n), state.hash_one(!n))
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty())
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
 }
 
 /// The session key a request's headers give (`session.session_hint` of the headers alone, as
@@ -241,6 +256,7 @@ struct Plan {
     session: Option<String>,
 }
 
+#[derive(Clone, Copy)]
 enum BodyFailure {
     TooLarge,
     Timeout,
@@ -271,7 +287,10 @@ impl Native {
             request_id: id.clone(),
             api: api.name(),
             session: plan.session.clone(),
-            parent: PARENT_HEADERS.iter().find_map(|h| header(&parts.headers, h)).map(str::to_owned),
+            parent: PARENT_HEADERS
+                .iter()
+                .find_map(|h| header(&parts.headers, h))
+                .map(str::to_owned),
             model: plan.model.clone(),
             prompt_tokens: Some(plan.ids.len() as u64),
             tokens_source: Some(plan.source),
@@ -310,23 +329,28 @@ impl Native {
             done: false,
         };
         // Forward.
-        let body = if plan.hide_usage { with_usage_request(&raw) } else { raw.clone() };
+        let body = if plan.hide_usage {
+            with_usage_request(&raw)
+        } else {
+            raw.clone()
+        };
         let upstream = self.upstream_request(api, &instance, &parts.headers, &id, body);
         let decision_header = self.decision_header(&decision, plan.source);
         let sent = Instant::now();
-        let answer = match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream)).await {
-            Ok(Ok(answer)) if answer.status().as_u16() < 500 => answer,
-            failed => {
-                drop(lifecycle);
-                let cause = match failed {
-                    Ok(Ok(answer)) => format!("http_{}", answer.status().as_u16()),
-                    Ok(Err(e)) if e.is_connect() => "ClientConnectorError".to_owned(),
-                    Ok(Err(_)) => "ServerDisconnectedError".to_owned(),
-                    Err(_) => "TimeoutError".to_owned(),
-                };
-                return self.hand_off(plane, record, parts, raw, peer, &instance, &cause).await;
-            }
-        };
+        let answer =
+            match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream)).await {
+                Ok(Ok(answer)) if answer.status().as_u16() < 500 => answer,
+                failed => {
+                    drop(lifecycle);
+                    let cause = match failed {
+                        Ok(Ok(answer)) => format!("http_{}", answer.status().as_u16()),
+                        Ok(Err(e)) if e.is_connect() => "ClientConnectorError".to_owned(),
+                        Ok(Err(_)) => "ServerDisconnectedError".to_owned(),
+                        Err(_) => "TimeoutError".to_owned(),
+                    };
+                    return self.hand_off(plane, record, parts, raw, peer, &instance, &cause).await;
+                }
+            };
         let (mut head, upstream_body) = answer.into_parts();
         strip_hop_by_hop(&mut head.headers);
         head.headers.remove(hyper::header::CONTENT_LENGTH);
@@ -346,7 +370,11 @@ impl Native {
                 Ok(Ok(whole)) => whole.to_bytes(),
                 failed => {
                     drop(lifecycle);
-                    let cause = if failed.is_err() { "TimeoutError" } else { "ClientPayloadError" };
+                    let cause = if failed.is_err() {
+                        "TimeoutError"
+                    } else {
+                        "ClientPayloadError"
+                    };
                     return self.hand_off(plane, record, parts, raw, peer, &instance, cause).await;
                 }
             };
@@ -482,12 +510,19 @@ impl Native {
             }
         }
         let session = header_session(headers);
-        let hinted = session.is_some() || [&body.prompt_cache_key, &body.user].iter().any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
+        let hinted = session.is_some()
+            || [&body.prompt_cache_key, &body.user]
+                .iter()
+                .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
         let (ids, turn, source) = match api {
             Api::Chat => {
                 let rendered = render(&body)?;
                 let first_turn = rendered.first_turn;
-                (byte_chunk_ids(&rendered.text), TurnHint::Messages { first_turn }, "approximate")
+                (
+                    byte_chunk_ids(&rendered.text),
+                    TurnHint::Messages { first_turn },
+                    "approximate",
+                )
             }
             // Without messages the app counts a session's turns in its own table: a session
             // hint's request is the app's.
@@ -565,7 +600,14 @@ impl Native {
     }
 
     /// The engine's request: the client's end-to-end headers, the request id, and the keys.
-    fn upstream_request(&self, api: Api, instance: &str, headers: &HeaderMap, id: &str, body: Bytes) -> Request<Full<Bytes>> {
+    fn upstream_request(
+        &self,
+        api: Api,
+        instance: &str,
+        headers: &HeaderMap,
+        id: &str,
+        body: Bytes,
+    ) -> Request<Full<Bytes>> {
         let mut out = headers.clone();
         strip_hop_by_hop(&mut out);
         for name in [hyper::header::HOST, hyper::header::CONTENT_LENGTH] {
@@ -622,14 +664,16 @@ const PYTHON_MAX_INT_DIGITS: usize = 4300;
 /// multiple of the limit, so only those bytes are probed: O(body / 4300).
 fn has_long_digit_run(raw: &[u8]) -> bool {
     let digit = |i: usize| raw.get(i).is_some_and(u8::is_ascii_digit);
-    (PYTHON_MAX_INT_DIGITS..raw.len()).step_by(PYTHON_MAX_INT_DIGITS).any(|probe| {
-        if !digit(probe) {
-            return false;
-        }
-        let start = (0..probe).rev().take_while(|&i| digit(i)).last().unwrap_or(probe);
-        let end = (probe..raw.len()).take_while(|&i| digit(i)).last().unwrap_or(probe);
-        end + 1 - start > PYTHON_MAX_INT_DIGITS
-    })
+    (PYTHON_MAX_INT_DIGITS..raw.len())
+        .step_by(PYTHON_MAX_INT_DIGITS)
+        .any(|probe| {
+            if !digit(probe) {
+                return false;
+            }
+            let start = (0..probe).rev().take_while(|&i| digit(i)).last().unwrap_or(probe);
+            let end = (probe..raw.len()).take_while(|&i| digit(i)).last().unwrap_or(probe);
+            end + 1 - start > PYTHON_MAX_INT_DIGITS
+        })
 }
 
 /// A routed attempt's lifecycle: `on_prefilled` at most once, then exactly one `on_finished`
@@ -835,7 +879,10 @@ impl Relay {
             handed_off: true,
             ..record
         });
-        let answer = self.plane.delegate_bytes(parts, framed.freeze(), self.peer, &headers).await;
+        let answer = self
+            .plane
+            .delegate_bytes(parts, framed.freeze(), self.peer, &headers)
+            .await;
         let mut body = answer.into_body();
         while let Some(Ok(frame)) = body.frame().await {
             if let Ok(data) = frame.into_data()

@@ -1,7 +1,7 @@
 //! Stage 2 of the compiled data plane: OpenAI chat and completions served in Rust, on the same
 //! `smetric_core::Router` the Python control plane holds (`docs/proxy-data-plane.md`).
 //!
-//! A request of the proxy's APIs first takes an admission [`Slot`] ([`crate::admission`]; a
+//! A request of the proxy's APIs first takes an admission `Slot` (`crate::admission`; a
 //! refusal is delegated to the app with its reason, which answers it in the API's shape). The
 //! native path then takes `POST /v1/chat/completions` and `POST /v1/completions` when the
 //! control plane armed it for them ([`NativeConfig`]) and the request is one it serves exactly
@@ -18,7 +18,7 @@
 //!    full instances once the admission holds one instance's share) and forwarded with the
 //!    request id, the upstream key, and for a stream a request for its usage;
 //! 6. a whole answer read whole, a stream relayed from its first event on, scanned
-//!    ([`stream`]); the router hears `on_prefilled` at the first byte and `on_finished` (the
+//!    (`stream`); the router hears `on_prefilled` at the first byte and `on_finished` (the
 //!    output tokens) or `on_aborted`.
 //!
 //! Anything else is handed to the app as it came (its body, when read, resent): a request the
@@ -27,7 +27,7 @@
 //! why, so the app's failover carries on from there (`x-smetric-gateway-failed`). A stream cut
 //! after its first event goes to the app's continuation endpoint with what the client already
 //! has, and the app's continuation is relayed after it. Each native request leaves a
-//! [`Record`] for the control plane's metrics and decision log.
+//! `Record` for the control plane's metrics and decision log.
 //!
 //! Invariants: the app trusts the gateway's headers only with the per-process secret, and a
 //! client's own `x-smetric-gateway*` fields are dropped before anything is delegated; every
@@ -49,20 +49,6 @@ use crate::admission::{Admission, AdmissionLimits};
 use crate::records::Records;
 
 pub(crate) use forward::serve;
-
-/// The header that carries the gateway's per-process secret on everything it sends the app.
-pub const GATEWAY_HEADER: &str = "x-smetric-gateway";
-/// The door admitted the request (the app must not admit it again).
-pub const ADMITTED_HEADER: &str = "x-smetric-gateway-admitted";
-/// The door refused the request: the reason (`queue_full`, `queue_timeout`, `draining`).
-pub const REFUSED_HEADER: &str = "x-smetric-gateway-refused";
-/// One attempt that failed before the client had a byte: `<instance> <cause>`, one field each.
-pub const FAILED_HEADER: &str = "x-smetric-gateway-failed";
-/// The API of a cut stream sent to the app's continuation endpoint (`chat`, `completions`).
-pub const API_HEADER: &str = "x-smetric-gateway-api";
-/// The app's endpoint that continues a cut stream the gateway was relaying: its body is the
-/// client's body's length in decimal and a newline, that body, then the stream's bytes so far.
-pub const CONTINUE_PATH: &str = "/_smetric/gateway/continue";
 
 /// What the control plane arms the native path with (no defaults here: `smetric serve`'s
 /// configuration has them).
@@ -123,7 +109,11 @@ impl FleetView {
         if eligible.is_empty() {
             return None;
         }
-        let healthy: HashSet<&String> = eligible.iter().copied().filter(|u| !self.ejected.contains(*u)).collect();
+        let healthy: HashSet<&String> = eligible
+            .iter()
+            .copied()
+            .filter(|u| !self.ejected.contains(*u))
+            .collect();
         let chosen: HashSet<&String> = if healthy.is_empty() {
             eligible.into_iter().collect()
         } else {
@@ -148,7 +138,12 @@ pub(crate) struct Native {
 }
 
 impl Native {
-    pub(crate) fn new(config: NativeConfig, fleet: FleetView, admission: Arc<Admission>, records: Arc<Records>) -> Self {
+    pub(crate) fn new(
+        config: NativeConfig,
+        fleet: FleetView,
+        admission: Arc<Admission>,
+        records: Arc<Records>,
+    ) -> Self {
         let engines = forward::Engines::new(config.connect_timeout);
         Self {
             config,

@@ -117,7 +117,8 @@ impl OpenAiStream {
 
 /// The usage chunk: `choices: []` with the token counts.
 fn is_usage_event(event: &[u8]) -> bool {
-    contains(event, b"\"completion_tokens\"") && (contains(event, b"\"choices\":[]") || contains(event, b"\"choices\": []"))
+    contains(event, b"\"completion_tokens\"")
+        && (contains(event, b"\"choices\":[]") || contains(event, b"\"choices\": []"))
 }
 
 #[cfg(test)]
@@ -151,7 +152,10 @@ mod tests {
     fn a_hidden_usage_event_is_kept_from_the_client_and_chunks_are_counted_without_it() {
         let mut scan = OpenAiStream::new(1, true);
         let out = scan.feed(Bytes::from(stream()));
-        assert_eq!(out, format!("{ROLE}\n\n{TOKEN}\n\n{LAST}\n\ndata: [DONE]\n\n").as_bytes());
+        assert_eq!(
+            out,
+            format!("{ROLE}\n\n{TOKEN}\n\n{LAST}\n\ndata: [DONE]\n\n").as_bytes()
+        );
         assert_eq!(scan.cached_tokens, Some(8));
         let mut bare = OpenAiStream::new(1, false);
         bare.feed(Bytes::from(format!("{ROLE}\n\n{TOKEN}\n\n{TOKEN}\n\n")));

@@ -1,0 +1,19 @@
+//! The fields the gateway and the app speak between them, on the loopback hop only: the
+//! gateway's secret vouches for a request, and with it the app reads what the gateway decided
+//! (admitted, refused) or tried (attempts that failed, a stream that was cut). The gateway drops
+//! a client's own fields of these names before it delegates anything (`crate::delegate`), and
+//! the app trusts them only with the secret.
+
+/// The header that carries the gateway's per-process secret on everything it sends the app.
+pub const GATEWAY_HEADER: &str = "x-smetric-gateway";
+/// The door admitted the request (the app must not admit it again).
+pub const ADMITTED_HEADER: &str = "x-smetric-gateway-admitted";
+/// The door refused the request: the reason (`queue_full`, `queue_timeout`, `draining`).
+pub const REFUSED_HEADER: &str = "x-smetric-gateway-refused";
+/// One attempt that failed before the client had a byte: `<instance> <cause>`, one field each.
+pub const FAILED_HEADER: &str = "x-smetric-gateway-failed";
+/// The API of a cut stream sent to the app's continuation endpoint (`chat`, `completions`).
+pub const API_HEADER: &str = "x-smetric-gateway-api";
+/// The app's endpoint that continues a cut stream the gateway was relaying: its body is the
+/// client's body's length in decimal and a newline, that body, then the stream's bytes so far.
+pub const CONTINUE_PATH: &str = "/_smetric/gateway/continue";

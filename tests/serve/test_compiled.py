@@ -1,0 +1,249 @@
+"""The compiled data plane's native path (``smetric serve --data-plane compiled``,
+``rust/smetric-gateway/src/native``): that chat and completions are served without the app, with
+everything the app would give them, and that what it cannot finish is carried on by the app.
+
+The whole serve suite also runs through the compiled plane (``SMETRIC_TEST_DATA_PLANE=compiled``,
+a pass of ``make test``); these tests pin that the native path, not delegation, served what they
+send (``proxy_native_requests_total``), and test the hand-offs themselves. Upstreams: fake engines
+in process, or stubs. Bounded: a handful of requests each.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from proxy_util import Stub, chat_text, events, metric, proxy_for, request
+
+from smetric.fake_engine import FakeEngine
+from smetric.serve.proxy import ProxyServer
+
+SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+def engines() -> Iterator[list[FakeEngine]]:
+    started = [FakeEngine(port=0, speedup=1000).start() for _ in range(2)]
+    yield started
+    for e in started:
+        e.stop()
+
+
+def compiled(urls: list[str], **overrides: Any) -> ProxyServer:
+    instances = [{"url": url, "kv_events": "off"} for url in urls]
+    return proxy_for(instances, data_plane="compiled", tokens={"mode": "approximate"}, **overrides)
+
+
+def page(p: ProxyServer) -> str:
+    return request(p.url, "/metrics", method="GET")[2].decode()
+
+
+def decision(headers: dict[str, str]) -> dict[str, str]:
+    return {k: v.strip('"') for k, _, v in (f.partition("=") for f in headers["x-smetric-decision"].split("; "))}
+
+
+def log_lines(path: Path, count: int) -> list[dict[str, Any]]:
+    """The decision log's lines once it has ``count`` (the log is written off the loop)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.02)
+
+
+def test_chat_and_completions_are_served_natively_with_what_the_app_gives(
+    engines: list[FakeEngine], tmp_path: Path
+) -> None:
+    log = tmp_path / "decisions.jsonl"
+    p = compiled([e.url for e in engines], decision_log=str(log))
+    try:
+        first = {"messages": [SYSTEM, {"role": "user", "content": "list the files"}], "max_tokens": 4}
+        status, headers, body = request(p.url, CHAT, first, headers={"x-request-id": "req-1"})
+        assert status == 200 and json.loads(body)["choices"][0]["message"]["content"]
+        assert headers["x-request-id"] == "req-1" and headers["server"] == "smetric"
+        home = decision(headers)
+        assert home["first_turn"] == "1" and home["tokens"] == "approximate" and home["attempt"] == "1"
+        # The follow-up, streamed without asking for usage: sticky, its usage kept from the client.
+        answer = {"role": "assistant", "content": json.loads(body)["choices"][0]["message"]["content"]}
+        follow = {
+            "messages": [*first["messages"], answer, {"role": "user", "content": "go"}],
+            "max_tokens": 4,
+            "stream": True,
+        }
+        status, headers, body = request(p.url, CHAT, follow)
+        assert status == 200 and chat_text(body) and events(body)[-1] == "[DONE]"
+        assert len(headers["x-request-id"]) == 32, "minted"
+        again = decision(headers)
+        assert again["first_turn"] == "0" and again["instance"] == home["instance"]
+        assert int(again["local_hit_tokens"]) > 0
+        assert not any(isinstance(e, dict) and e.get("usage") for e in events(body)), "usage hidden"
+        ids = {"prompt": list(range(100, 400)), "max_tokens": 2}
+        status, headers, _ = request(p.url, "/v1/completions", ids)
+        assert status == 200 and decision(headers)["tokens"] == "ids"
+        text = page(p)
+        assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 2
+        assert metric(text, "smetric_proxy_native_requests_total", api="completions") == 1
+        assert metric(text, "smetric_proxy_responses_total", code="200") == 3
+        assert metric(text, "smetric_proxy_decisions_total", policy="smetric", reason="sticky", first_turn="false") == 1
+        assert metric(text, "smetric_proxy_prompt_tokens_total", source="ids") == 300
+        lines = log_lines(log, 3)
+        assert lines[0]["request_id"] == "req-1"
+        streamed = lines[1]
+        assert streamed["instance"] == home["instance"] and streamed["reason"] == "sticky"
+        assert streamed["cached_tokens"] is not None and streamed["cached_tokens"] > 0, "the realized hit"
+        assert streamed["ttft_s"] is not None and streamed["status"] == 200 and streamed["attempts"] == 1
+    finally:
+        p.stop()
+
+
+def test_a_clients_gateway_fields_are_dropped_not_trusted(engines: list[FakeEngine]) -> None:
+    p = compiled([engines[0].url])
+    try:
+        forged = {
+            "x-smetric-gateway": "guess",
+            "x-smetric-gateway-refused": "queue_full",
+            "x-smetric-gateway-failed": f"{engines[0].url} http_500",
+        }
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "model": "nope"}
+        # An unknown model is the app's to answer: the request is delegated, forged fields and all.
+        status, _, raw = request(p.url, CHAT, body, headers=forged)
+        assert status == 404 and json.loads(raw)["error"]["code"] == "model_not_found"
+        del body["model"]
+        status, _, _ = request(p.url, CHAT, body, headers=forged)
+        assert status == 200
+        text = page(p)
+        assert metric(text, "smetric_proxy_admission_rejections_total", reason="queue_full") == 0
+        assert metric(text, "smetric_proxy_retries_total", cause="http_500") == 0
+    finally:
+        p.stop()
+
+
+def test_a_dead_instance_is_handed_to_the_apps_failover_and_its_ejection_reaches_the_gateway(
+    engines: list[FakeEngine],
+) -> None:
+    dead = engines[1].url
+    engines[1].stop()
+    # Probes that never re-admit it within the test.
+    p = compiled([dead, engines[0].url], policy="round_robin", eject_after=1, probe_interval_s=60)
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        statuses = [request(p.url, CHAT, body)[0] for _ in range(4)]
+        assert statuses == [200] * 4, "every request served by the live instance"
+        text = page(p)
+        assert metric(text, "smetric_proxy_retries_total", cause="ClientConnectorError") == 1
+        assert metric(text, "smetric_proxy_instance_ejected", instance=dead) == 1
+        # The first request was finished by the app; the gateway then knew the instance ejected.
+        assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 3
+    finally:
+        p.stop()
+
+
+def _chunk(text: str) -> bytes:
+    delta = {"id": "c1", "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    return b"data: " + json.dumps(delta, separators=(",", ":")).encode() + b"\n\n"
+
+
+ROLE = b'data: {"id":"c1","choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}\n\n'
+
+
+def test_a_stream_cut_after_its_first_event_is_continued_by_the_app() -> None:
+    async def cuts(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": []})
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(ROLE + _chunk("hello "))
+        assert request.transport is not None
+        request.transport.abort()  # the engine dies mid-stream
+        return resp
+
+    continued: list[dict[str, Any]] = []
+
+    async def finishes(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": []})
+        continued.append(await request.json())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        last = b'data: {"id":"c2","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+        await resp.write(ROLE.replace(b"c1", b"c2") + _chunk("world").replace(b"c1", b"c2") + last)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    with Stub(cuts) as a, Stub(finishes) as b:
+        p = compiled([a.url, b.url], policy="round_robin", eject_after=100)
+        try:
+            msgs = [{"role": "user", "content": "x"}]
+            status, _, body = request(p.url, CHAT, {"messages": msgs, "stream": True, "max_tokens": 9})
+            assert status == 200
+            assert chat_text(body) == "hello world"
+            got = events(body)
+            roles = [e for e in got if isinstance(e, dict) and "role" in e["choices"][0]["delta"]]
+            assert len(roles) == 1 and got.count("[DONE]") == 1, "one stream, one opening, one end"
+            assert {e["id"] for e in got if isinstance(e, dict)} == {"c1"}, "one stream, one id"
+            assert continued[0]["messages"] == [*msgs, {"role": "assistant", "content": "hello "}]
+            assert continued[0]["continue_final_message"] is True and continued[0]["max_tokens"] == 8
+            text = page(p)
+            assert metric(text, "smetric_proxy_resumed_streams_total") == 1
+            assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 0, "finished by the app"
+        finally:
+            p.stop()
+
+
+def test_native_requests_take_their_slots_at_the_door(engines: list[FakeEngine]) -> None:
+    release = threading.Event()
+
+    async def held(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": []})
+        await request.read()
+        while not release.is_set():
+            await asyncio_sleep(0.01)
+        message = {"role": "assistant", "content": "ok"}
+        return web.json_response({"id": "x", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+
+    with Stub(held) as stub:
+        p = compiled([stub.url], max_in_flight_per_instance=1, queue_size=1, retry_after_s=3)
+        try:
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+            result: list[int] = []
+            waiting = [threading.Thread(target=lambda: result.append(request(p.url, CHAT, body)[0])) for _ in range(2)]
+            assert p.proxy is not None
+            admission = p.proxy.admitting
+            deadline = time.monotonic() + 10
+            waiting[0].start()
+            while admission.admitted < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            waiting[1].start()
+            while admission.queued < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            status, headers, raw = request(p.url, CHAT, body)
+            assert status == 429 and headers["retry-after"] == "3"
+            assert json.loads(raw)["error"]["type"] == "RateLimitError"
+            release.set()
+            for thread in waiting:
+                thread.join(10)
+            assert result == [200, 200]
+            text = page(p)
+            assert metric(text, "smetric_proxy_admission_rejections_total", reason="queue_full") == 1
+            assert metric(text, "smetric_proxy_admission_in_flight") == 0
+            assert metric(text, "smetric_proxy_admission_wait_seconds_count") == 2
+            assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 2
+        finally:
+            release.set()
+            p.stop()
+
+
+async def asyncio_sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)
