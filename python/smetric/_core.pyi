@@ -65,6 +65,7 @@ __all__ = [
     "__version__",
     "encode_kv_batch",
     "escapes_lone_surrogate",
+    "gateway_routing_ids",
     "load_workload",
     "nests_too_deep",
     "parse_openai_body",
@@ -350,10 +351,15 @@ class GatewayNative:
         queue_timeout_s: float,
         chat: bool,
         completions: bool,
+        messages: bool,
         resume_streams: bool,
         labels: dict[str, str],
         max_records: int,
     ) -> Self: ...
+
+def gateway_routing_ids(path: str, raw: bytes) -> tuple[list[int], bool | None] | None:
+    """The routing ids and the turn verdict (None: the index's) the gateway's native path would
+    route a body posted to ``path`` on, or None when it would hand the body to the app."""
 
 GATEWAY_HEADER: Final[str]
 """Carries the gateway's per-process secret on every request it sends the app."""

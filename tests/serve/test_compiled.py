@@ -104,6 +104,47 @@ def test_chat_and_completions_are_served_natively_with_what_the_app_gives(
         p.stop()
 
 
+def test_anthropic_messages_are_served_natively_in_their_own_shapes(engines: list[FakeEngine], tmp_path: Path) -> None:
+    log = tmp_path / "decisions.jsonl"
+    p = compiled([e.url for e in engines], decision_log=str(log))
+    try:
+        system = [
+            {"type": "text", "text": "x-anthropic-billing-header: 1"},
+            {"type": "text", "text": SYSTEM["content"]},
+        ]
+        turn = {
+            "model": "fake-model",
+            "max_tokens": 4,
+            "system": system,
+            "messages": [{"role": "user", "content": "ls"}],
+        }
+        headers = {"x-api-key": "k", "anthropic-version": "2023-06-01", "x-claude-code-session-id": "s-1"}
+        status, answer_headers, body = request(p.url, "/v1/messages", turn, headers=headers)
+        assert status == 200 and json.loads(body)["type"] == "message"
+        home = decision(answer_headers)
+        reply = json.loads(body)["content"]
+        follow = {**turn, "stream": True}
+        follow["messages"] = [
+            *turn["messages"],
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "go"},
+        ]
+        status, answer_headers, body = request(p.url, "/v1/messages", follow, headers=headers)
+        assert status == 200 and b"event: message_stop" in body
+        again = decision(answer_headers)
+        assert again["first_turn"] == "0" and again["instance"] == home["instance"]
+        # A body the app must refuse is answered by it, in Anthropic's shape.
+        status, _, raw = request(p.url, "/v1/messages", {"model": "fake-model", "messages": []})
+        assert status == 400 and json.loads(raw)["type"] == "error"
+        text = page(p)
+        assert metric(text, "smetric_proxy_native_requests_total", api="messages") == 2
+        lines = log_lines(log, 3)
+        streamed = next(line for line in lines if line["api"] == "messages" and line["first_turn"] is False)
+        assert streamed["session"] == "s-1" and streamed["cached_tokens"] and streamed["cached_tokens"] > 0
+    finally:
+        p.stop()
+
+
 def test_a_clients_gateway_fields_are_dropped_not_trusted(engines: list[FakeEngine]) -> None:
     p = compiled([engines[0].url])
     try:

@@ -2,9 +2,9 @@
 ``docs/proxy-data-plane.md``): what arms the gateway's native path, what the app learns from it.
 
 * :func:`native_settings` arms the native path for the APIs it can serve exactly as this
-  proxy would: chat when routing ids are the approximate ids of plain ChatML (``--tokens
-  approximate``, 4-byte chunks, no chat template), completions when text prompts are routed
-  that way too (token-id prompts always are); co-located instances over plain HTTP, a policy
+  proxy would: chat and Anthropic Messages when routing ids are the approximate ids of plain
+  ChatML (``--tokens approximate``, 4-byte chunks, no chat template), completions when text
+  prompts are routed that way too (token-id prompts always are); co-located instances over plain HTTP, a policy
   without llm-d's session cookie. Otherwise it returns None and the gateway only admits and
   delegates.
 * :class:`CompiledPlane` keeps the gateway and the app in step: the fleet's view (instances,
@@ -107,6 +107,7 @@ def native_settings(
         queue_timeout_s=config.queue_timeout_s,
         chat=chat,
         completions=True,
+        messages=chat,
         resume_streams=config.resume_streams,
         labels={reason: reason_label(reason) for reason in core_reasons()},
         max_records=MAX_RECORDS,

@@ -37,6 +37,6 @@ mod server;
 mod validate;
 
 pub use admission::{AdmissionLimits, AdmissionSnapshot, WAIT_BUCKETS_S};
-pub use native::{FleetView, NativeConfig, NativeHandles};
+pub use native::{FleetView, NativeApis, NativeConfig, NativeHandles};
 pub use records::Record;
 pub use server::{Gateway, GatewayConfig, GatewayError, Limits};

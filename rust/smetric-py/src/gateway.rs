@@ -14,7 +14,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use smetric_core::Router;
 use smetric_gateway::{
-    AdmissionLimits, FleetView, Gateway, GatewayConfig, GatewayError, Limits, NativeConfig, NativeHandles, Record,
+    AdmissionLimits, FleetView, Gateway, GatewayConfig, GatewayError, Limits, NativeApis, NativeConfig, NativeHandles,
+    Record,
 };
 
 use crate::errors::python_error;
@@ -39,8 +40,7 @@ pub(crate) struct PyGatewayNative {
     times: [f64; 6],
     max_attempts: u32,
     admission: [usize; 3],
-    chat: bool,
-    completions: bool,
+    apis: NativeApis,
     resume_streams: bool,
     labels: HashMap<String, String>,
     max_records: usize,
@@ -52,10 +52,10 @@ impl PyGatewayNative {
     #[pyo3(signature = (
         router, *, secret, client_keys, upstream_key, max_body_bytes, body_timeout_s,
         connect_timeout_s, first_byte_timeout_s, idle_timeout_s, client_timeout_s, max_attempts, max_in_flight,
-        max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions,
+        max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages,
         resume_streams, labels, max_records
     ))]
-    #[allow(clippy::too_many_arguments)] // the constructor's keyword arguments, one per setting
+    #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)] // keyword arguments, one per setting
     fn new(
         router: &Bound<'_, PyRouter>,
         secret: String,
@@ -74,6 +74,7 @@ impl PyGatewayNative {
         queue_timeout_s: f64,
         chat: bool,
         completions: bool,
+        messages: bool,
         resume_streams: bool,
         labels: HashMap<String, String>,
         max_records: usize,
@@ -94,8 +95,11 @@ impl PyGatewayNative {
             ],
             max_attempts,
             admission: [max_in_flight, max_in_flight_per_instance, queue_size],
-            chat,
-            completions,
+            apis: NativeApis {
+                chat,
+                completions,
+                messages,
+            },
             resume_streams,
             labels,
             max_records,
@@ -232,8 +236,7 @@ impl PyGateway {
                         queue_timeout: seconds("queue_timeout_s", queue)?,
                         retry_after_s,
                     },
-                    chat: n.chat,
-                    completions: n.completions,
+                    apis: n.apis,
                     resume_streams: n.resume_streams,
                     labels: n.labels.clone(),
                     max_records: n.max_records,
@@ -326,4 +329,11 @@ impl PyGateway {
             py.detach(move || gateway.stop());
         }
     }
+}
+
+/// The routing ids and the turn verdict the gateway's native path would route a body posted to
+/// `path` on, or None when it would hand the body to the app (`smetric_gateway::native::routing_ids`).
+#[pyfunction]
+pub(crate) fn gateway_routing_ids(py: Python<'_>, path: &str, raw: &[u8]) -> Option<(Vec<u32>, Option<bool>)> {
+    py.detach(|| smetric_gateway::native::routing_ids(path, raw))
 }

@@ -24,6 +24,7 @@ use smetric_vllm::{Endpoint, parse_openai_body};
 
 use super::Native;
 use super::chatml::{byte_chunk_ids, render};
+use super::messages::{self, MessagesStream};
 use super::stream::{OpenAiStream, usage_counts};
 use crate::admission::Slot;
 use crate::answers::{Body, Held, SERVER_NAME, json_response};
@@ -77,6 +78,7 @@ const USAGE_OPTION: &[u8] = br#"{"stream_options":{"include_usage":true},"#;
 enum Api {
     Chat,
     Completions,
+    Messages,
 }
 
 impl Api {
@@ -85,8 +87,9 @@ impl Api {
             return None;
         }
         match path {
-            "/v1/chat/completions" if native.config.chat => Some(Self::Chat),
-            "/v1/completions" if native.config.completions => Some(Self::Completions),
+            "/v1/chat/completions" if native.config.apis.chat => Some(Self::Chat),
+            "/v1/completions" if native.config.apis.completions => Some(Self::Completions),
+            "/v1/messages" if native.config.apis.messages => Some(Self::Messages),
             _ => None,
         }
     }
@@ -95,6 +98,7 @@ impl Api {
         match self {
             Self::Chat => "chat",
             Self::Completions => "completions",
+            Self::Messages => "messages",
         }
     }
 
@@ -102,21 +106,116 @@ impl Api {
         match self {
             Self::Chat => "/v1/chat/completions",
             Self::Completions => "/v1/completions",
+            Self::Messages => "/v1/messages",
         }
     }
 
-    fn endpoint(self) -> Endpoint {
+    /// The scanner of its event stream.
+    fn scan(self, hide_usage: bool) -> Scan {
         match self {
-            Self::Chat => Endpoint::Chat,
-            Self::Completions => Endpoint::Completions,
+            // Chat's stream opens with a role chunk that carries no token.
+            Self::Chat => Scan::OpenAi(OpenAiStream::new(1, hide_usage)),
+            Self::Completions => Scan::OpenAi(OpenAiStream::new(0, hide_usage)),
+            Self::Messages => Scan::Messages(MessagesStream::default()),
         }
     }
 
-    /// Choice chunks that open its stream without a token (chat's role chunk).
-    fn opening_chunks(self) -> u64 {
+    /// A whole answer's `(output tokens, cached prompt tokens)`.
+    fn usage(self, answer: &[u8]) -> (Option<u64>, Option<u64>) {
         match self {
-            Self::Chat => 1,
-            Self::Completions => 0,
+            Self::Chat | Self::Completions => usage_counts(answer),
+            Self::Messages => messages::usage_counts(answer),
+        }
+    }
+
+    /// A client's mistake in the API's shape (`Api.reject` of a `RequestError`).
+    fn client_error(self, status: StatusCode, message: &str, code: Option<&str>) -> Response<Body> {
+        match self {
+            Self::Chat | Self::Completions => {
+                let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}});
+                json_response(status, body.to_string())
+            }
+            Self::Messages => self.proxy_error(status.as_u16(), message, ""),
+        }
+    }
+
+    /// The proxy's own failure in the API's shape (`Api.fail` of a `ProxyError`).
+    fn proxy_error(self, status: u16, message: &str, kind: &str) -> Response<Body> {
+        let (status, body) = match self {
+            Self::Chat | Self::Completions => (status, proxy_error_json(status, message, kind)),
+            Self::Messages => {
+                let status = messages::status(status);
+                (status, messages::error_body(status, message))
+            }
+        };
+        json_response(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            body,
+        )
+    }
+
+    /// What ends a started stream with the proxy's error (`Api.stream_failure` of a 503).
+    fn stream_failure(self, message: &str) -> Bytes {
+        match self {
+            Self::Chat | Self::Completions => {
+                let error = proxy_error_json(503, message, "ServiceUnavailableError");
+                Bytes::from(format!("data: {error}\n\ndata: [DONE]\n\n"))
+            }
+            Self::Messages => {
+                let error = messages::error_body(messages::status(503), message);
+                Bytes::from(format!("event: error\ndata: {error}\n\n"))
+            }
+        }
+    }
+
+    /// What ends a stream whose upstream ended without its own end marker.
+    fn end_marker(self) -> &'static [u8] {
+        match self {
+            Self::Chat | Self::Completions => b"data: [DONE]\n\n",
+            Self::Messages => messages::MESSAGE_STOP,
+        }
+    }
+}
+
+/// A relayed stream's scanner, by API.
+enum Scan {
+    OpenAi(OpenAiStream),
+    Messages(MessagesStream),
+}
+
+impl Scan {
+    fn feed(&mut self, chunk: Bytes) -> Bytes {
+        match self {
+            Self::OpenAi(s) => s.feed(chunk),
+            Self::Messages(s) => s.feed(chunk),
+        }
+    }
+
+    fn tokens(&self) -> u64 {
+        match self {
+            Self::OpenAi(s) => s.tokens(),
+            Self::Messages(s) => s.tokens(),
+        }
+    }
+
+    fn cached_tokens(&self) -> Option<u64> {
+        match self {
+            Self::OpenAi(s) => s.cached_tokens,
+            Self::Messages(s) => s.cached_tokens,
+        }
+    }
+
+    fn finished(&self) -> bool {
+        match self {
+            Self::OpenAi(s) => s.finished,
+            Self::Messages(s) => s.finished,
+        }
+    }
+
+    fn done(&self) -> bool {
+        match self {
+            Self::OpenAi(s) => s.done,
+            Self::Messages(s) => s.done,
         }
     }
 }
@@ -148,10 +247,7 @@ pub(crate) async fn serve(
             let served = Native::serve(&native, &plane, api, parts, body, peer, arrived, deadline);
             match tokio::time::timeout_at(deadline, served).await {
                 Ok(answer) => answer,
-                Err(_) => json_response(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    proxy_error_json(504, TIMED_OUT, "TimeoutError"),
-                ),
+                Err(_) => api.proxy_error(504, TIMED_OUT, "TimeoutError"),
             }
         }
         _ => plane.delegate(request, peer, &[(ADMITTED_HEADER, "1")]).await,
@@ -277,7 +373,7 @@ impl Native {
     ) -> Response<Body> {
         let raw = match self.read_body(body).await {
             Ok(raw) => raw,
-            Err(failure) => return self.body_failure(plane, failure),
+            Err(failure) => return self.body_failure(plane, api, failure),
         };
         let Some(plan) = self.plan(api, &parts.headers, &raw) else {
             return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
@@ -381,7 +477,7 @@ impl Native {
             lifecycle.prefilled();
             record.first_byte_s = Some(sent.elapsed().as_secs_f64());
             let ok = head.status == StatusCode::OK;
-            let (output, cached) = if ok { usage_counts(&whole) } else { (None, None) };
+            let (output, cached) = if ok { api.usage(&whole) } else { (None, None) };
             lifecycle.finished(output.unwrap_or(0));
             record.cached_tokens = cached;
             record.status = head.status.as_u16();
@@ -391,7 +487,7 @@ impl Native {
             return Response::from_parts(head, Full::new(whole).map_err(|never| match never {}).boxed());
         }
         // A stream: the client's headers go out with its first event, as the app's relay does.
-        let scan = OpenAiStream::new(api.opening_chunks(), plan.hide_usage);
+        let scan = api.scan(plan.hide_usage);
         let mut upstream_body = upstream_body;
         let first = loop {
             match tokio::time::timeout(self.config.idle_timeout, upstream_body.frame()).await {
@@ -462,7 +558,7 @@ impl Native {
     }
 
     /// The app's answers to a body that did not arrive whole (`proxy._handle`'s).
-    fn body_failure(&self, plane: &ControlPlane, failure: BodyFailure) -> Response<Body> {
+    fn body_failure(&self, plane: &ControlPlane, api: Api, failure: BodyFailure) -> Response<Body> {
         let (status, message, code) = match failure {
             BodyFailure::TooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -483,8 +579,7 @@ impl Native {
                 (StatusCode::BAD_REQUEST, crate::answers::MALFORMED.to_owned(), None)
             }
         };
-        let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}});
-        let mut answer = json_response(status, body.to_string());
+        let mut answer = api.client_error(status, &message, code);
         answer
             .headers_mut()
             .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
@@ -493,67 +588,14 @@ impl Native {
 
     /// The routing plan of a body the native path serves exactly as the app would, or None.
     fn plan(&self, api: Api, headers: &HeaderMap, raw: &[u8]) -> Option<Plan> {
-        let body = parse_openai_body(raw, api.endpoint()).ok()?;
-        if body.kv_transfer_params || escapes_lone_surrogate(raw) || has_long_digit_run(raw) {
-            return None;
-        }
+        let plan = body_plan(api, raw, header_session(headers))?;
         let fleet = self.fleet();
-        if let Some(model) = body.model.as_deref()
+        if let Some(model) = plan.model.as_deref()
             && ((!fleet.models.is_empty() && !fleet.models.contains_key(model)) || fleet.adapters.contains(model))
         {
             return None;
         }
-        if let Some(tools) = body.tools {
-            let tools: Vec<&serde_json::value::RawValue> = serde_json::from_str(tools).ok()?;
-            if !tools.iter().all(|t| t.get().starts_with('{')) {
-                return None;
-            }
-        }
-        let session = header_session(headers);
-        let hinted = session.is_some()
-            || [&body.prompt_cache_key, &body.user]
-                .iter()
-                .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
-        let (ids, turn, source) = match api {
-            Api::Chat => {
-                let rendered = render(&body)?;
-                let first_turn = rendered.first_turn;
-                (
-                    byte_chunk_ids(&rendered.text),
-                    TurnHint::Messages { first_turn },
-                    "approximate",
-                )
-            }
-            // Without messages the app counts a session's turns in its own table: a session
-            // hint's request is the app's.
-            Api::Completions if hinted => return None,
-            Api::Completions => match body.prompt.as_ref()? {
-                smetric_vllm::Prompt::Ids(ids) => (ids.clone(), TurnHint::Unknown, "ids"),
-                smetric_vllm::Prompt::Text(text) => (byte_chunk_ids(text.as_bytes()), TurnHint::Unknown, "approximate"),
-            },
-        };
-        // A stream asks the engine for its usage (the realized hit); a body whose own
-        // `stream_options` lack it is re-encoded by the app.
-        let hide_usage = match (body.stream, body.stream_options) {
-            (false, _) => false,
-            (true, None) => true,
-            (true, Some(options)) => {
-                let value: serde_json::Value = serde_json::from_str(options).ok()?;
-                if value.get("include_usage") != Some(&serde_json::Value::Bool(true)) {
-                    return None;
-                }
-                false
-            }
-        };
-        Some(Plan {
-            ids,
-            turn,
-            source,
-            model: body.model,
-            namespace: body.cache_salt,
-            hide_usage,
-            session,
-        })
+        Some(plan)
     }
 
     /// `exclude` plus the instances at `cap` requests in flight, while one below it is left
@@ -676,6 +718,111 @@ fn has_long_digit_run(raw: &[u8]) -> bool {
         })
 }
 
+/// What a body is routed on, from the body alone (the fleet's checks aside), or None.
+fn body_plan(api: Api, raw: &[u8], session: Option<String>) -> Option<Plan> {
+    if escapes_lone_surrogate(raw) || has_long_digit_run(raw) {
+        return None;
+    }
+    match api {
+        Api::Chat | Api::Completions => openai_plan(api, raw, session),
+        Api::Messages => {
+            let p = messages::plan(raw)?;
+            Some(Plan {
+                ids: byte_chunk_ids(&p.rendered.text),
+                turn: TurnHint::Messages {
+                    first_turn: p.rendered.first_turn,
+                },
+                source: "approximate",
+                model: Some(p.model),
+                namespace: p.cache_salt,
+                hide_usage: false,
+                session,
+            })
+        }
+    }
+}
+
+/// The routing ids and the turn verdict (None: the index's) the native path would route a body
+/// posted to `path` on, or None when it would hand the body to the app — so a test can hold the
+/// native path's rendering against the app's.
+pub fn routing_ids(path: &str, raw: &[u8]) -> Option<(Vec<u32>, Option<bool>)> {
+    let api = match path {
+        "/v1/chat/completions" => Api::Chat,
+        "/v1/completions" => Api::Completions,
+        "/v1/messages" => Api::Messages,
+        _ => return None,
+    };
+    let plan = body_plan(api, raw, None)?;
+    let first_turn = match plan.turn {
+        TurnHint::Messages { first_turn } => Some(first_turn),
+        _ => None,
+    };
+    Some((plan.ids, first_turn))
+}
+
+/// The plan of a chat or completions body (see [`Native::plan`]).
+fn openai_plan(api: Api, raw: &[u8], session: Option<String>) -> Option<Plan> {
+    let endpoint = if matches!(api, Api::Chat) {
+        Endpoint::Chat
+    } else {
+        Endpoint::Completions
+    };
+    let body = parse_openai_body(raw, endpoint).ok()?;
+    if body.kv_transfer_params {
+        return None;
+    }
+    if let Some(tools) = body.tools {
+        let tools: Vec<&serde_json::value::RawValue> = serde_json::from_str(tools).ok()?;
+        if !tools.iter().all(|t| t.get().starts_with('{')) {
+            return None;
+        }
+    }
+    let hinted = session.is_some()
+        || [&body.prompt_cache_key, &body.user]
+            .iter()
+            .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
+    let (ids, turn, source) = if matches!(api, Api::Chat) {
+        let rendered = render(&body)?;
+        let first_turn = rendered.first_turn;
+        (
+            byte_chunk_ids(&rendered.text),
+            TurnHint::Messages { first_turn },
+            "approximate",
+        )
+    } else if hinted {
+        // Without messages the app counts a session's turns in its own table: a session
+        // hint's request is the app's.
+        return None;
+    } else {
+        match body.prompt.as_ref()? {
+            smetric_vllm::Prompt::Ids(ids) => (ids.clone(), TurnHint::Unknown, "ids"),
+            smetric_vllm::Prompt::Text(text) => (byte_chunk_ids(text.as_bytes()), TurnHint::Unknown, "approximate"),
+        }
+    };
+    // A stream asks the engine for its usage (the realized hit); a body whose own
+    // `stream_options` lack it is re-encoded by the app.
+    let hide_usage = match (body.stream, body.stream_options) {
+        (false, _) => false,
+        (true, None) => true,
+        (true, Some(options)) => {
+            let value: serde_json::Value = serde_json::from_str(options).ok()?;
+            if value.get("include_usage") != Some(&serde_json::Value::Bool(true)) {
+                return None;
+            }
+            false
+        }
+    };
+    Some(Plan {
+        ids,
+        turn,
+        source,
+        model: body.model,
+        namespace: body.cache_salt,
+        hide_usage,
+        session,
+    })
+}
+
 /// A routed attempt's lifecycle: `on_prefilled` at most once, then exactly one `on_finished`
 /// or — on every other path, a dropped future included — `on_aborted`.
 struct Lifecycle {
@@ -719,12 +866,6 @@ fn proxy_error_json(status: u16, message: &str, kind: &str) -> String {
     serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": status}}).to_string()
 }
 
-/// What ends a started stream with the proxy's error (`OpenAIApi.stream_failure` of a 503).
-fn stream_failure(message: &str) -> Bytes {
-    let error = proxy_error_json(503, message, "ServiceUnavailableError");
-    Bytes::from(format!("data: {error}\n\ndata: [DONE]\n\n"))
-}
-
 /// `proxy._handle`'s answer to a request over `client_timeout`.
 const TIMED_OUT: &str = "the request timed out in the proxy";
 
@@ -747,7 +888,7 @@ struct Relay {
     api: Api,
     lifecycle: Lifecycle,
     instance: String,
-    scan: OpenAiStream,
+    scan: Scan,
     kept: Option<BytesMut>,
     record: Record,
     arrived: Instant,
@@ -804,10 +945,10 @@ impl Relay {
                     }
                     Some(End::ClientGone)
                 }
-                Ok(None) if self.scan.done || self.scan.finished => Some(End::Complete),
+                Ok(None) if self.scan.done() || self.scan.finished() => Some(End::Complete),
                 Ok(None) => Some(End::Cut("stream_cut")),
                 // The answer was complete; only the end marker was lost.
-                Ok(Some(Err(_))) | Err(_) if self.scan.finished => Some(End::Complete),
+                Ok(Some(Err(_))) | Err(_) if self.scan.finished() => Some(End::Complete),
                 Ok(Some(Err(_))) => Some(End::Cut("ClientPayloadError")),
                 Err(_) => Some(End::Cut("TimeoutError")),
             };
@@ -815,11 +956,11 @@ impl Relay {
         drop(upstream); // the engine aborts a request whose connection closes
         let tokens = self.scan.tokens();
         self.record.output_tokens = Some(tokens);
-        self.record.cached_tokens = self.scan.cached_tokens;
+        self.record.cached_tokens = self.scan.cached_tokens();
         match end {
             Some(End::Complete) | None => {
-                if !self.scan.done {
-                    let _ = tx.send_data(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                if !self.scan.done() {
+                    let _ = tx.send_data(Bytes::from_static(self.api.end_marker())).await;
                 }
                 self.lifecycle.finished(tokens);
                 if tokens >= 2 {
@@ -830,7 +971,7 @@ impl Relay {
             }
             Some(End::ClientGone) => self.finish(true),
             Some(End::TimedOut) => {
-                let _ = tx.send_data(stream_failure(TIMED_OUT)).await;
+                let _ = tx.send_data(self.api.stream_failure(TIMED_OUT)).await;
                 self.finish(false);
             }
             Some(End::Cut(cause)) => {
@@ -852,7 +993,7 @@ impl Relay {
     /// with the API's error event.
     async fn cut(mut self, cause: &'static str, mut tx: Sender<Bytes, hyper::Error>) {
         let Some(kept) = self.kept.take() else {
-            let _ = tx.send_data(stream_failure(CUT_MESSAGE)).await;
+            let _ = tx.send_data(self.api.stream_failure(CUT_MESSAGE)).await;
             self.record.failed = Some((self.instance.clone(), cause.to_owned()));
             self.record.unresumed = true;
             self.finish(false);

@@ -37,6 +37,7 @@
 
 pub mod chatml;
 mod forward;
+mod messages;
 mod stream;
 
 use std::collections::{HashMap, HashSet};
@@ -48,6 +49,7 @@ use smetric_core::Router;
 use crate::admission::{Admission, AdmissionLimits};
 use crate::records::Records;
 
+pub use forward::routing_ids;
 pub(crate) use forward::serve;
 
 /// What the control plane arms the native path with (no defaults here: `smetric serve`'s
@@ -71,16 +73,25 @@ pub struct NativeConfig {
     /// The most attempts one request gets (the app carries on what the gateway began).
     pub max_attempts: u32,
     pub admission: AdmissionLimits,
-    /// Serve chat natively (approximate ChatML routing ids).
-    pub chat: bool,
-    /// Serve completions natively (token ids, or approximate ids of a text prompt).
-    pub completions: bool,
+    /// The APIs served natively.
+    pub apis: NativeApis,
     /// A cut stream is continued (by the app) rather than ended with an error event.
     pub resume_streams: bool,
     /// The core reason → label table of `smetric.serve.labels`.
     pub labels: HashMap<String, String>,
     /// Records kept for the control plane at most.
     pub max_records: usize,
+}
+
+/// The APIs the native path serves (the rest are delegated).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NativeApis {
+    /// Chat (approximate ChatML routing ids).
+    pub chat: bool,
+    /// Completions (token ids, or the approximate ids of a text prompt).
+    pub completions: bool,
+    /// Anthropic Messages (the approximate ChatML ids of its chat conversion).
+    pub messages: bool,
 }
 
 /// The fleet as the control plane sees it now; replaced whole on every change.
