@@ -352,6 +352,8 @@ class GatewayNative:
         chat: bool,
         completions: bool,
         messages: bool,
+        responses: bool,
+        response_id_key: str,
         resume_streams: bool,
         labels: dict[str, str],
         max_records: int,

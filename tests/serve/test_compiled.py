@@ -22,6 +22,7 @@ from aiohttp import web
 from proxy_util import Stub, chat_text, events, metric, proxy_for, request
 
 from smetric.fake_engine import FakeEngine
+from smetric.serve.apis import ResponsesApi
 from smetric.serve.proxy import ProxyServer
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
@@ -143,6 +144,43 @@ def test_anthropic_messages_are_served_natively_in_their_own_shapes(engines: lis
         assert streamed["session"] == "s-1" and streamed["cached_tokens"] and streamed["cached_tokens"] > 0
     finally:
         p.stop()
+
+
+def test_responses_are_served_natively_with_the_apps_ids(engines: list[FakeEngine]) -> None:
+    p = compiled([e.url for e in engines], response_id_key="shared")
+    try:
+        assert p.proxy is not None
+        ids = next(api for api in p.proxy.apis if isinstance(api, ResponsesApi)).ids
+        codex = {"model": "fake-model", "store": False, "instructions": SYSTEM["content"], "input": "list the files"}
+        status, headers, body = request(p.url, "/v1/responses", {**codex, "max_output_tokens": 4})
+        answer = json.loads(body)
+        assert status == 200 and ids.open(answer["id"]) is not None, "an id the app opens"
+        home = decision(headers)["instance"]
+        follow = {
+            **codex,
+            "stream": True,
+            "input": [
+                {"type": "message", "role": "user", "content": "list the files"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a b"}]},
+                {"type": "message", "role": "user", "content": "go"},
+            ],
+        }
+        status, headers, body = request(p.url, "/v1/responses", follow)
+        assert status == 200 and decision(headers)["instance"] == home
+        created = next(e for e in events_of(body) if e["type"] == "response.created")
+        assert ids.open(created["response"]["id"]) is not None
+        assert events_of(body)[-1]["type"] in ("response.completed", "response.incomplete")
+        # A follow-up naming a stored response is the app's (it pins it to its instance).
+        status, _, raw = request(p.url, "/v1/responses", {**codex, "previous_response_id": "resp_forged"})
+        assert status == 404 and "not found" in json.loads(raw)["error"]["message"]
+        assert metric(page(p), "smetric_proxy_native_requests_total", api="responses") == 2
+    finally:
+        p.stop()
+
+
+def events_of(body: bytes) -> list[dict[str, Any]]:
+    """The ``data:`` objects of a Responses stream."""
+    return [json.loads(block.partition("data: ")[2]) for block in body.decode().split("\n\n") if "data: " in block]
 
 
 def test_a_clients_gateway_fields_are_dropped_not_trusted(engines: list[FakeEngine]) -> None:

@@ -4,8 +4,9 @@ would route (``smetric._core.gateway_routing_ids``), the ids and the turn verdic
 
 The bodies are generated from a fixed seed: agent-shaped conversations (chat with tools and
 tool results, completions as text and as ids, Anthropic Messages with system blocks, thinking,
-``tool_use`` / ``tool_result`` blocks, images, billing blocks) and the same bodies with fields of
-the wrong type, the wrong shape or missing, so both sides' validation is compared too.
+``tool_use`` / ``tool_result`` blocks, images, billing blocks, OpenAI Responses input items as
+Codex sends them) and the same bodies with fields of the wrong type, the wrong shape or
+missing, so both sides' validation is compared too.
 Bounded: a few thousand bodies, no server.
 """
 
@@ -21,6 +22,7 @@ from smetric._core import gateway_routing_ids
 from smetric.serve.apis.chat import ChatApi
 from smetric.serve.apis.completions import CompletionsApi
 from smetric.serve.apis.messages import MessagesApi
+from smetric.serve.apis.responses import ResponsesApi
 from smetric.serve.request import RequestError
 from smetric.serve.tokens import TokenConfig, TokenSource
 
@@ -142,6 +144,50 @@ def messages_body(rng: random.Random) -> dict[str, Any]:
     return body
 
 
+def responses_body(rng: random.Random) -> dict[str, Any]:
+    if rng.random() < 0.2:
+        body: dict[str, Any] = {"model": "m", "input": words(rng)}
+    else:
+        items: list[dict[str, Any]] = []
+        for _ in range(rng.randint(0, 7)):
+            kind = rng.choice(["user", "assistant", "call", "output", "reasoning", "raw"])
+            if kind == "user":
+                items.append(
+                    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": words(rng)}]}
+                )
+            elif kind == "assistant":
+                content = [{"type": "output_text", "text": words(rng)}] if rng.random() < 0.8 else words(rng)
+                items.append({"type": "message", "role": "assistant", "content": content})
+            elif kind == "call":
+                items.append({"type": "function_call", "call_id": "c", "name": "ls", "arguments": "{}"})
+            elif kind == "output":
+                output = rng.choice([words(rng), [{"type": "text", "text": words(rng)}], None, 5])
+                items.append({"type": "function_call_output", "call_id": "c", "output": output})
+            elif kind == "reasoning":
+                item: dict[str, Any] = {"type": "reasoning", "summary": [{"type": "summary_text", "text": words(rng)}]}
+                if rng.random() < 0.1:
+                    item["encrypted_content"] = "x"
+                items.append(item)
+            else:
+                raw_item: dict[str, Any] = {"role": rng.choice(["user", "system", "assistant", "developer"])}
+                raw_item["content"] = rng.choice(
+                    [words(rng), None, [{"text": words(rng)}], [{"type": "x", "text": "y"}]]
+                )
+                if rng.random() < 0.3:
+                    raw_item["tool_calls"] = rng.choice([[], "x", None])
+                items.append(raw_item)
+        body = {"model": "m", "input": items, "store": rng.random() < 0.5}
+    if rng.random() < 0.6:
+        body["instructions"] = words(rng)
+    if rng.random() < 0.4:
+        body["tools"] = [{"type": "function", "name": "ls", "parameters": {}}]
+    if rng.random() < 0.3:
+        body["stream"] = True
+    if rng.random() < 0.05:
+        body["previous_response_id"] = "resp_1"
+    return body
+
+
 WRONG = [None, 0, 1.5, True, "s", [], {}, [1], [{"type": 1}], -1, 2**70]
 
 
@@ -149,7 +195,7 @@ def spoiled(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
     """``body`` with one field (top level, or in a message or block) replaced or removed."""
     body = json.loads(json.dumps(body))
     target: dict[str, Any] = body
-    messages = body.get("messages")
+    messages = body.get("messages", body.get("input"))
     if isinstance(messages, list) and messages and rng.random() < 0.6:
         target = rng.choice(messages)
         content = target.get("content")
@@ -167,6 +213,7 @@ CASES = [
     ("/v1/chat/completions", ChatApi(), chat_body),
     ("/v1/completions", CompletionsApi(), completions_body),
     ("/v1/messages", MessagesApi(), messages_body),
+    ("/v1/responses", ResponsesApi(), responses_body),
 ]
 
 

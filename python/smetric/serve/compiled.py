@@ -2,9 +2,10 @@
 ``docs/proxy-data-plane.md``): what arms the gateway's native path, what the app learns from it.
 
 * :func:`native_settings` arms the native path for the APIs it can serve exactly as this
-  proxy would: chat and Anthropic Messages when routing ids are the approximate ids of plain
-  ChatML (``--tokens approximate``, 4-byte chunks, no chat template), completions when text
-  prompts are routed that way too (token-id prompts always are); co-located instances over plain HTTP, a policy
+  proxy would: chat, Anthropic Messages and OpenAI Responses (those naming no stored response)
+  when routing ids are the approximate ids of plain ChatML (``--tokens approximate``, 4-byte
+  chunks, no chat template), completions when text prompts are routed that way too (token-id
+  prompts always are); co-located instances over plain HTTP, a policy
   without llm-d's session cookie. Otherwise it returns None and the gateway only admits and
   delegates.
 * :class:`CompiledPlane` keeps the gateway and the app in step: the fleet's view (instances,
@@ -78,10 +79,16 @@ def new_secret() -> str:
 
 
 def native_settings(
-    config: ServeConfig, router: Router | None, tokens: TokenSource, secret: str, client_keys: list[str]
+    config: ServeConfig,
+    router: Router | None,
+    tokens: TokenSource,
+    secret: str,
+    client_keys: list[str],
+    response_id_key: str,
 ) -> GatewayNative | None:
     """What arms the native path for this proxy, or None when it serves nothing natively (see
-    the module docs); ``router`` is the co-located backend's (None: PD)."""
+    the module docs); ``router`` is the co-located backend's (None: PD); ``response_id_key`` the
+    key the app's Responses adapter issues its ids with."""
     plain_http = all(url.startswith("http://") for url in (i.url for i in config.all_instances))
     if router is None or router.policy == AFFINITY_POLICY or not plain_http:
         return None
@@ -108,6 +115,8 @@ def native_settings(
         chat=chat,
         completions=True,
         messages=chat,
+        responses=chat,
+        response_id_key=response_id_key,
         resume_streams=config.resume_streams,
         labels={reason: reason_label(reason) for reason in core_reasons()},
         max_records=MAX_RECORDS,

@@ -64,6 +64,11 @@ class ResponseIds:
     def __init__(self, key: str | None) -> None:
         self._key = (key if key is not None else secrets.token_hex(32)).encode()
 
+    @property
+    def key(self) -> str:
+        """The key (the compiled data plane issues the same ids with it)."""
+        return self._key.decode()
+
     def _mac(self, engine_id: str, tag: str) -> str:
         digest = hmac.new(self._key, f"{engine_id}\x00{tag}".encode(), hashlib.sha256)
         return digest.hexdigest()[:_MAC_HEX]

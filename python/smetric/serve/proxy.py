@@ -55,7 +55,7 @@ from smetric._core import Gateway, PdRouter, Router
 from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
 from smetric.serve.admission import Admission, Refusal, refusal_error
-from smetric.serve.apis import APIS
+from smetric.serve.apis import APIS, ResponsesApi
 from smetric.serve.apis.base import Api, Route
 from smetric.serve.auth import ClientKeys, keys_middleware, read_keys_file
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
@@ -482,7 +482,7 @@ class Proxy:
                 state = api.stream(keep=True)
                 state.hide_usage = prepared.hide_usage
                 state.begin(cut_at.instance)
-                state.feed(sent)
+                state.outgoing(sent, state.feed(sent))  # what the client has (its ids the proxy's)
                 cut = GatewayCut(cut_at.instance, cut_at.cause, state, response)
                 answer = await self.failover.serve(request, api, prepared, cut=cut)
         except TimeoutError:
@@ -588,7 +588,8 @@ async def run(
     if compiled:
         secret = new_secret()
         router = proxy.backend.router if isinstance(proxy.backend, ColocatedBackend) else None
-        native = native_settings(config, router, proxy.tokens, secret, proxy.client_keys)
+        responses = next(api for api in proxy.apis if isinstance(api, ResponsesApi))
+        native = native_settings(config, router, proxy.tokens, secret, proxy.client_keys, responses.ids.key)
         gateway = Gateway(
             config.host,
             config.port,

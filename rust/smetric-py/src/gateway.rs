@@ -41,6 +41,7 @@ pub(crate) struct PyGatewayNative {
     max_attempts: u32,
     admission: [usize; 3],
     apis: NativeApis,
+    response_id_key: String,
     resume_streams: bool,
     labels: HashMap<String, String>,
     max_records: usize,
@@ -52,7 +53,8 @@ impl PyGatewayNative {
     #[pyo3(signature = (
         router, *, secret, client_keys, upstream_key, max_body_bytes, body_timeout_s,
         connect_timeout_s, first_byte_timeout_s, idle_timeout_s, client_timeout_s, max_attempts, max_in_flight,
-        max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages,
+        max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages, responses,
+        response_id_key,
         resume_streams, labels, max_records
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)] // keyword arguments, one per setting
@@ -75,6 +77,8 @@ impl PyGatewayNative {
         chat: bool,
         completions: bool,
         messages: bool,
+        responses: bool,
+        response_id_key: String,
         resume_streams: bool,
         labels: HashMap<String, String>,
         max_records: usize,
@@ -99,7 +103,9 @@ impl PyGatewayNative {
                 chat,
                 completions,
                 messages,
+                responses,
             },
+            response_id_key,
             resume_streams,
             labels,
             max_records,
@@ -237,6 +243,7 @@ impl PyGateway {
                         retry_after_s,
                     },
                     apis: n.apis,
+                    response_id_key: n.response_id_key.clone(),
                     resume_streams: n.resume_streams,
                     labels: n.labels.clone(),
                     max_records: n.max_records,

@@ -68,7 +68,7 @@ fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Option<T> {
 }
 
 /// Appends a message's content to `out`; `None` where Python's `content_text` raises.
-fn push_content(out: &mut Vec<u8>, content: Option<&RawValue>) -> Option<()> {
+pub(crate) fn push_content(out: &mut Vec<u8>, content: Option<&RawValue>) -> Option<()> {
     let Some(raw) = content else { return Some(()) };
     match raw.get().as_bytes().first() {
         Some(b'n') => Some(()), // `null` (`Option<&RawValue>` keeps a null it was given)

@@ -25,6 +25,7 @@ use smetric_vllm::{Endpoint, parse_openai_body};
 use super::Native;
 use super::chatml::{byte_chunk_ids, render};
 use super::messages::{self, MessagesStream};
+use super::responses::{self, ResponsesStream};
 use super::stream::{OpenAiStream, usage_counts};
 use crate::admission::Slot;
 use crate::answers::{Body, Held, SERVER_NAME, json_response};
@@ -79,6 +80,7 @@ enum Api {
     Chat,
     Completions,
     Messages,
+    Responses,
 }
 
 impl Api {
@@ -90,6 +92,7 @@ impl Api {
             "/v1/chat/completions" if native.config.apis.chat => Some(Self::Chat),
             "/v1/completions" if native.config.apis.completions => Some(Self::Completions),
             "/v1/messages" if native.config.apis.messages => Some(Self::Messages),
+            "/v1/responses" if native.config.apis.responses => Some(Self::Responses),
             _ => None,
         }
     }
@@ -99,6 +102,7 @@ impl Api {
             Self::Chat => "chat",
             Self::Completions => "completions",
             Self::Messages => "messages",
+            Self::Responses => "responses",
         }
     }
 
@@ -107,16 +111,18 @@ impl Api {
             Self::Chat => "/v1/chat/completions",
             Self::Completions => "/v1/completions",
             Self::Messages => "/v1/messages",
+            Self::Responses => "/v1/responses",
         }
     }
 
-    /// The scanner of its event stream.
-    fn scan(self, hide_usage: bool) -> Scan {
+    /// The scanner of its event stream from `instance`.
+    fn scan(self, native: &Native, hide_usage: bool, instance: &str) -> Scan {
         match self {
             // Chat's stream opens with a role chunk that carries no token.
             Self::Chat => Scan::OpenAi(OpenAiStream::new(1, hide_usage)),
             Self::Completions => Scan::OpenAi(OpenAiStream::new(0, hide_usage)),
             Self::Messages => Scan::Messages(MessagesStream::default()),
+            Self::Responses => Scan::Responses(ResponsesStream::new(Arc::clone(&native.response_ids), instance)),
         }
     }
 
@@ -125,13 +131,14 @@ impl Api {
         match self {
             Self::Chat | Self::Completions => usage_counts(answer),
             Self::Messages => messages::usage_counts(answer),
+            Self::Responses => responses::usage_counts(answer),
         }
     }
 
     /// A client's mistake in the API's shape (`Api.reject` of a `RequestError`).
     fn client_error(self, status: StatusCode, message: &str, code: Option<&str>) -> Response<Body> {
         match self {
-            Self::Chat | Self::Completions => {
+            Self::Chat | Self::Completions | Self::Responses => {
                 let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}});
                 json_response(status, body.to_string())
             }
@@ -142,7 +149,7 @@ impl Api {
     /// The proxy's own failure in the API's shape (`Api.fail` of a `ProxyError`).
     fn proxy_error(self, status: u16, message: &str, kind: &str) -> Response<Body> {
         let (status, body) = match self {
-            Self::Chat | Self::Completions => (status, proxy_error_json(status, message, kind)),
+            Self::Chat | Self::Completions | Self::Responses => (status, proxy_error_json(status, message, kind)),
             Self::Messages => {
                 let status = messages::status(status);
                 (status, messages::error_body(status, message))
@@ -165,6 +172,7 @@ impl Api {
                 let error = messages::error_body(messages::status(503), message);
                 Bytes::from(format!("event: error\ndata: {error}\n\n"))
             }
+            Self::Responses => responses::stream_failure(message),
         }
     }
 
@@ -173,6 +181,7 @@ impl Api {
         match self {
             Self::Chat | Self::Completions => b"data: [DONE]\n\n",
             Self::Messages => messages::MESSAGE_STOP,
+            Self::Responses => b"",
         }
     }
 }
@@ -181,6 +190,7 @@ impl Api {
 enum Scan {
     OpenAi(OpenAiStream),
     Messages(MessagesStream),
+    Responses(ResponsesStream),
 }
 
 impl Scan {
@@ -188,6 +198,7 @@ impl Scan {
         match self {
             Self::OpenAi(s) => s.feed(chunk),
             Self::Messages(s) => s.feed(chunk),
+            Self::Responses(s) => s.feed(&chunk),
         }
     }
 
@@ -195,6 +206,7 @@ impl Scan {
         match self {
             Self::OpenAi(s) => s.tokens(),
             Self::Messages(s) => s.tokens(),
+            Self::Responses(s) => s.tokens(),
         }
     }
 
@@ -202,6 +214,7 @@ impl Scan {
         match self {
             Self::OpenAi(s) => s.cached_tokens,
             Self::Messages(s) => s.cached_tokens,
+            Self::Responses(s) => s.cached_tokens,
         }
     }
 
@@ -209,6 +222,7 @@ impl Scan {
         match self {
             Self::OpenAi(s) => s.finished,
             Self::Messages(s) => s.finished,
+            Self::Responses(s) => s.done,
         }
     }
 
@@ -216,6 +230,7 @@ impl Scan {
         match self {
             Self::OpenAi(s) => s.done,
             Self::Messages(s) => s.done,
+            Self::Responses(s) => s.done,
         }
     }
 }
@@ -484,10 +499,17 @@ impl Native {
             record.succeeded = true;
             record.latency_s = arrived.elapsed().as_secs_f64();
             self.records.push(record);
+            let whole = match api {
+                Api::Responses => {
+                    let tag = responses::ResponseIds::tag(&instance);
+                    Bytes::from(responses::relay_body(&self.response_ids, &whole, &tag))
+                }
+                _ => whole,
+            };
             return Response::from_parts(head, Full::new(whole).map_err(|never| match never {}).boxed());
         }
         // A stream: the client's headers go out with its first event, as the app's relay does.
-        let scan = api.scan(plan.hide_usage);
+        let scan = api.scan(self, plan.hide_usage, &instance);
         let mut upstream_body = upstream_body;
         let first = loop {
             match tokio::time::timeout(self.config.idle_timeout, upstream_body.frame()).await {
@@ -739,6 +761,20 @@ fn body_plan(api: Api, raw: &[u8], session: Option<String>) -> Option<Plan> {
                 session,
             })
         }
+        Api::Responses => {
+            let p = responses::plan(raw)?;
+            Some(Plan {
+                ids: byte_chunk_ids(&p.rendered.text),
+                turn: TurnHint::Messages {
+                    first_turn: p.rendered.first_turn,
+                },
+                source: "approximate",
+                model: p.model,
+                namespace: p.cache_salt,
+                hide_usage: false,
+                session,
+            })
+        }
     }
 }
 
@@ -750,6 +786,7 @@ pub fn routing_ids(path: &str, raw: &[u8]) -> Option<(Vec<u32>, Option<bool>)> {
         "/v1/chat/completions" => Api::Chat,
         "/v1/completions" => Api::Completions,
         "/v1/messages" => Api::Messages,
+        "/v1/responses" => Api::Responses,
         _ => return None,
     };
     let plan = body_plan(api, raw, None)?;

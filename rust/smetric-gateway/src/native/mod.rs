@@ -38,6 +38,7 @@
 pub mod chatml;
 mod forward;
 mod messages;
+mod responses;
 mod stream;
 
 use std::collections::{HashMap, HashSet};
@@ -77,6 +78,8 @@ pub struct NativeConfig {
     pub apis: NativeApis,
     /// A cut stream is continued (by the app) rather than ended with an error event.
     pub resume_streams: bool,
+    /// The key the app issues and opens its response ids with (`pinning.ResponseIds`).
+    pub response_id_key: String,
     /// The core reason → label table of `smetric.serve.labels`.
     pub labels: HashMap<String, String>,
     /// Records kept for the control plane at most.
@@ -85,6 +88,7 @@ pub struct NativeConfig {
 
 /// The APIs the native path serves (the rest are delegated).
 #[derive(Clone, Copy, Debug, Default)]
+#[allow(clippy::struct_excessive_bools)] // one switch per API, each read on its own
 pub struct NativeApis {
     /// Chat (approximate ChatML routing ids).
     pub chat: bool,
@@ -92,6 +96,8 @@ pub struct NativeApis {
     pub completions: bool,
     /// Anthropic Messages (the approximate ChatML ids of its chat conversion).
     pub messages: bool,
+    /// OpenAI Responses that name no stored response (the approximate ChatML ids of its input).
+    pub responses: bool,
 }
 
 /// The fleet as the control plane sees it now; replaced whole on every change.
@@ -142,6 +148,7 @@ impl FleetView {
 /// The native path's state, shared by every connection.
 pub(crate) struct Native {
     pub(crate) config: NativeConfig,
+    pub(crate) response_ids: Arc<responses::ResponseIds>,
     pub(crate) fleet: RwLock<Arc<FleetView>>,
     pub(crate) admission: Arc<Admission>,
     pub(crate) records: Arc<Records>,
@@ -157,6 +164,7 @@ impl Native {
     ) -> Self {
         let engines = forward::Engines::new(config.connect_timeout);
         Self {
+            response_ids: Arc::new(responses::ResponseIds::new(&config.response_id_key)),
             config,
             fleet: RwLock::new(Arc::new(fleet)),
             admission,

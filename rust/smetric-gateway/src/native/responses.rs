@@ -1,0 +1,700 @@
+//! OpenAI's Responses API on the native path: a `POST /v1/responses` that names no stored
+//! response (Codex's `store: false` with its whole history, or a first turn) validated and
+//! rendered as `smetric serve --tokens approximate` renders it, the ids of its answer issued as
+//! the proxy's, its event stream scanned.
+//!
+//! **Rendering** (`python/smetric/serve/apis/responses.py`, `chat_messages`): `instructions` a
+//! system message; a string `input` a user message; a `function_call` an assistant's tool call
+//! (merged into the last assistant message), a `reasoning` its reasoning (merged likewise), an
+//! assistant message its first text (merged likewise), a `function_call_output` a `tool`
+//! message of its `output`, any other item with a string role kept as it is; then plain ChatML
+//! of the roles and the contents' text (`chatml::push_content`, Python's `content_text`).
+//! Validation is the app's; a body it would refuse, or one naming `previous_response_id` (the
+//! app pins those to their instance), gives `None`.
+//!
+//! **Ids** (`python/smetric/serve/pinning.py`): the client never sees an engine's response id;
+//! every `"id"` / `"previous_response_id"` naming a response (`resp_…`) is rewritten to
+//! `{engine id}-{instance tag}-{mac}` — the tag the first 12 hex digits of the SHA-256 of the
+//! instance URL, the mac the first 32 of an HMAC-SHA256 over `{engine id}\0{tag}` with the
+//! key the app uses — so the app opens them for the follow-ups it pins. Ids already the
+//! proxy's (they verify) and items' ids are kept.
+//!
+//! **Stream**: events relayed whole, each with its ids rewritten; an event whose head names a
+//! `delta` is one output token; `response.completed` / `.failed` / `.incomplete` end it, with
+//! the usage (`input_tokens_details.cached_tokens`, the realized hit).
+//!
+//! O(body length) to plan; O(event bytes) per event to relay; one HMAC per response id.
+
+use std::borrow::Cow;
+
+use bytes::{Bytes, BytesMut};
+use hmac::{Hmac, KeyInit, Mac};
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+
+use super::chatml::{Rendered, push_content};
+
+/// Hex digits of an instance tag and of a mac (`pinning._TAG_HEX`, `pinning._MAC_HEX`).
+const TAG_HEX: usize = 12;
+const MAC_HEX: usize = 32;
+
+/// The event types that end a stream.
+const TERMINAL_EVENTS: [&[u8]; 3] = [b"response.completed", b"response.failed", b"response.incomplete"];
+
+fn hex(bytes: &[u8], digits: usize) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    bytes
+        .iter()
+        .flat_map(|b| [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 15)]])
+        .take(digits)
+        .map(char::from)
+        .collect()
+}
+
+/// The proxy's response ids under one key (`pinning.ResponseIds`).
+pub(crate) struct ResponseIds {
+    key: Vec<u8>,
+}
+
+impl ResponseIds {
+    pub(crate) fn new(key: &str) -> Self {
+        Self {
+            key: key.as_bytes().to_vec(),
+        }
+    }
+
+    /// `pinning.instance_tag`.
+    pub(crate) fn tag(instance: &str) -> String {
+        hex(&Sha256::digest(instance.trim_end_matches('/').as_bytes()), TAG_HEX)
+    }
+
+    fn mac(&self, engine_id: &str, tag: &str) -> String {
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.key) else {
+            unreachable!("HMAC takes a key of any length")
+        };
+        mac.update(engine_id.as_bytes());
+        mac.update(b"\0");
+        mac.update(tag.as_bytes());
+        hex(&mac.finalize().into_bytes(), MAC_HEX)
+    }
+
+    pub(crate) fn issue(&self, engine_id: &str, tag: &str) -> String {
+        format!("{engine_id}-{tag}-{}", self.mac(engine_id, tag))
+    }
+
+    /// Whether `id` is one this key issued.
+    pub(crate) fn verifies(&self, id: &str) -> bool {
+        let mut parts = id.rsplitn(3, '-');
+        let (Some(mac), Some(tag), Some(engine_id)) = (parts.next(), parts.next(), parts.next()) else {
+            return false;
+        };
+        // Compared in full whatever the input (the mac is not secret once issued, but an
+        // early exit would time the comparison).
+        !engine_id.is_empty()
+            && tag.len() == TAG_HEX
+            && mac.len() == MAC_HEX
+            && self
+                .mac(engine_id, tag)
+                .bytes()
+                .zip(mac.bytes())
+                .fold(0u8, |d, (a, b)| d | (a ^ b))
+                == 0
+    }
+
+    /// `data` with each `"id"` / `"previous_response_id"` naming a response of the instance
+    /// tagged `tag` as the proxy's id (`responses.rewrite_ids`: the pattern
+    /// `"(id|previous_response_id)":\s*"([^"\\]+)"`, left to right).
+    pub(crate) fn rewrite(&self, data: &[u8], tag: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(data.len() + 64);
+        let mut copied = 0;
+        let mut at = 0;
+        while at < data.len() {
+            let Some(found) = find_id_field(data, at) else { break };
+            let (start, key, value_start, value_end) = found;
+            let value = std::str::from_utf8(&data[value_start..value_end]).unwrap_or("");
+            let keep = value.is_empty() || (!value.starts_with("resp_") && key == b"id") || self.verifies(value);
+            if !keep {
+                out.extend_from_slice(&data[copied..start]);
+                out.push(b'"');
+                out.extend_from_slice(key);
+                out.extend_from_slice(b"\":\"");
+                out.extend_from_slice(self.issue(value, tag).as_bytes());
+                out.push(b'"');
+                copied = value_end + 1;
+            }
+            at = value_end + 1;
+        }
+        out.extend_from_slice(&data[copied..]);
+        out
+    }
+}
+
+/// The next match of the id pattern at or after `from`: `(start, key, value start, value end)`.
+fn find_id_field(data: &[u8], from: usize) -> Option<(usize, &'static [u8], usize, usize)> {
+    let mut i = from;
+    while i < data.len() {
+        let rest = &data[i..];
+        let key: &'static [u8] = if rest.starts_with(b"\"id\":") {
+            b"id"
+        } else if rest.starts_with(b"\"previous_response_id\":") {
+            b"previous_response_id"
+        } else {
+            i += 1;
+            continue;
+        };
+        let mut j = i + key.len() + 3; // the quotes and the colon
+        while data.get(j).is_some_and(|b| b" \t\n\r\x0b\x0c".contains(b)) {
+            j += 1;
+        }
+        if data.get(j) == Some(&b'"') {
+            let value_start = j + 1;
+            let end = data[value_start..]
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\')
+                .map(|p| value_start + p);
+            if let Some(end) = end
+                && data[end] == b'"'
+                && end > value_start
+            {
+                return Some((i, key, value_start, end));
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+#[derive(Deserialize)]
+struct Body<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt_cache_key: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    user: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_salt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    store: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    background: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_output_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    kv_transfer_params: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Item<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    role: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    encrypted_content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    call_id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    name: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    output: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    reasoning: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+    raw.get()
+        .starts_with('"')
+        .then(|| serde_json::from_str::<Text<'_>>(raw.get()).ok())
+        .flatten()
+        .map(|t| t.0)
+}
+
+fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Option<T> {
+    raw.get()
+        .starts_with('{')
+        .then(|| serde_json::from_str(raw.get()).ok())
+        .flatten()
+}
+
+fn list(raw: &RawValue) -> Option<Vec<&RawValue>> {
+    raw.get()
+        .starts_with('[')
+        .then(|| serde_json::from_str(raw.get()).ok())
+        .flatten()
+}
+
+/// Whether a field is absent, null or a string (the app's check of its string fields).
+fn string_or_absent(raw: Option<&RawValue>) -> bool {
+    raw.is_none_or(|r| string(r).is_some())
+}
+
+/// `responses._first_text`: a string, or the first element's string `text` of a non-empty
+/// list whose first element is an object.
+fn first_text(content: Option<&RawValue>) -> Option<Cow<'_, str>> {
+    #[derive(Deserialize)]
+    struct Part<'a> {
+        #[serde(borrow, default)]
+        text: Option<&'a RawValue>,
+    }
+    let content = content?;
+    if let Some(s) = string(content) {
+        return Some(s);
+    }
+    let first = *list(content)?.first()?;
+    let part: Part<'_> = object(first)?;
+    string(part.text?)
+}
+
+/// A converted message: its role and what its content renders from.
+struct Converted<'a> {
+    role: Cow<'a, str>,
+    content: Content<'a>,
+    /// `message.get("reasoning") is not None`.
+    reasoning: bool,
+    tool_calls: ToolCalls,
+}
+
+enum Content<'a> {
+    /// A raw JSON content (`content_text` of it).
+    Raw(Option<&'a RawValue>),
+    Text(Cow<'a, str>),
+}
+
+#[derive(PartialEq, Eq)]
+enum ToolCalls {
+    None,
+    List,
+    Other,
+}
+
+impl Converted<'_> {
+    fn has_content(&self) -> bool {
+        match &self.content {
+            Content::Raw(raw) => raw.is_some(),
+            Content::Text(_) => true,
+        }
+    }
+}
+
+/// What the native path needs of a Responses body.
+pub(crate) struct ResponsesPlan {
+    pub(crate) rendered: Rendered,
+    pub(crate) model: Option<String>,
+    pub(crate) cache_salt: Option<String>,
+}
+
+/// The body validated and rendered (see the module docs), or None: the app's to answer.
+pub(crate) fn plan(raw: &[u8]) -> Option<ResponsesPlan> {
+    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
+        return None;
+    }
+    let whole: &RawValue = serde_json::from_slice(raw).ok()?;
+    let body: Body<'_> = object(whole)?;
+    if body.kv_transfer_params.is_some() || body.previous_response_id.is_some() {
+        return None;
+    }
+    let strings = [
+        body.model,
+        body.instructions,
+        body.prompt_cache_key,
+        body.user,
+        body.cache_salt,
+    ];
+    if !strings.into_iter().all(string_or_absent) {
+        return None;
+    }
+    let model = body.model.and_then(string).map(Cow::into_owned);
+    let instructions = body.instructions.and_then(string);
+    let cache_salt = body.cache_salt.and_then(string).map(Cow::into_owned);
+    for flag in [body.stream, body.store, body.background].into_iter().flatten() {
+        if !matches!(flag.get(), "true" | "false") {
+            return None;
+        }
+    }
+    if let Some(limit) = body.max_output_tokens
+        && limit.get().parse::<u64>().ok().is_none_or(|n| n < 1)
+    {
+        return None;
+    }
+    if let Some(tools) = body.tools
+        && !list(tools)?.iter().all(|t| t.get().starts_with('{'))
+    {
+        return None;
+    }
+    let input = body.input?;
+    let mut messages: Vec<Converted<'_>> = Vec::new();
+    if let Some(text) = instructions.filter(|t| !t.is_empty()) {
+        messages.push(Converted {
+            role: Cow::Borrowed("system"),
+            content: Content::Text(text),
+            reasoning: false,
+            tool_calls: ToolCalls::None,
+        });
+    }
+    if let Some(text) = string(input) {
+        messages.push(Converted {
+            role: Cow::Borrowed("user"),
+            content: Content::Text(text),
+            reasoning: false,
+            tool_calls: ToolCalls::None,
+        });
+    } else {
+        let items = list(input)?;
+        if !items.iter().all(|i| i.get().starts_with('{')) {
+            return None;
+        }
+        for item in items {
+            convert(&mut messages, &object(item)?)?;
+        }
+    }
+    if messages.is_empty() {
+        messages.push(Converted {
+            role: Cow::Borrowed("user"),
+            content: Content::Text(Cow::Borrowed("")),
+            reasoning: false,
+            tool_calls: ToolCalls::None,
+        });
+    }
+    let mut text = Vec::with_capacity(raw.len());
+    for m in &messages {
+        text.extend_from_slice(b"<|im_start|>");
+        text.extend_from_slice(m.role.as_bytes());
+        text.push(b'\n');
+        match &m.content {
+            Content::Raw(raw) => push_content(&mut text, *raw)?,
+            Content::Text(t) => text.extend_from_slice(t.as_bytes()),
+        }
+        text.extend_from_slice(b"<|im_end|>\n");
+    }
+    text.extend_from_slice(b"<|im_start|>assistant\n");
+    let first_turn = smetric_core::first_turn_from_roles(messages.iter().map(|m| m.role.as_ref()));
+    Some(ResponsesPlan {
+        rendered: Rendered { text, first_turn },
+        model,
+        cache_salt,
+    })
+}
+
+fn is_assistant(messages: &[Converted<'_>]) -> bool {
+    messages.last().is_some_and(|m| m.role == "assistant")
+}
+
+fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>) -> Option<()> {
+    let kind = item.kind.and_then(string);
+    match kind.as_deref() {
+        Some("function_call") => {
+            for field in [item.call_id, item.name, item.arguments] {
+                string(field?)?;
+            }
+            if is_assistant(messages)
+                && let Some(last) = messages.last_mut()
+            {
+                match last.tool_calls {
+                    ToolCalls::None => {
+                        last.tool_calls = ToolCalls::List;
+                        return Some(());
+                    }
+                    ToolCalls::List => return Some(()),
+                    ToolCalls::Other => {}
+                }
+            }
+            messages.push(Converted {
+                role: Cow::Borrowed("assistant"),
+                content: Content::Raw(None),
+                reasoning: false,
+                tool_calls: ToolCalls::List,
+            });
+        }
+        Some("reasoning") => {
+            if item.encrypted_content.is_some_and(truthy) {
+                return None;
+            }
+            if is_assistant(messages)
+                && let Some(last) = messages.last_mut()
+                && !last.reasoning
+            {
+                last.reasoning = true;
+            } else {
+                messages.push(Converted {
+                    role: Cow::Borrowed("assistant"),
+                    content: Content::Raw(None),
+                    reasoning: true,
+                    tool_calls: ToolCalls::None,
+                });
+            }
+        }
+        Some("function_call_output" | "custom_tool_call_output") => messages.push(Converted {
+            role: Cow::Borrowed("tool"),
+            content: Content::Raw(item.output),
+            reasoning: false,
+            tool_calls: ToolCalls::None,
+        }),
+        _ => {
+            let role = item.role.and_then(string);
+            let said = (role.as_deref() == Some("assistant"))
+                .then(|| first_text(item.content))
+                .flatten();
+            if let Some(said) = said {
+                if is_assistant(messages)
+                    && let Some(last) = messages.last_mut()
+                    && !last.has_content()
+                {
+                    last.content = Content::Text(said);
+                } else {
+                    messages.push(Converted {
+                        role: Cow::Borrowed("assistant"),
+                        content: Content::Text(said),
+                        reasoning: false,
+                        tool_calls: ToolCalls::None,
+                    });
+                }
+            } else if let Some(role) = role {
+                let tool_calls = match item.tool_calls {
+                    None => ToolCalls::None,
+                    Some(calls) if calls.get().starts_with('[') => ToolCalls::List,
+                    Some(_) => ToolCalls::Other,
+                };
+                messages.push(Converted {
+                    role,
+                    content: Content::Raw(item.content),
+                    reasoning: item.reasoning.is_some(),
+                    tool_calls,
+                });
+            } else {
+                return None;
+            }
+        }
+    }
+    Some(())
+}
+
+/// Python's truthiness of a JSON value (a number spelled as zero another way counts as true:
+/// a value the app refuses then goes to the app anyway, where it is refused).
+fn truthy(raw: &RawValue) -> bool {
+    !matches!(raw.get(), "null" | "false" | "0" | "\"\"" | "[]" | "{}")
+}
+
+/// A whole answer's `(output_tokens, input_tokens_details.cached_tokens)`.
+pub(crate) fn usage_counts(answer: &[u8]) -> (Option<u64>, Option<u64>) {
+    let Ok(value) = serde_json::from_slice::<Value>(answer) else {
+        return (None, None);
+    };
+    usage_of(value.get("usage"))
+}
+
+fn usage_of(usage: Option<&Value>) -> (Option<u64>, Option<u64>) {
+    let output = usage.and_then(|u| u.get("output_tokens")).and_then(|v| {
+        // `int(usage["output_tokens"])`
+        v.as_u64()
+            .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f.trunc() as u64))
+    });
+    let cached = usage
+        .and_then(|u| u.get("input_tokens_details"))
+        .and_then(|d| d.get("cached_tokens"))
+        .and_then(Value::as_u64);
+    (output, cached)
+}
+
+/// How vLLM's "Response with id '…' not found." begins.
+const NOT_FOUND_OPEN: &str = "Response with id '";
+
+/// A whole answer as the client receives it: its ids the proxy's, and vLLM's "not found" naming
+/// the proxy's id (`ResponsesApi.relay_body`).
+pub(crate) fn relay_body(ids: &ResponseIds, answer: &[u8], tag: &str) -> Vec<u8> {
+    let out = ids.rewrite(answer, tag);
+    let head = &out[..out.len().min(512)];
+    if !head.windows(9).any(|w| w == b"not found") {
+        return out;
+    }
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let mut rewritten = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find(NOT_FOUND_OPEN) {
+        let after = &rest[at + NOT_FOUND_OPEN.len()..];
+        match after.find('\'') {
+            Some(end) if end > 0 && after[end..].starts_with("' not found") => {
+                rewritten.push_str(&rest[..at + NOT_FOUND_OPEN.len()]);
+                rewritten.push_str(&ids.issue(&after[..end], tag));
+                rest = &after[end..];
+            }
+            _ => {
+                rewritten.push_str(&rest[..at + NOT_FOUND_OPEN.len()]);
+                rest = after;
+            }
+        }
+    }
+    rewritten.push_str(rest);
+    rewritten.into_bytes()
+}
+
+/// One relayed Responses stream (see the module docs).
+pub(crate) struct ResponsesStream {
+    pending: Vec<u8>,
+    deltas: u64,
+    output_tokens: Option<u64>,
+    pub(crate) cached_tokens: Option<u64>,
+    pub(crate) done: bool,
+    tag: String,
+    ids: std::sync::Arc<ResponseIds>,
+}
+
+impl ResponsesStream {
+    pub(crate) fn new(ids: std::sync::Arc<ResponseIds>, instance: &str) -> Self {
+        Self {
+            pending: Vec::new(),
+            deltas: 0,
+            output_tokens: None,
+            cached_tokens: None,
+            done: false,
+            tag: ResponseIds::tag(instance),
+            ids,
+        }
+    }
+
+    pub(crate) fn tokens(&self) -> u64 {
+        self.output_tokens.unwrap_or(self.deltas)
+    }
+
+    /// The complete events of what is pending and `chunk`, each scanned and with its ids
+    /// rewritten: what the client receives for it.
+    pub(crate) fn feed(&mut self, chunk: &[u8]) -> Bytes {
+        self.pending.extend_from_slice(chunk);
+        let mut out = BytesMut::new();
+        let mut start = 0;
+        while let Some(at) = self.pending[start..].windows(2).position(|w| w == b"\n\n") {
+            let end = start + at;
+            let event = self.pending[start..end].to_vec();
+            self.scan(&event);
+            out.extend_from_slice(&self.ids.rewrite(&event, &self.tag));
+            out.extend_from_slice(b"\n\n");
+            start = end + 2;
+        }
+        self.pending.drain(..start);
+        out.freeze()
+    }
+
+    fn scan(&mut self, event: &[u8]) {
+        let head = &event[..event.len().min(64)];
+        let has = |needle: &[u8]| head.windows(needle.len()).any(|w| w == needle);
+        if has(b"delta") {
+            self.deltas += 1;
+        } else if TERMINAL_EVENTS.iter().any(|kind| has(kind)) {
+            self.done = true;
+            let data = event
+                .windows(5)
+                .position(|w| w == b"data:")
+                .map_or(&event[..0], |at| &event[at + 5..]);
+            if let Ok(value) = serde_json::from_slice::<Value>(data) {
+                let (output, cached) = usage_of(value.get("response").and_then(|r| r.get("usage")));
+                self.cached_tokens = cached;
+                if output.is_some() {
+                    self.output_tokens = output;
+                }
+            }
+        }
+    }
+}
+
+/// Responses' own terminal event for a stream the proxy must end (`stream_failure`).
+pub(crate) fn stream_failure(message: &str) -> Bytes {
+    let event = serde_json::json!({
+        "type": "response.failed",
+        "sequence_number": -1,
+        "response": {"object": "response", "status": "failed", "error": {"code": "server_error", "message": message}},
+    });
+    Bytes::from(format!("event: response.failed\ndata: {event}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_issued_opened_and_rewritten_as_the_app_does() {
+        let ids = ResponseIds::new("k");
+        let tag = ResponseIds::tag("http://127.0.0.1:8000/");
+        assert_eq!(tag, ResponseIds::tag("http://127.0.0.1:8000"));
+        let issued = ids.issue("resp_1", &tag);
+        assert!(ids.verifies(&issued) && !ids.verifies("resp_1") && !ResponseIds::new("j").verifies(&issued));
+        let data = br#"{"id": "resp_1","item":{"id":"msg_1"},"previous_response_id":"resp_0","x":"\"id\":\"resp_2\""}"#;
+        let out = String::from_utf8(ids.rewrite(data, &tag)).unwrap();
+        assert_eq!(
+            out,
+            format!(
+                r#"{{"id":"{issued}","item":{{"id":"msg_1"}},"previous_response_id":"{}","x":"\"id\":\"resp_2\""}}"#,
+                ids.issue("resp_0", &tag)
+            )
+        );
+        assert_eq!(ids.rewrite(out.as_bytes(), &tag), out.as_bytes(), "already the proxy's");
+    }
+
+    #[test]
+    fn codex_history_renders_as_vllms_chat_messages() {
+        let body = r#"{"model":"m","instructions":"be brief","store":false,"stream":true,"input":[
+            {"type":"message","role":"user","content":[{"type":"input_text","text":"ls"}]},
+            {"type":"reasoning","summary":[{"type":"summary_text","text":"s"}]},
+            {"type":"function_call","call_id":"c","name":"ls","arguments":"{}"},
+            {"type":"function_call_output","call_id":"c","output":"a b"},
+            {"type":"message","role":"assistant","content":[{"type":"output_text","text":"done"}]},
+            {"role":"user","content":"next"}]}"#;
+        let p = plan(body.as_bytes()).unwrap();
+        assert_eq!(
+            String::from_utf8(p.rendered.text).unwrap(),
+            "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n<|im_end|>\n\
+             <|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\na b<|im_end|>\n\
+             <|im_start|>assistant\ndone<|im_end|>\n<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert!(!p.rendered.first_turn);
+        for refused in [
+            r#"{"input":[{"type":"reasoning","encrypted_content":"x"}]}"#,
+            r#"{"input":[{"type":"function_call","name":"ls"}]}"#,
+            r#"{"input":[{"type":"nothing"}]}"#,
+            r#"{"input":"x","previous_response_id":"resp_1"}"#,
+            r#"{"input":"x","max_output_tokens":0}"#,
+            r#"{"input":[1]}"#,
+        ] {
+            assert!(plan(refused.as_bytes()).is_none(), "{refused}");
+        }
+    }
+
+    #[test]
+    fn a_stream_is_relayed_event_by_event_with_the_proxys_ids() {
+        let ids = std::sync::Arc::new(ResponseIds::new("k"));
+        let mut scan = ResponsesStream::new(std::sync::Arc::clone(&ids), "http://e");
+        let tag = ResponseIds::tag("http://e");
+        let first = scan.feed(b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_9\"}}\n\nevent: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\"");
+        assert_eq!(
+            first,
+            format!(
+                "event: response.created\ndata: {{\"type\":\"response.created\",\"response\":{{\"id\":\"{}\"}}}}\n\n",
+                ids.issue("resp_9", &tag)
+            )
+            .as_bytes()
+        );
+        scan.feed(b",\"delta\":\"a\"}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"output_tokens\":3,\"input_tokens_details\":{\"cached_tokens\":7}}}}\n\n");
+        assert!(scan.done);
+        assert_eq!((scan.tokens(), scan.cached_tokens), (3, Some(7)));
+    }
+}
