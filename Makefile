@@ -59,11 +59,11 @@ vllm-deps:
 live: setup vllm-deps
 	$(PY) scripts/vllm_cpu/live.py
 
-# The serve suite runs twice: on the Python data plane, then behind the compiled one
-# (`--data-plane compiled`: the gateway in front, chat and completions served natively).
+# The serve suite runs twice: on the default data plane (auto: the compiled gateway wherever it
+# serves natively), then on the Python app alone (`--data-plane python`).
 test-python: setup wheel integration-deps vllm-deps
 	SMETRIC_VLLM_PYTHON="$${SMETRIC_VLLM_PYTHON:-$(CURDIR)/.venv-vllm/bin/python}" $(PY) -m pytest
-	SMETRIC_TEST_DATA_PLANE=compiled $(PY) -m pytest tests/serve -q
+	SMETRIC_TEST_DATA_PLANE=python $(PY) -m pytest tests/serve -q
 
 test: lint test-rust test-python
 

@@ -13,6 +13,9 @@ and timed, as the median of ``--repeat`` runs, step by step:
 * the chat template's render of those messages (Jinja, vLLM's steps; the test tokenizer's
   template), and approximate mode's ChatML render plus 4-byte chunks — the renders the proxy
   routes on, without BPE;
+* the compiled data plane's native path, from the body's bytes to the approximate ids
+  (``smetric._core.gateway_routing_ids``: the gateway's parse, validation, conversion and
+  ChatML render in Rust);
 * for scale, the same template render of the chat form of the conversation.
 
 No assertion: it prints figures (BENCHMARKS.md quotes them).
@@ -24,7 +27,7 @@ import argparse
 import json
 from typing import Any
 
-from routing_tokens import TOKENIZER, TOOL, median_us, session
+from routing_tokens import TOKENIZER, TOOL, median_us, native, session
 
 from smetric.serve.apis.responses import ResponsesApi, chat_messages
 from smetric.serve.tokens import TokenConfig, TokenSource
@@ -77,6 +80,10 @@ def main() -> None:
         (
             "approximate: ChatML render + 4-byte chunks",
             median_us(lambda: approximate.routing_tokens(request.chat), args.repeat),
+        ),
+        (
+            "compiled data plane: body to approximate ids (Rust)",
+            median_us(lambda: native("/v1/responses", raw), args.repeat),
         ),
     ]
     print(f"a Responses conversation of {tokens} tokens (test tokenizer), median of {args.repeat} runs")

@@ -17,7 +17,9 @@ about 3 bytes a token; a production vocabulary packs 3.5-4.5), and times, as the
 * the same conversation as an Anthropic Messages body (``POST /v1/messages``: system, tool_use
   and tool_result blocks): its parse and conversion to vLLM's chat request, the render of the
   converted request (the issue-19 budget: conversion + render ≤ 0.5 ms, BPE excluded), and
-  approximate mode end to end.
+  approximate mode end to end;
+* the compiled data plane's native path, from the body's bytes to the approximate ids, for the
+  chat and the Messages body (``smetric._core.gateway_routing_ids``, Rust).
 
 No assertion: it prints figures (docs/routing-tokens.md quotes them).
 """
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from smetric._core import gateway_routing_ids
 from smetric.anthropic import to_chat
 from smetric.serve.apis.messages import MessagesApi
 from smetric.serve.request import OpenAIRequest, parse_request
@@ -104,6 +107,17 @@ def as_messages(messages: list[dict[str, Any]]) -> dict[str, Any]:
     assert isinstance(function, dict)
     tool = {"name": "run_shell", "description": function["description"], "input_schema": function["parameters"]}
     return {"model": "m", "max_tokens": 256, "system": messages[0]["content"], "messages": out, "tools": [tool]}
+
+
+CHAT_PATH = "/v1/chat/completions"
+MESSAGES_PATH = "/v1/messages"
+
+
+def native(path: str, raw: bytes) -> tuple[list[int], bool | None]:
+    """The compiled data plane's routing ids of a body (asserting that it routes it)."""
+    planned = gateway_routing_ids(path, raw)
+    assert planned is not None, f"the native path hands this {path} body to the app"
+    return planned
 
 
 def median_us(fn: Callable[[], object], repeat: int) -> float:
@@ -233,6 +247,16 @@ def main() -> None:
         (
             "messages: approximate mode, parse to ids",
             median_us(lambda: api.routing_tokens(approx, api.parse(anthropic_body)), args.repeat),
+        )
+    )
+    # The compiled data plane's native path, body bytes to ids (Rust; `smetric._core` call included).
+    rows.append(
+        ("chat: compiled data plane, body to approximate ids", median_us(lambda: native(CHAT_PATH, body), args.repeat))
+    )
+    rows.append(
+        (
+            "messages: compiled data plane, body to approximate ids",
+            median_us(lambda: native(MESSAGES_PATH, anthropic_body), args.repeat),
         )
     )
     by_name = dict(rows)

@@ -20,16 +20,18 @@ def fleet() -> Iterator[list[FakeEngine]]:
 
 
 @pytest.fixture(autouse=True)
-def data_plane(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``SMETRIC_TEST_DATA_PLANE=compiled``: every in-process proxy of these tests runs with the
-    compiled data plane in front (the gateway's stage-1 acceptance: the suite passes through it)."""
+def data_plane(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """``SMETRIC_TEST_DATA_PLANE=python`` (or ``compiled``): every in-process proxy of these tests
+    runs on that data plane instead of the configured one (the default is ``auto``: compiled
+    where the gateway serves natively), but in tests marked ``own_data_plane``. ``make test``
+    runs the suite on the default and on python."""
     import dataclasses
     import os
 
     import smetric.serve.proxy as proxy
 
     plane = os.environ.get("SMETRIC_TEST_DATA_PLANE")
-    if not plane:
+    if not plane or request.node.get_closest_marker("own_data_plane") is not None:
         return
     run = proxy.run
 

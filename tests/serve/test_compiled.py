@@ -25,6 +25,8 @@ from smetric.fake_engine import FakeEngine
 from smetric.serve.apis import ResponsesApi
 from smetric.serve.proxy import ProxyServer
 
+pytestmark = pytest.mark.own_data_plane
+
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
 CHAT = "/v1/chat/completions"
 
@@ -326,3 +328,20 @@ async def asyncio_sleep(seconds: float) -> None:
     import asyncio
 
     await asyncio.sleep(seconds)
+
+
+def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(engines: list[FakeEngine]) -> None:
+    urls = [{"url": e.url, "kv_events": "off"} for e in engines]
+    tokenizer = str(Path(__file__).resolve().parents[1] / "data" / "serve" / "tokenizer.json")
+    for tokens, served_by_gateway in (
+        ({"mode": "approximate"}, True),
+        ({"mode": "tokenizer", "tokenizer": tokenizer}, False),
+    ):
+        p = proxy_for(urls, data_plane="auto", tokens=tokens)
+        try:
+            assert p.proxy is not None
+            assert (p.proxy.compiled is not None) is served_by_gateway, tokens
+            status, _, _ = request(p.url, CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+            assert status == 200
+        finally:
+            p.stop()

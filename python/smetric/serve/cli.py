@@ -53,9 +53,10 @@ def register(sub: Any) -> None:
     p.add_argument("--decision-log", default=None, help="append one JSON line per request to this file")
     p.add_argument(
         "--data-plane",
-        choices=("python", "compiled"),
+        choices=("auto", "python", "compiled"),
         default=None,
-        help="what serves the public address: the Python app (default) or the Rust gateway in front of it",
+        help="what serves the public address: the Rust gateway in front of the Python app (compiled), the app "
+        "alone (python), or auto (default): compiled when the gateway serves this deployment's requests natively",
     )
     p.add_argument("--no-engine-load", action="store_true", help="do not scrape the instances' /metrics")
     p.add_argument("--log-level", default="INFO")

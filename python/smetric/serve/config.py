@@ -38,7 +38,7 @@ from smetric.deployment import deployed_fields
 from smetric.errors import InvalidConfigError, MissingExtraError
 from smetric.serve.tokens import TOKEN_MODES, TokenConfig
 
-DATA_PLANES = ("python", "compiled")
+DATA_PLANES = ("auto", "python", "compiled")
 """What may serve the public address (:attr:`ServeConfig.data_plane`)."""
 
 KV_EVENTS_DISCOVER = "discover"
@@ -163,10 +163,14 @@ class ServeConfig:
     ``/health``, ``/metrics`` and ``/kv_event_sources``."""
     decision_log: str | None = None
     """A file the proxy appends one JSON line per request to (``smetric.serve.decision_log``); None: off."""
-    data_plane: str = "python"
+    data_plane: str = "auto"
     """``"python"``: the aiohttp app serves the public address. ``"compiled"``: the Rust gateway
-    (``rust/smetric-gateway``) does, and the app listens on a loopback port only it knows; in
-    its first stage the gateway delegates every request (``docs/proxy-data-plane.md``)."""
+    (``rust/smetric-gateway``) does, and the app listens on a loopback port only it knows; the
+    gateway admits every API request and serves natively what it can serve exactly as the app
+    (``smetric.serve.compiled``), delegating the rest (``docs/proxy-data-plane.md``).
+    ``"auto"``: compiled when its native path has something to serve in this deployment (see
+    :func:`smetric.serve.compiled.native_settings`), else python — a gateway that could only
+    delegate would add a hop and nothing else."""
 
     def __post_init__(self) -> None:
         if bool(self.prefill) != bool(self.decode):

@@ -562,6 +562,12 @@ async def run(
     except BaseException:
         await proxy.close()  # the upstream session and the feeds, whatever failed
         raise
+    # The gateway's native path, armed for what it can serve in this deployment (None: nothing).
+    secret = new_secret()
+    router = proxy.backend.router if isinstance(proxy.backend, ColocatedBackend) else None
+    responses = next(api for api in proxy.apis if isinstance(api, ResponsesApi))
+    native = native_settings(config, router, proxy.tokens, secret, proxy.client_keys, responses.ids.key)
+    compiled = config.data_plane == "compiled" or (config.data_plane == "auto" and native is not None)
     runner = GuardedRunner(
         proxy.app(),
         render=proxy.error_response,
@@ -571,7 +577,7 @@ async def run(
             keepalive_timeout_s=config.keepalive_timeout_s,
             # Behind the gateway the app's connections are the gateway's pool (at most one per
             # client connection it admitted, and its idle ones): the gateway bounds the clients.
-            max_connections=config.max_connections * (2 if config.data_plane == "compiled" else 1),
+            max_connections=config.max_connections * (2 if compiled else 1),
             retry_after_s=config.retry_after_s,
         ),
         handler_cancellation=True,
@@ -580,16 +586,11 @@ async def run(
         max_field_size=config.max_header_bytes,
     )
     await runner.setup()
-    compiled = config.data_plane == "compiled"
     # With the compiled data plane the app listens on a loopback port only the gateway knows.
     site = web.TCPSite(runner, "127.0.0.1", 0) if compiled else web.TCPSite(runner, config.host, config.port)
     await site.start()
     gateway = None
     if compiled:
-        secret = new_secret()
-        router = proxy.backend.router if isinstance(proxy.backend, ColocatedBackend) else None
-        responses = next(api for api in proxy.apis if isinstance(api, ResponsesApi))
-        native = native_settings(config, router, proxy.tokens, secret, proxy.client_keys, responses.ids.key)
         gateway = Gateway(
             config.host,
             config.port,
@@ -622,11 +623,12 @@ async def run(
             break
     port = gateway.port if gateway is not None else runner.addresses[0][1]
     log.info(
-        "smetric serve on http://%s:%s: %d instances, policy %s",
+        "smetric serve on http://%s:%s: %d instances, policy %s, %s data plane",
         config.host,
         port,
         len(proxy.fleet.instances),
         config.policy,
+        "compiled" if compiled else "python",
     )
     if on_ready is not None:
         on_ready(proxy, port)

@@ -709,6 +709,10 @@ impl Native {
         instance: &str,
         cause: &str,
     ) -> Response<Body> {
+        let mut parts = parts;
+        if let Ok(id) = HeaderValue::from_str(&record.request_id) {
+            parts.headers.insert(REQUEST_ID.clone(), id); // the id the failed attempt carried
+        }
         self.records.push(Record {
             handed_off: true,
             ..record
