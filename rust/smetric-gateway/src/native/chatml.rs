@@ -17,6 +17,8 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::json::{object, string};
+
 use smetric_core::first_turn_from_roles;
 use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
 
@@ -44,27 +46,6 @@ struct Part<'a> {
 /// A field that is there, `null` included (a plain `Option` reads `null` as absent).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
     <&RawValue>::deserialize(d).map(Some)
-}
-
-/// A JSON string's text, borrowed unless it escapes a character.
-#[derive(Deserialize)]
-struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
-
-fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
-    raw.get()
-        .starts_with('"')
-        .then(|| serde_json::from_str::<Text<'_>>(raw.get()).ok())
-        .flatten()
-        .map(|t| t.0)
-}
-
-/// A JSON object as `T`; `None` for anything else (serde's derive would also read an array
-/// positionally, which Python's `Mapping` check refuses).
-fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Option<T> {
-    if !raw.get().starts_with('{') {
-        return None;
-    }
-    serde_json::from_str(raw.get()).ok()
 }
 
 /// Appends a message's content to `out`; `None` where Python's `content_text` raises.
@@ -99,6 +80,13 @@ pub(crate) fn push_content(out: &mut Vec<u8>, content: Option<&RawValue>) -> Opt
 pub struct Rendered {
     pub text: Vec<u8>,
     pub first_turn: bool,
+}
+
+/// Another API's body rendered as the chat request it converts to, with what routing reads.
+pub(crate) struct RenderedBody {
+    pub(crate) rendered: Rendered,
+    pub(crate) model: Option<String>,
+    pub(crate) cache_salt: Option<String>,
 }
 
 /// The plain ChatML text of a parsed chat body's `messages` (see the module docs); `None` for

@@ -751,30 +751,20 @@ fn body_plan(api: Api, raw: &[u8], session: Option<String>) -> Option<Plan> {
     }
     match api {
         Api::Chat | Api::Completions => openai_plan(api, raw, session),
-        Api::Messages => {
-            let p = messages::plan(raw)?;
+        Api::Messages | Api::Responses => {
+            let body = if matches!(api, Api::Messages) {
+                messages::plan(raw)?
+            } else {
+                responses::plan(raw)?
+            };
             Some(Plan {
-                ids: byte_chunk_ids(&p.rendered.text),
+                ids: byte_chunk_ids(&body.rendered.text),
                 turn: TurnHint::Messages {
-                    first_turn: p.rendered.first_turn,
+                    first_turn: body.rendered.first_turn,
                 },
                 source: "approximate",
-                model: Some(p.model),
-                namespace: p.cache_salt,
-                hide_usage: false,
-                session,
-            })
-        }
-        Api::Responses => {
-            let p = responses::plan(raw)?;
-            Some(Plan {
-                ids: byte_chunk_ids(&p.rendered.text),
-                turn: TurnHint::Messages {
-                    first_turn: p.rendered.first_turn,
-                },
-                source: "approximate",
-                model: p.model,
-                namespace: p.cache_salt,
+                model: body.model,
+                namespace: body.cache_salt,
                 hide_usage: false,
                 session,
             })

@@ -32,7 +32,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::chatml::Rendered;
+use super::chatml::{Rendered, RenderedBody};
+use super::json::{is_object, list, object, string};
+use super::sse::{Pending, contains, data_of};
 
 /// A system text block that starts with it is dropped (`anthropic.BILLING_HEADER_PREFIX`).
 const BILLING_HEADER_PREFIX: &str = "x-anthropic-billing-header";
@@ -104,37 +106,6 @@ struct Item<'a> {
     name: Option<&'a RawValue>,
 }
 
-/// A JSON string's text, borrowed unless it escapes a character; `None` for anything else.
-#[derive(Deserialize)]
-struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
-
-fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
-    raw.get()
-        .starts_with('"')
-        .then(|| serde_json::from_str::<Text<'_>>(raw.get()).ok())
-        .flatten()
-        .map(|t| t.0)
-}
-
-/// An object (a JSON `{…}`) as `T`.
-fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Option<T> {
-    raw.get()
-        .starts_with('{')
-        .then(|| serde_json::from_str(raw.get()).ok())
-        .flatten()
-}
-
-fn list(raw: &RawValue) -> Option<Vec<&RawValue>> {
-    raw.get()
-        .starts_with('[')
-        .then(|| serde_json::from_str(raw.get()).ok())
-        .flatten()
-}
-
-fn is_object(raw: &RawValue) -> bool {
-    raw.get().starts_with('{')
-}
-
 /// Python's truthiness of a JSON value that is not a string (`None` for a string).
 fn falsy_non_string(raw: &RawValue) -> Option<bool> {
     match raw.get() {
@@ -160,15 +131,8 @@ fn positive(raw: &RawValue) -> Option<u64> {
     raw.get().parse::<u64>().ok().filter(|&n| n >= 1)
 }
 
-/// What the native path needs of a Messages body.
-pub(crate) struct MessagesPlan {
-    pub(crate) rendered: Rendered,
-    pub(crate) model: String,
-    pub(crate) cache_salt: Option<String>,
-}
-
 /// The body validated and rendered (see the module docs), or None: the app's to answer.
-pub(crate) fn plan(raw: &[u8]) -> Option<MessagesPlan> {
+pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
     if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
         return None;
     }
@@ -217,12 +181,12 @@ pub(crate) fn plan(raw: &[u8]) -> Option<MessagesPlan> {
     let roles = out.roles.iter().map(String::as_str);
     let first_turn = smetric_core::first_turn_from_roles(roles);
     out.text.extend_from_slice(b"<|im_start|>assistant\n");
-    Some(MessagesPlan {
+    Some(RenderedBody {
         rendered: Rendered {
             text: out.text,
             first_turn,
         },
-        model,
+        model: Some(model),
         cache_salt,
     })
 }
@@ -491,10 +455,6 @@ pub(crate) fn error_body(status: u16, message: &str) -> String {
     serde_json::json!({"type": "error", "error": {"type": error_type(status), "message": message}}).to_string()
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
 fn event_name(event: &[u8]) -> &[u8] {
     let Some(rest) = event.strip_prefix(b"event:") else {
         return b"";
@@ -506,7 +466,7 @@ fn event_name(event: &[u8]) -> &[u8] {
 /// One relayed Messages stream (see the module docs).
 #[derive(Default)]
 pub(crate) struct MessagesStream {
-    pending: Vec<u8>,
+    pending: Pending,
     deltas: u64,
     pub(crate) cached_tokens: Option<u64>,
     pub(crate) finished: bool,
@@ -520,15 +480,9 @@ impl MessagesStream {
 
     /// Scans `chunk`; the client receives it as it came.
     pub(crate) fn feed(&mut self, chunk: Bytes) -> Bytes {
-        self.pending.extend_from_slice(&chunk);
-        let mut start = 0;
-        while let Some(at) = self.pending[start..].windows(2).position(|w| w == b"\n\n") {
-            let end = start + at;
-            let event = self.pending[start..end].to_vec();
-            self.scan(&event);
-            start = end + 2;
-        }
-        self.pending.drain(..start);
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.feed(&chunk, |event| self.scan(event));
+        self.pending = pending;
         chunk
     }
 
@@ -547,11 +501,7 @@ impl MessagesStream {
             _ => {}
         }
         if (name == b"message_start" || name == b"message_delta") && contains(event, b"\"cache_read_input_tokens\"") {
-            let data = event
-                .windows(5)
-                .position(|w| w == b"data:")
-                .map_or(&event[..0], |at| &event[at + 5..]);
-            if let Ok(value) = serde_json::from_slice::<Value>(data) {
+            if let Ok(value) = serde_json::from_slice::<Value>(data_of(event)) {
                 let usage = value
                     .get("usage")
                     .or_else(|| value.get("message").and_then(|m| m.get("usage")));

@@ -37,8 +37,10 @@
 
 pub mod chatml;
 mod forward;
+mod json;
 mod messages;
 mod responses;
+mod sse;
 mod stream;
 
 use std::collections::{HashMap, HashSet};

@@ -34,7 +34,9 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use super::chatml::{Rendered, push_content};
+use super::chatml::{Rendered, RenderedBody, push_content};
+use super::json::{list, object, string};
+use super::sse::{Pending, data_of};
 
 /// Hex digits of an instance tag and of a mac (`pinning._TAG_HEX`, `pinning._MAC_HEX`).
 const TAG_HEX: usize = 12;
@@ -220,31 +222,6 @@ struct Item<'a> {
     tool_calls: Option<&'a RawValue>,
 }
 
-#[derive(Deserialize)]
-struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
-
-fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
-    raw.get()
-        .starts_with('"')
-        .then(|| serde_json::from_str::<Text<'_>>(raw.get()).ok())
-        .flatten()
-        .map(|t| t.0)
-}
-
-fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Option<T> {
-    raw.get()
-        .starts_with('{')
-        .then(|| serde_json::from_str(raw.get()).ok())
-        .flatten()
-}
-
-fn list(raw: &RawValue) -> Option<Vec<&RawValue>> {
-    raw.get()
-        .starts_with('[')
-        .then(|| serde_json::from_str(raw.get()).ok())
-        .flatten()
-}
-
 /// Whether a field is absent, null or a string (the app's check of its string fields).
 fn string_or_absent(raw: Option<&RawValue>) -> bool {
     raw.is_none_or(|r| string(r).is_some())
@@ -298,15 +275,8 @@ impl Converted<'_> {
     }
 }
 
-/// What the native path needs of a Responses body.
-pub(crate) struct ResponsesPlan {
-    pub(crate) rendered: Rendered,
-    pub(crate) model: Option<String>,
-    pub(crate) cache_salt: Option<String>,
-}
-
 /// The body validated and rendered (see the module docs), or None: the app's to answer.
-pub(crate) fn plan(raw: &[u8]) -> Option<ResponsesPlan> {
+pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
     if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
         return None;
     }
@@ -390,7 +360,7 @@ pub(crate) fn plan(raw: &[u8]) -> Option<ResponsesPlan> {
     }
     text.extend_from_slice(b"<|im_start|>assistant\n");
     let first_turn = smetric_core::first_turn_from_roles(messages.iter().map(|m| m.role.as_ref()));
-    Some(ResponsesPlan {
+    Some(RenderedBody {
         rendered: Rendered { text, first_turn },
         model,
         cache_salt,
@@ -551,7 +521,7 @@ pub(crate) fn relay_body(ids: &ResponseIds, answer: &[u8], tag: &str) -> Vec<u8>
 
 /// One relayed Responses stream (see the module docs).
 pub(crate) struct ResponsesStream {
-    pending: Vec<u8>,
+    pending: Pending,
     deltas: u64,
     output_tokens: Option<u64>,
     pub(crate) cached_tokens: Option<u64>,
@@ -563,7 +533,7 @@ pub(crate) struct ResponsesStream {
 impl ResponsesStream {
     pub(crate) fn new(ids: std::sync::Arc<ResponseIds>, instance: &str) -> Self {
         Self {
-            pending: Vec::new(),
+            pending: Pending::default(),
             deltas: 0,
             output_tokens: None,
             cached_tokens: None,
@@ -580,18 +550,14 @@ impl ResponsesStream {
     /// The complete events of what is pending and `chunk`, each scanned and with its ids
     /// rewritten: what the client receives for it.
     pub(crate) fn feed(&mut self, chunk: &[u8]) -> Bytes {
-        self.pending.extend_from_slice(chunk);
         let mut out = BytesMut::new();
-        let mut start = 0;
-        while let Some(at) = self.pending[start..].windows(2).position(|w| w == b"\n\n") {
-            let end = start + at;
-            let event = self.pending[start..end].to_vec();
-            self.scan(&event);
-            out.extend_from_slice(&self.ids.rewrite(&event, &self.tag));
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.feed(chunk, |event| {
+            self.scan(event);
+            out.extend_from_slice(&self.ids.rewrite(event, &self.tag));
             out.extend_from_slice(b"\n\n");
-            start = end + 2;
-        }
-        self.pending.drain(..start);
+        });
+        self.pending = pending;
         out.freeze()
     }
 
@@ -602,11 +568,7 @@ impl ResponsesStream {
             self.deltas += 1;
         } else if TERMINAL_EVENTS.iter().any(|kind| has(kind)) {
             self.done = true;
-            let data = event
-                .windows(5)
-                .position(|w| w == b"data:")
-                .map_or(&event[..0], |at| &event[at + 5..]);
-            if let Ok(value) = serde_json::from_slice::<Value>(data) {
+            if let Ok(value) = serde_json::from_slice::<Value>(data_of(event)) {
                 let (output, cached) = usage_of(value.get("response").and_then(|r| r.get("usage")));
                 self.cached_tokens = cached;
                 if output.is_some() {

@@ -13,6 +13,8 @@
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
+use super::sse::{Pending, contains};
+
 /// The answer's usage as the engine reported it, read, never trusted: a count is a
 /// non-negative integer or nothing.
 pub(crate) fn usage_counts(answer: &[u8]) -> (Option<u64>, Option<u64>) {
@@ -28,21 +30,10 @@ pub(crate) fn usage_counts(answer: &[u8]) -> (Option<u64>, Option<u64>) {
     (output, cached)
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-fn separator(data: &[u8], from: usize) -> Option<usize> {
-    data.get(from..)?
-        .windows(2)
-        .position(|w| w == b"\n\n")
-        .map(|at| at + from)
-}
-
 /// One relayed OpenAI stream (see the module docs).
 #[derive(Default)]
 pub(crate) struct OpenAiStream {
-    pending: BytesMut,
+    pending: Pending,
     choice_chunks: u64,
     opening_chunks: u64,
     usage_output: Option<u64>,
@@ -70,21 +61,18 @@ impl OpenAiStream {
 
     /// Scans `chunk`; what the client receives for it.
     pub(crate) fn feed(&mut self, chunk: Bytes) -> Bytes {
-        self.pending.extend_from_slice(&chunk);
         let mut shown = self.hide_usage.then(BytesMut::new);
-        let mut start = 0;
-        while let Some(end) = separator(&self.pending, start) {
-            let event = self.pending[start..end].to_vec();
-            self.scan(&event);
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.feed(&chunk, |event| {
+            self.scan(event);
             if let Some(out) = shown.as_mut()
-                && !is_usage_event(&event)
+                && !is_usage_event(event)
             {
-                out.extend_from_slice(&event);
+                out.extend_from_slice(event);
                 out.extend_from_slice(b"\n\n");
             }
-            start = end + 2;
-        }
-        let _ = self.pending.split_to(start);
+        });
+        self.pending = pending;
         match shown {
             Some(out) => out.freeze(),
             None => chunk,
