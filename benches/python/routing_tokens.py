@@ -113,8 +113,8 @@ CHAT_PATH = "/v1/chat/completions"
 MESSAGES_PATH = "/v1/messages"
 
 
-def native(path: str, raw: bytes) -> tuple[list[int], bool | None]:
-    """The compiled data plane's routing ids of a body (asserting that it routes it)."""
+def native(path: str, raw: bytes) -> tuple[bytes, bool | None]:
+    """The compiled data plane's routing ids of a body, as bytes (asserting that it routes it)."""
     planned = gateway_routing_ids(path, raw)
     assert planned is not None, f"the native path hands this {path} body to the app"
     return planned

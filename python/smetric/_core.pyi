@@ -359,9 +359,10 @@ class GatewayNative:
         max_records: int,
     ) -> Self: ...
 
-def gateway_routing_ids(path: str, raw: bytes) -> tuple[list[int], bool | None] | None:
-    """The routing ids and the turn verdict (None: the index's) the gateway's native path would
-    route a body posted to ``path`` on, or None when it would hand the body to the app."""
+def gateway_routing_ids(path: str, raw: bytes) -> tuple[bytes, bool | None] | None:
+    """The routing ids (as the bytes of an ``array('I')``) and the turn verdict (None: the
+    index's) the gateway's native path would route a body posted to ``path`` on, or None when it
+    would hand the body to the app."""
 
 GATEWAY_HEADER: Final[str]
 """Carries the gateway's per-process secret on every request it sends the app."""

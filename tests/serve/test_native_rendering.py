@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 from typing import Any
 
 import pytest
@@ -226,7 +227,8 @@ def test_the_native_path_routes_a_body_exactly_as_the_app_or_hands_it_over(path:
         if i % 2:
             body = spoiled(rng, body)
         raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
-        native = gateway_routing_ids(path, raw)
+        planned = gateway_routing_ids(path, raw)
+        native = None if planned is None else (array("I", planned[0]).tolist(), planned[1])
         app = app_ids(api, raw)
         if native is not None:
             assert app is not None, ("the native path routes a body the app refuses", body)

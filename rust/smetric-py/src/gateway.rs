@@ -338,9 +338,16 @@ impl PyGateway {
     }
 }
 
-/// The routing ids and the turn verdict the gateway's native path would route a body posted to
-/// `path` on, or None when it would hand the body to the app (`smetric_gateway::native::routing_ids`).
+/// The routing ids (native-endian u32s, an `array('I')`'s bytes) and the turn verdict the
+/// gateway's native path would route a body posted to `path` on, or None when it would hand the
+/// body to the app (`smetric_gateway::native::routing_ids`).
 #[pyfunction]
-pub(crate) fn gateway_routing_ids(py: Python<'_>, path: &str, raw: &[u8]) -> Option<(Vec<u32>, Option<bool>)> {
-    py.detach(|| smetric_gateway::native::routing_ids(path, raw))
+pub(crate) fn gateway_routing_ids<'py>(
+    py: Python<'py>,
+    path: &str,
+    raw: &[u8],
+) -> Option<(Bound<'py, pyo3::types::PyBytes>, Option<bool>)> {
+    let (ids, first_turn) = py.detach(|| smetric_gateway::native::routing_ids(path, raw))?;
+    let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_ne_bytes()).collect();
+    Some((pyo3::types::PyBytes::new(py, &bytes), first_turn))
 }
