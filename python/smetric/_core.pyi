@@ -344,7 +344,6 @@ class GatewayNative:
         first_byte_timeout_s: float,
         idle_timeout_s: float,
         client_timeout_s: float,
-        max_attempts: int,
         max_in_flight: int,
         max_in_flight_per_instance: int,
         queue_size: int,

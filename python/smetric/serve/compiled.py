@@ -107,7 +107,6 @@ def native_settings(
         first_byte_timeout_s=config.first_byte_timeout_s,
         idle_timeout_s=config.idle_timeout_s,
         client_timeout_s=config.client_timeout_s,
-        max_attempts=config.max_attempts,
         max_in_flight=config.max_in_flight,
         max_in_flight_per_instance=config.max_in_flight_per_instance,
         queue_size=config.queue_size,

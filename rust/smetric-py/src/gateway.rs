@@ -38,7 +38,6 @@ pub(crate) struct PyGatewayNative {
     upstream_key: Option<String>,
     max_body_bytes: usize,
     times: [f64; 6],
-    max_attempts: u32,
     admission: [usize; 3],
     apis: NativeApis,
     response_id_key: String,
@@ -52,7 +51,7 @@ impl PyGatewayNative {
     #[new]
     #[pyo3(signature = (
         router, *, secret, client_keys, upstream_key, max_body_bytes, body_timeout_s,
-        connect_timeout_s, first_byte_timeout_s, idle_timeout_s, client_timeout_s, max_attempts, max_in_flight,
+        connect_timeout_s, first_byte_timeout_s, idle_timeout_s, client_timeout_s, max_in_flight,
         max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages, responses,
         response_id_key,
         resume_streams, labels, max_records
@@ -69,7 +68,6 @@ impl PyGatewayNative {
         first_byte_timeout_s: f64,
         idle_timeout_s: f64,
         client_timeout_s: f64,
-        max_attempts: u32,
         max_in_flight: usize,
         max_in_flight_per_instance: usize,
         queue_size: usize,
@@ -97,7 +95,6 @@ impl PyGatewayNative {
                 client_timeout_s,
                 queue_timeout_s,
             ],
-            max_attempts,
             admission: [max_in_flight, max_in_flight_per_instance, queue_size],
             apis: NativeApis {
                 chat,
@@ -234,7 +231,6 @@ impl PyGateway {
                     first_byte_timeout: seconds("first_byte_timeout_s", first_byte)?,
                     idle_timeout: seconds("idle_timeout_s", idle)?,
                     client_timeout: seconds("client_timeout_s", client)?,
-                    max_attempts: n.max_attempts,
                     admission: AdmissionLimits {
                         max_in_flight: n.admission[0],
                         max_in_flight_per_instance: n.admission[1],

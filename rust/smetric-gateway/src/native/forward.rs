@@ -22,11 +22,11 @@ use smetric_core::{Decision, Prompt, RequestId, RouteRequest, TurnHint};
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 use smetric_vllm::{Endpoint, parse_openai_body};
 
-use super::Native;
 use super::chatml::{byte_chunk_ids, render};
 use super::messages::{self, MessagesStream};
 use super::responses::{self, ResponsesStream};
 use super::stream::{OpenAiStream, usage_counts};
+use super::{FleetView, Native, same_bytes};
 use crate::admission::Slot;
 use crate::answers::{Body, Held, SERVER_NAME, json_response};
 use crate::counters::ClientError;
@@ -311,12 +311,9 @@ fn key_valid(keys: &[String], headers: &HeaderMap) -> bool {
             .filter(|k| !k.is_empty())
     });
     let Some(presented) = presented else { return false };
-    keys.iter()
-        .fold(false, |found, key| found | same(key.as_bytes(), presented.as_bytes()))
-}
-
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+    keys.iter().fold(false, |found, key| {
+        found | same_bytes(key.as_bytes(), presented.as_bytes())
+    })
 }
 
 /// Request ids minted so far: mixed into each new one.
@@ -390,7 +387,8 @@ impl Native {
             Ok(raw) => raw,
             Err(failure) => return self.body_failure(plane, api, failure),
         };
-        let Some(plan) = self.plan(api, &parts.headers, &raw) else {
+        let fleet = self.fleet();
+        let Some(plan) = Self::plan(&fleet, api, &parts.headers, &raw) else {
             return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
         };
         let id = request_id(&parts.headers);
@@ -408,7 +406,6 @@ impl Native {
             ..Record::default()
         };
         // Route.
-        let fleet = self.fleet();
         let Some(mut exclude) = fleet.exclusions(plan.model.as_deref(), &[]) else {
             return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
         };
@@ -609,9 +606,8 @@ impl Native {
     }
 
     /// The routing plan of a body the native path serves exactly as the app would, or None.
-    fn plan(&self, api: Api, headers: &HeaderMap, raw: &[u8]) -> Option<Plan> {
+    fn plan(fleet: &FleetView, api: Api, headers: &HeaderMap, raw: &[u8]) -> Option<Plan> {
         let plan = body_plan(api, raw, header_session(headers))?;
-        let fleet = self.fleet();
         if let Some(model) = plan.model.as_deref()
             && ((!fleet.models.is_empty() && !fleet.models.contains_key(model)) || fleet.adapters.contains(model))
         {

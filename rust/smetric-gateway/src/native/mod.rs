@@ -73,8 +73,6 @@ pub struct NativeConfig {
     pub idle_timeout: Duration,
     /// A request's whole time in the proxy (504, or an error event once its stream started).
     pub client_timeout: Duration,
-    /// The most attempts one request gets (the app carries on what the gateway began).
-    pub max_attempts: u32,
     pub admission: AdmissionLimits,
     /// The APIs served natively.
     pub apis: NativeApis,
@@ -178,6 +176,11 @@ impl Native {
     pub(crate) fn fleet(&self) -> Arc<FleetView> {
         Arc::clone(&self.fleet.read().unwrap_or_else(PoisonError::into_inner))
     }
+}
+
+/// Whether two byte strings are equal, compared in time independent of where they differ.
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
 /// The shared handles `Gateway` keeps to talk to the native path from the control plane.

@@ -96,13 +96,7 @@ impl ResponseIds {
         // early exit would time the comparison).
         !engine_id.is_empty()
             && tag.len() == TAG_HEX
-            && mac.len() == MAC_HEX
-            && self
-                .mac(engine_id, tag)
-                .bytes()
-                .zip(mac.bytes())
-                .fold(0u8, |d, (a, b)| d | (a ^ b))
-                == 0
+            && super::same_bytes(self.mac(engine_id, tag).as_bytes(), mac.as_bytes())
     }
 
     /// `data` with each `"id"` / `"previous_response_id"` naming a response of the instance
