@@ -5,7 +5,8 @@
 //! second implementation — and scores each policy by cluster TPS under SLO.
 //!
 //! * [`perf_model`] — named hardware/model profiles and the analytic iteration time of
-//!   `docs/perf-model.md` §6, pinned to the §7 anchors by tests;
+//!   `docs/perf-model.md` §6, pinned to the §7 anchors by tests; [`profile_file`] — profiles
+//!   read from JSON and single constants overridden (§8);
 //! * [`block_pool`] — a vLLM v1 GPU block pool with prefix caching;
 //! * `instance` — the vLLM v1 scheduler (running first, chunked prefill, admission,
 //!   preemption by recompute);
@@ -48,6 +49,7 @@ pub mod metrics;
 pub mod perf_model;
 pub mod placement;
 pub mod placers;
+pub mod profile_file;
 pub mod token_gaps;
 mod transfer;
 pub mod workload;

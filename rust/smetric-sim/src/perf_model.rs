@@ -112,8 +112,50 @@ const A_30B_H200_S: f64 = 12.4e-6;
 /// H200 attention coefficient: 393,216 FLOP per token pair at η_a = 0.6 of 989 TF [A].
 const B_30B_H200_S: f64 = 0.66e-9;
 
+/// H20-3e (the 141 GB HBM3e H20) bandwidth, bytes/s: the H200's memory system [S12b].
+pub const H20_3E_HBM_BYTES_PER_S: f64 = 4.8e12;
+/// H20-3e memory usable for the engine, GiB: the H200's 141 GB parts, taken as for the H200 [A].
+pub const H20_3E_USABLE_GIB: f64 = 139.3;
+
+/// What a 30B profile takes from its GPU: memory, bandwidth and the prefill constants.
+struct Gpu {
+    hbm_bytes_per_s: f64,
+    usable_gib: f64,
+    linear_s_per_token: f64,
+    attention_s_per_pair: f64,
+}
+
+const H20: Gpu = Gpu {
+    hbm_bytes_per_s: H20_HBM_BYTES_PER_S,
+    usable_gib: H20_USABLE_GIB,
+    linear_s_per_token: A_30B_H20_S,
+    attention_s_per_pair: B_30B_H20_S,
+};
+/// H20 compute (its `a` and `b`), H200 memory: 141 GB of HBM3e at 4.8 TB/s.
+const H20_3E: Gpu = Gpu {
+    hbm_bytes_per_s: H20_3E_HBM_BYTES_PER_S,
+    usable_gib: H20_3E_USABLE_GIB,
+    ..H20
+};
+const H200: Gpu = Gpu {
+    hbm_bytes_per_s: H200_HBM_BYTES_PER_S,
+    usable_gib: H200_USABLE_GIB,
+    linear_s_per_token: A_30B_H200_S,
+    attention_s_per_pair: B_30B_H200_S,
+};
+
+/// Weight precision of a 30B profile.
+#[derive(Clone, Copy)]
+enum Weights {
+    Bf16,
+    Fp8,
+}
+
 /// A named hardware + model + deployment profile: every constant of the iteration model.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Serialises with its field names (a profile file's `profile` keys, `profile_file`), which
+/// are also what [`Profile::set_field`] takes.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Profile {
     /// Profile name, e.g. `"h20-qwen3-coder-30b-a3b"`.
     pub name: String,
@@ -217,13 +259,16 @@ pub fn kv_capacity_tokens(
 
 impl Profile {
     /// Names of the built-in profiles, for error messages and the CLI.
-    pub const BUILTIN: [&'static str; 6] = [
+    pub const BUILTIN: [&'static str; 9] = [
         "h20-qwen3-coder-30b-a3b",
         "h20-qwen3-coder-30b-a3b-fp8",
+        "h20-3e-qwen3-coder-30b-a3b",
+        "h20-3e-qwen3-coder-30b-a3b-fp8",
         "h20-qwen3-235b-a22b-fp8-tp8",
         "h20-qwen3-235b-a22b-fp8-tp4",
         "h20-qwen3-235b-a22b-bf16-tp8",
         "h200-qwen3-coder-30b-a3b",
+        "h200-qwen3-coder-30b-a3b-fp8",
     ];
 
     /// Looks a built-in profile up by name.
@@ -231,10 +276,13 @@ impl Profile {
         match name {
             "h20-qwen3-coder-30b-a3b" => Ok(Self::h20_qwen3_coder_30b()),
             "h20-qwen3-coder-30b-a3b-fp8" => Ok(Self::h20_qwen3_coder_30b_fp8()),
+            "h20-3e-qwen3-coder-30b-a3b" => Ok(Self::qwen3_30b(name, &H20_3E, Weights::Bf16)),
+            "h20-3e-qwen3-coder-30b-a3b-fp8" => Ok(Self::qwen3_30b(name, &H20_3E, Weights::Fp8)),
             "h20-qwen3-235b-a22b-fp8-tp8" => Ok(Self::h20_qwen3_235b_fp8(8)),
             "h20-qwen3-235b-a22b-fp8-tp4" => Ok(Self::h20_qwen3_235b_fp8(4)),
             "h20-qwen3-235b-a22b-bf16-tp8" => Ok(Self::h20_qwen3_235b_bf16_tp8()),
             "h200-qwen3-coder-30b-a3b" => Ok(Self::h200_qwen3_coder_30b()),
+            "h200-qwen3-coder-30b-a3b-fp8" => Ok(Self::qwen3_30b(name, &H200, Weights::Fp8)),
             other => Err(SimError::InvalidConfig {
                 field: "profile",
                 reason: format!("unknown profile {other:?} (known: {})", Self::BUILTIN.join(", ")),
@@ -242,8 +290,15 @@ impl Profile {
         }
     }
 
-    /// The 30B-A3B architecture with H20 constants; callers override what differs.
-    fn qwen3_30b_h20(name: &str) -> Self {
+    /// The 30B-A3B architecture on `gpu` with `weights`: every 30B profile. FP8 changes the
+    /// weight bytes only — the streamed dense and expert bytes, and the memory the weights
+    /// take, hence the KV capacity; `a` and `b` stay the GPU's (the §3A FP8 column gains
+    /// mostly in decode).
+    fn qwen3_30b(name: &str, gpu: &Gpu, weights: Weights) -> Self {
+        let (dense_weight_bytes, expert_weight_bytes, weights_gib) = match weights {
+            Weights::Bf16 => (W_DENSE_30B_BF16, W_EXP_30B_BF16, WEIGHTS_30B_BF16_GIB),
+            Weights::Fp8 => (W_DENSE_30B_FP8, W_EXP_30B_BF16 / 2.0, WEIGHTS_30B_FP8_GIB),
+        };
         Self {
             name: name.to_owned(),
             tp: 1,
@@ -252,24 +307,24 @@ impl Profile {
             moe_layers: 48,
             experts: 128,
             top_k: 8,
-            dense_weight_bytes: W_DENSE_30B_BF16,
-            expert_weight_bytes: W_EXP_30B_BF16,
+            dense_weight_bytes,
+            expert_weight_bytes,
             kv_bytes_per_token_rank: KV_30B_BYTES,
             kv_bytes_per_token: KV_30B_BYTES,
-            hbm_bytes_per_s: H20_HBM_BYTES_PER_S,
+            hbm_bytes_per_s: gpu.hbm_bytes_per_s,
             weight_read_efficiency: WEIGHT_READ_EFFICIENCY,
             kv_read_efficiency: KV_READ_EFFICIENCY,
             step_overhead_s: T_FIX_30B_S,
-            linear_s_per_token: A_30B_H20_S,
-            attention_s_per_pair: B_30B_H20_S,
+            linear_s_per_token: gpu.linear_s_per_token,
+            attention_s_per_pair: gpu.attention_s_per_pair,
             allreduce_latency_s: ALLREDUCE_LATENCY_S,
             allreduce_bytes_per_s: NVLINK_ALLREDUCE_BYTES_PER_S,
             frontend_base_s: FRONTEND_BASE_S,
             frontend_s_per_token: FRONTEND_S_PER_TOKEN,
             kv_capacity_tokens: kv_capacity_tokens(
-                H20_USABLE_GIB,
+                gpu.usable_gib,
                 GPU_MEMORY_UTILIZATION,
-                WEIGHTS_30B_BF16_GIB,
+                weights_gib,
                 ACTIVATION_RESERVE_GIB,
                 KV_30B_BYTES,
             ),
@@ -279,42 +334,19 @@ impl Profile {
 
     /// H20 + Qwen3-Coder-30B-A3B, BF16, TP1, `gpu_memory_utilization` 0.9 (≈286K KV tokens).
     pub fn h20_qwen3_coder_30b() -> Self {
-        Self::qwen3_30b_h20("h20-qwen3-coder-30b-a3b")
+        Self::qwen3_30b("h20-qwen3-coder-30b-a3b", &H20, Weights::Bf16)
     }
 
-    /// H20 + Qwen3-Coder-30B-A3B with FP8 weights, TP1 (≈587K KV tokens). The prefill
+    /// H20 + Qwen3-Coder-30B-A3B with FP8 weights, TP1 (≈590K KV tokens). The prefill
     /// constant stays at the BF16 value: the §3A FP8 column gains mostly in decode.
     pub fn h20_qwen3_coder_30b_fp8() -> Self {
-        Self {
-            dense_weight_bytes: W_DENSE_30B_FP8,
-            expert_weight_bytes: W_EXP_30B_BF16 / 2.0,
-            kv_capacity_tokens: kv_capacity_tokens(
-                H20_USABLE_GIB,
-                GPU_MEMORY_UTILIZATION,
-                WEIGHTS_30B_FP8_GIB,
-                ACTIVATION_RESERVE_GIB,
-                KV_30B_BYTES,
-            ),
-            ..Self::qwen3_30b_h20("h20-qwen3-coder-30b-a3b-fp8")
-        }
+        Self::qwen3_30b("h20-qwen3-coder-30b-a3b-fp8", &H20, Weights::Fp8)
     }
 
     /// H200 + Qwen3-Coder-30B-A3B, BF16, TP1. `t_fix` and η carry over from H20 (perf-model
     /// §7 "transfer"); `a` and `b` are roofline priors until the H200 calibration run.
     pub fn h200_qwen3_coder_30b() -> Self {
-        Self {
-            hbm_bytes_per_s: H200_HBM_BYTES_PER_S,
-            linear_s_per_token: A_30B_H200_S,
-            attention_s_per_pair: B_30B_H200_S,
-            kv_capacity_tokens: kv_capacity_tokens(
-                H200_USABLE_GIB,
-                GPU_MEMORY_UTILIZATION,
-                WEIGHTS_30B_BF16_GIB,
-                ACTIVATION_RESERVE_GIB,
-                KV_30B_BYTES,
-            ),
-            ..Self::qwen3_30b_h20("h200-qwen3-coder-30b-a3b")
-        }
+        Self::qwen3_30b("h200-qwen3-coder-30b-a3b", &H200, Weights::Bf16)
     }
 
     /// H20 + Qwen3-235B-A22B-FP8 at TP4 or TP8 (≈613K / ≈1.23M KV tokens per instance).
@@ -374,8 +406,6 @@ impl Profile {
     pub fn validate(&self) -> Result<()> {
         let positive = [
             ("profile.hbm_bytes_per_s", self.hbm_bytes_per_s),
-            ("profile.weight_read_efficiency", self.weight_read_efficiency),
-            ("profile.kv_read_efficiency", self.kv_read_efficiency),
             ("profile.kv_bytes_per_token_rank", self.kv_bytes_per_token_rank),
             ("profile.kv_bytes_per_token", self.kv_bytes_per_token),
             ("profile.allreduce_bytes_per_s", self.allreduce_bytes_per_s),
@@ -406,10 +436,38 @@ impl Profile {
                 });
             }
         }
-        if self.tp == 0 {
+        // Fractions of the HBM bandwidth: above 1 the model would read faster than the memory.
+        let fractions = [
+            ("profile.weight_read_efficiency", self.weight_read_efficiency),
+            ("profile.kv_read_efficiency", self.kv_read_efficiency),
+        ];
+        for (field, value) in fractions {
+            if !(value.is_finite() && value > 0.0 && value <= 1.0) {
+                return Err(SimError::InvalidConfig {
+                    field,
+                    reason: format!("must be in (0, 1], got {value}"),
+                });
+            }
+        }
+        let at_least_one = [
+            ("profile.tp", u64::from(self.tp)),
+            ("profile.layers", u64::from(self.layers)),
+            ("profile.hidden", u64::from(self.hidden)),
+            ("profile.kv_capacity_tokens", self.kv_capacity_tokens),
+            ("profile.max_context_tokens", u64::from(self.max_context_tokens)),
+        ];
+        for (field, value) in at_least_one {
+            if value == 0 {
+                return Err(SimError::InvalidConfig {
+                    field,
+                    reason: "must be >= 1".into(),
+                });
+            }
+        }
+        if self.moe_layers > self.layers {
             return Err(SimError::InvalidConfig {
-                field: "profile.tp",
-                reason: "must be >= 1".into(),
+                field: "profile.moe_layers",
+                reason: format!("moe_layers {} exceeds layers {}", self.moe_layers, self.layers),
             });
         }
         if self.top_k > self.experts {
@@ -483,6 +541,49 @@ mod tests {
             p.validate().unwrap();
         }
         assert!(Profile::by_name("a100-llama").is_err());
+    }
+
+    #[test]
+    fn thirty_b_profiles_differ_only_in_their_gpu_and_weights() {
+        let p = |name: &str| Profile::by_name(name).unwrap();
+        let h20 = p("h20-qwen3-coder-30b-a3b");
+        // H20-3e: H20 compute, the H200's memory; BF16 holds the H200's KV capacity.
+        let h20_3e = p("h20-3e-qwen3-coder-30b-a3b");
+        assert_eq!(
+            h20_3e,
+            Profile {
+                name: h20_3e.name.clone(),
+                hbm_bytes_per_s: 4.8e12,
+                kv_capacity_tokens: 715_106,
+                ..h20.clone()
+            }
+        );
+        assert_eq!(
+            h20_3e.kv_capacity_tokens,
+            p("h200-qwen3-coder-30b-a3b").kv_capacity_tokens
+        );
+        // FP8 changes the weight bytes and, through the memory they free, the KV capacity only.
+        for (bf16, fp8, kv) in [
+            ("h20-qwen3-coder-30b-a3b", "h20-qwen3-coder-30b-a3b-fp8", 590_260),
+            (
+                "h20-3e-qwen3-coder-30b-a3b",
+                "h20-3e-qwen3-coder-30b-a3b-fp8",
+                1_019_849,
+            ),
+            ("h200-qwen3-coder-30b-a3b", "h200-qwen3-coder-30b-a3b-fp8", 1_019_849),
+        ] {
+            let (bf16, fp8) = (p(bf16), p(fp8));
+            assert_eq!(
+                fp8,
+                Profile {
+                    name: fp8.name.clone(),
+                    dense_weight_bytes: W_DENSE_30B_FP8,
+                    expert_weight_bytes: W_EXP_30B_BF16 / 2.0,
+                    kv_capacity_tokens: kv,
+                    ..bf16
+                }
+            );
+        }
     }
 
     #[test]
