@@ -20,6 +20,7 @@ from smetric._types import (
     PdSettings,
     PolicyName,
     Reason,
+    ResolvedProfile,
     ReuseStats,
     RouterConfigFields,
     RouterStats,
@@ -71,6 +72,7 @@ __all__ = [
     "parse_openai_body",
     "sim_config_defaults",
     "sim_pd_defaults",
+    "sim_profile",
     "sim_profiles",
     "sim_tier_paths",
     "simulate",
@@ -749,7 +751,9 @@ def simulate(
         workload: a :class:`Workload`.
         policy: one of ``smetric.POLICIES``.
         config: ``SimConfig`` fields to override (keys of :func:`sim_config_defaults`;
-            ``global_tier`` and ``slo`` as nested dicts, ``profile`` a built-in name).
+            ``global_tier`` and ``slo`` as nested dicts, ``profile`` a built-in name, or
+            ``profile_file`` a profile file's path instead; ``profile_overrides`` a dict of
+            ``Profile`` fields set on top, see :func:`sim_profile`).
         router: the router's tunables (its capacities are set from the simulated pools).
         slo_variants: further SLOs to score the same run under (``report["slo_variants"]``).
 
@@ -774,6 +778,20 @@ def workload_reuse_stats(workload: Workload, kv_tokens: int) -> ReuseStats:
 
 def sim_profiles() -> list[str]:
     """Names of the built-in hardware/model profiles."""
+
+def sim_profile(
+    profile: str | None = None,
+    *,
+    file: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, float] | None = None,
+) -> ResolvedProfile:
+    """A resolved profile: a built-in one (default: the engine's) or a profile file
+    (``docs/perf-model.md`` §9) instead, with ``overrides`` (``Profile`` fields) set on top.
+
+    Raises:
+        InvalidConfigError: an unknown profile, a bad file or override (``field`` names it).
+        OSError: the file cannot be read.
+    """
 
 def sim_tier_paths() -> list[TierPath]:
     """Names of the global-tier paths (``global_tier.path``), the default first."""

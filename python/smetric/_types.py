@@ -351,6 +351,39 @@ class SloSettings(TypedDict):
     """Tail-TBT bound (mean of a request's longest tenth of token gaps), seconds; ``None``: none."""
 
 
+class ResolvedProfile(TypedDict):
+    """:func:`smetric._core.sim_profile`: a profile resolved from a built-in name or a profile file
+    (``docs/perf-model.md`` §9), overrides applied: its name, its base, and every ``Profile`` field
+    in the struct's units (seconds, bytes, bytes/s, tokens)."""
+
+    name: str
+    base: str | None
+    """The built-in profile it starts from (a built-in profile's own name); ``None``: a file that
+    gives every field."""
+    tp: int
+    layers: int
+    hidden: int
+    moe_layers: int
+    experts: int
+    top_k: int
+    dense_weight_bytes: float
+    expert_weight_bytes: float
+    kv_bytes_per_token_rank: float
+    kv_bytes_per_token: float
+    hbm_bytes_per_s: float
+    weight_read_efficiency: float
+    kv_read_efficiency: float
+    step_overhead_s: float
+    linear_s_per_token: float
+    attention_s_per_pair: float
+    allreduce_latency_s: float
+    allreduce_bytes_per_s: float
+    frontend_base_s: float
+    frontend_s_per_token: float
+    kv_capacity_tokens: int
+    max_context_tokens: int
+
+
 class PdSettings(TypedDict):
     """``config["pd"]`` of a PD (disaggregated prefill/decode) run; :func:`smetric._core.sim_pd_defaults`."""
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from smetric import POLICIES, __version__
-from smetric.errors import InvalidArgumentError
+from smetric._core import sim_profiles
+from smetric.errors import InvalidArgumentError, InvalidConfigError
 from smetric.sim.config import (
     DECODE_RULES,
     ENGINE_DEFAULTS,
@@ -58,6 +59,20 @@ LADDER: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 2.5)
 nominal load to past the knee where attainment collapses (2.5× on the embedded trace)."""
 
 
+PROFILE_FLAGS: tuple[tuple[str, str, float, type], ...] = (
+    ("--kv-read-efficiency", "kv_read_efficiency", 1.0, float),
+    ("--weight-read-efficiency", "weight_read_efficiency", 1.0, float),
+    ("--step-overhead-ms", "step_overhead_s", 1e-3, float),
+    ("--linear-us-per-token", "linear_s_per_token", 1e-6, float),
+    ("--attention-ns-per-pair", "attention_s_per_pair", 1e-9, float),
+    ("--frontend-ms", "frontend_base_s", 1e-3, float),
+    ("--kv-capacity-tokens", "kv_capacity_tokens", 1.0, int),
+)
+"""The knobs a calibration fits, one flag each: ``(flag, Profile field, field units per flag unit,
+type)``. Each sets its field on top of ``--profile`` or ``--profile-file``; a profile file sets
+any field."""
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
@@ -80,7 +95,31 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--instances", type=int, default=ENGINE_DEFAULTS["instances"], help="vLLM instances (default %(default)s)"
     )
-    p.add_argument("--profile", default=ENGINE_DEFAULTS["profile"], help="hardware/model profile (default %(default)s)")
+    p.add_argument(
+        "--profile",
+        choices=sim_profiles(),
+        default=ENGINE_DEFAULTS["profile"],
+        metavar="NAME",
+        help=f"hardware/model profile, one of {', '.join(sim_profiles())} (default %(default)s)",
+    )
+    p.add_argument(
+        "--profile-file",
+        metavar="PATH",
+        help="a profile file (smetric-profile/1, docs/perf-model.md section 9) to run instead of --profile; the "
+        "served model (router l_eq, --slo paper) is then the file's base, or --profile's when it has none",
+    )
+    knobs = p.add_argument_group("profile knobs", "set one constant on top of the profile or profile file")
+    helps = {
+        "kv_read_efficiency": "KV-read efficiency eta_kv, a fraction of HBM bandwidth",
+        "weight_read_efficiency": "weight-streaming efficiency eta_m, a fraction of HBM bandwidth",
+        "step_overhead_s": "fixed cost of every engine step t_fix, ms",
+        "linear_s_per_token": "linear prefill cost a, us per batched token",
+        "attention_s_per_pair": "attention cost b, ns per (query, key) token pair",
+        "frontend_base_s": "frontend cost per request, ms",
+        "kv_capacity_tokens": "GPU KV cache of one instance, tokens",
+    }
+    for flag, field_name, _, kind in PROFILE_FLAGS:
+        knobs.add_argument(flag, type=kind, help=f"{helps[field_name]} (default: the profile's)")
     p.add_argument(
         "--policies",
         default=",".join(POLICIES),
@@ -221,9 +260,10 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
     if any(not t > 0 for t in tails):
         _die("--tbt-tail-ms bounds must be > 0")
     slos += tuple(replace(slos[0], tbt_tail_s=t / 1e3) for t in tails)
+    config = _profile(SimulationConfig(instances=args.instances, profile=args.profile), args)
     for name in _names(args.slo, tuple(NAMED_SLOS), "--slo"):
-        slos += (NAMED_SLOS[name](args.profile),)
-    config = SimulationConfig(instances=args.instances, profile=args.profile, slos=slos)
+        slos += (NAMED_SLOS[name](config.profile),)
+    config = replace(config, slos=slos)
     if args.layerwise and args.tier_path != "lmcache":
         _die("--layerwise needs --tier-path lmcache")
     config = config.with_tier_path(args.tier_path, layerwise=args.layerwise)
@@ -244,6 +284,25 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
     for p in policies:
         policy_router(p)  # raises UnknownPolicyError early
     return config, window, policies
+
+
+def _profile(config: SimulationConfig, args: argparse.Namespace) -> SimulationConfig:
+    """``config`` with ``--profile-file`` and the profile knobs applied (checked by the engine now)."""
+    overrides: dict[str, float] = {}
+    for flag, field_name, scale, _ in PROFILE_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            overrides[field_name] = value * scale if scale != 1.0 else value
+    try:
+        if args.profile_file:
+            config = config.with_profile_file(args.profile_file)
+        if overrides:
+            config = config.with_profile_overrides(**overrides)
+    except InvalidConfigError as e:
+        _die(f"{e.field}: {e.reason}")
+    except OSError as e:
+        _die(f"--profile-file: {e}")
+    return config
 
 
 def _run_info(trace: TraceSpec, config: SimulationConfig, window: Window, **extra: Any) -> dict[str, Any]:

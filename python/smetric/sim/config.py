@@ -22,7 +22,7 @@ module adds is the *experiment design* the engine leaves to its caller:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -39,6 +39,7 @@ from smetric._core import (
     RouterConfig,
     sim_config_defaults,
     sim_pd_defaults,
+    sim_profile,
     synthetic_defaults,
 )
 from smetric._types import (
@@ -47,6 +48,7 @@ from smetric._types import (
     IndexFeed,
     PdSettings,
     PolicyName,
+    ResolvedProfile,
     SimConfigDefaults,
     SloSettings,
     SyntheticOptions,
@@ -302,6 +304,14 @@ class SimulationConfig:
 
     instances: int = ENGINE_DEFAULTS["instances"]
     profile: str = ENGINE_DEFAULTS["profile"]
+    """A built-in profile (:func:`smetric._core.sim_profiles`). With ``profile_file`` set it only
+    names the served model (the router's ``smetric_l_eq_tokens``, the paper SLO): the file's base."""
+    profile_file: str | None = None
+    """A profile file (``docs/perf-model.md`` §9) the engine runs instead of ``profile``; see
+    :meth:`with_profile_file`."""
+    profile_overrides: tuple[tuple[str, float], ...] = ()
+    """``Profile`` fields set on top of the profile (or file), as sorted pairs (a mapping given
+    here is turned into them), in the struct's units; see :meth:`with_profile_overrides`."""
     max_num_batched_tokens: int = ENGINE_DEFAULTS["max_num_batched_tokens"]
     max_num_seqs: int = ENGINE_DEFAULTS["max_num_seqs"]
     max_model_len: int | None = ENGINE_DEFAULTS["max_model_len"]
@@ -324,6 +334,12 @@ class SimulationConfig:
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
 
+    def __post_init__(self) -> None:
+        # Accept a mapping too; keep sorted pairs, so that the config hashes and pickles.
+        overrides: Any = self.profile_overrides
+        if isinstance(overrides, Mapping):
+            object.__setattr__(self, "profile_overrides", tuple(sorted(overrides.items())))
+
     def with_router(self, **fields: Any) -> SimulationConfig:
         """A copy with these :class:`RouterConfig` fields overridden (validated at once)."""
         merged = dict(self.router)
@@ -339,6 +355,41 @@ class SimulationConfig:
         if "smetric_l_eq_tokens" not in fields and l_eq != RouterConfig().smetric_l_eq_tokens:
             fields["smetric_l_eq_tokens"] = l_eq
         return RouterConfig(**fields) if fields else None
+
+    def resolved_profile(self) -> ResolvedProfile:
+        """The profile the engine runs: the file or built-in profile with the overrides set.
+
+        Raises:
+            InvalidConfigError: a bad file or override (``field`` names it).
+            OSError: the file cannot be read.
+        """
+        name = None if self.profile_file is not None else self.profile
+        return sim_profile(name, file=self.profile_file, overrides=dict(self.profile_overrides) or None)
+
+    def with_profile_file(self, path: str | Path) -> SimulationConfig:
+        """A copy that runs the profile file at ``path`` (read and validated at once by the engine);
+        ``profile`` becomes the file's base, when it has one, so the served model follows it.
+
+        Raises:
+            InvalidConfigError: a bad file (``field`` names the key).
+            OSError: the file cannot be read.
+        """
+        file = str(Path(path).resolve())
+        resolved = sim_profile(file=file, overrides=dict(self.profile_overrides) or None)
+        return replace(self, profile_file=file, profile=resolved["base"] or self.profile)
+
+    def with_profile_overrides(self, **fields: float) -> SimulationConfig:
+        """A copy with these ``Profile`` fields (SI units, e.g. ``step_overhead_s=0.0054``) set on
+        top of the profile; validated at once.
+
+        Raises:
+            InvalidConfigError: an unknown field or a bad value (``field`` names it).
+        """
+        merged = dict(self.profile_overrides)
+        merged.update(fields)
+        config = replace(self, profile_overrides=tuple(sorted(merged.items())))
+        config.resolved_profile()
+        return config
 
     def with_feed(self, feed: str, event_delay_s: float | None = None) -> SimulationConfig:
         """A copy whose router index is fed by ``feed`` (one of :data:`INDEX_FEEDS`).
@@ -431,7 +482,6 @@ class SimulationConfig:
                 where.append((len(variants), 0))
         config: dict[str, Any] = {
             "instances": self.instances,
-            "profile": self.profile,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len,
@@ -450,6 +500,12 @@ class SimulationConfig:
             "event_delay_s": self.event_delay_s,
             "turns": self.turns,
         }
+        if self.profile_file is None:
+            config["profile"] = self.profile
+        else:
+            config["profile_file"] = self.profile_file
+        if self.profile_overrides:
+            config["profile_overrides"] = dict(self.profile_overrides)
         if self.pd is not None:
             config["pd"] = self.pd.settings()
         if any(s.end_to_end for s in self.slos):
@@ -462,6 +518,8 @@ class SimulationConfig:
         config["slos"] = [s.to_dict() for s in self.slos]
         del config["slo"]
         config["router"] = dict(self.router)
+        if self.profile_file is not None or self.profile_overrides:
+            config["profile_resolved"] = self.resolved_profile()
         return config
 
 

@@ -553,7 +553,7 @@ fn resolve_profile(
 ///
 /// Args:
 ///     profile: a built-in profile name (default: the engine's default profile).
-///     file: a profile file (``docs/perf-model.md`` §8) instead of ``profile``.
+///     file: a profile file (``docs/perf-model.md`` §9) instead of ``profile``.
 ///     overrides: ``Profile`` fields to set on top.
 ///
 /// Raises:

@@ -6,7 +6,7 @@
 //!
 //! * [`perf_model`] — named hardware/model profiles and the analytic iteration time of
 //!   `docs/perf-model.md` §6, pinned to the §7 anchors by tests; [`profile_file`] — profiles
-//!   read from JSON and single constants overridden (§8);
+//!   read from JSON and single constants overridden (§9);
 //! * [`block_pool`] — a vLLM v1 GPU block pool with prefix caching;
 //! * `instance` — the vLLM v1 scheduler (running first, chunked prefill, admission,
 //!   preemption by recompute);

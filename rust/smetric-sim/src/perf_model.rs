@@ -153,11 +153,12 @@ enum Weights {
 
 /// A named hardware + model + deployment profile: every constant of the iteration model.
 ///
-/// Serialises with its field names (a profile file's `profile` keys, `profile_file`), which
-/// are also what [`Profile::set_field`] takes.
+/// Serialises its numeric fields by name (a profile file's `profile` keys, `profile_file`),
+/// which are also what [`Profile::set_field`] takes; the name is left to the caller.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Profile {
     /// Profile name, e.g. `"h20-qwen3-coder-30b-a3b"`.
+    #[serde(skip)]
     pub name: String,
     /// Tensor-parallel degree (GPUs per instance).
     pub tp: u32,

@@ -1,4 +1,4 @@
-//! Profile files and per-field overrides (`docs/perf-model.md` §8): a calibrated or measured
+//! Profile files and per-field overrides (`docs/perf-model.md` §9): a calibrated or measured
 //! profile read from JSON, and single constants set on top of any profile.
 //!
 //! ```json
@@ -169,6 +169,8 @@ pub struct ProfileFile {
     /// The built-in profile the file starts from, if any.
     pub base: Option<String>,
     /// The base with the file's fields set (every field, without a base), validated.
+    /// Serialised flat, beside `name` and `base`.
+    #[serde(flatten)]
     pub profile: Profile,
 }
 
