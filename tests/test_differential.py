@@ -91,6 +91,10 @@ COMBOS: tuple[tuple[str, str, str], ...] = tuple(
         ("vllm_router_smetric", "weighted"),
         ("preble", "weighted"),
         ("llmd_session_affinity", "weighted"),
+        ("consistent_hash", "weighted"),
+        ("rendezvous_hash", "weighted"),
+        ("power_of_two", "weighted"),
+        ("vllm_router_cache_aware", "weighted"),
         ("smetric", "weighted"),
         ("smetric", "weighted"),  # the policy this project is about gets twice the streams
     )
@@ -327,6 +331,7 @@ class Session:
     turns: int = 0
     roles: list[str] = field(default_factory=lambda: ["system", "user"])
     last_instance: str | None = None  # where its previous turn went (llm-d's session cookie)
+    key: int | str = 0  # its session key (vllm-router's x-session-id), drawn when it opens
 
 
 @dataclass
@@ -444,10 +449,14 @@ class StreamGen:
         if rnd.random() < 0.2:
             prefix = list(rnd.choice(self.synthetic_prefixes))
             chain = prefix + [rnd.randrange(U64) for _ in range(rnd.randint(0, 3))]
-            return Session([], chain, True, None)
+            return Session([], chain, True, None, key=self._session_key())
         system = rnd.choice(self.systems)
         user = self._tokens(rnd.randint(1, 3 * self.block))
-        return Session(system + user, [], False, namespace)
+        return Session(system + user, [], False, namespace, key=self._session_key())
+
+    def _session_key(self) -> int | str:
+        rnd = self.rnd
+        return rnd.randrange(U64) if rnd.random() < 0.5 else f"session-{rnd.randrange(1 << 20)}"
 
     def _pick_session(self) -> Session:
         rnd = self.rnd
@@ -464,7 +473,8 @@ class StreamGen:
         if self.spec.hot and rnd.random() < 0.9:
             return s  # re-sent unchanged (a retry storm): its blocks are touched again
         if rnd.random() < 0.1:  # fork (a retry or a sub-agent): shares the whole history
-            s = Session(list(s.tokens), list(s.chain), s.synthetic, s.namespace, s.turns, list(s.roles))
+            key = s.key if rnd.random() < 0.5 else self._session_key()  # a sub-agent: its own session or not
+            s = Session(list(s.tokens), list(s.chain), s.synthetic, s.namespace, s.turns, list(s.roles), key=key)
             self.sessions.append(s)
         return self._next_turn(s)
 
@@ -521,6 +531,11 @@ class StreamGen:
             kw["previous_instance"] = s.last_instance
         elif r < 0.7:  # any name of the pool, live or not, or one the router never had
             kw["previous_instance"] = rnd.choice([*self.spec.names, "nope"])
+        r = rnd.random()
+        if r < 0.6:  # the client's session header; else the prompt is the hash policies' key
+            kw["session_key"] = s.key
+        elif r < 0.65:
+            kw["session_key"] = rnd.choice([0, U64 - 1, "", "sess-β"])
         kw["now"] = self._advance()
         self.chains.append(chain)
         if len(self.chains) > 16:
@@ -796,6 +811,10 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
             "preble_window_s": rnd.choice([180.0, 0.05, 0.3, 0.3005, 1.0, 2.5]),
             "preble_hit_threshold": rnd.choice([0.5, 0.0, 0.25, 0.9, 1.0]),
             "preble_imbalance_requests": rnd.choice([8, 0, 1, 2]),
+            # Small thresholds too, so the stream's few requests in flight reach every branch.
+            "cache_aware_cache_threshold": rnd.choice([0.3, 0.0, 0.5, 0.9, 1.0]),
+            "cache_aware_balance_abs_threshold": rnd.choice([64, 0, 1, 2]),
+            "cache_aware_balance_rel_threshold": rnd.choice([1.5, 0.0, 1.0, 2.0]),
         } | v2_fields(rnd)
     elif rnd.random() < 0.5:  # the paper's forms: the `smetric_paper` (v2) and `smetric_v1` presets
         config |= rnd.choice([PAPER_FIELDS, V1_FIELDS])

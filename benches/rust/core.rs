@@ -127,6 +127,7 @@ fn bench_select(c: &mut Criterion) {
         let candidates: Vec<Candidate> = (0..n)
             .map(|i| Candidate {
                 slot: i,
+                name_hash: smetric_core::rng::mix64(u64::from(i)),
                 local_hit_tokens: u64::from(i % 5) * 4_096,
                 bs: u64::from(i % 7),
                 waiting: u64::from(i % 3),
@@ -157,6 +158,7 @@ fn bench_select(c: &mut Criterion) {
                         block_size: 16,
                         prefill_only: false,
                         previous: Some(n as usize / 2),
+                        hash_key: 42,
                         config: cfg,
                         rng: &rng,
                     })

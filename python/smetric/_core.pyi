@@ -152,6 +152,9 @@ class RouterConfig:
         preble_window_s: float = ...,
         preble_hit_threshold: float = ...,
         preble_imbalance_requests: int = ...,
+        cache_aware_cache_threshold: float = ...,
+        cache_aware_balance_abs_threshold: int = ...,
+        cache_aware_balance_rel_threshold: float = ...,
     ) -> Self: ...
     @property
     def hash_seed(self) -> int: ...
@@ -223,6 +226,12 @@ class RouterConfig:
     def preble_hit_threshold(self) -> float: ...
     @property
     def preble_imbalance_requests(self) -> int: ...
+    @property
+    def cache_aware_cache_threshold(self) -> float: ...
+    @property
+    def cache_aware_balance_abs_threshold(self) -> int: ...
+    @property
+    def cache_aware_balance_rel_threshold(self) -> float: ...
     def paper(self) -> RouterConfig:
         """This config with SMetric in the paper's current form: the v2 SLO-feasibility rule,
         every smetric+ switch off (the ``smetric_paper`` preset)."""
@@ -416,6 +425,7 @@ class Router:
         now: float | None = None,
         exclude: Sequence[str] | None = None,
         previous_instance: str | None = None,
+        session_key: int | str | None = None,
     ) -> Decision:
         """Chooses the instance for one request.
 
@@ -433,6 +443,10 @@ class Router:
             previous_instance: the instance that served this request's session last, as the
                 client knows it (what llm-d's session cookie carries); read by
                 ``llmd_session_affinity`` only. A name that is not a candidate counts as none.
+            session_key: the request's session (vllm-router's ``x-session-id``): an ``int`` in
+                ``[0, 2^64)``, or a ``str`` mapped to ``xxh3_64(utf8, seed=0)``; read by
+                ``consistent_hash`` and ``rendezvous_hash`` only, which hash the prompt when
+                ``None``.
 
         Raises:
             InvalidTokenError, UnsupportedDtypeError, MissingPromptError, NoInstancesError
@@ -949,6 +963,7 @@ class PdRouter:
         now: float | None = None,
         exclude: Sequence[str] | None = None,
         previous_instance: str | None = None,
+        session_key: int | str | None = None,
     ) -> PdDecision:
         """Chooses the prefill and the decode instance of one request (arguments as :meth:`Router.route`;
         ``exclude`` names instances of either pool not to choose, ``previous_instance`` a prefill

@@ -65,6 +65,10 @@ PolicyName: TypeAlias = Literal[
     "vllm_router_smetric",
     "preble",
     "llmd_session_affinity",
+    "consistent_hash",
+    "rendezvous_hash",
+    "power_of_two",
+    "vllm_router_cache_aware",
     "smetric",
 ]
 """A routing policy (``smetric.POLICIES`` lists them in report order)."""
@@ -105,6 +109,12 @@ Reason: TypeAlias = Literal[
     "preble: exploit",
     "preble: explore",
     "llmd-session-affinity",
+    "consistent-hash",
+    "rendezvous-hash",
+    "power-of-two",
+    "vllm-router-cache-aware: load balance",
+    "vllm-router-cache-aware: cache affinity",
+    "vllm-router-cache-aware: low match",
     "first-turn: least-loaded",
     "follow-up: sticky",
     "follow-up: migrate (local KV$ evicted)",
@@ -186,6 +196,9 @@ class RouterConfigFields(TypedDict):
     preble_window_s: float
     preble_hit_threshold: float
     preble_imbalance_requests: int
+    cache_aware_cache_threshold: float
+    cache_aware_balance_abs_threshold: int
+    cache_aware_balance_rel_threshold: float
 
 
 class InstanceLoad(TypedDict):

@@ -53,6 +53,9 @@ class ReferenceConfig:
     preble_window_s: float = 180.0  # §6 item 13: AIBrix's histogram window
     preble_hit_threshold: float = 0.5
     preble_imbalance_requests: int = 8
+    cache_aware_cache_threshold: float = 0.3  # §6 item 18: vllm-router's CLI defaults
+    cache_aware_balance_abs_threshold: int = 64
+    cache_aware_balance_rel_threshold: float = 1.5
 
     def __post_init__(self) -> None:
         # Only the checks that keep the reference itself well-defined; invalid configs never reach

@@ -93,6 +93,11 @@ def ref_hash_tokens(
     return hash_blocks(token_list(tokens), block_size, chain_root(hash_seed, namespace))
 
 
+def name_hash(name: str) -> int:
+    """An instance's identity to the hash policies (§6 item 15): xxh3_64 of its UTF-8 name, seed 0."""
+    return xxhash.xxh3_64_intdigest(name.encode("utf-8"), seed=0)
+
+
 def request_id_value(request_id: int | str) -> int:
     """Map a caller's request id to the u64 the router keys on (§8).
 

@@ -60,6 +60,7 @@ class Candidate:
     peer_drain_rate: float | None = None  # vllm-router's: configured or its learned p90 (§6 item 12)
     recent_requests: int = 0  # `preble`: requests routed here within the window (§6 item 13)
     recent_cost_us: int = 0  # `preble`: their AIBrix cost, microseconds
+    name_hash: int = 0  # xxh3_64 of the instance's name: its identity to the hash policies (§6 item 15)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class RouteInput:
     block_size: int
     first_turn: bool
     previous: int | None = None  # position of the caller's previous_instance, if a candidate (§6 item 14)
+    hash_key: int = 0  # the caller's session_key, else prompt_key (§6 item 15)
 
 
 def pick_among(positions: Sequence[int], rng: CounterRng) -> int:
@@ -375,6 +377,77 @@ def llmd_session_affinity(cands: Sequence[Candidate], req: RouteInput, rng: Coun
         return 1.0 * active + 1.0 * session
 
     return argmin(range(len(cands)), lambda i: -total(i), rng), "llmd-session-affinity"
+
+
+# --- 15. consistent_hash, 16. rendezvous_hash -----------------------------------------------------
+def prompt_key(chain: Sequence[int], n: int) -> int:
+    """The hash key of a request without a session key: mix(last ^ n), last = the chain's last
+    block hash (0 for a prompt shorter than a block)."""
+    return splitmix64_mix((chain[-1] if chain else 0) ^ n)
+
+
+def _argmax_u64(scores: Sequence[int], rng: CounterRng) -> int:
+    best = max(scores)
+    return pick_among([i for i, v in enumerate(scores) if v == best], rng)
+
+
+VIRTUAL_NODES = 160  # vllm-router's virtual nodes per worker
+
+
+def _ring_distance(point: int, name_hash: int) -> int:
+    """Clockwise distance (mod 2^64) from `point` to the nearest of the instance's virtual nodes,
+    node v at mix(name_hash + v * golden), v = 1..160."""
+    return min(
+        (splitmix64_mix((name_hash + v * _GOLDEN) & _MASK64) - point) & _MASK64 for v in range(1, VIRTUAL_NODES + 1)
+    )
+
+
+def consistent_hash(cands: Sequence[Candidate], req: RouteInput, rng: CounterRng) -> tuple[int, str]:
+    """vllm-router's ring: the key's point mix(key); the owner is the candidate with the nearest
+    virtual node at or after it, wrapping. Ties (one node point shared) at random."""
+    point = splitmix64_mix(req.hash_key)
+    dist = [_ring_distance(point, c.name_hash) for c in cands]
+    return _argmax_u64([_MASK64 - d for d in dist], rng), "consistent-hash"
+
+
+def rendezvous_hash(cands: Sequence[Candidate], req: RouteInput, rng: CounterRng) -> tuple[int, str]:
+    """vllm-router's highest random weight: argmax mix(mix(key) ^ name_hash), ties at random."""
+    k = splitmix64_mix(req.hash_key)
+    return _argmax_u64([splitmix64_mix(k ^ c.name_hash) for c in cands], rng), "rendezvous-hash"
+
+
+# --- 17. power_of_two ------------------------------------------------------------------------------
+def power_of_two(cands: Sequence[Candidate], rng: CounterRng) -> tuple[int, str]:
+    """Two distinct candidates a = below(N), b = below(N - 1) (+1 when >= a); b iff bs_b < bs_a.
+    One candidate takes no draw, two take one (b is forced)."""
+    if len(cands) < 2:
+        return 0, "power-of-two"
+    a = rng.below(len(cands))
+    b = rng.below(len(cands) - 1) if len(cands) > 2 else 0  # of two, the second is forced: no draw
+    if b >= a:
+        b += 1
+    return (b if cands[b].bs < cands[a].bs else a), "power-of-two"
+
+
+# --- 18. vllm_router_cache_aware ---------------------------------------------------------------------
+def vllm_router_cache_aware(
+    cands: Sequence[Candidate], req: RouteInput, cfg: ReferenceConfig, rng: CounterRng
+) -> tuple[int, str]:
+    """vllm-router's cache_aware: the least loaded when hi - lo > abs and hi > rel * lo; else the
+    holders of the best match when max L / n > cache_threshold; else the least loaded."""
+    everyone = range(len(cands))
+    lo = min(c.bs for c in cands)
+    hi = max(c.bs for c in cands)
+    imbalanced = hi - lo > cfg.cache_aware_balance_abs_threshold
+    if imbalanced and float(hi) > float(lo) * cfg.cache_aware_balance_rel_threshold:
+        return argmin(everyone, lambda i: float(cands[i].bs), rng), "vllm-router-cache-aware: load balance"
+    best = max(c.local_hit for c in cands)
+    rate = float(best) / float(req.n) if req.n > 0 else 0.0
+    if rate > cfg.cache_aware_cache_threshold:
+        return pick_among(
+            [i for i in everyone if cands[i].local_hit == best], rng
+        ), "vllm-router-cache-aware: cache affinity"
+    return argmin(everyone, lambda i: float(cands[i].bs), rng), "vllm-router-cache-aware: low match"
 
 
 # --- 6. smetric ------------------------------------------------------------------------------

@@ -17,7 +17,15 @@ from typing import SupportsIndex
 
 from . import policies
 from .config import ReferenceConfig
-from .hashing import InvalidInputError, chain_root, check_u64, hash_blocks, request_id_value, token_list
+from .hashing import (
+    InvalidInputError,
+    chain_root,
+    check_u64,
+    hash_blocks,
+    name_hash,
+    request_id_value,
+    token_list,
+)
 from .index import GLOBAL, KvIndex
 from .load import InstanceLoad, RequestRecord, apply_finished, apply_prefilled, apply_routed, prefill_work
 from .policies import Candidate, CounterRng, RouteInput
@@ -35,6 +43,10 @@ POLICIES = (
     "vllm_router_smetric",
     "preble",
     "llmd_session_affinity",
+    "consistent_hash",
+    "rendezvous_hash",
+    "power_of_two",
+    "vllm_router_cache_aware",
     "smetric",
 )
 TIERS = ("local", "global")
@@ -259,12 +271,15 @@ class ReferenceRouter:
         namespace: str | None = None,
         now: float | None = None,
         previous_instance: str | None = None,
+        session_key: int | str | None = None,
     ) -> Decision:
         chain, n = self._prompt(tokens, hashes, num_tokens, namespace)
         now_ms = self._now_ms(now)
         if turn is not None and turn < 1:
             raise InvalidInputError(f"turn must be >= 1, got {turn}")
         key = None if request_id is None else request_id_value(request_id)  # validated before any change
+        # §8: mapped as a request id; without one the hash policies hash the prompt (§6 item 15)
+        hash_key = policies.prompt_key(chain, n) if session_key is None else request_id_value(session_key)
         live = self._live_slots()
         if not live:
             # Refused before anything happens: no purge, no id issued, no draw.
@@ -303,10 +318,16 @@ class ReferenceRouter:
                     peer_rate,
                     recent_requests,
                     recent_cost_us,
+                    name_hash(s.name),
                 )
             )
         req = RouteInput(
-            n=n, global_hit=global_hit, block_size=self._block_size, first_turn=first_turn, previous=previous
+            n=n,
+            global_hit=global_hit,
+            block_size=self._block_size,
+            first_turn=first_turn,
+            previous=previous,
+            hash_key=hash_key,
         )
         pos, reason = self._choose(cands, req)
 
@@ -388,6 +409,14 @@ class ReferenceRouter:
                 return policies.preble(cands, req, cfg, rng)
             case "llmd_session_affinity":
                 return policies.llmd_session_affinity(cands, req, rng)
+            case "consistent_hash":
+                return policies.consistent_hash(cands, req, rng)
+            case "rendezvous_hash":
+                return policies.rendezvous_hash(cands, req, rng)
+            case "power_of_two":
+                return policies.power_of_two(cands, rng)
+            case "vllm_router_cache_aware":
+                return policies.vllm_router_cache_aware(cands, req, cfg, rng)
             case _ if cfg.smetric_rule == "v2":
                 return policies.smetric_paper(cands, req, cfg, rng)
             case _:

@@ -261,6 +261,14 @@ pub struct RouterConfig {
     /// `preble`: when the in-flight requests of the fleet differ by more than this, only the
     /// least loaded instances are candidates.
     pub preble_imbalance_requests: u64,
+    /// `vllm_router_cache_aware`: a best prefix match covering more than this share of the
+    /// prompt goes to its holder (vllm-router's `cache_threshold`).
+    pub cache_aware_cache_threshold: f64,
+    /// `vllm_router_cache_aware`: the fleet is imbalanced when the most and the least requests
+    /// in flight differ by more than this (`balance_abs_threshold`) …
+    pub cache_aware_balance_abs_threshold: u64,
+    /// … and the most exceed this multiple of the least (`balance_rel_threshold`).
+    pub cache_aware_balance_rel_threshold: f64,
 }
 
 impl RouterConfig {
@@ -311,6 +319,11 @@ impl RouterConfig {
         preble_window_s: 180.0,
         preble_hit_threshold: 0.5,
         preble_imbalance_requests: 8,
+        // vllm-router's CLI defaults, which the SMetric authors' reproduction ran unchanged
+        // (policy/vllm_router_cache_aware.rs).
+        cache_aware_cache_threshold: 0.3,
+        cache_aware_balance_abs_threshold: 64,
+        cache_aware_balance_rel_threshold: 1.5,
     };
 
     /// The July paper's SMetric (the `smetric_v1` preset): the v1 rule, every smetric+ switch
@@ -454,6 +467,11 @@ impl RouterConfig {
         }
         finite_positive("preble_window_s", self.preble_window_s)?;
         finite_non_negative("preble_hit_threshold", self.preble_hit_threshold)?;
+        finite_non_negative("cache_aware_cache_threshold", self.cache_aware_cache_threshold)?;
+        finite_non_negative(
+            "cache_aware_balance_rel_threshold",
+            self.cache_aware_balance_rel_threshold,
+        )?;
         if !(1..=self.smetric_drain_window).contains(&self.smetric_drain_min_samples) {
             return Err(SmetricError::InvalidConfig {
                 field: "smetric_drain_min_samples",

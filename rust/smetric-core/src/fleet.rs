@@ -18,6 +18,9 @@ use crate::load::InstanceLoad;
 pub struct Member {
     /// The instance's name (e.g. its base URL).
     pub name: Arc<str>,
+    /// `xxh3_64` (seed 0) of the name's UTF-8 bytes: the instance's identity to the hash
+    /// policies (`consistent_hash`, `rendezvous_hash`), so a name keeps its keys across slots.
+    pub name_hash: u64,
     /// Bumped every time the slot gets a new occupant.
     pub generation: u32,
     /// Its load counters.
@@ -61,6 +64,7 @@ impl Fleet {
         self.generations[slot] += 1;
         self.slots[slot] = Some(Member {
             name: Arc::from(name),
+            name_hash: xxhash_rust::xxh3::xxh3_64(name.as_bytes()),
             generation: self.generations[slot],
             load: Arc::default(),
         });

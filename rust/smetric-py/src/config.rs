@@ -58,6 +58,9 @@ impl PyRouterConfig {
         preble_window_s = D.preble_window_s,
         preble_hit_threshold = D.preble_hit_threshold,
         preble_imbalance_requests = D.preble_imbalance_requests,
+        cache_aware_cache_threshold = D.cache_aware_cache_threshold,
+        cache_aware_balance_abs_threshold = D.cache_aware_balance_abs_threshold,
+        cache_aware_balance_rel_threshold = D.cache_aware_balance_rel_threshold,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -96,6 +99,9 @@ impl PyRouterConfig {
         preble_window_s: f64,
         preble_hit_threshold: f64,
         preble_imbalance_requests: u64,
+        cache_aware_cache_threshold: f64,
+        cache_aware_balance_abs_threshold: u64,
+        cache_aware_balance_rel_threshold: f64,
     ) -> PyResult<Self> {
         let inner = RouterConfig {
             hash_seed,
@@ -133,6 +139,9 @@ impl PyRouterConfig {
             preble_window_s,
             preble_hit_threshold,
             preble_imbalance_requests,
+            cache_aware_cache_threshold,
+            cache_aware_balance_abs_threshold,
+            cache_aware_balance_rel_threshold,
         };
         inner.validate().py()?;
         Ok(Self { inner })
@@ -278,6 +287,18 @@ impl PyRouterConfig {
     fn preble_imbalance_requests(&self) -> u64 {
         self.inner.preble_imbalance_requests
     }
+    #[getter]
+    fn cache_aware_cache_threshold(&self) -> f64 {
+        self.inner.cache_aware_cache_threshold
+    }
+    #[getter]
+    fn cache_aware_balance_abs_threshold(&self) -> u64 {
+        self.inner.cache_aware_balance_abs_threshold
+    }
+    #[getter]
+    fn cache_aware_balance_rel_threshold(&self) -> f64 {
+        self.inner.cache_aware_balance_rel_threshold
+    }
 
     /// This config with SMetric in the paper's current form (the v2 rule; every ``smetric_*``
     /// field as in ``RouterConfig::PAPER``); the other fields unchanged.
@@ -334,6 +355,9 @@ impl PyRouterConfig {
         d.set_item("preble_window_s", c.preble_window_s)?;
         d.set_item("preble_hit_threshold", c.preble_hit_threshold)?;
         d.set_item("preble_imbalance_requests", c.preble_imbalance_requests)?;
+        d.set_item("cache_aware_cache_threshold", c.cache_aware_cache_threshold)?;
+        d.set_item("cache_aware_balance_abs_threshold", c.cache_aware_balance_abs_threshold)?;
+        d.set_item("cache_aware_balance_rel_threshold", c.cache_aware_balance_rel_threshold)?;
         Ok(d)
     }
 

@@ -285,6 +285,20 @@ pub(crate) fn request_id(obj: &Bound<'_, PyAny>) -> PyResult<RequestId> {
     })
 }
 
+/// A session key as the core takes it: an `int` in `[0, 2^64)` as is, a `str` as
+/// `xxh3_64(utf8, seed=0)` (the mapping of a `str` request id).
+pub(crate) fn session_key(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(RequestId::from_name(s.to_str()?).0);
+    }
+    obj.extract::<u64>().map_err(|_| {
+        to_py(&SmetricError::InvalidArgument {
+            argument: "session_key",
+            reason: "must be a str or an int in [0, 2^64)".to_owned(),
+        })
+    })
+}
+
 /// The roles of a chat history: dicts with a `"role"` key or objects with a `.role`.
 pub(crate) fn roles(obj: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     let mut out = Vec::new();

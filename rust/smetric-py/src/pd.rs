@@ -152,7 +152,7 @@ impl PyPdRouter {
     }
 
     /// Chooses the prefill and the decode instance of one request.
-    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None, previous_instance = None))]
+    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None, previous_instance = None, session_key = None))]
     #[allow(clippy::too_many_arguments)]
     fn route(
         &self,
@@ -167,6 +167,7 @@ impl PyPdRouter {
         now: Option<f64>,
         exclude: Option<Vec<String>>,
         previous_instance: Option<String>,
+        session_key: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyPdDecision> {
         let args = RouteArgs::new(
             tokens,
@@ -179,6 +180,7 @@ impl PyPdRouter {
             now,
             exclude,
             previous_instance,
+            session_key,
         )?;
         let inner = &self.inner;
         let d = args.run(py, |req| inner.route(req))?;

@@ -175,6 +175,7 @@ pub(crate) struct RouteArgs {
     now: Option<f64>,
     exclude: Vec<String>,
     previous_instance: Option<String>,
+    session_key: Option<u64>,
 }
 
 impl RouteArgs {
@@ -190,6 +191,7 @@ impl RouteArgs {
         now: Option<f64>,
         exclude: Option<Vec<String>>,
         previous_instance: Option<String>,
+        session_key: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         Ok(Self {
             prompt: PromptArg::from_args(tokens, hashes, num_tokens)?,
@@ -199,6 +201,7 @@ impl RouteArgs {
             now,
             exclude: exclude.unwrap_or_default(),
             previous_instance,
+            session_key: session_key.map(convert::session_key).transpose()?,
         })
     }
 
@@ -219,6 +222,7 @@ impl RouteArgs {
                 now: self.now,
                 exclude: &exclude,
                 previous_instance: self.previous_instance.as_deref(),
+                session_key: self.session_key,
             })
         })
         .py()
@@ -307,7 +311,7 @@ impl PyRouter {
     }
 
     /// Chooses the instance for one request.
-    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None, previous_instance = None))]
+    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None, previous_instance = None, session_key = None))]
     #[allow(clippy::too_many_arguments)]
     fn route(
         &self,
@@ -322,6 +326,7 @@ impl PyRouter {
         now: Option<f64>,
         exclude: Option<Vec<String>>,
         previous_instance: Option<String>,
+        session_key: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyDecision> {
         let args = RouteArgs::new(
             tokens,
@@ -334,6 +339,7 @@ impl PyRouter {
             now,
             exclude,
             previous_instance,
+            session_key,
         )?;
         let inner = &self.inner;
         let decision = args.run(py, |req| inner.route(req))?;

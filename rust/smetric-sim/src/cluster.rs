@@ -416,6 +416,7 @@ impl Sim<'_> {
             turn: workload.turn(r as usize),
             now,
             previous_instance,
+            session_key: Some(u64::from(spec.session)),
         })?;
         if placed.instance >= self.config.instances {
             return Err(SimError::Router(format!(

@@ -37,6 +37,10 @@ pub struct PlaceRequest<'a> {
     /// echoes llm-d's session cookie names it (`None`: first turn, sessionless trace, or a
     /// previous turn that was never placed).
     pub previous_instance: Option<u32>,
+    /// The request's session key: its (sub)session index, what vllm-router's hash policies
+    /// hash from the `X-Session-Id` header the SMetric authors' replayer sends with every
+    /// request (a subagent is a session of its own; a sessionless trace's request is its own).
+    pub session_key: Option<u64>,
 }
 
 impl PlaceRequest<'_> {
@@ -67,6 +71,7 @@ impl PlaceRequest<'_> {
                 .previous_instance
                 .and_then(|slot| names.get(slot as usize))
                 .map(String::as_str),
+            session_key: self.session_key,
         }
     }
 }

@@ -12,6 +12,7 @@
 
 mod bailian_top3;
 mod cache_first;
+mod consistent_hash;
 mod dynamo_host_tier;
 mod least_load;
 mod linear;
@@ -19,10 +20,13 @@ mod llmd_prefix_load;
 mod llmd_session_affinity;
 mod lmetric;
 mod lpwl;
+mod power_of_two;
 mod preble;
+mod rendezvous_hash;
 mod round_robin;
 mod smetric;
 mod smetric_paper;
+mod vllm_router_cache_aware;
 mod vllm_router_smetric;
 
 use std::fmt::Debug;
@@ -33,6 +37,7 @@ use crate::rng::DrawCounter;
 
 pub use bailian_top3::BailianTop3;
 pub use cache_first::CacheFirst;
+pub use consistent_hash::ConsistentHash;
 pub use dynamo_host_tier::DynamoHostTier;
 pub use least_load::LeastLoad;
 pub use linear::Linear;
@@ -40,10 +45,13 @@ pub use llmd_prefix_load::LlmdPrefixLoad;
 pub use llmd_session_affinity::LlmdSessionAffinity;
 pub use lmetric::Lmetric;
 pub use lpwl::Lpwl;
+pub use power_of_two::PowerOfTwo;
 pub use preble::Preble;
 pub(crate) use preble::routed_cost_us as preble_routed_cost_us;
+pub use rendezvous_hash::RendezvousHash;
 pub use round_robin::RoundRobin;
 pub use smetric::Smetric;
+pub use vllm_router_cache_aware::VllmRouterCacheAware;
 pub use vllm_router_smetric::VllmRouterSmetric;
 
 /// One instance as a policy sees it.
@@ -51,6 +59,8 @@ pub use vllm_router_smetric::VllmRouterSmetric;
 pub struct Candidate {
     /// Slot of the instance.
     pub slot: u32,
+    /// The instance's identity to the hash policies: `xxh3_64` of its name (`fleet::Member`).
+    pub name_hash: u64,
     /// Local (GPU) prefix hit for this request, in tokens.
     pub local_hit_tokens: u64,
     /// Batch size (requests in flight).
@@ -118,6 +128,9 @@ pub struct SelectionInput<'a> {
     /// The candidate that served the request's session last, as the caller says
     /// (`RouteRequest::previous_instance`); `None` when not said or not a candidate.
     pub previous: Option<usize>,
+    /// The key the hash policies hash: the caller's session key
+    /// (`RouteRequest::session_key`), else [`prompt_key`] of the prompt.
+    pub hash_key: u64,
     /// The router's configuration.
     pub config: &'a RouterConfig,
     /// The router's random stream.
@@ -155,6 +168,18 @@ pub enum Reason {
     PrebleExplore,
     /// `llmd_session_affinity`.
     LlmdSessionAffinity,
+    /// `consistent_hash`.
+    ConsistentHash,
+    /// `rendezvous_hash`.
+    RendezvousHash,
+    /// `power_of_two`.
+    PowerOfTwo,
+    /// `vllm_router_cache_aware`, the fleet is imbalanced: the least loaded.
+    CacheAwareBalance,
+    /// `vllm_router_cache_aware`, the best match covers more than the threshold: its holder.
+    CacheAwareMatch,
+    /// `vllm_router_cache_aware`, the best match does not: the least loaded.
+    CacheAwareLowMatch,
     /// `smetric`, first turn placed for load balance.
     FirstTurnLeastLoaded,
     /// `smetric`, follow-up kept at its home.
@@ -190,6 +215,12 @@ impl Reason {
             Self::PrebleExploit => "preble: exploit",
             Self::PrebleExplore => "preble: explore",
             Self::LlmdSessionAffinity => "llmd-session-affinity",
+            Self::ConsistentHash => "consistent-hash",
+            Self::RendezvousHash => "rendezvous-hash",
+            Self::PowerOfTwo => "power-of-two",
+            Self::CacheAwareBalance => "vllm-router-cache-aware: load balance",
+            Self::CacheAwareMatch => "vllm-router-cache-aware: cache affinity",
+            Self::CacheAwareLowMatch => "vllm-router-cache-aware: low match",
             Self::FirstTurnLeastLoaded => "first-turn: least-loaded",
             Self::Sticky => "follow-up: sticky",
             Self::MigrateEvicted => "follow-up: migrate (local KV$ evicted)",
@@ -201,7 +232,7 @@ impl Reason {
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 27] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
@@ -216,6 +247,12 @@ impl Reason {
         Self::PrebleExploit,
         Self::PrebleExplore,
         Self::LlmdSessionAffinity,
+        Self::ConsistentHash,
+        Self::RendezvousHash,
+        Self::PowerOfTwo,
+        Self::CacheAwareBalance,
+        Self::CacheAwareMatch,
+        Self::CacheAwareLowMatch,
         Self::FirstTurnLeastLoaded,
         Self::Sticky,
         Self::MigrateEvicted,
@@ -274,6 +311,16 @@ pub enum PolicyKind {
     /// llm-d's session-affinity + active-requests profile: argmax (previous instance) + (1 −
     /// in-flight / max in-flight).
     LlmdSessionAffinity,
+    /// vllm-router's `consistent_hash`: a ring of 160 virtual nodes per instance, keyed by the
+    /// session key (else the prompt).
+    ConsistentHash,
+    /// vllm-router's `rendezvous_hash`: the highest hash of (key, instance).
+    RendezvousHash,
+    /// vllm-router's `power_of_two`: two distinct random candidates, the fewer in flight wins.
+    PowerOfTwo,
+    /// vllm-router's `cache_aware`: least load when imbalanced, else the best prefix match
+    /// above `cache_aware_cache_threshold`, else least load.
+    VllmRouterCacheAware,
     /// SMetric: first turns load-balanced, follow-ups cache-aware; `RouterConfig::smetric_rule`
     /// chooses how a follow-up leaves its home (v1 overload thresholds, v2 TTFT feasibility).
     Smetric,
@@ -281,7 +328,7 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 13] = [
+    pub const ALL: [PolicyKind; 17] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirst,
@@ -294,6 +341,10 @@ impl PolicyKind {
         Self::VllmRouterSmetric,
         Self::Preble,
         Self::LlmdSessionAffinity,
+        Self::ConsistentHash,
+        Self::RendezvousHash,
+        Self::PowerOfTwo,
+        Self::VllmRouterCacheAware,
         Self::Smetric,
     ];
 
@@ -312,6 +363,10 @@ impl PolicyKind {
             Self::VllmRouterSmetric => "vllm_router_smetric",
             Self::Preble => "preble",
             Self::LlmdSessionAffinity => "llmd_session_affinity",
+            Self::ConsistentHash => "consistent_hash",
+            Self::RendezvousHash => "rendezvous_hash",
+            Self::PowerOfTwo => "power_of_two",
+            Self::VllmRouterCacheAware => "vllm_router_cache_aware",
             Self::Smetric => "smetric",
         }
     }
@@ -342,9 +397,29 @@ impl PolicyKind {
             Self::VllmRouterSmetric => Box::new(VllmRouterSmetric),
             Self::Preble => Box::new(Preble),
             Self::LlmdSessionAffinity => Box::new(LlmdSessionAffinity),
+            Self::ConsistentHash => Box::new(ConsistentHash),
+            Self::RendezvousHash => Box::new(RendezvousHash),
+            Self::PowerOfTwo => Box::new(PowerOfTwo),
+            Self::VllmRouterCacheAware => Box::new(VllmRouterCacheAware),
             Self::Smetric => Box::new(Smetric),
         }
     }
+}
+
+/// The hash key of a prompt the caller gave no session key for: `mix64(last ^ n)`, `last` the
+/// last hash of its full-block chain (0 for a prompt shorter than a block), `n` its length. The
+/// same prompt always gets the same key (vllm-router's fallback hashes the request text).
+pub fn prompt_key(chain_last: Option<u64>, num_tokens: u64) -> u64 {
+    crate::rng::mix64(chain_last.unwrap_or(0) ^ num_tokens)
+}
+
+/// Index of the largest `score`, ties at random (one draw only for a tie): the hash policies'
+/// argmax over 64-bit scores, which an `f64` score would round into false ties.
+pub(crate) fn argmax_u64(n: usize, rng: &DrawCounter, score: impl Fn(usize) -> u64) -> usize {
+    let best = (0..n).map(&score).max().unwrap_or(0);
+    let ties = (0..n).filter(|&i| score(i) == best).count();
+    let k = rng.pick(ties);
+    (0..n).filter(|&i| score(i) == best).nth(k).unwrap_or(0)
 }
 
 /// Index (into `items`) of the smallest score among the allowed items, ties at random.
@@ -389,6 +464,7 @@ pub(crate) mod test_support {
     pub(crate) fn cand(slot: u32, hit: u64, bs: u64, queued: u64) -> Candidate {
         Candidate {
             slot,
+            name_hash: crate::rng::mix64(u64::from(slot) + 1),
             local_hit_tokens: hit,
             bs,
             waiting: 0,
@@ -417,6 +493,7 @@ pub(crate) mod test_support {
             block_size: 16,
             prefill_only: false,
             previous: None,
+            hash_key: 0,
             config,
             rng,
         }

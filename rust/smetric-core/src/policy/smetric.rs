@@ -283,6 +283,7 @@ mod tests {
             let c: Vec<Candidate> = (0..len)
                 .map(|slot| Candidate {
                     slot: slot as u32,
+                    name_hash: 0,
                     local_hit_tokens: [0, n / 4, n / 2, n - n / 10, n][draws_src.pick(5)],
                     bs: draws_src.pick(12) as u64,
                     waiting: 0,

@@ -24,7 +24,7 @@ use crate::error::{Result, SmetricError};
 use crate::hash::{chain_root, chain_tokens_into};
 use crate::ids::{BlockHash, InstanceId, RequestId};
 use crate::index::{IndexQuery, KvIndex, Walk};
-use crate::policy::{Candidate, PolicyKind, Reason, SelectionInput, preble_routed_cost_us, prefill_work};
+use crate::policy::{Candidate, PolicyKind, Reason, SelectionInput, preble_routed_cost_us, prefill_work, prompt_key};
 use crate::router::request::{Decision, Hits, Prompt, RouteRequest};
 use crate::turn::{TurnHint, infer};
 
@@ -176,6 +176,7 @@ impl Router {
             };
             candidates.push(Candidate {
                 slot,
+                name_hash: m.name_hash,
                 local_hit_tokens: self.hit_tokens(query.local_blocks[slot as usize], n),
                 bs: load.bs,
                 waiting: load.waiting,
@@ -206,6 +207,9 @@ impl Router {
             block_size: self.block_size,
             prefill_only: self.prefill_only,
             previous,
+            hash_key: req
+                .session_key
+                .unwrap_or_else(|| prompt_key(chain.last().map(|h| h.0), n)),
             config: &self.config,
             rng: &self.rng,
         });

@@ -43,6 +43,11 @@ pub struct RouteRequest<'a> {
     /// session cookie llm-d's endpoint picker sets and its client echoes). Only
     /// `llmd_session_affinity` reads it; a name that is not a candidate counts as none.
     pub previous_instance: Option<&'a str>,
+    /// The request's session key, as the caller hashes its session id into a `u64` (what
+    /// vllm-router's hash policies hash: its `x-session-id` header, or a `user` / `session_id`
+    /// field of the body). Only `consistent_hash` and `rendezvous_hash` read it; when absent
+    /// they hash the prompt instead (vllm-router's last fallback, the request text).
+    pub session_key: Option<u64>,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -56,6 +61,7 @@ impl<'a> RouteRequest<'a> {
             now: None,
             exclude: &[],
             previous_instance: None,
+            session_key: None,
         }
     }
 }

@@ -756,3 +756,49 @@ fn previous_instance_reaches_the_session_affinity_policy() {
     let u = route(Some("nope"), &[]);
     assert_eq!(u.reason, Reason::LlmdSessionAffinity);
 }
+
+/// `session_key` is what the hash policies hash: a session keeps its instance whatever its
+/// prompt, load or fleet slot order; without one the prompt is the key, so the same prompt
+/// lands on the same instance and a different one may not.
+#[test]
+fn session_key_reaches_the_hash_policies() {
+    for kind in [PolicyKind::ConsistentHash, PolicyKind::RendezvousHash] {
+        let r = Router::new(&names(4), kind, 4, 0, RouterConfig::default()).unwrap();
+        let route = |prompt: &[u32], key: Option<u64>| {
+            r.route(&RouteRequest {
+                now: Some(0.0),
+                session_key: key,
+                ..RouteRequest::new(Prompt::Tokens(prompt))
+            })
+            .unwrap()
+            .instance_name
+        };
+        for key in 0..20u64 {
+            let at = route(&[1, 2, 3, 4], Some(key));
+            let grown: Vec<u32> = (0..(8 + key as u32)).collect();
+            assert_eq!(route(&grown, Some(key)), at, "{kind:?}: the session sticks");
+        }
+        let spread: std::collections::HashSet<_> = (0..40u64).map(|k| route(&[9], Some(k))).collect();
+        assert_eq!(spread.len(), 4, "{kind:?}: sessions spread");
+        let prompt: Vec<u32> = (0..10).collect();
+        assert_eq!(
+            route(&prompt, None),
+            route(&prompt, None),
+            "{kind:?}: the prompt is the key"
+        );
+        // A router whose fleet lists the same names in another order agrees: names, not slots.
+        let mut reversed = names(4);
+        reversed.reverse();
+        let q = Router::new(&reversed, kind, 4, 0, RouterConfig::default()).unwrap();
+        for key in 0..20u64 {
+            let d = q
+                .route(&RouteRequest {
+                    now: Some(0.0),
+                    session_key: Some(key),
+                    ..RouteRequest::new(Prompt::Tokens(&[7]))
+                })
+                .unwrap();
+            assert_eq!(d.instance_name, route(&[7], Some(key)));
+        }
+    }
+}

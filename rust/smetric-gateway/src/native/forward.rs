@@ -422,6 +422,7 @@ impl Native {
             now: None,
             exclude: &excluded,
             previous_instance: None,
+            session_key: None,
         };
         let decided = Instant::now();
         let Ok(decision) = self.config.router.route(&request) else {
