@@ -599,3 +599,21 @@ fn session_affinity_follows_the_previous_turns_instance() {
         affinity.reasons
     );
 }
+
+/// The driver hands the router each request's session (`PlaceRequest::session_key`, what the
+/// SMetric authors' replayer sends vllm-router as `X-Session-Id`): the hash policies keep every
+/// follow-up on its session's instance, whatever the load.
+#[test]
+fn hash_policies_keep_a_session_on_one_instance() {
+    let w = agent_sessions();
+    let c = SimConfig {
+        session_rate_per_s: 0.5,
+        ..config(4)
+    };
+    for kind in [PolicyKind::ConsistentHash, PolicyKind::RendezvousHash] {
+        let r = run(&c, &w, kind).unwrap();
+        assert_eq!(r.completed, 60);
+        assert!(r.followups > 0);
+        assert_eq!(r.migrations, 0, "{kind:?} moved a follow-up");
+    }
+}
