@@ -815,6 +815,7 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
             "cache_aware_cache_threshold": rnd.choice([0.3, 0.0, 0.5, 0.9, 1.0]),
             "cache_aware_balance_abs_threshold": rnd.choice([64, 0, 1, 2]),
             "cache_aware_balance_rel_threshold": rnd.choice([1.5, 0.0, 1.0, 2.0]),
+            "vllm_router_smetric_form": rnd.choice(["tokens", "pr_literal"]),
         } | v2_fields(rnd)
     elif rnd.random() < 0.5:  # the paper's forms: the `smetric_paper` (v2) and `smetric_v1` presets
         config |= rnd.choice([PAPER_FIELDS, V1_FIELDS])

@@ -28,6 +28,7 @@ from smetric._types import (
     SimReport,
     SmetricMigration,
     SmetricRule,
+    VllmRouterSmetricForm,
     SyntheticOptions,
     Tier,
     TierPath,
@@ -155,6 +156,7 @@ class RouterConfig:
         cache_aware_cache_threshold: float = ...,
         cache_aware_balance_abs_threshold: int = ...,
         cache_aware_balance_rel_threshold: float = ...,
+        vllm_router_smetric_form: VllmRouterSmetricForm = ...,
     ) -> Self: ...
     @property
     def hash_seed(self) -> int: ...
@@ -232,6 +234,8 @@ class RouterConfig:
     def cache_aware_balance_abs_threshold(self) -> int: ...
     @property
     def cache_aware_balance_rel_threshold(self) -> float: ...
+    @property
+    def vllm_router_smetric_form(self) -> VllmRouterSmetricForm: ...
     def paper(self) -> RouterConfig:
         """This config with SMetric in the paper's current form: the v2 SLO-feasibility rule,
         every smetric+ switch off (the ``smetric_paper`` preset)."""

@@ -48,6 +48,7 @@ __all__ = [
     "TurnFeed",
     "TurnSource",
     "VllmHashAlgo",
+    "VllmRouterSmetricForm",
 ]
 
 # --- strings ---------------------------------------------------------------------------------------
@@ -83,6 +84,10 @@ SmetricMigration: TypeAlias = Literal["threshold", "cost", "work", "fetch"]
 """``RouterConfig.smetric_migration``: the paper's fixed thresholds, a score comparison, a
 comparison of pending work (no batch factor), or the score comparison only where the global
 tier holds the prompt (else the thresholds)."""
+
+VllmRouterSmetricForm: TypeAlias = Literal["tokens", "pr_literal"]
+"""``RouterConfig.vllm_router_smetric_form``: our token-level port of vllm-router's SMetric (PR
+#330), or the PR as it ships (linear work, its constants; ``docs/routing-semantics.md`` §6 item 12)."""
 
 SmetricRule: TypeAlias = Literal["v1", "v2"]
 """``RouterConfig.smetric_rule``: the July paper's overload thresholds (v1), or the paper's
@@ -199,6 +204,7 @@ class RouterConfigFields(TypedDict):
     cache_aware_cache_threshold: float
     cache_aware_balance_abs_threshold: int
     cache_aware_balance_rel_threshold: float
+    vllm_router_smetric_form: VllmRouterSmetricForm
 
 
 class InstanceLoad(TypedDict):

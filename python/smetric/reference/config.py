@@ -56,6 +56,7 @@ class ReferenceConfig:
     cache_aware_cache_threshold: float = 0.3  # §6 item 18: vllm-router's CLI defaults
     cache_aware_balance_abs_threshold: int = 64
     cache_aware_balance_rel_threshold: float = 1.5
+    vllm_router_smetric_form: str = "tokens"  # §6 item 12: our token port, or "pr_literal"
 
     def __post_init__(self) -> None:
         # Only the checks that keep the reference itself well-defined; invalid configs never reach

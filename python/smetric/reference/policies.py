@@ -285,6 +285,8 @@ def vllm_router_smetric(
     """vllm-router's SMetric (PR #330): e_i = qw_i + work(n - min(L_i, n), n); meets_i when no rate is
     known or e_i / rate_i <= budget; score e_i * bs_i; a follow-up sticks to argmax L_i iff its hit
     beats HIT_RATIO * n and (it meets or nobody does)."""
+    if cfg.vllm_router_smetric_form == "pr_literal":
+        return _vllm_router_smetric_pr(cands, req, rng)
     n = req.n
     budget = cfg.smetric_ttft_slack * (cfg.smetric_ttft_base_s + cfg.smetric_ttft_s_per_token * float(n))
     everyone = range(len(cands))
@@ -304,6 +306,42 @@ def vllm_router_smetric(
         return argmin(everyone, score, rng), "first-turn: least-loaded"
     home = pick_among(keep_max(everyone, lambda i: float(cands[i].local_hit)), rng)
     if float(cands[home].local_hit) <= cfg.min_local_hit_ratio * float(n):
+        return argmin(everyone, score, rng), "follow-up: migrate (local KV$ evicted)"
+    if meets(home):
+        return home, "follow-up: sticky"
+    if not any(meets(i) for i in everyone):
+        return home, "follow-up: sticky (no instance meets TTFT budget)"
+    return argmin(everyone, score, rng), "follow-up: migrate (home misses TTFT budget)"
+
+
+PR_HIT_RATIO = 0.5  # PR #330's constants (§6 item 12, PR-literal form)
+PR_SLACK = 1.0
+PR_TTFT_BASE_S = 1.0
+PR_TTFT_S_PER_TOKEN = 0.0625 / 1000.0
+
+
+def _vllm_router_smetric_pr(cands: Sequence[Candidate], req: RouteInput, rng: CounterRng) -> tuple[int, str]:
+    """PR #330 as it ships: e_i = q_i + (n - min(L_i, n)) (linear work); budget SLACK * (1 s + 0.0625 s
+    per 1K tokens * n); the home is argmax L_i, ties to the least e_i then at random; a follow-up
+    sticks iff L_h > HIT_RATIO * n and (it meets or nobody does); else argmin e_i * bs_i."""
+    n = req.n
+    budget = PR_SLACK * (PR_TTFT_BASE_S + PR_TTFT_S_PER_TOKEN * float(n))
+    everyone = range(len(cands))
+
+    def pending(i: int) -> float:
+        return float(cands[i].queued + (n - min(cands[i].local_hit, n)))
+
+    def meets(i: int) -> bool:
+        rate = cands[i].peer_drain_rate
+        return rate is None or pending(i) / rate <= budget
+
+    def score(i: int) -> float:
+        return pending(i) * float(cands[i].bs)
+
+    if req.first_turn:
+        return argmin(everyone, score, rng), "first-turn: least-loaded"
+    home = argmin(keep_max(everyone, lambda i: float(cands[i].local_hit)), pending, rng)
+    if float(cands[home].local_hit) <= PR_HIT_RATIO * float(n):
         return argmin(everyone, score, rng), "follow-up: migrate (local KV$ evicted)"
     if meets(home):
         return home, "follow-up: sticky"

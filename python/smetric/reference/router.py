@@ -447,8 +447,9 @@ class ReferenceRouter:
             cfg.smetric_drain_window,
             cfg.smetric_drain_min_samples,
         )
-        if self._policy == "vllm_router_smetric":
-            load.drain.record_own_work(record.work, max(now_ms - record.routed_ms, 0))
+        if self._policy == "vllm_router_smetric":  # the PR-literal form learns over linear work
+            own = record.prefill if cfg.vllm_router_smetric_form == "pr_literal" else record.work
+            load.drain.record_own_work(own, max(now_ms - record.routed_ms, 0))
         return True
 
     def _finish(self, request_id: int | str) -> RequestRecord | None:

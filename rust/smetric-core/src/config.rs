@@ -151,6 +151,40 @@ impl SmetricRule {
     }
 }
 
+/// Which form of vllm-router's SMetric `vllm_router_smetric` runs (`policy/vllm_router_smetric.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VllmRouterSmetricForm {
+    /// Our token-level port of PR #330: attention-aware work (`prefill_work`), the
+    /// `smetric_ttft_*` budget, the `min_local_hit_ratio` gate.
+    Tokens,
+    /// PR #330 as it ships: linear work (its default prices prefill by new tokens alone), its
+    /// constants (HIT_RATIO 0.5, SLACK 1.0, TTFT SLO 1 s + 0.0625 s per 1K tokens, 4 characters
+    /// per token), its learned rate over linear work, its home tie-break (the lighter load).
+    PrLiteral,
+}
+
+impl VllmRouterSmetricForm {
+    /// The name used in configs and in Python.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tokens => "tokens",
+            Self::PrLiteral => "pr_literal",
+        }
+    }
+
+    /// Parses a config name.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "tokens" => Ok(Self::Tokens),
+            "pr_literal" => Ok(Self::PrLiteral),
+            other => Err(SmetricError::InvalidConfig {
+                field: "vllm_router_smetric_form",
+                reason: format!("{other:?} is not one of \"tokens\", \"pr_literal\""),
+            }),
+        }
+    }
+}
+
 /// `L_EQ` of Qwen3-Coder-30B-A3B, in tokens: the context length at which a token's attention
 /// FLOPs equal its linear-layer (projection + MoE expert) FLOPs. A token at position `p` costs
 /// `linear + p·attn`; with `attn = linear / L_EQ`, prefilling `n` new tokens after `L − n`
@@ -269,6 +303,8 @@ pub struct RouterConfig {
     pub cache_aware_balance_abs_threshold: u64,
     /// … and the most exceed this multiple of the least (`balance_rel_threshold`).
     pub cache_aware_balance_rel_threshold: f64,
+    /// `vllm_router_smetric`: our token-level port of PR #330, or the PR as it ships.
+    pub vllm_router_smetric_form: VllmRouterSmetricForm,
 }
 
 impl RouterConfig {
@@ -324,6 +360,7 @@ impl RouterConfig {
         cache_aware_cache_threshold: 0.3,
         cache_aware_balance_abs_threshold: 64,
         cache_aware_balance_rel_threshold: 1.5,
+        vllm_router_smetric_form: VllmRouterSmetricForm::Tokens,
     };
 
     /// The July paper's SMetric (the `smetric_v1` preset): the v1 rule, every smetric+ switch

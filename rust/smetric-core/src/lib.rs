@@ -40,7 +40,7 @@ pub mod turn;
 
 pub use config::{
     CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, L_EQ_QWEN3_235B_A22B, L_EQ_QWEN3_CODER_30B_A3B, MigrationRule,
-    RouterConfig, SmetricRule,
+    RouterConfig, SmetricRule, VllmRouterSmetricForm,
 };
 pub use error::{Result, SmetricError};
 pub use hash::{chain_root, chain_tokens_into, hash_tokens, hash_tokens_into};

@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use smetric_core::{CacheFirstMode, IndexMode, MigrationRule, RouterConfig, SmetricRule};
+use smetric_core::{CacheFirstMode, IndexMode, MigrationRule, RouterConfig, SmetricRule, VllmRouterSmetricForm};
 
 use crate::errors::IntoPyResult;
 
@@ -61,6 +61,7 @@ impl PyRouterConfig {
         cache_aware_cache_threshold = D.cache_aware_cache_threshold,
         cache_aware_balance_abs_threshold = D.cache_aware_balance_abs_threshold,
         cache_aware_balance_rel_threshold = D.cache_aware_balance_rel_threshold,
+        vllm_router_smetric_form = D.vllm_router_smetric_form.name(),
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -102,6 +103,7 @@ impl PyRouterConfig {
         cache_aware_cache_threshold: f64,
         cache_aware_balance_abs_threshold: u64,
         cache_aware_balance_rel_threshold: f64,
+        vllm_router_smetric_form: &str,
     ) -> PyResult<Self> {
         let inner = RouterConfig {
             hash_seed,
@@ -142,6 +144,7 @@ impl PyRouterConfig {
             cache_aware_cache_threshold,
             cache_aware_balance_abs_threshold,
             cache_aware_balance_rel_threshold,
+            vllm_router_smetric_form: VllmRouterSmetricForm::parse(vllm_router_smetric_form).py()?,
         };
         inner.validate().py()?;
         Ok(Self { inner })
@@ -299,6 +302,10 @@ impl PyRouterConfig {
     fn cache_aware_balance_rel_threshold(&self) -> f64 {
         self.inner.cache_aware_balance_rel_threshold
     }
+    #[getter]
+    fn vllm_router_smetric_form(&self) -> &'static str {
+        self.inner.vllm_router_smetric_form.name()
+    }
 
     /// This config with SMetric in the paper's current form (the v2 rule; every ``smetric_*``
     /// field as in ``RouterConfig::PAPER``); the other fields unchanged.
@@ -358,6 +365,7 @@ impl PyRouterConfig {
         d.set_item("cache_aware_cache_threshold", c.cache_aware_cache_threshold)?;
         d.set_item("cache_aware_balance_abs_threshold", c.cache_aware_balance_abs_threshold)?;
         d.set_item("cache_aware_balance_rel_threshold", c.cache_aware_balance_rel_threshold)?;
+        d.set_item("vllm_router_smetric_form", c.vllm_router_smetric_form.name())?;
         Ok(d)
     }
 

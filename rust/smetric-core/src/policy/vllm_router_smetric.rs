@@ -24,12 +24,75 @@
 //! vllm-router breaks score ties by a rotating start; this one at random (§5), which spreads
 //! the same way without per-policy state. Reasons are `smetric`'s.
 //!
+//! **The PR-literal form** (`RouterConfig::vllm_router_smetric_form = PrLiteral`): PR #330's
+//! policy as it ships (the version whose header states `HIT_RATIO`, `SLACK` and
+//! `CHARS_PER_TOKEN`): it prices prefill by new tokens alone (its `attention_crossover_tokens`
+//! defaults to none), so `e_i = queued_i + new_i` with `queued_i` the uncached prompt tokens
+//! queued on the instance (`Candidate::queued`) and `new_i = L − min(c_i, L)`; the rate is the
+//! p90 of `new / TTFT` over the last 64 first tokens (the router records linear work for this
+//! form); the budget is its example SLO, `SLACK · (1 s + 0.0625 s per 1K tokens · L)` with
+//! SLACK 1; the home is the deepest hit, ties to the lighter `e`, then at random; a follow-up
+//! sticks iff `c_h > HIT_RATIO · L` (HIT_RATIO 0.5) and (`meets(h)` or none meets), else
+//! `argmin e_i × bs_i` (the PR multiplies by in-flight requests on a prefill pool too).
+//! The PR counts characters, `tokens = chars / CHARS_PER_TOKEN` with CHARS_PER_TOKEN 4: every
+//! length here is that division already done (a scale that cancels in every test), so tokens
+//! stand for its characters; its hits are a character tree's, ours whole blocks. Its history
+//! (the prompt up to the latest assistant message, which the core does not see) is replaced by
+//! the prompt `L`, a gate stricter by the last turn's share. Its tree remembers up to 2^26
+//! characters per worker (evicted every 120 s); the router's approximate index is the same
+//! insert-on-route tree but evicts by LRU at `local_capacity_blocks`, so run it with a large
+//! capacity to match.
+//!
 //! Invariants: no per-session state; scores are integer-valued floats, so ties are exact and
 //! the Python reference finds the same ones.
 //!
 //! Complexity: O(N), a constant number of passes.
 
 use super::{Policy, Reason, Selection, SelectionInput, argmin, argmin_by, prefill_work};
+use crate::config::VllmRouterSmetricForm;
+
+/// PR #330's `HIT_RATIO`: a home keeps a session while its hit exceeds this share.
+const PR_HIT_RATIO: f64 = 0.5;
+/// PR #330's `SLACK` on its TTFT SLO.
+const PR_SLACK: f64 = 1.0;
+/// PR #330's example TTFT SLO, fixed part, seconds.
+const PR_TTFT_BASE_S: f64 = 1.0;
+/// PR #330's example TTFT SLO, seconds per prompt token (0.0625 s per 1K tokens).
+const PR_TTFT_S_PER_TOKEN: f64 = 0.0625 / 1000.0;
+
+/// PR #330 as it ships (the module's "PR-literal form").
+fn select_pr_literal(input: &SelectionInput<'_>) -> Selection {
+    let c = input.candidates;
+    let n = input.num_tokens;
+    let pending = |i: usize| (c[i].queued + (n - c[i].local_hit_tokens.min(n))) as f64;
+    let budget_s = PR_SLACK * (PR_TTFT_BASE_S + PR_TTFT_S_PER_TOKEN * n as f64);
+    let meets = |i: usize| c[i].peer_drain_rate.is_none_or(|rate| pending(i) / rate <= budget_s);
+    let least = |reason| Selection {
+        index: argmin(c.len(), input.rng, |i| pending(i) * c[i].bs as f64),
+        reason,
+    };
+    if input.first_turn {
+        return least(Reason::FirstTurnLeastLoaded);
+    }
+    let best_hit = c.iter().map(|x| x.local_hit_tokens).max().unwrap_or(0);
+    let home = argmin_by(c.len(), input.rng, |i| c[i].local_hit_tokens == best_hit, pending).unwrap_or(0);
+    if c[home].local_hit_tokens as f64 <= PR_HIT_RATIO * n as f64 {
+        return least(Reason::MigrateEvicted);
+    }
+    if meets(home) {
+        return Selection {
+            index: home,
+            reason: Reason::Sticky,
+        };
+    }
+    if !(0..c.len()).any(meets) {
+        return Selection {
+            index: home,
+            reason: Reason::StayNoneFeasible,
+        };
+    }
+    least(Reason::MigrateInfeasible)
+}
 
 /// vllm-router's SMetric.
 #[derive(Debug, Default)]
@@ -41,6 +104,9 @@ impl Policy for VllmRouterSmetric {
     }
 
     fn select(&self, input: &SelectionInput<'_>) -> Selection {
+        if input.config.vllm_router_smetric_form == VllmRouterSmetricForm::PrLiteral {
+            return select_pr_literal(input);
+        }
         let c = input.candidates;
         let cfg = input.config;
         let n = input.num_tokens;
@@ -152,6 +218,77 @@ mod tests {
         let mut sel = input(&c, 1_000, true, &CFG, &rng);
         sel.prefill_only = true;
         assert_eq!(VllmRouterSmetric.select(&sel).index, 1);
+        assert_eq!(rng.draws(), 0);
+    }
+
+    #[test]
+    fn pr_literal_prices_linear_work_with_its_constants() {
+        let cfg = RouterConfig {
+            vllm_router_smetric_form: VllmRouterSmetricForm::PrLiteral,
+            ..RouterConfig::DEFAULT
+        };
+        let rng = DrawCounter::new(0);
+        let lit = |q: u64, hit, bs, rate| Candidate {
+            queued: q,
+            ..inst(0, hit, bs, 0, rate)
+        };
+        // 16,000 tokens: budget 1 + 0.0625·16 = 2 s. Home (hit 15,000): e = 30,000 + 1,000 =
+        // 31,000, 3.1 s at 10K/s, misses; instance 0 cold and idle: 16,000 / 10K = 1.6 s meets.
+        let c = [
+            Candidate {
+                slot: 0,
+                ..lit(0, 0, 0, Some(10_000.0))
+            },
+            Candidate {
+                slot: 1,
+                ..lit(30_000, 15_000, 5, Some(10_000.0))
+            },
+        ];
+        let s = VllmRouterSmetric.select(&input(&c, N, false, &cfg, &rng));
+        assert_eq!((s.index, s.reason), (0, Reason::MigrateInfeasible));
+        // Queued 4,000: e = 5,000, 0.5 s, meets: sticky (the token form's attention-aware work
+        // would be the same here, but its queued term is `queued_work`, 0 in these candidates).
+        let c = [
+            Candidate {
+                slot: 0,
+                ..lit(0, 0, 0, Some(10_000.0))
+            },
+            Candidate {
+                slot: 1,
+                ..lit(4_000, 15_000, 5, Some(10_000.0))
+            },
+        ];
+        assert_eq!(
+            VllmRouterSmetric.select(&input(&c, N, false, &cfg, &rng)).reason,
+            Reason::Sticky
+        );
+        // HIT_RATIO 0.5 of the prompt: 8,000 of 16,000 is not above it, the follow-up moves to
+        // argmin e × bs: (0 + 16,000)·0 = 0.
+        let c = [
+            Candidate {
+                slot: 0,
+                ..lit(0, 0, 0, None)
+            },
+            Candidate {
+                slot: 1,
+                ..lit(0, 8_000, 1, None)
+            },
+        ];
+        let s = VllmRouterSmetric.select(&input(&c, N, false, &cfg, &rng));
+        assert_eq!((s.index, s.reason), (0, Reason::MigrateEvicted));
+        // Home ties go to the lighter pending work, without a draw.
+        let c = [
+            Candidate {
+                slot: 0,
+                ..lit(9_000, 15_000, 1, None)
+            },
+            Candidate {
+                slot: 1,
+                ..lit(2_000, 15_000, 1, None)
+            },
+        ];
+        let rng = DrawCounter::new(3);
+        assert_eq!(VllmRouterSmetric.select(&input(&c, N, false, &cfg, &rng)).index, 1);
         assert_eq!(rng.draws(), 0);
     }
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Router;
-use crate::config::IndexMode;
+use crate::config::{IndexMode, VllmRouterSmetricForm};
 use crate::error::Result;
 use crate::ids::{BlockHash, RequestId};
 use crate::load::InstanceLoad;
@@ -102,8 +102,12 @@ impl Router {
         );
         if self.kind == PolicyKind::VllmRouterSmetric {
             // Only that peer reads vllm-router's estimator: no other router pays for its sort.
-            load.drain
-                .record_own_work(rec.work, now_ms.saturating_sub(rec.routed_ms));
+            // The PR's own form prices (and so learns over) linear work: the prefilled tokens.
+            let own = match self.config.vllm_router_smetric_form {
+                VllmRouterSmetricForm::Tokens => rec.work,
+                VllmRouterSmetricForm::PrLiteral => rec.prefill,
+            };
+            load.drain.record_own_work(own, now_ms.saturating_sub(rec.routed_ms));
         }
         true
     }
