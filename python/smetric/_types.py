@@ -444,6 +444,9 @@ class SimConfigDefaults(TypedDict):
     turns: TurnFeed
     pd: PdSettings | None
     """Disaggregated prefill/decode; ``None``: co-located."""
+    answer_rerender_share: float
+    """Share of an answer's tokens the next turn of its session re-sends token for token: their
+    blocks stay cached on the instance that generated them, in [0, 1]."""
 
 
 class SyntheticOptions(TypedDict):

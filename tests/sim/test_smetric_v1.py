@@ -21,9 +21,12 @@ from smetric.sim.config import GlobalTier, embedded_trace_path
 
 FIGURES = Path(__file__).parent / "data" / "smetric_v1_figures.json"
 WINDOW = Window(duration_s=600.0, warmup_s=100.0, max_think_s=60.0)
+# Recorded before the simulator credited answers re-sent by the next turn: share 0 keeps the
+# simulator of that commit, so the figures still pin the rule alone.
+BASE = SimulationConfig(instances=4, answer_rerender_share=0.0)
 CONFIGS = {
-    "tier": SimulationConfig(instances=4),
-    "no_tier": replace(SimulationConfig(instances=4), global_tier=GlobalTier(enabled=False)),
+    "tier": BASE,
+    "no_tier": replace(BASE, global_tier=GlobalTier(enabled=False)),
 }
 LOADS = (0.05, 0.2)
 

@@ -147,6 +147,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "shows) or index (nothing: inferred from the index); sessionless traces carry none (default %(default)s)",
     )
     p.add_argument(
+        "--answer-rerender-share",
+        type=float,
+        default=ENGINE_DEFAULTS["answer_rerender_share"],
+        help="share of an answer's tokens the next turn re-sends token for token; their blocks stay cached on "
+        "the instance that generated them, so the next turn hits them there (default %(default)s)",
+    )
+    p.add_argument(
         "--tpot-ms",
         default=",".join(f"{1e3 * t:g}" for t in ENGINE_DEFAULTS["slo"]["tpot_s"]),
         help="TPOT bounds in ms, the first is the headline (default %(default)s)",
@@ -263,7 +270,9 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
     config = _profile(SimulationConfig(instances=args.instances, profile=args.profile), args)
     for name in _names(args.slo, tuple(NAMED_SLOS), "--slo"):
         slos += (NAMED_SLOS[name](config.profile),)
-    config = replace(config, slos=slos)
+    if not 0.0 <= args.answer_rerender_share <= 1.0:
+        _die("--answer-rerender-share must be in [0, 1]")
+    config = replace(config, slos=slos, answer_rerender_share=args.answer_rerender_share)
     if args.layerwise and args.tier_path != "lmcache":
         _die("--layerwise needs --tier-path lmcache")
     config = config.with_tier_path(args.tier_path, layerwise=args.layerwise)

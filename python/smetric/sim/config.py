@@ -330,6 +330,9 @@ class SimulationConfig:
     """One of :data:`TURN_FEEDS`."""
     pd: PdLayout | None = None
     """Disaggregated prefill/decode (``instances`` is then their sum); ``None``: co-located."""
+    answer_rerender_share: float = ENGINE_DEFAULTS["answer_rerender_share"]
+    """Share of an answer's tokens that the next turn of its session re-sends token for token; their
+    blocks stay cached on the instance that generated them, so the next turn hits them there."""
     router: tuple[tuple[str, Any], ...] = ()
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
@@ -499,6 +502,7 @@ class SimulationConfig:
             "index_feed": self.index_feed,
             "event_delay_s": self.event_delay_s,
             "turns": self.turns,
+            "answer_rerender_share": self.answer_rerender_share,
         }
         if self.profile_file is None:
             config["profile"] = self.profile

@@ -494,6 +494,7 @@ fn sim_config(
                 })?;
             }
             "pd" => c.pd = pd_config(py, &v)?,
+            "answer_rerender_share" => c.answer_rerender_share = field(&key, &v)?,
             _ => return Err(unknown_key(py, "config", &key)),
         }
     }

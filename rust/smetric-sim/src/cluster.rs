@@ -198,6 +198,7 @@ fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn 
             max_batched_tokens: u64::from(config.max_num_batched_tokens),
             max_num_seqs: config.max_num_seqs as usize,
             synchronous_loads: config.global_tier.enabled && config.global_tier.path.synchronous_load(),
+            answer_rerender_share: config.answer_rerender_share,
         },
         model_len: config.model_len(),
         instances: (0..config.instances).map(|_| Instance::new(pool_blocks)).collect(),
@@ -296,6 +297,10 @@ impl Sim<'_> {
                 first_turn_truth: spec.first_turn,
                 ..RequestRecord::default()
             });
+            // The turn that re-sends this request's answer: the first successor in its session.
+            if let Some(p) = spec.prev.filter(|&p| specs[p as usize].session == spec.session) {
+                self.reqs[p as usize].next_turn.get_or_insert(i as u32);
+            }
         }
         let arrival = self.workload.arrival();
         if arrival != ArrivalKind::OpenLoop {
@@ -487,7 +492,7 @@ impl Sim<'_> {
         let pd_prefill = self.is_prefill_instance(i);
         let pd_decode = self.pd.is_some() && !pd_prefill;
         let (gaps, specs) = (&mut self.gaps, self.workload.requests());
-        self.instances[i as usize].complete(&mut self.reqs, |ev| match ev {
+        self.instances[i as usize].complete(&mut self.reqs, self.workload, self.limits, |ev| match ev {
             StepEvent::Prefilled { request, from, to } => prefilled.push((request, from, to)),
             StepEvent::Sampled { .. } if pd_prefill => {}
             StepEvent::Sampled { request } => gaps.on_token(request, specs[request as usize].output_tokens, now),
@@ -666,7 +671,7 @@ mod tests {
     use super::*;
     use crate::cache_events::IndexFeed;
     use crate::config::GlobalTierConfig;
-    use crate::workload::{SyntheticSessions, synthetic_sessions};
+    use crate::workload::{RequestSpec, SyntheticSessions, WorkloadBuilder, synthetic_sessions};
     use crate::{PolicyKind, core_placer};
 
     const B: u32 = 16;
@@ -727,6 +732,69 @@ mod tests {
             let hits = placer.index_hits(w.chain(r)).unwrap();
             let got: Vec<usize> = hits.local.iter().map(|(_, t)| (t / u64::from(B)) as usize).collect();
             assert_eq!(&got, truth, "request {r}");
+        }
+    }
+
+    /// A two-turn session on one instance: the second turn re-sends the first one's answer.
+    /// Turn 1 is 64 prompt tokens (4 blocks) and 40 output tokens, so 103 tokens have KV: 6
+    /// full blocks. Turn 2's chain extends turn 1's by 4 blocks (answer + tool result).
+    fn two_turns() -> Workload {
+        let spec = |input, output, prev| RequestSpec {
+            trace_id: 0,
+            input_tokens: input,
+            output_tokens: output,
+            time_s: 0.0,
+            think_s: 1.0,
+            prev,
+            session: 0,
+            root_session: 0,
+            first_turn: Some(prev.is_none()),
+        };
+        let mut b = WorkloadBuilder::new("two turns", B, ArrivalKind::ClosedLoop);
+        b.push(spec(64, 40, None), 1000..1004);
+        b.push(spec(134, 2, Some(0)), 1000..1008);
+        b.build().unwrap()
+    }
+
+    fn second_turn(share: f64, feed: IndexFeed) -> RequestRecord {
+        let config = SimConfig {
+            instances: 1,
+            answer_rerender_share: share,
+            index_feed: feed,
+            keep_records: true,
+            global_tier: GlobalTierConfig {
+                enabled: false,
+                ..GlobalTierConfig::default()
+            },
+            ..SimConfig::default()
+        };
+        let report = crate::run(&config, &two_turns(), PolicyKind::Smetric).unwrap();
+        report.records[1].clone()
+    }
+
+    #[test]
+    fn the_next_turn_hits_the_answer_it_re_sends() {
+        // Share 1: the prompt's 4 blocks and the 2 full answer blocks; share 0: the prompt only;
+        // a half share: 64 + 20 tokens re-render, 5 full blocks.
+        for (share, blocks) in [(1.0, 6), (0.0, 4), (0.5, 5)] {
+            let r = second_turn(share, IndexFeed::Approximate);
+            assert_eq!(r.local_hit_tokens, blocks * u64::from(B), "share {share}");
+        }
+        // What the router expects at routing time follows its feed: insert on route knows only
+        // the prompt it routed; KV events (vLLM publishes generated-token blocks too) and the
+        // oracle know the answer blocks.
+        for (feed, share, blocks) in [
+            (IndexFeed::Approximate, 1.0, 4),
+            (IndexFeed::Events, 1.0, 6),
+            (IndexFeed::Oracle, 1.0, 6),
+            (IndexFeed::Events, 0.0, 4),
+        ] {
+            let r = second_turn(share, feed);
+            assert_eq!(
+                r.predicted_local_hit_tokens,
+                blocks * u64::from(B),
+                "{feed:?} share {share}"
+            );
         }
     }
 }

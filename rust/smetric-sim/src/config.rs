@@ -34,6 +34,7 @@
 //! | `pd.decode_rule` | none | the peer form of the prefill policy (`DecodeRule::peer_form`) |
 //! | `pd.transfer_rank_bytes_per_s` | 54 GB/s | a GPU's own link: GPUDirect RDMA reads cross its PCIe link, measured at 54 GB/s on H20 (perf-model §3B) |
 //! | `pd.transfer_latency_s` | 0.4 ms | Mooncake's 1P1D figure for 128 tokens (0.54 ms for 20 MB) minus its bytes at the measured 142 GB/s (`docs/pd-and-tier.md` §A.3) |
+//! | `answer_rerender_share` | 1.0 | see [`DEFAULT_ANSWER_RERENDER_SHARE`] |
 
 use serde::Serializer;
 use smetric_core::RouterConfig;
@@ -75,6 +76,11 @@ pub const MOONCAKE_RDMA_STORE_BYTES_PER_S: f64 = 8.1e9;
 pub const CPU_OFFLOAD_LOAD_BYTES_PER_S: f64 = 40.0e9;
 /// Default delay between an engine publishing a KV-event batch and the router applying it, seconds.
 pub const DEFAULT_EVENT_DELAY_S: f64 = 0.01;
+/// Share of an answer's tokens that the next turn of its session re-sends token for token, so
+/// that their blocks, cached on the instance that generated them, hit there (`instance`'s
+/// "Answers re-sent"). 1.0 takes every answer token as re-rendered identically; the default is
+/// to be set from a measurement of the real engine's chat-template rendering on CPU.
+pub const DEFAULT_ANSWER_RERENDER_SHARE: f64 = 1.0;
 /// vLLM v1 `max_num_batched_tokens` on large GPUs.
 pub const DEFAULT_MAX_BATCHED_TOKENS: u32 = 8192;
 /// vLLM `max_num_seqs` used by the LMetric evaluation.
@@ -365,6 +371,9 @@ pub struct SimConfig {
     /// Disaggregated prefill/decode: `instances` split into a prefill and a decode pool
     /// ([`PdSimConfig`]); `None`: co-located.
     pub pd: Option<PdSimConfig>,
+    /// Share of an answer's tokens the next turn re-sends token for token, in [0, 1]: their
+    /// blocks stay cached on the instance that generated them ([`DEFAULT_ANSWER_RERENDER_SHARE`]).
+    pub answer_rerender_share: f64,
 }
 
 fn profile_name<S: serde::Serializer>(profile: &Profile, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -399,6 +408,7 @@ impl Default for SimConfig {
             turns: TurnFeed::Request,
             router: RouterConfig::default(),
             pd: None,
+            answer_rerender_share: DEFAULT_ANSWER_RERENDER_SHARE,
         }
     }
 }
@@ -475,6 +485,12 @@ impl SimConfig {
         positive("sample_interval_s", self.sample_interval_s)?;
         non_negative("measure_start_s", self.measure_start_s)?;
         non_negative("event_delay_s", self.event_delay_s)?;
+        if !(0.0..=1.0).contains(&self.answer_rerender_share) {
+            return Err(SimError::InvalidConfig {
+                field: "answer_rerender_share",
+                reason: format!("must be in [0, 1], got {}", self.answer_rerender_share),
+            });
+        }
         non_negative("slo.ttft_base_s", self.slo.ttft_base_s)?;
         non_negative("slo.ttft_s_per_token", self.slo.ttft_s_per_token)?;
         if self.slo.tpot_s.is_empty() {

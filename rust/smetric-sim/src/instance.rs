@@ -28,9 +28,20 @@
 //! instance its admission allocates the whole context and starts a pull instead of a
 //! prefill; the pulled blocks then count as computed up to `n − 1` tokens.
 //!
-//! Only prompt blocks have trace hashes, so blocks filled by generated tokens stay anonymous:
-//! they count against capacity but never hit (the next turn's copy of that text is
-//! recomputed — a few hundred tokens per turn on agent traces).
+//! **Answers re-sent.** Trace chains name prompt blocks only, but vLLM caches the blocks its
+//! generated tokens fill too, and the next turn of the session re-sends the answer in its
+//! history, so on the same instance it hits them. When a request finishes and the next turn of
+//! its session ([`LiveRequest::next_turn`]) has a chain that extends the request's own (its
+//! first `p` blocks are the request's whole chain, `p ≥ 1`), the request's blocks after the
+//! prompt are registered under the next chain's hashes, up to block
+//! ⌊min(input + ⌊share · output⌋, tokens with KV) / block⌋ (share:
+//! [`EngineLimits::answer_rerender_share`], the part of an answer that re-renders token for
+//! token; tokens with KV: input + output − 1, the last sampled token has none), before the
+//! blocks are freed. They are blocks the request already held, so capacity is unchanged; they
+//! join the free queue as cached blocks and are evicted first (tail first); the block pool
+//! logs them as stored, as vLLM publishes `BlockStored` for generated-token blocks. Where the
+//! next chain does not extend the request's, nothing is credited: the trace gives no evidence.
+//! The rest of an answer's blocks stay anonymous: they count against capacity but never hit.
 //!
 //! Invariants: a request is in exactly one of `waiting`, `running` or neither (fetching or
 //! done); `blocks.len() == ceil(computed_after_step / block)` for scheduled requests.
@@ -74,6 +85,8 @@ pub(crate) struct LiveRequest {
     pub preemptions: u32,
     /// Its part in a PD cluster, if any.
     pub pd: PdRole,
+    /// The next request of its session (the turn that re-sends its answer), if any.
+    pub next_turn: Option<u32>,
 }
 
 /// What a request is to the instance it is on, in a PD cluster.
@@ -111,6 +124,8 @@ pub(crate) struct EngineLimits {
     pub max_num_seqs: usize,
     /// Tier loads run inside the admitting step (LMCache) instead of asynchronously.
     pub synchronous_loads: bool,
+    /// Share of an answer's tokens the next turn re-sends token for token (module docs).
+    pub answer_rerender_share: f64,
 }
 
 /// A global-tier load the last [`Instance::schedule`] started.
@@ -253,7 +268,13 @@ impl Instance {
     }
 
     /// Applies the step in flight; reports per-request events through `sink`.
-    pub fn complete(&mut self, reqs: &mut [LiveRequest], mut sink: impl FnMut(StepEvent)) {
+    pub fn complete(
+        &mut self,
+        reqs: &mut [LiveRequest],
+        workload: &Workload,
+        limits: EngineLimits,
+        mut sink: impl FnMut(StepEvent),
+    ) {
         let mut any_finished = false;
         for &(r, new) in &self.batch {
             let req = &mut reqs[r as usize];
@@ -276,6 +297,7 @@ impl Instance {
             }
             if req.generated >= req.output {
                 if req.pd != PdRole::Prefill {
+                    keep_answer(&mut self.pool, req, r, workload, limits);
                     self.pool.release(&req.blocks);
                     req.blocks = Vec::new();
                 }
@@ -480,6 +502,26 @@ impl LiveRequest {
     }
 }
 
+/// Registers the blocks of a finishing request's answer that its next turn re-sends token for
+/// token, under the next turn's chain (module docs, "Answers re-sent").
+fn keep_answer(pool: &mut BlockPool, req: &LiveRequest, r: u32, workload: &Workload, limits: EngineLimits) {
+    let Some(next) = req.next_turn else { return };
+    let own = workload.chain(r as usize);
+    let next = workload.chain(next as usize);
+    let p = own.len();
+    if p == 0 || next.len() <= p || next[..p] != *own || req.registered < p {
+        return;
+    }
+    let share = limits.answer_rerender_share;
+    let rerendered = req.prompt + (share * f64::from(req.output)).floor() as u64;
+    let full = ((rerendered.min(req.computed) / limits.block_tokens) as usize)
+        .min(next.len())
+        .min(req.blocks.len());
+    if full > p {
+        pool.register_chain(&req.blocks[p..full], &next[p..full], Some(own[p - 1]));
+    }
+}
+
 fn register_full(pool: &mut BlockPool, req: &mut LiveRequest, chain: &[u64], tokens: u64, b: u64) {
     let full = ((tokens / b) as usize).min(chain.len());
     if req.registered < full {
@@ -523,6 +565,7 @@ mod tests {
             max_batched_tokens: 8192,
             max_num_seqs: 256,
             synchronous_loads: false,
+            answer_rerender_share: 1.0,
         };
         let mut inst = Instance::new(10);
         let mut reqs = vec![LiveRequest::default(); 2];
@@ -589,5 +632,89 @@ mod tests {
         inst.schedule(&mut reqs, &w, limits, &mut tier);
         assert_eq!(reqs[1].blocks.len(), 5, "an in-flight load is never released");
         assert_eq!(reqs[0].preemptions, 1, "r0 preempts itself instead");
+    }
+
+    /// A request about to sample its last token: 64 prompt tokens (chain `1000..1004`), 40
+    /// output tokens, 102 of its 103 KV tokens computed in 7 blocks of a 7-block pool, and a next
+    /// turn whose chain is `next`.
+    fn finishing(next: &[u64], share: f64) -> (Instance, Vec<LiveRequest>) {
+        let mut b = WorkloadBuilder::new("t", 16, ArrivalKind::ClosedLoop);
+        b.push(spec(64, 40), 1000..1004);
+        b.push(
+            RequestSpec {
+                prev: Some(0),
+                ..spec(134, 1)
+            },
+            next.iter().copied(),
+        );
+        let w = b.build().unwrap();
+        let limits = EngineLimits {
+            block_tokens: 16,
+            max_batched_tokens: 8192,
+            max_num_seqs: 256,
+            synchronous_loads: false,
+            answer_rerender_share: share,
+        };
+        let mut inst = Instance::new(7);
+        inst.pool.log = crate::cache_events::CacheLog::new(true);
+        let mut reqs = vec![LiveRequest::default(); 2];
+        reqs[0] = LiveRequest {
+            prompt: 64,
+            output: 40,
+            num_tokens: 103,
+            computed: 102,
+            generated: 39,
+            admitted: true,
+            next_turn: Some(1),
+            ..LiveRequest::default()
+        };
+        assert!(inst.pool.allocate(7, &mut reqs[0].blocks));
+        register_full(&mut inst.pool, &mut reqs[0], w.chain(0), 102, 16);
+        inst.pool.log.clear();
+        inst.running.push(0);
+        inst.batch.push((0, 1));
+        let mut finished = false;
+        inst.complete(&mut reqs, &w, limits, |ev| {
+            finished |= ev == StepEvent::Finished { request: 0 }
+        });
+        assert!(finished);
+        (inst, reqs)
+    }
+
+    /// The answer's full blocks stay cached under the next turn's hashes, in the blocks the
+    /// request held (capacity unchanged), are logged as one stored run after the prompt, and
+    /// are evicted before the prompt.
+    #[test]
+    fn a_finished_answer_stays_cached_under_the_next_turn_chain() {
+        let next: Vec<u64> = (1000..1008).collect();
+        let (mut inst, reqs) = finishing(&next, 1.0);
+        assert!(reqs[0].blocks.is_empty());
+        assert_eq!(inst.pool.num_free(), 7, "every block is free again");
+        assert_eq!(inst.pool.cached_blocks(), 6, "4 prompt + 2 answer blocks");
+        assert_eq!(inst.pool.longest_hit(&next, 8), 6);
+        let log = &inst.pool.log;
+        assert_eq!(log.changes().len(), 1);
+        let change = &log.changes()[0];
+        assert!(change.stored && change.parent == Some(1003));
+        assert_eq!(log.blocks(change), &[1004, 1005]);
+        // Freed tail first: the partial block, then the answer, then the prompt.
+        let mut got = Vec::new();
+        assert!(inst.pool.allocate(2, &mut got));
+        assert_eq!(inst.pool.longest_hit(&next, 8), 5);
+        assert!(inst.pool.allocate(2, &mut got));
+        assert_eq!(inst.pool.longest_hit(&next, 8), 3);
+
+        let (inst, _) = finishing(&next, 0.0);
+        assert_eq!(inst.pool.cached_blocks(), 4, "share 0: the prompt only");
+        assert!(inst.pool.log.is_empty());
+    }
+
+    /// Where the next chain does not extend the request's (a compacted history), nothing is
+    /// credited beyond the prompt.
+    #[test]
+    fn an_answer_is_credited_only_where_the_next_chain_extends_the_request() {
+        let (inst, _) = finishing(&[1000, 1001, 1002, 2003, 2004, 2005, 2006, 2007], 1.0);
+        assert_eq!(inst.pool.cached_blocks(), 4);
+        assert!(inst.pool.log.is_empty());
     }
 }
