@@ -85,6 +85,7 @@ def test_overrides_reach_the_engine(weka_trace: TraceWriter) -> None:
     assert config.profile == "h20-3e-qwen3-coder-30b-a3b"
     slow = config.with_profile_overrides(step_overhead_s=0.05)
     assert slow.resolved_profile()["step_overhead_s"] == 0.05
+    assert slow.profile_label == "example-h20-3e.json step_overhead_s=0.05"
     # A mapping is accepted at run time (and stored as sorted pairs), though typed as pairs.
     as_dict = SimulationConfig(profile_overrides={"step_overhead_s": 0.05})  # type: ignore[arg-type]
     assert as_dict.profile_overrides == (("step_overhead_s", 0.05),)

@@ -119,7 +119,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "kv_capacity_tokens": "GPU KV cache of one instance, tokens",
     }
     for flag, field_name, _, kind in PROFILE_FLAGS:
-        knobs.add_argument(flag, type=kind, help=f"{helps[field_name]} (default: the profile's)")
+        knobs.add_argument(
+            flag, type=kind, metavar="N" if kind is int else "X", help=f"{helps[field_name]} (default: the profile's)"
+        )
     p.add_argument(
         "--policies",
         default=",".join(POLICIES),
@@ -359,7 +361,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     loads = sorted({round(nominal * f, 9) for f in _floats(args.ladder)} | {nominal})
     print(
         f"smetric {__version__} simulate: {trace.name} ({len(workload):,} requests, {workload.sessions} sessions, "
-        f"{workload.arrival}), {config.instances} x {config.profile}"
+        f"{workload.arrival}), {config.instances} x {config.profile_label}"
         f"{f' (PD {config.pd.label})' if config.pd else ''}, global tier "
         f"{_tier_label(config)}, turns from {config.turns}, policies {', '.join(policies)}, "
         f"loads {', '.join(f'{x:g}' for x in loads)} {unit}",

@@ -359,6 +359,12 @@ class SimulationConfig:
             fields["smetric_l_eq_tokens"] = l_eq
         return RouterConfig(**fields) if fields else None
 
+    @property
+    def profile_label(self) -> str:
+        """The profile for reports: its name or the file's, and any overrides (``h20-… step_overhead_s=0.006``)."""
+        label = Path(self.profile_file).name if self.profile_file is not None else self.profile
+        return " ".join([label, *(f"{k}={v:g}" for k, v in self.profile_overrides)])
+
     def resolved_profile(self) -> ResolvedProfile:
         """The profile the engine runs: the file or built-in profile with the overrides set.
 

@@ -58,7 +58,7 @@ def comparison_table(
         return ""
     spec = nominal[0].spec
     lines = [
-        f"trace {spec.trace.name} | {spec.config.instances} x {spec.config.profile} | "
+        f"trace {spec.trace.name} | {spec.config.instances} x {spec.config.profile_label} | "
         f"global KV$ tier {'on' if spec.tier else 'off'} | turns from {spec.config.turns} | "
         f"load {spec.load:g} {load_unit} | seed {spec.seed}",
         *slo_lines(slos),
