@@ -6,8 +6,9 @@
   when routing ids are the approximate ids of plain ChatML (``--tokens approximate``, 4-byte
   chunks, no chat template), completions when text prompts are routed that way too (token-id
   prompts always are); co-located instances over plain HTTP, a policy
-  without llm-d's session cookie. Otherwise it returns None and the gateway only admits and
-  delegates.
+  without llm-d's session cookie and not one of vllm-router's hash policies (both read the
+  request's headers, which the native path does not pass to the router). Otherwise it returns
+  None and the gateway only admits and delegates.
 * :class:`CompiledPlane` keeps the gateway and the app in step: the fleet's view (instances,
   ejections, models, adapters) is pushed to the gateway whenever the fleet changes, and the
   gateway's records — one per request it served natively — are taken every
@@ -46,7 +47,7 @@ from smetric.serve.config import ServeConfig
 from smetric.serve.decision_log import Outcome, Outcomes
 from smetric.serve.fleet import Fleet
 from smetric.serve.labels import core_reasons, reason_label
-from smetric.serve.session import AFFINITY_POLICY
+from smetric.serve.session import AFFINITY_POLICY, HASH_POLICIES
 from smetric.serve.telemetry import Histogram, ProxyTelemetry
 from smetric.serve.tokens import DEFAULT_APPROX_CHUNK_BYTES, TokenSource
 from smetric.serve.upstream import Refused
@@ -90,7 +91,7 @@ def native_settings(
     the module docs); ``router`` is the co-located backend's (None: PD); ``response_id_key`` the
     key the app's Responses adapter issues its ids with."""
     plain_http = all(url.startswith("http://") for url in (i.url for i in config.all_instances))
-    if router is None or router.policy == AFFINITY_POLICY or not plain_http:
+    if router is None or router.policy == AFFINITY_POLICY or router.policy in HASH_POLICIES or not plain_http:
         return None
     approximate = tokens.kind == "approximate" and tokens.config.approx_chunk_bytes == DEFAULT_APPROX_CHUNK_BYTES
     chat = approximate and tokens.renders_plain_chatml

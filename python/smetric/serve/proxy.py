@@ -68,7 +68,7 @@ from smetric.serve.fleet import Fleet, fleet_kv_capacity, kv_event_sources
 from smetric.serve.http_guard import SERVER_HEADER, ConnectionLimits, GuardedRunner, status_message
 from smetric.serve.relay import STREAM_KEY, end_stream
 from smetric.serve.request import RequestError, escapes_lone_surrogate
-from smetric.serve.session import SessionTable, affinity_instance
+from smetric.serve.session import SessionTable, affinity_instance, session_hint
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
 from smetric.serve.upstream import Refused, Upstream
@@ -394,6 +394,10 @@ class Proxy:
                     prepared = replace(prepared, namespace=self.fleet.namespace(prepared.model, prepared.namespace))
                 if self.backend.session_cookie:  # llm-d's cookie names the session's instance
                     prepared = replace(prepared, previous_instance=affinity_instance(request.headers))
+                if self.backend.hashes_session:  # vllm-router's hash policies key on the session header
+                    hint = session_hint(request.headers)
+                    if hint is not None:
+                        prepared = replace(prepared, session_key=hint.key)
                 response = await self.failover.serve(request, api, prepared, earlier=earlier)
         except TimeoutError:
             response = await self._failed(request, api, ProxyError.timeout("the request timed out in the proxy"))

@@ -21,6 +21,11 @@ only a fixed-size digest of each (BLAKE2b, 16 bytes; hashing is O(hint length) o
 so it is bounded in bytes as well as entries — about :data:`ENTRY_BYTES` per entry, whatever the
 clients send (``tests/serve/test_hostile_state.py`` measures it).
 
+**vllm-router's hash policies** (``--policy consistent_hash`` / ``rendezvous_hash``): the
+request's header hint (the headers of rule 1; vllm-router's own list starts with
+``x-session-id`` too) is passed to the router as its ``session_key``; without one they hash the
+prompt.
+
 **llm-d's session cookie** (for ``--policy llmd_session_affinity``, llm-d's session-affinity
 scorer as smetric's core ports it): the answer sets ``llm-d-session`` to the base64 of the instance
 that served it, as llm-d's ``SessionAffinity.ResponseReceived`` does (``Path=/; HttpOnly;
@@ -49,6 +54,9 @@ AFFINITY_COOKIE = "llm-d-session"
 """llm-d's session-affinity cookie: the base64 of the instance that served the session last."""
 AFFINITY_POLICY = "llmd_session_affinity"
 """The policy that reads the cookie (as ``previous_instance``) and whose answers set it."""
+HASH_POLICIES = frozenset({"consistent_hash", "rendezvous_hash"})
+"""vllm-router's hash policies: they hash the request's session hint (``Router.route``'s
+``session_key``; vllm-router reads ``x-session-id`` first), else the prompt."""
 
 _HEADER_HINTS = ("x-session-id", "x-claude-code-session-id", "thread-id", "session-id", "x-dynamo-session-id")
 

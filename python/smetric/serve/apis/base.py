@@ -102,6 +102,9 @@ class Prepared(Generic[R]):
     previous_instance: str | None = None
     """The instance the client's llm-d session cookie names (``--policy llmd_session_affinity``
     only: :func:`smetric.serve.session.affinity_instance`), or None."""
+    session_key: str | None = None
+    """The client's session header (vllm-router's hash policies only:
+    :data:`smetric.serve.session.HASH_POLICIES`), or None: they then hash the prompt."""
 
 
 @dataclass(frozen=True, slots=True)

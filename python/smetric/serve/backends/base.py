@@ -76,6 +76,7 @@ def decide(
             namespace=prepared.namespace,
             exclude=exclude,
             previous_instance=prepared.previous_instance,
+            session_key=prepared.session_key,
         )
     except NoInstancesError:
         return None
@@ -100,6 +101,9 @@ class Backend(ABC):
     session_cookie: bool = False
     """Whether the router's policy is llm-d's session affinity: a request's ``llm-d-session``
     cookie is read as its ``previous_instance`` and answers set it (:mod:`smetric.serve.session`)."""
+    hashes_session: bool = False
+    """Whether the router's policy is one of vllm-router's hash policies: a request's session
+    header is passed as its ``session_key`` (:data:`smetric.serve.session.HASH_POLICIES`)."""
 
     @abstractmethod
     async def open(

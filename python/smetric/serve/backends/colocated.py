@@ -30,7 +30,7 @@ from smetric.serve.attempt import Attempt
 from smetric.serve.backends.base import NO_INSTANCE, Backend, OpenOutcome, decide, open_unrouted
 from smetric.serve.fleet import FeedTargets
 from smetric.serve.labels import reason_label
-from smetric.serve.session import AFFINITY_POLICY, affinity_set_cookie
+from smetric.serve.session import AFFINITY_POLICY, HASH_POLICIES, affinity_set_cookie
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import Upstream
 
@@ -76,6 +76,7 @@ class ColocatedBackend(Backend):
         self._upstream = upstream
         self._telemetry = telemetry
         self.session_cookie = router.policy == AFFINITY_POLICY
+        self.hashes_session = router.policy in HASH_POLICIES
 
     async def open(
         self, prepared: Prepared[Any], headers: Mapping[str, str], attempt_no: int, exclude: list[str]

@@ -43,7 +43,7 @@ from smetric.serve.attempt import Attempt
 from smetric.serve.backends.base import NO_INSTANCE, Answered, Backend, OpenOutcome, decide, open_unrouted
 from smetric.serve.fleet import FeedTargets, Fleet
 from smetric.serve.labels import reason_label
-from smetric.serve.session import AFFINITY_POLICY, affinity_set_cookie
+from smetric.serve.session import AFFINITY_POLICY, HASH_POLICIES, affinity_set_cookie
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import RETRYABLE, Refused, Upstream, answer_headers
 
@@ -128,6 +128,7 @@ class PdBackend(Backend):
     ) -> None:
         self.pd = pd
         self.session_cookie = pd.policy == AFFINITY_POLICY
+        self.hashes_session = pd.policy in HASH_POLICIES
         self.prefill_pool = prefill
         self.decode_pool = decode
         self.pools = (prefill, decode)
