@@ -91,6 +91,7 @@ POLICY_VARIANTS: Final[dict[str, tuple[PolicyName, dict[str, Any]]]] = {
     "cache_first_argmax": ("cache_first", {"cache_first_mode": "argmax"}),
     "smetric_paper": ("smetric", _rule_fields(RouterConfig().paper())),
     "smetric_v1": ("smetric", _rule_fields(RouterConfig().v1())),
+    "vllm_router_smetric_pr": ("vllm_router_smetric", {"vllm_router_smetric_form": "pr_literal"}),
 }
 """Extra report names: the core policy and the :class:`RouterConfig` fields it sets.
 ``smetric_paper`` is SMetric as the paper now defines it (the v2 SLO-feasibility rule,
@@ -99,7 +100,8 @@ paper's overload-threshold rule (``RouterConfig.v1()``, ``RouterConfig::V1``: wh
 ``smetric_paper`` named before v2), next to ``smetric`` with its smetric+ defaults. A variant
 sets every ``smetric_*`` field; the smetric+ switches (``smetric_kv_fit``,
 ``smetric_migration``) sit on top of either rule as ``smetric`` with ``smetric_rule`` and the
-switches in its router config."""
+switches in its router config. ``vllm_router_smetric_pr`` is vllm-router's SMetric as PR #330
+ships it (``RouterConfig.vllm_router_smetric_form = "pr_literal"``)."""
 
 
 def is_235b_profile(profile: str) -> bool:
