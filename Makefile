@@ -8,7 +8,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 PY_SOURCES := $(wildcard python tests benches scripts examples)
 WHEELS := target/wheels
 
-.PHONY: setup demo test lint lint-rust lint-python test-rust test-python wheel bench clean integration-deps vllm-deps live
+.PHONY: setup demo test lint lint-rust lint-python test-rust test-python wheel bench clean integration-deps vllm-deps live gpu-calibrate
 
 setup:
 	bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
@@ -58,6 +58,17 @@ vllm-deps:
 # decision beside the engine's own cached tokens (README, "smetric serve").
 live: setup vllm-deps
 	$(PY) scripts/vllm_cpu/live.py
+
+# On a machine with one NVIDIA GPU: measures MODEL's prefill/decode grid with vLLM's offline engine and
+# writes a simulator profile file (docs/perf-model.md §9). GPU_PYTHON is a Python with CUDA vLLM;
+# BASE the built-in profile the file starts from; ARGS more flags (--quick, --max-context, --dtype, ...).
+GPU_PYTHON ?= python3
+BASE ?= h20-3e-qwen3-coder-30b-a3b
+gpu-calibrate:
+	@test -n "$(MODEL)" || { echo "usage: make gpu-calibrate MODEL=/path/to/model [OUT=file.json] [BASE=profile] [ARGS=--quick]" >&2; exit 2; }
+	$(MAKE) setup
+	SMETRIC_PYTHON="$(CURDIR)/$(PY)" $(GPU_PYTHON) scripts/gpu_calibrate.py --model "$(MODEL)" --base "$(BASE)" \
+		--out "$(or $(OUT),results/gpu-calibrate/$(notdir $(MODEL)).json)" $(ARGS)
 
 # The serve suite runs twice: on the default data plane (auto: the compiled gateway wherever it
 # serves natively), then on the Python app alone (`--data-plane python`).
