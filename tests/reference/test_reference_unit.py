@@ -43,6 +43,7 @@ from smetric.reference.policies import (
     bailian_top3,
     cache_first_max_hit,
     cache_first_weighted,
+    consistent_hash,
     dynamo_host_tier,
     least_load,
     linear,
@@ -50,10 +51,14 @@ from smetric.reference.policies import (
     llmd_session_affinity,
     lmetric,
     lpwl,
+    power_of_two,
     preble,
     preble_routed_cost_us,
+    prompt_key,
+    rendezvous_hash,
     round_robin,
     splitmix64_mix,
+    vllm_router_cache_aware,
 )
 from smetric.reference.policies import (
     smetric as smetric_policy,
@@ -615,6 +620,60 @@ def test_llmd_session_affinity() -> None:
     # the busiest previous instance (1 + 0) ties an idle one (0 + 1)
     tied = llmd_session_affinity([cand(bs=4), cand()], RouteInput(100, 0, 16, False, previous=0), rng)
     assert tied == (first_draw() % 2, "llmd-session-affinity")
+
+
+def test_hash_policies_follow_the_documented_formulas() -> None:
+    mask = 2**64 - 1
+    names = [xxh(name.encode(), 0) for name in ("a", "b", "c")]
+    cands = [Candidate(0, 0, 0, 0, 0, name_hash=h) for h in names]
+    for key in (0, 1, 2**63, 12345):
+        k = splitmix64_mix(key)
+        weights = [splitmix64_mix(k ^ h) for h in names]
+        got = rendezvous_hash(cands, RouteInput(10, 0, 16, False, hash_key=key), CounterRng(0))
+        assert got == (weights.index(max(weights)), "rendezvous-hash")
+        # §6 item 15 as an explicit sorted ring: the first node at or after mix(key), wrapping.
+        ring = sorted((splitmix64_mix((h + v * GOLDEN) & mask), i) for i, h in enumerate(names) for v in range(1, 161))
+        owner = next((i for p, i in ring if p >= k), ring[0][1])
+        got = consistent_hash(cands, RouteInput(10, 0, 16, False, hash_key=key), CounterRng(0))
+        assert got == (owner, "consistent-hash")
+    assert prompt_key([], 5) == splitmix64_mix(5)
+    assert prompt_key([7, 9], 40) == splitmix64_mix(9 ^ 40)
+
+
+def test_power_of_two_draws_a_distinct_pair() -> None:
+    cands = [cand(bs=9), cand(bs=1), cand(bs=5)]
+    for seed in range(50):
+        rng, replay = CounterRng(seed), CounterRng(seed)
+        a = replay.below(3)
+        b = replay.below(2)
+        b += b >= a
+        assert power_of_two(cands, rng) == (b if cands[b].bs < cands[a].bs else a, "power-of-two")
+        assert rng.draws == 2
+    rng = CounterRng(0)
+    assert power_of_two([cand(bs=1), cand(bs=1)], rng) == (first_draw() % 2, "power-of-two")
+    assert rng.draws == 1, "of two, the second is forced"
+    assert power_of_two([cand()], rng)[0] == 0 and rng.draws == 1
+
+
+def test_vllm_router_cache_aware_branches() -> None:
+    cfg = ReferenceConfig()
+    rng = CounterRng(0)
+    # 100 - 20 > 64 and 100 > 1.5 * 20: imbalanced, the least loaded despite a full match
+    cands = [cand(hit=1000, bs=100), cand(bs=20), cand(bs=50)]
+    assert vllm_router_cache_aware(cands, req(1000), cfg, rng) == (1, "vllm-router-cache-aware: load balance")
+    # balanced; 400 / 1000 > 0.3: the match; 300 / 1000 is not: the least loaded
+    cands = [cand(hit=400, bs=9), cand(hit=100, bs=1), cand(bs=4)]
+    assert vllm_router_cache_aware(cands, req(1000), cfg, rng) == (0, "vllm-router-cache-aware: cache affinity")
+    cands = [cand(hit=300, bs=9), cand(hit=100, bs=1), cand(bs=4)]
+    assert vllm_router_cache_aware(cands, req(1000), cfg, rng) == (1, "vllm-router-cache-aware: low match")
+    assert rng.draws == 0
+
+
+def test_session_key_reaches_the_hash_policies() -> None:
+    r = router(("a", "b", "c"), policy="rendezvous_hash")
+    homes = {r.route(list(range(k, k + 9)), now=0.0, session_key="s-1").instance for k in range(5)}
+    assert len(homes) == 1, "a session keeps its instance whatever its prompt"
+    assert r.route([1, 2, 3, 4, 5], now=0.0).instance == r.route([1, 2, 3, 4, 5], now=0.0).instance
 
 
 def test_previous_instance_only_counts_when_live() -> None:
