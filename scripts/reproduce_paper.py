@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -157,6 +158,7 @@ def sweep(family: Family, tier: str, policy: str, args: argparse.Namespace, out:
         "--jobs",
         str(args.jobs),
         "--no-progress",
+        *shlex.split(args.sweep_args),
         "--out",
         str(cell),
     ]
@@ -316,6 +318,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--policies", help=f"comma-separated policies (default: {', '.join(POLICIES)})")
     ap.add_argument("--families", help="comma-separated trace keys to run (default: all, e.g. codex-100,weka-0401)")
+    ap.add_argument(
+        "--sweep-args",
+        default="",
+        help="further arguments for every `smetric sweep`, e.g. the engine model: "
+        "'--profile h20-3e-qwen3-coder-30b-a3b-fp8 --profile-file docs/profiles/h20-3e-calibrated.json'",
+    )
     args = ap.parse_args()
     if args.table is not None:
         print(table(args.table))
