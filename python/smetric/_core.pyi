@@ -28,13 +28,13 @@ from smetric._types import (
     SimReport,
     SmetricMigration,
     SmetricRule,
-    VllmRouterSmetricForm,
     SyntheticOptions,
     Tier,
     TierPath,
     TraceFormat,
     TurnSource,
     VllmHashAlgo,
+    VllmRouterSmetricForm,
 )
 
 __all__ = [
