@@ -208,6 +208,51 @@ def cells(out: Path, metric: str = "tps_under_slo") -> dict[tuple[str, str], dic
     }
 
 
+MECHANISM_METRICS = (
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "preemptions",
+    "tier_fetches",
+    "local_hit_ratio",
+    "follow_up_stay",
+)
+"""What :func:`mechanism` reads at each policy's peak (the runs' headline metrics, mean over seeds)."""
+
+
+def mechanism(out: Path) -> str:
+    """Per cell and policy, at the rung where its TPS under the paper's SLO peaks (mean over
+    seeds): the paper-SLO attainment, TTFT p90 against the TTFT share of the budget, TPOT p50 and
+    p90 against its 20 ms, preemptions, tier fetches, local hit ratio and the share of follow-ups
+    kept home — which budget binds, and what sticking or moving cost."""
+    rows = [
+        "| trace | tier | policy | peak load | paper attainment | TTFT p90 s | TPOT p50 / p90 ms "
+        "| preemptions | tier fetches | local hit | follow-ups kept |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for path in sorted(out.glob("*/*/sweep.json")):
+        name, policy = path.parent.parent.name, path.parent.name
+        if "." in policy:
+            continue  # rungs added later (``.more-k``) are merged by load elsewhere
+        trace, tier = _split(name) if name.endswith(("mooncake-store", "cpu-offload")) else name.rsplit("-", 1)
+        d = json.loads(path.read_text())
+        k = next(i for i, s in enumerate(d["summaries"]) if s["slo"].startswith(PAPER_SLO_PREFIX))
+        per_load: dict[float, list[dict[str, float]]] = {}
+        for run in d["runs"]:
+            values = {m: float(run["metrics"][m] or 0.0) for m in MECHANISM_METRICS}
+            values["tps"] = float(run["by_slo"][k]["tps_under_slo"])
+            values["attainment"] = float(run["by_slo"][k]["attainment"])
+            per_load.setdefault(float(run["load"]), []).append(values)
+        means = {load: {m: sum(v[m] for v in vs) / len(vs) for m in vs[0]} for load, vs in per_load.items()}
+        load, m = max(means.items(), key=lambda kv: kv[1]["tps"])
+        rows.append(
+            f"| {trace} | {tier} | {policy} | {load:g} | {m['attainment']:.2f} | {m['ttft_p90_s']:.1f} "
+            f"| {1e3 * m['tpot_p50_s']:.1f} / {1e3 * m['tpot_p90_s']:.1f} | {m['preemptions']:.0f} "
+            f"| {m['tier_fetches']:.0f} | {m['local_hit_ratio']:.2f} | {m['follow_up_stay']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
 def shape(out: Path) -> str:
     """The load-sweep shape under the paper's SLO: ``smetric_paper`` ÷ the best paper baseline at
     each rung, the rung given as a multiple of the load where that baseline peaks (the paper's
@@ -331,6 +376,8 @@ def main() -> None:
         print(shape(args.table))
         print()
         print(smetric_table(args.table))
+        print()
+        print(mechanism(args.table))
         return
     if args.traces is None or args.out is None:
         ap.error("--traces and --out are needed to run the grid")
