@@ -115,3 +115,14 @@ def test_the_envelope_takes_fast_small_follow_ups_per_length_bin() -> None:
     # The 11 small follow-ups' TTFTs are 0.2 … 1.2 s; their 10th percentile is 0.3 s.
     assert got["envelope_p10.10K"] == pytest.approx(0.3)
     assert cr.real_envelope(first_sessions("po127", 60))
+
+
+def test_every_excerpt_matches_the_checksum_its_provenance_states() -> None:
+    import hashlib
+    import re
+
+    text = (cr.DATA / "PROVENANCE.md").read_text()
+    stated = dict(re.findall(r"\| `([\w.]+\.(?:csv|json))` \|[^|]*\|[^|]*\| `([0-9a-f]{64})` \|", text))
+    assert {"summary.csv", "po127_requests.csv", "pd64_requests.csv", "po64_plan.csv"} <= set(stated)
+    for name, digest in stated.items():
+        assert hashlib.sha256((cr.DATA / name).read_bytes()).hexdigest() == digest, name
