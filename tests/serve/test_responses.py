@@ -326,10 +326,12 @@ def test_the_rest_of_vllms_surface_passes_through_to_the_least_loaded_instance()
             assert json.loads(body)["at"] == "ab"[1 - busy]
         release.set()
         held.join(TIMEOUT_S)
-        for method, path in (("GET", "/v1/nothing"), ("POST", "/v2/whatever"), ("GET", "/v1/chat/completions")):
+        for method, path in (("GET", "/v1/nothing"), ("POST", "/v2/whatever")):
             status, _, body = request(server.url, path, method=method, raw=b"{}" if method == "POST" else None)
             error = json.loads(body)["error"]
             assert status == 404 and error["type"] == "NotFoundError" and "no such route" in error["message"]
+        status, headers, body = request(server.url, "/v1/chat/completions", method="GET")
+        assert status == 405 and headers["allow"] == "POST" and json.loads(body)["error"]["message"]
     finally:
         release.set()
         server.stop()

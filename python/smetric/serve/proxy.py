@@ -240,8 +240,34 @@ class Proxy:
         app.router.add_post(CONTINUE_PATH, self._gateway_continue)
         for api in self.apis:  # after the fixed routes: a pass-through's catch-all comes last
             for route in api.routes():
-                app.router.add_route(route.method, route.path, self._handler(api, route))
+                handler = self._handler(api, route)
+                if route.method == "*":
+                    handler = self._method_checked(app, handler)
+                app.router.add_route(route.method, route.path, handler)
         return app
+
+    @staticmethod
+    def _method_checked(
+        app: web.Application, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
+        """A catch-all route's ``handler``, which first answers a path some other route serves
+        with another method: a 405 with ``Allow`` (the error-shape middleware renders it in the
+        path's API shape), not the catch-all's 404. aiohttp would say so itself, but the
+        catch-all matches every method before its resolver gets there."""
+
+        async def checked(request: web.Request) -> web.StreamResponse:
+            allowed: set[str] = set()
+            for resource in app.router.resources():
+                if resource is request.match_info.route.resource:
+                    continue
+                match, methods = await resource.resolve(request)
+                if match is None:
+                    allowed |= methods
+            if allowed:
+                raise web.HTTPMethodNotAllowed(request.method, sorted(allowed))
+            return await handler(request)
+
+        return checked
 
     def error_response(self, path: str | None, status: int, message: str) -> web.StreamResponse:
         """An error the HTTP layer answers (aiohttp's own, a refused body) in the error shape of

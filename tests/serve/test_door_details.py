@@ -1,0 +1,75 @@
+"""The door's details (issue 32 item 5): a wrong method on an API path is a 405 with ``Allow`` in
+the API's error shape; a request head over the engines' limit is a 431 before it is forwarded;
+a header value with a bare CR or LF is a 400; the stored-response key comes from a flag, the
+environment or the file. Raw sockets where a client library would refuse to send the bytes.
+Loopback only, bounded in requests and time; run on both data planes as the suite is."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hostile_util import assert_healthy, error_of, hostile_proxy
+from proxy_util import request
+
+from smetric.fake_engine import FakeEngine
+from smetric.serve.proxy import ProxyServer
+
+API_POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+
+
+@pytest.fixture
+def engine() -> Iterator[FakeEngine]:
+    e = FakeEngine(port=0, speedup=1000).start()
+    yield e
+    e.stop()
+
+
+@pytest.fixture
+def proxy(engine: FakeEngine) -> Iterator[ProxyServer]:
+    p = hostile_proxy([engine.url])
+    yield p
+    p.stop()
+
+
+def api_error(path: str, status: int, body: bytes) -> dict[str, Any]:
+    """The error object of an answer in ``path``'s API shape: Anthropic's for Messages
+    (``{"type": "error", "error": {...}}``), OpenAI's for the rest."""
+    if path.startswith("/v1/messages"):
+        obj = json.loads(body)
+        assert obj.get("type") == "error" and isinstance(obj.get("error"), dict), (status, body[:200])
+        err: dict[str, Any] = obj["error"]
+        assert isinstance(err.get("type"), str) and isinstance(err.get("message"), str), body[:200]
+        return err
+    return error_of(status, body)
+
+
+@pytest.mark.parametrize("path", API_POSTS)
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
+def test_a_wrong_method_on_an_api_path_is_a_405_with_allow_in_the_apis_shape(
+    proxy: ProxyServer, path: str, method: str
+) -> None:
+    status, headers, body = request(proxy.url, path, method=method, raw=b"{}" if method != "GET" else None)
+    assert status == 405, (method, path, status, body[:200])
+    assert headers.get("allow") == "POST", headers
+    api_error(path, status, body)
+    assert headers["server"] == "smetric"
+
+
+def test_allow_names_every_method_of_the_path_and_other_get_routes_still_answer(
+    proxy: ProxyServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    status, headers, body = request(proxy.url, "/v1/responses/resp_x-0000-00", method="PUT", raw=b"{}")
+    assert status == 405 and {m.strip() for m in headers["allow"].split(",")} == {"DELETE", "GET"}, (status, headers)
+    error_of(status, body)
+    status, headers, body = request(proxy.url, "/v1/models", method="POST", raw=b"{}")
+    assert status == 405 and "GET" in headers["allow"].split(","), (status, headers)
+    status, _, body = request(proxy.url, "/v1/responses/resp_unknown", method="GET")
+    assert status == 404 and "not found" in error_of(status, body)["message"]  # the route, not a 405
+    assert request(proxy.url, "/v1/models", method="GET")[0] == 200
+    assert request(proxy.url, "/health", method="GET")[0] == 200
+    status, headers, body = request(proxy.url, "/v1/nothing", method="GET")
+    assert status == 404 and "allow" not in headers, (status, headers)
+    assert_healthy(proxy, caplog)
