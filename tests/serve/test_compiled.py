@@ -149,7 +149,7 @@ def test_anthropic_messages_are_served_natively_in_their_own_shapes(engines: lis
 
 
 def test_responses_are_served_natively_with_the_apps_ids(engines: list[FakeEngine]) -> None:
-    p = compiled([e.url for e in engines], response_id_key="shared")
+    p = compiled([e.url for e in engines], response_id_key="shared-by-the-replicas")
     try:
         assert p.proxy is not None
         ids = next(api for api in p.proxy.apis if isinstance(api, ResponsesApi)).ids

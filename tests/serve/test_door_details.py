@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hostile_util import assert_healthy, error_of, hostile_proxy
 from proxy_util import request
 
+from smetric.cli import main
+from smetric.errors import InvalidConfigError
 from smetric.fake_engine import FakeEngine
+from smetric.serve.apis import ResponsesApi
+from smetric.serve.config import MIN_RESPONSE_ID_KEY_BYTES, RESPONSE_ID_KEY_ENV, load_config
+from smetric.serve.pinning import ResponseIds
 from smetric.serve.proxy import ProxyServer
 
 API_POSTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
@@ -73,3 +79,50 @@ def test_allow_names_every_method_of_the_path_and_other_get_routes_still_answer(
     status, headers, body = request(proxy.url, "/v1/nothing", method="GET")
     assert status == 404 and "allow" not in headers, (status, headers)
     assert_healthy(proxy, caplog)
+
+
+KEY = "replicas-share-this-key"
+
+
+def test_the_response_id_key_comes_from_the_flag_then_the_environment_then_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file = tmp_path / "serve.toml"
+    file.write_text(f'response_id_key = "{KEY}-from-the-file"\ninstances = ["http://127.0.0.1:9"]\n')
+    monkeypatch.delenv(RESPONSE_ID_KEY_ENV, raising=False)
+    assert load_config(instances=["http://127.0.0.1:9"]).response_id_key is None  # random per process
+    assert load_config(file).response_id_key == f"{KEY}-from-the-file"
+    monkeypatch.setenv(RESPONSE_ID_KEY_ENV, f"{KEY}-from-the-env")
+    assert load_config(file).response_id_key == f"{KEY}-from-the-env"
+    config = load_config(file, response_id_key=f"{KEY}-from-the-flag")
+    assert config.response_id_key == f"{KEY}-from-the-flag"
+    assert KEY not in repr(config), "the key is never shown"
+    ids = ResponsesApi().bind(config).ids
+    assert ids.open(ResponseIds(f"{KEY}-from-the-flag").issue("resp_1", "http://127.0.0.1:9")) is not None
+
+
+@pytest.mark.parametrize("key", ["", "short-secret", "ü" * 7])
+def test_an_empty_or_short_response_id_key_is_a_config_error_that_never_shows_it(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(RESPONSE_ID_KEY_ENV, raising=False)
+    with pytest.raises(InvalidConfigError, match=f"at least {MIN_RESPONSE_ID_KEY_BYTES} bytes") as raised:
+        load_config(instances=["http://127.0.0.1:9"], response_id_key=key)
+    assert raised.value.field == "response_id_key"
+    assert not key or key not in str(raised.value)
+    monkeypatch.setenv(RESPONSE_ID_KEY_ENV, key)
+    with pytest.raises(InvalidConfigError, match="response_id_key"):
+        load_config(instances=["http://127.0.0.1:9"])
+    assert load_config(instances=["http://127.0.0.1:9"], response_id_key="x" * MIN_RESPONSE_ID_KEY_BYTES)
+
+
+def test_the_serve_command_takes_the_key_as_a_flag_and_refuses_a_short_one_without_printing_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(RESPONSE_ID_KEY_ENV, raising=False)
+    assert main(["serve", "--instance", "http://127.0.0.1:9", "--response-id-key", "tiny-key"]) == 2
+    err = capsys.readouterr().err
+    assert "response_id_key" in err and "tiny-key" not in err, err
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert f"at least {MIN_RESPONSE_ID_KEY_BYTES} bytes" in " ".join(capsys.readouterr().out.split())

@@ -50,6 +50,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--api-keys-file", default=None, help="a file of client keys, one a line")
     p.add_argument("--upstream-api-key", default=None, help="the key the proxy sends to the engines (vLLM --api-key)")
+    p.add_argument(
+        "--response-id-key",
+        default=None,
+        help="the key of stored responses' ids, the same on every replica (at least 16 bytes; "
+        "default: $SMETRIC_RESPONSE_ID_KEY, else the file's, else random per process)",
+    )
     p.add_argument("--decision-log", default=None, help="append one JSON line per request to this file")
     p.add_argument(
         "--data-plane",
@@ -92,6 +98,7 @@ def _run(args: argparse.Namespace) -> int:
             "api_keys_file": args.api_keys_file,
             "upstream_api_key": args.upstream_api_key,
             "decision_log": args.decision_log,
+            "response_id_key": args.response_id_key,
             "data_plane": args.data_plane,
         }
         for flag, key in ((args.instance, "instances"), (args.prefill, "prefill"), (args.decode, "decode")):

@@ -28,6 +28,7 @@ May import (inside ``smetric.serve``): :mod:`.tokens` (its ``TokenConfig`` is th
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,13 @@ from smetric.serve.tokens import TOKEN_MODES, TokenConfig
 
 DATA_PLANES = ("auto", "python", "compiled")
 """What may serve the public address (:attr:`ServeConfig.data_plane`)."""
+
+RESPONSE_ID_KEY_ENV = "SMETRIC_RESPONSE_ID_KEY"
+"""The environment variable :func:`load_config` reads ``response_id_key`` from (above the file,
+below a flag)."""
+MIN_RESPONSE_ID_KEY_BYTES = 16
+"""The shortest ``response_id_key`` taken (UTF-8 bytes): 128 bits if it is random; a shorter
+secret could be guessed, and then anyone could forge an id that pins a request to an instance."""
 
 KV_EVENTS_DISCOVER = "discover"
 KV_EVENTS_OFF = "off"
@@ -139,9 +147,11 @@ class ServeConfig:
     """Enables ``POST/DELETE /admin/instances`` for requests bearing this token."""
     models_refresh_s: float = 10.0
     """How often ``/v1/models`` of every instance is asked again."""
-    response_id_key: str | None = None
+    response_id_key: str | None = field(default=None, repr=False)
     """The key of the ids the proxy issues for stored responses (:mod:`smetric.serve.pinning`):
-    proxy replicas in front of one fleet must share it; None: a random key per process."""
+    proxy replicas in front of one fleet must share it; None: a random key per process. At least
+    :data:`MIN_RESPONSE_ID_KEY_BYTES` bytes; never shown (not in the config's ``repr`` nor in an
+    error). :func:`load_config` also reads it from :data:`RESPONSE_ID_KEY_ENV`."""
     # -- admission (smetric.serve.admission) and keys (smetric.serve.auth) --
     max_in_flight: int = 4096
     """Requests admitted at once across the fleet (the admission cap; docs/serve.md)."""
@@ -182,6 +192,16 @@ class ServeConfig:
         urls = [i.url for i in self.all_instances]
         if len(set(urls)) != len(urls):
             raise _bad("instances", "instance urls must be unique")
+        key = self.response_id_key
+        if key is not None and not isinstance(key, str):
+            raise _bad("response_id_key", f"response_id_key must be a string, not {type(key).__name__}")
+        if key is not None and len(key.encode()) < MIN_RESPONSE_ID_KEY_BYTES:
+            # The key's length only, never the key.
+            raise _bad(
+                "response_id_key",
+                f"response_id_key must be at least {MIN_RESPONSE_ID_KEY_BYTES} bytes, got {len(key.encode())}"
+                f" (from --response-id-key, {RESPONSE_ID_KEY_ENV} or the file)",
+            )
         if self.data_plane not in DATA_PLANES:
             raise _bad("data_plane", f"must be one of {', '.join(DATA_PLANES)}, got {self.data_plane!r}")
         if self.policy not in POLICIES:
@@ -279,12 +299,15 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServeConfig
     """The configuration from ``path`` (TOML, or YAML by suffix) with ``overrides`` on top.
 
     ``overrides`` are :class:`ServeConfig` fields (``None`` values are ignored); ``instances`` may
-    be URLs. ``tokens`` may be a table.
+    be URLs. ``tokens`` may be a table. ``response_id_key``: an override, else the environment's
+    :data:`RESPONSE_ID_KEY_ENV` (when set, even empty), else the file's, else None.
 
     Raises:
         InvalidConfigError: an unknown key, a bad value, or no instance.
     """
     data: dict[str, Any] = _read_file(Path(path)) if path is not None else {}
+    if (key := os.environ.get(RESPONSE_ID_KEY_ENV)) is not None:
+        data["response_id_key"] = key
     data.update({k: v for k, v in overrides.items() if v is not None})
     known = {f.name for f in dataclasses.fields(ServeConfig)}
     unknown = set(data) - known
