@@ -50,7 +50,7 @@ OUT = ROOT / "docs" / "results-data" / "calibration.json"
 BLOCK_TOKENS = 16
 """Bailian-format block size: the trace's chains are in 16-token blocks, vLLM's default."""
 SHARED_START_TOKENS = 902
-"""Tokens every Codex trial shares at its start (``../shared/docs/smetric-paper.md`` §4)."""
+"""Tokens every Codex trial shares at its start (the Codex trace statistics, ``docs/codex-workload.md``)."""
 WINDOW_S = (300.0, 900.0)
 """The reproduction's measurement window: dispatches in ``[300, 900)`` s after a 300 s warm-up."""
 INSTANCES = 8
