@@ -302,8 +302,8 @@ class Gateway:
     starting from ``instances`` (:meth:`set_fleet` keeps its view of the fleet current).
 
     Raises:
-        InvalidConfigError: a host that is not an IP address, a head limit under 8192 bytes, a
-            negative time, an empty secret.
+        InvalidConfigError: a host that is not an IP address, a head limit under 8192 bytes, a field
+            limit of 0, a negative time, an empty secret.
         OSError: the address cannot be bound.
     """
 
@@ -314,6 +314,7 @@ class Gateway:
         control_plane_port: int,
         *,
         max_head_bytes: int,
+        max_field_bytes: int,
         head_timeout_s: float,
         drain_timeout_s: float,
         max_connections: int,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_util import assert_healthy, error_of, hostile_proxy
+from hostile_util import assert_healthy, error_of, hostile_proxy, parse_raw, raw_exchange
 from proxy_util import request
 
 from smetric.cli import main
@@ -126,3 +126,62 @@ def test_the_serve_command_takes_the_key_as_a_flag_and_refuses_a_short_one_witho
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     assert f"at least {MIN_RESPONSE_ID_KEY_BYTES} bytes" in " ".join(capsys.readouterr().out.split())
+
+
+def raw_post(port: int, path: str, fields: bytes) -> tuple[int, dict[str, str], bytes]:
+    """A raw POST of a small valid body to ``path`` with ``fields`` (each line ending as given)."""
+    body = json.dumps(BODIES[path]).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode() + fields
+    tail = f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+    return parse_raw(raw_exchange(port, head + tail + body))
+
+
+BODIES: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {"model": "fake-model", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/messages": {"model": "fake-model", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+@pytest.mark.parametrize(
+    "fields",
+    [b"x-session-id: a\nb\r\n", b"x-session-id: a\rb\r\n", b"x-session-id: a\nx-other: b\r\n", b"x-session-id: a\n"],
+    ids=["LF in a value", "CR in a value", "LF ends a line", "LF ends the last field"],
+)
+def test_a_bare_cr_or_lf_in_a_header_is_a_400_in_the_apis_shape(
+    proxy: ProxyServer, path: str, fields: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert proxy.port is not None
+    status, headers, body = raw_post(proxy.port, path, fields)
+    assert status == 400, (fields, status, body[:200])
+    assert headers["content-type"].startswith("application/json") and headers["server"] == "smetric"
+    api_error(path, status, body)
+    assert raw_post(proxy.port, path, b"x-session-id: a b\r\n")[0] == 200
+    assert_healthy(proxy, caplog)
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_a_head_over_the_engines_limit_is_a_431_in_the_apis_shape_not_the_engines_answer(
+    proxy: ProxyServer, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert proxy.port is not None
+    config = proxy.proxy.config if proxy.proxy is not None else None
+    assert config is not None and (config.max_head_bytes, config.max_header_bytes) == (16384, 8190)
+    each = b"a" * 6000  # every field under the field limit, the three over h11's 16 KiB head
+    over_head = b"".join(b"x-pad-%d: %s\r\n" % (i, each) for i in range(3))
+    over_field = b"x-session-id: " + b"s" * 9000 + b"\r\n"  # one field over aiohttp's 8190 B
+    for fields in (over_head, over_field):
+        status, headers, body = raw_post(proxy.port, path, fields)
+        assert status == 431, (len(fields), status, body[:200])
+        assert headers["content-type"].startswith("application/json") and headers["server"] == "smetric"
+        assert b"aaaa" not in body and b"ssss" not in body, "never the client's bytes"
+        api_error(path, status, body)
+    under = b"".join(b"x-pad-%d: %s\r\n" % (i, each) for i in range(2))  # 12 KB: the engine reads it
+    status, _, body = raw_post(proxy.port, path, under)
+    assert status == 200, body[:200]
+    assert_healthy(proxy, caplog)
+
+
+def test_a_head_limit_under_the_gateways_buffer_is_a_config_error() -> None:
+    with pytest.raises(InvalidConfigError, match="max_head_bytes"):
+        load_config(instances=["http://127.0.0.1:9"], max_head_bytes=4096)

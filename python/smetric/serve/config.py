@@ -49,6 +49,9 @@ MIN_RESPONSE_ID_KEY_BYTES = 16
 """The shortest ``response_id_key`` taken (UTF-8 bytes): 128 bits if it is random; a shorter
 secret could be guessed, and then anyone could forge an id that pins a request to an instance."""
 
+MIN_HEAD_BYTES = 8192
+"""The smallest ``max_head_bytes``: the compiled gateway's HTTP parser (hyper) buffers at least this."""
+
 KV_EVENTS_DISCOVER = "discover"
 KV_EVENTS_OFF = "off"
 
@@ -126,8 +129,13 @@ class ServeConfig:
     """A request's whole life in the proxy, retries included."""
     max_body_bytes: int = 64 << 20
     max_header_bytes: int = 8190
-    """Longest request line or header field: the engines' own limit (aiohttp's and h11's
-    defaults), so a header the proxy accepts is one the engine accepts too."""
+    """Longest request line or header field (name or value): aiohttp's default, the app's and the
+    fake engine's parser, so a header the proxy accepts is one they accept too (431 past it)."""
+    max_head_bytes: int = 16384
+    """Longest whole request head (request line and every field): h11's default
+    (``max_incomplete_event_size``), the bound of vLLM's server (uvicorn), so a head the proxy
+    forwards is one the engine reads, not one it answers with its own 400 (431 past it). At
+    least 8192 (the compiled gateway's HTTP parser needs that much buffer)."""
     head_timeout_s: float = 15.0
     """A request head must arrive whole within this long of its first byte (slow clients)."""
     body_timeout_s: float = 60.0
@@ -211,6 +219,8 @@ class ServeConfig:
                 raise _bad(name, f"{name} must be >= 1")
         if not self.queue_timeout_s > 0:
             raise _bad("queue_timeout_s", "queue_timeout_s must be > 0")
+        if self.max_head_bytes < MIN_HEAD_BYTES:
+            raise _bad("max_head_bytes", f"max_head_bytes must be >= {MIN_HEAD_BYTES}")
         for name in (
             "max_attempts",
             "eject_after",

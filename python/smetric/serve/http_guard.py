@@ -8,8 +8,10 @@ timeout on a request head and no bound on open connections. :class:`GuardedRunne
 ``AppRunner`` whose protocol is :class:`_GuardedHandler`) closes those gaps:
 
 * **errors**: every answer aiohttp would make itself goes through ``render`` — the app's hook,
-  which picks the API adapter's error shape by path (OpenAI's for a path no adapter owns) — with
-  a fixed message per status (never the client's bytes); client garbage is counted
+  which picks the API adapter's error shape by path (OpenAI's for a path no adapter owns; for a
+  head that did not parse, the path of its request line when one was read, used only to pick
+  the shape) — with a fixed message per status (never the client's bytes); a request line or
+  field over the parser's limit is a 431, as at the gateway (aiohttp says 400); client garbage is counted
   (``on_client_error(kind)``) and logged at DEBUG, while a 500 (the proxy's own bug) keeps its
   traceback;
 * **head timeout**: once the first byte of a request head arrives, the whole head must arrive
@@ -42,6 +44,7 @@ from http import HTTPStatus
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 __all__ = ["SERVER_HEADER", "ConnectionLimits", "ErrorRenderer", "GuardedRunner", "status_message"]
@@ -111,6 +114,9 @@ class _GuardedHandler(RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._handled = 0
         """Messages of this connection whose handling ended (``_request_count`` counts those parsed)."""
+        self._head_path: str | None = None
+        """The path of the request line of the head being read, when its first bytes had one:
+        it picks the error shape of a head that does not parse, and is never echoed."""
 
     @property
     def _busy(self) -> bool:
@@ -145,6 +151,7 @@ class _GuardedHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if data and not self._busy and self._head_timer is None:
             self._head_timer = self._loop.call_later(self._limits.head_timeout_s, self._head_late)
+            self._head_path = _target_path(data)
         parsed = self._request_count
         super().data_received(data)
         if self._request_count != parsed:  # a head (or a parser error) is complete
@@ -187,13 +194,23 @@ class _GuardedHandler(RequestHandler):
                 raise ConnectionError("the answer had started; the connection is closed")
             path = None
         else:
+            if isinstance(exc, LineTooLong):
+                status = 431  # a line or a field over the limit, as the gateway answers it
             self._on_client_error(f"http_{status}")
             log.debug("refused a malformed request (%d): %s", status, type(exc).__name__ if exc else "")
-            path = None  # the head did not parse: no path to trust
+            path = self._head_path  # the head did not parse: its path only picks the shape
         response = self._render(path, status, status_message(status))
         response.headers["Server"] = SERVER_HEADER
         response.force_close()
         return response
+
+
+def _target_path(data: bytes) -> str | None:
+    """The path of the request line ``data`` begins with (``METHOD /path…``), else None."""
+    parts = data[:512].split(b" ", 2)
+    if len(parts) < 3 or not parts[1].startswith(b"/"):
+        return None
+    return parts[1].split(b"?", 1)[0].decode("latin-1")
 
 
 class _GuardedServer(web.Server):

@@ -79,13 +79,15 @@ log = logging.getLogger("smetric.serve")
 
 _IDENTITY = frozenset({"", "identity"})
 """The ``Content-Encoding`` values of a body sent as is."""
-_GATEWAY_HEAD_FIELDS = 16
-"""With the compiled data plane, the gateway's bound on a whole request head, in fields of
-``max_header_bytes``: generous, so that the app behind it answers an oversized field itself
-(431, in the API's shape)."""
 _TOKENIZING_ERRORS = (RecursionError, UnicodeError, OverflowError, ValueError, BufferError)
 """What turning a valid body's text into routing tokens raises on client input (deep nesting in
 a template variable, text no encoder takes): a 400, not the proxy's bug."""
+
+
+def _head_bytes(request: web.Request) -> int:
+    """The size of ``request``'s head as sent (``name: value`` lines, CRLF ends)."""
+    line = len(request.method) + len(request.raw_path) + len("  HTTP/1.1\r\n")
+    return line + sum(len(k) + len(v) + 4 for k, v in request.raw_headers) + 2
 
 
 def _json_error(error: ProxyError) -> web.Response:
@@ -284,6 +286,10 @@ class Proxy:
         """aiohttp's HTTP errors (no route: 404, wrong method: 405, …) in the path's error shape,
         with a fixed message (aiohttp's would name the client's path and method)."""
         try:
+            if self.compiled is None and _head_bytes(request) > self.config.max_head_bytes:
+                # Behind the gateway the door bounds the client's head (the app's carries the
+                # door's own fields too); alone, the app does: a head the engine would refuse.
+                raise web.HTTPRequestHeaderFieldsTooLarge()
             return await handler(request)
         except web.HTTPException as e:
             if e.status < 400:
@@ -626,7 +632,8 @@ async def run(
             config.port,
             runner.addresses[0][1],
             # hyper bounds the whole head (at least 8 KiB); aiohttp behind it bounds each field.
-            max_head_bytes=max(_GATEWAY_HEAD_FIELDS * config.max_header_bytes, 8192),
+            max_head_bytes=config.max_head_bytes,
+            max_field_bytes=config.max_header_bytes,
             head_timeout_s=config.head_timeout_s,
             drain_timeout_s=config.drain_timeout_s,
             max_connections=config.max_connections,

@@ -30,6 +30,44 @@ pub(crate) fn client_error_body(message: &str) -> String {
     format!(r#"{{"error":{{"message":"{message}","type":"invalid_request_error","param":null,"code":null}}}}"#)
 }
 
+/// Whose error shape the door answers a refused head in: the path's API's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// `{"error": {...}}`: every path but Anthropic's, and a head whose path was not read.
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}}`: `/v1/messages` and below.
+    Anthropic,
+}
+
+impl Shape {
+    /// The shape of a request target (None: no request line was read).
+    pub(crate) fn of_path(target: Option<&str>) -> Self {
+        let path = target.map_or("", |t| t.split(['?', '#']).next().unwrap_or(""));
+        match path.strip_prefix("/v1/messages") {
+            Some("") => Self::Anthropic,
+            Some(rest) if rest.starts_with('/') => Self::Anthropic,
+            _ => Self::OpenAi,
+        }
+    }
+}
+
+/// The JSON of a client's mistake in `shape`, for a 4xx `status` (Anthropic's error type of a
+/// 4xx that is neither 404 nor 413 is `invalid_request_error`, as the Messages API's).
+pub(crate) fn shaped_client_error_body(shape: Shape, status: StatusCode, message: &str) -> String {
+    match shape {
+        Shape::OpenAi => client_error_body(message),
+        Shape::Anthropic => {
+            debug_assert!(!message.contains(['"', '\\']), "an unescaped constant");
+            let kind = match status.as_u16() {
+                404 => "not_found_error",
+                413 => "request_too_large",
+                _ => "invalid_request_error",
+            };
+            format!(r#"{{"type":"error","error":{{"type":"{kind}","message":"{message}"}}}}"#)
+        }
+    }
+}
+
 /// The JSON of the proxy's own failure.
 pub(crate) fn proxy_error_body(status: StatusCode, message: &str, kind: &str) -> String {
     debug_assert!(

@@ -46,6 +46,8 @@ const MIN_HEAD_BYTES: usize = 8192;
 pub struct Limits {
     /// The largest request head (line and fields) read; a larger one is refused (431).
     pub max_head_bytes: usize,
+    /// The longest request line, field name or field value; a longer one is refused (431).
+    pub max_field_bytes: usize,
     /// The time a client has to send a whole head, on a new connection and between requests.
     pub head_timeout: Duration,
     /// How long [`Gateway::stop`] lets requests in flight finish.
@@ -99,6 +101,12 @@ impl Gateway {
                     "must be at least {MIN_HEAD_BYTES}, got {}",
                     config.limits.max_head_bytes
                 ),
+            });
+        }
+        if config.limits.max_field_bytes == 0 {
+            return Err(GatewayError::Config {
+                field: "max_field_bytes",
+                reason: "must be at least 1".to_owned(),
             });
         }
         let native = match native {
@@ -263,7 +271,7 @@ async fn serve(
                 });
                 let checked = Validated::new(
                     stream,
-                    config.limits.max_head_bytes,
+                    (config.limits.max_head_bytes, config.limits.max_field_bytes),
                     config.limits.head_timeout,
                     Arc::clone(&errors),
                     exchange,

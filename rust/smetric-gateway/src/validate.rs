@@ -9,10 +9,18 @@
 //! follows the body's framing (a length, or chunk sizes read with httparse) to the next head.
 //! Validated bytes pass to hyper unchanged, as they arrive (a body is never buffered whole).
 //!
+//! It also refuses what the engines behind the proxy would refuse, so that no such head is
+//! forwarded and no engine's own answer (not in the API's shape) relayed: a head whose lines do
+//! not all end in CRLF (httparse takes a bare LF as a line end, so `x-session-id: a\nb: c` would
+//! be two fields here and something else to another parser: a 400), a head over
+//! `max_head_bytes` (h11's bound on a whole head, vLLM's server: a 431), and a request line or
+//! a field name or value over `max_field_bytes` (aiohttp's bound, the app's: a 431).
+//!
 //! A refusal ends what hyper reads right there: hyper sees the end of the stream. Between two
 //! messages it closes quietly, and when it shuts the connection down [`Validated`] writes the
-//! door's answer first (a 400, or a 431 for a head over `max_head_bytes`, in the shape of a
-//! client's mistake), after whatever hyper wrote for the requests before it. Inside a body
+//! door's answer first (a 400 or a 431 in the shape of a client's mistake of the path's API:
+//! Anthropic's under `/v1/messages`, OpenAI's elsewhere and when no path was read), after
+//! whatever hyper wrote for the requests before it. Inside a body
 //! (a bad chunk) the request is already hyper's: its body ends early and the delegation
 //! answers the 400. A client that ends the stream inside a head is closed without an answer.
 //!
@@ -35,7 +43,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
-use crate::answers::{MALFORMED, client_error_body, raw_json_answer};
+use crate::answers::{MALFORMED, Shape, raw_json_answer, shaped_client_error_body};
 use crate::counters::{ClientError, ClientErrors};
 
 /// The most fields a head may have (hyper's own default bound).
@@ -121,13 +129,14 @@ pub(crate) struct Validated<S> {
     given: usize,
     ready: usize,
     framing: Framing,
-    refusal: Option<StatusCode>,
+    refusal: Option<(StatusCode, Shape)>,
     /// No more bytes pass: a refusal, anywhere.
     ended: bool,
     /// The refusal's answer and how much of it is written.
     answer: Option<(Vec<u8>, usize)>,
     client_ended: bool,
     max_head_bytes: usize,
+    max_field_bytes: usize,
     errors: Arc<ClientErrors>,
     exchange: Arc<Exchange>,
     /// The time a begun head has to arrive whole, and its deadline while one is partly in.
@@ -142,7 +151,7 @@ pub(crate) struct Validated<S> {
 impl<S> Validated<S> {
     pub(crate) fn new(
         inner: S,
-        max_head_bytes: usize,
+        (max_head_bytes, max_field_bytes): (usize, usize),
         head_timeout: Duration,
         errors: Arc<ClientErrors>,
         exchange: Arc<Exchange>,
@@ -159,6 +168,7 @@ impl<S> Validated<S> {
             answer: None,
             client_ended: false,
             max_head_bytes,
+            max_field_bytes,
             errors,
             exchange,
             head_timeout,
@@ -174,7 +184,7 @@ impl<S> Validated<S> {
     /// Stops passing bytes. Between two messages the door answers (at shutdown) and counts it;
     /// inside a body hyper already handed the request on, and the body's early end is answered
     /// and counted there (`delegate`), so the door only stops.
-    fn refuse(&mut self, status: StatusCode) -> Step {
+    fn refuse(&mut self, status: StatusCode, shape: Shape) -> Step {
         self.ended = true;
         if self.framing == Framing::Head {
             let kind = if status == StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE {
@@ -183,7 +193,7 @@ impl<S> Validated<S> {
                 ClientError::Malformed
             };
             self.errors.count(kind);
-            self.refusal = Some(status);
+            self.refusal = Some((status, shape));
         }
         Step::Progress
     }
@@ -201,19 +211,31 @@ impl<S> Validated<S> {
             Framing::Head => {
                 let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
                 let mut request = httparse::Request::new(&mut headers);
-                match request.parse(data) {
+                let parsed = request.parse(data);
+                // httparse fills the path in as it reads, so a head refused after its request
+                // line is answered in its API's shape.
+                let shape = Shape::of_path(request.path);
+                match parsed {
                     Ok(httparse::Status::Complete(n)) if n > self.max_head_bytes => {
-                        self.refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+                        self.refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, shape)
+                    }
+                    Ok(httparse::Status::Complete(n))
+                        if over_field_limit(&data[..n], request.headers, self.max_field_bytes) =>
+                    {
+                        self.refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, shape)
+                    }
+                    Ok(httparse::Status::Complete(n)) if has_bare_line_end(&data[..n]) => {
+                        self.refuse(StatusCode::BAD_REQUEST, shape)
                     }
                     Ok(httparse::Status::Complete(n)) => match body_framing(request.headers) {
                         Some(next) => self.accept(n, next),
-                        None => self.refuse(StatusCode::BAD_REQUEST),
+                        None => self.refuse(StatusCode::BAD_REQUEST, shape),
                     },
                     Ok(httparse::Status::Partial) if data.len() > self.max_head_bytes => {
-                        self.refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+                        self.refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, shape)
                     }
                     Ok(httparse::Status::Partial) => Step::NeedMore,
-                    Err(_) => self.refuse(StatusCode::BAD_REQUEST),
+                    Err(_) => self.refuse(StatusCode::BAD_REQUEST, shape),
                 }
             }
             Framing::Length(left) | Framing::ChunkData(left) => {
@@ -233,24 +255,26 @@ impl<S> Validated<S> {
             Framing::ChunkSize => match httparse::parse_chunk_size(data) {
                 Ok(httparse::Status::Complete((n, 0))) => self.accept(n, Framing::Trailers),
                 Ok(httparse::Status::Complete((n, size))) => self.accept(n, Framing::ChunkData(size)),
-                Ok(httparse::Status::Partial) if data.len() > MAX_CHUNK_LINE => self.refuse(StatusCode::BAD_REQUEST),
+                Ok(httparse::Status::Partial) if data.len() > MAX_CHUNK_LINE => {
+                    self.refuse(StatusCode::BAD_REQUEST, Shape::OpenAi)
+                }
                 Ok(httparse::Status::Partial) => Step::NeedMore,
-                Err(_) => self.refuse(StatusCode::BAD_REQUEST),
+                Err(_) => self.refuse(StatusCode::BAD_REQUEST, Shape::OpenAi),
             },
             Framing::ChunkEnd => match data {
                 [b'\r', b'\n', ..] => self.accept(2, Framing::ChunkSize),
                 [] | [b'\r'] => Step::NeedMore,
-                _ => self.refuse(StatusCode::BAD_REQUEST),
+                _ => self.refuse(StatusCode::BAD_REQUEST, Shape::OpenAi),
             },
             Framing::Trailers => {
                 let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
                 match httparse::parse_headers(data, &mut headers) {
                     Ok(httparse::Status::Complete((n, _))) => self.accept(n, Framing::Head),
                     Ok(httparse::Status::Partial) if data.len() > self.max_head_bytes => {
-                        self.refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+                        self.refuse(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, Shape::OpenAi)
                     }
                     Ok(httparse::Status::Partial) => Step::NeedMore,
-                    Err(_) => self.refuse(StatusCode::BAD_REQUEST),
+                    Err(_) => self.refuse(StatusCode::BAD_REQUEST, Shape::OpenAi),
                 }
             }
         }
@@ -284,6 +308,22 @@ impl<S> Validated<S> {
             self.given = 0;
         }
     }
+}
+
+/// Whether a whole head has a line end other than CRLF: a bare LF (which httparse takes as a
+/// line end) or a bare CR (which it refuses anyway). O(head bytes).
+fn has_bare_line_end(head: &[u8]) -> bool {
+    head.iter().enumerate().any(|(i, &b)| match b {
+        b'\n' => i == 0 || head[i - 1] != b'\r',
+        b'\r' => head.get(i + 1) != Some(&b'\n'),
+        _ => false,
+    })
+}
+
+/// Whether a whole head's request line, or a field's name or value, is longer than `max`.
+fn over_field_limit(head: &[u8], headers: &[httparse::Header<'_>], max: usize) -> bool {
+    let line = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
+    line > max + 1 || headers.iter().any(|h| h.name.len() > max || h.value.len() > max)
 }
 
 /// The body's framing from a head's fields; None for a head the proxy refuses (RFC 9112 §6:
@@ -389,8 +429,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Validated<S> {
     /// Writes the refusal's answer (if any) before the connection closes.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(status) = this.refusal.take() {
-            this.answer = Some((raw_json_answer(status, &client_error_body(message(status)), ""), 0));
+        if let Some((status, shape)) = this.refusal.take() {
+            let body = shaped_client_error_body(shape, status, message(status));
+            this.answer = Some((raw_json_answer(status, &body, ""), 0));
         }
         if let Some((answer, written)) = &mut this.answer {
             while *written < answer.len() {

@@ -118,6 +118,7 @@ async fn answer(
 fn limits() -> Limits {
     Limits {
         max_head_bytes: 8192,
+        max_field_bytes: 4096,
         head_timeout: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(5),
         max_connections: 64,
@@ -453,6 +454,106 @@ async fn a_head_over_the_limit_is_a_431() {
     let answer = exchange(&door, Box::leak(raw.into_boxed_slice())).await;
     assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
     assert_eq!(tally(&door, "http_431"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_the_engines_would_refuse_is_a_431_in_the_paths_api_shape_and_never_forwarded() {
+    let plane = start_plane().await;
+    let door = gateway(plane.address);
+    let field = "a".repeat(5000); // over max_field_bytes (4096), the head under max_head_bytes
+    let fields = "a".repeat(3000); // three of them: each field under, the head over (8192)
+    let cases = [
+        ("/v1/messages", format!("X-Session-Id: {field}\r\n"), true),
+        ("/v1/chat/completions", format!("X-Session-Id: {field}\r\n"), false),
+        (
+            "/v1/messages",
+            format!("X-A: {fields}\r\nX-B: {fields}\r\nX-C: {fields}\r\n"),
+            true,
+        ),
+        ("/v1/completions", format!("X-{field}: 1\r\n"), false),
+    ];
+    for (path, fields, anthropic) in cases {
+        let raw = format!("POST {path} HTTP/1.1\r\nHost: x\r\n{fields}Content-Length: 2\r\n\r\n{{}}");
+        let answer = exchange(&door, Box::leak(raw.into_bytes().into_boxed_slice())).await;
+        assert!(answer.starts_with("HTTP/1.1 431 "), "{path}: {answer}");
+        assert_eq!(answer.matches("HTTP/1.").count(), 1, "{path}: one answer: {answer}");
+        let body = answer.split("\r\n\r\n").nth(1).unwrap();
+        let expected = if anthropic {
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"request header fields too large"}}"#
+        } else {
+            r#"{"error":{"message":"request header fields too large","type":"invalid_request_error","param":null,"code":null}}"#
+        };
+        assert_eq!(body, expected, "{path}");
+    }
+    let long_line = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "p".repeat(5000));
+    let answer = exchange(&door, Box::leak(long_line.into_bytes().into_boxed_slice())).await;
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+    assert_eq!(
+        plane.seen.lock().unwrap().method,
+        "",
+        "nothing reached the control plane"
+    );
+    assert_eq!(tally(&door, "http_431"), 5);
+    let at_limit = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Session-Id: {}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}",
+        "a".repeat(4096)
+    );
+    let answer = exchange(&door, Box::leak(at_limit.into_bytes().into_boxed_slice())).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200 "),
+        "a field at the limit passes: {answer}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_cr_or_lf_in_a_head_is_a_400_in_the_paths_api_shape_and_never_forwarded() {
+    let cases: [(&str, &[u8], bool); 5] = [
+        (
+            "LF inside a value, the rest a field",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: a\nX-Other: b\r\nContent-Length: 2\r\n\r\n{}",
+            false,
+        ),
+        (
+            "LF inside a value",
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Session-Id: a\nb\r\nContent-Length: 2\r\n\r\n{}",
+            true,
+        ),
+        (
+            "CR inside a value",
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Session-Id: a\rb\r\nContent-Length: 2\r\n\r\n{}",
+            true,
+        ),
+        (
+            "LF line ends",
+            b"POST /v1/messages HTTP/1.1\nHost: x\nX-Session-Id: a\nContent-Length: 2\n\n{}",
+            true,
+        ),
+        (
+            "LF after the request line",
+            b"POST /v1/responses HTTP/1.1\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+            false,
+        ),
+    ];
+    let plane = start_plane().await;
+    let door = gateway(plane.address);
+    for (case, raw, anthropic) in cases {
+        let answer = exchange(&door, raw).await;
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{case}: {answer}");
+        assert_eq!(answer.matches("HTTP/1.").count(), 1, "{case}: one answer: {answer}");
+        let body = answer.split("\r\n\r\n").nth(1).unwrap();
+        let expected = if anthropic {
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"malformed HTTP request"}}"#
+        } else {
+            r#"{"error":{"message":"malformed HTTP request","type":"invalid_request_error","param":null,"code":null}}"#
+        };
+        assert_eq!(body, expected, "{case}");
+    }
+    assert_eq!(
+        plane.seen.lock().unwrap().method,
+        "",
+        "nothing reached the control plane"
+    );
+    assert_eq!(tally(&door, "http_400"), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -162,7 +162,7 @@ fn to_py_err(py: Python<'_>, err: &GatewayError) -> PyErr {
 impl PyGateway {
     #[new]
     #[pyo3(signature = (
-        host, port, control_plane_port, *, max_head_bytes, head_timeout_s, drain_timeout_s, max_connections,
+        host, port, control_plane_port, *, max_head_bytes, max_field_bytes, head_timeout_s, drain_timeout_s, max_connections,
         retry_after_s, native = None, instances = Vec::new()
     ))]
     #[allow(clippy::too_many_arguments)] // the constructor's keyword arguments, one per limit
@@ -172,6 +172,7 @@ impl PyGateway {
         port: u16,
         control_plane_port: u16,
         max_head_bytes: usize,
+        max_field_bytes: usize,
         head_timeout_s: f64,
         drain_timeout_s: f64,
         max_connections: usize,
@@ -209,6 +210,7 @@ impl PyGateway {
             control_plane: SocketAddr::from(([127, 0, 0, 1], control_plane_port)),
             limits: Limits {
                 max_head_bytes,
+                max_field_bytes,
                 head_timeout: seconds("head_timeout_s", head_timeout_s)?,
                 drain_timeout: seconds("drain_timeout_s", drain_timeout_s)?,
                 max_connections,
