@@ -631,7 +631,7 @@ async def run(
             config.host,
             config.port,
             runner.addresses[0][1],
-            # hyper bounds the whole head (at least 8 KiB); aiohttp behind it bounds each field.
+            # The door bounds the whole head and each line or field as the engines do (431).
             max_head_bytes=config.max_head_bytes,
             max_field_bytes=config.max_header_bytes,
             head_timeout_s=config.head_timeout_s,
