@@ -4,9 +4,10 @@ Usage: ``python benches/python/route_latency.py [--calls N] [--quick] [--smetric
 [--exact-lag] [--threads RUNS [--seconds S]]``. Prints p50/p99 per (policy, input kind, prompt
 size), the 32K prompt in every input form (numpy int32/int64, ``array.array``, ``memoryview``,
 list) beside CPython's own list conversions (the floor of the list path), the speed-up over
-``smetric.reference.ReferenceRouter`` on the same calls, and routes/s from 1 and 2 threads (route
-alone, and the realistic loop route + ``on_prefilled`` + ``on_finished``), the two interleaved
-over five runs. Figures go to BENCHMARKS.md.
+``smetric.reference.ReferenceRouter`` on the same calls, and routes/s and per-call latency from
+1, 2 (and 4) threads per workload shape, route alone and the realistic loop route +
+``on_prefilled`` + ``on_finished``, interleaved over five runs (``route_threads.py``, which
+``--threads`` runs alone). Figures go to BENCHMARKS.md.
 
 The index is warm: 256 agent sessions (shared 4K system prompt, private histories) are routed
 first, then the measured prompt is a follow-up of one of them (a near-full local hit).
@@ -16,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import array
-import hashlib
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import route_threads
 
 from smetric import POLICIES, Router, RouterConfig
 from smetric.reference import ReferenceRouter
@@ -196,82 +196,6 @@ def bench_reference(policy: str, size_label: str, calls: int) -> tuple[float, fl
     return percentiles(timed_calls(one, calls))
 
 
-def threads_throughput(threads: int, seconds: float = 2.0, *, lifecycle: bool = False) -> float:
-    """Routes/s of 32K-token smetric routes from ``threads`` threads sharing one router.
-
-    Each iteration routes the prompt and finishes the request; with ``lifecycle`` it also reports
-    ``on_prefilled`` in between (the loop an embedding router runs for every request).
-    """
-    rng = np.random.default_rng(2)
-    router = Router(INSTANCES, policy="smetric")
-    prompt = warm(router, SIZES["32K"], rng)
-    done = [0] * threads
-    stop = time.perf_counter() + seconds
-
-    def work(k: int) -> None:
-        while time.perf_counter() < stop:
-            d = router.route(prompt)
-            if lifecycle:
-                router.on_prefilled(d.request_id)
-            router.on_finished(d.request_id)
-            done[k] += 1
-
-    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return sum(done) / seconds
-
-
-def control_throughput(threads: int, seconds: float = 2.0) -> float:
-    """The control: SHA-256 of the 32K prompt's 128 KiB, which hashlib runs without the GIL and
-    without any smetric lock, so its 2-thread ratio is what the machine gives a second thread."""
-    data = np.random.default_rng(3).integers(0, 151_936, SIZES["32K"], dtype=np.int32).tobytes()
-    done = [0] * threads
-    stop = time.perf_counter() + seconds
-
-    def work(k: int) -> None:
-        while time.perf_counter() < stop:
-            hashlib.sha256(data)
-            done[k] += 1
-
-    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return sum(done) / seconds
-
-
-def threads_report(runs: int, seconds: float) -> None:
-    """1 vs 2 threads for each loop and the lock-free control, all interleaved within each run,
-    so a run's routing ratios can be read against what the machine gave its control then (on a
-    shared machine the second core comes and goes)."""
-    print(f"32K-token smetric routes/s, 1 vs 2 threads, {runs} runs of {seconds:g} s per measurement")
-    loops: list[tuple[str, Callable[[int], float]]] = [
-        ("route + on_finished", lambda t: threads_throughput(t, seconds)),
-        ("route + on_prefilled + on_finished", lambda t: threads_throughput(t, seconds, lifecycle=True)),
-        ("control: sha256 of 128 KiB (no lock)", lambda t: control_throughput(t, seconds)),
-    ]
-    ones: dict[str, list[float]] = {label: [] for label, _ in loops}
-    twos: dict[str, list[float]] = {label: [] for label, _ in loops}
-    for run in range(runs):
-        row = []
-        for label, rate in loops:
-            ones[label].append(rate(1))
-            twos[label].append(rate(2))
-            row.append(f"x{twos[label][-1] / ones[label][-1]:.2f}")
-        print(f"  run {run + 1}: " + "  ".join(row) + "  (the three rows below, in order)")
-    for label, _ in loops:
-        ratios = sorted(b / a for a, b in zip(ones[label], twos[label], strict=True))
-        print(
-            f"{label:<37} 1 thread {min(ones[label]):,.0f}–{max(ones[label]):,.0f}/s  "
-            f"2 threads {min(twos[label]):,.0f}–{max(twos[label]):,.0f}/s  "
-            f"x{ratios[0]:.2f}–{ratios[-1]:.2f} (median x{statistics.median(ratios):.2f})"
-        )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=5_000)
@@ -288,12 +212,12 @@ def main() -> None:
         "--threads",
         type=int,
         metavar="RUNS",
-        help="only 1 vs 2 threads (route alone and the realistic loop), RUNS interleaved runs",
+        help="only 1, 2 (and 4) threads per workload shape (route_threads.py), RUNS interleaved runs",
     )
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each --threads run")
     args = parser.parse_args()
     if args.threads:
-        threads_report(args.threads, args.seconds)
+        route_threads.report(args.threads, args.seconds, SIZES["32K"])
         return
     if args.exact_lag:
         print("smetric route() in exact mode, numpy int32, a follow-up 1/8 longer, 32 instances, warm (µs)")
@@ -333,7 +257,7 @@ def main() -> None:
                 f"rust p50 {rust50:>7.1f} µs  x{ref50 / rust50:.0f}"
             )
     print()
-    threads_report(1 if args.quick else 5, 0.5 if args.quick else 2.0)
+    route_threads.report(1 if args.quick else 5, 0.5 if args.quick else 2.0, SIZES["32K"])
 
 
 if __name__ == "__main__":
