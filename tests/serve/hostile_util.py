@@ -96,7 +96,15 @@ def assert_healthy(p: ProxyServer, caplog: pytest.LogCaptureFixture | None = Non
     the router, and no traceback logged (client input is counted, not logged)."""
     assert p.proxy is not None
     router = colocated_router(p)
-    wait_for(lambda: router.stats()["in_flight"] == 0, what="in-flight requests to end")
+
+    # A client that reset its connection may still have its request on the way to the router when
+    # the in-flight count first reads 0, so the boards are waited for too, then asserted.
+    def settled() -> bool:
+        boards = [router.load(url) for url in router.instances]
+        idle = all((b["batch_size"], b["waiting"], b["queued"], b["active"]) == (0, 0, 0, 0) for b in boards)
+        return router.stats()["in_flight"] == 0 and idle
+
+    wait_for(settled, what="in-flight requests to end and the load boards to clear")
     for url in router.instances:
         load = router.load(url)
         assert (load["batch_size"], load["waiting"], load["queued"], load["active"]) == (0, 0, 0, 0), (url, load)
