@@ -64,6 +64,15 @@ def test_late_subscriber_replays_and_predicts_the_engines_hits(vllm_fleet: Fleet
     with KvEventSubscriber(router, sources) as sub:
         for p in prompts[4:]:  # live: the first batch shows the gap, the replay fills it
             _complete(e0.url, p)
+        # A SUB socket joins a few ms to seconds after it connects (ZMQ's slow joiner; longer on a
+        # loaded machine): batches published before that are never delivered, so nothing shows the
+        # gap. Keep serving fresh prompts, a bounded number, until one live batch has arrived.
+        for extra in range(10):
+            if wait_until(lambda: sub.stats()["sources"][0]["batches"] > 0, timeout=3):
+                break
+            prompts.append(_prompt(6 + extra))
+            _complete(e0.url, prompts[-1])
+        assert sub.stats()["sources"][0]["batches"] > 0, sub.stats()
         ids = [http_json(e0.url + "/tokenize", {"model": fleet.MODEL_NAME, "prompt": p})[1]["tokens"] for p in prompts]
 
         def full(tokens: list[int]) -> bool:
