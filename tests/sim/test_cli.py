@@ -27,6 +27,9 @@ def test_simulate_writes_table_results_and_plots(
     table = capsys.readouterr().out
     assert "SLO (headline): TTFT≤2s+0.1ms/tok TPOT≤100ms" in table
     assert "TPOT≤50ms" in table and "smetric" in table and "peak TPS<=SLO" in table
+    # The default beside the best baseline, with the ratio (and, below x1.00, why).
+    verdict = next(line for line in table.splitlines() if line.startswith("smetric: peak "))
+    assert "the best baseline (" in verdict and (" = x1." in verdict or "why not: at load " in verdict)
     results = json.loads((out / "results.json").read_text())
     assert list(results) == ["least_load", "smetric", "cache_first_max_hit"]
     for entry in results.values():

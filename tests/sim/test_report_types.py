@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, get_args, is_typeddict
 
 from smetric._core import load_workload, sim_config_defaults, simulate
@@ -24,7 +25,8 @@ from smetric._types import (
     TurnFeed,
 )
 from smetric.sim import FORMATS, INDEX_FEEDS, TURN_FEEDS
-from smetric.sim.report import instance_rows
+from smetric.sim.report import instance_rows, verdict_line
+from smetric.sim.runner import PolicySummary
 
 TraceWriter = Callable[..., Path]
 
@@ -77,3 +79,29 @@ def test_the_load_heat_map_rows_are_instances_by_mean_load_in_the_window() -> No
     # A window without samples falls back to the whole run: instance 0's spike then counts.
     rows, means = instance_rows(series, (100.0, 200.0))
     assert means == [2.25, 3.0, 3.75] and rows[0] == [0, 2, 3, 4]
+
+
+def _summary(policy: str, peak: float, load: float) -> PolicySummary:
+    return PolicySummary(policy, True, [0.1, 0.2], [peak, peak], [1.0, 1.0], [1.0, 1.0], peak, load, 0.2)
+
+
+def _run(policy: str, load: float, attainment: float, ttft_p90_s: float, local_hit: float) -> Any:
+    metrics = {"ttft_p90_s": ttft_p90_s, "tpot_p90_s": 0.02, "local_hit_ratio": local_hit, "global_hit_ratio": 0.1}
+    spec = SimpleNamespace(policy=policy, tier=True, load=load)
+    return SimpleNamespace(spec=spec, metrics=metrics, slos=[{"attainment": attainment}, {"attainment": 0.5}])
+
+
+def test_the_verdict_names_the_best_baseline_the_ratio_and_why_behind() -> None:
+    summaries = [_summary("smetric", 90.0, 0.1), _summary("lmetric", 100.0, 0.2), _summary("smetric_v1", 200.0, 0.2)]
+    runs = [_run("smetric", 0.2, 0.8, 3.5, 0.4), _run("lmetric", 0.2, 0.95, 1.5, 0.7)]
+    line = verdict_line(runs, summaries, load_unit="sessions/s")
+    # smetric_v1 is one of ours, not a baseline, however high its peak.
+    assert line is not None
+    assert line.startswith("smetric: peak 90 tok/s under SLO = x0.90 the best baseline (lmetric, 100)")
+    assert "why not: at load 0.2 sessions/s it meets the SLO on 80.0% vs 95.0%" in line
+    assert "TTFT p90 3.50 vs 1.50 s" in line and "local hit 40.0% vs 70.0%" in line
+    # Under the second SLO the attainment comes from that SLO's results.
+    assert "on 50.0% vs 50.0%" in (verdict_line(runs, summaries, load_unit="sessions/s", slo_index=1) or "")
+    ahead = verdict_line(runs, [_summary("smetric", 110.0, 0.2), _summary("lmetric", 100.0, 0.2)], load_unit="x")
+    assert ahead == "smetric: peak 110 tok/s under SLO = x1.10 the best baseline (lmetric, 100)"
+    assert verdict_line(runs, [_summary("lmetric", 100.0, 0.2)], load_unit="x") is None

@@ -39,7 +39,14 @@ from smetric.sim.config import (
     guess_format,
     policy_router,
 )
-from smetric.sim.report import comparison_table, index_feed_table, plot_tps_vs_load, slo_lines, write_outputs
+from smetric.sim.report import (
+    comparison_table,
+    index_feed_table,
+    plot_tps_vs_load,
+    slo_lines,
+    verdict_line,
+    write_outputs,
+)
 from smetric.sim.runner import (
     COLLAPSE_ATTAINMENT,
     LADDER_STEP,
@@ -387,6 +394,9 @@ def simulate_command(args: argparse.Namespace) -> int:
     at_nominal = [r for r in results if r.spec.load == nominal]
     summaries = summarize(results)
     print(comparison_table(at_nominal, summaries, slos=config.slos, load_unit=unit))
+    verdict = verdict_line(results, summaries, load_unit=unit)
+    if verdict:
+        print("\n" + verdict)
     if len(feed_runs) > len(feed_policies):
         print("\n" + index_feed_table(feed_runs, slos=config.slos))
     info = _run_info(
@@ -477,6 +487,9 @@ def sweep_command(args: argparse.Namespace) -> int:
     for k, slo in enumerate(config.slos):
         summaries = summarize(results, slo_index=k)
         print("\n" + _sweep_table(summaries, unit, slo))
+        verdict = verdict_line(results, summaries, load_unit=unit, slo_index=k)
+        if verdict:
+            print(verdict)
         by_slo.append({"slo": slo.label, "policies": [vars(s) for s in summaries]})
         plot_tps_vs_load(
             out / f"tps_vs_load_slo{k}.png",

@@ -110,6 +110,68 @@ def comparison_table(
     return "\n".join(lines)
 
 
+OURS = "smetric"
+"""The policy the verdict line judges: the default rule."""
+
+
+def is_baseline(policy: str) -> bool:
+    """Every policy that is not one of smetric's own rules (``smetric``, ``smetric_paper``,
+    ``smetric_v1``, …) is a baseline; a peer's port of the paper (``vllm_router_smetric``) counts."""
+    return not policy.startswith("smetric")
+
+
+def verdict_line(
+    results: Sequence[RunResult], summaries: Sequence[PolicySummary], *, load_unit: str, slo_index: int = 0
+) -> str | None:
+    """One line: the default's peak TPS under the headline SLO beside the best baseline's, with
+    the ratio; below ×1.00, why, read from the two policies' runs at the baseline's peak load
+    (attainment, TTFT and TPOT p90, local and tier hits). ``None`` without both in the grid."""
+    ours = [s for s in summaries if s.policy == OURS]
+    bases = [s for s in summaries if is_baseline(s.policy)]
+    if not ours or not bases:
+        return None
+    # With the tier both on and off the grid holds two summaries per policy: judge like with like.
+    lines = []
+    for mine in ours:
+        peers = [s for s in bases if s.tier == mine.tier]
+        if not peers:
+            continue
+        best = max(peers, key=lambda s: s.peak_tps_under_slo)
+        tier = "" if len(ours) == 1 else f" (tier {'on' if mine.tier else 'off'})"
+        if best.peak_tps_under_slo <= 0:
+            continue
+        ratio = mine.peak_tps_under_slo / best.peak_tps_under_slo
+        line = (
+            f"{OURS}{tier}: peak {_num(mine.peak_tps_under_slo)} tok/s under SLO = x{ratio:.2f} the best baseline "
+            f"({best.policy}, {_num(best.peak_tps_under_slo)})"
+        )
+        if ratio < 1.0:
+            line += " — why not: " + _why_behind(results, mine, best, load_unit, slo_index)
+        lines.append(line)
+    return "\n".join(lines) or None
+
+
+def _why_behind(
+    results: Sequence[RunResult], mine: PolicySummary, best: PolicySummary, load_unit: str, slo_index: int
+) -> str:
+    """What differs between the two policies' runs at the baseline's peak load (means over seeds)."""
+    load = best.load_at_peak
+
+    def at(policy: str, key: str) -> float:
+        runs = [r for r in results if r.spec.policy == policy and r.spec.tier == mine.tier and r.spec.load == load]
+        values = [r.slos[slo_index]["attainment"] if key == "slo_attainment" else r.metrics[key] for r in runs]
+        return sum(float(v) for v in values) / len(values) if values else math.nan
+
+    a, b = OURS, best.policy
+    return (
+        f"at load {load:g} {load_unit} it meets the SLO on {_pct(at(a, 'slo_attainment'))} vs "
+        f"{_pct(at(b, 'slo_attainment'))} (TTFT p90 {at(a, 'ttft_p90_s'):.2f} vs {at(b, 'ttft_p90_s'):.2f} s, "
+        f"TPOT p90 {1e3 * at(a, 'tpot_p90_s'):.0f} vs {1e3 * at(b, 'tpot_p90_s'):.0f} ms; local hit "
+        f"{_pct(at(a, 'local_hit_ratio'))} vs {_pct(at(b, 'local_hit_ratio'))}, tier hit "
+        f"{_pct(at(a, 'global_hit_ratio'))} vs {_pct(at(b, 'global_hit_ratio'))})"
+    )
+
+
 def results_json(
     nominal: Sequence[RunResult], summaries: Sequence[PolicySummary], slos: Sequence[SLO]
 ) -> dict[str, Any]:
