@@ -90,13 +90,25 @@ pub struct Candidate {
 /// in cold-token equivalents, rounded up: `n + n·(L − n/2)/L_EQ` (linear cost plus causal
 /// attention over the context; `config::L_EQ_QWEN3_CODER_30B_A3B` derives it). What the load
 /// board charges at routing and releases at the first token.
-#[inline]
 ///
 /// Written with the reciprocal `1/L_EQ` so that a loop over candidates divides once (the
-/// division is loop-invariant and hoisted), not once per candidate.
+/// division is loop-invariant and hoisted), not once per candidate, and rounded up by
+/// [`ceil_to_u64`], not `f64::ceil`: x86-64's baseline has no SSE4.1 `roundsd`, so `ceil` is a
+/// call into libm's software rounding, about a tenth of a 1K-token route's instructions.
+#[inline]
 pub fn prefill_work(new_tokens: u64, prompt_tokens: u64, l_eq_tokens: f64) -> u64 {
     let (n, l) = (new_tokens as f64, prompt_tokens as f64);
-    (n + n * (l - n / 2.0) * (1.0 / l_eq_tokens)).ceil() as u64
+    ceil_to_u64(n + n * (l - n / 2.0) * (1.0 / l_eq_tokens))
+}
+
+/// `x.ceil() as u64` for every `x`, without the libm call: truncate (saturating, NaN to 0,
+/// as `as` does), then add one when the truncation lost a positive fraction. Equal to
+/// `x.ceil() as u64` wherever the latter is defined by `as`: a negative `x` gives 0 both ways
+/// (`ceil` of `-0.5` is `-0.0`), and past `u64::MAX` both saturate.
+#[inline]
+pub fn ceil_to_u64(x: f64) -> u64 {
+    let t = x as u64;
+    t + u64::from((t as f64) < x && t < u64::MAX)
 }
 
 impl Candidate {
@@ -434,22 +446,46 @@ pub(crate) fn argmin_by(
     allowed: impl Fn(usize) -> bool,
     score: impl Fn(usize) -> f64,
 ) -> Option<usize> {
+    // Each allowed candidate's score, kept for the tie pass when the fleet fits the stack
+    // buffer (a score costs a prefill-work evaluation; an idle fleet ties everywhere).
+    const KEPT: usize = 64;
+    let mut kept = [f64::NAN; KEPT];
     let mut best = f64::INFINITY;
+    let mut first = 0usize;
     let mut ties = 0usize;
     for i in (0..n).filter(|&i| allowed(i)) {
         let s = score(i);
+        if i < KEPT {
+            kept[i] = s;
+        }
         if ties == 0 || s < best {
             best = s;
+            first = i;
             ties = 1;
         } else if s == best {
             ties += 1;
         }
     }
-    if ties == 0 {
-        return None;
+    match ties {
+        0 => None,
+        // A single best takes no draw and needs no second pass.
+        1 => Some(first),
+        _ => {
+            let k = rng.pick(ties);
+            // The second pass starts at the first tie (nothing before it scored `best`); a
+            // kept NaN marks a candidate that was not allowed (an allowed score is never NaN
+            // where it ties: NaN equals nothing).
+            (first..n)
+                .filter(|&i| {
+                    if i < KEPT {
+                        kept[i] == best
+                    } else {
+                        allowed(i) && score(i) == best
+                    }
+                })
+                .nth(k)
+        }
     }
-    let k = rng.pick(ties);
-    (0..n).filter(|&i| allowed(i) && score(i) == best).nth(k)
 }
 
 /// [`argmin_by`] over every candidate.
@@ -503,6 +539,45 @@ pub(crate) mod test_support {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ceil_to_u64_is_ceil_as_u64() {
+        let edges = [
+            0.0,
+            -0.0,
+            -0.5,
+            -1e300,
+            0.5,
+            1.0,
+            1.0 + f64::EPSILON,
+            2f64.powi(52) + 0.5,
+            2f64.powi(53),
+            2f64.powi(63),
+            2f64.powi(64) - 2048.0,
+            2f64.powi(64),
+            1e300,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            f64::MIN_POSITIVE,
+        ];
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let random = (0..100_000).map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            // Integral and fractional values over the range prefill work takes and beyond.
+            (rng >> 11) as f64 / (1u64 << (rng % 40)) as f64
+        });
+        for x in edges.into_iter().chain(random) {
+            assert_eq!(ceil_to_u64(x), x.ceil() as u64, "{x:e}");
+        }
+        for (n, l) in [(0, 0), (1, 1), (4_096, 65_536), (32_768, 32_768), (131_072, 131_072)] {
+            let (nf, lf) = (n as f64, l as f64);
+            let exact = (nf + nf * (lf - nf / 2.0) * (1.0 / 6_923.0)).ceil() as u64;
+            assert_eq!(prefill_work(n, l, 6_923.0), exact);
+        }
+    }
 
     #[test]
     fn argmin_ties_are_random_but_reproducible() {
