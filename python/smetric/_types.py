@@ -31,6 +31,7 @@ __all__ = [
     "Percentiles",
     "PolicyName",
     "Reason",
+    "ReplicaSync",
     "RequestRecords",
     "ReuseStats",
     "RouterConfigFields",
@@ -155,6 +156,10 @@ TurnFeed: TypeAlias = Literal["request", "index"]
 """What a simulation tells the router of a request's turn: the turn it carries (a real request
 re-sends its history), or nothing (the router infers first turns from its index). Requests of
 sessionless traces (Mooncake, Azure) carry no turn either way."""
+
+ReplicaSync: TypeAlias = Literal["off", "bus"]
+"""How simulated router replicas share their in-flight work: not at all, or over a bus with a
+delay (what ``smetric serve --replica-bus`` does)."""
 
 VllmHashAlgo: TypeAlias = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 """vLLM's ``--prefix-caching-hash-algo``."""
@@ -447,6 +452,11 @@ class SimConfigDefaults(TypedDict):
     answer_rerender_share: float
     """Share of an answer's tokens the next turn of its session re-sends token for token: their
     blocks stay cached on the instance that generated them, in [0, 1]."""
+    router_replicas: int
+    """Router replicas behind a round-robin balancer, each with its own index and board."""
+    replica_sync: ReplicaSync
+    replica_sync_delay_s: float
+    """With ``replica_sync="bus"``: seconds from a replica's load effect to the others' boards."""
 
 
 class SyntheticOptions(TypedDict):

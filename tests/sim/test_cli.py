@@ -131,6 +131,27 @@ def test_simulate_tier_path_options(
         assert err.value.code == 2
 
 
+def test_router_replicas_options(weka_trace: TraceWriter, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--trace", str(weka_trace()), "--policies", "least_load", *TINY, "--ladder", "1"]
+    argv += ["--feed-policies", ""]
+    runs = {}
+    for extra in ([], ["--router-replicas", "3"], ["--router-replicas", "3", "--replica-sync", "bus"]):
+        out = tmp_path / f"r{len(runs)}"
+        assert main([*argv, *extra, "--out", str(out)]) == 0
+        err = capsys.readouterr().err
+        runs[" ".join(extra)] = json.loads((out / "results.json").read_text())["least_load"]
+        config = json.loads((out / "run.json").read_text())["config"]
+        assert config["router_replicas"] == (3 if extra else 1)
+        assert config["replica_sync"] == ("bus" if "bus" in extra else "off")
+        assert ("3 router replicas" in err) == bool(extra)
+    # Three blind replicas place differently from one router (and from three synced ones).
+    assert runs[""] != runs["--router-replicas 3"] != runs["--router-replicas 3 --replica-sync bus"]
+    for bad in (["--router-replicas", "0"], ["--replica-sync-delay-ms", "-1"], ["--replica-sync", "nats"]):
+        with pytest.raises(SystemExit) as err_:
+            main([*argv, *bad, "--out", str(tmp_path / "bad")])
+        assert err_.value.code == 2
+
+
 def test_bad_arguments_fail_cleanly(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown policy"):
         main(["simulate", "--policies", "nope", "--out", str(tmp_path)])

@@ -30,6 +30,7 @@ from smetric.sim.config import (
     INDEX_FEEDS,
     NAMED_SLOS,
     POLICY_VARIANTS,
+    REPLICA_SYNCS,
     SLO,
     TIER_PATHS,
     TURN_FEEDS,
@@ -163,6 +164,27 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "the instance that generated them, so the next turn hits them there (default %(default)s)",
     )
     p.add_argument(
+        "--router-replicas",
+        type=int,
+        default=ENGINE_DEFAULTS["router_replicas"],
+        help="router replicas behind a round-robin load balancer, each with its own index and load board "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--replica-sync",
+        choices=REPLICA_SYNCS,
+        default=ENGINE_DEFAULTS["replica_sync"],
+        help="with --router-replicas > 1: off (each replica counts only its own requests) or bus (each applies "
+        "the others' load effects --replica-sync-delay-ms late, as smetric serve --replica-bus) "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--replica-sync-delay-ms",
+        type=float,
+        default=1e3 * ENGINE_DEFAULTS["replica_sync_delay_s"],
+        help="with --replica-sync bus: ms from a replica's load effect to the others' boards (default %(default)g)",
+    )
+    p.add_argument(
         "--tpot-ms",
         default=",".join(f"{1e3 * t:g}" for t in ENGINE_DEFAULTS["slo"]["tpot_s"]),
         help="TPOT bounds in ms, the first is the headline (default %(default)s)",
@@ -267,6 +289,13 @@ def _die(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def _replicas_label(config: SimulationConfig) -> str:
+    if config.router_replicas == 1:
+        return ""
+    sync = f"bus {1e3 * config.replica_sync_delay_s:g} ms" if config.replica_sync == "bus" else "unsynced"
+    return f"{config.router_replicas} router replicas ({sync}), "
+
+
 def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[str]]:
     base = SLO(ttft_base_s=args.ttft_base_s, ttft_s_per_token=args.ttft_ms_per_token / 1e3)
     slos = tuple(replace(base, tpot_s=t / 1e3) for t in _floats(args.tpot_ms))
@@ -288,6 +317,18 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
     if args.no_global_tier:
         config = config.with_tier(False)
     config = config.with_turns(args.turns)
+    if args.router_replicas < 1:
+        _die("--router-replicas must be >= 1")
+    if not args.replica_sync_delay_ms >= 0:
+        _die("--replica-sync-delay-ms must be >= 0")
+    if args.router_replicas > 1 and args.pd:
+        _die("--router-replicas > 1 runs co-located (PD mode runs one router)")
+    config = replace(
+        config,
+        router_replicas=args.router_replicas,
+        replica_sync=args.replica_sync,
+        replica_sync_delay_s=args.replica_sync_delay_ms / 1e3,
+    )
     if args.pd:
         if args.prefill_instances is None or args.decode_instances is None:
             _die("--pd needs --prefill-instances and --decode-instances")
@@ -370,7 +411,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         f"smetric {__version__} simulate: {trace.name} ({len(workload):,} requests, {workload.sessions} sessions, "
         f"{workload.arrival}), {config.instances} x {config.profile_label}"
         f"{f' (PD {config.pd.label})' if config.pd else ''}, global tier "
-        f"{_tier_label(config)}, turns from {config.turns}, policies {', '.join(policies)}, "
+        f"{_tier_label(config)}, turns from {config.turns}, {_replicas_label(config)}policies {', '.join(policies)}, "
         f"loads {', '.join(f'{x:g}' for x in loads)} {unit}",
         file=sys.stderr,
     )

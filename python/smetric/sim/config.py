@@ -48,6 +48,7 @@ from smetric._types import (
     IndexFeed,
     PdSettings,
     PolicyName,
+    ReplicaSync,
     ResolvedProfile,
     SimConfigDefaults,
     SloSettings,
@@ -131,6 +132,8 @@ batches (through the production encoder and ingestor, ``event_delay_s`` late); o
 sees every cache change the instant it happens."""
 
 TURN_FEEDS: Final[tuple[TurnFeed, ...]] = get_args(TurnFeed)
+REPLICA_SYNCS: Final[tuple[ReplicaSync, ...]] = get_args(ReplicaSync)
+"""How simulated router replicas share their in-flight work (``SimulationConfig.replica_sync``)."""
 """What a run tells the router of each request's turn: ``request`` — the turn the request carries
 (a session's k-th request has turn k, as its re-sent history shows a real router); ``index`` —
 nothing, the router infers first turns from its index. Sessionless traces (Mooncake, Azure)
@@ -335,6 +338,13 @@ class SimulationConfig:
     answer_rerender_share: float = ENGINE_DEFAULTS["answer_rerender_share"]
     """Share of an answer's tokens that the next turn of its session re-sends token for token; their
     blocks stay cached on the instance that generated them, so the next turn hits them there."""
+    router_replicas: int = ENGINE_DEFAULTS["router_replicas"]
+    """Router replicas behind a round-robin load balancer, each with its own index and load board
+    (``smetric serve`` replicas); 1: one router."""
+    replica_sync: ReplicaSync = ENGINE_DEFAULTS["replica_sync"]
+    """``"off"``: each replica counts only its own requests; ``"bus"``: each applies the others'
+    load effects ``replica_sync_delay_s`` late (``smetric serve --replica-bus``)."""
+    replica_sync_delay_s: float = ENGINE_DEFAULTS["replica_sync_delay_s"]
     router: tuple[tuple[str, Any], ...] = ()
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
@@ -511,6 +521,9 @@ class SimulationConfig:
             "event_delay_s": self.event_delay_s,
             "turns": self.turns,
             "answer_rerender_share": self.answer_rerender_share,
+            "router_replicas": self.router_replicas,
+            "replica_sync": self.replica_sync,
+            "replica_sync_delay_s": self.replica_sync_delay_s,
         }
         if self.profile_file is None:
             config["profile"] = self.profile

@@ -101,7 +101,48 @@ pub struct EffectiveLoad {
     pub active: u64,
 }
 
+/// One step of a request's life on an instance's load board, in the lifecycle's own terms:
+/// what a peer router replica reports so that this router's board counts the peer's requests
+/// too (the load effects a decision and its lifecycle calls make, `Router::apply_load_effect`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadEffect {
+    /// A request was routed here: as [`InstanceLoad::on_routed`].
+    Routed {
+        /// Uncached prompt tokens it queued for prefill.
+        prefill_tokens: u64,
+        /// Its prompt tokens.
+        prompt_tokens: u64,
+        /// Its prefill work (cold-token equivalents).
+        work: u64,
+    },
+    /// Its prefill finished: as [`InstanceLoad::on_prefilled`].
+    Prefilled {
+        /// As routed.
+        prefill_tokens: u64,
+        /// As routed.
+        work: u64,
+    },
+    /// It finished or was aborted: as [`InstanceLoad::on_done`] (after its prefill was applied).
+    Done {
+        /// As routed.
+        prompt_tokens: u64,
+    },
+}
+
 impl InstanceLoad {
+    /// Applies one load effect (see [`LoadEffect`]).
+    pub fn apply(&self, effect: LoadEffect) {
+        match effect {
+            LoadEffect::Routed {
+                prefill_tokens,
+                prompt_tokens,
+                work,
+            } => self.on_routed(prefill_tokens, prompt_tokens, work),
+            LoadEffect::Prefilled { prefill_tokens, work } => self.on_prefilled(prefill_tokens, work),
+            LoadEffect::Done { prompt_tokens } => self.on_done(prompt_tokens),
+        }
+    }
+
     /// A decision placed a request here.
     pub fn on_routed(&self, prefill_tokens: u64, prompt_tokens: u64, work: u64) {
         self.bs.fetch_add(1, Ordering::Relaxed);

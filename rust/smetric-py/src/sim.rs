@@ -35,9 +35,9 @@ use smetric_sim::config::MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK;
 use smetric_sim::profile_file::ProfileFile;
 use smetric_sim::workload::ArrivalKind;
 use smetric_sim::{
-    BailianOptions, CodexOptions, IndexFeed, PdSimConfig, Profile, RequestRecord, SimConfig, SimError, SimReport,
-    SloConfig, SloReport, SyntheticOptions, TierPath, TurnFeed, WekaOptions, Workload, codex_sessions, evaluate_slo,
-    load_azure, load_bailian, load_mooncake, load_weka, run, synthetic_agent_sessions,
+    BailianOptions, CodexOptions, IndexFeed, PdSimConfig, Profile, ReplicaSync, RequestRecord, SimConfig, SimError,
+    SimReport, SloConfig, SloReport, SyntheticOptions, TierPath, TurnFeed, WekaOptions, Workload, codex_sessions,
+    evaluate_slo, load_azure, load_bailian, load_mooncake, load_weka, run, synthetic_agent_sessions,
 };
 
 use crate::config::PyRouterConfig;
@@ -495,6 +495,18 @@ fn sim_config(
             }
             "pd" => c.pd = pd_config(py, &v)?,
             "answer_rerender_share" => c.answer_rerender_share = field(&key, &v)?,
+            "router_replicas" => c.router_replicas = field(&key, &v)?,
+            "replica_sync" => {
+                let name: String = field(&key, &v)?;
+                c.replica_sync = ReplicaSync::parse(&name).ok_or_else(|| {
+                    invalid_config(
+                        py,
+                        "replica_sync",
+                        format!("unknown replica sync {name:?}; known: off, bus"),
+                    )
+                })?;
+            }
+            "replica_sync_delay_s" => c.replica_sync_delay_s = field(&key, &v)?,
             _ => return Err(unknown_key(py, "config", &key)),
         }
     }

@@ -35,6 +35,9 @@
 //! | `pd.transfer_rank_bytes_per_s` | 54 GB/s | a GPU's own link: GPUDirect RDMA reads cross its PCIe link, measured at 54 GB/s on H20 (perf-model §3B) |
 //! | `pd.transfer_latency_s` | 0.4 ms | Mooncake's 1P1D figure for 128 tokens (0.54 ms for 20 MB) minus its bytes at the measured 142 GB/s (`docs/pd-and-tier.md` §A.3) |
 //! | `answer_rerender_share` | 1.0 | see [`DEFAULT_ANSWER_RERENDER_SHARE`] |
+//! | `router_replicas` | 1 | one router process; more model the replicas a fleet runs for fault tolerance and rate, each a whole router of its own behind a round-robin load balancer (`placers::replicated`) |
+//! | `replica_sync` | off | each replica's board holds its own requests only (with `router_replicas` = 1 there is nothing to sync) |
+//! | `replica_sync_delay_s` | 10 ms | see [`DEFAULT_REPLICA_SYNC_DELAY_S`] |
 
 use serde::Serializer;
 use smetric_core::RouterConfig;
@@ -76,6 +79,52 @@ pub const MOONCAKE_RDMA_STORE_BYTES_PER_S: f64 = 8.1e9;
 pub const CPU_OFFLOAD_LOAD_BYTES_PER_S: f64 = 40.0e9;
 /// Default delay between an engine publishing a KV-event batch and the router applying it, seconds.
 pub const DEFAULT_EVENT_DELAY_S: f64 = 0.01;
+/// Most router replicas a run may model (each is a whole router with its own index).
+pub const MAX_ROUTER_REPLICAS: u32 = 64;
+
+/// Delay between a router replica's load effect (a decision, a prefill done, a request done)
+/// and its application to the other replicas' boards with `replica_sync = bus`, seconds: the
+/// publishing replica's batching of its effects plus one NATS hop inside a data centre (sub-ms),
+/// budgeted like the KV-event hop ([`DEFAULT_EVENT_DELAY_S`]).
+pub const DEFAULT_REPLICA_SYNC_DELAY_S: f64 = 0.01;
+
+/// How router replicas share their in-flight work ([`SimConfig::replica_sync`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplicaSync {
+    /// Each replica's board holds its own requests only: what a fleet of replicas without a
+    /// bus routes on.
+    #[default]
+    Off,
+    /// Every replica applies the others' load effects, `replica_sync_delay_s` late (the
+    /// `--replica-bus` of `smetric serve`).
+    Bus,
+}
+
+impl serde::Serialize for ReplicaSync {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl ReplicaSync {
+    /// Report name: `off`, `bus`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Bus => "bus",
+        }
+    }
+
+    /// Parses a report name.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "off" => Some(Self::Off),
+            "bus" => Some(Self::Bus),
+            _ => None,
+        }
+    }
+}
+
 /// Share of an answer's tokens that the next turn of its session re-sends token for token, so
 /// that their blocks, cached on the instance that generated them, hit there (`instance`'s
 /// "Answers re-sent"). 1.0: every answer token re-renders identically, as measured for the
@@ -375,6 +424,13 @@ pub struct SimConfig {
     /// Share of an answer's tokens the next turn re-sends token for token, in [0, 1]: their
     /// blocks stay cached on the instance that generated them ([`DEFAULT_ANSWER_RERENDER_SHARE`]).
     pub answer_rerender_share: f64,
+    /// Router replicas behind a round-robin load balancer, each with its own index and board
+    /// (`placers::replicated`); 1: one router.
+    pub router_replicas: u32,
+    /// Whether replicas share their load effects ([`ReplicaSync`]).
+    pub replica_sync: ReplicaSync,
+    /// With `replica_sync = bus`: seconds from a replica's load effect to the others' boards.
+    pub replica_sync_delay_s: f64,
 }
 
 fn profile_name<S: serde::Serializer>(profile: &Profile, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -410,6 +466,9 @@ impl Default for SimConfig {
             router: RouterConfig::default(),
             pd: None,
             answer_rerender_share: DEFAULT_ANSWER_RERENDER_SHARE,
+            router_replicas: 1,
+            replica_sync: ReplicaSync::Off,
+            replica_sync_delay_s: DEFAULT_REPLICA_SYNC_DELAY_S,
         }
     }
 }
@@ -520,6 +579,19 @@ impl SimConfig {
         }
         if let Some(t) = self.load_report_interval_s {
             positive("load_report_interval_s", t)?;
+        }
+        non_negative("replica_sync_delay_s", self.replica_sync_delay_s)?;
+        if self.router_replicas == 0 || self.router_replicas > MAX_ROUTER_REPLICAS {
+            return Err(SimError::InvalidConfig {
+                field: "router_replicas",
+                reason: format!("must be in 1..={MAX_ROUTER_REPLICAS}, got {}", self.router_replicas),
+            });
+        }
+        if self.router_replicas > 1 && self.pd.is_some() {
+            return Err(SimError::InvalidConfig {
+                field: "router_replicas",
+                reason: "PD mode runs one router".into(),
+            });
         }
         if let Some(t) = self.arrivals_until_s {
             non_negative("arrivals_until_s", t)?;

@@ -57,12 +57,12 @@ pub mod workload;
 pub use cache_events::IndexFeed;
 pub use cluster::pd::uncontended_pull_s;
 pub use cluster::simulate;
-pub use config::{GlobalTierConfig, PdSimConfig, SimConfig, SloConfig, TierPath, TurnFeed};
+pub use config::{GlobalTierConfig, PdSimConfig, ReplicaSync, SimConfig, SloConfig, TierPath, TurnFeed};
 pub use error::{Result, SimError};
 pub use metrics::{LoadSeries, PdReport, Percentiles, RequestRecord, SimReport, SloReport, evaluate_slo};
 pub use perf_model::{BatchShape, Profile};
 pub use placement::{EngineLoadReport, PlaceRequest, Placement, Placer, RoundRobinPlacer};
-pub use placers::{CorePdPlacer, CorePlacer, core_pd_placer, core_placer};
+pub use placers::{CorePdPlacer, CorePlacer, ReplicatedPlacer, core_pd_placer, core_placer, replicated_placer};
 pub use smetric_core::{PolicyKind, RouterConfig};
 pub use workload::azure::load_azure;
 pub use workload::bailian::{BailianOptions, load_bailian};
@@ -73,10 +73,14 @@ pub use workload::weka::{WekaOptions, load_weka};
 pub use workload::{ArrivalKind, RequestSpec, SyntheticSessions, Workload, WorkloadBuilder, synthetic_sessions};
 
 /// Runs `workload` on the cluster of `config`, routing with the real router running `policy`
-/// (built by [`core_placer`]).
+/// (built by [`core_placer`]; [`replicated_placer`] for several router replicas).
 pub fn run(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Result<SimReport> {
     if config.pd.is_some() {
         let mut placer = core_pd_placer(config, workload, policy)?;
+        return simulate(config, workload, &mut placer);
+    }
+    if config.router_replicas > 1 {
+        let mut placer = replicated_placer(config, workload, policy)?;
         return simulate(config, workload, &mut placer);
     }
     let mut placer = core_placer(config, workload, policy)?;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::Router;
 use crate::error::{Result, SmetricError};
 use crate::ids::InstanceId;
-use crate::load::LoadSnapshot;
+use crate::load::{LoadEffect, LoadSnapshot};
 
 impl Router {
     /// Adds an instance (empty index, zero load).
@@ -61,6 +61,17 @@ impl Router {
         let (_, m) = fleet.by_name(instance)?;
         m.load.update_engine(running, waiting, kv_usage, now_ms);
         Ok(())
+    }
+
+    /// Applies a load effect that happened elsewhere (a peer router replica's request) to the
+    /// board of the instance in `slot`, so that this router's decisions count it. Returns
+    /// whether the slot holds a live instance. The effect is added to the router's own
+    /// counters: the caller applies each request's effects in order, exactly once (its
+    /// `Routed`, then `Prefilled`, then `Done`), and the counters saturate at zero if it does
+    /// not. Lock-free: O(1) atomics.
+    pub fn apply_load_effect(&self, slot: InstanceId, effect: LoadEffect) -> bool {
+        let fleet = self.fleet.load();
+        fleet.member(slot.0).map(|m| m.load.apply(effect)).is_some()
     }
 
     /// The load counters of `instance`.

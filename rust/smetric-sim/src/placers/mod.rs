@@ -3,8 +3,11 @@
 //!
 //! * [`CorePlacer`] (`core`) — the real `smetric_core::Router`, co-located serving;
 //! * [`CorePdPlacer`] (`pd`) — the real `smetric_core::PdRouter`, disaggregated serving;
-//! * [`core_placer`] / [`core_pd_placer`] — each set up for a [`SimConfig`] and a [`Workload`]:
-//!   the router's capacities are the simulated pools and tier, in the workload's blocks.
+//! * [`ReplicatedPlacer`] (`replicated`) — R [`CorePlacer`]s behind a round-robin balancer,
+//!   with or without a bus that shares their load effects (`router_replicas`, `replica_sync`);
+//! * [`core_placer`] / [`core_pd_placer`] / [`replicated_placer`] — each set up for a
+//!   [`SimConfig`] and a [`Workload`]: the router's capacities are the simulated pools and tier,
+//!   in the workload's blocks.
 //!
 //! Complexity: a builder is O(instances); the placers' costs are stated in their modules.
 //!
@@ -12,11 +15,13 @@
 
 mod core;
 mod pd;
+mod replicated;
 
 use smetric_core::PolicyKind;
 
 pub use self::core::CorePlacer;
 pub use self::pd::CorePdPlacer;
+pub use self::replicated::ReplicatedPlacer;
 use crate::cache_events::IndexFeed;
 use crate::config::SimConfig;
 use crate::error::{Result, SimError};
@@ -94,4 +99,22 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
         usize::try_from(max_mapped).unwrap_or(usize::MAX),
     )?;
     Ok(placer.with_turns(config.turns))
+}
+
+/// `config.router_replicas` routers running `policy`, each set up as [`core_placer`] sets one
+/// up (replica `r` seeded `config.seed + r`), behind a round-robin balancer, their load effects
+/// shared as `config.replica_sync` says.
+pub fn replicated_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) -> Result<ReplicatedPlacer> {
+    let replicas = (0..config.router_replicas)
+        .map(|r| {
+            let mut c = config.clone();
+            c.seed = config.seed.wrapping_add(u64::from(r));
+            core_placer(&c, workload, policy)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ReplicatedPlacer::new(
+        replicas,
+        config.replica_sync,
+        config.replica_sync_delay_s,
+    ))
 }
