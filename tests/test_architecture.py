@@ -283,6 +283,7 @@ SERVE_LAYERS: dict[str, int] = {
     "piecewise": 0,
     "telemetry": 0,
     "http_guard": 0,
+    "replica_bus": 0,
     "request": 1,
     "admission": 1,
     "decision_log": 1,

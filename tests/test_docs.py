@@ -113,3 +113,36 @@ def test_the_scans_report_what_dangles() -> None:
         "gone.md",
         "no-such-doc §",
     ]
+
+
+def test_the_three_replica_deployment_is_wired_as_docs_serve_describes() -> None:
+    # No Docker engine runs here: the manifest is parsed and its wiring checked (docs/serve.md,
+    # "Several proxy replicas").
+    import json
+
+    import yaml
+
+    deploy = ROOT / "deploy" / "replicas"
+    compose = yaml.safe_load((deploy / "compose.yaml").read_text())
+    services = compose["services"]
+    replicas = [name for name, s in services.items() if s.get("command", [None])[0] == "serve"]
+    assert len(replicas) == 3
+    nats_port = services["nats"]["command"][services["nats"]["command"].index("-p") + 1]
+    engines = [name for name in services if name.startswith("engine-")]
+    for name in replicas:
+        s = services[name]
+        assert s["environment"]["SMETRIC_REPLICA_BUS"] == f"nats://nats:{nats_port}"
+        assert sorted(a.removeprefix("--instance=") for a in s["command"] if a.startswith("--instance=")) == sorted(
+            f"http://{e}:8000" for e in engines
+        )
+        assert any("/health" in part for part in s["healthcheck"]["test"])
+        assert (deploy / s["build"]["dockerfile"].removeprefix("deploy/replicas/")).is_file()
+    for name in engines:
+        (config,) = (a.split("=", 1)[1] for a in services[name]["command"] if a.startswith("--kv-events-config="))
+        events = json.loads(config)
+        # Bound on every interface, announced at /kv_event_sources: every replica subscribes.
+        assert events["enable_kv_cache_events"] and events["endpoint"].startswith("tcp://*:")
+        assert events["replay_endpoint"].startswith("tcp://*:")
+    nginx = (deploy / "nginx.conf").read_text()
+    assert all(f"server {name}:8080" in nginx for name in replicas)
+    assert "location = /health" in nginx and "8080:8080" in services["lb"]["ports"]

@@ -248,3 +248,25 @@ def test_config_defaults_match_the_documented_table() -> None:
     for field, text in rows.items():
         expected = eval(text.replace("_", "") if text[0].isdigit() else text)  # literals of the table
         assert config[field] == expected, field
+
+
+@pytest.mark.parametrize("impl", ["rust", "reference"])
+@pytest.mark.parametrize("policy", ["least_load", "smetric", "lmetric"])
+def test_peer_load_is_added_to_the_board_the_policies_read(impl: str, policy: str) -> None:
+    from smetric.reference import ReferenceRouter
+
+    cls: Any = Router if impl == "rust" else ReferenceRouter
+    r = cls(NAMES, policy=policy, block_size=4)
+    peers = {"batch_size": 6, "waiting": 6, "queued": 40_000, "queued_work": 60_000, "active": 40_000}
+    for name in ("a", "b"):
+        r.set_peer_load(name, **peers)
+    assert r.peer_load("a") == peers and r.peer_load("c") == dict.fromkeys(peers, 0)
+    # Idle boards of their own, but peers' work on a and b: a first turn goes to c.
+    assert r.route(list(range(100, 140)), turn=1).instance == "c"
+    assert r.load("a")["batch_size"] == 0, "the router's own counters never hold peers' work"
+    for name in ("a", "b"):
+        r.set_peer_load(name)  # replaced whole: back to nothing
+    assert r.peer_load("a") == dict.fromkeys(peers, 0)
+    with pytest.raises(ValueError) as err:
+        r.set_peer_load("nope", batch_size=1)
+    assert type(err.value).__name__ == "UnknownInstanceError"

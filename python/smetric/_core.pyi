@@ -510,6 +510,25 @@ class Router:
         now: float | None = None,
     ) -> None:
         """Stores an engine load snapshot (e.g. from vLLM's ``/metrics``)."""
+    def set_peer_load(
+        self,
+        instance: str,
+        *,
+        batch_size: int = 0,
+        waiting: int = 0,
+        queued: int = 0,
+        queued_work: int = 0,
+        active: int = 0,
+    ) -> None:
+        """Replaces the in-flight work peer router replicas have on ``instance`` (their own
+        boards' counters summed); decisions add it to this router's own counts.
+
+        Raises:
+            UnknownInstanceError: ``instance`` is not in the fleet.
+        """
+    def peer_load(self, instance: str) -> dict[str, int]:
+        """The peers' in-flight work on ``instance`` as last set (``batch_size``, ``waiting``,
+        ``queued``, ``queued_work``, ``active``)."""
     def store_blocks(
         self,
         instance: str | None,

@@ -93,12 +93,17 @@ class InstanceLoad:
     stamp_ms: int | None = None  # ... and when it was taken; None: no snapshot yet
     drain: DrainRate = field(default_factory=DrainRate)
     recent: RecentLoad = field(default_factory=RecentLoad)  # `preble` only (§6 item 13)
+    peers: dict[str, int] = field(default_factory=dict)  # set_peer_load: peer replicas' work (§3)
+
+    def peer(self, key: str) -> int:
+        return self.peers.get(key, 0)
 
     def effective(self, now_ms: int, staleness_ms: int) -> tuple[int, int]:
         """(bs_eff, waiting_eff): the engine snapshot only counts while it exists and is fresh."""
+        bs, waiting = self.bs + self.peer("batch_size"), self.waiting + self.peer("waiting")
         if self.stamp_ms is not None and max(now_ms - self.stamp_ms, 0) <= staleness_ms:
-            return max(self.bs, self.running_e + self.waiting_e), max(self.waiting, self.waiting_e)
-        return self.bs, self.waiting
+            return max(bs, self.running_e + self.waiting_e), max(waiting, self.waiting_e)
+        return bs, waiting
 
     def as_dict(self) -> dict[str, int | float | None]:
         """The shape of `Router.load(name)` (§8; `smetric.InstanceLoad` names the keys)."""

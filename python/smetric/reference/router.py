@@ -311,9 +311,9 @@ class ReferenceRouter:
                     local_hit,
                     bs_eff,
                     waiting_eff,
-                    s.load.queued,
-                    s.load.active,
-                    s.load.queued_work,
+                    s.load.queued + s.load.peer("queued"),
+                    s.load.active + s.load.peer("active"),
+                    s.load.queued_work + s.load.peer("queued_work"),
                     rate,
                     peer_rate,
                     recent_requests,
@@ -521,6 +521,29 @@ class ReferenceRouter:
         if kv_usage is not None:
             load.kv_usage = kv_usage
         load.stamp_ms = now_ms
+
+    def set_peer_load(
+        self,
+        instance: str,
+        *,
+        batch_size: int = 0,
+        waiting: int = 0,
+        queued: int = 0,
+        queued_work: int = 0,
+        active: int = 0,
+    ) -> None:
+        """§3: peer router replicas' in-flight work here, added to the router's own at read time."""
+        self._slot(instance).load.peers = {
+            "batch_size": batch_size,
+            "waiting": waiting,
+            "queued": queued,
+            "queued_work": queued_work,
+            "active": active,
+        }
+
+    def peer_load(self, instance: str) -> dict[str, int]:
+        load = self._slot(instance).load
+        return {k: load.peer(k) for k in ("batch_size", "waiting", "queued", "queued_work", "active")}
 
     # -- §2.6 explicit index maintenance -------------------------------------------------------
     def _holder(self, instance: str | None, tier: str) -> int | None:

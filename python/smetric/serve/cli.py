@@ -56,6 +56,12 @@ def register(sub: Any) -> None:
         help="the key of stored responses' ids, the same on every replica (at least 16 bytes; "
         "default: $SMETRIC_RESPONSE_ID_KEY, else the file's, else random per process)",
     )
+    p.add_argument(
+        "--replica-bus",
+        default=None,
+        help="a NATS server (nats://HOST:PORT) the replicas in front of one fleet share their in-flight work over "
+        "(default: $SMETRIC_REPLICA_BUS, else the file's, else off)",
+    )
     p.add_argument("--decision-log", default=None, help="append one JSON line per request to this file")
     p.add_argument(
         "--data-plane",
@@ -99,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
             "upstream_api_key": args.upstream_api_key,
             "decision_log": args.decision_log,
             "response_id_key": args.response_id_key,
+            "replica_bus": args.replica_bus,
             "data_plane": args.data_plane,
         }
         for flag, key in ((args.instance, "instances"), (args.prefill, "prefill"), (args.decode, "decode")):

@@ -42,6 +42,9 @@ from smetric.serve.tokens import TOKEN_MODES, TokenConfig
 DATA_PLANES = ("auto", "python", "compiled")
 """What may serve the public address (:attr:`ServeConfig.data_plane`)."""
 
+REPLICA_BUS_ENV = "SMETRIC_REPLICA_BUS"
+"""The environment variable :func:`load_config` reads ``replica_bus`` from (above the file, below
+the flag)."""
 RESPONSE_ID_KEY_ENV = "SMETRIC_RESPONSE_ID_KEY"
 """The environment variable :func:`load_config` reads ``response_id_key`` from (above the file,
 below a flag)."""
@@ -160,6 +163,18 @@ class ServeConfig:
     proxy replicas in front of one fleet must share it; None: a random key per process. At least
     :data:`MIN_RESPONSE_ID_KEY_BYTES` bytes; never shown (not in the config's ``repr`` nor in an
     error). :func:`load_config` also reads it from :data:`RESPONSE_ID_KEY_ENV`."""
+    replica_bus: str | None = None
+    """A NATS server (``nats://HOST:PORT``) the proxy replicas in front of one fleet share their
+    in-flight work over (:mod:`smetric.serve.replica_bus`): each routes on every replica's
+    requests, not only its own. None: off. :func:`load_config` also reads it from
+    :data:`REPLICA_BUS_ENV`. Co-located mode only."""
+    replica_bus_subject: str = "smetric.replicas.load"
+    """The NATS subject of the load snapshots: one per fleet (replicas of two fleets on one server
+    must not see each other's instances' work)."""
+    replica_bus_period_s: float = 0.05
+    """How often a replica publishes its board: the staleness bound of its peers' view, plus a hop."""
+    replica_peer_expiry_s: float = 2.0
+    """A peer silent this long is dropped with its in-flight work."""
     # -- admission (smetric.serve.admission) and keys (smetric.serve.auth) --
     max_in_flight: int = 4096
     """Requests admitted at once across the fleet (the admission cap; docs/serve.md)."""
@@ -212,6 +227,14 @@ class ServeConfig:
             )
         if self.data_plane not in DATA_PLANES:
             raise _bad("data_plane", f"must be one of {', '.join(DATA_PLANES)}, got {self.data_plane!r}")
+        if self.replica_bus is not None:
+            bus = self.replica_bus
+            if not isinstance(bus, str) or not bus.startswith(("nats://", "tls://")) or len(bus) <= len("nats://"):
+                raise _bad("replica_bus", f"replica_bus must be a nats:// or tls:// URL, got {bus!r}")
+            if self.prefill:
+                raise _bad("replica_bus", "replica_bus is for co-located mode (the PD router keeps its own board)")
+        if not (self.replica_bus_period_s > 0 and self.replica_peer_expiry_s > self.replica_bus_period_s):
+            raise _bad("replica_peer_expiry_s", "need replica_bus_period_s > 0 and replica_peer_expiry_s above it")
         if self.policy not in POLICIES:
             raise _bad("policy", f"unknown policy {self.policy!r} (known: {', '.join(POLICIES)})")
         for name in ("max_in_flight", "max_in_flight_per_instance", "queue_size", "retry_after_s"):
@@ -318,6 +341,8 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServeConfig
     data: dict[str, Any] = _read_file(Path(path)) if path is not None else {}
     if (key := os.environ.get(RESPONSE_ID_KEY_ENV)) is not None:
         data["response_id_key"] = key
+    if bus := os.environ.get(REPLICA_BUS_ENV):
+        data["replica_bus"] = bus
     data.update({k: v for k, v in overrides.items() if v is not None})
     known = {f.name for f in dataclasses.fields(ServeConfig)}
     unknown = set(data) - known

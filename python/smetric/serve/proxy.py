@@ -67,6 +67,7 @@ from smetric.serve.failover import Failover, GatewayCut
 from smetric.serve.fleet import Fleet, fleet_kv_capacity, kv_event_sources
 from smetric.serve.http_guard import SERVER_HEADER, ConnectionLimits, GuardedRunner, status_message
 from smetric.serve.relay import STREAM_KEY, end_stream
+from smetric.serve.replica_bus import ReplicaBus, fleet_lines
 from smetric.serve.request import RequestError, escapes_lone_surrogate
 from smetric.serve.session import SessionTable, affinity_instance, session_hint
 from smetric.serve.telemetry import ProxyTelemetry
@@ -142,6 +143,17 @@ class Proxy:
         self.compiled: CompiledPlane | None = None
         """The compiled data plane in front of the app, when one serves the port (:func:`run`)."""
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smetric-tokenizer")
+        self.replica_bus: ReplicaBus | None = None
+        """The replica bus, when configured (:mod:`smetric.serve.replica_bus`)."""
+        if config.replica_bus is not None and isinstance(backend, ColocatedBackend):
+            self.replica_bus = ReplicaBus(
+                config.replica_bus,
+                backend.router,
+                lambda: list(fleet.instances),
+                subject=config.replica_bus_subject,
+                period_s=config.replica_bus_period_s,
+                expiry_s=config.replica_peer_expiry_s,
+            )
 
     # -- construction and lifecycle ---------------------------------------------------------------
 
@@ -197,9 +209,13 @@ class Proxy:
         """Opens the upstream client and starts the fleet's feeds, probe and model refresh."""
         self._upstream.open()
         await self.fleet.start(self.backend.feed_targets())
+        if self.replica_bus is not None:
+            await self.replica_bus.start()
 
     async def close(self) -> None:
         """Stops the background work and closes the upstream client."""
+        if self.replica_bus is not None:
+            await self.replica_bus.close()
         await self.fleet.close()
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         self.outcomes.close()
@@ -470,6 +486,8 @@ class Proxy:
             return web.json_response({"status": "draining"}, status=503)
         if self.fleet.all_ejected:
             return web.json_response({"status": "no healthy instance"}, status=503)
+        if self.replica_bus is not None:
+            return web.json_response({"status": "ok", "replica_bus": self.replica_bus.health()})
         return web.json_response({"status": "ok"})
 
     async def _metrics(self, _: web.Request) -> web.Response:
@@ -483,10 +501,18 @@ class Proxy:
             *(self.admission.render() if compiled is None else compiled.render_admission()),
             *self.keys.render(),
             *self.outcomes.render(),
+            *self._fleet_lines(),
+            *(self.replica_bus.render() if self.replica_bus is not None else []),
         ]
         head = self.backend.metrics_text(self.fleet.subscriber, self.fleet.scraper)
         text = head + ("\n".join(lines) + "\n" if lines else "")
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    def _fleet_lines(self) -> list[str]:
+        """The fleet view this replica routes on (co-located: its own work plus its peers')."""
+        if not isinstance(self.backend, ColocatedBackend):
+            return []
+        return fleet_lines(self.backend.router, list(self.fleet.instances))
 
     async def _gateway_continue(self, request: web.Request) -> web.StreamResponse:
         """A stream the gateway was relaying, cut by its instance, continued here: the body is

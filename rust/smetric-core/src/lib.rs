@@ -46,7 +46,7 @@ pub use error::{Result, SmetricError};
 pub use hash::{chain_root, chain_tokens_into, hash_tokens, hash_tokens_into};
 pub use ids::{BlockHash, InstanceId, RequestId};
 pub use index::{Holder, IndexQuery, KvIndex};
-pub use load::{EffectiveLoad, LoadEffect, LoadSnapshot};
+pub use load::{EffectiveLoad, LoadEffect, LoadSnapshot, PeerLoad};
 pub use mix_map::{MixHasher, MixMap};
 pub use pd::{DecodeRule, PdConfig, PdDecision, PdRouter};
 pub use policy::{Candidate, Policy, PolicyKind, Reason, Selection, SelectionInput};

@@ -37,6 +37,13 @@ pub struct InstanceLoad {
     waiting_e: AtomicU64,
     kv_usage_bits: AtomicU64,
     stamp_ms: AtomicU64,
+    /// Peer router replicas' in-flight work here (their own boards' counters, summed), set
+    /// whole by [`InstanceLoad::set_peers`] and added at read time by [`InstanceLoad::effective`].
+    peer_bs: AtomicU64,
+    peer_waiting: AtomicU64,
+    peer_queued: AtomicU64,
+    peer_queued_work: AtomicU64,
+    peer_active: AtomicU64,
     /// The instance's learned prefill drain rate.
     pub drain: DrainRate,
     /// The requests routed here within the last `preble_window_s` (`preble` only).
@@ -55,6 +62,11 @@ impl Default for InstanceLoad {
             waiting_e: AtomicU64::new(0),
             kv_usage_bits: AtomicU64::new(0f64.to_bits()),
             stamp_ms: AtomicU64::new(NEVER),
+            peer_bs: AtomicU64::new(0),
+            peer_waiting: AtomicU64::new(0),
+            peer_queued: AtomicU64::new(0),
+            peer_queued_work: AtomicU64::new(0),
+            peer_active: AtomicU64::new(0),
             drain: DrainRate::default(),
             recent: RecentLoad::default(),
         }
@@ -84,6 +96,22 @@ pub struct LoadSnapshot {
     pub kv_usage: f64,
     /// Time of the last engine snapshot in ms, if any.
     pub stamp_ms: Option<u64>,
+}
+
+/// Peer router replicas' in-flight work on one instance: the sum of their own boards'
+/// counters, as their last snapshots over the replica bus said (`smetric serve --replica-bus`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerLoad {
+    /// Their requests routed here and not finished.
+    pub bs: u64,
+    /// Of those, not yet prefilled.
+    pub waiting: u64,
+    /// Their uncached prompt tokens queued here for prefill.
+    pub queued: u64,
+    /// Their prefill work queued here.
+    pub queued_work: u64,
+    /// Prompt tokens of their requests in flight here.
+    pub active: u64,
 }
 
 /// What the policies see: the router's counts fused with a fresh engine snapshot.
@@ -196,20 +224,40 @@ impl InstanceLoad {
         }
     }
 
-    /// The load the policies score, fusing a snapshot no older than `staleness_ms`.
+    /// Replaces the peers' in-flight work here (see [`PeerLoad`]).
+    pub fn set_peers(&self, peers: &PeerLoad) {
+        self.peer_bs.store(peers.bs, Ordering::Relaxed);
+        self.peer_waiting.store(peers.waiting, Ordering::Relaxed);
+        self.peer_queued.store(peers.queued, Ordering::Relaxed);
+        self.peer_queued_work.store(peers.queued_work, Ordering::Relaxed);
+        self.peer_active.store(peers.active, Ordering::Relaxed);
+    }
+
+    /// The peers' in-flight work here, as last set.
+    pub fn peers(&self) -> PeerLoad {
+        PeerLoad {
+            bs: self.peer_bs.load(Ordering::Relaxed),
+            waiting: self.peer_waiting.load(Ordering::Relaxed),
+            queued: self.peer_queued.load(Ordering::Relaxed),
+            queued_work: self.peer_queued_work.load(Ordering::Relaxed),
+            active: self.peer_active.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The load the policies score: the router's own counts plus its peers' ([`PeerLoad`]),
+    /// fusing an engine snapshot no older than `staleness_ms` (which already counts every
+    /// replica's running and waiting requests, so it is compared with the sum).
     pub fn effective(&self, now_ms: u64, staleness_ms: u64) -> EffectiveLoad {
         let s = self.snapshot();
+        let p = self.peers();
         let fresh = s.stamp_ms.is_some_and(|t| now_ms.saturating_sub(t) <= staleness_ms);
+        let (bs, waiting) = (s.bs + p.bs, s.waiting + p.waiting);
         EffectiveLoad {
-            bs: if fresh {
-                s.bs.max(s.running_e + s.waiting_e)
-            } else {
-                s.bs
-            },
-            waiting: if fresh { s.waiting.max(s.waiting_e) } else { s.waiting },
-            queued: s.queued,
-            queued_work: s.queued_work,
-            active: s.active,
+            bs: if fresh { bs.max(s.running_e + s.waiting_e) } else { bs },
+            waiting: if fresh { waiting.max(s.waiting_e) } else { waiting },
+            queued: s.queued + p.queued,
+            queued_work: s.queued_work + p.queued_work,
+            active: s.active + p.active,
         }
     }
 }
@@ -231,5 +279,38 @@ mod tests {
         l.update_engine(Some(5), Some(2), Some(0.5), 1000);
         assert_eq!(l.effective(1500, 1000).bs, 7);
         assert_eq!(l.effective(2001, 1000).bs, 0, "a stale snapshot is ignored");
+    }
+
+    #[test]
+    fn peers_add_to_the_board_and_are_replaced_whole() {
+        let l = InstanceLoad::default();
+        l.on_routed(100, 120, 150);
+        let peers = PeerLoad {
+            bs: 3,
+            waiting: 2,
+            queued: 500,
+            queued_work: 700,
+            active: 900,
+        };
+        l.set_peers(&peers);
+        let e = l.effective(0, 1000);
+        assert_eq!(
+            (e.bs, e.waiting, e.queued, e.queued_work, e.active),
+            (4, 3, 600, 850, 1020)
+        );
+        // The engine's counts cover every replica: the larger of the two wins.
+        l.update_engine(Some(6), Some(1), None, 0);
+        assert_eq!(l.effective(0, 1000).bs, 7);
+        l.set_peers(&PeerLoad::default());
+        assert_eq!(
+            l.effective(5000, 1000).queued,
+            100,
+            "a new snapshot replaces the old one"
+        );
+        assert_eq!(
+            l.snapshot().queued,
+            100,
+            "the router's own counters never hold peers' work"
+        );
     }
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use smetric_core::{
-    BlockHash, DEFAULT_BLOCK_SIZE, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig, SmetricError,
-    Tier, TurnHint, first_turn_from_roles,
+    BlockHash, DEFAULT_BLOCK_SIZE, PeerLoad, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig,
+    SmetricError, Tier, TurnHint, first_turn_from_roles,
 };
 
 use crate::config::PyRouterConfig;
@@ -426,6 +426,42 @@ impl PyRouter {
         now: Option<f64>,
     ) -> PyResult<()> {
         self.inner.update_load(instance, running, waiting, kv_usage, now).py()
+    }
+
+    /// Replaces the in-flight work peer router replicas have on ``instance`` (the sum of their
+    /// own boards' counters, from their last snapshots on the replica bus); decisions add it to
+    /// this router's own counts. ``load()`` keeps showing this router's own counters.
+    #[pyo3(signature = (instance, *, batch_size = 0, waiting = 0, queued = 0, queued_work = 0, active = 0))]
+    fn set_peer_load(
+        &self,
+        instance: &str,
+        batch_size: u64,
+        waiting: u64,
+        queued: u64,
+        queued_work: u64,
+        active: u64,
+    ) -> PyResult<()> {
+        let peers = PeerLoad {
+            bs: batch_size,
+            waiting,
+            queued,
+            queued_work,
+            active,
+        };
+        self.inner.set_peer_load(instance, peers).py()
+    }
+
+    /// The peers' in-flight work on ``instance`` as last set: a dict of ``batch_size``,
+    /// ``waiting``, ``queued``, ``queued_work`` and ``active``.
+    fn peer_load<'py>(&self, py: Python<'py>, instance: &str) -> PyResult<Bound<'py, PyDict>> {
+        let p = self.inner.peer_load(instance).py()?;
+        let d = PyDict::new(py);
+        d.set_item("batch_size", p.bs)?;
+        d.set_item("waiting", p.waiting)?;
+        d.set_item("queued", p.queued)?;
+        d.set_item("queued_work", p.queued_work)?;
+        d.set_item("active", p.active)?;
+        Ok(d)
     }
 
     /// Records that ``instance`` (or the global tier) holds ``hashes``, a run continuing ``parent``.

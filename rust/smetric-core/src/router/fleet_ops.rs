@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::Router;
 use crate::error::{Result, SmetricError};
 use crate::ids::InstanceId;
-use crate::load::{LoadEffect, LoadSnapshot};
+use crate::load::{LoadEffect, LoadSnapshot, PeerLoad};
 
 impl Router {
     /// Adds an instance (empty index, zero load).
@@ -72,6 +72,21 @@ impl Router {
     pub fn apply_load_effect(&self, slot: InstanceId, effect: LoadEffect) -> bool {
         let fleet = self.fleet.load();
         fleet.member(slot.0).map(|m| m.load.apply(effect)).is_some()
+    }
+
+    /// Replaces the in-flight work peer router replicas have on `instance` (their own boards'
+    /// counters summed, from their last snapshots on the replica bus): decisions add it to this
+    /// router's own counts. O(1), lock-free.
+    pub fn set_peer_load(&self, instance: &str, peers: PeerLoad) -> Result<()> {
+        let fleet = self.fleet.load();
+        fleet.by_name(instance)?.1.load.set_peers(&peers);
+        Ok(())
+    }
+
+    /// The peers' in-flight work on `instance`, as last set.
+    pub fn peer_load(&self, instance: &str) -> Result<PeerLoad> {
+        let fleet = self.fleet.load();
+        Ok(fleet.by_name(instance)?.1.load.peers())
     }
 
     /// The load counters of `instance`.
