@@ -12,7 +12,8 @@ replica applies the others' load effects a few milliseconds late.
 
 **The runs** (the simulator's ``--router-replicas R --replica-sync off|bus``,
 ``placers/replicated.rs``): R = 1, 2, 4, 8 replicas behind a round-robin balancer, without and
-with the bus (10 ms late, ``DEFAULT_REPLICA_SYNC_DELAY_S``); every replica's index exact and
+with the bus (each effect 50 ms late, ``DEFAULT_REPLICA_SYNC_DELAY_S``: the worst case of
+``smetric serve``'s bus, which publishes each replica's board every 50 ms); every replica's index exact and
 current (the oracle feed: each subscribes to every engine, and §10 measured what the events' own
 delay costs), engine load reports every 0.25 s (``smetric serve``'s scraper period) fused into
 every replica's board; the default tier path (LMCache over Mooncake) and profile; ``smetric`` and
@@ -43,7 +44,8 @@ from smetric.sim import RunResult, RunSpec, SimulationConfig, TraceSpec, Window,
 
 POLICIES = ("smetric", "lmetric", "llmd_prefix_load")
 REPLICAS = (1, 2, 4, 8)
-SYNC_DELAY_S = 0.01
+SYNC_DELAY_S = 0.05
+"""The sim's bus delay: `smetric serve`'s worst-case staleness (one 50 ms publishing period)."""
 LOAD_REPORT_S = 0.25
 WEKA_LOADS_16 = (0.02, 0.035, 0.05, 0.065, 0.08)
 BAR = 0.98

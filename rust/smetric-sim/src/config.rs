@@ -37,7 +37,7 @@
 //! | `answer_rerender_share` | 1.0 | see [`DEFAULT_ANSWER_RERENDER_SHARE`] |
 //! | `router_replicas` | 1 | one router process; more model the replicas a fleet runs for fault tolerance and rate, each a whole router of its own behind a round-robin load balancer (`placers::replicated`) |
 //! | `replica_sync` | off | each replica's board holds its own requests only (with `router_replicas` = 1 there is nothing to sync) |
-//! | `replica_sync_delay_s` | 10 ms | see [`DEFAULT_REPLICA_SYNC_DELAY_S`] |
+//! | `replica_sync_delay_s` | 50 ms | see [`DEFAULT_REPLICA_SYNC_DELAY_S`] |
 
 use serde::Serializer;
 use smetric_core::RouterConfig;
@@ -84,9 +84,11 @@ pub const MAX_ROUTER_REPLICAS: u32 = 64;
 
 /// Delay between a router replica's load effect (a decision, a prefill done, a request done)
 /// and its application to the other replicas' boards with `replica_sync = bus`, seconds: the
-/// publishing replica's batching of its effects plus one NATS hop inside a data centre (sub-ms),
-/// budgeted like the KV-event hop ([`DEFAULT_EVENT_DELAY_S`]).
-pub const DEFAULT_REPLICA_SYNC_DELAY_S: f64 = 0.01;
+/// worst case of `smetric serve`'s bus, which publishes a replica's board every 50 ms
+/// (`replica_bus_period_s`) over one NATS hop (sub-millisecond in a data centre), so an effect
+/// reaches the peers between a hop and one period plus a hop after it happened. Every effect
+/// here takes the whole period: the simulated bus is never fresher than the real one.
+pub const DEFAULT_REPLICA_SYNC_DELAY_S: f64 = 0.05;
 
 /// How router replicas share their in-flight work ([`SimConfig::replica_sync`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
