@@ -143,6 +143,7 @@ def test_the_three_replica_deployment_is_wired_as_docs_serve_describes() -> None
         # Bound on every interface, announced at /kv_event_sources: every replica subscribes.
         assert events["enable_kv_cache_events"] and events["endpoint"].startswith("tcp://*:")
         assert events["replay_endpoint"].startswith("tcp://*:")
-    nginx = (deploy / "nginx.conf").read_text()
-    assert all(f"server {name}:8080" in nginx for name in replicas)
-    assert "location = /health" in nginx and "8080:8080" in services["lb"]["ports"]
+    haproxy = (deploy / "haproxy.cfg").read_text()
+    assert all(re.search(rf"server {name} {name}:8080 check\b", haproxy) for name in replicas)
+    assert "option httpchk GET /health" in haproxy and "8080:8080" in services["lb"]["ports"]
+    assert any(v.startswith("./haproxy.cfg:") for v in services["lb"]["volumes"])
