@@ -5,6 +5,15 @@
 //! (`py.detach`), so `route()` from many Python threads proceeds in parallel: hashing and the
 //! index walk (under the core's shared index lock) overlap, the commit (scoring, insert on
 //! route, load bump, under its exclusive lock) does not.
+//!
+//! The GIL, per call: taken once on the way in (the arguments), released for the whole core
+//! call, taken once on the way out (the result), whatever the core does — no call waits for a
+//! core lock while holding it (the lifecycle calls too: they take the in-flight table's and the
+//! drain rate's mutexes, and in exact mode `on_finished` the index's exclusive lock). The one
+//! copy made before the release is the token ids (the exporter's memory may change once the
+//! GIL is released): a 32K-token numpy int32 prompt costs ≈ 0.75 µs of `memcpy` with the GIL
+//! held and ≈ 0.75 µs of range check after (perf samples, BENCHMARKS.md "The single-thread
+//! budget"); a list of ints costs one C-level conversion per element (≈ 120 µs at 32K).
 
 use std::sync::Arc;
 
@@ -388,21 +397,31 @@ impl PyRouter {
 
     /// The request's prefill is done (first token out), at ``now`` (the router's clock when absent).
     #[pyo3(signature = (request_id, now = None))]
-    fn on_prefilled(&self, request_id: &Bound<'_, PyAny>, now: Option<f64>) -> PyResult<bool> {
-        self.inner.on_prefilled_at(convert::request_id(request_id)?, now).py()
+    fn on_prefilled(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>, now: Option<f64>) -> PyResult<bool> {
+        let (id, inner) = (convert::request_id(request_id)?, &self.inner);
+        // The core takes the in-flight table's mutex and the drain rate's: a thread waiting
+        // for them must not hold the GIL (the holder may be a thread that needs it next).
+        py.detach(|| inner.on_prefilled_at(id, now)).py()
     }
 
     /// The request finished, having generated ``output_tokens`` tokens, at ``now``.
     #[pyo3(signature = (request_id, output_tokens = 0, now = None))]
-    fn on_finished(&self, request_id: &Bound<'_, PyAny>, output_tokens: u64, now: Option<f64>) -> PyResult<bool> {
-        self.inner
-            .on_finished_at(convert::request_id(request_id)?, output_tokens, now)
-            .py()
+    fn on_finished(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        output_tokens: u64,
+        now: Option<f64>,
+    ) -> PyResult<bool> {
+        let (id, inner) = (convert::request_id(request_id)?, &self.inner);
+        // As `on_prefilled`; in exact mode it may also wait for the index's exclusive lock.
+        py.detach(|| inner.on_finished_at(id, output_tokens, now)).py()
     }
 
     /// The request was aborted.
-    fn on_aborted(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        Ok(self.inner.on_aborted(convert::request_id(request_id)?))
+    fn on_aborted(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let (id, inner) = (convert::request_id(request_id)?, &self.inner);
+        Ok(py.detach(|| inner.on_aborted(id)))
     }
 
     /// Adds an instance to the fleet.
