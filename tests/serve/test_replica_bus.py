@@ -25,12 +25,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 from proxy_util import ProxyServer, Stub, colocated_router, free_port, metric, proxy_for, request
 
+from smetric.errors import InvalidConfigError
+from smetric.serve.config import REPLICA_BUS_ENV, load_config
 from smetric.serve.replica_bus import ReplicaBus
 
 NATS_SERVER = shutil.which("nats-server", path=os.path.dirname(sys.executable))
@@ -249,3 +252,39 @@ def test_a_snapshot_is_bounded_ordered_and_expires() -> None:
     assert list(bus.peers) == ["p1"] and router.peer_load("e0")["batch_size"] == 0
     # Decisions count the peers' work: least_load avoids e1 (2 peer requests) for an idle e0.
     assert router.route([1, 2, 3] * 10).instance == "e0"
+
+
+def test_replica_bus_comes_from_the_flag_then_the_environment_then_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file = tmp_path / "serve.toml"
+    file.write_text('replica_bus = "nats://file:4222"\ninstances = ["http://127.0.0.1:9"]\n')
+    monkeypatch.delenv(REPLICA_BUS_ENV, raising=False)
+    assert load_config(instances=["http://127.0.0.1:9"]).replica_bus is None
+    assert load_config(file).replica_bus == "nats://file:4222"
+    monkeypatch.setenv(REPLICA_BUS_ENV, "nats://env:4222")
+    assert load_config(file).replica_bus == "nats://env:4222"
+    assert load_config(file, replica_bus="nats://flag:4222").replica_bus == "nats://flag:4222"
+    for bad in ({"replica_bus": "http://x:4222"}, {"replica_peer_expiry_s": 0.01}):
+        with pytest.raises(InvalidConfigError):
+            load_config(file, **bad)
+    with pytest.raises(InvalidConfigError, match="co-located"):
+        load_config(None, prefill=["http://127.0.0.1:9"], decode=["http://127.0.0.1:10"], replica_bus="nats://x:1")
+
+
+def test_a_replica_whose_bus_is_down_at_start_routes_then_syncs_when_it_comes_up() -> None:
+    bus = Nats()  # its port, not yet listening
+    release = threading.Event()
+    release.set()
+    with Stub(_engine(release)) as e0:
+        replicas = [proxy_for([e0.url], replica_bus=bus.url) for _ in range(2)]
+        try:
+            for p in replicas:
+                assert _chat(p)[0] == 200
+                assert _health(p)["replica_bus"]["state"].startswith("degraded")
+            bus.start()
+            assert _wait(lambda: all(_health(p)["replica_bus"]["peers"] == 1 for p in replicas), 15)
+        finally:
+            for p in replicas:
+                p.stop()
+            bus.stop()
