@@ -267,6 +267,6 @@ def test_peer_load_is_added_to_the_board_the_policies_read(impl: str, policy: st
     for name in ("a", "b"):
         r.set_peer_load(name)  # replaced whole: back to nothing
     assert r.peer_load("a") == dict.fromkeys(peers, 0)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="nope") as err:
         r.set_peer_load("nope", batch_size=1)
     assert type(err.value).__name__ == "UnknownInstanceError"
