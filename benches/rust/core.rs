@@ -129,6 +129,7 @@ fn bench_select(c: &mut Criterion) {
                 slot: i,
                 name_hash: smetric_core::rng::mix64(u64::from(i)),
                 local_hit_tokens: u64::from(i % 5) * 4_096,
+                host_hit_tokens: 0,
                 bs: u64::from(i % 7),
                 waiting: u64::from(i % 3),
                 queued: u64::from(i % 11) * 512,

@@ -16,6 +16,7 @@ from smetric._types import (
     IngestSourceStats,
     IngestStats,
     InstanceLoad,
+    Offload,
     PdRouterStats,
     PdSettings,
     PolicyName,
@@ -122,6 +123,7 @@ class RouterConfig:
         index_mode: IndexMode = ...,
         local_capacity_blocks: int = ...,
         global_capacity_blocks: int = ...,
+        host_capacity_blocks: int = ...,
         local_ttl_s: float | None = ...,
         exact_pending_ttl_s: float = ...,
         exact_answer_credit: bool = ...,
@@ -131,6 +133,7 @@ class RouterConfig:
         cache_first_weights: tuple[float, float, float] = ...,
         linear_prefill_weight: float = ...,
         global_fetch_cost: float = ...,
+        host_fetch_cost: float = ...,
         min_local_hit_ratio: float = ...,
         overload_factor: float = ...,
         overload_slack_tokens: float = ...,
@@ -167,6 +170,8 @@ class RouterConfig:
     @property
     def global_capacity_blocks(self) -> int: ...
     @property
+    def host_capacity_blocks(self) -> int: ...
+    @property
     def local_ttl_s(self) -> float | None: ...
     @property
     def exact_pending_ttl_s(self) -> float: ...
@@ -184,6 +189,8 @@ class RouterConfig:
     def linear_prefill_weight(self) -> float: ...
     @property
     def global_fetch_cost(self) -> float: ...
+    @property
+    def host_fetch_cost(self) -> float: ...
     @property
     def min_local_hit_ratio(self) -> float: ...
     @property
@@ -265,6 +272,10 @@ class Decision:
     def global_hit_tokens(self) -> int:
         """Prompt tokens available from the global KV$ tier."""
     @property
+    def host_hit_tokens(self) -> int:
+        """Prompt tokens held in the chosen instance's host pool (its own host memory, or a
+        store shared with its pool)."""
+    @property
     def prefill_tokens(self) -> int:
         """Tokens the chosen instance is expected to prefill."""
     @property
@@ -289,6 +300,9 @@ class IndexHits:
         """Instance name → local hit tokens, in slot order."""
     @property
     def global_hit_tokens(self) -> int: ...
+    @property
+    def host(self) -> dict[str, int]:
+        """Instance name → hit tokens in its host pool, in slot order."""
     @property
     def deepest_blocks(self) -> int: ...
     @property
@@ -538,11 +552,24 @@ class Router:
         parent: int | None = None,
         now: float | None = None,
     ) -> None:
-        """Records that ``instance`` (or, with ``tier="global"``, the global tier) holds ``hashes``."""
+        """Records that ``instance`` (or, with ``tier="global"``, the global tier; with
+        ``tier="host"``, ``instance``'s host pool) holds ``hashes``."""
     def remove_blocks(self, instance: str | None, hashes: _Hashes, tier: Tier = "local") -> None:
-        """Records that ``instance`` (or the global tier) dropped ``hashes``."""
+        """Records that ``instance`` (or the global tier, or ``instance``'s host pool) dropped ``hashes``."""
     def clear(self, instance: str | None = None, tier: Tier = "local") -> None:
-        """Drops everything ``instance`` (or the global tier) holds."""
+        """Drops everything ``instance`` (or the global tier, or ``instance``'s host pool) holds."""
+    def set_host_pool(self, instance: str, pool: str | None = None) -> None:
+        """Puts ``instance``'s non-GPU KV$ in a host pool: its own host memory (``pool=None``,
+        the default: credited to it alone) or a store shared with every instance given the same
+        ``pool`` name (a node-local store).
+
+        Raises:
+            UnknownInstanceError: ``instance`` is not in the fleet.
+            InvalidInputError: ``pool`` is empty.
+        """
+    def host_pool(self, instance: str) -> str | None:
+        """``instance``'s shared host pool's name; None for its own host memory (or when host
+        tiers are off, ``host_capacity_blocks=0``)."""
     def load(self, instance: str) -> InstanceLoad:
         """The load counters of one instance (each key is documented in :class:`InstanceLoad`)."""
     def hash_tokens(self, tokens: _Tokens, namespace: str | None = None) -> list[int]:
@@ -670,8 +697,10 @@ class KvEventIngestor:
     @property
     def router(self) -> Router:
         """The router whose index this ingestor feeds."""
-    def add_source(self, instance: str, *, replay: bool = False) -> int:
-        """Registers a publisher feeding ``instance`` (``replay``: it has a replay endpoint)."""
+    def add_source(self, instance: str, *, replay: bool = False, offload: Offload = "shared") -> int:
+        """Registers a publisher feeding ``instance`` (``replay``: it has a replay endpoint;
+        ``offload``: its CPU/STORAGE blocks are in a store every instance reads, ``"shared"``, or
+        in the instance's own host memory, ``"host"``)."""
     def remove_source(self, source: int) -> None:
         """Unregisters a source and removes what it put in the index."""
     def reset_source(self, source: int) -> None:

@@ -94,7 +94,10 @@ SmetricRule: TypeAlias = Literal["v1", "v2"]
 """``RouterConfig.smetric_rule``: the July paper's overload thresholds (v1), or the paper's
 current TTFT-feasibility gate with attention-aware work and a learned drain rate (v2)."""
 
-Tier: TypeAlias = Literal["local", "global"]
+Tier: TypeAlias = Literal["local", "global", "host"]
+Offload: TypeAlias = Literal["shared", "host"]
+"""Where a KV-event source's CPU/STORAGE blocks live: a store every instance reads, or the
+instance's own host memory (docs/routing-semantics.md §2.8)."""
 """Where blocks live: an instance's GPU cache, or the cluster-wide global KV$ tier."""
 
 TurnSource: TypeAlias = Literal["hint", "messages", "index"]
@@ -175,6 +178,7 @@ class RouterConfigFields(TypedDict):
     index_mode: IndexMode
     local_capacity_blocks: int
     global_capacity_blocks: int
+    host_capacity_blocks: int
     local_ttl_s: float | None
     exact_pending_ttl_s: float
     exact_answer_credit: bool
@@ -184,6 +188,7 @@ class RouterConfigFields(TypedDict):
     cache_first_weights: tuple[float, float, float]
     linear_prefill_weight: float
     global_fetch_cost: float
+    host_fetch_cost: float
     min_local_hit_ratio: float
     overload_factor: float
     overload_slack_tokens: float
@@ -263,6 +268,8 @@ class RouterStats(TypedDict):
     """Blocks each live instance holds, by name in slot order."""
     index_global_blocks: int
     """Blocks the global tier holds."""
+    index_host_blocks: dict[str, int]
+    """Blocks each live instance's host pool holds, by name in slot order."""
     index_evictions: int
     """Blocks the index evicted for capacity or age."""
     index_bytes: int

@@ -4,7 +4,8 @@ A :class:`KvEventSubscriber` subscribes to the ``ZmqEventPublisher`` of every en
 :class:`KvEventSource` per data-parallel rank), and hands each raw multipart message to the Rust
 :class:`smetric._core.KvEventIngestor`, which decodes it, keeps the sequence numbers, maps engine
 block hashes to smetric's own through the published token ids, and stores or removes blocks in
-the router (GPU → the instance's tier, CPU/STORAGE → the global tier). A sequence gap is filled by
+the router (GPU → the instance's tier, CPU/STORAGE → the global tier, or the instance's host pool
+for a source whose ``offload`` is ``"host"``). A sequence gap is filled by
 a replay from the engine's replay endpoint when there is one, otherwise the source is reset.
 
 One thread serves all sources with a ``zmq.Poller``; :meth:`KvEventSubscriber.stop` ends it.
@@ -32,7 +33,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from smetric._core import IngestStep, KvEventIngestor, Router
-from smetric._types import IngestSourceStats, IngestStats
+from smetric._types import IngestSourceStats, IngestStats, Offload
 from smetric.errors import KvEventEndpointInUseError, MissingExtraError
 
 try:
@@ -66,6 +67,10 @@ class KvEventSource:
         replay_endpoint: the publisher's replay ROUTER address, or None (gaps then reset the source).
         bind: bind the SUB socket instead of connecting it.
         topic: subscription prefix (vLLM's ``topic``; empty = everything).
+        offload: where the engine's CPU/STORAGE blocks live: ``"shared"`` (a store every
+            instance reads — Mooncake, a shared LMCache server: the global tier) or ``"host"``
+            (the engine's own host memory — vLLM's ``OffloadingConnector``, LMCache's local CPU
+            backend — credited to this instance only; docs/routing-semantics.md §2.8).
     """
 
     instance: str
@@ -73,6 +78,7 @@ class KvEventSource:
     replay_endpoint: str | None = None
     bind: bool = False
     topic: str = ""
+    offload: Offload = "shared"
 
 
 class SubscriberSourceStats(IngestSourceStats):
@@ -227,7 +233,10 @@ class KvEventSubscriber:
         self.ingestor = KvEventIngestor(
             router, max_mapped_blocks=max_mapped_blocks, max_pending_batches=max_pending_batches
         )
-        self._ids = [self.ingestor.add_source(s.instance, replay=s.replay_endpoint is not None) for s in self.sources]
+        self._ids = [
+            self.ingestor.add_source(s.instance, replay=s.replay_endpoint is not None, offload=s.offload)
+            for s in self.sources
+        ]
         self.replay_timeout_s = replay_timeout_s
         self.poll_interval_s = poll_interval_s
         self.max_message_bytes = max_message_bytes

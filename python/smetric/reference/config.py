@@ -22,6 +22,9 @@ class ReferenceConfig:
     index_mode: str = "approximate"
     local_capacity_blocks: int = 17_920
     global_capacity_blocks: int = 1_048_576  # 0 disables the global tier
+    # §2.8 host pools: not mirrored here (no "host" tier in TIERS); the core's property test
+    # checks them against a model of its own (router/host_tier_tests.rs).
+    host_capacity_blocks: int = 0  # host pools off
     local_ttl_s: float | None = None
     exact_pending_ttl_s: float = 2.0  # §2.7; 0 turns sent blocks off
     exact_answer_credit: bool = False  # §2.7 "The answer"; True credits finished answers
@@ -31,6 +34,7 @@ class ReferenceConfig:
     cache_first_weights: tuple[float, float, float] = (0.7, 0.15, 0.15)
     linear_prefill_weight: float = 1.0
     global_fetch_cost: float = 0.27
+    host_fetch_cost: float = 0.05
     min_local_hit_ratio: float = 0.5
     overload_factor: float = 1.5
     overload_slack_tokens: int = 8192

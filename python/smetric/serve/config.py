@@ -18,6 +18,8 @@ keys)::
     url = "http://10.0.0.2:8000"
     kv_events = "tcp://10.0.0.2:5557"
     kv_replay = "tcp://10.0.0.2:5558"
+    kv_offload = "host"             # shared (default) | host: its CPU KV$ is its own (docs §2.8)
+    host_pool = "node-b"            # optional: instances naming one pool share a node-local store
 
 ``smetric serve --port 8080 --instance http://10.0.0.1:8000 --instance http://10.0.0.2:8000``
 needs no file. Flags override the file; ``--instance`` flags replace its instance list.
@@ -57,6 +59,12 @@ MIN_HEAD_BYTES = 8192
 
 KV_EVENTS_DISCOVER = "discover"
 KV_EVENTS_OFF = "off"
+KV_OFFLOAD_SHARED = "shared"
+KV_OFFLOAD_HOST = "host"
+KV_OFFLOADS = (KV_OFFLOAD_SHARED, KV_OFFLOAD_HOST)
+HOST_POOL_GPU_MULTIPLE = 4
+"""A host pool's size in GPU caches when an instance offloads to host memory and the file does
+not set ``host_capacity_blocks``: an H20 node's host DRAM per GPU is about four of its KV caches."""
 
 
 def _bad(field: str, reason: str) -> InvalidConfigError:
@@ -73,23 +81,36 @@ class InstanceConfig:
             when it is missing), ``"off"``, or the publisher's PUB endpoint (``tcp://host:5557``).
         kv_replay: the publisher's replay endpoint, with an explicit ``kv_events``.
         metrics_url: where its load is scraped (vLLM's ``/metrics``); ``None``: ``{url}/metrics``.
+        kv_offload: where the engine's CPU/STORAGE KV$ lives: ``"shared"`` (a store every
+            instance reads — Mooncake, a shared LMCache server — the global tier) or ``"host"``
+            (its own host memory — vLLM's ``OffloadingConnector``, LMCache's local CPU backend —
+            credited to this instance only; docs/routing-semantics.md §2.8). vLLM does not
+            publish its ``kv_transfer_config`` over HTTP, so this is declared, not discovered.
+        host_pool: with ``kv_offload = "host"``, a pool name shared by the instances of one node
+            whose engines read one node-local store; ``None``: the instance's own host memory.
     """
 
     url: str
     kv_events: str = KV_EVENTS_DISCOVER
     kv_replay: str | None = None
     metrics_url: str | None = None
+    kv_offload: str = KV_OFFLOAD_SHARED
+    host_pool: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("url", "kv_events", "kv_replay", "metrics_url"):
+        for name in ("url", "kv_events", "kv_replay", "metrics_url", "kv_offload", "host_pool"):
             value = getattr(self, name)
-            if not (isinstance(value, str) or (value is None and name in ("kv_replay", "metrics_url"))):
+            if not (isinstance(value, str) or (value is None and name in ("kv_replay", "metrics_url", "host_pool"))):
                 raise _bad(name, f"{name} must be a string, not {type(value).__name__}")
         if not self.url.startswith(("http://", "https://")):
             raise _bad("url", f"instance url must be http(s)://host:port, got {self.url!r}")
         object.__setattr__(self, "url", self.url.rstrip("/"))
         if self.kv_events not in (KV_EVENTS_DISCOVER, KV_EVENTS_OFF) and "://" not in self.kv_events:
             raise _bad("kv_events", f"kv_events must be 'discover', 'off' or a ZMQ endpoint, got {self.kv_events!r}")
+        if self.kv_offload not in KV_OFFLOADS:
+            raise _bad("kv_offload", f"kv_offload must be one of {KV_OFFLOADS}, got {self.kv_offload!r}")
+        if self.host_pool is not None and (not self.host_pool or self.kv_offload != KV_OFFLOAD_HOST):
+            raise _bad("host_pool", "host_pool is a non-empty name, and only goes with kv_offload = 'host'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,10 +310,15 @@ class ServeConfig:
 
         * ``index_mode`` by the event feed (``exact`` when every instance's events can be trusted);
         * the deployment's sizes (:func:`smetric.deployment.deployed_fields`): the engines' own KV
-          capacity (the smallest instance's ``vllm:cache_config_info``), no global tier.
+          capacity (the smallest instance's ``vllm:cache_config_info``), no global tier;
+        * host pools (docs/routing-semantics.md §2.8) when an instance offloads to host memory
+          (``kv_offload = "host"``): each pool holds ``HOST_POOL_GPU_MULTIPLE`` GPU caches.
         """
         fields = deployed_fields(self.router, block_size=self.block_size, kv_capacity_tokens=kv_capacity_tokens)
         fields.setdefault("index_mode", "exact" if exact_index else "approximate")
+        if any(i.kv_offload == KV_OFFLOAD_HOST for i in (*self.instances, *self.prefill, *self.decode)):
+            local = int(fields.get("local_capacity_blocks", RouterConfig().local_capacity_blocks))
+            fields.setdefault("host_capacity_blocks", HOST_POOL_GPU_MULTIPLE * local)
         return RouterConfig(**fields)
 
 

@@ -31,10 +31,11 @@ attempt. May import: :mod:`smetric.serve.config`, ``.telemetry``, ``.upstream``,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from smetric._core import PdRouter, Router
 from smetric.deployment import FleetFeeds
@@ -43,6 +44,9 @@ from smetric.serve.config import KV_EVENTS_DISCOVER, KV_EVENTS_OFF, InstanceConf
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import Upstream
 from smetric.vllm import cache_namespace
+
+if TYPE_CHECKING:
+    from smetric._types import Offload
 
 __all__ = ["FeedTargets", "Fleet", "Health", "fleet_kv_capacity", "kv_event_sources"]
 
@@ -318,10 +322,11 @@ def kv_event_sources(inst: InstanceConfig, headers: Mapping[str, str] | None = N
     except ImportError:
         log.warning("pyzmq is not installed: no KV events (pip install 'smetric-router[events]')")
         return []
+    offload = cast("Offload", inst.kv_offload)  # checked by InstanceConfig
     if inst.kv_events == KV_EVENTS_DISCOVER:
         try:
-            return list(discover_sources(inst.url, headers=headers))
+            return [dataclasses.replace(s, offload=offload) for s in discover_sources(inst.url, headers=headers)]
         except Exception as e:  # an engine without the endpoint, or not up yet
             log.warning("no KV-event sources from %s/kv_event_sources: %s", inst.url, e)
             return []
-    return [KvEventSource(inst.url, inst.kv_events, replay_endpoint=inst.kv_replay)]
+    return [KvEventSource(inst.url, inst.kv_events, replay_endpoint=inst.kv_replay, offload=offload)]

@@ -202,6 +202,9 @@ class Proxy:
             seed=config.seed,
             config=config.router_config(exact_index=exact, kv_capacity_tokens=capacity),
         )
+        for inst in config.instances:
+            if inst.host_pool is not None:  # a node-local store its pool shares (docs §2.8)
+                router.set_host_pool(inst.url, inst.host_pool)
         fleet = Fleet(config, sources, upstream, telemetry)
         return cls(config, fleet, ColocatedBackend(router, upstream, telemetry), upstream, telemetry)
 
@@ -587,7 +590,7 @@ class Proxy:
         if inst.url in self.fleet.instances:
             return _json_error(ProxyError(409, f"instance {inst.url} is already in the fleet", "ConflictError"))
         sources = await asyncio.get_running_loop().run_in_executor(None, kv_event_sources, inst, self._upstream.auth)
-        self.backend.add_instance(inst.url)
+        self.backend.add_instance(inst.url, inst.host_pool)
         self.fleet.add(inst, sources)
         self.fleet.restart_feeds()
         await self.fleet.refresh_models()

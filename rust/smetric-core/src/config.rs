@@ -210,6 +210,13 @@ pub struct RouterConfig {
     pub local_capacity_blocks: u64,
     /// Blocks the cluster-wide CPU/store tier holds; 0 disables the tier.
     pub global_capacity_blocks: u64,
+    /// Blocks each host pool holds (an instance's own host memory, or a store a set of
+    /// instances shares: `docs/routing-semantics.md` §2.8); 0 (the default) disables host
+    /// tiers. Turn them on for engines that offload to host memory (vLLM's
+    /// `OffloadingConnector`, LMCache's local CPU backend): in approximate mode a route then
+    /// also records the prompt in the chosen instance's host pool, in exact mode host-local
+    /// KV-event sources feed it.
+    pub host_capacity_blocks: u64,
     /// Optional age limit of an instance's indexed blocks, in seconds.
     pub local_ttl_s: Option<f64>,
     /// Exact mode: a block the router sent to an instance counts as present there for this
@@ -237,6 +244,9 @@ pub struct RouterConfig {
     pub linear_prefill_weight: f64,
     /// Cost of fetching one token from the global tier, in prefilled-token equivalents.
     pub global_fetch_cost: f64,
+    /// Cost of loading one token from the instance's host pool (§2.8), in prefilled-token
+    /// equivalents.
+    pub host_fetch_cost: f64,
     /// `smetric`: a follow-up whose home caches less than this share of its prompt is re-placed.
     pub min_local_hit_ratio: f64,
     /// `smetric`: an instance above `factor * fleet mean + slack` is overloaded.
@@ -314,6 +324,9 @@ impl RouterConfig {
         index_mode: IndexMode::Approximate,
         local_capacity_blocks: 17_920,
         global_capacity_blocks: 1_048_576,
+        // Off unless the deployment offloads to host memory: an approximate index would
+        // otherwise credit host copies no engine keeps.
+        host_capacity_blocks: 0,
         local_ttl_s: None,
         // 8x vLLM's measured p99 KV-event delay (243 ms on CPU vLLM, docs §2.7).
         exact_pending_ttl_s: 2.0,
@@ -326,6 +339,9 @@ impl RouterConfig {
         cache_first_weights: (0.7, 0.15, 0.15),
         linear_prefill_weight: 1.0,
         global_fetch_cost: 0.27,
+        // A host-DRAM load at the `OffloadingConnector`'s measured 40 GB/s on H20 (perf-model
+        // §4): 0.27 × 7.4 / 40, the global tier's cost scaled by the two paths' rates.
+        host_fetch_cost: 0.05,
         min_local_hit_ratio: 0.5,
         overload_factor: 1.5,
         overload_slack_tokens: 8192.0,
@@ -459,6 +475,12 @@ impl RouterConfig {
                 reason: format!("must be in [1, 2^30], got {}", self.local_capacity_blocks),
             });
         }
+        if self.host_capacity_blocks > MAX_CAPACITY_BLOCKS {
+            return Err(SmetricError::InvalidConfig {
+                field: "host_capacity_blocks",
+                reason: format!("must be in [0, 2^30], got {}", self.host_capacity_blocks),
+            });
+        }
         if self.global_capacity_blocks > MAX_CAPACITY_BLOCKS {
             return Err(SmetricError::InvalidConfig {
                 field: "global_capacity_blocks",
@@ -481,6 +503,7 @@ impl RouterConfig {
         }
         finite_non_negative("linear_prefill_weight", self.linear_prefill_weight)?;
         finite_non_negative("global_fetch_cost", self.global_fetch_cost)?;
+        finite_non_negative("host_fetch_cost", self.host_fetch_cost)?;
         finite_non_negative("min_local_hit_ratio", self.min_local_hit_ratio)?;
         finite_non_negative("overload_factor", self.overload_factor)?;
         finite_non_negative("overload_slack_tokens", self.overload_slack_tokens)?;

@@ -45,7 +45,7 @@ pub use config::{
 pub use error::{Result, SmetricError};
 pub use hash::{chain_root, chain_tokens_into, hash_tokens, hash_tokens_into};
 pub use ids::{BlockHash, InstanceId, RequestId};
-pub use index::{Holder, IndexQuery, KvIndex};
+pub use index::{Holder, HostPool, IndexQuery, KvIndex};
 pub use load::{EffectiveLoad, LoadEffect, LoadSnapshot, PeerLoad};
 pub use mix_map::{MixHasher, MixMap};
 pub use pd::{DecodeRule, PdConfig, PdDecision, PdRouter};

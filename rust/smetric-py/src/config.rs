@@ -27,6 +27,7 @@ impl PyRouterConfig {
         index_mode = D.index_mode.name(),
         local_capacity_blocks = D.local_capacity_blocks,
         global_capacity_blocks = D.global_capacity_blocks,
+        host_capacity_blocks = D.host_capacity_blocks,
         local_ttl_s = D.local_ttl_s,
         exact_pending_ttl_s = D.exact_pending_ttl_s,
         exact_answer_credit = D.exact_answer_credit,
@@ -36,6 +37,7 @@ impl PyRouterConfig {
         cache_first_weights = D.cache_first_weights,
         linear_prefill_weight = D.linear_prefill_weight,
         global_fetch_cost = D.global_fetch_cost,
+        host_fetch_cost = D.host_fetch_cost,
         min_local_hit_ratio = D.min_local_hit_ratio,
         overload_factor = D.overload_factor,
         overload_slack_tokens = D.overload_slack_tokens,
@@ -69,6 +71,7 @@ impl PyRouterConfig {
         index_mode: &str,
         local_capacity_blocks: u64,
         global_capacity_blocks: u64,
+        host_capacity_blocks: u64,
         local_ttl_s: Option<f64>,
         exact_pending_ttl_s: f64,
         exact_answer_credit: bool,
@@ -78,6 +81,7 @@ impl PyRouterConfig {
         cache_first_weights: (f64, f64, f64),
         linear_prefill_weight: f64,
         global_fetch_cost: f64,
+        host_fetch_cost: f64,
         min_local_hit_ratio: f64,
         overload_factor: f64,
         overload_slack_tokens: f64,
@@ -110,6 +114,7 @@ impl PyRouterConfig {
             index_mode: IndexMode::parse(index_mode).py()?,
             local_capacity_blocks,
             global_capacity_blocks,
+            host_capacity_blocks,
             local_ttl_s,
             exact_pending_ttl_s,
             exact_answer_credit,
@@ -119,6 +124,7 @@ impl PyRouterConfig {
             cache_first_weights,
             linear_prefill_weight,
             global_fetch_cost,
+            host_fetch_cost,
             min_local_hit_ratio,
             overload_factor,
             overload_slack_tokens,
@@ -166,6 +172,11 @@ impl PyRouterConfig {
     fn global_capacity_blocks(&self) -> u64 {
         self.inner.global_capacity_blocks
     }
+
+    #[getter]
+    fn host_capacity_blocks(&self) -> u64 {
+        self.inner.host_capacity_blocks
+    }
     #[getter]
     fn local_ttl_s(&self) -> Option<f64> {
         self.inner.local_ttl_s
@@ -201,6 +212,11 @@ impl PyRouterConfig {
     #[getter]
     fn global_fetch_cost(&self) -> f64 {
         self.inner.global_fetch_cost
+    }
+
+    #[getter]
+    fn host_fetch_cost(&self) -> f64 {
+        self.inner.host_fetch_cost
     }
     #[getter]
     fn min_local_hit_ratio(&self) -> f64 {
@@ -331,6 +347,7 @@ impl PyRouterConfig {
         d.set_item("index_mode", c.index_mode.name())?;
         d.set_item("local_capacity_blocks", c.local_capacity_blocks)?;
         d.set_item("global_capacity_blocks", c.global_capacity_blocks)?;
+        d.set_item("host_capacity_blocks", c.host_capacity_blocks)?;
         d.set_item("local_ttl_s", c.local_ttl_s)?;
         d.set_item("exact_pending_ttl_s", c.exact_pending_ttl_s)?;
         d.set_item("exact_answer_credit", c.exact_answer_credit)?;
@@ -340,6 +357,7 @@ impl PyRouterConfig {
         d.set_item("cache_first_weights", c.cache_first_weights)?;
         d.set_item("linear_prefill_weight", c.linear_prefill_weight)?;
         d.set_item("global_fetch_cost", c.global_fetch_cost)?;
+        d.set_item("host_fetch_cost", c.host_fetch_cost)?;
         d.set_item("min_local_hit_ratio", c.min_local_hit_ratio)?;
         d.set_item("overload_factor", c.overload_factor)?;
         d.set_item("overload_slack_tokens", c.overload_slack_tokens)?;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyBytesMethods, PyDict, PyModule};
 use smetric_core::{Router, SmetricError};
-use smetric_vllm::{IngestConfig, IngestStats, Ingestor, SourceId, Step, UnknownSource};
+use smetric_vllm::{IngestConfig, IngestStats, Ingestor, Offload, SourceId, Step, UnknownSource};
 
 use crate::errors::to_py;
 use crate::router::PyRouter;
@@ -148,10 +148,19 @@ impl PyKvEventIngestor {
         self.router.clone_ref(py)
     }
 
-    /// Registers a publisher feeding ``instance``; returns its source id.
-    #[pyo3(signature = (instance, *, replay = false))]
-    fn add_source(&self, py: Python<'_>, instance: &str, replay: bool) -> PyResult<u32> {
-        self.with(py, |ing, _| Ok(ing.add_source(instance, replay).0))
+    /// Registers a publisher feeding ``instance``; returns its source id. ``offload`` says
+    /// where its CPU and STORAGE blocks live: ``"shared"`` (a store every instance reads: the
+    /// global tier) or ``"host"`` (the instance's own host memory, or its host pool: vLLM's
+    /// ``OffloadingConnector``, LMCache's local CPU backend).
+    #[pyo3(signature = (instance, *, replay = false, offload = "shared"))]
+    fn add_source(&self, py: Python<'_>, instance: &str, replay: bool, offload: &str) -> PyResult<u32> {
+        let offload = Offload::parse(offload).ok_or_else(|| {
+            to_py(&SmetricError::InvalidArgument {
+                argument: "offload",
+                reason: format!("{offload:?} is not one of \"shared\", \"host\""),
+            })
+        })?;
+        self.with(py, |ing, _| Ok(ing.add_source_with(instance, replay, offload).0))
     }
 
     /// Unregisters a source and removes what it put in the index.

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use smetric_core::{
-    BlockHash, DEFAULT_BLOCK_SIZE, PeerLoad, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig,
-    SmetricError, Tier, TurnHint, first_turn_from_roles,
+    BlockHash, DEFAULT_BLOCK_SIZE, HostPool, PeerLoad, PolicyKind, Prompt, RequestId, RouteRequest, Router,
+    RouterConfig, SmetricError, Tier, TurnHint, first_turn_from_roles,
 };
 
 use crate::config::PyRouterConfig;
@@ -46,6 +46,10 @@ pub(crate) struct PyDecision {
     /// Prompt tokens available from the global KV$ tier.
     #[pyo3(get)]
     global_hit_tokens: u64,
+    /// Prompt tokens held in the chosen instance's host pool (its own host memory, or a store
+    /// it shares with its pool).
+    #[pyo3(get)]
+    host_hit_tokens: u64,
     /// Tokens the chosen instance is expected to prefill.
     #[pyo3(get)]
     prefill_tokens: u64,
@@ -68,12 +72,13 @@ impl PyDecision {
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!(
             "Decision(instance={}, first_turn={}, turn_source={:?}, local_hit_tokens={}, global_hit_tokens={}, \
-             prefill_tokens={}, num_tokens={}, reason={:?}, request_id={}, policy={:?})",
+             host_hit_tokens={}, prefill_tokens={}, num_tokens={}, reason={:?}, request_id={}, policy={:?})",
             self.instance.bind(py).repr()?,
             if self.first_turn { "True" } else { "False" },
             self.turn_source,
             self.local_hit_tokens,
             self.global_hit_tokens,
+            self.host_hit_tokens,
             self.prefill_tokens,
             self.num_tokens,
             self.reason,
@@ -92,6 +97,9 @@ pub(crate) struct PyIndexHits {
     /// Global-tier hit tokens.
     #[pyo3(get)]
     global_hit_tokens: u64,
+    /// Instance name → hit tokens in its host pool, in slot order.
+    #[pyo3(get)]
+    host: Py<PyDict>,
     /// Deepest prefix any holder matched, in blocks.
     #[pyo3(get)]
     deepest_blocks: u32,
@@ -271,9 +279,10 @@ fn tier(name: &str) -> PyResult<Tier> {
     match name {
         "local" => Ok(Tier::Local),
         "global" => Ok(Tier::Global),
+        "host" => Ok(Tier::Host),
         other => Err(to_py(&SmetricError::InvalidArgument {
             argument: "tier",
-            reason: format!("{other:?} is not one of \"local\", \"global\""),
+            reason: format!("{other:?} is not one of \"local\", \"global\", \"host\""),
         })),
     }
 }
@@ -359,6 +368,7 @@ impl PyRouter {
             turn_source: decision.turn_source.name(),
             local_hit_tokens: decision.local_hit_tokens,
             global_hit_tokens: decision.global_hit_tokens,
+            host_hit_tokens: decision.host_hit_tokens,
             prefill_tokens: decision.prefill_tokens,
             num_tokens: decision.num_tokens,
             reason: decision.reason.name(),
@@ -387,9 +397,14 @@ impl PyRouter {
         for (name, tokens) in &hits.local {
             local.set_item(name.as_ref(), tokens)?;
         }
+        let host = PyDict::new(py);
+        for (name, tokens) in &hits.host {
+            host.set_item(name.as_ref(), tokens)?;
+        }
         Ok(PyIndexHits {
             local: local.unbind(),
             global_hit_tokens: hits.global_hit_tokens,
+            host: host.unbind(),
             deepest_blocks: hits.deepest_blocks,
             branches: hits.branches,
         })
@@ -516,10 +531,39 @@ impl PyRouter {
         py.detach(|| inner.remove_blocks(instance, tier, &hashes)).py()
     }
 
-    /// Drops everything ``instance`` (or, with ``tier="global"``, the global tier) holds.
+    /// Drops everything ``instance`` (or, with ``tier="global"``, the global tier; with
+    /// ``tier="host"``, ``instance``'s host pool) holds.
     #[pyo3(signature = (instance = None, tier = "local"))]
     fn clear(&self, instance: Option<&str>, tier: &str) -> PyResult<()> {
         self.inner.clear(instance, self::tier(tier)?).py()
+    }
+
+    /// Puts ``instance``'s non-GPU KV$ in a host pool: its own host memory (``pool=None``, the
+    /// default: credited to it alone) or a store shared with every instance given the same
+    /// ``pool`` name (a node-local store).
+    #[pyo3(signature = (instance, pool = None))]
+    fn set_host_pool(&self, py: Python<'_>, instance: &str, pool: Option<&str>) -> PyResult<()> {
+        let pool = match pool {
+            None => HostPool::Own,
+            Some("") => {
+                return Err(to_py(&SmetricError::InvalidArgument {
+                    argument: "pool",
+                    reason: "a shared pool's name must not be empty".to_owned(),
+                }));
+            }
+            Some(name) => HostPool::Shared(Arc::from(name)),
+        };
+        let inner = &self.inner;
+        py.detach(|| inner.set_host_pool(instance, &pool)).py()
+    }
+
+    /// ``instance``'s shared host pool's name; None for its own host memory (or when host tiers
+    /// are off, ``host_capacity_blocks=0``).
+    fn host_pool(&self, instance: &str) -> PyResult<Option<String>> {
+        Ok(match self.inner.host_pool(instance).py()? {
+            Some(HostPool::Shared(name)) => Some(name.to_string()),
+            Some(HostPool::Own) | None => None,
+        })
     }
 
     /// The load counters of one instance (keys: ``InstanceLoad`` in ``_core.pyi``; the core's
@@ -567,6 +611,11 @@ impl PyRouter {
         }
         d.set_item("index_local_blocks", local)?;
         d.set_item("index_global_blocks", s.index.global_blocks)?;
+        let host = PyDict::new(py);
+        for ((name, _), blocks) in s.local_blocks.iter().zip(&s.host_blocks) {
+            host.set_item(name.as_ref(), blocks)?;
+        }
+        d.set_item("index_host_blocks", host)?;
         d.set_item("index_evictions", s.index.evictions)?;
         d.set_item("index_bytes", s.index_bytes)?;
         let breakdown = PyDict::new(py);

@@ -136,7 +136,8 @@ struct Sim<'a> {
     transfers: Transfers<Payload>,
     stalled: Vec<StalledStep>,
     scratch_done: Vec<Transfer<Payload>>,
-    tier: GlobalTier,
+    /// The KV stores: one every instance reads, or one per instance ([`TierPath::per_instance`]).
+    tiers: Vec<GlobalTier>,
     reqs: Vec<LiveRequest>,
     records: Vec<RequestRecord>,
     /// Every request's running tail of token gaps.
@@ -209,7 +210,12 @@ fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn 
         ),
         stalled: vec![StalledStep::default(); config.instances as usize],
         scratch_done: Vec::new(),
-        tier: GlobalTier::new(tier_blocks),
+        tiers: if config.global_tier.path.per_instance() {
+            let each = tier_blocks / config.instances.max(1);
+            (0..config.instances).map(|_| GlobalTier::new(each)).collect()
+        } else {
+            vec![GlobalTier::new(tier_blocks)]
+        },
         reqs: vec![LiveRequest::default(); n],
         records: Vec::with_capacity(n),
         gaps: TokenGaps::new(n),
@@ -234,7 +240,9 @@ fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn 
         for inst in &mut sim.instances {
             inst.pool.log = CacheLog::new(true);
         }
-        sim.tier.changes.enabled = true;
+        for tier in &mut sim.tiers {
+            tier.changes.enabled = true;
+        }
     }
     Ok(sim)
 }
@@ -247,7 +255,7 @@ fn finish(sim: Sim<'_>) -> SimReport {
         records,
         mut counters,
         instances,
-        tier,
+        tiers,
         placer,
         publisher,
         pd,
@@ -263,7 +271,7 @@ fn finish(sim: Sim<'_>) -> SimReport {
     counters.feed.extend(placer.feed_counters());
     counters.preemptions = instances.iter().map(|i| i.preemptions).sum();
     counters.gpu_evictions = instances.iter().map(|i| i.pool.evictions()).sum();
-    counters.tier_evictions = tier.evictions();
+    counters.tier_evictions = tiers.iter().map(GlobalTier::evictions).sum();
     let rule = placer.decode_rule();
     let mut report = summarize(config, workload, placer.policy(), records, counters);
     report.pd = pd.map(|pd| {
@@ -449,16 +457,26 @@ impl Sim<'_> {
         }
     }
 
+    /// Which store instance `i` reads and writes.
+    fn tier_index(&self, i: usize) -> usize {
+        if self.tiers.len() == 1 { 0 } else { i }
+    }
+
+    /// The store instance `i` reads and writes.
+    pub(crate) fn tier(&self, i: usize) -> &GlobalTier {
+        &self.tiers[self.tier_index(i)]
+    }
+
     fn enqueue(&mut self, r: u32) {
         let i = self.records[r as usize].instance.unwrap_or(0) as usize;
         // Expected prefill for the queued-token load metric: what neither the GPU cache nor
         // the tier holds right now (the scheduler decides for real at admission).
         let chain = self.workload.chain(r as usize);
         let b = self.limits.block_tokens;
-        let req = &mut self.reqs[r as usize];
-        let max_hit = (((req.num_tokens - 1) / b) as usize).min(chain.len());
+        let max_hit = (((self.reqs[r as usize].num_tokens - 1) / b) as usize).min(chain.len());
         let local = self.instances[i].pool.longest_hit(chain, max_hit);
-        let external = self.tier.run_from(&chain[..max_hit], local);
+        let external = self.tier(i).run_from(&chain[..max_hit], local);
+        let req = &mut self.reqs[r as usize];
         req.expected_prefill = req.num_tokens - (local + external) as u64 * b;
         self.instances[i].waiting.push_back(r);
         if !self.instances[i].busy {
@@ -467,7 +485,8 @@ impl Sim<'_> {
     }
 
     fn start_step(&mut self, i: usize) {
-        let shape = self.instances[i].schedule(&mut self.reqs, self.workload, self.limits, &mut self.tier);
+        let k = self.tier_index(i);
+        let shape = self.instances[i].schedule(&mut self.reqs, self.workload, self.limits, &mut self.tiers[k]);
         let synchronous = self.start_loads(i);
         if shape.is_empty() {
             self.instances[i].busy = false;
@@ -499,7 +518,7 @@ impl Sim<'_> {
             StepEvent::FirstToken { request } => first_tokens.push(request),
             StepEvent::Finished { request } => finished.push(request),
         });
-        if self.tier.enabled() && !pd_decode {
+        if self.tier(i as usize).enabled() && !pd_decode {
             for &(request, from, to) in &prefilled {
                 self.write_through(i, request, from, to);
             }
@@ -712,7 +731,7 @@ mod tests {
             sim.init();
             sim.run().unwrap();
             assert!(sim.instances.iter().map(|i| i.pool.evictions()).sum::<u64>() > 0);
-            assert!(sim.tier.evictions() > 0);
+            assert!(sim.tier(0).evictions() > 0);
             let local: Vec<Vec<usize>> = (0..w.len())
                 .map(|r| {
                     let chain = w.chain(r);
@@ -723,7 +742,7 @@ mod tests {
                 })
                 .collect();
             let held: Vec<usize> = sim.instances.iter().map(|i| i.pool.cached_blocks()).collect();
-            (local, held, sim.tier.len())
+            (local, held, sim.tier(0).len())
         };
         let stats = placer.router().stats();
         assert_eq!(stats.index.local_blocks, held);
@@ -732,6 +751,49 @@ mod tests {
             let hits = placer.index_hits(w.chain(r)).unwrap();
             let got: Vec<usize> = hits.local.iter().map(|(_, t)| (t / u64::from(B)) as usize).collect();
             assert_eq!(&got, truth, "request {r}");
+        }
+    }
+
+    /// `cpu-offload`: every instance writes its own host store (an even share of the
+    /// capacity), and the router, fed by the engines' and stores' changes, credits each
+    /// instance's offloaded blocks to that instance's host pool only, never to a global tier.
+    #[test]
+    fn cpu_offload_stores_are_per_instance_and_credited_to_their_instance() {
+        let w = workload();
+        let base = SimConfig::default();
+        for feed in [IndexFeed::Oracle, IndexFeed::Events] {
+            let config = SimConfig {
+                instances: 3,
+                kv_capacity_tokens: Some(12_288),
+                max_model_len: Some(8_192),
+                session_rate_per_s: 4.0,
+                index_feed: feed,
+                global_tier: GlobalTierConfig {
+                    path: crate::config::TierPath::CpuOffload,
+                    capacity_bytes: (60_000.0 * base.profile.kv_bytes_per_token) as u64,
+                    ..GlobalTierConfig::default()
+                },
+                ..base.clone()
+            };
+            let mut placer = core_placer(&config, &w, PolicyKind::Smetric).unwrap();
+            let (stores, pools) = {
+                let mut sim = build(&config, &w, &mut placer).unwrap();
+                sim.init();
+                sim.run().unwrap();
+                assert_eq!(sim.tiers.len(), 3, "one store per instance");
+                let stores: Vec<usize> = (0..3).map(|i| sim.tier(i).len()).collect();
+                // Negative control of the per-instance model: some block is in one store only.
+                let only_one = (0..w.len())
+                    .flat_map(|r| w.chain(r).iter().copied())
+                    .any(|h| (0..3).filter(|&i| sim.tier(i).contains(h)).count() == 1);
+                assert!(only_one, "{feed:?}: the stores are not copies of one another");
+                (stores, sim.tiers.len())
+            };
+            assert_eq!(pools, 3);
+            let stats = placer.router().stats();
+            assert_eq!(stats.index.global_blocks, 0, "{feed:?}: nothing is credited fleet-wide");
+            assert_eq!(stats.host_blocks, stores, "{feed:?}");
+            assert!(stores.iter().all(|&n| n > 0), "{feed:?}: {stores:?}");
         }
     }
 

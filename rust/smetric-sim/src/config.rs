@@ -210,6 +210,14 @@ impl TierPath {
         Self::ALL.into_iter().find(|p| p.name() == name)
     }
 
+    /// Whether each instance has a store of its own (vLLM's `OffloadingConnector` copies to
+    /// the engine's own host DRAM), not one every instance reads: the store's capacity is then
+    /// split evenly between the instances, and the router credits a block to the instance that
+    /// offloaded it (its host pool, docs/routing-semantics.md §2.8).
+    pub fn per_instance(self) -> bool {
+        self == Self::CpuOffload
+    }
+
     /// Whether a load stalls the step that admits its request.
     pub fn synchronous_load(self) -> bool {
         self == Self::Lmcache

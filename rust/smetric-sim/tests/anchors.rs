@@ -106,6 +106,29 @@ fn warm_then_hit(tokens: u32) -> Workload {
     b.build().unwrap()
 }
 
+/// Three prompts on one instance: `A` warms the caches, `B` (as long, other blocks) evicts `A`
+/// from a GPU cache that holds only one of them, then `A` again, timed: its hit comes from the
+/// instance's own host store (vLLM's offloading connector keeps its CPU cache per engine).
+fn warm_evict_hit(tokens: u32) -> Workload {
+    let blocks = u64::from(tokens / VLLM_BLOCK);
+    let mut b = WorkloadBuilder::new("anchor", VLLM_BLOCK, ArrivalKind::OpenLoop);
+    for (time_s, first) in [(0.0, 0), (500.0, blocks), (1000.0, 0)] {
+        let spec = RequestSpec {
+            trace_id: 0,
+            input_tokens: tokens,
+            output_tokens: 1,
+            time_s,
+            think_s: 0.0,
+            prev: None,
+            session: 0,
+            root_session: 0,
+            first_turn: None,
+        };
+        b.push(spec, first..first + blocks);
+    }
+    b.build().unwrap()
+}
+
 /// TTFT of the first (cold) and second request when the two go round-robin over `instances`.
 fn ttfts(config: &SimConfig, tokens: u32) -> (f64, f64) {
     let report = simulate(
@@ -122,7 +145,8 @@ fn ttfts(config: &SimConfig, tokens: u32) -> (f64, f64) {
 /// tier path with its defaults and nothing overridden: 0.97 s for the two Mooncake paths
 /// (RDMA through a vLLM connector, ≈7.4 GB/s effective, §4), 0.272 s for the native CPU
 /// offload (≈40 GB/s effective). The second request goes to another instance, so its hit
-/// comes from the tier.
+/// comes from the tier; the offload's store is per engine, so its hit is timed on the same
+/// instance after another prompt evicted the first from the GPU.
 #[test]
 fn anchor_3_vllm_h20_ttft() {
     let local = one_instance(1);
@@ -136,7 +160,6 @@ fn anchor_3_vllm_h20_ttft() {
         (TierPath::Lmcache, false, 0.97),
         (TierPath::Lmcache, true, 0.97),
         (TierPath::MooncakeStore, false, 0.97),
-        (TierPath::CpuOffload, false, 0.272),
     ];
     for (path, layerwise, anchor) in cases {
         let config = SimConfig {
@@ -155,6 +178,23 @@ fn anchor_3_vllm_h20_ttft() {
         );
         check(&label, tier_64k, anchor, 0.20);
     }
+    // The offloading connector's store is the engine's own: the hit is timed on the instance
+    // that offloaded the prompt, after another prompt evicted it from the GPU.
+    let config = SimConfig {
+        global_tier: GlobalTierConfig {
+            path: TierPath::CpuOffload,
+            ..GlobalTierConfig::default()
+        },
+        kv_capacity_tokens: Some(65_536 + 2 * u64::from(VLLM_BLOCK)),
+        ..one_instance(1)
+    };
+    let report = simulate(&config, &warm_evict_hit(65_536), &mut RoundRobinPlacer::new(1)).unwrap();
+    check(
+        "TTFT tier hit 64K, cpu-offload (s)",
+        report.records[2].ttft_s().unwrap(),
+        0.272,
+        0.20,
+    );
 }
 
 /// §7.4: KV capacity. 30B: 10,923 tokens/GiB; per instance (util 0.9) ≈286K tokens, 235B FP8

@@ -200,6 +200,32 @@ impl Default for IngestConfig {
     }
 }
 
+/// Where a source's non-GPU media (vLLM's `CPU` and `STORAGE`) live (docs §2.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Offload {
+    /// A store every instance reads (Mooncake, a shared LMCache server): the global tier.
+    #[default]
+    Shared,
+    /// The instance's own host memory (vLLM's `OffloadingConnector`, LMCache's local CPU
+    /// backend) or the store of its host pool: credited to that instance (and its pool) only.
+    HostLocal,
+}
+
+impl Offload {
+    /// The name at the bindings and in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::HostLocal => "host",
+        }
+    }
+
+    /// The offload called `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Shared, Self::HostLocal].into_iter().find(|o| o.name() == name)
+    }
+}
+
 /// Handle of a source, from [`Ingestor::add_source`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SourceId(pub u32);
@@ -315,12 +341,22 @@ impl Ingestor {
     }
 
     /// Registers a publisher feeding `instance`; `has_replay` says whether the caller can send
-    /// replay requests for it.
+    /// replay requests for it. Its CPU and STORAGE blocks go to the global tier.
     pub fn add_source(&mut self, instance: &str, has_replay: bool) -> SourceId {
+        self.add_source_with(instance, has_replay, Offload::Shared)
+    }
+
+    /// [`Ingestor::add_source`], with where the source's CPU and STORAGE blocks live.
+    pub fn add_source_with(&mut self, instance: &str, has_replay: bool, offload: Offload) -> SourceId {
         let next = self.holders.len() as u32 + 1;
         let holder = *self.holders.entry(Arc::from(instance)).or_insert(next);
         let source = Source {
-            feed: Feed::new(instance, holder, self.config.max_mapped_blocks),
+            feed: Feed::new(
+                instance,
+                holder,
+                offload == Offload::HostLocal,
+                self.config.max_mapped_blocks,
+            ),
             has_replay,
             next_seq: None,
             last_live: None,

@@ -80,6 +80,8 @@ pub use hash::{
     BlockDigest, BlockHasher, DEFAULT_NONE_HASH_SEED, ExtraKey, HashAlgo, HashError, LoraKey, MmPlaceholder,
     RequestKeys, event_hash, none_hash,
 };
-pub use ingest::{IndexSink, IngestConfig, IngestStats, Ingestor, RouterAt, SinkError, SourceId, Step, UnknownSource};
+pub use ingest::{
+    IndexSink, IngestConfig, IngestStats, Ingestor, Offload, RouterAt, SinkError, SourceId, Step, UnknownSource,
+};
 pub use lone_surrogate::escapes_lone_surrogate;
 pub use openai_body::{BodyError, Endpoint, OpenAiBody, Prompt, parse_openai_body};

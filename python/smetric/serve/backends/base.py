@@ -128,8 +128,9 @@ class Backend(ABC):
     def metric_lines(self) -> list[str]:
         """The backend's own families, after the proxy's."""
 
-    def add_instance(self, url: str) -> None:
-        """Adds an instance to the router. Raises :class:`Unsupported`."""
+    def add_instance(self, url: str, host_pool: str | None = None) -> None:
+        """Adds an instance to the router, its CPU KV$ in ``host_pool`` (a node's shared pool;
+        None: its own). Raises :class:`Unsupported`."""
         raise Unsupported("adding or removing instances is not supported in this mode")
 
     def remove_instance(self, url: str) -> None:

@@ -118,8 +118,10 @@ class ColocatedBackend(Backend):
     def metric_lines(self) -> list[str]:
         return []
 
-    def add_instance(self, url: str) -> None:
+    def add_instance(self, url: str, host_pool: str | None = None) -> None:
         self.router.add_instance(url)
+        if host_pool is not None:
+            self.router.set_host_pool(url, host_pool)
 
     def remove_instance(self, url: str) -> None:
         self.router.remove_instance(url)

@@ -51,6 +51,7 @@
 //! Bytes per (block, holder) pair are measured by the `soak` example;
 //! [`KvIndex::memory_bytes`] estimates them from the container sizes.
 
+mod host;
 pub(crate) mod lru;
 mod pending;
 mod query;
@@ -61,6 +62,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
+pub use host::HostPool;
+use host::HostTiers;
 use lru::RunLru;
 use pending::PendingBlocks;
 pub(crate) use query::Walk;
@@ -146,10 +149,21 @@ pub struct IndexQuery {
     pub local_blocks: Vec<u32>,
     /// Longest prefix hit in blocks in the global tier.
     pub global_blocks: u32,
+    /// Longest prefix hit in blocks in each instance slot's host pool (§2.8; empty while no
+    /// pool holds a block: read it with [`IndexQuery::host_blocks_of`]).
+    pub host_blocks: Vec<u32>,
     /// Deepest prefix any holder matched, in blocks.
     pub deepest_blocks: u32,
     /// `children` of the deepest matched block (0 when nothing matched).
     pub branches: u32,
+}
+
+impl IndexQuery {
+    /// The prefix `slot`'s host pool holds, in blocks (0 when none does).
+    #[inline]
+    pub fn host_blocks_of(&self, slot: u32) -> u32 {
+        self.host_blocks.get(slot as usize).copied().unwrap_or(0)
+    }
 }
 
 /// Capacities and TTL of an index.
@@ -178,6 +192,9 @@ pub struct IndexStats {
     pub pending_blocks: Vec<usize>,
     /// Answer credits per instance slot (§2.7; expired ones not yet purged count).
     pub answer_credits: Vec<usize>,
+    /// Blocks held by each instance slot's host pool (§2.8; a shared pool's blocks count for
+    /// each of its members).
+    pub host_blocks: Vec<usize>,
 }
 
 /// The two-tier index. Not synchronised: the router wraps it in a read-write lock; the query
@@ -212,6 +229,8 @@ pub struct KvIndex {
     writes: u64,
     /// Blocks sent to an instance and not yet confirmed by its events (exact mode, §2.7).
     pending: PendingBlocks,
+    /// The instances' host tiers (§2.8), once [`KvIndex::enable_host_tiers`] turned them on.
+    hosts: Option<Box<HostTiers>>,
     /// Test only: trust a walk's ids even after entries were freed (the bug `frees` prevents),
     /// so that the tests can show they catch it.
     #[cfg(test)]
@@ -244,6 +263,7 @@ impl KvIndex {
             frees: 0,
             writes: 0,
             pending: PendingBlocks::default(),
+            hosts: None,
             #[cfg(test)]
             trust_stale_walks: false,
             #[cfg(test)]
@@ -276,6 +296,73 @@ impl KvIndex {
         }
     }
 
+    /// Gives every instance slot a host tier of `capacity` blocks, its own pool until
+    /// [`KvIndex::set_host_pool`] names a shared one (§2.8). `capacity = 0` turns them off
+    /// (host-tier writes are then ignored, as a disabled global tier's are).
+    pub fn enable_host_tiers(&mut self, capacity: u64) {
+        self.hosts = (capacity > 0).then(|| {
+            let mut hosts = HostTiers::new(capacity);
+            for (s, h) in self.instances.iter().enumerate() {
+                if h.live {
+                    hosts.add_slot(s as u32);
+                }
+            }
+            Box::new(hosts)
+        });
+    }
+
+    /// Moves instance `slot` into `pool` (its own, or a named one shared with the instances
+    /// named into it); what its old pool held stays there (it is the old pool's), and an old
+    /// pool left without members is dropped. Nothing when host tiers are off or the slot is free.
+    pub fn set_host_pool(&mut self, slot: u32, pool: &HostPool) {
+        if self.is_live(slot)
+            && let Some(hosts) = &mut self.hosts
+        {
+            self.writes += 1;
+            hosts.join(slot, pool);
+        }
+    }
+
+    /// The host pool of instance `slot` (None when host tiers are off or the slot is free).
+    pub fn host_pool(&self, slot: u32) -> Option<HostPool> {
+        self.hosts.as_ref().filter(|_| self.is_live(slot))?.pool_name(slot)
+    }
+
+    /// Records that `slot`'s host pool now holds `run` (continuing `parent`).
+    pub fn touch_host(&mut self, slot: u32, run: &[BlockHash], parent: Option<BlockHash>, now_ms: u64) {
+        if self.is_live(slot)
+            && let Some(hosts) = &mut self.hosts
+        {
+            self.writes += 1;
+            hosts.touch(slot, run, parent, now_ms);
+        }
+    }
+
+    /// Records that `slot`'s host pool dropped `hashes`.
+    pub fn remove_host(&mut self, slot: u32, hashes: &[BlockHash]) {
+        if self.is_live(slot)
+            && let Some(hosts) = &mut self.hosts
+        {
+            self.writes += 1;
+            hosts.remove(slot, hashes);
+        }
+    }
+
+    /// Drops everything `slot`'s host pool holds.
+    pub fn clear_host(&mut self, slot: u32) {
+        if self.is_live(slot)
+            && let Some(hosts) = &mut self.hosts
+        {
+            self.writes += 1;
+            hosts.clear(slot);
+        }
+    }
+
+    /// Whether `slot`'s host pool holds `hash`.
+    pub fn host_holds(&self, slot: u32, hash: BlockHash) -> bool {
+        self.is_live(slot) && self.hosts.as_ref().is_some_and(|h| h.holds(slot, hash))
+    }
+
     fn global_enabled(&self) -> bool {
         self.limits.global_capacity > 0
     }
@@ -296,6 +383,9 @@ impl KvIndex {
         self.pending.clear(slot);
         self.writes += 1;
         self.live_mask[s / 64] |= 1 << (s % 64);
+        if let Some(hosts) = &mut self.hosts {
+            hosts.add_slot(slot);
+        }
     }
 
     /// Drops everything `slot` holds and marks it free.
@@ -306,6 +396,9 @@ impl KvIndex {
             h.live = false;
             let s = slot as usize;
             self.live_mask[s / 64] &= !(1 << (s % 64));
+        }
+        if let Some(hosts) = &mut self.hosts {
+            hosts.remove_slot(slot);
         }
     }
 
@@ -906,7 +999,7 @@ impl KvIndex {
             entries: self.by_hash.len(),
             local_blocks: self.instances.iter().map(|h| if h.live { h.held } else { 0 }).collect(),
             global_blocks: self.global_held,
-            evictions: self.evictions,
+            evictions: self.evictions + self.hosts.as_ref().map_or(0, |h| h.evictions()),
             pending_blocks: (0..self.instances.len() as u32)
                 .map(|s| if self.is_live(s) { self.pending.len(s) } else { 0 })
                 .collect(),
@@ -914,6 +1007,15 @@ impl KvIndex {
                 .map(|s| {
                     if self.is_live(s) {
                         self.pending.credits_len(s)
+                    } else {
+                        0
+                    }
+                })
+                .collect(),
+            host_blocks: (0..self.instances.len() as u32)
+                .map(|s| {
+                    if self.is_live(s) {
+                        self.hosts.as_ref().map_or(0, |h| h.held(s))
                     } else {
                         0
                     }
@@ -931,7 +1033,7 @@ impl KvIndex {
     }
 
     /// Heap bytes of the index by component, from the containers' capacities.
-    pub fn memory_breakdown(&self) -> [(&'static str, usize); 7] {
+    pub fn memory_breakdown(&self) -> [(&'static str, usize); 8] {
         use std::mem::size_of;
         // hashbrown: one control byte per bucket plus the slot; buckets = capacity · 8/7.
         let table_bytes = |cap: usize, slot: usize| cap * 8 / 7 * (slot + 1);
@@ -952,6 +1054,7 @@ impl KvIndex {
             ("extra_holder_maps", seqs),
             ("lru_runs", runs),
             ("pending", self.pending.heap_bytes()),
+            ("host_tiers", self.hosts.as_ref().map_or(0, |h| h.memory_bytes())),
             ("entry_count", self.by_hash.len()),
         ]
     }

@@ -75,6 +75,10 @@ impl KvIndex {
         if !self.pending.is_empty() {
             self.count_pending(chain, now_ms, out, &walk.ids);
         }
+        match &self.hosts {
+            Some(hosts) => hosts.query(chain, now_ms, out),
+            None => out.host_blocks.clear(),
+        }
     }
 
     /// Docs §2.7, query: each instance's hit is the longest prefix of `chain` whose blocks it

@@ -7,8 +7,10 @@
 //!
 //! Algorithm, prompt of `n` tokens, blocks of `B`, on instance `i` with queued uncached prompt
 //! tokens `q_i`, local hit `L_i`, global-tier hit `G`, in-flight prompt tokens `a_i`:
-//! * device blocks `d_i = min(L_i, n)/B`, host blocks `h_i = max(min(G, n) − min(L_i, n), 0)/B`
-//!   (the tier's hit beyond what the instance holds, so no block is credited twice);
+//! * device blocks `d_i = min(L_i, n)/B`, host blocks `h_i = max(min(T_i, n) − min(L_i, n), 0)/B`
+//!   with `T_i = max(H_i, G)` the off-GPU hit `i` can load (its own host pool's `H_i`, which
+//!   Dynamo credits to the pod that offloaded it, or the shared tier's, §2.8): the tier's hit
+//!   beyond what the instance holds, so no block is credited twice;
 //! * raw prefill blocks `(q_i + n)/B` — Dynamo subtracts the cached tokens from the prompt and
 //!   adds them back, so the raw term ignores the cache and all credit comes after, per tier;
 //! * `cost_i = w · max(0, raw − (d_i + 0.75 · h_i)) + a_i/B`, argmin, ties at random;
@@ -40,10 +42,12 @@ impl Policy for DynamoHostTier {
         let c = input.candidates;
         let (w, b) = (input.config.linear_prefill_weight, f64::from(input.block_size));
         let n = input.num_tokens;
-        let global = input.global_hit_tokens.min(n);
         let index = argmin(c.len(), input.rng, |i| {
             let device = c[i].local_hit_tokens.min(n);
-            let host = global.saturating_sub(device);
+            let host = c[i]
+                .tier_hit_tokens(input.global_hit_tokens)
+                .min(n)
+                .saturating_sub(device);
             let raw = (c[i].queued + n) as f64 / b;
             let credit = device as f64 / b + HOST_HIT_CREDIT * (host as f64 / b);
             w * (raw - credit).max(0.0) + c[i].active as f64 / b

@@ -63,6 +63,9 @@ pub struct Candidate {
     pub name_hash: u64,
     /// Local (GPU) prefix hit for this request, in tokens.
     pub local_hit_tokens: u64,
+    /// Prefix hit in the instance's host pool (its own host memory or a store it shares,
+    /// docs §2.8), in tokens; 0 without host tiers.
+    pub host_hit_tokens: u64,
     /// Batch size (requests in flight).
     pub bs: u64,
     /// Requests not yet prefilled.
@@ -113,11 +116,35 @@ pub fn ceil_to_u64(x: f64) -> u64 {
 
 impl Candidate {
     /// The tokens this instance would prefill for a prompt of `num_tokens` with a global-tier
-    /// hit of `global_hit_tokens`: `n − max(local, global)` (docs §3 `prefill(r, X)`), what the
+    /// hit of `global_hit_tokens`: `n − max(local, host, global)` (docs §3 `prefill(r, X)`), what the
     /// load board queues when the request is routed here.
     #[inline]
     pub fn prefill_tokens(&self, num_tokens: u64, global_hit_tokens: u64) -> u64 {
-        num_tokens - self.local_hit_tokens.max(global_hit_tokens).min(num_tokens)
+        num_tokens - self.resident_hit_tokens().max(global_hit_tokens).min(num_tokens)
+    }
+
+    /// The prefix this instance has without the shared store: its GPU's or its host pool's.
+    #[inline]
+    pub fn resident_hit_tokens(&self) -> u64 {
+        self.local_hit_tokens.max(self.host_hit_tokens)
+    }
+
+    /// The prefix this instance can load instead of computing, from its host pool or the
+    /// shared store (`global_hit_tokens`): the off-GPU hit the tiers give it.
+    #[inline]
+    pub fn tier_hit_tokens(&self, global_hit_tokens: u64) -> u64 {
+        self.host_hit_tokens.max(global_hit_tokens)
+    }
+
+    /// The tokens a prefill here loads rather than computes, by source (docs §2.8):
+    /// `(from the host pool, from the shared store)` — each token from the nearest source
+    /// that holds it (GPU, then host pool, then store), so none is counted twice.
+    #[inline]
+    pub fn loaded_tokens(&self, num_tokens: u64, global_hit_tokens: u64) -> (u64, u64) {
+        let local = self.local_hit_tokens.min(num_tokens);
+        let host = self.host_hit_tokens.min(num_tokens);
+        let global = global_hit_tokens.min(num_tokens);
+        (host.saturating_sub(local), global.saturating_sub(local.max(host)))
     }
 }
 
@@ -502,6 +529,7 @@ pub(crate) mod test_support {
             slot,
             name_hash: crate::rng::mix64(u64::from(slot) + 1),
             local_hit_tokens: hit,
+            host_hit_tokens: 0,
             bs,
             waiting: 0,
             queued,

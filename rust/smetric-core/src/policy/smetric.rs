@@ -42,9 +42,12 @@ use crate::config::{MigrationRule, RouterConfig, SmetricRule};
 #[derive(Debug, Default)]
 pub struct Smetric;
 
-/// Tier-aware prefill cost of the request on candidate `c`, in prefilled-token equivalents.
-fn cost(c: &Candidate, n: u64, global: u64, fetch: f64) -> f64 {
-    c.prefill_tokens(n, global) as f64 + global.saturating_sub(c.local_hit_tokens) as f64 * fetch
+/// Source-priced prefill cost of the request on candidate `c`, in prefilled-token equivalents:
+/// the tokens computed, plus each loaded token at its source's cost — `host_fetch` from the
+/// instance's host pool, `fetch` from the shared store (docs §2.8; a GPU hit is free).
+fn cost(c: &Candidate, n: u64, global: u64, fetch: f64, host_fetch: f64) -> f64 {
+    let (from_host, from_store) = c.loaded_tokens(n, global);
+    c.prefill_tokens(n, global) as f64 + from_host as f64 * host_fetch + from_store as f64 * fetch
 }
 
 /// The work a prefill placed on `c` waits for and does: `queued + cost + w·active`.
@@ -120,13 +123,20 @@ impl Policy for Smetric {
                 reason: Reason::FirstTurnLeastLoaded,
             };
         }
-        let follow_score = |i: usize| score(&c[i], cost(&c[i], n, g, f), cfg);
-        let best_hit = c.iter().map(|x| x.local_hit_tokens).max().unwrap_or(0);
-        let home = argmin_by(c.len(), input.rng, |i| c[i].local_hit_tokens == best_hit, follow_score).unwrap_or(0);
+        let follow_score = |i: usize| score(&c[i], cost(&c[i], n, g, f, cfg.host_fetch_cost), cfg);
+        // The home holds the session's prefix on its GPU or in its own host pool.
+        let best_hit = c.iter().map(Candidate::resident_hit_tokens).max().unwrap_or(0);
+        let home = argmin_by(
+            c.len(),
+            input.rng,
+            |i| c[i].resident_hit_tokens() == best_hit,
+            follow_score,
+        )
+        .unwrap_or(0);
         let roomy = |i: usize| !Self::full(input, &c[i], n as f64);
         let any_roomy = (0..c.len()).any(roomy);
         let target = |i: usize| !any_roomy || roomy(i);
-        let evicted = (c[home].local_hit_tokens as f64) < cfg.min_local_hit_ratio * n as f64;
+        let evicted = (c[home].resident_hit_tokens() as f64) < cfg.min_local_hit_ratio * n as f64;
         let by_cost = match cfg.smetric_migration {
             MigrationRule::Threshold => false,
             MigrationRule::Cost | MigrationRule::Work => true,
@@ -136,7 +146,7 @@ impl Policy for Smetric {
             let best = argmin_by(c.len(), input.rng, target, follow_score).unwrap_or(home);
             let compared = |i: usize| {
                 if cfg.smetric_migration == MigrationRule::Work {
-                    pending_work(&c[i], cost(&c[i], n, g, f), cfg)
+                    pending_work(&c[i], cost(&c[i], n, g, f, cfg.host_fetch_cost), cfg)
                 } else {
                     follow_score(i)
                 }
@@ -217,14 +227,15 @@ mod tests {
     /// SMetric as it was before the smetric+ switches (commit d532eb1), verbatim: the
     /// `smetric_v1` preset (formerly `smetric_paper`) must decide exactly as it did.
     fn before_switches(input: &SelectionInput<'_>) -> Selection {
-        fn score(c: &Candidate, n: u64, global: u64, fetch: f64) -> f64 {
-            (c.queued as f64 + cost(c, n, global, fetch)).max(1.0) * (c.bs + 1) as f64
+        fn score(c: &Candidate, n: u64, global: u64, fetch: f64, host_fetch: f64) -> f64 {
+            (c.queued as f64 + cost(c, n, global, fetch, host_fetch)).max(1.0) * (c.bs + 1) as f64
         }
         let c = input.candidates;
-        let (n, g, f) = (
+        let (n, g, f, hf) = (
             input.num_tokens,
             input.global_hit_tokens.min(input.num_tokens),
             input.config.global_fetch_cost,
+            input.config.host_fetch_cost,
         );
         if input.first_turn {
             let blind = (n - g) as f64 + g as f64 * f;
@@ -236,16 +247,16 @@ mod tests {
                 reason: Reason::FirstTurnLeastLoaded,
             };
         }
-        let best_hit = c.iter().map(|x| x.local_hit_tokens).max().unwrap_or(0);
+        let best_hit = c.iter().map(Candidate::resident_hit_tokens).max().unwrap_or(0);
         let home = argmin_by(
             c.len(),
             input.rng,
-            |i| c[i].local_hit_tokens == best_hit,
-            |i| score(&c[i], n, g, f),
+            |i| c[i].resident_hit_tokens() == best_hit,
+            |i| score(&c[i], n, g, f, hf),
         )
         .unwrap_or(0);
-        if (c[home].local_hit_tokens as f64) < input.config.min_local_hit_ratio * n as f64 {
-            let index = argmin(c.len(), input.rng, |i| score(&c[i], n, g, f));
+        if (c[home].resident_hit_tokens() as f64) < input.config.min_local_hit_ratio * n as f64 {
+            let index = argmin(c.len(), input.rng, |i| score(&c[i], n, g, f, hf));
             return Selection {
                 index,
                 reason: Reason::MigrateEvicted,
@@ -258,7 +269,7 @@ mod tests {
                 c.len(),
                 input.rng,
                 |i| all_overloaded || !overloaded(&c[i]),
-                |i| score(&c[i], n, g, f),
+                |i| score(&c[i], n, g, f, hf),
             )
             .unwrap_or(home);
             return Selection {
@@ -285,6 +296,7 @@ mod tests {
                     slot: slot as u32,
                     name_hash: 0,
                     local_hit_tokens: [0, n / 4, n / 2, n - n / 10, n][draws_src.pick(5)],
+                    host_hit_tokens: 0,
                     bs: draws_src.pick(12) as u64,
                     waiting: 0,
                     queued: [0, 1000, 9000, 40_000][draws_src.pick(4)],

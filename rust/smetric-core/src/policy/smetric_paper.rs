@@ -4,7 +4,8 @@
 //! Algorithm, for a request of `L` prompt tokens with global-tier hit `G`, on instance `i`
 //! with local (GPU) hit `c_i`, queued work `q_i`, drain rate `RATE_i` and `bs_i` requests in
 //! flight:
-//! * own work `w_i = work(n_i, L) = n_i + n_i·(L − n_i/2)/L_EQ` with `n_i = L − max(c_i, G)`,
+//! * own work `w_i = work(n_i, L) = n_i + n_i·(L − n_i/2)/L_EQ` with `n_i = L − max(c_i, H_i, G)`
+//!   (`H_i` the hit in `i`'s host pool, §2.8),
 //!   the tokens `i` would compute (cold-token equivalents: causal attention makes a token at
 //!   depth `p` cost `1 + p/L_EQ`; `config::L_EQ_QWEN3_CODER_30B_A3B` derives `L_EQ`); the tier's
 //!   fetch is not priced, as the paper prices none;
@@ -12,8 +13,9 @@
 //! * the least-loaded score `s_i = e_i` on a prefill pool (PD prefill, prefill-only), and
 //!   `e_i × bs_i` co-located (the authors' co-located form: pending work times active
 //!   requests; every idle instance scores 0 and the tie is drawn at random);
-//! * home `h = argmax_i c_i` — local hits only, so the tier's hit (equal everywhere) cannot
-//!   blind the eviction test — ties to the least `s_i`;
+//! * home `h = argmax_i c_i` — local hits only (the GPU's, or the instance's own host pool's,
+//!   §2.8), so the shared tier's hit (equal everywhere) cannot blind the eviction test — ties to
+//!   the least `s_i`;
 //! * a first turn goes to `argmin s_i` (reason `first-turn: least-loaded`);
 //! * a follow-up whose home holds no more than `HIT_RATIO × expected hit` (expected: the
 //!   whole prompt, the authors' stricter form, since the request does not carry its history
@@ -82,10 +84,11 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
             reason: Reason::FirstTurnLeastLoaded,
         };
     }
-    let best_hit = c.iter().map(|x| x.local_hit_tokens).max().unwrap_or(0);
-    let home = argmin_by(c.len(), input.rng, |i| c[i].local_hit_tokens == best_hit, score).unwrap_or(0);
+    // The home holds the session's prefix on its GPU or in its own host pool (§2.8).
+    let best_hit = c.iter().map(Candidate::resident_hit_tokens).max().unwrap_or(0);
+    let home = argmin_by(c.len(), input.rng, |i| c[i].resident_hit_tokens() == best_hit, score).unwrap_or(0);
     let expected_hit = n as f64;
-    if c[home].local_hit_tokens as f64 <= cfg.min_local_hit_ratio * expected_hit {
+    if c[home].resident_hit_tokens() as f64 <= cfg.min_local_hit_ratio * expected_hit {
         return Selection {
             index: least(home),
             reason: Reason::MigrateEvicted,

@@ -178,6 +178,7 @@ impl Router {
                 slot,
                 name_hash: m.name_hash,
                 local_hit_tokens: self.hit_tokens(query.local_blocks[slot as usize], n),
+                host_hit_tokens: self.hit_tokens(query.host_blocks_of(slot), n),
                 bs: load.bs,
                 waiting: load.waiting,
                 queued: load.queued,
@@ -217,8 +218,11 @@ impl Router {
         let member = fleet.member(chosen.slot).expect("candidates are live members");
         // The index write, in place when it changes no holder's blocks (the same prompt again
         // where it went last), else after the shared lock under the exclusive one.
+        // With host tiers, an approximate route also records the prompt in the instance's host
+        // pool (its offloading connector will copy it there): a write, never in place.
+        let host_write = self.config.index_mode == IndexMode::Approximate && self.config.host_capacity_blocks > 0;
         let in_place = match self.config.index_mode {
-            IndexMode::Approximate => index.renew_walked(chosen.slot, chain, now_ms, walk),
+            IndexMode::Approximate => !host_write && index.renew_walked(chosen.slot, chain, now_ms, walk),
             // Sent, not yet confirmed by the engine's events (docs §2.7).
             IndexMode::Exact => index.send_is_noop(chosen.slot, chain, walk),
         };
@@ -250,7 +254,12 @@ impl Router {
                 .is_some_and(|m| m.generation == member.generation)
             {
                 match self.config.index_mode {
-                    IndexMode::Approximate => index.touch_walked(chosen.slot, chain, now_ms, walk),
+                    IndexMode::Approximate => {
+                        index.touch_walked(chosen.slot, chain, now_ms, walk);
+                        if host_write {
+                            index.touch_host(chosen.slot, chain, None, now_ms);
+                        }
+                    }
                     IndexMode::Exact => index.send_walked(chosen.slot, chain, now_ms, walk),
                 }
             }
@@ -284,6 +293,7 @@ impl Router {
             turn_source,
             local_hit_tokens: chosen.local_hit_tokens,
             global_hit_tokens,
+            host_hit_tokens: chosen.host_hit_tokens,
             prefill_tokens: prefill,
             num_tokens: n,
             reason: selection.reason,
@@ -306,6 +316,10 @@ impl Router {
                     .map(|(slot, m)| (m.name.clone(), self.hit_tokens(query.local_blocks[slot as usize], n)))
                     .collect(),
                 global_hit_tokens: self.hit_tokens(query.global_blocks, n),
+                host: fleet
+                    .members()
+                    .map(|(slot, m)| (m.name.clone(), self.hit_tokens(query.host_blocks_of(slot), n)))
+                    .collect(),
                 deepest_blocks: query.deepest_blocks,
                 branches: query.branches,
             })

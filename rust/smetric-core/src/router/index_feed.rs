@@ -1,5 +1,6 @@
-//! Explicit index writes: what an instance's GPU cache or the global tier stored or dropped,
-//! as KV events (`smetric-vllm`'s ingestor) or a caller report them.
+//! Explicit index writes: what an instance's GPU cache, its host pool or the global tier stored
+//! or dropped, as KV events (`smetric-vllm`'s ingestor) or a caller report them, and which host
+//! pool each instance's non-GPU KV$ lives in (docs §2.8).
 //!
 //! Invariants: each call (and each batch of [`Router::apply_blocks`]) is applied under one
 //! exclusive index lock, so a decision's walk sees all of it or none of it (its own index
@@ -12,19 +13,61 @@
 use super::Router;
 use crate::error::{Result, SmetricError};
 use crate::ids::BlockHash;
-use crate::index::{Holder, KvIndex};
+use crate::index::{Holder, HostPool, KvIndex};
 use crate::router::request::{IndexOp, Tier};
 
+/// Where an index write lands: a holder of the index, or an instance's host pool.
+#[derive(Clone, Copy)]
+enum Target {
+    Holder(Holder),
+    Host(u32),
+}
+
+impl KvIndex {
+    fn store_at(&mut self, target: Target, hashes: &[BlockHash], parent: Option<BlockHash>, now_ms: u64) {
+        match target {
+            Target::Holder(holder) => self.touch(holder, hashes, parent, now_ms),
+            Target::Host(slot) => self.touch_host(slot, hashes, parent, now_ms),
+        }
+    }
+
+    fn remove_at(&mut self, target: Target, hashes: &[BlockHash]) {
+        match target {
+            Target::Holder(holder) => self.remove(holder, hashes),
+            Target::Host(slot) => self.remove_host(slot, hashes),
+        }
+    }
+}
+
 impl Router {
-    fn holder(&self, instance: Option<&str>, tier: Tier) -> Result<Holder> {
+    fn target(&self, instance: Option<&str>, tier: Tier) -> Result<Target> {
+        let slot = |name: &str| Ok(self.fleet.load().by_name(name)?.0);
         match (tier, instance) {
-            (Tier::Global, _) => Ok(Holder::Global),
-            (Tier::Local, Some(name)) => Ok(Holder::Instance(self.fleet.load().by_name(name)?.0)),
-            (Tier::Local, None) => Err(SmetricError::InvalidArgument {
+            (Tier::Global, _) => Ok(Target::Holder(Holder::Global)),
+            (Tier::Local, Some(name)) => Ok(Target::Holder(Holder::Instance(slot(name)?))),
+            (Tier::Host, Some(name)) => Ok(Target::Host(slot(name)?)),
+            (Tier::Local | Tier::Host, None) => Err(SmetricError::InvalidArgument {
                 argument: "instance",
-                reason: "tier=\"local\" needs an instance name".to_owned(),
+                reason: format!("tier=\"{}\" needs an instance name", tier.name()),
             }),
         }
+    }
+
+    /// Puts `instance`'s non-GPU KV$ into `pool`: its own host memory (the default, credited
+    /// to it alone) or a store shared with every instance named into the same pool (docs
+    /// §2.8). What its old pool held stays with that pool.
+    pub fn set_host_pool(&self, instance: &str, pool: &HostPool) -> Result<()> {
+        let mut index = self.index.write();
+        let slot = self.fleet.load().by_name(instance)?.0;
+        index.set_host_pool(slot, pool);
+        Ok(())
+    }
+
+    /// `instance`'s host pool; None when host tiers are off (`host_capacity_blocks = 0`).
+    pub fn host_pool(&self, instance: &str) -> Result<Option<HostPool>> {
+        let index = self.index.read();
+        let slot = self.fleet.load().by_name(instance)?.0;
+        Ok(index.host_pool(slot))
     }
 
     /// Records that `instance` (or the global tier) now holds `hashes`, a run continuing `parent`.
@@ -38,23 +81,23 @@ impl Router {
     ) -> Result<()> {
         let now_ms = self.now_ms(now)?;
         let mut index = self.index.write();
-        let holder = self.holder(instance, tier)?;
-        index.touch(holder, hashes, parent, now_ms);
+        let target = self.target(instance, tier)?;
+        index.store_at(target, hashes, parent, now_ms);
         Ok(())
     }
 
     /// Records that `instance` (or the global tier) dropped `hashes`.
     pub fn remove_blocks(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<()> {
         let mut index = self.index.write();
-        let holder = self.holder(instance, tier)?;
-        index.remove(holder, hashes);
+        let target = self.target(instance, tier)?;
+        index.remove_at(target, hashes);
         Ok(())
     }
 
     /// Applies `ops` in order under one index lock and one clock reading: the same as calling
     /// [`Router::store_blocks`] / [`Router::remove_blocks`] with `instance` for each op, but
-    /// `instance` is resolved once. An op that fails (its tier is `Local` and `instance` is
-    /// absent or unknown) is skipped and the others still apply; the first error is returned.
+    /// `instance` is resolved once. An op that fails (its tier is `Local` or `Host` and
+    /// `instance` is absent or unknown) is skipped and the others still apply; the first error is returned.
     ///
     /// Complexity: the sum of the ops' costs, plus one lock acquisition and one name lookup.
     pub fn apply_blocks(&self, instance: Option<&str>, ops: &[IndexOp<'_>], now: Option<f64>) -> Result<()> {
@@ -97,30 +140,37 @@ impl Router {
             let tier = match *op {
                 IndexOp::Store { tier, .. } | IndexOp::Remove { tier, .. } => tier,
             };
-            let holder = match tier {
-                Tier::Global => Holder::Global,
-                Tier::Local => match local.get_or_insert_with(|| self.holder(instance, Tier::Local)) {
-                    Ok(holder) => *holder,
+            let slot = match tier {
+                Tier::Global => None,
+                Tier::Local | Tier::Host => match local.get_or_insert_with(|| self.target(instance, tier)) {
+                    Ok(Target::Holder(Holder::Instance(slot)) | Target::Host(slot)) => Some(*slot),
+                    Ok(Target::Holder(Holder::Global)) => None,
                     Err(e) => {
                         first_error.get_or_insert_with(|| e.clone());
                         continue;
                     }
                 },
             };
+            let target = match (tier, slot) {
+                (Tier::Local, Some(slot)) => Target::Holder(Holder::Instance(slot)),
+                (Tier::Host, Some(slot)) => Target::Host(slot),
+                _ => Target::Holder(Holder::Global),
+            };
             match *op {
-                IndexOp::Store { hashes, parent, .. } => index.touch(holder, hashes, parent, now_ms),
-                IndexOp::Remove { hashes, .. } => index.remove(holder, hashes),
+                IndexOp::Store { hashes, parent, .. } => index.store_at(target, hashes, parent, now_ms),
+                IndexOp::Remove { hashes, .. } => index.remove_at(target, hashes),
             }
         }
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Drops everything `instance` (or the global tier) holds.
+    /// Drops everything `instance` (or the global tier, or `instance`'s host pool) holds.
     pub fn clear(&self, instance: Option<&str>, tier: Tier) -> Result<()> {
         let mut index = self.index.write();
-        match self.holder(instance, tier)? {
-            Holder::Instance(slot) => index.clear_instance(slot),
-            Holder::Global => index.clear_global(),
+        match self.target(instance, tier)? {
+            Target::Holder(Holder::Instance(slot)) => index.clear_instance(slot),
+            Target::Holder(Holder::Global) => index.clear_global(),
+            Target::Host(slot) => index.clear_host(slot),
         }
         Ok(())
     }

@@ -53,6 +53,8 @@
 
 mod decide;
 mod fleet_ops;
+#[cfg(test)]
+mod host_tier_tests;
 mod index_feed;
 mod lifecycle;
 mod request;
@@ -144,6 +146,7 @@ impl Router {
         for (slot, _) in fleet.members() {
             index.add_slot(slot);
         }
+        index.enable_host_tiers(config.host_capacity_blocks);
         if config.index_mode == IndexMode::Exact {
             index.enable_pending(to_ms(config.exact_pending_ttl_s), config.exact_answer_credit);
         }

@@ -81,7 +81,9 @@ pub struct Decision {
     pub local_hit_tokens: u64,
     /// Global-tier prefix hit, in tokens.
     pub global_hit_tokens: u64,
-    /// Tokens the chosen instance will prefill: `n − max(local, global)`.
+    /// Prefix hit in the chosen instance's host pool (docs §2.8), in tokens.
+    pub host_hit_tokens: u64,
+    /// Tokens the chosen instance will prefill: `n − max(local, host, global)`.
     pub prefill_tokens: u64,
     /// Prompt length in tokens.
     pub num_tokens: u64,
@@ -98,6 +100,8 @@ pub struct Hits {
     pub local: Vec<(Arc<str>, u64)>,
     /// Global-tier hit in tokens.
     pub global_hit_tokens: u64,
+    /// `(name, hit tokens in its host pool)` in slot order (docs §2.8).
+    pub host: Vec<(Arc<str>, u64)>,
     /// Deepest match over all holders, in blocks.
     pub deepest_blocks: u32,
     /// Children of the deepest matched block.
@@ -111,6 +115,20 @@ pub enum Tier {
     Local,
     /// The cluster-wide CPU/store tier.
     Global,
+    /// The instance's host pool: its own host memory, or the store it shares with the
+    /// instances of its pool (docs §2.8). Credited to those instances only.
+    Host,
+}
+
+impl Tier {
+    /// The tier's name at the bindings (`"local"`, `"global"`, `"host"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Global => "global",
+            Self::Host => "host",
+        }
+    }
 }
 
 /// One index write of a batch applied by [`Router::apply_blocks`].

@@ -34,6 +34,8 @@ pub struct RouterStats {
     pub index: IndexStats,
     /// Blocks each live instance holds, by name in slot order.
     pub local_blocks: Vec<(Arc<str>, usize)>,
+    /// Blocks each live instance's host pool holds, in the order of `local_blocks` (§2.8).
+    pub host_blocks: Vec<usize>,
     /// Heap bytes of the index.
     pub index_bytes: usize,
     /// Heap bytes of the index by component (see `KvIndex::memory_breakdown`).
@@ -58,6 +60,10 @@ impl Router {
                 )
             })
             .collect();
+        let host_blocks = fleet
+            .members()
+            .map(|(slot, _)| index.host_blocks.get(slot as usize).copied().unwrap_or(0))
+            .collect();
         RouterStats {
             routed: self.routed.load(Ordering::Relaxed),
             first_turns: self.first_turns.load(Ordering::Relaxed),
@@ -72,6 +78,7 @@ impl Router {
             draws: self.rng.draws(),
             index,
             local_blocks,
+            host_blocks,
             index_bytes,
             index_breakdown,
         }

@@ -86,7 +86,7 @@ impl Sim<'_> {
             return 0.0;
         }
         let mut cost = tier.connector_step_overhead_s;
-        if tier.path.store_copy_in_step() && self.tier.enabled() {
+        if tier.path.store_copy_in_step() && self.tier(i).enabled() {
             let rank_bytes_per_block = self.limits.block_tokens as f64 * self.config.profile.kv_bytes_per_token_rank;
             cost += self.blocks_filled_by_step(i) as f64 * rank_bytes_per_block / tier.pcie_bytes_per_s;
         }
@@ -105,7 +105,7 @@ impl Sim<'_> {
                 let chain = self.workload.chain(r as usize);
                 let full = |tokens: u64| ((tokens / b) as usize).min(chain.len());
                 let filled = &chain[full(req.computed)..full(req.computed + new)];
-                filled.iter().filter(|&&h| !self.tier.contains(h)).count()
+                filled.iter().filter(|&&h| !self.tier(i).contains(h)).count()
             })
             .sum()
     }
@@ -171,7 +171,10 @@ impl Sim<'_> {
         let chain = self.workload.chain(request as usize);
         let end = ((to / b) as usize).min(chain.len());
         let start = ((from / b) as usize).min(end);
-        let missing = chain[start..end].iter().filter(|&&h| !self.tier.contains(h)).count();
+        let missing = chain[start..end]
+            .iter()
+            .filter(|&&h| !self.tier(i as usize).contains(h))
+            .count();
         if missing == 0 {
             if start < end {
                 self.store_in_tier(i, request, start, end);
@@ -199,11 +202,12 @@ impl Sim<'_> {
     fn store_in_tier(&mut self, i: u32, request: u32, start: usize, end: usize) {
         let chain = self.workload.chain(request as usize);
         let stored = &chain[start..end];
-        self.tier.store(stored, i);
-        if !self.tier.changes.enabled {
+        let k = self.tier_index(i as usize);
+        self.tiers[k].store(stored, i);
+        if !self.tiers[k].changes.enabled {
             return;
         }
-        let changes = &self.tier.changes;
+        let changes = &self.tiers[k].changes;
         for &(hash, owner) in &changes.evicted {
             if let Some(inst) = self.instances.get_mut(owner as usize) {
                 inst.pool.log.removed(Medium::Cpu, hash);

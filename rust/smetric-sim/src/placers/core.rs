@@ -22,7 +22,7 @@
 use hashbrown::HashMap;
 use smetric_core::hash::{chain_root, hash_block};
 use smetric_core::{BlockHash, Hits, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, Router, RouterConfig, Tier};
-use smetric_vllm::{IngestConfig, Ingestor, RouterAt, SourceId};
+use smetric_vllm::{IngestConfig, Ingestor, Offload, RouterAt, SourceId};
 
 use crate::cache_events::{CacheLog, IndexFeed, Medium, block_tokens};
 use crate::config::TurnFeed;
@@ -41,6 +41,9 @@ pub struct CorePlacer {
     feed: IndexFeed,
     events: Option<EventFeed>,
     turns: TurnFeed,
+    /// The simulated stores are the instances' own (host tiers on, no global tier): their
+    /// blocks go to each instance's host pool, not the global tier.
+    host_local: bool,
 }
 
 /// The router side of the event feed.
@@ -117,6 +120,7 @@ impl CorePlacer {
         // over-predict. A real vLLM caches them; this models the engine the simulator has.
         config.exact_answer_credit = false;
         let names: Vec<String> = (0..instances).map(|i| format!("i{i}")).collect();
+        let host_local = config.host_capacity_blocks > 0 && config.global_capacity_blocks == 0;
         let router =
             Router::new(&names, policy, block_tokens, seed, config).map_err(|e| SimError::Router(e.to_string()))?;
         let events = (feed == IndexFeed::Events).then(|| {
@@ -124,8 +128,17 @@ impl CorePlacer {
                 max_mapped_blocks: max_mapped_blocks.max(1024),
                 ..IngestConfig::default()
             });
-            // The simulated links lose nothing, so no replay endpoint is needed.
-            let sources = names.iter().map(|n| ingestor.add_source(n, false)).collect();
+            // The simulated links lose nothing, so no replay endpoint is needed. With host tiers
+            // and no global one, the simulated stores are the instances' own (`cpu-offload`).
+            let offload = if host_local {
+                Offload::HostLocal
+            } else {
+                Offload::Shared
+            };
+            let sources = names
+                .iter()
+                .map(|n| ingestor.add_source_with(n, false, offload))
+                .collect();
             EventFeed {
                 ingestor,
                 sources,
@@ -144,6 +157,7 @@ impl CorePlacer {
             feed,
             events,
             turns: TurnFeed::default(),
+            host_local,
         })
     }
 
@@ -261,6 +275,7 @@ impl Placer for CorePlacer {
             .map(|(change, range)| {
                 let tier = match change.medium {
                     Medium::Gpu => Tier::Local,
+                    Medium::Cpu if self.host_local => Tier::Host,
                     Medium::Cpu => Tier::Global,
                 };
                 let hashes = &self.chain[range];

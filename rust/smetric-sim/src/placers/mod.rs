@@ -76,7 +76,15 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
     router_config.local_capacity_blocks = config.kv_tokens() / block;
     let tier_blocks =
         (config.global_tier.capacity_bytes as f64 / (block as f64 * config.profile.kv_bytes_per_token)) as u64;
-    router_config.global_capacity_blocks = match (config.global_tier.enabled, config.index_feed) {
+    // A store per instance (`TierPath::per_instance`): each holds an even share, and the router
+    // models each as the instance's host pool (docs/routing-semantics.md §2.8), not a global tier.
+    let per_instance = config.global_tier.path.per_instance();
+    let tier_blocks = if per_instance {
+        tier_blocks / u64::from(config.instances.max(1))
+    } else {
+        tier_blocks
+    };
+    let store_blocks = match (config.global_tier.enabled, config.index_feed) {
         (false, _) => 0,
         // Insert on route: the router's own LRU is its model of the store.
         (true, IndexFeed::Approximate) => tier_blocks,
@@ -86,9 +94,14 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
         // that arrive late.
         (true, IndexFeed::Events | IndexFeed::Oracle) => tier_blocks.saturating_mul(2),
     };
+    (router_config.global_capacity_blocks, router_config.host_capacity_blocks) = if per_instance {
+        (0, store_blocks)
+    } else {
+        (store_blocks, 0)
+    };
     // An ingestor source maps what its instance holds: its pool, plus the store blocks it
     // announced (at most the whole store).
-    let max_mapped = router_config.local_capacity_blocks + router_config.global_capacity_blocks;
+    let max_mapped = router_config.local_capacity_blocks + store_blocks;
     let placer = CorePlacer::with_feed(
         config.instances,
         policy,

@@ -13,7 +13,10 @@
 //! * `AllBlocksCleared`: every block the source holds on the GPU leaves the instance's tier.
 //!
 //! Media: GPU (or none, as before vLLM 0.24) → the instance's local tier; CPU and STORAGE →
-//! the global tier; matched case-insensitively by the decoder. Only KV-cache group 0 is followed.
+//! the global tier, or, for a source declared host-local (`Offload::HostLocal`: vLLM's
+//! `OffloadingConnector`, LMCache's local CPU backend), the instance's host pool (docs
+//! §2.8), so one machine's offload is credited to that machine only; matched
+//! case-insensitively by the decoder. Only KV-cache group 0 is followed.
 //!
 //! The index writes of a batch are collected in order ([`Writes`]) and handed to the sink in
 //! one [`IndexSink::apply`] call (one lock acquisition in the router). Whether the source's
@@ -30,7 +33,7 @@ use std::sync::Arc;
 use smetric_core::hash::{chain_root, hash_block};
 use smetric_core::{BlockHash, IndexOp, Tier};
 
-use super::map::{CPU, EngineMap, GPU, Gone, Refs, STORAGE};
+use super::map::{CPU, EngineMap, GLOBAL_HOLDER, GPU, Gone, Holders, Refs, STORAGE};
 use super::{BatchRef, IndexSink, IngestStats, SinkError};
 use crate::events::{EventKind, RawEvent, RawMedium, plain_prefix, reuse};
 
@@ -38,7 +41,7 @@ use crate::events::{EventKind, RawEvent, RawMedium, plain_prefix, reuse};
 #[derive(Debug)]
 pub(super) struct Feed {
     pub(super) instance: Arc<str>,
-    pub(super) holder: u32,
+    pub(super) holders: Holders,
     pub(super) map: EngineMap,
     pub(super) stats: IngestStats,
     writes: Writes,
@@ -96,15 +99,25 @@ fn tier_bit(medium: Option<RawMedium>) -> Option<u8> {
     }
 }
 
-fn tier_of(bit: u8) -> Tier {
-    if bit == GPU { Tier::Local } else { Tier::Global }
+/// The index tier a medium's writes go to: the instance's GPU, or the source's offload holder
+/// (the global tier, or the instance's host pool when the source offloads host-locally).
+fn tier_of(bit: u8, holders: Holders) -> Tier {
+    if bit == GPU {
+        Tier::Local
+    } else if holders.offload == GLOBAL_HOLDER {
+        Tier::Global
+    } else {
+        Tier::Host
+    }
 }
 
 impl Feed {
-    pub(super) fn new(instance: &str, holder: u32, max_mapped_blocks: usize) -> Self {
+    /// `host_local`: the source's CPU and STORAGE media are its instance's host pool (vLLM's
+    /// `OffloadingConnector`, LMCache's local CPU backend), not the cluster-wide store.
+    pub(super) fn new(instance: &str, holder: u32, host_local: bool, max_mapped_blocks: usize) -> Self {
         Self {
             instance: Arc::from(instance),
-            holder,
+            holders: Holders::new(holder, host_local),
             map: EngineMap::new(max_mapped_blocks),
             stats: IngestStats::default(),
             writes: Writes::default(),
@@ -113,9 +126,9 @@ impl Feed {
     }
 
     /// Whether a write to the tier of `bit` can go ahead: the global tier always can, the
-    /// instance's tier if the instance is in the index. Counts a refused write.
+    /// instance's tiers (GPU, host pool) if the instance is in the index. Counts a refused write.
     fn writable<S: IndexSink + ?Sized>(&mut self, bit: u8, sink: &S) -> bool {
-        if bit != GPU {
+        if tier_of(bit, self.holders) == Tier::Global {
             return true;
         }
         let instance = &self.instance;
@@ -133,7 +146,7 @@ impl Feed {
     /// after a removal from the same tier joins it (removing `a` then `b` is removing `a ++ b`).
     fn push(&mut self, store: bool, bit: u8, start: usize, parent: Option<BlockHash>) {
         let w = &mut self.writes;
-        let tier = tier_of(bit);
+        let tier = tier_of(bit, self.holders);
         if let Some(last) = w.ops.last_mut() {
             if !store && !last.store && last.tier == tier && last.hashes.end == start {
                 last.hashes.end = w.hashes.len();
@@ -159,7 +172,7 @@ impl Feed {
                 EventKind::Removed => self.removed(batch, event, refs),
                 EventKind::Cleared => {
                     self.stats.cleared += 1;
-                    self.map.lose_all(refs, self.holder, GPU, &mut self.writes.gone);
+                    self.map.lose_all(refs, self.holders, GPU, &mut self.writes.gone);
                 }
             }
             self.released(sink);
@@ -178,7 +191,7 @@ impl Feed {
 
     /// Removes every block the source holds in the tiers of `bits` from the index.
     pub(super) fn release<S: IndexSink + ?Sized>(&mut self, bits: u8, refs: &mut Refs, sink: &S) {
-        self.map.lose_all(refs, self.holder, bits, &mut self.writes.gone);
+        self.map.lose_all(refs, self.holders, bits, &mut self.writes.gone);
         self.released(sink);
         self.commit(refs, sink);
     }
@@ -196,13 +209,15 @@ impl Feed {
             }
             self.writes.gone.local.clear();
         }
-        if !self.writes.gone.global.is_empty() {
-            let w = &mut self.writes;
-            let start = w.hashes.len();
-            w.hashes.extend_from_slice(&w.gone.global);
-            self.stats.removed_blocks += w.gone.global.len() as u64;
-            w.gone.global.clear();
-            self.push(false, CPU, start, None);
+        if !self.writes.gone.offload.is_empty() {
+            if self.writable(CPU, sink) {
+                let w = &mut self.writes;
+                let start = w.hashes.len();
+                w.hashes.extend_from_slice(&w.gone.offload);
+                self.stats.removed_blocks += w.gone.offload.len() as u64;
+                self.push(false, CPU, start, None);
+            }
+            self.writes.gone.offload.clear();
         }
     }
 
@@ -238,7 +253,7 @@ impl Feed {
                 // The instance left the router after this batch asked: whatever the source
                 // held there left with it.
                 self.stats.unknown_instances += 1;
-                self.map.lose_all(refs, self.holder, GPU, &mut self.writes.gone);
+                self.map.lose_all(refs, self.holders, GPU, &mut self.writes.gone);
             }
             Err(SinkError::Other(_)) => self.stats.sink_errors += 1,
         }
@@ -249,7 +264,7 @@ impl Feed {
         reuse(&mut w.hashes);
         reuse(&mut w.ops);
         reuse(&mut w.gone.local);
-        reuse(&mut w.gone.global);
+        reuse(&mut w.gone.offload);
         w.instance_known = None;
         self.stats.mapped_blocks = self.map.len() as u64;
     }
@@ -318,14 +333,14 @@ impl Feed {
             map,
             stats,
             writes,
-            holder,
+            holders,
             ..
         } = self;
         let chain = &writes.hashes[start..];
         stats.stored_blocks += chain.len() as u64;
         let per_engine = engine_block / router_block;
         for (engine, blocks) in engine_hashes.iter().zip(chain.chunks_exact(per_engine)) {
-            let evicted = map.gain(refs, *holder, engine.key, blocks, bit, &mut writes.gone);
+            let evicted = map.gain(refs, *holders, engine.key, blocks, bit, &mut writes.gone);
             stats.map_evictions += evicted as u64;
         }
     }
@@ -354,12 +369,12 @@ impl Feed {
                 map,
                 stats,
                 writes,
-                holder,
+                holders,
                 ..
             } = self;
             let blocks = &writes.hashes[start..];
             stats.stored_blocks += blocks.len() as u64;
-            let evicted = map.gain(refs, *holder, key, blocks, bit, &mut writes.gone);
+            let evicted = map.gain(refs, *holders, key, blocks, bit, &mut writes.gone);
             stats.map_evictions += evicted as u64;
         }
     }
@@ -374,7 +389,10 @@ impl Feed {
             return;
         }
         for engine in batch.raw.hashes(ev) {
-            if !self.map.lose(refs, self.holder, engine.key, bit, &mut self.writes.gone) {
+            if !self
+                .map
+                .lose(refs, self.holders, engine.key, bit, &mut self.writes.gone)
+            {
                 self.stats.unmapped_hashes += 1;
             }
         }

@@ -34,6 +34,27 @@ const GLOBAL_TIERS: u8 = CPU | STORAGE;
 
 /// The holder id of the global tier; instances get ids from 1.
 pub(super) const GLOBAL_HOLDER: u32 = 0;
+/// Set in the holder id of an instance's host pool: `HOST_HOLDER | local holder`.
+const HOST_HOLDER: u32 = 1 << 31;
+
+/// The reference-count holders a source's tiers count in: its instance's GPU, and for CPU
+/// and STORAGE either the global tier (a shared store, [`GLOBAL_HOLDER`]) or the instance's
+/// host pool (a host-local offload, docs/routing-semantics.md §2.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Holders {
+    pub(super) local: u32,
+    pub(super) offload: u32,
+}
+
+impl Holders {
+    /// `local`'s holders, its offloads in the global tier or (`host_local`) in its host pool.
+    pub(super) fn new(local: u32, host_local: bool) -> Self {
+        Self {
+            local,
+            offload: if host_local { HOST_HOLDER | local } else { GLOBAL_HOLDER },
+        }
+    }
+}
 
 /// The smetric blocks one engine block stands for: one when the block sizes agree, `k` when
 /// the engine's block is `k` router blocks long.
@@ -106,8 +127,8 @@ impl Refs {
         self.0.len()
     }
 
-    /// `(local, global)`: blocks held in instances' tiers (summed over instances) and in the
-    /// global tier. O(entries).
+    /// `(local, global)`: blocks held in instances' tiers, GPU and host pools (summed over
+    /// instances), and in the global tier. O(entries).
     pub(super) fn held(&self) -> (usize, usize) {
         let global = self.0.keys().filter(|(holder, _)| *holder == GLOBAL_HOLDER).count();
         (self.0.len() - global, global)
@@ -117,14 +138,16 @@ impl Refs {
 /// Blocks that left a holder and must be removed from the index.
 #[derive(Debug, Default)]
 pub(super) struct Gone {
+    /// From the instance's GPU.
     pub(super) local: Vec<BlockHash>,
-    pub(super) global: Vec<BlockHash>,
+    /// From the source's offload holder: the global tier, or the instance's host pool.
+    pub(super) offload: Vec<BlockHash>,
 }
 
 /// Applies a tier change of one entry to the reference counts.
 pub(super) fn transition(
     refs: &mut Refs,
-    local_holder: u32,
+    holders: Holders,
     blocks: &[BlockHash],
     before: u8,
     after: u8,
@@ -133,14 +156,14 @@ pub(super) fn transition(
     let (was_local, is_local) = (before & GPU != 0, after & GPU != 0);
     let (was_global, is_global) = (before & GLOBAL_TIERS != 0, after & GLOBAL_TIERS != 0);
     if !was_local && is_local {
-        refs.inc(local_holder, blocks);
+        refs.inc(holders.local, blocks);
     } else if was_local && !is_local {
-        refs.dec(local_holder, blocks, &mut gone.local);
+        refs.dec(holders.local, blocks, &mut gone.local);
     }
     if !was_global && is_global {
-        refs.inc(GLOBAL_HOLDER, blocks);
+        refs.inc(holders.offload, blocks);
     } else if was_global && !is_global {
-        refs.dec(GLOBAL_HOLDER, blocks, &mut gone.global);
+        refs.dec(holders.offload, blocks, &mut gone.offload);
     }
 }
 
@@ -181,7 +204,7 @@ impl EngineMap {
     pub(super) fn gain(
         &mut self,
         refs: &mut Refs,
-        local_holder: u32,
+        holders: Holders,
         engine: u64,
         blocks: &[BlockHash],
         bit: u8,
@@ -190,7 +213,7 @@ impl EngineMap {
         self.clock += 1;
         let mut evicted = 0;
         if self.entries.len() >= self.capacity && !self.entries.contains_key(&engine) {
-            evicted = self.evict(refs, local_holder, gone);
+            evicted = self.evict(refs, holders, gone);
         }
         let stamp = self.clock;
         let entry = self.entries.entry(engine).or_insert_with(|| Entry {
@@ -201,7 +224,7 @@ impl EngineMap {
         });
         entry.stamp = stamp;
         if entry.blocks.as_slice() != blocks {
-            transition(refs, local_holder, entry.blocks.as_slice(), entry.tiers, 0, gone);
+            transition(refs, holders, entry.blocks.as_slice(), entry.tiers, 0, gone);
             entry.blocks = Blocks::from_slice(blocks);
             entry.tiers = 0;
             entry.gpu_copies = 0;
@@ -211,13 +234,13 @@ impl EngineMap {
         }
         let before = entry.tiers;
         entry.tiers |= bit;
-        transition(refs, local_holder, entry.blocks.as_slice(), before, entry.tiers, gone);
+        transition(refs, holders, entry.blocks.as_slice(), before, entry.tiers, gone);
         evicted
     }
 
     /// Clears `bit` of an engine block (for GPU: drops one copy, and the bit with the last);
     /// false if the source did not hold it in that tier.
-    pub(super) fn lose(&mut self, refs: &mut Refs, local_holder: u32, engine: u64, bit: u8, gone: &mut Gone) -> bool {
+    pub(super) fn lose(&mut self, refs: &mut Refs, holders: Holders, engine: u64, bit: u8, gone: &mut Gone) -> bool {
         let MapEntry::Occupied(mut e) = self.entries.entry(engine) else {
             return false;
         };
@@ -233,7 +256,7 @@ impl EngineMap {
         }
         let before = entry.tiers;
         entry.tiers &= !bit;
-        transition(refs, local_holder, entry.blocks.as_slice(), before, entry.tiers, gone);
+        transition(refs, holders, entry.blocks.as_slice(), before, entry.tiers, gone);
         if entry.tiers == 0 {
             e.remove();
         }
@@ -241,20 +264,20 @@ impl EngineMap {
     }
 
     /// Clears `bits` on every entry (`u8::MAX`: forget everything).
-    pub(super) fn lose_all(&mut self, refs: &mut Refs, local_holder: u32, bits: u8, gone: &mut Gone) {
+    pub(super) fn lose_all(&mut self, refs: &mut Refs, holders: Holders, bits: u8, gone: &mut Gone) {
         self.entries.retain(|_, entry| {
             let before = entry.tiers;
             entry.tiers &= !bits;
             if bits & GPU != 0 {
                 entry.gpu_copies = 0;
             }
-            transition(refs, local_holder, entry.blocks.as_slice(), before, entry.tiers, gone);
+            transition(refs, holders, entry.blocks.as_slice(), before, entry.tiers, gone);
             entry.tiers != 0
         });
     }
 
     /// Drops the least recently used eighth of the entries; returns how many.
-    fn evict(&mut self, refs: &mut Refs, local_holder: u32, gone: &mut Gone) -> usize {
+    fn evict(&mut self, refs: &mut Refs, holders: Holders, gone: &mut Gone) -> usize {
         let mut stamps: Vec<u64> = self.entries.values().map(|e| e.stamp).collect();
         let k = (stamps.len() / 8).max(1) - 1;
         let (_, &mut threshold, _) = stamps.select_nth_unstable(k);
@@ -263,7 +286,7 @@ impl EngineMap {
             if entry.stamp > threshold {
                 return true;
             }
-            transition(refs, local_holder, entry.blocks.as_slice(), entry.tiers, 0, gone);
+            transition(refs, holders, entry.blocks.as_slice(), entry.tiers, 0, gone);
             false
         });
         before - self.entries.len()
@@ -278,25 +301,30 @@ mod tests {
         BlockHash(v)
     }
 
+    /// Instance `n`'s holders, offloading to the shared store.
+    fn sh(n: u32) -> Holders {
+        Holders::new(n, false)
+    }
+
     #[test]
     fn tiers_and_refcounts() {
         let (mut refs, mut gone) = (Refs::default(), Gone::default());
         let mut a = EngineMap::new(16);
         let mut b = EngineMap::new(16);
-        a.gain(&mut refs, 1, 10, &[h(100)], GPU, &mut gone);
-        a.gain(&mut refs, 1, 10, &[h(100)], CPU, &mut gone);
-        b.gain(&mut refs, 2, 77, &[h(100)], STORAGE, &mut gone);
+        a.gain(&mut refs, sh(1), 10, &[h(100)], GPU, &mut gone);
+        a.gain(&mut refs, sh(1), 10, &[h(100)], CPU, &mut gone);
+        b.gain(&mut refs, sh(2), 77, &[h(100)], STORAGE, &mut gone);
         assert_eq!(refs.len(), 2, "local of holder 1 and global");
-        assert!(a.lose(&mut refs, 1, 10, CPU, &mut gone));
-        assert!(gone.global.is_empty(), "b still holds it globally");
+        assert!(a.lose(&mut refs, sh(1), 10, CPU, &mut gone));
+        assert!(gone.offload.is_empty(), "b still holds it globally");
         assert!(
-            !a.lose(&mut refs, 1, 10, CPU, &mut gone),
+            !a.lose(&mut refs, sh(1), 10, CPU, &mut gone),
             "not held in that tier any more"
         );
-        assert!(a.lose(&mut refs, 1, 10, GPU, &mut gone));
+        assert!(a.lose(&mut refs, sh(1), 10, GPU, &mut gone));
         assert_eq!((gone.local.as_slice(), a.len()), (&[h(100)][..], 0));
-        b.lose_all(&mut refs, 2, u8::MAX, &mut gone);
-        assert_eq!(gone.global, [h(100)]);
+        b.lose_all(&mut refs, sh(2), u8::MAX, &mut gone);
+        assert_eq!(gone.offload, [h(100)]);
         assert_eq!(refs.len(), 0);
     }
 
@@ -305,24 +333,24 @@ mod tests {
         let (mut refs, mut gone) = (Refs::default(), Gone::default());
         let mut m = EngineMap::new(8);
         // Two requests cached the same block: vLLM keeps (and announces) both copies.
-        m.gain(&mut refs, 1, 9, &[h(90)], GPU, &mut gone);
-        m.gain(&mut refs, 1, 9, &[h(90)], GPU, &mut gone);
-        m.gain(&mut refs, 1, 9, &[h(90)], CPU, &mut gone);
-        assert!(m.lose(&mut refs, 1, 9, GPU, &mut gone));
+        m.gain(&mut refs, sh(1), 9, &[h(90)], GPU, &mut gone);
+        m.gain(&mut refs, sh(1), 9, &[h(90)], GPU, &mut gone);
+        m.gain(&mut refs, sh(1), 9, &[h(90)], CPU, &mut gone);
+        assert!(m.lose(&mut refs, sh(1), 9, GPU, &mut gone));
         assert!(gone.local.is_empty(), "one copy is still cached");
-        assert!(m.lose(&mut refs, 1, 9, GPU, &mut gone));
+        assert!(m.lose(&mut refs, sh(1), 9, GPU, &mut gone));
         assert_eq!(gone.local, [h(90)]);
-        assert!(!m.lose(&mut refs, 1, 9, GPU, &mut gone), "no copy left");
+        assert!(!m.lose(&mut refs, sh(1), 9, GPU, &mut gone), "no copy left");
         // A store stays a set: one removal releases it whatever the number of puts.
-        m.gain(&mut refs, 1, 9, &[h(90)], CPU, &mut gone);
-        assert!(m.lose(&mut refs, 1, 9, CPU, &mut gone));
-        assert_eq!((gone.global.as_slice(), m.len()), (&[h(90)][..], 0));
+        m.gain(&mut refs, sh(1), 9, &[h(90)], CPU, &mut gone);
+        assert!(m.lose(&mut refs, sh(1), 9, CPU, &mut gone));
+        assert_eq!((gone.offload.as_slice(), m.len()), (&[h(90)][..], 0));
         // A clear forgets every copy.
-        m.gain(&mut refs, 1, 7, &[h(70)], GPU, &mut gone);
-        m.gain(&mut refs, 1, 7, &[h(70)], GPU, &mut gone);
-        m.lose_all(&mut refs, 1, GPU, &mut gone);
-        m.gain(&mut refs, 1, 7, &[h(70)], GPU, &mut gone);
-        assert!(m.lose(&mut refs, 1, 7, GPU, &mut gone));
+        m.gain(&mut refs, sh(1), 7, &[h(70)], GPU, &mut gone);
+        m.gain(&mut refs, sh(1), 7, &[h(70)], GPU, &mut gone);
+        m.lose_all(&mut refs, sh(1), GPU, &mut gone);
+        m.gain(&mut refs, sh(1), 7, &[h(70)], GPU, &mut gone);
+        assert!(m.lose(&mut refs, sh(1), 7, GPU, &mut gone));
         assert_eq!(m.len(), 0);
     }
 
@@ -331,10 +359,10 @@ mod tests {
         let (mut refs, mut gone) = (Refs::default(), Gone::default());
         let mut m = EngineMap::new(8);
         for i in 0..8 {
-            m.gain(&mut refs, 1, i, &[h(i)], GPU, &mut gone);
+            m.gain(&mut refs, sh(1), i, &[h(i)], GPU, &mut gone);
         }
         assert!(m.lookup(0).is_some(), "0 becomes the most recent");
-        let evicted = m.gain(&mut refs, 1, 8, &[h(8)], GPU, &mut gone);
+        let evicted = m.gain(&mut refs, sh(1), 8, &[h(8)], GPU, &mut gone);
         assert_eq!((evicted, m.len()), (1, 8));
         assert_eq!(gone.local, [h(1)]);
         assert!(m.lookup(0).is_some() && m.lookup(1).is_none());
@@ -344,9 +372,9 @@ mod tests {
     fn a_colliding_engine_hash_replaces_its_blocks() {
         let (mut refs, mut gone) = (Refs::default(), Gone::default());
         let mut m = EngineMap::new(8);
-        m.gain(&mut refs, 1, 5, &[h(1), h(2)], GPU, &mut gone);
+        m.gain(&mut refs, sh(1), 5, &[h(1), h(2)], GPU, &mut gone);
         assert_eq!(m.lookup(5).map(Blocks::last), Some(h(2)));
-        m.gain(&mut refs, 1, 5, &[h(3)], CPU, &mut gone);
+        m.gain(&mut refs, sh(1), 5, &[h(3)], CPU, &mut gone);
         assert_eq!(gone.local, [h(1), h(2)]);
         assert_eq!(m.lookup(5).map(Blocks::as_slice), Some(&[h(3)][..]));
     }

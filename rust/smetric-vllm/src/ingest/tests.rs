@@ -122,6 +122,7 @@ fn msg(seq: u64, events: &[Ev<'_>]) -> Vec<Vec<u8>> {
 fn router(names: &[&str]) -> Router {
     let config = RouterConfig {
         index_mode: IndexMode::Exact,
+        host_capacity_blocks: 1024,
         ..RouterConfig::default()
     };
     let names: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
@@ -250,6 +251,65 @@ fn shared_holders_are_reference_counted() {
     assert!(ing.on_message(&r, rank1, &msg(0, &[])).is_err());
     assert_eq!(ing.source_stats(a2).unwrap().messages, 0);
     assert_eq!(ing.refs.len(), 0);
+}
+
+/// Each instance's host-pool hit, in blocks, by name.
+fn host_hits(r: &Router, tokens: &[u32]) -> Vec<(String, u64)> {
+    let chain = r.hash_tokens(tokens, None);
+    let h = r
+        .query(
+            Prompt::Hashes {
+                hashes: &chain,
+                num_tokens: Some(chain.len() as u64 * u64::from(B) + 1),
+            },
+            None,
+            Some(0.0),
+        )
+        .unwrap();
+    h.host.iter().map(|(n, t)| (n.to_string(), t / u64::from(B))).collect()
+}
+
+/// A CPU-medium event from a source declared host-local credits only its instance (docs
+/// §2.8); the same event from a shared-offload source credits the global tier (the negative
+/// control). Removals and a source's removal reach the host pool, reference-counted over the
+/// instance's ranks.
+#[test]
+fn a_host_local_source_credits_its_own_instance_only() {
+    let t = toks(0, 8);
+    let r = router(&["a", "b"]);
+    let mut ing = Ingestor::new(IngestConfig::default());
+    let a = ing.add_source_with("a", false, Offload::HostLocal);
+    let rank1 = ing.add_source_with("a", false, Offload::HostLocal);
+    feed(&mut ing, &r, a, 0, &[stored(&[1, 2], None, &t, "CPU")]);
+    assert_eq!(hits(&r, "b", &t, None), (0, 0), "nothing reaches the global tier");
+    assert_eq!(host_hits(&r, &t), [("a".to_owned(), 2), ("b".to_owned(), 0)]);
+    // A second rank of the same instance holds the first block too: one removal keeps it.
+    feed(&mut ing, &r, rank1, 0, &[stored(&[1], None, &t[..4], "CPU")]);
+    feed(&mut ing, &r, a, 1, &[Ev::Removed(&[1], "CPU")]);
+    assert_eq!(host_hits(&r, &t)[0].1, 2, "rank 1 still holds block 1");
+    ing.remove_source(&r, rank1).unwrap();
+    assert_eq!(host_hits(&r, &t)[0].1, 0, "removing the last holder removes it");
+    assert_eq!(ing.refs.len(), 1, "block 2 is still counted for a's host pool");
+
+    // Negative control: the same events from a shared-offload source credit everyone.
+    let shared = router(&["a", "b"]);
+    let mut ing = Ingestor::new(IngestConfig::default());
+    let a = ing.add_source("a", false);
+    feed(&mut ing, &shared, a, 0, &[stored(&[1, 2], None, &t, "CPU")]);
+    assert_eq!(hits(&shared, "b", &t, None), (0, 2));
+    assert_eq!(host_hits(&shared, &t), [("a".to_owned(), 0), ("b".to_owned(), 0)]);
+}
+
+/// A host-local source whose instance is not in the router writes nothing and counts it.
+#[test]
+fn a_host_local_source_of_an_unknown_instance_writes_nothing() {
+    let t = toks(0, 4);
+    let r = router(&["a"]);
+    let mut ing = Ingestor::new(IngestConfig::default());
+    let ghost = ing.add_source_with("ghost", false, Offload::HostLocal);
+    feed(&mut ing, &r, ghost, 0, &[stored(&[1], None, &t, "CPU")]);
+    assert_eq!(host_hits(&r, &t), [("a".to_owned(), 0)]);
+    assert_eq!(ing.stats().unknown_instances, 1);
 }
 
 #[test]
