@@ -267,7 +267,8 @@ class Proxy:
         app.router.add_post("/admin/instances", self._admin_add)
         app.router.add_delete("/admin/instances", self._admin_remove)
         app.router.add_post(CONTINUE_PATH, self._gateway_continue)
-        app.router.add_post("/v1/sessions/{session_id:.+}/end", self._session_end)
+        # Any character in the id (a CR LF or NUL is answered with a 400, not left unmatched).
+        app.router.add_post(r"/v1/sessions/{session_id:[\s\S]+}/end", self._session_end)
         app.router.add_post("/finish_session", self._finish_session)  # vllm-router's form
         for api in self.apis:  # after the fixed routes: a pass-through's catch-all comes last
             for route in api.routes():
