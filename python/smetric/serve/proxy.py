@@ -454,6 +454,8 @@ class Proxy:
             return self._respond(api.fail(ProxyError.internal()))
         self.in_flight += 1
         self.idle.clear()
+        ended: tuple[SessionHint | str | None, ...] = ()
+        """The keys of the session this request ends, released once it is answered (or failed)."""
         try:
             async with asyncio.timeout(self.config.client_timeout_s):
                 prepared = api.prepare(req, raw, tokens, request.headers, self.sessions)
@@ -466,6 +468,7 @@ class Proxy:
                         )
                         return self._respond(api.reject(error))
                     prepared = replace(prepared, ends_session=True)
+                    ended = (own, prepared.turn_key)
                 home = self._parent_home(request) if prepared.routed else None
                 if home is not None:
                     prepared = replace(prepared, group_instance=home)
@@ -478,14 +481,14 @@ class Proxy:
                     if hint is not None:
                         prepared = replace(prepared, session_key=hint.key)
                 response = await self.failover.serve(request, api, prepared, earlier=earlier)
-                if ends:
-                    self._end_session((session_hint(request.headers), prepared.turn_key), "header", request)
         except TimeoutError:
             response = await self._failed(request, api, ProxyError.timeout("the request timed out in the proxy"))
         except Exception:  # a bug: the attempt was aborted on the way out; answer in the API's shape
             log.exception("request failed in the proxy")
             response = await self._failed(request, api, ProxyError.internal())
         finally:
+            if ended:
+                self._end_session(ended, "header", request)
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.idle.set()
