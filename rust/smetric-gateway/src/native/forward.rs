@@ -1123,15 +1123,24 @@ mod tests {
             "x-parent-session-id",
             "x-dynamo-parent-session-id",
         ] {
-            assert!(names_parent(&headers(&[("x-session-id", "s"), (parent, "p")])), "{parent}");
+            assert!(
+                names_parent(&headers(&[("x-session-id", "s"), (parent, "p")])),
+                "{parent}"
+            );
         }
         let child = [("x-claude-code-session-id", "root"), ("x-claude-code-agent-id", "a1")];
         assert!(names_parent(&headers(&child)), "a top-level Claude Code sub-agent");
         // The root's own requests: a stray parent-agent header is ignored (session.parent_key).
-        let root = [("x-claude-code-session-id", "root"), ("x-claude-code-parent-agent-id", "a0")];
+        let root = [
+            ("x-claude-code-session-id", "root"),
+            ("x-claude-code-parent-agent-id", "a0"),
+        ];
         assert!(!names_parent(&headers(&root)));
         assert!(!names_parent(&headers(&[("x-session-id", "s")])), "no parent named");
-        assert!(!names_parent(&headers(&[("x-codex-parent-thread-id", "")])), "an empty value names none");
+        assert!(
+            !names_parent(&headers(&[("x-codex-parent-thread-id", "")])),
+            "an empty value names none"
+        );
     }
 
     #[test]
@@ -1139,7 +1148,12 @@ mod tests {
         for path in ["/v1/sessions/abc/end", "/finish_session", "/health", "/metrics"] {
             assert!(unadmitted(path), "{path}");
         }
-        for path in ["/v1/chat/completions", "/v1/sessions", "/finish_sessions", "/v1/messages"] {
+        for path in [
+            "/v1/chat/completions",
+            "/v1/sessions",
+            "/finish_sessions",
+            "/v1/messages",
+        ] {
             assert!(!unadmitted(path), "{path}");
         }
     }
