@@ -22,6 +22,7 @@ import openai
 import pytest
 from proxy_util import colocated_router, metric, proxy_for, request
 
+from smetric.errors import InvalidConfigError
 from smetric.fake_engine import FakeEngine
 from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
@@ -394,3 +395,11 @@ def test_end_headers_and_ids_are_checked() -> None:
     assert session_id_problem("0f8e-sub/agent") is None
     for bad in ("", "a\r\nb", "a\x00", "x" * (MAX_SESSION_ID_BYTES + 1), "é" * (MAX_SESSION_ID_BYTES // 2 + 1)):
         assert session_id_problem(bad) is not None, repr(bad)
+
+
+def test_the_parent_rules_settings_are_checked() -> None:
+    assert load_config(instances=["http://h:1"], parent_affinity_margin=0).parent_affinity_margin == 0
+    for bad in ({"parent_affinity_margin": -1}, {"parent_affinity_margin": True}, {"parent_affinity": "yes"}):
+        with pytest.raises(InvalidConfigError) as e:
+            load_config(instances=["http://h:1"], **bad)
+        assert e.value.field == next(iter(bad)), bad
