@@ -46,6 +46,14 @@ def register(sub: Any) -> None:
     p.add_argument("--queue-size", type=int, default=None, help="requests that may wait for a slot (1024)")
     p.add_argument("--queue-timeout", type=float, default=None, help="seconds a request may wait for a slot (30)")
     p.add_argument(
+        "--parent-affinity-margin",
+        type=int,
+        default=None,
+        help="a sub-agent's first request starts at its parent's instance when that is at most this many "
+        "requests busier than the least busy one (4)",
+    )
+    p.add_argument("--no-parent-affinity", action="store_true", help="place sub-agents as any first request")
+    p.add_argument(
         "--api-key", action="append", default=None, help="a client key the proxy accepts (repeat; none: open)"
     )
     p.add_argument("--api-keys-file", default=None, help="a file of client keys, one a line")
@@ -100,6 +108,8 @@ def _run(args: argparse.Namespace) -> int:
             "max_in_flight_per_instance": args.max_in_flight_per_instance,
             "queue_size": args.queue_size,
             "queue_timeout_s": args.queue_timeout,
+            "parent_affinity_margin": args.parent_affinity_margin,
+            "parent_affinity": False if args.no_parent_affinity else None,
             "api_keys": args.api_key,
             "api_keys_file": args.api_keys_file,
             "upstream_api_key": args.upstream_api_key,

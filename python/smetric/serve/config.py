@@ -196,6 +196,15 @@ class ServeConfig:
     """How often a replica publishes its board: the staleness bound of its peers' view, plus a hop."""
     replica_peer_expiry_s: float = 2.0
     """A peer silent this long is dropped with its in-flight work."""
+    # -- sessions (smetric.serve.session; docs/serve.md, "Session life") --
+    parent_affinity: bool = True
+    """A sub-agent's first request (it names a parent the proxy has seen; its own session is new)
+    starts on the instance that answered the parent last, when that instance is at most
+    ``parent_affinity_margin`` requests busier than the least busy candidate. Co-located mode."""
+    parent_affinity_margin: int = 4
+    """The parent rule's margin, in requests in flight (the router's load board): a few requests
+    of imbalance cost less than prefilling the parent's shared prefix again elsewhere; past it the
+    parent's instance is the fleet's hot spot, and a burst of sub-agents must not pile onto it."""
     # -- admission (smetric.serve.admission) and keys (smetric.serve.auth) --
     max_in_flight: int = 4096
     """Requests admitted at once across the fleet (the admission cap; docs/serve.md)."""
@@ -261,6 +270,12 @@ class ServeConfig:
         for name in ("max_in_flight", "max_in_flight_per_instance", "queue_size", "retry_after_s"):
             if getattr(self, name) < 1:
                 raise _bad(name, f"{name} must be >= 1")
+        if isinstance(self.parent_affinity_margin, bool) or not isinstance(self.parent_affinity_margin, int):
+            raise _bad("parent_affinity_margin", "parent_affinity_margin must be an integer")
+        if self.parent_affinity_margin < 0:
+            raise _bad("parent_affinity_margin", "parent_affinity_margin must be >= 0")
+        if not isinstance(self.parent_affinity, bool):
+            raise _bad("parent_affinity", "parent_affinity must be true or false")
         if not self.queue_timeout_s > 0:
             raise _bad("queue_timeout_s", "queue_timeout_s must be > 0")
         if self.max_head_bytes < MIN_HEAD_BYTES:

@@ -34,7 +34,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from aiohttp import web
 from smetric.metrics import _family
 from smetric.serve.attempt import Attempt
 from smetric.serve.labels import reason_label
-from smetric.serve.session import session_hint
+from smetric.serve.session import PARENT_HEADERS, session_hint
 from smetric.serve.telemetry import LATENCY_BUCKETS_S
 
 __all__ = [
@@ -62,8 +62,6 @@ log = logging.getLogger("smetric.serve")
 
 REQUEST_ID_HEADER = "x-request-id"
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
-PARENT_HEADERS = ("x-codex-parent-thread-id", "x-claude-code-parent-agent-id", "x-parent-session-id")
-"""Headers naming the agent a request's agent was spawned by (recorded, not routed on)."""
 MAX_MODELS = 64
 """Model labels kept apart in the per-model histograms; later models share ``other``."""
 HIT_ERROR_BUCKETS = (-16384, -4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096, 16384)
@@ -87,8 +85,8 @@ class Outcome:
     api: str
     session: str | None
     parent: str | None
-    """The parent agent's or thread's id when the client names one (``x-codex-parent-thread-id``,
-    ``x-claude-code-parent-agent-id``, ``x-parent-session-id``)."""
+    """The parent agent's or thread's id when the client names one (the first of
+    :data:`smetric.serve.session.PARENT_HEADERS` the request carries)."""
     started: float
     """``time.perf_counter()`` when the request arrived (not logged)."""
     model: str | None = None
@@ -111,6 +109,11 @@ class Outcome:
     refused: str | None = None
     """The admission refusal's reason, when the request was refused."""
     latency_s: float | None = None
+    grouping: str | None = None
+    """A sub-agent's first request: what the parent rule did (``parent``: started at the
+    parent's home; ``overloaded``, ``parent_unavailable``, ``parent_unknown``: placed as any)."""
+    session_end: bool = False
+    """The request was its session's last (``x-session-end: true``)."""
 
     def line(self) -> str:
         fields = asdict(self)
@@ -141,6 +144,13 @@ def note_prepared(request: web.Request, model: str | None, turn: int | None, pro
     outcome = request.get(OUTCOME_KEY)
     if outcome is not None:
         outcome.model, outcome.turn, outcome.prompt_tokens = model, turn, prompt_tokens
+
+
+def note_grouping(request: web.Request, grouping: str) -> None:
+    """Records what the parent rule did with a sub-agent's first request."""
+    outcome = request.get(OUTCOME_KEY)
+    if outcome is not None:
+        outcome.grouping = grouping
 
 
 def note_attempt(request: web.Request, attempt: Attempt) -> None:
@@ -254,8 +264,13 @@ class DecisionLog:
 class Outcomes:
     """Finishes outcomes: the metrics, and the decision log when one is configured."""
 
-    def __init__(self, decision_log: DecisionLog | None = None) -> None:
+    def __init__(
+        self, decision_log: DecisionLog | None = None, served: Callable[[Outcome], None] | None = None
+    ) -> None:
         self.log = decision_log
+        self.served = served
+        """Called with every finished outcome, whichever plane served it (the proxy keeps its
+        sessions' homes from them)."""
         self.hit_error = _Histogram(HIT_ERROR_BUCKETS)
         self.realized_hit_tokens = 0
         self.followups_measured = 0
@@ -289,6 +304,8 @@ class Outcomes:
         ``outcome.started``)."""
         outcome.status, outcome.refused = status, refused
         outcome.latency_s = time.perf_counter() - outcome.started if latency_s is None else latency_s
+        if self.served is not None:
+            self.served(outcome)
         # In PD mode the answer's usage is the decode instance's, which counts the KV it was sent
         # as cached: not the prefill hit the router predicted, so it is logged but not compared.
         compared = outcome.prefill_instance is None and outcome.predicted_local_hit is not None

@@ -34,7 +34,7 @@ from smetric.serve.admission import skip_full
 from smetric.serve.apis.base import Api, Prepared, StreamState
 from smetric.serve.backends.base import Answered, Backend, NoInstance
 from smetric.serve.config import ServeConfig
-from smetric.serve.decision_log import note_answer, note_attempt, note_prepared, with_request_id
+from smetric.serve.decision_log import note_answer, note_attempt, note_grouping, note_prepared, with_request_id
 from smetric.serve.errors import ProxyError
 from smetric.serve.fleet import Fleet
 from smetric.serve.pinning import resolve
@@ -133,6 +133,8 @@ class Failover:
                 # not read.
                 if exclude is not None and self.admitted() >= cap:
                     exclude = skip_full(exclude, self.backend.in_flight(fleet.instances), cap, self.backend.pools)
+                if prepared.group_instance is not None and exclude is not None and not tried.failed:
+                    exclude = self._grouped(request, prepared.group_instance, exclude)
             opened = await self.backend.open(prepared, headers, attempt_no, exclude) if exclude is not None else None
             if opened is None or isinstance(opened, NoInstance):
                 attempt_no -= 1
@@ -197,6 +199,27 @@ class Failover:
         return api.fail(
             ProxyError.unavailable(f"no instance could serve the request ({attempt_no} attempts; failed: {failed})")
         )
+
+    def _grouped(self, request: web.Request, home: str, exclude: list[str]) -> list[str]:
+        """The parent rule (``docs/serve.md``, "Session life"): a sub-agent's first request is
+        routed among its parent's home alone when the home is a candidate and has at most
+        ``parent_affinity_margin`` more requests in flight than the least busy candidate; else
+        ``exclude`` as it was (the policy places it as any first turn). The policy still decides
+        (its load accounting and index insert happen as for any request). O(instances)."""
+        candidates = [u for u in self.fleet.instances if u not in exclude]
+        if home not in candidates:
+            outcome = "parent_unavailable"
+        else:
+            loads = self.backend.in_flight(candidates)
+            least = min(loads.get(u, 0) for u in candidates)
+            if loads.get(home, 0) <= least + self.config.parent_affinity_margin:
+                outcome = "parent"
+                exclude = [*exclude, *(u for u in candidates if u != home)]
+            else:
+                outcome = "overloaded"
+        self.telemetry.parent_placements[outcome] += 1
+        note_grouping(request, outcome)
+        return exclude
 
     def _refused(self, refused: Refused, tried: _Tried) -> ProxyError | None:
         """Accounts an attempt that failed before its first byte; the error to answer when the

@@ -61,7 +61,7 @@ from smetric.serve.auth import ClientKeys, keys_middleware, read_keys_file
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
 from smetric.serve.compiled import API_HEADER, CONTINUE_PATH, CompiledPlane, DoorAdmission, native_settings, new_secret
 from smetric.serve.config import InstanceConfig, ServeConfig
-from smetric.serve.decision_log import DecisionLog, Outcome, Outcomes
+from smetric.serve.decision_log import OUTCOME_KEY, DecisionLog, Outcome, Outcomes
 from smetric.serve.errors import ProxyError
 from smetric.serve.failover import Failover, GatewayCut
 from smetric.serve.fleet import Fleet, fleet_kv_capacity, kv_event_sources
@@ -69,7 +69,16 @@ from smetric.serve.http_guard import SERVER_HEADER, ConnectionLimits, GuardedRun
 from smetric.serve.relay import STREAM_KEY, end_stream
 from smetric.serve.replica_bus import ReplicaBus, fleet_lines
 from smetric.serve.request import RequestError, escapes_lone_surrogate
-from smetric.serve.session import SessionTable, affinity_instance, session_hint
+from smetric.serve.session import (
+    SessionHint,
+    SessionTable,
+    affinity_cleared_cookie,
+    affinity_instance,
+    parent_key,
+    session_end,
+    session_hint,
+    session_id_problem,
+)
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
 from smetric.serve.upstream import Refused, Upstream
@@ -119,6 +128,8 @@ class Proxy:
         self.telemetry = telemetry
         self.tokens = TokenSource(config.tokens)
         self.sessions = SessionTable()
+        """Per-session state: turns and homes (:mod:`smetric.serve.session`; "Session life")."""
+        telemetry.session_count = self.sessions.__len__
         self.failover = Failover(config, fleet, backend, telemetry, self.tokens, self._admitted)
         self.apis = tuple(api.bind(config) for api in APIS)
         """The adapters of :data:`APIS` as this proxy configured them."""
@@ -139,7 +150,7 @@ class Proxy:
             retry_after_s=config.retry_after_s,
             live_instances=lambda: sum(not h.ejected for h in fleet.health.values()),
         )
-        self.outcomes = Outcomes(DecisionLog(config.decision_log) if config.decision_log else None)
+        self.outcomes = Outcomes(DecisionLog(config.decision_log) if config.decision_log else None, self._served)
         self.compiled: CompiledPlane | None = None
         """The compiled data plane in front of the app, when one serves the port (:func:`run`)."""
         self._tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smetric-tokenizer")
@@ -259,6 +270,9 @@ class Proxy:
         app.router.add_post("/admin/instances", self._admin_add)
         app.router.add_delete("/admin/instances", self._admin_remove)
         app.router.add_post(CONTINUE_PATH, self._gateway_continue)
+        # Any character in the id (a CR LF or NUL is answered with a 400, not left unmatched).
+        app.router.add_post(r"/v1/sessions/{session_id:[\s\S]+}/end", self._session_end)
+        app.router.add_post("/finish_session", self._finish_session)  # vllm-router's form
         for api in self.apis:  # after the fixed routes: a pass-through's catch-all comes last
             for route in api.routes():
                 handler = self._handler(api, route)
@@ -376,6 +390,11 @@ class Proxy:
         started = time.perf_counter()
         if self.draining:
             return self._respond(api.fail(ProxyError.unavailable("the proxy is shutting down")))
+        try:
+            ends = session_end(request.headers)
+        except ValueError as e:
+            self.telemetry.client_errors["session_end_header"] += 1
+            return self._respond(api.reject(RequestError(str(e), code="invalid_session_end")))
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
         if encoding not in _IDENTITY:
             # aiohttp would inflate it on this loop (a bomb stalls every request), and the body
@@ -438,9 +457,24 @@ class Proxy:
             return self._respond(api.fail(ProxyError.internal()))
         self.in_flight += 1
         self.idle.clear()
+        ended: tuple[SessionHint | str | None, ...] = ()
+        """The keys of the session this request ends, released once it is answered (or failed)."""
         try:
             async with asyncio.timeout(self.config.client_timeout_s):
                 prepared = api.prepare(req, raw, tokens, request.headers, self.sessions)
+                if ends:
+                    own = session_hint(request.headers)
+                    if own is None and prepared.turn_key is None:
+                        error = RequestError(
+                            "x-session-end names no session: send the session's id (x-session-id)",
+                            code="session_end_without_session",
+                        )
+                        return self._respond(api.reject(error))
+                    prepared = replace(prepared, ends_session=True)
+                    ended = (own, prepared.turn_key)
+                home = self._parent_home(request) if prepared.routed else None
+                if home is not None:
+                    prepared = replace(prepared, group_instance=home)
                 if prepared.model in self.fleet.adapters:  # a LoRA adapter: its own cache namespace
                     prepared = replace(prepared, namespace=self.fleet.namespace(prepared.model, prepared.namespace))
                 if self.backend.session_cookie:  # llm-d's cookie names the session's instance
@@ -456,11 +490,88 @@ class Proxy:
             log.exception("request failed in the proxy")
             response = await self._failed(request, api, ProxyError.internal())
         finally:
+            if ended:
+                self._end_session(ended, "header", request)
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.idle.set()
             self.telemetry.request_s.observe(time.perf_counter() - started)
         return self._respond(response)
+
+    # -- session life (docs/serve.md, "Session life") ---------------------------------------------
+
+    def _drain_gateway(self) -> None:
+        """Takes the gateway's records first, so the session table is up to date with what the
+        native path answered."""
+        if self.compiled is not None and self.compiled.armed:
+            self.compiled.drain()
+
+    def _served(self, outcome: Outcome) -> None:
+        """A finished request, from either plane: its session's home is where it was answered
+        (co-located mode; a session's last request leaves no home behind)."""
+        if (
+            outcome.session is not None
+            and outcome.instance is not None
+            and outcome.status == 200
+            and not outcome.session_end
+            and outcome.prefill_instance is None
+        ):
+            self.sessions.place(outcome.session, outcome.instance)
+
+    def _parent_home(self, request: web.Request) -> str | None:
+        """The parent's home when the request is a sub-agent's first (it names a parent, and
+        its own session has no home yet), or None. Co-located mode, ``parent_affinity`` on."""
+        if not self.config.parent_affinity or not isinstance(self.backend, ColocatedBackend):
+            return None
+        parent = parent_key(request.headers)
+        if parent is None:
+            return None
+        self._drain_gateway()
+        own = session_hint(request.headers)
+        if own is not None and self.sessions.home(own.key) is not None:
+            return None  # a later request of the sub-agent: its own history leads
+        home = self.sessions.home(parent)
+        if home is None:
+            self.telemetry.parent_placements["parent_unknown"] += 1
+            outcome = request.get(OUTCOME_KEY)
+            if outcome is not None:
+                outcome.grouping = "parent_unknown"
+        return home
+
+    def _end_session(self, keys: Sequence[SessionHint | str | None], via: str, request: web.Request) -> bool:
+        """Releases the sessions' state at once (the table's entries: turns and home); whether
+        the table held any. Counted in ``proxy_session_ends_total``."""
+        self._drain_gateway()
+        held = False
+        for key in {k.key if isinstance(k, SessionHint) else k for k in keys if k is not None}:
+            held = self.sessions.end(key) or held
+        self.telemetry.session_ends[(via, held)] += 1
+        outcome = request.get(OUTCOME_KEY)
+        if outcome is not None:
+            outcome.session_end = True
+        return held
+
+    async def _session_end(self, request: web.Request) -> web.Response:
+        """``POST /v1/sessions/{id}/end``."""
+        return self._session_ended(request, request.match_info["session_id"])
+
+    async def _finish_session(self, request: web.Request) -> web.Response:
+        """``POST /finish_session?session_id=…`` (vllm-router's form of the same)."""
+        return self._session_ended(request, request.query.get("session_id", ""))
+
+    def _session_ended(self, request: web.Request, session_id: str) -> web.Response:
+        """Ends ``session_id`` (idempotent: 200 whether or not this proxy held state for it),
+        or a 400 in OpenAI's error shape for an id no client session can have."""
+        problem = session_id_problem(session_id)
+        if problem is not None:
+            self.telemetry.client_errors["session_id"] += 1
+            error = RequestError(problem, param="session_id", code="invalid_session_id")
+            return web.json_response(error.body(), status=400)
+        held = self._end_session((session_id,), "endpoint", request)
+        response = web.json_response({"object": "session.end", "id": session_id, "ended": True, "held": held})
+        if self.backend.session_cookie:
+            response.headers["Set-Cookie"] = affinity_cleared_cookie()
+        return response
 
     @staticmethod
     async def _failed(request: web.Request, api: Api[Any], error: ProxyError) -> web.StreamResponse:

@@ -37,6 +37,21 @@ Several proxy replicas keep separate tables: a session whose requests alternate 
 replicas is seen as starting over on each, which only costs the balanced placement of what is
 really a follow-up — the index still finds its KV$.
 
+**A session's home and its sub-agents** (``docs/serve.md``, "Session life"): the table also
+keeps, per header session key, the instance that answered the session's last request (its
+*home*; :meth:`SessionTable.place`). A sub-agent names its parent (:func:`parent_key`: Codex's
+``x-codex-parent-thread-id``, Claude Code's ``x-claude-code-parent-agent-id`` or, for a
+top-level sub-agent, its root session, OpenCode's ``x-parent-session-id``, Dynamo's
+``x-dynamo-parent-session-id``); its first request may start at the parent's home
+(:meth:`smetric.serve.failover.Failover.serve`, the margin rule).
+
+**The end of a session** (:func:`session_end`: ``x-session-end: true``, or Dynamo's
+``x-dynamo-session-final: true``, on the session's last request; or ``POST
+/v1/sessions/{id}/end`` / vllm-router's ``POST /finish_session?session_id=``):
+:meth:`SessionTable.end` drops the session's entry — its turn count and its home — at once, so a
+later request under the same key starts over at turn 1 and a later sub-agent of it is placed as
+any first turn. Ids taken by the endpoint are checked by :func:`session_id_problem`.
+
 May import: the standard library only.
 """
 
@@ -45,6 +60,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -59,6 +75,19 @@ HASH_POLICIES = frozenset({"consistent_hash", "rendezvous_hash"})
 ``session_key``; vllm-router reads ``x-session-id`` first), else the prompt."""
 
 _HEADER_HINTS = ("x-session-id", "x-claude-code-session-id", "thread-id", "session-id", "x-dynamo-session-id")
+PARENT_HEADERS = (
+    "x-codex-parent-thread-id",
+    "x-claude-code-parent-agent-id",
+    "x-parent-session-id",
+    "x-dynamo-parent-session-id",
+)
+"""Headers naming the agent a request's agent was spawned by (Codex, Claude Code, OpenCode,
+Dynamo), in the order :func:`parent_key` reads them."""
+END_HEADERS = ("x-session-end", "x-dynamo-session-final")
+"""Headers marking a session's last request (smetric's, Dynamo's): ``true`` or ``false``."""
+MAX_SESSION_ID_BYTES = 256
+"""The longest session id the end endpoint takes (UTF-8 bytes); the agents' ids are UUIDs
+(36 bytes) or shorter, Claude Code's sub-agent key two of them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +120,64 @@ def session_hint(
     return None
 
 
+def parent_key(headers: Mapping[str, str]) -> str | None:
+    """The session key of the request's parent agent (the key :func:`session_hint` gives the
+    parent's own requests), or None: not a sub-agent's request.
+
+    Claude Code: a sub-agent's request carries the root's ``x-claude-code-session-id`` and its
+    own ``x-claude-code-agent-id``; its parent is ``{session}/{x-claude-code-parent-agent-id}``
+    (a nested sub-agent) or the root session (a top-level one, no parent header). A parent
+    header on a request without an agent id (the root's) is ignored, as Dynamo does."""
+    session = headers.get("x-claude-code-session-id")
+    if session:
+        if not headers.get("x-claude-code-agent-id"):
+            return None
+        parent = headers.get("x-claude-code-parent-agent-id")
+        return f"{session}/{parent}" if parent else session
+    for name in PARENT_HEADERS:
+        value = headers.get(name)
+        if value and name != "x-claude-code-parent-agent-id":
+            return value
+    return None
+
+
+def session_end(headers: Mapping[str, str]) -> bool:
+    """Whether the request is its session's last (an :data:`END_HEADERS` header is ``true``).
+
+    Raises:
+        ValueError: a value other than ``true`` / ``false`` / ``1`` / ``0`` (any case); the
+            proxy answers it with a 400 naming the header.
+    """
+    ended = False
+    for name in END_HEADERS:
+        value = headers.get(name)
+        if value is None:
+            continue
+        word = value.strip().lower()
+        if word in ("true", "1"):
+            ended = True
+        elif word not in ("false", "0"):
+            raise ValueError(f"{name} must be true or false")
+    return ended
+
+
+def session_id_problem(session_id: str) -> str | None:
+    """What is wrong with a session id the end endpoint was given, or None: empty, over
+    :data:`MAX_SESSION_ID_BYTES` bytes, or holding a control character (CR, LF, NUL, …: such an
+    id could never have been a header value, so no session has it). O(length)."""
+    if not session_id:
+        return "the session id is empty"
+    size = len(session_id.encode("utf-8", "surrogatepass"))
+    if size > MAX_SESSION_ID_BYTES:
+        return f"the session id is {size} bytes; at most {MAX_SESSION_ID_BYTES} are accepted"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in session_id):
+        return "the session id holds a control character (CR, LF, NUL, ...)"
+    return None
+
+
 ENTRY_BYTES = 250
-"""An upper bound of one table entry's memory (digest, turn and time, the LRU's links), bytes."""
+"""An upper bound of one table entry's memory (digest, turn, time and home, the LRU's links),
+bytes; the home is an interned instance name, shared by every entry that names it."""
 
 
 def session_digest(key: str) -> bytes:
@@ -101,25 +186,55 @@ def session_digest(key: str) -> bytes:
 
 
 class SessionTable:
-    """Turns routed per session key: a bounded LRU with an idle timeout, keyed by digests."""
+    """Per-session state of one proxy: a bounded LRU with an idle timeout, keyed by digests.
+
+    An entry is ``(turns counted, last seen, home)``: the turn of a hinted request that carries no
+    roles (:meth:`next_turn`) and the instance that answered the session last (:meth:`place`).
+    O(1) per call; at most ``capacity`` entries (the least recently used is dropped first); an
+    entry unseen for ``ttl_s`` counts as absent."""
 
     def __init__(self, capacity: int = 100_000, ttl_s: float = 3600.0) -> None:
         if capacity < 1 or ttl_s <= 0:
             raise ValueError("capacity must be >= 1 and ttl_s > 0")
         self.capacity = capacity
         self.ttl_s = ttl_s
-        self._turns: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
+        self._turns: OrderedDict[bytes, tuple[int, float, str | None]] = OrderedDict()
+
+    def _live(self, digest: bytes, now: float) -> tuple[int, float, str | None] | None:
+        seen = self._turns.pop(digest, None)
+        return None if seen is None or now - seen[1] > self.ttl_s else seen
+
+    def _put(self, digest: bytes, entry: tuple[int, float, str | None]) -> None:
+        self._turns[digest] = entry
+        if len(self._turns) > self.capacity:
+            self._turns.popitem(last=False)
 
     def next_turn(self, key: str, now: float | None = None) -> int:
         """Counts a request of session ``key`` and returns its turn (1 for a new or idle key)."""
         now = time.monotonic() if now is None else now
         digest = session_digest(key)
-        seen = self._turns.pop(digest, None)
-        turn = 1 if seen is None or now - seen[1] > self.ttl_s else seen[0] + 1
-        self._turns[digest] = (turn, now)
-        if len(self._turns) > self.capacity:
-            self._turns.popitem(last=False)
+        seen = self._live(digest, now)
+        turn = 1 if seen is None else seen[0] + 1
+        self._put(digest, (turn, now, None if seen is None else seen[2]))
         return turn
+
+    def place(self, key: str, instance: str, now: float | None = None) -> None:
+        """Records that ``instance`` answered session ``key`` (its home from now on)."""
+        now = time.monotonic() if now is None else now
+        digest = session_digest(key)
+        seen = self._live(digest, now)
+        self._put(digest, (0 if seen is None else seen[0], now, sys.intern(instance)))
+
+    def home(self, key: str, now: float | None = None) -> str | None:
+        """The instance that answered session ``key`` last, or None (unknown, idle, ended).
+        A look, not a use: the entry's age and LRU place are unchanged."""
+        now = time.monotonic() if now is None else now
+        seen = self._turns.get(session_digest(key))
+        return None if seen is None or now - seen[1] > self.ttl_s else seen[2]
+
+    def end(self, key: str) -> bool:
+        """Drops session ``key``'s entry at once; whether the table held one."""
+        return self._turns.pop(session_digest(key), None) is not None
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -144,7 +259,15 @@ def affinity_cookie(instance: str) -> str:
     return f"{AFFINITY_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"
 
 
-def affinity_set_cookie(previous: str | None, chosen: str) -> str | None:
+def affinity_set_cookie(previous: str | None, chosen: str, *, ended: bool = False) -> str | None:
     """The ``Set-Cookie`` an answer from ``chosen`` carries when the request's cookie named
-    ``previous``: none when it already named ``chosen`` (llm-d sets it only when it differs)."""
+    ``previous``: none when it already named ``chosen`` (llm-d sets it only when it differs);
+    the cookie's deletion when the request ``ended`` its session."""
+    if ended:
+        return affinity_cleared_cookie()
     return None if previous == chosen else affinity_cookie(chosen)
+
+
+def affinity_cleared_cookie() -> str:
+    """The ``Set-Cookie`` that deletes the session cookie (an ended session's answer)."""
+    return f"{AFFINITY_COOKIE}=; Max-Age=0; Path=/; HttpOnly; SameSite=Lax"

@@ -14,7 +14,11 @@ Families (``smetric_`` prefix): ``proxy_decisions_total{policy,reason,first_turn
 ``proxy_native_requests_total{api}``,
 ``proxy_responses_total{code}``, ``proxy_instance_in_flight{instance}``,
 ``proxy_instance_ejected{instance}``, ``proxy_client_errors_total{kind}`` (client garbage the
-proxy refused — malformed HTTP, slow heads, unparseable bodies — counted instead of logged).
+proxy refused — malformed HTTP, slow heads, unparseable bodies — counted instead of logged),
+``proxy_session_ends_total{via,held}`` (session-end signals: ``via`` the endpoint or the header,
+``held`` whether this proxy held state for the session), ``proxy_sessions`` (entries of the
+session table), ``proxy_parent_placements_total{outcome}`` (sub-agents' first requests: placed at
+the parent's home, or not and why).
 
 May import: :mod:`smetric.metrics` only.
 """
@@ -84,6 +88,14 @@ class ProxyTelemetry:
         self.door_client_errors: Callable[[], Iterable[tuple[str, int]]] | None = None
         """The compiled data plane's own tallies of the same kinds (``Gateway.client_errors``),
         when a gateway serves the port: what it refuses never reaches the app."""
+        self.session_ends: Counter[tuple[str, bool]] = Counter()
+        """Session-end signals by ``(via, held)``: ``endpoint`` or ``header``, and whether the
+        session table held an entry for the session."""
+        self.parent_placements: Counter[str] = Counter()
+        """Sub-agents' first requests by what the parent rule did (``parent``, ``overloaded``,
+        ``parent_unavailable``, ``parent_unknown``)."""
+        self.session_count: Callable[[], int] | None = None
+        """The session table's size (set by the proxy that owns the table)."""
         self.decision_s = Histogram(DECISION_BUCKETS_S)
         self.first_byte_s = Histogram(LATENCY_BUCKETS_S)
         self.request_s = Histogram(LATENCY_BUCKETS_S)
@@ -198,6 +210,25 @@ class ProxyTelemetry:
             "counter",
             "Client input the proxy refused (malformed HTTP or body, slow head or body, connection limit), by kind.",
             [({"kind": k}, n) for k, n in sorted(self.client_error_counts().items())],
+        )
+        yield from _family(
+            name("session_ends_total"),
+            "counter",
+            "Session-end signals (the endpoint or the header), by whether this proxy held state for the session.",
+            [({"via": v, "held": str(h).lower()}, n) for (v, h), n in sorted(self.session_ends.items())],
+        )
+        if self.session_count is not None:
+            yield from _family(
+                name("sessions"),
+                "gauge",
+                "Sessions in the proxy's session table (turns and homes; bounded LRU with an idle TTL).",
+                [({}, self.session_count())],
+            )
+        yield from _family(
+            name("parent_placements_total"),
+            "counter",
+            "Sub-agents' first requests by the parent rule's outcome (parent: placed at the parent's home).",
+            [({"outcome": o}, n) for o, n in sorted(self.parent_placements.items())],
         )
         yield from _family(
             name("instance_in_flight"),

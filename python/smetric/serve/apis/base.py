@@ -105,6 +105,15 @@ class Prepared(Generic[R]):
     session_key: str | None = None
     """The client's session header (vllm-router's hash policies only:
     :data:`smetric.serve.session.HASH_POLICIES`), or None: they then hash the prompt."""
+    turn_key: str | None = None
+    """The session key the request's turn was counted under in the session table (a hinted
+    request without roles), or None: released with the session (``docs/serve.md``, "Session life")."""
+    group_instance: str | None = None
+    """A sub-agent's first request: the instance its parent session was answered on last, which
+    the parent rule may start it on (:meth:`smetric.serve.failover.Failover.serve`), or None."""
+    ends_session: bool = False
+    """The request is its session's last (``x-session-end: true``): its answer expires llm-d's
+    session cookie instead of setting it."""
 
 
 @dataclass(frozen=True, slots=True)

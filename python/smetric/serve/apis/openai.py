@@ -29,7 +29,7 @@ import json
 import re
 from abc import abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
@@ -279,12 +279,13 @@ class OpenAIApi(Api[OpenAIRequest]):
         headers: Mapping[str, str],
         sessions: SessionTable,
     ) -> Prepared[OpenAIRequest]:
-        turn = None
+        turn = hint = None
         if request.messages is None:  # with messages the router reads the turn from the roles
             hint = session_hint(headers, prompt_cache_key=request.prompt_cache_key, user=request.user)
             turn = None if hint is None else sessions.next_turn(hint.key)
         body, hide_usage = _asking_for_usage(raw, request.stream_options_json) if request.stream else (raw, False)
-        return self._prepared(request, body, tokens, turn, hide_usage=hide_usage)
+        prepared = self._prepared(request, body, tokens, turn, hide_usage=hide_usage)
+        return prepared if hint is None else replace(prepared, turn_key=hint.key)
 
     def _prepared(
         self, request: OpenAIRequest, body: bytes, tokens: RoutingTokens, turn: int | None, *, hide_usage: bool = False

@@ -514,7 +514,7 @@ class ResponsesApi(Api[ResponsesRequest]):
             )
         assert request.body is not None
         body = raw if request.pin is None else json.dumps(request.body).encode()
-        turn = None
+        turn = hint = None
         if request.pin is not None:
             # A follow-up of a stored response carries only the new input: its roles do not say
             # the turn, a session hint may.
@@ -536,6 +536,7 @@ class ResponsesApi(Api[ResponsesRequest]):
             request.pin,
             PREFILL_OVERRIDES,
             kv_transfer_params="kv_transfer_params" in request.body,
+            turn_key=None if hint is None else hint.key,
         )
 
     def stream(self, *, keep: bool) -> ResponsesStream:

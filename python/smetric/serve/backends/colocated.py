@@ -95,7 +95,11 @@ class ColocatedBackend(Backend):
             finish=lambda n: router.on_finished(rid, n),
             abort=lambda: router.on_aborted(rid),
             decision=d,
-            cookie=affinity_set_cookie(prepared.previous_instance, d.instance) if self.session_cookie else None,
+            cookie=(
+                affinity_set_cookie(prepared.previous_instance, d.instance, ended=prepared.ends_session)
+                if self.session_cookie
+                else None
+            ),
         )
         body = prepared.body if prepared.kv_transfer_params is False else without_kv_transfer_params(prepared.body)
         return await self._upstream.post(attempt, prepared.path, body, headers, method=prepared.method)

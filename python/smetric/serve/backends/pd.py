@@ -158,7 +158,11 @@ class PdBackend(Backend):
             abort=lambda: pd.on_aborted(rid),
             decision=d,
             # The cookie names the prefill instance: the core's session affinity is to one.
-            cookie=affinity_set_cookie(prepared.previous_instance, d.prefill_instance) if self.session_cookie else None,
+            cookie=(
+                affinity_set_cookie(prepared.previous_instance, d.prefill_instance, ended=prepared.ends_session)
+                if self.session_cookie
+                else None
+            ),
         )
         original = json.loads(prepared.body)
         # The prefill leg has no lifecycle of its own: its failure aborts the whole attempt.

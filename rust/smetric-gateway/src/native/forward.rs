@@ -53,6 +53,13 @@ impl Engines {
 /// The paths whose requests the app serves without admission: its own fixed routes.
 const UNADMITTED_PATHS: [&str; 4] = ["/health", "/metrics", "/v1/models", "/admin/instances"];
 
+/// Whether the app serves `path` without admission: its fixed routes, and the session-end
+/// endpoints (`POST /v1/sessions/{id}/end`, vllm-router's `POST /finish_session`): releasing a
+/// session's state is cheap, and must not wait for, or be refused by, a full fleet.
+fn unadmitted(path: &str) -> bool {
+    UNADMITTED_PATHS.contains(&path) || path.starts_with("/v1/sessions/") || path == "/finish_session"
+}
+
 /// `smetric serve`'s request id header.
 static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static DECISION: HeaderName = HeaderName::from_static("x-smetric-decision");
@@ -64,12 +71,15 @@ const SESSION_HEADERS: [&str; 5] = [
     "session-id",
     "x-dynamo-session-id",
 ];
-/// `decision_log.PARENT_HEADERS`.
-const PARENT_HEADERS: [&str; 3] = [
+/// `session.PARENT_HEADERS`.
+const PARENT_HEADERS: [&str; 4] = [
     "x-codex-parent-thread-id",
     "x-claude-code-parent-agent-id",
     "x-parent-session-id",
+    "x-dynamo-parent-session-id",
 ];
+/// `session.END_HEADERS`: a request carrying one is the app's (it releases the session's state).
+const END_HEADERS: [&str; 2] = ["x-session-end", "x-dynamo-session-final"];
 /// `failover.CUT_MESSAGE`.
 const CUT_MESSAGE: &str = "the stream was cut and could not be continued";
 /// The usage request spliced into a stream's body (`openai._USAGE_OPTION`).
@@ -244,7 +254,7 @@ pub(crate) async fn serve(
     peer: SocketAddr,
 ) -> Response<Body> {
     let arrived = Instant::now();
-    if UNADMITTED_PATHS.contains(&request.uri().path()) {
+    if unadmitted(request.uri().path()) {
         return plane.delegate(request, peer, &[]).await;
     }
     let slot = match native.admission.enter().await {
@@ -351,6 +361,17 @@ fn header_session(headers: &HeaderMap) -> Option<String> {
         return Some(format!("{value}/{agent}"));
     }
     Some(value.to_owned())
+}
+
+/// Whether the request is a sub-agent's (`session.parent_key` is not None): it names a parent,
+/// or it is a Claude Code sub-agent's (an agent id under a session id; its parent is the root).
+fn names_parent(headers: &HeaderMap) -> bool {
+    if header(headers, "x-claude-code-session-id").is_some() {
+        return header(headers, "x-claude-code-agent-id").is_some();
+    }
+    PARENT_HEADERS
+        .iter()
+        .any(|name| *name != "x-claude-code-parent-agent-id" && header(headers, name).is_some())
 }
 
 /// What the native path routes on, or None: the request goes to the app.
@@ -607,8 +628,16 @@ impl Native {
     }
 
     /// The routing plan of a body the native path serves exactly as the app would, or None.
+    /// Session life is the app's (it keeps the session table): a session's last request, and
+    /// a sub-agent's first (which the parent rule may place), go to the app.
     fn plan(fleet: &FleetView, api: Api, headers: &HeaderMap, raw: &[u8]) -> Option<Plan> {
+        if END_HEADERS.iter().any(|name| headers.contains_key(*name)) {
+            return None;
+        }
         let plan = body_plan(api, raw, header_session(headers))?;
+        if matches!(plan.turn, TurnHint::Messages { first_turn: true }) && names_parent(headers) {
+            return None;
+        }
         if let Some(model) = plan.model.as_deref()
             && ((!fleet.models.is_empty() && !fleet.models.contains_key(model)) || fleet.adapters.contains(model))
         {
@@ -1076,6 +1105,56 @@ mod tests {
         for (lead, run) in [(0, 4300), (5, 4300), (4299, 4300)] {
             let body = format!("{}{}x{}", "a".repeat(lead), "9".repeat(run), "7".repeat(4000));
             assert!(!has_long_digit_run(body.as_bytes()), "{lead} {run}");
+        }
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut out = HeaderMap::new();
+        for (name, value) in pairs {
+            out.insert(*name, HeaderValue::from_static(value));
+        }
+        out
+    }
+
+    #[test]
+    fn a_sub_agent_is_known_by_its_parent_header_or_its_claude_agent_id() {
+        for parent in [
+            "x-codex-parent-thread-id",
+            "x-parent-session-id",
+            "x-dynamo-parent-session-id",
+        ] {
+            assert!(
+                names_parent(&headers(&[("x-session-id", "s"), (parent, "p")])),
+                "{parent}"
+            );
+        }
+        let child = [("x-claude-code-session-id", "root"), ("x-claude-code-agent-id", "a1")];
+        assert!(names_parent(&headers(&child)), "a top-level Claude Code sub-agent");
+        // The root's own requests: a stray parent-agent header is ignored (session.parent_key).
+        let root = [
+            ("x-claude-code-session-id", "root"),
+            ("x-claude-code-parent-agent-id", "a0"),
+        ];
+        assert!(!names_parent(&headers(&root)));
+        assert!(!names_parent(&headers(&[("x-session-id", "s")])), "no parent named");
+        assert!(
+            !names_parent(&headers(&[("x-codex-parent-thread-id", "")])),
+            "an empty value names none"
+        );
+    }
+
+    #[test]
+    fn the_session_end_endpoints_skip_admission_and_nothing_else_new_does() {
+        for path in ["/v1/sessions/abc/end", "/finish_session", "/health", "/metrics"] {
+            assert!(unadmitted(path), "{path}");
+        }
+        for path in [
+            "/v1/chat/completions",
+            "/v1/sessions",
+            "/finish_sessions",
+            "/v1/messages",
+        ] {
+            assert!(!unadmitted(path), "{path}");
         }
     }
 }
