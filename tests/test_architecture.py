@@ -485,3 +485,79 @@ def test_the_cycle_checks_see_cycles() -> None:
     assert cycles(graph) == [["config", "metrics", "pd"]]
     python = {"smetric.a": {"smetric.b"}, "smetric.b": {"smetric.a"}, "smetric.c": {"smetric.a"}}
     assert cycles(python) == [["smetric.a", "smetric.b"]]
+
+
+# -- the facts docs/architecture.md states (its "Facts this page states, checked" table) ---------
+
+
+def _stated_facts(text: str) -> dict[str, str]:
+    """``fact -> stated`` from the table under "Facts this page states, checked"."""
+    section = text.split("### Facts this page states, checked", 1)[1].split("\n## ", 1)[0]
+    facts = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] not in ("fact", "---"):
+            facts[cells[0]] = cells[1]
+    return facts
+
+
+def _names(stated: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", stated)
+
+
+def _fact_problems(text: str, root: Path) -> list[str]:
+    """Every stated fact that the code contradicts (or that no check knows)."""
+    policy = (root / "rust/smetric-core/src/policy/mod.rs").read_text()
+    router = (root / "rust/smetric-core/src/router/mod.rs").read_text()
+    request = (root / "rust/smetric-core/src/router/request.rs").read_text()
+    serve_config = (root / "python/smetric/serve/config.py").read_text()
+
+    def count(kind: str) -> str:
+        found = re.search(rf"pub const ALL: \[{kind}; (\d+)\]", policy)
+        return found.group(1) if found else "?"
+
+    def field(name: str) -> str:
+        found = re.search(rf"^\s*{name}: (.+),$", router, re.MULTILINE)
+        return found.group(1) if found else "?"
+
+    tiers = re.search(r"pub enum Tier \{(.*?)\n\}", request, re.DOTALL)
+    planes = re.search(r"^DATA_PLANES = \((.*)\)$", serve_config, re.MULTILINE)
+    actual = {
+        "policies": count("PolicyKind"),
+        "decision reasons": count("Reason"),
+        "the index's lock": f"`{field('index')}`",
+        "the decision lock": f"`{field('decisions')}`",
+        "the in-flight table": f"`{field('requests')}`",
+        "the fleet": f"`{field('fleet')}`",
+        "index tiers": ", ".join(
+            f"`{v}`" for v in re.findall(r"^    (\w+),$", tiers.group(1) if tiers else "", re.MULTILINE)
+        ),
+        "data planes of `smetric serve`": ", ".join(
+            f"`{v}`" for v in re.findall(r'"(\w+)"', planes.group(1) if planes else "")
+        ),
+    }
+    problems = []
+    stated = _stated_facts(text)
+    for fact, value in stated.items():
+        if fact not in actual:
+            problems.append(f"no check for the stated fact {fact!r}")
+        elif value != actual[fact]:
+            problems.append(f"{fact}: the page says {value}, the code {actual[fact]}")
+    problems += [f"the page no longer states {fact!r}" for fact in actual if fact not in stated]
+    return problems
+
+
+def test_the_facts_architecture_states_hold() -> None:
+    text = (ROOT / "docs/architecture.md").read_text()
+    assert _fact_problems(text, ROOT) == []
+
+
+def test_the_fact_check_sees_drift() -> None:
+    """Negative control: a page that states 7 policies and an index mutex fails the check."""
+    text = (ROOT / "docs/architecture.md").read_text()
+    drifted = text.replace("| policies | 17 |", "| policies | 7 |").replace(
+        "| `RwLock<KvIndex>` |", "| `Mutex<KvIndex>` |"
+    )
+    problems = _fact_problems(drifted, ROOT)
+    assert any(p.startswith("policies: the page says 7") for p in problems), problems
+    assert any(p.startswith("the index's lock: the page says `Mutex<KvIndex>`") for p in problems), problems
