@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 
 from smetric import Router, RouterConfig
-from smetric.engine_load import EngineLoadScraper, EngineSample, engine_sample, kv_capacity_tokens, parse_prometheus
+from smetric.engine_load import (
+    EngineLoadScraper,
+    EngineSample,
+    engine_sample,
+    host_offload_tokens,
+    kv_capacity_tokens,
+    parse_prometheus,
+)
 
 METRICS = (Path(__file__).parent / "data" / "vllm" / "metrics_cpu_0.32.0.txt").read_text()
 KV_USAGE = 0.000289921416037231
@@ -255,3 +262,15 @@ def test_kv_capacity_from_vllms_cache_config_info() -> None:
     assert kv_capacity_tokens(page) == 17000 * 16, "the smallest rank's cache"
     assert kv_capacity_tokens("vllm:num_requests_running 3\n") is None
     assert kv_capacity_tokens('vllm:cache_config_info{block_size="16"} 1.0\n') is None
+
+
+def test_an_announced_host_offload_reads_in_tokens() -> None:
+    """vLLM's ``--kv-offloading-size`` (GiB) on ``vllm:cache_config_info``, at the GPU cache's bytes
+    per token (the real page: 1 GiB for 2,097,152 tokens, 512 bytes each)."""
+    assert host_offload_tokens(METRICS) is None, "the captured engine offloads nothing"
+    offloading = METRICS.replace('kv_offloading_size="None"', 'kv_offloading_size="4.0"')
+    assert host_offload_tokens(offloading) == 4 * (1 << 30) // 512
+    # An engine that offloads without the two size labels offloads an unknown amount.
+    unsized = offloading.replace('kv_cache_memory_bytes="1073741824",', "")
+    assert host_offload_tokens(unsized) == 0
+    assert host_offload_tokens("") is None

@@ -77,6 +77,32 @@ def test_hits_are_capped_one_token_short_and_lru_evicts_oldest() -> None:
     assert cache.admit([1, 2, 3], 1) is None  # full: it waits
 
 
+def test_host_offload_announces_cpu_copies_and_evicts_its_own_lru() -> None:
+    """``host_blocks``: every cached block is written to a host LRU, one ``CPU`` BlockStored
+    without tokens per store, a ``CPU`` BlockRemoved per host eviction; no offload, no CPU event."""
+    cache = PrefixCache(num_blocks=16, block_size=4, host_blocks=3)
+    a = cache.admit(list(range(8)), 1)
+    assert a is not None
+    cache.store(a)
+    first = cache.hash_prompt(list(range(8)))
+    assert [e for e in cache.take_events() if e[-1] == "CPU"] == [("BlockStored", first, None, [], 4, None, "CPU")]
+    cache.release(a)
+    b = cache.admit(list(range(100, 109)), 1)  # two new blocks: the host LRU (3) drops the oldest
+    assert b is not None
+    cache.store(b)
+    cpu = [e for e in cache.take_events() if e[-1] == "CPU"]
+    assert cpu == [
+        ("BlockRemoved", [first[0]], "CPU"),
+        ("BlockStored", cache.hash_prompt(list(range(100, 109))), None, [], 4, None, "CPU"),
+    ]
+    assert cache.host_cached_blocks == 3
+    plain = PrefixCache(num_blocks=16, block_size=4)
+    c = plain.admit(list(range(8)), 1)
+    assert c is not None
+    plain.store(c)
+    assert all(e[-1] == "GPU" for e in plain.take_events())
+
+
 def test_bad_hash_settings_fail_at_construction() -> None:
     with pytest.raises(ValueError, match="seed"):
         PrefixCache(num_blocks=4, block_size=4, algo="xxhash")  # xxhash needs vLLM's PYTHONHASHSEED

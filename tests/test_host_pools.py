@@ -95,3 +95,17 @@ def test_host_local_events_reach_the_host_pool_only() -> None:
     assert (hits.host, hits.global_hit_tokens) == ({"a": 0, "b": 8, "c": 0}, 0)
     with pytest.raises(smetric.InvalidArgumentError, match="offload"):
         ingestor.add_source("a", offload="disk")  # type: ignore[arg-type]
+
+
+def test_auto_offload_resolves_from_the_engines_announcement() -> None:
+    auto = ServeConfig(instances=(InstanceConfig(url="http://a:8000"), InstanceConfig(url="http://b:8000")))
+    assert {i.kv_offload for i in auto.instances} == {"auto"}
+    resolved = auto.with_discovered_offload({"http://a:8000": 32_000, "http://b:8000": None})
+    assert [i.kv_offload for i in resolved.instances] == ["host", "shared"]
+    router = resolved.router_config(exact_index=True, host_offload_tokens=32_000)
+    assert router.host_capacity_blocks == 32_000 // resolved.block_size, "sized from the announcement"
+    # An engine that offloads an unannounced amount (0 tokens) gets the GPU-multiple default.
+    unsized = resolved.router_config(exact_index=True, kv_capacity_tokens=16_000, host_offload_tokens=0)
+    assert unsized.host_capacity_blocks == HOST_POOL_GPU_MULTIPLE * unsized.local_capacity_blocks
+    declared = ServeConfig(instances=(InstanceConfig(url="http://a:8000", kv_offload="shared"),))
+    assert declared.with_discovered_offload({"http://a:8000": 32_000}).instances[0].kv_offload == "shared"

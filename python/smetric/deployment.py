@@ -51,6 +51,7 @@ __all__ = [
     "InFlight",
     "clamp_load",
     "deployed_fields",
+    "fleet_host_offload",
     "fleet_kv_capacity",
 ]
 
@@ -92,6 +93,27 @@ def fleet_kv_capacity(
         if capacity is not None:
             found.append(capacity)
     return min(found) if found else None
+
+
+def fleet_host_offload(
+    metrics_urls: Mapping[str, str], timeout: float = 2.0, headers: Mapping[str, str] | None = None
+) -> dict[str, int | None]:
+    """Per instance (``instance -> its …/metrics URL``), the host-memory KV cache its engine
+    announces in tokens (:func:`smetric.engine_load.host_offload_tokens`: vLLM's
+    ``--kv-offloading-size``), None when it announces none or does not answer. Blocking."""
+    import http.client
+    import urllib.request
+
+    from smetric.engine_load import host_offload_tokens
+
+    found: dict[str, int | None] = {}
+    for instance, url in metrics_urls.items():
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=timeout) as r:
+                found[instance] = host_offload_tokens(r.read().decode("utf-8", errors="replace"))
+        except (OSError, ValueError, http.client.HTTPException):
+            found[instance] = None
+    return found
 
 
 def _count(value: float | None) -> int | None:

@@ -122,6 +122,35 @@ def kv_capacity_tokens(text: str) -> int | None:
     return min(capacities) if capacities else None
 
 
+GIB = 1 << 30
+
+
+def host_offload_tokens(text: str) -> int | None:
+    """The host-memory KV cache an engine announces, in tokens, or None when it offloads none.
+
+    vLLM's ``--kv-offloading-size`` (GiB; the ``native`` backend is its ``OffloadingConnector``,
+    ``lmcache`` LMCache's local CPU backend — either way the engine's own host memory) shows as the
+    ``kv_offloading_size`` label of ``vllm:cache_config_info``; its bytes per token are the GPU
+    cache's (``kv_cache_memory_bytes / kv_cache_size_tokens``). An engine that offloads but does
+    not publish those two labels counts as offloading an unknown amount: 0 tokens. The smallest
+    data-parallel rank counts, as for :func:`kv_capacity_tokens`."""
+    sizes = []
+    for labels, _ in parse_prometheus(text, {_CACHE_CONFIG}).get(_CACHE_CONFIG, []):
+        try:
+            gib = float(labels.get("kv_offloading_size", "None"))
+        except ValueError:
+            continue  # "None": no offloading on this rank
+        if not (math.isfinite(gib) and gib > 0):
+            continue
+        try:
+            per_token = int(labels["kv_cache_memory_bytes"]) / int(labels["kv_cache_size_tokens"])
+        except (KeyError, ValueError, ZeroDivisionError):
+            sizes.append(0)
+            continue
+        sizes.append(int(gib * GIB / per_token) if per_token > 0 else 0)
+    return min(sizes) if sizes else None
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSample:
     """One instance's load, summed over its engines (data-parallel ranks).

@@ -21,8 +21,15 @@ Lifecycle, as in vLLM's ``KVCacheManager`` (simplified, see the package docs):
 3. :meth:`PrefixCache.release` unpins the request's cached blocks (they stay cached, most
    recently used) and frees its private blocks.
 
-Invariant: ``pinned + unpinned cached + reserved private <= num_blocks``. Complexity: O(blocks of
-the request) per call, plus O(1) per eviction.
+**Host offload** (``host_blocks > 0``, vLLM's ``--kv-offloading-size`` with its
+``OffloadingConnector``): every block cached on the GPU is also written to a host LRU of
+``host_blocks`` blocks, published as one ``BlockStored`` event with medium ``CPU`` and no token
+ids (the connector's form: the ids were published with the GPU store), and each block the host LRU
+drops as ``BlockRemoved`` with medium ``CPU``. The host copy is announced, not served: a request's
+hit is still the GPU's (the fake's timing model has no host loads).
+
+Invariant: ``pinned + unpinned cached + reserved private <= num_blocks``; the host LRU holds at
+most ``host_blocks``. Complexity: O(blocks of the request) per call, plus O(1) per eviction.
 """
 
 from __future__ import annotations
@@ -59,10 +66,14 @@ class Allocation:
 class PrefixCache:
     """A bounded LRU of hashed GPU blocks with vLLM's KV events (see the module docs)."""
 
-    def __init__(self, num_blocks: int, block_size: int, algo: str = "sha256", seed: str | None = None) -> None:
-        if num_blocks <= 0 or block_size <= 0:
-            raise ValueError("num_blocks and block_size must be > 0")
+    def __init__(
+        self, num_blocks: int, block_size: int, algo: str = "sha256", seed: str | None = None, host_blocks: int = 0
+    ) -> None:
+        if num_blocks <= 0 or block_size <= 0 or host_blocks < 0:
+            raise ValueError("num_blocks and block_size must be > 0, host_blocks >= 0")
         self.num_blocks = num_blocks
+        self.host_blocks = host_blocks
+        self._host: OrderedDict[int, None] = OrderedDict()  # host copies, LRU first
         self.block_size = block_size
         self.algo = algo
         self.seed = seed
@@ -187,12 +198,36 @@ class PrefixCache:
         b = self.block_size
         parent = hashes[start - 1] if start > 0 else None
         self.events.append(("BlockStored", hashes[start:end], parent, tokens[start * b : end * b], b, None, "GPU"))
+        self._offload(hashes[start:end])
 
     def _emit_stored(self, a: Allocation, start: int, end: int) -> None:
         b = self.block_size
         parent = a.hashes[start - 1] if start > 0 else None
         stored = ("BlockStored", a.hashes[start:end], parent, a.tokens[start * b : end * b], b, a.lora_name, "GPU")
         self.events.append(stored)
+        self._offload(a.hashes[start:end])
+
+    @property
+    def host_cached_blocks(self) -> int:
+        """Blocks the host offload holds."""
+        return len(self._host)
+
+    def _offload(self, hashes: list[int]) -> None:
+        """Writes newly cached blocks to the host LRU (see the module docs)."""
+        if self.host_blocks == 0:
+            return
+        new = []
+        for h in hashes:
+            if h in self._host:
+                self._host.move_to_end(h)
+                continue
+            if len(self._host) >= self.host_blocks:
+                dropped, _ = self._host.popitem(last=False)
+                self.events.append(("BlockRemoved", [dropped], "CPU"))
+            self._host[h] = None
+            new.append(h)
+        if new:
+            self.events.append(("BlockStored", new, None, [], self.block_size, None, "CPU"))
 
     def release(self, a: Allocation) -> None:
         """Unpins the request's cached blocks and frees its private ones."""

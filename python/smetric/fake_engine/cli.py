@@ -23,6 +23,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--hash-seed", default=None, help="vLLM's PYTHONHASHSEED (required by the xxhash algorithms)")
     p.add_argument("--num-gpu-blocks", type=int, default=4096, help="prefix-cache capacity in blocks")
+    p.add_argument(
+        "--kv-offloading-blocks",
+        type=int,
+        default=0,
+        help="host-memory KV cache in blocks, as vLLM's --kv-offloading-size (0: none): CPU-medium events",
+    )
     p.add_argument("--speedup", type=float, default=100.0, help="run the H20 performance model this many times faster")
     p.add_argument("--profile", default="h20-qwen3-coder-30b-a3b", help="a built-in performance-model profile")
     p.add_argument("--max-model-len", type=int, default=32768)

@@ -40,6 +40,11 @@ class FakeEngineConfig:
     hash_seed: str | None = None
     """vLLM's ``PYTHONHASHSEED`` (needed by the xxhash algorithms)."""
     num_gpu_blocks: int = 4096
+    kv_offloading_blocks: int = 0
+    """vLLM's ``--kv-offloading-size``, in blocks of host memory (0: no offloading): every block
+    the engine caches is also written to a host LRU of this many blocks, announced with
+    ``CPU``-medium KV events and on ``/metrics`` (``vllm:cache_config_info``'s
+    ``kv_offloading_size``), as vLLM's ``OffloadingConnector`` does."""
     speedup: float = 100.0
     profile: str = "h20-qwen3-coder-30b-a3b"
     max_model_len: int = 32768
@@ -89,7 +94,13 @@ class _Stack:
             host = config.kv_events_host
             replay = None if config.kv_replay_port is None else f"tcp://{host}:{config.kv_replay_port}"
             self.publisher = KvEventPublisher(f"tcp://{host}:{config.kv_events_port}", replay)
-        cache = PrefixCache(config.num_gpu_blocks, config.block_size, config.prefix_caching_hash_algo, config.hash_seed)
+        cache = PrefixCache(
+            config.num_gpu_blocks,
+            config.block_size,
+            config.prefix_caching_hash_algo,
+            config.hash_seed,
+            host_blocks=config.kv_offloading_blocks,
+        )
         perf = PerfModel(config.profile)
         self.engine = Engine(
             cache,

@@ -54,6 +54,11 @@ from .pd import DecodeSide, KvTransferError, PrefillSide
 from .responses import ResponsesEndpoint
 from .tokens import Tokenizer, default_output_tokens, filler, render_chat
 
+FAKE_KV_BYTES_PER_TOKEN = 98_304
+"""KV bytes per token the fake announces (``kv_cache_memory_bytes / kv_cache_size_tokens``):
+Qwen3-Coder-30B-A3B's 96 KiB (docs/perf-model.md), so an announced offload size reads as a real one."""
+GIB = 1 << 30
+
 log = logging.getLogger(__name__)
 
 
@@ -417,10 +422,16 @@ def render_metrics(engine: Engine, model: str) -> str:
     for name, kind, doc, value in families:
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n{name}{labels} {float(value)!r}\n")
     # vLLM's info gauge of its CacheConfig (value 1, the settings as labels; a subset of them).
+    kv_tokens = cache.num_blocks * cache.block_size
+    offload_gib = cache.host_blocks * cache.block_size * FAKE_KV_BYTES_PER_TOKEN / GIB
     info = {
         "block_size": cache.block_size,
         "cache_dtype": "auto",
         "enable_prefix_caching": "True",
+        "kv_cache_memory_bytes": kv_tokens * FAKE_KV_BYTES_PER_TOKEN,
+        "kv_cache_size_tokens": kv_tokens,
+        "kv_offloading_backend": "native",
+        "kv_offloading_size": repr(offload_gib) if cache.host_blocks else "None",
         "num_gpu_blocks": cache.num_blocks,
         "prefix_caching_hash_algo": cache.algo,
     }

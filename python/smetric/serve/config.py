@@ -18,7 +18,7 @@ keys)::
     url = "http://10.0.0.2:8000"
     kv_events = "tcp://10.0.0.2:5557"
     kv_replay = "tcp://10.0.0.2:5558"
-    kv_offload = "host"             # shared (default) | host: its CPU KV$ is its own (docs §2.8)
+    kv_offload = "host"             # auto (default) | shared | host: its CPU KV$ is its own (docs §2.8)
     host_pool = "node-b"            # optional: instances naming one pool share a node-local store
 
 ``smetric serve --port 8080 --instance http://10.0.0.1:8000 --instance http://10.0.0.2:8000``
@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -59,9 +60,10 @@ MIN_HEAD_BYTES = 8192
 
 KV_EVENTS_DISCOVER = "discover"
 KV_EVENTS_OFF = "off"
+KV_OFFLOAD_AUTO = "auto"
 KV_OFFLOAD_SHARED = "shared"
 KV_OFFLOAD_HOST = "host"
-KV_OFFLOADS = (KV_OFFLOAD_SHARED, KV_OFFLOAD_HOST)
+KV_OFFLOADS = (KV_OFFLOAD_AUTO, KV_OFFLOAD_SHARED, KV_OFFLOAD_HOST)
 HOST_POOL_GPU_MULTIPLE = 4
 """A host pool's size in GPU caches when an instance offloads to host memory and the file does
 not set ``host_capacity_blocks``: an H20 node's host DRAM per GPU is about four of its KV caches."""
@@ -82,10 +84,12 @@ class InstanceConfig:
         kv_replay: the publisher's replay endpoint, with an explicit ``kv_events``.
         metrics_url: where its load is scraped (vLLM's ``/metrics``); ``None``: ``{url}/metrics``.
         kv_offload: where the engine's CPU/STORAGE KV$ lives: ``"shared"`` (a store every
-            instance reads — Mooncake, a shared LMCache server — the global tier) or ``"host"``
+            instance reads — Mooncake, a shared LMCache server — the global tier), ``"host"``
             (its own host memory — vLLM's ``OffloadingConnector``, LMCache's local CPU backend —
-            credited to this instance only; docs/routing-semantics.md §2.8). vLLM does not
-            publish its ``kv_transfer_config`` over HTTP, so this is declared, not discovered.
+            credited to this instance only; docs/routing-semantics.md §2.8), or ``"auto"``:
+            ``"host"`` when the engine announces ``--kv-offloading-size`` on ``/metrics``
+            (``vllm:cache_config_info``), else ``"shared"``. A connector set with
+            ``--kv-transfer-config`` (Mooncake, a remote LMCache) is not announced there: declare it.
         host_pool: with ``kv_offload = "host"``, a pool name shared by the instances of one node
             whose engines read one node-local store; ``None``: the instance's own host memory.
     """
@@ -94,7 +98,7 @@ class InstanceConfig:
     kv_events: str = KV_EVENTS_DISCOVER
     kv_replay: str | None = None
     metrics_url: str | None = None
-    kv_offload: str = KV_OFFLOAD_SHARED
+    kv_offload: str = KV_OFFLOAD_AUTO
     host_pool: str | None = None
 
     def __post_init__(self) -> None:
@@ -320,18 +324,41 @@ class ServeConfig:
         """Every instance: the co-located ones, or the prefill then the decode ones."""
         return self.instances or (*self.prefill, *self.decode)
 
-    def router_config(self, *, exact_index: bool, kv_capacity_tokens: int | None = None) -> RouterConfig:
+    def with_discovered_offload(self, offload_tokens: Mapping[str, int | None]) -> ServeConfig:
+        """This config with every ``kv_offload = "auto"`` instance resolved: ``"host"`` when its
+        engine announced a host-memory cache (``offload_tokens[url]`` not None:
+        :func:`smetric.deployment.fleet_host_offload`), else ``"shared"``."""
+
+        def resolve(inst: InstanceConfig) -> InstanceConfig:
+            if inst.kv_offload != KV_OFFLOAD_AUTO:
+                return inst
+            found = offload_tokens.get(inst.url) is not None
+            return dataclasses.replace(inst, kv_offload=KV_OFFLOAD_HOST if found else KV_OFFLOAD_SHARED)
+
+        return dataclasses.replace(
+            self,
+            instances=tuple(map(resolve, self.instances)),
+            prefill=tuple(map(resolve, self.prefill)),
+            decode=tuple(map(resolve, self.decode)),
+        )
+
+    def router_config(
+        self, *, exact_index: bool, kv_capacity_tokens: int | None = None, host_offload_tokens: int | None = None
+    ) -> RouterConfig:
         """The router's config: the file's fields, and unless the file sets them,
 
         * ``index_mode`` by the event feed (``exact`` when every instance's events can be trusted);
         * the deployment's sizes (:func:`smetric.deployment.deployed_fields`): the engines' own KV
           capacity (the smallest instance's ``vllm:cache_config_info``), no global tier;
         * host pools (docs/routing-semantics.md §2.8) when an instance offloads to host memory
-          (``kv_offload = "host"``): each pool holds ``HOST_POOL_GPU_MULTIPLE`` GPU caches.
+          (``kv_offload = "host"``): each pool holds ``host_offload_tokens`` (the smallest engine's
+          announced host cache) when known and positive, else ``HOST_POOL_GPU_MULTIPLE`` GPU caches.
         """
         fields = deployed_fields(self.router, block_size=self.block_size, kv_capacity_tokens=kv_capacity_tokens)
         fields.setdefault("index_mode", "exact" if exact_index else "approximate")
-        if any(i.kv_offload == KV_OFFLOAD_HOST for i in (*self.instances, *self.prefill, *self.decode)):
+        if any(i.kv_offload == KV_OFFLOAD_HOST for i in self.all_instances):
+            if host_offload_tokens is not None and host_offload_tokens >= self.block_size:
+                fields.setdefault("host_capacity_blocks", host_offload_tokens // self.block_size)
             local = int(fields.get("local_capacity_blocks", RouterConfig().local_capacity_blocks))
             fields.setdefault("host_capacity_blocks", HOST_POOL_GPU_MULTIPLE * local)
         return RouterConfig(**fields)

@@ -39,8 +39,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 from smetric._core import PdRouter, Router
 from smetric.deployment import FleetFeeds
+from smetric.deployment import fleet_host_offload as deployed_host_offload
 from smetric.deployment import fleet_kv_capacity as deployed_kv_capacity
-from smetric.serve.config import KV_EVENTS_DISCOVER, KV_EVENTS_OFF, InstanceConfig, ServeConfig
+from smetric.serve.config import (
+    KV_EVENTS_DISCOVER,
+    KV_EVENTS_OFF,
+    KV_OFFLOAD_AUTO,
+    KV_OFFLOAD_SHARED,
+    InstanceConfig,
+    ServeConfig,
+)
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.upstream import Upstream
 from smetric.vllm import cache_namespace
@@ -48,7 +56,7 @@ from smetric.vllm import cache_namespace
 if TYPE_CHECKING:
     from smetric._types import Offload
 
-__all__ = ["FeedTargets", "Fleet", "Health", "fleet_kv_capacity", "kv_event_sources"]
+__all__ = ["FeedTargets", "Fleet", "Health", "fleet_host_offload", "fleet_kv_capacity", "kv_event_sources"]
 
 log = logging.getLogger("smetric.serve")
 
@@ -312,6 +320,14 @@ def fleet_kv_capacity(
     return deployed_kv_capacity([i.metrics_url or f"{i.url}/metrics" for i in instances], timeout, headers)
 
 
+def fleet_host_offload(
+    instances: Sequence[InstanceConfig], timeout: float = 2.0, headers: Mapping[str, str] | None = None
+) -> dict[str, int | None]:
+    """Per instance URL, the host-memory KV cache (tokens) its engine announces on ``/metrics``, or
+    None (:func:`smetric.deployment.fleet_host_offload`). Blocking."""
+    return deployed_host_offload({i.url: i.metrics_url or f"{i.url}/metrics" for i in instances}, timeout, headers)
+
+
 def kv_event_sources(inst: InstanceConfig, headers: Mapping[str, str] | None = None) -> list[Any]:
     """The KV-event sources of an instance (discovered, explicit, or none); ``headers`` go with the
     discovery call (the upstream key). Blocking."""
@@ -322,7 +338,9 @@ def kv_event_sources(inst: InstanceConfig, headers: Mapping[str, str] | None = N
     except ImportError:
         log.warning("pyzmq is not installed: no KV events (pip install 'smetric-router[events]')")
         return []
-    offload = cast("Offload", inst.kv_offload)  # checked by InstanceConfig
+    # Checked by InstanceConfig; an "auto" the proxy did not resolve (it reads the engine's
+    # announcement first) counts as the shared store, the behaviour before host pools.
+    offload = cast("Offload", KV_OFFLOAD_SHARED if inst.kv_offload == KV_OFFLOAD_AUTO else inst.kv_offload)
     if inst.kv_events == KV_EVENTS_DISCOVER:
         try:
             return [dataclasses.replace(s, offload=offload) for s in discover_sources(inst.url, headers=headers)]

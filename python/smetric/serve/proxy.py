@@ -60,11 +60,11 @@ from smetric.serve.apis.base import Api, Route
 from smetric.serve.auth import ClientKeys, keys_middleware, read_keys_file
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
 from smetric.serve.compiled import API_HEADER, CONTINUE_PATH, CompiledPlane, DoorAdmission, native_settings, new_secret
-from smetric.serve.config import InstanceConfig, ServeConfig
+from smetric.serve.config import KV_OFFLOAD_HOST, InstanceConfig, ServeConfig
 from smetric.serve.decision_log import OUTCOME_KEY, DecisionLog, Outcome, Outcomes
 from smetric.serve.errors import ProxyError
 from smetric.serve.failover import Failover, GatewayCut
-from smetric.serve.fleet import Fleet, fleet_kv_capacity, kv_event_sources
+from smetric.serve.fleet import Fleet, fleet_host_offload, fleet_kv_capacity, kv_event_sources
 from smetric.serve.http_guard import SERVER_HEADER, ConnectionLimits, GuardedRunner, status_message
 from smetric.serve.relay import STREAM_KEY, end_stream
 from smetric.serve.replica_bus import ReplicaBus, fleet_lines
@@ -197,6 +197,10 @@ class Proxy:
             decode = frozenset(i.url for i in config.decode)
             backend: Backend = PdBackend(pd, prefill, decode, fleet, upstream, telemetry)
             return cls(config, fleet, backend, upstream, telemetry)
+        # Where each engine's CPU KV$ lives, from what it announces (kv_offload = "auto").
+        offload = await loop.run_in_executor(None, fleet_host_offload, config.instances, 2.0, upstream.auth)
+        config = config.with_discovered_offload(offload)
+        known_offload = [t for t in offload.values() if t]
         sources = {
             i.url: await loop.run_in_executor(None, kv_event_sources, i, upstream.auth) for i in config.instances
         }
@@ -211,7 +215,11 @@ class Proxy:
             policy=config.policy,  # type: ignore[arg-type]  # validated by ServeConfig
             block_size=config.block_size,
             seed=config.seed,
-            config=config.router_config(exact_index=exact, kv_capacity_tokens=capacity),
+            config=config.router_config(
+                exact_index=exact,
+                kv_capacity_tokens=capacity,
+                host_offload_tokens=min(known_offload) if known_offload else None,
+            ),
         )
         for inst in config.instances:
             if inst.host_pool is not None:  # a node-local store its pool shares (docs §2.8)
@@ -673,6 +681,10 @@ class Proxy:
         self._finish(outcome, answer.status)
         return answer
 
+    def _host_pools_on(self) -> bool:
+        """Whether the router keeps host pools (docs/routing-semantics.md §2.8)."""
+        return isinstance(self.backend, ColocatedBackend) and self.backend.router.config.host_capacity_blocks > 0
+
     def _admin_denied(self, request: web.Request) -> web.Response | None:
         token = self.config.admin_token
         if token is None:
@@ -700,7 +712,16 @@ class Proxy:
             return _json_error(ProxyError(400, f"bad instance: {e}", "BadRequestError"))
         if inst.url in self.fleet.instances:
             return _json_error(ProxyError(409, f"instance {inst.url} is already in the fleet", "ConflictError"))
-        sources = await asyncio.get_running_loop().run_in_executor(None, kv_event_sources, inst, self._upstream.auth)
+        loop = asyncio.get_running_loop()
+        offload = await loop.run_in_executor(None, fleet_host_offload, [inst], 2.0, self._upstream.auth)
+        (inst,) = replace(self.config, instances=(inst,)).with_discovered_offload(offload).instances
+        if inst.kv_offload == KV_OFFLOAD_HOST and not self._host_pools_on():
+            log.warning(
+                "instance %s offloads to host memory but the router was built without host pools "
+                "(no instance offloaded at start; set router.host_capacity_blocks): its CPU KV$ is not credited",
+                inst.url,
+            )
+        sources = await loop.run_in_executor(None, kv_event_sources, inst, self._upstream.auth)
         self.backend.add_instance(inst.url, inst.host_pool)
         self.fleet.add(inst, sources)
         self.fleet.restart_feeds()
