@@ -55,6 +55,7 @@ __all__ = [
     "Decision",
     "Gateway",
     "GatewayNative",
+    "GatewayRecord",
     "IndexHits",
     "IngestStep",
     "KvEventIngestor",
@@ -309,6 +310,80 @@ class IndexHits:
     def branches(self) -> int: ...
 
 @final
+class GatewayRecord:
+    """One request the compiled data plane's native path served, as the app takes it into its
+    telemetry, fleet health and decision log (the gateway's ``Record``, field for field)."""
+
+    @property
+    def request_id(self) -> str:
+        """The request's id (the client's ``x-request-id``, or one minted)."""
+    @property
+    def api(self) -> str:
+        """``chat``, ``completions``, ``messages`` or ``responses``."""
+    @property
+    def session(self) -> str | None:
+        """The session key the headers gave."""
+    @property
+    def parent(self) -> str | None:
+        """The parent agent's session key (a sub-agent's request)."""
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def instance(self) -> str | None:
+        """The instance that answered (or the last one tried)."""
+    @property
+    def reason(self) -> Reason | None:
+        """The core's reason, when a decision was made."""
+    @property
+    def policy(self) -> PolicyName | None: ...
+    @property
+    def first_turn(self) -> bool | None: ...
+    @property
+    def predicted_local_hit(self) -> int | None: ...
+    @property
+    def predicted_global_hit(self) -> int | None: ...
+    @property
+    def prompt_tokens(self) -> int | None: ...
+    @property
+    def tokens_source(self) -> str | None:
+        """Where the routing ids came from: ``ids`` or ``approximate``."""
+    @property
+    def decision_s(self) -> float | None: ...
+    @property
+    def cached_tokens(self) -> int | None:
+        """The engine's cached prompt tokens (the realized hit)."""
+    @property
+    def output_tokens(self) -> int | None: ...
+    @property
+    def first_byte_s(self) -> float | None:
+        """Seconds from the request's arrival to the engine's answer head."""
+    @property
+    def ttft_s(self) -> float | None: ...
+    @property
+    def itl_s(self) -> float | None: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def status(self) -> int: ...
+    @property
+    def refused(self) -> str | None:
+        """The admission refusal's reason, when refused."""
+    @property
+    def latency_s(self) -> float: ...
+    @property
+    def succeeded(self) -> bool:
+        """The instance the answer came from gets its health back."""
+    @property
+    def failed(self) -> tuple[str, str] | None:
+        """An attempt that failed, to charge to its instance: ``(instance, cause)``."""
+    @property
+    def unresumed(self) -> bool:
+        """A cut stream ended with the API's error event (not continued)."""
+    @property
+    def handed_off(self) -> bool:
+        """The app carries the request on; this record counts the decision only."""
+
+@final
 class Gateway:
     """The compiled data plane (``rust/smetric-gateway``): listens on ``host:port`` on a thread
     of its own and delegates requests to the app on ``127.0.0.1:control_plane_port``; armed
@@ -345,7 +420,7 @@ class Gateway:
         self, instances: list[str], ejected: set[str], models: dict[str, set[str]], adapters: set[str]
     ) -> None:
         """Replaces the native path's view of the fleet. Raises RuntimeError when not armed."""
-    def take_records(self) -> list[dict[str, Any]]:
+    def take_records(self) -> list[GatewayRecord]:
         """The native path's records since the last call, oldest first."""
     def records_dropped(self) -> int:
         """Records dropped because they were not taken in time."""

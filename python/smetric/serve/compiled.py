@@ -40,6 +40,7 @@ from smetric._core import (
     GATEWAY_REFUSED_HEADER,
     Gateway,
     GatewayNative,
+    GatewayRecord,
     Router,
 )
 from smetric.serve.admission import WAIT_BUCKETS_S, render_admission
@@ -222,57 +223,57 @@ class CompiledPlane:
         for record in self.gateway.take_records():
             self._apply(record)
 
-    def _apply(self, r: dict[str, Any]) -> None:
+    def _apply(self, r: GatewayRecord) -> None:
         telemetry, fleet = self._telemetry, self._fleet
-        reason = r["reason"]
+        reason = r.reason
         label = None if reason is None else reason_label(reason)
         if reason is not None:
             telemetry.count_decision(
-                r["policy"],
+                r.policy or "",
                 label or "",
-                bool(r["first_turn"]),
-                r["predicted_local_hit"] or 0,
-                r["predicted_global_hit"] or 0,
-                r["tokens_source"] or "",
-                r["prompt_tokens"] or 0,
-                r["decision_s"] or 0.0,
+                bool(r.first_turn),
+                r.predicted_local_hit or 0,
+                r.predicted_global_hit or 0,
+                r.tokens_source or "",
+                r.prompt_tokens or 0,
+                r.decision_s or 0.0,
             )
-        if r["handed_off"]:  # the app carries the request on and records its outcome
+        if r.handed_off:  # the app carries the request on and records its outcome
             return
-        instance = r["instance"]
-        if r["failed"] is not None:
-            fleet.failed(*r["failed"])
-        if r["unresumed"]:
+        instance = r.instance
+        if r.failed is not None:
+            fleet.failed(*r.failed)
+        if r.unresumed:
             telemetry.unresumed_streams += 1
-        if r["succeeded"] and instance is not None:
+        if r.succeeded and instance is not None:
             fleet.succeeded(instance)
-        if r["first_byte_s"] is not None:
-            telemetry.first_byte_s.observe(r["first_byte_s"])
-        status = r["status"]
-        telemetry.native[r["api"]] += 1
+        if r.first_byte_s is not None:
+            telemetry.first_byte_s.observe(r.first_byte_s)
+        status = r.status
+        telemetry.native[r.api] += 1
         telemetry.responses[status] += 1
-        telemetry.request_s.observe(r["latency_s"])
+        telemetry.request_s.observe(r.latency_s)
         outcome = Outcome(
-            r["request_id"],
-            r["api"],
-            r["session"],
-            r["parent"],
+            r.request_id,
+            r.api,
+            r.session,
+            r.parent,
             0.0,
-            model=r["model"],
-            first_turn=r["first_turn"],
+            model=r.model,
+            first_turn=r.first_turn,
             instance=instance,
             reason=label,
             detail=reason,
-            predicted_local_hit=r["predicted_local_hit"],
-            predicted_global_hit=r["predicted_global_hit"],
-            cached_tokens=r["cached_tokens"],
-            prompt_tokens=r["prompt_tokens"],
-            output_tokens=r["output_tokens"],
-            ttft_s=r["ttft_s"],
-            itl_s=r["itl_s"],
-            attempts=r["attempts"],
+            predicted_local_hit=r.predicted_local_hit,
+            predicted_global_hit=r.predicted_global_hit,
+            cached_tokens=r.cached_tokens,
+            prompt_tokens=r.prompt_tokens,
+            output_tokens=r.output_tokens,
+            ttft_s=r.ttft_s,
+            itl_s=r.itl_s,
+            attempts=r.attempts,
         )
-        self._outcomes.finish(outcome, status, latency_s=r["latency_s"])
+        self._outcomes.finish(outcome, status, latency_s=r.latency_s)
 
     def render_admission(self, prefix: str = "smetric") -> Iterator[str]:
         """The door's admission families (the app's own admission then admits nothing)."""

@@ -110,37 +110,98 @@ impl PyGatewayNative {
     }
 }
 
-/// A record as the dict `smetric.serve.compiled` reads.
-fn record_dict<'py>(py: Python<'py>, r: &Record) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("request_id", &r.request_id)?;
-    d.set_item("api", r.api)?;
-    d.set_item("session", &r.session)?;
-    d.set_item("parent", &r.parent)?;
-    d.set_item("model", &r.model)?;
-    d.set_item("instance", &r.instance)?;
-    d.set_item("reason", r.reason)?;
-    d.set_item("policy", r.policy)?;
-    d.set_item("first_turn", r.first_turn)?;
-    d.set_item("predicted_local_hit", r.predicted_local_hit)?;
-    d.set_item("predicted_global_hit", r.predicted_global_hit)?;
-    d.set_item("prompt_tokens", r.prompt_tokens)?;
-    d.set_item("tokens_source", r.tokens_source)?;
-    d.set_item("decision_s", r.decision_s)?;
-    d.set_item("cached_tokens", r.cached_tokens)?;
-    d.set_item("output_tokens", r.output_tokens)?;
-    d.set_item("first_byte_s", r.first_byte_s)?;
-    d.set_item("ttft_s", r.ttft_s)?;
-    d.set_item("itl_s", r.itl_s)?;
-    d.set_item("attempts", r.attempts)?;
-    d.set_item("status", r.status)?;
-    d.set_item("refused", r.refused)?;
-    d.set_item("latency_s", r.latency_s)?;
-    d.set_item("succeeded", r.succeeded)?;
-    d.set_item("failed", &r.failed)?;
-    d.set_item("unresumed", r.unresumed)?;
-    d.set_item("handed_off", r.handed_off)?;
-    Ok(d)
+/// One request the native path served, as the app (`smetric.serve.compiled`) takes it into its
+/// telemetry, fleet health and decision log: the gateway's `Record`, field for field, typed.
+#[pyclass(frozen, get_all, module = "smetric._core", name = "GatewayRecord")]
+pub(crate) struct PyGatewayRecord {
+    /// The request's id (the client's `x-request-id`, or one minted).
+    request_id: String,
+    /// The API: `chat`, `completions`, `messages` or `responses`.
+    api: &'static str,
+    /// The session key the headers gave.
+    session: Option<String>,
+    /// The parent agent's session key (a sub-agent's request).
+    parent: Option<String>,
+    /// The requested model.
+    model: Option<String>,
+    /// The instance that answered (or the last one tried).
+    instance: Option<String>,
+    /// The core's reason (`Decision.reason`), when a decision was made.
+    reason: Option<&'static str>,
+    /// The policy that decided.
+    policy: Option<&'static str>,
+    /// Whether the decision treated the request as a first turn.
+    first_turn: Option<bool>,
+    /// The router's predicted local (GPU) hit, tokens.
+    predicted_local_hit: Option<u64>,
+    /// The router's predicted global-tier hit, tokens.
+    predicted_global_hit: Option<u64>,
+    /// Prompt tokens (the engine's count when it reported usage).
+    prompt_tokens: Option<u64>,
+    /// Where the routing ids came from: `ids` or `approximate`.
+    tokens_source: Option<&'static str>,
+    /// Seconds the routing decision took.
+    decision_s: Option<f64>,
+    /// The engine's cached prompt tokens (the realized hit).
+    cached_tokens: Option<u64>,
+    /// Output tokens the engine reported.
+    output_tokens: Option<u64>,
+    /// Seconds from the request's arrival to the engine's answer head.
+    first_byte_s: Option<f64>,
+    /// Seconds to the first token.
+    ttft_s: Option<f64>,
+    /// Mean inter-token latency, seconds.
+    itl_s: Option<f64>,
+    /// Instances tried.
+    attempts: u32,
+    /// The HTTP status answered.
+    status: u16,
+    /// The admission refusal's reason, when refused.
+    refused: Option<&'static str>,
+    /// Seconds from arrival to the answer's end.
+    latency_s: f64,
+    /// The instance the answer came from gets its health back.
+    succeeded: bool,
+    /// An attempt that failed, to charge to its instance: `(instance, cause)`.
+    failed: Option<(String, String)>,
+    /// A cut stream ended with the API's error event (not continued).
+    unresumed: bool,
+    /// The app carries the request on; this record counts the decision only.
+    handed_off: bool,
+}
+
+impl From<&Record> for PyGatewayRecord {
+    fn from(r: &Record) -> Self {
+        Self {
+            request_id: r.request_id.clone(),
+            api: r.api,
+            session: r.session.clone(),
+            parent: r.parent.clone(),
+            model: r.model.clone(),
+            instance: r.instance.clone(),
+            reason: r.reason,
+            policy: r.policy,
+            first_turn: r.first_turn,
+            predicted_local_hit: r.predicted_local_hit,
+            predicted_global_hit: r.predicted_global_hit,
+            prompt_tokens: r.prompt_tokens,
+            tokens_source: r.tokens_source,
+            decision_s: r.decision_s,
+            cached_tokens: r.cached_tokens,
+            output_tokens: r.output_tokens,
+            first_byte_s: r.first_byte_s,
+            ttft_s: r.ttft_s,
+            itl_s: r.itl_s,
+            attempts: r.attempts,
+            status: r.status,
+            refused: r.refused,
+            latency_s: r.latency_s,
+            succeeded: r.succeeded,
+            failed: r.failed.clone(),
+            unresumed: r.unresumed,
+            handed_off: r.handed_off,
+        }
+    }
 }
 
 fn not_armed() -> PyErr {
@@ -282,10 +343,10 @@ impl PyGateway {
         Ok(())
     }
 
-    /// The native path's records since the last call, oldest first, as dicts.
-    fn take_records<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    /// The native path's records since the last call, oldest first.
+    fn take_records(&self) -> PyResult<Vec<PyGatewayRecord>> {
         let native = self.native.as_ref().ok_or_else(not_armed)?;
-        native.take_records().iter().map(|r| record_dict(py, r)).collect()
+        Ok(native.take_records().iter().map(PyGatewayRecord::from).collect())
     }
 
     /// Records dropped because they were not taken in time.
