@@ -12,7 +12,6 @@ use std::time::Duration;
 use pyo3::exceptions::{PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use smetric_core::Router;
 use smetric_gateway::{
     AdmissionLimits, FleetView, Gateway, GatewayConfig, GatewayError, Limits, NativeApis, NativeConfig, NativeHandles,
     Record,
@@ -28,22 +27,28 @@ pub(crate) struct PyGateway {
     address: SocketAddr,
 }
 
-/// What arms the gateway's native path (see `smetric_gateway::native`); every field is
-/// `smetric serve`'s configuration, passed once at start.
+/// What arms the gateway's native path: the gateway crate's own typed `NativeConfig`, built and
+/// checked once here from `smetric serve`'s configuration (a bad duration is an
+/// `InvalidConfigError` naming its field at construction), then handed to `Gateway` as it is.
 #[pyclass(frozen, module = "smetric._core", name = "GatewayNative")]
 pub(crate) struct PyGatewayNative {
-    router: Arc<Router>,
-    secret: String,
-    client_keys: Vec<String>,
-    upstream_key: Option<String>,
-    max_body_bytes: usize,
-    times: [f64; 6],
-    admission: [usize; 3],
-    apis: NativeApis,
-    response_id_key: String,
-    resume_streams: bool,
-    labels: HashMap<String, String>,
-    max_records: usize,
+    config: NativeConfig,
+}
+
+/// `value` seconds as a duration, or the `InvalidConfigError` naming `field`.
+fn seconds(py: Python<'_>, field: &'static str, value: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        let reason = format!("must be a non-negative number of seconds, got {value}");
+        python_error(
+            py,
+            "InvalidConfigError",
+            &format!("invalid gateway setting {field}: {reason}"),
+            |k| {
+                k.set_item("field", field)?;
+                k.set_item("reason", &reason)
+            },
+        )
+    })
 }
 
 #[pymethods]
@@ -80,33 +85,40 @@ impl PyGatewayNative {
         resume_streams: bool,
         labels: HashMap<String, String>,
         max_records: usize,
-    ) -> Self {
-        Self {
-            router: Arc::clone(router.get().core()),
-            secret,
-            client_keys,
-            upstream_key,
-            max_body_bytes,
-            times: [
-                body_timeout_s,
-                connect_timeout_s,
-                first_byte_timeout_s,
-                idle_timeout_s,
-                client_timeout_s,
-                queue_timeout_s,
-            ],
-            admission: [max_in_flight, max_in_flight_per_instance, queue_size],
-            apis: NativeApis {
-                chat,
-                completions,
-                messages,
-                responses,
+    ) -> PyResult<Self> {
+        let py = router.py();
+        Ok(Self {
+            config: NativeConfig {
+                router: Arc::clone(router.get().core()),
+                secret,
+                client_keys,
+                upstream_key,
+                max_body_bytes,
+                body_timeout: seconds(py, "body_timeout_s", body_timeout_s)?,
+                connect_timeout: seconds(py, "connect_timeout_s", connect_timeout_s)?,
+                first_byte_timeout: seconds(py, "first_byte_timeout_s", first_byte_timeout_s)?,
+                idle_timeout: seconds(py, "idle_timeout_s", idle_timeout_s)?,
+                client_timeout: seconds(py, "client_timeout_s", client_timeout_s)?,
+                admission: AdmissionLimits {
+                    max_in_flight,
+                    max_in_flight_per_instance,
+                    queue_size,
+                    queue_timeout: seconds(py, "queue_timeout_s", queue_timeout_s)?,
+                    // The door's Retry-After: the gateway's own setting, set when it starts.
+                    retry_after_s: 0,
+                },
+                apis: NativeApis {
+                    chat,
+                    completions,
+                    messages,
+                    responses,
+                },
+                response_id_key,
+                resume_streams,
+                labels,
+                max_records,
             },
-            response_id_key,
-            resume_streams,
-            labels,
-            max_records,
-        }
+        })
     }
 }
 
@@ -252,28 +264,14 @@ impl PyGateway {
                 },
             )
         })?;
-        let seconds = |field: &'static str, value: f64| {
-            Duration::try_from_secs_f64(value).map_err(|_| {
-                let reason = format!("must be a non-negative number of seconds, got {value}");
-                python_error(
-                    py,
-                    "InvalidConfigError",
-                    &format!("invalid gateway setting {field}: {reason}"),
-                    |k| {
-                        k.set_item("field", field)?;
-                        k.set_item("reason", &reason)
-                    },
-                )
-            })
-        };
         let config = GatewayConfig {
             listen: SocketAddr::new(ip, port),
             control_plane: SocketAddr::from(([127, 0, 0, 1], control_plane_port)),
             limits: Limits {
                 max_head_bytes,
                 max_field_bytes,
-                head_timeout: seconds("head_timeout_s", head_timeout_s)?,
-                drain_timeout: seconds("drain_timeout_s", drain_timeout_s)?,
+                head_timeout: seconds(py, "head_timeout_s", head_timeout_s)?,
+                drain_timeout: seconds(py, "drain_timeout_s", drain_timeout_s)?,
                 max_connections,
                 retry_after_s,
             },
@@ -281,32 +279,8 @@ impl PyGateway {
         let native = match native {
             None => None,
             Some(n) => {
-                let n = n.get();
-                let [body, connect, first_byte, idle, client, queue] = n.times;
-                let native = NativeConfig {
-                    router: Arc::clone(&n.router),
-                    secret: n.secret.clone(),
-                    client_keys: n.client_keys.clone(),
-                    upstream_key: n.upstream_key.clone(),
-                    max_body_bytes: n.max_body_bytes,
-                    body_timeout: seconds("body_timeout_s", body)?,
-                    connect_timeout: seconds("connect_timeout_s", connect)?,
-                    first_byte_timeout: seconds("first_byte_timeout_s", first_byte)?,
-                    idle_timeout: seconds("idle_timeout_s", idle)?,
-                    client_timeout: seconds("client_timeout_s", client)?,
-                    admission: AdmissionLimits {
-                        max_in_flight: n.admission[0],
-                        max_in_flight_per_instance: n.admission[1],
-                        queue_size: n.admission[2],
-                        queue_timeout: seconds("queue_timeout_s", queue)?,
-                        retry_after_s,
-                    },
-                    apis: n.apis,
-                    response_id_key: n.response_id_key.clone(),
-                    resume_streams: n.resume_streams,
-                    labels: n.labels.clone(),
-                    max_records: n.max_records,
-                };
+                let mut native = n.get().config.clone();
+                native.admission.retry_after_s = retry_after_s;
                 let fleet = FleetView {
                     instances,
                     ..FleetView::default()

@@ -56,7 +56,8 @@ pub use forward::routing_ids;
 pub(crate) use forward::serve;
 
 /// What the control plane arms the native path with (no defaults here: `smetric serve`'s
-/// configuration has them).
+/// configuration has them). Cloned once when the gateway starts (the router is shared).
+#[derive(Clone)]
 pub struct NativeConfig {
     /// The router the app routes on too.
     pub router: Arc<Router>,
