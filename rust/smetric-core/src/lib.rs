@@ -32,6 +32,7 @@ pub mod load;
 mod lockstep;
 pub mod mix_map;
 pub mod pd;
+pub mod decode_contract;
 pub mod policy;
 pub mod recent_load;
 pub mod rng;
@@ -39,7 +40,7 @@ pub mod router;
 pub mod turn;
 
 pub use config::{
-    CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, L_EQ_QWEN3_235B_A22B, L_EQ_QWEN3_CODER_30B_A3B, MigrationRule,
+    CacheFirstMode, DEFAULT_BLOCK_SIZE, DecodeMask, IndexMode, L_EQ_QWEN3_235B_A22B, L_EQ_QWEN3_CODER_30B_A3B, MigrationRule,
     RouterConfig, SmetricRule, VllmRouterSmetricForm,
 };
 pub use error::{Result, SmetricError};
