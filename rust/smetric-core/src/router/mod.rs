@@ -53,6 +53,8 @@
 //! O(prompt blocks), under the exclusive lock.
 
 mod decide;
+#[cfg(test)]
+mod decode_mask_tests;
 mod fleet_ops;
 #[cfg(test)]
 mod host_tier_tests;
