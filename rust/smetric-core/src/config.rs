@@ -241,6 +241,8 @@ pub const L_EQ_QWEN3_235B_A22B: f64 = 13_568.0;
 pub const MAX_DRAIN_WINDOW: u32 = 1024;
 
 /// All tunables of the router. See `docs/routing-semantics.md` §9 for the reasons.
+// Each bool is an independent switch a user sets by name: a state machine would not fit them.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouterConfig {
     /// Seed of the block-hash chain; routers that share an index must agree on it.

@@ -118,6 +118,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::float_cmp)] // the fallback is returned as given
     fn pace_learns_an_average_and_ignores_single_tokens() {
         let p = DecodePace::default();
         assert_eq!(p.or(0.02), 0.02);
@@ -161,7 +162,10 @@ mod tests {
         let b = balance_s(&cfg(DecodeMask::Oracle), &d, 3_000, 0.010).unwrap();
         assert!((b - 11.01).abs() < 1e-9, "{b}");
         // No recorded length: the honest balance.
-        let d = LiveDecode { output_tokens: None, ..d };
+        let d = LiveDecode {
+            output_tokens: None,
+            ..d
+        };
         let honest = balance_s(&cfg(DecodeMask::Honest), &d, 3_000, 0.040).unwrap();
         assert_eq!(balance_s(&cfg(DecodeMask::Oracle), &d, 3_000, 0.040), Some(honest));
     }

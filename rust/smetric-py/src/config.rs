@@ -3,7 +3,9 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use smetric_core::{CacheFirstMode, DecodeMask, IndexMode, MigrationRule, RouterConfig, SmetricRule, VllmRouterSmetricForm};
+use smetric_core::{
+    CacheFirstMode, DecodeMask, IndexMode, MigrationRule, RouterConfig, SmetricRule, VllmRouterSmetricForm,
+};
 
 use crate::errors::IntoPyResult;
 
@@ -70,7 +72,8 @@ impl PyRouterConfig {
         cache_aware_balance_rel_threshold = D.cache_aware_balance_rel_threshold,
         vllm_router_smetric_form = D.vllm_router_smetric_form.name(),
     ))]
-    #[allow(clippy::too_many_arguments)]
+    // One keyword per config field (booleans included): Python's signature is the config.
+    #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
     fn new(
         hash_seed: u64,
         index_mode: &str,

@@ -93,7 +93,10 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     // fleet is (work-conserving: the mask never holds a request).
     let masked = cfg.smetric_decode_mask != DecodeMask::Off;
     let safe = |i: usize| {
-        !masked || c[i].decode_room_s.is_none_or(|room| work(&c[i]) as f64 / c[i].drain_rate <= room)
+        !masked
+            || c[i]
+                .decode_room_s
+                .is_none_or(|room| work(&c[i]) as f64 / c[i].drain_rate <= room)
     };
     let any_safe = (0..c.len()).any(safe);
     let target = |i: usize| (!any_roomy || roomy(i)) && (!any_safe || safe(i));
@@ -473,8 +476,10 @@ mod tests {
 
     #[test]
     fn shipped_preset_is_the_authors_configuration() {
-        assert!(!SHIPPED.smetric_store_pricing);
-        assert_eq!(SHIPPED.smetric_decode_mask, DecodeMask::Honest);
+        assert_eq!(
+            (SHIPPED.smetric_store_pricing, SHIPPED.smetric_decode_mask),
+            (false, DecodeMask::Honest)
+        );
         assert_eq!(SHIPPED.smetric_drain_rate, Some(21_400.0));
         assert_eq!((SHIPPED.min_local_hit_ratio, SHIPPED.smetric_ttft_slack), (0.5, 1.0));
         assert_eq!(
@@ -483,7 +488,13 @@ mod tests {
         );
         assert_eq!(SHIPPED.smetric_rule, crate::config::SmetricRule::V2);
         // The v2 port keeps today's form.
-        assert!(CFG.smetric_store_pricing);
-        assert_eq!((CFG.smetric_decode_mask, CFG.smetric_drain_rate), (DecodeMask::Off, None));
+        assert_eq!(
+            (
+                CFG.smetric_store_pricing,
+                CFG.smetric_decode_mask,
+                CFG.smetric_drain_rate
+            ),
+            (true, DecodeMask::Off, None)
+        );
     }
 }

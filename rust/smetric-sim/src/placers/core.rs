@@ -231,10 +231,7 @@ impl Placer for CorePlacer {
             .as_ref()
             .and_then(|o| o.get(usize::try_from(request.request_id).ok()?))
             .map(|&t| u64::from(t));
-        let decision = self
-            .router
-            .route(&route)
-            .map_err(|e| SimError::Router(e.to_string()))?;
+        let decision = self.router.route(&route).map_err(|e| SimError::Router(e.to_string()))?;
         Ok(Placement {
             instance: decision.instance.0,
             first_turn: Some(decision.first_turn),
