@@ -181,6 +181,11 @@ impl CorePlacer {
         self
     }
 
+    /// The recorded output lengths the router is told (the oracle decode mask's), if any.
+    pub fn recorded_outputs(&self) -> Option<&[u32]> {
+        self.recorded_outputs.as_deref()
+    }
+
     /// The wrapped router (for its stats).
     pub fn router(&self) -> &Router {
         &self.router
