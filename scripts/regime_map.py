@@ -54,9 +54,10 @@ from smetric.sim import (
 )
 from smetric.sim.config import ENGINE_DEFAULTS, TierPath
 
-ALL_POLICIES = (*POLICIES, "cache_first_max_hit", "smetric_paper")
-SMETRICS = ("smetric", "smetric_paper")
-"""SMetric with its smetric+ defaults, and in the paper's form; neither is a baseline."""
+ALL_POLICIES = (*POLICIES, "cache_first_max_hit", "smetric_paper", "smetric_v2_port")
+SMETRICS = ("smetric", "smetric_paper", "smetric_v2_port")
+"""SMetric with its smetric+ defaults, as its authors ship it, and our port of the paper's v2 rule;
+none is a baseline."""
 TIERS = ("lmcache", "mooncake-store", "cpu-offload", "off")
 """Tier settings every point runs under: a load path of the global KV$ tier, or no tier."""
 SLOS = (SLO(), SLO(ttft_s_per_token=0.3e-3))

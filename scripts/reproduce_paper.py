@@ -14,7 +14,7 @@ baselines as their authors ran them (``lmetric``, ``llmd_prefix_load``, ``dynamo
 ``bailian_top3``, ``preble`` — AIBrix's Preble port — and ``llmd_session_affinity``, llm-d's
 session-affinity + active-requests profile, told each request's previous-turn instance by the
 simulator's driver as a client echoing llm-d's session cookie would), the peer implementation
-``vllm_router_smetric``, and for context ``smetric_v1``, ``smetric``, ``linear``,
+``vllm_router_smetric``, and for context ``smetric_v2_port`` (our v2 port), ``smetric_v1``, ``smetric``, ``linear``,
 ``cache_first`` and ``lpwl``.
 
 Trace families: the Codex-like generator on **report** seeds (100, 101, 102: the tuning seeds are
@@ -57,7 +57,7 @@ PAPER_BASELINES = (
     "llmd_session_affinity",
 )
 """The paper's baseline set: LMetric, llm-d's two profiles, Preble (AIBrix port), Dynamo, Bailian."""
-CONTEXT = ("vllm_router_smetric", "smetric_v1", "smetric", "linear", "cache_first", "lpwl")
+CONTEXT = ("vllm_router_smetric", "smetric_v2_port", "smetric_v1", "smetric", "linear", "cache_first", "lpwl")
 """Not the paper's baselines: the peer implementation of its rule, our rules, our other baselines."""
 POLICIES = ("smetric_paper", *PAPER_BASELINES, *CONTEXT)
 TIERS = ("lmcache", "mooncake-store", "cpu-offload", "off")

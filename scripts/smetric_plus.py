@@ -375,8 +375,9 @@ def report_table(path: Path, data: Path) -> str:
 # ---------------------------------------------------------------------------------------------
 # The v2 study (issue 18 item 5): variants over the paper's current (SLO-feasibility) rule.
 
-V2_PAPER: dict[str, Any] = dict(POLICY_VARIANTS["smetric_paper"][1])
-"""The ``smetric_*`` fields of the v2 paper form (``RouterConfig().paper()`` but the profile's
+V2_PAPER: dict[str, Any] = dict(POLICY_VARIANTS["smetric_v2_port"][1])
+"""The ``smetric_*`` fields of the v2 paper form as this study ran it (``RouterConfig().v2_port()``,
+named ``smetric_paper`` then, but the profile's
 ``smetric_l_eq_tokens``): every v2 variant starts from them (``min_local_hit_ratio``, v2's
 HIT_RATIO, is the router's shared 0.5 unless a variant sets it)."""
 _KF = {"smetric_kv_fit": True}

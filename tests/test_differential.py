@@ -749,7 +749,12 @@ class StreamGen:
 
 
 PAPER_FIELDS = {k: v for k, v in smetric.RouterConfig().paper().to_dict().items() if k.startswith("smetric_")}
-"""The ``smetric_*`` fields of ``RouterConfig.paper()`` (the v2 rule)."""
+"""The ``smetric_*`` fields of ``RouterConfig.paper()`` (the authors' shipped configuration)."""
+PAPER_UNMASKED = PAPER_FIELDS | {"smetric_decode_mask": "off"}
+"""The shipped configuration without its decode mask, which the reference does not model (the
+mask's branches are unit-tested in the core: ``policy/smetric_paper.rs``, ``router/decode_mask_tests.rs``)."""
+V2_PORT_FIELDS = {k: v for k, v in smetric.RouterConfig().v2_port().to_dict().items() if k.startswith("smetric_")}
+"""The ``smetric_*`` fields of ``RouterConfig.v2_port()`` (our port of the v2 rule)."""
 V1_FIELDS = {k: v for k, v in smetric.RouterConfig().v1().to_dict().items() if k.startswith("smetric_")}
 """The ``smetric_*`` fields of ``RouterConfig.v1()`` (the July rule)."""
 
@@ -772,6 +777,7 @@ def v2_fields(rnd: random.Random) -> dict[str, Any]:
         "smetric_drain_rate_fallback": rnd.choice([22_000.0, 300.0, 2_000.0, 50.0]),
         "smetric_drain_window": window,
         "smetric_drain_min_samples": rnd.randint(1, min(window, 4)),
+        "smetric_store_pricing": rnd.choice([True, False]),
     }
 
 
@@ -817,8 +823,8 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
             "cache_aware_balance_rel_threshold": rnd.choice([1.5, 0.0, 1.0, 2.0]),
             "vllm_router_smetric_form": rnd.choice(["tokens", "pr_literal"]),
         } | v2_fields(rnd)
-    elif rnd.random() < 0.5:  # the paper's forms: the `smetric_paper` (v2) and `smetric_v1` presets
-        config |= rnd.choice([PAPER_FIELDS, V1_FIELDS])
+    elif rnd.random() < 0.5:  # the paper's forms: `smetric_paper` (unmasked), `smetric_v2_port`, `smetric_v1`
+        config |= rnd.choice([PAPER_UNMASKED, V2_PORT_FIELDS, V1_FIELDS])
     names = BIG_NAMES if case % 16 == 15 else NAMES
     count = rnd.randint(63, 70) if names is BIG_NAMES else rnd.randint(1, 5)
     hot = case % 16 == 7
@@ -935,4 +941,10 @@ def test_reference_defaults_and_paper_preset_follow_the_core() -> None:
     assert {k: v for k, v in paper_ref.items() if k.startswith("smetric_")} == PAPER_FIELDS
     v1_ref = dataclasses.asdict(ReferenceConfig().v1())
     assert {k: v for k, v in v1_ref.items() if k.startswith("smetric_")} == V1_FIELDS
+    port_ref = dataclasses.asdict(ReferenceConfig().v2_port())
+    assert {k: v for k, v in port_ref.items() if k.startswith("smetric_")} == V2_PORT_FIELDS
     assert (PAPER_FIELDS["smetric_rule"], V1_FIELDS["smetric_rule"]) == ("v2", "v1")
+    # The shipped configuration: local-only pricing, the honest mask, a fixed rate; the port not.
+    assert (PAPER_FIELDS["smetric_store_pricing"], PAPER_FIELDS["smetric_decode_mask"]) == (False, "honest")
+    assert PAPER_FIELDS["smetric_drain_rate"] == 21400.0
+    assert (V2_PORT_FIELDS["smetric_store_pricing"], V2_PORT_FIELDS["smetric_decode_mask"]) == (True, "off")

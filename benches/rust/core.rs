@@ -139,6 +139,7 @@ fn bench_select(c: &mut Criterion) {
                 peer_drain_rate: Some(22_000.0),
                 recent_requests: u64::from(i % 9),
                 recent_cost_us: u64::from(i % 9) * 6_750_000,
+                decode_room_s: None,
             })
             .collect();
         let paper = RouterConfig::PAPER;

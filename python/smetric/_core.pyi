@@ -11,6 +11,7 @@ from smetric._types import (
     ArrivalKind,
     CacheFirstMode,
     DecodeLoad,
+    DecodeMask,
     DecodeRule,
     IndexMode,
     IngestSourceStats,
@@ -154,6 +155,11 @@ class RouterConfig:
         smetric_drain_rate_fallback: float = ...,
         smetric_drain_window: int = ...,
         smetric_drain_min_samples: int = ...,
+        smetric_store_pricing: bool = ...,
+        smetric_decode_mask: DecodeMask = ...,
+        smetric_contract_base_s: float = ...,
+        smetric_contract_input_tokens_per_s: float = ...,
+        smetric_contract_tpot_s: float = ...,
         preble_window_s: float = ...,
         preble_hit_threshold: float = ...,
         preble_imbalance_requests: int = ...,
@@ -231,6 +237,16 @@ class RouterConfig:
     @property
     def smetric_drain_min_samples(self) -> int: ...
     @property
+    def smetric_store_pricing(self) -> bool: ...
+    @property
+    def smetric_decode_mask(self) -> DecodeMask: ...
+    @property
+    def smetric_contract_base_s(self) -> float: ...
+    @property
+    def smetric_contract_input_tokens_per_s(self) -> float: ...
+    @property
+    def smetric_contract_tpot_s(self) -> float: ...
+    @property
     def preble_window_s(self) -> float: ...
     @property
     def preble_hit_threshold(self) -> float: ...
@@ -245,8 +261,12 @@ class RouterConfig:
     @property
     def vllm_router_smetric_form(self) -> VllmRouterSmetricForm: ...
     def paper(self) -> RouterConfig:
-        """This config with SMetric in the paper's current form: the v2 SLO-feasibility rule,
-        every smetric+ switch off (the ``smetric_paper`` preset)."""
+        """This config with SMetric as its authors ship it co-located (the ``smetric_paper``
+        preset): the v2 SLO-feasibility rule, local-only pricing, the honest decode-contract
+        mask, a fixed drain rate of 21,400 work/s, every smetric+ switch off."""
+    def v2_port(self) -> RouterConfig:
+        """This config with our port of the paper's v2 rule (the ``smetric_v2_port`` preset): a
+        global hit free, no decode mask, the drain rate learned, every smetric+ switch off."""
     def v1(self) -> RouterConfig:
         """This config with SMetric in the July paper's form: the v1 overload-threshold rule,
         every smetric+ switch off (the ``smetric_v1`` preset)."""
@@ -520,6 +540,7 @@ class Router:
         exclude: Sequence[str] | None = None,
         previous_instance: str | None = None,
         session_key: int | str | None = None,
+        output_tokens: int | None = None,
     ) -> Decision:
         """Chooses the instance for one request.
 
@@ -541,6 +562,8 @@ class Router:
                 ``[0, 2^64)``, or a ``str`` mapped to ``xxh3_64(utf8, seed=0)``; read by
                 ``consistent_hash`` and ``rendezvous_hash`` only, which hash the prompt when
                 ``None``.
+            output_tokens: the request's recorded output length (a trace replay's); read only
+                by ``smetric``'s decode mask in its oracle form (``smetric_decode_mask``).
 
         Raises:
             InvalidTokenError, UnsupportedDtypeError, MissingPromptError, NoInstancesError

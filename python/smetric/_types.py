@@ -90,6 +90,11 @@ VllmRouterSmetricForm: TypeAlias = Literal["tokens", "pr_literal"]
 """``RouterConfig.vllm_router_smetric_form``: our token-level port of vllm-router's SMetric (PR
 #330), or the PR as it ships (linear work, its constants; ``docs/routing-semantics.md`` §6 item 12)."""
 
+DecodeMask: TypeAlias = Literal["off", "oracle", "honest"]
+"""``RouterConfig.smetric_decode_mask``: no decode-contract mask, the mask with each live decode's
+balance projected to its end from its recorded output length (a simulator's oracle), or the
+authors' backward-looking balance from the tokens estimated emitted by now (honest)."""
+
 SmetricRule: TypeAlias = Literal["v1", "v2"]
 """``RouterConfig.smetric_rule``: the July paper's overload thresholds (v1), or the paper's
 current TTFT-feasibility gate with attention-aware work and a learned drain rate (v2)."""
@@ -131,6 +136,7 @@ Reason: TypeAlias = Literal[
     "follow-up: migrate (cheaper elsewhere)",
     "follow-up: migrate (home misses TTFT budget)",
     "follow-up: sticky (no instance meets TTFT budget)",
+    "follow-up: migrate (home would break a live decode)",
 ]
 """Why a policy chose an instance (``Decision.reason``; the keys of ``stats()["reasons"]``)."""
 
@@ -208,6 +214,11 @@ class RouterConfigFields(TypedDict):
     smetric_drain_rate_fallback: float
     smetric_drain_window: int
     smetric_drain_min_samples: int
+    smetric_store_pricing: bool
+    smetric_decode_mask: DecodeMask
+    smetric_contract_base_s: float
+    smetric_contract_input_tokens_per_s: float
+    smetric_contract_tpot_s: float
     preble_window_s: float
     preble_hit_threshold: float
     preble_imbalance_requests: int

@@ -12,6 +12,7 @@ INDEX_MODES = ("approximate", "exact")
 CACHE_FIRST_MODES = ("weighted", "argmax", "max_hit")
 SMETRIC_MIGRATIONS = ("threshold", "cost", "work", "fetch")
 SMETRIC_RULES = ("v1", "v2")
+DECODE_MASKS = ("off", "oracle", "honest")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,11 @@ class ReferenceConfig:
     smetric_drain_rate_fallback: float = 22000.0
     smetric_drain_window: int = 64
     smetric_drain_min_samples: int = 8
+    smetric_store_pricing: bool = True
+    smetric_decode_mask: str = "off"
+    smetric_contract_base_s: float = 1.0
+    smetric_contract_input_tokens_per_s: float = 8000.0
+    smetric_contract_tpot_s: float = 0.020
     preble_window_s: float = 180.0  # §6 item 13: AIBrix's histogram window
     preble_hit_threshold: float = 0.5
     preble_imbalance_requests: int = 8
@@ -71,6 +77,8 @@ class ReferenceConfig:
             raise ValueError(f"cache_first_mode must be one of {CACHE_FIRST_MODES}, got {self.cache_first_mode!r}")
         if self.smetric_migration not in SMETRIC_MIGRATIONS:
             raise ValueError(f"smetric_migration must be one of {SMETRIC_MIGRATIONS}, got {self.smetric_migration!r}")
+        if self.smetric_decode_mask not in DECODE_MASKS:
+            raise ValueError(f"smetric_decode_mask must be one of {DECODE_MASKS}, got {self.smetric_decode_mask!r}")
         if self.smetric_rule not in SMETRIC_RULES:
             raise ValueError(f"smetric_rule must be one of {SMETRIC_RULES}, got {self.smetric_rule!r}")
         if not 1 <= self.smetric_drain_min_samples <= self.smetric_drain_window:
@@ -101,9 +109,26 @@ class ReferenceConfig:
             smetric_drain_rate_fallback=d.smetric_drain_rate_fallback,
             smetric_drain_window=d.smetric_drain_window,
             smetric_drain_min_samples=d.smetric_drain_min_samples,
+            smetric_store_pricing=d.smetric_store_pricing,
+            smetric_decode_mask=d.smetric_decode_mask,
+            smetric_contract_base_s=d.smetric_contract_base_s,
+            smetric_contract_input_tokens_per_s=d.smetric_contract_input_tokens_per_s,
+            smetric_contract_tpot_s=d.smetric_contract_tpot_s,
         )
 
-    def paper(self) -> ReferenceConfig:
-        """This config with SMetric in the paper's current form (``RouterConfig.paper()``): the
-        v2 SLO-feasibility rule (§6 item 8), every smetric+ switch off."""
+    def v2_port(self) -> ReferenceConfig:
+        """This config with our port of the paper's v2 rule (``RouterConfig.v2_port()``): the v2
+        SLO-feasibility rule (§6 item 8), every smetric+ switch off, a global hit free, no mask."""
         return replace(self.v1(), smetric_rule="v2")
+
+    def paper(self) -> ReferenceConfig:
+        """This config with SMetric as its authors ship it co-located (``RouterConfig.paper()``):
+        the v2 port with local-only pricing, the honest decode mask and a fixed drain rate. The
+        reference prices locally but does not model the mask (its decisions differ from the
+        core's wherever the mask binds; the differential test runs the mask off)."""
+        return replace(
+            self.v2_port(),
+            smetric_store_pricing=False,
+            smetric_decode_mask="honest",
+            smetric_drain_rate=21400.0,
+        )

@@ -577,13 +577,15 @@ def smetric_paper(
     co-located; the reference has no PD pool)."""
     n = req.n
     gh = min(req.global_hit, n)
+    # Local-only pricing (``smetric_store_pricing`` off): a global hit is computed like a miss.
+    priced_gh = gh if cfg.smetric_store_pricing else 0
     everyone = range(len(cands))
     capacity = float(cfg.local_capacity_blocks) * float(req.block_size)
     budget = cfg.smetric_ttft_slack * (cfg.smetric_ttft_base_s + cfg.smetric_ttft_s_per_token * float(n))
 
     def pending(i: int) -> float:
         c = cands[i]
-        x = n - min(max(c.local_hit, gh), n)
+        x = n - min(max(c.local_hit, priced_gh), n)
         return float(c.queued_work + prefill_work(x, n, cfg.smetric_l_eq_tokens))
 
     def score(i: int) -> float:

@@ -41,6 +41,8 @@ ESTABLISHED: dict[str, str] = {
     # The v2 (SLO-feasibility) rule's own outcomes, short like the others.
     "follow-up: migrate (home misses TTFT budget)": "migrated-slo",
     "follow-up: sticky (no instance meets TTFT budget)": "sticky-infeasible",
+    # The decode-contract mask's (the authors' shipped co-located configuration).
+    "follow-up: migrate (home would break a live decode)": "migrated-unsafe",
 }
 """smetric's reasons with a short label chosen by hand (dashboards match on them); a reason missing
 here still gets its slug (rule 3), so nothing is ever unlabelled."""

@@ -91,14 +91,24 @@ POLICY_VARIANTS: Final[dict[str, tuple[PolicyName, dict[str, Any]]]] = {
     "cache_first_max_hit": ("cache_first", {"cache_first_mode": "max_hit"}),
     "cache_first_argmax": ("cache_first", {"cache_first_mode": "argmax"}),
     "smetric_paper": ("smetric", _rule_fields(RouterConfig().paper())),
+    "smetric_v2_port": ("smetric", _rule_fields(RouterConfig().v2_port())),
+    # The shipped configuration's ablations: the mask told each request's recorded output
+    # length (the simulator's oracle), and the drain rate learned instead of fixed.
+    "smetric_paper_oracle": ("smetric", _rule_fields(RouterConfig().paper()) | {"smetric_decode_mask": "oracle"}),
+    "smetric_paper_learned_rate": ("smetric", _rule_fields(RouterConfig().paper()) | {"smetric_drain_rate": None}),
     "smetric_v1": ("smetric", _rule_fields(RouterConfig().v1())),
     "vllm_router_smetric_pr": ("vllm_router_smetric", {"vllm_router_smetric_form": "pr_literal"}),
 }
 """Extra report names: the core policy and the :class:`RouterConfig` fields it sets.
-``smetric_paper`` is SMetric as the paper now defines it (the v2 SLO-feasibility rule,
-``RouterConfig.paper()``, the core's ``RouterConfig::PAPER``); ``smetric_v1`` is the July
-paper's overload-threshold rule (``RouterConfig.v1()``, ``RouterConfig::V1``: what
-``smetric_paper`` named before v2), next to ``smetric`` with its smetric+ defaults. A variant
+``smetric_paper`` is SMetric as its authors ship it co-located (the v2 SLO-feasibility rule with
+local-only pricing, the honest decode-contract mask and a fixed drain rate: ``RouterConfig.paper()``,
+the core's ``RouterConfig::PAPER``); ``smetric_v2_port`` is our port of the v2 rule that
+``smetric_paper`` named before (a global hit free, no mask, a learned rate:
+``RouterConfig.v2_port()``, ``RouterConfig::V2_PORT``); ``smetric_paper_oracle`` and
+``smetric_paper_learned_rate`` are the shipped configuration's ablations (the mask with recorded
+output lengths; the learned drain rate); ``smetric_v1`` is the July paper's
+overload-threshold rule (``RouterConfig.v1()``, ``RouterConfig::V1``: what ``smetric_paper``
+named before v2), next to ``smetric`` with its smetric+ defaults. A variant
 sets every ``smetric_*`` field; the smetric+ switches (``smetric_kv_fit``,
 ``smetric_migration``) sit on top of either rule as ``smetric`` with ``smetric_rule`` and the
 switches in its router config. ``vllm_router_smetric_pr`` is vllm-router's SMetric as PR #330

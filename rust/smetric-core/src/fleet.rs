@@ -109,6 +109,11 @@ impl Fleet {
             .filter_map(|(s, m)| m.as_ref().map(|m| (s as u32, m)))
     }
 
+    /// Number of slots, occupied or not: every slot is below it.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
     /// Number of live instances.
     pub fn len(&self) -> usize {
         self.members().count()

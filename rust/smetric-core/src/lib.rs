@@ -21,6 +21,7 @@
 //! `docs/routing-semantics.md`, shared with the plain-Python reference.
 
 pub mod config;
+pub mod decode_contract;
 pub mod drain_rate;
 pub mod error;
 pub mod fleet;
@@ -39,8 +40,8 @@ pub mod router;
 pub mod turn;
 
 pub use config::{
-    CacheFirstMode, DEFAULT_BLOCK_SIZE, IndexMode, L_EQ_QWEN3_235B_A22B, L_EQ_QWEN3_CODER_30B_A3B, MigrationRule,
-    RouterConfig, SmetricRule, VllmRouterSmetricForm,
+    CacheFirstMode, DEFAULT_BLOCK_SIZE, DecodeMask, IndexMode, L_EQ_QWEN3_235B_A22B, L_EQ_QWEN3_CODER_30B_A3B,
+    MigrationRule, RouterConfig, SmetricRule, VllmRouterSmetricForm,
 };
 pub use error::{Result, SmetricError};
 pub use hash::{chain_root, chain_tokens_into, hash_tokens, hash_tokens_into};

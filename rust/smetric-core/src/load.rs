@@ -14,6 +14,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::decode_contract::DecodePace;
 use crate::drain_rate::DrainRate;
 use crate::recent_load::RecentLoad;
 
@@ -46,6 +47,8 @@ pub struct InstanceLoad {
     peer_active: AtomicU64,
     /// The instance's learned prefill drain rate.
     pub drain: DrainRate,
+    /// The instance's observed decode pace (`smetric` v2's decode mask only).
+    pub decode_pace: DecodePace,
     /// The requests routed here within the last `preble_window_s` (`preble` only).
     pub recent: RecentLoad,
 }
@@ -68,6 +71,7 @@ impl Default for InstanceLoad {
             peer_queued_work: AtomicU64::new(0),
             peer_active: AtomicU64::new(0),
             drain: DrainRate::default(),
+            decode_pace: DecodePace::default(),
             recent: RecentLoad::default(),
         }
     }

@@ -3,7 +3,9 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use smetric_core::{CacheFirstMode, IndexMode, MigrationRule, RouterConfig, SmetricRule, VllmRouterSmetricForm};
+use smetric_core::{
+    CacheFirstMode, DecodeMask, IndexMode, MigrationRule, RouterConfig, SmetricRule, VllmRouterSmetricForm,
+};
 
 use crate::errors::IntoPyResult;
 
@@ -57,6 +59,11 @@ impl PyRouterConfig {
         smetric_drain_rate_fallback = D.smetric_drain_rate_fallback,
         smetric_drain_window = D.smetric_drain_window,
         smetric_drain_min_samples = D.smetric_drain_min_samples,
+        smetric_store_pricing = D.smetric_store_pricing,
+        smetric_decode_mask = D.smetric_decode_mask.name(),
+        smetric_contract_base_s = D.smetric_contract_base_s,
+        smetric_contract_input_tokens_per_s = D.smetric_contract_input_tokens_per_s,
+        smetric_contract_tpot_s = D.smetric_contract_tpot_s,
         preble_window_s = D.preble_window_s,
         preble_hit_threshold = D.preble_hit_threshold,
         preble_imbalance_requests = D.preble_imbalance_requests,
@@ -65,7 +72,8 @@ impl PyRouterConfig {
         cache_aware_balance_rel_threshold = D.cache_aware_balance_rel_threshold,
         vllm_router_smetric_form = D.vllm_router_smetric_form.name(),
     ))]
-    #[allow(clippy::too_many_arguments)]
+    // One keyword per config field (booleans included): Python's signature is the config.
+    #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
     fn new(
         hash_seed: u64,
         index_mode: &str,
@@ -101,6 +109,11 @@ impl PyRouterConfig {
         smetric_drain_rate_fallback: f64,
         smetric_drain_window: u32,
         smetric_drain_min_samples: u32,
+        smetric_store_pricing: bool,
+        smetric_decode_mask: &str,
+        smetric_contract_base_s: f64,
+        smetric_contract_input_tokens_per_s: f64,
+        smetric_contract_tpot_s: f64,
         preble_window_s: f64,
         preble_hit_threshold: f64,
         preble_imbalance_requests: u64,
@@ -144,6 +157,11 @@ impl PyRouterConfig {
             smetric_drain_rate_fallback,
             smetric_drain_window,
             smetric_drain_min_samples,
+            smetric_store_pricing,
+            smetric_decode_mask: DecodeMask::parse(smetric_decode_mask).py()?,
+            smetric_contract_base_s,
+            smetric_contract_input_tokens_per_s,
+            smetric_contract_tpot_s,
             preble_window_s,
             preble_hit_threshold,
             preble_imbalance_requests,
@@ -295,6 +313,26 @@ impl PyRouterConfig {
         self.inner.smetric_drain_min_samples
     }
     #[getter]
+    fn smetric_store_pricing(&self) -> bool {
+        self.inner.smetric_store_pricing
+    }
+    #[getter]
+    fn smetric_decode_mask(&self) -> &'static str {
+        self.inner.smetric_decode_mask.name()
+    }
+    #[getter]
+    fn smetric_contract_base_s(&self) -> f64 {
+        self.inner.smetric_contract_base_s
+    }
+    #[getter]
+    fn smetric_contract_input_tokens_per_s(&self) -> f64 {
+        self.inner.smetric_contract_input_tokens_per_s
+    }
+    #[getter]
+    fn smetric_contract_tpot_s(&self) -> f64 {
+        self.inner.smetric_contract_tpot_s
+    }
+    #[getter]
     fn preble_window_s(&self) -> f64 {
         self.inner.preble_window_s
     }
@@ -323,11 +361,21 @@ impl PyRouterConfig {
         self.inner.vllm_router_smetric_form.name()
     }
 
-    /// This config with SMetric in the paper's current form (the v2 rule; every ``smetric_*``
-    /// field as in ``RouterConfig::PAPER``); the other fields unchanged.
+    /// This config with SMetric as its authors ship it co-located (the v2 rule, local-only
+    /// pricing, the honest decode mask, a fixed drain rate; every ``smetric_*`` field as in
+    /// ``RouterConfig::PAPER``); the other fields unchanged.
     fn paper(&self) -> Self {
         Self {
             inner: self.inner.with_paper_smetric(),
+        }
+    }
+
+    /// This config with our port of the paper's v2 rule (a global hit free, no decode mask, the
+    /// drain rate learned; every ``smetric_*`` field as in ``RouterConfig::V2_PORT``); the
+    /// other fields unchanged.
+    fn v2_port(&self) -> Self {
+        Self {
+            inner: self.inner.with_v2_port_smetric(),
         }
     }
 
@@ -377,6 +425,14 @@ impl PyRouterConfig {
         d.set_item("smetric_drain_rate_fallback", c.smetric_drain_rate_fallback)?;
         d.set_item("smetric_drain_window", c.smetric_drain_window)?;
         d.set_item("smetric_drain_min_samples", c.smetric_drain_min_samples)?;
+        d.set_item("smetric_store_pricing", c.smetric_store_pricing)?;
+        d.set_item("smetric_decode_mask", c.smetric_decode_mask.name())?;
+        d.set_item("smetric_contract_base_s", c.smetric_contract_base_s)?;
+        d.set_item(
+            "smetric_contract_input_tokens_per_s",
+            c.smetric_contract_input_tokens_per_s,
+        )?;
+        d.set_item("smetric_contract_tpot_s", c.smetric_contract_tpot_s)?;
         d.set_item("preble_window_s", c.preble_window_s)?;
         d.set_item("preble_hit_threshold", c.preble_hit_threshold)?;
         d.set_item("preble_imbalance_requests", c.preble_imbalance_requests)?;

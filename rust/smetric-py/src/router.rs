@@ -193,6 +193,7 @@ pub(crate) struct RouteArgs {
     exclude: Vec<String>,
     previous_instance: Option<String>,
     session_key: Option<u64>,
+    output_tokens: Option<u64>,
 }
 
 impl RouteArgs {
@@ -219,7 +220,14 @@ impl RouteArgs {
             exclude: exclude.unwrap_or_default(),
             previous_instance,
             session_key: session_key.map(convert::session_key).transpose()?,
+            output_tokens: None,
         })
+    }
+
+    /// The same arguments with the request's recorded output length (the decode mask's oracle).
+    pub(crate) fn with_output_tokens(mut self, output_tokens: Option<u64>) -> Self {
+        self.output_tokens = output_tokens;
+        self
     }
 
     /// Runs `route` on the checked request, without the GIL.
@@ -240,6 +248,7 @@ impl RouteArgs {
                 exclude: &exclude,
                 previous_instance: self.previous_instance.as_deref(),
                 session_key: self.session_key,
+                output_tokens: self.output_tokens,
             })
         })
         .py()
@@ -329,7 +338,7 @@ impl PyRouter {
     }
 
     /// Chooses the instance for one request.
-    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None, previous_instance = None, session_key = None))]
+    #[pyo3(signature = (tokens = None, *, hashes = None, num_tokens = None, messages = None, turn = None, request_id = None, namespace = None, now = None, exclude = None, previous_instance = None, session_key = None, output_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn route(
         &self,
@@ -345,6 +354,7 @@ impl PyRouter {
         exclude: Option<Vec<String>>,
         previous_instance: Option<String>,
         session_key: Option<&Bound<'_, PyAny>>,
+        output_tokens: Option<u64>,
     ) -> PyResult<PyDecision> {
         let args = RouteArgs::new(
             tokens,
@@ -358,7 +368,8 @@ impl PyRouter {
             exclude,
             previous_instance,
             session_key,
-        )?;
+        )?
+        .with_output_tokens(output_tokens);
         let inner = &self.inner;
         let decision = args.run(py, |req| inner.route(req))?;
         let request_id = reported_request_id(py, request_id, decision.request_id)?;

@@ -72,6 +72,9 @@ impl PlaceRequest<'_> {
                 .and_then(|slot| names.get(slot as usize))
                 .map(String::as_str),
             session_key: self.session_key,
+            // The recorded output length is the simulator's knowledge, not the request's: only
+            // a placer set up for the decode mask's oracle form adds it (`CorePlacer`).
+            output_tokens: None,
         }
     }
 }

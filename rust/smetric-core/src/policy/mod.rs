@@ -87,6 +87,10 @@ pub struct Candidate {
     pub recent_requests: u64,
     /// Their AIBrix cost (`policy/preble.rs`), microseconds; 0 unless the policy is `preble`.
     pub recent_cost_us: u64,
+    /// The smallest non-negative balance of the live decodes here, seconds: the stall the
+    /// tightest one can still absorb (`decode_contract.rs`). `None` when none is live or has a
+    /// balance left, and whenever `smetric`'s decode mask is off (nobody computes it then).
+    pub decode_room_s: Option<f64>,
 }
 
 /// The prefill work of computing `new_tokens` at the end of an `prompt_tokens`-token prompt,
@@ -234,6 +238,9 @@ pub enum Reason {
     /// `smetric` v2, follow-up kept at its home although the home cannot meet the TTFT
     /// budget: no instance can.
     StayNoneFeasible,
+    /// `smetric` v2 with the decode mask, follow-up moved: its prefill at home would break a
+    /// live decode's budget there.
+    MigrateUnsafe,
 }
 
 impl Reason {
@@ -267,11 +274,12 @@ impl Reason {
             Self::MigrateCheaper => "follow-up: migrate (cheaper elsewhere)",
             Self::MigrateInfeasible => "follow-up: migrate (home misses TTFT budget)",
             Self::StayNoneFeasible => "follow-up: sticky (no instance meets TTFT budget)",
+            Self::MigrateUnsafe => "follow-up: migrate (home would break a live decode)",
         }
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 27] = [
+    pub const ALL: [Reason; 28] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
@@ -299,6 +307,7 @@ impl Reason {
         Self::MigrateCheaper,
         Self::MigrateInfeasible,
         Self::StayNoneFeasible,
+        Self::MigrateUnsafe,
     ];
 }
 
@@ -539,6 +548,7 @@ pub(crate) mod test_support {
             peer_drain_rate: None,
             recent_requests: 0,
             recent_cost_us: 0,
+            decode_room_s: None,
         }
     }
 

@@ -306,6 +306,7 @@ mod tests {
                     peer_drain_rate: None,
                     recent_requests: 0,
                     recent_cost_us: 0,
+                    decode_room_s: None,
                 })
                 .collect();
             let mut sel = input(&c, n, draws_src.pick(3) == 0, &cfg, &draws_src);

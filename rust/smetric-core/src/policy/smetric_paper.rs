@@ -5,7 +5,9 @@
 //! with local (GPU) hit `c_i`, queued work `q_i`, drain rate `RATE_i` and `bs_i` requests in
 //! flight:
 //! * own work `w_i = work(n_i, L) = n_i + n_i·(L − n_i/2)/L_EQ` with `n_i = L − max(c_i, H_i, G)`
-//!   (`H_i` the hit in `i`'s host pool, §2.8),
+//!   (`H_i` the hit in `i`'s host pool, §2.8) under `smetric_store_pricing`, else
+//!   `n_i = L − max(c_i, H_i)` (local-only pricing, the authors' shipped form: a global-tier hit
+//!   is not free; the load board still queues what the engine will compute),
 //!   the tokens `i` would compute (cold-token equivalents: causal attention makes a token at
 //!   depth `p` cost `1 + p/L_EQ`; `config::L_EQ_QWEN3_CODER_30B_A3B` derives `L_EQ`); the tier's
 //!   fetch is not priced, as the paper prices none;
@@ -13,6 +15,9 @@
 //! * the least-loaded score `s_i = e_i` on a prefill pool (PD prefill, prefill-only), and
 //!   `e_i × bs_i` co-located (the authors' co-located form: pending work times active
 //!   requests; every idle instance scores 0 and the tie is drawn at random);
+//! * the decode mask (`smetric_decode_mask`, `decode_contract.rs`): `safe(i)` iff
+//!   `w_i / RATE_i ≤` the smallest non-negative balance of `i`'s live decodes; only safe
+//!   instances are targets, unless none is (then all are: the mask never holds a request);
 //! * home `h = argmax_i c_i` — local hits only (the GPU's, or the instance's own host pool's,
 //!   §2.8), so the shared tier's hit (equal everywhere) cannot blind the eviction test — ties to
 //!   the least `s_i`;
@@ -20,12 +25,17 @@
 //! * a follow-up whose home holds no more than `HIT_RATIO × expected hit` (expected: the
 //!   whole prompt, the authors' stricter form, since the request does not carry its history
 //!   length) was evicted: `argmin s_i` (`migrate (local KV$ evicted)`);
+//! * a home the mask removes is left for `argmin s_i` over the safe instances
+//!   (`migrate (home would break a live decode)`), also when no instance is safe;
 //! * otherwise it sticks if `meets(h)` (`sticky`), or if no instance meets its budget
 //!   (`sticky (no instance meets TTFT budget)`: moving would re-prefill for nothing), and
 //!   moves to `argmin s_i` when the home misses and another instance meets
 //!   (`migrate (home misses TTFT budget)`).
 //!
-//! smetric+ options on top (all off in the `smetric_paper` preset):
+//! The `smetric_paper` preset (`RouterConfig::PAPER`) is the authors' shipped co-located
+//! configuration: local-only pricing, the honest mask, a fixed rate of 21,400 work/s;
+//! `smetric_v2_port` (`RouterConfig::V2_PORT`) prices the global hit free, has no mask and
+//! learns the rate. smetric+ options on top (all off in both presets):
 //! * `smetric_active_weight` `w` (co-located): the score is `(e_i + w·a_i) × bs_i`, `a_i` the
 //!   prompt tokens in flight on `i` (its decode load and KV occupancy, `linear`'s second
 //!   term); `smetric_batch_term = false` drops the `× bs_i` (an additive score). The gate
@@ -42,10 +52,11 @@
 //! `RouterConfig` field; scores are integer-valued floats, so ties are exact and the Python
 //! reference finds the same ones; a single best candidate takes no random draw.
 //!
-//! Complexity: O(N) per decision (a constant number of passes over the candidates).
+//! Complexity: O(N) per decision (a constant number of passes over the candidates); the
+//! router's pass over the in-flight table that fills `decode_room_s` is the mask's only extra.
 
 use super::{Candidate, Reason, Selection, SelectionInput, argmin_by, prefill_work};
-use crate::config::MigrationRule;
+use crate::config::{DecodeMask, MigrationRule};
 
 /// The v2 decision.
 pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
@@ -53,7 +64,9 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     let cfg = input.config;
     let n = input.num_tokens;
     let g = input.global_hit_tokens.min(n);
-    let work = |x: &Candidate| prefill_work(x.prefill_tokens(n, g), n, cfg.smetric_l_eq_tokens);
+    // Local-only pricing: a global hit is computed like a miss (the authors' `store_pricing`).
+    let priced_g = if cfg.smetric_store_pricing { g } else { 0 };
+    let work = |x: &Candidate| prefill_work(x.prefill_tokens(n, priced_g), n, cfg.smetric_l_eq_tokens);
     let pending = |i: usize| (c[i].queued_work + work(&c[i])) as f64;
     let budget_s = cfg.smetric_ttft_slack * (cfg.smetric_ttft_base_s + cfg.smetric_ttft_s_per_token * n as f64);
     let meets = |i: usize| pending(i) / c[i].drain_rate <= budget_s;
@@ -75,7 +88,18 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     };
     let roomy = |i: usize| !cfg.smetric_kv_fit || (c[i].active as f64 + n as f64 + headroom) <= capacity;
     let any_roomy = (0..c.len()).any(roomy);
-    let target = |i: usize| !any_roomy || roomy(i);
+    // The decode mask: this prefill's own seconds fit every live decode's balance here
+    // (`decode_room_s` is only set when the mask is on). When no instance is safe the whole
+    // fleet is (work-conserving: the mask never holds a request).
+    let masked = cfg.smetric_decode_mask != DecodeMask::Off;
+    let safe = |i: usize| {
+        !masked
+            || c[i]
+                .decode_room_s
+                .is_none_or(|room| work(&c[i]) as f64 / c[i].drain_rate <= room)
+    };
+    let any_safe = (0..c.len()).any(safe);
+    let target = |i: usize| (!any_roomy || roomy(i)) && (!any_safe || safe(i));
     let least = |fallback: usize| argmin_by(c.len(), input.rng, target, score).unwrap_or(fallback);
 
     if input.first_turn {
@@ -94,10 +118,17 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
             reason: Reason::MigrateEvicted,
         };
     }
-    if !target(home) {
+    if any_roomy && !roomy(home) {
         return Selection {
             index: least(home),
             reason: Reason::MigrateOverloaded,
+        };
+    }
+    // The home must survive the mask like any other instance, also when none does.
+    if !safe(home) {
+        return Selection {
+            index: least(home),
+            reason: Reason::MigrateUnsafe,
         };
     }
     let by_cost = match cfg.smetric_migration {
@@ -147,11 +178,12 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{MigrationRule, RouterConfig};
+    use crate::config::RouterConfig;
     use crate::policy::test_support::{cand, input};
     use crate::rng::DrawCounter;
 
-    const CFG: RouterConfig = RouterConfig::PAPER;
+    const CFG: RouterConfig = RouterConfig::V2_PORT;
+    const SHIPPED: RouterConfig = RouterConfig::PAPER;
 
     /// An instance with `hit` local tokens, `bs` requests, `q` queued work and a drain rate.
     fn inst(slot: u32, hit: u64, bs: u64, q: u64, rate: f64) -> Candidate {
@@ -313,5 +345,156 @@ mod tests {
         assert_eq!(select(&input(&c, N, false, &CFG, &rng)).reason, Reason::Sticky);
         let s = select(&input(&c, N, false, &cost, &rng));
         assert_eq!((s.index, s.reason), (0, Reason::MigrateCheaper));
+    }
+
+    // The shipped configuration (`RouterConfig::PAPER`): one test per branch of the gate, the
+    // mask (its balances come from the router, `router/tests.rs`; here as `decode_room_s`) and
+    // local-only pricing.
+
+    /// `inst` with the smallest live-decode balance `room` seconds.
+    fn decoding(c: Candidate, room: f64) -> Candidate {
+        Candidate {
+            decode_room_s: Some(room),
+            ..c
+        }
+    }
+
+    #[test]
+    fn shipped_first_turn_takes_the_least_score_among_safe_instances() {
+        let rng = DrawCounter::new(0);
+        // Instance 0 is idle but decoding a stream with 0.5 s of room; a cold 16K prompt takes
+        // 3.4 s there. Instance 1 scores 34,489 · 1 and has no live decode.
+        let c = [decoding(inst(0, 0, 0, 0, RATE), 0.5), inst(1, 0, 1, 0, RATE)];
+        let s = select(&input(&c, N, true, &SHIPPED, &rng));
+        assert_eq!((s.index, s.reason), (1, Reason::FirstTurnLeastLoaded));
+        // Negative control: without the mask the idle instance wins.
+        let off = RouterConfig {
+            smetric_decode_mask: DecodeMask::Off,
+            ..SHIPPED
+        };
+        assert_eq!(select(&input(&c, N, true, &off, &rng)).index, 0);
+    }
+
+    #[test]
+    fn shipped_evicted_home_is_left() {
+        let rng = DrawCounter::new(0);
+        // Half the prompt at home is not more than half: evicted, although the home meets.
+        let c = [inst(0, 0, 1, 0, 2.0 * RATE), inst(1, 8_000, 3, 0, 2.0 * RATE)];
+        let s = select(&input(&c, N, false, &SHIPPED, &rng));
+        assert_eq!((s.index, s.reason), (0, Reason::MigrateEvicted));
+    }
+
+    #[test]
+    fn shipped_home_that_meets_its_budget_sticks() {
+        let rng = DrawCounter::new(0);
+        // Home: (10,000 + 3,239) / 10,000 = 1.3 s ≤ 2 s; its decodes have 0.5 s of room and this
+        // prefill takes 0.32 s there: safe.
+        let c = [inst(0, 0, 0, 0, RATE), decoding(inst(1, 15_000, 5, 10_000, RATE), 0.5)];
+        let s = select(&input(&c, N, false, &SHIPPED, &rng));
+        assert_eq!((s.index, s.reason), (1, Reason::Sticky));
+    }
+
+    #[test]
+    fn shipped_home_that_misses_moves_to_one_that_meets() {
+        let rng = DrawCounter::new(0);
+        let c = [inst(0, 0, 0, 0, 2.0 * RATE), inst(1, 15_000, 5, 30_000, RATE)];
+        let s = select(&input(&c, N, false, &SHIPPED, &rng));
+        assert_eq!((s.index, s.reason), (0, Reason::MigrateInfeasible));
+    }
+
+    #[test]
+    fn shipped_home_stays_when_no_instance_meets() {
+        let rng = DrawCounter::new(0);
+        let c = [inst(0, 0, 0, 0, RATE), inst(1, 15_000, 5, 30_000, RATE)];
+        let s = select(&input(&c, N, false, &SHIPPED, &rng));
+        assert_eq!((s.index, s.reason), (1, Reason::StayNoneFeasible));
+    }
+
+    #[test]
+    fn shipped_mask_removes_the_home_and_ranks_safe_instances_first() {
+        let rng = DrawCounter::new(0);
+        // The home meets its budget, but its decodes have 0.2 s of room and this prefill takes
+        // 0.32 s: it spills. Instance 0 scores lowest (idle) but is unsafe too (3.4 s of cold
+        // prefill against 1 s of room); instance 2 (34,489 · 1) is safe.
+        let home = inst(1, 15_000, 5, 10_000, RATE);
+        let c = [
+            decoding(inst(0, 0, 0, 0, RATE), 1.0),
+            decoding(home, 0.2),
+            inst(2, 0, 1, 0, RATE),
+        ];
+        let s = select(&input(&c, N, false, &SHIPPED, &rng));
+        assert_eq!((s.index, s.reason), (2, Reason::MigrateUnsafe));
+        // Negative control: with 0.5 s of room at home it sticks; without the mask too.
+        let c2 = [c[0], decoding(home, 0.5), c[2]];
+        assert_eq!(select(&input(&c2, N, false, &SHIPPED, &rng)).reason, Reason::Sticky);
+        let off = RouterConfig {
+            smetric_decode_mask: DecodeMask::Off,
+            ..SHIPPED
+        };
+        assert_eq!(select(&input(&c, N, false, &off, &rng)).reason, Reason::Sticky);
+    }
+
+    #[test]
+    fn shipped_mask_that_removes_every_instance_leaves_the_whole_fleet() {
+        let rng = DrawCounter::new(0);
+        // No instance is safe: the home is still left (it is unsafe), for the least score over
+        // the whole fleet (the idle instance 0), never held.
+        let c = [
+            decoding(inst(0, 0, 0, 0, RATE), 0.1),
+            decoding(inst(1, 15_000, 5, 10_000, RATE), 0.2),
+            decoding(inst(2, 0, 1, 0, RATE), 0.1),
+        ];
+        let s = select(&input(&c, N, false, &SHIPPED, &rng));
+        assert_eq!((s.index, s.reason), (0, Reason::MigrateUnsafe));
+        // And a first turn goes where the unmasked rule sends it.
+        assert_eq!(select(&input(&c, N, true, &SHIPPED, &rng)).index, 0);
+    }
+
+    #[test]
+    fn a_global_hit_changes_the_decision_only_with_store_pricing() {
+        let rng = DrawCounter::new(0);
+        // Home: (25,000 + 3,239) / 10,000 = 2.8 s > 2 s. Instance 0 cold: 3.4 s. With the tier
+        // holding 15,000 tokens and store pricing, instance 0 prices 3,239 units (0.32 s).
+        let c = [inst(0, 0, 0, 0, RATE), inst(1, 15_000, 5, 25_000, RATE)];
+        let stay = (1, Reason::StayNoneFeasible);
+        for g in [0, 15_000] {
+            let mut sel = input(&c, N, false, &SHIPPED, &rng);
+            sel.global_hit_tokens = g;
+            let s = select(&sel);
+            assert_eq!((s.index, s.reason), stay, "local-only, global hit {g}");
+        }
+        let store = RouterConfig {
+            smetric_store_pricing: true,
+            ..SHIPPED
+        };
+        let mut sel = input(&c, N, false, &store, &rng);
+        assert_eq!(select(&sel).reason, Reason::StayNoneFeasible);
+        sel.global_hit_tokens = 15_000;
+        let s = select(&sel);
+        assert_eq!((s.index, s.reason), (0, Reason::MigrateInfeasible));
+    }
+
+    #[test]
+    fn shipped_preset_is_the_authors_configuration() {
+        assert_eq!(
+            (SHIPPED.smetric_store_pricing, SHIPPED.smetric_decode_mask),
+            (false, DecodeMask::Honest)
+        );
+        assert_eq!(SHIPPED.smetric_drain_rate, Some(21_400.0));
+        assert_eq!((SHIPPED.min_local_hit_ratio, SHIPPED.smetric_ttft_slack), (0.5, 1.0));
+        assert_eq!(
+            (SHIPPED.smetric_ttft_base_s, SHIPPED.smetric_ttft_s_per_token),
+            (1.0, 1.0 / 16_000.0)
+        );
+        assert_eq!(SHIPPED.smetric_rule, crate::config::SmetricRule::V2);
+        // The v2 port keeps today's form.
+        assert_eq!(
+            (
+                CFG.smetric_store_pricing,
+                CFG.smetric_decode_mask,
+                CFG.smetric_drain_rate
+            ),
+            (true, DecodeMask::Off, None)
+        );
     }
 }

@@ -20,7 +20,9 @@ use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
 use super::{InFlight, Router, to_ms};
 use crate::config::IndexMode;
+use crate::decode_contract::{LiveDecode, balance_s};
 use crate::error::{Result, SmetricError};
+use crate::fleet::Fleet;
 use crate::hash::{chain_root, chain_tokens_into};
 use crate::ids::{BlockHash, InstanceId, RequestId};
 use crate::index::{IndexQuery, KvIndex, Walk};
@@ -39,6 +41,8 @@ struct Scratch {
     query: IndexQuery,
     walk: Walk,
     candidates: Vec<Candidate>,
+    /// Per slot, the smallest non-negative live-decode balance (the decode mask only).
+    rooms: Vec<Option<f64>>,
 }
 
 thread_local! {
@@ -139,6 +143,7 @@ impl Router {
             query,
             walk,
             candidates,
+            rooms,
         } = scratch;
         // The walk, under the shared lock: other decisions walk, decide and renew at the same
         // time. (The fleet through `load`, a guard: `load_full` would bump the shared `Arc`'s
@@ -159,6 +164,10 @@ impl Router {
         let (fixed_rate, fallback_rate) = (self.config.smetric_drain_rate, self.config.smetric_drain_rate_fallback);
         let preble = self.kind == PolicyKind::Preble;
         let window_ms = to_ms(self.config.preble_window_s);
+        let mask = self.decode_mask_on();
+        if mask {
+            self.decode_rooms(&fleet, now_ms, rooms);
+        }
         let mut previous = None;
         for (slot, m) in fleet.members() {
             if !req.exclude.is_empty() && req.exclude.iter().any(|name| *name == &*m.name) {
@@ -188,6 +197,7 @@ impl Router {
                 peer_drain_rate: fixed_rate.or_else(|| m.load.drain.peer_p90()),
                 recent_requests,
                 recent_cost_us,
+                decode_room_s: if mask { rooms[slot as usize] } else { None },
             });
         }
         if candidates.is_empty() {
@@ -278,6 +288,8 @@ impl Router {
                 routed_ms: now_ms,
                 num_tokens: n,
                 prefilled: false,
+                first_token_ms: 0,
+                output_tokens: req.output_tokens,
                 anchor: chain.last().copied(),
                 prompt_blocks: chain.len() as u64,
             },
@@ -299,6 +311,37 @@ impl Router {
             reason: selection.reason,
             request_id,
         })
+    }
+
+    /// Fills `rooms` (by slot) with each instance's smallest non-negative live-decode balance
+    /// at `now_ms` (`decode_contract.rs`): one pass over the in-flight table, O(in flight),
+    /// under its mutex (a leaf lock: nothing is locked while it is held). Only the decode
+    /// mask calls it, so no other router pays for it.
+    fn decode_rooms(&self, fleet: &Fleet, now_ms: u64, rooms: &mut Vec<Option<f64>>) {
+        rooms.clear();
+        rooms.resize(fleet.slots(), None);
+        let fallback_pace = self.config.smetric_contract_tpot_s;
+        let requests = self.requests.lock();
+        for rec in requests.values().filter(|r| r.prefilled) {
+            let Some(m) = fleet.member(rec.slot).filter(|m| m.generation == rec.generation) else {
+                continue;
+            };
+            let live = LiveDecode {
+                prompt_tokens: rec.num_tokens,
+                routed_ms: rec.routed_ms,
+                first_token_ms: rec.first_token_ms,
+                output_tokens: rec.output_tokens,
+            };
+            let pace = m.load.decode_pace.or(fallback_pace);
+            let Some(balance) = balance_s(&self.config, &live, now_ms, pace) else {
+                continue;
+            };
+            // A stream already past its budget is exempt: nothing left to protect.
+            if balance >= 0.0 {
+                let room = &mut rooms[rec.slot as usize];
+                *room = Some(room.map_or(balance, |r| r.min(balance)));
+            }
+        }
     }
 
     /// Index hits of a prompt on every live instance (touches nothing but TTL purges).

@@ -5,7 +5,9 @@
 //! work) once and gives the instance's drain rate one sample (`drain_rate.rs`): the work
 //! queued ahead of the request at routing plus its own, over the time since routing;
 //! `on_finished` / `on_aborted` lower the rest (and the prefill ones if `on_prefilled` never
-//! came) and forget the request. In exact mode `on_finished` also credits the answer's full
+//! came) and forget the request; with `smetric`'s decode mask on, `on_finished` also gives the
+//! instance's decode pace one sample (`decode_contract.rs`): the time since the first token
+//! over the output tokens after it. In exact mode `on_finished` also credits the answer's full
 //! blocks on the request's instance (docs §2.7, "The answer"): `⌊(n + output − 1) / block⌋`
 //! minus the routed chain's blocks, past the chain's last block.
 //!
@@ -42,6 +44,10 @@ pub(super) struct InFlight {
     pub(super) routed_ms: u64,
     pub(super) num_tokens: u64,
     pub(super) prefilled: bool,
+    /// The router's clock at the first token, ms (meaningful once `prefilled`).
+    pub(super) first_token_ms: u64,
+    /// The recorded output length the caller passed (the decode mask's oracle form).
+    pub(super) output_tokens: Option<u64>,
     /// The last block of the chain routed (the prompt's last full block; none when the
     /// prompt is shorter than a block): where the answer's blocks hang (docs §2.7).
     pub(super) anchor: Option<BlockHash>,
@@ -91,6 +97,7 @@ impl Router {
         }
         let Some(load) = self.load_of(rec) else { return false };
         rec.prefilled = true;
+        rec.first_token_ms = now_ms;
         let rec = *rec;
         drop(requests);
         load.on_prefilled(rec.prefill, rec.work);
@@ -140,6 +147,13 @@ impl Router {
         };
         let done = self.release(&rec);
         if done {
+            if rec.prefilled && self.decode_mask_on() {
+                // The instance's decode pace, which the honest mask estimates streams by.
+                if let Some(load) = self.load_of(&rec) {
+                    load.decode_pace
+                        .record(output_tokens, now_ms.saturating_sub(rec.first_token_ms));
+                }
+            }
             self.output_tokens.fetch_add(output_tokens, Ordering::Relaxed);
             self.credit_answer(&rec, output_tokens, now_ms);
         }

@@ -34,8 +34,9 @@
 //!   comparisons and writes no entry, so walks on other cores keep their cache lines.
 //!   parking_lot's lock is fair to a waiting writer: it holds new walks back, so feeds are
 //!   not starved, and waits for at most the walks and decisions in progress.
-//! * Lock order: index (shared or exclusive) → decision lock → a holder's LRU mutex; the
-//!   exclusive lock is never requested with the decision lock held.
+//! * Lock order: index (shared or exclusive) → decision lock → a holder's LRU mutex, or the
+//!   in-flight table's mutex (read by the decode mask; a leaf, held with no other lock
+//!   requested); the exclusive lock is never requested with the decision lock held.
 //! * Lifecycle calls (`on_prefilled`, `on_finished`, `on_aborted`) take the in-flight table's
 //!   mutex and update atomics; only `on_finished` in exact mode takes the index's exclusive
 //!   lock, once, to credit the answer's blocks (docs §2.7). A fleet change publishes a new
@@ -52,6 +53,8 @@
 //! O(prompt blocks), under the exclusive lock.
 
 mod decide;
+#[cfg(test)]
+mod decode_mask_tests;
 mod fleet_ops;
 #[cfg(test)]
 mod host_tier_tests;
@@ -71,7 +74,7 @@ use parking_lot::{Mutex, RwLock};
 pub use request::{Decision, Hits, IndexOp, Prompt, RouteRequest, Tier};
 pub use stats::RouterStats;
 
-use crate::config::{IndexMode, RouterConfig};
+use crate::config::{DecodeMask, IndexMode, RouterConfig, SmetricRule};
 use crate::error::{Result, SmetricError};
 use crate::fleet::Fleet;
 use crate::index::{IndexLimits, KvIndex};
@@ -207,6 +210,15 @@ impl Router {
                 reason: format!("must be finite and >= 0, got {t}"),
             }),
         }
+    }
+
+    /// Whether decisions apply `smetric` v2's decode mask (co-located routers only: a prefill
+    /// pool has no decodes), so that the router tracks live decodes for it.
+    pub(crate) fn decode_mask_on(&self) -> bool {
+        self.kind == PolicyKind::Smetric
+            && self.config.smetric_rule == SmetricRule::V2
+            && self.config.smetric_decode_mask != DecodeMask::Off
+            && !self.prefill_only
     }
 
     /// A hit of `blocks` blocks in tokens, as vLLM counts one: whole blocks within the first

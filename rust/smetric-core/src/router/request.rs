@@ -48,6 +48,9 @@ pub struct RouteRequest<'a> {
     /// field of the body). Only `consistent_hash` and `rendezvous_hash` read it; when absent
     /// they hash the prompt instead (vllm-router's last fallback, the request text).
     pub session_key: Option<u64>,
+    /// The request's output length as recorded (a trace replay's): only `smetric`'s decode
+    /// mask in its oracle form reads it (`decode_contract.rs`); a deployment does not know it.
+    pub output_tokens: Option<u64>,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -62,6 +65,7 @@ impl<'a> RouteRequest<'a> {
             exclude: &[],
             previous_instance: None,
             session_key: None,
+            output_tokens: None,
         }
     }
 }

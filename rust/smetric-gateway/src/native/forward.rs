@@ -444,6 +444,7 @@ impl Native {
             exclude: &excluded,
             previous_instance: None,
             session_key: None,
+            output_tokens: None,
         };
         let decided = Instant::now();
         let Ok(decision) = self.config.router.route(&request) else {

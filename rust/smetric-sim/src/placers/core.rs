@@ -44,6 +44,10 @@ pub struct CorePlacer {
     /// The simulated stores are the instances' own (host tiers on, no global tier): their
     /// blocks go to each instance's host pool, not the global tier.
     host_local: bool,
+    /// Each request's recorded output length, by request id, told to the router with the
+    /// request: only for `smetric`'s decode mask in its oracle form (a deployment's router
+    /// does not know it; the honest form learns from the lifecycle calls instead).
+    recorded_outputs: Option<Vec<u32>>,
 }
 
 /// The router side of the event feed.
@@ -158,6 +162,7 @@ impl CorePlacer {
             events,
             turns: TurnFeed::default(),
             host_local,
+            recorded_outputs: None,
         })
     }
 
@@ -166,6 +171,19 @@ impl CorePlacer {
     pub fn with_turns(mut self, turns: TurnFeed) -> Self {
         self.turns = turns;
         self
+    }
+
+    /// The same placer, telling the router each request's recorded output length (`outputs`,
+    /// indexed by request id): the decode mask's oracle form.
+    #[must_use]
+    pub fn with_recorded_outputs(mut self, outputs: Vec<u32>) -> Self {
+        self.recorded_outputs = Some(outputs);
+        self
+    }
+
+    /// The recorded output lengths the router is told (the oracle decode mask's), if any.
+    pub fn recorded_outputs(&self) -> Option<&[u32]> {
+        self.recorded_outputs.as_deref()
     }
 
     /// The wrapped router (for its stats).
@@ -212,10 +230,13 @@ impl Placer for CorePlacer {
             Some(events) => events.translate(request.chain, &mut self.chain),
             None => self.chain.extend(request.chain.iter().map(|&h| BlockHash(h))),
         }
-        let decision = self
-            .router
-            .route(&request.route_request(&self.chain, self.turns, &self.names))
-            .map_err(|e| SimError::Router(e.to_string()))?;
+        let mut route = request.route_request(&self.chain, self.turns, &self.names);
+        route.output_tokens = self
+            .recorded_outputs
+            .as_ref()
+            .and_then(|o| o.get(usize::try_from(request.request_id).ok()?))
+            .map(|&t| u64::from(t));
+        let decision = self.router.route(&route).map_err(|e| SimError::Router(e.to_string()))?;
         Ok(Placement {
             instance: decision.instance.0,
             first_turn: Some(decision.first_turn),

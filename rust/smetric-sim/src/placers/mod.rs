@@ -17,7 +17,7 @@ mod core;
 mod pd;
 mod replicated;
 
-use smetric_core::PolicyKind;
+use smetric_core::{DecodeMask, PolicyKind};
 
 pub use self::core::CorePlacer;
 pub use self::pd::CorePdPlacer;
@@ -111,7 +111,13 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
         config.index_feed,
         usize::try_from(max_mapped).unwrap_or(usize::MAX),
     )?;
-    Ok(placer.with_turns(config.turns))
+    let placer = placer.with_turns(config.turns);
+    // The decode mask's oracle form reads each request's recorded output length.
+    if policy == PolicyKind::Smetric && config.router.smetric_decode_mask == DecodeMask::Oracle {
+        let outputs = workload.requests().iter().map(|r| r.output_tokens).collect();
+        return Ok(placer.with_recorded_outputs(outputs));
+    }
+    Ok(placer)
 }
 
 /// `config.router_replicas` routers running `policy`, each set up as [`core_placer`] sets one
