@@ -14,7 +14,9 @@
 //! * [`policy`] — the policies, one file each (`smetric` in its two rules, v1 and v2);
 //! * [`turn`] — stateless first-turn inference;
 //! * [`router`] — the decision path tying them together;
-//! * [`pd`] — disaggregated prefill/decode: the router over a prefill pool plus the decode choice.
+//! * [`pd`] — disaggregated prefill/decode: the router over a prefill pool plus the decode choice;
+//! * [`session_admission`] — the stage after the policy that admits, moves or holds a session's
+//!   request when its instance's resident sessions would overflow the KV cache.
 //!
 //! No pyo3 here: the crate builds, tests, benches and fuzzes with plain cargo; the Python
 //! bindings live in `rust/smetric-py`. The normative semantics are in
@@ -37,6 +39,7 @@ pub mod policy;
 pub mod recent_load;
 pub mod rng;
 pub mod router;
+pub mod session_admission;
 pub mod turn;
 
 pub use config::{
