@@ -36,6 +36,7 @@ __all__ = [
     "ReuseStats",
     "RouterConfigFields",
     "RouterStats",
+    "SessionAdmission",
     "SimConfigDefaults",
     "SimReport",
     "SloResult",
@@ -169,6 +170,11 @@ sessionless traces (Mooncake, Azure) carry no turn either way."""
 ReplicaSync: TypeAlias = Literal["off", "bus"]
 """How simulated router replicas share their in-flight work: not at all, or over a bus with a
 delay (what ``smetric serve --replica-bus`` does)."""
+
+SessionAdmission: TypeAlias = Literal["off", "pause", "smetric"]
+"""Session admission after the policy (the core's ``session_admission``): none; ThunderAgent's
+per-pod form (pause idle sessions, else hold the request at its instance); or smetric's (pause
+idle sessions, else place it on another instance with room and the cheapest source, else hold)."""
 
 VllmHashAlgo: TypeAlias = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 """vLLM's ``--prefix-caching-hash-algo``."""
@@ -475,6 +481,7 @@ class SimConfigDefaults(TypedDict):
     replica_sync: ReplicaSync
     replica_sync_delay_s: float
     """With ``replica_sync="bus"``: seconds from a replica's load effect to the others' boards."""
+    session_admission: SessionAdmission
 
 
 class SyntheticOptions(TypedDict):

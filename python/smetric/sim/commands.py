@@ -31,6 +31,7 @@ from smetric.sim.config import (
     NAMED_SLOS,
     POLICY_VARIANTS,
     REPLICA_SYNCS,
+    SESSION_ADMISSIONS,
     SLO,
     TIER_PATHS,
     TURN_FEEDS,
@@ -185,6 +186,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="with --replica-sync bus: ms from a replica's load effect to the others' boards (default %(default)g)",
     )
     p.add_argument(
+        "--session-admission",
+        choices=SESSION_ADMISSIONS,
+        default=ENGINE_DEFAULTS["session_admission"],
+        help="session admission after the policy: off, pause (ThunderAgent's per-pod form: pause idle sessions, "
+        "else hold the request at its instance) or smetric (else place it on another instance with KV room and the "
+        "cheapest source for its prefix, else hold) (default %(default)s)",
+    )
+    p.add_argument(
         "--tpot-ms",
         default=",".join(f"{1e3 * t:g}" for t in ENGINE_DEFAULTS["slo"]["tpot_s"]),
         help="TPOT bounds in ms, the first is the headline (default %(default)s)",
@@ -323,8 +332,11 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
         _die("--replica-sync-delay-ms must be >= 0")
     if args.router_replicas > 1 and args.pd:
         _die("--router-replicas > 1 runs co-located (PD mode runs one router)")
+    if args.session_admission != "off" and (args.pd or args.router_replicas > 1):
+        _die("--session-admission runs with one co-located router")
     config = replace(
         config,
+        session_admission=args.session_admission,
         router_replicas=args.router_replicas,
         replica_sync=args.replica_sync,
         replica_sync_delay_s=args.replica_sync_delay_ms / 1e3,

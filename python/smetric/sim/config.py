@@ -50,6 +50,7 @@ from smetric._types import (
     PolicyName,
     ReplicaSync,
     ResolvedProfile,
+    SessionAdmission,
     SimConfigDefaults,
     SloSettings,
     SyntheticOptions,
@@ -144,6 +145,8 @@ sees every cache change the instant it happens."""
 TURN_FEEDS: Final[tuple[TurnFeed, ...]] = get_args(TurnFeed)
 REPLICA_SYNCS: Final[tuple[ReplicaSync, ...]] = get_args(ReplicaSync)
 """How simulated router replicas share their in-flight work (``SimulationConfig.replica_sync``)."""
+SESSION_ADMISSIONS: Final[tuple[SessionAdmission, ...]] = get_args(SessionAdmission)
+"""Session admission modes (``SimulationConfig.session_admission``)."""
 """What a run tells the router of each request's turn: ``request`` — the turn the request carries
 (a session's k-th request has turn k, as its re-sent history shows a real router); ``index`` —
 nothing, the router infers first turns from its index. Sessionless traces (Mooncake, Azure)
@@ -355,6 +358,10 @@ class SimulationConfig:
     """``"off"``: each replica counts only its own requests; ``"bus"``: each applies the others'
     load effects ``replica_sync_delay_s`` late (``smetric serve --replica-bus``)."""
     replica_sync_delay_s: float = ENGINE_DEFAULTS["replica_sync_delay_s"]
+    session_admission: SessionAdmission = ENGINE_DEFAULTS["session_admission"]
+    """One of :data:`SESSION_ADMISSIONS`: ``"off"`` serves every request where the policy sends it;
+    ``"pause"`` / ``"smetric"`` hold back (or, ``smetric``, place elsewhere) a request whose
+    instance's resident sessions leave no KV room (the core's ``session_admission``)."""
     router: tuple[tuple[str, Any], ...] = ()
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
@@ -535,6 +542,9 @@ class SimulationConfig:
             "replica_sync": self.replica_sync,
             "replica_sync_delay_s": self.replica_sync_delay_s,
         }
+        if self.session_admission != ENGINE_DEFAULTS["session_admission"]:
+            # Only when on: a run without the stage describes itself as it did before it existed.
+            config["session_admission"] = self.session_admission
         if self.profile_file is None:
             config["profile"] = self.profile
         else:

@@ -30,6 +30,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule};
 use pythonize::pythonize;
 use serde::Serialize;
+use smetric_core::session_admission::AdmissionMode;
 use smetric_core::{DecodeRule, PolicyKind};
 use smetric_sim::config::MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK;
 use smetric_sim::profile_file::ProfileFile;
@@ -507,6 +508,16 @@ fn sim_config(
                 })?;
             }
             "replica_sync_delay_s" => c.replica_sync_delay_s = field(&key, &v)?,
+            "session_admission" => {
+                let name: String = field(&key, &v)?;
+                c.session_admission = AdmissionMode::parse(&name).ok_or_else(|| {
+                    invalid_config(
+                        py,
+                        "session_admission",
+                        format!("unknown session admission {name:?}; known: off, pause, smetric"),
+                    )
+                })?;
+            }
             _ => return Err(unknown_key(py, "config", &key)),
         }
     }

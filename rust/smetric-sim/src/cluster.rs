@@ -32,6 +32,11 @@
 //!   `event_delay_s` after publication. With `index_feed = oracle` every change reaches the
 //!   placer at the end of the event that made it.
 //!
+//! Session admission (`SimConfig::session_admission`): a placement may come back *held*; the
+//! request then waits in a FIFO queue (its TTFT counts the wait: it arrived when it arrived),
+//! and after every step in which a request finished, each held request is placed again, in
+//! order, until the queue is empty or every remaining one is held again.
+//!
 //! Arrivals: open loop at `time_s / time_scale`; closed loop at the root session's Poisson
 //! start + `time_s` for roots and `finish(prev) + think_s` otherwise; gated open loop at
 //! `max(time_s / time_scale, finish(prev) + think_s)`. A request due after `arrivals_until_s`
@@ -163,6 +168,8 @@ struct Sim<'a> {
     in_transit: VecDeque<(u32, Frames)>,
     /// PD mode's state (`pd`); `None` co-located.
     pd: Option<PdRun>,
+    /// Requests session admission holds, in arrival order.
+    held: VecDeque<u32>,
 }
 
 /// Runs `workload` on the cluster described by `config`, routing with `placer`.
@@ -235,6 +242,7 @@ fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn 
             .then(|| EventPublisher::new(config.instances, workload.block_tokens())),
         in_transit: VecDeque::new(),
         pd: config.pd.as_ref().map(|pd| PdRun::new(config, pd, n)),
+        held: VecDeque::new(),
     };
     if config.index_feed.logs_changes() {
         for inst in &mut sim.instances {
@@ -381,7 +389,7 @@ impl Sim<'_> {
                 Kind::Arrive(r) => self.arrive(r)?,
                 Kind::Deliver(r) => self.enqueue(r),
                 Kind::FetchDone(r) => self.fetch_done(r),
-                Kind::StepDone(i) => self.step_done(i),
+                Kind::StepDone(i) => self.step_done(i)?,
                 Kind::Transfer { link, version } => self.transfer_done(link, version),
                 Kind::PdTransfer { link, version } => self.pd_transfer_done(link, version),
                 Kind::Sample => self.sample()?,
@@ -415,6 +423,18 @@ impl Sim<'_> {
             return Ok(());
         }
         self.in_flight += 1;
+        if !self.place(r)? {
+            self.held.push_back(r);
+        }
+        Ok(())
+    }
+
+    /// Asks the placer where request `r` goes and, unless it is held, sends it there after the
+    /// frontend time. Returns whether it was placed.
+    fn place(&mut self, r: u32) -> Result<bool> {
+        let now = self.now;
+        let workload = self.workload;
+        let spec = &workload.requests()[r as usize];
         let chain = workload.chain(r as usize);
         // What a client echoing llm-d's session cookie sends: where its session's previous turn
         // went (none for a subagent's first request, whose `prev` is its parent's turn).
@@ -437,6 +457,9 @@ impl Sim<'_> {
                 placed.instance, self.config.instances
             )));
         }
+        if placed.held {
+            return Ok(false);
+        }
         self.pd_placed(r, &placed)?;
         let rec = &mut self.records[r as usize];
         rec.instance = Some(placed.instance);
@@ -446,6 +469,17 @@ impl Sim<'_> {
         rec.predicted_global_hit_tokens = placed.global_hit_tokens;
         let frontend = self.config.profile.frontend_time(u64::from(spec.input_tokens));
         self.push(now + frontend, Kind::Deliver(r));
+        Ok(true)
+    }
+
+    /// A request finished: every held request is placed again, in arrival order.
+    fn retry_held(&mut self) -> Result<()> {
+        for _ in 0..self.held.len() {
+            let Some(r) = self.held.pop_front() else { break };
+            if !self.place(r)? {
+                self.held.push_back(r);
+            }
+        }
         Ok(())
     }
 
@@ -502,7 +536,7 @@ impl Sim<'_> {
         }
     }
 
-    fn step_done(&mut self, i: u32) {
+    fn step_done(&mut self, i: u32) -> Result<()> {
         let now = self.now;
         let mut first_tokens = std::mem::take(&mut self.scratch_first);
         let mut finished = std::mem::take(&mut self.scratch_finished);
@@ -551,6 +585,7 @@ impl Sim<'_> {
             self.placer.on_finished(u64::from(r), live.output, now);
             self.release_successors(r);
         }
+        let any_finished = !finished.is_empty();
         first_tokens.clear();
         finished.clear();
         self.scratch_first = first_tokens;
@@ -564,6 +599,10 @@ impl Sim<'_> {
             }
         }
         self.start_step(i as usize);
+        if any_finished && !self.held.is_empty() {
+            self.retry_held()?;
+        }
+        Ok(())
     }
 
     /// Instance `i` publishes its cache log as one KV-event message, delivered after the delay.

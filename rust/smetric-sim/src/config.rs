@@ -38,9 +38,11 @@
 //! | `router_replicas` | 1 | one router process; more model the replicas a fleet runs for fault tolerance and rate, each a whole router of its own behind a round-robin load balancer (`placers::replicated`) |
 //! | `replica_sync` | off | each replica's board holds its own requests only (with `router_replicas` = 1 there is nothing to sync) |
 //! | `replica_sync_delay_s` | 50 ms | see [`DEFAULT_REPLICA_SYNC_DELAY_S`] |
+//! | `session_admission` | off | every request is served where the policy sends it, as before the stage existed; `pause` / `smetric` turn on `smetric_core::session_admission` (its window, reserve and bound are that module's defaults) |
 
 use serde::Serializer;
 use smetric_core::RouterConfig;
+use smetric_core::session_admission::AdmissionMode;
 use smetric_core::pd::DecodeRule;
 
 use crate::cache_events::IndexFeed;
@@ -441,6 +443,15 @@ pub struct SimConfig {
     pub replica_sync: ReplicaSync,
     /// With `replica_sync = bus`: seconds from a replica's load effect to the others' boards.
     pub replica_sync_delay_s: f64,
+    /// Session admission after the policy (`smetric_core::session_admission`): a request that
+    /// its instance's resident sessions leave no KV room for is held (`pause`) or placed where
+    /// there is room (`smetric`); held requests wait in the cluster's queue.
+    #[serde(serialize_with = "admission_name")]
+    pub session_admission: AdmissionMode,
+}
+
+fn admission_name<S: serde::Serializer>(mode: &AdmissionMode, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(mode.name())
 }
 
 fn profile_name<S: serde::Serializer>(profile: &Profile, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -479,6 +490,7 @@ impl Default for SimConfig {
             router_replicas: 1,
             replica_sync: ReplicaSync::Off,
             replica_sync_delay_s: DEFAULT_REPLICA_SYNC_DELAY_S,
+            session_admission: AdmissionMode::Off,
         }
     }
 }
@@ -601,6 +613,12 @@ impl SimConfig {
             return Err(SimError::InvalidConfig {
                 field: "router_replicas",
                 reason: "PD mode runs one router".into(),
+            });
+        }
+        if self.session_admission != AdmissionMode::Off && (self.pd.is_some() || self.router_replicas > 1) {
+            return Err(SimError::InvalidConfig {
+                field: "session_admission",
+                reason: "session admission runs with one co-located router".into(),
             });
         }
         if let Some(t) = self.arrivals_until_s {

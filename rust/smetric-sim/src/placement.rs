@@ -11,7 +11,8 @@
 //! out. In PD mode `on_transferred` comes between the two, when the decode instance has
 //! pulled the KV (`on_prefilled` is then the end of the prefill instance's work). Requests rejected before routing (longer than `max_model_len`) get no call. Cache
 //! changes reach it through `on_cache_changes` (oracle) or `on_kv_event_message` (events),
-//! depending on `SimConfig::index_feed`.
+//! depending on `SimConfig::index_feed`. A placement may be *held* (session admission):
+//! the request is not served yet, and `place` is called again for it after a request finishes.
 
 use smetric_core::{BlockHash, Prompt, RequestId, RouteRequest, TurnHint};
 
@@ -97,6 +98,9 @@ pub struct Placement {
     /// PD mode: the decode instance (an index among all instances, after the prefill ones);
     /// `None` in co-located mode.
     pub decode_instance: Option<u32>,
+    /// Session admission held the request back (`instance` is where the policy sent it): the
+    /// cluster queues it and calls `place` again for it when a request finishes.
+    pub held: bool,
 }
 
 /// An engine's load report, as vLLM's metrics endpoint would publish it (the router's own
@@ -182,6 +186,7 @@ impl Placer for RoundRobinPlacer {
             prefill_tokens: u64::from(request.prompt_tokens),
             reason: "round-robin",
             decode_instance: None,
+            held: false,
         })
     }
 }

@@ -345,7 +345,7 @@ mod tests {
                 Kind::Arrive(r) => sim.arrive(r).unwrap(),
                 Kind::Deliver(r) => sim.enqueue(r),
                 Kind::FetchDone(r) => sim.fetch_done(r),
-                Kind::StepDone(i) => sim.step_done(i),
+                Kind::StepDone(i) => sim.step_done(i).unwrap(),
                 Kind::PdTransfer { link, version } => sim.pd_transfer_done(link, version),
                 Kind::Transfer { link, version } => sim.transfer_done(link, version),
                 Kind::Sample => sim.sample().unwrap(),

@@ -15,13 +15,25 @@
 //!   `hash_block` over `cache_events::block_tokens` (memoised per trace block);
 //! * oracle — an exact index written with the engines' own changes the instant they happen.
 //!
+//! With session admission on (`with_admission`), the core's `session_admission` stage reads
+//! each decision: admitted requests are served where the policy sent them; a request placed
+//! elsewhere or held has its decision released (`on_aborted`) — a held one is answered
+//! `held` and re-decided at its policy's instance when the cluster asks again — and is then
+//! routed once more with every other instance excluded, so the router's board counts it where
+//! it runs. (Insert on route has already written its prefix at the first instance; the
+//! approximate index keeps that guess, as it keeps any other.)
+//!
 //! Complexity: one `route` per request (the core's cost) plus O(chain) to copy — or, with
 //! events, translate — the chain; a translation costs one hash of a block's tokens the first
 //! time a (block, parent) pair is seen and one map lookup after.
 
 use hashbrown::HashMap;
 use smetric_core::hash::{chain_root, hash_block};
-use smetric_core::{BlockHash, Hits, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, Router, RouterConfig, Tier};
+use smetric_core::session_admission::{Admission, AdmissionConfig, AdmissionMode, AdmitRequest, SessionAdmission};
+use smetric_core::{
+    BlockHash, Decision, Hits, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig,
+    Tier,
+};
 use smetric_vllm::{IngestConfig, Ingestor, Offload, RouterAt, SourceId};
 
 use crate::cache_events::{CacheLog, IndexFeed, Medium, block_tokens};
@@ -48,6 +60,18 @@ pub struct CorePlacer {
     /// request: only for `smetric`'s decode mask in its oracle form (a deployment's router
     /// does not know it; the honest form learns from the lifecycle calls instead).
     recorded_outputs: Option<Vec<u32>>,
+    /// Session admission after the policy (`None`: off).
+    admission: Option<AdmissionRun>,
+}
+
+/// The session-admission stage and what it needs to remember per request.
+#[derive(Debug)]
+struct AdmissionRun {
+    stage: SessionAdmission,
+    /// Held requests → the instance their policy chose.
+    held: HashMap<u64, u32>,
+    /// Admitted requests in flight → (session, instance, prompt tokens).
+    running: HashMap<u64, (u64, u32, u64)>,
 }
 
 /// The router side of the event feed.
@@ -163,7 +187,80 @@ impl CorePlacer {
             turns: TurnFeed::default(),
             host_local,
             recorded_outputs: None,
+            admission: None,
         })
+    }
+
+    /// The same placer with session admission in `mode` over instances of `capacity_tokens`
+    /// KV tokens each (`smetric_core::session_admission`; `Off` adds no stage).
+    #[must_use]
+    pub fn with_admission(mut self, mode: AdmissionMode, capacity_tokens: u64) -> Self {
+        self.admission = (mode != AdmissionMode::Off).then(|| AdmissionRun {
+            stage: SessionAdmission::new(
+                self.names.len() as u32,
+                AdmissionConfig::new(mode, capacity_tokens),
+            ),
+            held: HashMap::new(),
+            running: HashMap::new(),
+        });
+        self
+    }
+
+    /// Routes `route` on `instance` only (every other instance excluded).
+    fn route_on(&self, route: &RouteRequest<'_>, instance: u32) -> Result<Decision> {
+        let others: Vec<&str> = self
+            .names
+            .iter()
+            .enumerate()
+            .filter(|&(k, _)| k != instance as usize)
+            .map(|(_, n)| n.as_str())
+            .collect();
+        let pinned = RouteRequest {
+            exclude: &others,
+            ..*route
+        };
+        self.router.route(&pinned).map_err(|e| SimError::Router(e.to_string()))
+    }
+
+    /// The admission stage's verdict on a request the policy sent to `chosen`: tokens to
+    /// prefill per instance come from the index's hits (GPU, host pool, store), when asked.
+    fn admit(
+        admission: &mut Option<AdmissionRun>,
+        router: &Router,
+        chain: &[BlockHash],
+        request: &PlaceRequest<'_>,
+        chosen: u32,
+    ) -> Admission {
+        let Some(run) = admission else {
+            return Admission::Admit { instance: chosen, paused: 0 };
+        };
+        let prompt = u64::from(request.prompt_tokens);
+        run.stage.decide(
+            &AdmitRequest {
+                session: request.session_key,
+                chosen,
+                prompt_tokens: prompt,
+            },
+            request.now,
+            || {
+                let hits = router.query(
+                    Prompt::Hashes {
+                        hashes: chain,
+                        num_tokens: Some(prompt),
+                    },
+                    None,
+                    Some(request.now),
+                );
+                let Ok(hits) = hits else { return Vec::new() };
+                hits.local
+                    .iter()
+                    .zip(&hits.host)
+                    .map(|((_, local), (_, host))| {
+                        prompt.saturating_sub((*local).max(*host).max(hits.global_hit_tokens))
+                    })
+                    .collect()
+            },
+        )
     }
 
     /// The same placer, telling the router each request's turn as `turns` says.
@@ -230,21 +327,72 @@ impl Placer for CorePlacer {
             Some(events) => events.translate(request.chain, &mut self.chain),
             None => self.chain.extend(request.chain.iter().map(|&h| BlockHash(h))),
         }
-        let mut route = request.route_request(&self.chain, self.turns, &self.names);
+        let chain = std::mem::take(&mut self.chain);
+        let mut route = request.route_request(&chain, self.turns, &self.names);
         route.output_tokens = self
             .recorded_outputs
             .as_ref()
             .and_then(|o| o.get(usize::try_from(request.request_id).ok()?))
             .map(|&t| u64::from(t));
-        let decision = self.router.route(&route).map_err(|e| SimError::Router(e.to_string()))?;
+        let id = request.request_id;
+        // A held request is re-decided at its policy's instance; any other one is routed now.
+        let retried = self.admission.as_ref().and_then(|a| a.held.get(&id).copied());
+        let decision = match retried {
+            Some(_) => None,
+            None => Some(self.router.route(&route).map_err(|e| SimError::Router(e.to_string()))?),
+        };
+        let chosen = retried.or(decision.as_ref().map(|d| d.instance.0)).unwrap_or(0);
+        let verdict = Self::admit(&mut self.admission, &self.router, &chain, request, chosen);
+        let (decision, reason) = match (verdict, decision) {
+            (Admission::Admit { .. }, Some(d)) => {
+                let reason = d.reason.name();
+                (d, reason)
+            }
+            (Admission::Admit { instance, .. } | Admission::Elsewhere { instance, .. }, first) => {
+                if first.is_some() {
+                    self.router.on_aborted(RequestId(id));
+                }
+                let d = self.route_on(&route, instance)?;
+                let reason = if instance == chosen {
+                    "session admission: resumed"
+                } else {
+                    "session admission: placed elsewhere"
+                };
+                (d, reason)
+            }
+            (Admission::Hold, first) => {
+                if first.is_some() {
+                    self.router.on_aborted(RequestId(id));
+                }
+                if let Some(run) = &mut self.admission {
+                    run.held.insert(id, chosen);
+                }
+                return Ok(Placement {
+                    instance: chosen,
+                    first_turn: None,
+                    local_hit_tokens: 0,
+                    global_hit_tokens: 0,
+                    prefill_tokens: u64::from(request.prompt_tokens),
+                    reason: "session admission: held",
+                    decode_instance: None,
+                    held: true,
+                });
+            }
+        };
+        if let (Some(run), Some(session)) = (&mut self.admission, request.session_key) {
+            run.held.remove(&id);
+            run.running
+                .insert(id, (session, decision.instance.0, u64::from(request.prompt_tokens)));
+        }
         Ok(Placement {
             instance: decision.instance.0,
             first_turn: Some(decision.first_turn),
             local_hit_tokens: decision.local_hit_tokens,
             global_hit_tokens: decision.global_hit_tokens,
             prefill_tokens: decision.prefill_tokens,
-            reason: decision.reason.name(),
+            reason,
             decode_instance: None,
+            held: false,
         })
     }
 
@@ -255,6 +403,12 @@ impl Placer for CorePlacer {
     }
 
     fn on_finished(&mut self, request_id: u64, output_tokens: u32, now: f64) {
+        if let Some(run) = &mut self.admission
+            && let Some((session, instance, prompt)) = run.running.remove(&request_id)
+        {
+            run.stage
+                .on_finished(session, instance, prompt + u64::from(output_tokens), now);
+        }
         // As `on_prefilled`: the simulated clock cannot make the call fail.
         let _ = self
             .router
@@ -334,14 +488,24 @@ impl Placer for CorePlacer {
     }
 
     fn feed_counters(&self) -> Vec<(String, u64)> {
-        let Some(events) = &self.events else { return Vec::new() };
-        let mut counters: Vec<(String, u64)> = events
+        let mut counters = Vec::new();
+        if let Some(run) = &self.admission {
+            let c = run.stage.counters();
+            counters.extend([
+                ("admission_admitted".to_owned(), c.admitted),
+                ("admission_moved".to_owned(), c.moved),
+                ("admission_held".to_owned(), c.held),
+                ("admission_paused".to_owned(), c.paused),
+            ]);
+        }
+        let Some(events) = &self.events else { return counters };
+        counters.extend(events
             .ingestor
             .stats()
             .counters()
             .into_iter()
-            .map(|(name, value)| (format!("ingest_{name}"), value))
-            .collect();
+            .map(|(name, value)| (format!("ingest_{name}"), value)),
+        );
         counters.push(("ingest_refused_messages".into(), events.refused));
         counters.push(("ingest_dropped_messages".into(), events.decode_errors));
         counters.push(("translated_blocks_memo".into(), events.memo.len() as u64));

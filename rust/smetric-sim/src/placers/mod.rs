@@ -111,7 +111,10 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
         config.index_feed,
         usize::try_from(max_mapped).unwrap_or(usize::MAX),
     )?;
-    let placer = placer.with_turns(config.turns);
+    // Session admission weighs working sets against the simulated pool.
+    let placer = placer
+        .with_turns(config.turns)
+        .with_admission(config.session_admission, config.kv_tokens());
     // The decode mask's oracle form reads each request's recorded output length.
     if policy == PolicyKind::Smetric && config.router.smetric_decode_mask == DecodeMask::Oracle {
         let outputs = workload.requests().iter().map(|r| r.output_tokens).collect();

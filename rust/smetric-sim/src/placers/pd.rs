@@ -89,6 +89,7 @@ impl Placer for CorePdPlacer {
             prefill_tokens: p.prefill_tokens,
             reason: p.reason.name(),
             decode_instance: Some(self.prefill + decision.decode_instance.0),
+            held: false,
         })
     }
 
