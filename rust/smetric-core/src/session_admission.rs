@@ -17,10 +17,12 @@
 //! 2. `c` has room once its idle sessions are paused (`active(c) + need ≤ capacity`): pause
 //!    them, least recently active first, until `set(c) + need ≤ capacity`, and admit.
 //! 3. `c` has no in-flight work: admit anyway (a request alone never waits: progress).
-//! 4. [`AdmissionMode::Smetric`] only: the other instances with room by the same test, the one
-//!    with the cheapest source for the prefix (fewest tokens to prefill there, from the
-//!    caller's per-instance costs: GPU hit, host pool, shared store, else recompute), ties to
-//!    the smaller working set, then the lower slot: place it there ([`Admission::Elsewhere`]).
+//! 4. [`AdmissionMode::Smetric`] only: the other instances with room by the same test whose
+//!    source for the prefix is no worse than `c`'s (tokens to prefill there, from the caller's
+//!    per-instance costs: GPU hit, host pool, shared store, else recompute — never trade a hit
+//!    for a recompute: a move that recomputes a long history costs more than the wait), the
+//!    cheapest, ties to the smaller working set, then the lower slot: place it there
+//!    ([`Admission::Elsewhere`]).
 //! 5. Otherwise [`Admission::Hold`]: the caller queues the request and asks again when a
 //!    request finishes ([`AdmissionMode::Pause`] holds at `c`, ThunderAgent's per-pod form).
 //!
@@ -219,6 +221,7 @@ impl SessionAdmission {
         }
         if self.config.mode == AdmissionMode::Smetric {
             let costs = costs();
+            let at_chosen = costs.get(c).copied().unwrap_or(u64::MAX);
             let mut best: Option<(u64, u64, usize)> = None;
             for j in 0..self.instances.len() {
                 if j == c {
@@ -230,6 +233,9 @@ impl SessionAdmission {
                 }
                 let set = self.instances[j].iter().map(|r| r.tokens).sum::<u64>();
                 let key = (costs.get(j).copied().unwrap_or(u64::MAX), set, j);
+                if key.0 > at_chosen {
+                    continue;
+                }
                 if best.is_none_or(|b| key < b) {
                     best = Some(key);
                 }
@@ -401,12 +407,28 @@ mod tests {
         let mut s = stage(AdmissionMode::Smetric, 3);
         s.decide(&req(1, 0, 60_000), 0.0, no_costs);
         // Instances 1 and 2 both have room; 2 holds more of the prefix (fewer tokens to prefill).
-        let got = s.decide(&req(2, 0, 60_000), 1.0, || vec![0, 60_000, 10_000]);
+        let got = s.decide(&req(2, 0, 60_000), 1.0, || vec![20_000, 60_000, 10_000]);
         assert_eq!(got, Admission::Elsewhere { instance: 2, paused: 0 });
         // Negative control: the same request under ThunderAgent's form is held.
         let mut p = stage(AdmissionMode::Pause, 3);
         p.decide(&req(1, 0, 60_000), 0.0, no_costs);
-        assert_eq!(p.decide(&req(2, 0, 60_000), 1.0, || vec![0, 60_000, 10_000]), Admission::Hold);
+        assert_eq!(
+            p.decide(&req(2, 0, 60_000), 1.0, || vec![20_000, 60_000, 10_000]),
+            Admission::Hold
+        );
+    }
+
+    #[test]
+    fn smetric_never_trades_a_hit_for_a_recompute() {
+        let mut s = stage(AdmissionMode::Smetric, 2);
+        s.decide(&req(1, 0, 60_000), 0.0, no_costs);
+        // Session 2's prefix is on instance 0 (nothing to prefill); instance 1 would recompute.
+        assert_eq!(s.decide(&req(2, 0, 60_000), 1.0, || vec![0, 60_000]), Admission::Hold);
+        // The same prefix in a shared store (as cheap on 1 as on 0): moved.
+        assert_eq!(
+            s.decide(&req(2, 0, 60_000), 1.0, || vec![0, 0]),
+            Admission::Elsewhere { instance: 1, paused: 0 }
+        );
     }
 
     #[test]
