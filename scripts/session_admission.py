@@ -1,0 +1,152 @@
+"""Session admission against none and against ThunderAgent's per-pod pausing (issue 35 item 2;
+``docs/results.md`` §20).
+
+    .venv/bin/python scripts/session_admission.py --out /tmp/session-admission
+    .venv/bin/python scripts/session_admission.py --out /tmp/session-admission --table
+
+**The runs.** Every cell is one ``smetric sweep`` (``--session-admission off|pause|smetric``) per
+policy, Codex generator seed and regime, with ``--until-collapse``; the headline SLO. Regimes:
+
+* ``bf16-off`` — where KV binds hardest: ``--format codex`` (≈68K-token calls) on 8 instances of
+  the default BF16 profile (≈286K KV tokens each: four calls), no tier (a preempted or evicted
+  history is recomputed);
+* ``bf16-lmcache`` — the same with the default tier (LMCache over Mooncake: evicted histories
+  come back from the shared store, the cheap source smetric's form moves to);
+* ``fp8-off`` — where KV binds less: the FP8 profile (≈590K KV tokens each), no tier;
+* ``weka`` — where it does not bind: the bundled Weka excerpt on 16 instances with the tier, the
+  demo's ladder.
+
+Codex generator seeds 4 and 5 (tuning seeds, 0–9; seed 3 was the probe the stage's move rule was
+adjusted on, and is not used here), arrival seeds 0 and 1. Peak = the best rung of the mean over
+the four (Codex seed, arrival seed) pairs (Weka: the two arrival seeds).
+
+**The rule, written before the runs (2026-12-04).** Done when, for both policies: in ``bf16-off``
+and ``bf16-lmcache`` peak(smetric) > peak(off) and peak(smetric) > peak(pause); in ``fp8-off`` and
+``weka`` peak(smetric) ≥ 0.99 × peak(off) and ≥ 0.99 × peak(pause). The table states each ratio
+and whether it passes, whatever it shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+MODES = ("off", "pause", "smetric")
+POLICIES = ("smetric", "llmd_prefix_load")
+CODEX_SEEDS = (4, 5)
+ARRIVAL_SEEDS = "0,1"
+CODEX_LADDER = "0.012,0.014,0.016,0.018,0.02,0.022,0.024,0.028"
+REGIMES: dict[str, tuple[str, ...]] = {
+    "bf16-off": ("--format", "codex", "--instances", "8", "--tier", "off", "--loads", CODEX_LADDER),
+    "bf16-lmcache": ("--format", "codex", "--instances", "8", "--tier", "on", "--loads", CODEX_LADDER),
+    "fp8-off": (
+        "--format",
+        "codex",
+        "--instances",
+        "8",
+        "--profile",
+        "h20-qwen3-coder-30b-a3b-fp8",
+        "--tier",
+        "off",
+        "--loads",
+        CODEX_LADDER,
+    ),
+    "weka": ("--loads", "0.025,0.05,0.075,0.1,0.125"),
+}
+BINDS = ("bf16-off", "bf16-lmcache")
+
+
+def cells(regime: str) -> list[tuple[str, ...]]:
+    """The extra arguments of each sweep of ``regime`` (one per Codex seed, one for Weka)."""
+    if regime == "weka":
+        return [()]
+    return [("--codex-seed", str(s)) for s in CODEX_SEEDS]
+
+
+def run(out: Path, regimes: list[str]) -> None:
+    for regime in regimes:
+        for extra in cells(regime):
+            for mode in MODES:
+                tag = "-".join(extra[1::2]) or "x"
+                cell = out / regime / f"{mode}-{tag}"
+                if (cell / "sweep.json").exists():
+                    continue
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "smetric",
+                    "sweep",
+                    *REGIMES[regime],
+                    *extra,
+                    "--policies",
+                    ",".join(POLICIES),
+                    "--seeds",
+                    ARRIVAL_SEEDS,
+                    "--until-collapse",
+                    "--no-progress",
+                    "--session-admission",
+                    mode,
+                    "--out",
+                    str(cell),
+                ]
+                print(" ".join(cmd[2:]), flush=True)
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+def table(out: Path, regimes: list[str]) -> dict[str, object]:
+    """Peak TPS under the headline SLO per (regime, policy, mode), with preemptions at the peak."""
+    rows: dict[str, object] = {}
+    for regime in regimes:
+        for policy in POLICIES:
+            peaks: dict[str, tuple[float, float, float, float]] = {}
+            for mode in MODES:
+                tps: dict[float, list[float]] = defaultdict(list)
+                pre: dict[float, list[float]] = defaultdict(list)
+                for extra in cells(regime):
+                    tag = "-".join(extra[1::2]) or "x"
+                    data = json.loads((out / regime / f"{mode}-{tag}" / "sweep.json").read_text())
+                    for r in data["runs"]:
+                        if r["policy"] == policy:
+                            tps[r["load"]].append(r["metrics"]["tps_under_slo"])
+                            pre[r["load"]].append(r["metrics"]["preemptions"])
+                load = max(tps, key=lambda x: statistics.fmean(tps[x]))
+                heavy = max(tps)
+                peaks[mode] = (
+                    statistics.fmean(tps[load]),
+                    load,
+                    statistics.fmean(pre[load]),
+                    statistics.fmean(pre[heavy]),
+                )
+            rows[f"{regime}/{policy}"] = peaks
+            off, pause, sm = (peaks[m][0] for m in MODES)
+            if regime in BINDS:
+                verdict = "pass" if sm > off and sm > pause else "FAIL"
+            else:
+                verdict = "pass" if sm >= 0.99 * off and sm >= 0.99 * pause else "FAIL"
+            cols = " | ".join(f"{peaks[m][0]:,.0f} ({peaks[m][1]:g}) / {peaks[m][2]:,.0f}" for m in MODES)
+            print(
+                f"| {regime} | {policy} | {cols} | ×{sm / off:.3f} | ×{sm / pause:.3f} | ×{pause / off:.3f} | {verdict} |"
+            )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--regimes", default=",".join(REGIMES))
+    ap.add_argument("--table", action="store_true", help="only print the table of what is on disk")
+    args = ap.parse_args()
+    regimes = args.regimes.split(",")
+    if not args.table:
+        run(args.out, regimes)
+    rows = table(args.out, regimes)
+    (args.out / "session_admission.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
