@@ -206,9 +206,19 @@ impl SessionAdmission {
     pub fn decide(&mut self, req: &AdmitRequest, now: f64, costs: impl FnOnce() -> Vec<u64>) -> Admission {
         let c = req.chosen as usize;
         let session = match (self.config.mode, req.session) {
-            (AdmissionMode::Off, _) | (_, None) => return Admission::Admit { instance: req.chosen, paused: 0 },
+            (AdmissionMode::Off, _) | (_, None) => {
+                return Admission::Admit {
+                    instance: req.chosen,
+                    paused: 0,
+                };
+            }
             (_, Some(s)) if c < self.instances.len() => s,
-            _ => return Admission::Admit { instance: req.chosen, paused: 0 },
+            _ => {
+                return Admission::Admit {
+                    instance: req.chosen,
+                    paused: 0,
+                };
+            }
         };
         let need = req.prompt_tokens + self.config.output_reserve_tokens;
         self.expire(c, now);
@@ -217,7 +227,10 @@ impl SessionAdmission {
         if home || self.active(c, session) + need <= cap || self.active(c, session) == 0 {
             let paused = self.admit_at(c, session, need, now);
             self.counters.admitted += 1;
-            return Admission::Admit { instance: req.chosen, paused };
+            return Admission::Admit {
+                instance: req.chosen,
+                paused,
+            };
         }
         if self.config.mode == AdmissionMode::Smetric {
             let costs = costs();
@@ -290,7 +303,12 @@ impl SessionAdmission {
             }
         }
         let list = &mut self.instances[i];
-        let mut total: u64 = list.iter().filter(|r| r.session != session).map(|r| r.tokens).sum::<u64>() + need;
+        let mut total: u64 = list
+            .iter()
+            .filter(|r| r.session != session)
+            .map(|r| r.tokens)
+            .sum::<u64>()
+            + need;
         let mut paused = 0;
         while total > self.config.capacity_tokens {
             let victim = list
@@ -303,31 +321,28 @@ impl SessionAdmission {
             total -= list.swap_remove(k).tokens;
             paused += 1;
         }
-        match list.iter_mut().find(|r| r.session == session) {
-            Some(r) => {
-                r.in_flight += 1;
-                r.tokens = r.tokens.max(need);
-                r.last_active = now;
+        if let Some(r) = list.iter_mut().find(|r| r.session == session) {
+            r.in_flight += 1;
+            r.tokens = r.tokens.max(need);
+            r.last_active = now;
+        } else {
+            if list.len() >= self.config.max_sessions_per_instance.max(1) {
+                // The bound: the least recently active idle session, else the least recently active.
+                let k = (0..list.len())
+                    .min_by(|&a, &b| {
+                        (list[a].in_flight > 0)
+                            .cmp(&(list[b].in_flight > 0))
+                            .then(list[a].last_active.total_cmp(&list[b].last_active))
+                    })
+                    .unwrap_or(0);
+                list.swap_remove(k);
             }
-            None => {
-                if list.len() >= self.config.max_sessions_per_instance.max(1) {
-                    // The bound: the least recently active idle session, else the least recently active.
-                    let k = (0..list.len())
-                        .min_by(|&a, &b| {
-                            (list[a].in_flight > 0, list[a].last_active)
-                                .partial_cmp(&(list[b].in_flight > 0, list[b].last_active))
-                                .unwrap_or(std::cmp::Ordering::Equal)
-                        })
-                        .unwrap_or(0);
-                    list.swap_remove(k);
-                }
-                list.push(Resident {
-                    session,
-                    tokens: need,
-                    in_flight: 1,
-                    last_active: now,
-                });
-            }
+            list.push(Resident {
+                session,
+                tokens: need,
+                in_flight: 1,
+                last_active: now,
+            });
         }
         self.counters.paused += u64::from(paused);
         paused
@@ -373,7 +388,10 @@ mod tests {
     #[test]
     fn pause_holds_a_newcomer_while_in_flight_sessions_fill_the_instance() {
         let mut s = stage(AdmissionMode::Pause, 2);
-        assert!(matches!(s.decide(&req(1, 0, 60_000), 0.0, no_costs), Admission::Admit { .. }));
+        assert!(matches!(
+            s.decide(&req(1, 0, 60_000), 0.0, no_costs),
+            Admission::Admit { .. }
+        ));
         // 60K + 60K > 100K with session 1 in flight: held, and nothing changed.
         assert_eq!(s.decide(&req(2, 0, 60_000), 1.0, no_costs), Admission::Hold);
         assert_eq!(s.working_set(0, 1.0), 60_000);
@@ -393,13 +411,19 @@ mod tests {
         s.decide(&req(1, 0, 60_000), 0.0, no_costs);
         s.decide(&req(2, 0, 30_000), 0.0, no_costs);
         // Session 2's second request grows its context past the capacity: it is at home.
-        assert!(matches!(s.decide(&req(2, 0, 50_000), 1.0, no_costs), Admission::Admit { .. }));
+        assert!(matches!(
+            s.decide(&req(2, 0, 50_000), 1.0, no_costs),
+            Admission::Admit { .. }
+        ));
     }
 
     #[test]
     fn a_request_alone_is_never_held() {
         let mut s = stage(AdmissionMode::Pause, 1);
-        assert!(matches!(s.decide(&req(1, 0, 500_000), 0.0, no_costs), Admission::Admit { .. }));
+        assert!(matches!(
+            s.decide(&req(1, 0, 500_000), 0.0, no_costs),
+            Admission::Admit { .. }
+        ));
     }
 
     #[test]
@@ -480,7 +504,10 @@ mod tests {
             chosen: 0,
             prompt_tokens: 90_000,
         };
-        assert_eq!(s.decide(&anon, 0.0, no_costs), Admission::Admit { instance: 0, paused: 0 });
+        assert_eq!(
+            s.decide(&anon, 0.0, no_costs),
+            Admission::Admit { instance: 0, paused: 0 }
+        );
         assert_eq!(s.working_set(0, 0.0), 90_000);
     }
 

@@ -42,8 +42,8 @@
 
 use serde::Serializer;
 use smetric_core::RouterConfig;
-use smetric_core::session_admission::AdmissionMode;
 use smetric_core::pd::DecodeRule;
+use smetric_core::session_admission::AdmissionMode;
 
 use crate::cache_events::IndexFeed;
 use crate::error::{Result, SimError};
@@ -450,6 +450,8 @@ pub struct SimConfig {
     pub session_admission: AdmissionMode,
 }
 
+// serde's `serialize_with` hands over a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
 fn admission_name<S: serde::Serializer>(mode: &AdmissionMode, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_str(mode.name())
 }

@@ -2,7 +2,9 @@
 //! without the stage, and the two forms differ where the policy's instance has no room.
 
 use smetric_core::session_admission::AdmissionMode;
-use smetric_sim::{GlobalTierConfig, PolicyKind, SimConfig, SimReport, SyntheticSessions, Workload, run, synthetic_sessions};
+use smetric_sim::{
+    GlobalTierConfig, PolicyKind, SimConfig, SimReport, SyntheticSessions, Workload, run, synthetic_sessions,
+};
 
 /// 24 closed-loop sessions of 4 turns, each turn ~24K tokens deep, arriving fast on 2
 /// instances of 64K KV tokens: a few sessions' working sets fill an instance.
@@ -51,15 +53,26 @@ fn held_requests_are_served_and_their_wait_counts_in_ttft() {
     for mode in [AdmissionMode::Pause, AdmissionMode::Smetric] {
         for policy in [PolicyKind::Smetric, PolicyKind::LeastLoad] {
             let report = run(&config(mode), &w, policy).unwrap();
-            assert_eq!(report.completed + report.rejected, report.requests, "{mode:?} {policy:?}");
-            assert!(counter(&report, "admission_held") > 0, "{mode:?} {policy:?}: nothing held");
+            assert_eq!(
+                report.completed + report.rejected,
+                report.requests,
+                "{mode:?} {policy:?}"
+            );
+            assert!(
+                counter(&report, "admission_held") > 0,
+                "{mode:?} {policy:?}: nothing held"
+            );
             let held = report
                 .records
                 .iter()
                 .filter(|r| r.reason == "session admission: resumed")
                 .count();
             // A held request's TTFT runs from its arrival, not its admission.
-            for r in report.records.iter().filter(|r| r.reason == "session admission: resumed") {
+            for r in report
+                .records
+                .iter()
+                .filter(|r| r.reason == "session admission: resumed")
+            {
                 assert!(r.first_token_s.unwrap() > r.arrival_s.unwrap());
             }
             assert!(held > 0 || mode == AdmissionMode::Smetric, "{mode:?} {policy:?}");

@@ -196,10 +196,7 @@ impl CorePlacer {
     #[must_use]
     pub fn with_admission(mut self, mode: AdmissionMode, capacity_tokens: u64) -> Self {
         self.admission = (mode != AdmissionMode::Off).then(|| AdmissionRun {
-            stage: SessionAdmission::new(
-                self.names.len() as u32,
-                AdmissionConfig::new(mode, capacity_tokens),
-            ),
+            stage: SessionAdmission::new(self.names.len() as u32, AdmissionConfig::new(mode, capacity_tokens)),
             held: HashMap::new(),
             running: HashMap::new(),
         });
@@ -232,7 +229,10 @@ impl CorePlacer {
         chosen: u32,
     ) -> Admission {
         let Some(run) = admission else {
-            return Admission::Admit { instance: chosen, paused: 0 };
+            return Admission::Admit {
+                instance: chosen,
+                paused: 0,
+            };
         };
         let prompt = u64::from(request.prompt_tokens);
         run.stage.decide(
@@ -499,12 +499,13 @@ impl Placer for CorePlacer {
             ]);
         }
         let Some(events) = &self.events else { return counters };
-        counters.extend(events
-            .ingestor
-            .stats()
-            .counters()
-            .into_iter()
-            .map(|(name, value)| (format!("ingest_{name}"), value)),
+        counters.extend(
+            events
+                .ingestor
+                .stats()
+                .counters()
+                .into_iter()
+                .map(|(name, value)| (format!("ingest_{name}"), value)),
         );
         counters.push(("ingest_refused_messages".into(), events.refused));
         counters.push(("ingest_dropped_messages".into(), events.decode_errors));
