@@ -152,6 +152,22 @@ def test_router_replicas_options(weka_trace: TraceWriter, tmp_path: Path, capsys
         assert err_.value.code == 2
 
 
+def test_session_admission_option(weka_trace: TraceWriter, tmp_path: Path) -> None:
+    argv = ["simulate", "--trace", str(weka_trace()), "--policies", "smetric", *TINY, "--ladder", "1"]
+    argv += ["--feed-policies", ""]
+    for mode in ("off", "pause", "smetric"):
+        out = tmp_path / mode
+        assert main([*argv, "--session-admission", mode, "--out", str(out)]) == 0
+        config = json.loads((out / "run.json").read_text())["config"]
+        # Off describes the run as it was before the stage existed.
+        assert config.get("session_admission", "off") == mode
+        assert ("session_admission" in config) == (mode != "off")
+    for bad in (["--session-admission", "thunder"], ["--session-admission", "pause", "--router-replicas", "2"]):
+        with pytest.raises(SystemExit) as err:
+            main([*argv, *bad, "--out", str(tmp_path / "bad")])
+        assert err.value.code == 2
+
+
 def test_bad_arguments_fail_cleanly(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown policy"):
         main(["simulate", "--policies", "nope", "--out", str(tmp_path)])
