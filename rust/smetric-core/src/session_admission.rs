@@ -18,10 +18,11 @@
 //!    them, least recently active first, until `set(c) + need ≤ capacity`, and admit.
 //! 3. `c` has no in-flight work: admit anyway (a request alone never waits: progress).
 //! 4. [`AdmissionMode::Smetric`] only: the other instances with room by the same test whose
-//!    source for the prefix is no worse than `c`'s (tokens to prefill there, from the caller's
-//!    per-instance costs: GPU hit, host pool, shared store, else recompute — never trade a hit
-//!    for a recompute: a move that recomputes a long history costs more than the wait), the
-//!    cheapest, ties to the smaller working set, then the lower slot: place it there
+//!    source for the prefix is no worse than `c`'s (the caller's per-instance cost in
+//!    prefill-equivalent tokens: a token on the GPU free, one loaded from the host pool or a
+//!    shared store at that path's price, one recomputed at 1 — never trade a cheaper source for
+//!    a dearer one: a move that recomputes or reloads a long history costs more than the wait),
+//!    the cheapest, ties to the smaller working set, then the lower slot: place it there
 //!    ([`Admission::Elsewhere`]).
 //! 5. Otherwise [`Admission::Hold`]: the caller queues the request and asks again when a
 //!    request finishes ([`AdmissionMode::Pause`] holds at `c`, ThunderAgent's per-pod form).
@@ -201,9 +202,10 @@ impl SessionAdmission {
     }
 
     /// Admits, places elsewhere or holds `req` at `now` (module docs). `costs` gives, per
-    /// instance slot, the tokens the request would prefill there; it is called only when the
-    /// policy's instance has no room and the mode is [`AdmissionMode::Smetric`].
-    pub fn decide(&mut self, req: &AdmitRequest, now: f64, costs: impl FnOnce() -> Vec<u64>) -> Admission {
+    /// instance slot, the cost of the request's prefix there in prefill-equivalent tokens; it
+    /// is called only when the policy's instance has no room and the mode is
+    /// [`AdmissionMode::Smetric`].
+    pub fn decide(&mut self, req: &AdmitRequest, now: f64, costs: impl FnOnce() -> Vec<f64>) -> Admission {
         let c = req.chosen as usize;
         let session = match (self.config.mode, req.session) {
             (AdmissionMode::Off, _) | (_, None) => {
@@ -234,8 +236,8 @@ impl SessionAdmission {
         }
         if self.config.mode == AdmissionMode::Smetric {
             let costs = costs();
-            let at_chosen = costs.get(c).copied().unwrap_or(u64::MAX);
-            let mut best: Option<(u64, u64, usize)> = None;
+            let at_chosen = costs.get(c).copied().unwrap_or(f64::INFINITY);
+            let mut best: Option<(f64, u64, usize)> = None;
             for j in 0..self.instances.len() {
                 if j == c {
                     continue;
@@ -245,11 +247,12 @@ impl SessionAdmission {
                     continue;
                 }
                 let set = self.instances[j].iter().map(|r| r.tokens).sum::<u64>();
-                let key = (costs.get(j).copied().unwrap_or(u64::MAX), set, j);
+                let key = (costs.get(j).copied().unwrap_or(f64::INFINITY), set, j);
                 if key.0 > at_chosen {
                     continue;
                 }
-                if best.is_none_or(|b| key < b) {
+                let better = |b: (f64, u64, usize)| key.0.total_cmp(&b.0).then((key.1, key.2).cmp(&(b.1, b.2))).is_lt();
+                if best.is_none_or(better) {
                     best = Some(key);
                 }
             }
@@ -369,7 +372,7 @@ mod tests {
         }
     }
 
-    fn no_costs() -> Vec<u64> {
+    fn no_costs() -> Vec<f64> {
         panic!("costs asked for")
     }
 
@@ -431,13 +434,13 @@ mod tests {
         let mut s = stage(AdmissionMode::Smetric, 3);
         s.decide(&req(1, 0, 60_000), 0.0, no_costs);
         // Instances 1 and 2 both have room; 2 holds more of the prefix (fewer tokens to prefill).
-        let got = s.decide(&req(2, 0, 60_000), 1.0, || vec![20_000, 60_000, 10_000]);
+        let got = s.decide(&req(2, 0, 60_000), 1.0, || vec![20_000.0, 60_000.0, 10_000.0]);
         assert_eq!(got, Admission::Elsewhere { instance: 2, paused: 0 });
         // Negative control: the same request under ThunderAgent's form is held.
         let mut p = stage(AdmissionMode::Pause, 3);
         p.decide(&req(1, 0, 60_000), 0.0, no_costs);
         assert_eq!(
-            p.decide(&req(2, 0, 60_000), 1.0, || vec![20_000, 60_000, 10_000]),
+            p.decide(&req(2, 0, 60_000), 1.0, || vec![20_000.0, 60_000.0, 10_000.0]),
             Admission::Hold
         );
     }
@@ -447,10 +450,18 @@ mod tests {
         let mut s = stage(AdmissionMode::Smetric, 2);
         s.decide(&req(1, 0, 60_000), 0.0, no_costs);
         // Session 2's prefix is on instance 0 (nothing to prefill); instance 1 would recompute.
-        assert_eq!(s.decide(&req(2, 0, 60_000), 1.0, || vec![0, 60_000]), Admission::Hold);
-        // The same prefix in a shared store (as cheap on 1 as on 0): moved.
         assert_eq!(
-            s.decide(&req(2, 0, 60_000), 1.0, || vec![0, 0]),
+            s.decide(&req(2, 0, 60_000), 1.0, || vec![0.0, 60_000.0]),
+            Admission::Hold
+        );
+        // The same prefix loaded from a shared store on 1 costs more than the GPU hit on 0: held.
+        assert_eq!(
+            s.decide(&req(2, 0, 60_000), 1.0, || vec![0.0, 16_200.0]),
+            Admission::Hold
+        );
+        // A prefix that 0 would load from the store too (its GPU copy evicted): moved.
+        assert_eq!(
+            s.decide(&req(2, 0, 60_000), 1.0, || vec![16_200.0, 16_200.0]),
             Admission::Elsewhere { instance: 1, paused: 0 }
         );
     }
@@ -460,7 +471,7 @@ mod tests {
         let mut s = stage(AdmissionMode::Smetric, 2);
         s.decide(&req(1, 0, 60_000), 0.0, no_costs);
         s.decide(&req(2, 1, 60_000), 0.0, no_costs);
-        assert_eq!(s.decide(&req(3, 0, 60_000), 1.0, || vec![0, 0]), Admission::Hold);
+        assert_eq!(s.decide(&req(3, 0, 60_000), 1.0, || vec![0.0, 0.0]), Admission::Hold);
     }
 
     #[test]
