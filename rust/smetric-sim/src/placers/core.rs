@@ -220,7 +220,8 @@ impl CorePlacer {
     }
 
     /// The admission stage's verdict on a request the policy sent to `chosen`: each instance's
-    /// cost for the prefix is priced from the index's hits (GPU, host pool, store), when asked.
+    /// cost for the prefix is the tokens it would prefill, from the index's hits (GPU, host
+    /// pool, store), when asked.
     fn admit(
         admission: &mut Option<AdmissionRun>,
         router: &Router,
@@ -252,19 +253,14 @@ impl CorePlacer {
                     Some(request.now),
                 );
                 let Ok(hits) = hits else { return Vec::new() };
-                // Each token from its nearest source (docs/routing-semantics.md §2.8's pricing):
-                // the GPU free, the host pool and the store at the router's fetch costs.
-                let (host_cost, global_cost) = (router.config().host_fetch_cost, router.config().global_fetch_cost);
+                // Tokens to prefill, each from the deepest source that holds it: a loaded token
+                // costs nothing here (pricing the loads at the router's fetch costs measured
+                // worse, docs/results.md §20).
                 let global = hits.global_hit_tokens;
                 hits.local
                     .iter()
                     .zip(&hits.host)
-                    .map(|(&(_, local), &(_, host))| {
-                        let host_loaded = host.saturating_sub(local);
-                        let global_loaded = global.saturating_sub(local.max(host));
-                        let recomputed = prompt.saturating_sub(local.max(host).max(global));
-                        host_loaded as f64 * host_cost + global_loaded as f64 * global_cost + recomputed as f64
-                    })
+                    .map(|(&(_, local), &(_, host))| prompt.saturating_sub(local.max(host).max(global)) as f64)
                     .collect()
             },
         )
