@@ -17,7 +17,8 @@
 //! 2. `c` has room once its idle sessions are paused (`active(c) + need ≤ capacity`): pause
 //!    them, least recently active first, until `set(c) + need ≤ capacity`, and admit.
 //! 3. `c` has no in-flight work: admit anyway (a request alone never waits: progress).
-//! 4. [`AdmissionMode::Smetric`] only: the other instances with room by the same test whose
+//! 4. [`AdmissionMode::Smetric`] only: the other instances with room as they stand (their whole
+//!    working set, idle sessions included: a move pauses no one) whose
 //!    source for the prefix is no worse than `c`'s (the caller's per-instance cost in
 //!    prefill-equivalent tokens: a token on the GPU free, one loaded from the host pool or a
 //!    shared store at that path's price, one recomputed at 1 — never trade a cheaper source for
@@ -243,10 +244,16 @@ impl SessionAdmission {
                     continue;
                 }
                 self.expire(j, now);
-                if self.active(j, session) + need > cap {
+                // Room as it stands: a moved request pauses no one (moves that evicted the
+                // target's idle sessions cascaded past the peak, docs/results.md §20).
+                let set = self.instances[j]
+                    .iter()
+                    .filter(|r| r.session != session)
+                    .map(|r| r.tokens)
+                    .sum::<u64>();
+                if set + need > cap {
                     continue;
                 }
-                let set = self.instances[j].iter().map(|r| r.tokens).sum::<u64>();
                 let key = (costs.get(j).copied().unwrap_or(f64::INFINITY), set, j);
                 if key.0 > at_chosen {
                     continue;
@@ -436,6 +443,12 @@ mod tests {
         // Instances 1 and 2 both have room; 2 holds more of the prefix (fewer tokens to prefill).
         let got = s.decide(&req(2, 0, 60_000), 1.0, || vec![20_000.0, 60_000.0, 10_000.0]);
         assert_eq!(got, Admission::Elsewhere { instance: 2, paused: 0 });
+        // A move pauses no one: instance 2 now has no room as it stands (session 2 is on it),
+        // and instance 1 recomputes more than 0 would: held.
+        assert_eq!(
+            s.decide(&req(3, 0, 60_000), 2.0, || vec![20_000.0, 60_000.0, 10_000.0]),
+            Admission::Hold
+        );
         // Negative control: the same request under ThunderAgent's form is held.
         let mut p = stage(AdmissionMode::Pause, 3);
         p.decide(&req(1, 0, 60_000), 0.0, no_costs);
