@@ -23,6 +23,7 @@ from smetric._core import (
     PdRouter,
     Router,
     RouterConfig,
+    SessionAdmission,
     __version__,
 )
 from smetric._types import (
@@ -80,6 +81,7 @@ __all__ = [
     "RouterConfig",
     "RouterConfigFields",
     "RouterStats",
+    "SessionAdmission",
     "SmetricError",
     "Tier",
     "TurnSource",

@@ -26,6 +26,7 @@ from smetric._types import (
     ReuseStats,
     RouterConfigFields,
     RouterStats,
+    SessionAdmissionMode,
     SimConfigDefaults,
     SimReport,
     SmetricMigration,
@@ -66,6 +67,7 @@ __all__ = [
     "PerfModel",
     "Router",
     "RouterConfig",
+    "SessionAdmission",
     "Workload",
     "__version__",
     "encode_kv_batch",
@@ -272,6 +274,44 @@ class RouterConfig:
         every smetric+ switch off (the ``smetric_v1`` preset)."""
     def to_dict(self) -> RouterConfigFields:
         """Every field as a dict."""
+
+@final
+class SessionAdmission:
+    """Session admission after the policy (``smetric_core::session_admission``): per instance slot,
+    the resident sessions (a request in flight, or idle under ``idle_window_s``) and their KV
+    working set; a request is admitted, placed elsewhere (``"smetric"``) or held when its slot's
+    resident sessions leave it no room."""
+
+    def __new__(
+        cls,
+        instances: int,
+        *,
+        mode: SessionAdmissionMode,
+        capacity_tokens: int,
+        idle_window_s: float = 30.0,
+        output_reserve_tokens: int = 1024,
+        max_sessions_per_instance: int = 4096,
+    ) -> SessionAdmission:
+        """A stage over ``instances`` slots of ``capacity_tokens`` KV tokens each.
+
+        Raises:
+            InvalidConfigError: an unknown mode, or a non-finite or negative window.
+        """
+    @property
+    def mode(self) -> SessionAdmissionMode:
+        """The mode's name."""
+    def decide(
+        self, session: int | None, chosen: int, prompt_tokens: int, now: float, costs: Sequence[float] | None = None
+    ) -> tuple[Literal["admit", "elsewhere", "hold"], int, int]:
+        """``(verdict, instance, paused)`` for a request of ``session`` the policy sent to slot
+        ``chosen``; ``costs`` (per slot, prefill-equivalent tokens) is read only by ``"smetric"``
+        when ``chosen`` has no room. A held request changes nothing: ask again later."""
+    def on_finished(self, session: int, instance: int, context_tokens: int, now: float) -> None:
+        """``session``'s request on ``instance`` finished with ``context_tokens`` (prompt + output)."""
+    def working_set(self, instance: int, now: float) -> int:
+        """Slot ``instance``'s resident sessions' context tokens at ``now`` (0 out of range)."""
+    def counters(self) -> dict[str, int]:
+        """``admitted``, ``moved``, ``held`` and ``paused`` so far."""
 
 @final
 class Decision:

@@ -36,7 +36,7 @@ __all__ = [
     "ReuseStats",
     "RouterConfigFields",
     "RouterStats",
-    "SessionAdmission",
+    "SessionAdmissionMode",
     "SimConfigDefaults",
     "SimReport",
     "SloResult",
@@ -171,7 +171,7 @@ ReplicaSync: TypeAlias = Literal["off", "bus"]
 """How simulated router replicas share their in-flight work: not at all, or over a bus with a
 delay (what ``smetric serve --replica-bus`` does)."""
 
-SessionAdmission: TypeAlias = Literal["off", "pause", "smetric"]
+SessionAdmissionMode: TypeAlias = Literal["off", "pause", "smetric"]
 """Session admission after the policy (the core's ``session_admission``): none; ThunderAgent's
 per-pod form (pause idle sessions, else hold the request at its instance); or smetric's (pause
 idle sessions, else place it on another instance with room and the cheapest source, else hold)."""
@@ -481,7 +481,7 @@ class SimConfigDefaults(TypedDict):
     replica_sync: ReplicaSync
     replica_sync_delay_s: float
     """With ``replica_sync="bus"``: seconds from a replica's load effect to the others' boards."""
-    session_admission: SessionAdmission
+    session_admission: SessionAdmissionMode
 
 
 class SyntheticOptions(TypedDict):

@@ -50,7 +50,7 @@ from smetric._types import (
     PolicyName,
     ReplicaSync,
     ResolvedProfile,
-    SessionAdmission,
+    SessionAdmissionMode,
     SimConfigDefaults,
     SloSettings,
     SyntheticOptions,
@@ -145,7 +145,7 @@ sees every cache change the instant it happens."""
 TURN_FEEDS: Final[tuple[TurnFeed, ...]] = get_args(TurnFeed)
 REPLICA_SYNCS: Final[tuple[ReplicaSync, ...]] = get_args(ReplicaSync)
 """How simulated router replicas share their in-flight work (``SimulationConfig.replica_sync``)."""
-SESSION_ADMISSIONS: Final[tuple[SessionAdmission, ...]] = get_args(SessionAdmission)
+SESSION_ADMISSIONS: Final[tuple[SessionAdmissionMode, ...]] = get_args(SessionAdmissionMode)
 """Session admission modes (``SimulationConfig.session_admission``)."""
 """What a run tells the router of each request's turn: ``request`` — the turn the request carries
 (a session's k-th request has turn k, as its re-sent history shows a real router); ``index`` —
@@ -358,7 +358,7 @@ class SimulationConfig:
     """``"off"``: each replica counts only its own requests; ``"bus"``: each applies the others'
     load effects ``replica_sync_delay_s`` late (``smetric serve --replica-bus``)."""
     replica_sync_delay_s: float = ENGINE_DEFAULTS["replica_sync_delay_s"]
-    session_admission: SessionAdmission = ENGINE_DEFAULTS["session_admission"]
+    session_admission: SessionAdmissionMode = ENGINE_DEFAULTS["session_admission"]
     """One of :data:`SESSION_ADMISSIONS`: ``"off"`` serves every request where the policy sends it;
     ``"pause"`` / ``"smetric"`` hold back (or, ``smetric``, place elsewhere) a request whose
     instance's resident sessions leave no KV room (the core's ``session_admission``)."""

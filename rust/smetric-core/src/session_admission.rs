@@ -190,14 +190,21 @@ impl SessionAdmission {
         self.counters
     }
 
-    /// Instance `i`'s working set (resident sessions' context tokens) at `now`.
+    /// Instance `i`'s working set (resident sessions' context tokens) at `now` (0 for a slot
+    /// out of range).
     pub fn working_set(&mut self, i: u32, now: f64) -> u64 {
+        if i as usize >= self.instances.len() {
+            return 0;
+        }
         self.expire(i as usize, now);
         self.instances[i as usize].iter().map(|r| r.tokens).sum()
     }
 
-    /// Sessions resident on instance `i` at `now`.
+    /// Sessions resident on instance `i` at `now` (0 for a slot out of range).
     pub fn residents(&mut self, i: u32, now: f64) -> usize {
+        if i as usize >= self.instances.len() {
+            return 0;
+        }
         self.expire(i as usize, now);
         self.instances[i as usize].len()
     }

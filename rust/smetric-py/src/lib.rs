@@ -7,6 +7,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
+mod admission;
 mod config;
 mod convert;
 mod engine;
@@ -39,6 +40,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::PyDecision>()?;
     m.add_class::<router::PyIndexHits>()?;
     m.add_class::<config::PyRouterConfig>()?;
+    m.add_class::<admission::PySessionAdmission>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_BLOCK_SIZE", smetric_core::DEFAULT_BLOCK_SIZE)?;
     m.add("L_EQ_QWEN3_CODER_30B_A3B", smetric_core::L_EQ_QWEN3_CODER_30B_A3B)?;
