@@ -288,11 +288,13 @@ class SessionAdmission:
         *,
         mode: SessionAdmissionMode,
         capacity_tokens: int,
-        idle_window_s: float = 30.0,
-        output_reserve_tokens: int = 1024,
-        max_sessions_per_instance: int = 4096,
+        idle_window_s: float = ...,
+        output_reserve_tokens: int = ...,
+        max_sessions_per_instance: int = ...,
     ) -> SessionAdmission:
-        """A stage over ``instances`` slots of ``capacity_tokens`` KV tokens each.
+        """A stage over ``instances`` slots of ``capacity_tokens`` KV tokens each. The defaults are
+        the core's (defined once there): a 30 s idle window, a 1,024-token output reserve, 4,096
+        sessions per instance.
 
         Raises:
             InvalidConfigError: an unknown mode, or a non-finite or negative window.
