@@ -20,9 +20,10 @@
 //! 4. [`AdmissionMode::Smetric`] only: the other instances with room as they stand (their whole
 //!    working set, idle sessions included: a move pauses no one) whose
 //!    source for the prefix is no worse than `c`'s (the caller's per-instance cost in
-//!    prefill-equivalent tokens: a token on the GPU free, one loaded from the host pool or a
-//!    shared store at that path's price, one recomputed at 1 — never trade a cheaper source for
-//!    a dearer one: a move that recomputes or reloads a long history costs more than the wait),
+//!    prefill-equivalent tokens; the simulator passes the tokens to prefill, a token held on the
+//!    GPU, in a host pool or in a shared store free — pricing loads at the router's fetch costs
+//!    measured worse, docs/results.md §20 — never trade a cheaper source for a dearer one: a
+//!    move that recomputes a long history costs more than the wait),
 //!    the cheapest, ties to the smaller working set, then the lower slot: place it there
 //!    ([`Admission::Elsewhere`]).
 //! 5. Otherwise [`Admission::Hold`]: the caller queues the request and asks again when a
