@@ -52,7 +52,8 @@ top-level sub-agent, its root session, OpenCode's ``x-parent-session-id``, Dynam
 later request under the same key starts over at turn 1 and a later sub-agent of it is placed as
 any first turn. Ids taken by the endpoint are checked by :func:`session_id_problem`.
 
-May import: the standard library, and from :mod:`smetric._core` the shared header constants (defined once in the compiled gateway, `rust/smetric-gateway/src/shared.rs`).
+May import: the standard library, and from :mod:`smetric._core` the shared header constants
+(defined once in the compiled gateway, ``rust/smetric-gateway/src/shared.rs``).
 """
 
 from __future__ import annotations
