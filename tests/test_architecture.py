@@ -561,3 +561,59 @@ def test_the_fact_check_sees_drift() -> None:
     problems = _fact_problems(drifted, ROOT)
     assert any(p.startswith("policies: the page says 7") for p in problems), problems
     assert any(p.startswith("the index's lock: the page says `Mutex<KvIndex>`") for p in problems), problems
+
+
+# -- the constants both planes share are defined once, in the gateway (issue 32 item 3) ----------
+
+
+def _shared_values() -> tuple[set[object], list[set[object]]]:
+    import smetric._core as core
+
+    scalars: set[object] = set()
+    tuples: list[set[object]] = []
+    for name in dir(core):
+        if name.startswith("SHARED_"):
+            value = getattr(core, name)
+            if isinstance(value, (str, bytes)):
+                scalars.add(value)
+            elif isinstance(value, tuple):
+                tuples.append(set(value))
+    return scalars, tuples
+
+
+def _redefinitions(source: str, where: str) -> list[str]:
+    """Module-level assignments in ``source`` of a shared string or bytes value, or of a tuple
+    holding exactly a shared tuple's values: a copy of ``rust/smetric-gateway/src/shared.rs``."""
+    scalars, tuples = _shared_values()
+    out = []
+    for node in ast.parse(source).body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Constant) and value.value in scalars:
+            out.append(f"{where}:{node.lineno} redefines {value.value!r}")
+        if isinstance(value, ast.Tuple) and all(isinstance(e, ast.Constant) for e in value.elts):
+            items = {e.value for e in value.elts if isinstance(e, ast.Constant)}
+            if items and any(items == shared for shared in tuples):
+                out.append(f"{where}:{node.lineno} redefines a shared tuple")
+    return out
+
+
+def test_no_python_module_copies_a_shared_constant() -> None:
+    scalars, tuples = _shared_values()
+    assert len(scalars) >= 3 and len(tuples) >= 4, "the bindings export the gateway's shared constants"
+    problems = [
+        problem
+        for path in sorted((ROOT / "python" / "smetric").rglob("*.py"))
+        for problem in _redefinitions(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert problems == []
+
+
+def test_the_shared_constant_check_sees_copies() -> None:
+    """Negative control: the copies the gateway's constants replaced are caught."""
+    copied = (
+        'CUT_MESSAGE = "the stream was cut and could not be continued"\n'
+        '_HINTS = ("x-session-id", "x-claude-code-session-id", "thread-id", "session-id",\n'
+        '  "x-dynamo-session-id")\n'
+        "WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)\n"
+    )
+    assert len(_redefinitions(copied, "copied.py")) == 3

@@ -54,6 +54,16 @@ __all__ = [
     "MAX_JSON_NESTING",
     "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
     "POLICIES",
+    "SHARED_BILLING_HEADER_PREFIX",
+    "SHARED_BYTE_CHUNK_BYTES",
+    "SHARED_CUT_MESSAGE",
+    "SHARED_END_HEADERS",
+    "SHARED_PARENT_HEADERS",
+    "SHARED_PIN_MAC_HEX",
+    "SHARED_PIN_TAG_HEX",
+    "SHARED_SESSION_HEADERS",
+    "SHARED_USAGE_OPTION",
+    "SHARED_WAIT_BUCKETS_S",
     "Decision",
     "Gateway",
     "GatewayNative",
@@ -530,6 +540,26 @@ def gateway_routing_ids(path: str, raw: bytes) -> tuple[bytes, bool | None] | No
     index's) the gateway's native path would route a body posted to ``path`` on, or None when it
     would hand the body to the app."""
 
+SHARED_SESSION_HEADERS: Final[tuple[str, ...]]
+"""Headers naming a request's session, in the order both planes read them (``rust/smetric-gateway/src/shared.rs``)."""
+SHARED_PARENT_HEADERS: Final[tuple[str, ...]]
+"""Headers naming a sub-agent's parent, in order."""
+SHARED_END_HEADERS: Final[tuple[str, ...]]
+"""Headers marking a session's last request."""
+SHARED_CUT_MESSAGE: Final[str]
+"""The error a cut stream ends with when it could not be continued."""
+SHARED_USAGE_OPTION: Final[bytes]
+"""The usage request spliced into a streamed OpenAI body."""
+SHARED_WAIT_BUCKETS_S: Final[tuple[float, ...]]
+"""Upper bounds (seconds) of the admission queue-wait histogram."""
+SHARED_PIN_TAG_HEX: Final[int]
+"""Hex digits of a stored-response id's instance tag."""
+SHARED_PIN_MAC_HEX: Final[int]
+"""Hex digits of a stored-response id's mac."""
+SHARED_BYTE_CHUNK_BYTES: Final[int]
+"""UTF-8 bytes per id of the byte-chunk tokenizer."""
+SHARED_BILLING_HEADER_PREFIX: Final[str]
+"""The prefix of Claude Code's billing system block, dropped from Anthropic requests."""
 GATEWAY_HEADER: Final[str]
 """Carries the gateway's per-process secret on every request it sends the app."""
 GATEWAY_ADMITTED_HEADER: Final[str]

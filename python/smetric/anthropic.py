@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from smetric._core import SHARED_BILLING_HEADER_PREFIX
 from smetric.errors import SmetricError
 
 __all__ = [
@@ -59,8 +60,9 @@ __all__ = [
     "to_chat",
 ]
 
-BILLING_HEADER_PREFIX = "x-anthropic-billing-header"
-"""A system text block that starts with it is dropped (it changes on every request)."""
+BILLING_HEADER_PREFIX: str = SHARED_BILLING_HEADER_PREFIX
+"""A system text block that starts with it is dropped (it changes on every request; defined
+once, in the gateway's ``shared`` constants)."""
 
 _ERROR_TYPES = {
     400: "invalid_request_error",

@@ -28,8 +28,11 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-BYTE_CHUNK_BYTES = 4
-"""UTF-8 bytes per id of the byte-chunk tokenizer (the fake engine's default)."""
+from smetric._core import SHARED_BYTE_CHUNK_BYTES
+
+BYTE_CHUNK_BYTES: int = SHARED_BYTE_CHUNK_BYTES
+"""UTF-8 bytes per id of the byte-chunk tokenizer (the fake engine's default; defined once, in
+the gateway's ``shared`` constants, which tokenizes the same way)."""
 
 
 def render_chat(

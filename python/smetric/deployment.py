@@ -72,26 +72,28 @@ def deployed_fields(
     return out
 
 
+def _metrics_page(url: str, timeout: float, headers: Mapping[str, str] | None) -> str | None:
+    """The text of an engine's ``/metrics`` page at ``url``, or None when it does not answer."""
+    import http.client
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=timeout) as r:
+            return str(r.read().decode("utf-8", errors="replace"))
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+
+
 def fleet_kv_capacity(
     metrics_urls: Iterable[str], timeout: float = 2.0, headers: Mapping[str, str] | None = None
 ) -> int | None:
     """The smallest GPU KV capacity (tokens) the engines report at ``metrics_urls`` (each a full
     ``…/metrics`` URL; vLLM's ``vllm:cache_config_info``), or None when none answers with it.
     An engine that is down or has no such gauge is skipped. Blocking."""
-    import http.client
-    import urllib.request
-
     from smetric.engine_load import kv_capacity_tokens
 
-    found = []
-    for url in metrics_urls:
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=timeout) as r:
-                capacity = kv_capacity_tokens(r.read().decode("utf-8", errors="replace"))
-        except (OSError, ValueError, http.client.HTTPException):
-            continue
-        if capacity is not None:
-            found.append(capacity)
+    pages = (_metrics_page(url, timeout, headers) for url in metrics_urls)
+    found = [c for c in (kv_capacity_tokens(p) for p in pages if p is not None) if c is not None]
     return min(found) if found else None
 
 
@@ -101,19 +103,13 @@ def fleet_host_offload(
     """Per instance (``instance -> its …/metrics URL``), the host-memory KV cache its engine
     announces in tokens (:func:`smetric.engine_load.host_offload_tokens`: vLLM's
     ``--kv-offloading-size``), None when it announces none or does not answer. Blocking."""
-    import http.client
-    import urllib.request
-
     from smetric.engine_load import host_offload_tokens
 
-    found: dict[str, int | None] = {}
+    out: dict[str, int | None] = {}
     for instance, url in metrics_urls.items():
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=timeout) as r:
-                found[instance] = host_offload_tokens(r.read().decode("utf-8", errors="replace"))
-        except (OSError, ValueError, http.client.HTTPException):
-            found[instance] = None
-    return found
+        page = _metrics_page(url, timeout, headers)
+        out[instance] = None if page is None else host_offload_tokens(page)
+    return out
 
 
 def _count(value: float | None) -> int | None:

@@ -13,7 +13,7 @@ requests per test.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -147,10 +147,9 @@ def test_a_sub_agent_starts_at_its_parents_instance_when_cheap_and_not_when_over
         client.close()
 
 
-def test_claude_code_sub_agents_are_grouped_under_their_root_and_their_parent_agent(
-    proxy: tuple[ProxyServer, list[FakeEngine]],
-) -> None:
-    p, _ = proxy
+def _anthropic_turn(p: ProxyServer) -> tuple[anthropic.Anthropic, Callable[[str, dict[str, str]], str]]:
+    """An official SDK client (the caller closes it) and a turn: one Messages request with
+    ``headers``, answering the instance it went to."""
     client = anthropic.Anthropic(base_url=p.url, api_key="sk-test", max_retries=0, timeout=30)
 
     def turn(text: str, headers: dict[str, str]) -> str:
@@ -163,6 +162,15 @@ def test_claude_code_sub_agents_are_grouped_under_their_root_and_their_parent_ag
         )
         assert raw.parse().content
         return decision(raw.headers)["instance"]
+
+    return client, turn
+
+
+def test_claude_code_sub_agents_are_grouped_under_their_root_and_their_parent_agent(
+    proxy: tuple[ProxyServer, list[FakeEngine]],
+) -> None:
+    p, _ = proxy
+    client, turn = _anthropic_turn(p)
 
     try:
         root = {"x-claude-code-session-id": "cc-root"}
@@ -251,18 +259,7 @@ def test_the_end_header_releases_the_session_after_its_last_request(
 
 def test_the_anthropic_sdk_ends_a_session_by_header(proxy: tuple[ProxyServer, list[FakeEngine]]) -> None:
     p, _ = proxy
-    client = anthropic.Anthropic(base_url=p.url, api_key="sk-test", max_retries=0, timeout=30)
-
-    def turn(text: str, headers: dict[str, str]) -> str:
-        raw = client.messages.with_raw_response.create(
-            model=MODEL,
-            max_tokens=3,
-            system=text + " " + "context " * 40,
-            messages=[{"role": "user", "content": "go"}],
-            extra_headers=headers,
-        )
-        assert raw.parse().content
-        return decision(raw.headers)["instance"]
+    client, turn = _anthropic_turn(p)
 
     try:
         turn("Agent X.", {"x-session-id": "x"})

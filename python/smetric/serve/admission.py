@@ -31,14 +31,16 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from smetric._core import SHARED_WAIT_BUCKETS_S
 from smetric.metrics import _family
 from smetric.serve.errors import ProxyError
 from smetric.serve.telemetry import Histogram
 
 __all__ = ["WAIT_BUCKETS_S", "Admission", "Refusal", "refusal_error", "render_admission", "skip_full"]
 
-WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-"""Upper bounds (seconds) of the queue-wait histogram; an immediate admission lands in the first."""
+WAIT_BUCKETS_S: tuple[float, ...] = SHARED_WAIT_BUCKETS_S
+"""Upper bounds (seconds) of the queue-wait histogram; an immediate admission lands in the first
+(the gateway's door fills the same buckets)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from smetric._core import SHARED_CUT_MESSAGE
 from smetric.serve.admission import skip_full
 from smetric.serve.apis.base import Api, Prepared, StreamState
 from smetric.serve.backends.base import Answered, Backend, NoInstance
@@ -45,7 +46,8 @@ from smetric.serve.upstream import Refused, forwardable
 
 __all__ = ["CUT_MESSAGE", "Failover", "GatewayCut", "lost_state"]
 
-CUT_MESSAGE = "the stream was cut and could not be continued"
+CUT_MESSAGE: str = SHARED_CUT_MESSAGE
+"""The error a cut stream ends with when it could not be continued (both planes send it)."""
 
 
 def lost_state(instance: str | None, cause: str) -> ProxyError:

@@ -28,11 +28,14 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from smetric._core import SHARED_PIN_MAC_HEX, SHARED_PIN_TAG_HEX
+
 __all__ = ["OpenedId", "ResponseIds", "instance_tag", "resolve"]
 
-_TAG_HEX = 12
-"""48 bits of the URL's hash: a collision within one fleet is out of reach."""
-_MAC_HEX = 32
+_TAG_HEX = SHARED_PIN_TAG_HEX
+"""48 bits of the URL's hash: a collision within one fleet is out of reach (the gateway's
+``shared`` constant: both planes read and write these ids)."""
+_MAC_HEX = SHARED_PIN_MAC_HEX
 """128 bits of HMAC-SHA256."""
 
 

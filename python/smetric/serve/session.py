@@ -52,7 +52,8 @@ top-level sub-agent, its root session, OpenCode's ``x-parent-session-id``, Dynam
 later request under the same key starts over at turn 1 and a later sub-agent of it is placed as
 any first turn. Ids taken by the endpoint are checked by :func:`session_id_problem`.
 
-May import: the standard library only.
+May import: the standard library, and from :mod:`smetric._core` the shared header constants
+(defined once in the compiled gateway, ``rust/smetric-gateway/src/shared.rs``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from smetric._core import SHARED_END_HEADERS, SHARED_PARENT_HEADERS, SHARED_SESSION_HEADERS
+
 AFFINITY_COOKIE = "llm-d-session"
 """llm-d's session-affinity cookie: the base64 of the instance that served the session last."""
 AFFINITY_POLICY = "llmd_session_affinity"
@@ -74,16 +77,13 @@ HASH_POLICIES = frozenset({"consistent_hash", "rendezvous_hash"})
 """vllm-router's hash policies: they hash the request's session hint (``Router.route``'s
 ``session_key``; vllm-router reads ``x-session-id`` first), else the prompt."""
 
-_HEADER_HINTS = ("x-session-id", "x-claude-code-session-id", "thread-id", "session-id", "x-dynamo-session-id")
-PARENT_HEADERS = (
-    "x-codex-parent-thread-id",
-    "x-claude-code-parent-agent-id",
-    "x-parent-session-id",
-    "x-dynamo-parent-session-id",
-)
+_HEADER_HINTS: tuple[str, ...] = SHARED_SESSION_HEADERS
+"""Headers naming a request's session, in the order they are read. This and the two below are
+defined once, in the compiled gateway's ``shared`` constants, which reads the same headers."""
+PARENT_HEADERS: tuple[str, ...] = SHARED_PARENT_HEADERS
 """Headers naming the agent a request's agent was spawned by (Codex, Claude Code, OpenCode,
 Dynamo), in the order :func:`parent_key` reads them."""
-END_HEADERS = ("x-session-end", "x-dynamo-session-final")
+END_HEADERS: tuple[str, ...] = SHARED_END_HEADERS
 """Headers marking a session's last request (smetric's, Dynamo's): ``true`` or ``false``."""
 MAX_SESSION_ID_BYTES = 256
 """The longest session id the end endpoint takes (UTF-8 bytes); the agents' ids are UUIDs

@@ -36,10 +36,7 @@ pub struct AdmissionLimits {
     pub retry_after_s: u64,
 }
 
-/// Upper bounds (seconds) of the queue-wait histogram: `admission.WAIT_BUCKETS_S`.
-pub const WAIT_BUCKETS_S: [f64; 14] = [
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
+pub use crate::shared::WAIT_BUCKETS_S;
 
 /// Why a request was not admitted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -34,6 +34,7 @@ pub mod handoff;
 pub mod native;
 mod records;
 mod server;
+pub mod shared;
 mod validate;
 
 pub use admission::{AdmissionLimits, AdmissionSnapshot, WAIT_BUCKETS_S};

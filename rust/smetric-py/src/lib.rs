@@ -37,6 +37,22 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("GATEWAY_API_HEADER", n::API_HEADER)?;
         m.add("GATEWAY_CONTINUE_PATH", n::CONTINUE_PATH)?;
     }
+    {
+        use smetric_gateway::shared as s;
+        m.add("SHARED_SESSION_HEADERS", PyTuple::new(m.py(), s::SESSION_HEADERS)?)?;
+        m.add("SHARED_PARENT_HEADERS", PyTuple::new(m.py(), s::PARENT_HEADERS)?)?;
+        m.add("SHARED_END_HEADERS", PyTuple::new(m.py(), s::END_HEADERS)?)?;
+        m.add("SHARED_CUT_MESSAGE", s::CUT_MESSAGE)?;
+        m.add(
+            "SHARED_USAGE_OPTION",
+            pyo3::types::PyBytes::new(m.py(), s::USAGE_OPTION),
+        )?;
+        m.add("SHARED_WAIT_BUCKETS_S", PyTuple::new(m.py(), s::WAIT_BUCKETS_S)?)?;
+        m.add("SHARED_PIN_TAG_HEX", s::PIN_TAG_HEX)?;
+        m.add("SHARED_PIN_MAC_HEX", s::PIN_MAC_HEX)?;
+        m.add("SHARED_BYTE_CHUNK_BYTES", s::BYTE_CHUNK_BYTES)?;
+        m.add("SHARED_BILLING_HEADER_PREFIX", s::BILLING_HEADER_PREFIX)?;
+    }
     m.add_class::<router::PyDecision>()?;
     m.add_class::<router::PyIndexHits>()?;
     m.add_class::<config::PyRouterConfig>()?;

@@ -85,34 +85,12 @@ fn one_instance(instances: u32) -> SimConfig {
     }
 }
 
-/// Two identical prompts of `tokens` tokens: the first warms the caches, the second is timed.
-fn warm_then_hit(tokens: u32) -> Workload {
-    let ids: Vec<u64> = (0..u64::from(tokens / VLLM_BLOCK)).collect();
-    let mut b = WorkloadBuilder::new("anchor", VLLM_BLOCK, ArrivalKind::OpenLoop);
-    for time_s in [0.0, 1000.0] {
-        let spec = RequestSpec {
-            trace_id: 0,
-            input_tokens: tokens,
-            output_tokens: 1,
-            time_s,
-            think_s: 0.0,
-            prev: None,
-            session: 0,
-            root_session: 0,
-            first_turn: None,
-        };
-        b.push(spec, ids.iter().copied());
-    }
-    b.build().unwrap()
-}
-
-/// Three prompts on one instance: `A` warms the caches, `B` (as long, other blocks) evicts `A`
-/// from a GPU cache that holds only one of them, then `A` again, timed: its hit comes from the
-/// instance's own host store (vLLM's offloading connector keeps its CPU cache per engine).
-fn warm_evict_hit(tokens: u32) -> Workload {
+/// Prompts of `tokens` tokens each, one per `(arrival s, first block id)`: block ids
+/// `first..first + tokens / VLLM_BLOCK`, so two prompts with the same first id are the same.
+fn prompts(tokens: u32, arrivals: &[(f64, u64)]) -> Workload {
     let blocks = u64::from(tokens / VLLM_BLOCK);
     let mut b = WorkloadBuilder::new("anchor", VLLM_BLOCK, ArrivalKind::OpenLoop);
-    for (time_s, first) in [(0.0, 0), (500.0, blocks), (1000.0, 0)] {
+    for &(time_s, first) in arrivals {
         let spec = RequestSpec {
             trace_id: 0,
             input_tokens: tokens,
@@ -127,6 +105,19 @@ fn warm_evict_hit(tokens: u32) -> Workload {
         b.push(spec, first..first + blocks);
     }
     b.build().unwrap()
+}
+
+/// Two identical prompts of `tokens` tokens: the first warms the caches, the second is timed.
+fn warm_then_hit(tokens: u32) -> Workload {
+    prompts(tokens, &[(0.0, 0), (1000.0, 0)])
+}
+
+/// Three prompts on one instance: `A` warms the caches, `B` (as long, other blocks) evicts `A`
+/// from a GPU cache that holds only one of them, then `A` again, timed: its hit comes from the
+/// instance's own host store (vLLM's offloading connector keeps its CPU cache per engine).
+fn warm_evict_hit(tokens: u32) -> Workload {
+    let other = u64::from(tokens / VLLM_BLOCK);
+    prompts(tokens, &[(0.0, 0), (500.0, other), (1000.0, 0)])
 }
 
 /// TTFT of the first (cold) and second request when the two go round-robin over `instances`.

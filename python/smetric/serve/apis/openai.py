@@ -34,6 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
+from smetric._core import SHARED_USAGE_OPTION
 from smetric.serve.apis.base import Api, Prepared, StreamState, answer_count, usage_count
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import Endpoint, OpenAIRequest, RequestError, parse_request
@@ -78,7 +79,8 @@ def _cached_tokens(usage: object) -> int | None:
     return usage_count(usage, "prompt_tokens_details", "cached_tokens")
 
 
-_USAGE_OPTION = b'{"stream_options":{"include_usage":true},'
+_USAGE_OPTION: bytes = SHARED_USAGE_OPTION
+"""The usage request spliced into a streamed body (the gateway splices the same bytes)."""
 
 
 def _asking_for_usage(raw: bytes, stream_options_json: str | None) -> tuple[bytes, bool]:

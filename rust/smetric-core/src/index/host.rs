@@ -172,6 +172,20 @@ impl HostTiers {
         }
     }
 
+    /// Renews `chain` in `slot`'s pool in place when the pool's newest run already is it (a
+    /// route of the same prompt again), from the walk this thread's last [`HostTiers::query`]
+    /// made — the query of the same decision, under the same shared lock. False (nothing
+    /// changed) when it is not renewable so: the caller then writes it under the exclusive lock.
+    pub(super) fn renew(&self, slot: u32, chain: &[BlockHash], now_ms: u64) -> bool {
+        let Some(pool) = self.pool(slot) else {
+            return false;
+        };
+        SCRATCH.with(|cell| {
+            cell.try_borrow()
+                .is_ok_and(|pair| self.index.renew_walked(pool, chain, now_ms, &pair.1))
+        })
+    }
+
     /// Blocks held by `slot`'s pool.
     pub(super) fn held(&self, slot: u32) -> usize {
         self.pool(slot).map_or(0, |p| {
@@ -198,6 +212,12 @@ impl HostTiers {
     pub(super) fn query(&self, chain: &[BlockHash], now_ms: u64, out: &mut IndexQuery) {
         out.host_blocks.clear();
         if self.index.by_hash.is_empty() {
+            // No walk: the thread's last one (of another chain) must not be renewed from.
+            SCRATCH.with(|cell| {
+                if let Ok(mut pair) = cell.try_borrow_mut() {
+                    pair.1.ids.clear();
+                }
+            });
             return;
         }
         let fill = |q: &mut IndexQuery, walk: &mut Walk, out: &mut IndexQuery| {

@@ -348,6 +348,13 @@ impl KvIndex {
         }
     }
 
+    /// Renews `chain` in `slot`'s host pool in place, under a shared borrow, when the pool's
+    /// newest run already is it; see [`KvIndex::renew_walked`]. Only right after this thread's
+    /// query of `chain` ([`KvIndex::query_shared`]), whose host walk it reuses.
+    pub(crate) fn renew_host_walked(&self, slot: u32, chain: &[BlockHash], now_ms: u64) -> bool {
+        self.is_live(slot) && self.hosts.as_ref().is_some_and(|h| h.renew(slot, chain, now_ms))
+    }
+
     /// Drops everything `slot`'s host pool holds.
     pub fn clear_host(&mut self, slot: u32) {
         if self.is_live(slot)

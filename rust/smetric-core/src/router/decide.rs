@@ -229,10 +229,14 @@ impl Router {
         // The index write, in place when it changes no holder's blocks (the same prompt again
         // where it went last), else after the shared lock under the exclusive one.
         // With host tiers, an approximate route also records the prompt in the instance's host
-        // pool (its offloading connector will copy it there): a write, never in place.
+        // pool (its offloading connector will copy it there): in place too when the pool's
+        // newest run already is the chain, else under the exclusive lock with the rest.
         let host_write = self.config.index_mode == IndexMode::Approximate && self.config.host_capacity_blocks > 0;
         let in_place = match self.config.index_mode {
-            IndexMode::Approximate => !host_write && index.renew_walked(chosen.slot, chain, now_ms, walk),
+            IndexMode::Approximate => {
+                index.renew_walked(chosen.slot, chain, now_ms, walk)
+                    && (!host_write || index.renew_host_walked(chosen.slot, chain, now_ms))
+            }
             // Sent, not yet confirmed by the engine's events (docs §2.7).
             IndexMode::Exact => index.send_is_noop(chosen.slot, chain, walk),
         };

@@ -344,3 +344,34 @@ fn an_approximate_route_records_the_prompt_in_its_host_pool() {
     .unwrap();
     assert_eq!(hits(&off, &chain).1, vec![0, 0, 0]);
 }
+
+/// The same prompt routed again to the same instance renews its GPU, global and host-pool runs
+/// in place (no exclusive lock); the first route, which adds the blocks, cannot.
+#[test]
+fn a_repeated_route_renews_the_host_pool_in_place() {
+    let r = router(1, hosts());
+    let turn: Vec<u32> = (0..41).collect();
+    let route = || {
+        r.route(&RouteRequest {
+            now: Some(0.0),
+            turn: TurnHint::Turn(2),
+            ..RouteRequest::new(Prompt::Tokens(&turn))
+        })
+        .unwrap()
+    };
+    route();
+    route();
+    let order = r.write_order.lock().clone();
+    assert_eq!(
+        order.iter().map(|(_, in_place)| *in_place).collect::<Vec<_>>(),
+        [false, true]
+    );
+    let chain = r.hash_tokens(&turn, None);
+    assert_eq!(hits(&r, &chain).1, vec![40], "the pool still holds the prompt");
+    // Negative control: the pool lost the chain's newest run (another prompt stored after it),
+    // so the repeat must write it under the exclusive lock again.
+    let other: Vec<BlockHash> = (0..4).map(|k| BlockHash(9000 + k)).collect();
+    r.store_blocks(Some("i0"), Tier::Host, &other, None, Some(0.0)).unwrap();
+    route();
+    assert_eq!(r.write_order.lock().last().map(|(_, in_place)| *in_place), Some(false));
+}

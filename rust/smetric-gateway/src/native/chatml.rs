@@ -22,8 +22,7 @@ use super::json::{object, string};
 use smetric_core::first_turn_from_roles;
 use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
 
-/// UTF-8 bytes per id of the byte-chunk tokenizer (`smetric.chat.BYTE_CHUNK_BYTES`).
-pub const BYTE_CHUNK_BYTES: usize = 4;
+pub use crate::shared::BYTE_CHUNK_BYTES;
 
 #[derive(Deserialize)]
 struct Message<'a> {

@@ -63,27 +63,9 @@ fn unadmitted(path: &str) -> bool {
 /// `smetric serve`'s request id header.
 static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static DECISION: HeaderName = HeaderName::from_static("x-smetric-decision");
-/// The session headers of `session._HEADER_HINTS`, in their order.
-const SESSION_HEADERS: [&str; 5] = [
-    "x-session-id",
-    "x-claude-code-session-id",
-    "thread-id",
-    "session-id",
-    "x-dynamo-session-id",
-];
-/// `session.PARENT_HEADERS`.
-const PARENT_HEADERS: [&str; 4] = [
-    "x-codex-parent-thread-id",
-    "x-claude-code-parent-agent-id",
-    "x-parent-session-id",
-    "x-dynamo-parent-session-id",
-];
-/// `session.END_HEADERS`: a request carrying one is the app's (it releases the session's state).
-const END_HEADERS: [&str; 2] = ["x-session-end", "x-dynamo-session-final"];
-/// `failover.CUT_MESSAGE`.
-const CUT_MESSAGE: &str = "the stream was cut and could not be continued";
-/// The usage request spliced into a stream's body (`openai._USAGE_OPTION`).
-const USAGE_OPTION: &[u8] = br#"{"stream_options":{"include_usage":true},"#;
+// The session, parent and end headers (a request carrying an end header is the app's: it
+// releases the session's state), the cut stream's message and the usage splice: `crate::shared`.
+use crate::shared::{CUT_MESSAGE, END_HEADERS, PARENT_HEADERS, SESSION_HEADERS, USAGE_OPTION};
 
 #[derive(Clone, Copy)]
 enum Api {

@@ -36,8 +36,7 @@ use super::chatml::{Rendered, RenderedBody};
 use super::json::{is_object, list, object, string};
 use super::sse::{Pending, contains, data_of};
 
-/// A system text block that starts with it is dropped (`anthropic.BILLING_HEADER_PREFIX`).
-const BILLING_HEADER_PREFIX: &str = "x-anthropic-billing-header";
+use crate::shared::BILLING_HEADER_PREFIX;
 
 /// The end marker written when an upstream stream ends without its own.
 pub(crate) const MESSAGE_STOP: &[u8] = b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";

@@ -38,9 +38,8 @@ use super::chatml::{Rendered, RenderedBody, push_content};
 use super::json::{list, object, string};
 use super::sse::{Pending, data_of};
 
-/// Hex digits of an instance tag and of a mac (`pinning._TAG_HEX`, `pinning._MAC_HEX`).
-const TAG_HEX: usize = 12;
-const MAC_HEX: usize = 32;
+/// Hex digits of an instance tag and of a mac.
+use crate::shared::{PIN_MAC_HEX as MAC_HEX, PIN_TAG_HEX as TAG_HEX};
 
 /// The event types that end a stream.
 const TERMINAL_EVENTS: [&[u8]; 3] = [b"response.completed", b"response.failed", b"response.incomplete"];

@@ -198,27 +198,33 @@ impl Feed {
 
     /// Queues the removal of the blocks that left their holders.
     fn released<S: IndexSink + ?Sized>(&mut self, sink: &S) {
-        if !self.writes.gone.local.is_empty() {
-            // An unknown instance has no index left to remove from: nothing to count twice.
-            if self.writable(GPU, sink) {
-                let w = &mut self.writes;
-                let start = w.hashes.len();
-                w.hashes.extend_from_slice(&w.gone.local);
-                self.stats.removed_blocks += w.gone.local.len() as u64;
-                self.push(false, GPU, start, None);
+        self.release_gone(GPU, sink);
+        self.release_gone(CPU, sink);
+    }
+
+    /// Queues the removal of the blocks that left the holder of `bit` (the GPU's, or the
+    /// offload holder's for CPU). An unknown instance has no index left to remove from.
+    fn release_gone<S: IndexSink + ?Sized>(&mut self, bit: u8, sink: &S) {
+        fn gone(w: &mut Writes, bit: u8) -> &mut Vec<BlockHash> {
+            if bit == GPU {
+                &mut w.gone.local
+            } else {
+                &mut w.gone.offload
             }
-            self.writes.gone.local.clear();
         }
-        if !self.writes.gone.offload.is_empty() {
-            if self.writable(CPU, sink) {
-                let w = &mut self.writes;
-                let start = w.hashes.len();
-                w.hashes.extend_from_slice(&w.gone.offload);
-                self.stats.removed_blocks += w.gone.offload.len() as u64;
-                self.push(false, CPU, start, None);
-            }
-            self.writes.gone.offload.clear();
+        if gone(&mut self.writes, bit).is_empty() {
+            return;
         }
+        if self.writable(bit, sink) {
+            let w = &mut self.writes;
+            let start = w.hashes.len();
+            let blocks = std::mem::take(gone(w, bit));
+            w.hashes.extend_from_slice(&blocks);
+            self.stats.removed_blocks += blocks.len() as u64;
+            *gone(&mut self.writes, bit) = blocks;
+            self.push(false, bit, start, None);
+        }
+        gone(&mut self.writes, bit).clear();
     }
 
     /// Hands the queued writes to the sink in one call.

@@ -1,0 +1,46 @@
+//! What the two halves of `smetric serve` must agree on — the compiled gateway (this crate) and
+//! the Python app and its helpers — defined once, here. The bindings export each constant to
+//! Python as `smetric._core.SHARED_<NAME>` and the Python modules read them from there, so a
+//! change made here is a change in both planes; nothing is copied by hand.
+//!
+//! Invariants: every constant here is exported by `rust/smetric-py/src/lib.rs` and read by its
+//! Python user (`tests/test_architecture.py` checks that no Python module defines one of these
+//! values itself).
+
+/// Headers naming a request's session, in the order they are read (vllm-router's
+/// `x-session-id` first; Claude Code's, then the `thread-id` / `session-id` the Responses
+/// clients send, then Dynamo's).
+pub const SESSION_HEADERS: [&str; 5] = [
+    "x-session-id",
+    "x-claude-code-session-id",
+    "thread-id",
+    "session-id",
+    "x-dynamo-session-id",
+];
+/// Headers naming the agent a request's agent was spawned by (Codex, Claude Code, OpenCode,
+/// Dynamo), in the order they are read.
+pub const PARENT_HEADERS: [&str; 4] = [
+    "x-codex-parent-thread-id",
+    "x-claude-code-parent-agent-id",
+    "x-parent-session-id",
+    "x-dynamo-parent-session-id",
+];
+/// Headers marking a session's last request (smetric's, Dynamo's): `true` or `false`.
+pub const END_HEADERS: [&str; 2] = ["x-session-end", "x-dynamo-session-final"];
+/// The error a cut stream ends with when it could not be continued.
+pub const CUT_MESSAGE: &str = "the stream was cut and could not be continued";
+/// The usage request spliced into a streamed OpenAI body (the engine then reports usage).
+pub const USAGE_OPTION: &[u8] = br#"{"stream_options":{"include_usage":true},"#;
+/// Upper bounds (seconds) of the admission queue-wait histogram.
+pub const WAIT_BUCKETS_S: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Hex digits of a stored-response id's instance tag and of its mac.
+pub const PIN_TAG_HEX: usize = 12;
+/// See [`PIN_TAG_HEX`].
+pub const PIN_MAC_HEX: usize = 32;
+/// UTF-8 bytes per id of the byte-chunk tokenizer (the approximate ids without a tokenizer).
+pub const BYTE_CHUNK_BYTES: usize = 4;
+/// A system text block of an Anthropic request that starts with it is dropped (Claude Code's
+/// per-request billing line, which would otherwise break every prefix).
+pub const BILLING_HEADER_PREFIX: &str = "x-anthropic-billing-header";
