@@ -501,6 +501,10 @@ class Gateway:
     def admission(self) -> dict[str, Any]:
         """The door's admission: ``admitted``, ``capacity``, ``queued``, ``wait_counts``,
         ``wait_sum_s``, ``rejections``."""
+    def session_admission(self) -> dict[str, int] | None:
+        """The session admission (None: off): the stage's decisions ``admitted``, ``moved``,
+        ``held``, ``paused``, the requests ``holding`` now, the refusals ``held_full`` and
+        ``hold_timeout``."""
     def stop(self) -> None:
         """Stops accepting, lets requests in flight finish (at most the drain time); idempotent."""
 
@@ -533,6 +537,10 @@ class GatewayNative:
         resume_streams: bool,
         labels: dict[str, str],
         max_records: int,
+        session_admission: SessionAdmissionMode = "off",
+        session_capacity_tokens: int = 0,
+        session_max_held: int = 0,
+        session_hold_timeout_s: float = 0.0,
     ) -> Self: ...
 
 def gateway_routing_ids(path: str, raw: bytes) -> tuple[bytes, bool | None] | None:

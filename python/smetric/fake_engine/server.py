@@ -283,7 +283,8 @@ class FakeEngineApp:
                 f"requested {len(tokens) + (limit or 0)} tokens ({len(tokens)} in the messages, {limit or 0} "
                 "in the completion). Please reduce the length of the messages or completion.",
             )
-        natural = default_output_tokens(tokens)
+        # vLLM's `ignore_eos` sampling parameter: the output runs to `max_tokens`.
+        natural = limit if limit is not None and _bool_field(body, "ignore_eos") else default_output_tokens(tokens)
         output = natural if limit is None else min(limit, natural)
         if limit is not None and limit <= natural:
             output, finish = limit, "length"

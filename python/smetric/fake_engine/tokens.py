@@ -23,7 +23,8 @@ Generated text is filler: output token ``i`` of a request is the word
 ``FILLER[i % len(FILLER)]`` followed by a space. When ``max_tokens`` is not given, the output
 length is drawn deterministically from the prompt (:func:`default_output_tokens`): uniform in
 ``[DEFAULT_OUTPUT_MIN, DEFAULT_OUTPUT_MAX]`` by the CRC-32 of the prompt ids, and the request
-finishes with ``"stop"``; a request stopped by ``max_tokens`` finishes with ``"length"``.
+finishes with ``"stop"``; a request stopped by ``max_tokens`` finishes with ``"length"``. With
+vLLM's ``ignore_eos`` (chat and completions) the output runs to ``max_tokens``.
 """
 
 from __future__ import annotations

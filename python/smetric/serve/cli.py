@@ -46,6 +46,22 @@ def register(sub: Any) -> None:
     p.add_argument("--queue-size", type=int, default=None, help="requests that may wait for a slot (1024)")
     p.add_argument("--queue-timeout", type=float, default=None, help="seconds a request may wait for a slot (30)")
     p.add_argument(
+        "--session-admission",
+        choices=("off", "pause", "smetric"),
+        default=None,
+        help="hold or move a session's request when its instance cannot keep its sessions' KV (off)",
+    )
+    p.add_argument(
+        "--session-capacity-tokens",
+        type=int,
+        default=None,
+        help="one instance's KV capacity for session admission (default: what the engines publish)",
+    )
+    p.add_argument("--session-max-held", type=int, default=None, help="requests that may wait for KV room (256)")
+    p.add_argument(
+        "--session-hold-timeout", type=float, default=None, help="seconds a request may wait for KV room (30)"
+    )
+    p.add_argument(
         "--parent-affinity-margin",
         type=int,
         default=None,
@@ -109,6 +125,10 @@ def _run(args: argparse.Namespace) -> int:
             "queue_size": args.queue_size,
             "queue_timeout_s": args.queue_timeout,
             "parent_affinity_margin": args.parent_affinity_margin,
+            "session_admission": args.session_admission,
+            "session_capacity_tokens": args.session_capacity_tokens,
+            "session_max_held": args.session_max_held,
+            "session_hold_timeout_s": args.session_hold_timeout,
             "parent_affinity": False if args.no_parent_affinity else None,
             "api_keys": args.api_key,
             "api_keys_file": args.api_keys_file,

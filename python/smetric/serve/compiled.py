@@ -43,6 +43,7 @@ from smetric._core import (
     GatewayRecord,
     Router,
 )
+from smetric.metrics import _family
 from smetric.serve.admission import WAIT_BUCKETS_S, render_admission
 from smetric.serve.config import ServeConfig
 from smetric.serve.decision_log import Outcome, Outcomes
@@ -121,6 +122,10 @@ def native_settings(
         resume_streams=config.resume_streams,
         labels={reason: reason_label(reason) for reason in core_reasons()},
         max_records=MAX_RECORDS,
+        session_admission=config.session_admission,
+        session_capacity_tokens=config.session_capacity_tokens or 0,
+        session_max_held=config.session_max_held,
+        session_hold_timeout_s=config.session_hold_timeout_s,
     )
 
 
@@ -282,3 +287,31 @@ class CompiledPlane:
         wait.counts = list(a["wait_counts"])
         wait.sum = float(a["wait_sum_s"])
         yield from render_admission(a["admitted"], a["capacity"], a["queued"], wait, a["rejections"], prefix)
+        yield from self.render_session_admission(prefix)
+
+    def render_session_admission(self, prefix: str = "smetric") -> Iterator[str]:
+        """The session admission's families (nothing when it is off)."""
+        s = self.gateway.session_admission()
+        if s is None:
+            return
+
+        def name(n: str) -> str:
+            return f"{prefix}_proxy_session_admission_{n}"
+
+        yield from _family(
+            name("decisions_total"),
+            "counter",
+            "The session-admission stage's answers: admitted where the policy sent it, moved to another"
+            " instance with room, held (a request held n times counts n).",
+            [({"verdict": v}, s[v]) for v in ("admitted", "moved", "held")],
+        )
+        yield from _family(
+            name("paused_total"), "counter", "Idle sessions paused to make KV room.", [({}, s["paused"])]
+        )
+        yield from _family(name("held"), "gauge", "Requests waiting for KV room now.", [({}, s["holding"])])
+        yield from _family(
+            name("rejections_total"),
+            "counter",
+            "Requests session admission refused (held_full: 429; hold_timeout: 503).",
+            [({"reason": r}, s[r]) for r in ("held_full", "hold_timeout")],
+        )

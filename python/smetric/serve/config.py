@@ -35,14 +35,17 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from smetric._core import DEFAULT_BLOCK_SIZE, POLICIES, RouterConfig
+from smetric._types import SessionAdmissionMode
 from smetric.deployment import deployed_fields
 from smetric.errors import InvalidConfigError, MissingExtraError
 from smetric.serve.tokens import TOKEN_MODES, TokenConfig
 
 DATA_PLANES = ("auto", "python", "compiled")
+SESSION_ADMISSION_MODES: tuple[str, ...] = get_args(SessionAdmissionMode)
+"""The session-admission modes (:attr:`ServeConfig.session_admission`), the core's."""
 """What may serve the public address (:attr:`ServeConfig.data_plane`)."""
 
 REPLICA_BUS_ENV = "SMETRIC_REPLICA_BUS"
@@ -209,6 +212,21 @@ class ServeConfig:
     """The parent rule's margin, in requests in flight (the router's load board): a few requests
     of imbalance cost less than prefilling the parent's shared prefix again elsewhere; past it the
     parent's instance is the fleet's hot spot, and a burst of sub-agents must not pile onto it."""
+    # -- session admission (rust/smetric-gateway/src/session_gate.rs; docs/serve.md) --
+    session_admission: SessionAdmissionMode = "off"
+    """``"pause"``: when a request's instance cannot hold the KV of its resident sessions, its idle
+    sessions are paused, else the request waits (ThunderAgent's per-pod form). ``"smetric"``: the
+    same, but a request that would wait is placed on another instance with room whose source for
+    its prefix is no dearer. ``"off"``: every request goes where the policy sends it. Only
+    requests that name a session are gated; served by the compiled gateway's native path."""
+    session_capacity_tokens: int | None = None
+    """One instance's KV capacity in tokens for session admission; None: what the engines publish
+    on ``/metrics`` (``vllm:cache_config_info``, the smallest over the fleet)."""
+    session_max_held: int = 256
+    """Requests that may wait for KV room at once; one more is refused with 429."""
+    session_hold_timeout_s: float = 30.0
+    """How long a request may wait for KV room before a 503 (a session's think time, p90 23 s in
+    the Codex statistics, is what a held turn usually waits for)."""
     # -- admission (smetric.serve.admission) and keys (smetric.serve.auth) --
     max_in_flight: int = 4096
     """Requests admitted at once across the fleet (the admission cap; docs/serve.md)."""
@@ -280,6 +298,23 @@ class ServeConfig:
             raise _bad("parent_affinity_margin", "parent_affinity_margin must be >= 0")
         if not isinstance(self.parent_affinity, bool):
             raise _bad("parent_affinity", "parent_affinity must be true or false")
+        if self.session_admission not in SESSION_ADMISSION_MODES:
+            raise _bad(
+                "session_admission",
+                f"must be one of {', '.join(SESSION_ADMISSION_MODES)}, got {self.session_admission!r}",
+            )
+        if self.session_capacity_tokens is not None and self.session_capacity_tokens < 1:
+            raise _bad("session_capacity_tokens", "session_capacity_tokens must be >= 1")
+        if self.session_max_held < 1:
+            raise _bad("session_max_held", "session_max_held must be >= 1")
+        if not self.session_hold_timeout_s > 0:
+            raise _bad("session_hold_timeout_s", "session_hold_timeout_s must be > 0")
+        if self.session_admission != "off" and (self.prefill or self.data_plane == "python"):
+            raise _bad(
+                "session_admission",
+                "session admission is served by the compiled gateway's co-located native path"
+                " (not with --data-plane python or --prefill/--decode)",
+            )
         if not self.queue_timeout_s > 0:
             raise _bad("queue_timeout_s", "queue_timeout_s must be > 0")
         if self.max_head_bytes < MIN_HEAD_BYTES:
@@ -341,6 +376,20 @@ class ServeConfig:
             prefill=tuple(map(resolve, self.prefill)),
             decode=tuple(map(resolve, self.decode)),
         )
+
+    def with_session_capacity(self, kv_capacity_tokens: int | None) -> ServeConfig:
+        """This config with ``session_capacity_tokens`` taken from the engines' published KV
+        capacity when session admission is on and the setting is unset; the admission cannot
+        run blind, so neither giving one is an error naming the setting."""
+        if self.session_admission == "off" or self.session_capacity_tokens is not None:
+            return self
+        if kv_capacity_tokens is None or kv_capacity_tokens < 1:
+            raise _bad(
+                "session_capacity_tokens",
+                "session admission needs one instance's KV capacity: the engines publish none"
+                " (vllm:cache_config_info on /metrics); set session_capacity_tokens",
+            )
+        return dataclasses.replace(self, session_capacity_tokens=kv_capacity_tokens)
 
     def router_config(
         self, *, exact_index: bool, kv_capacity_tokens: int | None = None, host_offload_tokens: int | None = None

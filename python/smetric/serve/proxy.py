@@ -52,7 +52,7 @@ from typing import Any, Self
 from aiohttp import web
 
 from smetric._core import Gateway, PdRouter, Router
-from smetric.errors import SmetricError
+from smetric.errors import InvalidConfigError, SmetricError
 from smetric.metrics import CONTENT_TYPE
 from smetric.serve.admission import Admission, Refusal, refusal_error
 from smetric.serve.apis import APIS, ResponsesApi
@@ -205,6 +205,7 @@ class Proxy:
             i.url: await loop.run_in_executor(None, kv_event_sources, i, upstream.auth) for i in config.instances
         }
         capacity = await loop.run_in_executor(None, fleet_kv_capacity, config.instances, 2.0, upstream.auth)
+        config = config.with_session_capacity(capacity)
         # The index can trust KV events only when the routed ids are the engine's own ids.
         exact_ids = config.tokens.mode in ("ids", "tokenizer") or (
             config.tokens.mode == "auto" and config.tokens.tokenizer is not None
@@ -763,7 +764,16 @@ async def run(
     secret = new_secret()
     router = proxy.backend.router if isinstance(proxy.backend, ColocatedBackend) else None
     responses = next(api for api in proxy.apis if isinstance(api, ResponsesApi))
-    native = native_settings(config, router, proxy.tokens, secret, proxy.client_keys, responses.ids.key)
+    native = native_settings(proxy.config, router, proxy.tokens, secret, proxy.client_keys, responses.ids.key)
+    if native is None and config.session_admission != "off":
+        await proxy.close()
+        raise InvalidConfigError(
+            "invalid serve setting session_admission: session admission is served by the compiled"
+            " gateway's native path, which this deployment does not arm (it needs plain http engines,"
+            " a load-aware policy and approximate routing tokens)",
+            field="session_admission",
+            reason="the compiled gateway's native path is not armed",
+        )
     compiled = config.data_plane == "compiled" or (config.data_plane == "auto" and native is not None)
     runner = GuardedRunner(
         proxy.app(),

@@ -40,6 +40,14 @@
 //!
 //! **Complexity.** `decide` is O(R) for the chosen instance's R residents, plus O(N · R) over
 //! the N instances in step 4 (only when `c` has no room); `on_finished` is O(R).
+//!
+//! Callers: the simulator's placer (`smetric-sim`, `placers/core.rs`) and `smetric serve`'s
+//! gateway (`smetric-gateway`, `session_gate.rs`); both price step 4 with
+//! [`tokens_to_prefill`].
+
+use std::sync::Arc;
+
+use crate::router::Hits;
 
 /// How (whether) requests are admitted per session.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -178,6 +186,13 @@ impl SessionAdmission {
             config,
             instances: vec![Vec::new(); instances as usize],
             counters: AdmissionCounters::default(),
+        }
+    }
+
+    /// Grows the stage to `instances` slots (a fleet that gained instances); never shrinks.
+    pub fn ensure_instances(&mut self, instances: u32) {
+        if self.instances.len() < instances as usize {
+            self.instances.resize(instances as usize, Vec::new());
         }
     }
 
@@ -365,6 +380,18 @@ impl SessionAdmission {
         self.counters.paused += u64::from(paused);
         paused
     }
+}
+
+/// Per instance of `hits` (the router's fleet order), the tokens of a `prompt_tokens` prompt it
+/// would prefill: each token from the deepest source that holds it (its GPU, its host pool, the
+/// shared store) costs nothing, the rest are recomputed. The step-4 cost both callers pass
+/// (pricing loads at the router's fetch costs measured worse, docs/results.md §20).
+pub fn tokens_to_prefill(hits: &Hits, prompt_tokens: u64) -> impl Iterator<Item = (&Arc<str>, u64)> {
+    let global = hits.global_hit_tokens;
+    hits.local.iter().enumerate().map(move |(k, (name, local))| {
+        let host = hits.host.get(k).map_or(0, |&(_, h)| h);
+        (name, prompt_tokens.saturating_sub((*local).max(host).max(global)))
+    })
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ pub mod handoff;
 pub mod native;
 mod records;
 mod server;
+pub mod session_gate;
 pub mod shared;
 mod validate;
 

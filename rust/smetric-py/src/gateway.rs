@@ -12,6 +12,8 @@ use std::time::Duration;
 use pyo3::exceptions::{PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use smetric_core::session_admission::AdmissionMode;
+use smetric_gateway::session_gate::SessionGateConfig;
 use smetric_gateway::{
     AdmissionLimits, FleetView, Gateway, GatewayConfig, GatewayError, Limits, NativeApis, NativeConfig, NativeHandles,
     Record,
@@ -59,7 +61,8 @@ impl PyGatewayNative {
         connect_timeout_s, first_byte_timeout_s, idle_timeout_s, client_timeout_s, max_in_flight,
         max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages, responses,
         response_id_key,
-        resume_streams, labels, max_records
+        resume_streams, labels, max_records, session_admission = "off", session_capacity_tokens = 0,
+        session_max_held = 0, session_hold_timeout_s = 0.0
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)] // keyword arguments, one per setting
     fn new(
@@ -85,8 +88,47 @@ impl PyGatewayNative {
         resume_streams: bool,
         labels: HashMap<String, String>,
         max_records: usize,
+        session_admission: &str,
+        session_capacity_tokens: u64,
+        session_max_held: usize,
+        session_hold_timeout_s: f64,
     ) -> PyResult<Self> {
         let py = router.py();
+        let invalid = |field: &'static str, reason: String| {
+            python_error(
+                py,
+                "InvalidConfigError",
+                &format!("invalid gateway setting {field}: {reason}"),
+                |k| {
+                    k.set_item("field", field)?;
+                    k.set_item("reason", &reason)
+                },
+            )
+        };
+        let mode = AdmissionMode::parse(session_admission).ok_or_else(|| {
+            let known: Vec<&str> = AdmissionMode::ALL.iter().map(|m| m.name()).collect();
+            invalid(
+                "session_admission",
+                format!("must be one of {}, got {session_admission:?}", known.join(", ")),
+            )
+        })?;
+        let session_gate = match mode {
+            AdmissionMode::Off => None,
+            _ if session_capacity_tokens == 0 => {
+                return Err(invalid("session_capacity_tokens", "must be at least 1".to_owned()));
+            }
+            _ if session_max_held == 0 => {
+                return Err(invalid("session_max_held", "must be at least 1".to_owned()));
+            }
+            _ => Some(SessionGateConfig {
+                mode,
+                capacity_tokens: session_capacity_tokens,
+                max_held: session_max_held,
+                hold_timeout: seconds(py, "session_hold_timeout_s", session_hold_timeout_s)?,
+                // The door's Retry-After, set when the gateway starts.
+                retry_after_s: 0,
+            }),
+        };
         Ok(Self {
             config: NativeConfig {
                 router: Arc::clone(router.get().core()),
@@ -117,6 +159,7 @@ impl PyGatewayNative {
                 resume_streams,
                 labels,
                 max_records,
+                session_gate,
             },
         })
     }
@@ -281,6 +324,9 @@ impl PyGateway {
             Some(n) => {
                 let mut native = n.get().config.clone();
                 native.admission.retry_after_s = retry_after_s;
+                if let Some(gate) = &mut native.session_gate {
+                    gate.retry_after_s = retry_after_s;
+                }
                 let fleet = FleetView {
                     instances,
                     ..FleetView::default()
@@ -346,6 +392,25 @@ impl PyGateway {
         d.set_item("wait_sum_s", s.wait_sum_s)?;
         d.set_item("rejections", s.rejections.into_iter().collect::<HashMap<_, _>>())?;
         Ok(d)
+    }
+
+    /// The session admission for ``/metrics`` (None: off): the stage's decisions ``admitted``,
+    /// ``moved``, ``held`` (answers "hold"; a request held n times counts n), ``paused``
+    /// (sessions paused), ``holding`` (requests waiting now), and the refusals ``held_full``
+    /// and ``hold_timeout``.
+    fn session_admission<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(s) = self.native.as_ref().ok_or_else(not_armed)?.session_admission() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("admitted", s.counters.admitted)?;
+        d.set_item("moved", s.counters.moved)?;
+        d.set_item("held", s.counters.held)?;
+        d.set_item("paused", s.counters.paused)?;
+        d.set_item("holding", s.held)?;
+        d.set_item("held_full", s.held_full)?;
+        d.set_item("hold_timeout", s.hold_timeout)?;
+        Ok(Some(d))
     }
 
     /// The port it listens on (the one the system chose for port 0).

@@ -33,6 +33,7 @@ use crate::counters::ClientError;
 use crate::delegate::{ControlPlane, strip_hop_by_hop};
 use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER};
 use crate::records::Record;
+use crate::session_gate::{GateRefusal, SessionGate};
 
 /// The engines' client: kept-alive connections, no delay, the configured connect timeout.
 pub(crate) struct Engines {
@@ -429,7 +430,19 @@ impl Native {
             output_tokens: None,
         };
         let decided = Instant::now();
-        let Ok(decision) = self.config.router.route(&request) else {
+        let gated = self.gate.as_ref().zip(plan.session.as_deref());
+        let routed = match gated {
+            Some((gate, session)) => {
+                let key = SessionGate::session_key(session);
+                let prompt = plan.ids.len() as u64;
+                match gate.route(&self.config.router, &request, key, prompt, deadline).await {
+                    Ok(routed) => routed,
+                    Err(refusal) => return gate_refusal(api, gate, refusal),
+                }
+            }
+            None => self.config.router.route(&request),
+        };
+        let Ok(decision) = routed else {
             return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
         };
         record.decision_s = Some(decided.elapsed().as_secs_f64());
@@ -440,6 +453,12 @@ impl Native {
             id: decision.request_id,
             prefilled: false,
             done: false,
+            gate: gated.map(|(gate, session)| GatedSession {
+                gate: Arc::clone(gate),
+                session: SessionGate::session_key(session),
+                instance: Arc::clone(&decision.instance_name),
+                prompt_tokens: plan.ids.len() as u64,
+            }),
         };
         // Forward.
         let body = if plan.hide_usage {
@@ -864,12 +883,29 @@ fn openai_plan(api: Api, raw: &[u8], session: Option<String>) -> Option<Plan> {
 }
 
 /// A routed attempt's lifecycle: `on_prefilled` at most once, then exactly one `on_finished`
-/// or — on every other path, a dropped future included — `on_aborted`.
+/// or — on every other path, a dropped future included — `on_aborted`; the session gate, when
+/// it admitted the attempt, hears the same end once.
 struct Lifecycle {
     router: Arc<smetric_core::Router>,
     id: RequestId,
     prefilled: bool,
     done: bool,
+    gate: Option<GatedSession>,
+}
+
+/// What the session gate is told when a gated attempt ends.
+struct GatedSession {
+    gate: Arc<SessionGate>,
+    session: u64,
+    instance: Arc<str>,
+    prompt_tokens: u64,
+}
+
+impl GatedSession {
+    fn ended(&self, output_tokens: u64) {
+        self.gate
+            .finished(self.session, &self.instance, self.prompt_tokens + output_tokens);
+    }
 }
 
 impl Lifecycle {
@@ -884,6 +920,9 @@ impl Lifecycle {
         if !self.done {
             self.done = true;
             self.router.on_aborted(self.id);
+            if let Some(gated) = &self.gate {
+                gated.ended(0);
+            }
         }
     }
 
@@ -891,6 +930,9 @@ impl Lifecycle {
         if !self.done {
             self.done = true;
             self.router.on_finished(self.id, output_tokens);
+            if let Some(gated) = &self.gate {
+                gated.ended(output_tokens);
+            }
         }
     }
 }
@@ -899,6 +941,32 @@ impl Drop for Lifecycle {
     fn drop(&mut self) {
         self.aborted();
     }
+}
+
+/// A request the session gate refused, in the API's error shape with `Retry-After`.
+fn gate_refusal(api: Api, gate: &SessionGate, refusal: GateRefusal) -> Response<Body> {
+    let config = gate.config();
+    let (message, kind) = match refusal {
+        GateRefusal::HeldFull => (
+            format!(
+                "session admission: {} requests already wait for KV room on their instances",
+                config.max_held
+            ),
+            "RateLimitError",
+        ),
+        GateRefusal::HoldTimeout => (
+            format!(
+                "session admission: no instance had KV room for this session within {} s",
+                config.hold_timeout.as_secs_f64()
+            ),
+            "ServiceUnavailableError",
+        ),
+    };
+    let mut answer = api.proxy_error(refusal.status(), &message, kind);
+    answer
+        .headers_mut()
+        .insert(hyper::header::RETRY_AFTER, HeaderValue::from(config.retry_after_s));
+    answer
 }
 
 /// The proxy's own error as OpenAI's body (`errors.ProxyError.body`).

@@ -51,6 +51,7 @@ use smetric_core::Router;
 
 use crate::admission::{Admission, AdmissionLimits};
 use crate::records::Records;
+use crate::session_gate::{SessionGate, SessionGateConfig, SessionGateSnapshot};
 
 pub use forward::routing_ids;
 pub(crate) use forward::serve;
@@ -85,6 +86,8 @@ pub struct NativeConfig {
     pub labels: HashMap<String, String>,
     /// Records kept for the control plane at most.
     pub max_records: usize,
+    /// Session admission after the router's decision (`None`: off).
+    pub session_gate: Option<SessionGateConfig>,
 }
 
 /// The APIs the native path serves (the rest are delegated).
@@ -154,6 +157,7 @@ pub(crate) struct Native {
     pub(crate) admission: Arc<Admission>,
     pub(crate) records: Arc<Records>,
     pub(crate) engines: forward::Engines,
+    pub(crate) gate: Option<Arc<SessionGate>>,
 }
 
 impl Native {
@@ -164,8 +168,13 @@ impl Native {
         records: Arc<Records>,
     ) -> Self {
         let engines = forward::Engines::new(config.connect_timeout);
+        let gate = config.session_gate.map(SessionGate::new);
+        if let Some(gate) = &gate {
+            gate.set_instances(&fleet.instances);
+        }
         Self {
             response_ids: Arc::new(responses::ResponseIds::new(&config.response_id_key)),
+            gate,
             config,
             fleet: RwLock::new(Arc::new(fleet)),
             admission,
@@ -206,6 +215,11 @@ impl NativeHandles {
         self.native.admission.snapshot()
     }
 
+    /// The session admission's state, for `/metrics` (`None`: off).
+    pub fn session_admission(&self) -> Option<SessionGateSnapshot> {
+        self.native.gate.as_ref().map(|gate| gate.snapshot())
+    }
+
     /// Requests holding an admission slot now.
     pub fn admitted(&self) -> usize {
         self.native.admission.admitted()
@@ -214,6 +228,9 @@ impl NativeHandles {
     /// Replaces the fleet view (and the admission's live-instance count).
     pub fn set_fleet(&self, fleet: FleetView) {
         let live = fleet.live();
+        if let Some(gate) = &self.native.gate {
+            gate.set_instances(&fleet.instances);
+        }
         *self.native.fleet.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(fleet);
         self.native.admission.set_live(live);
     }

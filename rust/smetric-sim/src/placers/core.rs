@@ -29,7 +29,9 @@
 
 use hashbrown::HashMap;
 use smetric_core::hash::{chain_root, hash_block};
-use smetric_core::session_admission::{Admission, AdmissionConfig, AdmissionMode, AdmitRequest, SessionAdmission};
+use smetric_core::session_admission::{
+    self, Admission, AdmissionConfig, AdmissionMode, AdmitRequest, SessionAdmission,
+};
 use smetric_core::{
     BlockHash, Decision, Hits, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig,
     Tier,
@@ -253,14 +255,8 @@ impl CorePlacer {
                     Some(request.now),
                 );
                 let Ok(hits) = hits else { return Vec::new() };
-                // Tokens to prefill, each from the deepest source that holds it: a loaded token
-                // costs nothing here (pricing the loads at the router's fetch costs measured
-                // worse, docs/results.md §20).
-                let global = hits.global_hit_tokens;
-                hits.local
-                    .iter()
-                    .zip(&hits.host)
-                    .map(|(&(_, local), &(_, host))| prompt.saturating_sub(local.max(host).max(global)) as f64)
+                session_admission::tokens_to_prefill(&hits, prompt)
+                    .map(|(_, tokens)| tokens as f64)
                     .collect()
             },
         )
