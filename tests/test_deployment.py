@@ -25,7 +25,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from smetric import DEFAULT_BLOCK_SIZE, Router
-from smetric.deployment import DeployedRouter, FleetFeeds, InFlight, clamp_load, deployed_fields, fleet_kv_capacity
+from smetric.deployment import (
+    DeployedRouter,
+    EngineCache,
+    FleetFeeds,
+    InFlight,
+    clamp_load,
+    deployed_fields,
+    fleet_caches,
+    fleet_kv_capacity,
+    smallest_kv_capacity,
+)
 from smetric.errors import InvalidArgumentError
 
 PROMPT = list(range(1000, 1000 + 8 * DEFAULT_BLOCK_SIZE))
@@ -136,16 +146,26 @@ def cache_config_page(num_gpu_blocks: int, block_size: int) -> bytes:
     ).encode()
 
 
+pages: dict[str, bytes] = {}
+"""What the metrics server serves, per path (reset by its fixture)."""
+hits: list[str] = []
+"""The paths the metrics server was asked for, in order."""
+
+
 @pytest.fixture
 def metrics_server() -> Iterator[str]:
-    pages = {
-        "/a/metrics": cache_config_page(4096, 16),
-        "/b/metrics": cache_config_page(1024, 32),
-        "/c/metrics": b"vllm:num_requests_running 0.0\n",
-    }
+    pages.clear()
+    pages.update(
+        {
+            "/a/metrics": cache_config_page(4096, 16),
+            "/b/metrics": cache_config_page(1024, 32),
+            "/c/metrics": b"vllm:num_requests_running 0.0\n",
+        }
+    )
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            hits.append(self.path)
             body = pages.get(self.path)
             self.send_response(200 if body is not None else 404)
             self.end_headers()
@@ -176,6 +196,26 @@ def test_fleet_kv_capacity_is_the_smallest_engine_that_reports_it(metrics_server
     urls = [f"{metrics_server}/{n}/metrics" for n in ("a", "b", "c", "missing")]
     assert fleet_kv_capacity([*urls, down], timeout=2.0) == 1024 * 32
     assert fleet_kv_capacity([*urls[2:], down], timeout=2.0) is None
+
+
+def test_one_scrape_of_each_page_reads_both_kv_caches(metrics_server: str) -> None:
+    """Both readings of a page come from one GET (the proxy scraped each engine twice at start)."""
+    # 1 GiB of host cache at 64 KiB per token (the GPU cache's bytes per token): 16,384 tokens.
+    pages["/d/metrics"] = (
+        b'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="512",kv_offloading_size="1.0",'
+        b'kv_cache_memory_bytes="536870912",kv_cache_size_tokens="8192"} 1.0\n'
+    )
+    hits.clear()
+    down = f"http://127.0.0.1:{closed_port()}/metrics"
+    urls = {name: f"{metrics_server}/{name}/metrics" for name in ("a", "c", "d")}
+    caches = fleet_caches({**urls, "gone": down})
+    assert caches["a"] == EngineCache(4096 * 16, None)
+    assert caches["c"] == EngineCache(None, None)
+    assert caches["d"] == EngineCache(512 * 16, 16_384)
+    assert caches["gone"] == EngineCache(None, None)
+    assert hits == ["/a/metrics", "/c/metrics", "/d/metrics"]
+    assert smallest_kv_capacity(caches.values()) == 512 * 16
+    assert smallest_kv_capacity([EngineCache(None, 3)]) is None
 
 
 def test_a_deployed_router_sized_from_its_engines_pages(metrics_server: str) -> None:

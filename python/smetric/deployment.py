@@ -35,6 +35,7 @@ once, in routing order, so expiry is O(expired). May import: :mod:`smetric._core
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -47,12 +48,15 @@ from smetric._types import IndexMode, PolicyName
 __all__ = [
     "DEFAULT_STALE_AFTER_S",
     "DeployedRouter",
+    "EngineCache",
     "FleetFeeds",
     "InFlight",
     "clamp_load",
     "deployed_fields",
+    "fleet_caches",
     "fleet_host_offload",
     "fleet_kv_capacity",
+    "smallest_kv_capacity",
 ]
 
 log = logging.getLogger("smetric.deployment")
@@ -84,17 +88,47 @@ def _metrics_page(url: str, timeout: float, headers: Mapping[str, str] | None) -
         return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineCache:
+    """What one engine's ``/metrics`` page says of its KV caches (None: not said, or no answer)."""
+
+    kv_capacity_tokens: int | None
+    """Its GPU KV capacity (:func:`smetric.engine_load.kv_capacity_tokens`)."""
+    host_offload_tokens: int | None
+    """The host-memory KV cache it announces (:func:`smetric.engine_load.host_offload_tokens`:
+    vLLM's ``--kv-offloading-size``)."""
+
+
+def fleet_caches(
+    metrics_urls: Mapping[str, str], timeout: float = 2.0, headers: Mapping[str, str] | None = None
+) -> dict[str, EngineCache]:
+    """Per instance (``instance -> its …/metrics URL``), both readings of :class:`EngineCache`
+    from one scrape of its page (an engine that does not answer reads as two Nones). Blocking."""
+    from smetric.engine_load import host_offload_tokens, kv_capacity_tokens
+
+    out: dict[str, EngineCache] = {}
+    for instance, url in metrics_urls.items():
+        page = _metrics_page(url, timeout, headers)
+        if page is None:
+            out[instance] = EngineCache(None, None)
+        else:
+            out[instance] = EngineCache(kv_capacity_tokens(page), host_offload_tokens(page))
+    return out
+
+
+def smallest_kv_capacity(caches: Iterable[EngineCache]) -> int | None:
+    """The smallest GPU KV capacity among ``caches``, or None when none reports one."""
+    found = [c.kv_capacity_tokens for c in caches if c.kv_capacity_tokens is not None]
+    return min(found) if found else None
+
+
 def fleet_kv_capacity(
     metrics_urls: Iterable[str], timeout: float = 2.0, headers: Mapping[str, str] | None = None
 ) -> int | None:
     """The smallest GPU KV capacity (tokens) the engines report at ``metrics_urls`` (each a full
     ``…/metrics`` URL; vLLM's ``vllm:cache_config_info``), or None when none answers with it.
     An engine that is down or has no such gauge is skipped. Blocking."""
-    from smetric.engine_load import kv_capacity_tokens
-
-    pages = (_metrics_page(url, timeout, headers) for url in metrics_urls)
-    found = [c for c in (kv_capacity_tokens(p) for p in pages if p is not None) if c is not None]
-    return min(found) if found else None
+    return smallest_kv_capacity(fleet_caches({url: url for url in metrics_urls}, timeout, headers).values())
 
 
 def fleet_host_offload(
@@ -103,13 +137,7 @@ def fleet_host_offload(
     """Per instance (``instance -> its …/metrics URL``), the host-memory KV cache its engine
     announces in tokens (:func:`smetric.engine_load.host_offload_tokens`: vLLM's
     ``--kv-offloading-size``), None when it announces none or does not answer. Blocking."""
-    from smetric.engine_load import host_offload_tokens
-
-    out: dict[str, int | None] = {}
-    for instance, url in metrics_urls.items():
-        page = _metrics_page(url, timeout, headers)
-        out[instance] = None if page is None else host_offload_tokens(page)
-    return out
+    return {instance: c.host_offload_tokens for instance, c in fleet_caches(metrics_urls, timeout, headers).items()}
 
 
 def _count(value: float | None) -> int | None:

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from smetric._core import PdRouter, Router
-from smetric.deployment import FleetFeeds
+from smetric.deployment import EngineCache, FleetFeeds
+from smetric.deployment import fleet_caches as deployed_caches
 from smetric.deployment import fleet_host_offload as deployed_host_offload
 from smetric.deployment import fleet_kv_capacity as deployed_kv_capacity
 from smetric.serve.config import (
@@ -56,7 +57,15 @@ from smetric.vllm import cache_namespace
 if TYPE_CHECKING:
     from smetric._types import Offload
 
-__all__ = ["FeedTargets", "Fleet", "Health", "fleet_host_offload", "fleet_kv_capacity", "kv_event_sources"]
+__all__ = [
+    "FeedTargets",
+    "Fleet",
+    "Health",
+    "fleet_caches",
+    "fleet_host_offload",
+    "fleet_kv_capacity",
+    "kv_event_sources",
+]
 
 log = logging.getLogger("smetric.serve")
 
@@ -318,6 +327,14 @@ def fleet_kv_capacity(
     """The smallest GPU KV capacity (tokens) the instances report on ``/metrics``, or None
     (:func:`smetric.deployment.fleet_kv_capacity`). Blocking."""
     return deployed_kv_capacity([i.metrics_url or f"{i.url}/metrics" for i in instances], timeout, headers)
+
+
+def fleet_caches(
+    instances: Sequence[InstanceConfig], timeout: float = 2.0, headers: Mapping[str, str] | None = None
+) -> dict[str, EngineCache]:
+    """Per instance URL, its GPU KV capacity and announced host-memory cache, from one scrape of
+    its ``/metrics`` (:func:`smetric.deployment.fleet_caches`). Blocking."""
+    return deployed_caches({i.url: i.metrics_url or f"{i.url}/metrics" for i in instances}, timeout, headers)
 
 
 def fleet_host_offload(

@@ -52,6 +52,7 @@ from typing import Any, Self
 from aiohttp import web
 
 from smetric._core import Gateway, PdRouter, Router
+from smetric.deployment import smallest_kv_capacity
 from smetric.errors import InvalidConfigError, SmetricError
 from smetric.metrics import CONTENT_TYPE
 from smetric.serve.admission import Admission, Refusal, refusal_error
@@ -64,7 +65,7 @@ from smetric.serve.config import KV_OFFLOAD_HOST, InstanceConfig, ServeConfig
 from smetric.serve.decision_log import OUTCOME_KEY, DecisionLog, Outcome, Outcomes
 from smetric.serve.errors import ProxyError
 from smetric.serve.failover import Failover, GatewayCut
-from smetric.serve.fleet import Fleet, fleet_host_offload, fleet_kv_capacity, kv_event_sources
+from smetric.serve.fleet import Fleet, fleet_caches, fleet_host_offload, fleet_kv_capacity, kv_event_sources
 from smetric.serve.http_guard import SERVER_HEADER, ConnectionLimits, GuardedRunner, status_message
 from smetric.serve.relay import STREAM_KEY, end_stream
 from smetric.serve.replica_bus import ReplicaBus, fleet_lines
@@ -197,14 +198,16 @@ class Proxy:
             decode = frozenset(i.url for i in config.decode)
             backend: Backend = PdBackend(pd, prefill, decode, fleet, upstream, telemetry)
             return cls(config, fleet, backend, upstream, telemetry)
-        # Where each engine's CPU KV$ lives, from what it announces (kv_offload = "auto").
-        offload = await loop.run_in_executor(None, fleet_host_offload, config.instances, 2.0, upstream.auth)
+        # One scrape of each engine's /metrics: its KV capacity, and where its CPU KV$ lives
+        # from what it announces (kv_offload = "auto").
+        caches = await loop.run_in_executor(None, fleet_caches, config.instances, 2.0, upstream.auth)
+        offload = {url: c.host_offload_tokens for url, c in caches.items()}
         config = config.with_discovered_offload(offload)
         known_offload = [t for t in offload.values() if t]
         sources = {
             i.url: await loop.run_in_executor(None, kv_event_sources, i, upstream.auth) for i in config.instances
         }
-        capacity = await loop.run_in_executor(None, fleet_kv_capacity, config.instances, 2.0, upstream.auth)
+        capacity = smallest_kv_capacity(caches.values())
         config = config.with_session_capacity(capacity)
         # The index can trust KV events only when the routed ids are the engine's own ids.
         exact_ids = config.tokens.mode in ("ids", "tokenizer") or (
