@@ -4,8 +4,9 @@
 //! index lock is taken (so threads hash in parallel); the walk runs under the index's shared
 //! lock (so threads walk in parallel), into buffers of the thread ([`Scratch`]); the scoring,
 //! an index write that changes no holder's blocks and the load bump run under the decision
-//! lock too; an index write that does change blocks runs after, under the exclusive lock;
-//! the in-flight record and the counters last.
+//! lock too; an index write that does change blocks runs after, under the exclusive lock, or
+//! is queued for the next taker of that lock when another thread holds the index
+//! (`index_lock.rs`); the in-flight record and the counters last.
 //!
 //! Invariants: a failed call changes nothing (no request id consumed, no counter bumped);
 //! the chain inserted on route is exactly the chain queried; a decision uses the hits of its
@@ -18,6 +19,7 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
+use super::index_lock::RouteWrite;
 use super::{InFlight, Router, to_ms};
 use crate::config::IndexMode;
 use crate::decode_contract::{LiveDecode, balance_s};
@@ -117,12 +119,12 @@ impl Router {
     /// The index under the shared lock, TTL-purged at `now_ms` (the purge, when one is due,
     /// under the exclusive lock first).
     fn read_index(&self, now_ms: u64) -> RwLockReadGuard<'_, KvIndex> {
-        let index = self.index.read();
+        let index = self.read_index_fresh();
         if !index.purge_due(now_ms) {
             return index;
         }
         drop(index);
-        let mut index = self.index.write();
+        let mut index = self.write_index();
         index.purge_all_expired(now_ms);
         RwLockWriteGuard::downgrade(index)
     }
@@ -258,29 +260,23 @@ impl Router {
         drop(decisions);
         drop(index);
         if !in_place {
-            let mut index = self.index.write();
-            // The instance may have left since the walk (its slot then cleared or reused):
-            // what was sent there left with it.
-            if self
-                .fleet
-                .load()
-                .member(chosen.slot)
-                .is_some_and(|m| m.generation == member.generation)
-            {
-                match self.config.index_mode {
-                    IndexMode::Approximate => {
-                        index.touch_walked(chosen.slot, chain, now_ms, walk);
-                        if host_write {
-                            index.touch_host(chosen.slot, chain, None, now_ms);
-                        }
-                    }
-                    IndexMode::Exact => index.send_walked(chosen.slot, chain, now_ms, walk),
-                }
-            }
-            #[cfg(test)]
-            self.write_order.lock().push((request_id, false));
+            self.write_or_defer(
+                &RouteWrite {
+                    slot: chosen.slot,
+                    generation: member.generation,
+                    chain: Vec::new(),
+                    now_ms,
+                    walk: Walk::default(),
+                    host_write,
+                    request_id,
+                },
+                chain,
+                walk,
+            );
         }
 
+        // A write queued by this or another decision is applied now if the index is free.
+        self.try_drain_deferred();
         self.requests.lock().insert(
             request_id,
             InFlight {

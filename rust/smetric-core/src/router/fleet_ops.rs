@@ -20,7 +20,7 @@ use crate::load::{LoadEffect, LoadSnapshot, PeerLoad};
 impl Router {
     /// Adds an instance (empty index, zero load).
     pub fn add_instance(&self, name: &str) -> Result<InstanceId> {
-        let mut index = self.index.write();
+        let mut index = self.write_index();
         let mut fleet = (**self.fleet.load()).clone();
         let slot = fleet.add(name)?;
         index.add_slot(slot);
@@ -31,7 +31,7 @@ impl Router {
     /// Removes an instance; its index entries and load go with it. Requests in flight on it
     /// are forgotten by their later lifecycle calls.
     pub fn remove_instance(&self, name: &str) -> Result<()> {
-        let mut index = self.index.write();
+        let mut index = self.write_index();
         let mut fleet = (**self.fleet.load()).clone();
         let slot = fleet.remove(name)?;
         index.remove_slot(slot);

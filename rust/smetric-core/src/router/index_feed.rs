@@ -57,7 +57,7 @@ impl Router {
     /// to it alone) or a store shared with every instance named into the same pool (docs
     /// §2.8). What its old pool held stays with that pool.
     pub fn set_host_pool(&self, instance: &str, pool: &HostPool) -> Result<()> {
-        let mut index = self.index.write();
+        let mut index = self.write_index();
         let slot = self.fleet.load().by_name(instance)?.0;
         index.set_host_pool(slot, pool);
         Ok(())
@@ -80,7 +80,7 @@ impl Router {
         now: Option<f64>,
     ) -> Result<()> {
         let now_ms = self.now_ms(now)?;
-        let mut index = self.index.write();
+        let mut index = self.write_index();
         let target = self.target(instance, tier)?;
         index.store_at(target, hashes, parent, now_ms);
         Ok(())
@@ -88,7 +88,7 @@ impl Router {
 
     /// Records that `instance` (or the global tier) dropped `hashes`.
     pub fn remove_blocks(&self, instance: Option<&str>, tier: Tier, hashes: &[BlockHash]) -> Result<()> {
-        let mut index = self.index.write();
+        let mut index = self.write_index();
         let target = self.target(instance, tier)?;
         index.remove_at(target, hashes);
         Ok(())
@@ -102,7 +102,7 @@ impl Router {
     /// Complexity: the sum of the ops' costs, plus one lock acquisition and one name lookup.
     pub fn apply_blocks(&self, instance: Option<&str>, ops: &[IndexOp<'_>], now: Option<f64>) -> Result<()> {
         let now_ms = self.now_ms(now)?;
-        let mut index = self.index.write();
+        let mut index = self.write_index();
         self.apply_locked(&mut index, instance, ops, now_ms)
     }
 
@@ -121,6 +121,7 @@ impl Router {
             Err(e) => return Some(Err(e)),
         };
         let mut index = self.index.try_write()?;
+        self.drain_deferred(&mut index);
         Some(self.apply_locked(&mut index, instance, ops, now_ms))
     }
 
@@ -166,7 +167,7 @@ impl Router {
 
     /// Drops everything `instance` (or the global tier, or `instance`'s host pool) holds.
     pub fn clear(&self, instance: Option<&str>, tier: Tier) -> Result<()> {
-        let mut index = self.index.write();
+        let mut index = self.write_index();
         match self.target(instance, tier)? {
             Target::Holder(Holder::Instance(slot)) => index.clear_instance(slot),
             Target::Holder(Holder::Global) => index.clear_global(),

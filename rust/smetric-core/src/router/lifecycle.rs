@@ -174,7 +174,7 @@ impl Router {
             return;
         }
         let blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
-        let mut index = self.index.write();
+        let mut index = self.write_index();
         // The slot may have changed hands since routing: credit only its routed occupant.
         let fleet = self.fleet.load();
         if fleet.member(rec.slot).is_some_and(|m| m.generation == rec.generation) {

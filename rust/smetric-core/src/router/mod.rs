@@ -10,8 +10,10 @@
 //! record as sent), bump the chosen instance's counters and issue the request id. Then, if
 //! the index write does change blocks (new blocks, a new holder, evictions, blocks recorded
 //! as sent, docs §2.7), it runs under the *exclusive* lock, reusing the walk's entry ids
-//! unless an entry has been freed since; and, outside the locks, the request is recorded in
-//! the in-flight table and the decision counted. A TTL purge the walk needs first is a write:
+//! unless an entry has been freed since — or, when another thread holds the index, it is
+//! queued for the next taker of the lock instead of waited for (`index_lock.rs`, which also
+//! has every waiter on the index spin briefly before it sleeps); and, outside the locks, the
+//! request is recorded in the in-flight table and the decision counted. A TTL purge the walk needs first is a write:
 //! it runs under the exclusive lock when one is due (`KvIndex::purge_due`), before the walk.
 //!
 //! Invariants:
@@ -27,7 +29,9 @@
 //!   any interleaving equals the index after the same writes applied one by one in the order
 //!   they were applied (the concurrent replay test checks it). That order is the decisions'
 //!   order for writes in place; a write under the exclusive lock may land after later
-//!   decisions'. From one thread, every decision is exactly what it was under one mutex.
+//!   decisions' — a queued one at the latest before the next exclusive-lock write or the next
+//!   walk that finds the index free, with at most `MAX_DEFERRED` (64) waiting (`index_lock.rs`).
+//!   From one thread, every decision is exactly what it was under one mutex (nothing is queued).
 //! * Under the exclusive lock run only the writes that change some holder's blocks: inserts
 //!   on route that add or move blocks (O(prompt blocks)), records of sent blocks, index feeds
 //!   (KV events), fleet changes and TTL purges. A renewal in place costs O(prompt blocks) id
@@ -59,6 +63,7 @@ mod fleet_ops;
 #[cfg(test)]
 mod host_tier_tests;
 mod index_feed;
+mod index_lock;
 mod lifecycle;
 mod request;
 mod stats;
@@ -97,6 +102,10 @@ pub struct Router {
     /// Held by a decision from its load read to its load bump (under the index's shared lock),
     /// so that concurrent decisions see each other's load and renew runs in one order.
     decisions: Mutex<()>,
+    /// Index writes of decisions that found the index busy (`deferred.rs`), applied by the next
+    /// taker of the exclusive lock; `deferred_count` is their number, read without the mutex.
+    deferred: Mutex<Vec<index_lock::RouteWrite>>,
+    deferred_count: std::sync::atomic::AtomicUsize,
     fleet: ArcSwap<Fleet>,
     requests: Mutex<MixMap<crate::ids::RequestId, InFlight>>,
     next_request_id: AtomicU64,
@@ -160,6 +169,8 @@ impl Router {
             rng: DrawCounter::new(seed),
             index: RwLock::new(index),
             decisions: Mutex::new(()),
+            deferred: Mutex::new(Vec::new()),
+            deferred_count: std::sync::atomic::AtomicUsize::new(0),
             fleet: ArcSwap::from_pointee(fleet),
             requests: Mutex::new(MixMap::default()),
             next_request_id: AtomicU64::new(crate::ids::RequestId::FIRST_GENERATED),

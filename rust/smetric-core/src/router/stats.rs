@@ -45,7 +45,7 @@ pub struct RouterStats {
 impl Router {
     /// Counters and index sizes.
     pub fn stats(&self) -> RouterStats {
-        let g = self.index.read();
+        let g = self.read_index_fresh();
         let index = g.stats();
         let index_bytes = g.memory_bytes();
         let index_breakdown = g.memory_breakdown().to_vec();

@@ -348,7 +348,7 @@ mod concurrent {
         for tails in [1, 16] {
             let (r, decisions, renewed) = route_one_chain_concurrently(tails);
             assert_eq!(decisions.len(), THREADS * ROUNDS + 1);
-            let index = r.index.read();
+            let index = r.write_index();
             index.assert_consistent();
             assert_eq!(
                 differences(&index, &replay(&decisions)),
@@ -386,7 +386,7 @@ mod concurrent {
     fn the_replay_comparison_catches_a_lost_insert() {
         let (r, mut decisions, _) = route_one_chain_concurrently(16);
         decisions.pop();
-        let index = r.index.read();
+        let index = r.write_index();
         assert!(!differences(&index, &replay(&decisions)).is_empty());
     }
 
@@ -800,5 +800,81 @@ fn session_key_reaches_the_hash_policies() {
                 .unwrap();
             assert_eq!(d.instance_name, route(&[7], Some(key)));
         }
+    }
+}
+
+/// Handing writes over (`index_lock.rs`): `prompt(k)` is 64 tokens (16 blocks) of its own.
+fn handed_over_prompt(k: u32) -> Vec<u32> {
+    (0..64).map(|t| k * 1_000 + t).collect()
+}
+
+/// The index as `stats()` sees it: entries, blocks per instance, global blocks.
+fn index_shape(r: &Router) -> (usize, Vec<usize>, usize) {
+    let s = r.stats().index;
+    (s.entries, s.local_blocks, s.global_blocks)
+}
+
+/// A decision that finds the index held by a walker hands its write over; the write is applied
+/// before the next read that finds the index free, and the index then equals the sequential
+/// router's. Negative control: while the walker holds it, the write is not there.
+#[test]
+fn a_write_found_busy_is_queued_then_applied_before_the_next_free_read() {
+    let r = Router::new(&names(4), PolicyKind::LeastLoad, 4, 0, RouterConfig::default()).unwrap();
+    let sequential = Router::new(&names(4), PolicyKind::LeastLoad, 4, 0, RouterConfig::default()).unwrap();
+    let prompt = handed_over_prompt(1);
+    let walker = r.index.read();
+    let d = r.route(&RouteRequest::new(Prompt::Tokens(&prompt))).unwrap();
+    assert_eq!(r.deferred_count.load(std::sync::atomic::Ordering::Acquire), 1);
+    assert_eq!(walker.stats().entries, 0, "the queued write is not applied yet");
+    drop(walker);
+    let s = sequential.route(&RouteRequest::new(Prompt::Tokens(&prompt))).unwrap();
+    assert_eq!(d.instance, s.instance);
+    assert_eq!(index_shape(&r), index_shape(&sequential));
+    assert_eq!(r.deferred_count.load(std::sync::atomic::Ordering::Acquire), 0);
+    assert!(index_shape(&r).0 > 0);
+}
+
+/// At most `MAX_DEFERRED` writes wait: the next decision waits for the lock (it cannot finish
+/// while a walker holds the index), then applies every queued write and its own, in order.
+#[test]
+fn a_full_queue_makes_the_next_decision_wait_and_apply_them_all() {
+    use super::index_lock::MAX_DEFERRED;
+    let r = Router::new(&names(4), PolicyKind::LeastLoad, 4, 0, RouterConfig::default()).unwrap();
+    let sequential = Router::new(&names(4), PolicyKind::LeastLoad, 4, 0, RouterConfig::default()).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..=MAX_DEFERRED as u32).map(handed_over_prompt).collect();
+    let walker = r.index.read();
+    for p in &prompts[..MAX_DEFERRED] {
+        r.route(&RouteRequest::new(Prompt::Tokens(p))).unwrap();
+    }
+    assert_eq!(
+        r.deferred_count.load(std::sync::atomic::Ordering::Acquire),
+        MAX_DEFERRED
+    );
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let last = s.spawn(|| {
+            r.route(&RouteRequest::new(Prompt::Tokens(&prompts[MAX_DEFERRED])))
+                .unwrap();
+            done.store(true, std::sync::atomic::Ordering::Release);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            !done.load(std::sync::atomic::Ordering::Acquire),
+            "the full queue makes it wait"
+        );
+        drop(walker);
+        last.join().unwrap();
+    });
+    assert_eq!(r.deferred_count.load(std::sync::atomic::Ordering::Acquire), 0);
+    for p in &prompts {
+        sequential.route(&RouteRequest::new(Prompt::Tokens(p))).unwrap();
+    }
+    assert_eq!(index_shape(&r), index_shape(&sequential));
+    for slot in 0..4 {
+        let holder = crate::index::Holder::Instance(slot);
+        assert_eq!(
+            r.write_index().lru_order(holder),
+            sequential.write_index().lru_order(holder)
+        );
     }
 }
