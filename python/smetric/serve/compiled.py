@@ -255,7 +255,8 @@ class CompiledPlane:
         if r.first_byte_s is not None:
             telemetry.first_byte_s.observe(r.first_byte_s)
         status = r.status
-        telemetry.native[r.api] += 1
+        if r.refused is None:  # a refusal at the door is answered there, not served
+            telemetry.native[r.api] += 1
         telemetry.responses[status] += 1
         telemetry.request_s.observe(r.latency_s)
         outcome = Outcome(
@@ -278,7 +279,7 @@ class CompiledPlane:
             itl_s=r.itl_s,
             attempts=r.attempts,
         )
-        self._outcomes.finish(outcome, status, latency_s=r.latency_s)
+        self._outcomes.finish(outcome, status, refused=r.refused, latency_s=r.latency_s)
 
     def render_admission(self, prefix: str = "smetric") -> Iterator[str]:
         """The door's admission families (the app's own admission then admits nothing)."""

@@ -27,7 +27,7 @@ use super::messages::{self, MessagesStream};
 use super::responses::{self, ResponsesStream};
 use super::stream::{OpenAiStream, usage_counts};
 use super::{FleetView, Native, same_bytes};
-use crate::admission::Slot;
+use crate::admission::{Refusal, Slot};
 use crate::answers::{Body, Held, SERVER_NAME, json_response};
 use crate::counters::ClientError;
 use crate::delegate::{ControlPlane, strip_hop_by_hop};
@@ -243,6 +243,12 @@ pub(crate) async fn serve(
     let slot = match native.admission.enter().await {
         Ok(slot) => slot,
         Err(refusal) => {
+            // A path the native path serves is refused here, in its API's shape: a burst past
+            // the queue costs no round trip through the app (each refusal handed over held a
+            // connection and the app's memory for it). Other paths: the app renders the refusal.
+            if let Some(api) = Api::of(&native, request.method(), request.uri().path()) {
+                return door_refusal(&native, api, request.headers(), refusal, arrived);
+            }
             return plane
                 .delegate(request, peer, &[(REFUSED_HEADER, refusal.reason())])
                 .await;
@@ -261,6 +267,49 @@ pub(crate) async fn serve(
         _ => plane.delegate(request, peer, &[(ADMITTED_HEADER, "1")]).await,
     };
     held(answer, slot)
+}
+
+/// The door's refusal of a request of `api`, as the app answers one (`admission.refusal_error`:
+/// a full queue 429 `RateLimitError`, a wait past the queue's timeout or a draining proxy 503),
+/// with `Retry-After`, recorded for the app's telemetry and decision log.
+fn door_refusal(native: &Native, api: Api, headers: &HeaderMap, refusal: Refusal, arrived: Instant) -> Response<Body> {
+    let limits = &native.config.admission;
+    let (status, message, kind) = match refusal {
+        Refusal::QueueFull => {
+            let door = native.admission.snapshot();
+            (
+                429,
+                format!(
+                    "the proxy is at capacity ({} requests in flight, {} queued)",
+                    door.admitted, door.queued
+                ),
+                "RateLimitError",
+            )
+        }
+        Refusal::QueueTimeout => (
+            503,
+            format!(
+                "no capacity freed within {} s in the proxy's queue",
+                limits.queue_timeout.as_secs_f64()
+            ),
+            "ServiceUnavailableError",
+        ),
+        Refusal::Draining => (503, "the proxy is shutting down".to_owned(), "ServiceUnavailableError"),
+    };
+    let mut answer = api.proxy_error(status, &message, kind);
+    answer
+        .headers_mut()
+        .insert(hyper::header::RETRY_AFTER, HeaderValue::from(limits.retry_after_s));
+    native.records.push(Record {
+        request_id: request_id(headers),
+        api: api.name(),
+        session: header_session(headers),
+        status: answer.status().as_u16(),
+        refused: Some(refusal.reason()),
+        latency_s: arrived.elapsed().as_secs_f64(),
+        ..Record::default()
+    });
+    answer
 }
 
 /// The answer, holding the slot until its body is sent or dropped.
@@ -437,7 +486,14 @@ impl Native {
                 let prompt = plan.ids.len() as u64;
                 match gate.route(&self.config.router, &request, key, prompt, deadline).await {
                     Ok(routed) => routed,
-                    Err(refusal) => return gate_refusal(api, gate, refusal),
+                    Err(refusal) => {
+                        let answer = gate_refusal(api, gate, refusal);
+                        record.status = answer.status().as_u16();
+                        record.refused = Some(refusal.reason());
+                        record.latency_s = arrived.elapsed().as_secs_f64();
+                        self.records.push(record);
+                        return answer;
+                    }
                 }
             }
             None => self.config.router.route(&request),

@@ -2,7 +2,9 @@
 //! `smetric_core::Router` the Python control plane holds (`docs/proxy-data-plane.md`).
 //!
 //! A request of the proxy's APIs first takes an admission `Slot` (`crate::admission`; a
-//! refusal is delegated to the app with its reason, which answers it in the API's shape). The
+//! refusal of a path the native path serves is answered here in the API's shape, as the app
+//! words it, and recorded for the app; any other refusal is delegated to the app with its
+//! reason, which answers it in the API's shape). The
 //! native path then takes `POST /v1/chat/completions` and `POST /v1/completions` when the
 //! control plane armed it for them ([`NativeConfig`]) and the request is one it serves exactly
 //! as the app would:
