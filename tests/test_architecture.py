@@ -617,3 +617,52 @@ def test_the_shared_constant_check_sees_copies() -> None:
         "WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)\n"
     )
     assert len(_redefinitions(copied, "copied.py")) == 3
+
+
+def rust_code(source: str) -> str:
+    """A Rust file's code without comments and without its `#[cfg(test)] mod tests { … }`."""
+    source = re.split(r"#\[cfg\(test\)\]\s*mod tests\s*\{", source, maxsplit=1)[0]
+    return "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("//"))
+
+
+def rust_submodule_graph(directory: Path) -> dict[str, set[str]]:
+    """The files of one module directory (``mod`` for its ``mod.rs``) → the siblings each uses:
+    a child's ``super::x`` names sibling ``x`` when a file ``x.rs`` exists, else an item of
+    ``mod.rs``; ``mod.rs``'s ``x::`` names child ``x``."""
+    files = {p.stem: p for p in directory.glob("*.rs")}
+    children = set(files) - {"mod"}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        code = rust_code(path.read_text())
+        if name == "mod":
+            graph[name] = {child for child in children if re.search(rf"\b{child}::", code)}
+            continue
+        for m in re.finditer(r"\bsuper::(?:\{([^}]*)\}|([A-Za-z_][A-Za-z0-9_]*))", code):
+            used = [m.group(2)] if m.group(2) else re.findall(r"(?:^|,)\s*([A-Za-z_][A-Za-z0-9_]*)", m.group(1))
+            for item in used:
+                if item in children:
+                    if item != name:
+                        graph[name].add(item)
+                elif item != "self":
+                    graph[name].add("mod")
+    return graph
+
+
+def test_the_gateways_native_path_has_no_two_way_module_tie() -> None:
+    """Issue 32 item 3: `native/mod.rs` declares and re-exports; the state is `state.rs`, the
+    engines' client `engines.rs`, the secret comparison `secret.rs`, so no child uses its parent.
+    (router/, index/ and policy/ keep their type in `mod.rs` and its parts in the children: ties
+    by design there, not checked.)"""
+    graph = rust_submodule_graph(ROOT / "rust" / "smetric-gateway" / "src" / "native")
+    assert graph["mod"] >= {"forward", "state"}, "the scan sees mod.rs's uses"
+    assert graph["forward"] >= {"state", "responses"}, "the scan sees a child's uses"
+    assert cycles(graph) == []
+
+
+def test_the_module_tie_check_sees_a_child_using_its_parent(tmp_path: Path) -> None:
+    (tmp_path / "mod.rs").write_text("mod a;\nmod b;\npub use a::run;\npub struct State;\n")
+    (tmp_path / "a.rs").write_text("use super::b::helper;\nuse super::{State, b};\n")
+    (tmp_path / "b.rs").write_text("pub fn helper() {}\n#[cfg(test)]\nmod tests {\n    use super::super::State;\n}\n")
+    graph = rust_submodule_graph(tmp_path)
+    assert graph == {"mod": {"a"}, "a": {"b", "mod"}, "b": set()}
+    assert cycles(graph) == [["a", "mod"]]

@@ -6,7 +6,7 @@ use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::channel::{Channel, Sender};
@@ -15,9 +15,6 @@ use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, SERVER};
 use hyper::http::request::Parts;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use smetric_core::{Decision, Prompt, RequestId, RouteRequest, TurnHint};
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 use smetric_vllm::{Endpoint, parse_openai_body};
@@ -25,8 +22,9 @@ use smetric_vllm::{Endpoint, parse_openai_body};
 use super::chatml::{byte_chunk_ids, render};
 use super::messages::{self, MessagesStream};
 use super::responses::{self, ResponsesStream};
+use super::secret::same_bytes;
+use super::state::{FleetView, Native};
 use super::stream::{OpenAiStream, usage_counts};
-use super::{FleetView, Native, same_bytes};
 use crate::admission::{Refusal, Slot};
 use crate::answers::{Body, Held, SERVER_NAME, json_response};
 use crate::counters::ClientError;
@@ -34,22 +32,6 @@ use crate::delegate::{ControlPlane, strip_hop_by_hop};
 use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER};
 use crate::records::Record;
 use crate::session_gate::{GateRefusal, SessionGate};
-
-/// The engines' client: kept-alive connections, no delay, the configured connect timeout.
-pub(crate) struct Engines {
-    client: Client<HttpConnector, Full<Bytes>>,
-}
-
-impl Engines {
-    pub(crate) fn new(connect_timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        Self {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-        }
-    }
-}
 
 /// The paths whose requests the app serves without admission: its own fixed routes.
 const UNADMITTED_PATHS: [&str; 4] = ["/health", "/metrics", "/v1/models", "/admin/instances"];

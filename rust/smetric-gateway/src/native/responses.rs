@@ -95,7 +95,7 @@ impl ResponseIds {
         // early exit would time the comparison).
         !engine_id.is_empty()
             && tag.len() == TAG_HEX
-            && super::same_bytes(self.mac(engine_id, tag).as_bytes(), mac.as_bytes())
+            && super::secret::same_bytes(self.mac(engine_id, tag).as_bytes(), mac.as_bytes())
     }
 
     /// `data` with each `"id"` / `"previous_response_id"` naming a response of the instance

@@ -1,0 +1,192 @@
+//! The native path's state and its configuration: what the control plane arms it with
+//! ([`NativeConfig`]), the fleet as the control plane sees it ([`FleetView`]), the state every
+//! connection shares ([`Native`]: the router, the engines' client, the door's admission, the
+//! session gate, the records for the app) and the handles the control plane keeps
+//! ([`NativeHandles`]). No request logic here: that is `forward.rs`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use smetric_core::Router;
+
+use super::engines::Engines;
+use super::responses::ResponseIds;
+use crate::admission::{Admission, AdmissionLimits};
+use crate::records::Records;
+use crate::session_gate::{SessionGate, SessionGateConfig, SessionGateSnapshot};
+
+/// What the control plane arms the native path with (no defaults here: `smetric serve`'s
+/// configuration has them). Cloned once when the gateway starts (the router is shared).
+#[derive(Clone)]
+pub struct NativeConfig {
+    /// The router the app routes on too.
+    pub router: Arc<Router>,
+    /// Proves to the app that a request came from this gateway.
+    pub secret: String,
+    /// Client keys; empty: the proxy is open.
+    pub client_keys: Vec<String>,
+    /// The key every call to an engine carries, if any.
+    pub upstream_key: Option<String>,
+    pub max_body_bytes: usize,
+    pub body_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// A request's whole time in the proxy (504, or an error event once its stream started).
+    pub client_timeout: Duration,
+    pub admission: AdmissionLimits,
+    /// The APIs served natively.
+    pub apis: NativeApis,
+    /// A cut stream is continued (by the app) rather than ended with an error event.
+    pub resume_streams: bool,
+    /// The key the app issues and opens its response ids with (`pinning.ResponseIds`).
+    pub response_id_key: String,
+    /// The core reason → label table of `smetric.serve.labels`.
+    pub labels: HashMap<String, String>,
+    /// Records kept for the control plane at most.
+    pub max_records: usize,
+    /// Session admission after the router's decision (`None`: off).
+    pub session_gate: Option<SessionGateConfig>,
+}
+
+/// The APIs the native path serves (the rest are delegated).
+#[derive(Clone, Copy, Debug, Default)]
+#[allow(clippy::struct_excessive_bools)] // one switch per API, each read on its own
+pub struct NativeApis {
+    /// Chat (approximate ChatML routing ids).
+    pub chat: bool,
+    /// Completions (token ids, or the approximate ids of a text prompt).
+    pub completions: bool,
+    /// Anthropic Messages (the approximate ChatML ids of its chat conversion).
+    pub messages: bool,
+    /// OpenAI Responses that name no stored response (the approximate ChatML ids of its input).
+    pub responses: bool,
+}
+
+/// The fleet as the control plane sees it now; replaced whole on every change.
+#[derive(Clone, Debug, Default)]
+pub struct FleetView {
+    /// Every instance, in the fleet's order.
+    pub instances: Vec<String>,
+    /// Instances ejected after failures (a last resort only).
+    pub ejected: HashSet<String>,
+    /// Model id → the instances serving it (empty: models unknown, every request passes).
+    pub models: HashMap<String, HashSet<String>>,
+    /// LoRA adapters (their cache namespace is the app's to compute: delegated).
+    pub adapters: HashSet<String>,
+}
+
+impl FleetView {
+    /// Instances an attempt for `model` must skip (the app's `Fleet.exclusions`), or None
+    /// when none is left.
+    pub(crate) fn exclusions(&self, model: Option<&str>, failed: &[String]) -> Option<Vec<String>> {
+        let serving = model.and_then(|m| self.models.get(m));
+        let eligible: Vec<&String> = self
+            .instances
+            .iter()
+            .filter(|u| !failed.contains(u) && serving.is_none_or(|s| s.contains(*u)))
+            .collect();
+        if eligible.is_empty() {
+            return None;
+        }
+        let healthy: HashSet<&String> = eligible
+            .iter()
+            .copied()
+            .filter(|u| !self.ejected.contains(*u))
+            .collect();
+        let chosen: HashSet<&String> = if healthy.is_empty() {
+            eligible.into_iter().collect()
+        } else {
+            healthy
+        };
+        Some(self.instances.iter().filter(|u| !chosen.contains(u)).cloned().collect())
+    }
+
+    /// Instances not ejected (at least one counts: admission's capacity rule).
+    pub(crate) fn live(&self) -> usize {
+        self.instances.iter().filter(|u| !self.ejected.contains(*u)).count()
+    }
+}
+
+/// The native path's state, shared by every connection.
+pub(crate) struct Native {
+    pub(crate) config: NativeConfig,
+    pub(crate) response_ids: Arc<ResponseIds>,
+    pub(crate) fleet: RwLock<Arc<FleetView>>,
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) records: Arc<Records>,
+    pub(crate) engines: Engines,
+    pub(crate) gate: Option<Arc<SessionGate>>,
+}
+
+impl Native {
+    pub(crate) fn new(
+        config: NativeConfig,
+        fleet: FleetView,
+        admission: Arc<Admission>,
+        records: Arc<Records>,
+    ) -> Self {
+        let engines = Engines::new(config.connect_timeout);
+        let gate = config.session_gate.map(SessionGate::new);
+        if let Some(gate) = &gate {
+            gate.set_instances(&fleet.instances);
+        }
+        Self {
+            response_ids: Arc::new(ResponseIds::new(&config.response_id_key)),
+            gate,
+            config,
+            fleet: RwLock::new(Arc::new(fleet)),
+            admission,
+            records,
+            engines,
+        }
+    }
+
+    pub(crate) fn fleet(&self) -> Arc<FleetView> {
+        Arc::clone(&self.fleet.read().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// The shared handles `Gateway` keeps to talk to the native path from the control plane.
+#[derive(Clone)]
+pub struct NativeHandles {
+    pub(crate) native: Arc<Native>,
+}
+
+impl NativeHandles {
+    /// Every record queued since the last call, oldest first.
+    pub fn take_records(&self) -> Vec<crate::records::Record> {
+        self.native.records.take()
+    }
+
+    /// Records dropped because the control plane did not take them in time.
+    pub fn records_dropped(&self) -> u64 {
+        self.native.records.dropped()
+    }
+
+    /// The admission's state, for `/metrics`.
+    pub fn admission(&self) -> crate::admission::AdmissionSnapshot {
+        self.native.admission.snapshot()
+    }
+
+    /// The session admission's state, for `/metrics` (`None`: off).
+    pub fn session_admission(&self) -> Option<SessionGateSnapshot> {
+        self.native.gate.as_ref().map(|gate| gate.snapshot())
+    }
+
+    /// Requests holding an admission slot now.
+    pub fn admitted(&self) -> usize {
+        self.native.admission.admitted()
+    }
+
+    /// Replaces the fleet view (and the admission's live-instance count).
+    pub fn set_fleet(&self, fleet: FleetView) {
+        let live = fleet.live();
+        if let Some(gate) = &self.native.gate {
+            gate.set_instances(&fleet.instances);
+        }
+        *self.native.fleet.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(fleet);
+        self.native.admission.set_live(live);
+    }
+}
