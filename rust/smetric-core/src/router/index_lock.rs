@@ -165,6 +165,8 @@ impl Router {
                     ..*write
                 });
                 self.deferred_count.store(queue.len(), Ordering::Release);
+                #[cfg(test)]
+                self.deferred_total.fetch_add(1, Ordering::Relaxed);
                 return;
             }
             drop(queue);

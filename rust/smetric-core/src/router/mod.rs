@@ -106,6 +106,9 @@ pub struct Router {
     /// taker of the exclusive lock; `deferred_count` is their number, read without the mutex.
     deferred: Mutex<Vec<index_lock::RouteWrite>>,
     deferred_count: std::sync::atomic::AtomicUsize,
+    /// Test only: writes queued so far (the concurrent tests check they exercised the queue).
+    #[cfg(test)]
+    pub(crate) deferred_total: AtomicU64,
     fleet: ArcSwap<Fleet>,
     requests: Mutex<MixMap<crate::ids::RequestId, InFlight>>,
     next_request_id: AtomicU64,
@@ -171,6 +174,8 @@ impl Router {
             decisions: Mutex::new(()),
             deferred: Mutex::new(Vec::new()),
             deferred_count: std::sync::atomic::AtomicUsize::new(0),
+            #[cfg(test)]
+            deferred_total: AtomicU64::new(0),
             fleet: ArcSwap::from_pointee(fleet),
             requests: Mutex::new(MixMap::default()),
             next_request_id: AtomicU64::new(crate::ids::RequestId::FIRST_GENERATED),

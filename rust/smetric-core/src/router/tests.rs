@@ -344,9 +344,10 @@ mod concurrent {
     /// walk); the load board and the in-flight table are back to zero.
     #[test]
     fn concurrent_routes_of_one_chain_match_a_serial_replay() {
-        let (mut stale, mut in_place, mut exclusive) = (0, 0, 0);
+        let (mut stale, mut in_place, mut exclusive, mut queued) = (0, 0, 0, 0);
         for tails in [1, 16] {
             let (r, decisions, renewed) = route_one_chain_concurrently(tails);
+            queued += r.deferred_total.load(std::sync::atomic::Ordering::Relaxed);
             assert_eq!(decisions.len(), THREADS * ROUNDS + 1);
             let index = r.write_index();
             index.assert_consistent();
@@ -378,6 +379,9 @@ mod concurrent {
             "{in_place} in place, {exclusive} exclusive"
         );
         assert!(stale > 0, "some walks went stale before their write");
+        // Decisions that found the index held queued their writes (`index_lock.rs`), and the
+        // replay still matches: queued writes are applied in the order recorded.
+        assert!(queued > 0, "some writes were handed over");
     }
 
     /// Negative control: the same comparison against a replay that lost one insert (the last
