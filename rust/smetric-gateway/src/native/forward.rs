@@ -17,16 +17,13 @@ use hyper::http::request::Parts;
 use hyper::{Method, Request, Response, StatusCode};
 use smetric_core::{Decision, Prompt, RequestId, RouteRequest, TurnHint};
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
-use smetric_vllm::{Endpoint, parse_openai_body};
 
-use super::chatml::{byte_chunk_ids, render};
-use super::messages::{self, MessagesStream};
-use super::responses::{self, ResponsesStream};
+use super::apis;
+use super::protocol::{Plan, Protocol, StreamScan};
 use super::secret::same_bytes;
 use super::state::{FleetView, Native};
-use super::stream::{OpenAiStream, usage_counts};
 use crate::admission::{Refusal, Slot};
-use crate::answers::{Body, Held, SERVER_NAME, json_response};
+use crate::answers::{Body, Held, SERVER_NAME};
 use crate::counters::ClientError;
 use crate::delegate::{ControlPlane, strip_hop_by_hop};
 use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER};
@@ -50,165 +47,8 @@ static DECISION: HeaderName = HeaderName::from_static("x-smetric-decision");
 // releases the session's state), the cut stream's message and the usage splice: `crate::shared`.
 use crate::shared::{CUT_MESSAGE, END_HEADERS, PARENT_HEADERS, SESSION_HEADERS, USAGE_OPTION};
 
-#[derive(Clone, Copy)]
-enum Api {
-    Chat,
-    Completions,
-    Messages,
-    Responses,
-}
-
-impl Api {
-    fn of(native: &Native, method: &Method, path: &str) -> Option<Self> {
-        if method != Method::POST {
-            return None;
-        }
-        match path {
-            "/v1/chat/completions" if native.config.apis.chat => Some(Self::Chat),
-            "/v1/completions" if native.config.apis.completions => Some(Self::Completions),
-            "/v1/messages" if native.config.apis.messages => Some(Self::Messages),
-            "/v1/responses" if native.config.apis.responses => Some(Self::Responses),
-            _ => None,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::Chat => "chat",
-            Self::Completions => "completions",
-            Self::Messages => "messages",
-            Self::Responses => "responses",
-        }
-    }
-
-    fn path(self) -> &'static str {
-        match self {
-            Self::Chat => "/v1/chat/completions",
-            Self::Completions => "/v1/completions",
-            Self::Messages => "/v1/messages",
-            Self::Responses => "/v1/responses",
-        }
-    }
-
-    /// The scanner of its event stream from `instance`.
-    fn scan(self, native: &Native, hide_usage: bool, instance: &str) -> Scan {
-        match self {
-            // Chat's stream opens with a role chunk that carries no token.
-            Self::Chat => Scan::OpenAi(OpenAiStream::new(1, hide_usage)),
-            Self::Completions => Scan::OpenAi(OpenAiStream::new(0, hide_usage)),
-            Self::Messages => Scan::Messages(MessagesStream::default()),
-            Self::Responses => Scan::Responses(ResponsesStream::new(Arc::clone(&native.response_ids), instance)),
-        }
-    }
-
-    /// A whole answer's `(output tokens, cached prompt tokens)`.
-    fn usage(self, answer: &[u8]) -> (Option<u64>, Option<u64>) {
-        match self {
-            Self::Chat | Self::Completions => usage_counts(answer),
-            Self::Messages => messages::usage_counts(answer),
-            Self::Responses => responses::usage_counts(answer),
-        }
-    }
-
-    /// A client's mistake in the API's shape (`Api.reject` of a `RequestError`).
-    fn client_error(self, status: StatusCode, message: &str, code: Option<&str>) -> Response<Body> {
-        match self {
-            Self::Chat | Self::Completions | Self::Responses => {
-                let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}});
-                json_response(status, body.to_string())
-            }
-            Self::Messages => self.proxy_error(status.as_u16(), message, ""),
-        }
-    }
-
-    /// The proxy's own failure in the API's shape (`Api.fail` of a `ProxyError`).
-    fn proxy_error(self, status: u16, message: &str, kind: &str) -> Response<Body> {
-        let (status, body) = match self {
-            Self::Chat | Self::Completions | Self::Responses => (status, proxy_error_json(status, message, kind)),
-            Self::Messages => {
-                let status = messages::status(status);
-                (status, messages::error_body(status, message))
-            }
-        };
-        json_response(
-            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            body,
-        )
-    }
-
-    /// What ends a started stream with the proxy's error (`Api.stream_failure` of a 503).
-    fn stream_failure(self, message: &str) -> Bytes {
-        match self {
-            Self::Chat | Self::Completions => {
-                let error = proxy_error_json(503, message, "ServiceUnavailableError");
-                Bytes::from(format!("data: {error}\n\ndata: [DONE]\n\n"))
-            }
-            Self::Messages => {
-                let error = messages::error_body(messages::status(503), message);
-                Bytes::from(format!("event: error\ndata: {error}\n\n"))
-            }
-            Self::Responses => responses::stream_failure(message),
-        }
-    }
-
-    /// What ends a stream whose upstream ended without its own end marker.
-    fn end_marker(self) -> &'static [u8] {
-        match self {
-            Self::Chat | Self::Completions => b"data: [DONE]\n\n",
-            Self::Messages => messages::MESSAGE_STOP,
-            Self::Responses => b"",
-        }
-    }
-}
-
-/// A relayed stream's scanner, by API.
-enum Scan {
-    OpenAi(OpenAiStream),
-    Messages(MessagesStream),
-    Responses(ResponsesStream),
-}
-
-impl Scan {
-    fn feed(&mut self, chunk: Bytes) -> Bytes {
-        match self {
-            Self::OpenAi(s) => s.feed(chunk),
-            Self::Messages(s) => s.feed(chunk),
-            Self::Responses(s) => s.feed(&chunk),
-        }
-    }
-
-    fn tokens(&self) -> u64 {
-        match self {
-            Self::OpenAi(s) => s.tokens(),
-            Self::Messages(s) => s.tokens(),
-            Self::Responses(s) => s.tokens(),
-        }
-    }
-
-    fn cached_tokens(&self) -> Option<u64> {
-        match self {
-            Self::OpenAi(s) => s.cached_tokens,
-            Self::Messages(s) => s.cached_tokens,
-            Self::Responses(s) => s.cached_tokens,
-        }
-    }
-
-    fn finished(&self) -> bool {
-        match self {
-            Self::OpenAi(s) => s.finished,
-            Self::Messages(s) => s.finished,
-            Self::Responses(s) => s.done,
-        }
-    }
-
-    fn done(&self) -> bool {
-        match self {
-            Self::OpenAi(s) => s.done,
-            Self::Messages(s) => s.done,
-            Self::Responses(s) => s.done,
-        }
-    }
-}
+/// An API the native path serves (`protocol.rs`; the registry is `apis.rs`).
+type Api = &'static dyn Protocol;
 
 /// Serves one request at the door: admitted (or refused through the app), then natively or
 /// delegated; the slot is held until the answer's last byte.
@@ -228,7 +68,7 @@ pub(crate) async fn serve(
             // A path the native path serves is refused here, in its API's shape: a burst past
             // the queue costs no round trip through the app (each refusal handed over held a
             // connection and the app's memory for it). Other paths: the app renders the refusal.
-            if let Some(api) = Api::of(&native, request.method(), request.uri().path()) {
+            if let Some(api) = apis::served(native.config.apis, request.method(), request.uri().path()) {
                 return door_refusal(&native, api, request.headers(), refusal, arrived);
             }
             return plane
@@ -236,7 +76,7 @@ pub(crate) async fn serve(
                 .await;
         }
     };
-    let answer = match Api::of(&native, request.method(), request.uri().path()) {
+    let answer = match apis::served(native.config.apis, request.method(), request.uri().path()) {
         Some(api) if head_servable(&native, request.headers()) => {
             let (parts, body) = request.into_parts();
             let deadline = tokio::time::Instant::from_std(arrived + native.config.client_timeout);
@@ -386,17 +226,6 @@ fn names_parent(headers: &HeaderMap) -> bool {
     PARENT_HEADERS
         .iter()
         .any(|name| *name != "x-claude-code-parent-agent-id" && header(headers, name).is_some())
-}
-
-/// What the native path routes on, or None: the request goes to the app.
-struct Plan {
-    ids: Vec<u32>,
-    turn: TurnHint,
-    source: &'static str,
-    model: Option<String>,
-    namespace: Option<String>,
-    hide_usage: bool,
-    session: Option<String>,
 }
 
 #[derive(Clone, Copy)]
@@ -558,17 +387,11 @@ impl Native {
             record.succeeded = true;
             record.latency_s = arrived.elapsed().as_secs_f64();
             self.records.push(record);
-            let whole = match api {
-                Api::Responses => {
-                    let tag = responses::ResponseIds::tag(&instance);
-                    Bytes::from(responses::relay_body(&self.response_ids, &whole, &tag))
-                }
-                _ => whole,
-            };
+            let whole = api.relay_whole(&self.response_ids, whole, &instance);
             return Response::from_parts(head, Full::new(whole).map_err(|never| match never {}).boxed());
         }
         // A stream: the client's headers go out with its first event, as the app's relay does.
-        let scan = api.scan(self, plan.hide_usage, &instance);
+        let scan = api.scanner(&self.response_ids, plan.hide_usage, &instance);
         let mut upstream_body = upstream_body;
         let first = loop {
             match tokio::time::timeout(self.config.idle_timeout, upstream_body.frame()).await {
@@ -815,109 +638,19 @@ fn body_plan(api: Api, raw: &[u8], session: Option<String>) -> Option<Plan> {
     if escapes_lone_surrogate(raw) || has_long_digit_run(raw) {
         return None;
     }
-    match api {
-        Api::Chat | Api::Completions => openai_plan(api, raw, session),
-        Api::Messages | Api::Responses => {
-            let body = if matches!(api, Api::Messages) {
-                messages::plan(raw)?
-            } else {
-                responses::plan(raw)?
-            };
-            Some(Plan {
-                ids: byte_chunk_ids(&body.rendered.text),
-                turn: TurnHint::Messages {
-                    first_turn: body.rendered.first_turn,
-                },
-                source: "approximate",
-                model: body.model,
-                namespace: body.cache_salt,
-                hide_usage: false,
-                session,
-            })
-        }
-    }
+    api.plan(raw, session)
 }
 
 /// The routing ids and the turn verdict (None: the index's) the native path would route a body
 /// posted to `path` on, or None when it would hand the body to the app — so a test can hold the
 /// native path's rendering against the app's.
 pub fn routing_ids(path: &str, raw: &[u8]) -> Option<(Vec<u32>, Option<bool>)> {
-    let api = match path {
-        "/v1/chat/completions" => Api::Chat,
-        "/v1/completions" => Api::Completions,
-        "/v1/messages" => Api::Messages,
-        "/v1/responses" => Api::Responses,
-        _ => return None,
-    };
-    let plan = body_plan(api, raw, None)?;
+    let plan = body_plan(apis::by_path(path)?, raw, None)?;
     let first_turn = match plan.turn {
         TurnHint::Messages { first_turn } => Some(first_turn),
         _ => None,
     };
     Some((plan.ids, first_turn))
-}
-
-/// The plan of a chat or completions body (see [`Native::plan`]).
-fn openai_plan(api: Api, raw: &[u8], session: Option<String>) -> Option<Plan> {
-    let endpoint = if matches!(api, Api::Chat) {
-        Endpoint::Chat
-    } else {
-        Endpoint::Completions
-    };
-    let body = parse_openai_body(raw, endpoint).ok()?;
-    if body.kv_transfer_params {
-        return None;
-    }
-    if let Some(tools) = body.tools {
-        let tools: Vec<&serde_json::value::RawValue> = serde_json::from_str(tools).ok()?;
-        if !tools.iter().all(|t| t.get().starts_with('{')) {
-            return None;
-        }
-    }
-    let hinted = session.is_some()
-        || [&body.prompt_cache_key, &body.user]
-            .iter()
-            .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
-    let (ids, turn, source) = if matches!(api, Api::Chat) {
-        let rendered = render(&body)?;
-        let first_turn = rendered.first_turn;
-        (
-            byte_chunk_ids(&rendered.text),
-            TurnHint::Messages { first_turn },
-            "approximate",
-        )
-    } else if hinted {
-        // Without messages the app counts a session's turns in its own table: a session
-        // hint's request is the app's.
-        return None;
-    } else {
-        match body.prompt.as_ref()? {
-            smetric_vllm::Prompt::Ids(ids) => (ids.clone(), TurnHint::Unknown, "ids"),
-            smetric_vllm::Prompt::Text(text) => (byte_chunk_ids(text.as_bytes()), TurnHint::Unknown, "approximate"),
-        }
-    };
-    // A stream asks the engine for its usage (the realized hit); a body whose own
-    // `stream_options` lack it is re-encoded by the app.
-    let hide_usage = match (body.stream, body.stream_options) {
-        (false, _) => false,
-        (true, None) => true,
-        (true, Some(options)) => {
-            let value: serde_json::Value = serde_json::from_str(options).ok()?;
-            if value.get("include_usage") != Some(&serde_json::Value::Bool(true)) {
-                return None;
-            }
-            false
-        }
-    };
-    Some(Plan {
-        ids,
-        turn,
-        source,
-        model: body.model,
-        namespace: body.cache_salt,
-        hide_usage,
-        session,
-    })
 }
 
 /// A routed attempt's lifecycle: `on_prefilled` at most once, then exactly one `on_finished`
@@ -1007,11 +740,6 @@ fn gate_refusal(api: Api, gate: &SessionGate, refusal: GateRefusal) -> Response<
     answer
 }
 
-/// The proxy's own error as OpenAI's body (`errors.ProxyError.body`).
-fn proxy_error_json(status: u16, message: &str, kind: &str) -> String {
-    serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": status}}).to_string()
-}
-
 /// `proxy._handle`'s answer to a request over `client_timeout`.
 const TIMED_OUT: &str = "the request timed out in the proxy";
 
@@ -1034,7 +762,7 @@ struct Relay {
     api: Api,
     lifecycle: Lifecycle,
     instance: String,
-    scan: Scan,
+    scan: Box<dyn StreamScan>,
     kept: Option<BytesMut>,
     record: Record,
     arrived: Instant,

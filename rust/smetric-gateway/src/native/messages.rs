@@ -32,9 +32,17 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use std::sync::Arc;
+
+use hyper::{Response, StatusCode};
+
 use super::chatml::{Rendered, RenderedBody};
 use super::json::{is_object, list, object, string};
+use super::protocol::{Plan, Protocol, StreamScan, rendered_plan};
+use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
+use super::state::NativeApis;
+use crate::answers::{Body as AnswerBody, json_response};
 
 use crate::shared::BILLING_HEADER_PREFIX;
 
@@ -512,6 +520,81 @@ impl MessagesStream {
                 }
             }
         }
+    }
+}
+
+/// Anthropic's Messages API (`POST /v1/messages`) on the native path.
+pub(crate) struct Messages;
+
+/// The Messages API.
+pub(crate) const MESSAGES: Messages = Messages;
+
+impl Protocol for Messages {
+    fn name(&self) -> &'static str {
+        "messages"
+    }
+
+    fn path(&self) -> &'static str {
+        "/v1/messages"
+    }
+
+    fn armed(&self, apis: NativeApis) -> bool {
+        apis.messages
+    }
+
+    fn plan(&self, raw: &[u8], session: Option<String>) -> Option<Plan> {
+        Some(rendered_plan(plan(raw)?, session))
+    }
+
+    fn scanner(&self, _ids: &Arc<ResponseIds>, _hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {
+        Box::new(MessagesStream::default())
+    }
+
+    fn usage(&self, answer: &[u8]) -> (Option<u64>, Option<u64>) {
+        usage_counts(answer)
+    }
+
+    fn client_error(&self, status: StatusCode, message: &str, _code: Option<&str>) -> Response<AnswerBody> {
+        self.proxy_error(status.as_u16(), message, "")
+    }
+
+    fn proxy_error(&self, status: u16, message: &str, _kind: &str) -> Response<AnswerBody> {
+        let status = self::status(status);
+        json_response(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            error_body(status, message),
+        )
+    }
+
+    fn stream_failure(&self, message: &str) -> Bytes {
+        let error = error_body(self::status(503), message);
+        Bytes::from(format!("event: error\ndata: {error}\n\n"))
+    }
+
+    fn end_marker(&self) -> &'static [u8] {
+        MESSAGE_STOP
+    }
+}
+
+impl StreamScan for MessagesStream {
+    fn feed(&mut self, chunk: Bytes) -> Bytes {
+        MessagesStream::feed(self, chunk)
+    }
+
+    fn tokens(&self) -> u64 {
+        MessagesStream::tokens(self)
+    }
+
+    fn cached_tokens(&self) -> Option<u64> {
+        self.cached_tokens
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
+
+    fn done(&self) -> bool {
+        self.done
     }
 }
 

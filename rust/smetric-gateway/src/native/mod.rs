@@ -37,11 +37,15 @@
 //! answer's last byte (or the client's departure). Cost per request: one parse of the body,
 //! one render, one route, the bytes moved, and a scan of the stream.
 
+mod apis;
 pub mod chatml;
 mod engines;
 mod forward;
 mod json;
 mod messages;
+mod openai;
+mod protocol;
+mod response_ids;
 mod responses;
 mod secret;
 mod sse;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use smetric_core::Router;
 
 use super::engines::Engines;
-use super::responses::ResponseIds;
+use super::response_ids::ResponseIds;
 use crate::admission::{Admission, AdmissionLimits};
 use crate::records::Records;
 use crate::session_gate::{SessionGate, SessionGateConfig, SessionGateSnapshot};

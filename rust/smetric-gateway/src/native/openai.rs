@@ -1,0 +1,149 @@
+//! OpenAI's chat and completions APIs on the native path: a body parsed by the proxy's own
+//! parser (`smetric_vllm::parse_openai_body`); chat rendered as plain ChatML into approximate
+//! ids (`chatml.rs`), completions routed on its token ids or its text's approximate ids; a
+//! stream asked for its usage (the realized hit) and that usage cut from the relay when the
+//! client did not ask for it; a body the app would re-encode or count in its session table is
+//! the app's. O(body length) to plan; O(event bytes) to scan.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use smetric_core::TurnHint;
+use smetric_vllm::{Endpoint, parse_openai_body};
+
+use super::chatml::{byte_chunk_ids, render};
+use super::protocol::{Plan, Protocol, StreamScan, openai_error_json};
+use super::response_ids::ResponseIds;
+use super::state::NativeApis;
+use super::stream::{OpenAiStream, usage_counts};
+
+/// Chat (`chat`) or completions.
+pub(crate) struct OpenAi {
+    chat: bool,
+}
+
+/// `POST /v1/chat/completions`.
+pub(crate) const CHAT: OpenAi = OpenAi { chat: true };
+/// `POST /v1/completions`.
+pub(crate) const COMPLETIONS: OpenAi = OpenAi { chat: false };
+
+impl Protocol for OpenAi {
+    fn name(&self) -> &'static str {
+        if self.chat { "chat" } else { "completions" }
+    }
+
+    fn path(&self) -> &'static str {
+        if self.chat {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        }
+    }
+
+    fn armed(&self, apis: NativeApis) -> bool {
+        if self.chat { apis.chat } else { apis.completions }
+    }
+
+    fn plan(&self, raw: &[u8], session: Option<String>) -> Option<Plan> {
+        plan(self.chat, raw, session)
+    }
+
+    fn scanner(&self, _ids: &Arc<ResponseIds>, hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {
+        // Chat's stream opens with a role chunk that carries no token.
+        Box::new(OpenAiStream::new(u64::from(self.chat), hide_usage))
+    }
+
+    fn usage(&self, answer: &[u8]) -> (Option<u64>, Option<u64>) {
+        usage_counts(answer)
+    }
+
+    fn stream_failure(&self, message: &str) -> Bytes {
+        let error = openai_error_json(503, message, "ServiceUnavailableError");
+        Bytes::from(format!("data: {error}\n\ndata: [DONE]\n\n"))
+    }
+
+    fn end_marker(&self) -> &'static [u8] {
+        b"data: [DONE]\n\n"
+    }
+}
+
+impl StreamScan for OpenAiStream {
+    fn feed(&mut self, chunk: Bytes) -> Bytes {
+        OpenAiStream::feed(self, chunk)
+    }
+
+    fn tokens(&self) -> u64 {
+        OpenAiStream::tokens(self)
+    }
+
+    fn cached_tokens(&self) -> Option<u64> {
+        self.cached_tokens
+    }
+
+    fn finished(&self) -> bool {
+        self.finished
+    }
+
+    fn done(&self) -> bool {
+        self.done
+    }
+}
+
+/// The plan of a chat (`chat`) or completions body.
+fn plan(chat: bool, raw: &[u8], session: Option<String>) -> Option<Plan> {
+    let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
+    let body = parse_openai_body(raw, endpoint).ok()?;
+    if body.kv_transfer_params {
+        return None;
+    }
+    if let Some(tools) = body.tools {
+        let tools: Vec<&serde_json::value::RawValue> = serde_json::from_str(tools).ok()?;
+        if !tools.iter().all(|t| t.get().starts_with('{')) {
+            return None;
+        }
+    }
+    let hinted = session.is_some()
+        || [&body.prompt_cache_key, &body.user]
+            .iter()
+            .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
+    let (ids, turn, source) = if chat {
+        let rendered = render(&body)?;
+        let first_turn = rendered.first_turn;
+        (
+            byte_chunk_ids(&rendered.text),
+            TurnHint::Messages { first_turn },
+            "approximate",
+        )
+    } else if hinted {
+        // Without messages the app counts a session's turns in its own table: a session
+        // hint's request is the app's.
+        return None;
+    } else {
+        match body.prompt.as_ref()? {
+            smetric_vllm::Prompt::Ids(ids) => (ids.clone(), TurnHint::Unknown, "ids"),
+            smetric_vllm::Prompt::Text(text) => (byte_chunk_ids(text.as_bytes()), TurnHint::Unknown, "approximate"),
+        }
+    };
+    // A stream asks the engine for its usage (the realized hit); a body whose own
+    // `stream_options` lack it is re-encoded by the app.
+    let hide_usage = match (body.stream, body.stream_options) {
+        (false, _) => false,
+        (true, None) => true,
+        (true, Some(options)) => {
+            let value: serde_json::Value = serde_json::from_str(options).ok()?;
+            if value.get("include_usage") != Some(&serde_json::Value::Bool(true)) {
+                return None;
+            }
+            false
+        }
+    };
+    Some(Plan {
+        ids,
+        turn,
+        source,
+        model: body.model,
+        namespace: body.cache_salt,
+        hide_usage,
+        session,
+    })
+}

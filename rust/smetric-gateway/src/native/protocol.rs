@@ -1,0 +1,108 @@
+//! One trait per API the native path serves: what the forwarder needs of an API — its path,
+//! the routing plan of a body (validation and rendering), the scanner of its event stream, the
+//! usage of a whole answer (output tokens and the realized hit), its error shapes and the end of
+//! its stream — so that `forward.rs` knows no API by name and adding an API is one file (its
+//! `impl Protocol`) plus a line in `apis.rs`.
+//!
+//! Invariants: a `plan` of `None` hands the request to the app (which serves everything); every
+//! method is pure but `scanner`, whose state is one stream's. Complexity: each method is linear
+//! in the bytes it is given.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyper::{Response, StatusCode};
+use smetric_core::TurnHint;
+
+use super::chatml::{RenderedBody, byte_chunk_ids};
+use super::response_ids::ResponseIds;
+use super::state::NativeApis;
+use crate::answers::{Body, json_response};
+
+/// What the native path routes a body on.
+pub(crate) struct Plan {
+    /// The routing ids (the approximate ChatML ids, or the prompt's own ids).
+    pub(crate) ids: Vec<u32>,
+    pub(crate) turn: TurnHint,
+    /// `approximate` or `ids` (the decision log's `tokens_source`).
+    pub(crate) source: &'static str,
+    pub(crate) model: Option<String>,
+    /// The cache namespace (vLLM's `cache_salt`).
+    pub(crate) namespace: Option<String>,
+    /// The stream's usage was asked for by the proxy, not the client: it is cut from the relay.
+    pub(crate) hide_usage: bool,
+    pub(crate) session: Option<String>,
+}
+
+/// A relayed event stream's scanner: the bytes to relay for each chunk, and what the stream
+/// said (output tokens, the realized hit, whether it finished and ended).
+pub(crate) trait StreamScan: Send {
+    /// The bytes to relay for `chunk` (whole events; a part waits for the rest).
+    fn feed(&mut self, chunk: Bytes) -> Bytes;
+    /// Output tokens seen so far.
+    fn tokens(&self) -> u64;
+    /// The prompt tokens the engine served from its cache, once its usage was seen.
+    fn cached_tokens(&self) -> Option<u64>;
+    /// Whether the answer finished (a finish reason, a terminal event).
+    fn finished(&self) -> bool;
+    /// Whether the stream's own end marker was seen.
+    fn done(&self) -> bool;
+}
+
+/// One API of the native path.
+pub(crate) trait Protocol: Sync {
+    /// The metric's and the record's name (`chat`, `completions`, `messages`, `responses`).
+    fn name(&self) -> &'static str;
+    /// The path it is posted to (and forwarded to).
+    fn path(&self) -> &'static str;
+    /// Whether the control plane armed it.
+    fn armed(&self, apis: NativeApis) -> bool;
+    /// The routing plan of a body the native path serves exactly as the app would, or None
+    /// (the checks every API shares — lone surrogates, long digit runs — are the caller's).
+    fn plan(&self, raw: &[u8], session: Option<String>) -> Option<Plan>;
+    /// The scanner of a stream from `instance`.
+    fn scanner(&self, ids: &Arc<ResponseIds>, hide_usage: bool, instance: &str) -> Box<dyn StreamScan>;
+    /// A whole answer's `(output tokens, cached prompt tokens)`.
+    fn usage(&self, answer: &[u8]) -> (Option<u64>, Option<u64>);
+    /// A whole answer as the client gets it (ids rewritten where the API has them).
+    fn relay_whole(&self, _ids: &ResponseIds, whole: Bytes, _instance: &str) -> Bytes {
+        whole
+    }
+    /// A client's mistake in the API's shape (`Api.reject` of a `RequestError`).
+    fn client_error(&self, status: StatusCode, message: &str, code: Option<&str>) -> Response<Body> {
+        let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}});
+        json_response(status, body.to_string())
+    }
+    /// The proxy's own failure in the API's shape (`Api.fail` of a `ProxyError`).
+    fn proxy_error(&self, status: u16, message: &str, kind: &str) -> Response<Body> {
+        json_response(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            openai_error_json(status, message, kind),
+        )
+    }
+    /// What ends a started stream with the proxy's error (`Api.stream_failure` of a 503).
+    fn stream_failure(&self, message: &str) -> Bytes;
+    /// What ends a stream whose upstream ended without its own end marker.
+    fn end_marker(&self) -> &'static [u8];
+}
+
+/// The proxy's own error as OpenAI's body (`errors.ProxyError.body`).
+pub(crate) fn openai_error_json(status: u16, message: &str, kind: &str) -> String {
+    serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": status}}).to_string()
+}
+
+/// The plan of a body rendered to ChatML (Messages, Responses): its approximate ids and the
+/// turn its messages say.
+pub(crate) fn rendered_plan(body: RenderedBody, session: Option<String>) -> Plan {
+    Plan {
+        ids: byte_chunk_ids(&body.rendered.text),
+        turn: TurnHint::Messages {
+            first_turn: body.rendered.first_turn,
+        },
+        source: "approximate",
+        model: body.model,
+        namespace: body.cache_salt,
+        hide_usage: false,
+        session,
+    }
+}
