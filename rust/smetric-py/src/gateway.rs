@@ -37,18 +37,26 @@ pub(crate) struct PyGatewayNative {
     config: NativeConfig,
 }
 
+/// The `InvalidConfigError` of gateway setting `field`.
+fn invalid_setting(py: Python<'_>, field: &'static str, reason: &str) -> PyErr {
+    python_error(
+        py,
+        "InvalidConfigError",
+        &format!("invalid gateway setting {field}: {reason}"),
+        |k| {
+            k.set_item("field", field)?;
+            k.set_item("reason", reason)
+        },
+    )
+}
+
 /// `value` seconds as a duration, or the `InvalidConfigError` naming `field`.
 fn seconds(py: Python<'_>, field: &'static str, value: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(value).map_err(|_| {
-        let reason = format!("must be a non-negative number of seconds, got {value}");
-        python_error(
+        invalid_setting(
             py,
-            "InvalidConfigError",
-            &format!("invalid gateway setting {field}: {reason}"),
-            |k| {
-                k.set_item("field", field)?;
-                k.set_item("reason", &reason)
-            },
+            field,
+            &format!("must be a non-negative number of seconds, got {value}"),
         )
     })
 }
@@ -94,31 +102,21 @@ impl PyGatewayNative {
         session_hold_timeout_s: f64,
     ) -> PyResult<Self> {
         let py = router.py();
-        let invalid = |field: &'static str, reason: String| {
-            python_error(
-                py,
-                "InvalidConfigError",
-                &format!("invalid gateway setting {field}: {reason}"),
-                |k| {
-                    k.set_item("field", field)?;
-                    k.set_item("reason", &reason)
-                },
-            )
-        };
         let mode = AdmissionMode::parse(session_admission).ok_or_else(|| {
             let known: Vec<&str> = AdmissionMode::ALL.iter().map(|m| m.name()).collect();
-            invalid(
+            invalid_setting(
+                py,
                 "session_admission",
-                format!("must be one of {}, got {session_admission:?}", known.join(", ")),
+                &format!("must be one of {}, got {session_admission:?}", known.join(", ")),
             )
         })?;
         let session_gate = match mode {
             AdmissionMode::Off => None,
             _ if session_capacity_tokens == 0 => {
-                return Err(invalid("session_capacity_tokens", "must be at least 1".to_owned()));
+                return Err(invalid_setting(py, "session_capacity_tokens", "must be at least 1"));
             }
             _ if session_max_held == 0 => {
-                return Err(invalid("session_max_held", "must be at least 1".to_owned()));
+                return Err(invalid_setting(py, "session_max_held", "must be at least 1"));
             }
             _ => Some(SessionGateConfig {
                 mode,

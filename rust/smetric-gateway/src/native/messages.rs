@@ -38,7 +38,7 @@ use hyper::{Response, StatusCode};
 
 use super::chatml::{Rendered, RenderedBody};
 use super::json::{is_object, list, object, string};
-use super::protocol::{Plan, Protocol, StreamScan, rendered_plan};
+use super::protocol::{Plan, Protocol, StreamScan, rendered_plan, stream_scan_by_fields};
 use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
 use super::state::NativeApis;
@@ -576,27 +576,7 @@ impl Protocol for Messages {
     }
 }
 
-impl StreamScan for MessagesStream {
-    fn feed(&mut self, chunk: Bytes) -> Bytes {
-        MessagesStream::feed(self, chunk)
-    }
-
-    fn tokens(&self) -> u64 {
-        MessagesStream::tokens(self)
-    }
-
-    fn cached_tokens(&self) -> Option<u64> {
-        self.cached_tokens
-    }
-
-    fn finished(&self) -> bool {
-        self.finished
-    }
-
-    fn done(&self) -> bool {
-        self.done
-    }
-}
+stream_scan_by_fields!(MessagesStream);
 
 #[cfg(test)]
 mod tests {

@@ -12,7 +12,7 @@ use smetric_core::TurnHint;
 use smetric_vllm::{Endpoint, parse_openai_body};
 
 use super::chatml::{byte_chunk_ids, render};
-use super::protocol::{Plan, Protocol, StreamScan, openai_error_json};
+use super::protocol::{Plan, Protocol, StreamScan, openai_error_json, stream_scan_by_fields};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use super::stream::{OpenAiStream, usage_counts};
@@ -67,27 +67,7 @@ impl Protocol for OpenAi {
     }
 }
 
-impl StreamScan for OpenAiStream {
-    fn feed(&mut self, chunk: Bytes) -> Bytes {
-        OpenAiStream::feed(self, chunk)
-    }
-
-    fn tokens(&self) -> u64 {
-        OpenAiStream::tokens(self)
-    }
-
-    fn cached_tokens(&self) -> Option<u64> {
-        self.cached_tokens
-    }
-
-    fn finished(&self) -> bool {
-        self.finished
-    }
-
-    fn done(&self) -> bool {
-        self.done
-    }
-}
+stream_scan_by_fields!(OpenAiStream);
 
 /// The plan of a chat (`chat`) or completions body.
 fn plan(chat: bool, raw: &[u8], session: Option<String>) -> Option<Plan> {

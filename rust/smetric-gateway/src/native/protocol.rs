@@ -106,3 +106,32 @@ pub(crate) fn rendered_plan(body: RenderedBody, session: Option<String>) -> Plan
         session,
     }
 }
+
+/// `StreamScan` for a scanner with its own `feed(Bytes)` and `tokens()` and the fields
+/// `cached_tokens`, `finished` and `done` (the OpenAI and Messages streams).
+macro_rules! stream_scan_by_fields {
+    ($scanner:ty) => {
+        impl $crate::native::protocol::StreamScan for $scanner {
+            fn feed(&mut self, chunk: ::bytes::Bytes) -> ::bytes::Bytes {
+                <$scanner>::feed(self, chunk)
+            }
+
+            fn tokens(&self) -> u64 {
+                <$scanner>::tokens(self)
+            }
+
+            fn cached_tokens(&self) -> Option<u64> {
+                self.cached_tokens
+            }
+
+            fn finished(&self) -> bool {
+                self.finished
+            }
+
+            fn done(&self) -> bool {
+                self.done
+            }
+        }
+    };
+}
+pub(crate) use stream_scan_by_fields;
