@@ -61,6 +61,9 @@ __all__ = [
     "SHARED_PARENT_HEADERS",
     "SHARED_PIN_MAC_HEX",
     "SHARED_PIN_TAG_HEX",
+    "SHARED_REFUSED_AT_CAPACITY",
+    "SHARED_REFUSED_DRAINING",
+    "SHARED_REFUSED_QUEUE_TIMEOUT",
     "SHARED_SESSION_HEADERS",
     "SHARED_USAGE_OPTION",
     "SHARED_WAIT_BUCKETS_S",
@@ -556,6 +559,12 @@ SHARED_END_HEADERS: Final[tuple[str, ...]]
 """Headers marking a session's last request."""
 SHARED_CUT_MESSAGE: Final[str]
 """The error a cut stream ends with when it could not be continued."""
+SHARED_REFUSED_AT_CAPACITY: Final[str]
+"""The door's 429 when its queue is full (``{admitted}``, ``{queued}`` filled in)."""
+SHARED_REFUSED_QUEUE_TIMEOUT: Final[str]
+"""The door's 503 after a wait past the queue's timeout (``{seconds}`` filled in)."""
+SHARED_REFUSED_DRAINING: Final[str]
+"""The door's 503 while the proxy drains."""
 SHARED_USAGE_OPTION: Final[bytes]
 """The usage request spliced into a streamed OpenAI body."""
 SHARED_WAIT_BUCKETS_S: Final[tuple[float, ...]]

@@ -31,7 +31,12 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from smetric._core import SHARED_WAIT_BUCKETS_S
+from smetric._core import (
+    SHARED_REFUSED_AT_CAPACITY,
+    SHARED_REFUSED_DRAINING,
+    SHARED_REFUSED_QUEUE_TIMEOUT,
+    SHARED_WAIT_BUCKETS_S,
+)
 from smetric.metrics import _family
 from smetric.serve.errors import ProxyError
 from smetric.serve.telemetry import Histogram
@@ -190,12 +195,10 @@ class Admission:
 def refusal_error(reason: str, *, admitted: int, queued: int, queue_timeout_s: float) -> ProxyError:
     """The error a refusal for ``reason`` answers with (``queue_full``: 429, else 503)."""
     if reason == "queue_full":
-        return ProxyError(
-            429, f"the proxy is at capacity ({admitted} requests in flight, {queued} queued)", "RateLimitError"
-        )
+        return ProxyError(429, SHARED_REFUSED_AT_CAPACITY.format(admitted=admitted, queued=queued), "RateLimitError")
     if reason == "queue_timeout":
-        return ProxyError.unavailable(f"no capacity freed within {queue_timeout_s:g} s in the proxy's queue")
-    return ProxyError.unavailable("the proxy is shutting down")
+        return ProxyError.unavailable(SHARED_REFUSED_QUEUE_TIMEOUT.format(seconds=f"{queue_timeout_s:g}"))
+    return ProxyError.unavailable(SHARED_REFUSED_DRAINING)
 
 
 def render_admission(

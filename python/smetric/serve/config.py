@@ -377,6 +377,16 @@ class ServeConfig:
             decode=tuple(map(resolve, self.decode)),
         )
 
+    def check_session_gate(self, native_path_armed: bool) -> None:
+        """Session admission runs in the compiled gateway's native path: with it on and that path
+        not armed in this deployment, the error naming the setting (never run without it)."""
+        if self.session_admission != "off" and not native_path_armed:
+            raise _bad(
+                "session_admission",
+                "session admission is served by the compiled gateway's native path, which this deployment"
+                " does not arm (it needs plain http engines, a load-aware policy and approximate routing tokens)",
+            )
+
     def with_session_capacity(self, kv_capacity_tokens: int | None) -> ServeConfig:
         """This config with ``session_capacity_tokens`` taken from the engines' published KV
         capacity when session admission is on and the setting is unset; the admission cannot

@@ -768,15 +768,11 @@ async def run(
     router = proxy.backend.router if isinstance(proxy.backend, ColocatedBackend) else None
     responses = next(api for api in proxy.apis if isinstance(api, ResponsesApi))
     native = native_settings(proxy.config, router, proxy.tokens, secret, proxy.client_keys, responses.ids.key)
-    if native is None and config.session_admission != "off":
+    try:
+        config.check_session_gate(native is not None)
+    except InvalidConfigError:
         await proxy.close()
-        raise InvalidConfigError(
-            "invalid serve setting session_admission: session admission is served by the compiled"
-            " gateway's native path, which this deployment does not arm (it needs plain http engines,"
-            " a load-aware policy and approximate routing tokens)",
-            field="session_admission",
-            reason="the compiled gateway's native path is not armed",
-        )
+        raise
     compiled = config.data_plane == "compiled" or (config.data_plane == "auto" and native is not None)
     runner = GuardedRunner(
         proxy.app(),

@@ -227,7 +227,7 @@ impl SessionGate {
                     let moved = router.route(&pinned);
                     if moved.is_err() {
                         // The instance left the fleet in between: the session is not there.
-                        self.finished_at(session, &instance, prompt_tokens);
+                        self.finished(session, &instance, prompt_tokens);
                     }
                     return Ok(moved);
                 }
@@ -302,10 +302,6 @@ impl SessionGate {
     /// (prompt + output; the prompt alone when it failed): the session is idle there, and
     /// every holder tries again.
     pub fn finished(&self, session: u64, instance: &str, context_tokens: u64) {
-        self.finished_at(session, instance, context_tokens);
-    }
-
-    fn finished_at(&self, session: u64, instance: &str, context_tokens: u64) {
         let now = self.now();
         {
             let mut guard = self.lock();

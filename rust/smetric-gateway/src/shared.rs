@@ -29,6 +29,13 @@ pub const PARENT_HEADERS: [&str; 4] = [
 pub const END_HEADERS: [&str; 2] = ["x-session-end", "x-dynamo-session-final"];
 /// The error a cut stream ends with when it could not be continued.
 pub const CUT_MESSAGE: &str = "the stream was cut and could not be continued";
+/// The door's refusals, worded once: a full queue (429; `{admitted}` and `{queued}` filled in),
+/// a wait past the queue's timeout (503; `{seconds}`), a draining proxy (503).
+pub const REFUSED_AT_CAPACITY: &str = "the proxy is at capacity ({admitted} requests in flight, {queued} queued)";
+/// See [`REFUSED_AT_CAPACITY`].
+pub const REFUSED_QUEUE_TIMEOUT: &str = "no capacity freed within {seconds} s in the proxy's queue";
+/// See [`REFUSED_AT_CAPACITY`].
+pub const REFUSED_DRAINING: &str = "the proxy is shutting down";
 /// The usage request spliced into a streamed OpenAI body (the engine then reports usage).
 pub const USAGE_OPTION: &[u8] = br#"{"stream_options":{"include_usage":true},"#;
 /// Upper bounds (seconds) of the admission queue-wait histogram.

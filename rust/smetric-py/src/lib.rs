@@ -43,6 +43,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("SHARED_PARENT_HEADERS", PyTuple::new(m.py(), s::PARENT_HEADERS)?)?;
         m.add("SHARED_END_HEADERS", PyTuple::new(m.py(), s::END_HEADERS)?)?;
         m.add("SHARED_CUT_MESSAGE", s::CUT_MESSAGE)?;
+        m.add("SHARED_REFUSED_AT_CAPACITY", s::REFUSED_AT_CAPACITY)?;
+        m.add("SHARED_REFUSED_QUEUE_TIMEOUT", s::REFUSED_QUEUE_TIMEOUT)?;
+        m.add("SHARED_REFUSED_DRAINING", s::REFUSED_DRAINING)?;
         m.add(
             "SHARED_USAGE_OPTION",
             pyo3::types::PyBytes::new(m.py(), s::USAGE_OPTION),

@@ -45,7 +45,10 @@ static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static DECISION: HeaderName = HeaderName::from_static("x-smetric-decision");
 // The session, parent and end headers (a request carrying an end header is the app's: it
 // releases the session's state), the cut stream's message and the usage splice: `crate::shared`.
-use crate::shared::{CUT_MESSAGE, END_HEADERS, PARENT_HEADERS, SESSION_HEADERS, USAGE_OPTION};
+use crate::shared::{
+    CUT_MESSAGE, END_HEADERS, PARENT_HEADERS, REFUSED_AT_CAPACITY, REFUSED_DRAINING, REFUSED_QUEUE_TIMEOUT,
+    SESSION_HEADERS, USAGE_OPTION,
+};
 
 /// An API the native path serves (`protocol.rs`; the registry is `apis.rs`).
 type Api = &'static dyn Protocol;
@@ -99,24 +102,20 @@ fn door_refusal(native: &Native, api: Api, headers: &HeaderMap, refusal: Refusal
     let (status, message, kind) = match refusal {
         Refusal::QueueFull => {
             let door = native.admission.snapshot();
+            let message = REFUSED_AT_CAPACITY
+                .replace("{admitted}", &door.admitted.to_string())
+                .replace("{queued}", &door.queued.to_string());
+            (429, message, "RateLimitError")
+        }
+        Refusal::QueueTimeout => {
+            let seconds = limits.queue_timeout.as_secs_f64().to_string();
             (
-                429,
-                format!(
-                    "the proxy is at capacity ({} requests in flight, {} queued)",
-                    door.admitted, door.queued
-                ),
-                "RateLimitError",
+                503,
+                REFUSED_QUEUE_TIMEOUT.replace("{seconds}", &seconds),
+                "ServiceUnavailableError",
             )
         }
-        Refusal::QueueTimeout => (
-            503,
-            format!(
-                "no capacity freed within {} s in the proxy's queue",
-                limits.queue_timeout.as_secs_f64()
-            ),
-            "ServiceUnavailableError",
-        ),
-        Refusal::Draining => (503, "the proxy is shutting down".to_owned(), "ServiceUnavailableError"),
+        Refusal::Draining => (503, REFUSED_DRAINING.to_owned(), "ServiceUnavailableError"),
     };
     let mut answer = api.proxy_error(status, &message, kind);
     answer
@@ -290,12 +289,14 @@ impl Native {
             output_tokens: None,
         };
         let decided = Instant::now();
-        let gated = self.gate.as_ref().zip(plan.session.as_deref());
+        let prompt_tokens = plan.ids.len() as u64;
+        let gated = (self.gate.as_ref()).zip(plan.session.as_deref().map(SessionGate::session_key));
         let routed = match gated {
-            Some((gate, session)) => {
-                let key = SessionGate::session_key(session);
-                let prompt = plan.ids.len() as u64;
-                match gate.route(&self.config.router, &request, key, prompt, deadline).await {
+            Some((gate, key)) => {
+                match gate
+                    .route(&self.config.router, &request, key, prompt_tokens, deadline)
+                    .await
+                {
                     Ok(routed) => routed,
                     Err(refusal) => {
                         let answer = gate_refusal(api, gate, refusal);
@@ -322,9 +323,9 @@ impl Native {
             done: false,
             gate: gated.map(|(gate, session)| GatedSession {
                 gate: Arc::clone(gate),
-                session: SessionGate::session_key(session),
+                session,
                 instance: Arc::clone(&decision.instance_name),
-                prompt_tokens: plan.ids.len() as u64,
+                prompt_tokens,
             }),
         };
         // Forward.
