@@ -229,11 +229,15 @@ def launch(
     return Candidate(name, [f"http://127.0.0.1:{port}"], proc)
 
 
-def start_smetric_serve(engines: Sequence[str], procs: list[subprocess.Popen[Any]], data_plane: str) -> Candidate:
-    """``smetric serve --tokens approximate`` on ``data_plane`` (``python``: the app alone;
-    ``compiled``: the gateway in front, serving chat natively)."""
+def start_smetric_serve(
+    engines: Sequence[str], procs: list[subprocess.Popen[Any]], data_plane: str, tokenizer: str | None = None
+) -> Candidate:
+    """``smetric serve --tokens approximate`` (with ``tokenizer``: ``--tokens tokenizer`` on that
+    ``tokenizer.json``) on ``data_plane`` (``python``: the app alone; ``compiled``: the gateway in
+    front, serving chat natively)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "approximate"]
+    tokens = ["--tokens", "approximate"] if tokenizer is None else ["--tokens", "tokenizer", "--tokenizer", tokenizer]
+    cmd = [sys.executable, "-m", "smetric", "serve", "--port", str(port), *tokens]
     cmd += ["--kv-events", "off", "--log-level", "WARNING", "--data-plane", data_plane]
     for url in engines:
         cmd += ["--instance", url]
@@ -475,6 +479,13 @@ def main() -> None:
         "smetric serve with approximate tokens (the engines' own tokenizer), side by side",
     )
     p.add_argument(
+        "--apis-tokens",
+        choices=("approximate", "tokenizer"),
+        default="approximate",
+        help="--apis: smetric serve's routing tokens (tokenizer: --tokenizer's ids; a session's history is "
+        "in the piece cache after the warm-up, each request's new message is new work)",
+    )
+    p.add_argument(
         "--only",
         help="--apis: these candidates only, comma-separated (smetric-serve, smetric-serve-compiled, python-aiohttp, "
         "python-protocol, python-protocol+adapters, dataplane-probe, tcp-relay, vllm-router)",
@@ -618,13 +629,15 @@ def start_probe(executable: str, engines: Sequence[str], procs: list[subprocess.
 
 def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subprocess.Popen[Any]]) -> list[dict[str, Any]]:
     """Chat, Messages and Responses, 32K-token conversations, direct and through ``smetric serve
-    --tokens approximate`` (no BPE: the added latency of each API's adapter, beside the others'),
+    --tokens approximate`` (no BPE: the added latency of each API's adapter, beside the others';
+    ``--apis-tokens tokenizer``: on the test tokenizer's ids, its piece cache warm with the history),
     the two sides interleaved (:func:`interleaved`); the proxy's CPU per request beside them.
     With ``socat`` installed, and with ``--vllm-router``, the same for a byte relay (the host's
     floor for one more hop) and for the compiled peer, on every API they forward."""
+    tokenizer = args.tokenizer if args.apis_tokens == "tokenizer" else None
     starters: dict[str, Callable[[], Candidate | None]] = {
-        "smetric-serve": lambda: start_smetric_serve(engines, procs, "python"),
-        "smetric-serve-compiled": lambda: start_smetric_serve(engines, procs, "compiled"),
+        "smetric-serve": lambda: start_smetric_serve(engines, procs, "python", tokenizer),
+        "smetric-serve-compiled": lambda: start_smetric_serve(engines, procs, "compiled", tokenizer),
         "python-aiohttp": lambda: start_python_proxy(engines, procs),
         "python-protocol": lambda: start_protocol_proxy(engines, procs),
         "python-protocol+adapters": lambda: start_protocol_proxy(engines, procs, adapters=True),
@@ -657,7 +670,7 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
             except aiohttp.ClientResponseError as e:
                 print(f"{candidate.name} does not serve {path} ({e.status}): no row")
                 continue
-            label = f"{candidate.name} {name}" + (" (approximate)" if candidate.proc in smetric_procs else "")
+            label = f"{candidate.name} {name}" + (f" ({args.apis_tokens})" if candidate.proc in smetric_procs else "")
             direct: dict[str, Any] = {"target": f"direct {name}", "max_rate": float("nan"), "max_rate_by": "-"}
             served: dict[str, Any] = {**direct, "target": label}
             cpu = 0.0

@@ -71,6 +71,7 @@ __all__ = [
     "Gateway",
     "GatewayNative",
     "GatewayRecord",
+    "GatewayTokenizer",
     "IndexHits",
     "IngestStep",
     "KvEventIngestor",
@@ -544,12 +545,47 @@ class GatewayNative:
         session_capacity_tokens: int = 0,
         session_max_held: int = 0,
         session_hold_timeout_s: float = 0.0,
+        tokenizer: GatewayTokenizer | None = None,
     ) -> Self: ...
+    @property
+    def apis(self) -> list[str]:
+        """The APIs the native path serves (``chat``, ``completions``, ``messages``, ``responses``)."""
 
-def gateway_routing_ids(path: str, raw: bytes) -> tuple[bytes, bool | None] | None:
+@final
+class GatewayTokenizer:
+    """Tokenizer mode's token source for the gateway: a ``tokenizer.json``, the chat templates
+    as ``(name, Jinja text, content format)``, the named special tokens and the piece cache's
+    bound in bytes (``smetric.serve.compiled.gateway_tokenizer`` builds it from the app's).
+
+    Raises:
+        InvalidConfigError: the tokenizer does not load, a template does not compile, there is no
+            ``default`` template, or a content format is not ``string`` or ``openai``.
+    """
+
+    def __new__(
+        cls,
+        tokenizer: str,
+        *,
+        templates: list[tuple[str, str, str]],
+        special_tokens: list[tuple[str, str]],
+        piece_cache_bytes: int,
+    ) -> Self: ...
+    @property
+    def exact_pieces(self) -> bool:
+        """Texts are encoded piece by piece (the tokenizer allows it and the probe agreed)."""
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> bytes:
+        """``text``'s ids as the bytes of an ``array('I')``."""
+
+    def cache_stats(self) -> dict[str, int]:
+        """The piece cache's ``hits``, ``misses``, ``pieces`` and charged ``bytes``."""
+
+def gateway_routing_ids(
+    path: str, raw: bytes, *, tokenizer: GatewayTokenizer | None = None
+) -> tuple[bytes, bool | None] | None:
     """The routing ids (as the bytes of an ``array('I')``) and the turn verdict (None: the
     index's) the gateway's native path would route a body posted to ``path`` on, or None when it
-    would hand the body to the app."""
+    would hand the body to the app; with ``tokenizer``, in tokenizer mode."""
 
 SHARED_SESSION_HEADERS: Final[tuple[str, ...]]
 """Headers naming a request's session, in the order both planes read them (``rust/smetric-gateway/src/shared.rs``)."""

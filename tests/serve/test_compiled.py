@@ -333,15 +333,20 @@ async def asyncio_sleep(seconds: float) -> None:
 def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(engines: list[FakeEngine]) -> None:
     urls = [{"url": e.url, "kv_events": "off"} for e in engines]
     tokenizer = str(Path(__file__).resolve().parents[1] / "data" / "serve" / "tokenizer.json")
-    for tokens, served_by_gateway in (
-        ({"mode": "approximate"}, True),
-        ({"mode": "tokenizer", "tokenizer": tokenizer}, False),
+    chat = (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    ids = ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 1})
+    for tokens, served_by_gateway, (path, body) in (
+        ({"mode": "approximate"}, True, chat),
+        # The gateway serves chat natively there, but not Messages and Responses (they would pay
+        # its hop to the app): auto keeps the app alone.
+        ({"mode": "tokenizer", "tokenizer": tokenizer}, False, chat),
+        ({"mode": "ids"}, False, ids),
     ):
         p = proxy_for(urls, data_plane="auto", tokens=tokens)
         try:
             assert p.proxy is not None
             assert (p.proxy.compiled is not None) is served_by_gateway, tokens
-            status, _, _ = request(p.url, CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+            status, _, _ = request(p.url, path, body)
             assert status == 200
         finally:
             p.stop()

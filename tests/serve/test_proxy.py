@@ -428,13 +428,15 @@ def test_sigterm_drains_in_flight_requests_then_exits() -> None:
         engine.stop()
 
 
-def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index() -> None:
+@pytest.mark.parametrize("data_plane", ["auto", "compiled"])
+def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index(data_plane: str) -> None:
+    # `compiled`: the gateway's own tokenizer and template serve chat natively.
     tokenizer = str(ROOT / "tests" / "data" / "serve" / "tokenizer.json")
     engines = [
         FakeEngine(port=0, kv_events_port=0, kv_replay_port=0, speedup=1000, tokenizer=tokenizer).start()
         for _ in range(2)
     ]
-    p = proxy_for([e.url for e in engines], tokens={"mode": "tokenizer", "tokenizer": tokenizer})
+    p = proxy_for([e.url for e in engines], tokens={"mode": "tokenizer", "tokenizer": tokenizer}, data_plane=data_plane)
     try:
         assert colocated_router(p).config.index_mode == "exact", "events are the index's truth"
         msgs = [SYSTEM, {"role": "user", "content": "refactor the parser " * 60}]
@@ -454,6 +456,9 @@ def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index() -
         assert d["instance"] == home and d["reason"] == "sticky"
         assert int(d["local_hit_tokens"]) == cached > prompt_tokens // 2, "the router's hit is the engine's"
         settled(p)
+        page = request(p.url, "/metrics", method="GET")[2].decode()
+        native = metric(page, "smetric_proxy_native_requests_total", api="chat")
+        assert native == (2 if data_plane == "compiled" else 0), native
     finally:
         p.stop()
         for e in engines:

@@ -5,7 +5,9 @@
   proxy would: chat, Anthropic Messages and OpenAI Responses (those naming no stored response)
   when routing ids are the approximate ids of plain ChatML (``--tokens approximate``, 4-byte
   chunks, no chat template), completions when text prompts are routed that way too (token-id
-  prompts always are); co-located instances over plain HTTP, a policy
+  prompts always are); in tokenizer mode (``--tokens tokenizer``), chat and completions with
+  the gateway's own tokenizer and chat templates (:func:`gateway_tokenizer`: the same files the
+  app resolved; Messages and Responses stay the app's there); co-located instances over plain HTTP, a policy
   without llm-d's session cookie and not one of vllm-router's hash policies (both read the
   request's headers, which the native path does not pass to the router). Otherwise it returns
   None and the gateway only admits and delegates.
@@ -41,6 +43,7 @@ from smetric._core import (
     Gateway,
     GatewayNative,
     GatewayRecord,
+    GatewayTokenizer,
     Router,
 )
 from smetric.metrics import _family
@@ -57,13 +60,16 @@ from smetric.serve.upstream import Refused
 __all__ = [
     "API_HEADER",
     "CONTINUE_PATH",
+    "CONVERSATION_APIS",
     "DRAIN_INTERVAL_S",
     "MAX_RECORDS",
     "CompiledPlane",
     "DoorAdmission",
     "earlier_failures",
+    "gateway_tokenizer",
     "native_settings",
     "new_secret",
+    "serves_conversations",
 ]
 
 DRAIN_INTERVAL_S = 0.05
@@ -95,10 +101,14 @@ def native_settings(
     plain_http = all(url.startswith("http://") for url in (i.url for i in config.all_instances))
     if router is None or router.policy == AFFINITY_POLICY or router.policy in HASH_POLICIES or not plain_http:
         return None
+    tokenizer = gateway_tokenizer(tokens)
     approximate = tokens.kind == "approximate" and tokens.config.approx_chunk_bytes == DEFAULT_APPROX_CHUNK_BYTES
-    chat = approximate and tokens.renders_plain_chatml
-    if not approximate:
+    if not approximate and tokenizer is None:
         return None
+    chat = tokenizer is not None or tokens.renders_plain_chatml
+    # Messages and Responses render their chat conversion with the model's template: the app's
+    # in tokenizer mode.
+    converted = chat and tokenizer is None
     return GatewayNative(
         router,
         secret=secret,
@@ -116,8 +126,8 @@ def native_settings(
         queue_timeout_s=config.queue_timeout_s,
         chat=chat,
         completions=True,
-        messages=chat,
-        responses=chat,
+        messages=converted,
+        responses=converted,
         response_id_key=response_id_key,
         resume_streams=config.resume_streams,
         labels={reason: reason_label(reason) for reason in core_reasons()},
@@ -126,6 +136,34 @@ def native_settings(
         session_capacity_tokens=config.session_capacity_tokens or 0,
         session_max_held=config.session_max_held,
         session_hold_timeout_s=config.session_hold_timeout_s,
+        tokenizer=tokenizer,
+    )
+
+
+CONVERSATION_APIS = frozenset({"chat", "messages", "responses"})
+"""The APIs an agent's conversation comes in by."""
+
+
+def serves_conversations(native: GatewayNative | None) -> bool:
+    """Whether the native path serves every conversation API: ``--data-plane auto`` then takes
+    the gateway. Where it serves only some, the others would pay the gateway's hop to the app
+    (+0.3–0.9 ms, docs/proxy-data-plane.md), so ``auto`` keeps the app alone there
+    (``--data-plane compiled`` still takes the gateway)."""
+    return native is not None and set(native.apis) >= CONVERSATION_APIS
+
+
+def gateway_tokenizer(tokens: TokenSource) -> GatewayTokenizer | None:
+    """Tokenizer mode's source for the gateway (the same tokenizer, templates and special tokens
+    the app resolved), or None when ``tokens`` is not in tokenizer mode."""
+    if tokens.kind != "tokenizer" or tokens.config.tokenizer is None:
+        return None
+    templates = tokens.templates
+    special = next(iter(templates.values())).special_tokens if templates else {}
+    return GatewayTokenizer(
+        tokens.config.tokenizer,
+        templates=[(name, t.source, t.content_format) for name, t in templates.items()],
+        special_tokens=list(special.items()),
+        piece_cache_bytes=tokens.config.piece_cache_bytes,
     )
 
 

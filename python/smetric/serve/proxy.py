@@ -60,7 +60,15 @@ from smetric.serve.apis import APIS, ResponsesApi
 from smetric.serve.apis.base import Api, Route
 from smetric.serve.auth import ClientKeys, keys_middleware, read_keys_file
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
-from smetric.serve.compiled import API_HEADER, CONTINUE_PATH, CompiledPlane, DoorAdmission, native_settings, new_secret
+from smetric.serve.compiled import (
+    API_HEADER,
+    CONTINUE_PATH,
+    CompiledPlane,
+    DoorAdmission,
+    native_settings,
+    new_secret,
+    serves_conversations,
+)
 from smetric.serve.config import KV_OFFLOAD_HOST, InstanceConfig, ServeConfig
 from smetric.serve.decision_log import OUTCOME_KEY, DecisionLog, Outcome, Outcomes
 from smetric.serve.errors import ProxyError
@@ -773,7 +781,7 @@ async def run(
     except InvalidConfigError:
         await proxy.close()
         raise
-    compiled = config.data_plane == "compiled" or (config.data_plane == "auto" and native is not None)
+    compiled = config.data_plane == "compiled" or (config.data_plane == "auto" and serves_conversations(native))
     runner = GuardedRunner(
         proxy.app(),
         render=proxy.error_response,

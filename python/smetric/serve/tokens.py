@@ -47,8 +47,10 @@ from __future__ import annotations
 
 import json
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from smetric.chat import BYTE_CHUNK_BYTES as DEFAULT_APPROX_CHUNK_BYTES
@@ -159,6 +161,11 @@ class TokenSource:
                 name: ChatTemplate(text, special_tokens=special, content_format=config.content_format)
                 for name, text in sources.items()
             }
+
+    @property
+    def templates(self) -> Mapping[str, ChatTemplate]:
+        """The chat templates by name (``default``, ``tool_use``); empty for plain ChatML."""
+        return MappingProxyType(self._templates)
 
     @property
     def renders_plain_chatml(self) -> bool:

@@ -36,6 +36,7 @@ mod records;
 mod server;
 pub mod session_gate;
 pub mod shared;
+pub mod tokens;
 mod validate;
 
 pub use admission::{AdmissionLimits, AdmissionSnapshot, WAIT_BUCKETS_S};

@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use smetric_core::session_admission::AdmissionMode;
 use smetric_gateway::session_gate::SessionGateConfig;
+use smetric_gateway::tokens::{ContentFormat, SourceError, TokenizerSettings, TokenizerSource};
 use smetric_gateway::{
     AdmissionLimits, FleetView, Gateway, GatewayConfig, GatewayError, Limits, NativeApis, NativeConfig, NativeHandles,
     Record,
@@ -70,7 +71,7 @@ impl PyGatewayNative {
         max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages, responses,
         response_id_key,
         resume_streams, labels, max_records, session_admission = "off", session_capacity_tokens = 0,
-        session_max_held = 0, session_hold_timeout_s = 0.0
+        session_max_held = 0, session_hold_timeout_s = 0.0, tokenizer = None
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)] // keyword arguments, one per setting
     fn new(
@@ -100,6 +101,7 @@ impl PyGatewayNative {
         session_capacity_tokens: u64,
         session_max_held: usize,
         session_hold_timeout_s: f64,
+        tokenizer: Option<&Bound<'_, PyGatewayTokenizer>>,
     ) -> PyResult<Self> {
         let py = router.py();
         let mode = AdmissionMode::parse(session_admission).ok_or_else(|| {
@@ -158,8 +160,24 @@ impl PyGatewayNative {
                 labels,
                 max_records,
                 session_gate,
+                tokenizer: tokenizer.map(|t| Arc::clone(&t.get().inner)),
             },
         })
+    }
+
+    /// The APIs the native path serves, by name (`chat`, `completions`, `messages`, `responses`).
+    #[getter]
+    fn apis(&self) -> Vec<&'static str> {
+        let a = self.config.apis;
+        [
+            (a.chat, "chat"),
+            (a.completions, "completions"),
+            (a.messages, "messages"),
+            (a.responses, "responses"),
+        ]
+        .into_iter()
+        .filter_map(|(armed, name)| armed.then_some(name))
+        .collect()
     }
 }
 
@@ -191,7 +209,7 @@ pub(crate) struct PyGatewayRecord {
     predicted_global_hit: Option<u64>,
     /// Prompt tokens (the engine's count when it reported usage).
     prompt_tokens: Option<u64>,
-    /// Where the routing ids came from: `ids` or `approximate`.
+    /// Where the routing ids came from: `ids`, `approximate` or `tokenizer`.
     tokens_source: Option<&'static str>,
     /// Seconds the routing decision took.
     decision_s: Option<f64>,
@@ -436,14 +454,104 @@ impl PyGateway {
 
 /// The routing ids (native-endian u32s, an `array('I')`'s bytes) and the turn verdict the
 /// gateway's native path would route a body posted to `path` on, or None when it would hand the
-/// body to the app (`smetric_gateway::native::routing_ids`).
+/// body to the app (`smetric_gateway::native::routing_ids`); with `tokenizer`, tokenizer mode's.
 #[pyfunction]
+#[pyo3(signature = (path, raw, *, tokenizer = None))]
 pub(crate) fn gateway_routing_ids<'py>(
     py: Python<'py>,
     path: &str,
     raw: &[u8],
+    tokenizer: Option<&Bound<'py, PyGatewayTokenizer>>,
 ) -> Option<(Bound<'py, pyo3::types::PyBytes>, Option<bool>)> {
-    let (ids, first_turn) = py.detach(|| smetric_gateway::native::routing_ids(path, raw))?;
-    let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_ne_bytes()).collect();
-    Some((pyo3::types::PyBytes::new(py, &bytes), first_turn))
+    let source = tokenizer.map(|t| Arc::clone(&t.get().inner));
+    let (ids, first_turn) = py.detach(|| smetric_gateway::native::routing_ids(path, raw, source.as_deref()))?;
+    Some((pyo3::types::PyBytes::new(py, &ids_bytes(&ids)), first_turn))
+}
+
+/// Token ids as an `array('I')`'s bytes (native-endian u32s).
+fn ids_bytes(ids: &[u32]) -> Vec<u8> {
+    ids.iter().flat_map(|id| id.to_ne_bytes()).collect()
+}
+
+/// Tokenizer mode's token source for the gateway (`smetric_gateway::tokens::TokenizerSource`):
+/// the `tokenizer.json`, the chat templates the control plane resolved (name, Jinja text,
+/// content format), the named special tokens and the piece cache's bound. A tokenizer that does
+/// not load or a template that does not compile is an `InvalidConfigError`.
+#[pyclass(frozen, module = "smetric._core", name = "GatewayTokenizer")]
+pub(crate) struct PyGatewayTokenizer {
+    inner: Arc<TokenizerSource>,
+}
+
+#[pymethods]
+impl PyGatewayTokenizer {
+    #[new]
+    #[pyo3(signature = (tokenizer, *, templates, special_tokens, piece_cache_bytes))]
+    fn new(
+        py: Python<'_>,
+        tokenizer: std::path::PathBuf,
+        templates: Vec<(String, String, String)>,
+        special_tokens: Vec<(String, String)>,
+        piece_cache_bytes: usize,
+    ) -> PyResult<Self> {
+        let mut resolved = Vec::with_capacity(templates.len());
+        for (name, source, format) in templates {
+            let format = match format.as_str() {
+                "string" => ContentFormat::String,
+                "openai" => ContentFormat::OpenAi,
+                other => {
+                    return Err(invalid_setting(
+                        py,
+                        "content_format",
+                        &format!("must be string or openai, got {other:?}"),
+                    ));
+                }
+            };
+            resolved.push((name, source, format));
+        }
+        let settings = TokenizerSettings {
+            tokenizer,
+            templates: resolved,
+            special_tokens,
+            piece_cache_bytes,
+        };
+        let inner = py.detach(|| TokenizerSource::new(&settings)).map_err(|e| {
+            let field = match e {
+                SourceError::Tokenizer(_) => "tokenizer",
+                SourceError::Template { .. } | SourceError::NoDefault => "chat_template",
+            };
+            invalid_setting(py, field, &e.to_string())
+        })?;
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Whether texts are encoded piece by piece (the tokenizer allows it and the probe agreed).
+    #[getter]
+    fn exact_pieces(&self) -> bool {
+        self.inner.encoder().exact_pieces
+    }
+
+    /// `text`'s ids (an `array('I')`'s bytes), with the tokenizer's special tokens when asked.
+    #[pyo3(signature = (text, *, add_special_tokens = false))]
+    fn encode<'py>(
+        &self,
+        py: Python<'py>,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let ids = py
+            .detach(|| self.inner.text_ids(text, add_special_tokens))
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        Ok(pyo3::types::PyBytes::new(py, &ids_bytes(&ids)))
+    }
+
+    /// The piece cache's `hits`, `misses`, `pieces` and charged `bytes`.
+    fn cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (hits, misses, pieces, bytes) = self.inner.encoder().cache_stats();
+        let d = PyDict::new(py);
+        d.set_item("hits", hits)?;
+        d.set_item("misses", misses)?;
+        d.set_item("pieces", pieces)?;
+        d.set_item("bytes", bytes)?;
+        Ok(d)
+    }
 }

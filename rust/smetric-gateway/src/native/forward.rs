@@ -29,6 +29,7 @@ use crate::delegate::{ControlPlane, strip_hop_by_hop};
 use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER};
 use crate::records::Record;
 use crate::session_gate::{GateRefusal, SessionGate};
+use crate::tokens::TokenizerSource;
 
 /// The paths whose requests the app serves without admission: its own fixed routes.
 const UNADMITTED_PATHS: [&str; 4] = ["/health", "/metrics", "/v1/models", "/admin/instances"];
@@ -251,7 +252,7 @@ impl Native {
             Err(failure) => return self.body_failure(plane, api, failure),
         };
         let fleet = self.fleet();
-        let Some(plan) = Self::plan(&fleet, api, &parts.headers, &raw) else {
+        let Some(plan) = self.plan(&fleet, api, &parts.headers, &raw).await else {
             return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
         };
         let id = request_id(&parts.headers);
@@ -494,11 +495,23 @@ impl Native {
     /// The routing plan of a body the native path serves exactly as the app would, or None.
     /// Session life is the app's (it keeps the session table): a session's last request, and
     /// a sub-agent's first (which the parent rule may place), go to the app.
-    fn plan(fleet: &FleetView, api: Api, headers: &HeaderMap, raw: &[u8]) -> Option<Plan> {
+    /// In tokenizer mode the body's plan runs on tokio's blocking pool: a first turn's whole
+    /// history is encoded there (32K tokens: ≈ 30 ms with the test tokenizer), which on the
+    /// runtime's one thread would hold every other request up.
+    async fn plan(&self, fleet: &FleetView, api: Api, headers: &HeaderMap, raw: &Bytes) -> Option<Plan> {
         if END_HEADERS.iter().any(|name| headers.contains_key(*name)) {
             return None;
         }
-        let plan = body_plan(api, raw, header_session(headers))?;
+        let session = header_session(headers);
+        let plan = match &self.config.tokenizer {
+            None => body_plan(api, raw, session, None)?,
+            Some(tokenizer) => {
+                let (tokenizer, raw) = (Arc::clone(tokenizer), raw.clone());
+                tokio::task::spawn_blocking(move || body_plan(api, &raw, session, Some(&tokenizer)))
+                    .await
+                    .ok()??
+            }
+        };
         if matches!(plan.turn, TurnHint::Messages { first_turn: true }) && names_parent(headers) {
             return None;
         }
@@ -635,18 +648,19 @@ fn has_long_digit_run(raw: &[u8]) -> bool {
 }
 
 /// What a body is routed on, from the body alone (the fleet's checks aside), or None.
-fn body_plan(api: Api, raw: &[u8], session: Option<String>) -> Option<Plan> {
+fn body_plan(api: Api, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
     if escapes_lone_surrogate(raw) || has_long_digit_run(raw) {
         return None;
     }
-    api.plan(raw, session)
+    api.plan(raw, session, tokenizer)
 }
 
 /// The routing ids and the turn verdict (None: the index's) the native path would route a body
 /// posted to `path` on, or None when it would hand the body to the app — so a test can hold the
-/// native path's rendering against the app's.
-pub fn routing_ids(path: &str, raw: &[u8]) -> Option<(Vec<u32>, Option<bool>)> {
-    let plan = body_plan(apis::by_path(path)?, raw, None)?;
+/// native path's rendering against the app's. `tokenizer`: tokenizer mode's source (None:
+/// approximate ids).
+pub fn routing_ids(path: &str, raw: &[u8], tokenizer: Option<&TokenizerSource>) -> Option<(Vec<u32>, Option<bool>)> {
+    let plan = body_plan(apis::by_path(path)?, raw, None, tokenizer)?;
     let first_turn = match plan.turn {
         TurnHint::Messages { first_turn } => Some(first_turn),
         _ => None,

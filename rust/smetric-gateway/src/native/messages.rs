@@ -43,6 +43,7 @@ use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
 use super::state::NativeApis;
 use crate::answers::{Body as AnswerBody, json_response};
+use crate::tokens::TokenizerSource;
 
 use crate::shared::BILLING_HEADER_PREFIX;
 
@@ -542,7 +543,11 @@ impl Protocol for Messages {
         apis.messages
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>) -> Option<Plan> {
+    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
+        // Tokenizer mode renders this API's conversion with the model's template: the app's.
+        if tokenizer.is_some() {
+            return None;
+        }
         Some(rendered_plan(plan(raw)?, session))
     }
 

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use smetric_core::TurnHint;
+use smetric_core::{TurnHint, first_turn_from_roles};
 use smetric_vllm::{Endpoint, parse_openai_body};
 
 use super::chatml::{byte_chunk_ids, render};
@@ -16,6 +16,7 @@ use super::protocol::{Plan, Protocol, StreamScan, openai_error_json, stream_scan
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use super::stream::{OpenAiStream, usage_counts};
+use crate::tokens::{RenderRequest, TokenizerSource};
 
 /// Chat (`chat`) or completions.
 pub(crate) struct OpenAi {
@@ -44,8 +45,8 @@ impl Protocol for OpenAi {
         if self.chat { apis.chat } else { apis.completions }
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>) -> Option<Plan> {
-        plan(self.chat, raw, session)
+    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
+        plan(self.chat, raw, session, tokenizer)
     }
 
     fn scanner(&self, _ids: &Arc<ResponseIds>, hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {
@@ -70,7 +71,7 @@ impl Protocol for OpenAi {
 stream_scan_by_fields!(OpenAiStream);
 
 /// The plan of a chat (`chat`) or completions body.
-fn plan(chat: bool, raw: &[u8], session: Option<String>) -> Option<Plan> {
+fn plan(chat: bool, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
     let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
     let body = parse_openai_body(raw, endpoint).ok()?;
     if body.kv_transfer_params {
@@ -86,7 +87,18 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>) -> Option<Plan> {
         || [&body.prompt_cache_key, &body.user]
             .iter()
             .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
-    let (ids, turn, source) = if chat {
+    let (ids, turn, source) = if let (true, Some(tokenizer)) = (chat, tokenizer) {
+        let request = RenderRequest {
+            messages: body.messages?,
+            tools: body.tools,
+            add_generation_prompt: body.add_generation_prompt,
+            continue_final_message: body.continue_final_message,
+            chat_template_kwargs: body.chat_template_kwargs,
+        };
+        let chat_ids = tokenizer.chat_ids(&request, body.add_special_tokens).ok()?;
+        let first_turn = first_turn_from_roles(chat_ids.roles.iter().map(String::as_str));
+        (chat_ids.ids, TurnHint::Messages { first_turn }, "tokenizer")
+    } else if chat {
         let rendered = render(&body)?;
         let first_turn = rendered.first_turn;
         (
@@ -101,7 +113,14 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>) -> Option<Plan> {
     } else {
         match body.prompt.as_ref()? {
             smetric_vllm::Prompt::Ids(ids) => (ids.clone(), TurnHint::Unknown, "ids"),
-            smetric_vllm::Prompt::Text(text) => (byte_chunk_ids(text.as_bytes()), TurnHint::Unknown, "approximate"),
+            smetric_vllm::Prompt::Text(text) => match tokenizer {
+                Some(tokenizer) => (
+                    tokenizer.text_ids(text, body.add_special_tokens).ok()?,
+                    TurnHint::Unknown,
+                    "tokenizer",
+                ),
+                None => (byte_chunk_ids(text.as_bytes()), TurnHint::Unknown, "approximate"),
+            },
         }
     };
     // A stream asks the engine for its usage (the realized hit); a body whose own

@@ -18,13 +18,14 @@ use super::chatml::{RenderedBody, byte_chunk_ids};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use crate::answers::{Body, json_response};
+use crate::tokens::TokenizerSource;
 
 /// What the native path routes a body on.
 pub(crate) struct Plan {
-    /// The routing ids (the approximate ChatML ids, or the prompt's own ids).
+    /// The routing ids (the approximate ChatML ids, the tokenizer's, or the prompt's own ids).
     pub(crate) ids: Vec<u32>,
     pub(crate) turn: TurnHint,
-    /// `approximate` or `ids` (the decision log's `tokens_source`).
+    /// `approximate`, `tokenizer` or `ids` (the decision log's `tokens_source`).
     pub(crate) source: &'static str,
     pub(crate) model: Option<String>,
     /// The cache namespace (vLLM's `cache_salt`).
@@ -59,7 +60,8 @@ pub(crate) trait Protocol: Sync {
     fn armed(&self, apis: NativeApis) -> bool;
     /// The routing plan of a body the native path serves exactly as the app would, or None
     /// (the checks every API shares — lone surrogates, long digit runs — are the caller's).
-    fn plan(&self, raw: &[u8], session: Option<String>) -> Option<Plan>;
+    /// `tokenizer`: tokenizer mode's source (None: approximate ids).
+    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan>;
     /// The scanner of a stream from `instance`.
     fn scanner(&self, ids: &Arc<ResponseIds>, hide_usage: bool, instance: &str) -> Box<dyn StreamScan>;
     /// A whole answer's `(output tokens, cached prompt tokens)`.

@@ -38,6 +38,7 @@ use super::chatml::{Rendered, RenderedBody, push_content};
 use super::protocol::{Plan, Protocol, StreamScan, rendered_plan};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
+use crate::tokens::TokenizerSource;
 
 /// The event types that end a stream.
 const TERMINAL_EVENTS: [&[u8]; 3] = [b"response.completed", b"response.failed", b"response.incomplete"];
@@ -484,7 +485,11 @@ impl Protocol for Responses {
         apis.responses
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>) -> Option<Plan> {
+    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
+        // Tokenizer mode renders this API's conversion with the model's template: the app's.
+        if tokenizer.is_some() {
+            return None;
+        }
         Some(rendered_plan(plan(raw)?, session))
     }
 

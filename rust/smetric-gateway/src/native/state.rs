@@ -15,6 +15,7 @@ use super::response_ids::ResponseIds;
 use crate::admission::{Admission, AdmissionLimits};
 use crate::records::Records;
 use crate::session_gate::{SessionGate, SessionGateConfig, SessionGateSnapshot};
+use crate::tokens::TokenizerSource;
 
 /// What the control plane arms the native path with (no defaults here: `smetric serve`'s
 /// configuration has them). Cloned once when the gateway starts (the router is shared).
@@ -48,13 +49,15 @@ pub struct NativeConfig {
     pub max_records: usize,
     /// Session admission after the router's decision (`None`: off).
     pub session_gate: Option<SessionGateConfig>,
+    /// Tokenizer mode's token source (`None`: approximate ids).
+    pub tokenizer: Option<Arc<TokenizerSource>>,
 }
 
 /// The APIs the native path serves (the rest are delegated).
 #[derive(Clone, Copy, Debug, Default)]
 #[allow(clippy::struct_excessive_bools)] // one switch per API, each read on its own
 pub struct NativeApis {
-    /// Chat (approximate ChatML routing ids).
+    /// Chat (approximate ChatML routing ids, or the tokenizer's of the model's template).
     pub chat: bool,
     /// Completions (token ids, or the approximate ids of a text prompt).
     pub completions: bool,

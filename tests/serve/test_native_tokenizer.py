@@ -1,0 +1,267 @@
+"""The compiled data plane in tokenizer mode routes exactly as the app: for every chat and
+completions body the gateway's native path would route with the model's tokenizer and chat
+template (``smetric._core.GatewayTokenizer``), the ids and the turn verdict equal the app's
+(``--tokens tokenizer``: ``smetric.serve.chat_template`` under jinja2, the ``tokenizers``
+package), on every template of the tests — ChatML, the test model's tool template (content
+format "openai"), a template exercising namespace, slices, string methods, filters and tojson
+options — and it routes no body the app refuses. The piece cache is held to its claims (a
+follow-up encodes only its new pieces, the bound holds) and the gateway's encoder to the
+library's whole-text encode. The ids equal a real engine's ``/tokenize`` in
+``tests/vllm_real/test_native_tokenizer_real.py``.
+Bounded: a few thousand bodies, no server.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bodies import chat_body, completions_body, spoiled
+from test_tokens import CONVERSATIONS, TOOLS
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+
+from smetric import InvalidConfigError
+from smetric._core import GatewayTokenizer, gateway_routing_ids
+from smetric.serve.apis.chat import ChatApi
+from smetric.serve.apis.completions import CompletionsApi
+from smetric.serve.chat_template import CHATML_TEMPLATE
+from smetric.serve.compiled import gateway_tokenizer
+from smetric.serve.request import RequestError
+from smetric.serve.tokens import TokenConfig, TokenSource
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "serve"
+TOKENIZER = DATA / "tokenizer.json"
+SEED = 20261204
+BODIES = 400
+MODEL_ROLES = ("assistant", "tool", "function", "ipython")
+
+FEATURES_TEMPLATE = """\
+{%- set ns = namespace(last_user=-1, tools_seen=0) -%}
+{%- for m in messages[::-1] -%}
+    {%- if ns.last_user < 0 and m.role == 'user' -%}
+        {%- set ns.last_user = messages | length - 1 - loop.index0 -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- if tools -%}<|im_start|>system
+{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}
+{{ tools[0] | tojson(indent=2) }}<|im_end|>
+{% endif -%}
+{%- for m in messages -%}
+    {%- if m.role not in ['system', 'user', 'assistant', 'tool'] -%}
+        {{- raise_exception('bad role ' + m.role) -}}
+    {%- endif -%}
+    <|im_start|>{{ m.role }}{% if loop.index0 == ns.last_user %} (last){% endif %}
+{% if m.content is string -%}
+    {%- if m.content.startswith('Fix') %}[fix] {% endif -%}{{ m.content.strip() | replace('  ', ' ') }}
+{%- endif -%}
+{%- for call in m.tool_calls | default([]) %}
+<tool_call>{{ call.function.name }} {{ call.function.arguments | tojson }}</tool_call>
+{%- set ns.tools_seen = ns.tools_seen + 1 -%}
+{%- endfor %}{% generation %}<|im_end|>{% endgeneration %}
+{% endfor -%}
+{%- if add_generation_prompt -%}<|im_start|>assistant ({{ ns.tools_seen }} calls so far)
+{% endif -%}
+{{- reasoning_effort if reasoning_effort is defined else '' -}}
+"""
+
+# name → the app's token config (None: the test model's own template, content format "openai").
+TEMPLATES: dict[str, str | None] = {
+    "model": None,
+    "chatml": CHATML_TEMPLATE,
+    "tools file": str(DATA / "chatml_tools.jinja"),
+    "features": FEATURES_TEMPLATE,
+}
+
+
+def sources(template: str | None) -> tuple[TokenSource, GatewayTokenizer]:
+    app = TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER), chat_template=template))
+    native = gateway_tokenizer(app)
+    assert native is not None
+    return app, native
+
+
+def first_turn(roles: list[str]) -> bool:
+    """The core's rule (``smetric_core::first_turn_from_roles``)."""
+    return not any(r in MODEL_ROLES for r in roles[:-1])
+
+
+def app_ids(api: Any, source: TokenSource, raw: bytes) -> tuple[list[int], bool | None] | None:
+    """The app's routing ids and turn verdict, or None when it refuses the body."""
+    try:
+        request = api.parse(raw)
+        tokens = api.routing_tokens(source, request)
+    except (RequestError, ValueError, TypeError):
+        return None
+    messages = request.messages
+    verdict = None if messages is None else first_turn([m["role"] for m in messages])
+    return list(tokens.ids), verdict
+
+
+def agent_extras(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
+    """What agents add to a chat body: reasoning, tool results as parts, template kwargs,
+    argument objects in key order, special tokens for text prompts."""
+    for message in body.get("messages") or []:
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "assistant" and rng.random() < 0.3:
+            message["reasoning"] = "think: " + str(rng.random())
+        if message.get("role") == "tool" and rng.random() < 0.3:
+            message["tool_call_id"] = "c"
+            message["content"] = [{"type": "text", "text": "out"}, {"type": "text", "text": "put ü"}]
+        for call in message.get("tool_calls") or []:
+            if isinstance(call, dict) and isinstance(call.get("function"), dict) and rng.random() < 0.5:
+                call["function"]["arguments"] = json.dumps({"z": 1, "a": [1.5, None, True], "m": {"é": "x"}})
+    if rng.random() < 0.2:
+        body["chat_template_kwargs"] = rng.choice(
+            [{"reasoning_effort": "high"}, {"add_generation_prompt": False}, {"enable_thinking": True}]
+        )
+    if rng.random() < 0.2:
+        body["add_special_tokens"] = rng.random() < 0.5
+    if "tools" in body and rng.random() < 0.3:
+        body["tools"].append(
+            {
+                "type": "function",
+                "function": {
+                    "name": "grep",
+                    "description": "search",
+                    "strict": True,
+                    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+                },
+            }
+        )
+    return body
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_chat_is_routed_as_the_app_routes_it_or_handed_over(template: str) -> None:
+    app, native = sources(TEMPLATES[template])
+    api = ChatApi()
+    rng = random.Random(SEED)
+    served = accepted = 0
+    for i in range(BODIES):
+        body = agent_extras(rng, chat_body(rng))
+        if i % 2:
+            body = spoiled(rng, body)
+        raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
+        planned = gateway_routing_ids("/v1/chat/completions", raw, tokenizer=native)
+        expected = app_ids(api, app, raw)
+        accepted += expected is not None
+        if planned is None:
+            continue
+        assert expected is not None, ("the native path routes a body the app refuses", body)
+        assert (array("I", planned[0]).tolist(), planned[1]) == expected, ("a different rendering", template, body)
+        served += 1
+    # The negative control of the claim: a body the app renders is almost always served natively.
+    assert accepted >= BODIES // 3, accepted
+    assert served >= accepted * 0.9, (served, accepted)
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+@pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
+def test_the_hand_written_conversations_with_every_option(template: str, conversation: str) -> None:
+    app, native = sources(TEMPLATES[template])
+    options: list[dict[str, Any]] = [
+        {},
+        {"tools": TOOLS},
+        {"tools": []},
+        {"add_generation_prompt": False},
+        {"continue_final_message": True, "add_generation_prompt": False},
+        {"chat_template_kwargs": {"reasoning_effort": "low", "continue_final_message": True}},
+        {"add_special_tokens": True},
+    ]
+    served = 0
+    for extra in options:
+        raw = json.dumps({"model": "m", "messages": CONVERSATIONS[conversation]} | extra).encode()
+        planned = gateway_routing_ids("/v1/chat/completions", raw, tokenizer=native)
+        expected = app_ids(ChatApi(), app, raw)
+        if planned is not None:
+            assert expected is not None, extra
+            assert (array("I", planned[0]).tolist(), planned[1]) == expected, extra
+            served += 1
+        else:
+            assert expected is None, ("handed over a body the app renders", extra)
+    assert served >= 1
+
+
+def test_text_prompts_get_the_apps_ids_and_special_tokens() -> None:
+    app, native = sources(None)
+    api = CompletionsApi()
+    rng = random.Random(SEED + 1)
+    served = 0
+    for _ in range(BODIES):
+        body = completions_body(rng)
+        if rng.random() < 0.5:
+            body["add_special_tokens"] = rng.random() < 0.5
+        raw = json.dumps(body).encode()
+        planned = gateway_routing_ids("/v1/completions", raw, tokenizer=native)
+        expected = app_ids(api, app, raw)
+        if planned is not None:
+            assert expected is not None, body
+            assert array("I", planned[0]).tolist() == expected[0], body
+            served += 1
+    assert served >= BODIES // 3, served
+
+
+def test_a_body_the_template_refuses_is_the_apps() -> None:
+    _, native = sources(FEATURES_TEMPLATE)
+    raw = json.dumps({"model": "m", "messages": [{"role": "narrator", "content": "x"}]}).encode()
+    assert gateway_routing_ids("/v1/chat/completions", raw, tokenizer=native) is None
+    ok = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
+    assert gateway_routing_ids("/v1/chat/completions", ok, tokenizer=native) is not None
+
+
+def test_the_encoder_equals_the_library_and_a_follow_up_encodes_only_its_new_pieces() -> None:
+    from tokenizers import Tokenizer
+
+    library = Tokenizer.from_file(str(TOKENIZER))
+    _, native = sources(None)
+    assert native.exact_pieces
+    rng = random.Random(SEED + 2)
+    history = "<|im_start|>system\nYou route requests.<|im_end|>\n"
+    for turn in range(20):
+        words = " ".join(rng.choice(["a", "bé", "  x", "\t"]) for _ in range(30))
+        history += f"<|im_start|>user\nturn {turn}: {words}<|im_end|>\n"
+        before = native.cache_stats()
+        ids = array("I", native.encode(history)).tolist()
+        after = native.cache_stats()
+        assert ids == library.encode(history, add_special_tokens=False).ids
+        if turn:
+            # Only the new message's piece (and its newline) missed.
+            assert after["misses"] - before["misses"] <= 2, (before, after)
+    special = array("I", native.encode("hello", add_special_tokens=True)).tolist()
+    assert special == library.encode("hello", add_special_tokens=True).ids
+
+
+def test_the_piece_cache_stays_within_its_bound() -> None:
+    app = TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER), piece_cache_bytes=4_096))
+    native = gateway_tokenizer(app)
+    assert native is not None
+    for k in range(200):
+        native.encode(f"<|im_start|>user\npiece number {k} " + "x" * 50 + "<|im_end|>")
+        assert native.cache_stats()["bytes"] <= 4_096
+    assert 0 < native.cache_stats()["pieces"] < 200
+
+
+def test_a_bad_tokenizer_or_template_is_a_config_error(tmp_path: Path) -> None:
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text("{}")
+    with pytest.raises(InvalidConfigError) as e:
+        GatewayTokenizer(
+            str(broken), templates=[("default", CHATML_TEMPLATE, "string")], special_tokens=[], piece_cache_bytes=0
+        )
+    assert e.value.field == "tokenizer"
+    with pytest.raises(InvalidConfigError) as e:
+        GatewayTokenizer(
+            str(TOKENIZER), templates=[("default", "{% for %}", "string")], special_tokens=[], piece_cache_bytes=0
+        )
+    assert e.value.field == "chat_template"
+    with pytest.raises(InvalidConfigError):
+        GatewayTokenizer(
+            str(TOKENIZER), templates=[("default", CHATML_TEMPLATE, "html")], special_tokens=[], piece_cache_bytes=0
+        )
