@@ -337,9 +337,10 @@ def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(e
     ids = ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 1})
     for tokens, served_by_gateway, (path, body) in (
         ({"mode": "approximate"}, True, chat),
-        # The gateway serves chat natively there, but not Messages and Responses (they would pay
-        # its hop to the app): auto keeps the app alone.
-        ({"mode": "tokenizer", "tokenizer": tokenizer}, False, chat),
+        ({"mode": "tokenizer", "tokenizer": tokenizer}, True, chat),
+        # A chat template in approximate mode: chat, Messages and Responses would be the app's,
+        # behind the gateway's hop, so auto keeps the app alone.
+        ({"mode": "approximate", "chat_template": "{{ messages[0].content }}"}, False, chat),
         ({"mode": "ids"}, False, ids),
     ):
         p = proxy_for(urls, data_plane="auto", tokens=tokens)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bodies import chat_body, completions_body, spoiled
+from bodies import chat_body, completions_body, messages_body, responses_body, spoiled
 from test_tokens import CONVERSATIONS, TOOLS
 
 pytest.importorskip("tokenizers")
@@ -30,6 +30,8 @@ from smetric import InvalidConfigError
 from smetric._core import GatewayTokenizer, gateway_routing_ids
 from smetric.serve.apis.chat import ChatApi
 from smetric.serve.apis.completions import CompletionsApi
+from smetric.serve.apis.messages import MessagesApi
+from smetric.serve.apis.responses import ResponsesApi
 from smetric.serve.chat_template import CHATML_TEMPLATE
 from smetric.serve.compiled import gateway_tokenizer
 from smetric.serve.request import RequestError
@@ -70,12 +72,32 @@ FEATURES_TEMPLATE = """\
 {{- reasoning_effort if reasoning_effort is defined else '' -}}
 """
 
+# Qwen's rule: a system message anywhere but first is refused (vLLM's Messages endpoint then
+# merges inline system messages into the leading one).
+LEADING_SYSTEM_TEMPLATE = """\
+{%- for m in messages -%}
+    {%- if m.role == 'system' and not loop.first -%}
+        {{- raise_exception('System message must be at the beginning.') -}}
+    {%- endif -%}
+    <|im_start|>{{ m.role }}
+{% if m.content is string %}{{ m.content }}{% endif %}
+{%- if m.reasoning_content is defined %}<think>{{ m.reasoning_content }}</think>{% endif %}
+{%- for call in m.tool_calls | default([]) %}<tool_call>{{ call.function | tojson }}</tool_call>{% endfor %}
+{%- if m.tool_call_id is defined %} [{{ m.tool_call_id }}]{% endif %}<|im_end|>
+{% endfor -%}
+{%- if tools %}{{ tools | tojson }}{% endif -%}
+{%- if enable_thinking is defined %}thinking={{ enable_thinking }} {{ reasoning_effort }}{% endif -%}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif -%}
+"""
+
 # name → the app's token config (None: the test model's own template, content format "openai").
 TEMPLATES: dict[str, str | None] = {
     "model": None,
     "chatml": CHATML_TEMPLATE,
     "tools file": str(DATA / "chatml_tools.jinja"),
     "features": FEATURES_TEMPLATE,
+    "leading system": LEADING_SYSTEM_TEMPLATE,
 }
 
 
@@ -187,6 +209,150 @@ def test_the_hand_written_conversations_with_every_option(template: str, convers
         else:
             assert expected is None, ("handed over a body the app renders", extra)
     assert served >= 1
+
+
+def app_messages_ids(source: TokenSource, raw: bytes) -> tuple[list[int], bool | None] | None:
+    """The app's routing ids and turn verdict of a Messages body, or None when it refuses it."""
+    api = MessagesApi()
+    try:
+        request = api.parse(raw)
+        tokens = api.routing_tokens(source, request)
+    except (RequestError, ValueError, TypeError):
+        return None
+    roles = [m["role"] for m in request.conversion.messages]
+    return list(tokens.ids), first_turn(roles)
+
+
+CLAUDE_CODE_TURN = {
+    "model": "m",
+    "max_tokens": 64,
+    "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2"},
+        {"type": "text", "text": "You are Claude Code."},
+    ],
+    "messages": [
+        {"role": "user", "content": "list the files"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "ls first", "signature": "s"},
+                {"type": "text", "text": "Listing."},
+                {"type": "tool_use", "id": "t1", "name": "ls", "input": {"path": ".", "all": True, "depth": 1.5}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "a.py"}]},
+                {"type": "text", "text": "now open it"},
+            ],
+        },
+        {"role": "system", "content": "inline reminder"},
+        {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "u"}}, "x"][:1]},
+    ],
+    "tools": [
+        {"name": "ls", "description": "list", "input_schema": {"properties": {"path": {"type": "string"}}}},
+        {"name": "read", "input_schema": {"type": "object"}, "strict": True},
+    ],
+    "thinking": {"type": "enabled", "budget_tokens": 2048},
+    "output_config": {"effort": "high"},
+}
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_messages_are_routed_as_the_app_routes_them_or_handed_over(template: str) -> None:
+    app, native = sources(TEMPLATES[template])
+    rng = random.Random(SEED + 3)
+    served = accepted = 0
+    bodies = [CLAUDE_CODE_TURN, {**CLAUDE_CODE_TURN, "thinking": {"type": "disabled"}, "output_config": None}]
+    for i in range(BODIES):
+        body = messages_body(rng)
+        if i % 2:
+            body = spoiled(rng, body)
+        bodies.append(body)
+    for k, body in enumerate(bodies):
+        raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
+        planned = gateway_routing_ids("/v1/messages", raw, tokenizer=native)
+        expected = app_messages_ids(app, raw)
+        accepted += expected is not None
+        if k < 2:
+            assert planned is not None and expected is not None, (template, body)
+        if planned is None:
+            continue
+        assert expected is not None, ("the native path routes a body the app refuses", body)
+        assert (array("I", planned[0]).tolist(), planned[1]) == expected, ("a different rendering", template, body)
+        served += 1
+    assert accepted >= len(bodies) // 3, accepted
+    assert served >= accepted * 0.9, (served, accepted)
+
+
+def app_responses_ids(source: TokenSource, raw: bytes) -> tuple[list[int], bool | None] | None:
+    """The app's routing ids and turn verdict of a Responses body, or None when it refuses it."""
+    api = ResponsesApi()
+    try:
+        request = api.parse(raw)
+        tokens = api.routing_tokens(source, request)
+    except (RequestError, ValueError, TypeError):
+        return None
+    assert request.chat is not None and request.chat.messages is not None
+    return list(tokens.ids), first_turn([m["role"] for m in request.chat.messages])
+
+
+CODEX_TURN = {
+    "model": "m",
+    "instructions": "You are Codex.",
+    "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox: on"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix the test"}]},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "look first"}], "content": None},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"cmd": ["ls"], "z": 1}'},
+        {"type": "function_call", "call_id": "c2", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.py"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "b"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "thanks"}]},
+    ],
+    "tools": [
+        {
+            "type": "function",
+            "name": "shell",
+            "description": "run",
+            "strict": False,
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "array"}}},
+        },
+        {"type": "web_search"},
+    ],
+    "store": False,
+    "stream": True,
+}
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_responses_are_routed_as_the_app_routes_them_or_handed_over(template: str) -> None:
+    app, native = sources(TEMPLATES[template])
+    rng = random.Random(SEED + 4)
+    served = accepted = 0
+    bodies: list[dict[str, Any]] = [CODEX_TURN]
+    for i in range(BODIES):
+        body = responses_body(rng)
+        if i % 2:
+            body = spoiled(rng, body)
+        bodies.append(body)
+    for k, body in enumerate(bodies):
+        raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
+        planned = gateway_routing_ids("/v1/responses", raw, tokenizer=native)
+        expected = app_responses_ids(app, raw)
+        accepted += expected is not None
+        if k == 0:  # the features template refuses Codex's developer message: both refuse
+            assert (planned is None) == (expected is None) == (template == "features"), template
+        if planned is None:
+            continue
+        assert expected is not None, ("the native path routes a body the app refuses", body)
+        assert (array("I", planned[0]).tolist(), planned[1]) == expected, ("a different rendering", template, body)
+        served += 1
+    assert accepted >= len(bodies) // 3, accepted
+    # A stored response's follow-up (`previous_response_id`) is the app's (it pins it).
+    assert served >= (accepted - sum("previous_response_id" in b for b in bodies)) * 0.9, (served, accepted)
 
 
 def test_text_prompts_get_the_apps_ids_and_special_tokens() -> None:

@@ -430,7 +430,7 @@ def test_sigterm_drains_in_flight_requests_then_exits() -> None:
 
 @pytest.mark.parametrize("data_plane", ["auto", "compiled"])
 def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index(data_plane: str) -> None:
-    # `compiled`: the gateway's own tokenizer and template serve chat natively.
+    # Both planes' defaults serve chat natively: the gateway's own tokenizer and template.
     tokenizer = str(ROOT / "tests" / "data" / "serve" / "tokenizer.json")
     engines = [
         FakeEngine(port=0, kv_events_port=0, kv_replay_port=0, speedup=1000, tokenizer=tokenizer).start()
@@ -458,7 +458,7 @@ def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index(dat
         settled(p)
         page = request(p.url, "/metrics", method="GET")[2].decode()
         native = metric(page, "smetric_proxy_native_requests_total", api="chat")
-        assert native == (2 if data_plane == "compiled" else 0), native
+        assert native == 2, native
     finally:
         p.stop()
         for e in engines:

@@ -4,10 +4,10 @@
 * :func:`native_settings` arms the native path for the APIs it can serve exactly as this
   proxy would: chat, Anthropic Messages and OpenAI Responses (those naming no stored response)
   when routing ids are the approximate ids of plain ChatML (``--tokens approximate``, 4-byte
-  chunks, no chat template), completions when text prompts are routed that way too (token-id
-  prompts always are); in tokenizer mode (``--tokens tokenizer``), chat and completions with
-  the gateway's own tokenizer and chat templates (:func:`gateway_tokenizer`: the same files the
-  app resolved; Messages and Responses stay the app's there); co-located instances over plain HTTP, a policy
+  chunks, no chat template) or the tokenizer's (``--tokens tokenizer``: the gateway's own
+  tokenizer and chat templates, :func:`gateway_tokenizer`, from the same files the app
+  resolved), completions when text prompts are routed that way too (token-id prompts always
+  are); co-located instances over plain HTTP, a policy
   without llm-d's session cookie and not one of vllm-router's hash policies (both read the
   request's headers, which the native path does not pass to the router). Otherwise it returns
   None and the gateway only admits and delegates.
@@ -106,9 +106,6 @@ def native_settings(
     if not approximate and tokenizer is None:
         return None
     chat = tokenizer is not None or tokens.renders_plain_chatml
-    # Messages and Responses render their chat conversion with the model's template: the app's
-    # in tokenizer mode.
-    converted = chat and tokenizer is None
     return GatewayNative(
         router,
         secret=secret,
@@ -126,8 +123,8 @@ def native_settings(
         queue_timeout_s=config.queue_timeout_s,
         chat=chat,
         completions=True,
-        messages=converted,
-        responses=converted,
+        messages=chat,
+        responses=chat,
         response_id_key=response_id_key,
         resume_streams=config.resume_streams,
         labels={reason: reason_label(reason) for reason in core_reasons()},

@@ -42,3 +42,83 @@ pub(crate) fn list(raw: &RawValue) -> Option<Vec<&RawValue>> {
 pub(crate) fn is_object(raw: &RawValue) -> bool {
     raw.get().starts_with('{')
 }
+
+/// An object's entries in order, values as raw JSON.
+pub(crate) fn ordered_entries(raw: &RawValue) -> Option<Vec<(String, &RawValue)>> {
+    struct Entries<'a>(Vec<(String, &'a RawValue)>);
+    impl<'de> Deserialize<'de> for Entries<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Entries<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("an object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
+                    let mut out = Vec::new();
+                    while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
+                        out.push((k, v));
+                    }
+                    Ok(Entries(out))
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+    serde_json::from_str::<Entries<'_>>(raw.get()).ok().map(|e| e.0)
+}
+
+/// A text as a JSON string.
+pub(crate) fn json_str(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_default()
+}
+
+/// A JSON object being built in key order, values as JSON text: what Python's dict operations
+/// on a message do (a set key keeps its place; a new one goes last).
+#[derive(Default, Clone)]
+pub(crate) struct Entries<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
+
+impl<'a> Entries<'a> {
+    /// An object's entries, in order (`None`: not an object).
+    pub(crate) fn of(raw: &'a RawValue) -> Option<Self> {
+        Some(Self(
+            ordered_entries(raw)?
+                .into_iter()
+                .map(|(k, v)| (Cow::Owned(k), Cow::Borrowed(v.get())))
+                .collect(),
+        ))
+    }
+
+    /// `d[key] = json`.
+    pub(crate) fn set(&mut self, key: &'a str, json: impl Into<Cow<'a, str>>) {
+        let json = json.into();
+        match self.0.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = json,
+            None => self.0.push((Cow::Borrowed(key), json)),
+        }
+    }
+
+    /// `del d[key]` (nothing when absent).
+    pub(crate) fn remove(&mut self, key: &str) {
+        self.0.retain(|(k, _)| k != key);
+    }
+
+    /// `d.get(key)`'s JSON text.
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_ref())
+    }
+
+    /// The object's JSON text.
+    pub(crate) fn push_json(&self, out: &mut String) {
+        out.push('{');
+        for (n, (k, v)) in self.0.iter().enumerate() {
+            if n > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&json_str(k));
+            out.push_str(": ");
+            out.push_str(v);
+        }
+        out.push('}');
+    }
+}

@@ -26,6 +26,7 @@
 //! O(body length): one borrowed parse of the body, one of each message, one copy of the text.
 
 use std::borrow::Cow;
+use std::fmt::Write;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -37,13 +38,14 @@ use std::sync::Arc;
 use hyper::{Response, StatusCode};
 
 use super::chatml::{Rendered, RenderedBody};
-use super::json::{is_object, list, object, string};
+use super::json::{is_object, json_str, list, object, ordered_entries, string};
 use super::protocol::{Plan, Protocol, StreamScan, rendered_plan, stream_scan_by_fields};
 use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
 use super::state::NativeApis;
 use crate::answers::{Body as AnswerBody, json_response};
-use crate::tokens::TokenizerSource;
+use crate::tokens::{LeadingSystem, RenderRequest, TokenizerSource};
+use smetric_core::TurnHint;
 
 use crate::shared::BILLING_HEADER_PREFIX;
 
@@ -91,6 +93,12 @@ struct Block<'a> {
     #[serde(borrow, default, rename = "type")]
     kind: Option<&'a RawValue>,
     #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    name: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_use_id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
     text: Option<&'a RawValue>,
     #[serde(borrow, default)]
     thinking: Option<&'a RawValue>,
@@ -112,6 +120,8 @@ struct Item<'a> {
     tool_name: Option<&'a RawValue>,
     #[serde(borrow, default)]
     name: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    source: Option<&'a RawValue>,
 }
 
 /// Python's truthiness of a JSON value that is not a string (`None` for a string).
@@ -139,12 +149,20 @@ fn positive(raw: &RawValue) -> Option<u64> {
     raw.get().parse::<u64>().ok().filter(|&n| n >= 1)
 }
 
-/// The body validated and rendered (see the module docs), or None: the app's to answer.
-pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
-    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
-        return None;
-    }
-    let whole: &RawValue = serde_json::from_slice(raw).ok()?;
+/// A body validated as `to_chat` validates it (see the module docs).
+struct Checked<'a> {
+    model: String,
+    cache_salt: Option<String>,
+    system: Option<&'a RawValue>,
+    messages: Vec<&'a RawValue>,
+    tools: Option<&'a RawValue>,
+    thinking: Option<&'a RawValue>,
+    output_config: Option<&'a RawValue>,
+    chat_template_kwargs: Option<&'a RawValue>,
+}
+
+/// The body checked, or None: the app's to answer.
+fn check(whole: &RawValue) -> Option<Checked<'_>> {
     let body: Body<'_> = object(whole)?;
     if body.kv_transfer_params.is_some() {
         return None;
@@ -169,52 +187,287 @@ pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
         None => None,
         Some(salt) => Some(string(salt).filter(|s| !s.is_empty())?.into_owned()),
     };
-    let mut out = Converted::default();
+    Some(Checked {
+        model,
+        cache_salt,
+        system: body.system,
+        messages,
+        tools: body.tools,
+        thinking: body.thinking,
+        output_config: body.output_config,
+        chat_template_kwargs: body.chat_template_kwargs,
+    })
+}
+
+/// The body validated and rendered (see the module docs), or None: the app's to answer.
+pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
+    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
+        return None;
+    }
+    let whole: &RawValue = serde_json::from_slice(raw).ok()?;
+    let body = check(whole)?;
+    let chat = convert_body(&body, false)?;
+    let mut text = Vec::new();
+    for message in &chat {
+        message.push_chatml(&mut text);
+    }
+    text.extend_from_slice(b"<|im_start|>assistant\n");
+    Some(RenderedBody {
+        rendered: Rendered {
+            text,
+            first_turn: first_turn(&chat),
+        },
+        model: Some(body.model),
+        cache_salt: body.cache_salt,
+    })
+}
+
+/// The turn the converted roles say (as for chat).
+fn first_turn(chat: &[ChatMessage<'_>]) -> bool {
+    smetric_core::first_turn_from_roles(chat.iter().map(|m| m.role))
+}
+
+/// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
+/// template (`MessagesApi.routing_tokens`: inline system messages merged into the leading one
+/// when the template refuses a system message after the first), encoded. None: the app's.
+fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenizerSource) -> Option<Plan> {
+    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
+        return None;
+    }
+    let whole: &RawValue = serde_json::from_slice(raw).ok()?;
+    let body = check(whole)?;
+    let chat = convert_body(&body, false)?;
+    let turn = TurnHint::Messages {
+        first_turn: first_turn(&chat),
+    };
+    let tools = match body.tools {
+        None => None,
+        Some(tools) => Some(chat_tools(tools)?),
+    };
+    let merge = match tokenizer.requires_leading_system(tools.is_some()) {
+        LeadingSystem::Unknown => return None,
+        LeadingSystem::Required => body.messages.iter().any(|m| {
+            object::<Message<'_>>(m)
+                .and_then(|m| m.role)
+                .and_then(string)
+                .is_some_and(|r| r == "system")
+        }),
+        LeadingSystem::Free => false,
+    };
+    let chat = if merge { convert_body(&body, true)? } else { chat };
+    let mut messages = String::from("[");
+    for (k, message) in chat.iter().enumerate() {
+        if k > 0 {
+            messages.push_str(", ");
+        }
+        message.push_json(&mut messages);
+    }
+    messages.push(']');
+    let kwargs = template_kwargs(&body)?;
+    let request = RenderRequest {
+        messages: &messages,
+        tools: tools.as_deref(),
+        add_generation_prompt: true,
+        continue_final_message: false,
+        chat_template_kwargs: kwargs.as_deref(),
+    };
+    let ids = tokenizer.chat_ids(&request, false).ok()?.ids;
+    Some(Plan {
+        ids,
+        turn,
+        source: "tokenizer",
+        model: Some(body.model),
+        namespace: body.cache_salt,
+        hide_usage: false,
+        session,
+    })
+}
+
+/// One message of the chat conversion (`to_chat`'s): what ChatML prints of it (its role and
+/// text) and what a chat template sees.
+struct ChatMessage<'a> {
+    role: &'static str,
+    content: Content<'a>,
+    reasoning: Option<String>,
+    tool_calls: Vec<ToolCall<'a>>,
+    /// A `tool` message's `tool_call_id` (`block.get("tool_use_id") or ""`), as JSON.
+    tool_call_id: Option<Cow<'a, str>>,
+}
+
+enum Content<'a> {
+    /// No `content` key (an assistant message of tool calls only, say).
+    Absent,
+    Text(Cow<'a, str>),
+    Parts(Vec<Part<'a>>),
+}
+
+enum Part<'a> {
+    Text(Cow<'a, str>),
+    /// An image's URL (`_image_url`).
+    Image(String),
+    /// A tool reference's name, as JSON.
+    Reference(&'a RawValue),
+}
+
+/// `{"id": …, "type": "function", "function": {"name": …, "arguments": json.dumps(input)}}`,
+/// its fields as JSON.
+struct ToolCall<'a> {
+    id: Cow<'a, str>,
+    name: Cow<'a, str>,
+    /// The input object's JSON (`{}` for none): the template sees it decoded.
+    input: &'a str,
+}
+
+impl<'a> ChatMessage<'a> {
+    fn new(role: &'static str, content: Content<'a>) -> Self {
+        Self {
+            role,
+            content,
+            reasoning: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// `<|im_start|>{role}\n{text}<|im_end|>\n`, the text of the content's text parts.
+    fn push_chatml(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"<|im_start|>");
+        out.extend_from_slice(self.role.as_bytes());
+        out.push(b'\n');
+        match &self.content {
+            Content::Absent => {}
+            Content::Text(t) => out.extend_from_slice(t.as_bytes()),
+            Content::Parts(parts) => {
+                for part in parts {
+                    if let Part::Text(t) = part {
+                        out.extend_from_slice(t.as_bytes());
+                    }
+                }
+            }
+        }
+        out.extend_from_slice(b"<|im_end|>\n");
+    }
+
+    /// The message as the chat request's JSON.
+    fn push_json(&self, out: &mut String) {
+        out.push_str("{\"role\": ");
+        out.push_str(&json_str(self.role));
+        match &self.content {
+            Content::Absent => {}
+            Content::Text(t) => {
+                out.push_str(", \"content\": ");
+                out.push_str(&json_str(t));
+            }
+            Content::Parts(parts) => {
+                out.push_str(", \"content\": [");
+                for (k, part) in parts.iter().enumerate() {
+                    if k > 0 {
+                        out.push_str(", ");
+                    }
+                    match part {
+                        Part::Text(t) => {
+                            out.push_str("{\"type\": \"text\", \"text\": ");
+                            out.push_str(&json_str(t));
+                            out.push('}');
+                        }
+                        Part::Image(url) => {
+                            out.push_str("{\"type\": \"image_url\", \"image_url\": {\"url\": ");
+                            out.push_str(&json_str(url));
+                            out.push_str("}}");
+                        }
+                        Part::Reference(name) => {
+                            out.push_str("{\"type\": \"tool_reference\", \"name\": ");
+                            out.push_str(name.get());
+                            out.push('}');
+                        }
+                    }
+                }
+                out.push(']');
+            }
+        }
+        if let Some(reasoning) = &self.reasoning {
+            out.push_str(", \"reasoning\": ");
+            out.push_str(&json_str(reasoning));
+        }
+        if !self.tool_calls.is_empty() {
+            out.push_str(", \"tool_calls\": [");
+            for (k, call) in self.tool_calls.iter().enumerate() {
+                if k > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str("{\"id\": ");
+                out.push_str(&call.id);
+                out.push_str(", \"type\": \"function\", \"function\": {\"name\": ");
+                out.push_str(&call.name);
+                out.push_str(", \"arguments\": ");
+                out.push_str(&json_str(call.input));
+                out.push_str("}}");
+            }
+            out.push(']');
+        }
+        if let Some(id) = &self.tool_call_id {
+            out.push_str(", \"tool_call_id\": ");
+            out.push_str(id);
+        }
+        out.push('}');
+    }
+}
+
+/// `value or ""` as JSON: a truthy value as given, a falsy one as `""` (`None`: not told apart).
+fn or_empty(value: Option<&RawValue>) -> Option<Cow<'_, str>> {
+    match value {
+        None => Some(Cow::Borrowed("\"\"")),
+        Some(v) => Some(if truthy(v)? {
+            Cow::Borrowed(v.get())
+        } else {
+            Cow::Borrowed("\"\"")
+        }),
+    }
+}
+
+/// `_system_messages` and `_convert_messages`: the whole conversion (with `merge`, inline
+/// system messages join the leading one).
+fn convert_body<'a>(body: &Checked<'a>, merge: bool) -> Option<Vec<ChatMessage<'a>>> {
+    let mut system = String::new();
     match body.system {
         None => {}
-        Some(system) => match string(system) {
-            Some(text) if !text.is_empty() => out.push("system", &text),
-            Some(_) => {}
+        Some(raw) => match string(raw) {
+            Some(text) => system.push_str(&text),
             None => {
-                let blocks = blocks(system)?;
-                if let Some(text) = system_text(&blocks) {
-                    out.push("system", &text);
+                if let Some(text) = system_text(&blocks(raw)?) {
+                    system.push_str(&text);
                 }
             }
         },
     }
-    for message in messages {
-        convert(&mut out, message)?;
+    if merge {
+        for raw in &body.messages {
+            let message: Message<'_> = object(raw)?;
+            if string(message.role?)?.as_ref() == "system"
+                && let Some(text) = inline_system_text(message.content?)?
+            {
+                system.push_str(&text);
+            }
+        }
     }
-    let roles = out.roles.iter().map(String::as_str);
-    let first_turn = smetric_core::first_turn_from_roles(roles);
-    out.text.extend_from_slice(b"<|im_start|>assistant\n");
-    Some(RenderedBody {
-        rendered: Rendered {
-            text: out.text,
-            first_turn,
-        },
-        model: Some(model),
-        cache_salt,
+    let mut out = Vec::new();
+    if !system.is_empty() {
+        out.push(ChatMessage::new("system", Content::Text(Cow::Owned(system))));
+    }
+    for message in &body.messages {
+        convert(&mut out, message, merge)?;
+    }
+    Some(out)
+}
+
+/// `_system_text` of an inline system message's content (a string's billing header dropped):
+/// `Some(None)` when it has no text, `None` for a content the app must answer.
+#[allow(clippy::option_option)]
+fn inline_system_text(content: &RawValue) -> Option<Option<String>> {
+    Some(match string(content) {
+        Some(text) => (!text.is_empty() && !text.starts_with(BILLING_HEADER_PREFIX)).then(|| text.into_owned()),
+        None => system_text(&blocks(content)?),
     })
-}
-
-/// The converted conversation as ChatML, and its roles.
-#[derive(Default)]
-struct Converted {
-    text: Vec<u8>,
-    roles: Vec<String>,
-}
-
-impl Converted {
-    fn push(&mut self, role: &str, content: &str) {
-        self.text.extend_from_slice(b"<|im_start|>");
-        self.text.extend_from_slice(role.as_bytes());
-        self.text.push(b'\n');
-        self.text.extend_from_slice(content.as_bytes());
-        self.text.extend_from_slice(b"<|im_end|>\n");
-        self.roles.push(role.to_owned());
-    }
 }
 
 /// A content's blocks, each checked as `_check_blocks` checks it.
@@ -236,12 +489,12 @@ fn blocks(raw: &RawValue) -> Option<Vec<Block<'_>>> {
         .collect()
 }
 
-fn kind<'a>(block: &'a Block<'a>) -> Cow<'a, str> {
+fn kind<'a>(block: &Block<'a>) -> Cow<'a, str> {
     block.kind.and_then(string).unwrap_or_default()
 }
 
 /// A non-empty text block's text.
-fn block_text<'a>(block: &'a Block<'a>) -> Option<Cow<'a, str>> {
+fn block_text<'a>(block: &Block<'a>) -> Option<Cow<'a, str>> {
     block.text.and_then(string).filter(|t| !t.is_empty())
 }
 
@@ -256,48 +509,87 @@ fn system_text(blocks: &[Block<'_>]) -> Option<String> {
     (!text.is_empty()).then_some(text)
 }
 
-fn convert(out: &mut Converted, raw: &RawValue) -> Option<()> {
-    let message: Message<'_> = object(raw)?;
-    let role = string(message.role?)?;
-    if !matches!(role.as_ref(), "user" | "assistant" | "system") {
-        return None;
+/// `_image_url` of a block's `source` (absent or not an object: `{}`); None where Python would
+/// `str()` a non-string.
+fn image_url(source: Option<&RawValue>) -> Option<String> {
+    #[derive(Deserialize, Default)]
+    struct Source<'a> {
+        #[serde(borrow, default, rename = "type")]
+        kind: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        url: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        media_type: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        data: Option<&'a RawValue>,
     }
+    let source: Source<'_> = source.and_then(object).unwrap_or_default();
+    let text = |v: Option<&RawValue>, default: &str| match v {
+        None => Some(default.to_owned()),
+        Some(v) => string(v).map(Cow::into_owned),
+    };
+    if source.kind.and_then(string).as_deref() == Some("url") {
+        return text(source.url, "");
+    }
+    Some(format!(
+        "data:{};base64,{}",
+        text(source.media_type, "image/jpeg")?,
+        text(source.data, "")?
+    ))
+}
+
+fn role_name(role: &str) -> Option<&'static str> {
+    Some(match role {
+        "user" => "user",
+        "assistant" => "assistant",
+        "system" => "system",
+        _ => return None,
+    })
+}
+
+fn convert<'a>(out: &mut Vec<ChatMessage<'a>>, raw: &'a RawValue, merge: bool) -> Option<()> {
+    let message: Message<'a> = object(raw)?;
+    let role = role_name(&string(message.role?)?)?;
     let content = message.content?;
-    if let Some(text) = string(content) {
-        if role == "system" {
-            if !text.is_empty() && !text.starts_with(BILLING_HEADER_PREFIX) {
-                out.push("system", &text);
-            }
-        } else {
-            out.push(&role, &text);
+    if role == "system" {
+        if !merge && let Some(text) = inline_system_text(content)? {
+            out.push(ChatMessage::new("system", Content::Text(Cow::Owned(text))));
         }
+        return Some(());
+    }
+    if let Some(text) = string(content) {
+        out.push(ChatMessage::new(role, Content::Text(text)));
         return Some(());
     }
     let blocks = blocks(content)?;
-    if role == "system" {
-        if let Some(text) = system_text(&blocks) {
-            out.push("system", &text);
-        }
-        return Some(());
-    }
-    let mut text = String::new();
-    let mut parts = 0usize;
+    let mut parts = Vec::new();
+    let mut calls = Vec::new();
+    let mut reasoning: Option<String> = None;
     for block in &blocks {
         match kind(block).as_ref() {
             "text" => {
                 if let Some(t) = block_text(block) {
-                    text.push_str(&t);
-                    parts += 1;
+                    parts.push(Part::Text(t));
                 }
             }
             "image" => {
-                // `block.get("source")` truthy: an image part (no text in ChatML).
+                // `block.get("source")` truthy: an image part.
                 if let Some(source) = block.source
                     && truthy(source)?
                 {
-                    parts += 1;
+                    parts.push(Part::Image(image_url(Some(source))?));
                 }
             }
+            "thinking" => {
+                if let Some(thinking) = block.thinking.and_then(string) {
+                    reasoning.get_or_insert_with(String::new).push_str(&thinking);
+                }
+            }
+            "tool_use" => calls.push(ToolCall {
+                id: or_empty(block.id)?,
+                name: or_empty(block.name)?,
+                input: block.input.map_or("{}", RawValue::get),
+            }),
             "tool_result" if role == "user" => tool_result(out, block)?,
             "tool_result" => {
                 // `block.get('content') or ''`: a falsy value is ''; Python's str() of any
@@ -310,37 +602,52 @@ fn convert(out: &mut Converted, raw: &RawValue) -> Option<()> {
                         None => return None,
                     },
                 };
-                text.push_str("Tool result: ");
-                text.push_str(&content);
-                parts += 1;
+                parts.push(Part::Text(Cow::Owned(format!("Tool result: {content}"))));
             }
             _ => {}
         }
     }
-    if role == "user" && parts == 0 {
+    if role == "user" && parts.is_empty() {
         return Some(()); // dropped: no content
     }
-    out.push(&role, &text);
+    let content = match parts.len() {
+        0 => Content::Absent,
+        1 if matches!(parts[0], Part::Text(_)) => match parts.pop() {
+            Some(Part::Text(t)) => Content::Text(t),
+            _ => return None,
+        },
+        _ => Content::Parts(parts),
+    };
+    let mut converted = ChatMessage::new(role, content);
+    converted.reasoning = reasoning;
+    converted.tool_calls = calls;
+    out.push(converted);
     Some(())
 }
 
 /// A user's `tool_result`: a `tool` message of its text, then its images and references.
-fn tool_result(out: &mut Converted, block: &Block<'_>) -> Option<()> {
+fn tool_result<'a>(out: &mut Vec<ChatMessage<'a>>, block: &Block<'a>) -> Option<()> {
+    let id = or_empty(block.tool_use_id)?;
+    let tool = |content: Content<'a>| {
+        let mut m = ChatMessage::new("tool", content);
+        m.tool_call_id = Some(id.clone());
+        m
+    };
     let Some(content) = block.content else {
-        out.push("tool", "");
+        out.push(tool(Content::Text(Cow::Borrowed(""))));
         return Some(());
     };
     if let Some(text) = string(content) {
-        out.push("tool", &text);
+        out.push(tool(Content::Text(text)));
         return Some(());
     }
     let Some(items) = list(content) else {
-        out.push("tool", ""); // neither a string nor a list: no text
+        out.push(tool(Content::Text(Cow::Borrowed("")))); // neither a string nor a list: no text
         return Some(());
     };
     let mut texts: Vec<Cow<'_, str>> = Vec::new();
-    let mut images = false;
-    let mut references = false;
+    let mut images = Vec::new();
+    let mut references = Vec::new();
     for item in items {
         let Some(item) = object::<Item<'_>>(item) else { continue };
         match item.kind.and_then(string).as_deref() {
@@ -348,27 +655,133 @@ fn tool_result(out: &mut Converted, block: &Block<'_>) -> Option<()> {
                 None => Cow::Borrowed(""),
                 Some(t) => string(t)?, // Python's str() of a non-string: not reproduced
             }),
-            Some("image") => images = true,
+            Some("image") => images.push(Part::Image(image_url(item.source)?)),
             Some("tool_reference") => {
                 // `item.get("tool_name") or item.get("name")`: a truthy name.
-                let named = match item.tool_name.map(truthy) {
-                    Some(Some(true)) => true,
+                let name = match item.tool_name.map(truthy) {
+                    Some(Some(true)) => item.tool_name,
                     Some(None) => return None,
-                    _ => item.name.map_or(Some(false), truthy)?,
+                    _ => match item.name.map(truthy) {
+                        Some(Some(true)) => item.name,
+                        Some(None) => return None,
+                        _ => None,
+                    },
                 };
-                references |= named;
+                if let Some(name) = name {
+                    references.push(Part::Reference(name));
+                }
             }
             _ => {}
         }
     }
-    out.push("tool", &texts.join("\n"));
-    if images {
-        out.push("user", "");
+    out.push(tool(Content::Text(Cow::Owned(texts.join("\n")))));
+    if !images.is_empty() {
+        out.push(ChatMessage::new("user", Content::Parts(images)));
     }
-    if references {
-        out.push("tool", "");
+    if !references.is_empty() {
+        out.push(tool(Content::Parts(references)));
     }
     Some(())
+}
+
+/// `_tools`: each tool as OpenAI's function tool (`input_schema` as `parameters`, with
+/// `"type": "object"` added at its end when it has none; `strict` and `defer_loading` only
+/// when set), as JSON.
+fn chat_tools(raw: &RawValue) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Tool<'a> {
+        #[serde(borrow, default)]
+        name: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        description: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        input_schema: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        strict: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        defer_loading: Option<&'a RawValue>,
+    }
+    let mut out = String::from("[");
+    for (k, tool) in list(raw)?.into_iter().enumerate() {
+        let tool: Tool<'_> = object(tool)?;
+        let schema = tool.input_schema?.get();
+        let keys: serde_json::Map<String, Value> = serde_json::from_str(schema).ok()?;
+        let parameters = if keys.contains_key("type") {
+            schema.to_owned()
+        } else if keys.is_empty() {
+            "{\"type\": \"object\"}".to_owned()
+        } else {
+            let open = schema.trim_end();
+            format!("{}, \"type\": \"object\"}}", &open[..open.len() - 1])
+        };
+        if k > 0 {
+            out.push_str(", ");
+        }
+        out.push_str("{\"type\": \"function\", \"function\": {\"name\": ");
+        out.push_str(tool.name?.get());
+        out.push_str(", \"description\": ");
+        out.push_str(tool.description.map_or("null", RawValue::get));
+        out.push_str(", \"parameters\": ");
+        out.push_str(&parameters);
+        for (key, value) in [("strict", tool.strict), ("defer_loading", tool.defer_loading)] {
+            if let Some(value) = value {
+                let _ = write!(out, ", \"{key}\": {}", value.get());
+            }
+        }
+        out.push_str("}}");
+    }
+    out.push(']');
+    Some(out)
+}
+
+/// The chat request's `chat_template_kwargs`: the request's own, with vLLM's `reasoning_effort`
+/// (from `thinking`, then `output_config.effort`) and `enable_thinking` where the request is
+/// silent; without `add_generation_prompt` and `continue_final_message`, which this endpoint
+/// sets itself. As JSON (`Some(None)`: there are none; `None`: the app's to answer).
+#[allow(clippy::option_option)]
+fn template_kwargs(body: &Checked<'_>) -> Option<Option<String>> {
+    let mut effort: Option<String> = None;
+    if let Some(thinking) = body.thinking {
+        let value: Value = object(thinking)?;
+        if value.get("type").and_then(Value::as_str) == Some("disabled") {
+            effort = Some("none".to_owned());
+        }
+    }
+    if let Some(config) = body.output_config {
+        let value: Value = object(config)?;
+        if let Some(given) = value.get("effort").and_then(Value::as_str) {
+            effort = Some(given.to_owned());
+        }
+    }
+    let given: Vec<(String, &RawValue)> = match body.chat_template_kwargs {
+        None => Vec::new(),
+        Some(raw) => ordered_entries(raw)?,
+    };
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    if let Some(effort) = &effort {
+        pairs.push(("enable_thinking".to_owned(), (effort != "none").to_string()));
+    }
+    for (key, value) in given {
+        if matches!(key.as_str(), "add_generation_prompt" | "continue_final_message") {
+            continue;
+        }
+        match pairs.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => value.get().clone_into(&mut slot.1),
+            None => pairs.push((key, value.get().to_owned())),
+        }
+    }
+    if let Some(effort) = &effort {
+        let effort = json_str(effort);
+        match pairs.iter_mut().find(|(k, _)| k == "reasoning_effort") {
+            Some(slot) => slot.1 = effort,
+            None => pairs.push(("reasoning_effort".to_owned(), effort)),
+        }
+    }
+    if pairs.is_empty() {
+        return Some(None);
+    }
+    let body: Vec<String> = pairs.iter().map(|(k, v)| format!("{}: {v}", json_str(k))).collect();
+    Some(Some(format!("{{{}}}", body.join(", "))))
 }
 
 fn check_tools(tools: Option<&RawValue>) -> Option<()> {
@@ -544,11 +957,10 @@ impl Protocol for Messages {
     }
 
     fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
-        // Tokenizer mode renders this API's conversion with the model's template: the app's.
-        if tokenizer.is_some() {
-            return None;
+        match tokenizer {
+            Some(tokenizer) => tokenized_plan(raw, session, tokenizer),
+            None => Some(rendered_plan(plan(raw)?, session)),
         }
-        Some(rendered_plan(plan(raw)?, session))
     }
 
     fn scanner(&self, _ids: &Arc<ResponseIds>, _hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {
@@ -625,6 +1037,48 @@ mod tests {
         ] {
             assert!(plan(body.as_bytes()).is_none(), "{body}");
         }
+    }
+
+    #[test]
+    fn the_conversion_as_the_chat_request_json() {
+        let body = r#"{"model":"m","max_tokens":9,"system":"sys","messages":[
+            {"role":"assistant","content":[{"type":"thinking","thinking":"hm"},
+             {"type":"tool_use","id":"t1","name":"ls","input":{"z":1,"a":"é"}}]},
+            {"role":"system","content":"inline"},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"out"},
+             {"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA"}}]}],
+            "tools":[{"name":"ls","input_schema":{"properties":{}},"strict":true}],
+            "thinking":{"type":"disabled"},"chat_template_kwargs":{"x":[1],"add_generation_prompt":false}}"#;
+        let whole: &RawValue = serde_json::from_str(body).unwrap();
+        let checked = check(whole).unwrap();
+        let json = |merge| {
+            let mut out = String::new();
+            for m in convert_body(&checked, merge).unwrap() {
+                m.push_json(&mut out);
+                out.push('\n');
+            }
+            out
+        };
+        assert_eq!(
+            json(false),
+            concat!(
+                "{\"role\": \"system\", \"content\": \"sys\"}\n",
+                "{\"role\": \"assistant\", \"reasoning\": \"hm\", \"tool_calls\": [{\"id\": \"t1\", \"type\": \"function\", ",
+                "\"function\": {\"name\": \"ls\", \"arguments\": \"{\\\"z\\\":1,\\\"a\\\":\\\"é\\\"}\"}}]}\n",
+                "{\"role\": \"system\", \"content\": \"inline\"}\n",
+                "{\"role\": \"tool\", \"content\": \"out\", \"tool_call_id\": \"t1\"}\n",
+                "{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,AA\"}}]}\n",
+            )
+        );
+        assert!(json(true).starts_with("{\"role\": \"system\", \"content\": \"sysinline\"}\n{\"role\": \"assistant\""));
+        assert_eq!(
+            chat_tools(checked.tools.unwrap()).unwrap(),
+            r#"[{"type": "function", "function": {"name": "ls", "description": null, "parameters": {"properties":{}, "type": "object"}, "strict": true}}]"#
+        );
+        assert_eq!(
+            template_kwargs(&checked).unwrap().unwrap(),
+            r#"{"enable_thinking": false, "x": [1], "reasoning_effort": "none"}"#
+        );
     }
 
     #[test]

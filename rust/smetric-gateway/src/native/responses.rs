@@ -38,11 +38,12 @@ use super::chatml::{Rendered, RenderedBody, push_content};
 use super::protocol::{Plan, Protocol, StreamScan, rendered_plan};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
-use crate::tokens::TokenizerSource;
+use crate::tokens::{RenderRequest, TokenizerSource};
+use smetric_core::TurnHint;
 
 /// The event types that end a stream.
 const TERMINAL_EVENTS: [&[u8]; 3] = [b"response.completed", b"response.failed", b"response.incomplete"];
-use super::json::{list, object, string};
+use super::json::{Entries, json_str, list, object, string};
 use super::sse::{Pending, data_of};
 
 #[derive(Deserialize)]
@@ -97,6 +98,8 @@ struct Item<'a> {
     reasoning: Option<&'a RawValue>,
     #[serde(borrow, default)]
     tool_calls: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    summary: Option<&'a RawValue>,
 }
 
 /// Whether a field is absent, null or a string (the app's check of its string fields).
@@ -121,13 +124,50 @@ fn first_text(content: Option<&RawValue>) -> Option<Cow<'_, str>> {
     string(part.text?)
 }
 
-/// A converted message: its role and what its content renders from.
+/// A converted message: its role and what its content renders from (plain ChatML), and the
+/// whole message as the chat request's JSON (what a chat template sees).
 struct Converted<'a> {
     role: Cow<'a, str>,
     content: Content<'a>,
     /// `message.get("reasoning") is not None`.
     reasoning: bool,
     tool_calls: ToolCalls,
+    json: Entries<'a>,
+}
+
+impl<'a> Converted<'a> {
+    /// A message the conversion builds: `{"role": role, key: json}`.
+    fn built(role: &'a str, content: Content<'a>, key: &'a str, json: impl Into<Cow<'a, str>>) -> Self {
+        let mut entries = Entries::default();
+        entries.set("role", json_str(role));
+        entries.set(key, json);
+        Self {
+            role: Cow::Borrowed(role),
+            content,
+            reasoning: key == "reasoning",
+            tool_calls: if key == "tool_calls" {
+                ToolCalls::List
+            } else {
+                ToolCalls::None
+            },
+            json: entries,
+        }
+    }
+}
+
+/// A JSON array's text with `item` appended (`list.append`).
+fn appended(array: &str, item: &str) -> String {
+    let inner = array.trim();
+    let inner = inner
+        .strip_prefix('[')
+        .and_then(|a| a.strip_suffix(']'))
+        .unwrap_or("")
+        .trim();
+    if inner.is_empty() {
+        format!("[{item}]")
+    } else {
+        format!("[{inner}, {item}]")
+    }
 }
 
 enum Content<'a> {
@@ -152,12 +192,111 @@ impl Converted<'_> {
     }
 }
 
+/// A body validated and converted: its messages, model, cache salt and tools.
+struct Conversion<'a> {
+    messages: Vec<Converted<'a>>,
+    model: Option<String>,
+    cache_salt: Option<String>,
+    tools: Option<&'a RawValue>,
+}
+
 /// The body validated and rendered (see the module docs), or None: the app's to answer.
 pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
     if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
         return None;
     }
     let whole: &RawValue = serde_json::from_slice(raw).ok()?;
+    let Conversion {
+        messages,
+        model,
+        cache_salt,
+        ..
+    } = conversion(whole)?;
+    let mut text = Vec::with_capacity(raw.len());
+    for m in &messages {
+        text.extend_from_slice(b"<|im_start|>");
+        text.extend_from_slice(m.role.as_bytes());
+        text.push(b'\n');
+        match &m.content {
+            Content::Raw(raw) => push_content(&mut text, *raw)?,
+            Content::Text(t) => text.extend_from_slice(t.as_bytes()),
+        }
+        text.extend_from_slice(b"<|im_end|>\n");
+    }
+    text.extend_from_slice(b"<|im_start|>assistant\n");
+    let first_turn = smetric_core::first_turn_from_roles(messages.iter().map(|m| m.role.as_ref()));
+    Some(RenderedBody {
+        rendered: Rendered { text, first_turn },
+        model,
+        cache_salt,
+    })
+}
+
+/// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
+/// template (`chat_messages`, `chat_tools`), encoded. None: the app's.
+fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenizerSource) -> Option<Plan> {
+    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
+        return None;
+    }
+    let whole: &RawValue = serde_json::from_slice(raw).ok()?;
+    let conversion = conversion(whole)?;
+    let mut messages = String::from("[");
+    for (k, m) in conversion.messages.iter().enumerate() {
+        if k > 0 {
+            messages.push_str(", ");
+        }
+        m.json.push_json(&mut messages);
+    }
+    messages.push(']');
+    let tools = match conversion.tools {
+        None => None,
+        Some(tools) => Some(chat_tools(tools)?),
+    };
+    let request = RenderRequest {
+        messages: &messages,
+        tools: tools.as_deref(),
+        add_generation_prompt: true,
+        continue_final_message: false,
+        chat_template_kwargs: None,
+    };
+    let ids = tokenizer.chat_ids(&request, false).ok()?.ids;
+    let first_turn = smetric_core::first_turn_from_roles(conversion.messages.iter().map(|m| m.role.as_ref()));
+    Some(Plan {
+        ids,
+        turn: TurnHint::Messages { first_turn },
+        source: "tokenizer",
+        model: conversion.model,
+        namespace: conversion.cache_salt,
+        hide_usage: false,
+        session,
+    })
+}
+
+/// `chat_tools`: the function tools in chat's form, `{"type": "function", "function": {every
+/// field but "type"}}`, as JSON.
+fn chat_tools(raw: &RawValue) -> Option<String> {
+    let mut out = String::from("[");
+    let mut n = 0;
+    for tool in list(raw)? {
+        let mut entries = Entries::of(tool)?;
+        if entries.get("type") != Some("\"function\"") {
+            continue;
+        }
+        entries.remove("type");
+        if n > 0 {
+            out.push_str(", ");
+        }
+        n += 1;
+        out.push_str("{\"type\": \"function\", \"function\": ");
+        entries.push_json(&mut out);
+        out.push('}');
+    }
+    out.push(']');
+    Some(out)
+}
+
+/// The body validated and converted (see the module docs), or None: the app's to answer.
+fn conversion(whole: &RawValue) -> Option<Conversion<'_>> {
     let body: Body<'_> = object(whole)?;
     if body.kv_transfer_params.is_some() || body.previous_response_id.is_some() {
         return None;
@@ -193,54 +332,34 @@ pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
     let input = body.input?;
     let mut messages: Vec<Converted<'_>> = Vec::new();
     if let Some(text) = instructions.filter(|t| !t.is_empty()) {
-        messages.push(Converted {
-            role: Cow::Borrowed("system"),
-            content: Content::Text(text),
-            reasoning: false,
-            tool_calls: ToolCalls::None,
-        });
+        let json = json_str(&text);
+        messages.push(Converted::built("system", Content::Text(text), "content", json));
     }
     if let Some(text) = string(input) {
-        messages.push(Converted {
-            role: Cow::Borrowed("user"),
-            content: Content::Text(text),
-            reasoning: false,
-            tool_calls: ToolCalls::None,
-        });
+        let json = json_str(&text);
+        messages.push(Converted::built("user", Content::Text(text), "content", json));
     } else {
         let items = list(input)?;
         if !items.iter().all(|i| i.get().starts_with('{')) {
             return None;
         }
         for item in items {
-            convert(&mut messages, &object(item)?)?;
+            convert(&mut messages, &object(item)?, item)?;
         }
     }
     if messages.is_empty() {
-        messages.push(Converted {
-            role: Cow::Borrowed("user"),
-            content: Content::Text(Cow::Borrowed("")),
-            reasoning: false,
-            tool_calls: ToolCalls::None,
-        });
+        messages.push(Converted::built(
+            "user",
+            Content::Text(Cow::Borrowed("")),
+            "content",
+            "\"\"",
+        ));
     }
-    let mut text = Vec::with_capacity(raw.len());
-    for m in &messages {
-        text.extend_from_slice(b"<|im_start|>");
-        text.extend_from_slice(m.role.as_bytes());
-        text.push(b'\n');
-        match &m.content {
-            Content::Raw(raw) => push_content(&mut text, *raw)?,
-            Content::Text(t) => text.extend_from_slice(t.as_bytes()),
-        }
-        text.extend_from_slice(b"<|im_end|>\n");
-    }
-    text.extend_from_slice(b"<|im_start|>assistant\n");
-    let first_turn = smetric_core::first_turn_from_roles(messages.iter().map(|m| m.role.as_ref()));
-    Some(RenderedBody {
-        rendered: Rendered { text, first_turn },
+    Some(Conversion {
+        messages,
         model,
         cache_salt,
+        tools: body.tools,
     })
 }
 
@@ -248,74 +367,91 @@ fn is_assistant(messages: &[Converted<'_>]) -> bool {
     messages.last().is_some_and(|m| m.role == "assistant")
 }
 
-fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>) -> Option<()> {
+fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawValue) -> Option<()> {
     let kind = item.kind.and_then(string);
     match kind.as_deref() {
         Some("function_call") => {
             for field in [item.call_id, item.name, item.arguments] {
                 string(field?)?;
             }
+            let call = format!(
+                "{{\"id\": {}, \"function\": {{\"name\": {}, \"arguments\": {}}}, \"type\": \"function\"}}",
+                item.call_id?.get(),
+                item.name?.get(),
+                item.arguments?.get()
+            );
             if is_assistant(messages)
                 && let Some(last) = messages.last_mut()
             {
                 match last.tool_calls {
                     ToolCalls::None => {
                         last.tool_calls = ToolCalls::List;
+                        last.json.set("tool_calls", format!("[{call}]"));
                         return Some(());
                     }
-                    ToolCalls::List => return Some(()),
+                    ToolCalls::List => {
+                        let calls = appended(last.json.get("tool_calls").unwrap_or("[]"), &call);
+                        last.json.set("tool_calls", calls);
+                        return Some(());
+                    }
                     ToolCalls::Other => {}
                 }
             }
-            messages.push(Converted {
-                role: Cow::Borrowed("assistant"),
-                content: Content::Raw(None),
-                reasoning: false,
-                tool_calls: ToolCalls::List,
-            });
+            messages.push(Converted::built(
+                "assistant",
+                Content::Raw(None),
+                "tool_calls",
+                format!("[{call}]"),
+            ));
         }
         Some("reasoning") => {
             if item.encrypted_content.is_some_and(truthy) {
                 return None;
             }
+            // `_first_text(content) or _first_text(summary) or ""`.
+            let text = first_text(item.content)
+                .filter(|t| !t.is_empty())
+                .or_else(|| first_text(item.summary).filter(|t| !t.is_empty()))
+                .unwrap_or_default();
+            let json = json_str(&text);
             if is_assistant(messages)
                 && let Some(last) = messages.last_mut()
                 && !last.reasoning
             {
                 last.reasoning = true;
+                last.json.set("reasoning", json);
             } else {
-                messages.push(Converted {
-                    role: Cow::Borrowed("assistant"),
-                    content: Content::Raw(None),
-                    reasoning: true,
-                    tool_calls: ToolCalls::None,
-                });
+                messages.push(Converted::built("assistant", Content::Raw(None), "reasoning", json));
             }
         }
-        Some("function_call_output" | "custom_tool_call_output") => messages.push(Converted {
-            role: Cow::Borrowed("tool"),
-            content: Content::Raw(item.output),
-            reasoning: false,
-            tool_calls: ToolCalls::None,
-        }),
+        Some("function_call_output" | "custom_tool_call_output") => {
+            let mut json = Entries::default();
+            json.set("role", "\"tool\"");
+            json.set("content", item.output.map_or("null", RawValue::get));
+            json.set("tool_call_id", item.call_id.map_or("null", RawValue::get));
+            messages.push(Converted {
+                role: Cow::Borrowed("tool"),
+                content: Content::Raw(item.output),
+                reasoning: false,
+                tool_calls: ToolCalls::None,
+                json,
+            });
+        }
         _ => {
             let role = item.role.and_then(string);
             let said = (role.as_deref() == Some("assistant"))
                 .then(|| first_text(item.content))
                 .flatten();
             if let Some(said) = said {
+                let json = json_str(&said);
                 if is_assistant(messages)
                     && let Some(last) = messages.last_mut()
                     && !last.has_content()
                 {
                     last.content = Content::Text(said);
+                    last.json.set("content", json);
                 } else {
-                    messages.push(Converted {
-                        role: Cow::Borrowed("assistant"),
-                        content: Content::Text(said),
-                        reasoning: false,
-                        tool_calls: ToolCalls::None,
-                    });
+                    messages.push(Converted::built("assistant", Content::Text(said), "content", json));
                 }
             } else if let Some(role) = role {
                 let tool_calls = match item.tool_calls {
@@ -328,6 +464,8 @@ fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>) -> Option<()>
                     content: Content::Raw(item.content),
                     reasoning: item.reasoning.is_some(),
                     tool_calls,
+                    // The item itself, every key in its order.
+                    json: Entries::of(raw)?,
                 });
             } else {
                 return None;
@@ -486,11 +624,10 @@ impl Protocol for Responses {
     }
 
     fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
-        // Tokenizer mode renders this API's conversion with the model's template: the app's.
-        if tokenizer.is_some() {
-            return None;
+        match tokenizer {
+            Some(tokenizer) => tokenized_plan(raw, session, tokenizer),
+            None => Some(rendered_plan(plan(raw)?, session)),
         }
-        Some(rendered_plan(plan(raw)?, session))
     }
 
     fn scanner(&self, ids: &Arc<ResponseIds>, _hide_usage: bool, instance: &str) -> Box<dyn StreamScan> {
@@ -539,6 +676,37 @@ impl StreamScan for ResponsesStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_reasoning_and_text_merge_into_the_last_assistant_message_in_pythons_key_order() {
+        let body = r#"{"model":"m","input":[
+            {"role":"assistant","content":[{"x":1}],"tool_calls":[],"extra":true},
+            {"type":"function_call","call_id":"c","name":"f","arguments":"{}"},
+            {"type":"reasoning","summary":[{"text":"why"}],"content":[{"text":""}]},
+            {"type":"function_call_output","call_id":"c"}],
+            "tools":[{"type":"function","name":"f","parameters":{}},{"type":"web_search"}]}"#;
+        let whole: &RawValue = serde_json::from_str(body).unwrap();
+        let conversion = conversion(whole).unwrap();
+        let mut out = String::new();
+        for m in &conversion.messages {
+            m.json.push_json(&mut out);
+            out.push('\n');
+        }
+        assert_eq!(
+            out,
+            concat!(
+                "{\"role\": \"assistant\", \"content\": [{\"x\":1}], \"tool_calls\": [{\"id\": \"c\", \"function\": ",
+                "{\"name\": \"f\", \"arguments\": \"{}\"}, \"type\": \"function\"}], \"extra\": true, \"reasoning\": \"why\"}\n",
+                "{\"role\": \"tool\", \"content\": null, \"tool_call_id\": \"c\"}\n",
+            )
+        );
+        assert_eq!(
+            chat_tools(conversion.tools.unwrap()).unwrap(),
+            r#"[{"type": "function", "function": {"name": "f", "parameters": {}}}]"#
+        );
+        assert_eq!(appended("[ ]", "1"), "[1]");
+        assert_eq!(appended("[1]", "2"), "[1, 2]");
+    }
 
     #[test]
     fn ids_are_issued_opened_and_rewritten_as_the_app_does() {

@@ -178,8 +178,9 @@ fn message(message: &Value, format: ContentFormat) -> Result<Value> {
     if message.kind() != ValueKind::Map {
         return refuse("a message is not an object");
     }
-    let Some(role) = get(message, "role") else {
-        return refuse("a message has no role");
+    // The app's request parse: a string role (vLLM's request model).
+    let Some(role) = get(message, "role").filter(|r| r.kind() == ValueKind::String) else {
+        return refuse("a message's role is not a string");
     };
     let role_name = role.as_str().unwrap_or_default().to_owned();
     let parts: Vec<Value> = match get(message, "content") {

@@ -11,5 +11,5 @@ mod template;
 
 pub use conversation::ContentFormat;
 pub use piecewise::{ENTRY_OVERHEAD_BYTES, PiecewiseEncoder, TokenizerError, piecewise_blockers};
-pub use source::{ChatIds, SourceError, TokenizerSettings, TokenizerSource, TokensError};
+pub use source::{ChatIds, LeadingSystem, SourceError, TokenizerSettings, TokenizerSource, TokensError};
 pub use template::{ChatTemplate, RenderError, RenderRequest};

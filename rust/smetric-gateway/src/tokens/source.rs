@@ -55,6 +55,19 @@ pub struct ChatIds {
     pub roles: Vec<String>,
 }
 
+/// Whether a template accepts a system message after the first (vLLM's Messages endpoint merges
+/// inline system messages into the leading one when it does not), probed as vLLM probes it:
+/// rendering system, user, system, user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeadingSystem {
+    /// The probe rendered.
+    Free,
+    /// The template raised on the probe.
+    Required,
+    /// The probe failed in a step this port does not cover: the requests are the app's.
+    Unknown,
+}
+
 /// Tokenizer mode's token source.
 #[derive(Debug)]
 pub struct TokenizerSource {
@@ -62,6 +75,26 @@ pub struct TokenizerSource {
     affixes: Option<Affixes>,
     default: ChatTemplate,
     tool_use: Option<ChatTemplate>,
+    /// [`LeadingSystem`] of `default` and of `tool_use` (or `default` again).
+    leading_system: [LeadingSystem; 2],
+}
+
+/// The probe of [`LeadingSystem`].
+fn probe_leading_system(template: &ChatTemplate) -> LeadingSystem {
+    let probe = r#"[{"role": "system", "content": "t"}, {"role": "user", "content": "t"},
+        {"role": "system", "content": "t"}, {"role": "user", "content": "t"}]"#;
+    let request = RenderRequest {
+        messages: probe,
+        tools: None,
+        add_generation_prompt: false,
+        continue_final_message: false,
+        chat_template_kwargs: None,
+    };
+    match template.render(&request) {
+        Ok(_) => LeadingSystem::Free,
+        Err(e) if e.raised() => LeadingSystem::Required,
+        Err(_) => LeadingSystem::Unknown,
+    }
 }
 
 impl TokenizerSource {
@@ -87,12 +120,25 @@ impl TokenizerSource {
                 })
                 .transpose()
         };
+        let default = compile("default")?.ok_or(SourceError::NoDefault)?;
+        let tool_use = compile("tool_use")?;
+        let leading_system = [
+            probe_leading_system(&default),
+            probe_leading_system(tool_use.as_ref().unwrap_or(&default)),
+        ];
         Ok(Self {
-            default: compile("default")?.ok_or(SourceError::NoDefault)?,
-            tool_use: compile("tool_use")?,
             encoder,
             affixes,
+            default,
+            tool_use,
+            leading_system,
         })
+    }
+
+    /// Whether the template a request with (`tools`) or without tools gets accepts a system
+    /// message after the first.
+    pub fn requires_leading_system(&self, tools: bool) -> LeadingSystem {
+        self.leading_system[usize::from(tools)]
     }
 
     /// The encoder (its cache's figures).

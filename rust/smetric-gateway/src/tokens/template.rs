@@ -33,6 +33,17 @@ const FUEL: u64 = 50_000_000;
 #[error("{0}")]
 pub struct RenderError(pub String);
 
+impl RenderError {
+    /// Whether the template itself refused the conversation (`raise_exception`), rather than a
+    /// step this port does not cover failing.
+    pub fn raised(&self) -> bool {
+        self.0.contains(RAISED)
+    }
+}
+
+/// What a template's own `raise_exception` error says first.
+const RAISED: &str = "raise_exception: ";
+
 impl From<ConversationError> for RenderError {
     fn from(e: ConversationError) -> Self {
         Self(e.0)
@@ -41,7 +52,7 @@ impl From<ConversationError> for RenderError {
 
 impl From<Error> for RenderError {
     fn from(e: Error) -> Self {
-        Self(format!("the chat template rejected the conversation: {e}"))
+        Self(format!("the chat template rejected the conversation: {e:#}"))
     }
 }
 
@@ -105,8 +116,8 @@ fn without_generation_tags(source: &str) -> String {
     out
 }
 
-fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, message))
+fn raise_exception(message: &str) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{message}")))
 }
 
 /// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`
@@ -431,7 +442,8 @@ mod tests {
         );
         let one = r#"[{"role": "user", "content": "x"}]"#;
         let err = render("{{ raise_exception('no') }}", one, true).unwrap_err();
-        assert!(err.0.contains("no"), "{err}");
+        assert!(err.0.contains("no") && err.raised(), "{err}");
+        assert!(!render("{{ 1 + 'a' }}", one, true).unwrap_err().raised());
         assert!(render("{% for x in range(10) %}{% break %}{% endfor %}ok", one, true).unwrap() == "ok");
         assert!(
             render("ok", "[]", true).is_err(),
