@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from bodies import chat_body, completions_body, messages_body, responses_body, spoiled
 from test_tokens import CONVERSATIONS, TOOLS
+from test_tokens import FEATURES_TEMPLATE as TOKENS_FEATURES_TEMPLATE
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
@@ -43,34 +44,14 @@ SEED = 20261204
 BODIES = 400
 MODEL_ROLES = ("assistant", "tool", "function", "ipython")
 
-FEATURES_TEMPLATE = """\
-{%- set ns = namespace(last_user=-1, tools_seen=0) -%}
-{%- for m in messages[::-1] -%}
-    {%- if ns.last_user < 0 and m.role == 'user' -%}
-        {%- set ns.last_user = messages | length - 1 - loop.index0 -%}
-    {%- endif -%}
-{%- endfor -%}
-{%- if tools -%}<|im_start|>system
-{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}
-{{ tools[0] | tojson(indent=2) }}<|im_end|>
-{% endif -%}
-{%- for m in messages -%}
-    {%- if m.role not in ['system', 'user', 'assistant', 'tool'] -%}
-        {{- raise_exception('bad role ' + m.role) -}}
-    {%- endif -%}
-    <|im_start|>{{ m.role }}{% if loop.index0 == ns.last_user %} (last){% endif %}
-{% if m.content is string -%}
-    {%- if m.content.startswith('Fix') %}[fix] {% endif -%}{{ m.content.strip() | replace('  ', ' ') }}
-{%- endif -%}
-{%- for call in m.tool_calls | default([]) %}
-<tool_call>{{ call.function.name }} {{ call.function.arguments | tojson }}</tool_call>
-{%- set ns.tools_seen = ns.tools_seen + 1 -%}
-{%- endfor %}{% generation %}<|im_end|>{% endgeneration %}
-{% endfor -%}
-{%- if add_generation_prompt -%}<|im_start|>assistant ({{ ns.tools_seen }} calls so far)
-{% endif -%}
-{{- reasoning_effort if reasoning_effort is defined else '' -}}
-"""
+# test_tokens' template of Jinja features, with a `{% generation %}` block and a template kwarg.
+FEATURES_TEMPLATE = (
+    TOKENS_FEATURES_TEMPLATE.replace(
+        "{%- endfor %}<|im_end|>", "{%- endfor %}{% generation %}<|im_end|>{% endgeneration %}"
+    )
+    + "{{- reasoning_effort if reasoning_effort is defined else '' -}}\n"
+)
+assert "{% generation %}" in FEATURES_TEMPLATE
 
 # Qwen's rule: a system message anywhere but first is refused (vLLM's Messages endpoint then
 # merges inline system messages into the leading one).
@@ -160,28 +141,43 @@ def agent_extras(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def differential(
+    path: str, bodies: list[dict[str, Any]], native: GatewayTokenizer, app: Any, rng: random.Random
+) -> list[tuple[bool, bool]]:
+    """Each body posted to ``path``: whether the gateway routes it and whether the app does. Where
+    the gateway routes one, the app must too, with the same ids and turn verdict (``app(raw)``)."""
+    out = []
+    for body in bodies:
+        raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
+        planned = gateway_routing_ids(path, raw, tokenizer=native)
+        expected = app(raw)
+        if planned is not None:
+            assert expected is not None, ("the native path routes a body the app refuses", body)
+            assert (array("I", planned[0]).tolist(), planned[1]) == expected, ("a different rendering", body)
+        out.append((planned is not None, expected is not None))
+    return out
+
+
+def generated(make: Any, rng: random.Random) -> list[dict[str, Any]]:
+    """``BODIES`` bodies of ``make``, every other one spoiled."""
+    return [spoiled(rng, make(rng)) if i % 2 else make(rng) for i in range(BODIES)]
+
+
+def assert_mostly_served(results: list[tuple[bool, bool]], pinned: int = 0) -> None:
+    """The negative control of the claim: a body the app renders is almost always served natively
+    (but ``pinned`` ones, which are the app's by design)."""
+    served, accepted = sum(r[0] for r in results), sum(r[1] for r in results)
+    assert accepted >= len(results) // 3, accepted
+    assert served >= (accepted - pinned) * 0.9, (served, accepted)
+
+
 @pytest.mark.parametrize("template", sorted(TEMPLATES))
 def test_chat_is_routed_as_the_app_routes_it_or_handed_over(template: str) -> None:
     app, native = sources(TEMPLATES[template])
-    api = ChatApi()
     rng = random.Random(SEED)
-    served = accepted = 0
-    for i in range(BODIES):
-        body = agent_extras(rng, chat_body(rng))
-        if i % 2:
-            body = spoiled(rng, body)
-        raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
-        planned = gateway_routing_ids("/v1/chat/completions", raw, tokenizer=native)
-        expected = app_ids(api, app, raw)
-        accepted += expected is not None
-        if planned is None:
-            continue
-        assert expected is not None, ("the native path routes a body the app refuses", body)
-        assert (array("I", planned[0]).tolist(), planned[1]) == expected, ("a different rendering", template, body)
-        served += 1
-    # The negative control of the claim: a body the app renders is almost always served natively.
-    assert accepted >= BODIES // 3, accepted
-    assert served >= accepted * 0.9, (served, accepted)
+    bodies = generated(lambda r: agent_extras(r, chat_body(r)), rng)
+    results = differential("/v1/chat/completions", bodies, native, lambda raw: app_ids(ChatApi(), app, raw), rng)
+    assert_mostly_served(results)
 
 
 @pytest.mark.parametrize("template", sorted(TEMPLATES))
@@ -263,27 +259,12 @@ CLAUDE_CODE_TURN = {
 def test_messages_are_routed_as_the_app_routes_them_or_handed_over(template: str) -> None:
     app, native = sources(TEMPLATES[template])
     rng = random.Random(SEED + 3)
-    served = accepted = 0
-    bodies = [CLAUDE_CODE_TURN, {**CLAUDE_CODE_TURN, "thinking": {"type": "disabled"}, "output_config": None}]
-    for i in range(BODIES):
-        body = messages_body(rng)
-        if i % 2:
-            body = spoiled(rng, body)
-        bodies.append(body)
-    for k, body in enumerate(bodies):
-        raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
-        planned = gateway_routing_ids("/v1/messages", raw, tokenizer=native)
-        expected = app_messages_ids(app, raw)
-        accepted += expected is not None
-        if k < 2:
-            assert planned is not None and expected is not None, (template, body)
-        if planned is None:
-            continue
-        assert expected is not None, ("the native path routes a body the app refuses", body)
-        assert (array("I", planned[0]).tolist(), planned[1]) == expected, ("a different rendering", template, body)
-        served += 1
-    assert accepted >= len(bodies) // 3, accepted
-    assert served >= accepted * 0.9, (served, accepted)
+    turns = [CLAUDE_CODE_TURN, {**CLAUDE_CODE_TURN, "thinking": {"type": "disabled"}, "output_config": None}]
+    results = differential(
+        "/v1/messages", turns + generated(messages_body, rng), native, lambda raw: app_messages_ids(app, raw), rng
+    )
+    assert results[:2] == [(True, True)] * 2, template
+    assert_mostly_served(results)
 
 
 def app_responses_ids(source: TokenSource, raw: bytes) -> tuple[list[int], bool | None] | None:
@@ -331,28 +312,12 @@ CODEX_TURN = {
 def test_responses_are_routed_as_the_app_routes_them_or_handed_over(template: str) -> None:
     app, native = sources(TEMPLATES[template])
     rng = random.Random(SEED + 4)
-    served = accepted = 0
-    bodies: list[dict[str, Any]] = [CODEX_TURN]
-    for i in range(BODIES):
-        body = responses_body(rng)
-        if i % 2:
-            body = spoiled(rng, body)
-        bodies.append(body)
-    for k, body in enumerate(bodies):
-        raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
-        planned = gateway_routing_ids("/v1/responses", raw, tokenizer=native)
-        expected = app_responses_ids(app, raw)
-        accepted += expected is not None
-        if k == 0:  # the features template refuses Codex's developer message: both refuse
-            assert (planned is None) == (expected is None) == (template == "features"), template
-        if planned is None:
-            continue
-        assert expected is not None, ("the native path routes a body the app refuses", body)
-        assert (array("I", planned[0]).tolist(), planned[1]) == expected, ("a different rendering", template, body)
-        served += 1
-    assert accepted >= len(bodies) // 3, accepted
+    bodies = [CODEX_TURN, *generated(responses_body, rng)]
+    results = differential("/v1/responses", bodies, native, lambda raw: app_responses_ids(app, raw), rng)
+    # The features template refuses Codex's developer message: both refuse it there.
+    assert results[0] == ((False, False) if template == "features" else (True, True)), template
     # A stored response's follow-up (`previous_response_id`) is the app's (it pins it).
-    assert served >= (accepted - sum("previous_response_id" in b for b in bodies)) * 0.9, (served, accepted)
+    assert_mostly_served(results, pinned=sum("previous_response_id" in b for b in bodies))
 
 
 def test_text_prompts_get_the_apps_ids_and_special_tokens() -> None:
