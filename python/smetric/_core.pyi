@@ -71,7 +71,7 @@ __all__ = [
     "Gateway",
     "GatewayNative",
     "GatewayRecord",
-    "GatewayTokenizer",
+    "GatewayTokenSource",
     "IndexHits",
     "IngestStep",
     "KvEventIngestor",
@@ -545,17 +545,18 @@ class GatewayNative:
         session_capacity_tokens: int = 0,
         session_max_held: int = 0,
         session_hold_timeout_s: float = 0.0,
-        tokenizer: GatewayTokenizer | None = None,
+        tokens: GatewayTokenSource | None = None,
     ) -> Self: ...
     @property
     def apis(self) -> list[str]:
         """The APIs the native path serves (``chat``, ``completions``, ``messages``, ``responses``)."""
 
 @final
-class GatewayTokenizer:
-    """Tokenizer mode's token source for the gateway: a ``tokenizer.json``, the chat templates
-    as ``(name, Jinja text, content format)``, the named special tokens and the piece cache's
-    bound in bytes (``smetric.serve.compiled.gateway_tokenizer`` builds it from the app's).
+class GatewayTokenSource:
+    """A chat template's routing ids for the gateway: a ``tokenizer.json`` (tokenizer mode; None:
+    the rendered text's approximate 4-byte ids), the chat templates as ``(name, Jinja text,
+    content format)``, the named special tokens and the piece cache's bound in bytes
+    (``smetric.serve.compiled.gateway_token_source`` builds it from the app's).
 
     Raises:
         InvalidConfigError: the tokenizer does not load, a template does not compile, there is no
@@ -564,7 +565,7 @@ class GatewayTokenizer:
 
     def __new__(
         cls,
-        tokenizer: str,
+        tokenizer: str | None,
         *,
         templates: list[tuple[str, str, str]],
         special_tokens: list[tuple[str, str]],
@@ -572,20 +573,24 @@ class GatewayTokenizer:
     ) -> Self: ...
     @property
     def exact_pieces(self) -> bool:
-        """Texts are encoded piece by piece (the tokenizer allows it and the probe agreed)."""
+        """Texts are encoded piece by piece (a tokenizer that allows it, and the probe agreed)."""
+
+    @property
+    def kind(self) -> Literal["tokenizer", "approximate"]:
+        """``tokenizer`` (the tokenizer's ids) or ``approximate`` (4-byte chunks of the rendered text)."""
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> bytes:
         """``text``'s ids as the bytes of an ``array('I')``."""
 
     def cache_stats(self) -> dict[str, int]:
-        """The piece cache's ``hits``, ``misses``, ``pieces`` and charged ``bytes``."""
+        """The piece cache's ``hits``, ``misses``, ``pieces`` and charged ``bytes`` (zeros without a tokenizer)."""
 
 def gateway_routing_ids(
-    path: str, raw: bytes, *, tokenizer: GatewayTokenizer | None = None
+    path: str, raw: bytes, *, tokens: GatewayTokenSource | None = None
 ) -> tuple[bytes, bool | None] | None:
     """The routing ids (as the bytes of an ``array('I')``) and the turn verdict (None: the
     index's) the gateway's native path would route a body posted to ``path`` on, or None when it
-    would hand the body to the app; with ``tokenizer``, in tokenizer mode."""
+    would hand the body to the app; with ``tokens``, with a chat template."""
 
 SHARED_SESSION_HEADERS: Final[tuple[str, ...]]
 """Headers naming a request's session, in the order both planes read them (``rust/smetric-gateway/src/shared.rs``)."""

@@ -338,9 +338,8 @@ def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(e
     for tokens, served_by_gateway, (path, body) in (
         ({"mode": "approximate"}, True, chat),
         ({"mode": "tokenizer", "tokenizer": tokenizer}, True, chat),
-        # A chat template in approximate mode: chat, Messages and Responses would be the app's,
-        # behind the gateway's hop, so auto keeps the app alone.
-        ({"mode": "approximate", "chat_template": "{{ messages[0].content }}"}, False, chat),
+        # A chat template in approximate mode: the gateway renders it too.
+        ({"mode": "approximate", "chat_template": "{{ messages[0].content }}"}, True, chat),
         ({"mode": "ids"}, False, ids),
     ):
         p = proxy_for(urls, data_plane="auto", tokens=tokens)

@@ -1,8 +1,9 @@
-"""The compiled data plane in tokenizer mode routes exactly as the app: for every chat and
-completions body the gateway's native path would route with the model's tokenizer and chat
-template (``smetric._core.GatewayTokenizer``), the ids and the turn verdict equal the app's
-(``--tokens tokenizer``: ``smetric.serve.chat_template`` under jinja2, the ``tokenizers``
-package), on every template of the tests — ChatML, the test model's tool template (content
+"""The compiled data plane with a chat template routes exactly as the app: for every chat,
+completions, Messages and Responses body the gateway's native path would route with the model's
+chat template (``smetric._core.GatewayTokenSource``) — encoded with the tokenizer
+(``--tokens tokenizer``) or cut into approximate 4-byte ids (``--tokens approximate`` with a
+template) — the ids and the turn verdict equal the app's (``smetric.serve.chat_template`` under
+jinja2, the ``tokenizers`` package), on every template of the tests — ChatML, the test model's tool template (content
 format "openai"), a template exercising namespace, slices, string methods, filters and tojson
 options — and it routes no body the app refuses. The piece cache is held to its claims (a
 follow-up encodes only its new pieces, the bound holds) and the gateway's encoder to the
@@ -28,13 +29,13 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
 from smetric import InvalidConfigError
-from smetric._core import GatewayTokenizer, gateway_routing_ids
+from smetric._core import GatewayTokenSource, gateway_routing_ids
 from smetric.serve.apis.chat import ChatApi
 from smetric.serve.apis.completions import CompletionsApi
 from smetric.serve.apis.messages import MessagesApi
 from smetric.serve.apis.responses import ResponsesApi
 from smetric.serve.chat_template import CHATML_TEMPLATE
-from smetric.serve.compiled import gateway_tokenizer
+from smetric.serve.compiled import gateway_token_source
 from smetric.serve.request import RequestError
 from smetric.serve.tokens import TokenConfig, TokenSource
 
@@ -82,10 +83,25 @@ TEMPLATES: dict[str, str | None] = {
 }
 
 
-def sources(template: str | None) -> tuple[TokenSource, GatewayTokenizer]:
-    app = TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER), chat_template=template))
-    native = gateway_tokenizer(app)
-    assert native is not None
+# Each template in each mode the gateway renders it in (approximate mode has the test model's own
+# template only through its tokenizer's folder, so not that one).
+TEMPLATE_MODES = [
+    (name, mode)
+    for name in sorted(TEMPLATES)
+    for mode in ("tokenizer", "approximate")
+    if not (mode == "approximate" and TEMPLATES[name] is None)
+]
+
+
+def sources(template: str | None, mode: str = "tokenizer") -> tuple[TokenSource, GatewayTokenSource]:
+    """The app's token source and the gateway's, in ``mode`` (``approximate``: 4-byte chunks of the
+    rendered template, no tokenizer)."""
+    if mode == "approximate":
+        app = TokenSource(TokenConfig(mode="approximate", chat_template=template))
+    else:
+        app = TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER), chat_template=template))
+    native = gateway_token_source(app)
+    assert native is not None and native.kind == mode
     return app, native
 
 
@@ -142,14 +158,14 @@ def agent_extras(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def differential(
-    path: str, bodies: list[dict[str, Any]], native: GatewayTokenizer, app: Any, rng: random.Random
+    path: str, bodies: list[dict[str, Any]], native: GatewayTokenSource, app: Any, rng: random.Random
 ) -> list[tuple[bool, bool]]:
     """Each body posted to ``path``: whether the gateway routes it and whether the app does. Where
     the gateway routes one, the app must too, with the same ids and turn verdict (``app(raw)``)."""
     out = []
     for body in bodies:
         raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
-        planned = gateway_routing_ids(path, raw, tokenizer=native)
+        planned = gateway_routing_ids(path, raw, tokens=native)
         expected = app(raw)
         if planned is not None:
             assert expected is not None, ("the native path routes a body the app refuses", body)
@@ -171,9 +187,9 @@ def assert_mostly_served(results: list[tuple[bool, bool]], pinned: int = 0) -> N
     assert served >= (accepted - pinned) * 0.9, (served, accepted)
 
 
-@pytest.mark.parametrize("template", sorted(TEMPLATES))
-def test_chat_is_routed_as_the_app_routes_it_or_handed_over(template: str) -> None:
-    app, native = sources(TEMPLATES[template])
+@pytest.mark.parametrize(("template", "mode"), TEMPLATE_MODES)
+def test_chat_is_routed_as_the_app_routes_it_or_handed_over(template: str, mode: str) -> None:
+    app, native = sources(TEMPLATES[template], mode)
     rng = random.Random(SEED)
     bodies = generated(lambda r: agent_extras(r, chat_body(r)), rng)
     results = differential("/v1/chat/completions", bodies, native, lambda raw: app_ids(ChatApi(), app, raw), rng)
@@ -196,7 +212,7 @@ def test_the_hand_written_conversations_with_every_option(template: str, convers
     served = 0
     for extra in options:
         raw = json.dumps({"model": "m", "messages": CONVERSATIONS[conversation]} | extra).encode()
-        planned = gateway_routing_ids("/v1/chat/completions", raw, tokenizer=native)
+        planned = gateway_routing_ids("/v1/chat/completions", raw, tokens=native)
         expected = app_ids(ChatApi(), app, raw)
         if planned is not None:
             assert expected is not None, extra
@@ -255,9 +271,9 @@ CLAUDE_CODE_TURN = {
 }
 
 
-@pytest.mark.parametrize("template", sorted(TEMPLATES))
-def test_messages_are_routed_as_the_app_routes_them_or_handed_over(template: str) -> None:
-    app, native = sources(TEMPLATES[template])
+@pytest.mark.parametrize(("template", "mode"), TEMPLATE_MODES)
+def test_messages_are_routed_as_the_app_routes_them_or_handed_over(template: str, mode: str) -> None:
+    app, native = sources(TEMPLATES[template], mode)
     rng = random.Random(SEED + 3)
     turns = [CLAUDE_CODE_TURN, {**CLAUDE_CODE_TURN, "thinking": {"type": "disabled"}, "output_config": None}]
     results = differential(
@@ -308,9 +324,9 @@ CODEX_TURN = {
 }
 
 
-@pytest.mark.parametrize("template", sorted(TEMPLATES))
-def test_responses_are_routed_as_the_app_routes_them_or_handed_over(template: str) -> None:
-    app, native = sources(TEMPLATES[template])
+@pytest.mark.parametrize(("template", "mode"), TEMPLATE_MODES)
+def test_responses_are_routed_as_the_app_routes_them_or_handed_over(template: str, mode: str) -> None:
+    app, native = sources(TEMPLATES[template], mode)
     rng = random.Random(SEED + 4)
     bodies = [CODEX_TURN, *generated(responses_body, rng)]
     results = differential("/v1/responses", bodies, native, lambda raw: app_responses_ids(app, raw), rng)
@@ -330,7 +346,7 @@ def test_text_prompts_get_the_apps_ids_and_special_tokens() -> None:
         if rng.random() < 0.5:
             body["add_special_tokens"] = rng.random() < 0.5
         raw = json.dumps(body).encode()
-        planned = gateway_routing_ids("/v1/completions", raw, tokenizer=native)
+        planned = gateway_routing_ids("/v1/completions", raw, tokens=native)
         expected = app_ids(api, app, raw)
         if planned is not None:
             assert expected is not None, body
@@ -342,9 +358,9 @@ def test_text_prompts_get_the_apps_ids_and_special_tokens() -> None:
 def test_a_body_the_template_refuses_is_the_apps() -> None:
     _, native = sources(FEATURES_TEMPLATE)
     raw = json.dumps({"model": "m", "messages": [{"role": "narrator", "content": "x"}]}).encode()
-    assert gateway_routing_ids("/v1/chat/completions", raw, tokenizer=native) is None
+    assert gateway_routing_ids("/v1/chat/completions", raw, tokens=native) is None
     ok = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
-    assert gateway_routing_ids("/v1/chat/completions", ok, tokenizer=native) is not None
+    assert gateway_routing_ids("/v1/chat/completions", ok, tokens=native) is not None
 
 
 def test_the_encoder_equals_the_library_and_a_follow_up_encodes_only_its_new_pieces() -> None:
@@ -371,7 +387,7 @@ def test_the_encoder_equals_the_library_and_a_follow_up_encodes_only_its_new_pie
 
 def test_the_piece_cache_stays_within_its_bound() -> None:
     app = TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER), piece_cache_bytes=4_096))
-    native = gateway_tokenizer(app)
+    native = gateway_token_source(app)
     assert native is not None
     for k in range(200):
         native.encode(f"<|im_start|>user\npiece number {k} " + "x" * 50 + "<|im_end|>")
@@ -383,16 +399,16 @@ def test_a_bad_tokenizer_or_template_is_a_config_error(tmp_path: Path) -> None:
     broken = tmp_path / "tokenizer.json"
     broken.write_text("{}")
     with pytest.raises(InvalidConfigError) as e:
-        GatewayTokenizer(
+        GatewayTokenSource(
             str(broken), templates=[("default", CHATML_TEMPLATE, "string")], special_tokens=[], piece_cache_bytes=0
         )
     assert e.value.field == "tokenizer"
     with pytest.raises(InvalidConfigError) as e:
-        GatewayTokenizer(
+        GatewayTokenSource(
             str(TOKENIZER), templates=[("default", "{% for %}", "string")], special_tokens=[], piece_cache_bytes=0
         )
     assert e.value.field == "chat_template"
     with pytest.raises(InvalidConfigError):
-        GatewayTokenizer(
+        GatewayTokenSource(
             str(TOKENIZER), templates=[("default", CHATML_TEMPLATE, "html")], special_tokens=[], piece_cache_bytes=0
         )

@@ -3,14 +3,13 @@
 
 * :func:`native_settings` arms the native path for the APIs it can serve exactly as this
   proxy would: chat, Anthropic Messages and OpenAI Responses (those naming no stored response)
-  when routing ids are the approximate ids of plain ChatML (``--tokens approximate``, 4-byte
-  chunks, no chat template) or the tokenizer's (``--tokens tokenizer``: the gateway's own
-  tokenizer and chat templates, :func:`gateway_tokenizer`, from the same files the app
-  resolved), completions when text prompts are routed that way too (token-id prompts always
-  are); co-located instances over plain HTTP, a policy
-  without llm-d's session cookie and not one of vllm-router's hash policies (both read the
-  request's headers, which the native path does not pass to the router). Otherwise it returns
-  None and the gateway only admits and delegates.
+  when routing ids are the approximate ids (``--tokens approximate``, 4-byte chunks) of plain
+  ChatML or of a chat template, or the tokenizer's (``--tokens tokenizer``) — a template the
+  gateway renders itself (:func:`gateway_token_source`: the same files the app resolved) —
+  completions when text prompts are routed that way too (token-id prompts always are);
+  co-located instances over plain HTTP, a policy without llm-d's session cookie and not one of
+  vllm-router's hash policies (both read the request's headers, which the native path does not
+  pass to the router). Otherwise it returns None and the gateway only admits and delegates.
 * :class:`CompiledPlane` keeps the gateway and the app in step: the fleet's view (instances,
   ejections, models, adapters) is pushed to the gateway whenever the fleet changes, and the
   gateway's records — one per request it served natively — are taken every
@@ -43,7 +42,7 @@ from smetric._core import (
     Gateway,
     GatewayNative,
     GatewayRecord,
-    GatewayTokenizer,
+    GatewayTokenSource,
     Router,
 )
 from smetric.metrics import _family
@@ -66,7 +65,7 @@ __all__ = [
     "CompiledPlane",
     "DoorAdmission",
     "earlier_failures",
-    "gateway_tokenizer",
+    "gateway_token_source",
     "native_settings",
     "new_secret",
     "serves_conversations",
@@ -101,11 +100,11 @@ def native_settings(
     plain_http = all(url.startswith("http://") for url in (i.url for i in config.all_instances))
     if router is None or router.policy == AFFINITY_POLICY or router.policy in HASH_POLICIES or not plain_http:
         return None
-    tokenizer = gateway_tokenizer(tokens)
+    source = gateway_token_source(tokens)
     approximate = tokens.kind == "approximate" and tokens.config.approx_chunk_bytes == DEFAULT_APPROX_CHUNK_BYTES
-    if not approximate and tokenizer is None:
+    if not approximate and source is None:
         return None
-    chat = tokenizer is not None or tokens.renders_plain_chatml
+    chat = source is not None or tokens.renders_plain_chatml
     return GatewayNative(
         router,
         secret=secret,
@@ -133,7 +132,7 @@ def native_settings(
         session_capacity_tokens=config.session_capacity_tokens or 0,
         session_max_held=config.session_max_held,
         session_hold_timeout_s=config.session_hold_timeout_s,
-        tokenizer=tokenizer,
+        tokens=source,
     )
 
 
@@ -149,15 +148,20 @@ def serves_conversations(native: GatewayNative | None) -> bool:
     return native is not None and set(native.apis) >= CONVERSATION_APIS
 
 
-def gateway_tokenizer(tokens: TokenSource) -> GatewayTokenizer | None:
-    """Tokenizer mode's source for the gateway (the same tokenizer, templates and special tokens
-    the app resolved), or None when ``tokens`` is not in tokenizer mode."""
-    if tokens.kind != "tokenizer" or tokens.config.tokenizer is None:
-        return None
+def gateway_token_source(tokens: TokenSource) -> GatewayTokenSource | None:
+    """The gateway's source of a chat template's routing ids — the same tokenizer, templates and
+    special tokens the app resolved: in tokenizer mode, or in approximate mode (4-byte chunks)
+    with a chat template; None otherwise (plain ChatML and token ids need none)."""
     templates = tokens.templates
+    if tokens.kind == "tokenizer" and tokens.config.tokenizer is not None:
+        tokenizer: str | None = tokens.config.tokenizer
+    elif tokens.kind == "approximate" and templates and tokens.config.approx_chunk_bytes == DEFAULT_APPROX_CHUNK_BYTES:
+        tokenizer = None
+    else:
+        return None
     special = next(iter(templates.values())).special_tokens if templates else {}
-    return GatewayTokenizer(
-        tokens.config.tokenizer,
+    return GatewayTokenSource(
+        tokenizer,
         templates=[(name, t.source, t.content_format) for name, t in templates.items()],
         special_tokens=list(special.items()),
         piece_cache_bytes=tokens.config.piece_cache_bytes,

@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use smetric_core::session_admission::AdmissionMode;
 use smetric_gateway::session_gate::SessionGateConfig;
-use smetric_gateway::tokens::{ContentFormat, SourceError, TokenizerSettings, TokenizerSource};
+use smetric_gateway::tokens::{ContentFormat, PiecewiseEncoder, SourceError, TokenSettings, TokenSource};
 use smetric_gateway::{
     AdmissionLimits, FleetView, Gateway, GatewayConfig, GatewayError, Limits, NativeApis, NativeConfig, NativeHandles,
     Record,
@@ -71,7 +71,7 @@ impl PyGatewayNative {
         max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages, responses,
         response_id_key,
         resume_streams, labels, max_records, session_admission = "off", session_capacity_tokens = 0,
-        session_max_held = 0, session_hold_timeout_s = 0.0, tokenizer = None
+        session_max_held = 0, session_hold_timeout_s = 0.0, tokens = None
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)] // keyword arguments, one per setting
     fn new(
@@ -101,7 +101,7 @@ impl PyGatewayNative {
         session_capacity_tokens: u64,
         session_max_held: usize,
         session_hold_timeout_s: f64,
-        tokenizer: Option<&Bound<'_, PyGatewayTokenizer>>,
+        tokens: Option<&Bound<'_, PyGatewayTokenSource>>,
     ) -> PyResult<Self> {
         let py = router.py();
         let mode = AdmissionMode::parse(session_admission).ok_or_else(|| {
@@ -160,7 +160,7 @@ impl PyGatewayNative {
                 labels,
                 max_records,
                 session_gate,
-                tokenizer: tokenizer.map(|t| Arc::clone(&t.get().inner)),
+                tokenizer: tokens.map(|t| Arc::clone(&t.get().inner)),
             },
         })
     }
@@ -454,16 +454,16 @@ impl PyGateway {
 
 /// The routing ids (native-endian u32s, an `array('I')`'s bytes) and the turn verdict the
 /// gateway's native path would route a body posted to `path` on, or None when it would hand the
-/// body to the app (`smetric_gateway::native::routing_ids`); with `tokenizer`, tokenizer mode's.
+/// body to the app (`smetric_gateway::native::routing_ids`); with `tokens`, a chat template's.
 #[pyfunction]
-#[pyo3(signature = (path, raw, *, tokenizer = None))]
+#[pyo3(signature = (path, raw, *, tokens = None))]
 pub(crate) fn gateway_routing_ids<'py>(
     py: Python<'py>,
     path: &str,
     raw: &[u8],
-    tokenizer: Option<&Bound<'py, PyGatewayTokenizer>>,
+    tokens: Option<&Bound<'py, PyGatewayTokenSource>>,
 ) -> Option<(Bound<'py, pyo3::types::PyBytes>, Option<bool>)> {
-    let source = tokenizer.map(|t| Arc::clone(&t.get().inner));
+    let source = tokens.map(|t| Arc::clone(&t.get().inner));
     let (ids, first_turn) = py.detach(|| smetric_gateway::native::routing_ids(path, raw, source.as_deref()))?;
     Some((pyo3::types::PyBytes::new(py, &ids_bytes(&ids)), first_turn))
 }
@@ -473,22 +473,23 @@ fn ids_bytes(ids: &[u32]) -> Vec<u8> {
     ids.iter().flat_map(|id| id.to_ne_bytes()).collect()
 }
 
-/// Tokenizer mode's token source for the gateway (`smetric_gateway::tokens::TokenizerSource`):
-/// the `tokenizer.json`, the chat templates the control plane resolved (name, Jinja text,
-/// content format), the named special tokens and the piece cache's bound. A tokenizer that does
-/// not load or a template that does not compile is an `InvalidConfigError`.
-#[pyclass(frozen, module = "smetric._core", name = "GatewayTokenizer")]
-pub(crate) struct PyGatewayTokenizer {
-    inner: Arc<TokenizerSource>,
+/// A chat template's token source for the gateway (`smetric_gateway::tokens::TokenSource`): the
+/// `tokenizer.json` (tokenizer mode; none: the rendered text's approximate ids), the chat
+/// templates the control plane resolved (name, Jinja text, content format), the named special
+/// tokens and the piece cache's bound. A tokenizer that does not load or a template that does
+/// not compile is an `InvalidConfigError`.
+#[pyclass(frozen, module = "smetric._core", name = "GatewayTokenSource")]
+pub(crate) struct PyGatewayTokenSource {
+    inner: Arc<TokenSource>,
 }
 
 #[pymethods]
-impl PyGatewayTokenizer {
+impl PyGatewayTokenSource {
     #[new]
     #[pyo3(signature = (tokenizer, *, templates, special_tokens, piece_cache_bytes))]
     fn new(
         py: Python<'_>,
-        tokenizer: std::path::PathBuf,
+        tokenizer: Option<std::path::PathBuf>,
         templates: Vec<(String, String, String)>,
         special_tokens: Vec<(String, String)>,
         piece_cache_bytes: usize,
@@ -508,13 +509,13 @@ impl PyGatewayTokenizer {
             };
             resolved.push((name, source, format));
         }
-        let settings = TokenizerSettings {
+        let settings = TokenSettings {
             tokenizer,
             templates: resolved,
             special_tokens,
             piece_cache_bytes,
         };
-        let inner = py.detach(|| TokenizerSource::new(&settings)).map_err(|e| {
+        let inner = py.detach(|| TokenSource::new(&settings)).map_err(|e| {
             let field = match e {
                 SourceError::Tokenizer(_) => "tokenizer",
                 SourceError::Template { .. } | SourceError::NoDefault => "chat_template",
@@ -527,7 +528,13 @@ impl PyGatewayTokenizer {
     /// Whether texts are encoded piece by piece (the tokenizer allows it and the probe agreed).
     #[getter]
     fn exact_pieces(&self) -> bool {
-        self.inner.encoder().exact_pieces
+        self.inner.encoder().is_some_and(|e| e.exact_pieces)
+    }
+
+    /// `tokenizer` (the tokenizer's ids) or `approximate` (4-byte chunks of the rendered text).
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
     }
 
     /// `text`'s ids (an `array('I')`'s bytes), with the tokenizer's special tokens when asked.
@@ -546,7 +553,7 @@ impl PyGatewayTokenizer {
 
     /// The piece cache's `hits`, `misses`, `pieces` and charged `bytes`.
     fn cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (hits, misses, pieces, bytes) = self.inner.encoder().cache_stats();
+        let (hits, misses, pieces, bytes) = self.inner.encoder().map_or((0, 0, 0, 0), PiecewiseEncoder::cache_stats);
         let d = PyDict::new(py);
         d.set_item("hits", hits)?;
         d.set_item("misses", misses)?;

@@ -26,7 +26,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::PyRouter>()?;
     m.add_class::<gateway::PyGateway>()?;
     m.add_class::<gateway::PyGatewayNative>()?;
-    m.add_class::<gateway::PyGatewayTokenizer>()?;
+    m.add_class::<gateway::PyGatewayTokenSource>()?;
     m.add_class::<gateway::PyGatewayRecord>()?;
     m.add_function(wrap_pyfunction!(gateway::gateway_routing_ids, m)?)?;
     {

@@ -23,6 +23,7 @@ use smetric_core::first_turn_from_roles;
 use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
 
 pub use crate::shared::BYTE_CHUNK_BYTES;
+pub use crate::tokens::byte_chunk_ids;
 
 #[derive(Deserialize)]
 struct Message<'a> {
@@ -128,21 +129,6 @@ pub fn render(body: &OpenAiBody<'_>) -> Option<Rendered> {
 #[must_use]
 pub fn render_chatml(raw: &[u8]) -> Option<Vec<u8>> {
     render(&parse_openai_body(raw, Endpoint::Chat).ok()?).map(|r| r.text)
-}
-
-/// `bytes` in chunks of [`BYTE_CHUNK_BYTES`], each read as a big-endian u32, the last one
-/// padded with zero bytes.
-#[must_use]
-pub fn byte_chunk_ids(bytes: &[u8]) -> Vec<u32> {
-    let chunks = bytes.chunks_exact(BYTE_CHUNK_BYTES);
-    let tail = chunks.remainder();
-    let mut ids: Vec<u32> = chunks.map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]])).collect();
-    if !tail.is_empty() {
-        let mut last = [0u8; BYTE_CHUNK_BYTES];
-        last[..tail.len()].copy_from_slice(tail);
-        ids.push(u32::from_be_bytes(last));
-    }
-    ids
 }
 
 /// The approximate routing ids of a chat body: [`byte_chunk_ids`] of [`render_chatml`].

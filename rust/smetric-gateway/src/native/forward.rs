@@ -29,7 +29,7 @@ use crate::delegate::{ControlPlane, strip_hop_by_hop};
 use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER};
 use crate::records::Record;
 use crate::session_gate::{GateRefusal, SessionGate};
-use crate::tokens::TokenizerSource;
+use crate::tokens::TokenSource;
 
 /// The paths whose requests the app serves without admission: its own fixed routes.
 const UNADMITTED_PATHS: [&str; 4] = ["/health", "/metrics", "/v1/models", "/admin/instances"];
@@ -648,7 +648,7 @@ fn has_long_digit_run(raw: &[u8]) -> bool {
 }
 
 /// What a body is routed on, from the body alone (the fleet's checks aside), or None.
-fn body_plan(api: Api, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
+fn body_plan(api: Api, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan> {
     if escapes_lone_surrogate(raw) || has_long_digit_run(raw) {
         return None;
     }
@@ -659,7 +659,7 @@ fn body_plan(api: Api, raw: &[u8], session: Option<String>, tokenizer: Option<&T
 /// posted to `path` on, or None when it would hand the body to the app — so a test can hold the
 /// native path's rendering against the app's. `tokenizer`: tokenizer mode's source (None:
 /// approximate ids).
-pub fn routing_ids(path: &str, raw: &[u8], tokenizer: Option<&TokenizerSource>) -> Option<(Vec<u32>, Option<bool>)> {
+pub fn routing_ids(path: &str, raw: &[u8], tokenizer: Option<&TokenSource>) -> Option<(Vec<u32>, Option<bool>)> {
     let plan = body_plan(apis::by_path(path)?, raw, None, tokenizer)?;
     let first_turn = match plan.turn {
         TurnHint::Messages { first_turn } => Some(first_turn),

@@ -44,7 +44,7 @@ use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
 use super::state::NativeApis;
 use crate::answers::{Body as AnswerBody, json_response};
-use crate::tokens::{LeadingSystem, RenderRequest, TokenizerSource};
+use crate::tokens::{LeadingSystem, RenderRequest, TokenSource};
 use smetric_core::TurnHint;
 
 use crate::shared::BILLING_HEADER_PREFIX;
@@ -230,7 +230,7 @@ fn first_turn(chat: &[ChatMessage<'_>]) -> bool {
 /// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
 /// template (`MessagesApi.routing_tokens`: inline system messages merged into the leading one
 /// when the template refuses a system message after the first), encoded. None: the app's.
-fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenizerSource) -> Option<Plan> {
+fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenSource) -> Option<Plan> {
     if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
         return None;
     }
@@ -275,7 +275,7 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenizerSour
     Some(Plan {
         ids,
         turn,
-        source: "tokenizer",
+        source: tokenizer.kind(),
         model: Some(body.model),
         namespace: body.cache_salt,
         hide_usage: false,
@@ -956,7 +956,7 @@ impl Protocol for Messages {
         apis.messages
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
+    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan> {
         match tokenizer {
             Some(tokenizer) => tokenized_plan(raw, session, tokenizer),
             None => Some(rendered_plan(plan(raw)?, session)),

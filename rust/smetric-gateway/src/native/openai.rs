@@ -16,7 +16,7 @@ use super::protocol::{Plan, Protocol, StreamScan, openai_error_json, stream_scan
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use super::stream::{OpenAiStream, usage_counts};
-use crate::tokens::{RenderRequest, TokenizerSource};
+use crate::tokens::{RenderRequest, TokenSource};
 
 /// Chat (`chat`) or completions.
 pub(crate) struct OpenAi {
@@ -45,7 +45,7 @@ impl Protocol for OpenAi {
         if self.chat { apis.chat } else { apis.completions }
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
+    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan> {
         plan(self.chat, raw, session, tokenizer)
     }
 
@@ -71,7 +71,7 @@ impl Protocol for OpenAi {
 stream_scan_by_fields!(OpenAiStream);
 
 /// The plan of a chat (`chat`) or completions body.
-fn plan(chat: bool, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
+fn plan(chat: bool, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan> {
     let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
     let body = parse_openai_body(raw, endpoint).ok()?;
     if body.kv_transfer_params {
@@ -97,7 +97,7 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokenizer: Option<&Toke
         };
         let chat_ids = tokenizer.chat_ids(&request, body.add_special_tokens).ok()?;
         let first_turn = first_turn_from_roles(chat_ids.roles.iter().map(String::as_str));
-        (chat_ids.ids, TurnHint::Messages { first_turn }, "tokenizer")
+        (chat_ids.ids, TurnHint::Messages { first_turn }, tokenizer.kind())
     } else if chat {
         let rendered = render(&body)?;
         let first_turn = rendered.first_turn;
@@ -117,7 +117,7 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokenizer: Option<&Toke
                 Some(tokenizer) => (
                     tokenizer.text_ids(text, body.add_special_tokens).ok()?,
                     TurnHint::Unknown,
-                    "tokenizer",
+                    tokenizer.kind(),
                 ),
                 None => (byte_chunk_ids(text.as_bytes()), TurnHint::Unknown, "approximate"),
             },

@@ -18,7 +18,7 @@ use super::chatml::{RenderedBody, byte_chunk_ids};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use crate::answers::{Body, json_response};
-use crate::tokens::TokenizerSource;
+use crate::tokens::TokenSource;
 
 /// What the native path routes a body on.
 pub(crate) struct Plan {
@@ -61,7 +61,7 @@ pub(crate) trait Protocol: Sync {
     /// The routing plan of a body the native path serves exactly as the app would, or None
     /// (the checks every API shares — lone surrogates, long digit runs — are the caller's).
     /// `tokenizer`: tokenizer mode's source (None: approximate ids).
-    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan>;
+    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan>;
     /// The scanner of a stream from `instance`.
     fn scanner(&self, ids: &Arc<ResponseIds>, hide_usage: bool, instance: &str) -> Box<dyn StreamScan>;
     /// A whole answer's `(output tokens, cached prompt tokens)`.

@@ -38,7 +38,7 @@ use super::chatml::{Rendered, RenderedBody, push_content};
 use super::protocol::{Plan, Protocol, StreamScan, rendered_plan};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
-use crate::tokens::{RenderRequest, TokenizerSource};
+use crate::tokens::{RenderRequest, TokenSource};
 use smetric_core::TurnHint;
 
 /// The event types that end a stream.
@@ -234,7 +234,7 @@ pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
 
 /// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
 /// template (`chat_messages`, `chat_tools`), encoded. None: the app's.
-fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenizerSource) -> Option<Plan> {
+fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenSource) -> Option<Plan> {
     if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
         return None;
     }
@@ -264,7 +264,7 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenizerSour
     Some(Plan {
         ids,
         turn: TurnHint::Messages { first_turn },
-        source: "tokenizer",
+        source: tokenizer.kind(),
         model: conversion.model,
         namespace: conversion.cache_salt,
         hide_usage: false,
@@ -623,7 +623,7 @@ impl Protocol for Responses {
         apis.responses
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenizerSource>) -> Option<Plan> {
+    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan> {
         match tokenizer {
             Some(tokenizer) => tokenized_plan(raw, session, tokenizer),
             None => Some(rendered_plan(plan(raw)?, session)),

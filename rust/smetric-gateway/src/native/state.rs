@@ -15,7 +15,7 @@ use super::response_ids::ResponseIds;
 use crate::admission::{Admission, AdmissionLimits};
 use crate::records::Records;
 use crate::session_gate::{SessionGate, SessionGateConfig, SessionGateSnapshot};
-use crate::tokens::TokenizerSource;
+use crate::tokens::TokenSource;
 
 /// What the control plane arms the native path with (no defaults here: `smetric serve`'s
 /// configuration has them). Cloned once when the gateway starts (the router is shared).
@@ -50,7 +50,7 @@ pub struct NativeConfig {
     /// Session admission after the router's decision (`None`: off).
     pub session_gate: Option<SessionGateConfig>,
     /// Tokenizer mode's token source (`None`: approximate ids).
-    pub tokenizer: Option<Arc<TokenizerSource>>,
+    pub tokenizer: Option<Arc<TokenSource>>,
 }
 
 /// The APIs the native path serves (the rest are delegated).

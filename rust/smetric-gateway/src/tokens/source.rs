@@ -1,26 +1,28 @@
-//! The routing tokens of `smetric serve --tokens tokenizer` in the gateway: a chat body rendered
-//! with the model's chat template (`template.rs`) and encoded with its `tokenizer.json`
-//! (`piecewise.rs`), a text prompt encoded as is — the engine's own ids, so the router's block
-//! hashes equal vLLM's. The port of `smetric.serve.tokens.TokenSource` in tokenizer mode; the
-//! control plane resolves the configuration (which template, its content format, the named
-//! special tokens) and hands it over as a [`TokenizerSettings`].
+//! The routing tokens of a chat template in the gateway: a chat body rendered with the model's
+//! chat template (`template.rs`), then, in tokenizer mode (`smetric serve --tokens tokenizer`),
+//! encoded with its `tokenizer.json` (`piecewise.rs`) — the engine's own ids, so the router's
+//! block hashes equal vLLM's — or, in approximate mode with a chat template, cut into 4-byte
+//! chunks (`approximate.rs`); a text prompt likewise. The port of `smetric.serve.tokens.TokenSource`
+//! in those modes; the control plane resolves the configuration (which template, its content
+//! format, the named special tokens) and hands it over as a [`TokenSettings`].
 //!
 //! Invariants: a request gets the ids the app would route it on, or an error (the request is
-//! then the app's). `add_special_tokens` puts the tokenizer's fixed prefix and suffix around a
-//! text (a BOS), or encodes it whole when they are not fixed.
+//! then the app's). With a tokenizer, `add_special_tokens` puts its fixed prefix and suffix around
+//! a text (a BOS), or encodes it whole when they are not fixed; approximate ids ignore it.
 //! Complexity: the render, O(conversation), plus the encoder's work on uncached pieces.
 
 use std::path::PathBuf;
 
+use super::approximate::byte_chunk_ids;
 use super::conversation::ContentFormat;
 use super::piecewise::{Affixes, PiecewiseEncoder, TokenizerError};
 use super::template::{ChatTemplate, RenderError, RenderRequest};
 
-/// What the control plane resolved for tokenizer mode.
+/// What the control plane resolved.
 #[derive(Debug, Clone)]
-pub struct TokenizerSettings {
-    /// The `tokenizer.json`.
-    pub tokenizer: PathBuf,
+pub struct TokenSettings {
+    /// The `tokenizer.json` (tokenizer mode), or none (approximate ids of the rendered text).
+    pub tokenizer: Option<PathBuf>,
     /// Template name (`default`, `tool_use`) → (Jinja text, its content format).
     pub templates: Vec<(String, String, ContentFormat)>,
     /// The named special tokens a template sees (`bos_token`, `eos_token`, …).
@@ -68,11 +70,11 @@ pub enum LeadingSystem {
     Unknown,
 }
 
-/// Tokenizer mode's token source.
+/// The token source of tokenizer mode, or of approximate mode with a chat template.
 #[derive(Debug)]
-pub struct TokenizerSource {
-    encoder: PiecewiseEncoder,
-    affixes: Option<Affixes>,
+pub struct TokenSource {
+    /// The encoder and the ids `add_special_tokens` adds (tokenizer mode).
+    encoder: Option<(PiecewiseEncoder, Option<Affixes>)>,
     default: ChatTemplate,
     tool_use: Option<ChatTemplate>,
     /// [`LeadingSystem`] of `default` and of `tool_use` (or `default` again).
@@ -97,14 +99,20 @@ fn probe_leading_system(template: &ChatTemplate) -> LeadingSystem {
     }
 }
 
-impl TokenizerSource {
-    /// Loads the tokenizer and compiles the templates.
+impl TokenSource {
+    /// Loads the tokenizer (if any) and compiles the templates.
     ///
     /// # Errors
     /// The tokenizer does not load, a template does not compile here, or none is `default`.
-    pub fn new(settings: &TokenizerSettings) -> Result<Self, SourceError> {
-        let encoder = PiecewiseEncoder::new(&settings.tokenizer, settings.piece_cache_bytes)?;
-        let affixes = encoder.special_affixes()?;
+    pub fn new(settings: &TokenSettings) -> Result<Self, SourceError> {
+        let encoder = match &settings.tokenizer {
+            None => None,
+            Some(path) => {
+                let encoder = PiecewiseEncoder::new(path, settings.piece_cache_bytes)?;
+                let affixes = encoder.special_affixes()?;
+                Some((encoder, affixes))
+            }
+        };
         let compile = |name: &str| -> Result<Option<ChatTemplate>, SourceError> {
             settings
                 .templates
@@ -128,7 +136,6 @@ impl TokenizerSource {
         ];
         Ok(Self {
             encoder,
-            affixes,
             default,
             tool_use,
             leading_system,
@@ -141,23 +148,36 @@ impl TokenizerSource {
         self.leading_system[usize::from(tools)]
     }
 
-    /// The encoder (its cache's figures).
-    pub fn encoder(&self) -> &PiecewiseEncoder {
-        &self.encoder
+    /// The encoder (its cache's figures), in tokenizer mode.
+    pub fn encoder(&self) -> Option<&PiecewiseEncoder> {
+        self.encoder.as_ref().map(|(encoder, _)| encoder)
     }
 
-    /// `text`'s ids, with the tokenizer's special tokens around them when `special`.
+    /// What the ids are (the decision log's `tokens_source`): `tokenizer` or `approximate`.
+    pub fn kind(&self) -> &'static str {
+        if self.encoder.is_some() {
+            "tokenizer"
+        } else {
+            "approximate"
+        }
+    }
+
+    /// `text`'s ids: the tokenizer's, with its special tokens around them when `special`; or
+    /// the text's approximate ids.
     ///
     /// # Errors
     /// The library failed to encode the text.
     pub fn text_ids(&self, text: &str, special: bool) -> Result<Vec<u32>, TokenizerError> {
-        if !special {
-            return self.encoder.encode(text);
-        }
-        let Some((prefix, suffix)) = &self.affixes else {
-            return self.encoder.encode_whole(text, true);
+        let Some((encoder, affixes)) = &self.encoder else {
+            return Ok(byte_chunk_ids(text.as_bytes()));
         };
-        let body = self.encoder.encode(text)?;
+        if !special {
+            return encoder.encode(text);
+        }
+        let Some((prefix, suffix)) = affixes else {
+            return encoder.encode_whole(text, true);
+        };
+        let body = encoder.encode(text)?;
         let mut out = Vec::with_capacity(prefix.len() + body.len() + suffix.len());
         out.extend_from_slice(prefix);
         out.extend_from_slice(&body);
