@@ -23,6 +23,7 @@ from proxy_util import Stub, chat_text, events, metric, proxy_for, request
 
 from smetric.fake_engine import FakeEngine
 from smetric.serve.apis import ResponsesApi
+from smetric.serve.compiled import plane_summary
 from smetric.serve.proxy import ProxyServer
 
 pytestmark = pytest.mark.own_data_plane
@@ -328,6 +329,17 @@ async def asyncio_sleep(seconds: float) -> None:
     import asyncio
 
     await asyncio.sleep(seconds)
+
+
+def test_the_start_up_log_names_the_plane_and_what_it_serves_natively() -> None:
+    assert plane_summary(False, None) == "python"
+    assert plane_summary(True, None) == "compiled (every request delegated to the app)"
+
+    class Armed:
+        def __init__(self) -> None:
+            self.apis = ["chat", "messages"]
+
+    assert plane_summary(True, Armed()) == "compiled (native: chat, messages)"  # type: ignore[arg-type]
 
 
 def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(engines: list[FakeEngine]) -> None:

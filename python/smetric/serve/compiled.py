@@ -68,6 +68,7 @@ __all__ = [
     "gateway_token_source",
     "native_settings",
     "new_secret",
+    "plane_summary",
     "serves_conversations",
 ]
 
@@ -146,6 +147,16 @@ def serves_conversations(native: GatewayNative | None) -> bool:
     (+0.3–0.9 ms, docs/proxy-data-plane.md), so ``auto`` keeps the app alone there
     (``--data-plane compiled`` still takes the gateway)."""
     return native is not None and set(native.apis) >= CONVERSATION_APIS
+
+
+def plane_summary(compiled: bool, native: GatewayNative | None) -> str:
+    """The start-up log's words for the data plane: ``python``, or ``compiled`` with the APIs it
+    serves natively (``compiled (native: chat, completions, messages, responses)``)."""
+    if not compiled:
+        return "python"
+    if native is None:
+        return "compiled (every request delegated to the app)"
+    return f"compiled (native: {', '.join(native.apis)})"
 
 
 def gateway_token_source(tokens: TokenSource) -> GatewayTokenSource | None:

@@ -67,6 +67,7 @@ from smetric.serve.compiled import (
     DoorAdmission,
     native_settings,
     new_secret,
+    plane_summary,
     serves_conversations,
 )
 from smetric.serve.config import KV_OFFLOAD_HOST, InstanceConfig, ServeConfig
@@ -843,7 +844,7 @@ async def run(
         port,
         len(proxy.fleet.instances),
         config.policy,
-        "compiled" if compiled else "python",
+        plane_summary(compiled, native),
     )
     if on_ready is not None:
         on_ready(proxy, port)
