@@ -1,13 +1,17 @@
 """Request bodies for the differential tests of the compiled data plane
 (``test_native_rendering.py``, ``test_native_tokenizer.py``): agent-shaped conversations for
 each API from a seeded generator, and the same bodies with one field spoiled (the wrong type,
-the wrong shape, or missing), so both sides' validation is compared too."""
+the wrong shape, or missing), so both sides' validation is compared too; and the app's side of
+the comparison (:func:`app_ids`)."""
 
 from __future__ import annotations
 
 import json
 import random
 from typing import Any
+
+from smetric.serve.request import RequestError
+from smetric.serve.tokens import TokenSource
 
 WORDS = ["ls", "the", "file", "é", "😀", '"q"', "\\n", "x" * 40, "", " ", "<|im_end|>", "0" * 12]
 
@@ -164,3 +168,29 @@ def spoiled(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
     else:
         target[key] = rng.choice(WRONG)
     return body
+
+
+MODEL_ROLES = ("assistant", "tool", "function", "ipython")
+
+
+def first_turn(roles: list[str]) -> bool:
+    """The core's rule (``smetric_core::first_turn_from_roles``)."""
+    return not any(r in MODEL_ROLES for r in roles[:-1])
+
+
+class _NoSessions:
+    def next_turn(self, key: str) -> int:
+        return 1
+
+
+def app_ids(api: Any, source: TokenSource, raw: bytes) -> tuple[list[int], bool | None] | None:
+    """The app's routing ids and turn verdict (from the messages it prepares: chat's own, a
+    conversion's), or None when it refuses the body."""
+    try:
+        request = api.parse(raw)
+        tokens = api.routing_tokens(source, request)
+        prepared_messages = api.prepare(request, raw, tokens, {}, _NoSessions()).messages
+    except (RequestError, ValueError, TypeError):
+        return None
+    verdict = None if prepared_messages is None else first_turn([m["role"] for m in prepared_messages])
+    return list(tokens.ids), verdict

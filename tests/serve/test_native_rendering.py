@@ -18,44 +18,18 @@ from array import array
 from typing import Any
 
 import pytest
-from bodies import chat_body, completions_body, messages_body, responses_body, spoiled
+from bodies import app_ids, chat_body, completions_body, messages_body, responses_body, spoiled
 
 from smetric._core import gateway_routing_ids
 from smetric.serve.apis.chat import ChatApi
 from smetric.serve.apis.completions import CompletionsApi
 from smetric.serve.apis.messages import MessagesApi
 from smetric.serve.apis.responses import ResponsesApi
-from smetric.serve.request import RequestError
 from smetric.serve.tokens import TokenConfig, TokenSource
 
 SEED = 20261202
 BODIES = 600
 SOURCE = TokenSource(TokenConfig(mode="approximate"))
-MODEL_ROLES = ("assistant", "tool", "function", "ipython")
-
-
-def first_turn(roles: list[str]) -> bool:
-    """The core's rule (``smetric_core::first_turn_from_roles``)."""
-    return not any(r in MODEL_ROLES for r in roles[:-1])
-
-
-def app_ids(api: Any, raw: bytes) -> tuple[list[int], bool | None] | None:
-    """The app's routing ids and turn verdict, or None when it refuses the body."""
-    try:
-        request = api.parse(raw)
-        tokens = api.routing_tokens(SOURCE, request)
-        prepared_messages = api.prepare(request, raw, tokens, {}, _NoSessions()).messages
-    except (RequestError, ValueError, TypeError):
-        return None
-    verdict = None if prepared_messages is None else first_turn([m["role"] for m in prepared_messages])
-    return list(tokens.ids), verdict
-
-
-class _NoSessions:
-    def next_turn(self, key: str) -> int:
-        return 1
-
-
 CASES = [
     ("/v1/chat/completions", ChatApi(), chat_body),
     ("/v1/completions", CompletionsApi(), completions_body),
@@ -75,7 +49,7 @@ def test_the_native_path_routes_a_body_exactly_as_the_app_or_hands_it_over(path:
         raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
         planned = gateway_routing_ids(path, raw)
         native = None if planned is None else (array("I", planned[0]).tolist(), planned[1])
-        app = app_ids(api, raw)
+        app = app_ids(api, SOURCE, raw)
         if native is not None:
             assert app is not None, ("the native path routes a body the app refuses", body)
             assert native == app, ("a different rendering", body)

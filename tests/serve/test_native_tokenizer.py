@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bodies import chat_body, completions_body, messages_body, responses_body, spoiled
+from bodies import app_ids, chat_body, completions_body, messages_body, responses_body, spoiled
 from test_tokens import CONVERSATIONS, TOOLS
 from test_tokens import FEATURES_TEMPLATE as TOKENS_FEATURES_TEMPLATE
 
@@ -36,14 +36,12 @@ from smetric.serve.apis.messages import MessagesApi
 from smetric.serve.apis.responses import ResponsesApi
 from smetric.serve.chat_template import CHATML_TEMPLATE
 from smetric.serve.compiled import gateway_token_source
-from smetric.serve.request import RequestError
 from smetric.serve.tokens import TokenConfig, TokenSource
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "serve"
 TOKENIZER = DATA / "tokenizer.json"
 SEED = 20261204
 BODIES = 400
-MODEL_ROLES = ("assistant", "tool", "function", "ipython")
 
 # test_tokens' template of Jinja features, with a `{% generation %}` block and a template kwarg.
 FEATURES_TEMPLATE = (
@@ -103,23 +101,6 @@ def sources(template: str | None, mode: str = "tokenizer") -> tuple[TokenSource,
     native = gateway_token_source(app)
     assert native is not None and native.kind == mode
     return app, native
-
-
-def first_turn(roles: list[str]) -> bool:
-    """The core's rule (``smetric_core::first_turn_from_roles``)."""
-    return not any(r in MODEL_ROLES for r in roles[:-1])
-
-
-def app_ids(api: Any, source: TokenSource, raw: bytes) -> tuple[list[int], bool | None] | None:
-    """The app's routing ids and turn verdict, or None when it refuses the body."""
-    try:
-        request = api.parse(raw)
-        tokens = api.routing_tokens(source, request)
-    except (RequestError, ValueError, TypeError):
-        return None
-    messages = request.messages
-    verdict = None if messages is None else first_turn([m["role"] for m in messages])
-    return list(tokens.ids), verdict
 
 
 def agent_extras(rng: random.Random, body: dict[str, Any]) -> dict[str, Any]:
@@ -223,18 +204,6 @@ def test_the_hand_written_conversations_with_every_option(template: str, convers
     assert served >= 1
 
 
-def app_messages_ids(source: TokenSource, raw: bytes) -> tuple[list[int], bool | None] | None:
-    """The app's routing ids and turn verdict of a Messages body, or None when it refuses it."""
-    api = MessagesApi()
-    try:
-        request = api.parse(raw)
-        tokens = api.routing_tokens(source, request)
-    except (RequestError, ValueError, TypeError):
-        return None
-    roles = [m["role"] for m in request.conversion.messages]
-    return list(tokens.ids), first_turn(roles)
-
-
 CLAUDE_CODE_TURN = {
     "model": "m",
     "max_tokens": 64,
@@ -277,22 +246,10 @@ def test_messages_are_routed_as_the_app_routes_them_or_handed_over(template: str
     rng = random.Random(SEED + 3)
     turns = [CLAUDE_CODE_TURN, {**CLAUDE_CODE_TURN, "thinking": {"type": "disabled"}, "output_config": None}]
     results = differential(
-        "/v1/messages", turns + generated(messages_body, rng), native, lambda raw: app_messages_ids(app, raw), rng
+        "/v1/messages", turns + generated(messages_body, rng), native, lambda raw: app_ids(MessagesApi(), app, raw), rng
     )
     assert results[:2] == [(True, True)] * 2, template
     assert_mostly_served(results)
-
-
-def app_responses_ids(source: TokenSource, raw: bytes) -> tuple[list[int], bool | None] | None:
-    """The app's routing ids and turn verdict of a Responses body, or None when it refuses it."""
-    api = ResponsesApi()
-    try:
-        request = api.parse(raw)
-        tokens = api.routing_tokens(source, request)
-    except (RequestError, ValueError, TypeError):
-        return None
-    assert request.chat is not None and request.chat.messages is not None
-    return list(tokens.ids), first_turn([m["role"] for m in request.chat.messages])
 
 
 CODEX_TURN = {
@@ -329,7 +286,7 @@ def test_responses_are_routed_as_the_app_routes_them_or_handed_over(template: st
     app, native = sources(TEMPLATES[template], mode)
     rng = random.Random(SEED + 4)
     bodies = [CODEX_TURN, *generated(responses_body, rng)]
-    results = differential("/v1/responses", bodies, native, lambda raw: app_responses_ids(app, raw), rng)
+    results = differential("/v1/responses", bodies, native, lambda raw: app_ids(ResponsesApi(), app, raw), rng)
     # The features template refuses Codex's developer message: both refuse it there.
     assert results[0] == ((False, False) if template == "features" else (True, True)), template
     # A stored response's follow-up (`previous_response_id`) is the app's (it pins it).

@@ -160,7 +160,7 @@ impl PyGatewayNative {
                 labels,
                 max_records,
                 session_gate,
-                tokenizer: tokens.map(|t| Arc::clone(&t.get().inner)),
+                tokens: tokens.map(|t| Arc::clone(&t.get().inner)),
             },
         })
     }

@@ -495,19 +495,19 @@ impl Native {
     /// The routing plan of a body the native path serves exactly as the app would, or None.
     /// Session life is the app's (it keeps the session table): a session's last request, and
     /// a sub-agent's first (which the parent rule may place), go to the app.
-    /// In tokenizer mode the body's plan runs on tokio's blocking pool: a first turn's whole
-    /// history is encoded there (32K tokens: ≈ 30 ms with the test tokenizer), which on the
-    /// runtime's one thread would hold every other request up.
+    /// With a chat template the body's plan runs on tokio's blocking pool: in tokenizer mode a
+    /// first turn's whole history is encoded there (32K tokens: ≈ 30 ms with the test
+    /// tokenizer), which on the runtime's one thread would hold every other request up.
     async fn plan(&self, fleet: &FleetView, api: Api, headers: &HeaderMap, raw: &Bytes) -> Option<Plan> {
         if END_HEADERS.iter().any(|name| headers.contains_key(*name)) {
             return None;
         }
         let session = header_session(headers);
-        let plan = match &self.config.tokenizer {
+        let plan = match &self.config.tokens {
             None => body_plan(api, raw, session, None)?,
-            Some(tokenizer) => {
-                let (tokenizer, raw) = (Arc::clone(tokenizer), raw.clone());
-                tokio::task::spawn_blocking(move || body_plan(api, &raw, session, Some(&tokenizer)))
+            Some(tokens) => {
+                let (tokens, raw) = (Arc::clone(tokens), raw.clone());
+                tokio::task::spawn_blocking(move || body_plan(api, &raw, session, Some(&tokens)))
                     .await
                     .ok()??
             }
@@ -648,19 +648,19 @@ fn has_long_digit_run(raw: &[u8]) -> bool {
 }
 
 /// What a body is routed on, from the body alone (the fleet's checks aside), or None.
-fn body_plan(api: Api, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan> {
+fn body_plan(api: Api, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
     if escapes_lone_surrogate(raw) || has_long_digit_run(raw) {
         return None;
     }
-    api.plan(raw, session, tokenizer)
+    api.plan(raw, session, tokens)
 }
 
 /// The routing ids and the turn verdict (None: the index's) the native path would route a body
 /// posted to `path` on, or None when it would hand the body to the app — so a test can hold the
-/// native path's rendering against the app's. `tokenizer`: tokenizer mode's source (None:
-/// approximate ids).
-pub fn routing_ids(path: &str, raw: &[u8], tokenizer: Option<&TokenSource>) -> Option<(Vec<u32>, Option<bool>)> {
-    let plan = body_plan(apis::by_path(path)?, raw, None, tokenizer)?;
+/// native path's rendering against the app's. `tokens`: a chat template's source (None: plain
+/// ChatML's approximate ids).
+pub fn routing_ids(path: &str, raw: &[u8], tokens: Option<&TokenSource>) -> Option<(Vec<u32>, Option<bool>)> {
+    let plan = body_plan(apis::by_path(path)?, raw, None, tokens)?;
     let first_turn = match plan.turn {
         TurnHint::Messages { first_turn } => Some(first_turn),
         _ => None,

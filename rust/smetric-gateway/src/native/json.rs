@@ -122,3 +122,25 @@ impl<'a> Entries<'a> {
         out.push('}');
     }
 }
+
+/// A body posted to an API as borrowed JSON: `None` for one nested deeper than Python's parser
+/// takes (`openai_body::MAX_NESTING`) or not JSON — the app's to answer.
+pub(crate) fn body(raw: &[u8]) -> Option<&RawValue> {
+    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
+        return None;
+    }
+    serde_json::from_slice(raw).ok()
+}
+
+/// `[a, b, …]`: each item written by `write`, joined with `", "`.
+pub(crate) fn json_array<T>(items: impl IntoIterator<Item = T>, mut write: impl FnMut(T, &mut String)) -> String {
+    let mut out = String::from("[");
+    for (k, item) in items.into_iter().enumerate() {
+        if k > 0 {
+            out.push_str(", ");
+        }
+        write(item, &mut out);
+    }
+    out.push(']');
+    out
+}

@@ -38,14 +38,13 @@ use std::sync::Arc;
 use hyper::{Response, StatusCode};
 
 use super::chatml::{Rendered, RenderedBody};
-use super::json::{is_object, json_str, list, object, ordered_entries, string};
-use super::protocol::{Plan, Protocol, StreamScan, rendered_plan, stream_scan_by_fields};
+use super::json::{self, Entries, is_object, json_array, json_str, list, object, ordered_entries, string};
+use super::protocol::{ChatRequest, Plan, Protocol, StreamScan, rendered_plan, stream_scan_by_fields, template_plan};
 use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
 use super::state::NativeApis;
 use crate::answers::{Body as AnswerBody, json_response};
-use crate::tokens::{LeadingSystem, RenderRequest, TokenSource};
-use smetric_core::TurnHint;
+use crate::tokens::{LeadingSystem, TokenSource};
 
 use crate::shared::BILLING_HEADER_PREFIX;
 
@@ -201,11 +200,7 @@ fn check(whole: &RawValue) -> Option<Checked<'_>> {
 
 /// The body validated and rendered (see the module docs), or None: the app's to answer.
 pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
-    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
-        return None;
-    }
-    let whole: &RawValue = serde_json::from_slice(raw).ok()?;
-    let body = check(whole)?;
+    let body = check(json::body(raw)?)?;
     let chat = convert_body(&body, false)?;
     let mut text = Vec::new();
     for message in &chat {
@@ -230,21 +225,15 @@ fn first_turn(chat: &[ChatMessage<'_>]) -> bool {
 /// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
 /// template (`MessagesApi.routing_tokens`: inline system messages merged into the leading one
 /// when the template refuses a system message after the first), encoded. None: the app's.
-fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenSource) -> Option<Plan> {
-    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
-        return None;
-    }
-    let whole: &RawValue = serde_json::from_slice(raw).ok()?;
-    let body = check(whole)?;
+fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
+    let body = check(json::body(raw)?)?;
     let chat = convert_body(&body, false)?;
-    let turn = TurnHint::Messages {
-        first_turn: first_turn(&chat),
-    };
+    let first_turn = first_turn(&chat);
     let tools = match body.tools {
         None => None,
         Some(tools) => Some(chat_tools(tools)?),
     };
-    let merge = match tokenizer.requires_leading_system(tools.is_some()) {
+    let merge = match tokens.requires_leading_system(tools.is_some()) {
         LeadingSystem::Unknown => return None,
         LeadingSystem::Required => body.messages.iter().any(|m| {
             object::<Message<'_>>(m)
@@ -255,32 +244,15 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenSource) 
         LeadingSystem::Free => false,
     };
     let chat = if merge { convert_body(&body, true)? } else { chat };
-    let mut messages = String::from("[");
-    for (k, message) in chat.iter().enumerate() {
-        if k > 0 {
-            messages.push_str(", ");
-        }
-        message.push_json(&mut messages);
-    }
-    messages.push(']');
-    let kwargs = template_kwargs(&body)?;
-    let request = RenderRequest {
-        messages: &messages,
-        tools: tools.as_deref(),
-        add_generation_prompt: true,
-        continue_final_message: false,
-        chat_template_kwargs: kwargs.as_deref(),
-    };
-    let ids = tokenizer.chat_ids(&request, false).ok()?.ids;
-    Some(Plan {
-        ids,
-        turn,
-        source: tokenizer.kind(),
+    let request = ChatRequest {
+        messages: json_array(&chat, ChatMessage::push_json),
+        tools,
+        chat_template_kwargs: template_kwargs(&body)?,
+        first_turn,
         model: Some(body.model),
-        namespace: body.cache_salt,
-        hide_usage: false,
-        session,
-    })
+        cache_salt: body.cache_salt,
+    };
+    template_plan(&request, session, tokens)
 }
 
 /// One message of the chat conversion (`to_chat`'s): what ChatML prints of it (its role and
@@ -704,16 +676,11 @@ fn chat_tools(raw: &RawValue) -> Option<String> {
     let mut out = String::from("[");
     for (k, tool) in list(raw)?.into_iter().enumerate() {
         let tool: Tool<'_> = object(tool)?;
-        let schema = tool.input_schema?.get();
-        let keys: serde_json::Map<String, Value> = serde_json::from_str(schema).ok()?;
-        let parameters = if keys.contains_key("type") {
-            schema.to_owned()
-        } else if keys.is_empty() {
-            "{\"type\": \"object\"}".to_owned()
-        } else {
-            let open = schema.trim_end();
-            format!("{}, \"type\": \"object\"}}", &open[..open.len() - 1])
-        };
+        // `{**schema, "type": "object"}` when it has no type.
+        let mut parameters = Entries::of(tool.input_schema?)?;
+        if parameters.get("type").is_none() {
+            parameters.set("type", "\"object\"");
+        }
         if k > 0 {
             out.push_str(", ");
         }
@@ -722,7 +689,7 @@ fn chat_tools(raw: &RawValue) -> Option<String> {
         out.push_str(", \"description\": ");
         out.push_str(tool.description.map_or("null", RawValue::get));
         out.push_str(", \"parameters\": ");
-        out.push_str(&parameters);
+        parameters.push_json(&mut out);
         for (key, value) in [("strict", tool.strict), ("defer_loading", tool.defer_loading)] {
             if let Some(value) = value {
                 let _ = write!(out, ", \"{key}\": {}", value.get());
@@ -956,9 +923,9 @@ impl Protocol for Messages {
         apis.messages
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan> {
-        match tokenizer {
-            Some(tokenizer) => tokenized_plan(raw, session, tokenizer),
+    fn plan(&self, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
+        match tokens {
+            Some(tokens) => tokenized_plan(raw, session, tokens),
             None => Some(rendered_plan(plan(raw)?, session)),
         }
     }
@@ -1073,7 +1040,7 @@ mod tests {
         assert!(json(true).starts_with("{\"role\": \"system\", \"content\": \"sysinline\"}\n{\"role\": \"assistant\""));
         assert_eq!(
             chat_tools(checked.tools.unwrap()).unwrap(),
-            r#"[{"type": "function", "function": {"name": "ls", "description": null, "parameters": {"properties":{}, "type": "object"}, "strict": true}}]"#
+            r#"[{"type": "function", "function": {"name": "ls", "description": null, "parameters": {"properties": {}, "type": "object"}, "strict": true}}]"#
         );
         assert_eq!(
             template_kwargs(&checked).unwrap().unwrap(),

@@ -45,8 +45,8 @@ impl Protocol for OpenAi {
         if self.chat { apis.chat } else { apis.completions }
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan> {
-        plan(self.chat, raw, session, tokenizer)
+    fn plan(&self, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
+        plan(self.chat, raw, session, tokens)
     }
 
     fn scanner(&self, _ids: &Arc<ResponseIds>, hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {
@@ -71,7 +71,7 @@ impl Protocol for OpenAi {
 stream_scan_by_fields!(OpenAiStream);
 
 /// The plan of a chat (`chat`) or completions body.
-fn plan(chat: bool, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan> {
+fn plan(chat: bool, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
     let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
     let body = parse_openai_body(raw, endpoint).ok()?;
     if body.kv_transfer_params {
@@ -87,7 +87,7 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokenizer: Option<&Toke
         || [&body.prompt_cache_key, &body.user]
             .iter()
             .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
-    let (ids, turn, source) = if let (true, Some(tokenizer)) = (chat, tokenizer) {
+    let (ids, turn, source) = if let (true, Some(tokens)) = (chat, tokens) {
         let request = RenderRequest {
             messages: body.messages?,
             tools: body.tools,
@@ -95,9 +95,9 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokenizer: Option<&Toke
             continue_final_message: body.continue_final_message,
             chat_template_kwargs: body.chat_template_kwargs,
         };
-        let chat_ids = tokenizer.chat_ids(&request, body.add_special_tokens).ok()?;
+        let chat_ids = tokens.chat_ids(&request, body.add_special_tokens).ok()?;
         let first_turn = first_turn_from_roles(chat_ids.roles.iter().map(String::as_str));
-        (chat_ids.ids, TurnHint::Messages { first_turn }, tokenizer.kind())
+        (chat_ids.ids, TurnHint::Messages { first_turn }, tokens.kind())
     } else if chat {
         let rendered = render(&body)?;
         let first_turn = rendered.first_turn;
@@ -113,11 +113,11 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokenizer: Option<&Toke
     } else {
         match body.prompt.as_ref()? {
             smetric_vllm::Prompt::Ids(ids) => (ids.clone(), TurnHint::Unknown, "ids"),
-            smetric_vllm::Prompt::Text(text) => match tokenizer {
-                Some(tokenizer) => (
-                    tokenizer.text_ids(text, body.add_special_tokens).ok()?,
+            smetric_vllm::Prompt::Text(text) => match tokens {
+                Some(tokens) => (
+                    tokens.text_ids(text, body.add_special_tokens).ok()?,
                     TurnHint::Unknown,
-                    tokenizer.kind(),
+                    tokens.kind(),
                 ),
                 None => (byte_chunk_ids(text.as_bytes()), TurnHint::Unknown, "approximate"),
             },

@@ -18,7 +18,7 @@ use super::chatml::{RenderedBody, byte_chunk_ids};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use crate::answers::{Body, json_response};
-use crate::tokens::TokenSource;
+use crate::tokens::{RenderRequest, TokenSource};
 
 /// What the native path routes a body on.
 pub(crate) struct Plan {
@@ -60,8 +60,8 @@ pub(crate) trait Protocol: Sync {
     fn armed(&self, apis: NativeApis) -> bool;
     /// The routing plan of a body the native path serves exactly as the app would, or None
     /// (the checks every API shares — lone surrogates, long digit runs — are the caller's).
-    /// `tokenizer`: tokenizer mode's source (None: approximate ids).
-    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan>;
+    /// `tokens`: the source of a chat template's ids (None: plain ChatML's approximate ids).
+    fn plan(&self, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan>;
     /// The scanner of a stream from `instance`.
     fn scanner(&self, ids: &Arc<ResponseIds>, hide_usage: bool, instance: &str) -> Box<dyn StreamScan>;
     /// A whole answer's `(output tokens, cached prompt tokens)`.
@@ -107,6 +107,43 @@ pub(crate) fn rendered_plan(body: RenderedBody, session: Option<String>) -> Plan
         hide_usage: false,
         session,
     }
+}
+
+/// A body converted into the chat request vLLM renders (Messages, Responses), as JSON: what a
+/// chat template is rendered on.
+pub(crate) struct ChatRequest {
+    pub(crate) messages: String,
+    pub(crate) tools: Option<String>,
+    pub(crate) chat_template_kwargs: Option<String>,
+    /// The converted roles' turn verdict.
+    pub(crate) first_turn: bool,
+    pub(crate) model: Option<String>,
+    pub(crate) cache_salt: Option<String>,
+}
+
+/// The plan of a converted body with a chat template: rendered as vLLM renders the converted
+/// request (its own `add_generation_prompt`, no `continue_final_message`, no special tokens)
+/// and turned into ids by `tokens`. None: the template refused it, or this port does not
+/// cover it — the app's.
+pub(crate) fn template_plan(request: &ChatRequest, session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
+    let render = RenderRequest {
+        messages: &request.messages,
+        tools: request.tools.as_deref(),
+        add_generation_prompt: true,
+        continue_final_message: false,
+        chat_template_kwargs: request.chat_template_kwargs.as_deref(),
+    };
+    Some(Plan {
+        ids: tokens.chat_ids(&render, false).ok()?.ids,
+        turn: TurnHint::Messages {
+            first_turn: request.first_turn,
+        },
+        source: tokens.kind(),
+        model: request.model.clone(),
+        namespace: request.cache_salt.clone(),
+        hide_usage: false,
+        session,
+    })
 }
 
 /// `StreamScan` for a scanner with its own `feed(Bytes)` and `tokens()` and the fields

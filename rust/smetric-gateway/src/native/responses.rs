@@ -35,15 +35,14 @@ use serde_json::value::RawValue;
 use std::sync::Arc;
 
 use super::chatml::{Rendered, RenderedBody, push_content};
-use super::protocol::{Plan, Protocol, StreamScan, rendered_plan};
+use super::protocol::{ChatRequest, Plan, Protocol, StreamScan, rendered_plan, template_plan};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
-use crate::tokens::{RenderRequest, TokenSource};
-use smetric_core::TurnHint;
+use crate::tokens::TokenSource;
 
 /// The event types that end a stream.
 const TERMINAL_EVENTS: [&[u8]; 3] = [b"response.completed", b"response.failed", b"response.incomplete"];
-use super::json::{Entries, json_str, list, object, string};
+use super::json::{self, Entries, json_array, json_str, list, object, string};
 use super::sse::{Pending, data_of};
 
 #[derive(Deserialize)]
@@ -202,16 +201,12 @@ struct Conversion<'a> {
 
 /// The body validated and rendered (see the module docs), or None: the app's to answer.
 pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
-    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
-        return None;
-    }
-    let whole: &RawValue = serde_json::from_slice(raw).ok()?;
     let Conversion {
         messages,
         model,
         cache_salt,
         ..
-    } = conversion(whole)?;
+    } = conversion(json::body(raw)?)?;
     let mut text = Vec::with_capacity(raw.len());
     for m in &messages {
         text.extend_from_slice(b"<|im_start|>");
@@ -234,42 +229,20 @@ pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
 
 /// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
 /// template (`chat_messages`, `chat_tools`), encoded. None: the app's.
-fn tokenized_plan(raw: &[u8], session: Option<String>, tokenizer: &TokenSource) -> Option<Plan> {
-    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
-        return None;
-    }
-    let whole: &RawValue = serde_json::from_slice(raw).ok()?;
-    let conversion = conversion(whole)?;
-    let mut messages = String::from("[");
-    for (k, m) in conversion.messages.iter().enumerate() {
-        if k > 0 {
-            messages.push_str(", ");
-        }
-        m.json.push_json(&mut messages);
-    }
-    messages.push(']');
-    let tools = match conversion.tools {
-        None => None,
-        Some(tools) => Some(chat_tools(tools)?),
-    };
-    let request = RenderRequest {
-        messages: &messages,
-        tools: tools.as_deref(),
-        add_generation_prompt: true,
-        continue_final_message: false,
+fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
+    let conversion = conversion(json::body(raw)?)?;
+    let request = ChatRequest {
+        messages: json_array(&conversion.messages, |m, out| m.json.push_json(out)),
+        tools: match conversion.tools {
+            None => None,
+            Some(tools) => Some(chat_tools(tools)?),
+        },
         chat_template_kwargs: None,
-    };
-    let ids = tokenizer.chat_ids(&request, false).ok()?.ids;
-    let first_turn = smetric_core::first_turn_from_roles(conversion.messages.iter().map(|m| m.role.as_ref()));
-    Some(Plan {
-        ids,
-        turn: TurnHint::Messages { first_turn },
-        source: tokenizer.kind(),
+        first_turn: smetric_core::first_turn_from_roles(conversion.messages.iter().map(|m| m.role.as_ref())),
         model: conversion.model,
-        namespace: conversion.cache_salt,
-        hide_usage: false,
-        session,
-    })
+        cache_salt: conversion.cache_salt,
+    };
+    template_plan(&request, session, tokens)
 }
 
 /// `chat_tools`: the function tools in chat's form, `{"type": "function", "function": {every
@@ -623,9 +596,9 @@ impl Protocol for Responses {
         apis.responses
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, tokenizer: Option<&TokenSource>) -> Option<Plan> {
-        match tokenizer {
-            Some(tokenizer) => tokenized_plan(raw, session, tokenizer),
+    fn plan(&self, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
+        match tokens {
+            Some(tokens) => tokenized_plan(raw, session, tokens),
             None => Some(rendered_plan(plan(raw)?, session)),
         }
     }

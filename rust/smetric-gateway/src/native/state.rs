@@ -49,8 +49,8 @@ pub struct NativeConfig {
     pub max_records: usize,
     /// Session admission after the router's decision (`None`: off).
     pub session_gate: Option<SessionGateConfig>,
-    /// Tokenizer mode's token source (`None`: approximate ids).
-    pub tokenizer: Option<Arc<TokenSource>>,
+    /// The source of a chat template's ids (`None`: plain ChatML's approximate ids).
+    pub tokens: Option<Arc<TokenSource>>,
 }
 
 /// The APIs the native path serves (the rest are delegated).
