@@ -1,15 +1,22 @@
 """Helpers of the proxy tests: stub upstreams on a background loop, a bounded HTTP client, the
-proxy's own metrics read back, and free loopback ports."""
+proxy's own metrics read back, free loopback ports, and ``python -m smetric`` children (fake
+engines, a proxy) that say why they did not come up."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Self
 
 from aiohttp import web
@@ -20,12 +27,150 @@ from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
 
 TIMEOUT_S = 15.0
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports: all are held open while they are chosen, so the
+    kernel cannot hand the same one out twice (``free_port`` in a loop can)."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+class SmetricProcess:
+    """``python -m smetric <argv>`` as a child process serving HTTP on a loopback port.
+
+    Its stderr goes to ``log`` so a child that did not come up says why, and an early exit is
+    seen at once rather than after the whole wait. ``start_up`` starts it and waits; a child
+    that exits before it is up (another process took one of its ports between the choice and
+    the bind) is started again on fresh ports, at most ``START_ATTEMPTS`` times."""
+
+    UP_TIMEOUT_S = 60.0
+    START_ATTEMPTS = 3
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def pick_ports(self) -> None:
+        self.port = free_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> Self:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with self.log.open("ab") as out:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "smetric", *self.argv()],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+            )
+        return self
+
+    def wait_up(self, timeout: float = UP_TIMEOUT_S) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ChildExited(f"{self.url} exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{self.url} did not come up in {timeout:.0f} s: {self.log_tail()}")
+
+    def start_up(self) -> Self:
+        for attempt in range(self.START_ATTEMPTS):
+            try:
+                self.start().wait_up()
+                return self
+            except ChildExited:
+                if attempt + 1 == self.START_ATTEMPTS:
+                    raise
+                self.pick_ports()
+        return self
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else "(no log)"
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class ChildExited(RuntimeError):
+    """A child process exited before it served ``/health``."""
+
+
+class FakeEngineProcess(SmetricProcess):
+    """``smetric fake-engine`` in its own process (so it can be SIGKILLed mid-run), with its
+    KV-event publisher and replay ports when ``kv_events``."""
+
+    def __init__(self, log_dir: Path, *options: str, kv_events: bool = False) -> None:
+        self.options = list(options)
+        self.kv_events = kv_events
+        self.pub = self.replay = 0
+        super().__init__(log_dir / f"engine-{id(self):x}.log")
+        self.pick_ports()
+
+    def pick_ports(self) -> None:
+        self.port, self.pub, self.replay = free_ports(3)
+
+    def argv(self) -> list[str]:
+        argv = ["fake-engine", "--port", str(self.port), *self.options]
+        if self.kv_events:
+            argv += ["--kv-events-port", str(self.pub), "--kv-replay-port", str(self.replay)]
+        return argv
+
+
+class ServeProcess(SmetricProcess):
+    """``smetric serve`` in its own process (its memory measured from outside)."""
+
+    def __init__(self, log: Path, *options: str) -> None:
+        self.options = list(options)
+        super().__init__(log)
+
+    def argv(self) -> list[str]:
+        return ["serve", "--port", str(self.port), *self.options]
 
 
 class Stub:

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 import urllib.request
 from collections import Counter
@@ -22,9 +19,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from proxy_util import free_port, metric
+from proxy_util import FakeEngineProcess, ServeProcess, metric
 
-ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = 5_000
 ENGINES = 2
 PEAK_RSS_BOUND_MIB = 300
@@ -34,38 +30,6 @@ burst a 125 MiB peak with ``--data-plane python`` and 155 MiB with the compiled 
 over loopback (≈3,400 connections and requests held in both planes at once); it now answers a
 refusal of a path it serves in the API's shape itself. The bound leaves room for a slower
 machine, not for memory per refused request."""
-
-
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log.open("wb") as out:  # the child keeps its own descriptor
-        return subprocess.Popen(
-            [sys.executable, "-m", "smetric", *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=out
-        )
-
-
-def _wait_up(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _rss_mib(pid: int, field: str) -> float:
@@ -112,23 +76,17 @@ async def _burst(base: str) -> tuple[Counter[int], list[str], float]:
 
 @pytest.mark.slow
 def test_a_5000_request_burst_is_served_or_refused_cleanly_with_bounded_memory(tmp_path: Path) -> None:
-    engine_ports = [free_port() for _ in range(ENGINES)]
-    engines = [
-        _spawn(["fake-engine", "--port", str(port), "--speedup", "1000"], tmp_path / f"engine-{port}.log")
-        for port in engine_ports
-    ]
-    proxy_port = free_port()
-    urls = [f"http://127.0.0.1:{port}" for port in engine_ports]
-    argv = ["serve", "--port", str(proxy_port), "--kv-events", "off", "--log-level", "WARNING"]
-    for url in urls:
-        argv += ["--instance", url]
-    proxy: subprocess.Popen[bytes] | None = None
+    engines = [FakeEngineProcess(tmp_path, "--speedup", "1000") for _ in range(ENGINES)]
+    proxy: ServeProcess | None = None
     try:
-        for url, engine, port in zip(urls, engines, engine_ports, strict=True):
-            _wait_up(url, engine, tmp_path / f"engine-{port}.log")
-        proxy = _spawn(argv, tmp_path / "proxy.log")
-        base = f"http://127.0.0.1:{proxy_port}"
-        _wait_up(base, proxy, tmp_path / "proxy.log")
+        for engine in engines:
+            engine.start_up()
+        urls = [engine.url for engine in engines]
+        options = ["--kv-events", "off", "--log-level", "WARNING"]
+        for url in urls:
+            options += ["--instance", url]
+        proxy = ServeProcess(tmp_path / "proxy.log", *options).start_up()
+        base = proxy.url
         at_rest = _rss_mib(proxy.pid, "VmRSS")
 
         statuses, unclean, seconds = asyncio.run(_burst(base))
@@ -156,6 +114,6 @@ def test_a_5000_request_burst_is_served_or_refused_cleanly_with_bounded_memory(t
         assert peak < PEAK_RSS_BOUND_MIB, f"proxy peak RSS {peak:.0f} MiB"
     finally:
         if proxy is not None:
-            _stop(proxy)
+            proxy.stop()
         for engine in engines:
-            _stop(engine)
+            engine.stop()

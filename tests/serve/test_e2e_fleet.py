@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,65 +18,20 @@ from typing import Any
 import aiohttp
 import pytest
 from agent_replay import Session, sessions
-from proxy_util import colocated_router, free_port, metric
+from proxy_util import FakeEngineProcess, colocated_router, metric
 
 from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
 
-ROOT = Path(__file__).resolve().parents[2]
 ENGINES = 4
 KILLED = 2
-
-
-class EngineProcess:
-    def __init__(self) -> None:
-        self.port, self.pub, self.replay = free_port(), free_port(), free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        argv = [sys.executable, "-m", "smetric", "fake-engine", "--port", str(self.port)]
-        argv += ["--kv-events-port", str(self.pub), "--kv-replay-port", str(self.replay), "--speedup", "4"]
-        argv += ["--num-gpu-blocks", "8192"]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def wait_up(self, timeout: float = 30.0) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"fake engine {self.url} did not come up")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def _decision(value: str) -> dict[str, str]:
     return {k: v.strip('"') for k, _, v in (p.partition("=") for p in value.split("; "))}
 
 
-async def _replay(base: str, plan: list[Session], engines: list[EngineProcess]) -> dict[str, Any]:
+async def _replay(base: str, plan: list[Session], engines: list[FakeEngineProcess]) -> dict[str, Any]:
     done = 0
     total = sum(len(s.turns) for s in plan)
     results: list[dict[str, Any]] = []
@@ -130,13 +81,12 @@ async def _replay(base: str, plan: list[Session], engines: list[EngineProcess]) 
 
 
 @pytest.mark.slow
-def test_agent_sessions_through_the_proxy_survive_a_killed_engine() -> None:
-    engines = [EngineProcess() for _ in range(ENGINES)]
-    for e in engines:
-        e.start()
+def test_agent_sessions_through_the_proxy_survive_a_killed_engine(tmp_path: Path) -> None:
+    options = ("--speedup", "4", "--num-gpu-blocks", "8192")
+    engines = [FakeEngineProcess(tmp_path, *options, kv_events=True) for _ in range(ENGINES)]
     try:
         for e in engines:
-            e.wait_up()
+            e.start_up()
         config = load_config(
             instances=[e.url for e in engines], port=0, probe_interval_s=0.2, eject_after=2, engine_load_period_s=0.1
         )

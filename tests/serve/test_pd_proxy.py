@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,14 +14,12 @@ from typing import Any
 import aiohttp
 import pytest
 from agent_replay import sessions
-from proxy_util import free_port, pd_router, request
+from proxy_util import FakeEngineProcess, pd_router, request
 
 from smetric.fake_engine import FakeEngine
 from smetric.serve.backends.pd import REMOTE_DECODE_PARAMS, decode_body, prefill_body
 from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def decision(headers: dict[str, str]) -> dict[str, str]:
@@ -82,46 +77,16 @@ def test_requests_go_prefill_then_decode_and_follow_ups_return_to_their_prefill_
             e.stop()
 
 
-class _Proc:
-    def __init__(self, role: str) -> None:
-        self.port = free_port()
-        self.role = role
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        argv = [sys.executable, "-m", "smetric", "fake-engine", "--port", str(self.port), "--role", self.role]
-        argv += ["--speedup", "4", "--num-gpu-blocks", "8192"]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL)
-
-    def wait_up(self) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if request(self.url, "/health", method="GET")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{self.url} did not come up")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
 @pytest.mark.slow
-def test_pd_agent_sessions_survive_a_killed_decode_engine() -> None:
-    prefill = [_Proc("prefill") for _ in range(2)]
-    decode = [_Proc("decode") for _ in range(2)]
-    for e in prefill + decode:
-        e.start()
+def test_pd_agent_sessions_survive_a_killed_decode_engine(tmp_path: Path) -> None:
+    def engine(role: str) -> FakeEngineProcess:
+        return FakeEngineProcess(tmp_path, "--role", role, "--speedup", "4", "--num-gpu-blocks", "8192")
+
+    prefill = [engine("prefill") for _ in range(2)]
+    decode = [engine("decode") for _ in range(2)]
     try:
         for e in prefill + decode:
-            e.wait_up()
+            e.start_up()
         cfg = load_config(
             prefill=[e.url for e in prefill],
             decode=[e.url for e in decode],
@@ -161,7 +126,7 @@ def test_pd_agent_sessions_survive_a_killed_decode_engine() -> None:
             async def chaos() -> None:
                 while done < total * 0.3:
                     await asyncio.sleep(0.05)
-                decode[1].stop()  # SIGKILL mid-run
+                decode[1].kill()  # SIGKILL mid-run
 
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
                 await asyncio.gather(chaos(), *(one(client, i) for i in range(len(plan))))
