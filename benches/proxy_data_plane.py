@@ -77,7 +77,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,8 +101,9 @@ def pinned(cpu: int) -> list[str]:
     return ["taskset", "-c", str(cpu)] if shutil.which("taskset") else []
 
 
-def start_engine(speedup: float) -> tuple[subprocess.Popen[str], str]:
+def start_engine(speedup: float, role: str = "both") -> tuple[subprocess.Popen[str], str]:
     cmd = [*pinned(0), sys.executable, "-m", "smetric", "fake-engine", "--port", "0", "--speedup", str(speedup)]
+    cmd += ["--role", role]
     cmd += ["--max-num-seqs", "1024", "--num-gpu-blocks", "200000", "--max-model-len", "65536"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -230,16 +231,24 @@ def launch(
 
 
 def start_smetric_serve(
-    engines: Sequence[str], procs: list[subprocess.Popen[Any]], data_plane: str, tokenizer: str | None = None
+    engines: Sequence[str],
+    procs: list[subprocess.Popen[Any]],
+    data_plane: str,
+    tokenizer: str | None = None,
+    pd: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> Candidate:
     """``smetric serve --tokens approximate`` (with ``tokenizer``: ``--tokens tokenizer`` on that
     ``tokenizer.json``) on ``data_plane`` (``python``: the app alone; ``compiled``: the gateway in
-    front, serving chat natively)."""
+    front, serving chat natively); with ``pd``, over those prefill and decode instances."""
     port = free_port()
     tokens = ["--tokens", "approximate"] if tokenizer is None else ["--tokens", "tokenizer", "--tokenizer", tokenizer]
     cmd = [sys.executable, "-m", "smetric", "serve", "--port", str(port), *tokens]
     cmd += ["--kv-events", "off", "--log-level", "WARNING", "--data-plane", data_plane]
-    for url in engines:
+    if pd is not None:
+        for flag, pool in zip(("--prefill", "--decode"), pd, strict=True):
+            for url in pool:
+                cmd += [flag, url]
+    for url in engines if pd is None else ():
         cmd += ["--instance", url]
     name = "smetric-serve" if data_plane == "python" else f"smetric-serve-{data_plane}"
     return launch(name, cmd, procs, port, ready="/health")
@@ -486,6 +495,12 @@ def main() -> None:
         "in the piece cache after the warm-up, each request's new message is new work)",
     )
     p.add_argument(
+        "--pd",
+        action="store_true",
+        help="--apis in PD mode: two prefill and two decode fake engines; the direct side speaks the "
+        "disaggregated-prefill protocol by hand; smetric serve --prefill/--decode on both planes",
+    )
+    p.add_argument(
         "--only",
         help="--apis: these candidates only, comma-separated (smetric-serve, smetric-serve-compiled, python-aiohttp, "
         "python-protocol, python-protocol+adapters, dataplane-probe, tcp-relay, vllm-router)",
@@ -501,17 +516,18 @@ def main() -> None:
     procs: list[subprocess.Popen[Any]] = []
     try:
         engines = []
-        for _ in range(ENGINES):
-            proc, url = start_engine(args.speedup)
+        roles = ["prefill"] * (ENGINES // 2) + ["decode"] * (ENGINES - ENGINES // 2) if args.pd else ["both"] * ENGINES
+        for role in roles:
+            proc, url = start_engine(args.speedup, role)
             procs.append(proc)
             engines.append(url)
         if shutil.which("taskset"):
             cpu = str(args.client_cpu)
             subprocess.run(["taskset", "-p", "-c", cpu, str(os.getpid())], check=False, capture_output=True)
         # Warm-up, not recorded: the engines' first requests fill their prefix caches and allocate.
-        for stream in (False, True):
+        for stream in (False, True) if not args.pd else ():
             asyncio.run(open_loop(engines, bodies[stream], stream, args.rate, min(args.requests, 400)))
-        if args.apis:
+        if args.apis or args.pd:
             report(args, api_rows(args, engines, procs))
             return
         rows = [measure("direct", engines, args, bodies, short)]
@@ -558,12 +574,23 @@ def main() -> None:
     report(args, rows)
 
 
+DirectCall = Callable[[aiohttp.ClientSession, bytes, bool], Awaitable[tuple[float, float]]]
+
+
 async def interleaved(
-    direct: Sequence[str], proxy: Sequence[str], bodies: Sequence[bytes], stream: bool, rate: float, n: int, path: str
+    direct: Sequence[str],
+    proxy: Sequence[str],
+    bodies: Sequence[bytes],
+    stream: bool,
+    rate: float,
+    n: int,
+    path: str,
+    direct_call: DirectCall | None = None,
 ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
     """``n`` requests straight to the engines and ``n`` through ``proxy`` (its URLs in turn), in
     pairs (the same body; which side goes first alternates), ``rate`` requests/s on each side:
-    drift in the machine's load hits both sides alike, so their difference is the proxy's."""
+    drift in the machine's load hits both sides alike, so their difference is the proxy's.
+    ``direct_call`` makes the direct side's request instead (PD: both legs by hand)."""
     engines, proxies = itertools.cycle(direct), itertools.cycle(proxy)
     sides: tuple[list[asyncio.Task[tuple[float, float]]], list[asyncio.Task[tuple[float, float]]]] = ([], [])
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -574,8 +601,11 @@ async def interleaved(
                 await asyncio.sleep(delay)
             pair, second = divmod(i, 2)
             via_proxy = bool(second) != bool(pair % 2)
-            url = next(proxies) if via_proxy else next(engines)
             body = bodies[pair % len(bodies)]
+            if direct_call is not None and not via_proxy:
+                sides[0].append(asyncio.create_task(direct_call(session, body, stream)))
+                continue
+            url = next(proxies) if via_proxy else next(engines)
             sides[via_proxy].append(asyncio.create_task(one(session, f"{url}{path}", body, stream)))
         return list(await asyncio.gather(*sides[0])), list(await asyncio.gather(*sides[1]))
 
@@ -613,6 +643,41 @@ def start_relays(engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> 
     return relays
 
 
+def pd_by_hand(prefill: Sequence[str], decode: Sequence[str], path: str, bodies: Sequence[bytes]) -> DirectCall:
+    """The direct side of a PD row: the client speaks vLLM's disaggregated-prefill protocol
+    itself (the prefill leg whole, then the decode leg with the prefill's ``kv_transfer_params``),
+    over the pools in turn. The prefill bodies are rendered before the run, and the decode body
+    is the client's with the params spliced in, so the client's own JSON work is not counted."""
+    from smetric.serve.apis.responses import PREFILL_OVERRIDES
+    from smetric.serve.backends.pd import prefill_body
+
+    overrides = PREFILL_OVERRIDES if path == "/v1/responses" else None
+    prefills = {body: prefill_body(json.loads(body), overrides) for body in bodies}
+    prefill_urls, decode_urls = itertools.cycle(prefill), itertools.cycle(decode)
+    headers = {"content-type": "application/json"}
+
+    async def call(session: aiohttp.ClientSession, body: bytes, stream: bool) -> tuple[float, float]:
+        start = time.perf_counter()
+        async with session.post(f"{next(prefill_urls)}{path}", data=prefills[body], headers=headers) as resp:
+            answer = await resp.read()
+            resp.raise_for_status()
+        params = json.dumps(json.loads(answer)["kv_transfer_params"]).encode()
+        decode_body = body.rstrip()[:-1] + b', "kv_transfer_params": ' + params + b"}"
+        first = None
+        async with session.post(f"{next(decode_urls)}{path}", data=decode_body, headers=headers) as resp:
+            if stream:
+                async for _ in resp.content.iter_any():
+                    if first is None:
+                        first = time.perf_counter()
+            else:
+                await resp.read()
+            resp.raise_for_status()
+        end = time.perf_counter()
+        return (first or end) - start, end - start
+
+    return call
+
+
 def start_vllm_router(executable: str, engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> Candidate:
     """vllm-router (``round_robin``, its cheapest policy) in front of ``engines``."""
     port = free_port()
@@ -635,9 +700,11 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
     With ``socat`` installed, and with ``--vllm-router``, the same for a byte relay (the host's
     floor for one more hop) and for the compiled peer, on every API they forward."""
     tokenizer = args.tokenizer if args.apis_tokens == "tokenizer" else None
+    # --pd: the first half of the engines prefill, the second half decode.
+    pools = (engines[: len(engines) // 2], engines[len(engines) // 2 :]) if args.pd else None
     starters: dict[str, Callable[[], Candidate | None]] = {
-        "smetric-serve": lambda: start_smetric_serve(engines, procs, "python", tokenizer),
-        "smetric-serve-compiled": lambda: start_smetric_serve(engines, procs, "compiled", tokenizer),
+        "smetric-serve": lambda: start_smetric_serve(engines, procs, "python", tokenizer, pools),
+        "smetric-serve-compiled": lambda: start_smetric_serve(engines, procs, "compiled", tokenizer, pools),
         "python-aiohttp": lambda: start_python_proxy(engines, procs),
         "python-protocol": lambda: start_protocol_proxy(engines, procs),
         "python-protocol+adapters": lambda: start_protocol_proxy(engines, procs, adapters=True),
@@ -651,7 +718,8 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
             else None
         ),
     }
-    chosen = args.only.split(",") if args.only else list(starters)
+    default = ["smetric-serve", "smetric-serve-compiled"] if pools else list(starters)
+    chosen = args.only.split(",") if args.only else default
     unknown = set(chosen) - set(starters)
     if unknown:
         raise SystemExit(f"--only: unknown candidates {sorted(unknown)}; known: {', '.join(starters)}")
@@ -664,20 +732,25 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
     rows = []
     for name, (path, bodies) in apis.items():
         for candidate in candidates:
+            by_hand = {st: pd_by_hand(*pools, path, bodies[st]) for st in (False, True)} if pools else None
             try:  # warm-up, not recorded: the engines' caches, the proxy's index
-                for url in [*engines, *candidate.urls]:
+                for url in candidate.urls if pools else [*engines, *candidate.urls]:
                     asyncio.run(open_loop([url], bodies[False][:20], False, 50.0, 20, path))
             except aiohttp.ClientResponseError as e:
                 print(f"{candidate.name} does not serve {path} ({e.status}): no row")
                 continue
-            label = f"{candidate.name} {name}" + (f" ({args.apis_tokens})" if candidate.proc in smetric_procs else "")
+            mode = f"{args.apis_tokens}, PD" if pools else args.apis_tokens
+            label = f"{candidate.name} {name}" + (f" ({mode})" if candidate.proc in smetric_procs else "")
             direct: dict[str, Any] = {"target": f"direct {name}", "max_rate": float("nan"), "max_rate_by": "-"}
             served: dict[str, Any] = {**direct, "target": label}
             cpu = 0.0
             for stream in (False, True):
                 before = process_cpu_s(candidate.proc.pid) if candidate.proc else 0.0
+                direct_call = by_hand[stream] if by_hand else None
                 sides = asyncio.run(
-                    interleaved(engines, candidate.urls, bodies[stream], stream, args.rate, args.requests, path)
+                    interleaved(
+                        engines, candidate.urls, bodies[stream], stream, args.rate, args.requests, path, direct_call
+                    )
                 )
                 cpu += (process_cpu_s(candidate.proc.pid) - before) if candidate.proc else 0.0
                 for row, res in zip((direct, served), sides, strict=True):

@@ -408,6 +408,9 @@ class GatewayRecord:
     def instance(self) -> str | None:
         """The instance that answered (or the last one tried)."""
     @property
+    def prefill_instance(self) -> str | None:
+        """PD: the prefill instance that answered its leg."""
+    @property
     def reason(self) -> Reason | None:
         """The core's reason, when a decision was made."""
     @property
@@ -518,7 +521,7 @@ class GatewayNative:
 
     def __new__(
         cls,
-        router: Router,
+        router: Router | PdRouter,
         *,
         secret: str,
         client_keys: list[str],

@@ -7,9 +7,11 @@
   ChatML or of a chat template, or the tokenizer's (``--tokens tokenizer``) — a template the
   gateway renders itself (:func:`gateway_token_source`: the same files the app resolved) —
   completions when text prompts are routed that way too (token-id prompts always are);
-  co-located instances over plain HTTP, a policy without llm-d's session cookie and not one of
-  vllm-router's hash policies (both read the request's headers, which the native path does not
-  pass to the router). Otherwise it returns None and the gateway only admits and delegates.
+  co-located instances, or a PD fleet (the gateway speaks vLLM's disaggregated-prefill protocol as
+  :mod:`smetric.serve.backends.pd` does; without session admission, whose stage is co-located),
+  over plain HTTP, a policy without llm-d's session cookie and not one of vllm-router's hash
+  policies (both read the request's headers, which the native path does not pass to the
+  router). Otherwise it returns None and the gateway only admits and delegates.
 * :class:`CompiledPlane` keeps the gateway and the app in step: the fleet's view (instances,
   ejections, models, adapters) is pushed to the gateway whenever the fleet changes, and the
   gateway's records — one per request it served natively — are taken every
@@ -43,6 +45,7 @@ from smetric._core import (
     GatewayNative,
     GatewayRecord,
     GatewayTokenSource,
+    PdRouter,
     Router,
 )
 from smetric.metrics import _family
@@ -89,17 +92,19 @@ def new_secret() -> str:
 
 def native_settings(
     config: ServeConfig,
-    router: Router | None,
+    router: Router | PdRouter,
     tokens: TokenSource,
     secret: str,
     client_keys: list[str],
     response_id_key: str,
 ) -> GatewayNative | None:
     """What arms the native path for this proxy, or None when it serves nothing natively (see
-    the module docs); ``router`` is the co-located backend's (None: PD); ``response_id_key`` the
+    the module docs); ``router`` is the backend's (co-located or PD); ``response_id_key`` the
     key the app's Responses adapter issues its ids with."""
     plain_http = all(url.startswith("http://") for url in (i.url for i in config.all_instances))
-    if router is None or router.policy == AFFINITY_POLICY or router.policy in HASH_POLICIES or not plain_http:
+    if router.policy == AFFINITY_POLICY or router.policy in HASH_POLICIES or not plain_http:
+        return None
+    if isinstance(router, PdRouter) and config.session_admission != "off":
         return None
     source = gateway_token_source(tokens)
     approximate = tokens.kind == "approximate" and tokens.config.approx_chunk_bytes == DEFAULT_APPROX_CHUNK_BYTES
@@ -293,6 +298,8 @@ class CompiledPlane:
                 r.prompt_tokens or 0,
                 r.decision_s or 0.0,
             )
+        if r.prefill_instance is not None:  # PD: the prefill leg was answered
+            fleet.succeeded(r.prefill_instance)
         if r.handed_off:  # the app carries the request on and records its outcome
             return
         instance = r.instance

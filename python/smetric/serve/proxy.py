@@ -774,7 +774,9 @@ async def run(
         raise
     # The gateway's native path, armed for what it can serve in this deployment (None: nothing).
     secret = new_secret()
-    router = proxy.backend.router if isinstance(proxy.backend, ColocatedBackend) else None
+    backend = proxy.backend
+    assert isinstance(backend, ColocatedBackend | PdBackend)
+    router = backend.router if isinstance(backend, ColocatedBackend) else backend.pd
     responses = next(api for api in proxy.apis if isinstance(api, ResponsesApi))
     native = native_settings(proxy.config, router, proxy.tokens, secret, proxy.client_keys, responses.ids.key)
     try:

@@ -40,6 +40,6 @@ pub mod tokens;
 mod validate;
 
 pub use admission::{AdmissionLimits, AdmissionSnapshot, WAIT_BUCKETS_S};
-pub use native::{FleetView, NativeApis, NativeConfig, NativeHandles};
+pub use native::{FleetView, NativeApis, NativeConfig, NativeHandles, Routing};
 pub use records::Record;
 pub use server::{Gateway, GatewayConfig, GatewayError, Limits};

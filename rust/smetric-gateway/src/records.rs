@@ -21,6 +21,8 @@ pub struct Record {
     pub parent: Option<String>,
     pub model: Option<String>,
     pub instance: Option<String>,
+    /// PD: the prefill instance that answered its leg (its health is the app's to note).
+    pub prefill_instance: Option<String>,
     /// The core's reason (`Decision.reason`), when a decision was made.
     pub reason: Option<&'static str>,
     pub policy: Option<&'static str>,

@@ -17,10 +17,11 @@ use smetric_gateway::session_gate::SessionGateConfig;
 use smetric_gateway::tokens::{ContentFormat, PiecewiseEncoder, SourceError, TokenSettings, TokenSource};
 use smetric_gateway::{
     AdmissionLimits, FleetView, Gateway, GatewayConfig, GatewayError, Limits, NativeApis, NativeConfig, NativeHandles,
-    Record,
+    Record, Routing,
 };
 
 use crate::errors::python_error;
+use crate::pd::PyPdRouter;
 use crate::router::PyRouter;
 
 #[pyclass(frozen, module = "smetric._core", name = "Gateway")]
@@ -75,7 +76,7 @@ impl PyGatewayNative {
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)] // keyword arguments, one per setting
     fn new(
-        router: &Bound<'_, PyRouter>,
+        router: &Bound<'_, PyAny>,
         secret: String,
         client_keys: Vec<String>,
         upstream_key: Option<String>,
@@ -104,6 +105,11 @@ impl PyGatewayNative {
         tokens: Option<&Bound<'_, PyGatewayTokenSource>>,
     ) -> PyResult<Self> {
         let py = router.py();
+        let routing = if let Ok(pd) = router.cast::<PyPdRouter>() {
+            Routing::Pd(Arc::clone(pd.get().core()))
+        } else {
+            Routing::Colocated(Arc::clone(router.cast::<PyRouter>()?.get().core()))
+        };
         let mode = AdmissionMode::parse(session_admission).ok_or_else(|| {
             let known: Vec<&str> = AdmissionMode::ALL.iter().map(|m| m.name()).collect();
             invalid_setting(
@@ -131,7 +137,7 @@ impl PyGatewayNative {
         };
         Ok(Self {
             config: NativeConfig {
-                router: Arc::clone(router.get().core()),
+                routing,
                 secret,
                 client_keys,
                 upstream_key,
@@ -197,6 +203,8 @@ pub(crate) struct PyGatewayRecord {
     model: Option<String>,
     /// The instance that answered (or the last one tried).
     instance: Option<String>,
+    /// PD: the prefill instance that answered its leg.
+    prefill_instance: Option<String>,
     /// The core's reason (`Decision.reason`), when a decision was made.
     reason: Option<&'static str>,
     /// The policy that decided.
@@ -250,6 +258,7 @@ impl From<&Record> for PyGatewayRecord {
             parent: r.parent.clone(),
             model: r.model.clone(),
             instance: r.instance.clone(),
+            prefill_instance: r.prefill_instance.clone(),
             reason: r.reason,
             policy: r.policy,
             first_turn: r.first_turn,

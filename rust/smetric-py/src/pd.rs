@@ -4,6 +4,8 @@
 //! Arguments are converted with the GIL held, the decision runs with it released
 //! (`py.detach`), exactly as `Router.route` (the prompt and turn conversions are shared).
 
+use std::sync::Arc;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use smetric_core::pd::{DecodeRule, PdConfig, PdRouter};
@@ -85,8 +87,16 @@ impl PyPdDecision {
 /// The router of a disaggregated prefill/decode fleet.
 #[pyclass(frozen, module = "smetric._core", name = "PdRouter")]
 pub(crate) struct PyPdRouter {
-    inner: PdRouter,
+    /// Shared with the compiled gateway when it serves PD natively.
+    inner: Arc<PdRouter>,
     config: Py<PyRouterConfig>,
+}
+
+impl PyPdRouter {
+    /// The core router (the gateway routes on it too).
+    pub(crate) fn core(&self) -> &Arc<PdRouter> {
+        &self.inner
+    }
 }
 
 #[pymethods]
@@ -138,16 +148,18 @@ impl PyPdRouter {
             decode_max_batch,
             ..PdConfig::DEFAULT
         };
-        let inner = PdRouter::new(
-            &prefill,
-            &decode,
-            kind,
-            block_size,
-            seed,
-            config.get().inner.clone(),
-            pd,
-        )
-        .py()?;
+        let inner = Arc::new(
+            PdRouter::new(
+                &prefill,
+                &decode,
+                kind,
+                block_size,
+                seed,
+                config.get().inner.clone(),
+                pd,
+            )
+            .py()?,
+        );
         Ok(Self { inner, config })
     }
 

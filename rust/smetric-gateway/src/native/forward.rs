@@ -1,31 +1,30 @@
 //! One request on the native path, from admission to its last byte (the steps of the module
 //! docs of [`crate::native`]): [`serve`].
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::channel::{Channel, Sender};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, SERVER};
+use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use hyper::http::request::Parts;
-use hyper::{Method, Request, Response, StatusCode};
-use smetric_core::{Decision, Prompt, RequestId, RouteRequest, TurnHint};
+use hyper::{Request, Response, StatusCode};
+use smetric_core::{Decision, Prompt, RouteRequest, TurnHint};
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 
 use super::apis;
+use super::attempt::{GatedSession, Lifecycle, REQUEST_ID, client_head, request_id};
+use super::pd::PrefillLeg;
 use super::protocol::{Plan, Protocol, StreamScan};
 use super::secret::same_bytes;
-use super::state::{FleetView, Native};
+use super::state::{FleetView, Native, Routing};
 use crate::admission::{Refusal, Slot};
-use crate::answers::{Body, Held, SERVER_NAME};
+use crate::answers::{Body, Held};
 use crate::counters::ClientError;
-use crate::delegate::{ControlPlane, strip_hop_by_hop};
+use crate::delegate::ControlPlane;
 use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER};
 use crate::records::Record;
 use crate::session_gate::{GateRefusal, SessionGate};
@@ -41,9 +40,6 @@ fn unadmitted(path: &str) -> bool {
     UNADMITTED_PATHS.contains(&path) || path.starts_with("/v1/sessions/") || path == "/finish_session"
 }
 
-/// `smetric serve`'s request id header.
-static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-static DECISION: HeaderName = HeaderName::from_static("x-smetric-decision");
 // The session, parent and end headers (a request carrying an end header is the app's: it
 // releases the session's state), the cut stream's message and the usage splice: `crate::shared`.
 use crate::shared::{
@@ -180,23 +176,6 @@ fn key_valid(keys: &[String], headers: &HeaderMap) -> bool {
     })
 }
 
-/// Request ids minted so far: mixed into each new one.
-static MINTED: AtomicU64 = AtomicU64::new(0);
-
-/// The request's id: the client's when it is safe (1–128 of `[A-Za-z0-9._:-]`), else a new one.
-fn request_id(headers: &HeaderMap) -> String {
-    let given = headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok());
-    if let Some(id) = given
-        && (1..=128).contains(&id.len())
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
-    {
-        return id.to_owned();
-    }
-    let n = MINTED.fetch_add(1, Ordering::Relaxed);
-    let state = RandomState::new();
-    format!("{:016x}{:016x}", state.hash_one(n), state.hash_one(!n))
-}
-
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get(name)
@@ -275,7 +254,9 @@ impl Native {
         };
         let cap = self.config.admission.max_in_flight_per_instance;
         if self.admission.admitted() >= cap {
-            exclude = self.skip_full(&fleet.instances, exclude, cap);
+            for pool in self.config.routing.pools(&fleet.instances) {
+                exclude = self.skip_full(&pool, exclude, cap);
+            }
         }
         let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
         let request = RouteRequest {
@@ -291,52 +272,67 @@ impl Native {
         };
         let decided = Instant::now();
         let prompt_tokens = plan.ids.len() as u64;
-        let gated = (self.gate.as_ref()).zip(plan.session.as_deref().map(SessionGate::session_key));
-        let routed = match gated {
-            Some((gate, key)) => {
-                match gate
-                    .route(&self.config.router, &request, key, prompt_tokens, deadline)
-                    .await
-                {
-                    Ok(routed) => routed,
-                    Err(refusal) => {
-                        let answer = gate_refusal(api, gate, refusal);
-                        record.status = answer.status().as_u16();
-                        record.refused = Some(refusal.reason());
-                        record.latency_s = arrived.elapsed().as_secs_f64();
-                        self.records.push(record);
-                        return answer;
-                    }
-                }
-            }
-            None => self.config.router.route(&request),
-        };
-        let Ok(decision) = routed else {
-            return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
-        };
-        record.decision_s = Some(decided.elapsed().as_secs_f64());
-        self.note_decision(&mut record, &decision);
-        let instance = decision.instance_name.to_string();
-        let mut lifecycle = Lifecycle {
-            router: Arc::clone(&self.config.router),
-            id: decision.request_id,
-            prefilled: false,
-            done: false,
-            gate: gated.map(|(gate, session)| GatedSession {
-                gate: Arc::clone(gate),
-                session,
-                instance: Arc::clone(&decision.instance_name),
-                prompt_tokens,
-            }),
-        };
-        // Forward.
+        // A stream asks for its usage (the realized hit), unless the body did.
         let body = if plan.hide_usage {
             with_usage_request(&raw)
         } else {
             raw.clone()
         };
+        let (instance, mut lifecycle, decision_header, body) = match &self.config.routing {
+            Routing::Colocated(router) => {
+                let gated = (self.gate.as_ref()).zip(plan.session.as_deref().map(SessionGate::session_key));
+                let routed = match gated {
+                    Some((gate, key)) => match gate.route(router, &request, key, prompt_tokens, deadline).await {
+                        Ok(routed) => routed,
+                        Err(refusal) => {
+                            let answer = gate_refusal(api, gate, refusal);
+                            record.status = answer.status().as_u16();
+                            record.refused = Some(refusal.reason());
+                            record.latency_s = arrived.elapsed().as_secs_f64();
+                            self.records.push(record);
+                            return answer;
+                        }
+                    },
+                    None => router.route(&request),
+                };
+                let Ok(decision) = routed else {
+                    return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+                };
+                record.decision_s = Some(decided.elapsed().as_secs_f64());
+                self.note_decision(&mut record, &decision);
+                let mut lifecycle = Lifecycle::new(&self.config.routing, decision.request_id);
+                lifecycle.gate = gated.map(|(gate, session)| GatedSession {
+                    gate: Arc::clone(gate),
+                    session,
+                    instance: Arc::clone(&decision.instance_name),
+                    prompt_tokens,
+                });
+                let header = self.decision_header(&decision, plan.source);
+                (decision.instance_name.to_string(), lifecycle, header, body)
+            }
+            Routing::Pd(pd) => {
+                let Ok(decision) = pd.route(&request) else {
+                    return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+                };
+                record.decision_s = Some(decided.elapsed().as_secs_f64());
+                match self
+                    .prefill_leg(pd, api, &decision, &plan, &parts.headers, &body, &mut record)
+                    .await
+                {
+                    PrefillLeg::Decode(leg) => (leg.instance, leg.lifecycle, leg.header, leg.body),
+                    PrefillLeg::Answered(answer) => {
+                        record.latency_s = arrived.elapsed().as_secs_f64();
+                        self.records.push(record);
+                        return answer;
+                    }
+                    PrefillLeg::Failed { instance, cause } => {
+                        return self.hand_off(plane, record, parts, raw, peer, &instance, &cause).await;
+                    }
+                }
+            }
+        };
+        // Forward.
         let upstream = self.upstream_request(api, &instance, &parts.headers, &id, body);
-        let decision_header = self.decision_header(&decision, plan.source);
         let sent = Instant::now();
         let answer =
             match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream)).await {
@@ -353,14 +349,7 @@ impl Native {
                 }
             };
         let (mut head, upstream_body) = answer.into_parts();
-        strip_hop_by_hop(&mut head.headers);
-        head.headers.remove(hyper::header::CONTENT_LENGTH);
-        head.headers.remove(hyper::header::HOST);
-        head.headers.insert(DECISION.clone(), decision_header);
-        if let Ok(value) = HeaderValue::from_str(&id) {
-            head.headers.insert(REQUEST_ID.clone(), value);
-        }
-        head.headers.insert(SERVER, HeaderValue::from_static(SERVER_NAME));
+        client_head(&mut head.headers, decision_header, &id);
         let streamed = head
             .headers
             .get(CONTENT_TYPE)
@@ -523,13 +512,13 @@ impl Native {
         Some(plan)
     }
 
-    /// `exclude` plus the instances at `cap` requests in flight, while one below it is left
-    /// (`admission.skip_full` over one pool).
+    /// `exclude` plus the instances of `instances` (one pool) at `cap` requests in flight, while
+    /// one below it is left (`admission.skip_full`, pool by pool).
     fn skip_full(&self, instances: &[String], exclude: Vec<String>, cap: usize) -> Vec<String> {
         let candidates: Vec<&String> = instances.iter().filter(|u| !exclude.contains(u)).collect();
         let full: Vec<String> = candidates
             .iter()
-            .filter(|u| self.config.router.load(u).is_ok_and(|l| l.bs >= cap as u64))
+            .filter(|u| self.config.routing.in_flight(u).is_some_and(|bs| bs >= cap as u64))
             .map(|u| (*u).clone())
             .collect();
         if full.is_empty() || full.len() >= candidates.len() {
@@ -544,7 +533,7 @@ impl Native {
         record.attempts = 1;
         record.instance = Some(d.instance_name.to_string());
         record.reason = Some(d.reason.name());
-        record.policy = Some(self.config.router.policy().name());
+        record.policy = Some(self.config.routing.policy_name());
         record.first_turn = Some(d.first_turn);
         record.predicted_local_hit = Some(d.local_hit_tokens);
         record.predicted_global_hit = Some(d.global_hit_tokens);
@@ -561,42 +550,9 @@ impl Native {
             u8::from(d.first_turn),
             d.local_hit_tokens,
             d.global_hit_tokens,
-            self.config.router.policy().name(),
+            self.config.routing.policy_name(),
         );
         HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("unrenderable"))
-    }
-
-    /// The engine's request: the client's end-to-end headers, the request id, and the keys.
-    fn upstream_request(
-        &self,
-        api: Api,
-        instance: &str,
-        headers: &HeaderMap,
-        id: &str,
-        body: Bytes,
-    ) -> Request<Full<Bytes>> {
-        let mut out = headers.clone();
-        strip_hop_by_hop(&mut out);
-        for name in [hyper::header::HOST, hyper::header::CONTENT_LENGTH] {
-            out.remove(name);
-        }
-        if let Ok(value) = HeaderValue::from_str(id) {
-            out.insert(REQUEST_ID.clone(), value);
-        }
-        if !self.config.client_keys.is_empty() || self.config.upstream_key.is_some() {
-            out.remove(hyper::header::AUTHORIZATION);
-            out.remove("x-api-key");
-        }
-        if let Some(key) = &self.config.upstream_key
-            && let Ok(value) = HeaderValue::from_str(&format!("Bearer {key}"))
-        {
-            out.insert(hyper::header::AUTHORIZATION, value);
-        }
-        let mut request = Request::new(Full::new(body));
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = format!("{instance}{}", api.path()).parse().unwrap_or_default();
-        *request.headers_mut() = out;
-        request
     }
 
     /// An attempt that failed at `instance` before the client had a byte: the app carries the
@@ -666,67 +622,6 @@ pub fn routing_ids(path: &str, raw: &[u8], tokens: Option<&TokenSource>) -> Opti
         _ => None,
     };
     Some((plan.ids, first_turn))
-}
-
-/// A routed attempt's lifecycle: `on_prefilled` at most once, then exactly one `on_finished`
-/// or — on every other path, a dropped future included — `on_aborted`; the session gate, when
-/// it admitted the attempt, hears the same end once.
-struct Lifecycle {
-    router: Arc<smetric_core::Router>,
-    id: RequestId,
-    prefilled: bool,
-    done: bool,
-    gate: Option<GatedSession>,
-}
-
-/// What the session gate is told when a gated attempt ends.
-struct GatedSession {
-    gate: Arc<SessionGate>,
-    session: u64,
-    instance: Arc<str>,
-    prompt_tokens: u64,
-}
-
-impl GatedSession {
-    fn ended(&self, output_tokens: u64) {
-        self.gate
-            .finished(self.session, &self.instance, self.prompt_tokens + output_tokens);
-    }
-}
-
-impl Lifecycle {
-    fn prefilled(&mut self) {
-        if !self.prefilled && !self.done {
-            self.prefilled = true;
-            self.router.on_prefilled(self.id);
-        }
-    }
-
-    fn aborted(&mut self) {
-        if !self.done {
-            self.done = true;
-            self.router.on_aborted(self.id);
-            if let Some(gated) = &self.gate {
-                gated.ended(0);
-            }
-        }
-    }
-
-    fn finished(&mut self, output_tokens: u64) {
-        if !self.done {
-            self.done = true;
-            self.router.on_finished(self.id, output_tokens);
-            if let Some(gated) = &self.gate {
-                gated.ended(output_tokens);
-            }
-        }
-    }
-}
-
-impl Drop for Lifecycle {
-    fn drop(&mut self) {
-        self.aborted();
-    }
 }
 
 /// A request the session gate refused, in the API's error shape with `Retry-After`.

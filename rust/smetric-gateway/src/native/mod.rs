@@ -38,12 +38,14 @@
 //! one render, one route, the bytes moved, and a scan of the stream.
 
 mod apis;
+mod attempt;
 pub mod chatml;
 mod engines;
 mod forward;
 mod json;
 mod messages;
 mod openai;
+mod pd;
 mod protocol;
 mod response_ids;
 mod responses;
@@ -55,4 +57,4 @@ mod stream;
 pub use forward::routing_ids;
 pub(crate) use forward::serve;
 pub(crate) use state::Native;
-pub use state::{FleetView, NativeApis, NativeConfig, NativeHandles};
+pub use state::{FleetView, NativeApis, NativeConfig, NativeHandles, Routing};

@@ -66,6 +66,10 @@ pub(crate) trait Protocol: Sync {
     fn scanner(&self, ids: &Arc<ResponseIds>, hide_usage: bool, instance: &str) -> Box<dyn StreamScan>;
     /// A whole answer's `(output tokens, cached prompt tokens)`.
     fn usage(&self, answer: &[u8]) -> (Option<u64>, Option<u64>);
+    /// Fields a PD prefill leg sets besides the protocol's own (`native/pd.rs`), as JSON.
+    fn prefill_overrides(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
     /// A whole answer as the client gets it (ids rewritten where the API has them).
     fn relay_whole(&self, _ids: &ResponseIds, whole: Bytes, _instance: &str) -> Bytes {
         whole

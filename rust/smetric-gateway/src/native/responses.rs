@@ -607,6 +607,13 @@ impl Protocol for Responses {
         Box::new(ResponsesStream::new(Arc::clone(ids), instance))
     }
 
+    /// A prefill leg generates one token and stores nothing (vLLM's store never evicts: a
+    /// stored prefill-only response would stay on the prefill instance for good) — the app's
+    /// `responses.PREFILL_OVERRIDES`.
+    fn prefill_overrides(&self) -> &'static [(&'static str, &'static str)] {
+        &[("max_output_tokens", "1"), ("store", "false")]
+    }
+
     fn usage(&self, answer: &[u8]) -> (Option<u64>, Option<u64>) {
         usage_counts(answer)
     }

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use smetric_core::Router;
+use smetric_core::{PdRouter, Router};
 
 use super::engines::Engines;
 use super::response_ids::ResponseIds;
@@ -22,7 +22,7 @@ use crate::tokens::TokenSource;
 #[derive(Clone)]
 pub struct NativeConfig {
     /// The router the app routes on too.
-    pub router: Arc<Router>,
+    pub routing: Routing,
     /// Proves to the app that a request came from this gateway.
     pub secret: String,
     /// Client keys; empty: the proxy is open.
@@ -51,6 +51,46 @@ pub struct NativeConfig {
     pub session_gate: Option<SessionGateConfig>,
     /// The source of a chat template's ids (`None`: plain ChatML's approximate ids).
     pub tokens: Option<Arc<TokenSource>>,
+}
+
+/// The router the native path decides with: the co-located one, or the PD router over a prefill
+/// and a decode pool (`native/pd.rs`). Shared with the control plane, which feeds it.
+#[derive(Clone)]
+pub enum Routing {
+    Colocated(Arc<Router>),
+    Pd(Arc<PdRouter>),
+}
+
+impl Routing {
+    /// The policy's name (the prefill side's, for PD).
+    pub(crate) fn policy_name(&self) -> &'static str {
+        match self {
+            Self::Colocated(router) => router.policy().name(),
+            Self::Pd(pd) => pd.prefill().policy().name(),
+        }
+    }
+
+    /// The pools the per-instance cap is applied in, each on its own: the fleet's instances
+    /// (co-located), or the prefill and the decode pool.
+    pub(crate) fn pools(&self, instances: &[String]) -> Vec<Vec<String>> {
+        match self {
+            Self::Colocated(_) => vec![instances.to_vec()],
+            Self::Pd(pd) => {
+                let names = |pool: Vec<Arc<str>>| pool.iter().map(ToString::to_string).collect();
+                vec![names(pd.prefill().instances()), names(pd.decode_instances())]
+            }
+        }
+    }
+
+    /// Requests in flight on `instance` as the router counts them (PD: on either pool).
+    pub(crate) fn in_flight(&self, instance: &str) -> Option<u64> {
+        match self {
+            Self::Colocated(router) => router.load(instance).ok().map(|l| l.bs),
+            Self::Pd(pd) => {
+                (pd.prefill().load(instance).ok().map(|l| l.bs)).or_else(|| pd.decode_load(instance).ok().map(|l| l.bs))
+            }
+        }
+    }
 }
 
 /// The APIs the native path serves (the rest are delegated).
