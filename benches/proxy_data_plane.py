@@ -52,6 +52,10 @@ renderer for these bodies),
 ``dataplane-probe`` (with ``--dataplane-probe``; chat routed, the others round robin), ``tcp-relay`` and
 ``vllm-router`` (with ``--vllm-router``), each in turn, so every proxy is read against the direct
 requests sent beside its own.
+``--apis --pd`` runs the same rows in PD mode: two prefill and two decode fake engines,
+``smetric serve --prefill … --decode …`` on both planes and vllm-router's PD mode
+(``--vllm-pd-disaggregation``, with ``--vllm-router``); the direct side speaks the
+disaggregated-prefill protocol by hand (:func:`pd_by_hand`).
 Bounded: loopback only, fixed counts and durations, every server stopped at the end.
 
     .venv/bin/python benches/proxy_data_plane.py --vllm-router /tmp/vr-venv/bin/vllm-router
@@ -686,6 +690,21 @@ def start_vllm_router(executable: str, engines: Sequence[str], procs: list[subpr
     return launch("vllm-router", cmd, procs, port, ready="/health", quiet=True)
 
 
+def start_vllm_router_pd(
+    executable: str, prefill: Sequence[str], decode: Sequence[str], procs: list[subprocess.Popen[Any]]
+) -> Candidate:
+    """vllm-router in its vLLM PD mode (``--vllm-pd-disaggregation``, ``round_robin`` on both
+    pools) in front of the prefill and decode engines."""
+    port = free_port()
+    cmd = [executable, "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation"]
+    cmd += ["--policy", "round_robin", "--max-payload-size", str(64 << 20), "--log-level", "error"]
+    for url in prefill:
+        cmd += ["--prefill", url]
+    for url in decode:
+        cmd += ["--decode", url]
+    return launch("vllm-router", cmd, procs, port, ready="/health", quiet=True)
+
+
 def start_probe(executable: str, engines: Sequence[str], procs: list[subprocess.Popen[Any]]) -> Candidate:
     """The compiled probe (``benches/dataplane``) in front of ``engines``."""
     port = free_port()
@@ -713,12 +732,16 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
             Candidate("tcp-relay", start_relays(engines, procs), None) if shutil.which("socat") else None
         ),
         "vllm-router": lambda: (
-            start_vllm_router(args.vllm_router, engines, procs)
+            (
+                start_vllm_router_pd(args.vllm_router, *pools, procs)
+                if pools
+                else start_vllm_router(args.vllm_router, engines, procs)
+            )
             if args.vllm_router and shutil.which(args.vllm_router)
             else None
         ),
     }
-    default = ["smetric-serve", "smetric-serve-compiled"] if pools else list(starters)
+    default = ["smetric-serve", "smetric-serve-compiled", "vllm-router"] if pools else list(starters)
     chosen = args.only.split(",") if args.only else default
     unknown = set(chosen) - set(starters)
     if unknown:

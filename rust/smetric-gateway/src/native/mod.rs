@@ -23,6 +23,10 @@
 //!    (`stream`); the router hears `on_prefilled` at the first byte and `on_finished` (the
 //!    output tokens) or `on_aborted`.
 //!
+//! In PD mode (`Routing::Pd`) step 5 names a prefill and a decode instance (`PdRouter`), and
+//! the prefill leg runs first ([`pd`]: vLLM's disaggregated-prefill protocol); step 6 is the
+//! decode leg's answer, the router hearing `on_transferred` at its first byte.
+//!
 //! Anything else is handed to the app as it came (its body, when read, resent): a request the
 //! native path does not serve, a body the app must refuse (the app's error says why), and an
 //! attempt that failed before any byte reached the client — with the instances that failed and
