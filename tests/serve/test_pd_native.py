@@ -3,7 +3,8 @@ as the app's PD backend does (``rust/smetric-gateway/src/native/pd.rs``).
 
 The engines are real ``FakeEngine`` prefill and decode instances behind recording relays, so
 each test sees the exact bodies each leg sent. The differential test sends the same requests
-through the Python plane and the gateway and holds every leg's body equal; the fault tests
+through the Python plane and the gateway, in approximate and in tokenizer mode, and holds every
+leg's body equal; the fault tests
 break the prefill leg in each way the module names and check where the request ends.
 
 Bounded: two or three fake engines at 1,000× speed, at most 40 requests a test; ≈5 s in all."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -77,9 +79,24 @@ def engines() -> Iterator[tuple[FakeEngine, FakeEngine]]:
     decode.stop()
 
 
-def pd_proxy(prefill: list[str], decode: list[str], data_plane: str) -> ProxyServer:
+TOKENS = {
+    "approximate": {"mode": "approximate"},
+    "tokenizer": {
+        "mode": "tokenizer",
+        "tokenizer": str(Path(__file__).parents[1] / "data" / "serve" / "tokenizer.json"),
+    },
+}
+
+
+def pd_proxy(prefill: list[str], decode: list[str], data_plane: str, tokens: str = "approximate") -> ProxyServer:
     cfg = load_config(
-        prefill=prefill, decode=decode, port=0, engine_load=False, probe_interval_s=0.1, data_plane=data_plane
+        prefill=prefill,
+        decode=decode,
+        port=0,
+        engine_load=False,
+        probe_interval_s=0.1,
+        data_plane=data_plane,
+        tokens=TOKENS[tokens],
     )
     return ProxyServer(cfg).start()
 
@@ -92,7 +109,8 @@ def native_requests(server: ProxyServer) -> float:
     )
 
 
-def test_each_leg_gets_the_body_the_app_sends_on_every_api(engines: tuple[FakeEngine, FakeEngine]) -> None:
+@pytest.mark.parametrize("tokens", list(TOKENS))
+def test_each_leg_gets_the_body_the_app_sends_on_every_api(engines: tuple[FakeEngine, FakeEngine], tokens: str) -> None:
     prefill, decode = engines
     legs: dict[str, tuple[list[Any], list[Any]]] = {}
     answers: dict[str, list[tuple[int, str]]] = {}
@@ -101,7 +119,7 @@ def test_each_leg_gets_the_body_the_app_sends_on_every_api(engines: tuple[FakeEn
         seen_d: list[tuple[str, dict[str, Any]]] = []
         prefill_answers: list[bytes] = []
         with Stub(relay(prefill.url, seen_p, prefill_answers)) as p, Stub(relay(decode.url, seen_d)) as d:
-            server = pd_proxy([p.url], [d.url], plane)
+            server = pd_proxy([p.url], [d.url], plane, tokens)
             try:
                 answers[plane] = []
                 for path, body in REQUESTS:
@@ -109,6 +127,7 @@ def test_each_leg_gets_the_body_the_app_sends_on_every_api(engines: tuple[FakeEn
                     assert status == 200, (plane, path, raw[:300])
                     d_ = decision(headers)
                     assert (d_["prefill"], d_["instance"]) == (p.url, d.url)
+                    assert d_["tokens"] == tokens, "routed on the mode's ids"
                     answers[plane].append((status, headers.get("content-type", "")))
                 assert pd_router(server).stats()["in_flight"] == 0
                 natives = native_requests(server)
