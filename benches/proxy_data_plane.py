@@ -281,8 +281,11 @@ def start_python_proxy(engines: Sequence[str], procs: list[subprocess.Popen[Any]
 # --- the load ------------------------------------------------------------------------------------
 
 
-async def one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool) -> tuple[float, float]:
-    start = time.perf_counter()
+async def one(
+    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, start: float | None = None
+) -> tuple[float, float]:
+    """One request: its time to the first byte and to the last, from ``start`` (default: now)."""
+    start = time.perf_counter() if start is None else start
     first = None
     async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
         if stream:
@@ -667,17 +670,7 @@ def pd_by_hand(prefill: Sequence[str], decode: Sequence[str], path: str, bodies:
             resp.raise_for_status()
         params = json.dumps(json.loads(answer)["kv_transfer_params"]).encode()
         decode_body = body.rstrip()[:-1] + b', "kv_transfer_params": ' + params + b"}"
-        first = None
-        async with session.post(f"{next(decode_urls)}{path}", data=decode_body, headers=headers) as resp:
-            if stream:
-                async for _ in resp.content.iter_any():
-                    if first is None:
-                        first = time.perf_counter()
-            else:
-                await resp.read()
-            resp.raise_for_status()
-        end = time.perf_counter()
-        return (first or end) - start, end - start
+        return await one(session, f"{next(decode_urls)}{path}", decode_body, stream, start)
 
     return call
 
