@@ -16,12 +16,13 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, SERVER};
 use hyper::{Method, Request};
-use smetric_core::RequestId;
+use smetric_core::{Decision, RequestId};
 
 use super::protocol::Protocol;
 use super::state::{Native, Routing};
 use crate::answers::SERVER_NAME;
 use crate::delegate::strip_hop_by_hop;
+use crate::records::Record;
 use crate::session_gate::SessionGate;
 
 /// `smetric serve`'s request id header.
@@ -147,6 +148,17 @@ impl Drop for Lifecycle {
 }
 
 impl Native {
+    /// The record of a decision: its instance, reason, policy, turn verdict and predicted hits.
+    pub(super) fn note_decision(&self, record: &mut Record, d: &Decision) {
+        record.attempts = 1;
+        record.instance = Some(d.instance_name.to_string());
+        record.reason = Some(d.reason.name());
+        record.policy = Some(self.config.routing.policy_name());
+        record.first_turn = Some(d.first_turn);
+        record.predicted_local_hit = Some(d.local_hit_tokens);
+        record.predicted_global_hit = Some(d.global_hit_tokens);
+    }
+
     /// The engine's request: the client's end-to-end headers, the request id, and the keys.
     pub(super) fn upstream_request(
         &self,

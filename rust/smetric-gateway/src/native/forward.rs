@@ -529,16 +529,6 @@ impl Native {
         out
     }
 
-    fn note_decision(&self, record: &mut Record, d: &Decision) {
-        record.attempts = 1;
-        record.instance = Some(d.instance_name.to_string());
-        record.reason = Some(d.reason.name());
-        record.policy = Some(self.config.routing.policy_name());
-        record.first_turn = Some(d.first_turn);
-        record.predicted_local_hit = Some(d.local_hit_tokens);
-        record.predicted_global_hit = Some(d.global_hit_tokens);
-    }
-
     /// The `x-smetric-decision` value (`colocated.decision_header`).
     fn decision_header(&self, d: &Decision, source: &str) -> HeaderValue {
         let reason = d.reason.name();

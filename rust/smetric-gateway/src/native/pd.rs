@@ -122,13 +122,8 @@ impl Native {
     ) -> PrefillLeg {
         let prefill = decision.prefill.instance_name.to_string();
         let decode = decision.decode_instance_name.to_string();
-        record.attempts = 1;
-        record.instance = Some(decode.clone());
-        record.reason = Some(decision.prefill.reason.name());
-        record.policy = Some(self.config.routing.policy_name());
-        record.first_turn = Some(decision.prefill.first_turn);
-        record.predicted_local_hit = Some(decision.prefill.local_hit_tokens);
-        record.predicted_global_hit = Some(decision.prefill.global_hit_tokens);
+        self.note_decision(record, &decision.prefill);
+        record.instance = Some(decode.clone()); // the instance that answers the client
         let lifecycle = Lifecycle::new(&self.config.routing, decision.prefill.request_id);
         let header = self.pd_decision_header(decision, plan.source);
         let failed = |cause: &str| PrefillLeg::Failed {
