@@ -549,10 +549,14 @@ class GatewayNative:
         session_max_held: int = 0,
         session_hold_timeout_s: float = 0.0,
         tokens: GatewayTokenSource | None = None,
+        ids_only: bool = False,
     ) -> Self: ...
     @property
     def apis(self) -> list[str]:
         """The APIs the native path serves (``chat``, ``completions``, ``messages``, ``responses``)."""
+    @property
+    def ids_only(self) -> bool:
+        """Whether only token-id prompts are routed (``--tokens ids``; the app refuses the rest)."""
 
 @final
 class GatewayTokenSource:

@@ -352,7 +352,8 @@ def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(e
         ({"mode": "tokenizer", "tokenizer": tokenizer}, True, chat),
         # A chat template in approximate mode: the gateway renders it too.
         ({"mode": "approximate", "chat_template": "{{ messages[0].content }}"}, True, chat),
-        ({"mode": "ids"}, False, ids),
+        # Ids mode routes completions' token ids alone (the rest is refused): the gateway serves those.
+        ({"mode": "ids"}, True, ids),
     ):
         p = proxy_for(urls, data_plane="auto", tokens=tokens)
         try:
@@ -362,3 +363,23 @@ def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(e
             assert status == 200
         finally:
             p.stop()
+
+
+def test_ids_mode_routes_token_ids_natively_and_leaves_the_refusals_to_the_app(engines: list[FakeEngine]) -> None:
+    instances = [{"url": e.url, "kv_events": "off"} for e in engines]
+    p = proxy_for(instances, data_plane="auto", tokens={"mode": "ids"})
+    try:
+        status, headers, _ = request(p.url, "/v1/completions", {"prompt": list(range(100)), "max_tokens": 2})
+        assert status == 200 and decision(headers)["tokens"] == "ids"
+        for path, body, param in (
+            ("/v1/completions", {"prompt": "text, not ids", "max_tokens": 2}, "prompt"),
+            (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, "messages"),
+        ):
+            status, _, raw = request(p.url, path, body)
+            error = json.loads(raw)["error"]
+            assert status == 400 and error["param"] == param and "token ids" in error["message"], raw
+        text = page(p)
+        assert metric(text, "smetric_proxy_native_requests_total", api="completions") == 1
+        assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 0
+    finally:
+        p.stop()

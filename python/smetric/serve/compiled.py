@@ -6,7 +6,8 @@
   when routing ids are the approximate ids (``--tokens approximate``, 4-byte chunks) of plain
   ChatML or of a chat template, or the tokenizer's (``--tokens tokenizer``) — a template the
   gateway renders itself (:func:`gateway_token_source`: the same files the app resolved) —
-  completions when text prompts are routed that way too (token-id prompts always are);
+  completions when text prompts are routed that way too (token-id prompts always are; in ids
+  mode, ``--tokens ids``, only those, the app refusing the rest);
   co-located instances, or a PD fleet (the gateway speaks vLLM's disaggregated-prefill protocol as
   :mod:`smetric.serve.backends.pd` does; without session admission, whose stage is co-located),
   over plain HTTP, a policy without llm-d's session cookie and not one of vllm-router's hash
@@ -107,10 +108,12 @@ def native_settings(
     if isinstance(router, PdRouter) and config.session_admission != "off":
         return None
     source = gateway_token_source(tokens)
+    ids_only = tokens.kind == "ids"
     approximate = tokens.kind == "approximate" and tokens.config.approx_chunk_bytes == DEFAULT_APPROX_CHUNK_BYTES
-    if not approximate and source is None:
+    if not (approximate or ids_only) and source is None:
         return None
-    chat = source is not None or tokens.renders_plain_chatml
+    # In ids mode only completions with token-id prompts are routed; the app refuses the rest.
+    chat = not ids_only and (source is not None or tokens.renders_plain_chatml)
     return GatewayNative(
         router,
         secret=secret,
@@ -139,6 +142,7 @@ def native_settings(
         session_max_held=config.session_max_held,
         session_hold_timeout_s=config.session_hold_timeout_s,
         tokens=source,
+        ids_only=ids_only,
     )
 
 
@@ -147,11 +151,17 @@ CONVERSATION_APIS = frozenset({"chat", "messages", "responses"})
 
 
 def serves_conversations(native: GatewayNative | None) -> bool:
-    """Whether the native path serves every conversation API: ``--data-plane auto`` then takes
-    the gateway. Where it serves only some, the others would pay the gateway's hop to the app
-    (+0.3–0.9 ms, docs/proxy-data-plane.md), so ``auto`` keeps the app alone there
-    (``--data-plane compiled`` still takes the gateway)."""
-    return native is not None and set(native.apis) >= CONVERSATION_APIS
+    """Whether the native path serves every request this proxy routes: every conversation API,
+    or in ids mode (which routes completions' token-id prompts alone and refuses the rest) the
+    completions it routes. ``--data-plane auto`` then takes the gateway. Where it serves only
+    some, the others would pay the gateway's hop to the app (+0.3–0.9 ms,
+    docs/proxy-data-plane.md), so ``auto`` keeps the app alone there (``--data-plane compiled``
+    still takes the gateway); a refusal's hop costs nothing that matters."""
+    if native is None:
+        return False
+    if native.ids_only:
+        return "completions" in native.apis
+    return set(native.apis) >= CONVERSATION_APIS
 
 
 def plane_summary(compiled: bool, native: GatewayNative | None) -> str:

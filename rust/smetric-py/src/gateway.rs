@@ -72,7 +72,7 @@ impl PyGatewayNative {
         max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages, responses,
         response_id_key,
         resume_streams, labels, max_records, session_admission = "off", session_capacity_tokens = 0,
-        session_max_held = 0, session_hold_timeout_s = 0.0, tokens = None
+        session_max_held = 0, session_hold_timeout_s = 0.0, tokens = None, ids_only = false
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)] // keyword arguments, one per setting
     fn new(
@@ -103,6 +103,7 @@ impl PyGatewayNative {
         session_max_held: usize,
         session_hold_timeout_s: f64,
         tokens: Option<&Bound<'_, PyGatewayTokenSource>>,
+        ids_only: bool,
     ) -> PyResult<Self> {
         let py = router.py();
         let routing = if let Ok(pd) = router.cast::<PyPdRouter>() {
@@ -167,8 +168,15 @@ impl PyGatewayNative {
                 max_records,
                 session_gate,
                 tokens: tokens.map(|t| Arc::clone(&t.get().inner)),
+                ids_only,
             },
         })
+    }
+
+    /// Whether only token-id prompts are routed (`--tokens ids`; the app refuses the rest).
+    #[getter]
+    fn ids_only(&self) -> bool {
+        self.config.ids_only
     }
 
     /// The APIs the native path serves, by name (`chat`, `completions`, `messages`, `responses`).

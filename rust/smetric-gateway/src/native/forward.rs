@@ -504,6 +504,9 @@ impl Native {
         if matches!(plan.turn, TurnHint::Messages { first_turn: true }) && names_parent(headers) {
             return None;
         }
+        if self.config.ids_only && plan.source != "ids" {
+            return None; // the app's to refuse: this proxy routes on token ids only
+        }
         if let Some(model) = plan.model.as_deref()
             && ((!fleet.models.is_empty() && !fleet.models.contains_key(model)) || fleet.adapters.contains(model))
         {

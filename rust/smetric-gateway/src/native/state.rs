@@ -51,6 +51,8 @@ pub struct NativeConfig {
     pub session_gate: Option<SessionGateConfig>,
     /// The source of a chat template's ids (`None`: plain ChatML's approximate ids).
     pub tokens: Option<Arc<TokenSource>>,
+    /// `--tokens ids`: only a prompt of token ids is routed; the app refuses the rest (400).
+    pub ids_only: bool,
 }
 
 /// The router the native path decides with: the co-located one, or the PD router over a prefill
