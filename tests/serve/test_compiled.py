@@ -383,3 +383,35 @@ def test_ids_mode_routes_token_ids_natively_and_leaves_the_refusals_to_the_app(e
         assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 0
     finally:
         p.stop()
+
+
+@pytest.mark.parametrize("policy", ["consistent_hash", "rendezvous_hash"])
+def test_vllm_routers_hash_policies_key_on_the_session_header_natively_as_the_app_does(
+    engines: list[FakeEngine], policy: str
+) -> None:
+    """The gateway hashes the header session hint as the app does, and the prompt without one:
+    the same requests land on the same instances on both planes."""
+    instances = [{"url": e.url, "kv_events": "off"} for e in engines]
+    picks: dict[str, list[str]] = {}
+    for plane in ("python", "auto"):
+        p = proxy_for(instances, data_plane=plane, tokens={"mode": "approximate"}, policy=policy)
+        try:
+            assert p.proxy is not None and (p.proxy.compiled is not None) is (plane == "auto")
+            picks[plane] = []
+            for n in range(24):
+                headers = {"x-session-id": f"agent-session-{n % 8}"} if n % 4 else {}
+                body = {"messages": [{"role": "user", "content": f"step {n} " * (n + 1)}], "max_tokens": 1}
+                status, answer_headers, raw = request(p.url, CHAT, body, headers=headers)
+                assert status == 200, raw[:200]
+                picks[plane].append(decision(answer_headers)["instance"])
+            natives = metric(page(p), "smetric_proxy_native_requests_total", api="chat")
+            assert natives == (24 if plane == "auto" else 0)
+        finally:
+            p.stop()
+    assert picks["auto"] == picks["python"]
+    by_session: dict[int, set[str]] = {}
+    for n, instance in enumerate(picks["auto"]):
+        if n % 4:
+            by_session.setdefault(n % 8, set()).add(instance)
+    assert all(len(s) == 1 for s in by_session.values()), "a session's requests share an instance"
+    assert len(set(picks["auto"])) == 2, "sessions and prompts spread over both instances"

@@ -203,12 +203,13 @@ def test_session_admission_needs_the_compiled_co_located_plane() -> None:
 
 
 def test_a_policy_the_native_path_does_not_serve_is_refused_at_start(engine: FakeEngine) -> None:
-    """A hash policy is served by the app alone: the stage would never run, so start fails."""
+    """llm-d's session-cookie policy is served by the app alone: the stage would never run, so
+    start fails."""
     config = load_config(
         instances=[{"url": engine.url, "kv_events": "off"}],
         port=0,
         engine_load=False,
-        policy="consistent_hash",
+        policy="llmd_session_affinity",
         session_admission="pause",
         tokens={"mode": "approximate"},
     )

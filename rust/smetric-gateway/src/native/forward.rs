@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::{Request, Response, StatusCode};
-use smetric_core::{Decision, Prompt, RouteRequest, TurnHint};
+use smetric_core::{Decision, Prompt, RequestId, RouteRequest, TurnHint};
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 
 use super::apis;
@@ -196,6 +196,16 @@ fn header_session(headers: &HeaderMap) -> Option<String> {
     Some(value.to_owned())
 }
 
+/// Whether every session header present is visible ASCII (or space), as `header_session` reads
+/// it: other bytes the app decodes to other text, whose hash would differ.
+fn session_headers_ascii(headers: &HeaderMap) -> bool {
+    SESSION_HEADERS
+        .iter()
+        .chain(["x-claude-code-agent-id"].iter())
+        .flat_map(|name| headers.get_all(*name))
+        .all(|v| v.to_str().is_ok())
+}
+
 /// Whether the request is a sub-agent's (`session.parent_key` is not None): it names a parent,
 /// or it is a Claude Code sub-agent's (an agent id under a session id; its parent is the root).
 fn names_parent(headers: &HeaderMap) -> bool {
@@ -259,6 +269,11 @@ impl Native {
             }
         }
         let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
+        // vllm-router's hash policies hash the header session hint (as the app's
+        // `session_hint`, through `RequestId::from_name` as its binding does), else the prompt.
+        let session_key = (self.config.routing.hashes_session())
+            .then(|| plan.session.as_deref().map(|key| RequestId::from_name(key).0))
+            .flatten();
         let request = RouteRequest {
             prompt: Prompt::Tokens(&plan.ids),
             namespace: plan.namespace.as_deref(),
@@ -267,7 +282,7 @@ impl Native {
             now: None,
             exclude: &excluded,
             previous_instance: None,
-            session_key: None,
+            session_key,
             output_tokens: None,
         };
         let decided = Instant::now();
@@ -503,6 +518,9 @@ impl Native {
         };
         if matches!(plan.turn, TurnHint::Messages { first_turn: true }) && names_parent(headers) {
             return None;
+        }
+        if self.config.routing.hashes_session() && !session_headers_ascii(headers) {
+            return None; // a hint the app reads as other text than these bytes: its to hash
         }
         if self.config.ids_only && plan.source != "ids" {
             return None; // the app's to refuse: this proxy routes on token ids only

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use smetric_core::{PdRouter, Router};
+use smetric_core::{PdRouter, PolicyKind, Router};
 
 use super::engines::Engines;
 use super::response_ids::ResponseIds;
@@ -70,6 +70,16 @@ impl Routing {
             Self::Colocated(router) => router.policy().name(),
             Self::Pd(pd) => pd.prefill().policy().name(),
         }
+    }
+
+    /// Whether the policy hashes the request's session key (vllm-router's `consistent_hash` and
+    /// `rendezvous_hash`: the header session hint, else the prompt).
+    pub(crate) fn hashes_session(&self) -> bool {
+        let kind = match self {
+            Self::Colocated(router) => router.policy(),
+            Self::Pd(pd) => pd.prefill().policy(),
+        };
+        matches!(kind, PolicyKind::ConsistentHash | PolicyKind::RendezvousHash)
     }
 
     /// The pools the per-instance cap is applied in, each on its own: the fleet's instances
