@@ -10,6 +10,7 @@ in process, or stubs. Bounded: a handful of requests each.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -415,3 +416,37 @@ def test_vllm_routers_hash_policies_key_on_the_session_header_natively_as_the_ap
             by_session.setdefault(n % 8, set()).add(instance)
     assert all(len(s) == 1 for s in by_session.values()), "a session's requests share an instance"
     assert len(set(picks["auto"])) == 2, "sessions and prompts spread over both instances"
+
+
+def test_llm_ds_session_cookie_is_read_and_set_natively_as_the_app_does(engines: list[FakeEngine]) -> None:
+    """``llmd_session_affinity`` on the gateway: the request's cookie names the previous instance,
+    the answer sets the cookie when it names another; the same requests get the same instances
+    and the same ``Set-Cookie`` on both planes."""
+    instances = [{"url": e.url, "kv_events": "off"} for e in engines]
+    seen: dict[str, list[tuple[str, str | None]]] = {}
+    for plane in ("python", "auto"):
+        p = proxy_for(instances, data_plane=plane, tokens={"mode": "approximate"}, policy="llmd_session_affinity")
+        try:
+            assert p.proxy is not None and (p.proxy.compiled is not None) is (plane == "auto")
+            seen[plane] = []
+            cookie: str | None = None
+            for n in range(12):
+                if n in (4, 5):  # not base64 of text; an instance not in the fleet
+                    cookie = "llm-d-session=!!" if n == 4 else "llm-d-session=aHR0cDovL25vd2hlcmU6MQ=="
+                if n == 8:  # the other instance, named by the client
+                    other = next(e.url for e in engines if e.url != seen[plane][-1][0])
+                    cookie = "llm-d-session=" + base64.b64encode(other.encode()).decode()
+                headers = {"Cookie": f"theme=dark; {cookie}"} if cookie else {}
+                body = {"messages": [{"role": "user", "content": f"turn {n} " * (n + 2)}], "max_tokens": 1}
+                status, answer_headers, raw = request(p.url, CHAT, body, headers=headers)
+                assert status == 200, raw[:200]
+                set_cookie = answer_headers.get("set-cookie")
+                seen[plane].append((decision(answer_headers)["instance"], set_cookie))
+                if set_cookie is not None:
+                    cookie = set_cookie.split(";")[0]
+            natives = metric(page(p), "smetric_proxy_native_requests_total", api="chat")
+            assert natives == (12 if plane == "auto" else 0)
+        finally:
+            p.stop()
+    assert seen["auto"] == seen["python"]
+    assert seen["auto"][0][1] is not None and seen["auto"][1][1] is None, "set once, then carried"

@@ -202,15 +202,14 @@ def test_session_admission_needs_the_compiled_co_located_plane() -> None:
     assert bad_timeout.value.field == "session_hold_timeout_s"
 
 
-def test_a_policy_the_native_path_does_not_serve_is_refused_at_start(engine: FakeEngine) -> None:
-    """llm-d's session-cookie policy is served by the app alone: the stage would never run, so
-    start fails."""
+def test_a_deployment_the_native_path_does_not_serve_is_refused_at_start(engine: FakeEngine) -> None:
+    """An https engine is served by the app alone: the stage would never run, so start fails."""
     config = load_config(
-        instances=[{"url": engine.url, "kv_events": "off"}],
+        instances=[{"url": engine.url.replace("http://", "https://"), "kv_events": "off"}],
         port=0,
         engine_load=False,
-        policy="llmd_session_affinity",
         session_admission="pause",
+        session_capacity_tokens=100_000,
         tokens={"mode": "approximate"},
     )
     with pytest.raises(InvalidConfigError) as refused:

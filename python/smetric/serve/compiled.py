@@ -10,9 +10,9 @@
   mode, ``--tokens ids``, only those, the app refusing the rest);
   co-located instances, or a PD fleet (the gateway speaks vLLM's disaggregated-prefill protocol as
   :mod:`smetric.serve.backends.pd` does; without session admission, whose stage is co-located),
-  over plain HTTP, a policy without llm-d's session cookie (its cookie is the app's to read and
-  set; vllm-router's hash policies get the header session hint as the app gives it). Otherwise
-  it returns None and the gateway only admits and delegates.
+  over plain HTTP (vllm-router's hash policies get the header session hint and llm-d's
+  session-affinity policy its cookie as the app gives them, and its answers set the cookie as the
+  app's do). Otherwise it returns None and the gateway only admits and delegates.
 * :class:`CompiledPlane` keeps the gateway and the app in step: the fleet's view (instances,
   ejections, models, adapters) is pushed to the gateway whenever the fleet changes, and the
   gateway's records — one per request it served natively — are taken every
@@ -55,7 +55,6 @@ from smetric.serve.config import ServeConfig
 from smetric.serve.decision_log import Outcome, Outcomes
 from smetric.serve.fleet import Fleet
 from smetric.serve.labels import core_reasons, reason_label
-from smetric.serve.session import AFFINITY_POLICY
 from smetric.serve.telemetry import Histogram, ProxyTelemetry
 from smetric.serve.tokens import DEFAULT_APPROX_CHUNK_BYTES, TokenSource
 from smetric.serve.upstream import Refused
@@ -103,7 +102,7 @@ def native_settings(
     the module docs); ``router`` is the backend's (co-located or PD); ``response_id_key`` the
     key the app's Responses adapter issues its ids with."""
     plain_http = all(url.startswith("http://") for url in (i.url for i in config.all_instances))
-    if router.policy == AFFINITY_POLICY or not plain_http:
+    if not plain_http:
         return None
     if isinstance(router, PdRouter) and config.session_admission != "off":
         return None

@@ -46,17 +46,112 @@ pub(super) fn request_id(headers: &HeaderMap) -> String {
     format!("{:016x}{:016x}", state.hash_one(n), state.hash_one(!n))
 }
 
-/// An engine's answer headers as the client gets them: end-to-end fields only, the decision and
-/// the request id added (the length is the relay's to set).
-pub(super) fn client_head(headers: &mut HeaderMap, decision_header: HeaderValue, id: &str) {
+/// An engine's answer headers as the client gets them: end-to-end fields only, the decision,
+/// the session cookie (llm-d's policy) and the request id added (the length is the relay's to
+/// set).
+pub(super) fn client_head(
+    headers: &mut HeaderMap,
+    decision_header: HeaderValue,
+    cookie: Option<HeaderValue>,
+    id: &str,
+) {
     strip_hop_by_hop(headers);
     headers.remove(hyper::header::CONTENT_LENGTH);
     headers.remove(hyper::header::HOST);
     headers.insert(DECISION.clone(), decision_header);
+    if let Some(cookie) = cookie {
+        headers.insert(hyper::header::SET_COOKIE, cookie);
+    }
     if let Ok(value) = HeaderValue::from_str(id) {
         headers.insert(REQUEST_ID.clone(), value);
     }
     headers.insert(SERVER, HeaderValue::from_static(SERVER_NAME));
+}
+
+/// llm-d's session-affinity cookie: the base64 of the instance that served the session last
+/// (`session.AFFINITY_COOKIE`; read and set for the `llmd_session_affinity` policy).
+const AFFINITY_COOKIE: &str = "llm-d-session";
+
+/// The instance a request's `llm-d-session` cookie names, as the app's
+/// `session.affinity_instance` reads it: the first `Cookie` header's first pair of that name,
+/// its value base64 (standard alphabet, Python's `b64decode(validate=True)` padding rules) of
+/// UTF-8 text; `Ok(None)` for none or a value that is not. `Err` when the header is not
+/// visible ASCII (the app decodes other text: the request is its to route).
+pub(super) fn affinity_instance(headers: &HeaderMap) -> Result<Option<String>, ()> {
+    let Some(cookie) = headers.get(hyper::header::COOKIE) else {
+        return Ok(None);
+    };
+    let cookie = cookie.to_str().map_err(|_| ())?;
+    for pair in cookie.split(';') {
+        let Some((name, value)) = pair.trim_matches([' ', '\t']).split_once('=') else {
+            continue;
+        };
+        if name == AFFINITY_COOKIE {
+            return Ok(base64_decode(value).and_then(|bytes| String::from_utf8(bytes).ok()));
+        }
+    }
+    Ok(None)
+}
+
+/// The `Set-Cookie` value an answer from `chosen` carries when the request's cookie named
+/// `previous` (the app's `session.affinity_set_cookie`): none when it already named `chosen`.
+pub(super) fn affinity_set_cookie(previous: Option<&str>, chosen: &str) -> Option<HeaderValue> {
+    if previous == Some(chosen) {
+        return None;
+    }
+    let value = format!(
+        "{AFFINITY_COOKIE}={}; Path=/; HttpOnly; SameSite=Lax",
+        base64_encode(chosen.as_bytes())
+    );
+    HeaderValue::from_str(&value).ok()
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+fn base64_encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for k in 0..4 {
+            if k <= chunk.len() {
+                out.push(char::from(BASE64[(n >> (18 - 6 * k) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Python's `base64.b64decode(text, validate=True)`: only the standard alphabet then at most two
+/// `=`; a complete last group takes any padding, a group of 2 (3) data characters exactly two
+/// (one); 1 more than a multiple of 4 is refused; a last character's unused bits are dropped.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let data = text.trim_end_matches('=');
+    let padding = text.len() - data.len();
+    let value = |c: u8| BASE64.iter().position(|&a| a == c).map(|v| v as u32);
+    let digits: Vec<u32> = data.bytes().map(value).collect::<Option<_>>()?;
+    let valid = padding <= 2
+        && match digits.len() % 4 {
+            0 => true,
+            2 => padding == 2,
+            3 => padding == 1,
+            _ => false,
+        };
+    if !valid {
+        return None;
+    }
+    let mut out = Vec::with_capacity(digits.len() * 3 / 4);
+    for group in digits.chunks(4) {
+        let n = group.iter().enumerate().fold(0u32, |n, (i, &d)| n | d << (18 - 6 * i));
+        for k in 0..group.len() - 1 {
+            out.push((n >> (16 - 8 * k)) as u8);
+        }
+    }
+    Some(out)
 }
 
 /// A routed attempt's lifecycle: `on_prefilled` at most once, then exactly one `on_finished`
@@ -190,5 +285,61 @@ impl Native {
         *request.uri_mut() = format!("{instance}{}", api.path()).parse().unwrap_or_default();
         *request.headers_mut() = out;
         request
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_round_trips_and_refuses_what_python_refuses() {
+        for text in ["", "a", "ab", "abc", "http://127.0.0.1:8000", "é"] {
+            assert_eq!(
+                base64_decode(&base64_encode(text.as_bytes())).as_deref(),
+                Some(text.as_bytes())
+            );
+        }
+        // Python 3.11's b64decode(validate=True), case by case.
+        assert_eq!(base64_decode("QUJD=").as_deref(), Some(&b"ABC"[..]));
+        assert_eq!(base64_decode("QUJD==").as_deref(), Some(&b"ABC"[..]));
+        assert_eq!(base64_decode("QR==").as_deref(), Some(&b"A"[..]));
+        for refused in [
+            "QUJDR",
+            "QUJDR=",
+            "QUJDRE",
+            "QUJDRE=",
+            "QUJDREx",
+            "QUJDREx==",
+            "QU JD",
+            "QUJD===",
+            "QU=JD",
+        ] {
+            assert_eq!(base64_decode(refused), None, "{refused}");
+        }
+    }
+
+    #[test]
+    fn the_affinity_cookie_is_read_and_set_as_the_app_does() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(affinity_instance(&headers), Ok(None));
+        let token = base64_encode(b"http://a:1");
+        headers.insert(
+            hyper::header::COOKIE,
+            HeaderValue::from_str(&format!("x=1; llm-d-session={token}; llm-d-session=eg==")).unwrap(),
+        );
+        assert_eq!(affinity_instance(&headers), Ok(Some("http://a:1".to_owned())));
+        headers.insert(hyper::header::COOKIE, HeaderValue::from_static("llm-d-session=!!"));
+        assert_eq!(affinity_instance(&headers), Ok(None));
+        headers.insert(
+            hyper::header::COOKIE,
+            HeaderValue::from_bytes(b"llm-d-session=\xe9").unwrap(),
+        );
+        assert_eq!(affinity_instance(&headers), Err(()));
+        assert_eq!(affinity_set_cookie(Some("http://a:1"), "http://a:1"), None);
+        assert_eq!(
+            affinity_set_cookie(None, "http://a:1").unwrap(),
+            format!("llm-d-session={token}; Path=/; HttpOnly; SameSite=Lax").as_str()
+        );
     }
 }

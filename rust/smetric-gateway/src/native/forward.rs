@@ -16,7 +16,9 @@ use smetric_core::{Decision, Prompt, RequestId, RouteRequest, TurnHint};
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 
 use super::apis;
-use super::attempt::{GatedSession, Lifecycle, REQUEST_ID, client_head, request_id};
+use super::attempt::{
+    GatedSession, Lifecycle, REQUEST_ID, affinity_instance, affinity_set_cookie, client_head, request_id,
+};
 use super::pd::PrefillLeg;
 use super::protocol::{Plan, Protocol, StreamScan};
 use super::secret::same_bytes;
@@ -269,6 +271,16 @@ impl Native {
             }
         }
         let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
+        // llm-d's session cookie names the session's instance (the previous one to the policy).
+        let cookie_policy = self.config.routing.session_cookie();
+        let previous = if cookie_policy {
+            match affinity_instance(&parts.headers) {
+                Ok(previous) => previous,
+                Err(()) => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
+            }
+        } else {
+            None
+        };
         // vllm-router's hash policies hash the header session hint (as the app's
         // `session_hint`, through `RequestId::from_name` as its binding does), else the prompt.
         let session_key = (self.config.routing.hashes_session())
@@ -281,7 +293,7 @@ impl Native {
             request_id: None,
             now: None,
             exclude: &excluded,
-            previous_instance: None,
+            previous_instance: previous.as_deref(),
             session_key,
             output_tokens: None,
         };
@@ -293,7 +305,7 @@ impl Native {
         } else {
             raw.clone()
         };
-        let (instance, mut lifecycle, decision_header, body) = match &self.config.routing {
+        let (instance, mut lifecycle, decision_header, cookie, body) = match &self.config.routing {
             Routing::Colocated(router) => {
                 let gated = (self.gate.as_ref()).zip(plan.session.as_deref().map(SessionGate::session_key));
                 let routed = match gated {
@@ -323,7 +335,10 @@ impl Native {
                     prompt_tokens,
                 });
                 let header = self.decision_header(&decision, plan.source);
-                (decision.instance_name.to_string(), lifecycle, header, body)
+                let cookie = cookie_policy
+                    .then(|| affinity_set_cookie(previous.as_deref(), &decision.instance_name))
+                    .flatten();
+                (decision.instance_name.to_string(), lifecycle, header, cookie, body)
             }
             Routing::Pd(pd) => {
                 let Ok(decision) = pd.route(&request) else {
@@ -331,10 +346,19 @@ impl Native {
                 };
                 record.decision_s = Some(decided.elapsed().as_secs_f64());
                 match self
-                    .prefill_leg(pd, api, &decision, &plan, &parts.headers, &body, &mut record)
+                    .prefill_leg(
+                        pd,
+                        api,
+                        &decision,
+                        &plan,
+                        &parts.headers,
+                        &body,
+                        previous.as_deref(),
+                        &mut record,
+                    )
                     .await
                 {
-                    PrefillLeg::Decode(leg) => (leg.instance, leg.lifecycle, leg.header, leg.body),
+                    PrefillLeg::Decode(leg) => (leg.instance, leg.lifecycle, leg.header, leg.cookie, leg.body),
                     PrefillLeg::Answered(answer) => {
                         record.latency_s = arrived.elapsed().as_secs_f64();
                         self.records.push(record);
@@ -364,7 +388,7 @@ impl Native {
                 }
             };
         let (mut head, upstream_body) = answer.into_parts();
-        client_head(&mut head.headers, decision_header, &id);
+        client_head(&mut head.headers, decision_header, cookie, &id);
         let streamed = head
             .headers
             .get(CONTENT_TYPE)

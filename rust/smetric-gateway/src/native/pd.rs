@@ -30,7 +30,7 @@ use hyper::header::{HeaderMap, HeaderValue};
 use serde_json::value::RawValue;
 use smetric_core::{PdDecision, PdRouter};
 
-use super::attempt::{Lifecycle, client_head, request_id};
+use super::attempt::{Lifecycle, affinity_set_cookie, client_head, request_id};
 use super::json::{Entries, body};
 use super::protocol::{Plan, Protocol};
 use super::state::Native;
@@ -93,6 +93,8 @@ pub(super) struct DecodeLeg {
     pub(super) instance: String,
     pub(super) lifecycle: Lifecycle,
     pub(super) header: HeaderValue,
+    /// llm-d's session cookie for the answer (it names the prefill instance), if any.
+    pub(super) cookie: Option<HeaderValue>,
     pub(super) body: Bytes,
 }
 
@@ -108,7 +110,8 @@ pub(super) enum PrefillLeg {
 
 impl Native {
     /// The prefill leg of a PD `decision` (see the module docs); `body` is what the decode leg
-    /// would send (the client's body, with its usage request).
+    /// would send (the client's body, with its usage request); `previous` the instance the
+    /// request's session cookie named (llm-d's policy).
     #[allow(clippy::too_many_arguments)] // one attempt's parts
     pub(super) async fn prefill_leg(
         &self,
@@ -118,6 +121,7 @@ impl Native {
         plan: &Plan,
         headers: &HeaderMap,
         body: &Bytes,
+        previous: Option<&str>,
         record: &mut Record,
     ) -> PrefillLeg {
         let prefill = decision.prefill.instance_name.to_string();
@@ -126,6 +130,10 @@ impl Native {
         record.instance = Some(decode.clone()); // the instance that answers the client
         let lifecycle = Lifecycle::new(&self.config.routing, decision.prefill.request_id);
         let header = self.pd_decision_header(decision, plan.source);
+        // The cookie names the prefill instance: the core's session affinity is to one.
+        let cookie = (self.config.routing.session_cookie())
+            .then(|| affinity_set_cookie(previous, &prefill))
+            .flatten();
         let failed = |cause: &str| PrefillLeg::Failed {
             instance: prefill.clone(),
             cause: cause.to_owned(),
@@ -159,7 +167,7 @@ impl Native {
             record.prefill_instance = Some(prefill);
             record.status = status.as_u16();
             let id = record.request_id.clone();
-            client_head(&mut head.headers, header, &id);
+            client_head(&mut head.headers, header, cookie, &id);
             let body = http_body_util::Full::new(whole).map_err(|never| match never {}).boxed();
             return PrefillLeg::Answered(Response::from_parts(head, body));
         }
@@ -175,6 +183,7 @@ impl Native {
             instance: decode,
             lifecycle,
             header,
+            cookie,
             body: decode_body,
         })
     }

@@ -72,6 +72,15 @@ impl Routing {
         }
     }
 
+    /// Whether the policy reads and sets llm-d's session cookie (`llmd_session_affinity`).
+    pub(crate) fn session_cookie(&self) -> bool {
+        let kind = match self {
+            Self::Colocated(router) => router.policy(),
+            Self::Pd(pd) => pd.prefill().policy(),
+        };
+        kind == PolicyKind::LlmdSessionAffinity
+    }
+
     /// Whether the policy hashes the request's session key (vllm-router's `consistent_hash` and
     /// `rendezvous_hash`: the header session hint, else the prompt).
     pub(crate) fn hashes_session(&self) -> bool {
