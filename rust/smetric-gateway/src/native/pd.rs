@@ -31,7 +31,7 @@ use serde_json::value::RawValue;
 use smetric_core::{PdDecision, PdRouter};
 
 use super::attempt::{Lifecycle, affinity_set_cookie, client_head, request_id};
-use super::json::{Entries, body};
+use super::json::{Entries, body as json_body};
 use super::protocol::{Plan, Protocol};
 use super::state::Native;
 use crate::answers::Body;
@@ -45,8 +45,13 @@ const PREFILL_DROPS: [&str; 3] = ["stream_options", "min_tokens", "min_completio
 
 /// The prefill instance's copy of a request body (the app's `pd.prefill_body`); `None` when
 /// the body is not a JSON object.
-pub(super) fn prefill_body(raw: &[u8], overrides: &[(&'static str, &'static str)]) -> Option<Bytes> {
-    let mut entries = Entries::of(body(raw)?)?;
+#[cfg(test)] // the legs parse a body once for both (`prefill_of`, `decode_of`)
+fn prefill_body(raw: &[u8], overrides: &[(&'static str, &'static str)]) -> Option<Bytes> {
+    Some(prefill_of(Entries::of(json_body(raw)?)?, overrides))
+}
+
+/// [`prefill_body`] of a body's entries (parsed once for both legs).
+fn prefill_of(mut entries: Entries<'_>, overrides: &[(&'static str, &'static str)]) -> Bytes {
     for &(key, json) in overrides {
         entries.set(key, json);
     }
@@ -59,15 +64,20 @@ pub(super) fn prefill_body(raw: &[u8], overrides: &[(&'static str, &'static str)
     for key in PREFILL_DROPS {
         entries.remove(key);
     }
-    Some(json_bytes(&entries))
+    json_bytes(&entries)
 }
 
 /// The decode instance's body: the original with the prefill's `kv_transfer_params` (the
 /// app's `pd.decode_body`).
-pub(super) fn decode_body(raw: &[u8], kv_transfer_params: &str) -> Option<Bytes> {
-    let mut entries = Entries::of(body(raw)?)?;
+#[cfg(test)]
+fn decode_body(raw: &[u8], kv_transfer_params: &str) -> Option<Bytes> {
+    Some(decode_of(Entries::of(json_body(raw)?)?, kv_transfer_params))
+}
+
+/// [`decode_body`] of a body's entries.
+fn decode_of<'a>(mut entries: Entries<'a>, kv_transfer_params: &'a str) -> Bytes {
     entries.set("kv_transfer_params", kv_transfer_params);
-    Some(json_bytes(&entries))
+    json_bytes(&entries)
 }
 
 fn json_bytes(entries: &Entries<'_>) -> Bytes {
@@ -138,9 +148,11 @@ impl Native {
             instance: prefill.clone(),
             cause: cause.to_owned(),
         };
-        let Some(prefill_body) = prefill_body(body, api.prefill_overrides()) else {
+        // The body's entries, parsed once for both legs.
+        let Some(entries) = json_body(body).and_then(Entries::of) else {
             return failed("unrenderable_body");
         };
+        let prefill_body = prefill_of(entries.clone(), api.prefill_overrides());
         // A fresh id: the prefill leg is a request of its own to the engine.
         let upstream = self.upstream_request(api, &prefill, headers, &request_id(&HeaderMap::new()), prefill_body);
         let timeout = self.config.first_byte_timeout;
@@ -176,9 +188,7 @@ impl Native {
         };
         record.prefill_instance = Some(prefill.clone());
         pd.on_prefilled(decision.prefill.request_id);
-        let Some(decode_body) = decode_body(body, &params) else {
-            return failed("unrenderable_body");
-        };
+        let decode_body = decode_of(entries, &params);
         PrefillLeg::Decode(DecodeLeg {
             instance: decode,
             lifecycle,

@@ -66,29 +66,26 @@ pub enum Routing {
 impl Routing {
     /// The policy's name (the prefill side's, for PD).
     pub(crate) fn policy_name(&self) -> &'static str {
+        self.policy().name()
+    }
+
+    /// The policy (the prefill side's, for PD).
+    fn policy(&self) -> PolicyKind {
         match self {
-            Self::Colocated(router) => router.policy().name(),
-            Self::Pd(pd) => pd.prefill().policy().name(),
+            Self::Colocated(router) => router.policy(),
+            Self::Pd(pd) => pd.prefill().policy(),
         }
     }
 
     /// Whether the policy reads and sets llm-d's session cookie (`llmd_session_affinity`).
     pub(crate) fn session_cookie(&self) -> bool {
-        let kind = match self {
-            Self::Colocated(router) => router.policy(),
-            Self::Pd(pd) => pd.prefill().policy(),
-        };
-        kind == PolicyKind::LlmdSessionAffinity
+        self.policy() == PolicyKind::LlmdSessionAffinity
     }
 
     /// Whether the policy hashes the request's session key (vllm-router's `consistent_hash` and
     /// `rendezvous_hash`: the header session hint, else the prompt).
     pub(crate) fn hashes_session(&self) -> bool {
-        let kind = match self {
-            Self::Colocated(router) => router.policy(),
-            Self::Pd(pd) => pd.prefill().policy(),
-        };
-        matches!(kind, PolicyKind::ConsistentHash | PolicyKind::RendezvousHash)
+        matches!(self.policy(), PolicyKind::ConsistentHash | PolicyKind::RendezvousHash)
     }
 
     /// The pools the per-instance cap is applied in, each on its own: the fleet's instances
