@@ -81,9 +81,9 @@ class Adapters:
     that (admission, failover, the request id, usage, the decision log) is left out."""
 
     def __init__(self, engines: Sequence[str]) -> None:
+        from smetric._core import SessionTable
         from smetric.serve.apis import APIS
         from smetric.serve.config import InstanceConfig, ServeConfig
-        from smetric.serve.session import SessionTable
         from smetric.serve.telemetry import ProxyTelemetry
         from smetric.serve.tokens import TokenConfig, TokenSource
 

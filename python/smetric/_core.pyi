@@ -54,6 +54,7 @@ __all__ = [
     "MAX_JSON_NESTING",
     "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
     "POLICIES",
+    "SESSION_ENTRY_BYTES",
     "SHARED_BILLING_HEADER_PREFIX",
     "SHARED_BYTE_CHUNK_BYTES",
     "SHARED_CUT_MESSAGE",
@@ -82,6 +83,7 @@ __all__ = [
     "Router",
     "RouterConfig",
     "SessionAdmission",
+    "SessionTable",
     "Workload",
     "__version__",
     "encode_kv_batch",
@@ -90,6 +92,7 @@ __all__ = [
     "load_workload",
     "nests_too_deep",
     "parse_openai_body",
+    "session_digest",
     "sim_config_defaults",
     "sim_pd_defaults",
     "sim_profile",
@@ -386,6 +389,37 @@ class IndexHits:
     def branches(self) -> int: ...
 
 @final
+class SessionTable:
+    """Per-session state of one proxy, shared by the app and the gateway's native path: a
+    bounded LRU with an idle timeout, keyed by 16-byte digests of the session keys. An entry
+    holds the session's turns counted (a hinted request without roles) and its home (the
+    instance that answered it last). O(key length) per call."""
+
+    def __new__(cls, capacity: int = 100000, ttl_s: float = 3600.0) -> Self: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def ttl_s(self) -> float: ...
+    def next_turn(self, key: str, now: float | None = None) -> int:
+        """Counts a request of session ``key`` and returns its turn (1 for a new or idle key)."""
+    def place(self, key: str, instance: str, now: float | None = None) -> None:
+        """Records that ``instance`` answered session ``key`` (its home from now on)."""
+    def home(self, key: str, now: float | None = None) -> str | None:
+        """The instance that answered session ``key`` last, or None (unknown, idle, ended); a
+        look that neither renews the entry nor moves it in the LRU."""
+    def end(self, key: str) -> bool:
+        """Drops session ``key``'s entry at once; whether the table held one."""
+    def heap_bytes(self) -> int:
+        """The heap the table's structures hold (allocated, not used), bytes."""
+    def __len__(self) -> int: ...
+
+SESSION_ENTRY_BYTES: Final[int]
+"""An upper bound of one ``SessionTable`` entry's memory, bytes."""
+
+def session_digest(key: str) -> bytes:
+    """The fixed-size form (16 bytes) a session key is kept in by ``SessionTable``."""
+
+@final
 class GatewayRecord:
     """One request the compiled data plane's native path served, as the app takes it into its
     telemetry, fleet health and decision log (the gateway's ``Record``, field for field)."""
@@ -459,6 +493,13 @@ class GatewayRecord:
     def unresumed(self) -> bool:
         """A cut stream ended with the API's error event (not continued)."""
     @property
+    def grouping(self) -> str | None:
+        """A sub-agent's request: what the parent rule did (``parent``, ``overloaded``,
+        ``parent_unavailable``, ``parent_unknown``)."""
+    @property
+    def session_end_held(self) -> bool | None:
+        """The request ended its session: whether the session table held state for it."""
+    @property
     def handed_off(self) -> bool:
         """The app carries the request on; this record counts the decision only."""
 
@@ -508,6 +549,9 @@ class Gateway:
     def admission(self) -> dict[str, Any]:
         """The door's admission: ``admitted``, ``capacity``, ``queued``, ``wait_counts``,
         ``wait_sum_s``, ``rejections``."""
+    def end_session(self, key: str) -> None:
+        """Releases session ``key`` at the session gate (the end endpoint's part that the
+        shared session table does not cover); nothing when session admission is off."""
     def session_admission(self) -> dict[str, int] | None:
         """The session admission (None: off): the stage's decisions ``admitted``, ``moved``,
         ``held``, ``paused``, the requests ``holding`` now, the refusals ``held_full`` and
@@ -550,6 +594,8 @@ class GatewayNative:
         session_hold_timeout_s: float = 0.0,
         tokens: GatewayTokenSource | None = None,
         ids_only: bool = False,
+        sessions: SessionTable | None = None,
+        parent_affinity_margin: int | None = None,
     ) -> Self: ...
     @property
     def apis(self) -> list[str]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from smetric._core import SessionTable
 from smetric.serve.apis import APIS, ChatApi, CompletionsApi
 from smetric.serve.apis.openai import OpenAIApi, OpenAIStream, Received
 from smetric.serve.errors import ProxyError
-from smetric.serve.session import SessionTable
 from smetric.serve.tokens import TokenConfig, TokenSource
 
 SOURCE = TokenSource(TokenConfig(mode="approximate"))

@@ -5,8 +5,8 @@ leaves the proxy's memory flat. Loopback, bounded in requests and time."""
 from __future__ import annotations
 
 import http.client
+import inspect
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -14,7 +14,8 @@ from aiohttp import web
 from hostile_util import assert_healthy, hostile_proxy, rss_bytes
 from proxy_util import Stub
 
-from smetric.serve.session import ENTRY_BYTES, SessionTable, session_digest
+from smetric._core import SessionTable, session_digest
+from smetric.serve.session import ENTRY_BYTES
 
 HINTS = 2048
 """Distinct hints sent through the proxy."""
@@ -31,12 +32,22 @@ def test_the_table_keeps_a_fixed_size_digest_of_any_key() -> None:
     for key in keys:
         assert table.next_turn(key) == 1
     assert table.next_turn("x") == 2, "a key is still recognised by its digest"
+    assert table.next_turn("\ud800lone") == 2, "a lone surrogate's key too"
     assert len(table) == 100
-    stored = list(table._turns)  # the table's storage: digests only
-    assert all(isinstance(k, bytes) and len(k) == 16 for k in stored)
+    assert len(session_digest("x")) == 16
     assert session_digest("\ud800lone") != session_digest("lone")
-    entry = sys.getsizeof(stored[0]) + sys.getsizeof(table._turns[stored[0]]) + 3 * sys.getsizeof(0.0)
-    assert entry < ENTRY_BYTES, "the documented bound per entry holds"
+    assert session_digest("\ud800lone") != session_digest("\ud801lone"), "surrogates are not replaced"
+    # The keys total 100 MB; the table holds its entries' structures alone.
+    assert table.heap_bytes() < 100 * ENTRY_BYTES + 4096, "the documented bound per entry holds"
+
+
+def test_the_tables_signature_states_its_real_defaults() -> None:
+    """The signature's defaults are written out for Python (stubtest reads them): they must be
+    the core's."""
+    parameters = inspect.signature(SessionTable).parameters
+    default = SessionTable()
+    assert parameters["capacity"].default == default.capacity
+    assert parameters["ttl_s"].default == default.ttl_s
 
 
 def _swallow() -> object:

@@ -21,11 +21,11 @@ import pytest
 from aiohttp import web
 from proxy_util import TIMEOUT_S, Stub, colocated_router, events, metric, request
 
+from smetric._core import SessionTable
 from smetric.serve.apis.chat import ChatApi
 from smetric.serve.apis.completions import CompletionsApi
 from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
-from smetric.serve.session import SessionTable
 from smetric.serve.tokens import TokenConfig, TokenSource
 
 Delta = tuple[str, Any]

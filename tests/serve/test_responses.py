@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from proxy_util import TIMEOUT_S, Stub, request
 
+from smetric._core import SessionTable
 from smetric.fake_engine import FakeEngine
 from smetric.fake_engine.responses import RESPONSES, input_messages
 from smetric.serve.apis.base import Route
@@ -25,7 +26,6 @@ from smetric.serve.config import load_config
 from smetric.serve.pinning import ResponseIds, instance_tag
 from smetric.serve.proxy import ProxyServer
 from smetric.serve.request import RequestError
-from smetric.serve.session import SessionTable
 from smetric.serve.tokens import TokenConfig, TokenSource
 
 openai = pytest.importorskip("openai")

@@ -15,11 +15,11 @@ import pytest
 from aiohttp import web
 from proxy_util import TIMEOUT_S, Stub
 
+from smetric._core import SessionTable
 from smetric.serve.apis.responses import ResponsesApi, ResponsesStream
 from smetric.serve.config import load_config
 from smetric.serve.pinning import ResponseIds
 from smetric.serve.proxy import ProxyServer
-from smetric.serve.session import SessionTable
 from smetric.serve.tokens import TokenConfig, TokenSource
 
 openai = pytest.importorskip("openai")

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from smetric._core import SessionTable
 from smetric.errors import InvalidConfigError
 from smetric.serve.config import InstanceConfig, load_config
-from smetric.serve.session import SessionTable, session_hint
+from smetric.serve.session import session_hint
 
 TOML = """
 port = 9000

@@ -101,6 +101,34 @@ def test_a_request_that_would_overflow_its_instance_waits_for_a_finish(engine: F
     assert metric(text, "smetric_proxy_session_admission_held") == 0
 
 
+@pytest.mark.parametrize("end", ["none", "header", "endpoint"])
+def test_an_ended_session_leaves_its_instance_at_once(engine: FakeEngine, end: str) -> None:
+    """A's long turn leaves A resident (idle, ≈ 850 tokens): B's request (≈ 1,600 with the
+    reserve) fits only by pausing A. Ended — by its last request's header or by the endpoint —
+    A holds nothing, and B pauses no one. ``none`` is the negative control."""
+    p = serve(engine)
+    try:
+        headers = {"x-session-id": "session-a"}
+        if end == "header":
+            headers["x-session-end"] = "true"
+        with client(p) as c:
+            c.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "alpha " + "context " * 300}],
+                max_tokens=LONG_TOKENS,
+                extra_headers=headers,
+                extra_body={"ignore_eos": True},
+            )
+        if end == "endpoint":
+            assert request(p.url, "/v1/sessions/session-a/end", method="POST")[0] == 200
+        turn(p, "session-b", "beta", 4)
+        text = page(p)
+    finally:
+        p.stop()
+    assert metric(text, "smetric_proxy_session_admission_decisions_total", verdict="admitted") == 2
+    assert metric(text, "smetric_proxy_session_admission_paused_total") == (1 if end == "none" else 0)
+
+
 def test_admission_off_overlaps_the_same_requests(engine: FakeEngine) -> None:
     """Negative control: without the stage B does not wait for A."""
     p = serve(engine, session_admission="off")

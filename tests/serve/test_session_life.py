@@ -22,13 +22,13 @@ import openai
 import pytest
 from proxy_util import colocated_router, metric, proxy_for, request
 
+from smetric._core import SessionTable
 from smetric.errors import InvalidConfigError
 from smetric.fake_engine import FakeEngine
 from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
 from smetric.serve.session import (
     MAX_SESSION_ID_BYTES,
-    SessionTable,
     parent_key,
     session_end,
     session_id_problem,
@@ -138,7 +138,7 @@ def test_a_sub_agent_starts_at_its_parents_instance_when_cheap_and_not_when_over
         finally:
             idle(p, held)
         if p.config.data_plane == "compiled":
-            assert native(p) == 2, "the parent's and the lone session's: a sub-agent's first requests are the app's"
+            assert native(p) == 6, "every request, the sub-agents' first ones included (the table is shared)"
         text = page(p)
         assert metric(text, "smetric_proxy_parent_placements_total", outcome="parent") == 1
         assert metric(text, "smetric_proxy_parent_placements_total", outcome="overloaded") == 1
@@ -267,7 +267,7 @@ def test_the_anthropic_sdk_ends_a_session_by_header(proxy: tuple[ProxyServer, li
         before = native(p)
         turn("Agent X, done.", {"x-session-id": "x", "x-session-end": "true"})
         if p.config.data_plane == "compiled":
-            assert native(p) == before, "the session's last request is the app's"
+            assert native(p) == before + 1, "the session's last request is served natively too"
         turn("Sub-agent of X.", {"x-session-id": "x-child", "x-parent-session-id": "x"})
         turn("Sub-agent of Y.", {"x-session-id": "y-child", "x-parent-session-id": "y"})
         text = page(p)
@@ -332,9 +332,10 @@ def test_bad_session_ids_and_end_headers_are_typed_400s_in_the_apis_shape(
         claude.close()
 
 
-def test_the_session_end_expires_llm_ds_session_cookie(fleet: list[FakeEngine]) -> None:
+@pytest.mark.parametrize("plane", ["python", "compiled"])
+def test_the_session_end_expires_llm_ds_session_cookie(fleet: list[FakeEngine], plane: str) -> None:
     cfg = load_config(
-        instances=[e.url for e in fleet], port=0, engine_load=False, policy="llmd_session_affinity", data_plane="python"
+        instances=[e.url for e in fleet], port=0, engine_load=False, policy="llmd_session_affinity", data_plane=plane
     )
     with ProxyServer(cfg) as p:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -353,6 +354,28 @@ def test_the_session_end_expires_llm_ds_session_cookie(fleet: list[FakeEngine]) 
         )
         status, headers, _ = request(p.url, "/v1/sessions/k/end", method="POST")
         assert status == 200 and "Max-Age=0" in headers["set-cookie"]
+        if plane == "compiled":
+            assert native(p) == 2, "both answers, the cleared cookie's included, were the gateway's"
+
+
+def test_the_gateway_and_the_app_keep_one_session_table(fleet: list[FakeEngine]) -> None:
+    """What the native path answers is in the app's table at once (no records drained), and an
+    end header the native path served releases the app's entry."""
+    cfg = load_config(instances=[e.url for e in fleet], port=0, engine_load=False, data_plane="compiled")
+    with ProxyServer(cfg) as p:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        status, headers, _ = request(p.url, "/v1/chat/completions", body, headers={"x-session-id": "shared"})
+        assert status == 200
+        served_by = decision(headers)["instance"]
+        assert p.proxy is not None
+        sessions = p.proxy.sessions
+        assert sessions.home("shared") == served_by, "placed by the gateway, read by the app"
+        assert native(p) == 1
+        ends = {"x-session-id": "shared", "x-session-end": "1"}
+        status, _, _ = request(p.url, "/v1/chat/completions", body, headers=ends)
+        assert status == 200 and native(p) == 2
+        assert sessions.home("shared") is None and len(sessions) == 0, "released by the gateway"
+        assert metric(page(p), "smetric_proxy_session_ends_total", via="header", held="true") == 1
 
 
 # -- the pieces ------------------------------------------------------------------------------------

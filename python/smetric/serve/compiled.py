@@ -48,6 +48,7 @@ from smetric._core import (
     GatewayTokenSource,
     PdRouter,
     Router,
+    SessionTable,
 )
 from smetric.metrics import _family
 from smetric.serve.admission import WAIT_BUCKETS_S, render_admission
@@ -97,10 +98,12 @@ def native_settings(
     secret: str,
     client_keys: list[str],
     response_id_key: str,
+    sessions: SessionTable,
 ) -> GatewayNative | None:
     """What arms the native path for this proxy, or None when it serves nothing natively (see
     the module docs); ``router`` is the backend's (co-located or PD); ``response_id_key`` the
-    key the app's Responses adapter issues its ids with."""
+    key the app's Responses adapter issues its ids with; ``sessions`` the app's session table,
+    which the native path reads and writes too."""
     plain_http = all(url.startswith("http://") for url in (i.url for i in config.all_instances))
     if not plain_http:
         return None
@@ -142,6 +145,8 @@ def native_settings(
         session_hold_timeout_s=config.session_hold_timeout_s,
         tokens=source,
         ids_only=ids_only,
+        sessions=sessions,
+        parent_affinity_margin=config.parent_affinity_margin if config.parent_affinity else None,
     )
 
 
@@ -309,6 +314,10 @@ class CompiledPlane:
             )
         if r.prefill_instance is not None:  # PD: the prefill leg was answered
             fleet.succeeded(r.prefill_instance)
+        if r.grouping is not None:
+            telemetry.parent_placements[r.grouping] += 1
+        if r.session_end_held is not None:  # the gateway released the session's state
+            telemetry.session_ends[("header", r.session_end_held)] += 1
         if r.handed_off:  # the app carries the request on and records its outcome
             return
         instance = r.instance
@@ -344,8 +353,16 @@ class CompiledPlane:
             ttft_s=r.ttft_s,
             itl_s=r.itl_s,
             attempts=r.attempts,
+            grouping=r.grouping,
+            session_end=r.session_end_held is not None,
         )
-        self._outcomes.finish(outcome, status, refused=r.refused, latency_s=r.latency_s)
+        # The gateway placed the session's home as it answered (the table is shared).
+        self._outcomes.finish(outcome, status, refused=r.refused, latency_s=r.latency_s, placed=True)
+
+    def end_session(self, key: str) -> None:
+        """Releases session ``key`` at the gateway's session gate (the table is shared)."""
+        if self.armed:
+            self.gateway.end_session(key)
 
     def render_admission(self, prefix: str = "smetric") -> Iterator[str]:
         """The door's admission families (the app's own admission then admits nothing)."""

@@ -298,13 +298,19 @@ class Outcomes:
             response.headers[REQUEST_ID_HEADER] = outcome.request_id
 
     def finish(
-        self, outcome: Outcome, status: int, *, refused: str | None = None, latency_s: float | None = None
+        self,
+        outcome: Outcome,
+        status: int,
+        *,
+        refused: str | None = None,
+        latency_s: float | None = None,
+        placed: bool = False,
     ) -> None:
         """Counts and logs a finished request (``latency_s``: measured elsewhere, else now −
-        ``outcome.started``)."""
+        ``outcome.started``; ``placed``: its plane already kept what ``served`` would)."""
         outcome.status, outcome.refused = status, refused
         outcome.latency_s = time.perf_counter() - outcome.started if latency_s is None else latency_s
-        if self.served is not None:
+        if self.served is not None and not placed:
             self.served(outcome)
         # In PD mode the answer's usage is the decode instance's, which counts the KV it was sent
         # as cached: not the prefill hit the router predicted, so it is logged but not compared.

@@ -51,7 +51,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from smetric._core import Gateway, PdRouter, Router
+from smetric._core import Gateway, PdRouter, Router, SessionTable
 from smetric.deployment import smallest_kv_capacity
 from smetric.errors import InvalidConfigError, SmetricError
 from smetric.metrics import CONTENT_TYPE
@@ -81,7 +81,6 @@ from smetric.serve.replica_bus import ReplicaBus, fleet_lines
 from smetric.serve.request import RequestError, escapes_lone_surrogate
 from smetric.serve.session import (
     SessionHint,
-    SessionTable,
     affinity_cleared_cookie,
     affinity_instance,
     parent_key,
@@ -493,7 +492,8 @@ class Proxy:
                         return self._respond(api.reject(error))
                     prepared = replace(prepared, ends_session=True)
                     ended = (own, prepared.turn_key)
-                home = self._parent_home(request) if prepared.routed else None
+                # A request the gateway handed on after a failed attempt had the parent rule there.
+                home = self._parent_home(request) if prepared.routed and not earlier else None
                 if home is not None:
                     prepared = replace(prepared, group_instance=home)
                 if prepared.model in self.fleet.adapters:  # a LoRA adapter: its own cache namespace
@@ -521,15 +521,10 @@ class Proxy:
 
     # -- session life (docs/serve.md, "Session life") ---------------------------------------------
 
-    def _drain_gateway(self) -> None:
-        """Takes the gateway's records first, so the session table is up to date with what the
-        native path answered."""
-        if self.compiled is not None and self.compiled.armed:
-            self.compiled.drain()
-
     def _served(self, outcome: Outcome) -> None:
-        """A finished request, from either plane: its session's home is where it was answered
-        (co-located mode; a session's last request leaves no home behind)."""
+        """A finished request of this plane: its session's home is where it was answered
+        (co-located mode; a session's last request leaves no home behind). The gateway places
+        its own requests' homes in the same table as it answers them."""
         if (
             outcome.session is not None
             and outcome.instance is not None
@@ -547,7 +542,6 @@ class Proxy:
         parent = parent_key(request.headers)
         if parent is None:
             return None
-        self._drain_gateway()
         own = session_hint(request.headers)
         if own is not None and self.sessions.home(own.key) is not None:
             return None  # a later request of the sub-agent: its own history leads
@@ -562,10 +556,11 @@ class Proxy:
     def _end_session(self, keys: Sequence[SessionHint | str | None], via: str, request: web.Request) -> bool:
         """Releases the sessions' state at once (the table's entries: turns and home); whether
         the table held any. Counted in ``proxy_session_ends_total``."""
-        self._drain_gateway()
         held = False
         for key in {k.key if isinstance(k, SessionHint) else k for k in keys if k is not None}:
             held = self.sessions.end(key) or held
+            if self.compiled is not None:  # session admission's residency is the gateway's
+                self.compiled.end_session(key)
         self.telemetry.session_ends[(via, held)] += 1
         outcome = request.get(OUTCOME_KEY)
         if outcome is not None:
@@ -778,7 +773,9 @@ async def run(
     assert isinstance(backend, ColocatedBackend | PdBackend)
     router = backend.router if isinstance(backend, ColocatedBackend) else backend.pd
     responses = next(api for api in proxy.apis if isinstance(api, ResponsesApi))
-    native = native_settings(proxy.config, router, proxy.tokens, secret, proxy.client_keys, responses.ids.key)
+    native = native_settings(
+        proxy.config, router, proxy.tokens, secret, proxy.client_keys, responses.ids.key, proxy.sessions
+    )
     try:
         config.check_session_gate(native is not None)
     except InvalidConfigError:

@@ -15,11 +15,13 @@ Hints, first match wins (``docs/serve.md`` lists their origins):
    ``x-dynamo-session-id``;
 2. the body's ``session_id`` (vLLM), ``prompt_cache_key`` (OpenAI), ``user``.
 
-:class:`SessionTable` is an LRU of at most ``capacity`` keys (O(1) per request); a key unseen for
-``ttl_s`` starts over at turn 1. Hints are the client's and may be megabytes long: the table keeps
-only a fixed-size digest of each (BLAKE2b, 16 bytes; hashing is O(hint length) once per request),
-so it is bounded in bytes as well as entries — about :data:`ENTRY_BYTES` per entry, whatever the
-clients send (``tests/serve/test_hostile_state.py`` measures it).
+:class:`SessionTable` (``smetric._core``; ``rust/smetric-gateway/src/session_table.rs``) is an LRU
+of at most ``capacity`` keys (O(1) per request); a key unseen for ``ttl_s`` starts over at turn 1.
+One table serves both planes: the app and the gateway's native path read and write the same one.
+Hints are the client's and may be megabytes long: the table keeps only a fixed-size digest of each
+(SHA-256's first 16 bytes; O(hint length) once per request), so it is bounded in bytes as well as
+entries — at most :data:`ENTRY_BYTES` per entry, whatever the clients send
+(``tests/serve/test_hostile_state.py`` measures it).
 
 **vllm-router's hash policies** (``--policy consistent_hash`` / ``rendezvous_hash``): the
 request's header hint (the headers of rule 1; vllm-router's own list starts with
@@ -52,22 +54,23 @@ top-level sub-agent, its root session, OpenCode's ``x-parent-session-id``, Dynam
 later request under the same key starts over at turn 1 and a later sub-agent of it is placed as
 any first turn. Ids taken by the endpoint are checked by :func:`session_id_problem`.
 
-May import: the standard library, and from :mod:`smetric._core` the shared header constants
-(defined once in the compiled gateway, ``rust/smetric-gateway/src/shared.rs``).
+May import: the standard library, and from :mod:`smetric._core` the table's entry bound and the
+shared header constants (defined once in the compiled gateway, ``rust/smetric-gateway/src/shared.rs``).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import sys
-import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from smetric._core import SHARED_END_HEADERS, SHARED_PARENT_HEADERS, SHARED_SESSION_HEADERS
+from smetric._core import (
+    SESSION_ENTRY_BYTES,
+    SHARED_END_HEADERS,
+    SHARED_PARENT_HEADERS,
+    SHARED_SESSION_HEADERS,
+)
 
 AFFINITY_COOKIE = "llm-d-session"
 """llm-d's session-affinity cookie: the base64 of the instance that served the session last."""
@@ -175,69 +178,9 @@ def session_id_problem(session_id: str) -> str | None:
     return None
 
 
-ENTRY_BYTES = 250
-"""An upper bound of one table entry's memory (digest, turn, time and home, the LRU's links),
+ENTRY_BYTES: int = SESSION_ENTRY_BYTES
+"""An upper bound of one table entry's memory (digest, turn, time and home, the LRU's order),
 bytes; the home is an interned instance name, shared by every entry that names it."""
-
-
-def session_digest(key: str) -> bytes:
-    """The fixed-size form a session key is kept in (any ``str``, lone surrogates included)."""
-    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
-class SessionTable:
-    """Per-session state of one proxy: a bounded LRU with an idle timeout, keyed by digests.
-
-    An entry is ``(turns counted, last seen, home)``: the turn of a hinted request that carries no
-    roles (:meth:`next_turn`) and the instance that answered the session last (:meth:`place`).
-    O(1) per call; at most ``capacity`` entries (the least recently used is dropped first); an
-    entry unseen for ``ttl_s`` counts as absent."""
-
-    def __init__(self, capacity: int = 100_000, ttl_s: float = 3600.0) -> None:
-        if capacity < 1 or ttl_s <= 0:
-            raise ValueError("capacity must be >= 1 and ttl_s > 0")
-        self.capacity = capacity
-        self.ttl_s = ttl_s
-        self._turns: OrderedDict[bytes, tuple[int, float, str | None]] = OrderedDict()
-
-    def _live(self, digest: bytes, now: float) -> tuple[int, float, str | None] | None:
-        seen = self._turns.pop(digest, None)
-        return None if seen is None or now - seen[1] > self.ttl_s else seen
-
-    def _put(self, digest: bytes, entry: tuple[int, float, str | None]) -> None:
-        self._turns[digest] = entry
-        if len(self._turns) > self.capacity:
-            self._turns.popitem(last=False)
-
-    def next_turn(self, key: str, now: float | None = None) -> int:
-        """Counts a request of session ``key`` and returns its turn (1 for a new or idle key)."""
-        now = time.monotonic() if now is None else now
-        digest = session_digest(key)
-        seen = self._live(digest, now)
-        turn = 1 if seen is None else seen[0] + 1
-        self._put(digest, (turn, now, None if seen is None else seen[2]))
-        return turn
-
-    def place(self, key: str, instance: str, now: float | None = None) -> None:
-        """Records that ``instance`` answered session ``key`` (its home from now on)."""
-        now = time.monotonic() if now is None else now
-        digest = session_digest(key)
-        seen = self._live(digest, now)
-        self._put(digest, (0 if seen is None else seen[0], now, sys.intern(instance)))
-
-    def home(self, key: str, now: float | None = None) -> str | None:
-        """The instance that answered session ``key`` last, or None (unknown, idle, ended).
-        A look, not a use: the entry's age and LRU place are unchanged."""
-        now = time.monotonic() if now is None else now
-        seen = self._turns.get(session_digest(key))
-        return None if seen is None or now - seen[1] > self.ttl_s else seen[2]
-
-    def end(self, key: str) -> bool:
-        """Drops session ``key``'s entry at once; whether the table held one."""
-        return self._turns.pop(session_digest(key), None) is not None
-
-    def __len__(self) -> int:
-        return len(self._turns)
 
 
 def affinity_instance(headers: Mapping[str, str]) -> str | None:

@@ -169,6 +169,8 @@ struct Resident {
     tokens: u64,
     in_flight: u32,
     last_active: f64,
+    /// The session was ended while a request of it was in flight: it leaves when none is.
+    ended: bool,
 }
 
 /// The resident-session table of every instance and the admission decision.
@@ -305,10 +307,29 @@ impl SessionAdmission {
         let Some(list) = self.instances.get_mut(instance as usize) else {
             return;
         };
-        if let Some(r) = list.iter_mut().find(|r| r.session == session) {
+        if let Some(k) = list.iter().position(|r| r.session == session) {
+            let r = &mut list[k];
             r.in_flight = r.in_flight.saturating_sub(1);
             r.tokens = context_tokens;
             r.last_active = now;
+            if r.ended && r.in_flight == 0 {
+                list.swap_remove(k);
+            }
+        }
+    }
+
+    /// Session `session` ended (its client said so, `smetric serve`'s session end): it is no
+    /// longer resident anywhere — at once where it is idle, when its last request in flight
+    /// finishes elsewhere — so its working set stops counting against its instance. O(N · R).
+    pub fn end(&mut self, session: u64) {
+        for list in &mut self.instances {
+            list.retain_mut(|r| {
+                if r.session != session {
+                    return true;
+                }
+                r.ended = true;
+                r.in_flight > 0
+            });
         }
     }
 
@@ -358,6 +379,7 @@ impl SessionAdmission {
             r.in_flight += 1;
             r.tokens = r.tokens.max(need);
             r.last_active = now;
+            r.ended = false; // the session's id started over
         } else {
             if list.len() >= self.config.max_sessions_per_instance.max(1) {
                 // The bound: the least recently active idle session, else the least recently active.
@@ -375,6 +397,7 @@ impl SessionAdmission {
                 tokens: need,
                 in_flight: 1,
                 last_active: now,
+                ended: false,
             });
         }
         self.counters.paused += u64::from(paused);
@@ -460,6 +483,31 @@ mod tests {
             s.decide(&req(2, 0, 50_000), 1.0, no_costs),
             Admission::Admit { .. }
         ));
+    }
+
+    #[test]
+    fn an_ended_session_stops_counting_at_once_when_idle_and_when_its_request_ends_if_not() {
+        let mut s = stage(AdmissionMode::Pause, 1);
+        s.decide(&req(1, 0, 30_000), 0.0, no_costs);
+        s.decide(&req(2, 0, 20_000), 0.0, no_costs);
+        s.on_finished(1, 0, 31_000, 1.0);
+        s.end(1); // idle: gone now
+        assert_eq!(s.working_set(0, 1.0), 20_000);
+        s.end(2); // in flight: stays until its request ends
+        assert_eq!(s.working_set(0, 1.0), 20_000);
+        s.on_finished(2, 0, 21_000, 2.0);
+        assert_eq!((s.working_set(0, 2.0), s.residents(0, 2.0)), (0, 0));
+        // Negative control: a session that was not ended stays resident, idle.
+        s.decide(&req(3, 0, 10_000), 3.0, no_costs);
+        s.on_finished(3, 0, 11_000, 3.5);
+        s.end(4);
+        assert_eq!(s.working_set(0, 3.5), 11_000);
+        // An ended id that comes back is a session again (its end no longer applies).
+        s.decide(&req(5, 0, 10_000), 4.0, no_costs);
+        s.end(5);
+        s.decide(&req(5, 0, 12_000), 4.5, no_costs);
+        s.on_finished(5, 0, 13_000, 5.0);
+        assert_eq!(s.residents(0, 5.0), 2, "5 kept: one of its requests is still in flight");
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub mod native;
 mod records;
 mod server;
 pub mod session_gate;
+pub mod session_table;
 pub mod shared;
 pub mod tokens;
 mod validate;

@@ -50,6 +50,12 @@ pub struct Record {
     pub failed: Option<(String, String)>,
     /// A cut stream ended with the API's error event (not continued).
     pub unresumed: bool,
+    /// A sub-agent's request: what the parent rule did (`parent`, `overloaded`,
+    /// `parent_unavailable`, `parent_unknown`), when it applied.
+    pub grouping: Option<&'static str>,
+    /// The request ended its session: whether the table held state for it (the gateway
+    /// released it when the answer was done).
+    pub session_end_held: Option<bool>,
     /// The app carries the request on (its first attempt failed, or its stream was cut and is
     /// continued): this record counts the decision only, the app records the outcome.
     pub handed_off: bool,

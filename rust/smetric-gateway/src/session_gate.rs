@@ -312,6 +312,13 @@ impl SessionGate {
         self.finished.notify_waiters();
     }
 
+    /// `session` ended (`x-session-end`): it is no longer resident (at once where it is idle),
+    /// so its working set stops holding its instance's room; every holder tries again.
+    pub fn end(&self, session: u64) {
+        self.lock().admission.end(session);
+        self.finished.notify_waiters();
+    }
+
     /// Requests waiting now.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)

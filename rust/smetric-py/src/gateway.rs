@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use smetric_core::session_admission::AdmissionMode;
 use smetric_gateway::session_gate::SessionGateConfig;
+use smetric_gateway::session_table::SessionTable;
 use smetric_gateway::tokens::{ContentFormat, PiecewiseEncoder, SourceError, TokenSettings, TokenSource};
 use smetric_gateway::{
     AdmissionLimits, FleetView, Gateway, GatewayConfig, GatewayError, Limits, NativeApis, NativeConfig, NativeHandles,
@@ -23,6 +24,7 @@ use smetric_gateway::{
 use crate::errors::python_error;
 use crate::pd::PyPdRouter;
 use crate::router::PyRouter;
+use crate::sessions::PySessionTable;
 
 #[pyclass(frozen, module = "smetric._core", name = "Gateway")]
 pub(crate) struct PyGateway {
@@ -72,7 +74,8 @@ impl PyGatewayNative {
         max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages, responses,
         response_id_key,
         resume_streams, labels, max_records, session_admission = "off", session_capacity_tokens = 0,
-        session_max_held = 0, session_hold_timeout_s = 0.0, tokens = None, ids_only = false
+        session_max_held = 0, session_hold_timeout_s = 0.0, tokens = None, ids_only = false,
+        sessions = None, parent_affinity_margin = None
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)] // keyword arguments, one per setting
     fn new(
@@ -104,6 +107,8 @@ impl PyGatewayNative {
         session_hold_timeout_s: f64,
         tokens: Option<&Bound<'_, PyGatewayTokenSource>>,
         ids_only: bool,
+        sessions: Option<&Bound<'_, PySessionTable>>,
+        parent_affinity_margin: Option<u64>,
     ) -> PyResult<Self> {
         let py = router.py();
         let routing = if let Ok(pd) = router.cast::<PyPdRouter>() {
@@ -169,6 +174,12 @@ impl PyGatewayNative {
                 session_gate,
                 tokens: tokens.map(|t| Arc::clone(&t.get().inner)),
                 ids_only,
+                // Without the app's table (a gateway armed on its own) the native path keeps one.
+                sessions: match sessions {
+                    Some(table) => Arc::clone(&table.get().inner),
+                    None => Arc::new(SessionTable::default()),
+                },
+                parent_affinity_margin,
             },
         })
     }
@@ -253,6 +264,11 @@ pub(crate) struct PyGatewayRecord {
     failed: Option<(String, String)>,
     /// A cut stream ended with the API's error event (not continued).
     unresumed: bool,
+    /// A sub-agent's request: what the parent rule did (`parent`, `overloaded`,
+    /// `parent_unavailable`, `parent_unknown`).
+    grouping: Option<&'static str>,
+    /// The request ended its session: whether the session table held state for it.
+    session_end_held: Option<bool>,
     /// The app carries the request on; this record counts the decision only.
     handed_off: bool,
 }
@@ -287,6 +303,8 @@ impl From<&Record> for PyGatewayRecord {
             succeeded: r.succeeded,
             failed: r.failed.clone(),
             unresumed: r.unresumed,
+            grouping: r.grouping,
+            session_end_held: r.session_end_held,
             handed_off: r.handed_off,
         }
     }
@@ -425,6 +443,13 @@ impl PyGateway {
         d.set_item("wait_sum_s", s.wait_sum_s)?;
         d.set_item("rejections", s.rejections.into_iter().collect::<HashMap<_, _>>())?;
         Ok(d)
+    }
+
+    /// Releases session ``key`` at the session gate (the end endpoint's part the session
+    /// table, shared, does not cover); nothing when session admission is off.
+    fn end_session(&self, key: &str) -> PyResult<()> {
+        self.native.as_ref().ok_or_else(not_armed)?.end_session(key);
+        Ok(())
     }
 
     /// The session admission for ``/metrics`` (None: off): the stage's decisions ``admitted``,

@@ -17,6 +17,7 @@ mod gateway;
 mod openai_body;
 mod pd;
 mod router;
+mod sessions;
 mod sim;
 mod vllm;
 
@@ -28,6 +29,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<gateway::PyGatewayNative>()?;
     m.add_class::<gateway::PyGatewayTokenSource>()?;
     m.add_class::<gateway::PyGatewayRecord>()?;
+    m.add_class::<sessions::PySessionTable>()?;
+    m.add_function(wrap_pyfunction!(sessions::session_digest, m)?)?;
+    m.add("SESSION_ENTRY_BYTES", smetric_gateway::session_table::ENTRY_BYTES)?;
     m.add_function(wrap_pyfunction!(gateway::gateway_routing_ids, m)?)?;
     {
         use smetric_gateway::handoff as n;

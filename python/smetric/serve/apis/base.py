@@ -34,10 +34,10 @@ from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
+from smetric._core import SessionTable
 from smetric.serve.config import ServeConfig
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import RequestError
-from smetric.serve.session import SessionTable
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
 __all__ = ["Api", "Prepared", "R", "Route", "StreamState", "answer_count", "usage_count"]

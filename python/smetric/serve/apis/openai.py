@@ -34,11 +34,11 @@ from typing import Any
 
 from aiohttp import web
 
-from smetric._core import SHARED_USAGE_OPTION
+from smetric._core import SHARED_USAGE_OPTION, SessionTable
 from smetric.serve.apis.base import Api, Prepared, StreamState, answer_count, usage_count
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import Endpoint, OpenAIRequest, RequestError, parse_request
-from smetric.serve.session import SessionTable, session_hint
+from smetric.serve.session import session_hint
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
 __all__ = ["OpenAIApi", "OpenAIStream", "Received"]

@@ -71,6 +71,9 @@ pub(super) fn client_head(
 /// llm-d's session-affinity cookie: the base64 of the instance that served the session last
 /// (`session.AFFINITY_COOKIE`; read and set for the `llmd_session_affinity` policy).
 const AFFINITY_COOKIE: &str = "llm-d-session";
+/// The `Set-Cookie` that deletes the session cookie (`session.affinity_cleared_cookie`): an
+/// ended session's answer.
+const AFFINITY_CLEARED: &str = "llm-d-session=; Max-Age=0; Path=/; HttpOnly; SameSite=Lax";
 
 /// The instance a request's `llm-d-session` cookie names, as the app's
 /// `session.affinity_instance` reads it: the first `Cookie` header's first pair of that name,
@@ -94,8 +97,12 @@ pub(super) fn affinity_instance(headers: &HeaderMap) -> Result<Option<String>, (
 }
 
 /// The `Set-Cookie` value an answer from `chosen` carries when the request's cookie named
-/// `previous` (the app's `session.affinity_set_cookie`): none when it already named `chosen`.
-pub(super) fn affinity_set_cookie(previous: Option<&str>, chosen: &str) -> Option<HeaderValue> {
+/// `previous` (the app's `session.affinity_set_cookie`): none when it already named `chosen`;
+/// the cookie's deletion when the request `ended` its session.
+pub(super) fn affinity_set_cookie(previous: Option<&str>, chosen: &str, ended: bool) -> Option<HeaderValue> {
+    if ended {
+        return Some(HeaderValue::from_static(AFFINITY_CLEARED));
+    }
     if previous == Some(chosen) {
         return None;
     }
@@ -336,10 +343,15 @@ mod tests {
             HeaderValue::from_bytes(b"llm-d-session=\xe9").unwrap(),
         );
         assert_eq!(affinity_instance(&headers), Err(()));
-        assert_eq!(affinity_set_cookie(Some("http://a:1"), "http://a:1"), None);
+        assert_eq!(affinity_set_cookie(Some("http://a:1"), "http://a:1", false), None);
         assert_eq!(
-            affinity_set_cookie(None, "http://a:1").unwrap(),
+            affinity_set_cookie(None, "http://a:1", false).unwrap(),
             format!("llm-d-session={token}; Path=/; HttpOnly; SameSite=Lax").as_str()
+        );
+        let cleared = affinity_set_cookie(Some("http://a:1"), "http://a:1", true).unwrap();
+        assert_eq!(
+            cleared, "llm-d-session=; Max-Age=0; Path=/; HttpOnly; SameSite=Lax",
+            "an ended session's"
         );
     }
 }

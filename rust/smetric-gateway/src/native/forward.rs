@@ -198,25 +198,52 @@ fn header_session(headers: &HeaderMap) -> Option<String> {
     Some(value.to_owned())
 }
 
-/// Whether every session header present is visible ASCII (or space), as `header_session` reads
-/// it: other bytes the app decodes to other text, whose hash would differ.
+/// Whether every session and parent header present is visible ASCII (or space), as
+/// `header_session` and `parent_key` read them: other bytes the app decodes to other text,
+/// whose key (hash, digest) would differ.
 fn session_headers_ascii(headers: &HeaderMap) -> bool {
     SESSION_HEADERS
         .iter()
+        .chain(PARENT_HEADERS.iter())
         .chain(["x-claude-code-agent-id"].iter())
         .flat_map(|name| headers.get_all(*name))
         .all(|v| v.to_str().is_ok())
 }
 
-/// Whether the request is a sub-agent's (`session.parent_key` is not None): it names a parent,
-/// or it is a Claude Code sub-agent's (an agent id under a session id; its parent is the root).
-fn names_parent(headers: &HeaderMap) -> bool {
-    if header(headers, "x-claude-code-session-id").is_some() {
-        return header(headers, "x-claude-code-agent-id").is_some();
+/// The session key of the request's parent agent (`session.parent_key`), or None: not a
+/// sub-agent's request. Claude Code: a sub-agent's request carries the root's session id and
+/// its own agent id; its parent is `{session}/{parent agent}` (nested) or the root session (top
+/// level). A parent header on a request without an agent id (the root's) is ignored.
+fn parent_key(headers: &HeaderMap) -> Option<String> {
+    if let Some(session) = header(headers, "x-claude-code-session-id") {
+        header(headers, "x-claude-code-agent-id")?;
+        return Some(match header(headers, "x-claude-code-parent-agent-id") {
+            Some(parent) => format!("{session}/{parent}"),
+            None => session.to_owned(),
+        });
     }
     PARENT_HEADERS
         .iter()
-        .any(|name| *name != "x-claude-code-parent-agent-id" && header(headers, name).is_some())
+        .filter(|name| **name != "x-claude-code-parent-agent-id")
+        .find_map(|name| header(headers, name))
+        .map(str::to_owned)
+}
+
+/// Whether the request ends its session (`session.session_end`): an end header is `true` or
+/// `1` (any case, spaces around); `Err` for a value other than those and `false` / `0` (the
+/// app's 400 names the header).
+fn session_end(headers: &HeaderMap) -> Result<bool, ()> {
+    let mut ended = false;
+    for name in END_HEADERS {
+        let Some(value) = headers.get(name) else { continue };
+        let word = value.to_str().map_err(|_| ())?.trim().to_ascii_lowercase();
+        match word.as_str() {
+            "true" | "1" => ended = true,
+            "false" | "0" => {}
+            _ => return Err(()),
+        }
+    }
+    Ok(ended)
 }
 
 #[derive(Clone, Copy)]
@@ -270,6 +297,8 @@ impl Native {
                 exclude = self.skip_full(&pool, exclude, cap);
             }
         }
+        let (exclude, grouping) = self.grouped(&fleet, &parts.headers, exclude);
+        record.grouping = grouping;
         let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
         // llm-d's session cookie names the session's instance (the previous one to the policy).
         let cookie_policy = self.config.routing.session_cookie();
@@ -316,7 +345,7 @@ impl Native {
                             record.status = answer.status().as_u16();
                             record.refused = Some(refusal.reason());
                             record.latency_s = arrived.elapsed().as_secs_f64();
-                            self.records.push(record);
+                            self.settle(record, plan.ends_session);
                             return answer;
                         }
                     },
@@ -336,7 +365,7 @@ impl Native {
                 });
                 let header = self.decision_header(&decision, plan.source);
                 let cookie = cookie_policy
-                    .then(|| affinity_set_cookie(previous.as_deref(), &decision.instance_name))
+                    .then(|| affinity_set_cookie(previous.as_deref(), &decision.instance_name, plan.ends_session))
                     .flatten();
                 (decision.instance_name.to_string(), lifecycle, header, cookie, body)
             }
@@ -361,7 +390,7 @@ impl Native {
                     PrefillLeg::Decode(leg) => (leg.instance, leg.lifecycle, leg.header, leg.cookie, leg.body),
                     PrefillLeg::Answered(answer) => {
                         record.latency_s = arrived.elapsed().as_secs_f64();
-                        self.records.push(record);
+                        self.settle(record, plan.ends_session);
                         return answer;
                     }
                     PrefillLeg::Failed { instance, cause } => {
@@ -416,7 +445,7 @@ impl Native {
             record.status = head.status.as_u16();
             record.succeeded = true;
             record.latency_s = arrived.elapsed().as_secs_f64();
-            self.records.push(record);
+            self.settle(record, plan.ends_session);
             let whole = api.relay_whole(&self.response_ids, whole, &instance);
             return Response::from_parts(head, Full::new(whole).map_err(|never| match never {}).boxed());
         }
@@ -457,6 +486,7 @@ impl Native {
             scan,
             kept,
             record,
+            ends_session: plan.ends_session,
             arrived,
             deadline,
             prefilled,
@@ -527,10 +557,17 @@ impl Native {
     /// first turn's whole history is encoded there (32K tokens: ≈ 30 ms with the test
     /// tokenizer), which on the runtime's one thread would hold every other request up.
     async fn plan(&self, fleet: &FleetView, api: Api, headers: &HeaderMap, raw: &Bytes) -> Option<Plan> {
-        if END_HEADERS.iter().any(|name| headers.contains_key(*name)) {
+        // Header values the app reads as other text than these bytes: its to read.
+        if !session_headers_ascii(headers) {
             return None;
         }
+        // An end header that is neither true nor false, or one that names no session: the
+        // app's 400.
+        let ends_session = session_end(headers).ok()?;
         let session = header_session(headers);
+        if ends_session && session.is_none() {
+            return None;
+        }
         let plan = match &self.config.tokens {
             None => body_plan(api, raw, session, None)?,
             Some(tokens) => {
@@ -540,12 +577,6 @@ impl Native {
                     .ok()??
             }
         };
-        if matches!(plan.turn, TurnHint::Messages { first_turn: true }) && names_parent(headers) {
-            return None;
-        }
-        if self.config.routing.hashes_session() && !session_headers_ascii(headers) {
-            return None; // a hint the app reads as other text than these bytes: its to hash
-        }
         if self.config.ids_only && plan.source != "ids" {
             return None; // the app's to refuse: this proxy routes on token ids only
         }
@@ -554,7 +585,80 @@ impl Native {
         {
             return None;
         }
+        let mut plan = plan;
+        plan.ends_session = ends_session;
         Some(plan)
+    }
+
+    /// The parent rule (`failover._grouped` after `proxy._parent_home`; `docs/serve.md`,
+    /// "Session life"): a sub-agent's request whose own session has no home yet is routed among
+    /// its parent's home alone when the home is a candidate with at most the margin more
+    /// requests in flight than the least busy candidate; else `exclude` as it was. Returns the
+    /// exclusions and what the rule did (None: it does not apply). O(instances).
+    fn grouped(
+        &self,
+        fleet: &FleetView,
+        headers: &HeaderMap,
+        exclude: Vec<String>,
+    ) -> (Vec<String>, Option<&'static str>) {
+        let (Some(margin), Routing::Colocated(_)) = (self.config.parent_affinity_margin, &self.config.routing) else {
+            return (exclude, None);
+        };
+        let Some(parent) = parent_key(headers) else {
+            return (exclude, None);
+        };
+        let sessions = &self.config.sessions;
+        if header_session(headers).is_some_and(|own| sessions.home(own.as_bytes(), None).is_some()) {
+            return (exclude, None); // a later request of the sub-agent: its own history leads
+        }
+        let Some(home) = sessions.home(parent.as_bytes(), None) else {
+            return (exclude, Some("parent_unknown"));
+        };
+        let candidates: Vec<&String> = fleet.instances.iter().filter(|u| !exclude.contains(u)).collect();
+        if !candidates.iter().any(|u| u.as_str() == &*home) {
+            return (exclude, Some("parent_unavailable"));
+        }
+        let load = |u: &str| self.config.routing.in_flight(u).unwrap_or(0);
+        let least = candidates.iter().map(|u| load(u)).min().unwrap_or(0);
+        if load(&home) > least + margin {
+            return (exclude, Some("overloaded"));
+        }
+        let others: Vec<String> = candidates
+            .into_iter()
+            .filter(|u| u.as_str() != &*home)
+            .cloned()
+            .collect();
+        let mut exclude = exclude;
+        exclude.extend(others);
+        (exclude, Some("parent"))
+    }
+
+    /// A native request's last record, with what it does to its session first: an ended
+    /// session's entry released (whatever the answer, as the app does), else a 200's instance
+    /// made the session's home (co-located mode). The app's records of the same requests do
+    /// not place again.
+    pub(super) fn settle(&self, mut record: Record, ends_session: bool) {
+        let sessions = &self.config.sessions;
+        if let Some(key) = record.session.as_deref() {
+            if ends_session {
+                record.session_end_held = Some(self.end_session(key));
+            } else if record.status == 200
+                && record.prefill_instance.is_none()
+                && let Some(instance) = record.instance.as_deref()
+            {
+                sessions.place(key.as_bytes(), instance, None);
+            }
+        }
+        self.records.push(record);
+    }
+
+    /// Releases session `key`'s state: its table entry, and its residency at the session
+    /// gate (when session admission is on); whether the table held an entry.
+    pub(super) fn end_session(&self, key: &str) -> bool {
+        if let Some(gate) = &self.gate {
+            gate.end(SessionGate::session_key(key));
+        }
+        self.config.sessions.end(key.as_bytes())
     }
 
     /// `exclude` plus the instances of `instances` (one pool) at `cap` requests in flight, while
@@ -710,6 +814,8 @@ struct Relay {
     scan: Box<dyn StreamScan>,
     kept: Option<BytesMut>,
     record: Record,
+    /// The request ends its session (released when the client's answer is done).
+    ends_session: bool,
     arrived: Instant,
     deadline: tokio::time::Instant,
     prefilled: Instant,
@@ -804,7 +910,7 @@ impl Relay {
     fn finish(mut self, succeeded: bool) {
         self.record.succeeded = succeeded;
         self.record.latency_s = self.arrived.elapsed().as_secs_f64();
-        self.native.records.push(self.record);
+        self.native.settle(self.record, self.ends_session);
     }
 
     /// A stream cut after the client had its first event: continued by the app when the proxy
@@ -833,8 +939,14 @@ impl Relay {
             ("x-request-id", request_id.as_str()),
             (API_HEADER, self.api.name()),
         ];
-        // The app records the request's outcome; this record counts the first decision only.
-        let record = std::mem::take(&mut self.record);
+        // The app records the request's outcome; this record counts the first decision only,
+        // and the session's end (the app's continuation does not end it).
+        let mut record = std::mem::take(&mut self.record);
+        if self.ends_session
+            && let Some(key) = record.session.as_deref()
+        {
+            record.session_end_held = Some(self.native.end_session(key));
+        }
         self.native.records.push(Record {
             handed_off: true,
             ..record
@@ -885,24 +997,48 @@ mod tests {
             "x-parent-session-id",
             "x-dynamo-parent-session-id",
         ] {
-            assert!(
-                names_parent(&headers(&[("x-session-id", "s"), (parent, "p")])),
-                "{parent}"
-            );
+            let key = parent_key(&headers(&[("x-session-id", "s"), (parent, "p")]));
+            assert_eq!(key.as_deref(), Some("p"), "{parent}");
         }
         let child = [("x-claude-code-session-id", "root"), ("x-claude-code-agent-id", "a1")];
-        assert!(names_parent(&headers(&child)), "a top-level Claude Code sub-agent");
+        assert_eq!(
+            parent_key(&headers(&child)).as_deref(),
+            Some("root"),
+            "a top-level sub-agent"
+        );
+        let nested = [
+            ("x-claude-code-session-id", "root"),
+            ("x-claude-code-agent-id", "a2"),
+            ("x-claude-code-parent-agent-id", "a1"),
+        ];
+        assert_eq!(
+            parent_key(&headers(&nested)).as_deref(),
+            Some("root/a1"),
+            "its parent's own key"
+        );
         // The root's own requests: a stray parent-agent header is ignored (session.parent_key).
         let root = [
             ("x-claude-code-session-id", "root"),
             ("x-claude-code-parent-agent-id", "a0"),
         ];
-        assert!(!names_parent(&headers(&root)));
-        assert!(!names_parent(&headers(&[("x-session-id", "s")])), "no parent named");
-        assert!(
-            !names_parent(&headers(&[("x-codex-parent-thread-id", "")])),
+        assert_eq!(parent_key(&headers(&root)), None);
+        assert_eq!(parent_key(&headers(&[("x-session-id", "s")])), None, "no parent named");
+        assert_eq!(
+            parent_key(&headers(&[("x-codex-parent-thread-id", "")])),
+            None,
             "an empty value names none"
         );
+    }
+
+    #[test]
+    fn end_headers_read_as_the_app_reads_them() {
+        assert_eq!(session_end(&headers(&[("x-session-end", " TRUE ")])), Ok(true));
+        assert_eq!(session_end(&headers(&[("x-dynamo-session-final", "1")])), Ok(true));
+        assert_eq!(session_end(&headers(&[("x-session-end", "false")])), Ok(false));
+        assert_eq!(session_end(&headers(&[])), Ok(false));
+        assert_eq!(session_end(&headers(&[("x-session-end", "yes")])), Err(()));
+        let both = [("x-session-end", "0"), ("x-dynamo-session-final", "maybe")];
+        assert_eq!(session_end(&headers(&both)), Err(()), "each header is checked");
     }
 
     #[test]

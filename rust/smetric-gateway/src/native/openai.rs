@@ -144,5 +144,6 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokens: Option<&TokenSo
         namespace: body.cache_salt,
         hide_usage,
         session,
+        ends_session: false,
     })
 }

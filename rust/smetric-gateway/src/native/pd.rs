@@ -142,7 +142,7 @@ impl Native {
         let header = self.pd_decision_header(decision, plan.source);
         // The cookie names the prefill instance: the core's session affinity is to one.
         let cookie = (self.config.routing.session_cookie())
-            .then(|| affinity_set_cookie(previous, &prefill))
+            .then(|| affinity_set_cookie(previous, &prefill, plan.ends_session))
             .flatten();
         let failed = |cause: &str| PrefillLeg::Failed {
             instance: prefill.clone(),

@@ -15,6 +15,7 @@ use super::response_ids::ResponseIds;
 use crate::admission::{Admission, AdmissionLimits};
 use crate::records::Records;
 use crate::session_gate::{SessionGate, SessionGateConfig, SessionGateSnapshot};
+use crate::session_table::SessionTable;
 use crate::tokens::TokenSource;
 
 /// What the control plane arms the native path with (no defaults here: `smetric serve`'s
@@ -53,6 +54,11 @@ pub struct NativeConfig {
     pub tokens: Option<Arc<TokenSource>>,
     /// `--tokens ids`: only a prompt of token ids is routed; the app refuses the rest (400).
     pub ids_only: bool,
+    /// The proxy's session table, the app's own (turns, homes; ended sessions dropped).
+    pub sessions: Arc<SessionTable>,
+    /// The parent rule's margin (`parent_affinity_margin`) when sub-agents start at their
+    /// parent's home (`parent_affinity`, co-located mode); `None`: off.
+    pub parent_affinity_margin: Option<u64>,
 }
 
 /// The router the native path decides with: the co-located one, or the PD router over a prefill
@@ -229,6 +235,14 @@ impl NativeHandles {
     /// The admission's state, for `/metrics`.
     pub fn admission(&self) -> crate::admission::AdmissionSnapshot {
         self.native.admission.snapshot()
+    }
+
+    /// Ends session `key` at the session gate (the app's end endpoint; the table is shared):
+    /// its residency is released. Nothing when session admission is off.
+    pub fn end_session(&self, key: &str) {
+        if let Some(gate) = &self.native.gate {
+            gate.end(SessionGate::session_key(key));
+        }
     }
 
     /// The session admission's state, for `/metrics` (`None`: off).
