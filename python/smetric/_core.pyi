@@ -49,6 +49,7 @@ __all__ = [
     "GATEWAY_FAILED_HEADER",
     "GATEWAY_HEADER",
     "GATEWAY_REFUSED_HEADER",
+    "GATEWAY_TURN_HEADER",
     "L_EQ_QWEN3_235B_A22B",
     "L_EQ_QWEN3_CODER_30B_A3B",
     "MAX_JSON_NESTING",
@@ -101,6 +102,7 @@ __all__ = [
     "simulate",
     "synthetic_defaults",
     "vllm_block_hashes",
+    "vllm_cache_namespace",
     "vllm_event_hash",
     "workload_reuse_stats",
 ]
@@ -452,6 +454,9 @@ class GatewayRecord:
     @property
     def first_turn(self) -> bool | None: ...
     @property
+    def turn(self) -> int | None:
+        """The turn counted in the session table (a hinted request without messages)."""
+    @property
     def predicted_local_hit(self) -> int | None: ...
     @property
     def predicted_global_hit(self) -> int | None: ...
@@ -683,6 +688,8 @@ GATEWAY_API_HEADER: Final[str]
 """The API of a cut stream sent to :data:`GATEWAY_CONTINUE_PATH`."""
 GATEWAY_CONTINUE_PATH: Final[str]
 """The app's endpoint that continues a cut stream the gateway was relaying."""
+GATEWAY_TURN_HEADER: Final[str]
+"""The turn the gateway counted in the session table for a request it hands on."""
 
 @final
 class Router:
@@ -876,6 +883,10 @@ def vllm_block_hashes(
     cache_salt: str | None = None,
 ) -> list[bytes]:
     """vLLM 0.33 prefix-cache block digests of a prompt (see :func:`smetric.vllm.block_hashes`)."""
+
+def vllm_cache_namespace(lora_name: str | None = None, cache_salt: str | None = None) -> str | None:
+    """The router namespace of a request for LoRA adapter ``lora_name`` with vLLM's
+    ``cache_salt`` (``smetric.vllm.cache_namespace``). Raises ``ValueError`` for an empty one."""
 
 def vllm_event_hash(digest: bytes) -> int:
     """The 64-bit int vLLM publishes in KV events for a digest (its last 8 bytes, big-endian)."""

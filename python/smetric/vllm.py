@@ -98,10 +98,5 @@ def cache_namespace(lora_name: str | None = None, cache_salt: str | None = None)
     Raises:
         ValueError: an empty adapter name or salt (vLLM refuses both).
     """
-    if lora_name == "" or cache_salt == "":
-        raise ValueError("an adapter name and a cache salt must be non-empty when given")
-    if lora_name is None:
-        return cache_salt
-    if cache_salt is None:
-        return lora_name
-    return f"{lora_name}\x1f{cache_salt}"
+    # Defined once, in Rust (`smetric-vllm`'s `cache_namespace`), which the gateway uses too.
+    return _core.vllm_cache_namespace(lora_name, cache_salt)

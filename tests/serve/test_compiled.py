@@ -282,6 +282,46 @@ def test_a_stream_cut_after_its_first_event_is_continued_by_the_app() -> None:
             p.stop()
 
 
+def test_a_hinted_completions_turn_is_counted_once_when_the_app_carries_it_on(tmp_path: Path) -> None:
+    """Completions without messages take their turn from the session table, natively. An attempt
+    that fails at the first instance is handed to the app with the turn the gateway counted: the
+    session's turns stay 1, 2, 3, 4 (counted twice, the handed-on ones would skip)."""
+
+    failed: list[bytes] = []
+
+    async def fails(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": []})
+        if request.method == "POST":
+            failed.append(await request.read())
+        return web.json_response({"error": {"message": "engine fault"}}, status=500)
+
+    async def answers(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": []})
+        await request.read()
+        choice = {"index": 0, "text": "ok", "finish_reason": "stop"}
+        return web.json_response({"id": "c", "choices": [choice], "usage": {"completion_tokens": 1}})
+
+    log = tmp_path / "decisions.jsonl"
+    with Stub(fails) as bad, Stub(answers) as good:
+        # The failing instance is ejected by its first failure: the later requests are native.
+        p = compiled([bad.url, good.url], policy="round_robin", eject_after=1, decision_log=str(log))
+        try:
+            for i in range(4):
+                body = {"prompt": f"turn {i} " * 20, "max_tokens": 1}
+                status, _, raw = request(p.url, "/v1/completions", body, headers={"x-session-id": "s"})
+                assert status == 200, raw
+            text = page(p)
+        finally:
+            p.stop()
+    lines = log_lines(log, 4)
+    assert [line["turn"] for line in lines] == [1, 2, 3, 4]
+    assert [line["session"] for line in lines] == ["s"] * 4
+    assert metric(text, "smetric_proxy_native_requests_total", api="completions") == 3, "all but the handed-on one"
+    assert len(failed) == 1 and b"turn 0" in failed[0], "the first request's first attempt failed, then the app's"
+
+
 def test_native_requests_take_their_slots_at_the_door(engines: list[FakeEngine]) -> None:
     release = threading.Event()
 

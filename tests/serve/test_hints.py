@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from proxy_util import request
+import pytest
+from proxy_util import metric, request
 
 from smetric.fake_engine import FakeEngine
 from smetric.serve.config import load_config
@@ -33,13 +34,19 @@ def test_codex_threads_are_sessions_of_their_own() -> None:
     assert (one.key, one.source, two.key) == ("thread-a", "thread-id", "thread-b"), "sub-agents do not merge"
 
 
-def test_a_lora_adapters_requests_are_routed_in_its_own_namespace(tmp_path: Path) -> None:
+@pytest.mark.own_data_plane
+@pytest.mark.parametrize("plane", ["python", "compiled"])
+def test_a_lora_adapters_requests_are_routed_in_its_own_namespace(tmp_path: Path, plane: str) -> None:
     engine = FakeEngine(port=0, speedup=1000, lora_modules=("sql=/adapters/sql",)).start()
     url = engine.url
     log_path = tmp_path / "decisions.jsonl"
     try:
         config = load_config(
-            instances=[{"url": url, "kv_events": "off"}], port=0, engine_load=False, decision_log=str(log_path)
+            instances=[{"url": url, "kv_events": "off"}],
+            port=0,
+            engine_load=False,
+            decision_log=str(log_path),
+            data_plane=plane,
         )
         messages = [SYSTEM, {"role": "user", "content": "list the tables " * 20}]
 
@@ -56,6 +63,10 @@ def test_a_lora_adapters_requests_are_routed_in_its_own_namespace(tmp_path: Path
             _, base_cached = ask("fake-model")
             adapter, adapter_cached = ask("sql", **{"thread-id": "t-2", "x-codex-parent-thread-id": "t-1"})
             again, again_cached = ask("sql")
+            native = metric(
+                request(p.url, "/metrics", method="GET")[2].decode(), "smetric_proxy_native_requests_total", api="chat"
+            )
+            assert native == (3 if plane == "compiled" else 0), "the adapter's requests are the gateway's too"
         lines = [json.loads(line) for line in log_path.read_text().splitlines()]
     finally:
         engine.stop()

@@ -253,6 +253,9 @@ def test_the_end_header_releases_the_session_after_its_last_request(
         assert turn("c-1", **{"x-session-end": "false"}) == "0", "false ends nothing"
         text = page(p)
         assert metric(text, "smetric_proxy_session_ends_total", via="header", held="true") == 2
+        if p.config.data_plane == "compiled":
+            completions = metric(text, "smetric_proxy_native_requests_total", api="completions")
+            assert completions == 9, "every hinted completion, its turn counted in the shared table"
     finally:
         client.close()
 
@@ -354,7 +357,7 @@ def test_the_session_end_expires_llm_ds_session_cookie(fleet: list[FakeEngine], 
         )
         status, headers, _ = request(p.url, "/v1/sessions/k/end", method="POST")
         assert status == 200 and "Max-Age=0" in headers["set-cookie"]
-        if plane == "compiled":
+        if p.config.data_plane == "compiled":
             assert native(p) == 2, "both answers, the cleared cookie's included, were the gateway's"
 
 

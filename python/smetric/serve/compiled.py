@@ -42,6 +42,7 @@ from smetric._core import (
     GATEWAY_FAILED_HEADER,
     GATEWAY_HEADER,
     GATEWAY_REFUSED_HEADER,
+    GATEWAY_TURN_HEADER,
     Gateway,
     GatewayNative,
     GatewayRecord,
@@ -274,6 +275,13 @@ class CompiledPlane:
         return headers.get(GATEWAY_REFUSED_HEADER)
 
     @staticmethod
+    def counted_turn(headers: Mapping[str, str]) -> int | None:
+        """The turn the gateway counted in the shared session table for a request it handed on
+        (None: it counted none; the app counts as usual)."""
+        value = headers.get(GATEWAY_TURN_HEADER)
+        return int(value) if value is not None and value.isdigit() else None
+
+    @staticmethod
     def failures(headers: Any) -> list[Refused]:
         return earlier_failures(headers.getall(GATEWAY_FAILED_HEADER, []))
 
@@ -341,6 +349,7 @@ class CompiledPlane:
             r.parent,
             0.0,
             model=r.model,
+            turn=r.turn,
             first_turn=r.first_turn,
             instance=instance,
             reason=label,

@@ -80,6 +80,7 @@ from smetric.serve.relay import STREAM_KEY, end_stream
 from smetric.serve.replica_bus import ReplicaBus, fleet_lines
 from smetric.serve.request import RequestError, escapes_lone_surrogate
 from smetric.serve.session import (
+    CountedTurn,
     SessionHint,
     affinity_cleared_cookie,
     affinity_instance,
@@ -374,8 +375,9 @@ class Proxy:
                 self._finish(outcome, response.status, refused=refusal.reason)
                 return response
             earlier = CompiledPlane.failures(request.headers) if vouched else []
+            counted = CompiledPlane.counted_turn(request.headers) if vouched else None
             try:
-                answer = await self._handle(request, api, route, earlier)
+                answer = await self._handle(request, api, route, earlier, counted)
             finally:
                 if not vouched:
                     self.admission.leave()
@@ -405,8 +407,15 @@ class Proxy:
         return Refusal(error, reason, self.config.retry_after_s)
 
     async def _handle(
-        self, request: web.Request, api: Api[Any], route: Route | None = None, earlier: Sequence[Refused] = ()
+        self,
+        request: web.Request,
+        api: Api[Any],
+        route: Route | None = None,
+        earlier: Sequence[Refused] = (),
+        counted: int | None = None,
     ) -> web.StreamResponse:
+        """One API request, parsed, prepared and served (``earlier``: the gateway's failed
+        attempts; ``counted``: the turn it already counted in the session table)."""
         started = time.perf_counter()
         if self.draining:
             return self._respond(api.fail(ProxyError.unavailable("the proxy is shutting down")))
@@ -481,7 +490,8 @@ class Proxy:
         """The keys of the session this request ends, released once it is answered (or failed)."""
         try:
             async with asyncio.timeout(self.config.client_timeout_s):
-                prepared = api.prepare(req, raw, tokens, request.headers, self.sessions)
+                turns = self.sessions if counted is None else CountedTurn(counted)
+                prepared = api.prepare(req, raw, tokens, request.headers, turns)
                 if ends:
                     own = session_hint(request.headers)
                     if own is None and prepared.turn_key is None:
@@ -653,6 +663,7 @@ class Proxy:
             raise web.HTTPNotFound()
         api = next((a for a in self.apis if a.name == request.headers.get(API_HEADER)), None)
         failures = CompiledPlane.failures(request.headers)
+        counted = CompiledPlane.counted_turn(request.headers)
         framed = await request.read()
         length, _, rest = framed.partition(b"\n")
         if api is None or len(failures) != 1 or not length.isdigit():
@@ -670,7 +681,8 @@ class Proxy:
             async with asyncio.timeout(self.config.client_timeout_s):
                 # The gateway serves only what needs no BPE: the tokens are cheap on the loop.
                 req = api.parse(raw)
-                prepared = api.prepare(req, raw, api.routing_tokens(self.tokens, req), request.headers, self.sessions)
+                turns = self.sessions if counted is None else CountedTurn(counted)
+                prepared = api.prepare(req, raw, api.routing_tokens(self.tokens, req), request.headers, turns)
                 state = api.stream(keep=True)
                 state.hide_usage = prepared.hide_usage
                 state.begin(cut_at.instance)

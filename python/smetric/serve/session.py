@@ -64,6 +64,7 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from smetric._core import (
     SESSION_ENTRY_BYTES,
@@ -176,6 +177,24 @@ def session_id_problem(session_id: str) -> str | None:
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in session_id):
         return "the session id holds a control character (CR, LF, NUL, ...)"
     return None
+
+
+class TurnCounter(Protocol):
+    """What counts a hinted request's turn: the session table (``SessionTable``), or a turn the
+    gateway already counted in it (:class:`CountedTurn`)."""
+
+    def next_turn(self, key: str, now: float | None = None) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CountedTurn:
+    """The turn the gateway counted in the shared table for a request it handed on (a failed
+    attempt, a cut stream): the app routes with it and counts nothing again."""
+
+    turn: int
+
+    def next_turn(self, key: str, now: float | None = None) -> int:
+        return self.turn
 
 
 ENTRY_BYTES: int = SESSION_ENTRY_BYTES

@@ -12,6 +12,9 @@ pub const ADMITTED_HEADER: &str = "x-smetric-gateway-admitted";
 pub const REFUSED_HEADER: &str = "x-smetric-gateway-refused";
 /// One attempt that failed before the client had a byte: `<instance> <cause>`, one field each.
 pub const FAILED_HEADER: &str = "x-smetric-gateway-failed";
+/// The turn the gateway counted in the session table for a hinted request it hands on (the
+/// app routes with it and does not count the request again).
+pub const TURN_HEADER: &str = "x-smetric-gateway-turn";
 /// The API of a cut stream sent to the app's continuation endpoint (`chat`, `completions`).
 pub const API_HEADER: &str = "x-smetric-gateway-api";
 /// The app's endpoint that continues a cut stream the gateway was relaying: its body is the

@@ -27,6 +27,8 @@ pub struct Record {
     pub reason: Option<&'static str>,
     pub policy: Option<&'static str>,
     pub first_turn: Option<bool>,
+    /// The turn counted in the session table (a hinted request without messages).
+    pub turn: Option<u32>,
     pub predicted_local_hit: Option<u64>,
     pub predicted_global_hit: Option<u64>,
     pub prompt_tokens: Option<u64>,

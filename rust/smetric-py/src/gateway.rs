@@ -230,6 +230,8 @@ pub(crate) struct PyGatewayRecord {
     policy: Option<&'static str>,
     /// Whether the decision treated the request as a first turn.
     first_turn: Option<bool>,
+    /// The turn counted in the session table (a hinted request without messages).
+    turn: Option<u32>,
     /// The router's predicted local (GPU) hit, tokens.
     predicted_local_hit: Option<u64>,
     /// The router's predicted global-tier hit, tokens.
@@ -286,6 +288,7 @@ impl From<&Record> for PyGatewayRecord {
             reason: r.reason,
             policy: r.policy,
             first_turn: r.first_turn,
+            turn: r.turn,
             predicted_local_hit: r.predicted_local_hit,
             predicted_global_hit: r.predicted_global_hit,
             prompt_tokens: r.prompt_tokens,

@@ -5,7 +5,7 @@
 //! (`InvalidBlockSizeError`, `InvalidTokenError`, `InvalidArgumentError`); wrong argument
 //! types raise `TypeError`.
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyModule};
 use smetric_core::DEFAULT_BLOCK_SIZE;
@@ -111,9 +111,21 @@ fn vllm_event_hash(digest: &[u8]) -> u64 {
     smetric_vllm::event_hash(digest)
 }
 
+/// The router namespace of a request for LoRA adapter ``lora_name`` (None: the base model)
+/// with vLLM's ``cache_salt`` (``smetric.vllm.cache_namespace``).
+///
+/// Raises:
+///     ValueError: an empty adapter name or salt.
+#[pyfunction]
+#[pyo3(signature = (lora_name = None, cache_salt = None))]
+fn vllm_cache_namespace(lora_name: Option<&str>, cache_salt: Option<&str>) -> PyResult<Option<String>> {
+    smetric_vllm::cache_namespace(lora_name, cache_salt).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// Adds the vLLM hashing functions to `smetric._core`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(vllm_block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(vllm_event_hash, m)?)?;
+    m.add_function(wrap_pyfunction!(vllm_cache_namespace, m)?)?;
     Ok(())
 }

@@ -523,3 +523,44 @@ mod tests {
         assert_eq!(per_block[2], [mm("b", 0)]);
     }
 }
+
+/// An adapter name or cache salt given empty (vLLM refuses both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("an adapter name and a cache salt must be non-empty when given")]
+pub struct EmptyNamespacePart;
+
+/// The router namespace of a request for LoRA adapter `lora_name` (`None`: the base model) with
+/// vLLM's `cache_salt`: none for neither, the adapter's name alone (what the KV-event ingestor
+/// roots an adapter's chain at), the salt alone, or both joined by a unit separator (`\x1f`),
+/// which no adapter name or salt a client sends in JSON text contains. vLLM caches an adapter's
+/// blocks and a salted chain apart from the base model's; the namespace, mixed into the chain's
+/// root, separates them the same way.
+///
+/// # Errors
+/// [`EmptyNamespacePart`] for an empty adapter name or salt.
+pub fn cache_namespace(
+    lora_name: Option<&str>,
+    cache_salt: Option<&str>,
+) -> Result<Option<String>, EmptyNamespacePart> {
+    match (lora_name, cache_salt) {
+        (Some(""), _) | (_, Some("")) => Err(EmptyNamespacePart),
+        (None, salt) => Ok(salt.map(str::to_owned)),
+        (Some(lora), None) => Ok(Some(lora.to_owned())),
+        (Some(lora), Some(salt)) => Ok(Some(format!("{lora}\x1f{salt}"))),
+    }
+}
+
+#[cfg(test)]
+mod namespace_tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_names_the_adapter_the_salt_or_both() {
+        assert_eq!(cache_namespace(None, None), Ok(None));
+        assert_eq!(cache_namespace(None, Some("s")), Ok(Some("s".to_owned())));
+        assert_eq!(cache_namespace(Some("sql"), None), Ok(Some("sql".to_owned())));
+        assert_eq!(cache_namespace(Some("sql"), Some("s")), Ok(Some("sql\x1fs".to_owned())));
+        assert_eq!(cache_namespace(Some(""), None), Err(EmptyNamespacePart));
+        assert_eq!(cache_namespace(None, Some("")), Err(EmptyNamespacePart));
+    }
+}

@@ -77,8 +77,8 @@ pub use events::{
 pub use events::{DecodeBuffers, decode_reusing};
 pub use frames::{END_SEQ, KvEventMessage, ReplayReply, decode_pub_message, decode_replay_reply, replay_request};
 pub use hash::{
-    BlockDigest, BlockHasher, DEFAULT_NONE_HASH_SEED, ExtraKey, HashAlgo, HashError, LoraKey, MmPlaceholder,
-    RequestKeys, event_hash, none_hash,
+    BlockDigest, BlockHasher, DEFAULT_NONE_HASH_SEED, EmptyNamespacePart, ExtraKey, HashAlgo, HashError, LoraKey,
+    MmPlaceholder, RequestKeys, cache_namespace, event_hash, none_hash,
 };
 pub use ingest::{
     IndexSink, IngestConfig, IngestStats, Ingestor, Offload, RouterAt, SinkError, SourceId, Step, UnknownSource,

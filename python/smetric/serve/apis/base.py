@@ -34,10 +34,10 @@ from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
-from smetric._core import SessionTable
 from smetric.serve.config import ServeConfig
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import RequestError
+from smetric.serve.session import TurnCounter
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
 __all__ = ["Api", "Prepared", "R", "Route", "StreamState", "answer_count", "usage_count"]
@@ -216,7 +216,7 @@ class Api(ABC, Generic[R]):
 
     @abstractmethod
     def prepare(
-        self, request: R, raw: bytes, tokens: RoutingTokens, headers: Mapping[str, str], sessions: SessionTable
+        self, request: R, raw: bytes, tokens: RoutingTokens, headers: Mapping[str, str], sessions: TurnCounter
     ) -> Prepared[R]:
         """The request ready to route (its turn counted in ``sessions`` when a hint gives it)."""
 

@@ -52,11 +52,11 @@ from typing import Any
 
 from aiohttp import web
 
-from smetric._core import SessionTable
 from smetric.anthropic import ChatConversion, MessagesRequestError, anthropic_error, error_type, to_chat
 from smetric.serve.apis.base import Api, Prepared, Route, StreamState, answer_count, usage_count
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import OpenAIRequest, RequestError, refuse_deep_nesting
+from smetric.serve.session import TurnCounter
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
 __all__ = ["COUNT_TOKENS_PATH", "MessagesApi", "MessagesRequest", "MessagesStream", "anthropic_status"]
@@ -463,7 +463,7 @@ class MessagesApi(Api[MessagesRequest]):
         raw: bytes,
         tokens: RoutingTokens,
         headers: Mapping[str, str],
-        sessions: SessionTable,
+        sessions: TurnCounter,
     ) -> Prepared[MessagesRequest]:
         conversion = request.conversion
         if request.count_tokens:  # nothing is prefilled: no decision, no KV accounting

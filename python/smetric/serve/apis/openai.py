@@ -34,11 +34,11 @@ from typing import Any
 
 from aiohttp import web
 
-from smetric._core import SHARED_USAGE_OPTION, SessionTable
+from smetric._core import SHARED_USAGE_OPTION
 from smetric.serve.apis.base import Api, Prepared, StreamState, answer_count, usage_count
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import Endpoint, OpenAIRequest, RequestError, parse_request
-from smetric.serve.session import session_hint
+from smetric.serve.session import TurnCounter, session_hint
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
 __all__ = ["OpenAIApi", "OpenAIStream", "Received"]
@@ -279,7 +279,7 @@ class OpenAIApi(Api[OpenAIRequest]):
         raw: bytes,
         tokens: RoutingTokens,
         headers: Mapping[str, str],
-        sessions: SessionTable,
+        sessions: TurnCounter,
     ) -> Prepared[OpenAIRequest]:
         turn = hint = None
         if request.messages is None:  # with messages the router reads the turn from the roles

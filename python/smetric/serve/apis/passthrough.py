@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from smetric._core import SessionTable
 from smetric.serve.apis.base import Api, Prepared, Route, StreamState
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import RequestError
+from smetric.serve.session import TurnCounter
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
 __all__ = ["FORWARDED", "PassThroughApi", "PassThroughRequest"]
@@ -106,7 +106,7 @@ class PassThroughApi(Api[PassThroughRequest]):
         raw: bytes,
         tokens: RoutingTokens,
         headers: Mapping[str, str],
-        sessions: SessionTable,
+        sessions: TurnCounter,
     ) -> Prepared[PassThroughRequest]:
         return Prepared(request, request.path, raw, tokens, None, request.model, None, None, request.method, False)
 

@@ -43,13 +43,12 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from smetric._core import SessionTable
 from smetric.serve.apis.base import Api, Prepared, Route, StreamState, answer_count, usage_count
 from smetric.serve.config import ServeConfig
 from smetric.serve.errors import ProxyError
 from smetric.serve.pinning import ResponseIds
 from smetric.serve.request import OpenAIRequest, RequestError, refuse_deep_nesting
-from smetric.serve.session import session_hint
+from smetric.serve.session import TurnCounter, session_hint
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
 __all__ = ["ResponsesApi", "ResponsesRequest", "ResponsesStream", "chat_messages"]
@@ -506,7 +505,7 @@ class ResponsesApi(Api[ResponsesRequest]):
         raw: bytes,
         tokens: RoutingTokens,
         headers: Mapping[str, str],
-        sessions: SessionTable,
+        sessions: TurnCounter,
     ) -> Prepared[ResponsesRequest]:
         if request.chat is None:
             method = "GET" if request.operation == "retrieve" else "DELETE" if request.operation == "delete" else "POST"

@@ -13,6 +13,7 @@ use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::{Request, Response, StatusCode};
 use smetric_core::{Decision, Prompt, RequestId, RouteRequest, TurnHint};
+use smetric_vllm::cache_namespace;
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 
 use super::apis;
@@ -27,7 +28,7 @@ use crate::admission::{Refusal, Slot};
 use crate::answers::{Body, Held};
 use crate::counters::ClientError;
 use crate::delegate::ControlPlane;
-use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER};
+use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER, TURN_HEADER};
 use crate::records::Record;
 use crate::session_gate::{GateRefusal, SessionGate};
 use crate::tokens::TokenSource;
@@ -270,7 +271,7 @@ impl Native {
             Err(failure) => return self.body_failure(plane, api, failure),
         };
         let fleet = self.fleet();
-        let Some(plan) = self.plan(&fleet, api, &parts.headers, &raw).await else {
+        let Some(mut plan) = self.plan(&fleet, api, &parts.headers, &raw).await else {
             return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
         };
         let id = request_id(&parts.headers);
@@ -310,6 +311,13 @@ impl Native {
         } else {
             None
         };
+        // A hinted request without messages: its turn is the session table's count (counted
+        // once: what is handed to the app from here on carries it).
+        if let Some(key) = plan.turn_key.as_deref() {
+            let turn = self.config.sessions.next_turn(key.as_bytes(), None);
+            plan.turn = TurnHint::Turn(turn);
+            record.turn = Some(turn);
+        }
         // vllm-router's hash policies hash the header session hint (as the app's
         // `session_hint`, through `RequestId::from_name` as its binding does), else the prompt.
         let session_key = (self.config.routing.hashes_session())
@@ -352,7 +360,7 @@ impl Native {
                     None => router.route(&request),
                 };
                 let Ok(decision) = routed else {
-                    return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+                    return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await;
                 };
                 record.decision_s = Some(decided.elapsed().as_secs_f64());
                 self.note_decision(&mut record, &decision);
@@ -371,7 +379,7 @@ impl Native {
             }
             Routing::Pd(pd) => {
                 let Ok(decision) = pd.route(&request) else {
-                    return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+                    return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await;
                 };
                 record.decision_s = Some(decided.elapsed().as_secs_f64());
                 match self
@@ -551,8 +559,8 @@ impl Native {
     }
 
     /// The routing plan of a body the native path serves exactly as the app would, or None.
-    /// Session life is the app's (it keeps the session table): a session's last request, and
-    /// a sub-agent's first (which the parent rule may place), go to the app.
+    /// What the app must refuse or read as other text goes to it: an end header that is not
+    /// true/false or names no session, session headers that are not visible ASCII.
     /// With a chat template the body's plan runs on tokio's blocking pool: in tokenizer mode a
     /// first turn's whole history is encoded there (32K tokens: ≈ 30 ms with the test
     /// tokenizer), which on the runtime's one thread would hold every other request up.
@@ -580,12 +588,17 @@ impl Native {
         if self.config.ids_only && plan.source != "ids" {
             return None; // the app's to refuse: this proxy routes on token ids only
         }
-        if let Some(model) = plan.model.as_deref()
-            && ((!fleet.models.is_empty() && !fleet.models.contains_key(model)) || fleet.adapters.contains(model))
-        {
-            return None;
-        }
         let mut plan = plan;
+        if let Some(model) = plan.model.as_deref() {
+            if !fleet.models.is_empty() && !fleet.models.contains_key(model) {
+                return None; // the app's 404 names the model
+            }
+            if fleet.adapters.contains(model) {
+                // A LoRA adapter's blocks are cached apart (`Fleet.namespace`: an empty salt is none).
+                let salt = plan.namespace.as_deref().filter(|s| !s.is_empty());
+                plan.namespace = cache_namespace(Some(model), salt).ok()?;
+            }
+        }
         plan.ends_session = ends_session;
         Some(plan)
     }
@@ -711,12 +724,33 @@ impl Native {
         if let Ok(id) = HeaderValue::from_str(&record.request_id) {
             parts.headers.insert(REQUEST_ID.clone(), id); // the id the failed attempt carried
         }
+        let turn = record.turn;
         self.records.push(Record {
             handed_off: true,
             ..record
         });
         let failed = format!("{instance} {cause}");
-        let headers = [(ADMITTED_HEADER, "1"), (FAILED_HEADER, failed.as_str())];
+        self.delegate_counted(plane, parts, raw, peer, turn, &[(FAILED_HEADER, failed.as_str())])
+            .await
+    }
+
+    /// Delegates an admitted request to the app with `extra` fields and the turn the session
+    /// table already counted for it, if any (so the app does not count it again).
+    async fn delegate_counted(
+        &self,
+        plane: &ControlPlane,
+        parts: Parts,
+        raw: Bytes,
+        peer: SocketAddr,
+        turn: Option<u32>,
+        extra: &[(&'static str, &str)],
+    ) -> Response<Body> {
+        let turn = turn.map(|t| t.to_string());
+        let mut headers = vec![(ADMITTED_HEADER, "1")];
+        headers.extend_from_slice(extra);
+        if let Some(turn) = turn.as_deref() {
+            headers.push((TURN_HEADER, turn));
+        }
         plane.delegate_bytes(parts, raw, peer, &headers).await
     }
 }
@@ -933,12 +967,16 @@ impl Relay {
         parts.uri = CONTINUE_PATH.parse().unwrap_or_default();
         let failed = format!("{} {cause}", self.instance);
         let request_id = self.record.request_id.clone();
-        let headers = [
+        let turn = self.record.turn.map(|t| t.to_string());
+        let mut headers = vec![
             (ADMITTED_HEADER, "1"),
             (FAILED_HEADER, failed.as_str()),
             ("x-request-id", request_id.as_str()),
             (API_HEADER, self.api.name()),
         ];
+        if let Some(turn) = turn.as_deref() {
+            headers.push((TURN_HEADER, turn)); // counted once, here
+        }
         // The app records the request's outcome; this record counts the first decision only,
         // and the session's end (the app's continuation does not end it).
         let mut record = std::mem::take(&mut self.record);

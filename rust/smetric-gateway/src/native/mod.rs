@@ -12,7 +12,8 @@
 //! 1. identity body encoding; a client key, when keys are on, among the configured ones;
 //! 2. the body read whole within `max_body_bytes` (else 413) and `body_timeout` (else 408);
 //! 3. parsed by the proxy's own parser (`smetric_vllm::parse_openai_body`), no lone surrogate,
-//!    a model the fleet serves and not a LoRA adapter, no `kv_transfer_params`;
+//!    a model the fleet serves (a LoRA adapter routed in its own namespace), no
+//!    `kv_transfer_params`;
 //! 4. routing ids: a completions prompt's token ids, or the plain ChatML of a chat body cut
 //!    into byte chunks ([`chatml`], `--tokens approximate` without a chat template), a text
 //!    prompt's bytes likewise; the turn from the chat roles;

@@ -83,10 +83,17 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokens: Option<&TokenSo
             return None;
         }
     }
-    let hinted = session.is_some()
-        || [&body.prompt_cache_key, &body.user]
-            .iter()
-            .any(|v| v.as_deref().is_some_and(|v| !v.is_empty()));
+    // Without messages a session hint's turns are counted in the session table (`session_hint`:
+    // the headers', else the body's `prompt_cache_key`, else its `user`); the caller counts.
+    let turn_key = if chat {
+        None
+    } else {
+        session.clone().or_else(|| {
+            [&body.prompt_cache_key, &body.user]
+                .into_iter()
+                .find_map(|v| v.as_deref().filter(|v| !v.is_empty()).map(str::to_owned))
+        })
+    };
     let (ids, turn, source) = if let (true, Some(tokens)) = (chat, tokens) {
         let request = RenderRequest {
             messages: body.messages?,
@@ -106,10 +113,6 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokens: Option<&TokenSo
             TurnHint::Messages { first_turn },
             "approximate",
         )
-    } else if hinted {
-        // Without messages the app counts a session's turns in its own table: a session
-        // hint's request is the app's.
-        return None;
     } else {
         match body.prompt.as_ref()? {
             smetric_vllm::Prompt::Ids(ids) => (ids.clone(), TurnHint::Unknown, "ids"),
@@ -144,6 +147,7 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokens: Option<&TokenSo
         namespace: body.cache_salt,
         hide_usage,
         session,
+        turn_key,
         ends_session: false,
     })
 }

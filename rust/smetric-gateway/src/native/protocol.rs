@@ -33,6 +33,9 @@ pub(crate) struct Plan {
     /// The stream's usage was asked for by the proxy, not the client: it is cut from the relay.
     pub(crate) hide_usage: bool,
     pub(crate) session: Option<String>,
+    /// The session hint whose turns the session table counts (a completions body without
+    /// messages): the router's turn is the table's count, taken just before the route.
+    pub(crate) turn_key: Option<String>,
     /// The request ends its session (an end header is `true`): the table's entry goes once it
     /// is answered, and llm-d's cookie is cleared.
     pub(crate) ends_session: bool,
@@ -113,6 +116,7 @@ pub(crate) fn rendered_plan(body: RenderedBody, session: Option<String>) -> Plan
         namespace: body.cache_salt,
         hide_usage: false,
         session,
+        turn_key: None,
         ends_session: false,
     }
 }
@@ -151,6 +155,7 @@ pub(crate) fn template_plan(request: &ChatRequest, session: Option<String>, toke
         namespace: request.cache_salt.clone(),
         hide_usage: false,
         session,
+        turn_key: None,
         ends_session: false,
     })
 }

@@ -140,7 +140,7 @@ pub struct FleetView {
     pub ejected: HashSet<String>,
     /// Model id → the instances serving it (empty: models unknown, every request passes).
     pub models: HashMap<String, HashSet<String>>,
-    /// LoRA adapters (their cache namespace is the app's to compute: delegated).
+    /// LoRA adapters (each routed in its own cache namespace, `smetric_vllm::cache_namespace`).
     pub adapters: HashSet<String>,
 }
 
