@@ -10,6 +10,7 @@ import json
 import random
 from typing import Any
 
+from smetric.serve.pinning import ResponseIds, instance_tag
 from smetric.serve.request import RequestError
 from smetric.serve.tokens import TokenSource
 
@@ -145,8 +146,14 @@ def responses_body(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.3:
         body["stream"] = True
     if rng.random() < 0.05:
-        body["previous_response_id"] = "resp_1"
+        body["previous_response_id"] = FOLLOW_UP_ID
     return body
+
+
+RESPONSE_ID_KEY = "bodies-test-key"
+"""The key the corpora's Responses adapters issue ids with (``ResponsesApi(ResponseIds(...))``)."""
+FOLLOW_UP_ID = ResponseIds(RESPONSE_ID_KEY).issue("resp_1", instance_tag("http://e"))
+"""A stored response's id as the proxy issued it: a follow-up the native path opens and pins."""
 
 
 WRONG = [None, 0, 1.5, True, "s", [], {}, [1], [{"type": 1}], -1, 2**70]

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from aiohttp import web
 from proxy_util import Stub, chat_text, events, metric, proxy_for, request
@@ -150,7 +151,18 @@ def test_anthropic_messages_are_served_natively_in_their_own_shapes(engines: lis
         p.stop()
 
 
-def test_responses_are_served_natively_with_the_apps_ids(engines: list[FakeEngine]) -> None:
+@pytest.fixture
+def storing_engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeEngine]]:
+    """Engines that store responses (vLLM's switch, read when an engine starts)."""
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")
+    started = [FakeEngine(port=0, speedup=1000).start() for _ in range(2)]
+    yield started
+    for e in started:
+        e.stop()
+
+
+def test_responses_are_served_natively_with_the_apps_ids(storing_engines: list[FakeEngine]) -> None:
+    engines = storing_engines
     p = compiled([e.url for e in engines], response_id_key="shared-by-the-replicas")
     try:
         assert p.proxy is not None
@@ -174,10 +186,23 @@ def test_responses_are_served_natively_with_the_apps_ids(engines: list[FakeEngin
         created = next(e for e in events_of(body) if e["type"] == "response.created")
         assert ids.open(created["response"]["id"]) is not None
         assert events_of(body)[-1]["type"] in ("response.completed", "response.incomplete")
-        # A follow-up naming a stored response is the app's (it pins it to its instance).
+        # An id the proxy did not issue is the app's to refuse.
         status, _, raw = request(p.url, "/v1/responses", {**codex, "previous_response_id": "resp_forged"})
         assert status == 404 and "not found" in json.loads(raw)["error"]["message"]
         assert metric(page(p), "smetric_proxy_native_requests_total", api="responses") == 2
+        # A chain of stored responses (the official SDK, as Codex sends them): each follow-up
+        # served natively, pinned to the instance that stored the chain, the engine given its
+        # own id.
+        with openai.OpenAI(base_url=p.url + "/v1", api_key="sk-test", max_retries=0, timeout=30) as sdk:
+            previous = sdk.responses.create(model="fake-model", input="remember 7", max_output_tokens=4)
+            holder = previous.id.rsplit("-", 2)[1]
+            for turn in range(3):
+                previous = sdk.responses.create(
+                    model="fake-model", input=f"go on {turn}", previous_response_id=previous.id, max_output_tokens=4
+                )
+                assert previous.id.rsplit("-", 2)[1] == holder, "only the instance that stored it"
+                assert ids.open(previous.id) is not None
+        assert metric(page(p), "smetric_proxy_native_requests_total", api="responses") == 6
     finally:
         p.stop()
 

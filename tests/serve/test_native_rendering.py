@@ -18,13 +18,14 @@ from array import array
 from typing import Any
 
 import pytest
-from bodies import app_ids, chat_body, completions_body, messages_body, responses_body, spoiled
+from bodies import RESPONSE_ID_KEY, app_ids, chat_body, completions_body, messages_body, responses_body, spoiled
 
 from smetric._core import gateway_routing_ids
 from smetric.serve.apis.chat import ChatApi
 from smetric.serve.apis.completions import CompletionsApi
 from smetric.serve.apis.messages import MessagesApi
 from smetric.serve.apis.responses import ResponsesApi
+from smetric.serve.pinning import ResponseIds
 from smetric.serve.tokens import TokenConfig, TokenSource
 
 SEED = 20261202
@@ -34,7 +35,8 @@ CASES = [
     ("/v1/chat/completions", ChatApi(), chat_body),
     ("/v1/completions", CompletionsApi(), completions_body),
     ("/v1/messages", MessagesApi(), messages_body),
-    ("/v1/responses", ResponsesApi(), responses_body),
+    # Follow-ups name an id issued with the corpus key: the native path opens and pins them.
+    ("/v1/responses", ResponsesApi(ResponseIds(RESPONSE_ID_KEY)), responses_body),
 ]
 
 

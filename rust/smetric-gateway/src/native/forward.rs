@@ -22,6 +22,7 @@ use super::attempt::{
 };
 use super::pd::PrefillLeg;
 use super::protocol::{Plan, Protocol, StreamScan};
+use super::response_ids::ResponseIds;
 use super::secret::same_bytes;
 use super::state::{FleetView, Native, Routing};
 use crate::admission::{Refusal, Slot};
@@ -288,18 +289,41 @@ impl Native {
             tokens_source: Some(plan.source),
             ..Record::default()
         };
+        // A follow-up of a stored response: only the instance that stored it can serve it,
+        // ejected or not (`failover`'s pin). An id this key did not issue, an instance that left
+        // the fleet (the app's 404 and lost-state answers) and PD mode are the app's.
+        let pinned = match plan.previous_response.as_deref() {
+            None => None,
+            Some(id) => {
+                let opened = self.response_ids.open(id).and_then(|(engine_id, tag)| {
+                    let instance = fleet.instances.iter().find(|u| ResponseIds::tag(u) == tag)?;
+                    Some((instance.clone(), engine_id.to_owned()))
+                });
+                match (opened, &self.config.routing) {
+                    (Some(pin), Routing::Colocated(_)) => Some(pin),
+                    _ => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
+                }
+            }
+        };
         // Route.
-        let Some(mut exclude) = fleet.exclusions(plan.model.as_deref(), &[]) else {
+        let exclude = match &pinned {
+            Some((instance, _)) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
+            None => fleet.exclusions(plan.model.as_deref(), &[]),
+        };
+        let Some(mut exclude) = exclude else {
             return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
         };
-        let cap = self.config.admission.max_in_flight_per_instance;
-        if self.admission.admitted() >= cap {
-            for pool in self.config.routing.pools(&fleet.instances) {
-                exclude = self.skip_full(&pool, exclude, cap);
+        if pinned.is_none() {
+            let cap = self.config.admission.max_in_flight_per_instance;
+            if self.admission.admitted() >= cap {
+                for pool in self.config.routing.pools(&fleet.instances) {
+                    exclude = self.skip_full(&pool, exclude, cap);
+                }
             }
+            let grouping;
+            (exclude, grouping) = self.grouped(&fleet, &parts.headers, exclude);
+            record.grouping = grouping;
         }
-        let (exclude, grouping) = self.grouped(&fleet, &parts.headers, exclude);
-        record.grouping = grouping;
         let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
         // llm-d's session cookie names the session's instance (the previous one to the policy).
         let cookie_policy = self.config.routing.session_cookie();
@@ -337,14 +361,20 @@ impl Native {
         let decided = Instant::now();
         let prompt_tokens = plan.ids.len() as u64;
         // A stream asks for its usage (the realized hit), unless the body did.
-        let body = if plan.hide_usage {
-            with_usage_request(&raw)
-        } else {
-            raw.clone()
+        let body = match &pinned {
+            // The engine knows the stored response by its own id.
+            Some((_, engine_id)) => match api.pinned_body(&raw, engine_id) {
+                Some(body) => body,
+                None => return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await,
+            },
+            None if plan.hide_usage => with_usage_request(&raw),
+            None => raw.clone(),
         };
         let (instance, mut lifecycle, decision_header, cookie, body) = match &self.config.routing {
             Routing::Colocated(router) => {
-                let gated = (self.gate.as_ref()).zip(plan.session.as_deref().map(SessionGate::session_key));
+                // A pinned follow-up has one place to go: session admission does not move it.
+                let gated = (self.gate.as_ref().filter(|_| pinned.is_none()))
+                    .zip(plan.session.as_deref().map(SessionGate::session_key));
                 let routed = match gated {
                     Some((gate, key)) => match gate.route(router, &request, key, prompt_tokens, deadline).await {
                         Ok(routed) => routed,

@@ -148,6 +148,7 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokens: Option<&TokenSo
         hide_usage,
         session,
         turn_key,
+        previous_response: None,
         ends_session: false,
     })
 }

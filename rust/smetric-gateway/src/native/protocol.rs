@@ -36,6 +36,9 @@ pub(crate) struct Plan {
     /// The session hint whose turns the session table counts (a completions body without
     /// messages): the router's turn is the table's count, taken just before the route.
     pub(crate) turn_key: Option<String>,
+    /// Responses: the stored response a follow-up continues (`previous_response_id`, the
+    /// proxy's id); only the instance that stored it can serve it.
+    pub(crate) previous_response: Option<String>,
     /// The request ends its session (an end header is `true`): the table's entry goes once it
     /// is answered, and llm-d's cookie is cleared.
     pub(crate) ends_session: bool,
@@ -75,6 +78,12 @@ pub(crate) trait Protocol: Sync {
     /// Fields a PD prefill leg sets besides the protocol's own (`native/pd.rs`), as JSON.
     fn prefill_overrides(&self) -> &'static [(&'static str, &'static str)] {
         &[]
+    }
+    /// The body of a follow-up pinned to a stored response ([`Plan::previous_response`]) as
+    /// the engine that stored it takes it (the proxy's id replaced by `engine_id`); None: the
+    /// API has no stored responses, or the body is not an object.
+    fn pinned_body(&self, _raw: &[u8], _engine_id: &str) -> Option<Bytes> {
+        None
     }
     /// A whole answer as the client gets it (ids rewritten where the API has them).
     fn relay_whole(&self, _ids: &ResponseIds, whole: Bytes, _instance: &str) -> Bytes {
@@ -117,6 +126,7 @@ pub(crate) fn rendered_plan(body: RenderedBody, session: Option<String>) -> Plan
         hide_usage: false,
         session,
         turn_key: None,
+        previous_response: None,
         ends_session: false,
     }
 }
@@ -156,6 +166,7 @@ pub(crate) fn template_plan(request: &ChatRequest, session: Option<String>, toke
         hide_usage: false,
         session,
         turn_key: None,
+        previous_response: None,
         ends_session: false,
     })
 }

@@ -54,15 +54,22 @@ impl ResponseIds {
 
     /// Whether `id` is one this key issued.
     pub(crate) fn verifies(&self, id: &str) -> bool {
+        self.open(id).is_some()
+    }
+
+    /// The engine's id and the instance tag of an id this key issued (`pinning.ResponseIds.open`),
+    /// else None.
+    pub(crate) fn open<'a>(&self, id: &'a str) -> Option<(&'a str, &'a str)> {
         let mut parts = id.rsplitn(3, '-');
         let (Some(mac), Some(tag), Some(engine_id)) = (parts.next(), parts.next(), parts.next()) else {
-            return false;
+            return None;
         };
         // Compared in full whatever the input (the mac is not secret once issued, but an
         // early exit would time the comparison).
-        !engine_id.is_empty()
+        let valid = !engine_id.is_empty()
             && tag.len() == TAG_HEX
-            && super::secret::same_bytes(self.mac(engine_id, tag).as_bytes(), mac.as_bytes())
+            && super::secret::same_bytes(self.mac(engine_id, tag).as_bytes(), mac.as_bytes());
+        valid.then_some((engine_id, tag))
     }
 
     /// `data` with each `"id"` / `"previous_response_id"` naming a response of the instance

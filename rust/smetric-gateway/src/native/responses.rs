@@ -39,6 +39,7 @@ use super::protocol::{ChatRequest, Plan, Protocol, StreamScan, rendered_plan, te
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use crate::tokens::TokenSource;
+use smetric_core::TurnHint;
 
 /// The event types that end a stream.
 const TERMINAL_EVENTS: [&[u8]; 3] = [b"response.completed", b"response.failed", b"response.incomplete"];
@@ -197,14 +198,46 @@ struct Conversion<'a> {
     model: Option<String>,
     cache_salt: Option<String>,
     tools: Option<&'a RawValue>,
+    follow_up: Option<FollowUp>,
+}
+
+/// A follow-up of a stored response: the id it continues, and the body's session hint
+/// (`prompt_cache_key`, else `user`; the headers' comes first).
+pub(crate) struct FollowUp {
+    previous: String,
+    hint: Option<String>,
+}
+
+impl FollowUp {
+    /// `plan` as a follow-up: pinned to the stored response, and since it carries only the new
+    /// input its turn is the session table's count under its hint, else 2 (`prepare`'s rule).
+    fn apply(self, mut plan: Plan) -> Plan {
+        plan.previous_response = Some(self.previous);
+        plan.turn_key = plan.session.clone().or(self.hint);
+        if plan.turn_key.is_none() {
+            plan.turn = TurnHint::Turn(2);
+        }
+        plan
+    }
+}
+
+/// `raw` with its `previous_response_id` replaced by the engine's own id (`parse`'s
+/// `{**body, "previous_response_id": engine_id}`), or None: not a JSON object.
+fn with_engine_previous(raw: &[u8], engine_id: &str) -> Option<Bytes> {
+    let mut entries = Entries::of(json::body(raw)?)?;
+    entries.set("previous_response_id", json_str(engine_id));
+    let mut out = String::with_capacity(raw.len());
+    entries.push_json(&mut out);
+    Some(Bytes::from(out))
 }
 
 /// The body validated and rendered (see the module docs), or None: the app's to answer.
-pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
+pub(crate) fn plan(raw: &[u8]) -> Option<(RenderedBody, Option<FollowUp>)> {
     let Conversion {
         messages,
         model,
         cache_salt,
+        follow_up,
         ..
     } = conversion(json::body(raw)?)?;
     let mut text = Vec::with_capacity(raw.len());
@@ -220,11 +253,12 @@ pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
     }
     text.extend_from_slice(b"<|im_start|>assistant\n");
     let first_turn = smetric_core::first_turn_from_roles(messages.iter().map(|m| m.role.as_ref()));
-    Some(RenderedBody {
+    let body = RenderedBody {
         rendered: Rendered { text, first_turn },
         model,
         cache_salt,
-    })
+    };
+    Some((body, follow_up))
 }
 
 /// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
@@ -242,7 +276,11 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> 
         model: conversion.model,
         cache_salt: conversion.cache_salt,
     };
-    template_plan(&request, session, tokens)
+    let plan = template_plan(&request, session, tokens)?;
+    Some(match conversion.follow_up {
+        Some(follow_up) => follow_up.apply(plan),
+        None => plan,
+    })
 }
 
 /// `chat_tools`: the function tools in chat's form, `{"type": "function", "function": {every
@@ -271,12 +309,13 @@ fn chat_tools(raw: &RawValue) -> Option<String> {
 /// The body validated and converted (see the module docs), or None: the app's to answer.
 fn conversion(whole: &RawValue) -> Option<Conversion<'_>> {
     let body: Body<'_> = object(whole)?;
-    if body.kv_transfer_params.is_some() || body.previous_response_id.is_some() {
+    if body.kv_transfer_params.is_some() {
         return None;
     }
     let strings = [
         body.model,
         body.instructions,
+        body.previous_response_id,
         body.prompt_cache_key,
         body.user,
         body.cache_salt,
@@ -284,6 +323,15 @@ fn conversion(whole: &RawValue) -> Option<Conversion<'_>> {
     if !strings.into_iter().all(string_or_absent) {
         return None;
     }
+    let follow_up = body.previous_response_id.and_then(string).map(|previous| FollowUp {
+        previous: previous.into_owned(),
+        hint: [body.prompt_cache_key, body.user]
+            .into_iter()
+            .flatten()
+            .filter_map(string)
+            .find(|v| !v.is_empty())
+            .map(Cow::into_owned),
+    });
     let model = body.model.and_then(string).map(Cow::into_owned);
     let instructions = body.instructions.and_then(string);
     let cache_salt = body.cache_salt.and_then(string).map(Cow::into_owned);
@@ -333,6 +381,7 @@ fn conversion(whole: &RawValue) -> Option<Conversion<'_>> {
         model,
         cache_salt,
         tools: body.tools,
+        follow_up,
     })
 }
 
@@ -597,10 +646,15 @@ impl Protocol for Responses {
     }
 
     fn plan(&self, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
-        match tokens {
-            Some(tokens) => tokenized_plan(raw, session, tokens),
-            None => Some(rendered_plan(plan(raw)?, session)),
+        if let Some(tokens) = tokens {
+            return tokenized_plan(raw, session, tokens);
         }
+        let (body, follow_up) = plan(raw)?;
+        let plan = rendered_plan(body, session);
+        Some(match follow_up {
+            Some(follow_up) => follow_up.apply(plan),
+            None => plan,
+        })
     }
 
     fn scanner(&self, ids: &Arc<ResponseIds>, _hide_usage: bool, instance: &str) -> Box<dyn StreamScan> {
@@ -612,6 +666,10 @@ impl Protocol for Responses {
     /// `responses.PREFILL_OVERRIDES`.
     fn prefill_overrides(&self) -> &'static [(&'static str, &'static str)] {
         &[("max_output_tokens", "1"), ("store", "false")]
+    }
+
+    fn pinned_body(&self, raw: &[u8], engine_id: &str) -> Option<Bytes> {
+        with_engine_previous(raw, engine_id)
     }
 
     fn usage(&self, answer: &[u8]) -> (Option<u64>, Option<u64>) {
@@ -716,7 +774,8 @@ mod tests {
             {"type":"function_call_output","call_id":"c","output":"a b"},
             {"type":"message","role":"assistant","content":[{"type":"output_text","text":"done"}]},
             {"role":"user","content":"next"}]}"#;
-        let p = plan(body.as_bytes()).unwrap();
+        let (p, follow_up) = plan(body.as_bytes()).unwrap();
+        assert!(follow_up.is_none());
         assert_eq!(
             String::from_utf8(p.rendered.text).unwrap(),
             "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n<|im_end|>\n\
@@ -728,12 +787,33 @@ mod tests {
             r#"{"input":[{"type":"reasoning","encrypted_content":"x"}]}"#,
             r#"{"input":[{"type":"function_call","name":"ls"}]}"#,
             r#"{"input":[{"type":"nothing"}]}"#,
-            r#"{"input":"x","previous_response_id":"resp_1"}"#,
+            r#"{"input":"x","previous_response_id":1}"#,
             r#"{"input":"x","max_output_tokens":0}"#,
             r#"{"input":[1]}"#,
         ] {
             assert!(plan(refused.as_bytes()).is_none(), "{refused}");
         }
+    }
+
+    #[test]
+    fn a_follow_up_is_pinned_and_takes_its_turn_from_its_hint_else_two() {
+        let body = br#"{"input":"next","previous_response_id":"resp_1-t-m","user":"","prompt_cache_key":"k"}"#;
+        let plan = Responses.plan(body, None, None).unwrap();
+        assert_eq!(plan.previous_response.as_deref(), Some("resp_1-t-m"));
+        assert_eq!(plan.turn_key.as_deref(), Some("k"), "the first non-empty body hint");
+        let plan = Responses.plan(body, Some("h".to_owned()), None).unwrap();
+        assert_eq!(plan.turn_key.as_deref(), Some("h"), "the headers' hint first");
+        let bare = br#"{"input":"next","previous_response_id":"resp_1-t-m"}"#;
+        let plan = Responses.plan(bare, None, None).unwrap();
+        assert!(plan.turn_key.is_none() && plan.turn == TurnHint::Turn(2));
+        let fresh = Responses.plan(br#"{"input":"first"}"#, None, None).unwrap();
+        assert!(fresh.previous_response.is_none() && fresh.turn_key.is_none());
+        let sent = with_engine_previous(bare, "resp_1").unwrap();
+        let sent: Value = serde_json::from_slice(&sent).unwrap();
+        assert_eq!(
+            sent,
+            serde_json::json!({"input": "next", "previous_response_id": "resp_1"})
+        );
     }
 
     #[test]
