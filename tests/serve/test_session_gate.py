@@ -231,14 +231,15 @@ def test_session_admission_needs_the_compiled_co_located_plane() -> None:
 
 
 def test_a_deployment_the_native_path_does_not_serve_is_refused_at_start(engine: FakeEngine) -> None:
-    """An https engine is served by the app alone: the stage would never run, so start fails."""
+    """Approximate ids in 8-byte chunks (not the gateway's 4) are the app's alone: the stage
+    would never run, so start fails."""
     config = load_config(
-        instances=[{"url": engine.url.replace("http://", "https://"), "kv_events": "off"}],
+        instances=[{"url": engine.url, "kv_events": "off"}],
         port=0,
         engine_load=False,
         session_admission="pause",
         session_capacity_tokens=100_000,
-        tokens={"mode": "approximate"},
+        tokens={"mode": "approximate", "approx_chunk_bytes": 8},
     )
     with pytest.raises(InvalidConfigError) as refused:
         ProxyServer(config).start()

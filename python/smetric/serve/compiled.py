@@ -2,15 +2,16 @@
 ``docs/proxy-data-plane.md``): what arms the gateway's native path, what the app learns from it.
 
 * :func:`native_settings` arms the native path for the APIs it can serve exactly as this
-  proxy would: chat, Anthropic Messages and OpenAI Responses (those naming no stored response)
-  when routing ids are the approximate ids (``--tokens approximate``, 4-byte chunks) of plain
+  proxy would: chat, Anthropic Messages and OpenAI Responses (a stored response's follow-ups
+  pinned to their instance) when routing ids are the approximate ids (``--tokens approximate``, 4-byte chunks) of plain
   ChatML or of a chat template, or the tokenizer's (``--tokens tokenizer``) — a template the
   gateway renders itself (:func:`gateway_token_source`: the same files the app resolved) —
   completions when text prompts are routed that way too (token-id prompts always are; in ids
   mode, ``--tokens ids``, only those, the app refusing the rest);
   co-located instances, or a PD fleet (the gateway speaks vLLM's disaggregated-prefill protocol as
   :mod:`smetric.serve.backends.pd` does; without session admission, whose stage is co-located),
-  over plain HTTP (vllm-router's hash policies get the header session hint and llm-d's
+  over HTTP or TLS (the gateway verifies https engines against the system's roots, as the app's
+  client does; vllm-router's hash policies get the header session hint and llm-d's
   session-affinity policy its cookie as the app gives them, and its answers set the cookie as the
   app's do). Otherwise it returns None and the gateway only admits and delegates.
 * :class:`CompiledPlane` keeps the gateway and the app in step: the fleet's view (instances,
@@ -105,9 +106,6 @@ def native_settings(
     the module docs); ``router`` is the backend's (co-located or PD); ``response_id_key`` the
     key the app's Responses adapter issues its ids with; ``sessions`` the app's session table,
     which the native path reads and writes too."""
-    plain_http = all(url.startswith("http://") for url in (i.url for i in config.all_instances))
-    if not plain_http:
-        return None
     if isinstance(router, PdRouter) and config.session_admission != "off":
         return None
     source = gateway_token_source(tokens)

@@ -78,6 +78,8 @@ pub enum GatewayError {
     Start(io::Error),
     #[error("the gateway's thread ended before it was listening")]
     Exited,
+    #[error("cannot configure TLS for https engines: {0}")]
+    Tls(String),
 }
 
 /// A running gateway; stopped when dropped.
@@ -120,7 +122,9 @@ impl Gateway {
                 }
                 let admission = Admission::new(native.admission, fleet.live());
                 let records = Arc::new(Records::new(native.max_records));
-                Some(Arc::new(Native::new(native, fleet, admission, records)))
+                let native =
+                    Native::new(native, fleet, admission, records).map_err(|e| GatewayError::Tls(e.to_string()))?;
+                Some(Arc::new(native))
             }
         };
         let (ready_tx, ready_rx) = mpsc::channel();

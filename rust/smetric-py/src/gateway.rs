@@ -324,7 +324,9 @@ fn to_py_err(py: Python<'_>, err: &GatewayError) -> PyErr {
             k.set_item("reason", reason)
         }),
         GatewayError::Bind { .. } => PyOSError::new_err(err.to_string()),
-        GatewayError::Start(_) | GatewayError::Exited => PyRuntimeError::new_err(err.to_string()),
+        GatewayError::Start(_) | GatewayError::Exited | GatewayError::Tls(_) => {
+            PyRuntimeError::new_err(err.to_string())
+        }
     }
 }
 

@@ -188,18 +188,20 @@ pub(crate) struct Native {
 }
 
 impl Native {
+    /// # Errors
+    /// The engines' TLS configuration could not be built.
     pub(crate) fn new(
         config: NativeConfig,
         fleet: FleetView,
         admission: Arc<Admission>,
         records: Arc<Records>,
-    ) -> Self {
-        let engines = Engines::new(config.connect_timeout);
+    ) -> Result<Self, rustls::Error> {
+        let engines = Engines::new(config.connect_timeout)?;
         let gate = config.session_gate.map(SessionGate::new);
         if let Some(gate) = &gate {
             gate.set_instances(&fleet.instances);
         }
-        Self {
+        Ok(Self {
             response_ids: Arc::new(ResponseIds::new(&config.response_id_key)),
             gate,
             config,
@@ -207,7 +209,7 @@ impl Native {
             admission,
             records,
             engines,
-        }
+        })
     }
 
     pub(crate) fn fleet(&self) -> Arc<FleetView> {
