@@ -56,6 +56,8 @@ __all__ = [
     "MOONCAKE_VLLM_SEGMENT_BYTES_PER_RANK",
     "POLICIES",
     "SESSION_ENTRY_BYTES",
+    "SHARED_AFFINITY_ATTRIBUTES",
+    "SHARED_AFFINITY_COOKIE",
     "SHARED_BILLING_HEADER_PREFIX",
     "SHARED_BYTE_CHUNK_BYTES",
     "SHARED_CUT_MESSAGE",
@@ -654,6 +656,10 @@ SHARED_SESSION_HEADERS: Final[tuple[str, ...]]
 """Headers naming a request's session, in the order both planes read them (``rust/smetric-gateway/src/shared.rs``)."""
 SHARED_PARENT_HEADERS: Final[tuple[str, ...]]
 """Headers naming a sub-agent's parent, in order."""
+SHARED_AFFINITY_COOKIE: Final[str]
+"""llm-d's session-affinity cookie's name."""
+SHARED_AFFINITY_ATTRIBUTES: Final[str]
+"""The attributes llm-d sets its session cookie with."""
 SHARED_END_HEADERS: Final[tuple[str, ...]]
 """Headers marking a session's last request."""
 SHARED_CUT_MESSAGE: Final[str]

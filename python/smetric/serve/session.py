@@ -68,12 +68,14 @@ from typing import Protocol
 
 from smetric._core import (
     SESSION_ENTRY_BYTES,
+    SHARED_AFFINITY_ATTRIBUTES,
+    SHARED_AFFINITY_COOKIE,
     SHARED_END_HEADERS,
     SHARED_PARENT_HEADERS,
     SHARED_SESSION_HEADERS,
 )
 
-AFFINITY_COOKIE = "llm-d-session"
+AFFINITY_COOKIE: str = SHARED_AFFINITY_COOKIE
 """llm-d's session-affinity cookie: the base64 of the instance that served the session last."""
 AFFINITY_POLICY = "llmd_session_affinity"
 """The policy that reads the cookie (as ``previous_instance``) and whose answers set it."""
@@ -218,7 +220,7 @@ def affinity_instance(headers: Mapping[str, str]) -> str | None:
 def affinity_cookie(instance: str) -> str:
     """The ``Set-Cookie`` value that names ``instance`` as the session's, as llm-d sets it."""
     token = base64.b64encode(instance.encode()).decode()
-    return f"{AFFINITY_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax"
+    return f"{AFFINITY_COOKIE}={token}; {SHARED_AFFINITY_ATTRIBUTES}"
 
 
 def affinity_set_cookie(previous: str | None, chosen: str, *, ended: bool = False) -> str | None:
@@ -232,4 +234,4 @@ def affinity_set_cookie(previous: str | None, chosen: str, *, ended: bool = Fals
 
 def affinity_cleared_cookie() -> str:
     """The ``Set-Cookie`` that deletes the session cookie (an ended session's answer)."""
-    return f"{AFFINITY_COOKIE}=; Max-Age=0; Path=/; HttpOnly; SameSite=Lax"
+    return f"{AFFINITY_COOKIE}=; Max-Age=0; {SHARED_AFFINITY_ATTRIBUTES}"

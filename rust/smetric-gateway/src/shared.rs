@@ -46,6 +46,11 @@ pub const WAIT_BUCKETS_S: [f64; 14] = [
 pub const PIN_TAG_HEX: usize = 12;
 /// See [`PIN_TAG_HEX`].
 pub const PIN_MAC_HEX: usize = 32;
+/// llm-d's session-affinity cookie: the base64 of the instance that served the session last
+/// (read and set for the `llmd_session_affinity` policy).
+pub const AFFINITY_COOKIE: &str = "llm-d-session";
+/// The attributes llm-d sets the cookie with (`SessionAffinity.ResponseReceived`).
+pub const AFFINITY_ATTRIBUTES: &str = "Path=/; HttpOnly; SameSite=Lax";
 /// UTF-8 bytes per id of the byte-chunk tokenizer (the approximate ids without a tokenizer).
 pub const BYTE_CHUNK_BYTES: usize = 4;
 /// A system text block of an Anthropic request that starts with it is dropped (Claude Code's

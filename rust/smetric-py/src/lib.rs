@@ -60,6 +60,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("SHARED_PIN_TAG_HEX", s::PIN_TAG_HEX)?;
         m.add("SHARED_PIN_MAC_HEX", s::PIN_MAC_HEX)?;
         m.add("SHARED_BYTE_CHUNK_BYTES", s::BYTE_CHUNK_BYTES)?;
+        m.add("SHARED_AFFINITY_COOKIE", s::AFFINITY_COOKIE)?;
+        m.add("SHARED_AFFINITY_ATTRIBUTES", s::AFFINITY_ATTRIBUTES)?;
         m.add("SHARED_BILLING_HEADER_PREFIX", s::BILLING_HEADER_PREFIX)?;
     }
     m.add_class::<router::PyDecision>()?;

@@ -24,6 +24,7 @@ use crate::answers::SERVER_NAME;
 use crate::delegate::strip_hop_by_hop;
 use crate::records::Record;
 use crate::session_gate::SessionGate;
+use crate::shared::{AFFINITY_ATTRIBUTES, AFFINITY_COOKIE};
 
 /// `smetric serve`'s request id header.
 pub(super) static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -68,13 +69,6 @@ pub(super) fn client_head(
     headers.insert(SERVER, HeaderValue::from_static(SERVER_NAME));
 }
 
-/// llm-d's session-affinity cookie: the base64 of the instance that served the session last
-/// (`session.AFFINITY_COOKIE`; read and set for the `llmd_session_affinity` policy).
-const AFFINITY_COOKIE: &str = "llm-d-session";
-/// The `Set-Cookie` that deletes the session cookie (`session.affinity_cleared_cookie`): an
-/// ended session's answer.
-const AFFINITY_CLEARED: &str = "llm-d-session=; Max-Age=0; Path=/; HttpOnly; SameSite=Lax";
-
 /// The instance a request's `llm-d-session` cookie names, as the app's
 /// `session.affinity_instance` reads it: the first `Cookie` header's first pair of that name,
 /// its value base64 (standard alphabet, Python's `b64decode(validate=True)` padding rules) of
@@ -100,16 +94,16 @@ pub(super) fn affinity_instance(headers: &HeaderMap) -> Result<Option<String>, (
 /// `previous` (the app's `session.affinity_set_cookie`): none when it already named `chosen`;
 /// the cookie's deletion when the request `ended` its session.
 pub(super) fn affinity_set_cookie(previous: Option<&str>, chosen: &str, ended: bool) -> Option<HeaderValue> {
-    if ended {
-        return Some(HeaderValue::from_static(AFFINITY_CLEARED));
-    }
-    if previous == Some(chosen) {
+    let value = if ended {
+        format!("{AFFINITY_COOKIE}=; Max-Age=0; {AFFINITY_ATTRIBUTES}")
+    } else if previous == Some(chosen) {
         return None;
-    }
-    let value = format!(
-        "{AFFINITY_COOKIE}={}; Path=/; HttpOnly; SameSite=Lax",
-        base64_encode(chosen.as_bytes())
-    );
+    } else {
+        format!(
+            "{AFFINITY_COOKIE}={}; {AFFINITY_ATTRIBUTES}",
+            base64_encode(chosen.as_bytes())
+        )
+    };
     HeaderValue::from_str(&value).ok()
 }
 
