@@ -321,7 +321,7 @@ impl Native {
                 }
             }
             let grouping;
-            (exclude, grouping) = self.grouped(&fleet, &parts.headers, exclude);
+            (exclude, grouping) = self.grouped(&fleet, &parts.headers, plan.session.as_deref(), exclude);
             record.grouping = grouping;
         }
         let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
@@ -636,12 +636,14 @@ impl Native {
     /// The parent rule (`failover._grouped` after `proxy._parent_home`; `docs/serve.md`,
     /// "Session life"): a sub-agent's request whose own session has no home yet is routed among
     /// its parent's home alone when the home is a candidate with at most the margin more
-    /// requests in flight than the least busy candidate; else `exclude` as it was. Returns the
-    /// exclusions and what the rule did (None: it does not apply). O(instances).
+    /// requests in flight than the least busy candidate; else `exclude` as it was. `own`: the
+    /// request's header session key (the plan's). Returns the exclusions and what the rule did
+    /// (None: it does not apply). O(instances).
     fn grouped(
         &self,
         fleet: &FleetView,
         headers: &HeaderMap,
+        own: Option<&str>,
         exclude: Vec<String>,
     ) -> (Vec<String>, Option<&'static str>) {
         let (Some(margin), Routing::Colocated(_)) = (self.config.parent_affinity_margin, &self.config.routing) else {
@@ -651,7 +653,7 @@ impl Native {
             return (exclude, None);
         };
         let sessions = &self.config.sessions;
-        if header_session(headers).is_some_and(|own| sessions.home(own.as_bytes(), None).is_some()) {
+        if own.is_some_and(|own| sessions.home(own.as_bytes(), None).is_some()) {
             return (exclude, None); // a later request of the sub-agent: its own history leads
         }
         let Some(home) = sessions.home(parent.as_bytes(), None) else {
