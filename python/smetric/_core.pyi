@@ -494,8 +494,12 @@ class GatewayRecord:
     def succeeded(self) -> bool:
         """The instance the answer came from gets its health back."""
     @property
-    def failed(self) -> tuple[str, str] | None:
-        """An attempt that failed, to charge to its instance: ``(instance, cause)``."""
+    def failures(self) -> list[tuple[str, str, bool]]:
+        """Attempts that failed before the client had a byte, in order, or a stream cut and not
+        continued: ``(instance, cause, charged)`` (charged to its health, else a retry only)."""
+    @property
+    def ejected(self) -> list[str]:
+        """Instances this request's failures ejected from the gateway's fleet view."""
     @property
     def unresumed(self) -> bool:
         """A cut stream ended with the API's error event (not continued)."""
@@ -593,6 +597,8 @@ class GatewayNative:
         responses: bool,
         response_id_key: str,
         resume_streams: bool,
+        max_attempts: int,
+        eject_after: int,
         labels: dict[str, str],
         max_records: int,
         session_admission: SessionAdmissionMode = "off",

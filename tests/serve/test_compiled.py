@@ -234,24 +234,98 @@ def test_a_clients_gateway_fields_are_dropped_not_trusted(engines: list[FakeEngi
         p.stop()
 
 
-def test_a_dead_instance_is_handed_to_the_apps_failover_and_its_ejection_reaches_the_gateway(
-    engines: list[FakeEngine],
-) -> None:
+def test_a_dead_instance_is_failed_over_natively_and_ejected_at_once(engines: list[FakeEngine]) -> None:
+    """The gateway's own failover: the first request's attempt at the dead instance fails to
+    connect, is retried on the live one (attempt 2 in its decision), and ejects the dead one at
+    once (eject_after=1): no later request tries it. The app counts the retry and mirrors the
+    ejection from the record."""
     dead = engines[1].url
     engines[1].stop()
     # Probes that never re-admit it within the test.
     p = compiled([dead, engines[0].url], policy="round_robin", eject_after=1, probe_interval_s=60)
     try:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        statuses = [request(p.url, CHAT, body)[0] for _ in range(4)]
-        assert statuses == [200] * 4, "every request served by the live instance"
-        text = page(p)
+        answers = [request(p.url, CHAT, body) for _ in range(4)]
+        assert [a[0] for a in answers] == [200] * 4, "every request served by the live instance"
+        assert decision(answers[0][1])["attempt"] == "2" and decision(answers[0][1])["instance"] == engines[0].url
+        assert {decision(a[1])["attempt"] for a in answers[1:]} == {"1"}, "the ejected instance not tried again"
+        deadline = time.monotonic() + 5
+        while metric(text := page(p), "smetric_proxy_instance_ejected", instance=dead) != 1:
+            assert time.monotonic() < deadline, "the app never mirrored the gateway's ejection"
+            time.sleep(0.02)
         assert metric(text, "smetric_proxy_retries_total", cause="ClientConnectorError") == 1
-        assert metric(text, "smetric_proxy_instance_ejected", instance=dead) == 1
-        # The first request was finished by the app; the gateway then knew the instance ejected.
-        assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 3
+        assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 4, "every request native"
     finally:
         p.stop()
+
+
+def _stub_answering(status: int, seen: list[str] | None = None) -> Any:
+    """An engine stub answering every POST with ``status`` (a completions answer when 200)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": []})
+        await request.read()
+        if seen is not None and request.path == "/v1/completions":
+            seen.append(request.headers.get("x-request-id", ""))
+        if status != 200:
+            return web.json_response({"error": {"message": "engine fault"}}, status=status)
+        choice = {"index": 0, "text": "ok", "finish_reason": "stop"}
+        return web.json_response({"id": "c", "choices": [choice], "usage": {"completion_tokens": 1}})
+
+    return handler
+
+
+def test_a_500_is_charged_only_once_another_instance_answers_and_the_same_500_twice_is_the_answer() -> None:
+    """A 500 may be the request's doing: the gateway retries it elsewhere and charges the first
+    instance only once another one answered (ejecting it, eject_after=1); a request two
+    instances fail with the same 500 is answered with it, nobody charged."""
+    body = {"prompt": "p " * 20, "max_tokens": 1}
+    seen: list[str] = []
+    with Stub(_stub_answering(500, seen)) as bad, Stub(_stub_answering(200)) as good:
+        p = compiled([bad.url, good.url], policy="round_robin", eject_after=1, probe_interval_s=60)
+        try:
+            status, headers, _ = request(p.url, "/v1/completions", body, headers={"x-request-id": "r-1"})
+            assert status == 200 and decision(headers)["attempt"] == "2"
+            assert seen == ["r-1"], "the failed attempt carried the request's id"
+            deadline = time.monotonic() + 5
+            while metric(text := page(p), "smetric_proxy_instance_ejected", instance=bad.url) != 1:
+                assert time.monotonic() < deadline, "the suspect was never charged"
+                time.sleep(0.02)
+            assert metric(text, "smetric_proxy_retries_total", cause="http_500") == 1
+        finally:
+            p.stop()
+    with Stub(_stub_answering(500)) as a, Stub(_stub_answering(500)) as b:
+        p = compiled([a.url, b.url], policy="round_robin", eject_after=1, probe_interval_s=60)
+        try:
+            status, _, raw = request(p.url, "/v1/completions", body)
+            assert status == 500
+            error = json.loads(raw)["error"]
+            assert error["type"] == "InternalServerError" and "HTTP 500 on 2 instances" in error["message"]
+            status, _, _ = request(p.url, "/v1/completions", body)
+            assert status == 500, "neither instance was charged, so neither is ejected"
+            text = page(p)
+            assert metric(text, "smetric_proxy_instance_ejected", instance=a.url) == 0
+            assert metric(text, "smetric_proxy_instance_ejected", instance=b.url) == 0
+            assert metric(text, "smetric_proxy_native_requests_total", api="completions") == 2
+        finally:
+            p.stop()
+
+
+def test_when_every_instance_fails_the_answer_names_them_in_the_apis_shape() -> None:
+    with Stub(_stub_answering(502)) as a, Stub(_stub_answering(503)) as b:
+        p = compiled([a.url, b.url], policy="round_robin", eject_after=100)
+        try:
+            msgs = [{"role": "user", "content": "x"}]
+            status, _, raw = request(p.url, "/v1/messages", {"model": "m", "messages": msgs, "max_tokens": 2})
+            assert status == 529, "the proxy's 503 as Anthropic spells it (overloaded)"
+            answer = json.loads(raw)
+            assert answer["type"] == "error" and answer["error"]["type"] == "overloaded_error"
+            assert "no instance could serve the request (2 attempts" in answer["error"]["message"]
+            assert a.url in answer["error"]["message"] and b.url in answer["error"]["message"]
+            assert metric(page(p), "smetric_proxy_native_requests_total", api="messages") == 1
+        finally:
+            p.stop()
 
 
 def _chunk(text: str) -> bytes:
@@ -307,10 +381,10 @@ def test_a_stream_cut_after_its_first_event_is_continued_by_the_app() -> None:
             p.stop()
 
 
-def test_a_hinted_completions_turn_is_counted_once_when_the_app_carries_it_on(tmp_path: Path) -> None:
-    """Completions without messages take their turn from the session table, natively. An attempt
-    that fails at the first instance is handed to the app with the turn the gateway counted: the
-    session's turns stay 1, 2, 3, 4 (counted twice, the handed-on ones would skip)."""
+def test_a_hinted_completions_turn_is_counted_once_whatever_its_attempts(tmp_path: Path) -> None:
+    """Completions without messages take their turn from the session table, natively, once per
+    request: an attempt that fails at the first instance is retried with the turn already
+    counted, so the session's turns stay 1, 2, 3, 4 (counted per attempt, they would skip)."""
 
     failed: list[bytes] = []
 
@@ -343,8 +417,8 @@ def test_a_hinted_completions_turn_is_counted_once_when_the_app_carries_it_on(tm
     lines = log_lines(log, 4)
     assert [line["turn"] for line in lines] == [1, 2, 3, 4]
     assert [line["session"] for line in lines] == ["s"] * 4
-    assert metric(text, "smetric_proxy_native_requests_total", api="completions") == 3, "all but the handed-on one"
-    assert len(failed) == 1 and b"turn 0" in failed[0], "the first request's first attempt failed, then the app's"
+    assert metric(text, "smetric_proxy_native_requests_total", api="completions") == 4, "failed over natively"
+    assert len(failed) == 1 and b"turn 0" in failed[0], "the first request's first attempt failed, then none"
 
 
 def test_native_requests_take_their_slots_at_the_door(engines: list[FakeEngine]) -> None:

@@ -82,7 +82,8 @@ def test_a_500_of_one_instance_is_charged_once_another_serves_the_request(caplog
         try:
             for i in range(6):
                 assert request(p.url, COMPLETIONS, {"prompt": f"q{i}", "max_tokens": 1})[0] == 200
-            assert p.proxy is not None and p.proxy.fleet.ejected(bad.url), "its 500s were its own: ejected"
+            # The app's view of an ejection the gateway made lags it by one drain of its records.
+            wait_for(lambda: p.proxy is not None and p.proxy.fleet.ejected(bad.url), what="its 500s charged: ejected")
             assert ejections(p) == 1
             assert_healthy(p, caplog)
         finally:
@@ -131,7 +132,7 @@ def test_readmission_keeps_the_index_of_an_instance_that_kept_answering(caplog: 
             state["status"] = 503
             for i in range(4):
                 assert request(p.url, COMPLETIONS, {"prompt": f"q{i}", "max_tokens": 1})[0] == 200
-            assert p.proxy is not None and p.proxy.fleet.ejected(a.url)
+            wait_for(lambda: p.proxy is not None and p.proxy.fleet.ejected(a.url), what="the ejection")
             state["status"] = None
             wait_for(lambda: p.proxy is not None and not p.proxy.fleet.ejected(a.url), what="re-admission")
             assert _index_blocks(p, a.url) >= before, "the index of an instance that never lost its cache is kept"
@@ -154,7 +155,7 @@ def test_readmission_clears_the_index_of_an_instance_that_was_out_of_reach(caplo
             a.stop()  # the engine goes away (it restarts empty)
             for i in range(4):
                 assert request(p.url, COMPLETIONS, {"prompt": f"q{i}", "max_tokens": 1})[0] == 200
-            assert p.proxy is not None and p.proxy.fleet.ejected(a.url)
+            wait_for(lambda: p.proxy is not None and p.proxy.fleet.ejected(a.url), what="the ejection")
             a = Stub(engine_stub(lambda _: None, posts, "a"), port=port).start()
             wait_for(lambda: p.proxy is not None and not p.proxy.fleet.ejected(a.url), what="re-admission")
             assert _index_blocks(p, a.url) == 0, "an instance that was out of reach may have restarted empty"

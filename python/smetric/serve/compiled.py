@@ -136,6 +136,8 @@ def native_settings(
         responses=chat,
         response_id_key=response_id_key,
         resume_streams=config.resume_streams,
+        max_attempts=config.max_attempts,
+        eject_after=config.eject_after,
         labels={reason: reason_label(reason) for reason in core_reasons()},
         max_records=MAX_RECORDS,
         session_admission=config.session_admission,
@@ -324,11 +326,17 @@ class CompiledPlane:
             telemetry.parent_placements[r.grouping] += 1
         if r.session_end_held is not None:  # the gateway released the session's state
             telemetry.session_ends[("header", r.session_end_held)] += 1
+        # The gateway's failover (attempts before the client's first byte): counted as retries,
+        # charged where it charged them, its ejections mirrored (the probes re-admit).
+        for url, cause, charged in r.failures:
+            fleet.retried(cause)
+            if charged:
+                fleet.charge(url, cause)
+        for url in r.ejected:
+            fleet.eject(url)
         if r.handed_off:  # the app carries the request on and records its outcome
             return
         instance = r.instance
-        if r.failed is not None:
-            fleet.failed(*r.failed)
         if r.unresumed:
             telemetry.unresumed_streams += 1
         if r.succeeded and instance is not None:

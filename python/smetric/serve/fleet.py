@@ -222,11 +222,20 @@ class Fleet:
             return
         h.lost_contact |= _lost_contact(cause)
         h.failures += 1
-        if h.failures >= self.config.eject_after and not h.ejected:
-            h.ejected = True
-            self._telemetry.ejections[url] += 1
-            log.warning("instance %s ejected after %d consecutive failures", url, h.failures)
-            self._changed()
+        if h.failures >= self.config.eject_after:
+            self.eject(url)
+
+    def eject(self, url: str) -> None:
+        """Ejects ``url`` (a last resort for routing until its ``GET /health`` answers 200);
+        nothing if it is ejected already or gone. The compiled data plane's own ejections reach
+        the app through here."""
+        h = self.health.get(url)
+        if h is None or h.ejected:
+            return
+        h.ejected = True
+        self._telemetry.ejections[url] += 1
+        log.warning("instance %s ejected after %d consecutive failures", url, h.failures)
+        self._changed()
 
     def succeeded(self, url: str) -> None:
         h = self.health.get(url)

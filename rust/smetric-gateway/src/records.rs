@@ -48,8 +48,12 @@ pub struct Record {
     pub latency_s: f64,
     /// The instance the answer came from gets its health back (the app's `Fleet.succeeded`).
     pub succeeded: bool,
-    /// An attempt that failed, to charge to its instance: `(instance, cause)`.
-    pub failed: Option<(String, String)>,
+    /// Attempts that failed before the client had a byte, in order (the gateway's failover),
+    /// or a stream cut and not continued.
+    pub failures: Vec<FailedAttempt>,
+    /// Instances this request's failures ejected from the gateway's fleet view (the app
+    /// mirrors the ejection and probes them for re-admission).
+    pub ejected: Vec<String>,
     /// A cut stream ended with the API's error event (not continued).
     pub unresumed: bool,
     /// A sub-agent's request: what the parent rule did (`parent`, `overloaded`,
@@ -61,6 +65,17 @@ pub struct Record {
     /// The app carries the request on (its first attempt failed, or its stream was cut and is
     /// continued): this record counts the decision only, the app records the outcome.
     pub handed_off: bool,
+}
+
+/// One attempt that failed (`native::failover`).
+#[derive(Clone, Debug, Default)]
+pub struct FailedAttempt {
+    pub instance: String,
+    /// A connection error's class name (the app's names), `http_<status>`, or a protocol failure.
+    pub cause: String,
+    /// Charged to the instance's health: its own failure, or a 5xx another instance then
+    /// answered past (else counted as a retry only).
+    pub charged: bool,
 }
 
 /// The queue of records waiting for the control plane.

@@ -73,7 +73,7 @@ impl PyGatewayNative {
         connect_timeout_s, first_byte_timeout_s, idle_timeout_s, client_timeout_s, max_in_flight,
         max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages, responses,
         response_id_key,
-        resume_streams, labels, max_records, session_admission = "off", session_capacity_tokens = 0,
+        resume_streams, max_attempts, eject_after, labels, max_records, session_admission = "off", session_capacity_tokens = 0,
         session_max_held = 0, session_hold_timeout_s = 0.0, tokens = None, ids_only = false,
         sessions = None, parent_affinity_margin = None
     ))]
@@ -99,6 +99,8 @@ impl PyGatewayNative {
         responses: bool,
         response_id_key: String,
         resume_streams: bool,
+        max_attempts: u32,
+        eject_after: u32,
         labels: HashMap<String, String>,
         max_records: usize,
         session_admission: &str,
@@ -169,6 +171,8 @@ impl PyGatewayNative {
                 },
                 response_id_key,
                 resume_streams,
+                max_attempts: max_attempts.max(1),
+                eject_after: eject_after.max(1),
                 labels,
                 max_records,
                 session_gate,
@@ -262,8 +266,11 @@ pub(crate) struct PyGatewayRecord {
     latency_s: f64,
     /// The instance the answer came from gets its health back.
     succeeded: bool,
-    /// An attempt that failed, to charge to its instance: `(instance, cause)`.
-    failed: Option<(String, String)>,
+    /// Attempts that failed before the client had a byte, in order, or a stream cut and not
+    /// continued: `(instance, cause, charged)` (charged to its health, else a retry only).
+    failures: Vec<(String, String, bool)>,
+    /// Instances this request's failures ejected from the gateway's fleet view.
+    ejected: Vec<String>,
     /// A cut stream ended with the API's error event (not continued).
     unresumed: bool,
     /// A sub-agent's request: what the parent rule did (`parent`, `overloaded`,
@@ -304,7 +311,12 @@ impl From<&Record> for PyGatewayRecord {
             refused: r.refused,
             latency_s: r.latency_s,
             succeeded: r.succeeded,
-            failed: r.failed.clone(),
+            failures: r
+                .failures
+                .iter()
+                .map(|f| (f.instance.clone(), f.cause.clone(), f.charged))
+                .collect(),
+            ejected: r.ejected.clone(),
             unresumed: r.unresumed,
             grouping: r.grouping,
             session_end_held: r.session_end_held,

@@ -246,7 +246,7 @@ impl Drop for Lifecycle {
 impl Native {
     /// The record of a decision: its instance, reason, policy, turn verdict and predicted hits.
     pub(super) fn note_decision(&self, record: &mut Record, d: &Decision) {
-        record.attempts = 1;
+        record.attempts += 1;
         record.instance = Some(d.instance_name.to_string());
         record.reason = Some(d.reason.name());
         record.policy = Some(self.config.routing.policy_name());

@@ -20,6 +20,7 @@ use super::apis;
 use super::attempt::{
     GatedSession, Lifecycle, REQUEST_ID, affinity_instance, affinity_set_cookie, client_head, request_id,
 };
+use super::failover::{AfterFailure, Tried, lost_state, no_instance};
 use super::pd::PrefillLeg;
 use super::protocol::{Plan, Protocol, StreamScan};
 use super::response_ids::ResponseIds;
@@ -305,26 +306,6 @@ impl Native {
                 }
             }
         };
-        // Route.
-        let exclude = match &pinned {
-            Some((instance, _)) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
-            None => fleet.exclusions(plan.model.as_deref(), &[]),
-        };
-        let Some(mut exclude) = exclude else {
-            return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
-        };
-        if pinned.is_none() {
-            let cap = self.config.admission.max_in_flight_per_instance;
-            if self.admission.admitted() >= cap {
-                for pool in self.config.routing.pools(&fleet.instances) {
-                    exclude = self.skip_full(&pool, exclude, cap);
-                }
-            }
-            let grouping;
-            (exclude, grouping) = self.grouped(&fleet, &parts.headers, plan.session.as_deref(), exclude);
-            record.grouping = grouping;
-        }
-        let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
         // llm-d's session cookie names the session's instance (the previous one to the policy).
         let cookie_policy = self.config.routing.session_cookie();
         let previous = if cookie_policy {
@@ -347,18 +328,6 @@ impl Native {
         let session_key = (self.config.routing.hashes_session())
             .then(|| plan.session.as_deref().map(|key| RequestId::from_name(key).0))
             .flatten();
-        let request = RouteRequest {
-            prompt: Prompt::Tokens(&plan.ids),
-            namespace: plan.namespace.as_deref(),
-            turn: plan.turn,
-            request_id: None,
-            now: None,
-            exclude: &excluded,
-            previous_instance: previous.as_deref(),
-            session_key,
-            output_tokens: None,
-        };
-        let decided = Instant::now();
         let prompt_tokens = plan.ids.len() as u64;
         // A stream asks for its usage (the realized hit), unless the body did.
         let body = match &pinned {
@@ -370,171 +339,237 @@ impl Native {
             None if plan.hide_usage => with_usage_request(&raw),
             None => raw.clone(),
         };
-        let (instance, mut lifecycle, decision_header, cookie, body) = match &self.config.routing {
-            Routing::Colocated(router) => {
-                // A pinned follow-up has one place to go: session admission does not move it.
-                let gated = (self.gate.as_ref().filter(|_| pinned.is_none()))
-                    .zip(plan.session.as_deref().map(SessionGate::session_key));
-                let routed = match gated {
-                    Some((gate, key)) => match gate.route(router, &request, key, prompt_tokens, deadline).await {
-                        Ok(routed) => routed,
-                        Err(refusal) => {
-                            let answer = gate_refusal(api, gate, refusal);
-                            record.status = answer.status().as_u16();
-                            record.refused = Some(refusal.reason());
+        // Attempts (`failover.rs`): each failure before the client's first byte is retried on
+        // another instance until one answers or the request's failure is its answer.
+        let mut tried = Tried::default();
+        let mut fleet = fleet;
+        loop {
+            let first_attempt = tried.instances().is_empty();
+            if !first_attempt {
+                fleet = self.fleet(); // an ejection may have followed the failure
+            }
+            // Route.
+            let exclude = match &pinned {
+                // Only its instance can serve it, ejected or not: once it failed, the state is lost.
+                Some((instance, _)) if !first_attempt => {
+                    let answer = lost_state(instance, tried.last_cause());
+                    return self.failed_answer(record, &plan, arrived, answer);
+                }
+                Some((instance, _)) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
+                None => fleet.exclusions(plan.model.as_deref(), tried.instances()),
+            };
+            let Some(mut exclude) = exclude else {
+                if first_attempt {
+                    return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+                }
+                let answer = no_instance(api, tried.instances());
+                return self.failed_answer(record, &plan, arrived, answer);
+            };
+            if pinned.is_none() {
+                let cap = self.config.admission.max_in_flight_per_instance;
+                if self.admission.admitted() >= cap {
+                    for pool in self.config.routing.pools(&fleet.instances) {
+                        exclude = self.skip_full(&pool, exclude, cap);
+                    }
+                }
+                if first_attempt {
+                    let grouping;
+                    (exclude, grouping) = self.grouped(&fleet, &parts.headers, plan.session.as_deref(), exclude);
+                    record.grouping = grouping;
+                }
+            }
+            let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
+            let request = RouteRequest {
+                prompt: Prompt::Tokens(&plan.ids),
+                namespace: plan.namespace.as_deref(),
+                turn: plan.turn,
+                request_id: None,
+                now: None,
+                exclude: &excluded,
+                previous_instance: previous.as_deref(),
+                session_key,
+                output_tokens: None,
+            };
+            let decided = Instant::now();
+            let attempt_no = tried.instances().len() + 1;
+            let (instance, mut lifecycle, decision_header, cookie, body) = match &self.config.routing {
+                Routing::Colocated(router) => {
+                    // A pinned follow-up has one place to go: session admission does not move
+                    // it; a retry goes wherever the router finds room (as the app's failover).
+                    let gated = (self.gate.as_ref().filter(|_| pinned.is_none() && first_attempt))
+                        .zip(plan.session.as_deref().map(SessionGate::session_key));
+                    let routed = match gated {
+                        Some((gate, key)) => match gate.route(router, &request, key, prompt_tokens, deadline).await {
+                            Ok(routed) => routed,
+                            Err(refusal) => {
+                                let answer = gate_refusal(api, gate, refusal);
+                                record.status = answer.status().as_u16();
+                                record.refused = Some(refusal.reason());
+                                record.latency_s = arrived.elapsed().as_secs_f64();
+                                self.settle(record, plan.ends_session);
+                                return answer;
+                            }
+                        },
+                        None => router.route(&request),
+                    };
+                    let Ok(decision) = routed else {
+                        if first_attempt {
+                            return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await;
+                        }
+                        let answer = no_instance(api, tried.instances());
+                        return self.failed_answer(record, &plan, arrived, answer);
+                    };
+                    record.decision_s = Some(decided.elapsed().as_secs_f64());
+                    self.note_decision(&mut record, &decision);
+                    let mut lifecycle = Lifecycle::new(&self.config.routing, decision.request_id);
+                    lifecycle.gate = gated.map(|(gate, session)| GatedSession {
+                        gate: Arc::clone(gate),
+                        session,
+                        instance: Arc::clone(&decision.instance_name),
+                        prompt_tokens,
+                    });
+                    let header = self.decision_header(&decision, plan.source, attempt_no);
+                    let cookie = cookie_policy
+                        .then(|| affinity_set_cookie(previous.as_deref(), &decision.instance_name, plan.ends_session))
+                        .flatten();
+                    (
+                        decision.instance_name.to_string(),
+                        lifecycle,
+                        header,
+                        cookie,
+                        body.clone(),
+                    )
+                }
+                Routing::Pd(pd) => {
+                    let Ok(decision) = pd.route(&request) else {
+                        return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await;
+                    };
+                    record.decision_s = Some(decided.elapsed().as_secs_f64());
+                    match self
+                        .prefill_leg(
+                            pd,
+                            api,
+                            &decision,
+                            &plan,
+                            &parts.headers,
+                            &body,
+                            previous.as_deref(),
+                            &mut record,
+                        )
+                        .await
+                    {
+                        PrefillLeg::Decode(leg) => (leg.instance, leg.lifecycle, leg.header, leg.cookie, leg.body),
+                        PrefillLeg::Answered(answer) => {
                             record.latency_s = arrived.elapsed().as_secs_f64();
                             self.settle(record, plan.ends_session);
                             return answer;
                         }
-                    },
-                    None => router.route(&request),
-                };
-                let Ok(decision) = routed else {
-                    return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await;
-                };
-                record.decision_s = Some(decided.elapsed().as_secs_f64());
-                self.note_decision(&mut record, &decision);
-                let mut lifecycle = Lifecycle::new(&self.config.routing, decision.request_id);
-                lifecycle.gate = gated.map(|(gate, session)| GatedSession {
-                    gate: Arc::clone(gate),
-                    session,
-                    instance: Arc::clone(&decision.instance_name),
-                    prompt_tokens,
-                });
-                let header = self.decision_header(&decision, plan.source);
-                let cookie = cookie_policy
-                    .then(|| affinity_set_cookie(previous.as_deref(), &decision.instance_name, plan.ends_session))
-                    .flatten();
-                (decision.instance_name.to_string(), lifecycle, header, cookie, body)
-            }
-            Routing::Pd(pd) => {
-                let Ok(decision) = pd.route(&request) else {
-                    return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await;
-                };
-                record.decision_s = Some(decided.elapsed().as_secs_f64());
-                match self
-                    .prefill_leg(
-                        pd,
-                        api,
-                        &decision,
-                        &plan,
-                        &parts.headers,
-                        &body,
-                        previous.as_deref(),
-                        &mut record,
-                    )
-                    .await
-                {
-                    PrefillLeg::Decode(leg) => (leg.instance, leg.lifecycle, leg.header, leg.cookie, leg.body),
-                    PrefillLeg::Answered(answer) => {
-                        record.latency_s = arrived.elapsed().as_secs_f64();
-                        self.settle(record, plan.ends_session);
-                        return answer;
-                    }
-                    PrefillLeg::Failed { instance, cause } => {
-                        return self.hand_off(plane, record, parts, raw, peer, &instance, &cause).await;
+                        PrefillLeg::Failed { instance, cause } => {
+                            return self.hand_off(plane, record, parts, raw, peer, &instance, &cause).await;
+                        }
                     }
                 }
+            };
+            // Forward. A failure before the client's first byte leaves this block with its
+            // cause and status; every other path answers.
+            let (cause, status) = 'attempt: {
+                let upstream = self.upstream_request(api, &instance, &parts.headers, &id, body);
+                let sent = Instant::now();
+                let answer =
+                    match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream))
+                        .await
+                    {
+                        Ok(Ok(answer)) if answer.status().as_u16() < 500 => answer,
+                        Ok(Ok(answer)) => {
+                            let status = answer.status().as_u16();
+                            break 'attempt (format!("http_{status}"), Some(status));
+                        }
+                        Ok(Err(e)) if e.is_connect() => break 'attempt ("ClientConnectorError".to_owned(), None),
+                        Ok(Err(_)) => break 'attempt ("ServerDisconnectedError".to_owned(), None),
+                        Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
+                    };
+                // Another instance took the request: the earlier 5xx were their own after all.
+                self.answered_after(&mut record, &mut tried);
+                let (mut head, upstream_body) = answer.into_parts();
+                client_head(&mut head.headers, decision_header, cookie, &id);
+                let streamed = head
+                    .headers
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("text/event-stream"));
+                if !streamed {
+                    let whole =
+                        match tokio::time::timeout(self.config.first_byte_timeout, upstream_body.collect()).await {
+                            Ok(Ok(whole)) => whole.to_bytes(),
+                            Ok(Err(_)) => break 'attempt ("ClientPayloadError".to_owned(), None),
+                            Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
+                        };
+                    lifecycle.prefilled();
+                    record.first_byte_s = Some(sent.elapsed().as_secs_f64());
+                    let ok = head.status == StatusCode::OK;
+                    let (output, cached) = if ok { api.usage(&whole) } else { (None, None) };
+                    lifecycle.finished(output.unwrap_or(0));
+                    record.cached_tokens = cached;
+                    record.status = head.status.as_u16();
+                    record.succeeded = true;
+                    record.latency_s = arrived.elapsed().as_secs_f64();
+                    self.instance_succeeded(&instance);
+                    self.settle(record, plan.ends_session);
+                    let whole = api.relay_whole(&self.response_ids, whole, &instance);
+                    return Response::from_parts(head, Full::new(whole).map_err(|never| match never {}).boxed());
+                }
+                // A stream: the client's headers go out with its first event, as the app's relay does.
+                let scan = api.scanner(&self.response_ids, plan.hide_usage, &instance);
+                let mut upstream_body = upstream_body;
+                let first = loop {
+                    match tokio::time::timeout(self.config.idle_timeout, upstream_body.frame()).await {
+                        Ok(Some(Ok(frame))) => match frame.into_data() {
+                            Ok(data) if !data.is_empty() => break data,
+                            _ => {}
+                        },
+                        Ok(None) => break 'attempt ("stream_cut".to_owned(), None),
+                        Ok(Some(Err(_))) => break 'attempt ("ClientPayloadError".to_owned(), None),
+                        Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
+                    }
+                };
+                lifecycle.prefilled();
+                record.first_byte_s = Some(sent.elapsed().as_secs_f64());
+                let prefilled = Instant::now();
+                record.ttft_s = Some(arrived.elapsed().as_secs_f64());
+                record.status = head.status.as_u16();
+                let kept = self.config.resume_streams.then(BytesMut::new);
+                let (tx, body) = Channel::<Bytes, hyper::Error>::new(8);
+                let mut relay = Relay {
+                    native: Arc::clone(self),
+                    plane: Arc::clone(plane),
+                    api,
+                    lifecycle,
+                    instance,
+                    scan,
+                    kept,
+                    record,
+                    ends_session: plan.ends_session,
+                    arrived,
+                    deadline,
+                    prefilled,
+                    parts,
+                    raw,
+                    peer,
+                };
+                let out = relay.scan_first(first);
+                tokio::spawn(relay.run(tx, out, upstream_body));
+                return Response::from_parts(head, body.boxed());
+            };
+            drop(lifecycle);
+            if matches!(self.config.routing, Routing::Pd(_)) {
+                // PD's failover is the app's (both pools, the KV transfer).
+                return self.hand_off(plane, record, parts, raw, peer, &instance, &cause).await;
             }
-        };
-        // Forward.
-        let upstream = self.upstream_request(api, &instance, &parts.headers, &id, body);
-        let sent = Instant::now();
-        let answer =
-            match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream)).await {
-                Ok(Ok(answer)) if answer.status().as_u16() < 500 => answer,
-                failed => {
-                    drop(lifecycle);
-                    let cause = match failed {
-                        Ok(Ok(answer)) => format!("http_{}", answer.status().as_u16()),
-                        Ok(Err(e)) if e.is_connect() => "ClientConnectorError".to_owned(),
-                        Ok(Err(_)) => "ServerDisconnectedError".to_owned(),
-                        Err(_) => "TimeoutError".to_owned(),
-                    };
-                    return self.hand_off(plane, record, parts, raw, peer, &instance, &cause).await;
-                }
-            };
-        let (mut head, upstream_body) = answer.into_parts();
-        client_head(&mut head.headers, decision_header, cookie, &id);
-        let streamed = head
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        if !streamed {
-            let whole = match tokio::time::timeout(self.config.first_byte_timeout, upstream_body.collect()).await {
-                Ok(Ok(whole)) => whole.to_bytes(),
-                failed => {
-                    drop(lifecycle);
-                    let cause = if failed.is_err() {
-                        "TimeoutError"
-                    } else {
-                        "ClientPayloadError"
-                    };
-                    return self.hand_off(plane, record, parts, raw, peer, &instance, cause).await;
-                }
-            };
-            lifecycle.prefilled();
-            record.first_byte_s = Some(sent.elapsed().as_secs_f64());
-            let ok = head.status == StatusCode::OK;
-            let (output, cached) = if ok { api.usage(&whole) } else { (None, None) };
-            lifecycle.finished(output.unwrap_or(0));
-            record.cached_tokens = cached;
-            record.status = head.status.as_u16();
-            record.succeeded = true;
-            record.latency_s = arrived.elapsed().as_secs_f64();
-            self.settle(record, plan.ends_session);
-            let whole = api.relay_whole(&self.response_ids, whole, &instance);
-            return Response::from_parts(head, Full::new(whole).map_err(|never| match never {}).boxed());
+            match self.attempt_failed(api, &mut record, &mut tried, &instance, cause, status) {
+                AfterFailure::Retry => {}
+                AfterFailure::Answer(answer) => return self.failed_answer(record, &plan, arrived, answer),
+            }
         }
-        // A stream: the client's headers go out with its first event, as the app's relay does.
-        let scan = api.scanner(&self.response_ids, plan.hide_usage, &instance);
-        let mut upstream_body = upstream_body;
-        let first = loop {
-            match tokio::time::timeout(self.config.idle_timeout, upstream_body.frame()).await {
-                Ok(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) if !data.is_empty() => break Ok(data),
-                    _ => {}
-                },
-                Ok(None) => break Err("stream_cut"),
-                Ok(Some(Err(_))) => break Err("ClientPayloadError"),
-                Err(_) => break Err("TimeoutError"),
-            }
-        };
-        let first = match first {
-            Ok(first) => first,
-            Err(cause) => {
-                drop(lifecycle);
-                return self.hand_off(plane, record, parts, raw, peer, &instance, cause).await;
-            }
-        };
-        lifecycle.prefilled();
-        record.first_byte_s = Some(sent.elapsed().as_secs_f64());
-        let prefilled = Instant::now();
-        record.ttft_s = Some(arrived.elapsed().as_secs_f64());
-        record.status = head.status.as_u16();
-        let kept = self.config.resume_streams.then(BytesMut::new);
-        let (tx, body) = Channel::<Bytes, hyper::Error>::new(8);
-        let mut relay = Relay {
-            native: Arc::clone(self),
-            plane: Arc::clone(plane),
-            api,
-            lifecycle,
-            instance,
-            scan,
-            kept,
-            record,
-            ends_session: plan.ends_session,
-            arrived,
-            deadline,
-            prefilled,
-            parts,
-            raw,
-            peer,
-        };
-        let out = relay.scan_first(first);
-        tokio::spawn(relay.run(tx, out, upstream_body));
-        Response::from_parts(head, body.boxed())
     }
 
     /// The body, whole, within the size and time the proxy allows.
@@ -724,12 +759,12 @@ impl Native {
     }
 
     /// The `x-smetric-decision` value (`colocated.decision_header`).
-    fn decision_header(&self, d: &Decision, source: &str) -> HeaderValue {
+    fn decision_header(&self, d: &Decision, source: &str, attempt: usize) -> HeaderValue {
         let reason = d.reason.name();
         let label = self.config.labels.get(reason).map_or(reason, String::as_str);
         let value = format!(
             "instance={}; reason={label}; first_turn={}; local_hit_tokens={}; global_hit_tokens={}; \
-             policy={}; detail=\"{reason}\"; attempt=1; tokens={source}",
+             policy={}; detail=\"{reason}\"; attempt={attempt}; tokens={source}",
             d.instance_name,
             u8::from(d.first_turn),
             d.local_hit_tokens,
@@ -739,7 +774,21 @@ impl Native {
         HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("unrenderable"))
     }
 
-    /// An attempt that failed at `instance` before the client had a byte: the app carries the
+    /// A request answered with the failure of its attempts (`failover.rs`), recorded.
+    fn failed_answer(
+        &self,
+        mut record: Record,
+        plan: &Plan,
+        arrived: Instant,
+        answer: Response<Body>,
+    ) -> Response<Body> {
+        record.status = answer.status().as_u16();
+        record.latency_s = arrived.elapsed().as_secs_f64();
+        self.settle(record, plan.ends_session);
+        answer
+    }
+
+    /// A PD attempt that failed at `instance` before the client had a byte: the app carries the
     /// request on from there (its decision is counted here, its outcome is the app's).
     #[allow(clippy::too_many_arguments)] // the request's parts and the failure
     async fn hand_off(
@@ -975,6 +1024,9 @@ impl Relay {
     /// Records the outcome; the attempt is aborted unless it finished (the lifecycle's drop).
     fn finish(mut self, succeeded: bool) {
         self.record.succeeded = succeeded;
+        if succeeded {
+            self.native.instance_succeeded(&self.instance);
+        }
         self.record.latency_s = self.arrived.elapsed().as_secs_f64();
         self.native.settle(self.record, self.ends_session);
     }
@@ -985,7 +1037,7 @@ impl Relay {
     async fn cut(mut self, cause: &'static str, mut tx: Sender<Bytes, hyper::Error>) {
         let Some(kept) = self.kept.take() else {
             let _ = tx.send_data(self.api.stream_failure(CUT_MESSAGE)).await;
-            self.record.failed = Some((self.instance.clone(), cause.to_owned()));
+            self.native.charge_cut(&mut self.record, &self.instance, cause);
             self.record.unresumed = true;
             self.finish(false);
             return;

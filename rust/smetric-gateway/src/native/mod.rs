@@ -28,10 +28,12 @@
 //! the prefill leg runs first ([`pd`]: vLLM's disaggregated-prefill protocol); step 6 is the
 //! decode leg's answer, the router hearing `on_transferred` at its first byte.
 //!
-//! Anything else is handed to the app as it came (its body, when read, resent): a request the
-//! native path does not serve, a body the app must refuse (the app's error says why), and an
-//! attempt that failed before any byte reached the client — with the instances that failed and
-//! why, so the app's failover carries on from there (`x-smetric-gateway-failed`). A stream cut
+//! An attempt that failed before any byte reached the client is retried on another instance
+//! ([`failover`]: the app's rules, ejection included). Anything else is handed to the app as it
+//! came (its body, when read, resent): a request the native path does not serve, a body the app
+//! must refuse (the app's error says why), and a PD attempt that failed before the client's
+//! first byte — with the instance that failed and why, so the app's failover carries on from
+//! there (`x-smetric-gateway-failed`). A stream cut
 //! after its first event goes to the app's continuation endpoint with what the client already
 //! has, and the app's continuation is relayed after it. Each native request leaves a
 //! `Record` for the control plane's metrics and decision log.
@@ -46,6 +48,7 @@ mod apis;
 mod attempt;
 pub mod chatml;
 mod engines;
+mod failover;
 mod forward;
 mod json;
 mod messages;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use smetric_core::{PdRouter, PolicyKind, Router};
 
 use super::engines::Engines;
+use super::failover::Health;
 use super::response_ids::ResponseIds;
 use crate::admission::{Admission, AdmissionLimits};
 use crate::records::Records;
@@ -42,6 +43,10 @@ pub struct NativeConfig {
     pub apis: NativeApis,
     /// A cut stream is continued (by the app) rather than ended with an error event.
     pub resume_streams: bool,
+    /// Attempts per request at most (`failover.rs`: each on another instance).
+    pub max_attempts: u32,
+    /// Charged failures in a row that eject an instance (`failover.rs`).
+    pub eject_after: u32,
     /// The key the app issues and opens its response ids with (`pinning.ResponseIds`).
     pub response_id_key: String,
     /// The core reason → label table of `smetric.serve.labels`.
@@ -185,6 +190,8 @@ pub(crate) struct Native {
     pub(crate) records: Arc<Records>,
     pub(crate) engines: Engines,
     pub(crate) gate: Option<Arc<SessionGate>>,
+    /// Failures in a row per instance, for ejection (`failover.rs`).
+    pub(crate) health: Health,
 }
 
 impl Native {
@@ -209,6 +216,7 @@ impl Native {
             admission,
             records,
             engines,
+            health: Health::default(),
         })
     }
 
@@ -263,7 +271,9 @@ impl NativeHandles {
         if let Some(gate) = &self.native.gate {
             gate.set_instances(&fleet.instances);
         }
-        *self.native.fleet.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(fleet);
+        let mut view = self.native.fleet.write().unwrap_or_else(PoisonError::into_inner);
+        self.native.health.readmitted(&view, &fleet);
+        *view = Arc::new(fleet);
         self.native.admission.set_live(live);
     }
 }
