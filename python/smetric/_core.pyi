@@ -504,6 +504,9 @@ class GatewayRecord:
     def unresumed(self) -> bool:
         """A cut stream ended with the API's error event (not continued)."""
     @property
+    def resumed(self) -> int:
+        """Cut streams the gateway continued on another instance."""
+    @property
     def grouping(self) -> str | None:
         """A sub-agent's request: what the parent rule did (``parent``, ``overloaded``,
         ``parent_unavailable``, ``parent_unknown``)."""

@@ -336,7 +336,11 @@ def _chunk(text: str) -> bytes:
 ROLE = b'data: {"id":"c1","choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}\n\n'
 
 
-def test_a_stream_cut_after_its_first_event_is_continued_by_the_app() -> None:
+def test_a_stream_cut_after_its_first_event_is_continued_natively() -> None:
+    """The gateway builds chat's continuation itself (the text so far as the final assistant
+    message, the budget reduced), relays it under the first attempt's id without its opening
+    role chunk, and counts the cut as the instance's failure and the stream as resumed."""
+
     async def cuts(request: web.Request) -> web.StreamResponse:
         if request.path == "/v1/models":
             return web.json_response({"object": "list", "data": []})
@@ -376,7 +380,8 @@ def test_a_stream_cut_after_its_first_event_is_continued_by_the_app() -> None:
             assert continued[0]["continue_final_message"] is True and continued[0]["max_tokens"] == 8
             text = page(p)
             assert metric(text, "smetric_proxy_resumed_streams_total") == 1
-            assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 0, "finished by the app"
+            assert metric(text, "smetric_proxy_retries_total", cause="ClientPayloadError") == 1, text
+            assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 1, "continued natively"
         finally:
             p.stop()
 

@@ -339,6 +339,7 @@ class CompiledPlane:
         instance = r.instance
         if r.unresumed:
             telemetry.unresumed_streams += 1
+        telemetry.resumed_streams += r.resumed
         if r.succeeded and instance is not None:
             fleet.succeeded(instance)
         if r.first_byte_s is not None:

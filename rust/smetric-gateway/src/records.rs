@@ -56,6 +56,8 @@ pub struct Record {
     pub ejected: Vec<String>,
     /// A cut stream ended with the API's error event (not continued).
     pub unresumed: bool,
+    /// Cut streams the gateway continued on another instance (`native::continuation`).
+    pub resumed: u32,
     /// A sub-agent's request: what the parent rule did (`parent`, `overloaded`,
     /// `parent_unavailable`, `parent_unknown`), when it applied.
     pub grouping: Option<&'static str>,

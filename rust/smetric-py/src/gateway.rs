@@ -273,6 +273,8 @@ pub(crate) struct PyGatewayRecord {
     ejected: Vec<String>,
     /// A cut stream ended with the API's error event (not continued).
     unresumed: bool,
+    /// Cut streams the gateway continued on another instance.
+    resumed: u32,
     /// A sub-agent's request: what the parent rule did (`parent`, `overloaded`,
     /// `parent_unavailable`, `parent_unknown`).
     grouping: Option<&'static str>,
@@ -318,6 +320,7 @@ impl From<&Record> for PyGatewayRecord {
                 .collect(),
             ejected: r.ejected.clone(),
             unresumed: r.unresumed,
+            resumed: r.resumed,
             grouping: r.grouping,
             session_end_held: r.session_end_held,
             handed_off: r.handed_off,

@@ -20,6 +20,7 @@ use super::apis;
 use super::attempt::{
     GatedSession, Lifecycle, REQUEST_ID, affinity_instance, affinity_set_cookie, client_head, request_id,
 };
+use super::continuation::{Continued, Rejoined};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
 use super::pd::PrefillLeg;
 use super::protocol::{Plan, Protocol, StreamScan};
@@ -392,7 +393,7 @@ impl Native {
             };
             let decided = Instant::now();
             let attempt_no = tried.instances().len() + 1;
-            let (instance, mut lifecycle, decision_header, cookie, body) = match &self.config.routing {
+            let (instance, mut lifecycle, decision_header, cookie, attempt_body) = match &self.config.routing {
                 Routing::Colocated(router) => {
                     // A pinned follow-up has one place to go: session admission does not move
                     // it; a retry goes wherever the router finds room (as the app's failover).
@@ -473,7 +474,7 @@ impl Native {
             // Forward. A failure before the client's first byte leaves this block with its
             // cause and status; every other path answers.
             let (cause, status) = 'attempt: {
-                let upstream = self.upstream_request(api, &instance, &parts.headers, &id, body);
+                let upstream = self.upstream_request(api, &instance, &parts.headers, &id, attempt_body);
                 let sent = Instant::now();
                 let answer =
                     match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream))
@@ -538,7 +539,7 @@ impl Native {
                 record.ttft_s = Some(arrived.elapsed().as_secs_f64());
                 record.status = head.status.as_u16();
                 let kept = self.config.resume_streams.then(BytesMut::new);
-                let (tx, body) = Channel::<Bytes, hyper::Error>::new(8);
+                let (tx, client_body) = Channel::<Bytes, hyper::Error>::new(8);
                 let mut relay = Relay {
                     native: Arc::clone(self),
                     plane: Arc::clone(plane),
@@ -555,10 +556,13 @@ impl Native {
                     parts,
                     raw,
                     peer,
+                    body: body.clone(),
+                    tried: std::mem::take(&mut tried),
+                    rejoined: None,
                 };
                 let out = relay.scan_first(first);
                 tokio::spawn(relay.run(tx, out, upstream_body));
-                return Response::from_parts(head, body.boxed());
+                return Response::from_parts(head, client_body.boxed());
             };
             drop(lifecycle);
             if matches!(self.config.routing, Routing::Pd(_)) {
@@ -937,6 +941,13 @@ struct Relay {
     parts: Parts,
     raw: Bytes,
     peer: SocketAddr,
+    /// The body the first attempt sent (the usage option spliced in): what a continuation is
+    /// built from.
+    body: Bytes,
+    /// The attempts that failed so far (the cut ones included).
+    tried: Tried,
+    /// A continuation's events rejoined to the first attempt's stream (None: the first's).
+    rejoined: Option<Rejoined>,
 }
 
 /// How a relayed stream ended.
@@ -956,49 +967,72 @@ impl Relay {
         self.scan.feed(first)
     }
 
-    async fn run(mut self, mut tx: Sender<Bytes, hyper::Error>, first: Bytes, mut upstream: Incoming) {
-        let mut end = if first.is_empty() || tx.send_data(first).await.is_ok() {
-            None
-        } else {
-            Some(End::ClientGone)
-        };
-        while end.is_none() {
+    /// Relays the stream to its end, continuing it natively after a cut where the API allows
+    /// (`continuation.rs`).
+    async fn run(mut self, mut tx: Sender<Bytes, hyper::Error>, first: Bytes, upstream: Incoming) {
+        let mut next = Some((first, upstream));
+        while let Some((first, upstream)) = next.take() {
+            let end = self.relay(&mut tx, first, upstream).await;
+            next = self.ended(end, &mut tx).await;
+        }
+    }
+
+    /// Relays one attempt's stream (`first`: the client's bytes for its first frame) until it
+    /// ends; the upstream is dropped on the way out (the engine aborts a request whose
+    /// connection closes).
+    async fn relay(&mut self, tx: &mut Sender<Bytes, hyper::Error>, first: Bytes, mut upstream: Incoming) -> End {
+        if !first.is_empty() && tx.send_data(first).await.is_err() {
+            return End::ClientGone;
+        }
+        loop {
             let idle = tokio::time::Instant::now() + self.native.config.idle_timeout;
             if self.deadline <= idle && tokio::time::Instant::now() >= self.deadline {
-                end = Some(End::TimedOut);
-                break;
+                return End::TimedOut;
             }
             let next = tokio::time::timeout_at(idle.min(self.deadline), upstream.frame()).await;
             if next.is_err() && tokio::time::Instant::now() >= self.deadline {
-                end = Some(End::TimedOut);
-                break;
+                return End::TimedOut;
             }
-            end = match next {
+            return match next {
                 Ok(Some(Ok(frame))) => {
                     let Ok(data) = frame.into_data() else { continue };
-                    if let Some(kept) = self.kept.as_mut() {
-                        kept.extend_from_slice(&data);
-                    }
-                    let out = self.scan.feed(data);
+                    let out = self.take_in(data);
                     if out.is_empty() || tx.send_data(out).await.is_ok() {
                         continue;
                     }
-                    Some(End::ClientGone)
+                    End::ClientGone
                 }
-                Ok(None) if self.scan.done() || self.scan.finished() => Some(End::Complete),
-                Ok(None) => Some(End::Cut("stream_cut")),
+                Ok(None) if self.scan.done() || self.scan.finished() => End::Complete,
+                Ok(None) => End::Cut("stream_cut"),
                 // The answer was complete; only the end marker was lost.
-                Ok(Some(Err(_))) | Err(_) if self.scan.finished() => Some(End::Complete),
-                Ok(Some(Err(_))) => Some(End::Cut("ClientPayloadError")),
-                Err(_) => Some(End::Cut("TimeoutError")),
+                Ok(Some(Err(_))) | Err(_) if self.scan.finished() => End::Complete,
+                Ok(Some(Err(_))) => End::Cut("ClientPayloadError"),
+                Err(_) => End::Cut("TimeoutError"),
             };
         }
-        drop(upstream); // the engine aborts a request whose connection closes
+    }
+
+    /// An upstream frame in, the client's bytes out: a continuation's events rejoined to the
+    /// first attempt's stream, kept for a later continuation, scanned.
+    fn take_in(&mut self, data: Bytes) -> Bytes {
+        let data = match self.rejoined.as_mut() {
+            Some(rejoined) => rejoined.feed(&data),
+            None => data,
+        };
+        if let Some(kept) = self.kept.as_mut() {
+            kept.extend_from_slice(&data);
+        }
+        self.scan.feed(data)
+    }
+
+    /// What follows the end of an attempt's stream: the next attempt's first bytes and stream
+    /// when a cut is continued natively, else nothing (the outcome is recorded).
+    async fn ended(&mut self, end: End, tx: &mut Sender<Bytes, hyper::Error>) -> Option<(Bytes, Incoming)> {
         let tokens = self.scan.tokens();
         self.record.output_tokens = Some(tokens);
         self.record.cached_tokens = self.scan.cached_tokens();
         match end {
-            Some(End::Complete) | None => {
+            End::Complete => {
                 if !self.scan.done() {
                     let _ = tx.send_data(Bytes::from_static(self.api.end_marker())).await;
                 }
@@ -1008,41 +1042,89 @@ impl Relay {
                     self.record.itl_s = Some(span / (tokens - 1) as f64);
                 }
                 self.finish(true);
+                None
             }
-            Some(End::ClientGone) => self.finish(true),
-            Some(End::TimedOut) => {
+            End::ClientGone => {
+                self.finish(true);
+                None
+            }
+            End::TimedOut => {
                 let _ = tx.send_data(self.api.stream_failure(TIMED_OUT)).await;
                 self.finish(false);
+                None
             }
-            Some(End::Cut(cause)) => {
+            End::Cut(cause) => {
                 self.lifecycle.aborted();
-                self.cut(cause, tx).await;
+                self.cut(cause, tx).await
             }
         }
     }
 
     /// Records the outcome; the attempt is aborted unless it finished (the lifecycle's drop).
-    fn finish(mut self, succeeded: bool) {
-        self.record.succeeded = succeeded;
+    fn finish(&mut self, succeeded: bool) {
+        let mut record = std::mem::take(&mut self.record);
+        record.succeeded = succeeded;
         if succeeded {
             self.native.instance_succeeded(&self.instance);
         }
-        self.record.latency_s = self.arrived.elapsed().as_secs_f64();
-        self.native.settle(self.record, self.ends_session);
+        record.latency_s = self.arrived.elapsed().as_secs_f64();
+        self.native.settle(record, self.ends_session);
     }
 
-    /// A stream cut after the client had its first event: continued by the app when the proxy
-    /// continues streams (the app's continuation is relayed after what was sent), else ended
-    /// with the API's error event.
-    async fn cut(mut self, cause: &'static str, mut tx: Sender<Bytes, hyper::Error>) {
-        let Some(kept) = self.kept.take() else {
-            let _ = tx.send_data(self.api.stream_failure(CUT_MESSAGE)).await;
+    /// Ends the client's stream with the API's error event: the cut was not continued.
+    async fn unresumed(&mut self, tx: &mut Sender<Bytes, hyper::Error>) {
+        let _ = tx.send_data(self.api.stream_failure(CUT_MESSAGE)).await;
+        self.record.unresumed = true;
+        self.finish(false);
+    }
+
+    /// A stream cut after the client had its first event: continued when the proxy continues
+    /// streams — natively for the APIs whose continuation the gateway builds (chat and
+    /// completions, co-located), else by the app (its continuation relayed after what was sent)
+    /// — or ended with the API's error event.
+    async fn cut(&mut self, cause: &'static str, tx: &mut Sender<Bytes, hyper::Error>) -> Option<(Bytes, Incoming)> {
+        let Some(kept) = self.kept.as_ref() else {
             self.native.charge_cut(&mut self.record, &self.instance, cause);
-            self.record.unresumed = true;
-            self.finish(false);
-            return;
+            self.unresumed(tx).await;
+            return None;
         };
-        // The app's continuation endpoint: the original body, then what the engine sent.
+        let continued = match self.native.config.routing {
+            Routing::Colocated(_) => self.api.continuation(&self.body, kept),
+            Routing::Pd(_) => None,
+        };
+        let Some(continued) = continued else {
+            self.continued_by_the_app(cause, tx).await;
+            return None;
+        };
+        // The cut is the instance's own failure (`failover.rs`), and counts as an attempt.
+        self.native.charge_cut(&mut self.record, &self.instance, cause);
+        self.tried.failed.push(self.instance.clone());
+        let body = match continued {
+            Continued::Again => self.body.clone(),
+            Continued::Body(body) => body,
+            Continued::Not => {
+                self.unresumed(tx).await;
+                return None;
+            }
+        };
+        let rejoined = self.api.rejoined(kept);
+        let native = Arc::clone(&self.native);
+        let Some((instance, lifecycle, first, upstream)) = native.continue_stream(self, &body).await else {
+            self.unresumed(tx).await;
+            return None;
+        };
+        self.record.resumed += 1;
+        self.instance = instance;
+        self.lifecycle = lifecycle;
+        self.rejoined = Some(rejoined);
+        let first = self.take_in(first);
+        Some((first, upstream))
+    }
+
+    /// Hands a cut stream to the app's continuation endpoint: the original body, then what the
+    /// engine sent; the app's continuation is relayed after what the client has.
+    async fn continued_by_the_app(&mut self, cause: &'static str, tx: &mut Sender<Bytes, hyper::Error>) {
+        let kept = self.kept.take().unwrap_or_default();
         let mut framed = BytesMut::with_capacity(24 + self.raw.len() + kept.len());
         framed.extend_from_slice(format!("{}\n", self.raw.len()).as_bytes());
         framed.extend_from_slice(&self.raw);
@@ -1083,6 +1165,101 @@ impl Relay {
                 && tx.send_data(data).await.is_err()
             {
                 return; // the client left: dropping the app's answer closes its request
+            }
+        }
+    }
+}
+
+impl Native {
+    /// Routes and opens the continuation `body` of `relay`'s cut stream (the failed instances
+    /// excluded, `max_attempts` in all), retrying what fails before its first byte: the
+    /// instance, its lifecycle, its first frame and its stream; None when no attempt is left.
+    async fn continue_stream(&self, relay: &mut Relay, body: &Bytes) -> Option<(String, Lifecycle, Bytes, Incoming)> {
+        let Routing::Colocated(router) = &self.config.routing else {
+            return None;
+        };
+        let fleet = self.fleet();
+        let plan = self.plan(&fleet, relay.api, &relay.parts.headers, body).await?;
+        loop {
+            if relay.tried.instances().len() >= self.config.max_attempts as usize {
+                return None;
+            }
+            let fleet = self.fleet();
+            let mut exclude = fleet.exclusions(plan.model.as_deref(), relay.tried.instances())?;
+            let cap = self.config.admission.max_in_flight_per_instance;
+            if self.admission.admitted() >= cap {
+                exclude = self.skip_full(&fleet.instances, exclude, cap);
+            }
+            let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
+            // The continuation's turn: its messages' (chat) or the index's; its session's turn
+            // was counted with the request.
+            let turn = match plan.turn {
+                TurnHint::Turn(_) => TurnHint::Unknown,
+                turn => turn,
+            };
+            let request = RouteRequest {
+                prompt: Prompt::Tokens(&plan.ids),
+                namespace: plan.namespace.as_deref(),
+                turn,
+                request_id: None,
+                now: None,
+                exclude: &excluded,
+                previous_instance: None,
+                session_key: None,
+                output_tokens: None,
+            };
+            let decided = Instant::now();
+            let decision = router.route(&request).ok()?;
+            relay.record.decision_s = Some(decided.elapsed().as_secs_f64());
+            self.note_decision(&mut relay.record, &decision);
+            let mut lifecycle = Lifecycle::new(&self.config.routing, decision.request_id);
+            let instance = decision.instance_name.to_string();
+            let id = relay.record.request_id.clone();
+            let upstream = self.upstream_request(relay.api, &instance, &relay.parts.headers, &id, body.clone());
+            let (cause, status) = 'attempt: {
+                let answer =
+                    match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream))
+                        .await
+                    {
+                        Ok(Ok(answer)) if answer.status().as_u16() < 500 => answer,
+                        Ok(Ok(answer)) => {
+                            let status = answer.status().as_u16();
+                            break 'attempt (format!("http_{status}"), Some(status));
+                        }
+                        Ok(Err(e)) if e.is_connect() => break 'attempt ("ClientConnectorError".to_owned(), None),
+                        Ok(Err(_)) => break 'attempt ("ServerDisconnectedError".to_owned(), None),
+                        Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
+                    };
+                self.answered_after(&mut relay.record, &mut relay.tried);
+                let streamed = answer
+                    .headers()
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("text/event-stream"));
+                if answer.status() != StatusCode::OK || !streamed {
+                    // Refused (a 4xx) or not a stream: nothing to continue the client's with.
+                    return None;
+                }
+                let mut upstream = answer.into_body();
+                loop {
+                    match tokio::time::timeout(self.config.idle_timeout, upstream.frame()).await {
+                        Ok(Some(Ok(frame))) => match frame.into_data() {
+                            Ok(data) if !data.is_empty() => {
+                                lifecycle.prefilled();
+                                return Some((instance, lifecycle, data, upstream));
+                            }
+                            _ => {}
+                        },
+                        Ok(None) => break 'attempt ("stream_cut".to_owned(), None),
+                        Ok(Some(Err(_))) => break 'attempt ("ClientPayloadError".to_owned(), None),
+                        Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
+                    }
+                }
+            };
+            drop(lifecycle);
+            match self.attempt_failed(relay.api, &mut relay.record, &mut relay.tried, &instance, cause, status) {
+                AfterFailure::Retry => {}
+                AfterFailure::Answer(_) => return None, // the client's stream ends with the error event
             }
         }
     }

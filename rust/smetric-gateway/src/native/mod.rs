@@ -33,9 +33,10 @@
 //! came (its body, when read, resent): a request the native path does not serve, a body the app
 //! must refuse (the app's error says why), and a PD attempt that failed before the client's
 //! first byte — with the instance that failed and why, so the app's failover carries on from
-//! there (`x-smetric-gateway-failed`). A stream cut
-//! after its first event goes to the app's continuation endpoint with what the client already
-//! has, and the app's continuation is relayed after it. Each native request leaves a
+//! there (`x-smetric-gateway-failed`). A chat or completions stream
+//! cut after its first event is continued natively ([`continuation`]); another API's goes to the
+//! app's continuation endpoint with what the client already has, and the app's continuation is
+//! relayed after it. Each native request leaves a
 //! `Record` for the control plane's metrics and decision log.
 //!
 //! Invariants: the app trusts the gateway's headers only with the per-process secret, and a
@@ -47,6 +48,7 @@
 mod apis;
 mod attempt;
 pub mod chatml;
+mod continuation;
 mod engines;
 mod failover;
 mod forward;

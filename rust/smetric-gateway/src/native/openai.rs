@@ -12,6 +12,7 @@ use smetric_core::{TurnHint, first_turn_from_roles};
 use smetric_vllm::{Endpoint, parse_openai_body};
 
 use super::chatml::{byte_chunk_ids, render};
+use super::continuation::{Continued, Rejoined, continuation, first_id};
 use super::protocol::{Plan, Protocol, StreamScan, openai_error_json, stream_scan_by_fields};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
@@ -56,6 +57,14 @@ impl Protocol for OpenAi {
 
     fn usage(&self, answer: &[u8]) -> (Option<u64>, Option<u64>) {
         usage_counts(answer)
+    }
+
+    fn continuation(&self, body: &[u8], sent: &[u8]) -> Option<Continued> {
+        Some(continuation(self.chat, body, sent))
+    }
+
+    fn rejoined(&self, sent: &[u8]) -> Rejoined {
+        Rejoined::new(self.chat, first_id(sent))
     }
 
     fn stream_failure(&self, message: &str) -> Bytes {

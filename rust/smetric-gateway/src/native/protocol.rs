@@ -15,6 +15,7 @@ use hyper::{Response, StatusCode};
 use smetric_core::TurnHint;
 
 use super::chatml::{RenderedBody, byte_chunk_ids};
+use super::continuation::{Continued, Rejoined};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use crate::answers::{Body, json_response};
@@ -100,6 +101,15 @@ pub(crate) trait Protocol: Sync {
             StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             openai_error_json(status, message, kind),
         )
+    }
+    /// What a stream cut after the client had `sent` (the events it was sent) is continued with,
+    /// built from `body` (the request as the first attempt sent it); None: the app builds it.
+    fn continuation(&self, _body: &[u8], _sent: &[u8]) -> Option<Continued> {
+        None
+    }
+    /// How a continuation's events join the stream the client has (`sent`).
+    fn rejoined(&self, _sent: &[u8]) -> Rejoined {
+        Rejoined::new(false, None)
     }
     /// What ends a started stream with the proxy's error (`Api.stream_failure` of a 503).
     fn stream_failure(&self, message: &str) -> Bytes;
