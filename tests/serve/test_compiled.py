@@ -26,6 +26,7 @@ from proxy_util import Stub, chat_text, events, metric, proxy_for, request
 from smetric.fake_engine import FakeEngine
 from smetric.serve.apis import ResponsesApi
 from smetric.serve.compiled import plane_summary
+from smetric.serve.pinning import instance_tag
 from smetric.serve.proxy import ProxyServer
 
 pytestmark = pytest.mark.own_data_plane
@@ -203,6 +204,44 @@ def test_responses_are_served_natively_with_the_apps_ids(storing_engines: list[F
                 assert previous.id.rsplit("-", 2)[1] == holder, "only the instance that stored it"
                 assert ids.open(previous.id) is not None
         assert metric(page(p), "smetric_proxy_native_requests_total", api="responses") == 6
+    finally:
+        p.stop()
+
+
+def test_pass_through_and_a_stored_responses_routes_are_served_natively(storing_engines: list[FakeEngine]) -> None:
+    """vLLM's unrouted surface goes to the least-loaded instance without the app, failed over
+    like any attempt; a stored response's GET and cancel go to the instance that stored it, the
+    engine's ids rewritten to the proxy's, and its instance's failure is the lost-state 503."""
+    engines = storing_engines
+    p = compiled([e.url for e in engines], response_id_key="shared-by-the-replicas", eject_after=100)
+    try:
+        with openai.OpenAI(base_url=p.url + "/v1", api_key="sk-test", max_retries=0, timeout=30) as sdk:
+            stored = sdk.responses.create(model="fake-model", input="remember 7", max_output_tokens=4)
+            got = sdk.responses.retrieve(stored.id)
+            assert got.id == stored.id and got.output_text == stored.output_text, "the proxy's id, not the engine's"
+            tag = stored.id.rsplit("-", 2)[1]
+            _, headers, _ = request(p.url, f"/v1/responses/{stored.id}/cancel", {})
+            assert decision(headers)["reason"] == "pass-through" and instance_tag(decision(headers)["instance"]) == tag
+        # The fake engine has no /v1/models/{id}: its 404 is relayed as it came.
+        status, headers, _ = request(p.url, "/v1/models/fake-model", method="GET")
+        assert status == 404 and decision(headers)["reason"] == "pass-through"
+        text = page(p)
+        assert metric(text, "smetric_proxy_native_requests_total", api="responses") == 3
+        assert metric(text, "smetric_proxy_native_requests_total", api="passthrough") == 1
+        holder = next(e for e in engines if instance_tag(e.url) == tag)
+        dead = holder.url
+        first_in_order = dead == engines[0].url
+        holder.stop()
+        status, _, raw = request(p.url, f"/v1/responses/{stored.id}", method="GET")
+        error = json.loads(raw)["error"]
+        assert status == 503 and error["param"] == "previous_response_id" and "it is lost" in error["message"]
+        # A pass-through whose first instance is dead is served by the other.
+        for _ in range(2):
+            status, headers, _ = request(p.url, "/v1/models/fake-model", method="GET")
+            assert status == 404 and decision(headers)["instance"] != dead
+            # Both idle: the fleet's first is tried first, and a dead first fails over.
+            assert decision(headers)["attempt"] == ("2" if first_in_order else "1")
+        assert metric(page(p), "smetric_proxy_native_requests_total", api="passthrough") == 3
     finally:
         p.stop()
 

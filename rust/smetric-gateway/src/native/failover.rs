@@ -22,9 +22,8 @@
 //! relaxed atomic load per answered request while no instance has a failure outstanding, else one
 //! short mutex; an ejection clones the fleet view (O(instances)).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 
 use super::protocol::Protocol;
 use super::state::{FleetView, Native};
@@ -35,30 +34,6 @@ use hyper::Response;
 /// 5xx statuses that are an instance's own whatever the request (a gateway's or an unreachable
 /// engine's): `upstream.OWN_STATUSES`.
 pub(super) const OWN_STATUSES: [u16; 3] = [502, 503, 504];
-
-/// Consecutive charged failures per instance, for ejection.
-#[derive(Default)]
-pub(crate) struct Health {
-    /// Whether any instance has a count above zero (the success path's shortcut).
-    outstanding: AtomicBool,
-    failures: Mutex<HashMap<String, u32>>,
-}
-
-impl Health {
-    /// Forgets the counts of instances `fleet` has and `old` had ejected no longer (re-admitted
-    /// by the app's probes) or does not have at all.
-    pub(crate) fn readmitted(&self, old: &FleetView, fleet: &FleetView) {
-        if !self.outstanding.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
-        failures.retain(|u, _| {
-            let readmitted = old.ejected.contains(u) && !fleet.ejected.contains(u);
-            fleet.instances.contains(u) && !readmitted
-        });
-        self.outstanding.store(!failures.is_empty(), Ordering::Relaxed);
-    }
-}
 
 /// What one request's attempts went through so far.
 #[derive(Default)]
@@ -226,6 +201,7 @@ pub(super) fn lost_state(instance: &str, cause: &str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::native::state::Health;
 
     fn view(instances: &[&str], ejected: &[&str]) -> FleetView {
         FleetView {

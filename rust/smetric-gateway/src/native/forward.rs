@@ -22,14 +22,15 @@ use super::attempt::{
 };
 use super::continuation::{Continued, Rejoined};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
+use super::intake::{header, header_session, parent_key, session_end, session_headers_ascii};
 use super::pd::PrefillLeg;
 use super::protocol::{Plan, Protocol, StreamScan};
 use super::response_ids::ResponseIds;
 use super::secret::same_bytes;
 use super::state::{FleetView, Native, Routing};
+use super::unrouted::Unrouted;
 use crate::admission::{Refusal, Slot};
 use crate::answers::{Body, Held};
-use crate::counters::ClientError;
 use crate::delegate::ControlPlane;
 use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER, TURN_HEADER};
 use crate::records::Record;
@@ -49,8 +50,7 @@ fn unadmitted(path: &str) -> bool {
 // The session, parent and end headers (a request carrying an end header is the app's: it
 // releases the session's state), the cut stream's message and the usage splice: `crate::shared`.
 use crate::shared::{
-    CUT_MESSAGE, END_HEADERS, PARENT_HEADERS, REFUSED_AT_CAPACITY, REFUSED_DRAINING, REFUSED_QUEUE_TIMEOUT,
-    SESSION_HEADERS, USAGE_OPTION,
+    CUT_MESSAGE, PARENT_HEADERS, REFUSED_AT_CAPACITY, REFUSED_DRAINING, REFUSED_QUEUE_TIMEOUT, USAGE_OPTION,
 };
 
 /// An API the native path serves (`protocol.rs`; the registry is `apis.rs`).
@@ -92,7 +92,19 @@ pub(crate) async fn serve(
                 Err(_) => api.proxy_error(504, TIMED_OUT, "TimeoutError"),
             }
         }
-        _ => plane.delegate(request, peer, &[(ADMITTED_HEADER, "1")]).await,
+        _ => match Unrouted::of(request.method(), request.uri().path(), native.config.apis.responses) {
+            Some(target) if head_servable(&native, request.headers()) => {
+                let (parts, body) = request.into_parts();
+                let deadline = tokio::time::Instant::from_std(arrived + native.config.client_timeout);
+                let shape = target.shape();
+                let served = native.serve_unrouted(&plane, target, parts, body, peer, arrived);
+                match tokio::time::timeout_at(deadline, served).await {
+                    Ok(answer) => answer,
+                    Err(_) => shape.proxy_error(504, TIMED_OUT, "TimeoutError"),
+                }
+            }
+            _ => plane.delegate(request, peer, &[(ADMITTED_HEADER, "1")]).await,
+        },
     };
     held(answer, slot)
 }
@@ -180,81 +192,6 @@ fn key_valid(keys: &[String], headers: &HeaderMap) -> bool {
     keys.iter().fold(false, |found, key| {
         found | same_bytes(key.as_bytes(), presented.as_bytes())
     })
-}
-
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
-}
-
-/// The session key a request's headers give (`session.session_hint` of the headers alone, as
-/// the decision log reads it).
-fn header_session(headers: &HeaderMap) -> Option<String> {
-    let name = SESSION_HEADERS.iter().find(|name| header(headers, name).is_some())?;
-    let value = header(headers, name)?;
-    if *name == "x-claude-code-session-id"
-        && let Some(agent) = header(headers, "x-claude-code-agent-id")
-    {
-        return Some(format!("{value}/{agent}"));
-    }
-    Some(value.to_owned())
-}
-
-/// Whether every session and parent header present is visible ASCII (or space), as
-/// `header_session` and `parent_key` read them: other bytes the app decodes to other text,
-/// whose key (hash, digest) would differ.
-fn session_headers_ascii(headers: &HeaderMap) -> bool {
-    SESSION_HEADERS
-        .iter()
-        .chain(PARENT_HEADERS.iter())
-        .chain(["x-claude-code-agent-id"].iter())
-        .flat_map(|name| headers.get_all(*name))
-        .all(|v| v.to_str().is_ok())
-}
-
-/// The session key of the request's parent agent (`session.parent_key`), or None: not a
-/// sub-agent's request. Claude Code: a sub-agent's request carries the root's session id and
-/// its own agent id; its parent is `{session}/{parent agent}` (nested) or the root session (top
-/// level). A parent header on a request without an agent id (the root's) is ignored.
-fn parent_key(headers: &HeaderMap) -> Option<String> {
-    if let Some(session) = header(headers, "x-claude-code-session-id") {
-        header(headers, "x-claude-code-agent-id")?;
-        return Some(match header(headers, "x-claude-code-parent-agent-id") {
-            Some(parent) => format!("{session}/{parent}"),
-            None => session.to_owned(),
-        });
-    }
-    PARENT_HEADERS
-        .iter()
-        .filter(|name| **name != "x-claude-code-parent-agent-id")
-        .find_map(|name| header(headers, name))
-        .map(str::to_owned)
-}
-
-/// Whether the request ends its session (`session.session_end`): an end header is `true` or
-/// `1` (any case, spaces around); `Err` for a value other than those and `false` / `0` (the
-/// app's 400 names the header).
-fn session_end(headers: &HeaderMap) -> Result<bool, ()> {
-    let mut ended = false;
-    for name in END_HEADERS {
-        let Some(value) = headers.get(name) else { continue };
-        let word = value.to_str().map_err(|_| ())?.trim().to_ascii_lowercase();
-        match word.as_str() {
-            "true" | "1" => ended = true,
-            "false" | "0" => {}
-            _ => return Err(()),
-        }
-    }
-    Ok(ended)
-}
-
-#[derive(Clone, Copy)]
-enum BodyFailure {
-    TooLarge,
-    Timeout,
-    Broken,
 }
 
 impl Native {
@@ -576,57 +513,6 @@ impl Native {
         }
     }
 
-    /// The body, whole, within the size and time the proxy allows.
-    async fn read_body(&self, body: Incoming) -> Result<Bytes, BodyFailure> {
-        let limit = self.config.max_body_bytes;
-        let read = async {
-            let mut body = body;
-            let mut out = BytesMut::new();
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|_| BodyFailure::Broken)?;
-                if let Ok(data) = frame.into_data() {
-                    if out.len() + data.len() > limit {
-                        return Err(BodyFailure::TooLarge);
-                    }
-                    out.extend_from_slice(&data);
-                }
-            }
-            Ok(out.freeze())
-        };
-        tokio::time::timeout(self.config.body_timeout, read)
-            .await
-            .unwrap_or(Err(BodyFailure::Timeout))
-    }
-
-    /// The app's answers to a body that did not arrive whole (`proxy._handle`'s).
-    fn body_failure(&self, plane: &ControlPlane, api: Api, failure: BodyFailure) -> Response<Body> {
-        let (status, message, code) = match failure {
-            BodyFailure::TooLarge => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the request body exceeds {} bytes", self.config.max_body_bytes),
-                Some("request_too_large"),
-            ),
-            BodyFailure::Timeout => {
-                plane.errors().count(ClientError::BodyTimeout);
-                let seconds = self.config.body_timeout.as_secs_f64();
-                (
-                    StatusCode::REQUEST_TIMEOUT,
-                    format!("the request body did not arrive within {seconds} s"),
-                    Some("timeout"),
-                )
-            }
-            BodyFailure::Broken => {
-                plane.errors().count(ClientError::Malformed);
-                (StatusCode::BAD_REQUEST, crate::answers::MALFORMED.to_owned(), None)
-            }
-        };
-        let mut answer = api.client_error(status, &message, code);
-        answer
-            .headers_mut()
-            .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
-        answer
-    }
-
     /// The routing plan of a body the native path serves exactly as the app would, or None.
     /// What the app must refuse or read as other text goes to it: an end header that is not
     /// true/false or names no session, session headers that are not visible ASCII.
@@ -743,23 +629,6 @@ impl Native {
             gate.end(SessionGate::session_key(key));
         }
         self.config.sessions.end(key.as_bytes())
-    }
-
-    /// `exclude` plus the instances of `instances` (one pool) at `cap` requests in flight, while
-    /// one below it is left (`admission.skip_full`, pool by pool).
-    fn skip_full(&self, instances: &[String], exclude: Vec<String>, cap: usize) -> Vec<String> {
-        let candidates: Vec<&String> = instances.iter().filter(|u| !exclude.contains(u)).collect();
-        let full: Vec<String> = candidates
-            .iter()
-            .filter(|u| self.config.routing.in_flight(u).is_some_and(|bs| bs >= cap as u64))
-            .map(|u| (*u).clone())
-            .collect();
-        if full.is_empty() || full.len() >= candidates.len() {
-            return exclude;
-        }
-        let mut out = exclude;
-        out.extend(full);
-        out
     }
 
     /// The `x-smetric-decision` value (`colocated.decision_header`).

@@ -52,6 +52,7 @@ mod continuation;
 mod engines;
 mod failover;
 mod forward;
+mod intake;
 mod json;
 mod messages;
 mod openai;
@@ -63,6 +64,7 @@ mod secret;
 mod sse;
 mod state;
 mod stream;
+mod unrouted;
 
 pub use forward::routing_ids;
 pub(crate) use forward::serve;

@@ -5,13 +5,13 @@
 //! ([`NativeHandles`]). No request logic here: that is `forward.rs`.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use smetric_core::{PdRouter, PolicyKind, Router};
 
 use super::engines::Engines;
-use super::failover::Health;
 use super::response_ids::ResponseIds;
 use crate::admission::{Admission, AdmissionLimits};
 use crate::records::Records;
@@ -178,6 +178,30 @@ impl FleetView {
     /// Instances not ejected (at least one counts: admission's capacity rule).
     pub(crate) fn live(&self) -> usize {
         self.instances.iter().filter(|u| !self.ejected.contains(*u)).count()
+    }
+}
+
+/// Consecutive charged failures per instance, for ejection (`failover.rs` counts them).
+#[derive(Default)]
+pub(crate) struct Health {
+    /// Whether any instance has a count above zero (the success path's shortcut).
+    pub(super) outstanding: AtomicBool,
+    pub(super) failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Health {
+    /// Forgets the counts of instances `fleet` has and `old` had ejected no longer (re-admitted
+    /// by the app's probes) or does not have at all.
+    pub(crate) fn readmitted(&self, old: &FleetView, fleet: &FleetView) {
+        if !self.outstanding.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        failures.retain(|u, _| {
+            let readmitted = old.ejected.contains(u) && !fleet.ejected.contains(u);
+            fleet.instances.contains(u) && !readmitted
+        });
+        self.outstanding.store(!failures.is_empty(), Ordering::Relaxed);
     }
 }
 

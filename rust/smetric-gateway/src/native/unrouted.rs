@@ -1,0 +1,339 @@
+//! Requests the native path serves without a routing decision (`open_unrouted` and
+//! `apis/passthrough.py` of the app, whose rules these are): vLLM's surface that leaves no KV
+//! state a later request could reuse (`POST /v1/embeddings`, `/tokenize`, `/detokenize`,
+//! `/v1/rerank`, `/v1/score`, `/pooling`, `GET /v1/models/{id}`), forwarded byte for byte to the
+//! least-loaded eligible instance, and a stored response's own routes (`GET` and `DELETE
+//! /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`), sent to the instance that stored it
+//! with the engine's own id, the answer's ids rewritten to the proxy's.
+//!
+//! Each attempt: the fleet's exclusions (the model's instances, ejected ones a last resort, the
+//! failed ones, full ones once admission holds an instance's share), the least in flight among
+//! the rest (the fleet's order breaks ties), no lifecycle on the load board; a failure before the
+//! client's first byte goes through `failover.rs` as a routed attempt's does. The decision
+//! header says `reason=pass-through`. A stream is relayed as it comes (a stored response's
+//! scanned for its ids); its record is left at its head.
+//!
+//! Left to the app: an end header, session headers that are not visible ASCII, a body that
+//! escapes a lone surrogate, a model the fleet does not serve (its 404), an id the proxy did not
+//! issue or whose instance left (its 404s), and PD mode. O(instances) per attempt.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::channel::Channel;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::http::request::Parts;
+use hyper::{Method, Response};
+use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
+
+use super::attempt::{client_head, request_id};
+use super::failover::{AfterFailure, Tried, lost_state, no_instance};
+use super::openai::CHAT;
+use super::protocol::Protocol;
+use super::response_ids::ResponseIds;
+use super::responses::RESPONSES;
+use super::state::{Native, Routing};
+use crate::answers::Body;
+use crate::delegate::ControlPlane;
+use crate::handoff::ADMITTED_HEADER;
+use crate::records::Record;
+
+/// vLLM's `POST` routes forwarded unrouted (`passthrough.FORWARDED`).
+const FORWARDED_POSTS: [&str; 6] = [
+    "/v1/embeddings",
+    "/tokenize",
+    "/detokenize",
+    "/v1/rerank",
+    "/v1/score",
+    "/pooling",
+];
+
+/// What an unrouted request is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Unrouted {
+    /// vLLM's surface, forwarded as it is.
+    PassThrough,
+    /// A stored response's route: the proxy's id, and the engine path's suffix after it
+    /// (`""`, or `/cancel`).
+    Stored { id: String, suffix: &'static str },
+}
+
+impl Unrouted {
+    /// The unrouted request `method` `path` is, or None (not one the native path serves).
+    /// `responses`: the Responses API is served natively.
+    pub(crate) fn of(method: &Method, path: &str, responses: bool) -> Option<Self> {
+        if *method == Method::POST && FORWARDED_POSTS.contains(&path) {
+            return Some(Self::PassThrough);
+        }
+        if *method == Method::GET
+            && let Some(id) = path.strip_prefix("/v1/models/")
+            && segment(id)
+        {
+            return Some(Self::PassThrough);
+        }
+        let rest = path.strip_prefix("/v1/responses/").filter(|_| responses)?;
+        let stored = |id: &str, suffix| {
+            segment(id).then(|| Self::Stored {
+                id: id.to_owned(),
+                suffix,
+            })
+        };
+        match (method, rest.strip_suffix("/cancel")) {
+            (&Method::POST, Some(id)) => stored(id, "/cancel"),
+            (&Method::GET | &Method::DELETE, None) => stored(rest, ""),
+            _ => None,
+        }
+    }
+
+    /// The API whose error shape it is answered in (OpenAI's either way).
+    pub(crate) fn shape(&self) -> &'static dyn Protocol {
+        self.api().1
+    }
+
+    /// The API its record and error shape are the app's of.
+    fn api(&self) -> (&'static str, &'static dyn Protocol) {
+        match self {
+            Self::PassThrough => ("passthrough", &CHAT),
+            Self::Stored { .. } => ("responses", &RESPONSES),
+        }
+    }
+}
+
+/// One URL path segment as the app's routes match `{name}`: not empty, no `/`.
+fn segment(text: &str) -> bool {
+    !text.is_empty() && !text.contains('/')
+}
+
+/// The body's `model` when it is a JSON object naming one (`passthrough._model_of`).
+fn model_of(raw: &[u8]) -> Option<String> {
+    if !raw.trim_ascii_start().starts_with(b"{") {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_slice(raw).ok()?;
+    value.get("model")?.as_str().map(str::to_owned)
+}
+
+impl Native {
+    /// Serves an unrouted request (see the module docs).
+    #[allow(clippy::too_many_arguments)] // one request's parts, all needed on every path
+    pub(super) async fn serve_unrouted(
+        self: &Arc<Self>,
+        plane: &Arc<ControlPlane>,
+        target: Unrouted,
+        parts: Parts,
+        body: Incoming,
+        peer: SocketAddr,
+        arrived: Instant,
+    ) -> Response<Body> {
+        let (name, api) = target.api();
+        let raw = match self.read_body(body).await {
+            Ok(raw) => raw,
+            Err(failure) => return self.body_failure(plane, api, failure),
+        };
+        let fleet = self.fleet();
+        let delegate = !matches!(self.config.routing, Routing::Colocated(_))
+            || !super::intake::session_headers_ascii(&parts.headers)
+            || super::intake::session_end(&parts.headers) != Ok(false)
+            || escapes_lone_surrogate(&raw);
+        let model = match target {
+            Unrouted::PassThrough => model_of(&raw),
+            Unrouted::Stored { .. } => None,
+        };
+        let unknown = model
+            .as_deref()
+            .is_some_and(|m| !fleet.models.is_empty() && !fleet.models.contains_key(m));
+        // A stored response's instance, and the engine's path.
+        let (pinned, path) = match &target {
+            Unrouted::PassThrough => (None, parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned()),
+            Unrouted::Stored { id, suffix } => {
+                let opened = self.response_ids.open(id).and_then(|(engine_id, tag)| {
+                    let instance = fleet.instances.iter().find(|u| ResponseIds::tag(u) == tag)?;
+                    Some((instance.clone(), engine_id.to_owned()))
+                });
+                let Some((instance, engine_id)) = opened else {
+                    return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+                };
+                let query = match (&parts.method, parts.uri.query()) {
+                    (&Method::GET, Some(query)) => format!("?{query}"),
+                    _ => String::new(),
+                };
+                (Some(instance), format!("/v1/responses/{engine_id}{suffix}{query}"))
+            }
+        };
+        if delegate || unknown {
+            return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+        }
+        let id = request_id(&parts.headers);
+        let mut record = Record {
+            request_id: id.clone(),
+            api: name,
+            session: super::intake::header_session(&parts.headers),
+            model,
+            ..Record::default()
+        };
+        let mut tried = Tried::default();
+        loop {
+            let fleet = self.fleet();
+            let first_attempt = tried.instances().is_empty();
+            let exclude = match &pinned {
+                Some(instance) if !first_attempt => {
+                    let answer = lost_state(instance, tried.last_cause());
+                    return self.unrouted_answer(record, arrived, answer);
+                }
+                Some(instance) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
+                None => fleet.exclusions(record.model.as_deref(), tried.instances()),
+            };
+            let Some(mut exclude) = exclude else {
+                return self.unrouted_answer(record, arrived, no_instance(api, tried.instances()));
+            };
+            let cap = self.config.admission.max_in_flight_per_instance;
+            if pinned.is_none() && self.admission.admitted() >= cap {
+                exclude = self.skip_full(&fleet.instances, exclude, cap);
+            }
+            let least = fleet
+                .instances
+                .iter()
+                .filter(|u| !exclude.contains(u))
+                .min_by_key(|u| self.config.routing.in_flight(u).unwrap_or(0));
+            let Some(instance) = least.cloned() else {
+                return self.unrouted_answer(record, arrived, no_instance(api, tried.instances()));
+            };
+            record.instance = Some(instance.clone());
+            record.attempts += 1;
+            let header = format!("instance={instance}; reason=pass-through; attempt={}", record.attempts);
+            let header = HeaderValue::from_str(&header).unwrap_or_else(|_| HeaderValue::from_static("unrenderable"));
+            let mut upstream = self.upstream_request(api, &instance, &parts.headers, &id, raw.clone());
+            *upstream.method_mut() = parts.method.clone();
+            *upstream.uri_mut() = format!("{instance}{path}").parse().unwrap_or_default();
+            let sent = Instant::now();
+            let (cause, status) = 'attempt: {
+                let answer =
+                    match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream))
+                        .await
+                    {
+                        Ok(Ok(answer)) if answer.status().as_u16() < 500 => answer,
+                        Ok(Ok(answer)) => {
+                            let status = answer.status().as_u16();
+                            break 'attempt (format!("http_{status}"), Some(status));
+                        }
+                        Ok(Err(e)) if e.is_connect() => break 'attempt ("ClientConnectorError".to_owned(), None),
+                        Ok(Err(_)) => break 'attempt ("ServerDisconnectedError".to_owned(), None),
+                        Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
+                    };
+                self.answered_after(&mut record, &mut tried);
+                let (mut head, upstream_body) = answer.into_parts();
+                client_head(&mut head.headers, header, None, &id);
+                let streamed = head
+                    .headers
+                    .get(CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.starts_with("text/event-stream"));
+                record.status = head.status.as_u16();
+                record.first_byte_s = Some(sent.elapsed().as_secs_f64());
+                if streamed {
+                    // Relayed as it comes; the record is left at the head.
+                    record.succeeded = true;
+                    record.latency_s = arrived.elapsed().as_secs_f64();
+                    self.instance_succeeded(&instance);
+                    self.settle(record, false);
+                    let body = match &target {
+                        Unrouted::PassThrough => upstream_body.boxed(),
+                        Unrouted::Stored { .. } => self.rewritten_stream(api, &instance, upstream_body),
+                    };
+                    return Response::from_parts(head, body);
+                }
+                let whole = match tokio::time::timeout(self.config.first_byte_timeout, upstream_body.collect()).await {
+                    Ok(Ok(whole)) => whole.to_bytes(),
+                    Ok(Err(_)) => break 'attempt ("ClientPayloadError".to_owned(), None),
+                    Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
+                };
+                record.succeeded = true;
+                record.latency_s = arrived.elapsed().as_secs_f64();
+                self.instance_succeeded(&instance);
+                self.settle(record, false);
+                let whole = match &target {
+                    Unrouted::PassThrough => whole,
+                    Unrouted::Stored { .. } => api.relay_whole(&self.response_ids, whole, &instance),
+                };
+                return Response::from_parts(head, Full::new(whole).map_err(|never| match never {}).boxed());
+            };
+            match self.attempt_failed(api, &mut record, &mut tried, &instance, cause, status) {
+                AfterFailure::Retry => {}
+                AfterFailure::Answer(answer) => return self.unrouted_answer(record, arrived, answer),
+            }
+        }
+    }
+
+    /// An unrouted request answered with a failure, recorded.
+    fn unrouted_answer(&self, mut record: Record, arrived: Instant, answer: Response<Body>) -> Response<Body> {
+        record.status = answer.status().as_u16();
+        record.latency_s = arrived.elapsed().as_secs_f64();
+        self.settle(record, false);
+        answer
+    }
+
+    /// A stored response's event stream with the engine's ids rewritten to the proxy's.
+    fn rewritten_stream(&self, api: &'static dyn Protocol, instance: &str, upstream: Incoming) -> Body {
+        let mut scan = api.scanner(&self.response_ids, false, instance);
+        let (mut tx, body) = Channel::<Bytes, hyper::Error>::new(8);
+        tokio::spawn(async move {
+            let mut upstream = upstream;
+            while let Some(Ok(frame)) = upstream.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    let out = scan.feed(data);
+                    if !out.is_empty() && tx.send_data(out).await.is_err() {
+                        return; // the client left: dropping the upstream closes it
+                    }
+                }
+            }
+        });
+        body.boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unrouted_routes_are_the_apps() {
+        let of = |method: Method, path: &str| Unrouted::of(&method, path, true);
+        assert_eq!(of(Method::POST, "/v1/embeddings"), Some(Unrouted::PassThrough));
+        assert_eq!(of(Method::GET, "/v1/models/m"), Some(Unrouted::PassThrough));
+        assert_eq!(of(Method::GET, "/v1/models/"), None);
+        assert_eq!(of(Method::GET, "/v1/models/a/b"), None);
+        assert_eq!(
+            of(Method::GET, "/v1/embeddings"),
+            None,
+            "a wrong method is the app's 405"
+        );
+        let stored = |suffix| {
+            Some(Unrouted::Stored {
+                id: "r".to_owned(),
+                suffix,
+            })
+        };
+        assert_eq!(of(Method::GET, "/v1/responses/r"), stored(""));
+        assert_eq!(of(Method::DELETE, "/v1/responses/r"), stored(""));
+        assert_eq!(of(Method::POST, "/v1/responses/r/cancel"), stored("/cancel"));
+        assert_eq!(of(Method::POST, "/v1/responses/r"), None);
+        assert_eq!(of(Method::GET, "/v1/responses/r/cancel"), None);
+        assert_eq!(
+            Unrouted::of(&Method::GET, "/v1/responses/r", false),
+            None,
+            "Responses not armed"
+        );
+    }
+
+    #[test]
+    fn the_model_is_read_only_from_a_json_object() {
+        assert_eq!(model_of(br#" {"model": "m", "input": "x"}"#).as_deref(), Some("m"));
+        assert_eq!(model_of(br#"{"model": 3}"#), None);
+        assert_eq!(model_of(br#"["model"]"#), None);
+        assert_eq!(model_of(b"{not json"), None);
+    }
+}
