@@ -49,6 +49,7 @@ __all__ = [
     "GATEWAY_FAILED_HEADER",
     "GATEWAY_HEADER",
     "GATEWAY_REFUSED_HEADER",
+    "GATEWAY_SESSION_END_RECORD",
     "GATEWAY_TURN_HEADER",
     "L_EQ_QWEN3_235B_A22B",
     "L_EQ_QWEN3_CODER_30B_A3B",
@@ -62,6 +63,7 @@ __all__ = [
     "SHARED_BYTE_CHUNK_BYTES",
     "SHARED_CUT_MESSAGE",
     "SHARED_END_HEADERS",
+    "SHARED_MAX_SESSION_ID_BYTES",
     "SHARED_PARENT_HEADERS",
     "SHARED_PIN_MAC_HEX",
     "SHARED_PIN_TAG_HEX",
@@ -673,6 +675,8 @@ SHARED_END_HEADERS: Final[tuple[str, ...]]
 """Headers marking a session's last request."""
 SHARED_CUT_MESSAGE: Final[str]
 """The error a cut stream ends with when it could not be continued."""
+SHARED_MAX_SESSION_ID_BYTES: Final[int]
+"""The longest session id the end endpoints accept, in bytes."""
 SHARED_REFUSED_AT_CAPACITY: Final[str]
 """The door's 429 when its queue is full (``{admitted}``, ``{queued}`` filled in)."""
 SHARED_REFUSED_QUEUE_TIMEOUT: Final[str]
@@ -703,6 +707,8 @@ GATEWAY_API_HEADER: Final[str]
 """The API of a cut stream sent to :data:`GATEWAY_CONTINUE_PATH`."""
 GATEWAY_CONTINUE_PATH: Final[str]
 """The app's endpoint that continues a cut stream the gateway was relaying."""
+GATEWAY_SESSION_END_RECORD: Final[str]
+"""The API name of a gateway record that is not a request's: an end endpoint it answered."""
 GATEWAY_TURN_HEADER: Final[str]
 """The turn the gateway counted in the session table for a request it hands on."""
 

@@ -246,6 +246,29 @@ def test_pass_through_and_a_stored_responses_routes_are_served_natively(storing_
         p.stop()
 
 
+def test_the_session_end_endpoints_are_answered_natively_for_ids_taken_as_written(engines: list[FakeEngine]) -> None:
+    """An end endpoint naming a plain id is answered by the gateway (the shared table's entry
+    released, the app counting the end); an escaped id is the app's to decode."""
+    p = compiled([e.url for e in engines])
+    try:
+        body = {"prompt": "p " * 20, "max_tokens": 1}
+        assert request(p.url, "/v1/completions", body, headers={"x-session-id": "s-1"})[0] == 200
+        assert p.proxy is not None and len(p.proxy.sessions) == 1
+        status, _, raw = request(p.url, "/v1/sessions/s-1/end", method="POST")
+        assert status == 200 and json.loads(raw) == {"object": "session.end", "id": "s-1", "ended": True, "held": True}
+        assert len(p.proxy.sessions) == 0, "released at once, in the one table"
+        status, _, raw = request(p.url, "/finish_session?session_id=s-2", method="POST")
+        assert status == 200 and json.loads(raw)["held"] is False
+        status, _, raw = request(p.url, "/v1/sessions/a%2Db/end", method="POST")
+        assert status == 200 and json.loads(raw)["id"] == "a-b", "decoded by the app"
+        text = page(p)
+        assert metric(text, "smetric_proxy_native_requests_total", api="session_end") == 2
+        assert metric(text, "smetric_proxy_session_ends_total", via="endpoint", held="true") == 1
+        assert metric(text, "smetric_proxy_session_ends_total", via="endpoint", held="false") == 2
+    finally:
+        p.stop()
+
+
 def events_of(body: bytes) -> list[dict[str, Any]]:
     """The ``data:`` objects of a Responses stream."""
     return [json.loads(block.partition("data: ")[2]) for block in body.decode().split("\n\n") if "data: " in block]

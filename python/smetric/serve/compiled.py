@@ -43,6 +43,7 @@ from smetric._core import (
     GATEWAY_FAILED_HEADER,
     GATEWAY_HEADER,
     GATEWAY_REFUSED_HEADER,
+    GATEWAY_SESSION_END_RECORD,
     GATEWAY_TURN_HEADER,
     Gateway,
     GatewayNative,
@@ -307,6 +308,10 @@ class CompiledPlane:
 
     def _apply(self, r: GatewayRecord) -> None:
         telemetry, fleet = self._telemetry, self._fleet
+        if r.api == GATEWAY_SESSION_END_RECORD:  # an end endpoint the gateway answered: no request to log
+            telemetry.session_ends[("endpoint", bool(r.session_end_held))] += 1
+            telemetry.native[r.api] += 1
+            return
         reason = r.reason
         label = None if reason is None else reason_label(reason)
         if reason is not None:

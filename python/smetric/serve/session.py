@@ -71,6 +71,7 @@ from smetric._core import (
     SHARED_AFFINITY_ATTRIBUTES,
     SHARED_AFFINITY_COOKIE,
     SHARED_END_HEADERS,
+    SHARED_MAX_SESSION_ID_BYTES,
     SHARED_PARENT_HEADERS,
     SHARED_SESSION_HEADERS,
 )
@@ -91,7 +92,7 @@ PARENT_HEADERS: tuple[str, ...] = SHARED_PARENT_HEADERS
 Dynamo), in the order :func:`parent_key` reads them."""
 END_HEADERS: tuple[str, ...] = SHARED_END_HEADERS
 """Headers marking a session's last request (smetric's, Dynamo's): ``true`` or ``false``."""
-MAX_SESSION_ID_BYTES = 256
+MAX_SESSION_ID_BYTES: int = SHARED_MAX_SESSION_ID_BYTES
 """The longest session id the end endpoint takes (UTF-8 bytes); the agents' ids are UUIDs
 (36 bytes) or shorter, Claude Code's sub-agent key two of them."""
 

@@ -20,3 +20,6 @@ pub const API_HEADER: &str = "x-smetric-gateway-api";
 /// The app's endpoint that continues a cut stream the gateway was relaying: its body is the
 /// client's body's length in decimal and a newline, that body, then the stream's bytes so far.
 pub const CONTINUE_PATH: &str = "/_smetric/gateway/continue";
+/// The API name of a record that is not a request's: an end endpoint the gateway answered
+/// (the app counts the end, and logs no request).
+pub const SESSION_END_RECORD: &str = "session_end";

@@ -46,6 +46,8 @@ pub const WAIT_BUCKETS_S: [f64; 14] = [
 pub const PIN_TAG_HEX: usize = 12;
 /// See [`PIN_TAG_HEX`].
 pub const PIN_MAC_HEX: usize = 32;
+/// The longest session id the end endpoints accept, in bytes (`session.session_id_problem`).
+pub const MAX_SESSION_ID_BYTES: usize = 256;
 /// llm-d's session-affinity cookie: the base64 of the instance that served the session last
 /// (read and set for the `llmd_session_affinity` policy).
 pub const AFFINITY_COOKIE: &str = "llm-d-session";

@@ -42,6 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("GATEWAY_API_HEADER", n::API_HEADER)?;
         m.add("GATEWAY_TURN_HEADER", n::TURN_HEADER)?;
         m.add("GATEWAY_CONTINUE_PATH", n::CONTINUE_PATH)?;
+        m.add("GATEWAY_SESSION_END_RECORD", n::SESSION_END_RECORD)?;
     }
     {
         use smetric_gateway::shared as s;
@@ -49,6 +50,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("SHARED_PARENT_HEADERS", PyTuple::new(m.py(), s::PARENT_HEADERS)?)?;
         m.add("SHARED_END_HEADERS", PyTuple::new(m.py(), s::END_HEADERS)?)?;
         m.add("SHARED_CUT_MESSAGE", s::CUT_MESSAGE)?;
+        m.add("SHARED_MAX_SESSION_ID_BYTES", s::MAX_SESSION_ID_BYTES)?;
         m.add("SHARED_REFUSED_AT_CAPACITY", s::REFUSED_AT_CAPACITY)?;
         m.add("SHARED_REFUSED_QUEUE_TIMEOUT", s::REFUSED_QUEUE_TIMEOUT)?;
         m.add("SHARED_REFUSED_DRAINING", s::REFUSED_DRAINING)?;

@@ -27,6 +27,7 @@ use super::pd::PrefillLeg;
 use super::protocol::{Plan, Protocol, StreamScan};
 use super::response_ids::ResponseIds;
 use super::secret::same_bytes;
+use super::session_end::ended_session;
 use super::state::{FleetView, Native, Routing};
 use super::unrouted::Unrouted;
 use crate::admission::{Refusal, Slot};
@@ -65,6 +66,11 @@ pub(crate) async fn serve(
     peer: SocketAddr,
 ) -> Response<Body> {
     let arrived = Instant::now();
+    if let Some(id) = ended_session(request.method(), request.uri())
+        && key_valid(&native.config.client_keys, request.headers())
+    {
+        return native.end_endpoint(&id, request.headers());
+    }
     if unadmitted(request.uri().path()) {
         return plane.delegate(request, peer, &[]).await;
     }

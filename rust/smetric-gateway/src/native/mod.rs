@@ -61,6 +61,7 @@ mod protocol;
 mod response_ids;
 mod responses;
 mod secret;
+mod session_end;
 mod sse;
 mod state;
 mod stream;

@@ -1,0 +1,108 @@
+//! The session-end endpoints (`POST /v1/sessions/{id}/end`, vllm-router's `POST
+//! /finish_session?session_id=…`; `docs/serve.md`, "Session life"), answered natively for an id
+//! the app would accept as it is: the session's entry in the shared table and its residency at
+//! the session gate released at once, `{"object": "session.end", "id", "ended": true, "held"}`
+//! answered (`held`: the table had state for it), llm-d's cookie cleared when that policy
+//! routes, and a record for the app's `proxy_session_ends_total{via="endpoint"}`.
+//!
+//! Left to the app (its 400s, its decoding): an id that is empty, over
+//! [`MAX_SESSION_ID_BYTES`], or written with any `%` escape (the app's router decodes it), a
+//! query with `+` or `;`, a key the proxy does not accept (its 401), and a method other than
+//! `POST`. Idempotent; O(id length).
+
+use hyper::header::{HeaderMap, HeaderValue, SET_COOKIE};
+use hyper::{Method, Response, StatusCode, Uri};
+
+use super::state::Native;
+use crate::answers::{Body, json_response};
+use crate::handoff::SESSION_END_RECORD;
+use crate::records::Record;
+use crate::shared::{AFFINITY_ATTRIBUTES, AFFINITY_COOKIE, MAX_SESSION_ID_BYTES};
+
+/// The session id an end endpoint names, when the native path answers it (see the module docs).
+pub(super) fn ended_session(method: &Method, uri: &Uri) -> Option<String> {
+    if *method != Method::POST {
+        return None;
+    }
+    let path = uri.path();
+    let id = if let Some(rest) = path.strip_prefix("/v1/sessions/") {
+        rest.strip_suffix("/end")?
+    } else if path == "/finish_session" {
+        let query = uri.query()?;
+        if query.contains(['+', ';']) {
+            return None;
+        }
+        query.split('&').find_map(|pair| match pair.split_once('=') {
+            Some(("session_id", value)) => Some(value),
+            None if pair == "session_id" => Some(""),
+            _ => None,
+        })?
+    } else {
+        return None;
+    };
+    let plain = !id.is_empty()
+        && id.len() <= MAX_SESSION_ID_BYTES
+        && !id.contains('%')
+        && id.bytes().all(|b| b >= 0x20 && b != 0x7F);
+    plain.then(|| id.to_owned())
+}
+
+impl Native {
+    /// Ends session `id` and answers as the app's end endpoint does.
+    pub(super) fn end_endpoint(&self, id: &str, headers: &HeaderMap) -> Response<Body> {
+        let held = self.end_session(id);
+        let quoted = serde_json::Value::from(id).to_string();
+        let body = format!(r#"{{"object": "session.end", "id": {quoted}, "ended": true, "held": {held}}}"#);
+        let mut answer = json_response(StatusCode::OK, body);
+        if self.config.routing.session_cookie()
+            && let Ok(cookie) = HeaderValue::from_str(&format!("{AFFINITY_COOKIE}=; Max-Age=0; {AFFINITY_ATTRIBUTES}"))
+        {
+            answer.headers_mut().insert(SET_COOKIE, cookie);
+        }
+        self.records.push(Record {
+            request_id: super::attempt::request_id(headers),
+            api: SESSION_END_RECORD,
+            session: Some(id.to_owned()),
+            status: 200,
+            session_end_held: Some(held),
+            ..Record::default()
+        });
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(method: &Method, uri: &str) -> Option<String> {
+        ended_session(method, &uri.parse().unwrap())
+    }
+
+    #[test]
+    fn only_ids_the_app_takes_as_written_are_native() {
+        assert_eq!(ended(&Method::POST, "/v1/sessions/s-1/end").as_deref(), Some("s-1"));
+        assert_eq!(
+            ended(&Method::POST, "/v1/sessions/root/agent-1/end").as_deref(),
+            Some("root/agent-1")
+        );
+        assert_eq!(
+            ended(&Method::POST, "/finish_session?x=1&session_id=b").as_deref(),
+            Some("b")
+        );
+        assert_eq!(ended(&Method::GET, "/v1/sessions/s/end"), None);
+        assert_eq!(ended(&Method::POST, "/v1/sessions//end"), None, "empty: the app's 400");
+        assert_eq!(
+            ended(&Method::POST, "/v1/sessions/a%0Ab/end"),
+            None,
+            "escaped: the app decodes it"
+        );
+        assert_eq!(ended(&Method::POST, "/finish_session"), None);
+        assert_eq!(ended(&Method::POST, "/finish_session?session_id="), None);
+        assert_eq!(ended(&Method::POST, "/finish_session?session_id=a+b"), None);
+        let long = format!("/v1/sessions/{}/end", "s".repeat(MAX_SESSION_ID_BYTES + 1));
+        assert_eq!(ended(&Method::POST, &long), None);
+        let longest = format!("/v1/sessions/{}/end", "s".repeat(MAX_SESSION_ID_BYTES));
+        assert!(ended(&Method::POST, &longest).is_some());
+    }
+}
