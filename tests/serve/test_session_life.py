@@ -426,3 +426,23 @@ def test_the_parent_rules_settings_are_checked() -> None:
         with pytest.raises(InvalidConfigError) as e:
             load_config(instances=["http://h:1"], **bad)
         assert e.value.field == next(iter(bad)), bad
+
+
+def test_an_end_header_ends_a_session_its_body_names(proxy: tuple[ProxyServer, list[FakeEngine]]) -> None:
+    """A completions session known only by its body's ``prompt_cache_key`` is ended by the end
+    header on its last request (served natively on the compiled plane); another such session
+    keeps its state."""
+    p, _ = proxy
+    assert p.proxy is not None
+    for key in ("kept", "ended"):
+        body = {"model": MODEL, "prompt": f"{key} " * 30, "max_tokens": 1, "prompt_cache_key": key}
+        assert request(p.url, "/v1/completions", body)[0] == 200
+    assert len(p.proxy.sessions) == 2
+    last = {"model": MODEL, "prompt": "ended " * 31, "max_tokens": 1, "prompt_cache_key": "ended"}
+    status, _, raw = request(p.url, "/v1/completions", last, headers={"x-session-end": "true"})
+    assert status == 200, raw
+    page_text = page(p)  # the gateway's records taken
+    assert len(p.proxy.sessions) == 1, "the body's session released, the other kept"
+    assert metric(page_text, "smetric_proxy_session_ends_total", via="header", held="true") == 1
+    if p.config.data_plane == "compiled":
+        assert metric(page_text, "smetric_proxy_native_requests_total", api="completions") == 3

@@ -232,6 +232,11 @@ impl Native {
             model: plan.model.clone(),
             prompt_tokens: Some(plan.ids.len() as u64),
             tokens_source: Some(plan.source),
+            // The session the request ends: its header's, else its body's hint (completions).
+            end_key: plan
+                .ends_session
+                .then(|| plan.session.clone().or_else(|| plan.turn_key.clone()))
+                .flatten(),
             ..Record::default()
         };
         // A follow-up of a stored response: only the instance that stored it can serve it,
@@ -534,9 +539,6 @@ impl Native {
         // app's 400.
         let ends_session = session_end(headers).ok()?;
         let session = header_session(headers);
-        if ends_session && session.is_none() {
-            return None;
-        }
         let plan = match &self.config.tokens {
             None => body_plan(api, raw, session, None)?,
             Some(tokens) => {
@@ -548,6 +550,9 @@ impl Native {
         };
         if self.config.ids_only && plan.source != "ids" {
             return None; // the app's to refuse: this proxy routes on token ids only
+        }
+        if ends_session && plan.session.is_none() && plan.turn_key.is_none() {
+            return None; // the app's 400: the end names no session
         }
         let mut plan = plan;
         if let Some(model) = plan.model.as_deref() {
@@ -614,16 +619,16 @@ impl Native {
     /// made the session's home (co-located mode). The app's records of the same requests do
     /// not place again.
     pub(super) fn settle(&self, mut record: Record, ends_session: bool) {
-        let sessions = &self.config.sessions;
-        if let Some(key) = record.session.as_deref() {
-            if ends_session {
+        if ends_session {
+            if let Some(key) = record.end_key.as_deref() {
                 record.session_end_held = Some(self.end_session(key));
-            } else if record.status == 200
-                && record.prefill_instance.is_none()
-                && let Some(instance) = record.instance.as_deref()
-            {
-                sessions.place(key.as_bytes(), instance, None);
             }
+        } else if let Some(key) = record.session.as_deref()
+            && record.status == 200
+            && record.prefill_instance.is_none()
+            && let Some(instance) = record.instance.as_deref()
+        {
+            self.config.sessions.place(key.as_bytes(), instance, None);
         }
         self.records.push(record);
     }
@@ -1022,7 +1027,7 @@ impl Relay {
         // and the session's end (the app's continuation does not end it).
         let mut record = std::mem::take(&mut self.record);
         if self.ends_session
-            && let Some(key) = record.session.as_deref()
+            && let Some(key) = record.end_key.as_deref()
         {
             record.session_end_held = Some(self.native.end_session(key));
         }
