@@ -446,3 +446,40 @@ def test_an_end_header_ends_a_session_its_body_names(proxy: tuple[ProxyServer, l
     assert metric(page_text, "smetric_proxy_session_ends_total", via="header", held="true") == 1
     if p.config.data_plane == "compiled":
         assert metric(page_text, "smetric_proxy_native_requests_total", api="completions") == 3
+
+
+def _post_raw_header(url: str, path: str, body: dict[str, Any], name: str, value: bytes) -> int:
+    """POSTs ``body`` with one header sent as these bytes (http.client would encode a str as
+    Latin-1)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    split = urlsplit(url)
+    conn = http.client.HTTPConnection(split.hostname or "127.0.0.1", split.port, timeout=30)
+    try:
+        raw = json.dumps(body).encode()
+        conn.request("POST", path, body=raw, headers={"Content-Type": "application/json", name: value})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_a_utf8_session_header_keys_the_same_session_on_either_plane(
+    proxy: tuple[ProxyServer, list[FakeEngine]],
+) -> None:
+    """A non-ASCII session id sent as UTF-8 is the same key to the gateway (native) and the app:
+    the home the answer placed is found under the app's decoded string. Bytes that are not UTF-8
+    are still served (by the app, which escapes them)."""
+    p, _ = proxy
+    assert p.proxy is not None
+    body = {"model": MODEL, "prompt": "p " * 30, "max_tokens": 1}
+    for _ in range(2):
+        assert _post_raw_header(p.url, "/v1/completions", body, "x-session-id", "sessão-1".encode()) == 200
+    text = page(p)
+    assert p.proxy.sessions.home("sessão-1") is not None, "one key on both sides of the table"
+    assert len(p.proxy.sessions) == 1
+    assert _post_raw_header(p.url, "/v1/completions", body, "x-session-id", "sessão-2".encode("latin-1")) == 200
+    if p.config.data_plane == "compiled":
+        assert metric(text, "smetric_proxy_native_requests_total", api="completions") == 2

@@ -22,7 +22,7 @@ use super::attempt::{
 };
 use super::continuation::{Continued, Rejoined};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
-use super::intake::{header, header_session, parent_key, session_end, session_headers_ascii};
+use super::intake::{header, header_session, parent_key, session_end, session_headers_utf8};
 use super::pd::PrefillLeg;
 use super::protocol::{Plan, Protocol, StreamScan};
 use super::response_ids::ResponseIds;
@@ -526,13 +526,13 @@ impl Native {
 
     /// The routing plan of a body the native path serves exactly as the app would, or None.
     /// What the app must refuse or read as other text goes to it: an end header that is not
-    /// true/false or names no session, session headers that are not visible ASCII.
+    /// true/false or names no session, session headers that are not UTF-8.
     /// With a chat template the body's plan runs on tokio's blocking pool: in tokenizer mode a
     /// first turn's whole history is encoded there (32K tokens: ≈ 30 ms with the test
     /// tokenizer), which on the runtime's one thread would hold every other request up.
     async fn plan(&self, fleet: &FleetView, api: Api, headers: &HeaderMap, raw: &Bytes) -> Option<Plan> {
         // Header values the app reads as other text than these bytes: its to read.
-        if !session_headers_ascii(headers) {
+        if !session_headers_utf8(headers) {
             return None;
         }
         // An end header that is neither true nor false, or one that names no session: the

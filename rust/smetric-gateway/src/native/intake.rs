@@ -20,10 +20,12 @@ use crate::shared::{END_HEADERS, PARENT_HEADERS, SESSION_HEADERS};
 /// An API the native path serves.
 type Api = &'static dyn Protocol;
 
+/// A header's value as the app reads it (aiohttp decodes UTF-8, escaping what is not: a value
+/// that is not UTF-8 is the app's, see [`session_headers_utf8`]), or None when absent or empty.
 pub(super) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get(name)
-        .and_then(|v| v.to_str().ok())
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
         .filter(|v| !v.is_empty())
 }
 
@@ -40,16 +42,16 @@ pub(super) fn header_session(headers: &HeaderMap) -> Option<String> {
     Some(value.to_owned())
 }
 
-/// Whether every session and parent header present is visible ASCII (or space), as
-/// `header_session` and `parent_key` read them: other bytes the app decodes to other text,
-/// whose key (hash, digest) would differ.
-pub(super) fn session_headers_ascii(headers: &HeaderMap) -> bool {
+/// Whether every session and parent header present is UTF-8, as `header_session` and
+/// `parent_key` read them: the app decodes other bytes with escapes, whose key (hash, digest)
+/// would differ from the bytes'.
+pub(super) fn session_headers_utf8(headers: &HeaderMap) -> bool {
     SESSION_HEADERS
         .iter()
         .chain(PARENT_HEADERS.iter())
         .chain(["x-claude-code-agent-id"].iter())
         .flat_map(|name| headers.get_all(*name))
-        .all(|v| v.to_str().is_ok())
+        .all(|v| std::str::from_utf8(v.as_bytes()).is_ok())
 }
 
 /// The session key of the request's parent agent (`session.parent_key`), or None: not a

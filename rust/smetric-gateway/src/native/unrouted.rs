@@ -13,7 +13,7 @@
 //! header says `reason=pass-through`. A stream is relayed as it comes (a stored response's
 //! scanned for its ids); its record is left at its head.
 //!
-//! Left to the app: an end header, session headers that are not visible ASCII, a body that
+//! Left to the app: an end header, session headers that are not UTF-8, a body that
 //! escapes a lone surrogate, a model the fleet does not serve (its 404), an id the proxy did not
 //! issue or whose instance left (its 404s), and PD mode. O(instances) per attempt.
 
@@ -136,7 +136,7 @@ impl Native {
         };
         let fleet = self.fleet();
         let delegate = !matches!(self.config.routing, Routing::Colocated(_))
-            || !super::intake::session_headers_ascii(&parts.headers)
+            || !super::intake::session_headers_utf8(&parts.headers)
             || super::intake::session_end(&parts.headers) != Ok(false)
             || escapes_lone_surrogate(&raw);
         let model = match target {
