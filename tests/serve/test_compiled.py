@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 from aiohttp import web
@@ -265,6 +266,25 @@ def test_the_session_end_endpoints_are_answered_natively_for_ids_taken_as_writte
         assert metric(text, "smetric_proxy_native_requests_total", api="session_end") == 2
         assert metric(text, "smetric_proxy_session_ends_total", via="endpoint", held="true") == 1
         assert metric(text, "smetric_proxy_session_ends_total", via="endpoint", held="false") == 2
+    finally:
+        p.stop()
+
+
+def test_anthropic_count_tokens_is_validated_and_counted_natively(engines: list[FakeEngine]) -> None:
+    """``count_tokens`` through the official SDK: validated as the app validates it (no
+    ``max_tokens``), counted by an engine without a routing decision; a body the app must
+    refuse is its 400."""
+    p = compiled([e.url for e in engines])
+    try:
+        claude = anthropic.Anthropic(base_url=p.url, api_key="sk-test", max_retries=0, timeout=30)
+        messages: Any = [{"role": "user", "content": "count me"}]
+        counted = claude.messages.count_tokens(model="fake-model", messages=messages)
+        assert counted.input_tokens > 0
+        raw = claude.messages.with_raw_response.count_tokens(model="fake-model", messages=messages)
+        assert decision(raw.headers)["reason"] == "pass-through"
+        with pytest.raises(anthropic.BadRequestError):
+            claude.messages.count_tokens(model="fake-model", messages=[])
+        assert metric(page(p), "smetric_proxy_native_requests_total", api="messages") == 2
     finally:
         p.stop()
 

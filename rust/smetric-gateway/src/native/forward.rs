@@ -22,7 +22,7 @@ use super::attempt::{
 };
 use super::continuation::{Continued, Rejoined};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
-use super::intake::{header, header_session, parent_key, session_end, session_headers_utf8};
+use super::intake::{has_long_digit_run, header, header_session, parent_key, session_end, session_headers_utf8};
 use super::pd::PrefillLeg;
 use super::protocol::{Plan, Protocol, StreamScan};
 use super::response_ids::ResponseIds;
@@ -98,7 +98,7 @@ pub(crate) async fn serve(
                 Err(_) => api.proxy_error(504, TIMED_OUT, "TimeoutError"),
             }
         }
-        _ => match Unrouted::of(request.method(), request.uri().path(), native.config.apis.responses) {
+        _ => match Unrouted::of(request.method(), request.uri().path(), native.config.apis) {
             Some(target) if head_servable(&native, request.headers()) => {
                 let (parts, body) = request.into_parts();
                 let deadline = tokio::time::Instant::from_std(arrived + native.config.client_timeout);
@@ -718,27 +718,6 @@ impl Native {
         }
         plane.delegate_bytes(parts, raw, peer, &headers).await
     }
-}
-
-/// Python's `json.loads` refuses an integer of more digits than this (the default of
-/// `sys.set_int_max_str_digits`); `serde_json` reads it.
-const PYTHON_MAX_INT_DIGITS: usize = 4300;
-
-/// Whether the body has a run of more than [`PYTHON_MAX_INT_DIGITS`] ASCII digits (in a number
-/// the app would refuse, or in a string: either way the app's to answer). Such a run covers a
-/// multiple of the limit, so only those bytes are probed: O(body / 4300).
-fn has_long_digit_run(raw: &[u8]) -> bool {
-    let digit = |i: usize| raw.get(i).is_some_and(u8::is_ascii_digit);
-    (PYTHON_MAX_INT_DIGITS..raw.len())
-        .step_by(PYTHON_MAX_INT_DIGITS)
-        .any(|probe| {
-            if !digit(probe) {
-                return false;
-            }
-            let start = (0..probe).rev().take_while(|&i| digit(i)).last().unwrap_or(probe);
-            let end = (probe..raw.len()).take_while(|&i| digit(i)).last().unwrap_or(probe);
-            end + 1 - start > PYTHON_MAX_INT_DIGITS
-        })
 }
 
 /// What a body is routed on, from the body alone (the fleet's checks aside), or None.

@@ -166,3 +166,24 @@ impl Native {
         out
     }
 }
+
+/// Python's `json.loads` refuses an integer of more digits than this (the default of
+/// `sys.set_int_max_str_digits`); `serde_json` reads it.
+const PYTHON_MAX_INT_DIGITS: usize = 4300;
+
+/// Whether the body has a run of more than [`PYTHON_MAX_INT_DIGITS`] ASCII digits (in a number
+/// the app would refuse, or in a string: either way the app's to answer). Such a run covers a
+/// multiple of the limit, so only those bytes are probed: O(body / 4300).
+pub(super) fn has_long_digit_run(raw: &[u8]) -> bool {
+    let digit = |i: usize| raw.get(i).is_some_and(u8::is_ascii_digit);
+    (PYTHON_MAX_INT_DIGITS..raw.len())
+        .step_by(PYTHON_MAX_INT_DIGITS)
+        .any(|probe| {
+            if !digit(probe) {
+                return false;
+            }
+            let start = (0..probe).rev().take_while(|&i| digit(i)).last().unwrap_or(probe);
+            let end = (probe..raw.len()).take_while(|&i| digit(i)).last().unwrap_or(probe);
+            end + 1 - start > PYTHON_MAX_INT_DIGITS
+        })
+}

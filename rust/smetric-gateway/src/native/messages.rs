@@ -160,14 +160,17 @@ struct Checked<'a> {
     chat_template_kwargs: Option<&'a RawValue>,
 }
 
-/// The body checked, or None: the app's to answer.
-fn check(whole: &RawValue) -> Option<Checked<'_>> {
+/// The body checked, or None: the app's to answer. `count_tokens`: a `count_tokens` body (no
+/// `max_tokens`, as `to_chat(count_tokens=True)`).
+fn check(whole: &RawValue, count_tokens: bool) -> Option<Checked<'_>> {
     let body: Body<'_> = object(whole)?;
     if body.kv_transfer_params.is_some() {
         return None;
     }
     let model = string(body.model?)?.into_owned();
-    positive(body.max_tokens?)?;
+    if !count_tokens {
+        positive(body.max_tokens?)?;
+    }
     // `stream` is the engine's to read; here it must be a boolean (or absent).
     if body.stream.is_some_and(|s| !matches!(s.get(), "true" | "false")) {
         return None;
@@ -200,7 +203,7 @@ fn check(whole: &RawValue) -> Option<Checked<'_>> {
 
 /// The body validated and rendered (see the module docs), or None: the app's to answer.
 pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
-    let body = check(json::body(raw)?)?;
+    let body = check(json::body(raw)?, false)?;
     let chat = convert_body(&body, false)?;
     let mut text = Vec::new();
     for message in &chat {
@@ -217,6 +220,14 @@ pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
     })
 }
 
+/// A `count_tokens` body validated and converted as the app's `to_chat(count_tokens=True)`
+/// does (nothing rendered: the engine counts with its own): its model, or None (the app's).
+pub(crate) fn count_tokens_model(raw: &[u8]) -> Option<String> {
+    let body = check(json::body(raw)?, true)?;
+    convert_body(&body, false)?;
+    Some(body.model)
+}
+
 /// The turn the converted roles say (as for chat).
 fn first_turn(chat: &[ChatMessage<'_>]) -> bool {
     smetric_core::first_turn_from_roles(chat.iter().map(|m| m.role))
@@ -226,7 +237,7 @@ fn first_turn(chat: &[ChatMessage<'_>]) -> bool {
 /// template (`MessagesApi.routing_tokens`: inline system messages merged into the leading one
 /// when the template refuses a system message after the first), encoded. None: the app's.
 fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
-    let body = check(json::body(raw)?)?;
+    let body = check(json::body(raw)?, false)?;
     let chat = convert_body(&body, false)?;
     let first_turn = first_turn(&chat);
     let tools = match body.tools {
@@ -1017,7 +1028,7 @@ mod tests {
             "tools":[{"name":"ls","input_schema":{"properties":{}},"strict":true}],
             "thinking":{"type":"disabled"},"chat_template_kwargs":{"x":[1],"add_generation_prompt":false}}"#;
         let whole: &RawValue = serde_json::from_str(body).unwrap();
-        let checked = check(whole).unwrap();
+        let checked = check(whole, false).unwrap();
         let json = |merge| {
             let mut out = String::new();
             for m in convert_body(&checked, merge).unwrap() {

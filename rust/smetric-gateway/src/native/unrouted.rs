@@ -2,7 +2,8 @@
 //! `apis/passthrough.py` of the app, whose rules these are): vLLM's surface that leaves no KV
 //! state a later request could reuse (`POST /v1/embeddings`, `/tokenize`, `/detokenize`,
 //! `/v1/rerank`, `/v1/score`, `/pooling`, `GET /v1/models/{id}`), forwarded byte for byte to the
-//! least-loaded eligible instance, and a stored response's own routes (`GET` and `DELETE
+//! least-loaded eligible instance, Anthropic's `POST /v1/messages/count_tokens` (validated as the
+//! app validates it, then likewise), and a stored response's own routes (`GET` and `DELETE
 //! /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`), sent to the instance that stored it
 //! with the engine's own id, the answer's ids rewritten to the proxy's.
 //!
@@ -32,11 +33,13 @@ use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 
 use super::attempt::{client_head, request_id};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
+use super::intake::has_long_digit_run;
+use super::messages::{MESSAGES, count_tokens_model};
 use super::openai::CHAT;
 use super::protocol::Protocol;
 use super::response_ids::ResponseIds;
 use super::responses::RESPONSES;
-use super::state::{Native, Routing};
+use super::state::{Native, NativeApis, Routing};
 use crate::answers::Body;
 use crate::delegate::ControlPlane;
 use crate::handoff::ADMITTED_HEADER;
@@ -52,11 +55,16 @@ const FORWARDED_POSTS: [&str; 6] = [
     "/pooling",
 ];
 
+/// Anthropic's token count: validated, not routed (the engine counts with its own rendering).
+const COUNT_TOKENS_PATH: &str = "/v1/messages/count_tokens";
+
 /// What an unrouted request is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Unrouted {
     /// vLLM's surface, forwarded as it is.
     PassThrough,
+    /// `POST /v1/messages/count_tokens`: validated as the app validates it, counted by an engine.
+    CountTokens,
     /// A stored response's route: the proxy's id, and the engine path's suffix after it
     /// (`""`, or `/cancel`).
     Stored { id: String, suffix: &'static str },
@@ -65,9 +73,12 @@ pub(crate) enum Unrouted {
 impl Unrouted {
     /// The unrouted request `method` `path` is, or None (not one the native path serves).
     /// `responses`: the Responses API is served natively.
-    pub(crate) fn of(method: &Method, path: &str, responses: bool) -> Option<Self> {
+    pub(crate) fn of(method: &Method, path: &str, apis: NativeApis) -> Option<Self> {
         if *method == Method::POST && FORWARDED_POSTS.contains(&path) {
             return Some(Self::PassThrough);
+        }
+        if *method == Method::POST && path == COUNT_TOKENS_PATH && apis.messages {
+            return Some(Self::CountTokens);
         }
         if *method == Method::GET
             && let Some(id) = path.strip_prefix("/v1/models/")
@@ -75,7 +86,7 @@ impl Unrouted {
         {
             return Some(Self::PassThrough);
         }
-        let rest = path.strip_prefix("/v1/responses/").filter(|_| responses)?;
+        let rest = path.strip_prefix("/v1/responses/").filter(|_| apis.responses)?;
         let stored = |id: &str, suffix| {
             segment(id).then(|| Self::Stored {
                 id: id.to_owned(),
@@ -98,6 +109,7 @@ impl Unrouted {
     fn api(&self) -> (&'static str, &'static dyn Protocol) {
         match self {
             Self::PassThrough => ("passthrough", &CHAT),
+            Self::CountTokens => ("messages", &MESSAGES),
             Self::Stored { .. } => ("responses", &RESPONSES),
         }
     }
@@ -141,14 +153,25 @@ impl Native {
             || escapes_lone_surrogate(&raw);
         let model = match target {
             Unrouted::PassThrough => model_of(&raw),
+            // A body the app must refuse (its 400 names the field) is its to answer.
+            Unrouted::CountTokens if has_long_digit_run(&raw) => None,
+            Unrouted::CountTokens => match count_tokens_model(&raw) {
+                Some(model) => Some(model),
+                None => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
+            },
             Unrouted::Stored { .. } => None,
         };
+        if target == Unrouted::CountTokens && model.is_none() {
+            return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+        }
         let unknown = model
             .as_deref()
             .is_some_and(|m| !fleet.models.is_empty() && !fleet.models.contains_key(m));
         // A stored response's instance, and the engine's path.
         let (pinned, path) = match &target {
-            Unrouted::PassThrough => (None, parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned()),
+            Unrouted::PassThrough | Unrouted::CountTokens => {
+                (None, parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned())
+            }
             Unrouted::Stored { id, suffix } => {
                 let opened = self.response_ids.open(id).and_then(|(engine_id, tag)| {
                     let instance = fleet.instances.iter().find(|u| ResponseIds::tag(u) == tag)?;
@@ -241,8 +264,8 @@ impl Native {
                     self.instance_succeeded(&instance);
                     self.settle(record, false);
                     let body = match &target {
-                        Unrouted::PassThrough => upstream_body.boxed(),
                         Unrouted::Stored { .. } => self.rewritten_stream(api, &instance, upstream_body),
+                        _ => upstream_body.boxed(),
                     };
                     return Response::from_parts(head, body);
                 }
@@ -256,8 +279,8 @@ impl Native {
                 self.instance_succeeded(&instance);
                 self.settle(record, false);
                 let whole = match &target {
-                    Unrouted::PassThrough => whole,
                     Unrouted::Stored { .. } => api.relay_whole(&self.response_ids, whole, &instance),
+                    _ => whole,
                 };
                 return Response::from_parts(head, Full::new(whole).map_err(|never| match never {}).boxed());
             };
@@ -301,7 +324,13 @@ mod tests {
 
     #[test]
     fn the_unrouted_routes_are_the_apps() {
-        let of = |method: Method, path: &str| Unrouted::of(&method, path, true);
+        let all = NativeApis {
+            chat: true,
+            completions: true,
+            messages: true,
+            responses: true,
+        };
+        let of = |method: Method, path: &str| Unrouted::of(&method, path, all);
         assert_eq!(of(Method::POST, "/v1/embeddings"), Some(Unrouted::PassThrough));
         assert_eq!(of(Method::GET, "/v1/models/m"), Some(Unrouted::PassThrough));
         assert_eq!(of(Method::GET, "/v1/models/"), None);
@@ -323,10 +352,16 @@ mod tests {
         assert_eq!(of(Method::POST, "/v1/responses/r"), None);
         assert_eq!(of(Method::GET, "/v1/responses/r/cancel"), None);
         assert_eq!(
-            Unrouted::of(&Method::GET, "/v1/responses/r", false),
+            of(Method::POST, "/v1/messages/count_tokens"),
+            Some(Unrouted::CountTokens)
+        );
+        let none = NativeApis::default();
+        assert_eq!(
+            Unrouted::of(&Method::GET, "/v1/responses/r", none),
             None,
             "Responses not armed"
         );
+        assert_eq!(Unrouted::of(&Method::POST, "/v1/messages/count_tokens", none), None);
     }
 
     #[test]
