@@ -25,11 +25,15 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+
 use super::protocol::Protocol;
 use super::state::{FleetView, Native};
 use crate::answers::Body;
 use crate::records::{FailedAttempt, Record};
-use hyper::Response;
 
 /// 5xx statuses that are an instance's own whatever the request (a gateway's or an unreachable
 /// engine's): `upstream.OWN_STATUSES`.
@@ -45,6 +49,10 @@ pub(super) struct Tried {
     /// Failures not charged yet (indices into the record's failures).
     suspects: Vec<usize>,
 }
+
+/// Why an attempt failed before the client's first byte: the cause (the app's names: a
+/// connection error's class, `http_<status>`, `stream_cut`, …) and the engine's 5xx, if any.
+pub(super) type Failure = (String, Option<u16>);
 
 /// What to do after a failed attempt.
 pub(super) enum AfterFailure {
@@ -67,6 +75,48 @@ impl Tried {
 }
 
 impl Native {
+    /// Sends `request` to its engine and waits for the answer's head within
+    /// `first_byte_timeout`: a head below 500, or why the attempt failed.
+    pub(super) async fn send(&self, request: Request<Full<Bytes>>) -> Result<Response<Incoming>, Failure> {
+        match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(request)).await {
+            Ok(Ok(answer)) if answer.status().as_u16() < 500 => Ok(answer),
+            Ok(Ok(answer)) => {
+                let status = answer.status().as_u16();
+                Err((format!("http_{status}"), Some(status)))
+            }
+            Ok(Err(e)) if e.is_connect() => Err(("ClientConnectorError".to_owned(), None)),
+            Ok(Err(_)) => Err(("ServerDisconnectedError".to_owned(), None)),
+            Err(_) => Err(("TimeoutError".to_owned(), None)),
+        }
+    }
+
+    /// A whole answer's body within `first_byte_timeout`, or why it broke.
+    pub(super) async fn whole_body(&self, body: Incoming) -> Result<Bytes, Failure> {
+        match tokio::time::timeout(self.config.first_byte_timeout, body.collect()).await {
+            Ok(Ok(whole)) => Ok(whole.to_bytes()),
+            Ok(Err(_)) => Err(("ClientPayloadError".to_owned(), None)),
+            Err(_) => Err(("TimeoutError".to_owned(), None)),
+        }
+    }
+
+    /// A stream's first non-empty frame within `idle_timeout`, or why it broke first.
+    pub(super) async fn first_frame(&self, body: &mut Incoming) -> Result<Bytes, Failure> {
+        loop {
+            match tokio::time::timeout(self.config.idle_timeout, body.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        return Ok(data);
+                    }
+                }
+                Ok(None) => return Err(("stream_cut".to_owned(), None)),
+                Ok(Some(Err(_))) => return Err(("ClientPayloadError".to_owned(), None)),
+                Err(_) => return Err(("TimeoutError".to_owned(), None)),
+            }
+        }
+    }
+
     /// Accounts an attempt at `instance` that failed before its first byte (`status`: the
     /// engine's 5xx, None when it gave no answer) and says what comes next.
     pub(super) fn attempt_failed(

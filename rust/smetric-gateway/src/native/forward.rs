@@ -424,19 +424,10 @@ impl Native {
             let (cause, status) = 'attempt: {
                 let upstream = self.upstream_request(api, &instance, &parts.headers, &id, attempt_body);
                 let sent = Instant::now();
-                let answer =
-                    match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream))
-                        .await
-                    {
-                        Ok(Ok(answer)) if answer.status().as_u16() < 500 => answer,
-                        Ok(Ok(answer)) => {
-                            let status = answer.status().as_u16();
-                            break 'attempt (format!("http_{status}"), Some(status));
-                        }
-                        Ok(Err(e)) if e.is_connect() => break 'attempt ("ClientConnectorError".to_owned(), None),
-                        Ok(Err(_)) => break 'attempt ("ServerDisconnectedError".to_owned(), None),
-                        Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
-                    };
+                let answer = match self.send(upstream).await {
+                    Ok(answer) => answer,
+                    Err(failure) => break 'attempt failure,
+                };
                 // Another instance took the request: the earlier 5xx were their own after all.
                 self.answered_after(&mut record, &mut tried);
                 let (mut head, upstream_body) = answer.into_parts();
@@ -447,12 +438,10 @@ impl Native {
                     .and_then(|v| v.to_str().ok())
                     .is_some_and(|v| v.starts_with("text/event-stream"));
                 if !streamed {
-                    let whole =
-                        match tokio::time::timeout(self.config.first_byte_timeout, upstream_body.collect()).await {
-                            Ok(Ok(whole)) => whole.to_bytes(),
-                            Ok(Err(_)) => break 'attempt ("ClientPayloadError".to_owned(), None),
-                            Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
-                        };
+                    let whole = match self.whole_body(upstream_body).await {
+                        Ok(whole) => whole,
+                        Err(failure) => break 'attempt failure,
+                    };
                     lifecycle.prefilled();
                     record.first_byte_s = Some(sent.elapsed().as_secs_f64());
                     let ok = head.status == StatusCode::OK;
@@ -470,16 +459,9 @@ impl Native {
                 // A stream: the client's headers go out with its first event, as the app's relay does.
                 let scan = api.scanner(&self.response_ids, plan.hide_usage, &instance);
                 let mut upstream_body = upstream_body;
-                let first = loop {
-                    match tokio::time::timeout(self.config.idle_timeout, upstream_body.frame()).await {
-                        Ok(Some(Ok(frame))) => match frame.into_data() {
-                            Ok(data) if !data.is_empty() => break data,
-                            _ => {}
-                        },
-                        Ok(None) => break 'attempt ("stream_cut".to_owned(), None),
-                        Ok(Some(Err(_))) => break 'attempt ("ClientPayloadError".to_owned(), None),
-                        Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
-                    }
+                let first = match self.first_frame(&mut upstream_body).await {
+                    Ok(first) => first,
+                    Err(failure) => break 'attempt failure,
                 };
                 lifecycle.prefilled();
                 record.first_byte_s = Some(sent.elapsed().as_secs_f64());
@@ -1076,19 +1058,10 @@ impl Native {
             let id = relay.record.request_id.clone();
             let upstream = self.upstream_request(relay.api, &instance, &relay.parts.headers, &id, body.clone());
             let (cause, status) = 'attempt: {
-                let answer =
-                    match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream))
-                        .await
-                    {
-                        Ok(Ok(answer)) if answer.status().as_u16() < 500 => answer,
-                        Ok(Ok(answer)) => {
-                            let status = answer.status().as_u16();
-                            break 'attempt (format!("http_{status}"), Some(status));
-                        }
-                        Ok(Err(e)) if e.is_connect() => break 'attempt ("ClientConnectorError".to_owned(), None),
-                        Ok(Err(_)) => break 'attempt ("ServerDisconnectedError".to_owned(), None),
-                        Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
-                    };
+                let answer = match self.send(upstream).await {
+                    Ok(answer) => answer,
+                    Err(failure) => break 'attempt failure,
+                };
                 self.answered_after(&mut relay.record, &mut relay.tried);
                 let streamed = answer
                     .headers()
@@ -1100,19 +1073,12 @@ impl Native {
                     return None;
                 }
                 let mut upstream = answer.into_body();
-                loop {
-                    match tokio::time::timeout(self.config.idle_timeout, upstream.frame()).await {
-                        Ok(Some(Ok(frame))) => match frame.into_data() {
-                            Ok(data) if !data.is_empty() => {
-                                lifecycle.prefilled();
-                                return Some((instance, lifecycle, data, upstream));
-                            }
-                            _ => {}
-                        },
-                        Ok(None) => break 'attempt ("stream_cut".to_owned(), None),
-                        Ok(Some(Err(_))) => break 'attempt ("ClientPayloadError".to_owned(), None),
-                        Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
+                match self.first_frame(&mut upstream).await {
+                    Ok(first) => {
+                        lifecycle.prefilled();
+                        return Some((instance, lifecycle, first, upstream));
                     }
+                    Err(failure) => break 'attempt failure,
                 }
             };
             drop(lifecycle);

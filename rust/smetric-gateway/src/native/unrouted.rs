@@ -234,19 +234,10 @@ impl Native {
             *upstream.uri_mut() = format!("{instance}{path}").parse().unwrap_or_default();
             let sent = Instant::now();
             let (cause, status) = 'attempt: {
-                let answer =
-                    match tokio::time::timeout(self.config.first_byte_timeout, self.engines.client.request(upstream))
-                        .await
-                    {
-                        Ok(Ok(answer)) if answer.status().as_u16() < 500 => answer,
-                        Ok(Ok(answer)) => {
-                            let status = answer.status().as_u16();
-                            break 'attempt (format!("http_{status}"), Some(status));
-                        }
-                        Ok(Err(e)) if e.is_connect() => break 'attempt ("ClientConnectorError".to_owned(), None),
-                        Ok(Err(_)) => break 'attempt ("ServerDisconnectedError".to_owned(), None),
-                        Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
-                    };
+                let answer = match self.send(upstream).await {
+                    Ok(answer) => answer,
+                    Err(failure) => break 'attempt failure,
+                };
                 self.answered_after(&mut record, &mut tried);
                 let (mut head, upstream_body) = answer.into_parts();
                 client_head(&mut head.headers, header, None, &id);
@@ -269,10 +260,9 @@ impl Native {
                     };
                     return Response::from_parts(head, body);
                 }
-                let whole = match tokio::time::timeout(self.config.first_byte_timeout, upstream_body.collect()).await {
-                    Ok(Ok(whole)) => whole.to_bytes(),
-                    Ok(Err(_)) => break 'attempt ("ClientPayloadError".to_owned(), None),
-                    Err(_) => break 'attempt ("TimeoutError".to_owned(), None),
+                let whole = match self.whole_body(upstream_body).await {
+                    Ok(whole) => whole,
+                    Err(failure) => break 'attempt failure,
                 };
                 record.succeeded = true;
                 record.latency_s = arrived.elapsed().as_secs_f64();
