@@ -170,15 +170,17 @@ def failing_prefill(kind: str) -> Handler:
 
 
 @pytest.mark.parametrize("kind", ["http_500", "no_kv_transfer_params"])
-def test_a_failed_prefill_leg_is_carried_on_by_the_apps_failover(
-    engines: tuple[FakeEngine, FakeEngine], kind: str
-) -> None:
+def test_a_failed_prefill_leg_is_failed_over_natively(engines: tuple[FakeEngine, FakeEngine], kind: str) -> None:
+    """The gateway retries a PD attempt whose prefill leg failed, both legs routed again without
+    the failed instance; every request is the gateway's own."""
     prefill, decode = engines
     with Stub(failing_prefill(kind)) as bad:
         server = pd_proxy([bad.url, prefill.url], [decode.url], "compiled")
         try:
             retried = 0
+            sent = 0
             for n in range(40):
+                sent += 1
                 # No shared prefix: each first turn is a fair draw between the idle instances.
                 msgs = [{"role": "user", "content": f"task {n} " * 30}]
                 status, headers, raw = request(server.url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 4})
@@ -189,9 +191,9 @@ def test_a_failed_prefill_leg_is_carried_on_by_the_apps_failover(
                 if retried:
                     break
             assert retried, "the failing prefill instance was tried first at least once in 40 first turns"
-            assert server.proxy is not None
-            assert server.proxy.telemetry.retries[kind] >= 1
-            assert native_requests(server) >= 1
+            page = request(server.url, "/metrics", method="GET")[2].decode()
+            assert metric(page, "smetric_proxy_retries_total", cause=kind) >= 1
+            assert native_requests(server) == sent, "failed over by the gateway, not handed to the app"
             assert pd_router(server).stats()["in_flight"] == 0
         finally:
             server.stop()

@@ -1,5 +1,6 @@
 //! Failover before the client has a byte, native (`smetric.serve.failover`'s rules, which the
-//! app keeps for what it still serves: PD, and a stream cut after its first event).
+//! app keeps for what it still serves), co-located and PD alike (a PD attempt fails at its
+//! prefill or its decode instance; the next one is routed without it, each pool keeping one).
 //!
 //! An attempt that fails before its first byte reached the client — no connection, no answer
 //! head within `first_byte_timeout`, a 5xx, an answer body or stream that broke before its first
@@ -271,6 +272,31 @@ mod tests {
             .collect();
         out.sort();
         out
+    }
+
+    #[test]
+    fn each_pool_keeps_an_instance_and_ejected_ones_are_its_last_resort() {
+        let pools = vec![vec!["p1".to_owned(), "p2".to_owned()], vec!["d1".to_owned()]];
+        let excluded = |fleet: &FleetView, failed: &[&str]| {
+            let failed: Vec<String> = failed.iter().map(|u| (*u).to_owned()).collect();
+            fleet.exclusions(None, &failed, Some(&pools))
+        };
+        let fleet = view(&["p1", "p2", "d1"], &["p1"]);
+        assert_eq!(excluded(&fleet, &[]), Some(vec!["p1".to_owned()]));
+        assert_eq!(excluded(&fleet, &["d1"]), None, "the decode pool has nothing left");
+        assert_eq!(
+            excluded(&fleet, &["p2"]),
+            Some(vec!["p2".to_owned()]),
+            "ejected p1: a last resort"
+        );
+        // Every prefill instance ejected: the pool's last resort, while the fleet-wide rule
+        // (one pool) would have kept the healthy decode instance alone.
+        let fleet = view(&["p1", "p2", "d1"], &["p1", "p2"]);
+        assert_eq!(excluded(&fleet, &[]), Some(vec![]));
+        assert_eq!(
+            fleet.exclusions(None, &[], None),
+            Some(vec!["p1".to_owned(), "p2".to_owned()])
+        );
     }
 
     #[test]

@@ -17,9 +17,7 @@ use smetric_vllm::cache_namespace;
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 
 use super::apis;
-use super::attempt::{
-    GatedSession, Lifecycle, REQUEST_ID, affinity_instance, affinity_set_cookie, client_head, request_id,
-};
+use super::attempt::{GatedSession, Lifecycle, affinity_instance, affinity_set_cookie, client_head, request_id};
 use super::continuation::{Continued, Rejoined};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
 use super::intake::{has_long_digit_run, header, header_session, parent_key, session_end, session_headers_utf8};
@@ -305,7 +303,10 @@ impl Native {
                     return self.failed_answer(record, &plan, arrived, answer);
                 }
                 Some((instance, _)) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
-                None => fleet.exclusions(plan.model.as_deref(), tried.instances()),
+                None => {
+                    let pools = self.config.routing.exclusion_pools(&fleet.instances);
+                    fleet.exclusions(plan.model.as_deref(), tried.instances(), pools.as_deref())
+                }
             };
             let Some(mut exclude) = exclude else {
                 if first_attempt {
@@ -391,7 +392,11 @@ impl Native {
                 }
                 Routing::Pd(pd) => {
                     let Ok(decision) = pd.route(&request) else {
-                        return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await;
+                        if first_attempt {
+                            return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await;
+                        }
+                        let answer = no_instance(api, tried.instances());
+                        return self.failed_answer(record, &plan, arrived, answer);
                     };
                     record.decision_s = Some(decided.elapsed().as_secs_f64());
                     match self
@@ -404,6 +409,7 @@ impl Native {
                             &body,
                             previous.as_deref(),
                             &mut record,
+                            attempt_no,
                         )
                         .await
                     {
@@ -413,8 +419,14 @@ impl Native {
                             self.settle(record, plan.ends_session);
                             return answer;
                         }
-                        PrefillLeg::Failed { instance, cause } => {
-                            return self.hand_off(plane, record, parts, raw, peer, &instance, &cause).await;
+                        PrefillLeg::Failed { instance, failure } => {
+                            let (cause, status) = failure;
+                            match self.attempt_failed(api, &mut record, &mut tried, &instance, cause, status) {
+                                AfterFailure::Retry => continue,
+                                AfterFailure::Answer(answer) => {
+                                    return self.failed_answer(record, &plan, arrived, answer);
+                                }
+                            }
                         }
                     }
                 }
@@ -495,10 +507,6 @@ impl Native {
                 return Response::from_parts(head, client_body.boxed());
             };
             drop(lifecycle);
-            if matches!(self.config.routing, Routing::Pd(_)) {
-                // PD's failover is the app's (both pools, the KV transfer).
-                return self.hand_off(plane, record, parts, raw, peer, &instance, &cause).await;
-            }
             match self.attempt_failed(api, &mut record, &mut tried, &instance, cause, status) {
                 AfterFailure::Retry => {}
                 AfterFailure::Answer(answer) => return self.failed_answer(record, &plan, arrived, answer),
@@ -652,33 +660,6 @@ impl Native {
         record.latency_s = arrived.elapsed().as_secs_f64();
         self.settle(record, plan.ends_session);
         answer
-    }
-
-    /// A PD attempt that failed at `instance` before the client had a byte: the app carries the
-    /// request on from there (its decision is counted here, its outcome is the app's).
-    #[allow(clippy::too_many_arguments)] // the request's parts and the failure
-    async fn hand_off(
-        &self,
-        plane: &ControlPlane,
-        record: Record,
-        parts: Parts,
-        raw: Bytes,
-        peer: SocketAddr,
-        instance: &str,
-        cause: &str,
-    ) -> Response<Body> {
-        let mut parts = parts;
-        if let Ok(id) = HeaderValue::from_str(&record.request_id) {
-            parts.headers.insert(REQUEST_ID.clone(), id); // the id the failed attempt carried
-        }
-        let turn = record.turn;
-        self.records.push(Record {
-            handed_off: true,
-            ..record
-        });
-        let failed = format!("{instance} {cause}");
-        self.delegate_counted(plane, parts, raw, peer, turn, &[(FAILED_HEADER, failed.as_str())])
-            .await
     }
 
     /// Delegates an admitted request to the app with `extra` fields and the turn the session
@@ -1026,7 +1007,7 @@ impl Native {
                 return None;
             }
             let fleet = self.fleet();
-            let mut exclude = fleet.exclusions(plan.model.as_deref(), relay.tried.instances())?;
+            let mut exclude = fleet.exclusions(plan.model.as_deref(), relay.tried.instances(), None)?;
             let cap = self.config.admission.max_in_flight_per_instance;
             if self.admission.admitted() >= cap {
                 exclude = self.skip_full(&fleet.instances, exclude, cap);

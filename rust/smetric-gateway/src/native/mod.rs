@@ -29,11 +29,9 @@
 //! decode leg's answer, the router hearing `on_transferred` at its first byte.
 //!
 //! An attempt that failed before any byte reached the client is retried on another instance
-//! ([`failover`]: the app's rules, ejection included). Anything else is handed to the app as it
-//! came (its body, when read, resent): a request the native path does not serve, a body the app
-//! must refuse (the app's error says why), and a PD attempt that failed before the client's
-//! first byte — with the instance that failed and why, so the app's failover carries on from
-//! there (`x-smetric-gateway-failed`). A chat or completions stream
+//! ([`failover`]: the app's rules, ejection included; PD too). Anything else is handed to the
+//! app as it came (its body, when read, resent): a request the native path does not serve and a
+//! body the app must refuse (the app's error says why). A chat or completions stream
 //! cut after its first event is continued natively ([`continuation`]); another API's goes to the
 //! app's continuation endpoint with what the client already has, and the app's continuation is
 //! relayed after it. Each native request leaves a

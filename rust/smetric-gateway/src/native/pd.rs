@@ -31,6 +31,7 @@ use serde_json::value::RawValue;
 use smetric_core::{PdDecision, PdRouter};
 
 use super::attempt::{Lifecycle, affinity_set_cookie, client_head, request_id};
+use super::failover::Failure;
 use super::json::{Entries, body as json_body};
 use super::protocol::{Plan, Protocol};
 use super::state::Native;
@@ -114,8 +115,8 @@ pub(super) enum PrefillLeg {
     Decode(DecodeLeg),
     /// The prefill instance refused the request as the client's mistake (4xx): its answer.
     Answered(Response<Body>),
-    /// The attempt failed at `instance` before the client had a byte.
-    Failed { instance: String, cause: String },
+    /// The attempt failed at `instance` before the client had a byte (`failover.rs` retries it).
+    Failed { instance: String, failure: Failure },
 }
 
 impl Native {
@@ -133,44 +134,38 @@ impl Native {
         body: &Bytes,
         previous: Option<&str>,
         record: &mut Record,
+        attempt: usize,
     ) -> PrefillLeg {
         let prefill = decision.prefill.instance_name.to_string();
         let decode = decision.decode_instance_name.to_string();
         self.note_decision(record, &decision.prefill);
         record.instance = Some(decode.clone()); // the instance that answers the client
         let lifecycle = Lifecycle::new(&self.config.routing, decision.prefill.request_id);
-        let header = self.pd_decision_header(decision, plan.source);
+        let header = self.pd_decision_header(decision, plan.source, attempt);
         // The cookie names the prefill instance: the core's session affinity is to one.
         let cookie = (self.config.routing.session_cookie())
             .then(|| affinity_set_cookie(previous, &prefill, plan.ends_session))
             .flatten();
-        let failed = |cause: &str| PrefillLeg::Failed {
+        let failed = |(cause, status): Failure| PrefillLeg::Failed {
             instance: prefill.clone(),
-            cause: cause.to_owned(),
+            failure: (cause, status),
         };
         // The body's entries, parsed once for both legs.
         let Some(entries) = json_body(body).and_then(Entries::of) else {
-            return failed("unrenderable_body");
+            return failed(("unrenderable_body".to_owned(), None));
         };
         let prefill_body = prefill_of(entries.clone(), api.prefill_overrides());
         // A fresh id: the prefill leg is a request of its own to the engine.
         let upstream = self.upstream_request(api, &prefill, headers, &request_id(&HeaderMap::new()), prefill_body);
-        let timeout = self.config.first_byte_timeout;
-        let answer = match tokio::time::timeout(timeout, self.engines.client.request(upstream)).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(e)) if e.is_connect() => return failed("ClientConnectorError"),
-            Ok(Err(_)) => return failed("ServerDisconnectedError"),
-            Err(_) => return failed("TimeoutError"),
+        let answer = match self.send(upstream).await {
+            Ok(answer) => answer,
+            Err(failure) => return failed(failure),
         };
         let status = answer.status();
-        if status.is_server_error() {
-            return failed(&format!("http_{}", status.as_u16()));
-        }
         let (mut head, answer_body) = answer.into_parts();
-        let whole = match tokio::time::timeout(timeout, answer_body.collect()).await {
-            Ok(Ok(whole)) => whole.to_bytes(),
-            Ok(Err(_)) => return failed("ClientPayloadError"),
-            Err(_) => return failed("TimeoutError"),
+        let whole = match self.whole_body(answer_body).await {
+            Ok(whole) => whole,
+            Err(failure) => return failed(failure),
         };
         if status.is_client_error() {
             // The client's mistake: the prefill instance's answer is the client's.
@@ -184,7 +179,7 @@ impl Native {
             return PrefillLeg::Answered(Response::from_parts(head, body));
         }
         let Some(params) = kv_params_of(&whole) else {
-            return failed("no_kv_transfer_params");
+            return failed(("no_kv_transfer_params".to_owned(), None));
         };
         record.prefill_instance = Some(prefill.clone());
         pd.on_prefilled(decision.prefill.request_id);
@@ -200,13 +195,13 @@ impl Native {
 
     /// The `x-smetric-decision` value of a PD decision (`pd.pd_decision_header`): the decode
     /// instance as `instance`, plus `prefill`.
-    fn pd_decision_header(&self, d: &PdDecision, source: &str) -> HeaderValue {
+    fn pd_decision_header(&self, d: &PdDecision, source: &str, attempt: usize) -> HeaderValue {
         let reason = d.prefill.reason.name();
         let label = self.config.labels.get(reason).map_or(reason, String::as_str);
         let value = format!(
             "instance={}; prefill={}; reason={label}; first_turn={}; local_hit_tokens={}; \
              global_hit_tokens={}; transfer_tokens={}; policy={}; decode_rule={}; detail=\"{reason}\"; \
-             attempt=1; tokens={source}",
+             attempt={attempt}; tokens={source}",
             d.decode_instance_name,
             d.prefill.instance_name,
             u8::from(d.prefill.first_turn),

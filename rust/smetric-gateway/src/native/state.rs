@@ -111,6 +111,15 @@ impl Routing {
         }
     }
 
+    /// The pools the fleet's exclusions keep an instance in each of (PD: prefill and decode);
+    /// None: the fleet is one pool (co-located).
+    pub(crate) fn exclusion_pools(&self, instances: &[String]) -> Option<Vec<Vec<String>>> {
+        match self {
+            Self::Colocated(_) => None,
+            Self::Pd(_) => Some(self.pools(instances)),
+        }
+    }
+
     /// Requests in flight on `instance` as the router counts them (PD: on either pool).
     pub(crate) fn in_flight(&self, instance: &str) -> Option<u64> {
         match self {
@@ -151,8 +160,14 @@ pub struct FleetView {
 
 impl FleetView {
     /// Instances an attempt for `model` must skip (the app's `Fleet.exclusions`), or None
-    /// when none is left.
-    pub(crate) fn exclusions(&self, model: Option<&str>, failed: &[String]) -> Option<Vec<String>> {
+    /// when none is left. `pools`: the pools each of which must keep an instance (PD: prefill
+    /// and decode; ejected ones a last resort per pool); None: the fleet is one pool.
+    pub(crate) fn exclusions(
+        &self,
+        model: Option<&str>,
+        failed: &[String],
+        pools: Option<&[Vec<String>]>,
+    ) -> Option<Vec<String>> {
         let serving = model.and_then(|m| self.models.get(m));
         let eligible: Vec<&String> = self
             .instances
@@ -162,16 +177,22 @@ impl FleetView {
         if eligible.is_empty() {
             return None;
         }
-        let healthy: HashSet<&String> = eligible
-            .iter()
-            .copied()
-            .filter(|u| !self.ejected.contains(*u))
-            .collect();
-        let chosen: HashSet<&String> = if healthy.is_empty() {
-            eligible.into_iter().collect()
-        } else {
-            healthy
+        let groups: Vec<Vec<&String>> = match pools {
+            None => vec![eligible],
+            Some(pools) => pools
+                .iter()
+                .map(|pool| eligible.iter().copied().filter(|u| pool.contains(u)).collect())
+                .collect(),
         };
+        let mut chosen: HashSet<&String> = HashSet::new();
+        for group in groups {
+            if group.is_empty() {
+                return None;
+            }
+            let healthy: Vec<&String> = group.iter().copied().filter(|u| !self.ejected.contains(*u)).collect();
+            // Ejected instances are a last resort: better a try than a refusal.
+            chosen.extend(if healthy.is_empty() { group } else { healthy });
+        }
         Some(self.instances.iter().filter(|u| !chosen.contains(u)).cloned().collect())
     }
 

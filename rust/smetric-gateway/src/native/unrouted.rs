@@ -208,7 +208,7 @@ impl Native {
                     return self.unrouted_answer(record, arrived, answer);
                 }
                 Some(instance) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
-                None => fleet.exclusions(record.model.as_deref(), tried.instances()),
+                None => fleet.exclusions(record.model.as_deref(), tried.instances(), None),
             };
             let Some(mut exclude) = exclude else {
                 return self.unrouted_answer(record, arrived, no_instance(api, tried.instances()));
