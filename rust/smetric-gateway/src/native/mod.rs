@@ -1,13 +1,14 @@
-//! Stage 2 of the compiled data plane: OpenAI chat and completions served in Rust, on the same
-//! `smetric_core::Router` the Python control plane holds (`docs/proxy-data-plane.md`).
+//! The compiled data plane's native path: OpenAI chat and completions, Anthropic Messages and
+//! OpenAI Responses served in Rust (stages 2–6 of `docs/proxy-data-plane.md`), on the same
+//! `smetric_core::Router` (or `PdRouter`) the Python control plane holds; vLLM's unrouted
+//! surface (`unrouted.rs`) and the session-end endpoints (`session_end.rs`) beside them.
 //!
 //! A request of the proxy's APIs first takes an admission `Slot` (`crate::admission`; a
 //! refusal of a path the native path serves is answered here in the API's shape, as the app
 //! words it, and recorded for the app; any other refusal is delegated to the app with its
 //! reason, which answers it in the API's shape). The
-//! native path then takes `POST /v1/chat/completions` and `POST /v1/completions` when the
-//! control plane armed it for them ([`NativeConfig`]) and the request is one it serves exactly
-//! as the app would:
+//! native path then takes a `POST` to an API's path when the control plane armed that API
+//! ([`NativeConfig`]) and the request is one it serves exactly as the app would:
 //!
 //! 1. identity body encoding; a client key, when keys are on, among the configured ones;
 //! 2. the body read whole within `max_body_bytes` (else 413) and `body_timeout` (else 408);
@@ -25,14 +26,14 @@
 //!    output tokens) or `on_aborted`.
 //!
 //! In PD mode (`Routing::Pd`) step 5 names a prefill and a decode instance (`PdRouter`), and
-//! the prefill leg runs first ([`pd`]: vLLM's disaggregated-prefill protocol); step 6 is the
+//! the prefill leg runs first (`pd.rs`: vLLM's disaggregated-prefill protocol); step 6 is the
 //! decode leg's answer, the router hearing `on_transferred` at its first byte.
 //!
 //! An attempt that failed before any byte reached the client is retried on another instance
-//! ([`failover`]: the app's rules, ejection included; PD too). Anything else is handed to the
+//! (`failover.rs`: the app's rules, ejection included; PD too). Anything else is handed to the
 //! app as it came (its body, when read, resent): a request the native path does not serve and a
 //! body the app must refuse (the app's error says why). A chat or completions stream
-//! cut after its first event is continued natively ([`continuation`]); another API's goes to the
+//! cut after its first event is continued natively (`continuation.rs`); another API's goes to the
 //! app's continuation endpoint with what the client already has, and the app's continuation is
 //! relayed after it. Each native request leaves a
 //! `Record` for the control plane's metrics and decision log.
