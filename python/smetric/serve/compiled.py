@@ -20,8 +20,8 @@
   :data:`DRAIN_INTERVAL_S` (and before ``/metrics`` renders) into the app's telemetry, the
   fleet's health and the decision log, as the app's own requests are.
 
-The app trusts what the gateway's headers say (admitted, refused, earlier failed attempts, a
-cut stream to continue) only with the gateway's per-process secret (:meth:`CompiledPlane.vouches`).
+The app trusts what the gateway's headers say (admitted, refused, a cut stream to continue
+and the instance that cut it) only with the gateway's per-process secret (:meth:`CompiledPlane.vouches`).
 
 Cost: O(records) per drain on the app's loop, none on the request path. May import:
 :mod:`smetric.serve.admission`, ``.backends``, ``.decision_log``, ``.fleet``, ``.labels``,
@@ -201,7 +201,8 @@ def gateway_token_source(tokens: TokenSource) -> GatewayTokenSource | None:
 
 
 def earlier_failures(values: list[str]) -> list[Refused]:
-    """The gateway's failed attempts (``<instance> <cause>`` each) as the failover's refusals."""
+    """The attempts the gateway names (``<instance> <cause>`` each: the cut one of a stream it
+    hands on to continue) as the failover's refusals."""
     out = []
     for value in values:
         instance, _, cause = value.partition(" ")

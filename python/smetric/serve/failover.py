@@ -24,7 +24,7 @@ per attempt, plus one load-board read per instance for the per-instance cap. May
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -89,13 +89,11 @@ class Failover:
         api: Api[Any],
         prepared: Prepared[Any],
         *,
-        earlier: Sequence[Refused] = (),
         cut: GatewayCut | None = None,
     ) -> web.StreamResponse:
-        """The client's answer to ``prepared`` (see the module docs). ``earlier``: attempts
-        that already failed before the client had a byte (the compiled data plane's, which
-        hands the request on); ``cut``: a stream the data plane was relaying when its instance
-        cut it, to continue into ``cut.response``."""
+        """The client's answer to ``prepared`` (see the module docs). ``cut``: a stream the
+        compiled data plane was relaying when its instance cut it, to continue into
+        ``cut.response``."""
         fleet = self.fleet
         headers = with_request_id(forwardable(request.headers), request)
         note_prepared(request, prepared.model, prepared.turn, prepared.tokens.count)
@@ -107,11 +105,6 @@ class Failover:
         if prepared.pin is not None and pinned is None:
             return api.fail(lost_state(None, ""))
         attempt_no = 0
-        for refused in earlier:
-            attempt_no += 1
-            repeated = self._refused(refused, tried)
-            if repeated is not None:
-                return api.fail(repeated)
         if cut is not None:
             attempt_no += 1
             tried.fail(cut.instance, cut.cause)

@@ -91,7 +91,7 @@ from smetric.serve.session import (
 )
 from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
-from smetric.serve.upstream import Refused, Upstream
+from smetric.serve.upstream import Upstream
 
 __all__ = ["Proxy", "ProxyServer", "run", "run_forever"]
 
@@ -374,10 +374,9 @@ class Proxy:
                 response.headers["Retry-After"] = str(refusal.retry_after_s)
                 self._finish(outcome, response.status, refused=refusal.reason)
                 return response
-            earlier = CompiledPlane.failures(request.headers) if vouched else []
             counted = CompiledPlane.counted_turn(request.headers) if vouched else None
             try:
-                answer = await self._handle(request, api, route, earlier, counted)
+                answer = await self._handle(request, api, route, counted)
             finally:
                 if not vouched:
                     self.admission.leave()
@@ -411,11 +410,10 @@ class Proxy:
         request: web.Request,
         api: Api[Any],
         route: Route | None = None,
-        earlier: Sequence[Refused] = (),
         counted: int | None = None,
     ) -> web.StreamResponse:
-        """One API request, parsed, prepared and served (``earlier``: the gateway's failed
-        attempts; ``counted``: the turn it already counted in the session table)."""
+        """One API request, parsed, prepared and served (``counted``: the turn the gateway
+        already counted in the session table)."""
         started = time.perf_counter()
         if self.draining:
             return self._respond(api.fail(ProxyError.unavailable("the proxy is shutting down")))
@@ -502,8 +500,7 @@ class Proxy:
                         return self._respond(api.reject(error))
                     prepared = replace(prepared, ends_session=True)
                     ended = (own, prepared.turn_key)
-                # A request the gateway handed on after a failed attempt had the parent rule there.
-                home = self._parent_home(request) if prepared.routed and not earlier else None
+                home = self._parent_home(request) if prepared.routed else None
                 if home is not None:
                     prepared = replace(prepared, group_instance=home)
                 if prepared.model in self.fleet.adapters:  # a LoRA adapter: its own cache namespace
@@ -514,7 +511,7 @@ class Proxy:
                     hint = session_hint(request.headers)
                     if hint is not None:
                         prepared = replace(prepared, session_key=hint.key)
-                response = await self.failover.serve(request, api, prepared, earlier=earlier)
+                response = await self.failover.serve(request, api, prepared)
         except TimeoutError:
             response = await self._failed(request, api, ProxyError.timeout("the request timed out in the proxy"))
         except Exception:  # a bug: the attempt was aborted on the way out; answer in the API's shape

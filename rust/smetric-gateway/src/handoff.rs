@@ -10,7 +10,8 @@ pub const GATEWAY_HEADER: &str = "x-smetric-gateway";
 pub const ADMITTED_HEADER: &str = "x-smetric-gateway-admitted";
 /// The door refused the request: the reason (`queue_full`, `queue_timeout`, `draining`).
 pub const REFUSED_HEADER: &str = "x-smetric-gateway-refused";
-/// One attempt that failed before the client had a byte: `<instance> <cause>`, one field each.
+/// The attempt whose stream was cut, on a continuation handed to the app: `<instance> <cause>`
+/// (the gateway fails over every attempt that fails before the client's first byte itself).
 pub const FAILED_HEADER: &str = "x-smetric-gateway-failed";
 /// The turn the gateway counted in the session table for a hinted request it hands on (the
 /// app routes with it and does not count the request again).

@@ -47,6 +47,14 @@ pub(super) fn request_id(headers: &HeaderMap) -> String {
     format!("{:016x}{:016x}", state.hash_one(n), state.hash_one(!n))
 }
 
+/// Whether an answer's headers say it is an event stream (relayed event by event).
+pub(super) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
 /// An engine's answer headers as the client gets them: end-to-end fields only, the decision,
 /// the session cookie (llm-d's policy) and the request id added (the length is the relay's to
 /// set).
@@ -94,17 +102,22 @@ pub(super) fn affinity_instance(headers: &HeaderMap) -> Result<Option<String>, (
 /// `previous` (the app's `session.affinity_set_cookie`): none when it already named `chosen`;
 /// the cookie's deletion when the request `ended` its session.
 pub(super) fn affinity_set_cookie(previous: Option<&str>, chosen: &str, ended: bool) -> Option<HeaderValue> {
-    let value = if ended {
-        format!("{AFFINITY_COOKIE}=; Max-Age=0; {AFFINITY_ATTRIBUTES}")
-    } else if previous == Some(chosen) {
+    if ended {
+        return affinity_cleared_cookie();
+    }
+    if previous == Some(chosen) {
         return None;
-    } else {
-        format!(
-            "{AFFINITY_COOKIE}={}; {AFFINITY_ATTRIBUTES}",
-            base64_encode(chosen.as_bytes())
-        )
-    };
+    }
+    let value = format!(
+        "{AFFINITY_COOKIE}={}; {AFFINITY_ATTRIBUTES}",
+        base64_encode(chosen.as_bytes())
+    );
     HeaderValue::from_str(&value).ok()
+}
+
+/// The `Set-Cookie` that deletes llm-d's session cookie (an ended session's answer).
+pub(super) fn affinity_cleared_cookie() -> Option<HeaderValue> {
+    HeaderValue::from_str(&format!("{AFFINITY_COOKIE}=; Max-Age=0; {AFFINITY_ATTRIBUTES}")).ok()
 }
 
 const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -152,6 +152,21 @@ impl Native {
         AfterFailure::Retry
     }
 
+    /// A request answered with the failure of its attempts, recorded (its session's end
+    /// applied as for any answer).
+    pub(super) fn failure_answer(
+        &self,
+        mut record: Record,
+        arrived: std::time::Instant,
+        ends_session: bool,
+        answer: Response<Body>,
+    ) -> Response<Body> {
+        record.status = answer.status().as_u16();
+        record.latency_s = arrived.elapsed().as_secs_f64();
+        self.settle(record, ends_session);
+        answer
+    }
+
     /// Another instance answered the request: its earlier suspects' 5xx were their own.
     pub(super) fn answered_after(&self, record: &mut Record, tried: &mut Tried) {
         for i in std::mem::take(&mut tried.suspects) {

@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::channel::{Channel, Sender};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
+use hyper::header::{HeaderMap, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::{Request, Response, StatusCode};
 use smetric_core::{Decision, Prompt, RequestId, RouteRequest, TurnHint};
@@ -17,7 +17,9 @@ use smetric_vllm::cache_namespace;
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 
 use super::apis;
-use super::attempt::{GatedSession, Lifecycle, affinity_instance, affinity_set_cookie, client_head, request_id};
+use super::attempt::{
+    GatedSession, Lifecycle, affinity_instance, affinity_set_cookie, client_head, is_event_stream, request_id,
+};
 use super::continuation::{Continued, Rejoined};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
 use super::intake::{has_long_digit_run, header, header_session, parent_key, session_end, session_headers_utf8};
@@ -300,7 +302,7 @@ impl Native {
                 // Only its instance can serve it, ejected or not: once it failed, the state is lost.
                 Some((instance, _)) if !first_attempt => {
                     let answer = lost_state(instance, tried.last_cause());
-                    return self.failed_answer(record, &plan, arrived, answer);
+                    return self.failure_answer(record, arrived, plan.ends_session, answer);
                 }
                 Some((instance, _)) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
                 None => {
@@ -313,15 +315,10 @@ impl Native {
                     return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
                 }
                 let answer = no_instance(api, tried.instances());
-                return self.failed_answer(record, &plan, arrived, answer);
+                return self.failure_answer(record, arrived, plan.ends_session, answer);
             };
             if pinned.is_none() {
-                let cap = self.config.admission.max_in_flight_per_instance;
-                if self.admission.admitted() >= cap {
-                    for pool in self.config.routing.pools(&fleet.instances) {
-                        exclude = self.skip_full(&pool, exclude, cap);
-                    }
-                }
+                exclude = self.without_full(&fleet.instances, exclude);
                 if first_attempt {
                     let grouping;
                     (exclude, grouping) = self.grouped(&fleet, &parts.headers, plan.session.as_deref(), exclude);
@@ -367,7 +364,7 @@ impl Native {
                             return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await;
                         }
                         let answer = no_instance(api, tried.instances());
-                        return self.failed_answer(record, &plan, arrived, answer);
+                        return self.failure_answer(record, arrived, plan.ends_session, answer);
                     };
                     record.decision_s = Some(decided.elapsed().as_secs_f64());
                     self.note_decision(&mut record, &decision);
@@ -396,7 +393,7 @@ impl Native {
                             return self.delegate_counted(plane, parts, raw, peer, record.turn, &[]).await;
                         }
                         let answer = no_instance(api, tried.instances());
-                        return self.failed_answer(record, &plan, arrived, answer);
+                        return self.failure_answer(record, arrived, plan.ends_session, answer);
                     };
                     record.decision_s = Some(decided.elapsed().as_secs_f64());
                     match self
@@ -424,7 +421,7 @@ impl Native {
                             match self.attempt_failed(api, &mut record, &mut tried, &instance, cause, status) {
                                 AfterFailure::Retry => continue,
                                 AfterFailure::Answer(answer) => {
-                                    return self.failed_answer(record, &plan, arrived, answer);
+                                    return self.failure_answer(record, arrived, plan.ends_session, answer);
                                 }
                             }
                         }
@@ -444,11 +441,7 @@ impl Native {
                 self.answered_after(&mut record, &mut tried);
                 let (mut head, upstream_body) = answer.into_parts();
                 client_head(&mut head.headers, decision_header, cookie, &id);
-                let streamed = head
-                    .headers
-                    .get(CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v.starts_with("text/event-stream"));
+                let streamed = is_event_stream(&head.headers);
                 if !streamed {
                     let whole = match self.whole_body(upstream_body).await {
                         Ok(whole) => whole,
@@ -509,7 +502,7 @@ impl Native {
             drop(lifecycle);
             match self.attempt_failed(api, &mut record, &mut tried, &instance, cause, status) {
                 AfterFailure::Retry => {}
-                AfterFailure::Answer(answer) => return self.failed_answer(record, &plan, arrived, answer),
+                AfterFailure::Answer(answer) => return self.failure_answer(record, arrived, plan.ends_session, answer),
             }
         }
     }
@@ -646,20 +639,6 @@ impl Native {
             self.config.routing.policy_name(),
         );
         HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("unrenderable"))
-    }
-
-    /// A request answered with the failure of its attempts (`failover.rs`), recorded.
-    fn failed_answer(
-        &self,
-        mut record: Record,
-        plan: &Plan,
-        arrived: Instant,
-        answer: Response<Body>,
-    ) -> Response<Body> {
-        record.status = answer.status().as_u16();
-        record.latency_s = arrived.elapsed().as_secs_f64();
-        self.settle(record, plan.ends_session);
-        answer
     }
 
     /// Delegates an admitted request to the app with `extra` fields and the turn the session
@@ -1007,11 +986,8 @@ impl Native {
                 return None;
             }
             let fleet = self.fleet();
-            let mut exclude = fleet.exclusions(plan.model.as_deref(), relay.tried.instances(), None)?;
-            let cap = self.config.admission.max_in_flight_per_instance;
-            if self.admission.admitted() >= cap {
-                exclude = self.skip_full(&fleet.instances, exclude, cap);
-            }
+            let exclude = fleet.exclusions(plan.model.as_deref(), relay.tried.instances(), None)?;
+            let exclude = self.without_full(&fleet.instances, exclude);
             let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
             // The continuation's turn: its messages' (chat) or the index's; its session's turn
             // was counted with the request.
@@ -1044,11 +1020,7 @@ impl Native {
                     Err(failure) => break 'attempt failure,
                 };
                 self.answered_after(&mut relay.record, &mut relay.tried);
-                let streamed = answer
-                    .headers()
-                    .get(CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v.starts_with("text/event-stream"));
+                let streamed = is_event_stream(answer.headers());
                 if answer.status() != StatusCode::OK || !streamed {
                     // Refused (a 4xx) or not a stream: nothing to continue the client's with.
                     return None;

@@ -149,9 +149,25 @@ impl Native {
         answer
     }
 
+    /// `exclude` plus the instances at the per-instance cap once the admission holds an
+    /// instance's share (`admission.skip_full`, pool by pool: PD's prefill and decode pools
+    /// each keep one below it). O(instances), nothing at all below the share.
+    pub(super) fn without_full(&self, instances: &[String], exclude: Vec<String>) -> Vec<String> {
+        let cap = self.config.admission.max_in_flight_per_instance;
+        if self.admission.admitted() < cap {
+            return exclude;
+        }
+        match self.config.routing.exclusion_pools(instances) {
+            None => self.skip_full(instances, exclude, cap),
+            Some(pools) => pools
+                .iter()
+                .fold(exclude, |exclude, pool| self.skip_full(pool, exclude, cap)),
+        }
+    }
+
     /// `exclude` plus the instances of `instances` (one pool) at `cap` requests in flight, while
-    /// one below it is left (`admission.skip_full`, pool by pool).
-    pub(super) fn skip_full(&self, instances: &[String], exclude: Vec<String>, cap: usize) -> Vec<String> {
+    /// one below it is left.
+    fn skip_full(&self, instances: &[String], exclude: Vec<String>, cap: usize) -> Vec<String> {
         let candidates: Vec<&String> = instances.iter().filter(|u| !exclude.contains(u)).collect();
         let full: Vec<String> = candidates
             .iter()

@@ -10,14 +10,15 @@
 //! query with `+` or `;`, a key the proxy does not accept (its 401), and a method other than
 //! `POST`. Idempotent; O(id length).
 
-use hyper::header::{HeaderMap, HeaderValue, SET_COOKIE};
+use hyper::header::{HeaderMap, SET_COOKIE};
 use hyper::{Method, Response, StatusCode, Uri};
 
+use super::attempt::affinity_cleared_cookie;
 use super::state::Native;
 use crate::answers::{Body, json_response};
 use crate::handoff::SESSION_END_RECORD;
 use crate::records::Record;
-use crate::shared::{AFFINITY_ATTRIBUTES, AFFINITY_COOKIE, MAX_SESSION_ID_BYTES};
+use crate::shared::MAX_SESSION_ID_BYTES;
 
 /// The session id an end endpoint names, when the native path answers it (see the module docs).
 pub(super) fn ended_session(method: &Method, uri: &Uri) -> Option<String> {
@@ -55,7 +56,7 @@ impl Native {
         let body = format!(r#"{{"object": "session.end", "id": {quoted}, "ended": true, "held": {held}}}"#);
         let mut answer = json_response(StatusCode::OK, body);
         if self.config.routing.session_cookie()
-            && let Ok(cookie) = HeaderValue::from_str(&format!("{AFFINITY_COOKIE}=; Max-Age=0; {AFFINITY_ATTRIBUTES}"))
+            && let Some(cookie) = affinity_cleared_cookie()
         {
             answer.headers_mut().insert(SET_COOKIE, cookie);
         }

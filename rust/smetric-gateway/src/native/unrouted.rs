@@ -26,12 +26,12 @@ use bytes::Bytes;
 use http_body_util::channel::Channel;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::HeaderValue;
 use hyper::http::request::Parts;
 use hyper::{Method, Response};
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 
-use super::attempt::{client_head, request_id};
+use super::attempt::{client_head, is_event_stream, request_id};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
 use super::intake::has_long_digit_run;
 use super::messages::{MESSAGES, count_tokens_model};
@@ -205,17 +205,16 @@ impl Native {
             let exclude = match &pinned {
                 Some(instance) if !first_attempt => {
                     let answer = lost_state(instance, tried.last_cause());
-                    return self.unrouted_answer(record, arrived, answer);
+                    return self.failure_answer(record, arrived, false, answer);
                 }
                 Some(instance) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
                 None => fleet.exclusions(record.model.as_deref(), tried.instances(), None),
             };
             let Some(mut exclude) = exclude else {
-                return self.unrouted_answer(record, arrived, no_instance(api, tried.instances()));
+                return self.failure_answer(record, arrived, false, no_instance(api, tried.instances()));
             };
-            let cap = self.config.admission.max_in_flight_per_instance;
-            if pinned.is_none() && self.admission.admitted() >= cap {
-                exclude = self.skip_full(&fleet.instances, exclude, cap);
+            if pinned.is_none() {
+                exclude = self.without_full(&fleet.instances, exclude);
             }
             let least = fleet
                 .instances
@@ -223,7 +222,7 @@ impl Native {
                 .filter(|u| !exclude.contains(u))
                 .min_by_key(|u| self.config.routing.in_flight(u).unwrap_or(0));
             let Some(instance) = least.cloned() else {
-                return self.unrouted_answer(record, arrived, no_instance(api, tried.instances()));
+                return self.failure_answer(record, arrived, false, no_instance(api, tried.instances()));
             };
             record.instance = Some(instance.clone());
             record.attempts += 1;
@@ -241,11 +240,7 @@ impl Native {
                 self.answered_after(&mut record, &mut tried);
                 let (mut head, upstream_body) = answer.into_parts();
                 client_head(&mut head.headers, header, None, &id);
-                let streamed = head
-                    .headers
-                    .get(CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .is_some_and(|v| v.starts_with("text/event-stream"));
+                let streamed = is_event_stream(&head.headers);
                 record.status = head.status.as_u16();
                 record.first_byte_s = Some(sent.elapsed().as_secs_f64());
                 if streamed {
@@ -276,17 +271,9 @@ impl Native {
             };
             match self.attempt_failed(api, &mut record, &mut tried, &instance, cause, status) {
                 AfterFailure::Retry => {}
-                AfterFailure::Answer(answer) => return self.unrouted_answer(record, arrived, answer),
+                AfterFailure::Answer(answer) => return self.failure_answer(record, arrived, false, answer),
             }
         }
-    }
-
-    /// An unrouted request answered with a failure, recorded.
-    fn unrouted_answer(&self, mut record: Record, arrived: Instant, answer: Response<Body>) -> Response<Body> {
-        record.status = answer.status().as_u16();
-        record.latency_s = arrived.elapsed().as_secs_f64();
-        self.settle(record, false);
-        answer
     }
 
     /// A stored response's event stream with the engine's ids rewritten to the proxy's.
