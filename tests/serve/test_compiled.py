@@ -418,6 +418,103 @@ def _chunk(text: str) -> bytes:
 ROLE = b'data: {"id":"c1","choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}\n\n'
 
 
+def _anthropic_event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def test_a_cut_messages_stream_is_continued_natively_over_chat_as_the_app_builds_it() -> None:
+    """A Messages stream cut inside its text block is continued by the gateway over the engine's
+    chat endpoint: the body is the app's ``_chat_body`` (compared field for field on a request
+    with tools, a named tool choice, thinking, effort, stop sequences and sampling), and the
+    chat chunks reach the client as the open block's deltas, one ``message_delta`` and one
+    ``message_stop``."""
+    from smetric.anthropic import to_chat
+    from smetric.serve.apis.messages import _chat_body
+
+    opening = {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "m"}
+    opening |= {"stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 0}}
+    head = [
+        _anthropic_event("message_start", {"type": "message_start", "message": opening}),
+        _anthropic_event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
+        _anthropic_event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hel"}},
+        ),
+    ]
+
+    async def cuts(request: web.Request) -> web.StreamResponse:
+        if request.path != "/v1/messages":
+            return web.json_response({"object": "list", "data": []})
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"".join(head))
+        assert request.transport is not None
+        request.transport.abort()  # the engine dies mid-stream
+        return resp
+
+    continued: list[tuple[str, dict[str, Any]]] = []
+
+    async def finishes(request: web.Request) -> web.StreamResponse:
+        if request.path != "/v1/chat/completions":
+            return web.json_response({"object": "list", "data": []})
+        continued.append((request.path, await request.json()))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(ROLE + _chunk("lo") + _chunk(" world"))
+        await resp.write(b'data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n')
+        await resp.write(b'data: {"id":"c1","choices":[],"usage":{"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+        return resp
+
+    body: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 9,
+        "stream": True,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"name": "f", "description": "d", "input_schema": {"properties": {}}}],
+        "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": True},
+        "thinking": {"type": "enabled", "budget_tokens": 2048},
+        "output_config": {"effort": "high"},
+        "temperature": 0.5,
+        "stop_sequences": ["END"],
+        "chat_template_kwargs": {"custom": 1},
+    }
+    with Stub(cuts) as a, Stub(finishes) as b:
+        p = compiled([a.url, b.url], policy="round_robin", eject_after=100)
+        try:
+            client = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0, timeout=30)
+            extra = {k: body[k] for k in ("output_config", "chat_template_kwargs", "temperature", "stop_sequences")}
+            with client.messages.stream(
+                model="m",
+                max_tokens=9,
+                system="Be brief.",
+                messages=body["messages"],
+                tools=body["tools"],
+                tool_choice=body["tool_choice"],
+                thinking=body["thinking"],
+                extra_body=extra,
+            ) as stream:
+                message = stream.get_final_message()
+            client.close()
+            assert [block.type for block in message.content] == ["text"]
+            assert message.content[0].text == "hello world" and message.stop_reason == "end_turn"  # type: ignore[union-attr]
+            assert message.usage.output_tokens == 3, "one delta before the cut, two after"
+            ((path, chat),) = continued
+            assert path == "/v1/chat/completions"
+            conversion = to_chat(body)
+            assistant = {"role": "assistant", "content": "hel"}
+            assert chat == _chat_body(body, conversion, [*conversion.messages, assistant], 1)
+            text = page(p)
+            assert metric(text, "smetric_proxy_resumed_streams_total") == 1
+            assert metric(text, "smetric_proxy_native_requests_total", api="messages") == 1, "continued natively"
+        finally:
+            p.stop()
+
+
 def test_a_stream_cut_after_its_first_event_is_continued_natively() -> None:
     """The gateway builds chat's continuation itself (the text so far as the final assistant
     message, the budget reduced), relays it under the first attempt's id without its opening

@@ -329,6 +329,8 @@ class MessagesStream(StreamState):
         self.done = False
         self.finished = False
         self.deltas = 0
+        self.cached_tokens: int | None = None
+        """The realized hit, once an event carried it (a slot shadows the base class default)."""
         self.blocks = 0
         """``content_block_start`` events the client received."""
         self.resending = False

@@ -1,5 +1,7 @@
 //! A cut OpenAI stream continued natively (`python/smetric/serve/apis/openai.py`, `chat.py`,
-//! `completions.py`: the app's rules, which stay the app's for Messages and Responses).
+//! `completions.py`: the app's rules, which stay the app's for Responses), and what every API's
+//! continuation shares: [`Continued`] and [`Rejoin`] (Messages' own are in `messages.rs` and
+//! `anthropic_events.rs`).
 //!
 //! From what the client already received ([`Received`], decoded from the events it was sent):
 //! nothing yet → the request again as it was (the new stream's opening dropped); text (and, for
@@ -30,8 +32,28 @@ pub(crate) enum Continued {
     Again,
     /// The continuation request's body.
     Body(Bytes),
+    /// A body for the engine's chat endpoint, whose chunks the API translates back into its own
+    /// events (Messages: vLLM's `/v1/messages` cannot continue a final assistant message).
+    OverChat(Bytes),
     /// Not continued faithfully: the stream ends with the API's error event.
     Not,
+}
+
+/// How a continuation's events join the stream the client has: the bytes to relay for each
+/// upstream chunk, and what the continuation itself says of its end.
+pub(crate) trait Rejoin: Send {
+    /// The client's bytes for `chunk` (whole events; a part waits for the rest).
+    fn feed(&mut self, chunk: &[u8]) -> Bytes;
+    /// Whether the continuation's answer finished (a translated stream's finish reason, which
+    /// the client's events say only once the message ends).
+    fn finished(&self) -> bool {
+        false
+    }
+    /// What closes the client's message when the upstream ended without its own end, before
+    /// the API's end marker.
+    fn closing(&mut self) -> Bytes {
+        Bytes::new()
+    }
 }
 
 /// vLLM's request fields that constrain decoding to a grammar.
@@ -106,7 +128,7 @@ impl Received {
 }
 
 /// Python's truth value of a JSON value.
-fn truthy(value: &Value) -> bool {
+pub(crate) fn truthy(value: &Value) -> bool {
     match value {
         Value::Null => false,
         Value::Bool(b) => *b,
@@ -260,9 +282,10 @@ impl Rejoined {
             pending: Pending::default(),
         }
     }
+}
 
-    /// The client's bytes for `chunk` (whole events; a part waits for the rest).
-    pub(crate) fn feed(&mut self, chunk: &[u8]) -> Bytes {
+impl Rejoin for Rejoined {
+    fn feed(&mut self, chunk: &[u8]) -> Bytes {
         let mut out = BytesMut::new();
         let mut pending = std::mem::take(&mut self.pending);
         pending.feed(chunk, |event| {
@@ -330,7 +353,7 @@ mod tests {
         match c {
             Continued::Body(b) => serde_json::from_slice(&b).unwrap(),
             Continued::Again => Value::from("again"),
-            Continued::Not => Value::from("not"),
+            Continued::OverChat(_) | Continued::Not => Value::from("not"),
         }
     }
 

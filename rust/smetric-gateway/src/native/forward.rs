@@ -20,9 +20,10 @@ use super::apis;
 use super::attempt::{
     GatedSession, Lifecycle, affinity_instance, affinity_set_cookie, client_head, is_event_stream, request_id,
 };
-use super::continuation::{Continued, Rejoined};
+use super::continuation::{Continued, Rejoin};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
 use super::intake::{has_long_digit_run, header, header_session, parent_key, session_end, session_headers_utf8};
+use super::openai::CHAT;
 use super::pd::PrefillLeg;
 use super::protocol::{Plan, Protocol, StreamScan};
 use super::response_ids::ResponseIds;
@@ -748,7 +749,7 @@ struct Relay {
     /// The attempts that failed so far (the cut ones included).
     tried: Tried,
     /// A continuation's events rejoined to the first attempt's stream (None: the first's).
-    rejoined: Option<Rejoined>,
+    rejoined: Option<Box<dyn Rejoin>>,
 }
 
 /// How a relayed stream ended.
@@ -803,14 +804,20 @@ impl Relay {
                     }
                     End::ClientGone
                 }
-                Ok(None) if self.scan.done() || self.scan.finished() => End::Complete,
+                Ok(None) if self.scan.done() || self.finished() => End::Complete,
                 Ok(None) => End::Cut("stream_cut"),
                 // The answer was complete; only the end marker was lost.
-                Ok(Some(Err(_))) | Err(_) if self.scan.finished() => End::Complete,
+                Ok(Some(Err(_))) | Err(_) if self.finished() => End::Complete,
                 Ok(Some(Err(_))) => End::Cut("ClientPayloadError"),
                 Err(_) => End::Cut("TimeoutError"),
             };
         }
+    }
+
+    /// Whether the answer finished: the client's events say so, or the continuation being
+    /// translated for it does.
+    fn finished(&self) -> bool {
+        self.scan.finished() || self.rejoined.as_ref().is_some_and(|r| r.finished())
     }
 
     /// An upstream frame in, the client's bytes out: a continuation's events rejoined to the
@@ -835,7 +842,12 @@ impl Relay {
         match end {
             End::Complete => {
                 if !self.scan.done() {
-                    let _ = tx.send_data(Bytes::from_static(self.api.end_marker())).await;
+                    let mut end = BytesMut::new();
+                    if let Some(rejoined) = self.rejoined.as_mut() {
+                        end.extend_from_slice(&rejoined.closing());
+                    }
+                    end.extend_from_slice(self.api.end_marker());
+                    let _ = tx.send_data(end.freeze()).await;
                 }
                 self.lifecycle.finished(tokens);
                 if tokens >= 2 {
@@ -880,8 +892,8 @@ impl Relay {
     }
 
     /// A stream cut after the client had its first event: continued when the proxy continues
-    /// streams — natively for the APIs whose continuation the gateway builds (chat and
-    /// completions, co-located), else by the app (its continuation relayed after what was sent)
+    /// streams — natively for the APIs whose continuation the gateway builds (chat, completions
+    /// and Messages, co-located), else by the app (its continuation relayed after what was sent)
     /// — or ended with the API's error event.
     async fn cut(&mut self, cause: &'static str, tx: &mut Sender<Bytes, hyper::Error>) -> Option<(Bytes, Incoming)> {
         let Some(kept) = self.kept.as_ref() else {
@@ -900,17 +912,18 @@ impl Relay {
         // The cut is the instance's own failure (`failover.rs`), and counts as an attempt.
         self.native.charge_cut(&mut self.record, &self.instance, cause);
         self.tried.failed.push(self.instance.clone());
-        let body = match continued {
-            Continued::Again => self.body.clone(),
-            Continued::Body(body) => body,
+        let rejoined = self.api.rejoined(kept, &continued);
+        let (body, via) = match continued {
+            Continued::Again => (self.body.clone(), self.api),
+            Continued::Body(body) => (body, self.api),
+            Continued::OverChat(body) => (body, &CHAT as Api),
             Continued::Not => {
                 self.unresumed(tx).await;
                 return None;
             }
         };
-        let rejoined = self.api.rejoined(kept);
         let native = Arc::clone(&self.native);
-        let Some((instance, lifecycle, first, upstream)) = native.continue_stream(self, &body).await else {
+        let Some((instance, lifecycle, first, upstream)) = native.continue_stream(self, via, &body).await else {
             self.unresumed(tx).await;
             return None;
         };
@@ -972,15 +985,21 @@ impl Relay {
 }
 
 impl Native {
-    /// Routes and opens the continuation `body` of `relay`'s cut stream (the failed instances
-    /// excluded, `max_attempts` in all), retrying what fails before its first byte: the
-    /// instance, its lifecycle, its first frame and its stream; None when no attempt is left.
-    async fn continue_stream(&self, relay: &mut Relay, body: &Bytes) -> Option<(String, Lifecycle, Bytes, Incoming)> {
+    /// Routes and opens the continuation `body` of `relay`'s cut stream, posted to `via`'s
+    /// path (the failed instances excluded, `max_attempts` in all), retrying what fails before
+    /// its first byte: the instance, its lifecycle, its first frame and its stream; None when no
+    /// attempt is left.
+    async fn continue_stream(
+        &self,
+        relay: &mut Relay,
+        via: Api,
+        body: &Bytes,
+    ) -> Option<(String, Lifecycle, Bytes, Incoming)> {
         let Routing::Colocated(router) = &self.config.routing else {
             return None;
         };
         let fleet = self.fleet();
-        let plan = self.plan(&fleet, relay.api, &relay.parts.headers, body).await?;
+        let plan = self.plan(&fleet, via, &relay.parts.headers, body).await?;
         loop {
             if relay.tried.instances().len() >= self.config.max_attempts as usize {
                 return None;
@@ -1013,7 +1032,7 @@ impl Native {
             let mut lifecycle = Lifecycle::new(&self.config.routing, decision.request_id);
             let instance = decision.instance_name.to_string();
             let id = relay.record.request_id.clone();
-            let upstream = self.upstream_request(relay.api, &instance, &relay.parts.headers, &id, body.clone());
+            let upstream = self.upstream_request(via, &instance, &relay.parts.headers, &id, body.clone());
             let (cause, status) = 'attempt: {
                 let answer = match self.send(upstream).await {
                     Ok(answer) => answer,

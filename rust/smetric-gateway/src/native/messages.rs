@@ -23,6 +23,11 @@
 //! `stop_reason` finishes the answer; `message_stop` ends the stream; `cache_read_input_tokens`
 //! in `message_start` or `message_delta` is the realized hit.
 //!
+//! **A cut stream** (`MessagesApi.continuation`) is continued over the engine's chat endpoint:
+//! [`continuation_body`] builds the chat request from this file's conversion with the text so
+//! far as the final assistant message; `anthropic_events.rs` decodes what the client has and
+//! translates the chat chunks back.
+//!
 //! O(body length): one borrowed parse of the body, one of each message, one copy of the text.
 
 use std::borrow::Cow;
@@ -30,14 +35,16 @@ use std::fmt::Write;
 
 use bytes::Bytes;
 use serde::Deserialize;
-use serde_json::Value;
 use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
 use std::sync::Arc;
 
 use hyper::{Response, StatusCode};
 
+use super::anthropic_events::{ChatTranslation, MESSAGE_STOP, Received, Resent, counts_a_token, event_name};
 use super::chatml::{Rendered, RenderedBody};
+use super::continuation::{Continued, Rejoin, truthy as value_truthy};
 use super::json::{self, Entries, is_object, json_array, json_str, list, object, ordered_entries, string};
 use super::protocol::{ChatRequest, Plan, Protocol, StreamScan, rendered_plan, stream_scan_by_fields, template_plan};
 use super::response_ids::ResponseIds;
@@ -47,9 +54,6 @@ use crate::answers::{Body as AnswerBody, json_response};
 use crate::tokens::{LeadingSystem, TokenSource};
 
 use crate::shared::BILLING_HEADER_PREFIX;
-
-/// The end marker written when an upstream stream ends without its own.
-pub(crate) const MESSAGE_STOP: &[u8] = b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
 #[derive(Deserialize)]
 struct Body<'a> {
@@ -817,6 +821,95 @@ fn check_thinking(thinking: Option<&RawValue>, output_config: Option<&RawValue>)
     Some(())
 }
 
+/// The chat request that continues a cut Messages stream after the assistant's `text` (and
+/// `reasoning`) so far (`apis/messages.py`'s `_chat_body`): vLLM's conversion of the request
+/// (`raw`) with that text as the final assistant message, `continue_final_message`, the rest of
+/// the request as vLLM's conversion sets it (sampling, stop sequences, tools and their choice,
+/// thinking's budget and effort), the output budget reduced by the `sent` deltas. None: the
+/// body does not convert (never after a first attempt the native path planned).
+fn continuation_body(raw: &[u8], text: &str, reasoning: &str, sent: u64) -> Option<Bytes> {
+    let checked = check(json::body(raw)?, false)?;
+    let chat = convert_body(&checked, false)?;
+    let Value::Array(mut messages) = serde_json::from_str(&json_array(&chat, ChatMessage::push_json)).ok()? else {
+        return None;
+    };
+    let mut assistant = Map::new();
+    assistant.insert("role".to_owned(), Value::from("assistant"));
+    assistant.insert("content".to_owned(), Value::from(text));
+    if !reasoning.is_empty() {
+        assistant.insert("reasoning".to_owned(), Value::from(reasoning));
+    }
+    messages.push(Value::Object(assistant));
+    let Value::Object(body) = serde_json::from_slice::<Value>(raw).ok()? else {
+        return None;
+    };
+    let given = |key: &str| body.get(key).filter(|v| !v.is_null());
+    let budget = given("max_tokens").and_then(Value::as_u64).unwrap_or(1);
+    let mut out = Map::new();
+    out.insert("model".to_owned(), Value::from(checked.model.as_str()));
+    out.insert("messages".to_owned(), Value::Array(messages));
+    out.insert("max_tokens".to_owned(), Value::from(budget.saturating_sub(sent).max(1)));
+    out.insert("stream".to_owned(), Value::Bool(true));
+    out.insert("stream_options".to_owned(), serde_json::json!({"include_usage": true}));
+    out.insert("add_generation_prompt".to_owned(), Value::Bool(false));
+    out.insert("continue_final_message".to_owned(), Value::Bool(true));
+    for key in [
+        "temperature",
+        "top_p",
+        "top_k",
+        "cache_salt",
+        "vllm_xargs",
+        "chat_template_kwargs",
+    ] {
+        if let Some(value) = given(key) {
+            out.insert(key.to_owned(), value.clone());
+        }
+    }
+    if let Some(stop) = given("stop_sequences") {
+        out.insert("stop".to_owned(), stop.clone());
+    }
+    if let Some(kwargs) = template_kwargs(&checked)?
+        && let Ok(Value::Object(kwargs)) = serde_json::from_str::<Value>(&kwargs)
+        && let Some(effort) = kwargs.get("reasoning_effort")
+    {
+        out.insert("reasoning_effort".to_owned(), effort.clone());
+    }
+    if let Some(thinking) = given("thinking")
+        && thinking.get("type").and_then(Value::as_str) == Some("enabled")
+    {
+        let budget = thinking.get("budget_tokens").cloned().unwrap_or(Value::Null);
+        out.insert("thinking_token_budget".to_owned(), budget);
+    }
+    let tools = match checked.tools {
+        None => None,
+        Some(tools) => Some(serde_json::from_str::<Value>(&chat_tools(tools)?).ok()?),
+    };
+    let has_tools = tools.is_some();
+    if let Some(tools) = tools {
+        out.insert("tools".to_owned(), tools);
+    }
+    match given("tool_choice") {
+        Some(Value::Object(choice)) => {
+            let kind = choice.get("type").and_then(Value::as_str).unwrap_or_default();
+            let mapped = match kind {
+                "tool" => serde_json::json!({"type": "function", "function": {"name": choice.get("name")}}),
+                "any" => Value::from("required"),
+                "none" => Value::from("none"),
+                _ => Value::from("auto"),
+            };
+            out.insert("tool_choice".to_owned(), mapped);
+            if let Some(parallel) = choice.get("disable_parallel_tool_use").filter(|v| !v.is_null()) {
+                out.insert("parallel_tool_calls".to_owned(), Value::Bool(!value_truthy(parallel)));
+            }
+        }
+        _ if has_tools => {
+            out.insert("tool_choice".to_owned(), Value::from("auto"));
+        }
+        _ => {}
+    }
+    serde_json::to_vec(&Value::Object(out)).ok().map(Bytes::from)
+}
+
 /// A whole answer's `(output_tokens, cache_read_input_tokens)`.
 pub(crate) fn usage_counts(answer: &[u8]) -> (Option<u64>, Option<u64>) {
     let Ok(value) = serde_json::from_slice::<Value>(answer) else {
@@ -854,14 +947,6 @@ pub(crate) fn error_body(status: u16, message: &str) -> String {
     serde_json::json!({"type": "error", "error": {"type": error_type(status), "message": message}}).to_string()
 }
 
-fn event_name(event: &[u8]) -> &[u8] {
-    let Some(rest) = event.strip_prefix(b"event:") else {
-        return b"";
-    };
-    let end = rest.iter().position(|&b| b == b'\n').unwrap_or(rest.len());
-    rest[..end].trim_ascii()
-}
-
 /// One relayed Messages stream (see the module docs).
 #[derive(Default)]
 pub(crate) struct MessagesStream {
@@ -888,7 +973,7 @@ impl MessagesStream {
     fn scan(&mut self, event: &[u8]) {
         let name = event_name(event);
         match name {
-            b"content_block_delta" if !contains(event, b"\"signature_delta\"") => self.deltas += 1,
+            _ if counts_a_token(event) => self.deltas += 1,
             b"message_delta"
                 if contains(event, b"\"stop_reason\"")
                     && !contains(event, b"\"stop_reason\":null")
@@ -959,6 +1044,27 @@ impl Protocol for Messages {
             StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             error_body(status, message),
         )
+    }
+
+    fn continuation(&self, body: &[u8], sent: &[u8]) -> Option<Continued> {
+        let received = Received::of(sent);
+        if received.blocks.is_empty() {
+            return Some(Continued::Again);
+        }
+        let Some((text, reasoning)) = received.continuable_text() else {
+            return Some(Continued::Not);
+        };
+        Some(match continuation_body(body, &text, &reasoning, received.deltas) {
+            Some(chat) => Continued::OverChat(chat),
+            None => Continued::Not,
+        })
+    }
+
+    fn rejoined(&self, sent: &[u8], continued: &Continued) -> Box<dyn Rejoin> {
+        match continued {
+            Continued::OverChat(_) => Box::new(ChatTranslation::after(&Received::of(sent))),
+            _ => Box::new(Resent::default()),
+        }
     }
 
     fn stream_failure(&self, message: &str) -> Bytes {

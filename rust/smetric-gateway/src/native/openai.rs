@@ -12,7 +12,7 @@ use smetric_core::{TurnHint, first_turn_from_roles};
 use smetric_vllm::{Endpoint, parse_openai_body};
 
 use super::chatml::{byte_chunk_ids, render};
-use super::continuation::{Continued, Rejoined, continuation, first_id};
+use super::continuation::{Continued, Rejoin, Rejoined, continuation, first_id};
 use super::protocol::{Plan, Protocol, StreamScan, openai_error_json, stream_scan_by_fields};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
@@ -63,8 +63,8 @@ impl Protocol for OpenAi {
         Some(continuation(self.chat, body, sent))
     }
 
-    fn rejoined(&self, sent: &[u8]) -> Rejoined {
-        Rejoined::new(self.chat, first_id(sent))
+    fn rejoined(&self, sent: &[u8], _continued: &Continued) -> Box<dyn Rejoin> {
+        Box::new(Rejoined::new(self.chat, first_id(sent)))
     }
 
     fn stream_failure(&self, message: &str) -> Bytes {

@@ -15,7 +15,7 @@ use hyper::{Response, StatusCode};
 use smetric_core::TurnHint;
 
 use super::chatml::{RenderedBody, byte_chunk_ids};
-use super::continuation::{Continued, Rejoined};
+use super::continuation::{Continued, Rejoin, Rejoined};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use crate::answers::{Body, json_response};
@@ -107,9 +107,9 @@ pub(crate) trait Protocol: Sync {
     fn continuation(&self, _body: &[u8], _sent: &[u8]) -> Option<Continued> {
         None
     }
-    /// How a continuation's events join the stream the client has (`sent`).
-    fn rejoined(&self, _sent: &[u8]) -> Rejoined {
-        Rejoined::new(false, None)
+    /// How `continued`'s events join the stream the client has (`sent`).
+    fn rejoined(&self, _sent: &[u8], _continued: &Continued) -> Box<dyn Rejoin> {
+        Box::new(Rejoined::new(false, None))
     }
     /// What ends a started stream with the proxy's error (`Api.stream_failure` of a 503).
     fn stream_failure(&self, message: &str) -> Bytes;
