@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from proxy_util import TIMEOUT_S, Stub
+from proxy_util import TIMEOUT_S, Stub, metric, request
 
 from smetric._core import SessionTable
 from smetric.serve.apis.responses import ResponsesApi, ResponsesStream
@@ -279,10 +279,89 @@ def test_through_the_proxy_a_cut_text_stream_reaches_the_sdk_whole_and_a_cut_cal
         call = outcomes["call"]
         assert call[-1].type == "response.failed"
         assert not any(e.type == "response.function_call_arguments.done" for e in call)  # no broken call delivered
-        assert server.proxy is not None and server.proxy.telemetry.resumed_streams >= 1
-        assert server.proxy.telemetry.unresumed_streams == 1  # the cut call, counted
+        page = request(server.url, "/metrics", method="GET")[2].decode()  # takes the gateway's records
+        assert metric(page, "smetric_proxy_resumed_streams_total") >= 1
+        assert metric(page, "smetric_proxy_unresumed_streams_total") == 1  # the cut call, counted
     finally:
         sdk.close()
         server.stop()
         dying.stop()
         healthy.stop()
+
+
+def _client_events(raw: bytes) -> list[dict[str, Any]]:
+    return [json.loads(block.partition(b"data: ")[2]) for block in raw.split(b"\n\n") if block.strip()]
+
+
+@pytest.mark.own_data_plane
+@pytest.mark.parametrize("part", list(CASES))
+@pytest.mark.parametrize("cut", ["before any item", "inside the last part", "after the first item"])
+def test_the_gateway_continues_a_cut_stream_natively_as_the_app_would(part: str, cut: str) -> None:
+    """The matrix above through the compiled plane's native continuation: the engine that takes
+    the first attempt dies after ``k`` events, the other continues what the continuation's input
+    asks for; the client's stream is one well-formed stream (the proxy's ids, the sequence
+    numbers and indices following on) or ends with ``response.failed``, and the gateway, not the
+    app, served it."""
+    parts = CASES[part]
+    extra = (
+        {"text": {"format": {"type": "json_schema", "name": "p", "schema": {}}}} if part == "structured output" else {}
+    )
+    whole = engine_stream("resp_a", parts)
+    k = cut_points(parts)[cut]
+    # What the client has at the cut, and so what the second engine streams (as the matrix above).
+    api = ResponsesApi(ResponseIds("k"))
+    state = api.stream(keep=True)
+    state.begin(A)
+    had = relay(state, whole[:k])
+    continued = api.continuation(first_request(api, **extra), state, SOURCE)
+    seen = [e for e in had if e["type"] == "response.output_item.added"]
+    received_text = {i: "" for i in range(len(parts))}
+    for e in had:
+        if e["type"].endswith(".delta"):
+            received_text[e["output_index"]] += e["delta"]
+    closed = {e["output_index"] for e in had if e["type"] == "response.output_item.done"}
+    rest: list[Part] = []
+    if seen and seen[-1]["output_index"] not in closed:
+        index = len(seen) - 1
+        rest.append((parts[index][0], parts[index][1][len(received_text[index]) :]))
+    rest += parts[len(seen) :]
+    bodies: list[dict[str, Any]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.path != "/v1/responses":
+            return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+        body = await request.json()
+        bodies.append(body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if body["input"] == "go":  # the first attempt: cut after k events
+            await resp.write(b"".join(e + b"\n\n" for e in whole[:k]))
+            await asyncio.sleep(0)
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
+        await resp.write(b"".join(e + b"\n\n" for e in engine_stream("resp_b", rest)))
+        await resp.write_eof()
+        return resp
+
+    with Stub(handler) as a, Stub(handler) as b:
+        instances = [{"url": u, "kv_events": "off"} for u in (a.url, b.url)]
+        config = load_config(instances=instances, port=0, policy="round_robin", data_plane="compiled", eject_after=100)
+        server = ProxyServer(config).start()
+        try:
+            first = {"model": "m", "input": "go", "stream": True, **extra}
+            status, _, raw = request(server.url, "/v1/responses", first)
+            assert status == 200
+            client = _client_events(raw)
+            page = request(server.url, "/metrics", method="GET")[2].decode()
+            assert metric(page, "smetric_proxy_native_requests_total", api="responses") == 1
+            if continued is None:
+                assert client[-1]["type"] == "response.failed" and len(bodies) == 1
+                assert metric(page, "smetric_proxy_unresumed_streams_total") == 1
+                return
+            assert metric(page, "smetric_proxy_resumed_streams_total") == 1
+            assert bodies[1] == json.loads(continued.body), "the app's continuation request, field for field"
+            check_well_formed(client, parts)
+            assert client[0]["response"]["id"].startswith("resp_a-"), "the proxy's id for the first engine's"
+        finally:
+            server.stop()

@@ -21,8 +21,9 @@ response is lost, never another instance without the history. An id that does no
 vLLM's own 404 ("Response with id … not found.").
 
 Stream: ``event: …`` / ``data: {…}`` events, ended by ``response.completed``,
-``response.failed`` or ``response.incomplete`` (no ``[DONE]``). A cut stream is not continued
-(None from :meth:`ResponsesApi.continuation`): it ends with a ``response.failed`` event in
+``response.failed`` or ``response.incomplete`` (no ``[DONE]``). A cut stream is continued on
+another instance where it can be faithfully (:meth:`ResponsesApi.continuation`, spliced into the
+client's stream by :class:`Splice`); otherwise it ends with a ``response.failed`` event in
 Responses' own shape, counted by the failover. Errors: OpenAI's shape.
 
 Invariants: the forwarded body differs from the client's only in ``previous_response_id`` (the

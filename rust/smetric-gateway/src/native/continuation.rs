@@ -1,7 +1,7 @@
 //! A cut OpenAI stream continued natively (`python/smetric/serve/apis/openai.py`, `chat.py`,
-//! `completions.py`: the app's rules, which stay the app's for Responses), and what every API's
-//! continuation shares: [`Continued`] and [`Rejoin`] (Messages' own are in `messages.rs` and
-//! `anthropic_events.rs`).
+//! `completions.py`: the app's rules), and what every API's continuation shares: [`Continued`]
+//! and [`Rejoin`] (Messages' own are in `messages.rs` and `anthropic_events.rs`, Responses' in
+//! `responses_splice.rs`).
 //!
 //! From what the client already received ([`Received`], decoded from the events it was sent):
 //! nothing yet → the request again as it was (the new stream's opening dropped); text (and, for

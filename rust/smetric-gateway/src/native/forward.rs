@@ -892,8 +892,8 @@ impl Relay {
     }
 
     /// A stream cut after the client had its first event: continued when the proxy continues
-    /// streams — natively for the APIs whose continuation the gateway builds (chat, completions
-    /// and Messages, co-located), else by the app (its continuation relayed after what was sent)
+    /// streams — natively for a co-located fleet (every API builds its continuation), else
+    /// (PD) by the app (its continuation relayed after what was sent)
     /// — or ended with the API's error event.
     async fn cut(&mut self, cause: &'static str, tx: &mut Sender<Bytes, hyper::Error>) -> Option<(Bytes, Incoming)> {
         let Some(kept) = self.kept.as_ref() else {
@@ -902,7 +902,7 @@ impl Relay {
             return None;
         };
         let continued = match self.native.config.routing {
-            Routing::Colocated(_) => self.api.continuation(&self.body, kept),
+            Routing::Colocated(_) => self.api.continuation(&self.body, kept, self.record.resumed > 0),
             Routing::Pd(_) => None,
         };
         let Some(continued) = continued else {

@@ -1046,7 +1046,7 @@ impl Protocol for Messages {
         )
     }
 
-    fn continuation(&self, body: &[u8], sent: &[u8]) -> Option<Continued> {
+    fn continuation(&self, body: &[u8], sent: &[u8], _resumed: bool) -> Option<Continued> {
         let received = Received::of(sent);
         if received.blocks.is_empty() {
             return Some(Continued::Again);

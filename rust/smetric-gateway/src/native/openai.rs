@@ -59,7 +59,7 @@ impl Protocol for OpenAi {
         usage_counts(answer)
     }
 
-    fn continuation(&self, body: &[u8], sent: &[u8]) -> Option<Continued> {
+    fn continuation(&self, body: &[u8], sent: &[u8], _resumed: bool) -> Option<Continued> {
         Some(continuation(self.chat, body, sent))
     }
 

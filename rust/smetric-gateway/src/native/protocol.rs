@@ -104,7 +104,8 @@ pub(crate) trait Protocol: Sync {
     }
     /// What a stream cut after the client had `sent` (the events it was sent) is continued with,
     /// built from `body` (the request as the first attempt sent it); None: the app builds it.
-    fn continuation(&self, _body: &[u8], _sent: &[u8]) -> Option<Continued> {
+    /// `resumed`: the stream was continued before (a second cut).
+    fn continuation(&self, _body: &[u8], _sent: &[u8], _resumed: bool) -> Option<Continued> {
         None
     }
     /// How `continued`'s events join the stream the client has (`sent`).

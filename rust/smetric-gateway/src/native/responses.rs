@@ -23,6 +23,9 @@
 //! `delta` is one output token; `response.completed` / `.failed` / `.incomplete` end it, with
 //! the usage (`input_tokens_details.cached_tokens`, the realized hit).
 //!
+//! **A cut stream** is continued by `responses_splice.rs` (the app's rules): the input plus every
+//! item the client received, the events spliced into its stream.
+//!
 //! O(body length) to plan; O(event bytes) per event to relay; one HMAC per response id.
 
 use std::borrow::Cow;
@@ -35,14 +38,14 @@ use serde_json::value::RawValue;
 use std::sync::Arc;
 
 use super::chatml::{Rendered, RenderedBody, push_content};
+use super::continuation::{Continued, Rejoin};
 use super::protocol::{ChatRequest, Plan, Protocol, StreamScan, rendered_plan, template_plan};
 use super::response_ids::ResponseIds;
+use super::responses_splice::{Splice, TERMINAL_EVENTS, continuation, is_delta};
 use super::state::NativeApis;
 use crate::tokens::TokenSource;
 use smetric_core::TurnHint;
 
-/// The event types that end a stream.
-const TERMINAL_EVENTS: [&[u8]; 3] = [b"response.completed", b"response.failed", b"response.incomplete"];
 use super::json::{self, Entries, json_array, json_str, list, object, string};
 use super::sse::{Pending, data_of};
 
@@ -601,7 +604,7 @@ impl ResponsesStream {
     fn scan(&mut self, event: &[u8]) {
         let head = &event[..event.len().min(64)];
         let has = |needle: &[u8]| head.windows(needle.len()).any(|w| w == needle);
-        if has(b"delta") {
+        if is_delta(event) {
             self.deltas += 1;
         } else if TERMINAL_EVENTS.iter().any(|kind| has(kind)) {
             self.done = true;
@@ -678,6 +681,14 @@ impl Protocol for Responses {
 
     fn relay_whole(&self, ids: &ResponseIds, whole: Bytes, instance: &str) -> Bytes {
         Bytes::from(relay_body(ids, &whole, &ResponseIds::tag(instance)))
+    }
+
+    fn continuation(&self, body: &[u8], sent: &[u8], resumed: bool) -> Option<Continued> {
+        Some(continuation(body, sent, resumed))
+    }
+
+    fn rejoined(&self, sent: &[u8], _continued: &Continued) -> Box<dyn Rejoin> {
+        Box::new(Splice::after(sent))
     }
 
     fn stream_failure(&self, message: &str) -> Bytes {
