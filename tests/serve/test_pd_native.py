@@ -223,3 +223,70 @@ def test_a_prefill_leg_refused_as_the_clients_mistake_is_the_clients_answer(
             assert native_requests(server) == 1
         finally:
             server.stop()
+
+
+def cutting_decode(decode: FakeEngine, cut: list[dict[str, Any]]) -> Handler:
+    """A decode instance that serves through ``decode`` but dies after the answer's first two
+    events (its opening and first token), recording each body it cut in ``cut``."""
+
+    async def handle(req: web.Request) -> web.StreamResponse:
+        if req.method != "POST":
+            return web.json_response({"status": "ok"})
+        raw = await req.read()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(decode.url + req.path, data=raw, headers={"Content-Type": "application/json"}) as r,
+        ):
+            answer = await r.read()
+        cut.append(json.loads(raw))
+        events = [e for e in answer.split(b"\n\n") if e.strip()]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(req)
+        await resp.write(b"".join(e + b"\n\n" for e in events[:2]))
+        assert req.transport is not None
+        req.transport.abort()  # the decode engine dies mid-stream
+        return resp
+
+    return handle
+
+
+def test_a_cut_decode_stream_is_continued_natively_with_both_legs_routed_again(
+    engines: tuple[FakeEngine, FakeEngine],
+) -> None:
+    """A decode stream cut after its first token is continued by the gateway: the continuation
+    (the text so far as the final assistant message) goes through a prefill leg and to the other
+    decode instance; the client gets one stream; the app serves none of it."""
+    prefill, decode = engines
+    cut: list[dict[str, Any]] = []
+    seen_p: list[tuple[str, dict[str, Any]]] = []
+    seen_d: list[tuple[str, dict[str, Any]]] = []
+    with (
+        Stub(cutting_decode(decode, cut)) as bad,
+        Stub(relay(prefill.url, seen_p)) as p,
+        Stub(relay(decode.url, seen_d)) as d,
+    ):
+        server = pd_proxy([p.url], [bad.url, d.url], "compiled")
+        try:
+            sent = 0
+            for n in range(20):  # until a first attempt's decode leg lands on the cutting instance
+                sent += 1
+                msgs = [{"role": "user", "content": f"task {n} " * 30}]
+                body = {"messages": msgs, "max_tokens": 6, "stream": True}
+                status, _, raw = request(server.url, "/v1/chat/completions", body)
+                assert status == 200, raw[:300]
+                chunks = [e for e in raw.split(b"\n\n") if e.strip()]
+                assert chunks.count(b"data: [DONE]") == 1 and b"error" not in raw, raw[-300:]
+                if cut:
+                    break
+            assert cut, "the cutting decode instance took a first attempt in 20 requests"
+            continuation = seen_d[-1][1]
+            assert continuation["continue_final_message"] is True
+            assert continuation["messages"][-1]["role"] == "assistant" and continuation["messages"][-1]["content"]
+            assert continuation["kv_transfer_params"], "the continuation went through a prefill leg"
+            assert seen_p[-1][1]["messages"] == continuation["messages"], "both legs carry the continuation"
+            page = request(server.url, "/metrics", method="GET")[2].decode()
+            assert metric(page, "smetric_proxy_resumed_streams_total") == 1
+            assert native_requests(server) == sent, "continued by the gateway, not handed to the app"
+            assert pd_router(server).stats()["in_flight"] == 0
+        finally:
+            server.stop()

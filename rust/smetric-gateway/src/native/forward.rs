@@ -892,8 +892,8 @@ impl Relay {
     }
 
     /// A stream cut after the client had its first event: continued when the proxy continues
-    /// streams — natively for a co-located fleet (every API builds its continuation), else
-    /// (PD) by the app (its continuation relayed after what was sent)
+    /// streams — natively (every API builds its continuation; PD routes both legs again), else by
+    /// the app (its continuation relayed after what was sent)
     /// — or ended with the API's error event.
     async fn cut(&mut self, cause: &'static str, tx: &mut Sender<Bytes, hyper::Error>) -> Option<(Bytes, Incoming)> {
         let Some(kept) = self.kept.as_ref() else {
@@ -901,10 +901,7 @@ impl Relay {
             self.unresumed(tx).await;
             return None;
         };
-        let continued = match self.native.config.routing {
-            Routing::Colocated(_) => self.api.continuation(&self.body, kept, self.record.resumed > 0),
-            Routing::Pd(_) => None,
-        };
+        let continued = self.api.continuation(&self.body, kept, self.record.resumed > 0);
         let Some(continued) = continued else {
             self.continued_by_the_app(cause, tx).await;
             return None;
@@ -995,9 +992,6 @@ impl Native {
         via: Api,
         body: &Bytes,
     ) -> Option<(String, Lifecycle, Bytes, Incoming)> {
-        let Routing::Colocated(router) = &self.config.routing else {
-            return None;
-        };
         let fleet = self.fleet();
         let plan = self.plan(&fleet, via, &relay.parts.headers, body).await?;
         loop {
@@ -1005,7 +999,8 @@ impl Native {
                 return None;
             }
             let fleet = self.fleet();
-            let exclude = fleet.exclusions(plan.model.as_deref(), relay.tried.instances(), None)?;
+            let pools = self.config.routing.exclusion_pools(&fleet.instances);
+            let exclude = fleet.exclusions(plan.model.as_deref(), relay.tried.instances(), pools.as_deref())?;
             let exclude = self.without_full(&fleet.instances, exclude);
             let excluded: Vec<&str> = exclude.iter().map(String::as_str).collect();
             // The continuation's turn: its messages' (chat) or the index's; its session's turn
@@ -1026,13 +1021,58 @@ impl Native {
                 output_tokens: None,
             };
             let decided = Instant::now();
-            let decision = router.route(&request).ok()?;
-            relay.record.decision_s = Some(decided.elapsed().as_secs_f64());
-            self.note_decision(&mut relay.record, &decision);
-            let mut lifecycle = Lifecycle::new(&self.config.routing, decision.request_id);
-            let instance = decision.instance_name.to_string();
+            let attempt_no = relay.tried.instances().len() + 1;
+            let (instance, mut lifecycle, attempt_body) = match &self.config.routing {
+                Routing::Colocated(router) => {
+                    let decision = router.route(&request).ok()?;
+                    relay.record.decision_s = Some(decided.elapsed().as_secs_f64());
+                    self.note_decision(&mut relay.record, &decision);
+                    let lifecycle = Lifecycle::new(&self.config.routing, decision.request_id);
+                    (decision.instance_name.to_string(), lifecycle, body.clone())
+                }
+                // Both legs again, as a first attempt's: the prefill leg, then the decode
+                // instance with its KV transfer parameters.
+                Routing::Pd(pd) => {
+                    let decision = pd.route(&request).ok()?;
+                    relay.record.decision_s = Some(decided.elapsed().as_secs_f64());
+                    let headers = &relay.parts.headers;
+                    let leg = self
+                        .prefill_leg(
+                            pd,
+                            via,
+                            &decision,
+                            &plan,
+                            headers,
+                            body,
+                            None,
+                            &mut relay.record,
+                            attempt_no,
+                        )
+                        .await;
+                    match leg {
+                        PrefillLeg::Decode(leg) => (leg.instance, leg.lifecycle, leg.body),
+                        // The client's mistake: nothing to continue its stream with.
+                        PrefillLeg::Answered(_) => return None,
+                        PrefillLeg::Failed { instance, failure } => {
+                            let (cause, status) = failure;
+                            let after = self.attempt_failed(
+                                relay.api,
+                                &mut relay.record,
+                                &mut relay.tried,
+                                &instance,
+                                cause,
+                                status,
+                            );
+                            match after {
+                                AfterFailure::Retry => continue,
+                                AfterFailure::Answer(_) => return None,
+                            }
+                        }
+                    }
+                }
+            };
             let id = relay.record.request_id.clone();
-            let upstream = self.upstream_request(via, &instance, &relay.parts.headers, &id, body.clone());
+            let upstream = self.upstream_request(via, &instance, &relay.parts.headers, &id, attempt_body);
             let (cause, status) = 'attempt: {
                 let answer = match self.send(upstream).await {
                     Ok(answer) => answer,

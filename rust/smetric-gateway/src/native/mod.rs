@@ -32,11 +32,10 @@
 //! An attempt that failed before any byte reached the client is retried on another instance
 //! (`failover.rs`: the app's rules, ejection included; PD too). Anything else is handed to the
 //! app as it came (its body, when read, resent): a request the native path does not serve and a
-//! body the app must refuse (the app's error says why). A co-located stream cut after its first
-//! event is continued natively (`continuation.rs`; Messages over the engine's chat endpoint, its
-//! chunks translated back by `anthropic_events.rs`; Responses spliced by `responses_splice.rs`);
-//! a PD stream's goes to the app's continuation endpoint with what the client already has, and
-//! the app's continuation is relayed after it. Each native request leaves a
+//! body the app must refuse (the app's error says why). A stream cut after its first event is
+//! continued natively (`continuation.rs`; Messages over the engine's chat endpoint, its chunks
+//! translated back by `anthropic_events.rs`; Responses spliced by `responses_splice.rs`; PD
+//! through both legs again). Each native request leaves a
 //! `Record` for the control plane's metrics and decision log.
 //!
 //! Invariants: the app trusts the gateway's headers only with the per-process secret, and a
