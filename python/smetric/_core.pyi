@@ -44,9 +44,6 @@ __all__ = [
     "DECODE_RULES",
     "DEFAULT_BLOCK_SIZE",
     "GATEWAY_ADMITTED_HEADER",
-    "GATEWAY_API_HEADER",
-    "GATEWAY_CONTINUE_PATH",
-    "GATEWAY_FAILED_HEADER",
     "GATEWAY_HEADER",
     "GATEWAY_REFUSED_HEADER",
     "GATEWAY_SESSION_END_RECORD",
@@ -515,9 +512,6 @@ class GatewayRecord:
     @property
     def session_end_held(self) -> bool | None:
         """The request ended its session: whether the session table held state for it."""
-    @property
-    def handed_off(self) -> bool:
-        """The app carries the request on; this record counts the decision only."""
 
 @final
 class Gateway:
@@ -701,12 +695,6 @@ GATEWAY_ADMITTED_HEADER: Final[str]
 """The gateway admitted the request."""
 GATEWAY_REFUSED_HEADER: Final[str]
 """The gateway refused the request admission: the reason."""
-GATEWAY_FAILED_HEADER: Final[str]
-"""An attempt that failed before the client had a byte: ``<instance> <cause>``."""
-GATEWAY_API_HEADER: Final[str]
-"""The API of a cut stream sent to :data:`GATEWAY_CONTINUE_PATH`."""
-GATEWAY_CONTINUE_PATH: Final[str]
-"""The app's endpoint that continues a cut stream the gateway was relaying."""
 GATEWAY_SESSION_END_RECORD: Final[str]
 """The API name of a gateway record that is not a request's: an end endpoint it answered."""
 GATEWAY_TURN_HEADER: Final[str]

@@ -34,13 +34,9 @@ import asyncio
 import hmac
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 from smetric._core import (
     GATEWAY_ADMITTED_HEADER,
-    GATEWAY_API_HEADER,
-    GATEWAY_CONTINUE_PATH,
-    GATEWAY_FAILED_HEADER,
     GATEWAY_HEADER,
     GATEWAY_REFUSED_HEADER,
     GATEWAY_SESSION_END_RECORD,
@@ -61,17 +57,13 @@ from smetric.serve.fleet import Fleet
 from smetric.serve.labels import core_reasons, reason_label
 from smetric.serve.telemetry import Histogram, ProxyTelemetry
 from smetric.serve.tokens import DEFAULT_APPROX_CHUNK_BYTES, TokenSource
-from smetric.serve.upstream import Refused
 
 __all__ = [
-    "API_HEADER",
-    "CONTINUE_PATH",
     "CONVERSATION_APIS",
     "DRAIN_INTERVAL_S",
     "MAX_RECORDS",
     "CompiledPlane",
     "DoorAdmission",
-    "earlier_failures",
     "gateway_token_source",
     "native_settings",
     "new_secret",
@@ -84,9 +76,6 @@ DRAIN_INTERVAL_S = 0.05
 
 MAX_RECORDS = 65_536
 """Records the gateway keeps for the app at most (a stalled app: the oldest are dropped)."""
-
-API_HEADER: str = GATEWAY_API_HEADER
-CONTINUE_PATH: str = GATEWAY_CONTINUE_PATH
 
 
 def new_secret() -> str:
@@ -200,17 +189,6 @@ def gateway_token_source(tokens: TokenSource) -> GatewayTokenSource | None:
     )
 
 
-def earlier_failures(values: list[str]) -> list[Refused]:
-    """The attempts the gateway names (``<instance> <cause>`` each: the cut one of a stream it
-    hands on to continue) as the failover's refusals."""
-    out = []
-    for value in values:
-        instance, _, cause = value.partition(" ")
-        status = int(cause[5:]) if cause.startswith("http_") and cause[5:].isdigit() else None
-        out.append(Refused(instance, cause, status=status))
-    return out
-
-
 class DoorAdmission:
     """The gateway's admission, read as the app's :class:`~smetric.serve.admission.Admission`."""
 
@@ -283,10 +261,6 @@ class CompiledPlane:
         value = headers.get(GATEWAY_TURN_HEADER)
         return int(value) if value is not None and value.isdigit() else None
 
-    @staticmethod
-    def failures(headers: Any) -> list[Refused]:
-        return earlier_failures(headers.getall(GATEWAY_FAILED_HEADER, []))
-
     def sync_fleet(self) -> None:
         """Pushes the fleet's current view to the gateway."""
         fleet = self._fleet
@@ -340,8 +314,6 @@ class CompiledPlane:
                 fleet.charge(url, cause)
         for url in r.ejected:
             fleet.eject(url)
-        if r.handed_off:  # the app carries the request on and records its outcome
-            return
         instance = r.instance
         if r.unresumed:
             telemetry.unresumed_streams += 1

@@ -44,7 +44,7 @@ from smetric.serve.telemetry import ProxyTelemetry
 from smetric.serve.tokens import TokenSource
 from smetric.serve.upstream import Refused, forwardable
 
-__all__ = ["CUT_MESSAGE", "Failover", "GatewayCut", "lost_state"]
+__all__ = ["CUT_MESSAGE", "Failover", "lost_state"]
 
 CUT_MESSAGE: str = SHARED_CUT_MESSAGE
 """The error a cut stream ends with when it could not be continued (both planes send it)."""
@@ -88,12 +88,8 @@ class Failover:
         request: web.Request,
         api: Api[Any],
         prepared: Prepared[Any],
-        *,
-        cut: GatewayCut | None = None,
     ) -> web.StreamResponse:
-        """The client's answer to ``prepared`` (see the module docs). ``cut``: a stream the
-        compiled data plane was relaying when its instance cut it, to continue into
-        ``cut.response``."""
+        """The client's answer to ``prepared`` (see the module docs)."""
         fleet = self.fleet
         headers = with_request_id(forwardable(request.headers), request)
         note_prepared(request, prepared.model, prepared.turn, prepared.tokens.count)
@@ -105,15 +101,6 @@ class Failover:
         if prepared.pin is not None and pinned is None:
             return api.fail(lost_state(None, ""))
         attempt_no = 0
-        if cut is not None:
-            attempt_no += 1
-            tried.fail(cut.instance, cut.cause)
-            fleet.failed(cut.instance, cut.cause)
-            state, response = cut.state, cut.response
-            resumed = self._resumed(api, prepared, state)
-            if resumed is None:
-                return await end_stream(api, response, ProxyError.unavailable(CUT_MESSAGE))
-            prepared = resumed
         while attempt_no < self.config.max_attempts:
             attempt_no += 1
             if pinned is not None:  # only its instance can serve it, ejected or not
@@ -259,17 +246,6 @@ class _Tried:
     def fail(self, instance: str, cause: str) -> None:
         self.failed.append(instance)
         self.causes.append(cause)
-
-
-@dataclass(frozen=True, slots=True)
-class GatewayCut:
-    """A stream the compiled data plane was relaying when ``instance`` cut it (``cause``):
-    the client has what ``state`` scanned, and ``response`` carries the rest."""
-
-    instance: str
-    cause: str
-    state: StreamState
-    response: web.StreamResponse
 
 
 def _repeated_failure(status: int, attempts: int) -> ProxyError:

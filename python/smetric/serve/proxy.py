@@ -61,8 +61,6 @@ from smetric.serve.apis.base import Api, Route
 from smetric.serve.auth import ClientKeys, keys_middleware, read_keys_file
 from smetric.serve.backends import Backend, ColocatedBackend, PdBackend
 from smetric.serve.compiled import (
-    API_HEADER,
-    CONTINUE_PATH,
     CompiledPlane,
     DoorAdmission,
     native_settings,
@@ -73,7 +71,7 @@ from smetric.serve.compiled import (
 from smetric.serve.config import KV_OFFLOAD_HOST, InstanceConfig, ServeConfig
 from smetric.serve.decision_log import OUTCOME_KEY, DecisionLog, Outcome, Outcomes
 from smetric.serve.errors import ProxyError
-from smetric.serve.failover import Failover, GatewayCut
+from smetric.serve.failover import Failover
 from smetric.serve.fleet import Fleet, fleet_caches, fleet_host_offload, fleet_kv_capacity, kv_event_sources
 from smetric.serve.http_guard import SERVER_HEADER, ConnectionLimits, GuardedRunner, status_message
 from smetric.serve.relay import STREAM_KEY, end_stream
@@ -290,7 +288,6 @@ class Proxy:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/admin/instances", self._admin_add)
         app.router.add_delete("/admin/instances", self._admin_remove)
-        app.router.add_post(CONTINUE_PATH, self._gateway_continue)
         # Any character in the id (a CR LF or NUL is answered with a 400, not left unmatched).
         app.router.add_post(r"/v1/sessions/{session_id:[\s\S]+}/end", self._session_end)
         app.router.add_post("/finish_session", self._finish_session)  # vllm-router's form
@@ -650,53 +647,6 @@ class Proxy:
         if not isinstance(self.backend, ColocatedBackend):
             return []
         return fleet_lines(self.backend.router, list(self.fleet.instances))
-
-    async def _gateway_continue(self, request: web.Request) -> web.StreamResponse:
-        """A stream the gateway was relaying, cut by its instance, continued here: the body is
-        the client's body's length, a newline, that body, and the stream's bytes so far; the
-        answer's body is what the client gets next (the gateway relays it after what it sent)."""
-        compiled = self.compiled
-        if compiled is None or not compiled.vouches(request.headers):
-            raise web.HTTPNotFound()
-        api = next((a for a in self.apis if a.name == request.headers.get(API_HEADER)), None)
-        failures = CompiledPlane.failures(request.headers)
-        counted = CompiledPlane.counted_turn(request.headers)
-        framed = await request.read()
-        length, _, rest = framed.partition(b"\n")
-        if api is None or len(failures) != 1 or not length.isdigit():
-            raise web.HTTPBadRequest()
-        raw, sent = rest[: int(length)], rest[int(length) :]
-        cut_at = failures[0]
-        outcome = self.outcomes.begin(request, api.name)
-        outcome.attempts = 1  # the gateway's, cut
-        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        request[STREAM_KEY] = response
-        self.in_flight += 1
-        self.idle.clear()
-        try:
-            async with asyncio.timeout(self.config.client_timeout_s):
-                # The gateway serves only what needs no BPE: the tokens are cheap on the loop.
-                req = api.parse(raw)
-                turns = self.sessions if counted is None else CountedTurn(counted)
-                prepared = api.prepare(req, raw, api.routing_tokens(self.tokens, req), request.headers, turns)
-                state = api.stream(keep=True)
-                state.hide_usage = prepared.hide_usage
-                state.begin(cut_at.instance)
-                state.outgoing(sent, state.feed(sent))  # what the client has (its ids the proxy's)
-                cut = GatewayCut(cut_at.instance, cut_at.cause, state, response)
-                answer = await self.failover.serve(request, api, prepared, cut=cut)
-        except TimeoutError:
-            answer = await self._failed(request, api, ProxyError.timeout("the request timed out in the proxy"))
-        except Exception:  # a bug: end the client's stream in the API's shape
-            log.exception("continuing a cut stream failed in the proxy")
-            answer = await self._failed(request, api, ProxyError.internal())
-        finally:
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self.idle.set()
-        self._finish(outcome, answer.status)
-        return answer
 
     def _host_pools_on(self) -> bool:
         """Whether the router keeps host pools (docs/routing-semantics.md §2.8)."""

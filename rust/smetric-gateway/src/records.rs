@@ -66,9 +66,6 @@ pub struct Record {
     pub session_end_held: Option<bool>,
     /// The session the request ends (its header's key, else its body's hint), if it ends one.
     pub end_key: Option<String>,
-    /// The app carries the request on (its first attempt failed, or its stream was cut and is
-    /// continued): this record counts the decision only, the app records the outcome.
-    pub handed_off: bool,
 }
 
 /// One attempt that failed (`native::failover`).

@@ -280,8 +280,6 @@ pub(crate) struct PyGatewayRecord {
     grouping: Option<&'static str>,
     /// The request ended its session: whether the session table held state for it.
     session_end_held: Option<bool>,
-    /// The app carries the request on; this record counts the decision only.
-    handed_off: bool,
 }
 
 impl From<&Record> for PyGatewayRecord {
@@ -323,7 +321,6 @@ impl From<&Record> for PyGatewayRecord {
             resumed: r.resumed,
             grouping: r.grouping,
             session_end_held: r.session_end_held,
-            handed_off: r.handed_off,
         }
     }
 }

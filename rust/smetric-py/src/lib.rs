@@ -38,10 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("GATEWAY_HEADER", n::GATEWAY_HEADER)?;
         m.add("GATEWAY_ADMITTED_HEADER", n::ADMITTED_HEADER)?;
         m.add("GATEWAY_REFUSED_HEADER", n::REFUSED_HEADER)?;
-        m.add("GATEWAY_FAILED_HEADER", n::FAILED_HEADER)?;
-        m.add("GATEWAY_API_HEADER", n::API_HEADER)?;
         m.add("GATEWAY_TURN_HEADER", n::TURN_HEADER)?;
-        m.add("GATEWAY_CONTINUE_PATH", n::CONTINUE_PATH)?;
         m.add("GATEWAY_SESSION_END_RECORD", n::SESSION_END_RECORD)?;
     }
     {

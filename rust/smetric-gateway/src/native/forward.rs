@@ -34,7 +34,7 @@ use super::unrouted::Unrouted;
 use crate::admission::{Refusal, Slot};
 use crate::answers::{Body, Held};
 use crate::delegate::ControlPlane;
-use crate::handoff::{ADMITTED_HEADER, API_HEADER, CONTINUE_PATH, FAILED_HEADER, REFUSED_HEADER, TURN_HEADER};
+use crate::handoff::{ADMITTED_HEADER, REFUSED_HEADER, TURN_HEADER};
 use crate::records::Record;
 use crate::session_gate::{GateRefusal, SessionGate};
 use crate::tokens::TokenSource;
@@ -478,7 +478,6 @@ impl Native {
                 let (tx, client_body) = Channel::<Bytes, hyper::Error>::new(8);
                 let mut relay = Relay {
                     native: Arc::clone(self),
-                    plane: Arc::clone(plane),
                     api,
                     lifecycle,
                     instance,
@@ -490,8 +489,6 @@ impl Native {
                     deadline,
                     prefilled,
                     parts,
-                    raw,
-                    peer,
                     body: body.clone(),
                     tried: std::mem::take(&mut tried),
                     rejoined: None,
@@ -728,7 +725,6 @@ fn with_usage_request(raw: &Bytes) -> Bytes {
 /// A stream being relayed, from its second frame on, in a task of its own.
 struct Relay {
     native: Arc<Native>,
-    plane: Arc<ControlPlane>,
     api: Api,
     lifecycle: Lifecycle,
     instance: String,
@@ -741,8 +737,6 @@ struct Relay {
     deadline: tokio::time::Instant,
     prefilled: Instant,
     parts: Parts,
-    raw: Bytes,
-    peer: SocketAddr,
     /// The body the first attempt sent (the usage option spliced in): what a continuation is
     /// built from.
     body: Bytes,
@@ -892,9 +886,8 @@ impl Relay {
     }
 
     /// A stream cut after the client had its first event: continued when the proxy continues
-    /// streams — natively (every API builds its continuation; PD routes both legs again), else by
-    /// the app (its continuation relayed after what was sent)
-    /// — or ended with the API's error event.
+    /// streams (every API builds its continuation; PD routes both legs again), or ended with the
+    /// API's error event.
     async fn cut(&mut self, cause: &'static str, tx: &mut Sender<Bytes, hyper::Error>) -> Option<(Bytes, Incoming)> {
         let Some(kept) = self.kept.as_ref() else {
             self.native.charge_cut(&mut self.record, &self.instance, cause);
@@ -902,10 +895,6 @@ impl Relay {
             return None;
         };
         let continued = self.api.continuation(&self.body, kept, self.record.resumed > 0);
-        let Some(continued) = continued else {
-            self.continued_by_the_app(cause, tx).await;
-            return None;
-        };
         // The cut is the instance's own failure (`failover.rs`), and counts as an attempt.
         self.native.charge_cut(&mut self.record, &self.instance, cause);
         self.tried.failed.push(self.instance.clone());
@@ -930,54 +919,6 @@ impl Relay {
         self.rejoined = Some(rejoined);
         let first = self.take_in(first);
         Some((first, upstream))
-    }
-
-    /// Hands a cut stream to the app's continuation endpoint: the original body, then what the
-    /// engine sent; the app's continuation is relayed after what the client has.
-    async fn continued_by_the_app(&mut self, cause: &'static str, tx: &mut Sender<Bytes, hyper::Error>) {
-        let kept = self.kept.take().unwrap_or_default();
-        let mut framed = BytesMut::with_capacity(24 + self.raw.len() + kept.len());
-        framed.extend_from_slice(format!("{}\n", self.raw.len()).as_bytes());
-        framed.extend_from_slice(&self.raw);
-        framed.extend_from_slice(&kept);
-        let mut parts = self.parts.clone();
-        parts.uri = CONTINUE_PATH.parse().unwrap_or_default();
-        let failed = format!("{} {cause}", self.instance);
-        let request_id = self.record.request_id.clone();
-        let turn = self.record.turn.map(|t| t.to_string());
-        let mut headers = vec![
-            (ADMITTED_HEADER, "1"),
-            (FAILED_HEADER, failed.as_str()),
-            ("x-request-id", request_id.as_str()),
-            (API_HEADER, self.api.name()),
-        ];
-        if let Some(turn) = turn.as_deref() {
-            headers.push((TURN_HEADER, turn)); // counted once, here
-        }
-        // The app records the request's outcome; this record counts the first decision only,
-        // and the session's end (the app's continuation does not end it).
-        let mut record = std::mem::take(&mut self.record);
-        if self.ends_session
-            && let Some(key) = record.end_key.as_deref()
-        {
-            record.session_end_held = Some(self.native.end_session(key));
-        }
-        self.native.records.push(Record {
-            handed_off: true,
-            ..record
-        });
-        let answer = self
-            .plane
-            .delegate_bytes(parts, framed.freeze(), self.peer, &headers)
-            .await;
-        let mut body = answer.into_body();
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Ok(data) = frame.into_data()
-                && tx.send_data(data).await.is_err()
-            {
-                return; // the client left: dropping the app's answer closes its request
-            }
-        }
     }
 }
 

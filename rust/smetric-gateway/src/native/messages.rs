@@ -1046,18 +1046,18 @@ impl Protocol for Messages {
         )
     }
 
-    fn continuation(&self, body: &[u8], sent: &[u8], _resumed: bool) -> Option<Continued> {
+    fn continuation(&self, body: &[u8], sent: &[u8], _resumed: bool) -> Continued {
         let received = Received::of(sent);
         if received.blocks.is_empty() {
-            return Some(Continued::Again);
+            return Continued::Again;
         }
         let Some((text, reasoning)) = received.continuable_text() else {
-            return Some(Continued::Not);
+            return Continued::Not;
         };
-        Some(match continuation_body(body, &text, &reasoning, received.deltas) {
+        match continuation_body(body, &text, &reasoning, received.deltas) {
             Some(chat) => Continued::OverChat(chat),
             None => Continued::Not,
-        })
+        }
     }
 
     fn rejoined(&self, sent: &[u8], continued: &Continued) -> Box<dyn Rejoin> {

@@ -59,8 +59,8 @@ impl Protocol for OpenAi {
         usage_counts(answer)
     }
 
-    fn continuation(&self, body: &[u8], sent: &[u8], _resumed: bool) -> Option<Continued> {
-        Some(continuation(self.chat, body, sent))
+    fn continuation(&self, body: &[u8], sent: &[u8], _resumed: bool) -> Continued {
+        continuation(self.chat, body, sent)
     }
 
     fn rejoined(&self, sent: &[u8], _continued: &Continued) -> Box<dyn Rejoin> {

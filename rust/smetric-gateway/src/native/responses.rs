@@ -683,8 +683,8 @@ impl Protocol for Responses {
         Bytes::from(relay_body(ids, &whole, &ResponseIds::tag(instance)))
     }
 
-    fn continuation(&self, body: &[u8], sent: &[u8], resumed: bool) -> Option<Continued> {
-        Some(continuation(body, sent, resumed))
+    fn continuation(&self, body: &[u8], sent: &[u8], resumed: bool) -> Continued {
+        continuation(body, sent, resumed)
     }
 
     fn rejoined(&self, sent: &[u8], _continued: &Continued) -> Box<dyn Rejoin> {
