@@ -59,6 +59,7 @@ __all__ = [
     "SHARED_BILLING_HEADER_PREFIX",
     "SHARED_BYTE_CHUNK_BYTES",
     "SHARED_CUT_MESSAGE",
+    "SHARED_ECHOED_CHARS",
     "SHARED_END_HEADERS",
     "SHARED_MAX_SESSION_ID_BYTES",
     "SHARED_PARENT_HEADERS",
@@ -669,6 +670,8 @@ SHARED_END_HEADERS: Final[tuple[str, ...]]
 """Headers marking a session's last request."""
 SHARED_CUT_MESSAGE: Final[str]
 """The error a cut stream ends with when it could not be continued."""
+SHARED_ECHOED_CHARS: Final[int]
+"""The most characters of a client's value an error message repeats."""
 SHARED_MAX_SESSION_ID_BYTES: Final[int]
 """The longest session id the end endpoints accept, in bytes."""
 SHARED_REFUSED_AT_CAPACITY: Final[str]

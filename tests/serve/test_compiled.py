@@ -773,3 +773,47 @@ def test_llm_ds_session_cookie_is_read_and_set_natively_as_the_app_does(engines:
             p.stop()
     assert seen["auto"] == seen["python"]
     assert seen["auto"][0][1] is not None and seen["auto"][1][1] is None, "set once, then carried"
+
+
+def test_a_model_the_fleet_does_not_serve_is_answered_natively_in_each_apis_shape() -> None:
+    """vLLM's 404 naming the model (cut at the echo limit), from the gateway on every API: the
+    OpenAI SDK's and the Anthropic SDK's NotFoundError, no decision, no engine reached."""
+    engine = FakeEngine(port=0, kv_events_port=0, kv_replay_port=0, speedup=1000).start()
+    p = compiled([engine.url])
+    try:
+        oa = openai.OpenAI(base_url=p.url + "/v1", api_key="k", max_retries=0, timeout=30)
+        an = anthropic.Anthropic(base_url=p.url, api_key="k", max_retries=0, timeout=30)
+        msgs: Any = [{"role": "user", "content": "x"}]
+        calls = {
+            "chat": lambda: oa.chat.completions.create(model="nope", messages=msgs, max_tokens=2),
+            "completions": lambda: oa.completions.create(model="nope", prompt="x", max_tokens=2),
+            "responses": lambda: oa.responses.create(model="nope", input="x", max_output_tokens=2),
+        }
+        for api, call in calls.items():
+            with pytest.raises(openai.NotFoundError) as nf:
+                call()
+            assert nf.value.body == {
+                "message": "The model `nope` does not exist.",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }, api
+        with pytest.raises(anthropic.NotFoundError) as anf:
+            an.messages.create(model="nope", max_tokens=2, messages=msgs)
+        assert anf.value.body == {
+            "type": "error",
+            "error": {"type": "not_found_error", "message": "The model `nope` does not exist."},
+        }
+        status, _, raw = request(p.url, CHAT, {"model": "é" * 300, "messages": msgs})
+        message = json.loads(raw)["error"]["message"]
+        assert status == 404 and message == f"The model `{'é' * 256}…` does not exist.", "cut at 256 characters"
+        text = page(p)
+        for api in ("chat", "completions", "responses", "messages"):
+            assert metric(text, "smetric_proxy_native_requests_total", api=api) == 1 + (api == "chat"), api
+        assert metric(text, "smetric_proxy_responses_total", code="404") == 5
+        assert metric(text, "smetric_routed_total") == 0, "no decision"
+        oa.close()
+        an.close()
+    finally:
+        p.stop()
+        engine.stop()

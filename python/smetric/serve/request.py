@@ -63,8 +63,9 @@ Endpoint = Literal["chat", "completions"]
 """``"chat"``: ``POST /v1/chat/completions``; ``"completions"``: ``POST /v1/completions``."""
 
 
-ECHOED_CHARS = 256
-"""The most of a client's value an error message repeats."""
+ECHOED_CHARS: int = _core.SHARED_ECHOED_CHARS
+"""The most of a client's value an error message repeats (defined once, in the gateway's
+``shared.rs``)."""
 
 MAX_JSON_NESTING: int = _core.MAX_JSON_NESTING
 """The deepest nesting of arrays and objects a body may have, on every API (defined in the

@@ -46,6 +46,9 @@ pub const WAIT_BUCKETS_S: [f64; 14] = [
 pub const PIN_TAG_HEX: usize = 12;
 /// See [`PIN_TAG_HEX`].
 pub const PIN_MAC_HEX: usize = 32;
+/// The most characters of a client's value an error message repeats (`request.ECHOED_CHARS`):
+/// a 100 KB model name does not come back whole.
+pub const ECHOED_CHARS: usize = 256;
 /// The longest session id the end endpoints accept, in bytes (`session.session_id_problem`).
 pub const MAX_SESSION_ID_BYTES: usize = 256;
 /// llm-d's session-affinity cookie: the base64 of the instance that served the session last

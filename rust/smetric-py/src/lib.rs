@@ -48,6 +48,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("SHARED_END_HEADERS", PyTuple::new(m.py(), s::END_HEADERS)?)?;
         m.add("SHARED_CUT_MESSAGE", s::CUT_MESSAGE)?;
         m.add("SHARED_MAX_SESSION_ID_BYTES", s::MAX_SESSION_ID_BYTES)?;
+        m.add("SHARED_ECHOED_CHARS", s::ECHOED_CHARS)?;
         m.add("SHARED_REFUSED_AT_CAPACITY", s::REFUSED_AT_CAPACITY)?;
         m.add("SHARED_REFUSED_QUEUE_TIMEOUT", s::REFUSED_QUEUE_TIMEOUT)?;
         m.add("SHARED_REFUSED_DRAINING", s::REFUSED_DRAINING)?;

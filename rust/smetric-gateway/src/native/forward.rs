@@ -52,7 +52,8 @@ fn unadmitted(path: &str) -> bool {
 // The session, parent and end headers (a request carrying an end header is the app's: it
 // releases the session's state), the cut stream's message and the usage splice: `crate::shared`.
 use crate::shared::{
-    CUT_MESSAGE, PARENT_HEADERS, REFUSED_AT_CAPACITY, REFUSED_DRAINING, REFUSED_QUEUE_TIMEOUT, USAGE_OPTION,
+    CUT_MESSAGE, ECHOED_CHARS, PARENT_HEADERS, REFUSED_AT_CAPACITY, REFUSED_DRAINING, REFUSED_QUEUE_TIMEOUT,
+    USAGE_OPTION,
 };
 
 /// An API the native path serves (`protocol.rs`; the registry is `apis.rs`).
@@ -218,8 +219,10 @@ impl Native {
             Err(failure) => return self.body_failure(plane, api, failure),
         };
         let fleet = self.fleet();
-        let Some(mut plan) = self.plan(&fleet, api, &parts.headers, &raw).await else {
-            return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+        let mut plan = match self.plan(&fleet, api, &parts.headers, &raw).await {
+            Ok(plan) => plan,
+            Err(Unplanned::App) => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
+            Err(Unplanned::UnknownModel(model)) => return self.unknown_model(api, &parts.headers, &model, arrived),
         };
         let id = request_id(&parts.headers);
         let mut record = Record {
@@ -505,49 +508,74 @@ impl Native {
         }
     }
 
-    /// The routing plan of a body the native path serves exactly as the app would, or None.
-    /// What the app must refuse or read as other text goes to it: an end header that is not
-    /// true/false or names no session, session headers that are not UTF-8.
+    /// The routing plan of a body the native path serves exactly as the app would, else why not:
+    /// a model the fleet does not serve (vLLM's 404, answered here), or the app's to answer —
+    /// what it must refuse or read as other text: an end header that is not true/false or names
+    /// no session, session headers that are not UTF-8.
     /// With a chat template the body's plan runs on tokio's blocking pool: in tokenizer mode a
     /// first turn's whole history is encoded there (32K tokens: ≈ 30 ms with the test
     /// tokenizer), which on the runtime's one thread would hold every other request up.
-    async fn plan(&self, fleet: &FleetView, api: Api, headers: &HeaderMap, raw: &Bytes) -> Option<Plan> {
+    async fn plan(&self, fleet: &FleetView, api: Api, headers: &HeaderMap, raw: &Bytes) -> Result<Plan, Unplanned> {
         // Header values the app reads as other text than these bytes: its to read.
         if !session_headers_utf8(headers) {
-            return None;
+            return Err(Unplanned::App);
         }
         // An end header that is neither true nor false, or one that names no session: the
         // app's 400.
-        let ends_session = session_end(headers).ok()?;
+        let ends_session = session_end(headers).map_err(|()| Unplanned::App)?;
         let session = header_session(headers);
         let plan = match &self.config.tokens {
-            None => body_plan(api, raw, session, None)?,
+            None => body_plan(api, raw, session, None),
             Some(tokens) => {
                 let (tokens, raw) = (Arc::clone(tokens), raw.clone());
                 tokio::task::spawn_blocking(move || body_plan(api, &raw, session, Some(&tokens)))
                     .await
-                    .ok()??
+                    .ok()
+                    .flatten()
             }
         };
+        let mut plan = plan.ok_or(Unplanned::App)?;
+        if let Some(model) = plan.model.as_deref() {
+            // The app checks the model first (`proxy._handle`), then how the body is routed.
+            if !fleet.models.is_empty() && !fleet.models.contains_key(model) {
+                return Err(Unplanned::UnknownModel(model.to_owned()));
+            }
+        }
         if self.config.ids_only && plan.source != "ids" {
-            return None; // the app's to refuse: this proxy routes on token ids only
+            return Err(Unplanned::App); // the app's to refuse: this proxy routes on token ids only
         }
         if ends_session && plan.session.is_none() && plan.turn_key.is_none() {
-            return None; // the app's 400: the end names no session
+            return Err(Unplanned::App); // the app's 400: the end names no session
         }
-        let mut plan = plan;
-        if let Some(model) = plan.model.as_deref() {
-            if !fleet.models.is_empty() && !fleet.models.contains_key(model) {
-                return None; // the app's 404 names the model
-            }
-            if fleet.adapters.contains(model) {
-                // A LoRA adapter's blocks are cached apart (`Fleet.namespace`: an empty salt is none).
-                let salt = plan.namespace.as_deref().filter(|s| !s.is_empty());
-                plan.namespace = cache_namespace(Some(model), salt).ok()?;
-            }
+        if let Some(model) = plan.model.as_deref()
+            && fleet.adapters.contains(model)
+        {
+            // A LoRA adapter's blocks are cached apart (`Fleet.namespace`: an empty salt is none).
+            let salt = plan.namespace.as_deref().filter(|s| !s.is_empty());
+            plan.namespace = cache_namespace(Some(model), salt).map_err(|_| Unplanned::App)?;
         }
         plan.ends_session = ends_session;
-        Some(plan)
+        Ok(plan)
+    }
+
+    /// vLLM's 404 for a model the fleet does not serve (`RequestError.unknown_model`: the name
+    /// cut at `ECHOED_CHARS` characters), in the API's shape; recorded as a refused request
+    /// (no decision, no turn counted, the session not ended).
+    fn unknown_model(&self, api: Api, headers: &HeaderMap, model: &str, arrived: Instant) -> Response<Body> {
+        let shown: String = if model.chars().count() <= ECHOED_CHARS {
+            model.to_owned()
+        } else {
+            model.chars().take(ECHOED_CHARS).chain(std::iter::once('…')).collect()
+        };
+        let message = format!("The model `{shown}` does not exist.");
+        let answer = api.client_error(StatusCode::NOT_FOUND, &message, Some("model_not_found"), Some("model"));
+        let record = Record {
+            request_id: request_id(headers),
+            api: api.name(),
+            model: Some(model.to_owned()),
+            ..Record::default()
+        };
+        self.failure_answer(record, arrived, false, answer)
     }
 
     /// The parent rule (`failover._grouped` after `proxy._parent_home`; `docs/serve.md`,
@@ -746,6 +774,14 @@ struct Relay {
     rejoined: Option<Box<dyn Rejoin>>,
 }
 
+/// Why a body has no native plan ([`Native::plan`]).
+enum Unplanned {
+    /// The app answers it (its refusal says why).
+    App,
+    /// A model the fleet does not serve.
+    UnknownModel(String),
+}
+
 /// How a relayed stream ended.
 enum End {
     Complete,
@@ -934,7 +970,7 @@ impl Native {
         body: &Bytes,
     ) -> Option<(String, Lifecycle, Bytes, Incoming)> {
         let fleet = self.fleet();
-        let plan = self.plan(&fleet, via, &relay.parts.headers, body).await?;
+        let plan = self.plan(&fleet, via, &relay.parts.headers, body).await.ok()?;
         loop {
             if relay.tried.instances().len() >= self.config.max_attempts as usize {
                 return None;

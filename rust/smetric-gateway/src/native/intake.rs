@@ -142,7 +142,7 @@ impl Native {
                 (StatusCode::BAD_REQUEST, crate::answers::MALFORMED.to_owned(), None)
             }
         };
-        let mut answer = api.client_error(status, &message, code);
+        let mut answer = api.client_error(status, &message, code, None);
         answer
             .headers_mut()
             .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));

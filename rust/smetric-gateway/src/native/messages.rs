@@ -1034,7 +1034,13 @@ impl Protocol for Messages {
         usage_counts(answer)
     }
 
-    fn client_error(&self, status: StatusCode, message: &str, _code: Option<&str>) -> Response<AnswerBody> {
+    fn client_error(
+        &self,
+        status: StatusCode,
+        message: &str,
+        _code: Option<&str>,
+        _param: Option<&str>,
+    ) -> Response<AnswerBody> {
         self.proxy_error(status.as_u16(), message, "")
     }
 

@@ -90,9 +90,16 @@ pub(crate) trait Protocol: Sync {
     fn relay_whole(&self, _ids: &ResponseIds, whole: Bytes, _instance: &str) -> Bytes {
         whole
     }
-    /// A client's mistake in the API's shape (`Api.reject` of a `RequestError`).
-    fn client_error(&self, status: StatusCode, message: &str, code: Option<&str>) -> Response<Body> {
-        let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}});
+    /// A client's mistake in the API's shape (`Api.reject` of a `RequestError`): `param` the
+    /// field it names.
+    fn client_error(
+        &self,
+        status: StatusCode,
+        message: &str,
+        code: Option<&str>,
+        param: Option<&str>,
+    ) -> Response<Body> {
+        let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}});
         json_response(status, body.to_string())
     }
     /// The proxy's own failure in the API's shape (`Api.fail` of a `ProxyError`).
