@@ -609,6 +609,7 @@ class GatewayNative:
         ids_only: bool = False,
         sessions: SessionTable | None = None,
         parent_affinity_margin: int | None = None,
+        approx_chunk_bytes: int | None = None,
     ) -> Self: ...
     @property
     def apis(self) -> list[str]:
@@ -636,6 +637,7 @@ class GatewayTokenSource:
         templates: list[tuple[str, str, str]],
         special_tokens: list[tuple[str, str]],
         piece_cache_bytes: int,
+        approx_chunk_bytes: int | None = None,
     ) -> Self: ...
     @property
     def exact_pieces(self) -> bool:
@@ -652,11 +654,12 @@ class GatewayTokenSource:
         """The piece cache's ``hits``, ``misses``, ``pieces`` and charged ``bytes`` (zeros without a tokenizer)."""
 
 def gateway_routing_ids(
-    path: str, raw: bytes, *, tokens: GatewayTokenSource | None = None
+    path: str, raw: bytes, *, tokens: GatewayTokenSource | None = None, approx_chunk_bytes: int | None = None
 ) -> tuple[bytes, bool | None] | None:
     """The routing ids (as the bytes of an ``array('I')``) and the turn verdict (None: the
     index's) the gateway's native path would route a body posted to ``path`` on, or None when it
-    would hand the body to the app; with ``tokens``, with a chat template."""
+    would hand the body to the app; with ``tokens``, with a chat template; without one, plain
+    ChatML's approximate ids in chunks of ``approx_chunk_bytes`` bytes (None: 4)."""
 
 SHARED_SESSION_HEADERS: Final[tuple[str, ...]]
 """Headers naming a request's session, in the order both planes read them (``rust/smetric-gateway/src/shared.rs``)."""

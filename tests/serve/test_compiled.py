@@ -678,6 +678,8 @@ def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(e
         ({"mode": "approximate", "chat_template": "{{ messages[0].content }}"}, True, chat),
         # Ids mode routes completions' token ids alone (the rest is refused): the gateway serves those.
         ({"mode": "ids"}, True, ids),
+        # Approximate ids in chunks other than 4 bytes (the CRC-32 of each): the gateway's too.
+        ({"mode": "approximate", "approx_chunk_bytes": 8}, True, chat),
     ):
         p = proxy_for(urls, data_plane="auto", tokens=tokens)
         try:
@@ -685,6 +687,8 @@ def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(e
             assert (p.proxy.compiled is not None) is served_by_gateway, tokens
             status, _, _ = request(p.url, path, body)
             assert status == 200
+            api = "completions" if path != CHAT else "chat"
+            assert metric(page(p), "smetric_proxy_native_requests_total", api=api) == 1, tokens
         finally:
             p.stop()
 

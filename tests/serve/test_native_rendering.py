@@ -40,8 +40,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("chunk", [4, 7], ids=["4-byte chunks", "7-byte chunks (CRC-32)"])
 @pytest.mark.parametrize(("path", "api", "make"), CASES, ids=[c[0] for c in CASES])
-def test_the_native_path_routes_a_body_exactly_as_the_app_or_hands_it_over(path: str, api: Any, make: Any) -> None:
+def test_the_native_path_routes_a_body_exactly_as_the_app_or_hands_it_over(
+    path: str, api: Any, make: Any, chunk: int
+) -> None:
+    source = SOURCE if chunk == 4 else TokenSource(TokenConfig(mode="approximate", approx_chunk_bytes=chunk))
     rng = random.Random(SEED)
     served = refused = 0
     for i in range(BODIES):
@@ -49,9 +53,9 @@ def test_the_native_path_routes_a_body_exactly_as_the_app_or_hands_it_over(path:
         if i % 2:
             body = spoiled(rng, body)
         raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
-        planned = gateway_routing_ids(path, raw)
+        planned = gateway_routing_ids(path, raw, approx_chunk_bytes=chunk)
         native = None if planned is None else (array("I", planned[0]).tolist(), planned[1])
-        app = app_ids(api, SOURCE, raw)
+        app = app_ids(api, source, raw)
         if native is not None:
             assert app is not None, ("the native path routes a body the app refuses", body)
             assert native == app, ("a different rendering", body)

@@ -230,17 +230,16 @@ def test_session_admission_needs_the_compiled_co_located_plane() -> None:
     assert bad_timeout.value.field == "session_hold_timeout_s"
 
 
-def test_a_deployment_the_native_path_does_not_serve_is_refused_at_start(engine: FakeEngine) -> None:
-    """Approximate ids in 8-byte chunks (not the gateway's 4) are the app's alone: the stage
-    would never run, so start fails."""
-    config = load_config(
-        instances=[{"url": engine.url, "kv_events": "off"}],
-        port=0,
-        engine_load=False,
-        session_admission="pause",
-        session_capacity_tokens=100_000,
-        tokens={"mode": "approximate", "approx_chunk_bytes": 8},
-    )
+def test_pd_mode_with_session_admission_is_refused_at_load(engine: FakeEngine) -> None:
+    """PD mode: the stage runs in the co-located native path only, so it would never run; the
+    configuration is refused rather than run without it."""
     with pytest.raises(InvalidConfigError) as refused:
-        ProxyServer(config).start()
+        load_config(
+            prefill=[engine.url],
+            decode=["http://127.0.0.1:9"],
+            port=0,
+            engine_load=False,
+            session_admission="pause",
+            session_capacity_tokens=100_000,
+        )
     assert refused.value.field == "session_admission"

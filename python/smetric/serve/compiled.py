@@ -3,7 +3,7 @@
 
 * :func:`native_settings` arms the native path for the APIs it can serve exactly as this
   proxy would: chat, Anthropic Messages and OpenAI Responses (a stored response's follow-ups
-  pinned to their instance) when routing ids are the approximate ids (``--tokens approximate``, 4-byte chunks) of plain
+  pinned to their instance) when routing ids are the approximate ids (``--tokens approximate``, any chunk size) of plain
   ChatML or of a chat template, or the tokenizer's (``--tokens tokenizer``) — a template the
   gateway renders itself (:func:`gateway_token_source`: the same files the app resolved) —
   completions when text prompts are routed that way too (token-id prompts always are; in ids
@@ -56,7 +56,7 @@ from smetric.serve.decision_log import Outcome, Outcomes
 from smetric.serve.fleet import Fleet
 from smetric.serve.labels import core_reasons, reason_label
 from smetric.serve.telemetry import Histogram, ProxyTelemetry
-from smetric.serve.tokens import DEFAULT_APPROX_CHUNK_BYTES, TokenSource
+from smetric.serve.tokens import TokenSource
 
 __all__ = [
     "CONVERSATION_APIS",
@@ -100,7 +100,7 @@ def native_settings(
         return None
     source = gateway_token_source(tokens)
     ids_only = tokens.kind == "ids"
-    approximate = tokens.kind == "approximate" and tokens.config.approx_chunk_bytes == DEFAULT_APPROX_CHUNK_BYTES
+    approximate = tokens.kind == "approximate"
     if not (approximate or ids_only) and source is None:
         return None
     # In ids mode only completions with token-id prompts are routed; the app refuses the rest.
@@ -138,6 +138,7 @@ def native_settings(
         ids_only=ids_only,
         sessions=sessions,
         parent_affinity_margin=config.parent_affinity_margin if config.parent_affinity else None,
+        approx_chunk_bytes=tokens.config.approx_chunk_bytes,
     )
 
 
@@ -171,12 +172,12 @@ def plane_summary(compiled: bool, native: GatewayNative | None) -> str:
 
 def gateway_token_source(tokens: TokenSource) -> GatewayTokenSource | None:
     """The gateway's source of a chat template's routing ids — the same tokenizer, templates and
-    special tokens the app resolved: in tokenizer mode, or in approximate mode (4-byte chunks)
+    special tokens the app resolved: in tokenizer mode, or in approximate mode (any chunk size)
     with a chat template; None otherwise (plain ChatML and token ids need none)."""
     templates = tokens.templates
     if tokens.kind == "tokenizer" and tokens.config.tokenizer is not None:
         tokenizer: str | None = tokens.config.tokenizer
-    elif tokens.kind == "approximate" and templates and tokens.config.approx_chunk_bytes == DEFAULT_APPROX_CHUNK_BYTES:
+    elif tokens.kind == "approximate" and templates:
         tokenizer = None
     else:
         return None
@@ -186,6 +187,7 @@ def gateway_token_source(tokens: TokenSource) -> GatewayTokenSource | None:
         templates=[(name, t.source, t.content_format) for name, t in templates.items()],
         special_tokens=list(special.items()),
         piece_cache_bytes=tokens.config.piece_cache_bytes,
+        approx_chunk_bytes=tokens.config.approx_chunk_bytes,
     )
 
 

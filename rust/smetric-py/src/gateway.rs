@@ -15,6 +15,7 @@ use pyo3::types::PyDict;
 use smetric_core::session_admission::AdmissionMode;
 use smetric_gateway::session_gate::SessionGateConfig;
 use smetric_gateway::session_table::SessionTable;
+use smetric_gateway::shared::BYTE_CHUNK_BYTES;
 use smetric_gateway::tokens::{ContentFormat, PiecewiseEncoder, SourceError, TokenSettings, TokenSource};
 use smetric_gateway::{
     AdmissionLimits, FleetView, Gateway, GatewayConfig, GatewayError, Limits, NativeApis, NativeConfig, NativeHandles,
@@ -75,7 +76,7 @@ impl PyGatewayNative {
         response_id_key,
         resume_streams, max_attempts, eject_after, labels, max_records, session_admission = "off", session_capacity_tokens = 0,
         session_max_held = 0, session_hold_timeout_s = 0.0, tokens = None, ids_only = false,
-        sessions = None, parent_affinity_margin = None
+        sessions = None, parent_affinity_margin = None, approx_chunk_bytes = None
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)] // keyword arguments, one per setting
     fn new(
@@ -111,8 +112,13 @@ impl PyGatewayNative {
         ids_only: bool,
         sessions: Option<&Bound<'_, PySessionTable>>,
         parent_affinity_margin: Option<u64>,
+        approx_chunk_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let py = router.py();
+        let approx_chunk_bytes = approx_chunk_bytes.unwrap_or(BYTE_CHUNK_BYTES);
+        if approx_chunk_bytes == 0 {
+            return Err(invalid_setting(py, "approx_chunk_bytes", "must be at least 1, got 0"));
+        }
         let routing = if let Ok(pd) = router.cast::<PyPdRouter>() {
             Routing::Pd(Arc::clone(pd.get().core()))
         } else {
@@ -178,6 +184,7 @@ impl PyGatewayNative {
                 session_gate,
                 tokens: tokens.map(|t| Arc::clone(&t.get().inner)),
                 ids_only,
+                approx_chunk_bytes,
                 // Without the app's table (a gateway armed on its own) the native path keeps one.
                 sessions: match sessions {
                     Some(table) => Arc::clone(&table.get().inner),
@@ -515,15 +522,17 @@ impl PyGateway {
 /// gateway's native path would route a body posted to `path` on, or None when it would hand the
 /// body to the app (`smetric_gateway::native::routing_ids`); with `tokens`, a chat template's.
 #[pyfunction]
-#[pyo3(signature = (path, raw, *, tokens = None))]
+#[pyo3(signature = (path, raw, *, tokens = None, approx_chunk_bytes = None))]
 pub(crate) fn gateway_routing_ids<'py>(
     py: Python<'py>,
     path: &str,
     raw: &[u8],
     tokens: Option<&Bound<'py, PyGatewayTokenSource>>,
+    approx_chunk_bytes: Option<usize>,
 ) -> Option<(Bound<'py, pyo3::types::PyBytes>, Option<bool>)> {
     let source = tokens.map(|t| Arc::clone(&t.get().inner));
-    let (ids, first_turn) = py.detach(|| smetric_gateway::native::routing_ids(path, raw, source.as_deref()))?;
+    let chunk = approx_chunk_bytes.unwrap_or(BYTE_CHUNK_BYTES).max(1);
+    let (ids, first_turn) = py.detach(|| smetric_gateway::native::routing_ids(path, raw, source.as_deref(), chunk))?;
     Some((pyo3::types::PyBytes::new(py, &ids_bytes(&ids)), first_turn))
 }
 
@@ -545,14 +554,21 @@ pub(crate) struct PyGatewayTokenSource {
 #[pymethods]
 impl PyGatewayTokenSource {
     #[new]
-    #[pyo3(signature = (tokenizer, *, templates, special_tokens, piece_cache_bytes))]
+    #[pyo3(signature = (
+        tokenizer, *, templates, special_tokens, piece_cache_bytes, approx_chunk_bytes = None
+    ))]
     fn new(
         py: Python<'_>,
         tokenizer: Option<std::path::PathBuf>,
         templates: Vec<(String, String, String)>,
         special_tokens: Vec<(String, String)>,
         piece_cache_bytes: usize,
+        approx_chunk_bytes: Option<usize>,
     ) -> PyResult<Self> {
+        let approx_chunk_bytes = approx_chunk_bytes.unwrap_or(BYTE_CHUNK_BYTES);
+        if approx_chunk_bytes == 0 {
+            return Err(invalid_setting(py, "approx_chunk_bytes", "must be at least 1, got 0"));
+        }
         let mut resolved = Vec::with_capacity(templates.len());
         for (name, source, format) in templates {
             let format = match format.as_str() {
@@ -573,6 +589,7 @@ impl PyGatewayTokenSource {
             templates: resolved,
             special_tokens,
             piece_cache_bytes,
+            approx_chunk_bytes,
         };
         let inner = py.detach(|| TokenSource::new(&settings)).map_err(|e| {
             let field = match e {
@@ -590,7 +607,7 @@ impl PyGatewayTokenSource {
         self.inner.encoder().is_some_and(|e| e.exact_pieces)
     }
 
-    /// `tokenizer` (the tokenizer's ids) or `approximate` (4-byte chunks of the rendered text).
+    /// `tokenizer` (the tokenizer's ids) or `approximate` (byte chunks of the rendered text).
     #[getter]
     fn kind(&self) -> &'static str {
         self.inner.kind()

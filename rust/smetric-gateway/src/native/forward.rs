@@ -25,7 +25,7 @@ use super::failover::{AfterFailure, Tried, lost_state, no_instance};
 use super::intake::{has_long_digit_run, header, header_session, parent_key, session_end, session_headers_utf8};
 use super::openai::CHAT;
 use super::pd::PrefillLeg;
-use super::protocol::{Plan, Protocol, StreamScan};
+use super::protocol::{Ids, Plan, Protocol, StreamScan};
 use super::response_ids::ResponseIds;
 use super::secret::same_bytes;
 use super::session_end::ended_session;
@@ -524,14 +524,21 @@ impl Native {
         // app's 400.
         let ends_session = session_end(headers).map_err(|()| Unplanned::App)?;
         let session = header_session(headers);
+        let chunk = self.config.approx_chunk_bytes;
         let plan = match &self.config.tokens {
-            None => body_plan(api, raw, session, None),
+            None => body_plan(api, raw, session, Ids { template: None, chunk }),
             Some(tokens) => {
                 let (tokens, raw) = (Arc::clone(tokens), raw.clone());
-                tokio::task::spawn_blocking(move || body_plan(api, &raw, session, Some(&tokens)))
-                    .await
-                    .ok()
-                    .flatten()
+                tokio::task::spawn_blocking(move || {
+                    let ids = Ids {
+                        template: Some(&tokens),
+                        chunk,
+                    };
+                    body_plan(api, &raw, session, ids)
+                })
+                .await
+                .ok()
+                .flatten()
             }
         };
         let mut plan = plan.ok_or(Unplanned::App)?;
@@ -689,19 +696,28 @@ impl Native {
 }
 
 /// What a body is routed on, from the body alone (the fleet's checks aside), or None.
-fn body_plan(api: Api, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
+fn body_plan(api: Api, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
     if escapes_lone_surrogate(raw) || has_long_digit_run(raw) {
         return None;
     }
-    api.plan(raw, session, tokens)
+    api.plan(raw, session, ids)
 }
 
 /// The routing ids and the turn verdict (None: the index's) the native path would route a body
 /// posted to `path` on, or None when it would hand the body to the app — so a test can hold the
 /// native path's rendering against the app's. `tokens`: a chat template's source (None: plain
-/// ChatML's approximate ids).
-pub fn routing_ids(path: &str, raw: &[u8], tokens: Option<&TokenSource>) -> Option<(Vec<u32>, Option<bool>)> {
-    let plan = body_plan(apis::by_path(path)?, raw, None, tokens)?;
+/// ChatML's approximate ids in chunks of `approx_chunk_bytes`).
+pub fn routing_ids(
+    path: &str,
+    raw: &[u8],
+    tokens: Option<&TokenSource>,
+    approx_chunk_bytes: usize,
+) -> Option<(Vec<u32>, Option<bool>)> {
+    let ids = Ids {
+        template: tokens,
+        chunk: approx_chunk_bytes,
+    };
+    let plan = body_plan(apis::by_path(path)?, raw, None, ids)?;
     let first_turn = match plan.turn {
         TurnHint::Messages { first_turn } => Some(first_turn),
         _ => None,

@@ -46,7 +46,9 @@ use super::anthropic_events::{ChatTranslation, MESSAGE_STOP, Received, Resent, c
 use super::chatml::{Rendered, RenderedBody};
 use super::continuation::{Continued, Rejoin, truthy as value_truthy};
 use super::json::{self, Entries, is_object, json_array, json_str, list, object, ordered_entries, string};
-use super::protocol::{ChatRequest, Plan, Protocol, StreamScan, rendered_plan, stream_scan_by_fields, template_plan};
+use super::protocol::{
+    ChatRequest, Ids, Plan, Protocol, StreamScan, rendered_plan, stream_scan_by_fields, template_plan,
+};
 use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
 use super::state::NativeApis;
@@ -1019,10 +1021,10 @@ impl Protocol for Messages {
         apis.messages
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
-        match tokens {
+    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
+        match ids.template {
             Some(tokens) => tokenized_plan(raw, session, tokens),
-            None => Some(rendered_plan(plan(raw)?, session)),
+            None => Some(rendered_plan(plan(raw)?, session, ids)),
         }
     }
 

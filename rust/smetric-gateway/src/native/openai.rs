@@ -11,13 +11,13 @@ use bytes::Bytes;
 use smetric_core::{TurnHint, first_turn_from_roles};
 use smetric_vllm::{Endpoint, parse_openai_body};
 
-use super::chatml::{byte_chunk_ids, render};
+use super::chatml::render;
 use super::continuation::{Continued, Rejoin, Rejoined, continuation, first_id};
-use super::protocol::{Plan, Protocol, StreamScan, openai_error_json, stream_scan_by_fields};
+use super::protocol::{Ids, Plan, Protocol, StreamScan, openai_error_json, stream_scan_by_fields};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use super::stream::{OpenAiStream, usage_counts};
-use crate::tokens::{RenderRequest, TokenSource};
+use crate::tokens::RenderRequest;
 
 /// Chat (`chat`) or completions.
 pub(crate) struct OpenAi {
@@ -46,8 +46,8 @@ impl Protocol for OpenAi {
         if self.chat { apis.chat } else { apis.completions }
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
-        plan(self.chat, raw, session, tokens)
+    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
+        plan(self.chat, raw, session, ids)
     }
 
     fn scanner(&self, _ids: &Arc<ResponseIds>, hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {
@@ -80,7 +80,8 @@ impl Protocol for OpenAi {
 stream_scan_by_fields!(OpenAiStream);
 
 /// The plan of a chat (`chat`) or completions body.
-fn plan(chat: bool, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
+fn plan(chat: bool, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
+    let tokens = ids.template;
     let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
     let body = parse_openai_body(raw, endpoint).ok()?;
     if body.kv_transfer_params {
@@ -118,7 +119,7 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokens: Option<&TokenSo
         let rendered = render(&body)?;
         let first_turn = rendered.first_turn;
         (
-            byte_chunk_ids(&rendered.text),
+            ids.approximate(&rendered.text),
             TurnHint::Messages { first_turn },
             "approximate",
         )
@@ -131,7 +132,7 @@ fn plan(chat: bool, raw: &[u8], session: Option<String>, tokens: Option<&TokenSo
                     TurnHint::Unknown,
                     tokens.kind(),
                 ),
-                None => (byte_chunk_ids(text.as_bytes()), TurnHint::Unknown, "approximate"),
+                None => (ids.approximate(text.as_bytes()), TurnHint::Unknown, "approximate"),
             },
         }
     };

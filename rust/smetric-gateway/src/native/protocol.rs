@@ -14,11 +14,12 @@ use bytes::Bytes;
 use hyper::{Response, StatusCode};
 use smetric_core::TurnHint;
 
-use super::chatml::{RenderedBody, byte_chunk_ids};
+use super::chatml::RenderedBody;
 use super::continuation::{Continued, Rejoin};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use crate::answers::{Body, json_response};
+use crate::tokens::chunk_ids;
 use crate::tokens::{RenderRequest, TokenSource};
 
 /// What the native path routes a body on.
@@ -71,7 +72,7 @@ pub(crate) trait Protocol: Sync {
     /// The routing plan of a body the native path serves exactly as the app would, or None
     /// (the checks every API shares — lone surrogates, long digit runs — are the caller's).
     /// `tokens`: the source of a chat template's ids (None: plain ChatML's approximate ids).
-    fn plan(&self, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan>;
+    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan>;
     /// The scanner of a stream from `instance`.
     fn scanner(&self, ids: &Arc<ResponseIds>, hide_usage: bool, instance: &str) -> Box<dyn StreamScan>;
     /// A whole answer's `(output tokens, cached prompt tokens)`.
@@ -126,11 +127,36 @@ pub(crate) fn openai_error_json(status: u16, message: &str, kind: &str) -> Strin
     serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": status}}).to_string()
 }
 
+/// How a body's text becomes routing ids: a chat template's source (tokenizer mode, or
+/// approximate ids of the template's text), else approximate ids of plain ChatML in chunks of
+/// `chunk` bytes (`--approx-chunk-bytes`, the app's `approx_chunk_bytes`).
+#[derive(Clone, Copy)]
+pub(crate) struct Ids<'a> {
+    pub(crate) template: Option<&'a TokenSource>,
+    pub(crate) chunk: usize,
+}
+
+impl Ids<'static> {
+    /// Plain ChatML's approximate ids in 4-byte chunks (the default).
+    #[cfg(test)]
+    pub(crate) const CHATML: Self = Self {
+        template: None,
+        chunk: crate::shared::BYTE_CHUNK_BYTES,
+    };
+}
+
+impl Ids<'_> {
+    /// The approximate ids of `text`.
+    pub(crate) fn approximate(self, text: &[u8]) -> Vec<u32> {
+        chunk_ids(text, self.chunk)
+    }
+}
+
 /// The plan of a body rendered to ChatML (Messages, Responses): its approximate ids and the
 /// turn its messages say.
-pub(crate) fn rendered_plan(body: RenderedBody, session: Option<String>) -> Plan {
+pub(crate) fn rendered_plan(body: RenderedBody, session: Option<String>, ids: Ids<'_>) -> Plan {
     Plan {
-        ids: byte_chunk_ids(&body.rendered.text),
+        ids: ids.approximate(&body.rendered.text),
         turn: TurnHint::Messages {
             first_turn: body.rendered.first_turn,
         },

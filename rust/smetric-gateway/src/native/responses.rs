@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use super::chatml::{Rendered, RenderedBody, push_content};
 use super::continuation::{Continued, Rejoin};
-use super::protocol::{ChatRequest, Plan, Protocol, StreamScan, rendered_plan, template_plan};
+use super::protocol::{ChatRequest, Ids, Plan, Protocol, StreamScan, rendered_plan, template_plan};
 use super::response_ids::ResponseIds;
 use super::responses_splice::{Splice, TERMINAL_EVENTS, continuation, is_delta};
 use super::state::NativeApis;
@@ -648,12 +648,12 @@ impl Protocol for Responses {
         apis.responses
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, tokens: Option<&TokenSource>) -> Option<Plan> {
-        if let Some(tokens) = tokens {
+    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
+        if let Some(tokens) = ids.template {
             return tokenized_plan(raw, session, tokens);
         }
         let (body, follow_up) = plan(raw)?;
-        let plan = rendered_plan(body, session);
+        let plan = rendered_plan(body, session, ids);
         Some(match follow_up {
             Some(follow_up) => follow_up.apply(plan),
             None => plan,
@@ -809,15 +809,15 @@ mod tests {
     #[test]
     fn a_follow_up_is_pinned_and_takes_its_turn_from_its_hint_else_two() {
         let body = br#"{"input":"next","previous_response_id":"resp_1-t-m","user":"","prompt_cache_key":"k"}"#;
-        let plan = Responses.plan(body, None, None).unwrap();
+        let plan = Responses.plan(body, None, Ids::CHATML).unwrap();
         assert_eq!(plan.previous_response.as_deref(), Some("resp_1-t-m"));
         assert_eq!(plan.turn_key.as_deref(), Some("k"), "the first non-empty body hint");
-        let plan = Responses.plan(body, Some("h".to_owned()), None).unwrap();
+        let plan = Responses.plan(body, Some("h".to_owned()), Ids::CHATML).unwrap();
         assert_eq!(plan.turn_key.as_deref(), Some("h"), "the headers' hint first");
         let bare = br#"{"input":"next","previous_response_id":"resp_1-t-m"}"#;
-        let plan = Responses.plan(bare, None, None).unwrap();
+        let plan = Responses.plan(bare, None, Ids::CHATML).unwrap();
         assert!(plan.turn_key.is_none() && plan.turn == TurnHint::Turn(2));
-        let fresh = Responses.plan(br#"{"input":"first"}"#, None, None).unwrap();
+        let fresh = Responses.plan(br#"{"input":"first"}"#, None, Ids::CHATML).unwrap();
         assert!(fresh.previous_response.is_none() && fresh.turn_key.is_none());
         let sent = with_engine_previous(bare, "resp_1").unwrap();
         let sent: Value = serde_json::from_slice(&sent).unwrap();

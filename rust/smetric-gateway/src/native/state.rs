@@ -59,6 +59,9 @@ pub struct NativeConfig {
     pub tokens: Option<Arc<TokenSource>>,
     /// `--tokens ids`: only a prompt of token ids is routed; the app refuses the rest (400).
     pub ids_only: bool,
+    /// The bytes per approximate id of plain ChatML and text prompts (`approx_chunk_bytes`: 4,
+    /// the fake engine's ids, or the CRC-32 of chunks of any other size).
+    pub approx_chunk_bytes: usize,
     /// The proxy's session table, the app's own (turns, homes; ended sessions dropped).
     pub sessions: Arc<SessionTable>,
     /// The parent rule's margin (`parent_affinity_margin`) when sub-agents start at their

@@ -12,7 +12,7 @@ mod pyvalue;
 mod source;
 mod template;
 
-pub use approximate::byte_chunk_ids;
+pub use approximate::{byte_chunk_ids, chunk_ids};
 pub use conversation::ContentFormat;
 pub use piecewise::{ENTRY_OVERHEAD_BYTES, PiecewiseEncoder, TokenizerError, piecewise_blockers};
 pub use source::{ChatIds, LeadingSystem, SourceError, TokenSettings, TokenSource, TokensError};

@@ -13,7 +13,7 @@
 
 use std::path::PathBuf;
 
-use super::approximate::byte_chunk_ids;
+use super::approximate::chunk_ids;
 use super::conversation::ContentFormat;
 use super::piecewise::{Affixes, PiecewiseEncoder, TokenizerError};
 use super::template::{ChatTemplate, RenderError, RenderRequest};
@@ -29,6 +29,8 @@ pub struct TokenSettings {
     pub special_tokens: Vec<(String, String)>,
     /// The piece cache's bound in bytes (0: no cache).
     pub piece_cache_bytes: usize,
+    /// Without a tokenizer: the bytes per approximate id ([`chunk_ids`]).
+    pub approx_chunk_bytes: usize,
 }
 
 /// Why tokenizer mode could not be set up.
@@ -79,6 +81,8 @@ pub struct TokenSource {
     tool_use: Option<ChatTemplate>,
     /// [`LeadingSystem`] of `default` and of `tool_use` (or `default` again).
     leading_system: [LeadingSystem; 2],
+    /// Without a tokenizer: the bytes per approximate id.
+    approx_chunk_bytes: usize,
 }
 
 /// The probe of [`LeadingSystem`].
@@ -139,6 +143,7 @@ impl TokenSource {
             default,
             tool_use,
             leading_system,
+            approx_chunk_bytes: settings.approx_chunk_bytes,
         })
     }
 
@@ -169,7 +174,7 @@ impl TokenSource {
     /// The library failed to encode the text.
     pub fn text_ids(&self, text: &str, special: bool) -> Result<Vec<u32>, TokenizerError> {
         let Some((encoder, affixes)) = &self.encoder else {
-            return Ok(byte_chunk_ids(text.as_bytes()));
+            return Ok(chunk_ids(text.as_bytes(), self.approx_chunk_bytes));
         };
         if !special {
             return encoder.encode(text);
