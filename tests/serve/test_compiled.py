@@ -821,3 +821,44 @@ def test_a_model_the_fleet_does_not_serve_is_answered_natively_in_each_apis_shap
     finally:
         p.stop()
         engine.stop()
+
+
+BAD_OPENAI_BODIES = [
+    (CHAT, b"{"),
+    (CHAT, b"[]"),
+    (CHAT, b'{"messages": 3}'),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}'),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "cache_salt": ""}'),
+    ("/v1/completions", b'{"prompt": 5}'),
+    ("/v1/completions", b'{"max_tokens": 2}'),
+]
+
+
+def test_a_chat_or_completions_body_the_parser_refuses_is_answered_natively_as_the_app_answers_it(
+    engines: list[FakeEngine],
+) -> None:
+    """The app refuses these bodies with the error of the parser both planes share
+    (``smetric_vllm::parse_openai_body``): the gateway answers them itself, byte for byte the
+    app's status and body, and counts each as a native request."""
+    urls = [{"url": e.url, "kv_events": "off"} for e in engines]
+    answers: dict[str, list[tuple[int, Any]]] = {}
+    for plane in ("python", "compiled"):
+        p = proxy_for(urls, data_plane=plane, tokens={"mode": "approximate"})
+        try:
+            got = []
+            for n, (path, raw) in enumerate(BAD_OPENAI_BODIES):
+                status, headers, body = request(p.url, path, raw=raw, headers={"X-Request-Id": f"bad-{n}"})
+                assert headers["x-request-id"] == f"bad-{n}", "a refused request has its id too"
+                got.append((status, json.loads(body)))
+            answers[plane] = got
+            if plane == "compiled":
+                text = page(p)
+                apis = ("chat", "completions")
+                native = sum(metric(text, "smetric_proxy_native_requests_total", api=a) for a in apis)
+                assert native == len(BAD_OPENAI_BODIES), "answered by the gateway, not the app"
+                assert metric(text, "smetric_routed_total") == 0
+        finally:
+            p.stop()
+    assert answers["compiled"] == answers["python"]
+    assert all(status == 400 for status, _ in answers["compiled"])
+    assert answers["compiled"][2][1]["error"]["param"] == "messages"

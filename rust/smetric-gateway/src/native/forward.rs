@@ -18,14 +18,15 @@ use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 
 use super::apis;
 use super::attempt::{
-    GatedSession, Lifecycle, affinity_instance, affinity_set_cookie, client_head, is_event_stream, request_id,
+    GatedSession, Lifecycle, REQUEST_ID, affinity_instance, affinity_set_cookie, client_head, is_event_stream,
+    request_id,
 };
 use super::continuation::{Continued, Rejoin};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
 use super::intake::{has_long_digit_run, header, header_session, parent_key, session_end, session_headers_utf8};
 use super::openai::CHAT;
 use super::pd::PrefillLeg;
-use super::protocol::{Ids, Plan, Protocol, StreamScan};
+use super::protocol::{Ids, Plan, Protocol, StreamScan, Unplanned};
 use super::response_ids::ResponseIds;
 use super::secret::same_bytes;
 use super::session_end::ended_session;
@@ -223,6 +224,10 @@ impl Native {
             Ok(plan) => plan,
             Err(Unplanned::App) => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
             Err(Unplanned::UnknownModel(model)) => return self.unknown_model(api, &parts.headers, &model, arrived),
+            Err(Unplanned::Refused { message, param }) => {
+                let answer = api.client_error(StatusCode::BAD_REQUEST, &message, None, param);
+                return self.refused(api, &parts.headers, None, answer, arrived);
+            }
         };
         let id = request_id(&parts.headers);
         let mut record = Record {
@@ -525,8 +530,8 @@ impl Native {
         let ends_session = session_end(headers).map_err(|()| Unplanned::App)?;
         let session = header_session(headers);
         let chunk = self.config.approx_chunk_bytes;
-        let plan = match &self.config.tokens {
-            None => body_plan(api, raw, session, Ids { template: None, chunk }),
+        let mut plan = match &self.config.tokens {
+            None => body_plan(api, raw, session, Ids { template: None, chunk })?,
             Some(tokens) => {
                 let (tokens, raw) = (Arc::clone(tokens), raw.clone());
                 tokio::task::spawn_blocking(move || {
@@ -537,11 +542,9 @@ impl Native {
                     body_plan(api, &raw, session, ids)
                 })
                 .await
-                .ok()
-                .flatten()
+                .map_err(|_| Unplanned::App)??
             }
         };
-        let mut plan = plan.ok_or(Unplanned::App)?;
         if let Some(model) = plan.model.as_deref() {
             // The app checks the model first (`proxy._handle`), then how the body is routed.
             if !fleet.models.is_empty() && !fleet.models.contains_key(model) {
@@ -576,10 +579,28 @@ impl Native {
         };
         let message = format!("The model `{shown}` does not exist.");
         let answer = api.client_error(StatusCode::NOT_FOUND, &message, Some("model_not_found"), Some("model"));
+        self.refused(api, headers, Some(model), answer, arrived)
+    }
+
+    /// A request refused before any decision (`answer`: the client's mistake in the API's
+    /// shape), with its request id as every answer has it, recorded as the app counts it: its
+    /// status, no turn counted, the session not ended.
+    fn refused(
+        &self,
+        api: Api,
+        headers: &HeaderMap,
+        model: Option<&str>,
+        mut answer: Response<Body>,
+        arrived: Instant,
+    ) -> Response<Body> {
+        let id = request_id(headers);
+        if let Ok(value) = HeaderValue::from_str(&id) {
+            answer.headers_mut().insert(REQUEST_ID.clone(), value);
+        }
         let record = Record {
-            request_id: request_id(headers),
+            request_id: id,
             api: api.name(),
-            model: Some(model.to_owned()),
+            model: model.map(str::to_owned),
             ..Record::default()
         };
         self.failure_answer(record, arrived, false, answer)
@@ -696,9 +717,9 @@ impl Native {
 }
 
 /// What a body is routed on, from the body alone (the fleet's checks aside), or None.
-fn body_plan(api: Api, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
+fn body_plan(api: Api, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Result<Plan, Unplanned> {
     if escapes_lone_surrogate(raw) || has_long_digit_run(raw) {
-        return None;
+        return Err(Unplanned::App);
     }
     api.plan(raw, session, ids)
 }
@@ -717,7 +738,7 @@ pub fn routing_ids(
         template: tokens,
         chunk: approx_chunk_bytes,
     };
-    let plan = body_plan(apis::by_path(path)?, raw, None, ids)?;
+    let plan = body_plan(apis::by_path(path)?, raw, None, ids).ok()?;
     let first_turn = match plan.turn {
         TurnHint::Messages { first_turn } => Some(first_turn),
         _ => None,
@@ -788,14 +809,6 @@ struct Relay {
     tried: Tried,
     /// A continuation's events rejoined to the first attempt's stream (None: the first's).
     rejoined: Option<Box<dyn Rejoin>>,
-}
-
-/// Why a body has no native plan ([`Native::plan`]).
-enum Unplanned {
-    /// The app answers it (its refusal says why).
-    App,
-    /// A model the fleet does not serve.
-    UnknownModel(String),
 }
 
 /// How a relayed stream ended.

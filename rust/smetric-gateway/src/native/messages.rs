@@ -47,7 +47,7 @@ use super::chatml::{Rendered, RenderedBody};
 use super::continuation::{Continued, Rejoin, truthy as value_truthy};
 use super::json::{self, Entries, is_object, json_array, json_str, list, object, ordered_entries, string};
 use super::protocol::{
-    ChatRequest, Ids, Plan, Protocol, StreamScan, rendered_plan, stream_scan_by_fields, template_plan,
+    ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, rendered_plan, stream_scan_by_fields, template_plan,
 };
 use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
@@ -1021,11 +1021,12 @@ impl Protocol for Messages {
         apis.messages
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
-        match ids.template {
+    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Result<Plan, Unplanned> {
+        let plan = match ids.template {
             Some(tokens) => tokenized_plan(raw, session, tokens),
-            None => Some(rendered_plan(plan(raw)?, session, ids)),
-        }
+            None => plan(raw).map(|body| rendered_plan(body, session, ids)),
+        };
+        plan.ok_or(Unplanned::App) // a body the conversion refuses: the app's 400 says why
     }
 
     fn scanner(&self, _ids: &Arc<ResponseIds>, _hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {

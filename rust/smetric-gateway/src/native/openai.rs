@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use smetric_core::{TurnHint, first_turn_from_roles};
-use smetric_vllm::{Endpoint, parse_openai_body};
+use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
 
 use super::chatml::render;
 use super::continuation::{Continued, Rejoin, Rejoined, continuation, first_id};
-use super::protocol::{Ids, Plan, Protocol, StreamScan, openai_error_json, stream_scan_by_fields};
+use super::protocol::{Ids, Plan, Protocol, StreamScan, Unplanned, openai_error_json, stream_scan_by_fields};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use super::stream::{OpenAiStream, usage_counts};
@@ -46,8 +46,18 @@ impl Protocol for OpenAi {
         if self.chat { apis.chat } else { apis.completions }
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
-        plan(self.chat, raw, session, ids)
+    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Result<Plan, Unplanned> {
+        let endpoint = if self.chat {
+            Endpoint::Chat
+        } else {
+            Endpoint::Completions
+        };
+        // The app parses with the same parser (`request.parse_request`): its error is the 400.
+        let body = parse_openai_body(raw, endpoint).map_err(|e| Unplanned::Refused {
+            message: e.message,
+            param: e.param,
+        })?;
+        plan(self.chat, body, session, ids).ok_or(Unplanned::App)
     }
 
     fn scanner(&self, _ids: &Arc<ResponseIds>, hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {
@@ -80,10 +90,8 @@ impl Protocol for OpenAi {
 stream_scan_by_fields!(OpenAiStream);
 
 /// The plan of a chat (`chat`) or completions body.
-fn plan(chat: bool, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
+fn plan(chat: bool, body: OpenAiBody<'_>, session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
     let tokens = ids.template;
-    let endpoint = if chat { Endpoint::Chat } else { Endpoint::Completions };
-    let body = parse_openai_body(raw, endpoint).ok()?;
     if body.kv_transfer_params {
         return None;
     }

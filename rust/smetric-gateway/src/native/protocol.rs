@@ -72,7 +72,7 @@ pub(crate) trait Protocol: Sync {
     /// The routing plan of a body the native path serves exactly as the app would, or None
     /// (the checks every API shares — lone surrogates, long digit runs — are the caller's).
     /// `tokens`: the source of a chat template's ids (None: plain ChatML's approximate ids).
-    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan>;
+    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Result<Plan, Unplanned>;
     /// The scanner of a stream from `instance`.
     fn scanner(&self, ids: &Arc<ResponseIds>, hide_usage: bool, instance: &str) -> Box<dyn StreamScan>;
     /// A whole answer's `(output tokens, cached prompt tokens)`.
@@ -125,6 +125,21 @@ pub(crate) trait Protocol: Sync {
 /// The proxy's own error as OpenAI's body (`errors.ProxyError.body`).
 pub(crate) fn openai_error_json(status: u16, message: &str, kind: &str) -> String {
     serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": status}}).to_string()
+}
+
+/// Why a body has no native plan.
+#[derive(Debug)]
+pub(crate) enum Unplanned {
+    /// The app answers it (its refusal says why).
+    App,
+    /// A model the fleet does not serve (vLLM's 404, answered by the native path).
+    UnknownModel(String),
+    /// A body the app refuses with this 400 (the parser's message, the field it names): the
+    /// native path answers it in the API's shape.
+    Refused {
+        message: String,
+        param: Option<&'static str>,
+    },
 }
 
 /// How a body's text becomes routing ids: a chat template's source (tokenizer mode, or

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use super::chatml::{Rendered, RenderedBody, push_content};
 use super::continuation::{Continued, Rejoin};
-use super::protocol::{ChatRequest, Ids, Plan, Protocol, StreamScan, rendered_plan, template_plan};
+use super::protocol::{ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, rendered_plan, template_plan};
 use super::response_ids::ResponseIds;
 use super::responses_splice::{Splice, TERMINAL_EVENTS, continuation, is_delta};
 use super::state::NativeApis;
@@ -648,13 +648,14 @@ impl Protocol for Responses {
         apis.responses
     }
 
-    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
+    fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Result<Plan, Unplanned> {
         if let Some(tokens) = ids.template {
-            return tokenized_plan(raw, session, tokens);
+            return tokenized_plan(raw, session, tokens).ok_or(Unplanned::App);
         }
-        let (body, follow_up) = plan(raw)?;
+        // A body the app refuses: its 400 says why.
+        let (body, follow_up) = plan(raw).ok_or(Unplanned::App)?;
         let plan = rendered_plan(body, session, ids);
-        Some(match follow_up {
+        Ok(match follow_up {
             Some(follow_up) => follow_up.apply(plan),
             None => plan,
         })
