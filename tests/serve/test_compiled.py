@@ -831,6 +831,12 @@ BAD_OPENAI_BODIES = [
     (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "cache_salt": ""}'),
     ("/v1/completions", b'{"prompt": 5}'),
     ("/v1/completions", b'{"max_tokens": 2}'),
+    # The app's own shape checks after the parser (`request._messages`, the tools check).
+    (CHAT, b'{"messages": [3]}'),
+    (CHAT, b'{"messages": [{"content": "x"}]}'),
+    (CHAT, b'{"messages": [{"role": "user", "content": 3}]}'),
+    (CHAT, b'{"messages": [{"role": "user", "content": [1]}]}'),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "tools": [1]}'),
 ]
 
 
@@ -838,8 +844,9 @@ def test_a_chat_or_completions_body_the_parser_refuses_is_answered_natively_as_t
     engines: list[FakeEngine],
 ) -> None:
     """The app refuses these bodies with the error of the parser both planes share
-    (``smetric_vllm::parse_openai_body``): the gateway answers them itself, byte for byte the
-    app's status and body, and counts each as a native request."""
+    (``smetric_vllm::parse_openai_body``) or of its own shape checks after it: the gateway
+    answers them itself, byte for byte the app's status and body, and counts each as a native
+    request."""
     urls = [{"url": e.url, "kv_events": "off"} for e in engines]
     answers: dict[str, list[tuple[int, Any]]] = {}
     for plane in ("python", "compiled"):

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde_json::Value;
 use smetric_core::{TurnHint, first_turn_from_roles};
 use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
 
@@ -57,7 +58,9 @@ impl Protocol for OpenAi {
             message: e.message,
             param: e.param,
         })?;
-        plan(self.chat, body, session, ids).ok_or(Unplanned::App)
+        let (messages, tools) = (body.messages, body.tools);
+        // Only a body that does not plan is looked at again, for the app's own 400.
+        plan(self.chat, body, session, ids).ok_or_else(|| shape_refusal(messages, tools).unwrap_or(Unplanned::App))
     }
 
     fn scanner(&self, _ids: &Arc<ResponseIds>, hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {
@@ -88,6 +91,50 @@ impl Protocol for OpenAi {
 }
 
 stream_scan_by_fields!(OpenAiStream);
+
+/// The app's 400 for a parsed body whose `messages` or `tools` have the wrong shape
+/// (`request._messages` and `parse_request`'s tools check, in that order), or None: not one of
+/// those (the app answers whatever else it is). O(messages) on a body that did not plan.
+fn shape_refusal(messages: Option<&str>, tools: Option<&str>) -> Option<Unplanned> {
+    let refused = |message: String, param: &'static str| Unplanned::Refused {
+        message,
+        param: Some(param),
+    };
+    if let Some(messages) = messages {
+        let Ok(Value::Array(messages)) = serde_json::from_str::<Value>(messages) else {
+            return None;
+        };
+        if messages.is_empty() {
+            return Some(refused("messages must be a non-empty list".to_owned(), "messages"));
+        }
+        for (i, m) in messages.iter().enumerate() {
+            let problem = match m {
+                Value::Object(m) => match (m.get("role"), m.get("content")) {
+                    (Some(Value::String(_)), None | Some(Value::Null | Value::String(_))) => None,
+                    (Some(Value::String(_)), Some(Value::Array(parts))) => {
+                        (!parts.iter().all(|p| p.is_object() || p.is_string()))
+                            .then_some("content parts must be objects")
+                    }
+                    (Some(Value::String(_)), Some(_)) => Some("content must be a string, a list of parts or null"),
+                    _ => Some("role must be a string"),
+                },
+                _ => {
+                    return Some(refused(format!("messages[{i}] must be an object"), "messages"));
+                }
+            };
+            if let Some(problem) = problem {
+                return Some(refused(format!("messages[{i}].{problem}"), "messages"));
+            }
+        }
+    }
+    if let Some(tools) = tools
+        && let Ok(Value::Array(tools)) = serde_json::from_str::<Value>(tools)
+        && !tools.iter().all(Value::is_object)
+    {
+        return Some(refused("tools must be a list of objects".to_owned(), "tools"));
+    }
+    None
+}
 
 /// The plan of a chat (`chat`) or completions body.
 fn plan(chat: bool, body: OpenAiBody<'_>, session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
