@@ -141,8 +141,9 @@ def test_anthropic_messages_are_served_natively_in_their_own_shapes(engines: lis
         assert status == 200 and b"event: message_stop" in body
         again = decision(answer_headers)
         assert again["first_turn"] == "0" and again["instance"] == home["instance"]
-        # A body the app must refuse is answered by it, in Anthropic's shape.
-        status, _, raw = request(p.url, "/v1/messages", {"model": "fake-model", "messages": []})
+        # A body whose fault lies deeper than its first fields is the app's to refuse, in Anthropic's shape.
+        wrong_role = {"model": "fake-model", "max_tokens": 2, "messages": [{"role": "nobody", "content": "x"}]}
+        status, _, raw = request(p.url, "/v1/messages", wrong_role)
         assert status == 400 and json.loads(raw)["type"] == "error"
         text = page(p)
         assert metric(text, "smetric_proxy_native_requests_total", api="messages") == 2
@@ -837,10 +838,17 @@ BAD_OPENAI_BODIES = [
     (CHAT, b'{"messages": [{"role": "user", "content": 3}]}'),
     (CHAT, b'{"messages": [{"role": "user", "content": [1]}]}'),
     (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "tools": [1]}'),
+    # Anthropic's: `to_chat`'s first checks, in Anthropic's error shape.
+    ("/v1/messages", b"[]"),
+    ("/v1/messages", b'{"model": 3, "max_tokens": "x", "messages": []}'),
+    ("/v1/messages", b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}'),
+    ("/v1/messages", b'{"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}'),
+    ("/v1/messages", b'{"model": "m", "max_tokens": 2, "stream": "yes", "messages": [{"role": "user"}]}'),
+    ("/v1/messages", b'{"model": "m", "max_tokens": 2, "messages": []}'),
 ]
 
 
-def test_a_chat_or_completions_body_the_parser_refuses_is_answered_natively_as_the_app_answers_it(
+def test_a_body_the_app_refuses_first_is_answered_natively_as_the_app_answers_it(
     engines: list[FakeEngine],
 ) -> None:
     """The app refuses these bodies with the error of the parser both planes share
@@ -860,7 +868,7 @@ def test_a_chat_or_completions_body_the_parser_refuses_is_answered_natively_as_t
             answers[plane] = got
             if plane == "compiled":
                 text = page(p)
-                apis = ("chat", "completions")
+                apis = ("chat", "completions", "messages")
                 native = sum(metric(text, "smetric_proxy_native_requests_total", api=a) for a in apis)
                 assert native == len(BAD_OPENAI_BODIES), "answered by the gateway, not the app"
                 assert metric(text, "smetric_routed_total") == 0

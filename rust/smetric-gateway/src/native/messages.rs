@@ -234,6 +234,42 @@ pub(crate) fn count_tokens_model(raw: &[u8]) -> Option<String> {
     Some(body.model)
 }
 
+/// `to_chat`'s 400 for a body whose first fields fail — which it checks before anything else, so
+/// its error is the first whatever follows: not an object, `model` not a string, `max_tokens`
+/// not an integer of at least 1, `stream` not a boolean, `messages` not a non-empty list. None:
+/// not one of those, or not told apart here (a malformed body: Python's decoder words it; an
+/// integer past 64 bits) — the app's. O(body) on a body that did not plan.
+fn top_level_refusal(raw: &[u8]) -> Option<Unplanned> {
+    let whole = json::body(raw)?;
+    let refused = |message: &str, param: Option<&'static str>| {
+        Some(Unplanned::Refused {
+            message: message.to_owned(),
+            param,
+        })
+    };
+    let Ok(Value::Object(body)) = serde_json::from_str::<Value>(whole.get()) else {
+        return refused("the request body must be a JSON object", None);
+    };
+    if !body.get("model").is_some_and(Value::is_string) {
+        return refused("model: a string is required", Some("model"));
+    }
+    let max_tokens_ok = match body.get("max_tokens") {
+        Some(Value::Number(n)) if n.is_f64() => return None, // 1.5, or an integer past u64: told apart by Python
+        Some(Value::Number(n)) => n.as_u64().is_some_and(|n| n >= 1),
+        _ => false,
+    };
+    if !max_tokens_ok {
+        return refused("max_tokens: an integer of at least 1 is required", Some("max_tokens"));
+    }
+    if !matches!(body.get("stream"), None | Some(Value::Null | Value::Bool(_))) {
+        return refused("stream must be a boolean", Some("stream"));
+    }
+    if !matches!(body.get("messages"), Some(Value::Array(m)) if !m.is_empty()) {
+        return refused("messages: a non-empty list is required", Some("messages"));
+    }
+    None
+}
+
 /// The turn the converted roles say (as for chat).
 fn first_turn(chat: &[ChatMessage<'_>]) -> bool {
     smetric_core::first_turn_from_roles(chat.iter().map(|m| m.role))
@@ -1026,7 +1062,8 @@ impl Protocol for Messages {
             Some(tokens) => tokenized_plan(raw, session, tokens),
             None => plan(raw).map(|body| rendered_plan(body, session, ids)),
         };
-        plan.ok_or(Unplanned::App) // a body the conversion refuses: the app's 400 says why
+        // A body that does not plan: the app's 400 for its first fields, else the app's to say.
+        plan.ok_or_else(|| top_level_refusal(raw).unwrap_or(Unplanned::App))
     }
 
     fn scanner(&self, _ids: &Arc<ResponseIds>, _hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {
