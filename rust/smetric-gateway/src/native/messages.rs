@@ -15,8 +15,8 @@
 //! left without content is dropped. The roles give the turn, as for chat.
 //!
 //! **Validation** is `to_chat`'s, field by field; a body it would refuse — or one whose text
-//! Python would build with its own `str()` of a non-string, which is not reproduced — gives
-//! `None`, and the app answers it.
+//! Python would build with its own `str()` of a non-string, which is not reproduced — does not
+//! plan: its first fields' errors are answered here (`top_level_refusal`), the rest by the app.
 //!
 //! **Stream** (`MessagesStream` of `apis/messages.py`): `event: NAME\ndata: {…}` events; each
 //! `content_block_delta` but a signature is one output token; a `message_delta` with a

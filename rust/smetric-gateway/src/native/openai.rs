@@ -2,8 +2,9 @@
 //! parser (`smetric_vllm::parse_openai_body`); chat rendered as plain ChatML into approximate
 //! ids (`chatml.rs`), completions routed on its token ids or its text's approximate ids; a
 //! stream asked for its usage (the realized hit) and that usage cut from the relay when the
-//! client did not ask for it; a body the app would re-encode or count in its session table is
-//! the app's. O(body length) to plan; O(event bytes) to scan.
+//! client did not ask for it. A body the parser refuses, or whose `messages` / `tools` fail the
+//! app's shape checks after it, is refused here with the app's 400 (`shape_refusal`, looked at
+//! only when the body does not plan). O(body length) to plan; O(event bytes) to scan.
 
 use std::sync::Arc;
 

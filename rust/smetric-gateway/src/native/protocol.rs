@@ -4,7 +4,8 @@
 //! its stream — so that `forward.rs` knows no API by name and adding an API is one file (its
 //! `impl Protocol`) plus a line in `apis.rs`.
 //!
-//! Invariants: a `plan` of `None` hands the request to the app (which serves everything); every
+//! Invariants: a `plan` that fails says why ([`Unplanned`]): the app's to answer (which serves
+//! everything), or a refusal the native path answers in the API's shape as the app would; every
 //! method is pure but `scanner`, whose state is one stream's. Complexity: each method is linear
 //! in the bytes it is given.
 
@@ -69,9 +70,9 @@ pub(crate) trait Protocol: Sync {
     fn path(&self) -> &'static str;
     /// Whether the control plane armed it.
     fn armed(&self, apis: NativeApis) -> bool;
-    /// The routing plan of a body the native path serves exactly as the app would, or None
+    /// The routing plan of a body the native path serves exactly as the app would, or why not
     /// (the checks every API shares — lone surrogates, long digit runs — are the caller's).
-    /// `tokens`: the source of a chat template's ids (None: plain ChatML's approximate ids).
+    /// `ids`: a chat template's source, else plain ChatML's approximate ids in its chunk size.
     fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Result<Plan, Unplanned>;
     /// The scanner of a stream from `instance`.
     fn scanner(&self, ids: &Arc<ResponseIds>, hide_usage: bool, instance: &str) -> Box<dyn StreamScan>;
