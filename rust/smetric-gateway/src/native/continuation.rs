@@ -26,15 +26,16 @@ use smetric_vllm::{Endpoint, Prompt, parse_openai_body};
 
 use super::sse::{Pending, contains, data_of};
 
-/// What a cut stream is continued with.
+/// What a cut stream is continued with, and how the continuation's events join the client's
+/// stream (built from the same decoding of what the client received).
 pub(crate) enum Continued {
     /// The request as it was (nothing but the opening reached the client).
-    Again,
+    Again(Box<dyn Rejoin>),
     /// The continuation request's body.
-    Body(Bytes),
+    Body(Bytes, Box<dyn Rejoin>),
     /// A body for the engine's chat endpoint, whose chunks the API translates back into its own
     /// events (Messages: vLLM's `/v1/messages` cannot continue a final assistant message).
-    OverChat(Bytes),
+    OverChat(Bytes, Box<dyn Rejoin>),
     /// Not continued faithfully: the stream ends with the API's error event.
     Not,
 }
@@ -142,6 +143,7 @@ pub(crate) fn truthy(value: &Value) -> bool {
 /// The continuation of a chat (`chat`) or completions stream whose request body was `body` (as
 /// it was sent, the usage option included) and whose client received `sent`.
 pub(crate) fn continuation(chat: bool, body: &[u8], sent: &[u8]) -> Continued {
+    let rejoined = || -> Box<dyn Rejoin> { Box::new(Rejoined::new(chat, first_id(sent))) };
     let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
         return Continued::Not;
     };
@@ -150,7 +152,7 @@ pub(crate) fn continuation(chat: bool, body: &[u8], sent: &[u8]) -> Continued {
     }
     let got = Received::of(chat, sent);
     if got.nothing() {
-        return Continued::Again;
+        return Continued::Again(rejoined());
     }
     if got.tool_calls || structured(&obj) || !continuable(chat, &obj, &got) {
         return Continued::Not;
@@ -184,7 +186,7 @@ pub(crate) fn continuation(chat: bool, body: &[u8], sent: &[u8]) -> Continued {
         obj.insert("prompt".to_owned(), Value::from(format!("{prompt}{}", got.text)));
     }
     match serde_json::to_vec(&Value::Object(obj)) {
-        Ok(body) => Continued::Body(Bytes::from(body)),
+        Ok(body) => Continued::Body(Bytes::from(body), rejoined()),
         Err(_) => Continued::Not,
     }
 }
@@ -221,7 +223,7 @@ fn continuable(chat: bool, body: &Map<String, Value>, got: &Received) -> bool {
 
 /// The `"id": "…"` field of the first data event of `sent` (None: no event yet, or the first
 /// has none: then nothing is renamed).
-pub(crate) fn first_id(sent: &[u8]) -> Option<Vec<u8>> {
+fn first_id(sent: &[u8]) -> Option<Vec<u8>> {
     let mut pending = Pending::default();
     let mut first: Option<Option<Vec<u8>>> = None;
     pending.feed(sent, |event| {
@@ -266,7 +268,7 @@ fn id_field(event: &[u8]) -> Option<&[u8]> {
 
 /// A continuation's stream as the client gets it, after the first attempt's: chat's opening
 /// role chunk dropped, the continuation's `"id"` field rewritten to the first attempt's.
-pub(crate) struct Rejoined {
+struct Rejoined {
     chat: bool,
     id: Option<Vec<u8>>,
     renamed: Option<Vec<u8>>,
@@ -274,7 +276,7 @@ pub(crate) struct Rejoined {
 }
 
 impl Rejoined {
-    pub(crate) fn new(chat: bool, id: Option<Vec<u8>>) -> Self {
+    fn new(chat: bool, id: Option<Vec<u8>>) -> Self {
         Self {
             chat,
             id,
@@ -351,9 +353,9 @@ mod tests {
 
     fn body_of(c: Continued) -> Value {
         match c {
-            Continued::Body(b) => serde_json::from_slice(&b).unwrap(),
-            Continued::Again => Value::from("again"),
-            Continued::OverChat(_) | Continued::Not => Value::from("not"),
+            Continued::Body(b, _) => serde_json::from_slice(&b).unwrap(),
+            Continued::Again(_) => Value::from("again"),
+            Continued::OverChat(..) | Continued::Not => Value::from("not"),
         }
     }
 
@@ -383,7 +385,7 @@ mod tests {
         };
         assert!(matches!(
             continuation(true, format!("{{{msgs}}}").as_bytes(), role.as_bytes()),
-            Continued::Again
+            Continued::Again(_)
         ));
         assert!(not(true, &format!(r#"{{{msgs},"n":2}}"#), &text));
         assert!(not(true, &format!(r#"{{{msgs},"tool_choice":"required"}}"#), &text));

@@ -963,11 +963,10 @@ impl Relay {
         // The cut is the instance's own failure (`failover.rs`), and counts as an attempt.
         self.native.charge_cut(&mut self.record, &self.instance, cause);
         self.tried.failed.push(self.instance.clone());
-        let rejoined = self.api.rejoined(kept, &continued);
-        let (body, via) = match continued {
-            Continued::Again => (self.body.clone(), self.api),
-            Continued::Body(body) => (body, self.api),
-            Continued::OverChat(body) => (body, &CHAT as Api),
+        let (body, via, rejoined) = match continued {
+            Continued::Again(rejoined) => (self.body.clone(), self.api, rejoined),
+            Continued::Body(body, rejoined) => (body, self.api, rejoined),
+            Continued::OverChat(body, rejoined) => (body, &CHAT as Api, rejoined),
             Continued::Not => {
                 self.unresumed(tx).await;
                 return None;

@@ -44,7 +44,7 @@ use hyper::{Response, StatusCode};
 
 use super::anthropic_events::{ChatTranslation, MESSAGE_STOP, Received, Resent, counts_a_token, event_name};
 use super::chatml::{Rendered, RenderedBody};
-use super::continuation::{Continued, Rejoin, truthy as value_truthy};
+use super::continuation::{Continued, truthy as value_truthy};
 use super::json::{self, Entries, is_object, json_array, json_str, list, object, ordered_entries, string};
 use super::protocol::{
     ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, rendered_plan, stream_scan_by_fields, template_plan,
@@ -1095,21 +1095,14 @@ impl Protocol for Messages {
     fn continuation(&self, body: &[u8], sent: &[u8], _resumed: bool) -> Continued {
         let received = Received::of(sent);
         if received.blocks.is_empty() {
-            return Continued::Again;
+            return Continued::Again(Box::new(Resent::default()));
         }
         let Some((text, reasoning)) = received.continuable_text() else {
             return Continued::Not;
         };
         match continuation_body(body, &text, &reasoning, received.deltas) {
-            Some(chat) => Continued::OverChat(chat),
+            Some(chat) => Continued::OverChat(chat, Box::new(ChatTranslation::after(&received))),
             None => Continued::Not,
-        }
-    }
-
-    fn rejoined(&self, sent: &[u8], continued: &Continued) -> Box<dyn Rejoin> {
-        match continued {
-            Continued::OverChat(_) => Box::new(ChatTranslation::after(&Received::of(sent))),
-            _ => Box::new(Resent::default()),
         }
     }
 

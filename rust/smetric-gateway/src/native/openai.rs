@@ -14,7 +14,7 @@ use smetric_core::{TurnHint, first_turn_from_roles};
 use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
 
 use super::chatml::render;
-use super::continuation::{Continued, Rejoin, Rejoined, continuation, first_id};
+use super::continuation::{Continued, continuation};
 use super::protocol::{Ids, Plan, Protocol, StreamScan, Unplanned, openai_error_json, stream_scan_by_fields};
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
@@ -75,10 +75,6 @@ impl Protocol for OpenAi {
 
     fn continuation(&self, body: &[u8], sent: &[u8], _resumed: bool) -> Continued {
         continuation(self.chat, body, sent)
-    }
-
-    fn rejoined(&self, sent: &[u8], _continued: &Continued) -> Box<dyn Rejoin> {
-        Box::new(Rejoined::new(self.chat, first_id(sent)))
     }
 
     fn stream_failure(&self, message: &str) -> Bytes {

@@ -16,7 +16,7 @@ use hyper::{Response, StatusCode};
 use smetric_core::TurnHint;
 
 use super::chatml::RenderedBody;
-use super::continuation::{Continued, Rejoin};
+use super::continuation::Continued;
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use crate::answers::{Body, json_response};
@@ -112,11 +112,10 @@ pub(crate) trait Protocol: Sync {
         )
     }
     /// What a stream cut after the client had `sent` (the events it was sent) is continued with,
-    /// built from `body` (the request as the first attempt sent it). `resumed`: the stream was
-    /// continued before (a second cut).
+    /// built from `body` (the request as the first attempt sent it), and how the continuation's
+    /// events join the client's stream — both from one decoding of `sent`. `resumed`: the stream
+    /// was continued before (a second cut).
     fn continuation(&self, body: &[u8], sent: &[u8], resumed: bool) -> Continued;
-    /// How `continued`'s events join the stream the client has (`sent`).
-    fn rejoined(&self, sent: &[u8], continued: &Continued) -> Box<dyn Rejoin>;
     /// What ends a started stream with the proxy's error (`Api.stream_failure` of a 503).
     fn stream_failure(&self, message: &str) -> Bytes;
     /// What ends a stream whose upstream ended without its own end marker.

@@ -38,10 +38,10 @@ use serde_json::value::RawValue;
 use std::sync::Arc;
 
 use super::chatml::{Rendered, RenderedBody, push_content};
-use super::continuation::{Continued, Rejoin};
+use super::continuation::Continued;
 use super::protocol::{ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, rendered_plan, template_plan};
 use super::response_ids::ResponseIds;
-use super::responses_splice::{Splice, TERMINAL_EVENTS, continuation, is_delta};
+use super::responses_splice::{TERMINAL_EVENTS, continuation, is_delta};
 use super::state::NativeApis;
 use crate::tokens::TokenSource;
 use smetric_core::TurnHint;
@@ -686,10 +686,6 @@ impl Protocol for Responses {
 
     fn continuation(&self, body: &[u8], sent: &[u8], resumed: bool) -> Continued {
         continuation(body, sent, resumed)
-    }
-
-    fn rejoined(&self, sent: &[u8], _continued: &Continued) -> Box<dyn Rejoin> {
-        Box::new(Splice::after(sent))
     }
 
     fn stream_failure(&self, message: &str) -> Bytes {

@@ -202,7 +202,7 @@ pub(crate) fn continuation(body: &[u8], sent: &[u8], resumed: bool) -> Continued
         body.insert("max_output_tokens".to_owned(), Value::from(left));
     }
     match serde_json::to_vec(&Value::Object(body)) {
-        Ok(out) => Continued::Body(Bytes::from(out)),
+        Ok(out) => Continued::Body(Bytes::from(out), Box::new(Splice::of(got))),
         Err(_) => Continued::Not,
     }
 }
@@ -221,9 +221,8 @@ pub(crate) struct Splice {
 }
 
 impl Splice {
-    /// After what the client received (`sent`).
-    pub(crate) fn after(sent: &[u8]) -> Self {
-        let got = Received::of(sent);
+    /// After what the client received.
+    fn of(got: Received) -> Self {
         let open = got.open_item().is_some();
         Self {
             response: got.response.unwrap_or_default(),
@@ -405,7 +404,7 @@ mod tests {
     fn the_request_puts_back_every_item_and_continues_the_open_one() {
         let sent = cut_inside_a_message();
         let body = br#"{"model":"m","input":"hi","max_output_tokens":5,"stream":true}"#;
-        let Continued::Body(out) = continuation(body, sent.as_bytes(), false) else {
+        let Continued::Body(out, _) = continuation(body, sent.as_bytes(), false) else {
             panic!("continued");
         };
         let out: Value = serde_json::from_slice(&out).unwrap_or_default();
@@ -436,7 +435,7 @@ mod tests {
 
     #[test]
     fn the_splice_continues_the_item_under_its_id_and_ends_with_the_clients_response() {
-        let mut splice = Splice::after(cut_inside_a_message().as_bytes());
+        let mut splice = Splice::of(Received::of(cut_inside_a_message().as_bytes()));
         let continuation = [
             serde_json::json!({"type": "response.created", "sequence_number": 0, "response": {"id": "resp_b"}}),
             serde_json::json!({"type": "response.output_item.added", "sequence_number": 1, "output_index": 0, "item": {"id": "msg_b"}}),
