@@ -34,8 +34,9 @@ candidate with the higher worst R over the open-loop and Codex cells (the traffi
 the default losing on), then to fewer fields changed from today's default. Today's default is
 replaced only if the winner's worst R beats its worst R by more than 0.01 (one seed pair's noise
 on these points is about that). The report set (Weka 0001–0475, the Codex generator at seed 100,
-the reproduction's open-loop traces) is run once, after the winner is frozen, and not by this
-script.
+the reproduction's open-loop traces) is run once, after the winner is frozen: ``--report LABEL``
+runs today's default, the frozen winner and the baselines on :data:`REPORT_FAMILIES` (ladders
+probed the same way) into its own file.
 """
 
 from __future__ import annotations
@@ -71,17 +72,35 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "mooncake": ("lmcache", "off"),
 }
 """Tuning trace families and the tier settings each runs under."""
-POINTS = tuple(f"{family} {tier}" for family, tiers in FAMILIES.items() for tier in tiers)
-PROBE_LOADS: dict[str, tuple[float, ...]] = {
-    "weka-0476": (0.035, 0.05, 0.07, 0.1, 0.14, 0.2),
-    "codex-0": (0.05, 0.07, 0.1, 0.14, 0.2, 0.28),
-    "codex-1": (0.05, 0.07, 0.1, 0.14, 0.2, 0.28),
-    "bailian-0": (0.06, 0.09, 0.125, 0.18, 0.25, 0.35, 0.5, 0.7, 1.0),
-    "mooncake": (1.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0),
+REPORT_FAMILIES: dict[str, tuple[str, ...]] = {
+    "weka-0401": ("lmcache", "mooncake-store", "cpu-offload", "off"),
+    "weka-0001": ("lmcache", "off"),
+    "weka-0176": ("lmcache", "off"),
+    "codex-100": ("lmcache", "mooncake-store", "cpu-offload", "off"),
+    "bailian-100": ("lmcache", "off"),
 }
-"""Sessions/s (trace speed-up for Mooncake) the probe tries."""
+"""Report trace families (Weka's report windows, the generators' report seed) and their tiers."""
+
+
+def points_of(families: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    return tuple(f"{family} {tier}" for family, tiers in families.items() for tier in tiers)
+
+
+POINTS = points_of(FAMILIES)
+_WEKA_PROBE = (0.035, 0.05, 0.07, 0.1, 0.14, 0.2)
+_CODEX_PROBE = (0.05, 0.07, 0.1, 0.14, 0.2, 0.28)
+_BAILIAN_PROBE = (0.06, 0.09, 0.125, 0.18, 0.25, 0.35, 0.5, 0.7, 1.0)
+
+
+def probe_loads(family: str) -> tuple[float, ...]:
+    """Sessions/s (trace speed-up for Mooncake) the probe tries on ``family``."""
+    if family == "mooncake":
+        return (1.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+    return {"weka": _WEKA_PROBE, "codex": _CODEX_PROBE, "bailian": _BAILIAN_PROBE}[family.split("-")[0]]
+
+
 PROBE_POLICIES = ("linear", "llmd_prefix_load")
-LADDER = (0.7, 0.85, 1.0, 1.15, 1.3)
+LADDER = (0.55, 0.7, 0.85, 1.0, 1.15, 1.3, 1.5)
 """Each point's ladder as multiples of its probed peak load."""
 
 BASELINES = (
@@ -96,7 +115,7 @@ BASELINES = (
 """Every best baseline of ``docs/results.md`` §13–16 and the reproduction's non-SMetric arms."""
 _GATE = {"smetric_migration": "threshold"}
 CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
-    "default": ("smetric", {}),
+    "default": ("smetric", {"smetric_migration": "fetch", "smetric_migration_margin": 4.0}),
     "smetric_paper": POLICY_VARIANTS["smetric_paper"],
     "smetric_v2_port": POLICY_VARIANTS["smetric_v2_port"],
     "smetric_v1": POLICY_VARIANTS["smetric_v1"],
@@ -106,8 +125,9 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "gate slack 4": ("smetric", {**_GATE, "smetric_ttft_slack": 4.0}),
     "gate slack 8": ("smetric", {**_GATE, "smetric_ttft_slack": 8.0}),
 }
-"""label → (policy, ``RouterConfig`` fields over today's default). Today's default is the v2 rule
-with KV-fit and fetch-priced migration at margin 4 (``RouterConfig::DEFAULT``); ``gate`` is the
+"""label → (policy, ``RouterConfig`` fields over ``RouterConfig::DEFAULT``). ``default`` is the default
+this study started from (until 2026-12-05): the v2 rule with KV-fit and fetch-priced migration at
+margin 4 (results §15's V17); ``gate`` is the
 same with the paper's TTFT-feasibility gate instead of the margin, ``gate slack S`` loosens that
 gate's budget S-fold (a follow-up leaves home later), ``fetch 16`` raises the margin."""
 
@@ -119,7 +139,7 @@ def trace_spec(family: str, traces: Path) -> TraceSpec:
         return TraceSpec.synthetic_sessions(seed=int(family.removeprefix("bailian-")))
     if family == "mooncake":
         return TraceSpec(paths=(str(traces / "mooncake_conversation_trace.jsonl.gz"),), format="mooncake")
-    trace = next(t for t in rr.TRACES if t.key == family and t.role == "tuning")
+    trace = next(t for t in rr.TRACES if t.key == family)
     return TraceSpec(paths=tuple(str(traces / f) for f in trace.files), format="weka")
 
 
@@ -201,18 +221,18 @@ def peaks(runs: list[dict[str, Any]], instrument: str, k: int) -> dict[str, dict
     return out
 
 
-def probe(path: Path, traces: Path, jobs: int, instrument: str) -> dict[str, list[float]]:
+def probe(path: Path, traces: Path, jobs: int, instrument: str, points: tuple[str, ...]) -> dict[str, list[float]]:
     """Each point's ladder on ``instrument`` from the probe (cached in ``path`` with the main runs)."""
     rows = []
-    for point in POINTS:
+    for point in points:
         family = point.split(" ")[0]
-        rows += specs(instrument, traces, {point: list(PROBE_LOADS[family])}, list(PROBE_POLICIES), (0,))
+        rows += specs(instrument, traces, {point: list(probe_loads(family))}, list(PROBE_POLICIES), (0,))
     tag = f"probe-{instrument}"
     for cell, _ in rows:
         cell["instrument"] = tag
     runs = execute(path, rows, jobs)
     ladders = {}
-    for point in POINTS:
+    for point in points:
         best = max((r for r in runs if r["instrument"] == tag and r["point"] == point), key=lambda r: r["tps"][0])
         ladders[point] = [round(best["load"] * m, 4) for m in LADDER]
     return ladders
@@ -244,10 +264,11 @@ def winner(r: dict[tuple[str, int], dict[str, float]], labels: list[str]) -> tup
     return pick, worst
 
 
-def table(runs: list[dict[str, Any]], instrument: str, ladders: dict[str, list[float]]) -> str:
+def table(runs: list[dict[str, Any]], instrument: str, ladders: dict[str, list[float]], select: bool = True) -> str:
     r = ratios(runs, instrument)
     pk = [peaks(runs, instrument, k) for k in range(len(SLO_NAMES))]
-    cols = sorted(r, key=lambda c: (c[1], POINTS.index(c[0])))
+    order = list(ladders)
+    cols = sorted(r, key=lambda c: (c[1], order.index(c[0])))
     labels = [c for c in CANDIDATES if all(c in r[x] for x in cols)]
     lines = [
         "| label | worst | " + " | ".join(f"{p} ({SLO_NAMES[k]})" for p, k in cols) + " |",
@@ -269,7 +290,8 @@ def table(runs: list[dict[str, Any]], instrument: str, ladders: dict[str, list[f
         b = max((x for x in BASELINES if x in pk[k][p]), key=lambda x: pk[k][p][x][0])
         best.append(f"{b} {pk[k][p][b][0] / 1e3:,.0f}K @{pk[k][p][b][1]:g}")
     lines.append("| *best baseline* | | " + " | ".join(best) + " |")
-    lines.append(f"\nwinner by the stated rule ({instrument}): {pick}")
+    if select:
+        lines.append(f"\nwinner by the stated rule ({instrument}): {pick}")
     return "\n".join(lines)
 
 
@@ -284,8 +306,14 @@ def main() -> int:
     p.add_argument("--probe", action="store_true")
     p.add_argument("--run", action="store_true")
     p.add_argument("--table", action="store_true")
+    p.add_argument("--report", metavar="LABEL", help="the frozen winner: run it, today's default and the baselines")
     args = p.parse_args()
-    ladders = probe(args.data, args.traces, args.jobs, args.instrument)
+    points = points_of(REPORT_FAMILIES) if args.report else POINTS
+    if args.report:
+        args.data = args.data.with_name(args.data.stem + "_report.json")
+        args.labels = ";".join(dict.fromkeys(["default", args.report, *BASELINES]))
+        args.run = True
+    ladders = probe(args.data, args.traces, args.jobs, args.instrument, points)
     if args.probe:
         print(json.dumps(ladders, indent=1))
     if args.run:
@@ -294,7 +322,7 @@ def main() -> int:
         execute(args.data, specs(args.instrument, args.traces, chosen, labels, SEEDS), args.jobs)
     if args.run or args.table:
         runs = json.loads(args.data.read_text())["runs"]
-        print(table(runs, args.instrument, ladders))
+        print(table(runs, args.instrument, ladders, select=not args.report))
     return 0
 
 
