@@ -295,6 +295,24 @@ def table(runs: list[dict[str, Any]], instrument: str, ladders: dict[str, list[f
     return "\n".join(lines)
 
 
+def cell_table(runs: list[dict[str, Any]], instrument: str, ladders: dict[str, list[float]]) -> str:
+    """The same ratios with a row per cell (for the docs): every candidate, then the best baseline."""
+    r = ratios(runs, instrument)
+    pk = [peaks(runs, instrument, k) for k in range(len(SLO_NAMES))]
+    order = list(ladders)
+    cols = sorted(r, key=lambda c: (c[1], order.index(c[0])))
+    labels = [c for c in CANDIDATES if all(c in r[x] for x in cols)]
+    lines = ["| cell | " + " | ".join(labels) + " | best baseline |", "|---|" + "---:|" * len(labels) + "---|"]
+    for p, k in cols:
+        b = max((x for x in BASELINES if x in pk[k][p]), key=lambda x: pk[k][p][x][0])
+        row = [f"{r[(p, k)][c]:.3f}" for c in labels]
+        best = f"`{b}` {pk[k][p][b][0] / 1e3:,.0f}K"
+        lines.append(f"| {p} ({SLO_NAMES[k]}) | " + " | ".join(row) + f" | {best} |")
+    worst = [f"**{min(r[x][c] for x in cols):.3f}**" for c in labels]
+    lines.append("| *worst* | " + " | ".join(worst) + " | |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
@@ -306,6 +324,7 @@ def main() -> int:
     p.add_argument("--probe", action="store_true")
     p.add_argument("--run", action="store_true")
     p.add_argument("--table", action="store_true")
+    p.add_argument("--cells", action="store_true", help="print the ratios with a row per cell")
     p.add_argument("--report", metavar="LABEL", help="the frozen winner: run it, today's default and the baselines")
     args = p.parse_args()
     points = points_of(REPORT_FAMILIES) if args.report else POINTS
@@ -323,6 +342,8 @@ def main() -> int:
     if args.run or args.table:
         runs = json.loads(args.data.read_text())["runs"]
         print(table(runs, args.instrument, ladders, select=not args.report))
+    if args.cells:
+        print(cell_table(json.loads(args.data.read_text())["runs"], args.instrument, ladders))
     return 0
 
 

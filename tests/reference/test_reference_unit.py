@@ -738,14 +738,14 @@ def test_smetric_kv_fit_and_fetch_rule() -> None:
     rng = CounterRng(0)
     # 100 blocks of 16 tokens: 1,600 tokens of KV per instance.
     cfg = ReferenceConfig(local_capacity_blocks=100)
-    assert (cfg.smetric_kv_fit, cfg.smetric_migration) == (True, "fetch")  # the smetric+ defaults
+    assert (cfg.smetric_kv_fit, cfg.smetric_migration) == (True, "threshold")  # the defaults (results §21)
     # Instance 1 is idle by the score but 1,200 tokens in flight leave no room for 1,000.
     cands = [cand(bs=2), cand(active=1200), cand(bs=3)]
     assert smetric_policy(cands, req(1000, first_turn=True), cfg, rng)[0] == 0
     assert smetric_policy(cands, req(1000, first_turn=True), cfg.paper(), rng)[0] == 1
     # The fetch rule: the score decides only where the tier holds the prompt.
     cands = [cand(), cand(hit=9000, bs=12)]
-    cfg = ReferenceConfig(smetric_migration_margin=0.25)
+    cfg = ReferenceConfig(smetric_migration="fetch", smetric_migration_margin=0.25)
     assert smetric_policy(cands, req(10_000), cfg, rng) == (1, "follow-up: sticky")
     moved = smetric_policy(cands, req(10_000, global_hit=10_000), cfg, rng)
     assert moved == (0, "follow-up: migrate (cheaper elsewhere)")

@@ -42,7 +42,7 @@ class ReferenceConfig:
     overload_slack_requests: int = 4
     smetric_active_weight: float = 0.0
     smetric_batch_term: bool = True
-    smetric_migration: str = "fetch"
+    smetric_migration: str = "threshold"
     smetric_migration_margin: float = 4.0
     smetric_kv_fit: bool = True
     smetric_growth_headroom_tokens: float = 0.0
