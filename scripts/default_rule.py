@@ -119,17 +119,18 @@ CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
     "smetric_paper": POLICY_VARIANTS["smetric_paper"],
     "smetric_v2_port": POLICY_VARIANTS["smetric_v2_port"],
     "smetric_v1": POLICY_VARIANTS["smetric_v1"],
-    "fetch 16": ("smetric", {"smetric_migration_margin": 16.0}),
+    "fetch 16": ("smetric", {"smetric_migration": "fetch", "smetric_migration_margin": 16.0}),
     "gate": ("smetric", _GATE),
     "gate slack 2": ("smetric", {**_GATE, "smetric_ttft_slack": 2.0}),
     "gate slack 4": ("smetric", {**_GATE, "smetric_ttft_slack": 4.0}),
     "gate slack 8": ("smetric", {**_GATE, "smetric_ttft_slack": 8.0}),
 }
-"""label → (policy, ``RouterConfig`` fields over ``RouterConfig::DEFAULT``). ``default`` is the default
-this study started from (until 2026-12-05): the v2 rule with KV-fit and fetch-priced migration at
-margin 4 (results §15's V17); ``gate`` is the
-same with the paper's TTFT-feasibility gate instead of the margin, ``gate slack S`` loosens that
-gate's budget S-fold (a follow-up leaves home later), ``fetch 16`` raises the margin."""
+"""label → (policy, ``RouterConfig`` fields over ``RouterConfig::DEFAULT``; each sets its migration rule,
+so the labels keep their meaning whatever the default is). ``default`` is the default this study
+started from (until 2026-12-05): the v2 rule with KV-fit and fetch-priced migration at margin 4
+(results §15's V17); ``gate`` is the same with the paper's TTFT-feasibility gate instead of the
+margin (the study's winner, the default since), ``gate slack S`` loosens that gate's budget
+S-fold (a follow-up leaves home later), ``fetch 16`` raises the margin."""
 
 
 def trace_spec(family: str, traces: Path) -> TraceSpec:
