@@ -62,15 +62,18 @@ __all__ = [
     "SHARED_ECHOED_CHARS",
     "SHARED_END_HEADERS",
     "SHARED_MAX_SESSION_ID_BYTES",
+    "SHARED_NO_ROUTE",
     "SHARED_PARENT_HEADERS",
     "SHARED_PIN_MAC_HEX",
     "SHARED_PIN_TAG_HEX",
     "SHARED_REFUSED_AT_CAPACITY",
     "SHARED_REFUSED_DRAINING",
     "SHARED_REFUSED_QUEUE_TIMEOUT",
+    "SHARED_ROUTES",
     "SHARED_SESSION_HEADERS",
     "SHARED_USAGE_OPTION",
     "SHARED_WAIT_BUCKETS_S",
+    "SHARED_WRONG_METHOD",
     "Decision",
     "Gateway",
     "GatewayNative",
@@ -695,6 +698,12 @@ SHARED_BYTE_CHUNK_BYTES: Final[int]
 """UTF-8 bytes per id of the byte-chunk tokenizer."""
 SHARED_BILLING_HEADER_PREFIX: Final[str]
 """The prefix of Claude Code's billing system block, dropped from Anthropic requests."""
+SHARED_ROUTES: Final[tuple[tuple[str, str], ...]]
+"""Every route the proxy serves, ``(method, aiohttp path pattern)``."""
+SHARED_NO_ROUTE: Final[str]
+"""The 404 of a path no route serves (``{path}`` filled in)."""
+SHARED_WRONG_METHOD: Final[str]
+"""The 405 of a path served with other methods."""
 GATEWAY_HEADER: Final[str]
 """Carries the gateway's per-process secret on every request it sends the app."""
 GATEWAY_ADMITTED_HEADER: Final[str]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ import pytest
 from aiohttp import web
 from proxy_util import Stub, chat_text, events, metric, proxy_for, request
 
+from smetric._core import SHARED_ROUTES
 from smetric.fake_engine import FakeEngine
 from smetric.serve.apis import ResponsesApi
 from smetric.serve.compiled import plane_summary
@@ -189,10 +191,10 @@ def test_responses_are_served_natively_with_the_apps_ids(storing_engines: list[F
         created = next(e for e in events_of(body) if e["type"] == "response.created")
         assert ids.open(created["response"]["id"]) is not None
         assert events_of(body)[-1]["type"] in ("response.completed", "response.incomplete")
-        # An id the proxy did not issue is the app's to refuse.
+        # An id the proxy did not issue: the adapter's 404, answered at the door.
         status, _, raw = request(p.url, "/v1/responses", {**codex, "previous_response_id": "resp_forged"})
         assert status == 404 and "not found" in json.loads(raw)["error"]["message"]
-        assert metric(page(p), "smetric_proxy_native_requests_total", api="responses") == 2
+        assert metric(page(p), "smetric_proxy_native_requests_total", api="responses") == 3
         # A chain of stored responses (the official SDK, as Codex sends them): each follow-up
         # served natively, pinned to the instance that stored the chain, the engine given its
         # own id.
@@ -205,7 +207,7 @@ def test_responses_are_served_natively_with_the_apps_ids(storing_engines: list[F
                 )
                 assert previous.id.rsplit("-", 2)[1] == holder, "only the instance that stored it"
                 assert ids.open(previous.id) is not None
-        assert metric(page(p), "smetric_proxy_native_requests_total", api="responses") == 6
+        assert metric(page(p), "smetric_proxy_native_requests_total", api="responses") == 7
     finally:
         p.stop()
 
@@ -877,3 +879,106 @@ def test_a_body_the_app_refuses_first_is_answered_natively_as_the_app_answers_it
     assert answers["compiled"] == answers["python"]
     assert all(status == 400 for status, _ in answers["compiled"])
     assert answers["compiled"][2][1]["error"]["param"] == "messages"
+
+
+def test_the_gateways_route_table_is_the_apps() -> None:
+    """``SHARED_ROUTES`` (what the gateway answers a wrong method and an unknown path by) is the
+    app's routes table, method for method: a route added to one and not the other fails here."""
+    engine = FakeEngine(port=0, speedup=1000).start()
+    p = proxy_for([engine.url], data_plane="python")
+    try:
+        assert p.proxy is not None
+        app = p.proxy.app()
+        routes = [r for r in app.router.routes() if r.resource is not None]
+        table = {(r.method, r.resource.canonical) for r in routes if r.resource is not None}
+        assert ("*", "/{path}") in table, "the catch-all, which the gateway's no-route answer stands for"
+        # aiohttp's canonical form drops a variable's own pattern: compared apart, below.
+        shared = {(method, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", pattern)) for method, pattern in SHARED_ROUTES}
+        assert table - {("*", "/{path}")} == shared
+        assert len(SHARED_ROUTES) == len(shared)
+        any_text = {pattern for _, pattern in SHARED_ROUTES if r"[\s\S]+" in pattern}
+        for route in routes:
+            info = route.resource.get_info() if route.resource is not None else {}
+            if "pattern" in info and route.method != "*":
+                takes_any = r"[\s\S]+" in info["pattern"].pattern
+                assert takes_any == any(route.resource.canonical == re.sub(r":[^}]*", "", p) for p in any_text)
+    finally:
+        p.stop()
+        engine.stop()
+
+
+DOOR_CASES: list[tuple[str, str, Any]] = [
+    # A wrong method on a path served with others: the 405 with `Allow`, in the path's shape.
+    ("GET", CHAT, None),
+    ("PUT", "/v1/messages", b"{}"),
+    ("DELETE", "/v1/completions", b"{}"),
+    ("PATCH", "/v1/responses", b"{}"),
+    ("PUT", "/v1/responses/resp_x", b"{}"),
+    ("POST", "/v1/models", b"{}"),
+    ("GET", "/v1/sessions/s-1/end", None),
+    ("PUT", "/health", b""),
+    # A path no route serves: the pass-through 404 naming it.
+    ("GET", "/v1/nothing", None),
+    ("POST", "/v1/chat/completions/", b"{}"),
+    ("DELETE", "/v1/models/a/b", None),
+    ("POST", "/v1/messages/x/y", b"{}"),
+    # A stored response's id the proxy never issued: the Responses adapter's 404.
+    ("GET", "/v1/responses/resp_never-issued", None),
+    ("DELETE", "/v1/responses/resp_never-issued", None),
+    ("POST", "/v1/responses/resp_never-issued/cancel", b""),
+    ("POST", "/v1/responses", {"model": "m", "input": "x", "previous_response_id": "resp_nope"}),
+    # The id is opened while the body is parsed: before the model is checked.
+    ("POST", "/v1/responses", {"model": "nope", "input": "x", "previous_response_id": "resp_nope"}),
+]
+
+
+def test_wrong_methods_unknown_paths_and_unissued_ids_are_answered_at_the_door_as_the_app_answers_them(
+    storing_engines: list[FakeEngine],
+) -> None:
+    """Each case's status, ``Allow`` and body are the app's (both planes compared); on the
+    gateway none of them reaches the app: the 405s are the door's own tally (the app's stays 0)
+    and the 404s native requests, and every plane's ``/metrics`` counts the same responses."""
+    urls = [{"url": e.url, "kv_events": "off"} for e in storing_engines]
+    answers: dict[str, list[tuple[int, str | None, Any]]] = {}
+    pages: dict[str, str] = {}
+    for plane in ("python", "compiled"):
+        p = proxy_for(urls, data_plane=plane, tokens={"mode": "approximate"})
+        try:
+            got = []
+            for n, (method, path, body) in enumerate(DOOR_CASES):
+                send = {"raw": body} if isinstance(body, bytes) else {"body": body} if body else {}
+                status, headers, raw = request(
+                    p.url, path, method=method, headers={"X-Request-Id": f"door-{n}"}, **send
+                )
+                got.append((status, headers.get("allow"), json.loads(raw)))
+            answers[plane] = got
+            pages[plane] = page(p)
+            if plane == "compiled":
+                assert p.proxy is not None
+                assert p.proxy.telemetry.client_errors["http_405"] == 0, "no 405 reached the app"
+                text = pages[plane]
+                assert metric(text, "smetric_proxy_native_requests_total", api="passthrough") == 4
+                assert metric(text, "smetric_proxy_native_requests_total", api="responses") == 5
+                assert metric(text, "smetric_routed_total") == 0
+        finally:
+            p.stop()
+    assert answers["compiled"] == answers["python"]
+    statuses = [status for status, _, _ in answers["compiled"]]
+    assert statuses == [405] * 8 + [404] * 9
+    assert [allow for _, allow, _ in answers["compiled"][:8]] == [
+        "POST",
+        "POST",
+        "POST",
+        "POST",
+        "DELETE,GET",
+        "GET,HEAD",
+        "POST",
+        "GET,HEAD",
+    ]
+    assert answers["compiled"][1][2]["type"] == "error", "Anthropic's shape under /v1/messages"
+    assert answers["compiled"][8][2]["error"]["message"] == "no such route: /v1/nothing"
+    assert answers["compiled"][12][2]["error"]["param"] == "response_id"
+    for plane, text in pages.items():
+        assert metric(text, "smetric_proxy_responses_total", code="405") == 8, plane
+        assert metric(text, "smetric_proxy_client_errors_total", kind="http_405") == 8, plane
+        assert metric(text, "smetric_proxy_responses_total", code="404") == 9, plane

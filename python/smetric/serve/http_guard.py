@@ -30,7 +30,8 @@ protocol); the subclass touches only ``_request_count`` (messages parsed on the 
 (``tests/serve/test_hostile_http.py``) fail if a new aiohttp changes them.
 
 Invariants: no client byte is ever echoed in an error; nothing is logged above DEBUG for client
-input. O(1) per connection and per data chunk. May import: ``aiohttp`` only.
+input. O(1) per connection and per data chunk. May import: ``aiohttp``, and ``smetric._core``
+for the wording both planes share.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
+
+from smetric._core import SHARED_WRONG_METHOD
 
 __all__ = ["SERVER_HEADER", "ConnectionLimits", "ErrorRenderer", "GuardedRunner", "status_message"]
 
@@ -64,7 +67,7 @@ ErrorRenderer = Callable[[str | None, int, str], web.StreamResponse]
 _MESSAGES = {
     400: "malformed HTTP request",
     404: "no such endpoint",
-    405: "method not allowed on this endpoint",
+    405: SHARED_WRONG_METHOD,
     408: "the request was not received in time",
     413: "the request is too large",
     414: "the request line is too long",

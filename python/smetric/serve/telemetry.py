@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 DECISION_BUCKETS_S = (10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3)
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_DOOR_ANSWERS = {"http_405": 405}
+"""The gateway's client-error kinds that are whole answers the app would have counted as
+responses had it answered them (the door's 400s and 431s end a connection before any request,
+as the app's HTTP layer does, and neither plane counts them as responses)."""
 
 
 class Histogram:
@@ -134,6 +138,16 @@ class ProxyTelemetry:
                 counts[kind] += n
         return +counts
 
+    def response_counts(self) -> Counter[int]:
+        """Responses by status: the app's and, behind a gateway, the door's whole answers that
+        never reach it (a wrong method's 405, counted as its ``http_405`` kind)."""
+        counts = Counter(self.responses)
+        if self.door_client_errors is not None:
+            for kind, n in self.door_client_errors():
+                if kind in _DOOR_ANSWERS:
+                    counts[_DOOR_ANSWERS[kind]] += n
+        return +counts
+
     def render(self, in_flight: Mapping[str, int], ejected: Callable[[str], bool]) -> Iterator[str]:
         """The families in the text format; ``in_flight`` is the router's count per instance."""
 
@@ -203,7 +217,7 @@ class ProxyTelemetry:
             name("responses_total"),
             "counter",
             "Responses sent to clients, by HTTP status.",
-            [({"code": str(c)}, n) for c, n in sorted(self.responses.items())],
+            [({"code": str(c)}, n) for c, n in sorted(self.response_counts().items())],
         )
         yield from _family(
             name("client_errors_total"),

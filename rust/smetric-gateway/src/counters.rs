@@ -13,6 +13,7 @@ pub(crate) struct ClientErrors {
     body_timeout: AtomicU64,
     http_400: AtomicU64,
     http_431: AtomicU64,
+    http_405: AtomicU64,
 }
 
 /// One kind of client error.
@@ -28,6 +29,8 @@ pub(crate) enum ClientError {
     Malformed,
     /// A head over `max_head_bytes` (431).
     HeadTooLarge,
+    /// A method no route serves on a path others do (405), answered whole at the door.
+    WrongMethod,
 }
 
 impl ClientErrors {
@@ -38,6 +41,7 @@ impl ClientErrors {
             ClientError::BodyTimeout => &self.body_timeout,
             ClientError::Malformed => &self.http_400,
             ClientError::HeadTooLarge => &self.http_431,
+            ClientError::WrongMethod => &self.http_405,
         };
         tally.fetch_add(1, Ordering::Relaxed);
     }
@@ -50,6 +54,7 @@ impl ClientErrors {
             ("body_timeout", &self.body_timeout),
             ("http_400", &self.http_400),
             ("http_431", &self.http_431),
+            ("http_405", &self.http_405),
         ]
         .into_iter()
         .map(|(kind, tally)| (kind, tally.load(Ordering::Relaxed)))

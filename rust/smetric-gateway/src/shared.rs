@@ -61,3 +61,39 @@ pub const BYTE_CHUNK_BYTES: usize = 4;
 /// A system text block of an Anthropic request that starts with it is dropped (Claude Code's
 /// per-request billing line, which would otherwise break every prefix).
 pub const BILLING_HEADER_PREFIX: &str = "x-anthropic-billing-header";
+/// Every route the proxy serves, as `(method, path pattern)` in aiohttp's pattern syntax (the
+/// app registers these through its API adapters and fixed routes; `tests/serve` checks the two
+/// tables are equal): `{name}` is one path segment (aiohttp's `[^{}/]+`), `{name:[\s\S]+}` one
+/// or more of any character. A path no pattern matches is the pass-through API's 404
+/// ([`NO_ROUTE`]); a path some pattern matches with another method, a 405 naming those methods.
+pub const ROUTES: [(&str, &str); 25] = [
+    ("GET", "/v1/models"),
+    ("HEAD", "/v1/models"),
+    ("GET", "/health"),
+    ("HEAD", "/health"),
+    ("GET", "/metrics"),
+    ("HEAD", "/metrics"),
+    ("POST", "/admin/instances"),
+    ("DELETE", "/admin/instances"),
+    ("POST", r"/v1/sessions/{session_id:[\s\S]+}/end"),
+    ("POST", "/finish_session"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/{response_id}"),
+    ("POST", "/v1/responses/{response_id}/cancel"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
+    ("POST", "/v1/embeddings"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("POST", "/v1/rerank"),
+    ("POST", "/v1/score"),
+    ("POST", "/pooling"),
+    ("GET", "/v1/models/{model_id}"),
+];
+/// The 404 of a path no route serves (`{path}`: the request's path).
+pub const NO_ROUTE: &str = "no such route: {path}";
+/// The 405 of a path served with other methods (its `Allow` names them).
+pub const WRONG_METHOD: &str = "method not allowed on this endpoint";

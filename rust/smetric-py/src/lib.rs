@@ -63,6 +63,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("SHARED_AFFINITY_COOKIE", s::AFFINITY_COOKIE)?;
         m.add("SHARED_AFFINITY_ATTRIBUTES", s::AFFINITY_ATTRIBUTES)?;
         m.add("SHARED_BILLING_HEADER_PREFIX", s::BILLING_HEADER_PREFIX)?;
+        m.add("SHARED_ROUTES", PyTuple::new(m.py(), s::ROUTES)?)?;
+        m.add("SHARED_NO_ROUTE", s::NO_ROUTE)?;
+        m.add("SHARED_WRONG_METHOD", s::WRONG_METHOD)?;
     }
     m.add_class::<router::PyDecision>()?;
     m.add_class::<router::PyIndexHits>()?;

@@ -6,7 +6,7 @@ None of these leaves KV state behind that a later request could reuse, so they a
 the least-loaded eligible instance serves them (``Prepared.routed`` false), with no decision and
 no KV accounting; failover still retries a refused attempt elsewhere. The body is forwarded byte
 for byte; only ``model`` is read (to pick instances serving it). Errors: OpenAI's shape.
-May import: :mod:`smetric.serve.apis.base` and what it may.
+May import: :mod:`smetric.serve.apis.base` and what it may, and ``smetric._core`` (the shared wording).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from smetric._core import SHARED_NO_ROUTE
 from smetric.serve.apis.base import Api, Prepared, Route, StreamState
 from smetric.serve.errors import ProxyError
 from smetric.serve.request import RequestError
@@ -85,7 +86,8 @@ class PassThroughApi(Api[PassThroughRequest]):
     def parse_route(self, raw: bytes, route: Route, params: Mapping[str, str], query: str) -> PassThroughRequest:
         if route == UNKNOWN:
             path = "/" + params.get("path", "")
-            raise RequestError(f"no such route: {path}", status=404, type="NotFoundError", code="not_found")
+            message = SHARED_NO_ROUTE.replace("{path}", path)
+            raise RequestError(message, status=404, type="NotFoundError", code="not_found")
         suffix = f"?{query}" if query else ""
         if "model_id" in params:
             return PassThroughRequest("GET", f"/v1/models/{params['model_id']}{suffix}", None)

@@ -28,12 +28,15 @@ use super::openai::CHAT;
 use super::pd::PrefillLeg;
 use super::protocol::{Ids, Plan, Protocol, StreamScan, Unplanned};
 use super::response_ids::ResponseIds;
+use super::responses::RESPONSES;
+use super::routes::{self, Resolved};
 use super::secret::same_bytes;
 use super::session_end::ended_session;
 use super::state::{FleetView, Native, Routing};
-use super::unrouted::Unrouted;
+use super::unrouted::{Unrouted, not_issued};
 use crate::admission::{Refusal, Slot};
 use crate::answers::{Body, Held};
+use crate::counters::ClientError;
 use crate::delegate::ControlPlane;
 use crate::handoff::{ADMITTED_HEADER, REFUSED_HEADER, TURN_HEADER};
 use crate::records::Record;
@@ -69,6 +72,15 @@ pub(crate) async fn serve(
     peer: SocketAddr,
 ) -> Response<Body> {
     let arrived = Instant::now();
+    let route = routes::resolve_request(request.method(), request.uri().path(), request.headers());
+    // A wrong method is answered before admission, as the app's router answers it (no slot, no
+    // record); a request whose key the app would refuse first is left to it.
+    if let Some(Resolved::WrongMethod(allow)) = &route
+        && key_valid(&native.config.client_keys, request.headers())
+    {
+        plane.errors().count(ClientError::WrongMethod);
+        return routes::wrong_method(request.uri().path(), allow);
+    }
     if let Some(id) = ended_session(request.method(), request.uri())
         && key_valid(&native.config.client_keys, request.headers())
     {
@@ -110,6 +122,19 @@ pub(crate) async fn serve(
                 match tokio::time::timeout_at(deadline, served).await {
                     Ok(answer) => answer,
                     Err(_) => shape.proxy_error(504, TIMED_OUT, "TimeoutError"),
+                }
+            }
+            // A path no route serves: the pass-through API's 404, once its body is read.
+            _ if route == Some(Resolved::NoRoute)
+                && head_servable(&native, request.headers())
+                && session_end(request.headers()).is_ok()
+                && session_headers_utf8(request.headers()) =>
+            {
+                let (parts, body) = request.into_parts();
+                let deadline = tokio::time::Instant::from_std(arrived + native.config.client_timeout);
+                match tokio::time::timeout_at(deadline, native.no_route(&plane, parts, body, arrived)).await {
+                    Ok(answer) => answer,
+                    Err(_) => CHAT.proxy_error(504, TIMED_OUT, "TimeoutError"),
                 }
             }
             _ => plane.delegate(request, peer, &[(ADMITTED_HEADER, "1")]).await,
@@ -155,6 +180,16 @@ fn door_refusal(native: &Native, api: Api, headers: &HeaderMap, refusal: Refusal
         ..Record::default()
     });
     answer
+}
+
+/// A Responses body's `previous_response_id` when this key did not issue it.
+fn unissued_previous(native: &Native, api: Api, raw: &[u8]) -> Option<String> {
+    if api.name() != RESPONSES.name() {
+        return None;
+    }
+    let body: serde_json::Value = serde_json::from_slice(raw).ok()?;
+    let id = body.get("previous_response_id")?.as_str()?;
+    native.response_ids.open(id).is_none().then(|| id.to_owned())
 }
 
 /// The answer, holding the slot until its body is sent or dropped.
@@ -223,10 +258,15 @@ impl Native {
         let mut plan = match self.plan(&fleet, api, &parts.headers, &raw).await {
             Ok(plan) => plan,
             Err(Unplanned::App) => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
+            // The Responses adapter opens a stored response's id while parsing, before the
+            // model is checked: an id it never issued is that 404.
+            Err(Unplanned::UnknownModel(_)) if let Some(id) = unissued_previous(self, api, &raw) => {
+                return self.refused(api.name(), &parts.headers, None, not_issued(&id), arrived);
+            }
             Err(Unplanned::UnknownModel(model)) => return self.unknown_model(api, &parts.headers, &model, arrived),
             Err(Unplanned::Refused { message, param }) => {
                 let answer = api.client_error(StatusCode::BAD_REQUEST, &message, None, param);
-                return self.refused(api, &parts.headers, None, answer, arrived);
+                return self.refused(api.name(), &parts.headers, None, answer, arrived);
             }
         };
         let id = request_id(&parts.headers);
@@ -249,10 +289,15 @@ impl Native {
             ..Record::default()
         };
         // A follow-up of a stored response: only the instance that stored it can serve it,
-        // ejected or not (`failover`'s pin). An id this key did not issue, an instance that left
-        // the fleet (the app's 404 and lost-state answers) and PD mode are the app's.
+        // ejected or not (`failover`'s pin). An instance that left the fleet (the app's
+        // lost-state answer) and PD mode are the app's.
         let pinned = match plan.previous_response.as_deref() {
             None => None,
+            // An id this key never issued: the adapter's 404 while parsing the body, before
+            // any turn or decision counts.
+            Some(id) if self.response_ids.open(id).is_none() => {
+                return self.refused(api.name(), &parts.headers, None, not_issued(id), arrived);
+            }
             Some(id) => {
                 let opened = self.response_ids.open(id).and_then(|(engine_id, tag)| {
                     let instance = fleet.instances.iter().find(|u| ResponseIds::tag(u) == tag)?;
@@ -579,15 +624,15 @@ impl Native {
         };
         let message = format!("The model `{shown}` does not exist.");
         let answer = api.client_error(StatusCode::NOT_FOUND, &message, Some("model_not_found"), Some("model"));
-        self.refused(api, headers, Some(model), answer, arrived)
+        self.refused(api.name(), headers, Some(model), answer, arrived)
     }
 
     /// A request refused before any decision (`answer`: the client's mistake in the API's
     /// shape), with its request id as every answer has it, recorded as the app counts it: its
     /// status, no turn counted, the session not ended.
-    fn refused(
+    pub(super) fn refused(
         &self,
-        api: Api,
+        api: &'static str,
         headers: &HeaderMap,
         model: Option<&str>,
         mut answer: Response<Body>,
@@ -599,7 +644,7 @@ impl Native {
         }
         let record = Record {
             request_id: id,
-            api: api.name(),
+            api,
             model: model.map(str::to_owned),
             ..Record::default()
         };

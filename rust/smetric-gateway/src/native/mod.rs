@@ -61,6 +61,7 @@ mod protocol;
 mod response_ids;
 mod responses;
 mod responses_splice;
+mod routes;
 mod secret;
 mod session_end;
 mod sse;

@@ -14,9 +14,11 @@
 //! header says `reason=pass-through`. A stream is relayed as it comes (a stored response's
 //! scanned for its ids); its record is left at its head.
 //!
-//! Left to the app: an end header, session headers that are not UTF-8, a body that
-//! escapes a lone surrogate, a model the fleet does not serve (its 404), an id the proxy did not
-//! issue or whose instance left (its 404s), and PD mode. O(instances) per attempt.
+//! An id the proxy did not issue is answered here with the Responses adapter's 404, and a path
+//! no route serves with the pass-through 404 ([`Native::no_route`]). Left to the app: an end
+//! header, session headers that are not UTF-8, a body that escapes a lone surrogate, a model the
+//! fleet does not serve (its 404), an id whose instance left (its lost-state 404), and PD mode.
+//! O(instances) per attempt.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,7 +30,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::http::request::Parts;
-use hyper::{Method, Response};
+use hyper::{Method, Response, StatusCode};
 use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 
 use super::attempt::{client_head, is_event_stream, request_id};
@@ -40,10 +42,11 @@ use super::protocol::Protocol;
 use super::response_ids::ResponseIds;
 use super::responses::RESPONSES;
 use super::state::{Native, NativeApis, Routing};
-use crate::answers::Body;
+use crate::answers::{Body, json_response};
 use crate::delegate::ControlPlane;
 use crate::handoff::ADMITTED_HEADER;
 use crate::records::Record;
+use crate::shared::NO_ROUTE;
 
 /// vLLM's `POST` routes forwarded unrouted (`passthrough.FORWARDED`).
 const FORWARDED_POSTS: [&str; 6] = [
@@ -115,6 +118,17 @@ impl Unrouted {
     }
 }
 
+/// The Responses adapter's answer to an id the proxy did not issue (`responses._not_found`:
+/// vLLM's words for an id its store does not hold).
+pub(super) fn not_issued(id: &str) -> Response<Body> {
+    RESPONSES.client_error(
+        StatusCode::NOT_FOUND,
+        &format!("Response with id '{id}' not found."),
+        None,
+        Some("response_id"),
+    )
+}
+
 /// One URL path segment as the app's routes match `{name}`: not empty, no `/`.
 fn segment(text: &str) -> bool {
     !text.is_empty() && !text.contains('/')
@@ -178,6 +192,13 @@ impl Native {
                     Some((instance.clone(), engine_id.to_owned()))
                 });
                 let Some((instance, engine_id)) = opened else {
+                    // An id this key never issued: the Responses adapter's 404 at parse time,
+                    // before anything else of the request counts (an id whose instance left the
+                    // fleet is the app's lost-state answer).
+                    if self.response_ids.open(id).is_none() && !delegate && !id.contains('%') {
+                        let answer = not_issued(id);
+                        return self.refused(RESPONSES.name(), &parts.headers, None, answer, arrived);
+                    }
                     return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
                 };
                 let query = match (&parts.method, parts.uri.query()) {
@@ -274,6 +295,28 @@ impl Native {
                 AfterFailure::Answer(answer) => return self.failure_answer(record, arrived, false, answer),
             }
         }
+    }
+
+    /// A path no route serves, as the app answers it (`passthrough.parse_route` of its catch-all
+    /// route): the body read as every request's (413 and 408 as the app's), then the 404 naming
+    /// the path, recorded as a pass-through request without a decision.
+    pub(super) async fn no_route(
+        self: &Arc<Self>,
+        plane: &Arc<ControlPlane>,
+        parts: Parts,
+        body: Incoming,
+        arrived: Instant,
+    ) -> Response<Body> {
+        if let Err(failure) = self.read_body(body).await {
+            return self.body_failure(plane, &CHAT, failure);
+        }
+        let message = NO_ROUTE.replace("{path}", parts.uri.path());
+        let answer = json_response(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"error": {"message": message, "type": "NotFoundError", "param": null, "code": "not_found"}})
+                .to_string(),
+        );
+        self.refused("passthrough", &parts.headers, None, answer, arrived)
     }
 
     /// A stored response's event stream with the engine's ids rewritten to the proxy's.
