@@ -840,6 +840,12 @@ BAD_OPENAI_BODIES = [
     (CHAT, b'{"messages": [{"role": "user", "content": 3}]}'),
     (CHAT, b'{"messages": [{"role": "user", "content": [1]}]}'),
     (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "tools": [1]}'),
+    # The app's plain ChatML rendering (`chat.render_chat`), after the model check.
+    (CHAT, b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}'),
+    (CHAT, b'{"messages": [{"role": "user", "content": [{"text": null}]}]}'),
+    (CHAT, b'{"messages": [{"role": "user", "content": ["x"]}]}'),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "continue_final_message": true}'),
+    (CHAT, b'{"model": "nope", "messages": [{"role": "user", "content": [{"text": 3}]}]}'),
     # Anthropic's: `to_chat`'s first checks, in Anthropic's error shape.
     ("/v1/messages", b"[]"),
     ("/v1/messages", b'{"model": 3, "max_tokens": "x", "messages": []}'),
@@ -877,7 +883,10 @@ def test_a_body_the_app_refuses_first_is_answered_natively_as_the_app_answers_it
         finally:
             p.stop()
     assert answers["compiled"] == answers["python"]
-    assert all(status == 400 for status, _ in answers["compiled"])
+    statuses = [status for status, _ in answers["compiled"]]
+    unknown_model = next(i for i, (_, raw) in enumerate(BAD_OPENAI_BODIES) if b'"nope"' in raw)
+    assert statuses[unknown_model] == 404, "the model is checked before the rendering"
+    assert all(status == 400 for i, status in enumerate(statuses) if i != unknown_model)
     assert answers["compiled"][2][1]["error"]["param"] == "messages"
 
 

@@ -125,6 +125,26 @@ pub fn render(body: &OpenAiBody<'_>) -> Option<Rendered> {
     Some(Rendered { text: out, first_turn })
 }
 
+/// Why the app's plain ChatML rendering (`smetric.chat.render_chat`, a 400 naming `messages`)
+/// refuses a chat body whose shape its parser accepted, or None when it does not refuse it: both
+/// `add_generation_prompt` and `continue_final_message`, else a content part that is not an
+/// object or whose `text` is there and not a string. O(messages).
+pub(crate) fn render_refusal(body: &OpenAiBody<'_>) -> Option<&'static str> {
+    if body.add_generation_prompt && body.continue_final_message {
+        return Some("continue_final_message and add_generation_prompt cannot both be true");
+    }
+    let messages: Vec<serde_json::Value> = serde_json::from_str(body.messages?).ok()?;
+    let bad_part = |part: &serde_json::Value| {
+        part.as_object()
+            .is_none_or(|p| p.get("text").is_some_and(|text| !text.is_string()))
+    };
+    messages
+        .iter()
+        .filter_map(|m| m.get("content")?.as_array())
+        .any(|parts| parts.iter().any(bad_part))
+        .then_some("content parts must be objects with a string 'text'")
+}
+
 /// [`render`] of a chat body's bytes: its ChatML text.
 #[must_use]
 pub fn render_chatml(raw: &[u8]) -> Option<Vec<u8>> {
@@ -140,6 +160,27 @@ pub fn chatml_ids(raw: &[u8]) -> Option<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_render_refusals_are_the_apps() {
+        let refusal = |raw: &[u8]| render_refusal(&parse_openai_body(raw, Endpoint::Chat).expect("parses"));
+        let parts = Some("content parts must be objects with a string 'text'");
+        assert_eq!(
+            refusal(br#"{"messages": [{"role": "u", "content": [{"text": 3}]}]}"#),
+            parts
+        );
+        assert_eq!(refusal(br#"{"messages": [{"role": "u", "content": ["x"]}]}"#), parts);
+        assert_eq!(
+            refusal(br#"{"messages": [{"role": "u", "content": [{"type": "image"}]}]}"#),
+            None
+        );
+        assert_eq!(refusal(br#"{"messages": [{"role": "u", "content": "x"}]}"#), None);
+        assert_eq!(
+            refusal(br#"{"messages": [{"role": "u", "content": [3]}], "continue_final_message": true}"#),
+            Some("continue_final_message and add_generation_prompt cannot both be true"),
+            "checked first"
+        );
+    }
 
     fn text(raw: &str) -> Option<String> {
         render_chatml(raw.as_bytes()).map(|b| String::from_utf8(b).unwrap())

@@ -268,6 +268,11 @@ impl Native {
                 let answer = api.client_error(StatusCode::BAD_REQUEST, &message, None, param);
                 return self.refused(api.name(), &parts.headers, None, answer, arrived);
             }
+            Err(Unplanned::Unrenderable { message, .. }) => {
+                // Refused before it was prepared: the app's record names no model.
+                let answer = api.client_error(StatusCode::BAD_REQUEST, message, None, Some("messages"));
+                return self.refused(api.name(), &parts.headers, None, answer, arrived);
+            }
         };
         let id = request_id(&parts.headers);
         let mut record = Record {
@@ -575,8 +580,8 @@ impl Native {
         let ends_session = session_end(headers).map_err(|()| Unplanned::App)?;
         let session = header_session(headers);
         let chunk = self.config.approx_chunk_bytes;
-        let mut plan = match &self.config.tokens {
-            None => body_plan(api, raw, session, Ids { template: None, chunk })?,
+        let planned = match &self.config.tokens {
+            None => body_plan(api, raw, session, Ids { template: None, chunk }),
             Some(tokens) => {
                 let (tokens, raw) = (Arc::clone(tokens), raw.clone());
                 tokio::task::spawn_blocking(move || {
@@ -587,14 +592,25 @@ impl Native {
                     body_plan(api, &raw, session, ids)
                 })
                 .await
-                .map_err(|_| Unplanned::App)??
+                .map_err(|_| Unplanned::App)?
             }
         };
-        if let Some(model) = plan.model.as_deref() {
-            // The app checks the model first (`proxy._handle`), then how the body is routed.
-            if !fleet.models.is_empty() && !fleet.models.contains_key(model) {
-                return Err(Unplanned::UnknownModel(model.to_owned()));
+        // The app checks the model first (`proxy._handle`), then how the body is routed (its
+        // rendering's 400 comes after the model's 404).
+        let unknown = |model: Option<&str>| {
+            model
+                .filter(|m| !fleet.models.is_empty() && !fleet.models.contains_key(*m))
+                .map(|m| Unplanned::UnknownModel(m.to_owned()))
+        };
+        let mut plan = match planned {
+            Ok(plan) => plan,
+            Err(Unplanned::Unrenderable { message, model }) => {
+                return Err(unknown(model.as_deref()).unwrap_or(Unplanned::Unrenderable { message, model }));
             }
+            Err(other) => return Err(other),
+        };
+        if let Some(refusal) = unknown(plan.model.as_deref()) {
+            return Err(refusal);
         }
         if self.config.ids_only && plan.source != "ids" {
             return Err(Unplanned::App); // the app's to refuse: this proxy routes on token ids only

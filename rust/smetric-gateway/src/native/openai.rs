@@ -13,7 +13,7 @@ use serde_json::Value;
 use smetric_core::{TurnHint, first_turn_from_roles};
 use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
 
-use super::chatml::render;
+use super::chatml::{render, render_refusal};
 use super::continuation::{Continued, continuation};
 use super::protocol::{Ids, Plan, Protocol, StreamScan, Unplanned, openai_error_json, stream_scan_by_fields};
 use super::response_ids::ResponseIds;
@@ -60,8 +60,14 @@ impl Protocol for OpenAi {
             param: e.param,
         })?;
         let (messages, tools) = (body.messages, body.tools);
-        // Only a body that does not plan is looked at again, for the app's own 400.
-        plan(self.chat, body, session, ids).ok_or_else(|| shape_refusal(messages, tools).unwrap_or(Unplanned::App))
+        // Only a body that does not plan is looked at again, for the app's own 400: its shape
+        // checks, then (plain ChatML: no template) its rendering's.
+        let plain_chatml = self.chat && ids.template.is_none();
+        plan(self.chat, body, session, ids).ok_or_else(|| {
+            shape_refusal(messages, tools)
+                .or_else(|| plain_chatml.then(|| unrenderable(raw, endpoint)).flatten())
+                .unwrap_or(Unplanned::App)
+        })
     }
 
     fn scanner(&self, _ids: &Arc<ResponseIds>, hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {
@@ -131,6 +137,17 @@ fn shape_refusal(messages: Option<&str>, tools: Option<&str>) -> Option<Unplanne
         return Some(refused("tools must be a list of objects".to_owned(), "tools"));
     }
     None
+}
+
+/// The app's rendering refusal of a chat body that did not plan (parsed again: this is the
+/// refused path, not the hot one), or None.
+fn unrenderable(raw: &[u8], endpoint: Endpoint) -> Option<Unplanned> {
+    let body = parse_openai_body(raw, endpoint).ok()?;
+    let message = render_refusal(&body)?;
+    Some(Unplanned::Unrenderable {
+        message,
+        model: body.model,
+    })
 }
 
 /// The plan of a chat (`chat`) or completions body.

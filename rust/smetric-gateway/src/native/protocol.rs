@@ -140,6 +140,12 @@ pub(crate) enum Unplanned {
         message: String,
         param: Option<&'static str>,
     },
+    /// A body the app's rendering refuses with this 400 (`param: messages`) — after its model
+    /// check, so a model the fleet does not serve is the answer first (`model`: the body's).
+    Unrenderable {
+        message: &'static str,
+        model: Option<String>,
+    },
 }
 
 /// How a body's text becomes routing ids: a chat template's source (tokenizer mode, or
