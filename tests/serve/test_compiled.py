@@ -252,7 +252,8 @@ def test_pass_through_and_a_stored_responses_routes_are_served_natively(storing_
 
 def test_the_session_end_endpoints_are_answered_natively_for_ids_taken_as_written(engines: list[FakeEngine]) -> None:
     """An end endpoint naming a plain id is answered by the gateway (the shared table's entry
-    released, the app counting the end); an escaped id is the app's to decode."""
+    released, the app counting the end); an escaped id is decoded as the app decodes it, and one
+    the app reads its own way (not UTF-8, a `+` in the query) is the app's."""
     p = compiled([e.url for e in engines])
     try:
         body = {"prompt": "p " * 20, "max_tokens": 1}
@@ -263,12 +264,25 @@ def test_the_session_end_endpoints_are_answered_natively_for_ids_taken_as_writte
         assert len(p.proxy.sessions) == 0, "released at once, in the one table"
         status, _, raw = request(p.url, "/finish_session?session_id=s-2", method="POST")
         assert status == 200 and json.loads(raw)["held"] is False
-        status, _, raw = request(p.url, "/v1/sessions/a%2Db/end", method="POST")
-        assert status == 200 and json.loads(raw)["id"] == "a-b", "decoded by the app"
+        # A session named in UTF-8 with a slash, ended by its escaped id: the same key.
+        utf8 = "sessão/1".encode().decode("latin-1")  # urllib sends a header's str as Latin-1
+        assert request(p.url, "/v1/completions", body, headers={"x-session-id": utf8})[0] == 200
+        assert len(p.proxy.sessions) == 1
+        status, _, raw = request(p.url, "/v1/sessions/sess%C3%A3o%2F1/end", method="POST")
+        ended = {"object": "session.end", "id": "sessão/1", "ended": True, "held": True}
+        assert status == 200 and json.loads(raw) == ended
+        assert len(p.proxy.sessions) == 0
+        status, _, raw = request(p.url, "/finish_session?session%5Fid=a%2Db", method="POST")
+        assert status == 200 and json.loads(raw)["id"] == "a-b"
+        # Read by the app its own way: escapes that are not UTF-8, a `+` in the query.
+        status, _, raw = request(p.url, "/v1/sessions/a%FFb/end", method="POST")
+        assert status == 200 and json.loads(raw)["id"] == "a%FFb", "the app keeps it escaped"
+        status, _, raw = request(p.url, "/finish_session?session_id=a+b", method="POST")
+        assert status == 200 and json.loads(raw)["id"] == "a b"
         text = page(p)
-        assert metric(text, "smetric_proxy_native_requests_total", api="session_end") == 2
-        assert metric(text, "smetric_proxy_session_ends_total", via="endpoint", held="true") == 1
-        assert metric(text, "smetric_proxy_session_ends_total", via="endpoint", held="false") == 2
+        assert metric(text, "smetric_proxy_native_requests_total", api="session_end") == 4
+        assert metric(text, "smetric_proxy_session_ends_total", via="endpoint", held="true") == 2
+        assert metric(text, "smetric_proxy_session_ends_total", via="endpoint", held="false") == 4
     finally:
         p.stop()
 
@@ -991,3 +1005,37 @@ def test_wrong_methods_unknown_paths_and_unissued_ids_are_answered_at_the_door_a
         assert metric(text, "smetric_proxy_responses_total", code="405") == 8, plane
         assert metric(text, "smetric_proxy_client_errors_total", kind="http_405") == 8, plane
         assert metric(text, "smetric_proxy_responses_total", code="404") == 9, plane
+
+
+END_IDS = [
+    "/v1/sessions/a%2Fb%20c/end",
+    "/v1/sessions/%C3%A9%25/end",
+    "/v1/sessions/%252F/end",
+    "/v1/sessions/%2525%2f/end",
+    "/v1/sessions/x%3By%23/end",
+    "/v1/sessions/%E2%82%AC/end",
+    "/finish_session?session%5Fid=%E2%82%AC",
+    "/finish_session?a=%FF&session_id=b%26c",
+    "/finish_session?session_id=%3D%25&session_id=later",
+]
+
+
+def test_escaped_session_end_ids_are_decoded_natively_as_the_app_decodes_them(engines: list[FakeEngine]) -> None:
+    """Each escaped id's answer is the app's (both planes compared), and on the gateway every one
+    is a native request."""
+    urls = [{"url": e.url, "kv_events": "off"} for e in engines]
+    answers: dict[str, list[tuple[int, Any]]] = {}
+    for plane in ("python", "compiled"):
+        p = proxy_for(urls, data_plane=plane, tokens={"mode": "approximate"})
+        try:
+            answers[plane] = [
+                (status, json.loads(raw))
+                for status, _, raw in (request(p.url, path, method="POST") for path in END_IDS)
+            ]
+            if plane == "compiled":
+                native = metric(page(p), "smetric_proxy_native_requests_total", api="session_end")
+                assert native == len(END_IDS), "decoded by the gateway, not handed to the app"
+        finally:
+            p.stop()
+    assert answers["compiled"] == answers["python"]
+    assert [body["id"] for _, body in answers["compiled"]][:2] == ["a/b c", "é%"]

@@ -5,10 +5,11 @@
 //! answered (`held`: the table had state for it), llm-d's cookie cleared when that policy
 //! routes, and a record for the app's `proxy_session_ends_total{via="endpoint"}`.
 //!
-//! Left to the app (its 400s, its decoding): an id that is empty, over
-//! [`MAX_SESSION_ID_BYTES`], or written with any `%` escape (the app's router decodes it), a
-//! query with `+` or `;`, a key the proxy does not accept (its 401), and a method other than
-//! `POST`. Idempotent; O(id length).
+//! An id written with `%` escapes is decoded as the app's router and query parser decode it
+//! (`percent_decoded`: checked against yarl on random escapes). Left to the app (its 400s, its
+//! decoding): an id that is empty, over [`MAX_SESSION_ID_BYTES`] or holding a control character,
+//! a `%` that begins no escape or escapes that are not UTF-8, a query with `+` or `;`, a key the
+//! proxy does not accept (its 401), and a method other than `POST`. Idempotent; O(id length).
 
 use hyper::header::{HeaderMap, SET_COOKIE};
 use hyper::{Method, Response, StatusCode, Uri};
@@ -27,25 +28,54 @@ pub(super) fn ended_session(method: &Method, uri: &Uri) -> Option<String> {
     }
     let path = uri.path();
     let id = if let Some(rest) = path.strip_prefix("/v1/sessions/") {
-        rest.strip_suffix("/end")?
+        percent_decoded(rest.strip_suffix("/end")?)?
     } else if path == "/finish_session" {
+        // The first `session_id` pair, keys and values decoded as the app's query parser does
+        // (`+` and `;` it reads otherwise: its to read).
         let query = uri.query()?;
         if query.contains(['+', ';']) {
             return None;
         }
-        query.split('&').find_map(|pair| match pair.split_once('=') {
-            Some(("session_id", value)) => Some(value),
-            None if pair == "session_id" => Some(""),
-            _ => None,
-        })?
+        let mut found = None;
+        for pair in query.split('&') {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if percent_decoded(key)? == "session_id" {
+                found = Some(percent_decoded(value)?);
+                break;
+            }
+        }
+        found?
     } else {
         return None;
     };
-    let plain = !id.is_empty()
-        && id.len() <= MAX_SESSION_ID_BYTES
-        && !id.contains('%')
-        && id.bytes().all(|b| b >= 0x20 && b != 0x7F);
-    plain.then(|| id.to_owned())
+    let plain = !id.is_empty() && id.len() <= MAX_SESSION_ID_BYTES && id.chars().all(|c| c >= ' ' && c != '\u{7f}');
+    plain.then_some(id)
+}
+
+/// `text` with its `%XX` escapes decoded, when every `%` begins one and the bytes are UTF-8:
+/// then the app's router (yarl's `path_safe`, then aiohttp's unquoting of `%2F` and `%25`) and its
+/// query parser read the same text. Else None (the app reads it its own way). O(length).
+fn percent_decoded(text: &str) -> Option<String> {
+    if !text.contains('%') {
+        return Some(text.to_owned());
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return None;
+            }
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 impl Native {
@@ -96,8 +126,17 @@ mod tests {
         assert_eq!(
             ended(&Method::POST, "/v1/sessions/a%0Ab/end"),
             None,
-            "escaped: the app decodes it"
+            "a control character once decoded: the app's 400"
         );
+        let decoded = |uri: &str| ended(&Method::POST, uri);
+        assert_eq!(decoded("/v1/sessions/a%2Fb%20c/end").as_deref(), Some("a/b c"));
+        assert_eq!(decoded("/v1/sessions/%C3%A9%25/end").as_deref(), Some("é%"));
+        assert_eq!(decoded("/v1/sessions/%C3/end"), None, "not UTF-8: the app's");
+        assert_eq!(decoded("/v1/sessions/a%zz/end"), None, "not an escape: the app's");
+        assert_eq!(decoded("/v1/sessions/a%2/end"), None);
+        assert_eq!(decoded("/finish_session?session%5Fid=%E2%82%AC").as_deref(), Some("€"));
+        assert_eq!(decoded("/finish_session?a=%FF&session_id=b"), Some("b".to_owned()));
+        assert_eq!(decoded("/finish_session?session_id=%FF&session_id=b"), None);
         assert_eq!(ended(&Method::POST, "/finish_session"), None);
         assert_eq!(ended(&Method::POST, "/finish_session?session_id="), None);
         assert_eq!(ended(&Method::POST, "/finish_session?session_id=a+b"), None);
