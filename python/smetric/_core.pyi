@@ -95,6 +95,7 @@ __all__ = [
     "encode_kv_batch",
     "escapes_lone_surrogate",
     "gateway_routing_ids",
+    "json_syntax_error",
     "load_workload",
     "nests_too_deep",
     "parse_openai_body",
@@ -975,6 +976,11 @@ def escapes_lone_surrogate(raw: bytes) -> bool:
 def nests_too_deep(raw: bytes) -> bool:
     """Whether a body nests arrays and objects deeper than :data:`MAX_JSON_NESTING` levels
     (brackets inside strings do not count; the GIL is released)."""
+
+def json_syntax_error(raw: bytes) -> str | None:
+    """The 400 message every API gives a body that is not JSON (``malformed JSON body: …``),
+    when CPython's decoder rejects it too; None when the parser reads it, when it nests too deep,
+    or when CPython might read it (a BOM or UTF-16/32, ``NaN`` / ``Infinity``)."""
 
 @final
 class IngestStep:

@@ -867,6 +867,12 @@ BAD_OPENAI_BODIES = [
     ("/v1/messages", b'{"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}'),
     ("/v1/messages", b'{"model": "m", "max_tokens": 2, "stream": "yes", "messages": [{"role": "user"}]}'),
     ("/v1/messages", b'{"model": "m", "max_tokens": 2, "messages": []}'),
+    # Not JSON, on the APIs whose bodies CPython decodes: the parser's words on both planes.
+    ("/v1/messages", b"{"),
+    ("/v1/messages", b'{"model": "m",}'),
+    ("/v1/messages", b"\xff"),
+    ("/v1/responses", b"[1[1[1"),
+    ("/v1/responses", b'{"model": "m"} x'),
 ]
 
 
@@ -890,7 +896,7 @@ def test_a_body_the_app_refuses_first_is_answered_natively_as_the_app_answers_it
             answers[plane] = got
             if plane == "compiled":
                 text = page(p)
-                apis = ("chat", "completions", "messages")
+                apis = ("chat", "completions", "messages", "responses")
                 native = sum(metric(text, "smetric_proxy_native_requests_total", api=a) for a in apis)
                 assert native == len(BAD_OPENAI_BODIES), "answered by the gateway, not the app"
                 assert metric(text, "smetric_routed_total") == 0

@@ -54,6 +54,7 @@ __all__ = [
     "Endpoint",
     "OpenAIRequest",
     "RequestError",
+    "decode_json_body",
     "escapes_lone_surrogate",
     "parse_request",
     "refuse_deep_nesting",
@@ -272,3 +273,18 @@ def refuse_deep_nesting(raw: bytes) -> None:
     """
     if _core.nests_too_deep(raw):
         raise RequestError(f"the body nests arrays and objects deeper than {MAX_JSON_NESTING} levels")
+
+
+def decode_json_body(raw: bytes) -> Any:
+    """A Messages or Responses body decoded by CPython's ``json`` after the nesting limit, its
+    syntax errors worded as every API (and the gateway) words them (``_core.json_syntax_error``:
+    the parser's message), CPython's own words only where that parser reads the body.
+
+    Raises:
+        RequestError: 400 when ``raw`` nests too deep or is not JSON.
+    """
+    refuse_deep_nesting(raw)
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(_core.json_syntax_error(raw) or f"malformed JSON body: {e}") from None

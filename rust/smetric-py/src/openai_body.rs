@@ -152,13 +152,29 @@ fn nests_too_deep(py: Python<'_>, raw: &[u8]) -> bool {
     py.detach(|| nests_deeper_than(raw, MAX_NESTING))
 }
 
-/// Adds `parse_openai_body`, `OpenAIBody`, `escapes_lone_surrogate`, `nests_too_deep` and
-/// `MAX_JSON_NESTING` to `smetric._core`.
+/// The 400 message every API gives a body that is not JSON, when CPython's decoder rejects it
+/// too (the Messages and Responses adapters ask after ``json.loads`` failed), else None.
+///
+/// Args:
+///     raw: a request body (any bytes).
+///
+/// Returns:
+///     str | None: ``malformed JSON body: …`` in the parser's words, or None.
+#[pyfunction]
+#[allow(clippy::doc_markdown)] // a Python docstring (it becomes `__doc__`), not rustdoc
+fn json_syntax_error(py: Python<'_>, raw: &[u8]) -> Option<String> {
+    // `raw` is an immutable bytes object the caller holds, so the slice outlives the release.
+    py.detach(|| smetric_vllm::json_syntax_error(raw))
+}
+
+/// Adds `parse_openai_body`, `OpenAIBody`, `escapes_lone_surrogate`, `nests_too_deep`,
+/// `json_syntax_error` and `MAX_JSON_NESTING` to `smetric._core`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyOpenAIBody>()?;
     m.add_function(wrap_pyfunction!(parse_openai_body, m)?)?;
     m.add_function(wrap_pyfunction!(escapes_lone_surrogate, m)?)?;
     m.add_function(wrap_pyfunction!(nests_too_deep, m)?)?;
+    m.add_function(wrap_pyfunction!(json_syntax_error, m)?)?;
     m.add("MAX_JSON_NESTING", MAX_NESTING)?;
     Ok(())
 }

@@ -84,4 +84,4 @@ pub use ingest::{
     IndexSink, IngestConfig, IngestStats, Ingestor, Offload, RouterAt, SinkError, SourceId, Step, UnknownSource,
 };
 pub use lone_surrogate::escapes_lone_surrogate;
-pub use openai_body::{BodyError, Endpoint, OpenAiBody, Prompt, parse_openai_body};
+pub use openai_body::{BodyError, Endpoint, OpenAiBody, Prompt, json_syntax_error, parse_openai_body};

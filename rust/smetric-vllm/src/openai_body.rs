@@ -174,6 +174,33 @@ pub fn nests_deeper_than(raw: &[u8], limit: usize) -> bool {
     false
 }
 
+/// The 400 message of a body that is not JSON, in the words every API gives it (`malformed JSON
+/// body: ` and serde's description with its line and column), when both this parser and
+/// CPython's `json.loads` (the Messages and Responses adapters' decoder) reject it; None when
+/// serde reads it, when it nests deeper than [`MAX_NESTING`] (that refusal comes first), or when
+/// CPython might read it though serde does not: a byte-order mark or a NUL among the first four
+/// bytes (CPython's decoder takes UTF-16 and UTF-32 bodies), or `NaN` / `Infinity` anywhere
+/// (CPython's extensions). O(body); the skip is iterative (no recursion limit below the nesting
+/// one).
+#[must_use]
+pub fn json_syntax_error(raw: &[u8]) -> Option<String> {
+    let foreign = [&[0xEF, 0xBB, 0xBF][..], &[0xFF, 0xFE], &[0xFE, 0xFF]]
+        .iter()
+        .any(|bom| raw.starts_with(bom))
+        || raw.iter().take(4).any(|&b| b == 0)
+        || contains(raw, b"NaN")
+        || contains(raw, b"Infinity");
+    if foreign || nests_deeper_than(raw, MAX_NESTING) {
+        return None;
+    }
+    let error = serde_json::from_slice::<IgnoredAny>(raw).err()?;
+    Some(format!("malformed JSON body: {error}"))
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
 /// Parses `raw` as the body of a request to `endpoint` (see the module docs).
 pub fn parse_openai_body(raw: &[u8], endpoint: Endpoint) -> Result<OpenAiBody<'_>, BodyError> {
     if nests_deeper_than(raw, MAX_NESTING) {

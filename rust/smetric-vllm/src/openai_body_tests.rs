@@ -284,3 +284,37 @@ fn a_prompt_escaping_a_lone_surrogate_says_so() {
     let pair = r#"{"prompt": "\ud83d\ude00"}"#;
     assert!(parse_openai_body(pair.as_bytes(), Endpoint::Completions).is_ok());
 }
+
+#[test]
+fn a_body_both_decoders_reject_has_the_parsers_words() {
+    use super::json_syntax_error;
+    let error = |raw: &[u8]| json_syntax_error(raw);
+    assert_eq!(
+        error(b"{").as_deref(),
+        Some("malformed JSON body: EOF while parsing an object at line 1 column 1")
+    );
+    assert_eq!(
+        error(br#"{"a": 1,}"#).as_deref(),
+        Some("malformed JSON body: key must be a string at line 1 column 9")
+    );
+    assert_eq!(
+        error(b"[1[1[1").as_deref(),
+        Some("malformed JSON body: expected `,` or `]` at line 1 column 3")
+    );
+    assert!(error(b"\xff").is_some(), "not UTF-8: CPython refuses it too");
+    assert_eq!(error(br#"{"a": [1, {"b": null}]}"#), None, "JSON");
+    assert_eq!(error(b"[1, 2]"), None, "JSON, if not an object");
+    // What CPython might read though serde does not: not its to word.
+    assert_eq!(error(br#"{"a": NaN}"#), None);
+    assert_eq!(error(br#"{"a": -Infinity}"#), None);
+    assert_eq!(error(b"\xef\xbb\xbf{}"), None, "a UTF-8 byte-order mark");
+    assert_eq!(error(b"{\x00\"\x00"), None, "UTF-16");
+    let deep = format!("{}{}", "[".repeat(MAX_NESTING + 1), "]".repeat(MAX_NESTING));
+    assert_eq!(error(deep.as_bytes()), None, "the nesting refusal comes first");
+    let fine_deep = format!("{}{}", "[".repeat(MAX_NESTING - 1), "]".repeat(MAX_NESTING - 1));
+    assert_eq!(
+        error(fine_deep.as_bytes()),
+        None,
+        "no recursion limit below the nesting one"
+    );
+}

@@ -55,7 +55,7 @@ from aiohttp import web
 from smetric.anthropic import ChatConversion, MessagesRequestError, anthropic_error, error_type, to_chat
 from smetric.serve.apis.base import Api, Prepared, Route, StreamState, answer_count, usage_count
 from smetric.serve.errors import ProxyError
-from smetric.serve.request import OpenAIRequest, RequestError, refuse_deep_nesting
+from smetric.serve.request import OpenAIRequest, RequestError, decode_json_body
 from smetric.serve.session import TurnCounter
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
@@ -110,14 +110,6 @@ def _chat_request(conversion: ChatConversion) -> OpenAIRequest:
         prompt_text=None,
         prompt_ids=None,
     )
-
-
-def _decode(raw: bytes) -> Any:
-    refuse_deep_nesting(raw)
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(f"malformed JSON body: {e}") from None
 
 
 def _blocks(events: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -422,7 +414,7 @@ class MessagesApi(Api[MessagesRequest]):
     path = "/v1/messages"
 
     def parse(self, raw: bytes) -> MessagesRequest:
-        body = _decode(raw)
+        body = decode_json_body(raw)
         try:
             conversion = to_chat(body)
         except MessagesRequestError as e:
@@ -435,7 +427,7 @@ class MessagesApi(Api[MessagesRequest]):
     def parse_route(self, raw: bytes, route: Route, params: Mapping[str, str], query: str) -> MessagesRequest:
         if route.path != COUNT_TOKENS_PATH:
             return self.parse(raw)
-        body = _decode(raw)
+        body = decode_json_body(raw)
         try:
             conversion = to_chat(body, count_tokens=True)
         except MessagesRequestError as e:

@@ -48,7 +48,7 @@ from smetric.serve.apis.base import Api, Prepared, Route, StreamState, answer_co
 from smetric.serve.config import ServeConfig
 from smetric.serve.errors import ProxyError
 from smetric.serve.pinning import ResponseIds
-from smetric.serve.request import OpenAIRequest, RequestError, refuse_deep_nesting
+from smetric.serve.request import OpenAIRequest, RequestError, decode_json_body
 from smetric.serve.session import TurnCounter, session_hint
 from smetric.serve.tokens import RoutingTokens, TokenSource
 
@@ -439,11 +439,7 @@ class ResponsesApi(Api[ResponsesRequest]):
         return ResponsesRequest("cancel", path + "/cancel", pin=tag)
 
     def parse(self, raw: bytes) -> ResponsesRequest:
-        refuse_deep_nesting(raw)
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise _bad(f"malformed JSON body: {e}") from None
+        body = decode_json_body(raw)
         if not isinstance(body, dict):
             raise _bad("the request body must be a JSON object")
         for name in ("model", "instructions", "previous_response_id", "prompt_cache_key", "user", "cache_salt"):

@@ -47,7 +47,8 @@ use super::chatml::{Rendered, RenderedBody};
 use super::continuation::{Continued, truthy as value_truthy};
 use super::json::{self, Entries, is_object, json_array, json_str, list, object, ordered_entries, string};
 use super::protocol::{
-    ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, rendered_plan, stream_scan_by_fields, template_plan,
+    ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, malformed, rendered_plan, stream_scan_by_fields,
+    template_plan,
 };
 use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
@@ -237,8 +238,8 @@ pub(crate) fn count_tokens_model(raw: &[u8]) -> Option<String> {
 /// `to_chat`'s 400 for a body whose first fields fail — which it checks before anything else, so
 /// its error is the first whatever follows: not an object, `model` not a string, `max_tokens`
 /// not an integer of at least 1, `stream` not a boolean, `messages` not a non-empty list. None:
-/// not one of those, or not told apart here (a malformed body: Python's decoder words it; an
-/// integer past 64 bits) — the app's. O(body) on a body that did not plan.
+/// not one of those, or not told apart here (a malformed body: `protocol::malformed`; an
+/// integer past 64 bits: the app's). O(body) on a body that did not plan.
 fn top_level_refusal(raw: &[u8]) -> Option<Unplanned> {
     let whole = json::body(raw)?;
     let refused = |message: &str, param: Option<&'static str>| {
@@ -1063,7 +1064,11 @@ impl Protocol for Messages {
             None => plan(raw).map(|body| rendered_plan(body, session, ids)),
         };
         // A body that does not plan: the app's 400 for its first fields, else the app's to say.
-        plan.ok_or_else(|| top_level_refusal(raw).unwrap_or(Unplanned::App))
+        plan.ok_or_else(|| {
+            top_level_refusal(raw)
+                .or_else(|| malformed(raw))
+                .unwrap_or(Unplanned::App)
+        })
     }
 
     fn scanner(&self, _ids: &Arc<ResponseIds>, _hide_usage: bool, _instance: &str) -> Box<dyn StreamScan> {

@@ -148,6 +148,13 @@ pub(crate) enum Unplanned {
     },
 }
 
+/// The app's 400 for a Messages or Responses body that is not JSON (its decoder's first check
+/// after the nesting limit; `smetric_vllm::json_syntax_error`, which the app words it with), or
+/// None when the app might read it. O(body), on a body that did not plan.
+pub(crate) fn malformed(raw: &[u8]) -> Option<Unplanned> {
+    smetric_vllm::json_syntax_error(raw).map(|message| Unplanned::Refused { message, param: None })
+}
+
 /// How a body's text becomes routing ids: a chat template's source (tokenizer mode, or
 /// approximate ids of the template's text), else approximate ids of plain ChatML in chunks of
 /// `chunk` bytes (`--approx-chunk-bytes`, the app's `approx_chunk_bytes`).

@@ -39,7 +39,9 @@ use std::sync::Arc;
 
 use super::chatml::{Rendered, RenderedBody, push_content};
 use super::continuation::Continued;
-use super::protocol::{ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, rendered_plan, template_plan};
+use super::protocol::{
+    ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, malformed, rendered_plan, template_plan,
+};
 use super::response_ids::ResponseIds;
 use super::responses_splice::{TERMINAL_EVENTS, continuation, is_delta};
 use super::state::NativeApis;
@@ -649,11 +651,12 @@ impl Protocol for Responses {
     }
 
     fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Result<Plan, Unplanned> {
+        // A body the app refuses: its 400 says why (a body that is not JSON, here too).
+        let refusal = || malformed(raw).unwrap_or(Unplanned::App);
         if let Some(tokens) = ids.template {
-            return tokenized_plan(raw, session, tokens).ok_or(Unplanned::App);
+            return tokenized_plan(raw, session, tokens).ok_or_else(refusal);
         }
-        // A body the app refuses: its 400 says why.
-        let (body, follow_up) = plan(raw).ok_or(Unplanned::App)?;
+        let (body, follow_up) = plan(raw).ok_or_else(refusal)?;
         let plan = rendered_plan(body, session, ids);
         Ok(match follow_up {
             Some(follow_up) => follow_up.apply(plan),
