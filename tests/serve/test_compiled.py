@@ -143,12 +143,12 @@ def test_anthropic_messages_are_served_natively_in_their_own_shapes(engines: lis
         assert status == 200 and b"event: message_stop" in body
         again = decision(answer_headers)
         assert again["first_turn"] == "0" and again["instance"] == home["instance"]
-        # A body whose fault lies deeper than its first fields is the app's to refuse, in Anthropic's shape.
+        # A body whose fault lies deeper than its first fields: `to_chat`'s 400, in Anthropic's shape.
         wrong_role = {"model": "fake-model", "max_tokens": 2, "messages": [{"role": "nobody", "content": "x"}]}
         status, _, raw = request(p.url, "/v1/messages", wrong_role)
         assert status == 400 and json.loads(raw)["type"] == "error"
         text = page(p)
-        assert metric(text, "smetric_proxy_native_requests_total", api="messages") == 2
+        assert metric(text, "smetric_proxy_native_requests_total", api="messages") == 3
         lines = log_lines(log, 3)
         streamed = next(line for line in lines if line["api"] == "messages" and line["first_turn"] is False)
         assert streamed["session"] == "s-1" and streamed["cached_tokens"] and streamed["cached_tokens"] > 0
@@ -290,7 +290,7 @@ def test_the_session_end_endpoints_are_answered_natively_for_ids_taken_as_writte
 def test_anthropic_count_tokens_is_validated_and_counted_natively(engines: list[FakeEngine]) -> None:
     """``count_tokens`` through the official SDK: validated as the app validates it (no
     ``max_tokens``), counted by an engine without a routing decision; a body the app must
-    refuse is its 400."""
+    refuse is its 400, answered natively."""
     p = compiled([e.url for e in engines])
     try:
         claude = anthropic.Anthropic(base_url=p.url, api_key="sk-test", max_retries=0, timeout=30)
@@ -301,7 +301,7 @@ def test_anthropic_count_tokens_is_validated_and_counted_natively(engines: list[
         assert decision(raw.headers)["reason"] == "pass-through"
         with pytest.raises(anthropic.BadRequestError):
             claude.messages.count_tokens(model="fake-model", messages=[])
-        assert metric(page(p), "smetric_proxy_native_requests_total", api="messages") == 2
+        assert metric(page(p), "smetric_proxy_native_requests_total", api="messages") == 3
     finally:
         p.stop()
 
@@ -840,6 +840,9 @@ def test_a_model_the_fleet_does_not_serve_is_answered_natively_in_each_apis_shap
         engine.stop()
 
 
+USER = b'"messages": [{"role": "user", "content": "x"}]'
+"""A valid Messages conversation, for the bodies whose fault is elsewhere."""
+
 BAD_OPENAI_BODIES = [
     (CHAT, b"{"),
     (CHAT, b"[]"),
@@ -867,6 +870,28 @@ BAD_OPENAI_BODIES = [
     ("/v1/messages", b'{"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}'),
     ("/v1/messages", b'{"model": "m", "max_tokens": 2, "stream": "yes", "messages": [{"role": "user"}]}'),
     ("/v1/messages", b'{"model": "m", "max_tokens": 2, "messages": []}'),
+    # `to_chat`'s deeper checks, each the first fault of its body.
+    *(
+        ("/v1/messages", b'{"model": "m", "max_tokens": 2, ' + rest)
+        for rest in (
+            b'"messages": [3]}',
+            b'"messages": [{"role": "tool", "content": "x"}]}',
+            b'"messages": [{"role": "user"}]}',
+            b'"messages": [{"role": "user", "content": [{"type": 1}]}]}',
+            b'"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}',
+            b'"messages": [{"role": "assistant", "content": [{"type": "tool_use", "input": []}]}]}',
+            USER + b', "system": 5}',
+            USER + b', "tools": {}}',
+            USER + b', "tools": [{"name": "f"}]}',
+            USER + b', "tool_choice": {"type": "tool"}}',
+            USER + b', "thinking": {"type": "enabled", "budget_tokens": 100}}',
+            USER + b', "output_config": {"effort": 1}}',
+            USER + b', "chat_template_kwargs": []}',
+            USER + b', "cache_salt": ""}',
+        )
+    ),
+    ("/v1/messages/count_tokens", b'{"model": "m", "messages": [{"role": "user", "content": 3}]}'),
+    ("/v1/messages/count_tokens", b"{"),
     # Not JSON, on the APIs whose bodies CPython decodes: the parser's words on both planes.
     ("/v1/messages", b"{"),
     ("/v1/messages", b'{"model": "m",}'),

@@ -16,7 +16,7 @@
 //!
 //! **Validation** is `to_chat`'s, field by field; a body it would refuse — or one whose text
 //! Python would build with its own `str()` of a non-string, which is not reproduced — does not
-//! plan: its first fields' errors are answered here (`top_level_refusal`), the rest by the app.
+//! plan: `to_chat`'s errors are answered here (`to_chat_refusal`), anything else by the app.
 //!
 //! **Stream** (`MessagesStream` of `apis/messages.py`): `event: NAME\ndata: {…}` events; each
 //! `content_block_delta` but a signature is one output token; a `message_delta` with a
@@ -235,38 +235,196 @@ pub(crate) fn count_tokens_model(raw: &[u8]) -> Option<String> {
     Some(body.model)
 }
 
-/// `to_chat`'s 400 for a body whose first fields fail — which it checks before anything else, so
-/// its error is the first whatever follows: not an object, `model` not a string, `max_tokens`
-/// not an integer of at least 1, `stream` not a boolean, `messages` not a non-empty list. None:
-/// not one of those, or not told apart here (a malformed body: `protocol::malformed`; an
-/// integer past 64 bits: the app's). O(body) on a body that did not plan.
-fn top_level_refusal(raw: &[u8]) -> Option<Unplanned> {
+/// `to_chat`'s 400 for a body that does not validate (`smetric.anthropic.to_chat`, its checks
+/// in its order, so the error is the app's first: the body an object; `model`; `max_tokens`
+/// unless `count_tokens`; `stream`; `messages` a non-empty list, each message an object with a
+/// known role and a string or valid blocks; `system`; `tools`; `tool_choice`; `thinking` and
+/// `output_config`; `chat_template_kwargs`; `cache_salt`), or None: it validates, or it is not
+/// told apart here (a malformed body: `protocol::malformed`; a number Python reads as another
+/// type: the app's). O(body) on a body that did not plan.
+fn to_chat_refusal(raw: &[u8], count_tokens: bool) -> Option<Unplanned> {
     let whole = json::body(raw)?;
-    let refused = |message: &str, param: Option<&'static str>| {
-        Some(Unplanned::Refused {
-            message: message.to_owned(),
-            param,
-        })
-    };
     let Ok(Value::Object(body)) = serde_json::from_str::<Value>(whole.get()) else {
-        return refused("the request body must be a JSON object", None);
+        return Some(refusal("the request body must be a JSON object", None));
     };
     if !body.get("model").is_some_and(Value::is_string) {
-        return refused("model: a string is required", Some("model"));
+        return Some(refusal("model: a string is required", Some("model")));
     }
-    let max_tokens_ok = match body.get("max_tokens") {
-        Some(Value::Number(n)) if n.is_f64() => return None, // 1.5, or an integer past u64: told apart by Python
-        Some(Value::Number(n)) => n.as_u64().is_some_and(|n| n >= 1),
-        _ => false,
-    };
-    if !max_tokens_ok {
-        return refused("max_tokens: an integer of at least 1 is required", Some("max_tokens"));
+    if !count_tokens && !int_at_least(body.get("max_tokens"), 1)? {
+        return Some(refusal(
+            "max_tokens: an integer of at least 1 is required",
+            Some("max_tokens"),
+        ));
     }
     if !matches!(body.get("stream"), None | Some(Value::Null | Value::Bool(_))) {
-        return refused("stream must be a boolean", Some("stream"));
+        return Some(refusal("stream must be a boolean", Some("stream")));
     }
-    if !matches!(body.get("messages"), Some(Value::Array(m)) if !m.is_empty()) {
-        return refused("messages: a non-empty list is required", Some("messages"));
+    let Some(Value::Array(messages)) = body
+        .get("messages")
+        .filter(|m| m.as_array().is_some_and(|m| !m.is_empty()))
+    else {
+        return Some(refusal("messages: a non-empty list is required", Some("messages")));
+    };
+    for (i, message) in messages.iter().enumerate() {
+        let where_ = format!("messages.{i}");
+        let Value::Object(message) = message else {
+            return Some(refusal(
+                &format!("{where_}: a message must be an object"),
+                Some("messages"),
+            ));
+        };
+        let role = message.get("role").and_then(Value::as_str);
+        if !matches!(role, Some("user" | "assistant" | "system")) {
+            return Some(refusal(
+                &format!("{where_}.role must be one of user, assistant, system"),
+                Some("messages"),
+            ));
+        }
+        let content = message.get("content");
+        if !content.is_some_and(Value::is_string)
+            && let Some(refused) = blocks_refusal(content, &format!("{where_}.content"))
+        {
+            return Some(refused);
+        }
+    }
+    let system = body.get("system");
+    if !matches!(system, None | Some(Value::Null | Value::String(_)))
+        && let Some(refused) = blocks_refusal(system, "system")
+    {
+        return Some(refused);
+    }
+    match body.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(tools)) => {
+            for (i, tool) in tools.iter().enumerate() {
+                if !tool.get("name").is_some_and(Value::is_string) || !tool.is_object() {
+                    return Some(refusal(
+                        &format!("tools.{i}: a tool needs a string name"),
+                        Some("tools"),
+                    ));
+                }
+                if !tool.get("input_schema").is_some_and(Value::is_object) {
+                    return Some(refusal(
+                        &format!("tools.{i}.input_schema must be an object"),
+                        Some("tools"),
+                    ));
+                }
+            }
+        }
+        Some(_) => return Some(refusal("tools must be a list", Some("tools"))),
+    }
+    match body.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(choice) => {
+            let kind = choice
+                .get("type")
+                .and_then(Value::as_str)
+                .filter(|_| choice.is_object());
+            if !matches!(kind, Some("auto" | "any" | "tool" | "none")) {
+                return Some(refusal(
+                    "tool_choice.type must be one of auto, any, tool, none",
+                    Some("tool_choice"),
+                ));
+            }
+            if kind == Some("tool") && !choice.get("name").is_some_and(Value::is_string) {
+                return Some(refusal("tool_choice of type tool needs a name", Some("tool_choice")));
+            }
+        }
+    }
+    match body.get("thinking") {
+        None | Some(Value::Null) => {}
+        Some(thinking) => {
+            let kind = thinking
+                .get("type")
+                .and_then(Value::as_str)
+                .filter(|_| thinking.is_object());
+            if !matches!(kind, Some("enabled" | "disabled" | "adaptive")) {
+                return Some(refusal(
+                    "thinking.type must be enabled, disabled or adaptive",
+                    Some("thinking"),
+                ));
+            }
+            if kind == Some("enabled") && !int_at_least(thinking.get("budget_tokens"), 1024)? {
+                return Some(refusal(
+                    "thinking.budget_tokens: an integer of at least 1024 is required",
+                    Some("thinking"),
+                ));
+            }
+        }
+    }
+    match body.get("output_config") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(config)) => {
+            if !matches!(config.get("effort"), None | Some(Value::Null | Value::String(_))) {
+                return Some(refusal("output_config.effort must be a string", Some("output_config")));
+            }
+        }
+        Some(_) => return Some(refusal("output_config must be an object", Some("output_config"))),
+    }
+    if !matches!(
+        body.get("chat_template_kwargs"),
+        None | Some(Value::Null | Value::Object(_))
+    ) {
+        return Some(refusal(
+            "chat_template_kwargs must be an object",
+            Some("chat_template_kwargs"),
+        ));
+    }
+    match body.get("cache_salt") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(salt)) if !salt.is_empty() => None,
+        Some(_) => Some(refusal("cache_salt must be a non-empty string", Some("cache_salt"))),
+    }
+}
+
+/// The app's 400 for a `count_tokens` body that does not validate or is not JSON, or None.
+pub(crate) fn count_tokens_refusal(raw: &[u8]) -> Option<Unplanned> {
+    to_chat_refusal(raw, true).or_else(|| malformed(raw))
+}
+
+/// The 400 of a Messages body (Anthropic's shape carries no `param`; it is kept for the record).
+fn refusal(message: &str, param: Option<&'static str>) -> Unplanned {
+    Unplanned::Refused {
+        message: message.to_owned(),
+        param,
+    }
+}
+
+/// Whether `value` is an integer of at least `least` as Python's `isinstance(v, int)` sees it
+/// (not a bool, not a float such as `1.0`); None for a number past 64 bits or written with a
+/// fraction or exponent (told apart by Python).
+fn int_at_least(value: Option<&Value>, least: u64) -> Option<bool> {
+    Some(match value {
+        Some(Value::Number(n)) if n.is_f64() => return None,
+        Some(Value::Number(n)) => n.as_u64().is_some_and(|n| n >= least),
+        _ => false,
+    })
+}
+
+/// `_check_blocks`: `blocks` a list of objects with a string `type`, their `text` and
+/// `thinking` strings when given, a `tool_use` block's `input` an object when given.
+fn blocks_refusal(blocks: Option<&Value>, where_: &str) -> Option<Unplanned> {
+    let Some(Value::Array(blocks)) = blocks else {
+        return Some(refusal(
+            &format!("{where_}: a string or a list of content blocks is required"),
+            None,
+        ));
+    };
+    for (j, block) in blocks.iter().enumerate() {
+        let Some(kind) = block.get("type").and_then(Value::as_str).filter(|_| block.is_object()) else {
+            return Some(refusal(
+                &format!("{where_}.{j}: a content block needs a string type"),
+                None,
+            ));
+        };
+        for key in ["text", "thinking"] {
+            if !matches!(block.get(key), None | Some(Value::Null | Value::String(_))) {
+                return Some(refusal(&format!("{where_}.{j}.{key} must be a string"), None));
+            }
+        }
+        if kind == "tool_use" && !matches!(block.get("input"), None | Some(Value::Null | Value::Object(_))) {
+            return Some(refusal(&format!("{where_}.{j}.input must be an object"), None));
+        }
     }
     None
 }
@@ -1065,7 +1223,7 @@ impl Protocol for Messages {
         };
         // A body that does not plan: the app's 400 for its first fields, else the app's to say.
         plan.ok_or_else(|| {
-            top_level_refusal(raw)
+            to_chat_refusal(raw, false)
                 .or_else(|| malformed(raw))
                 .unwrap_or(Unplanned::App)
         })

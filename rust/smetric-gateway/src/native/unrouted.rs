@@ -36,9 +36,9 @@ use smetric_vllm::lone_surrogate::escapes_lone_surrogate;
 use super::attempt::{client_head, is_event_stream, request_id};
 use super::failover::{AfterFailure, Tried, lost_state, no_instance};
 use super::intake::has_long_digit_run;
-use super::messages::{MESSAGES, count_tokens_model};
+use super::messages::{MESSAGES, count_tokens_model, count_tokens_refusal};
 use super::openai::CHAT;
-use super::protocol::Protocol;
+use super::protocol::{Protocol, Unplanned};
 use super::response_ids::ResponseIds;
 use super::responses::RESPONSES;
 use super::state::{Native, NativeApis, Routing};
@@ -171,7 +171,14 @@ impl Native {
             Unrouted::CountTokens if has_long_digit_run(&raw) => None,
             Unrouted::CountTokens => match count_tokens_model(&raw) {
                 Some(model) => Some(model),
-                None => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
+                None => match count_tokens_refusal(&raw) {
+                    // Its validation's 400, answered as the app words it.
+                    Some(Unplanned::Refused { message, param }) if !delegate => {
+                        let answer = MESSAGES.client_error(StatusCode::BAD_REQUEST, &message, None, param);
+                        return self.refused(MESSAGES.name(), &parts.headers, None, answer, arrived);
+                    }
+                    _ => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
+                },
             },
             Unrouted::Stored { .. } => None,
         };
