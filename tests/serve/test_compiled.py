@@ -892,6 +892,26 @@ BAD_OPENAI_BODIES = [
     ),
     ("/v1/messages/count_tokens", b'{"model": "m", "messages": [{"role": "user", "content": 3}]}'),
     ("/v1/messages/count_tokens", b"{"),
+    # The Responses adapter's parse, then its conversion of the input items.
+    *(
+        ("/v1/responses", body)
+        for body in (
+            b'{"model": 3, "input": "x"}',
+            b'{"input": "x", "user": ["u"]}',
+            b'{"input": "x", "store": "no"}',
+            b'{"input": "x", "max_output_tokens": 0}',
+            b'{"input": "x", "max_output_tokens": 2.5}',
+            b'{"input": 7}',
+            b'{"input": ["x"]}',
+            b'{"input": "x", "tools": [1]}',
+            b'{"input": [{"type": "function_call", "call_id": "c", "name": 5, "arguments": "{}"}]}',
+            b'{"input": [{"type": "reasoning", "encrypted_content": "gAAA"}]}',
+            b'{"input": [{"type": "mystery"}]}',
+            b'{"input": [{"content": "x"}]}',
+            # The adapter opens the id before it converts: the unissued id's 404 is the answer.
+            b'{"input": [{"type": "mystery"}], "previous_response_id": "resp_never"}',
+        )
+    ),
     # Not JSON, on the APIs whose bodies CPython decodes: the parser's words on both planes.
     ("/v1/messages", b"{"),
     ("/v1/messages", b'{"model": "m",}'),
@@ -929,9 +949,9 @@ def test_a_body_the_app_refuses_first_is_answered_natively_as_the_app_answers_it
             p.stop()
     assert answers["compiled"] == answers["python"]
     statuses = [status for status, _ in answers["compiled"]]
-    unknown_model = next(i for i, (_, raw) in enumerate(BAD_OPENAI_BODIES) if b'"nope"' in raw)
-    assert statuses[unknown_model] == 404, "the model is checked before the rendering"
-    assert all(status == 400 for i, status in enumerate(statuses) if i != unknown_model)
+    not_found = [i for i, (_, raw) in enumerate(BAD_OPENAI_BODIES) if b'"nope"' in raw or b"resp_never" in raw]
+    assert [statuses[i] for i in not_found] == [404, 404], "the model and the stored id come first"
+    assert all(status == 400 for i, status in enumerate(statuses) if i not in not_found)
     assert answers["compiled"][2][1]["error"]["param"] == "messages"
 
 

@@ -28,7 +28,7 @@ use super::openai::CHAT;
 use super::pd::PrefillLeg;
 use super::protocol::{Ids, Plan, Protocol, StreamScan, Unplanned};
 use super::response_ids::ResponseIds;
-use super::responses::RESPONSES;
+use super::responses::{self, RESPONSES};
 use super::routes::{self, Resolved};
 use super::secret::same_bytes;
 use super::session_end::ended_session;
@@ -257,6 +257,17 @@ impl Native {
         let fleet = self.fleet();
         let mut plan = match self.plan(&fleet, api, &parts.headers, &raw).await {
             Ok(plan) => plan,
+            // The adapter opens a stored response's id once its field checks pass, before it
+            // converts the input: an id it never issued is that 404 (unless the app refuses the
+            // request before it parses: an end header it cannot read, digits CPython will not).
+            Err(Unplanned::App)
+                if let Some(id) = unissued_previous(self, api, &raw)
+                    && responses::fields_parse(&raw)
+                    && session_end(&parts.headers).is_ok()
+                    && !has_long_digit_run(&raw) =>
+            {
+                return self.refused(api.name(), &parts.headers, None, not_issued(&id), arrived);
+            }
             Err(Unplanned::App) => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
             // The Responses adapter opens a stored response's id while parsing, before the
             // model is checked: an id it never issued is that 404.

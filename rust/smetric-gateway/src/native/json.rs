@@ -144,3 +144,22 @@ pub(crate) fn json_array<T>(items: impl IntoIterator<Item = T>, mut write: impl 
     out.push(']');
     out
 }
+
+/// Whether `value` is an integer of at least `least` as Python's `isinstance(v, int)` sees it
+/// (not a bool, not a float such as `2.5`); None for a number past 64 bits or a float with no
+/// fraction left (told apart by Python).
+pub(crate) fn python_int_at_least(value: Option<&serde_json::Value>, least: u64) -> Option<bool> {
+    Some(match value {
+        // A fraction survives only from a literal with one: a float to Python. `1.0`, `1e3` and
+        // integers past 64 bits all arrive whole: told apart by Python.
+        Some(serde_json::Value::Number(n)) if n.is_f64() => {
+            if n.as_f64().is_some_and(|f| f.fract() != 0.0) {
+                false
+            } else {
+                return None;
+            }
+        }
+        Some(serde_json::Value::Number(n)) => n.as_u64().is_some_and(|n| n >= least),
+        _ => false,
+    })
+}

@@ -250,7 +250,7 @@ fn to_chat_refusal(raw: &[u8], count_tokens: bool) -> Option<Unplanned> {
     if !body.get("model").is_some_and(Value::is_string) {
         return Some(refusal("model: a string is required", Some("model")));
     }
-    if !count_tokens && !int_at_least(body.get("max_tokens"), 1)? {
+    if !count_tokens && !json::python_int_at_least(body.get("max_tokens"), 1)? {
         return Some(refusal(
             "max_tokens: an integer of at least 1 is required",
             Some("max_tokens"),
@@ -344,7 +344,7 @@ fn to_chat_refusal(raw: &[u8], count_tokens: bool) -> Option<Unplanned> {
                     Some("thinking"),
                 ));
             }
-            if kind == Some("enabled") && !int_at_least(thinking.get("budget_tokens"), 1024)? {
+            if kind == Some("enabled") && !json::python_int_at_least(thinking.get("budget_tokens"), 1024)? {
                 return Some(refusal(
                     "thinking.budget_tokens: an integer of at least 1024 is required",
                     Some("thinking"),
@@ -388,17 +388,6 @@ fn refusal(message: &str, param: Option<&'static str>) -> Unplanned {
         message: message.to_owned(),
         param,
     }
-}
-
-/// Whether `value` is an integer of at least `least` as Python's `isinstance(v, int)` sees it
-/// (not a bool, not a float such as `1.0`); None for a number past 64 bits or written with a
-/// fraction or exponent (told apart by Python).
-fn int_at_least(value: Option<&Value>, least: u64) -> Option<bool> {
-    Some(match value {
-        Some(Value::Number(n)) if n.is_f64() => return None,
-        Some(Value::Number(n)) => n.as_u64().is_some_and(|n| n >= least),
-        _ => false,
-    })
 }
 
 /// `_check_blocks`: `blocks` a list of objects with a string `type`, their `text` and

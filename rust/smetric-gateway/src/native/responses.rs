@@ -266,6 +266,126 @@ pub(crate) fn plan(raw: &[u8]) -> Option<(RenderedBody, Option<FollowUp>)> {
     Some((body, follow_up))
 }
 
+/// The Responses adapter's 400 for a body it refuses while parsing (`ResponsesApi.parse`, then
+/// `chat_messages`, in that order): the body an object; `model`, `instructions`,
+/// `previous_response_id`, `prompt_cache_key`, `user`, `cache_salt` strings; `stream`, `store`,
+/// `background` booleans; `max_output_tokens` an integer of at least 1; `input` a string or a list
+/// of objects; `tools` a list of objects; then each input item as the conversion reads it (a
+/// `function_call`'s string fields, no encrypted reasoning, a known type or a string role). The
+/// conversion's refusals come after the adapter opens `previous_response_id` (its 404), so they
+/// are answered here only without one. None: the body parses, or its refusal is not told apart
+/// here (a type name Python would print as a value). O(body) on a body that did not plan.
+pub(crate) fn parse_refusal(raw: &[u8]) -> Option<Unplanned> {
+    let whole = json::body(raw)?;
+    let Ok(Value::Object(body)) = serde_json::from_str::<Value>(whole.get()) else {
+        return Some(refused("the request body must be a JSON object".to_owned(), None));
+    };
+    if let Err(refusal) = field_checks(&body) {
+        return refusal;
+    }
+    if body.get("previous_response_id").is_some_and(|v| !v.is_null()) {
+        return None; // its 404, if the id is not one the proxy issued, comes first: the caller's
+    }
+    let items = body.get("input").and_then(Value::as_array);
+    for (i, item) in items.into_iter().flatten().enumerate() {
+        let kind = item.get("type");
+        let role = item.get("role").and_then(Value::as_str);
+        match kind.and_then(Value::as_str) {
+            Some("function_call") => {
+                if let Some(name) = ["call_id", "name", "arguments"]
+                    .into_iter()
+                    .find(|name| !item.get(*name).is_some_and(Value::is_string))
+                {
+                    return Some(refused(
+                        format!("input[{i}]: a function_call needs a string {name}"),
+                        Some("input"),
+                    ));
+                }
+            }
+            Some("reasoning") if item.get("encrypted_content").is_some_and(truthy_value) => {
+                return Some(refused("Encrypted content is not supported.".to_owned(), Some("input")));
+            }
+            Some("reasoning" | "function_call_output" | "custom_tool_call_output") => {}
+            _ if role.is_some() => {}
+            Some(kind) => return Some(refused(format!("Unsupported input item type: {kind}"), Some("input"))),
+            None if kind.is_none_or(Value::is_null) => {
+                return Some(refused("Unsupported input item type: None".to_owned(), Some("input")));
+            }
+            None => return None, // a type Python prints as a value: the app's words
+        }
+    }
+    None
+}
+
+/// Whether the adapter's field checks (before it opens `previous_response_id`) pass for `raw`
+/// with certainty: then an id it did not issue is its 404.
+pub(crate) fn fields_parse(raw: &[u8]) -> bool {
+    let Some(whole) = json::body(raw) else { return false };
+    matches!(serde_json::from_str::<Value>(whole.get()), Ok(Value::Object(body)) if field_checks(&body).is_ok())
+}
+
+/// The adapter's checks of the body's fields, in its order: Err(Some) its 400, Err(None) a value
+/// not told apart here (a number Python might read as another type).
+fn field_checks(body: &serde_json::Map<String, Value>) -> Result<(), Option<Unplanned>> {
+    let given = |name: &str| body.get(name).filter(|v| !v.is_null());
+    for name in [
+        "model",
+        "instructions",
+        "previous_response_id",
+        "prompt_cache_key",
+        "user",
+        "cache_salt",
+    ] {
+        if given(name).is_some_and(|v| !v.is_string()) {
+            return Err(Some(refused(format!("{name} must be a string"), Some(name))));
+        }
+    }
+    for name in ["stream", "store", "background"] {
+        if given(name).is_some_and(|v| !v.is_boolean()) {
+            return Err(Some(refused(format!("{name} must be a boolean"), Some(name))));
+        }
+    }
+    if let Some(limit) = given("max_output_tokens")
+        && !json::python_int_at_least(Some(limit), 1).ok_or(None)?
+    {
+        let message = "max_output_tokens must be an integer of at least 1".to_owned();
+        return Err(Some(refused(message, Some("max_output_tokens"))));
+    }
+    let input_ok = match body.get("input") {
+        Some(Value::String(_)) => true,
+        Some(Value::Array(items)) => items.iter().all(Value::is_object),
+        _ => false,
+    };
+    if !input_ok {
+        let message = "input must be a string or a list of items (objects)".to_owned();
+        return Err(Some(refused(message, Some("input"))));
+    }
+    if given("tools").is_some_and(|t| !t.as_array().is_some_and(|t| t.iter().all(Value::is_object))) {
+        return Err(Some(refused(
+            "tools must be a list of objects".to_owned(),
+            Some("tools"),
+        )));
+    }
+    Ok(())
+}
+
+/// The adapter's 400.
+fn refused(message: String, param: Option<&'static str>) -> Unplanned {
+    Unplanned::Refused { message, param }
+}
+
+/// Python's truth value of a decoded JSON value.
+fn truthy_value(value: &Value) -> bool {
+    match value {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|n| n != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
 /// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
 /// template (`chat_messages`, `chat_tools`), encoded. None: the app's.
 fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
@@ -652,7 +772,7 @@ impl Protocol for Responses {
 
     fn plan(&self, raw: &[u8], session: Option<String>, ids: Ids<'_>) -> Result<Plan, Unplanned> {
         // A body the app refuses: its 400 says why (a body that is not JSON, here too).
-        let refusal = || malformed(raw).unwrap_or(Unplanned::App);
+        let refusal = || malformed(raw).or_else(|| parse_refusal(raw)).unwrap_or(Unplanned::App);
         if let Some(tokens) = ids.template {
             return tokenized_plan(raw, session, tokens).ok_or_else(refusal);
         }
