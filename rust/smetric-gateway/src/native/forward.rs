@@ -309,21 +309,18 @@ impl Native {
         // lost-state answer) and PD mode are the app's.
         let pinned = match plan.previous_response.as_deref() {
             None => None,
-            // An id this key never issued: the adapter's 404 while parsing the body, before
-            // any turn or decision counts.
-            Some(id) if self.response_ids.open(id).is_none() => {
-                return self.refused(api.name(), &parts.headers, None, not_issued(id), arrived);
-            }
-            Some(id) => {
-                let opened = self.response_ids.open(id).and_then(|(engine_id, tag)| {
-                    let instance = fleet.instances.iter().find(|u| ResponseIds::tag(u) == tag)?;
-                    Some((instance.clone(), engine_id.to_owned()))
-                });
-                match (opened, &self.config.routing) {
-                    (Some(pin), Routing::Colocated(_)) => Some(pin),
-                    _ => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
+            // The id is opened once (a mac check): an id this key never issued is the adapter's
+            // 404 while parsing the body, before any turn or decision counts.
+            Some(id) => match self.response_ids.open(id) {
+                None => return self.refused(api.name(), &parts.headers, None, not_issued(id), arrived),
+                Some((engine_id, tag)) => {
+                    let instance = fleet.instances.iter().find(|u| ResponseIds::tag(u) == tag);
+                    match (instance, &self.config.routing) {
+                        (Some(instance), Routing::Colocated(_)) => Some((instance.clone(), engine_id.to_owned())),
+                        _ => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
+                    }
                 }
-            }
+            },
         };
         // llm-d's session cookie names the session's instance (the previous one to the policy).
         let cookie_policy = self.config.routing.session_cookie();

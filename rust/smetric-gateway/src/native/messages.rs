@@ -245,38 +245,41 @@ pub(crate) fn count_tokens_model(raw: &[u8]) -> Option<String> {
 fn to_chat_refusal(raw: &[u8], count_tokens: bool) -> Option<Unplanned> {
     let whole = json::body(raw)?;
     let Ok(Value::Object(body)) = serde_json::from_str::<Value>(whole.get()) else {
-        return Some(refusal("the request body must be a JSON object", None));
+        return Some(Unplanned::refused("the request body must be a JSON object", None));
     };
     if !body.get("model").is_some_and(Value::is_string) {
-        return Some(refusal("model: a string is required", Some("model")));
+        return Some(Unplanned::refused("model: a string is required", Some("model")));
     }
     if !count_tokens && !json::python_int_at_least(body.get("max_tokens"), 1)? {
-        return Some(refusal(
+        return Some(Unplanned::refused(
             "max_tokens: an integer of at least 1 is required",
             Some("max_tokens"),
         ));
     }
     if !matches!(body.get("stream"), None | Some(Value::Null | Value::Bool(_))) {
-        return Some(refusal("stream must be a boolean", Some("stream")));
+        return Some(Unplanned::refused("stream must be a boolean", Some("stream")));
     }
     let Some(Value::Array(messages)) = body
         .get("messages")
         .filter(|m| m.as_array().is_some_and(|m| !m.is_empty()))
     else {
-        return Some(refusal("messages: a non-empty list is required", Some("messages")));
+        return Some(Unplanned::refused(
+            "messages: a non-empty list is required",
+            Some("messages"),
+        ));
     };
     for (i, message) in messages.iter().enumerate() {
         let where_ = format!("messages.{i}");
         let Value::Object(message) = message else {
-            return Some(refusal(
-                &format!("{where_}: a message must be an object"),
+            return Some(Unplanned::refused(
+                format!("{where_}: a message must be an object"),
                 Some("messages"),
             ));
         };
         let role = message.get("role").and_then(Value::as_str);
         if !matches!(role, Some("user" | "assistant" | "system")) {
-            return Some(refusal(
-                &format!("{where_}.role must be one of user, assistant, system"),
+            return Some(Unplanned::refused(
+                format!("{where_}.role must be one of user, assistant, system"),
                 Some("messages"),
             ));
         }
@@ -298,20 +301,20 @@ fn to_chat_refusal(raw: &[u8], count_tokens: bool) -> Option<Unplanned> {
         Some(Value::Array(tools)) => {
             for (i, tool) in tools.iter().enumerate() {
                 if !tool.get("name").is_some_and(Value::is_string) || !tool.is_object() {
-                    return Some(refusal(
-                        &format!("tools.{i}: a tool needs a string name"),
+                    return Some(Unplanned::refused(
+                        format!("tools.{i}: a tool needs a string name"),
                         Some("tools"),
                     ));
                 }
                 if !tool.get("input_schema").is_some_and(Value::is_object) {
-                    return Some(refusal(
-                        &format!("tools.{i}.input_schema must be an object"),
+                    return Some(Unplanned::refused(
+                        format!("tools.{i}.input_schema must be an object"),
                         Some("tools"),
                     ));
                 }
             }
         }
-        Some(_) => return Some(refusal("tools must be a list", Some("tools"))),
+        Some(_) => return Some(Unplanned::refused("tools must be a list", Some("tools"))),
     }
     match body.get("tool_choice") {
         None | Some(Value::Null) => {}
@@ -321,13 +324,16 @@ fn to_chat_refusal(raw: &[u8], count_tokens: bool) -> Option<Unplanned> {
                 .and_then(Value::as_str)
                 .filter(|_| choice.is_object());
             if !matches!(kind, Some("auto" | "any" | "tool" | "none")) {
-                return Some(refusal(
+                return Some(Unplanned::refused(
                     "tool_choice.type must be one of auto, any, tool, none",
                     Some("tool_choice"),
                 ));
             }
             if kind == Some("tool") && !choice.get("name").is_some_and(Value::is_string) {
-                return Some(refusal("tool_choice of type tool needs a name", Some("tool_choice")));
+                return Some(Unplanned::refused(
+                    "tool_choice of type tool needs a name",
+                    Some("tool_choice"),
+                ));
             }
         }
     }
@@ -339,13 +345,13 @@ fn to_chat_refusal(raw: &[u8], count_tokens: bool) -> Option<Unplanned> {
                 .and_then(Value::as_str)
                 .filter(|_| thinking.is_object());
             if !matches!(kind, Some("enabled" | "disabled" | "adaptive")) {
-                return Some(refusal(
+                return Some(Unplanned::refused(
                     "thinking.type must be enabled, disabled or adaptive",
                     Some("thinking"),
                 ));
             }
             if kind == Some("enabled") && !json::python_int_at_least(thinking.get("budget_tokens"), 1024)? {
-                return Some(refusal(
+                return Some(Unplanned::refused(
                     "thinking.budget_tokens: an integer of at least 1024 is required",
                     Some("thinking"),
                 ));
@@ -356,16 +362,24 @@ fn to_chat_refusal(raw: &[u8], count_tokens: bool) -> Option<Unplanned> {
         None | Some(Value::Null) => {}
         Some(Value::Object(config)) => {
             if !matches!(config.get("effort"), None | Some(Value::Null | Value::String(_))) {
-                return Some(refusal("output_config.effort must be a string", Some("output_config")));
+                return Some(Unplanned::refused(
+                    "output_config.effort must be a string",
+                    Some("output_config"),
+                ));
             }
         }
-        Some(_) => return Some(refusal("output_config must be an object", Some("output_config"))),
+        Some(_) => {
+            return Some(Unplanned::refused(
+                "output_config must be an object",
+                Some("output_config"),
+            ));
+        }
     }
     if !matches!(
         body.get("chat_template_kwargs"),
         None | Some(Value::Null | Value::Object(_))
     ) {
-        return Some(refusal(
+        return Some(Unplanned::refused(
             "chat_template_kwargs must be an object",
             Some("chat_template_kwargs"),
         ));
@@ -373,7 +387,10 @@ fn to_chat_refusal(raw: &[u8], count_tokens: bool) -> Option<Unplanned> {
     match body.get("cache_salt") {
         None | Some(Value::Null) => None,
         Some(Value::String(salt)) if !salt.is_empty() => None,
-        Some(_) => Some(refusal("cache_salt must be a non-empty string", Some("cache_salt"))),
+        Some(_) => Some(Unplanned::refused(
+            "cache_salt must be a non-empty string",
+            Some("cache_salt"),
+        )),
     }
 }
 
@@ -382,37 +399,32 @@ pub(crate) fn count_tokens_refusal(raw: &[u8]) -> Option<Unplanned> {
     to_chat_refusal(raw, true).or_else(|| malformed(raw))
 }
 
-/// The 400 of a Messages body (Anthropic's shape carries no `param`; it is kept for the record).
-fn refusal(message: &str, param: Option<&'static str>) -> Unplanned {
-    Unplanned::Refused {
-        message: message.to_owned(),
-        param,
-    }
-}
-
 /// `_check_blocks`: `blocks` a list of objects with a string `type`, their `text` and
 /// `thinking` strings when given, a `tool_use` block's `input` an object when given.
 fn blocks_refusal(blocks: Option<&Value>, where_: &str) -> Option<Unplanned> {
     let Some(Value::Array(blocks)) = blocks else {
-        return Some(refusal(
-            &format!("{where_}: a string or a list of content blocks is required"),
+        return Some(Unplanned::refused(
+            format!("{where_}: a string or a list of content blocks is required"),
             None,
         ));
     };
     for (j, block) in blocks.iter().enumerate() {
         let Some(kind) = block.get("type").and_then(Value::as_str).filter(|_| block.is_object()) else {
-            return Some(refusal(
-                &format!("{where_}.{j}: a content block needs a string type"),
+            return Some(Unplanned::refused(
+                format!("{where_}.{j}: a content block needs a string type"),
                 None,
             ));
         };
         for key in ["text", "thinking"] {
             if !matches!(block.get(key), None | Some(Value::Null | Value::String(_))) {
-                return Some(refusal(&format!("{where_}.{j}.{key} must be a string"), None));
+                return Some(Unplanned::refused(format!("{where_}.{j}.{key} must be a string"), None));
             }
         }
         if kind == "tool_use" && !matches!(block.get("input"), None | Some(Value::Null | Value::Object(_))) {
-            return Some(refusal(&format!("{where_}.{j}.input must be an object"), None));
+            return Some(Unplanned::refused(
+                format!("{where_}.{j}.input must be an object"),
+                None,
+            ));
         }
     }
     None

@@ -148,11 +148,21 @@ pub(crate) enum Unplanned {
     },
 }
 
+impl Unplanned {
+    /// A body the app refuses with a 400 saying `message` (naming `param`).
+    pub(crate) fn refused(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Self::Refused {
+            message: message.into(),
+            param,
+        }
+    }
+}
+
 /// The app's 400 for a Messages or Responses body that is not JSON (its decoder's first check
 /// after the nesting limit; `smetric_vllm::json_syntax_error`, which the app words it with), or
 /// None when the app might read it. O(body), on a body that did not plan.
 pub(crate) fn malformed(raw: &[u8]) -> Option<Unplanned> {
-    smetric_vllm::json_syntax_error(raw).map(|message| Unplanned::Refused { message, param: None })
+    smetric_vllm::json_syntax_error(raw).map(|message| Unplanned::refused(message, None))
 }
 
 /// How a body's text becomes routing ids: a chat template's source (tokenizer mode, or

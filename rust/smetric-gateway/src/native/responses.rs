@@ -278,7 +278,10 @@ pub(crate) fn plan(raw: &[u8]) -> Option<(RenderedBody, Option<FollowUp>)> {
 pub(crate) fn parse_refusal(raw: &[u8]) -> Option<Unplanned> {
     let whole = json::body(raw)?;
     let Ok(Value::Object(body)) = serde_json::from_str::<Value>(whole.get()) else {
-        return Some(refused("the request body must be a JSON object".to_owned(), None));
+        return Some(Unplanned::refused(
+            "the request body must be a JSON object".to_owned(),
+            None,
+        ));
     };
     if let Err(refusal) = field_checks(&body) {
         return refusal;
@@ -296,20 +299,31 @@ pub(crate) fn parse_refusal(raw: &[u8]) -> Option<Unplanned> {
                     .into_iter()
                     .find(|name| !item.get(*name).is_some_and(Value::is_string))
                 {
-                    return Some(refused(
+                    return Some(Unplanned::refused(
                         format!("input[{i}]: a function_call needs a string {name}"),
                         Some("input"),
                     ));
                 }
             }
             Some("reasoning") if item.get("encrypted_content").is_some_and(truthy_value) => {
-                return Some(refused("Encrypted content is not supported.".to_owned(), Some("input")));
+                return Some(Unplanned::refused(
+                    "Encrypted content is not supported.".to_owned(),
+                    Some("input"),
+                ));
             }
             Some("reasoning" | "function_call_output" | "custom_tool_call_output") => {}
             _ if role.is_some() => {}
-            Some(kind) => return Some(refused(format!("Unsupported input item type: {kind}"), Some("input"))),
+            Some(kind) => {
+                return Some(Unplanned::refused(
+                    format!("Unsupported input item type: {kind}"),
+                    Some("input"),
+                ));
+            }
             None if kind.is_none_or(Value::is_null) => {
-                return Some(refused("Unsupported input item type: None".to_owned(), Some("input")));
+                return Some(Unplanned::refused(
+                    "Unsupported input item type: None".to_owned(),
+                    Some("input"),
+                ));
             }
             None => return None, // a type Python prints as a value: the app's words
         }
@@ -337,19 +351,22 @@ fn field_checks(body: &serde_json::Map<String, Value>) -> Result<(), Option<Unpl
         "cache_salt",
     ] {
         if given(name).is_some_and(|v| !v.is_string()) {
-            return Err(Some(refused(format!("{name} must be a string"), Some(name))));
+            return Err(Some(Unplanned::refused(format!("{name} must be a string"), Some(name))));
         }
     }
     for name in ["stream", "store", "background"] {
         if given(name).is_some_and(|v| !v.is_boolean()) {
-            return Err(Some(refused(format!("{name} must be a boolean"), Some(name))));
+            return Err(Some(Unplanned::refused(
+                format!("{name} must be a boolean"),
+                Some(name),
+            )));
         }
     }
     if let Some(limit) = given("max_output_tokens")
         && !json::python_int_at_least(Some(limit), 1).ok_or(None)?
     {
         let message = "max_output_tokens must be an integer of at least 1".to_owned();
-        return Err(Some(refused(message, Some("max_output_tokens"))));
+        return Err(Some(Unplanned::refused(message, Some("max_output_tokens"))));
     }
     let input_ok = match body.get("input") {
         Some(Value::String(_)) => true,
@@ -358,20 +375,15 @@ fn field_checks(body: &serde_json::Map<String, Value>) -> Result<(), Option<Unpl
     };
     if !input_ok {
         let message = "input must be a string or a list of items (objects)".to_owned();
-        return Err(Some(refused(message, Some("input"))));
+        return Err(Some(Unplanned::refused(message, Some("input"))));
     }
     if given("tools").is_some_and(|t| !t.as_array().is_some_and(|t| t.iter().all(Value::is_object))) {
-        return Err(Some(refused(
+        return Err(Some(Unplanned::refused(
             "tools must be a list of objects".to_owned(),
             Some("tools"),
         )));
     }
     Ok(())
-}
-
-/// The adapter's 400.
-fn refused(message: String, param: Option<&'static str>) -> Unplanned {
-    Unplanned::Refused { message, param }
 }
 
 /// Python's truth value of a decoded JSON value.
