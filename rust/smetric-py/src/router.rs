@@ -11,9 +11,10 @@
 //! core lock while holding it (the lifecycle calls too: they take the in-flight table's and the
 //! drain rate's mutexes, and in exact mode `on_finished` the index's exclusive lock). The one
 //! copy made before the release is the token ids (the exporter's memory may change once the
-//! GIL is released): a 32K-token numpy int32 prompt costs ≈ 0.75 µs of `memcpy` with the GIL
-//! held and ≈ 0.75 µs of range check after (perf samples, BENCHMARKS.md "The single-thread
-//! budget"); a list of ints costs one C-level conversion per element (≈ 120 µs at 32K).
+//! GIL is released): a 32K-token numpy int32 prompt costs ≈ 2 µs of `memcpy` with the GIL
+//! held and ≈ 1.3 µs of range check after (perf samples, 2026-12-05, BENCHMARKS.md "The
+//! single-thread budget"); a list of ints costs one C-level conversion per element (≈ 120 µs
+//! at 32K).
 
 use std::sync::Arc;
 

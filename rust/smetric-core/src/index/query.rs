@@ -286,27 +286,28 @@ impl KvIndex {
             let (mut first, mut global_active, mut global_blocks) = (tally.first, tally.global_active, 0);
             let mut depth = None;
             while i < chain.len() {
-                let Some(e) = step(entries, by_hash, prev, chain[i]) else {
+                let Some((e, entry)) = step(entries, by_hash, prev, chain[i]) else {
                     break;
                 };
                 walked[i] = e;
                 prev = e;
-                let entry = &entries[e as usize];
                 let keep = first & entry.held;
                 let global = global_active && entry.global_seq != NOT_HELD;
-                if keep == 0 && !global {
-                    depth = Some(i as u32);
-                    i += 1;
-                    break;
-                }
-                if keep != first {
+                // Most steps change nothing (every holder still matching holds this block
+                // too): one test, and the tally's bookkeeping only on a change.
+                if keep != first || global != global_active {
+                    if keep == 0 && !global {
+                        depth = Some(i as u32);
+                        i += 1;
+                        break;
+                    }
                     record_hits(local_blocks, 0, first & !keep, i as u32);
+                    if global_active && !global {
+                        global_active = false;
+                        global_blocks = i as u32;
+                    }
+                    first = keep;
                 }
-                if global_active && !global {
-                    global_active = false;
-                    global_blocks = i as u32;
-                }
-                first = keep;
                 i += 1;
             }
             tally = Tally {
@@ -323,7 +324,7 @@ impl KvIndex {
             }
         }
         while i < chain.len() {
-            let Some(e) = step(entries, by_hash, prev, chain[i]) else {
+            let Some((e, _)) = step(entries, by_hash, prev, chain[i]) else {
                 break;
             };
             walked[i] = e;
@@ -438,31 +439,49 @@ impl Tally {
 }
 
 /// One step of the walk: the entry of the block hashed `h` that follows entry `prev`
-/// ([`NOT_HELD`] before the first block), or `None` when no holder has it. Keeps `prev`'s
-/// `last_child` pointing at it, for the next walk.
+/// ([`NOT_HELD`] before the first block) and a reference to it, or `None` when no holder has
+/// it.
+///
+/// A chain's entries are often consecutive slab slots (created together, or reusing slots
+/// freed tail first): the slot after `prev` is tried first, inline, needing no load to find it,
+/// so consecutive steps overlap instead of waiting for each other's `last_child`. That path
+/// leaves `prev`'s `last_child` alone: the hint is read only when the next slot fails, and a
+/// hint naming the next slot would fail with it. Every other step takes [`step_off_slab`].
 #[inline]
-fn step(entries: &[Entry], by_hash: &hashbrown::HashTable<u32>, prev: u32, h: BlockHash) -> Option<u32> {
-    let names = |e: u32, entries: &[Entry]| entries.get(e as usize).is_some_and(|x| x.hash == h && x.live());
-    // A chain's entries are often consecutive slab slots (created together, or reusing slots
-    // freed tail first): trying the next slot first needs no load to find it, so consecutive
-    // steps overlap instead of waiting for each other's `last_child`.
+fn step<'e>(
+    entries: &'e [Entry],
+    by_hash: &hashbrown::HashTable<u32>,
+    prev: u32,
+    h: BlockHash,
+) -> Option<(u32, &'e Entry)> {
     let next = prev.wrapping_add(1);
-    let e = if names(next, entries) {
-        next
-    } else {
-        let child = entries
-            .get(prev as usize)
-            .map_or(NOT_HELD, |p| p.last_child.load(Ordering::Relaxed));
-        if names(child, entries) {
-            child
-        } else {
-            lookup(by_hash, entries, h)?
-        }
+    match entries.get(next as usize) {
+        Some(x) if x.hash == h && x.live() => Some((next, x)),
+        _ => step_off_slab(entries, by_hash, prev, h),
+    }
+}
+
+/// [`step`] when the next slab slot is not the block: `prev`'s `last_child`, then the hash
+/// table; keeps `prev`'s `last_child` pointing at the entry found, for the next walk. Out of
+/// line so that the slab path's loop keeps its state in registers.
+#[cold]
+#[inline(never)]
+fn step_off_slab<'e>(
+    entries: &'e [Entry],
+    by_hash: &hashbrown::HashTable<u32>,
+    prev: u32,
+    h: BlockHash,
+) -> Option<(u32, &'e Entry)> {
+    let parent = entries.get(prev as usize);
+    let child = parent.map_or(NOT_HELD, |p| p.last_child.load(Ordering::Relaxed));
+    let e = match entries.get(child as usize) {
+        Some(x) if x.hash == h && x.live() => child,
+        _ => lookup(by_hash, entries, h)?,
     };
-    if let Some(p) = entries.get(prev as usize) {
+    if let Some(p) = parent {
         set_child(p, e);
     }
-    Some(e)
+    Some((e, &entries[e as usize]))
 }
 
 /// Sets `local_blocks[slot] = depth` for every slot whose bit is set in `mask`, bitset word `word`.

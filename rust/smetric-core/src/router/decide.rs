@@ -171,6 +171,7 @@ impl Router {
             self.decode_rooms(&fleet, now_ms, rooms);
         }
         let mut previous = None;
+        let hit_tokens = self.hit_tokens(n);
         for (slot, m) in fleet.members() {
             if !req.exclude.is_empty() && req.exclude.iter().any(|name| *name == &*m.name) {
                 continue;
@@ -188,8 +189,8 @@ impl Router {
             candidates.push(Candidate {
                 slot,
                 name_hash: m.name_hash,
-                local_hit_tokens: self.hit_tokens(query.local_blocks[slot as usize], n),
-                host_hit_tokens: self.hit_tokens(query.host_blocks_of(slot), n),
+                local_hit_tokens: hit_tokens.of(query.local_blocks[slot as usize]),
+                host_hit_tokens: hit_tokens.of(query.host_blocks_of(slot)),
                 bs: load.bs,
                 waiting: load.waiting,
                 queued: load.queued,
@@ -205,7 +206,7 @@ impl Router {
         if candidates.is_empty() {
             return Err(SmetricError::NoInstances);
         }
-        let global_hit_tokens = self.hit_tokens(query.global_blocks, n);
+        let global_hit_tokens = hit_tokens.of(query.global_blocks);
         let (first_turn, turn_source) = infer(
             req.turn,
             query.deepest_blocks,
@@ -353,15 +354,16 @@ impl Router {
             let mut query = IndexQuery::default();
             index.query_shared(chain, now_ms, &mut query, &mut Walk::default());
             drop(index);
+            let hit_tokens = self.hit_tokens(n);
             Ok(Hits {
                 local: fleet
                     .members()
-                    .map(|(slot, m)| (m.name.clone(), self.hit_tokens(query.local_blocks[slot as usize], n)))
+                    .map(|(slot, m)| (m.name.clone(), hit_tokens.of(query.local_blocks[slot as usize])))
                     .collect(),
-                global_hit_tokens: self.hit_tokens(query.global_blocks, n),
+                global_hit_tokens: hit_tokens.of(query.global_blocks),
                 host: fleet
                     .members()
-                    .map(|(slot, m)| (m.name.clone(), self.hit_tokens(query.host_blocks_of(slot), n)))
+                    .map(|(slot, m)| (m.name.clone(), hit_tokens.of(query.host_blocks_of(slot))))
                     .collect(),
                 deepest_blocks: query.deepest_blocks,
                 branches: query.branches,

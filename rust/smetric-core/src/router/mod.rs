@@ -237,12 +237,30 @@ impl Router {
             && !self.prefill_only
     }
 
-    /// A hit of `blocks` blocks in tokens, as vLLM counts one: whole blocks within the first
-    /// `n − 1` tokens (the last token is always computed, and vLLM's longest-hit search stops
-    /// at the last block that fits in `n − 1`), so a cached prompt of whole blocks hits
-    /// `n − B`, not `n − 1` (docs §2.4).
-    fn hit_tokens(&self, blocks: u32, n: u64) -> u64 {
-        let b = u64::from(self.block_size);
-        u64::from(blocks).min(n.saturating_sub(1) / b) * b
+    /// How a hit counts in tokens for an `n`-token prompt, as vLLM counts one (see
+    /// [`HitTokens`]).
+    fn hit_tokens(&self, n: u64) -> HitTokens {
+        let block_size = u64::from(self.block_size);
+        HitTokens {
+            max_blocks: n.saturating_sub(1) / block_size,
+            block_size,
+        }
+    }
+}
+
+/// A hit of some blocks in tokens, as vLLM counts one for a prompt of `n` tokens: whole blocks
+/// within the first `n − 1` tokens (the last token is always computed, and vLLM's longest-hit
+/// search stops at the last block that fits in `n − 1`), so a cached prompt of whole blocks
+/// hits `n − B`, not `n − 1` (docs §2.4). The cap is divided out once per request: a division
+/// per candidate was an eighth of a 1K-token decision's time.
+#[derive(Clone, Copy)]
+struct HitTokens {
+    max_blocks: u64,
+    block_size: u64,
+}
+
+impl HitTokens {
+    fn of(self, blocks: u32) -> u64 {
+        u64::from(blocks).min(self.max_blocks) * self.block_size
     }
 }
