@@ -706,9 +706,8 @@ impl KvIndex {
         let entries = self.entries.as_slice();
         let mut known = 0;
         for (&h, &e) in run.iter().zip(hint) {
-            match entries.get(e as usize) {
-                Some(x) if x.live() && x.hash == h => {}
-                _ => break,
+            if named(entries, e, h).is_none() {
+                break;
             }
             if let Some(p) = prev {
                 set_child(&entries[p as usize], e);
@@ -1119,6 +1118,15 @@ fn seq_in(entries: &[Entry], holder: Holder, seqs: Option<&MixMap<u32, u32>>, e:
         Holder::Instance(s) if u32::from(entry.inline_slot) == s => Some(entry.inline_seq),
         Holder::Instance(_) => seqs.and_then(|m| m.get(&e).copied()),
         Holder::Global => (entry.global_seq != NOT_HELD).then_some(entry.global_seq),
+    }
+}
+
+/// Entry `e`, if it is live and holds the block hashed `h` (a guessed id, checked before use).
+#[inline]
+fn named(entries: &[Entry], e: u32, h: BlockHash) -> Option<&Entry> {
+    match entries.get(e as usize) {
+        Some(x) if x.hash == h && x.live() => Some(x),
+        _ => None,
     }
 }
 

@@ -455,9 +455,9 @@ fn step<'e>(
     h: BlockHash,
 ) -> Option<(u32, &'e Entry)> {
     let next = prev.wrapping_add(1);
-    match entries.get(next as usize) {
-        Some(x) if x.hash == h && x.live() => Some((next, x)),
-        _ => step_off_slab(entries, by_hash, prev, h),
+    match named(entries, next, h) {
+        Some(x) => Some((next, x)),
+        None => step_off_slab(entries, by_hash, prev, h),
     }
 }
 
@@ -474,9 +474,9 @@ fn step_off_slab<'e>(
 ) -> Option<(u32, &'e Entry)> {
     let parent = entries.get(prev as usize);
     let child = parent.map_or(NOT_HELD, |p| p.last_child.load(Ordering::Relaxed));
-    let e = match entries.get(child as usize) {
-        Some(x) if x.hash == h && x.live() => child,
-        _ => lookup(by_hash, entries, h)?,
+    let e = match named(entries, child, h) {
+        Some(_) => child,
+        None => lookup(by_hash, entries, h)?,
     };
     if let Some(p) = parent {
         set_child(p, e);
