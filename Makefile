@@ -72,11 +72,9 @@ gpu-calibrate:
 	SMETRIC_PYTHON="$(CURDIR)/$(PY)" $(GPU_PYTHON) scripts/gpu_calibrate.py --model "$(MODEL)" --base "$(BASE)" \
 		--out "$(or $(OUT),results/gpu-calibrate/$(notdir $(MODEL)).json)" $(ARGS)
 
-# The serve suite runs twice: on the default data plane (auto: the compiled gateway wherever it
-# serves natively), then on the Python app alone (`--data-plane python`).
+# The serve suite runs once, on the one data plane (the compiled gateway in front of the app).
 test-python: setup wheel integration-deps vllm-deps
 	SMETRIC_VLLM_PYTHON="$${SMETRIC_VLLM_PYTHON:-$(CURDIR)/.venv-vllm/bin/python}" $(PY) -m pytest
-	SMETRIC_TEST_DATA_PLANE=python $(PY) -m pytest tests/serve -q
 
 test: lint test-rust test-python
 

@@ -27,9 +27,9 @@ the engines answer at once):
   build --release --manifest-path benches/dataplane/Cargo.toml``, given with
   ``--dataplane-probe``): what a data plane that is not Python would add on this host;
 * ``smetric-serve`` — the product: ``smetric serve --tokens ids`` with its defaults (failover,
-  metrics, decision header, engine-load scraping of the engines' ``/metrics``); in the
-  ``--apis`` rows also ``smetric-serve-compiled``, the product with ``--data-plane compiled``
-  (the gateway in front: chat served natively, Messages and Responses delegated to the app).
+  metrics, decision header, engine-load scraping of the engines' ``/metrics``): the compiled
+  gateway in front of the app, its one data plane (until 2026-12-05 the ``--apis`` rows also had
+  the Python app alone, ``smetric-serve`` then, and the gateway as ``smetric-serve-compiled``).
   ``--only`` runs the named ``--apis`` candidates alone.
 
 After an unrecorded warm-up, for each: an open loop at ``--rate`` requests/s for ``--requests``
@@ -237,25 +237,23 @@ def launch(
 def start_smetric_serve(
     engines: Sequence[str],
     procs: list[subprocess.Popen[Any]],
-    data_plane: str,
     tokenizer: str | None = None,
     pd: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> Candidate:
     """``smetric serve --tokens approximate`` (with ``tokenizer``: ``--tokens tokenizer`` on that
-    ``tokenizer.json``) on ``data_plane`` (``python``: the app alone; ``compiled``: the gateway in
-    front, serving chat natively); with ``pd``, over those prefill and decode instances."""
+    ``tokenizer.json``): the compiled gateway in front of the app, its one data plane; with
+    ``pd``, over those prefill and decode instances."""
     port = free_port()
     tokens = ["--tokens", "approximate"] if tokenizer is None else ["--tokens", "tokenizer", "--tokenizer", tokenizer]
     cmd = [sys.executable, "-m", "smetric", "serve", "--port", str(port), *tokens]
-    cmd += ["--kv-events", "off", "--log-level", "WARNING", "--data-plane", data_plane]
+    cmd += ["--kv-events", "off", "--log-level", "WARNING"]
     if pd is not None:
         for flag, pool in zip(("--prefill", "--decode"), pd, strict=True):
             for url in pool:
                 cmd += [flag, url]
     for url in engines if pd is None else ():
         cmd += ["--instance", url]
-    name = "smetric-serve" if data_plane == "python" else f"smetric-serve-{data_plane}"
-    return launch(name, cmd, procs, port, ready="/health")
+    return launch("smetric-serve", cmd, procs, port, ready="/health")
 
 
 def start_protocol_proxy(
@@ -505,11 +503,11 @@ def main() -> None:
         "--pd",
         action="store_true",
         help="--apis in PD mode: two prefill and two decode fake engines; the direct side speaks the "
-        "disaggregated-prefill protocol by hand; smetric serve --prefill/--decode on both planes",
+        "disaggregated-prefill protocol by hand; smetric serve --prefill/--decode",
     )
     p.add_argument(
         "--only",
-        help="--apis: these candidates only, comma-separated (smetric-serve, smetric-serve-compiled, python-aiohttp, "
+        help="--apis: these candidates only, comma-separated (smetric-serve, python-aiohttp, "
         "python-protocol, python-protocol+adapters, dataplane-probe, tcp-relay, vllm-router)",
     )
     args = p.parse_args()
@@ -715,8 +713,7 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
     # --pd: the first half of the engines prefill, the second half decode.
     pools = (engines[: len(engines) // 2], engines[len(engines) // 2 :]) if args.pd else None
     starters: dict[str, Callable[[], Candidate | None]] = {
-        "smetric-serve": lambda: start_smetric_serve(engines, procs, "python", tokenizer, pools),
-        "smetric-serve-compiled": lambda: start_smetric_serve(engines, procs, "compiled", tokenizer, pools),
+        "smetric-serve": lambda: start_smetric_serve(engines, procs, tokenizer, pools),
         "python-aiohttp": lambda: start_python_proxy(engines, procs),
         "python-protocol": lambda: start_protocol_proxy(engines, procs),
         "python-protocol+adapters": lambda: start_protocol_proxy(engines, procs, adapters=True),
@@ -734,7 +731,7 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
             else None
         ),
     }
-    default = ["smetric-serve", "smetric-serve-compiled", "vllm-router"] if pools else list(starters)
+    default = ["smetric-serve", "vllm-router"] if pools else list(starters)
     chosen = args.only.split(",") if args.only else default
     unknown = set(chosen) - set(starters)
     if unknown:

@@ -521,7 +521,7 @@ def _fact_problems(text: str, root: Path) -> list[str]:
         return found.group(1) if found else "?"
 
     tiers = re.search(r"pub enum Tier \{(.*?)\n\}", request, re.DOTALL)
-    planes = re.search(r"^DATA_PLANES = \((.*)\)$", serve_config, re.MULTILINE)
+    removed = re.search(r"^REMOVED_SETTINGS = \{(.*?)\n\}", serve_config, re.MULTILINE | re.DOTALL)
     actual = {
         "policies": count("PolicyKind"),
         "decision reasons": count("Reason"),
@@ -532,8 +532,8 @@ def _fact_problems(text: str, root: Path) -> list[str]:
         "index tiers": ", ".join(
             f"`{v}`" for v in re.findall(r"^    (\w+),$", tiers.group(1) if tiers else "", re.MULTILINE)
         ),
-        "data planes of `smetric serve`": ", ".join(
-            f"`{v}`" for v in re.findall(r'"(\w+)"', planes.group(1) if planes else "")
+        "settings of `smetric serve` removed": ", ".join(
+            f"`{v}`" for v in re.findall(r'^    "(\w+)":', removed.group(1) if removed else "", re.MULTILINE)
         ),
     }
     problems = []

@@ -290,3 +290,39 @@ def proxy_for(urls: list[str], **overrides: Any) -> ProxyServer:
     overrides.setdefault("probe_interval_s", 0.1)
     overrides.setdefault("engine_load", False)
     return ProxyServer(load_config(instances=urls, port=0, **overrides)).start()
+
+
+def app_request(
+    server: ProxyServer,
+    path: str,
+    body: object = None,
+    *,
+    raw: bytes | None = None,
+    method: str = "POST",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    """What the app behind ``server``'s gateway answers a request the gateway admitted and handed
+    on (its loopback port, the gateway's fields): the reference the native path's answers are
+    compared with, for the bodies and routes both still serve."""
+    assert server.proxy is not None and server.proxy.compiled is not None
+    plane = server.proxy.compiled
+    return request(
+        f"http://127.0.0.1:{plane.app_port}",
+        path,
+        body,
+        raw=raw,
+        method=method,
+        headers={**(headers or {}), **plane.delegation_headers()},
+    )
+
+
+def sender(server: ProxyServer, plane: str) -> Callable[..., tuple[int, dict[str, str], bytes]]:
+    """:func:`request`'s signature, sent through the gateway (``plane`` ``"compiled"``) or handed
+    straight to the app behind it (``"app"``, :func:`app_request`; the base URL is ignored)."""
+    if plane == "compiled":
+        return request
+
+    def to_app(_base: str, *args: Any, **kwargs: Any) -> tuple[int, dict[str, str], bytes]:
+        return app_request(server, *args, **kwargs)
+
+    return to_app

@@ -25,8 +25,8 @@ REQUESTS = 5_000
 ENGINES = 2
 PEAK_RSS_BOUND_MIB = 300
 """The proxy's peak resident memory. Measured here (2026-12-04): ≈46 MiB at rest; through the
-burst a 125 MiB peak with ``--data-plane python`` and 155 MiB with the compiled gateway in front
-(the default). The gateway had peaked at 292–302 MiB while it handed every refusal to the app
+burst a 125 MiB peak with the Python app alone (a data plane since removed) and 155 MiB with the gateway
+in front. The gateway had peaked at 292–302 MiB while it handed every refusal to the app
 over loopback (≈3,400 connections and requests held in both planes at once); it now answers a
 refusal of a path it serves in the API's shape itself. The bound leaves room for a slower
 machine, not for memory per refused request."""

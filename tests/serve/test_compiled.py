@@ -1,10 +1,11 @@
-"""The compiled data plane's native path (``smetric serve --data-plane compiled``,
-``rust/smetric-gateway/src/native``): that chat and completions are served without the app, with
-everything the app would give them, and that what it cannot finish is carried on by the app.
+"""The compiled data plane's native path (``rust/smetric-gateway/src/native``): that the APIs are
+served without the app, with everything the app would give them, and that what the gateway
+leaves to the app is carried on by it.
 
-The whole serve suite also runs through the compiled plane (``SMETRIC_TEST_DATA_PLANE=compiled``,
-a pass of ``make test``); these tests pin that the native path, not delegation, served what they
-send (``proxy_native_requests_total``), and test the hand-offs themselves. Upstreams: fake engines
+The whole serve suite runs through the gateway (the only data plane); these tests pin that the
+native path, not delegation, served what they send (``proxy_native_requests_total``), compare
+its answers with what the app answers the same request handed to it (``app_request``: the app's
+loopback port, the gateway's fields), and test the hand-offs themselves. Upstreams: fake engines
 in process, or stubs. Bounded: a handful of requests each.
 """
 
@@ -23,7 +24,7 @@ import anthropic
 import openai
 import pytest
 from aiohttp import web
-from proxy_util import Stub, chat_text, events, metric, proxy_for, request
+from proxy_util import Stub, chat_text, events, metric, proxy_for, request, sender
 
 from smetric._core import SHARED_ROUTES
 from smetric.fake_engine import FakeEngine
@@ -31,8 +32,6 @@ from smetric.serve.apis import ResponsesApi
 from smetric.serve.compiled import plane_summary
 from smetric.serve.pinning import instance_tag
 from smetric.serve.proxy import ProxyServer
-
-pytestmark = pytest.mark.own_data_plane
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
 CHAT = "/v1/chat/completions"
@@ -48,7 +47,7 @@ def engines() -> Iterator[list[FakeEngine]]:
 
 def compiled(urls: list[str], **overrides: Any) -> ProxyServer:
     instances = [{"url": url, "kv_events": "off"} for url in urls]
-    return proxy_for(instances, data_plane="compiled", tokens={"mode": "approximate"}, **overrides)
+    return proxy_for(instances, tokens={"mode": "approximate"}, **overrides)
 
 
 def page(p: ProxyServer) -> str:
@@ -672,36 +671,31 @@ async def asyncio_sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
-def test_the_start_up_log_names_the_plane_and_what_it_serves_natively() -> None:
-    assert plane_summary(False, None) == "python"
-    assert plane_summary(True, None) == "compiled (every request delegated to the app)"
-
+def test_the_start_up_log_names_what_the_gateway_serves_natively() -> None:
     class Armed:
         def __init__(self) -> None:
             self.apis = ["chat", "messages"]
 
-    assert plane_summary(True, Armed()) == "compiled (native: chat, messages)"  # type: ignore[arg-type]
+    assert plane_summary(Armed()) == "compiled (native: chat, messages)"  # type: ignore[arg-type]
 
 
-def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(engines: list[FakeEngine]) -> None:
+def test_the_gateway_serves_every_token_mode_natively(engines: list[FakeEngine]) -> None:
     urls = [{"url": e.url, "kv_events": "off"} for e in engines]
     tokenizer = str(Path(__file__).resolve().parents[1] / "data" / "serve" / "tokenizer.json")
     chat = (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
     ids = ("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 1})
-    for tokens, served_by_gateway, (path, body) in (
-        ({"mode": "approximate"}, True, chat),
-        ({"mode": "tokenizer", "tokenizer": tokenizer}, True, chat),
+    for tokens, (path, body) in (
+        ({"mode": "approximate"}, chat),
+        ({"mode": "tokenizer", "tokenizer": tokenizer}, chat),
         # A chat template in approximate mode: the gateway renders it too.
-        ({"mode": "approximate", "chat_template": "{{ messages[0].content }}"}, True, chat),
-        # Ids mode routes completions' token ids alone (the rest is refused): the gateway serves those.
-        ({"mode": "ids"}, True, ids),
-        # Approximate ids in chunks other than 4 bytes (the CRC-32 of each): the gateway's too.
-        ({"mode": "approximate", "approx_chunk_bytes": 8}, True, chat),
+        ({"mode": "approximate", "chat_template": "{{ messages[0].content }}"}, chat),
+        # Ids mode routes completions' token ids alone (the rest is refused).
+        ({"mode": "ids"}, ids),
+        # Approximate ids in chunks other than 4 bytes (the CRC-32 of each).
+        ({"mode": "approximate", "approx_chunk_bytes": 8}, chat),
     ):
-        p = proxy_for(urls, data_plane="auto", tokens=tokens)
+        p = proxy_for(urls, tokens=tokens)
         try:
-            assert p.proxy is not None
-            assert (p.proxy.compiled is not None) is served_by_gateway, tokens
             status, _, _ = request(p.url, path, body)
             assert status == 200
             api = "completions" if path != CHAT else "chat"
@@ -712,7 +706,7 @@ def test_auto_takes_the_gateway_where_it_serves_natively_and_the_app_elsewhere(e
 
 def test_ids_mode_routes_token_ids_natively_and_leaves_the_refusals_to_the_app(engines: list[FakeEngine]) -> None:
     instances = [{"url": e.url, "kv_events": "off"} for e in engines]
-    p = proxy_for(instances, data_plane="auto", tokens={"mode": "ids"})
+    p = proxy_for(instances, tokens={"mode": "ids"})
     try:
         status, headers, _ = request(p.url, "/v1/completions", {"prompt": list(range(100)), "max_tokens": 2})
         assert status == 200 and decision(headers)["tokens"] == "ids"
@@ -735,25 +729,26 @@ def test_vllm_routers_hash_policies_key_on_the_session_header_natively_as_the_ap
     engines: list[FakeEngine], policy: str
 ) -> None:
     """The gateway hashes the header session hint as the app does, and the prompt without one:
-    the same requests land on the same instances on both planes."""
+    the same requests land on the same instances through the gateway and handed to the app (two
+    proxies, so that neither's state sees the other's requests)."""
     instances = [{"url": e.url, "kv_events": "off"} for e in engines]
     picks: dict[str, list[str]] = {}
-    for plane in ("python", "auto"):
-        p = proxy_for(instances, data_plane=plane, tokens={"mode": "approximate"}, policy=policy)
+    for plane in ("app", "auto"):
+        p = proxy_for(instances, tokens={"mode": "approximate"}, policy=policy)
+        send = sender(p, "compiled" if plane == "auto" else "app")
         try:
-            assert p.proxy is not None and (p.proxy.compiled is not None) is (plane == "auto")
             picks[plane] = []
             for n in range(24):
                 headers = {"x-session-id": f"agent-session-{n % 8}"} if n % 4 else {}
                 body = {"messages": [{"role": "user", "content": f"step {n} " * (n + 1)}], "max_tokens": 1}
-                status, answer_headers, raw = request(p.url, CHAT, body, headers=headers)
+                status, answer_headers, raw = send(p.url, CHAT, body, headers=headers)
                 assert status == 200, raw[:200]
                 picks[plane].append(decision(answer_headers)["instance"])
             natives = metric(page(p), "smetric_proxy_native_requests_total", api="chat")
             assert natives == (24 if plane == "auto" else 0)
         finally:
             p.stop()
-    assert picks["auto"] == picks["python"]
+    assert picks["auto"] == picks["app"]
     by_session: dict[int, set[str]] = {}
     for n, instance in enumerate(picks["auto"]):
         if n % 4:
@@ -765,13 +760,13 @@ def test_vllm_routers_hash_policies_key_on_the_session_header_natively_as_the_ap
 def test_llm_ds_session_cookie_is_read_and_set_natively_as_the_app_does(engines: list[FakeEngine]) -> None:
     """``llmd_session_affinity`` on the gateway: the request's cookie names the previous instance,
     the answer sets the cookie when it names another; the same requests get the same instances
-    and the same ``Set-Cookie`` on both planes."""
+    and the same ``Set-Cookie`` through the gateway and handed to the app (two proxies)."""
     instances = [{"url": e.url, "kv_events": "off"} for e in engines]
     seen: dict[str, list[tuple[str, str | None]]] = {}
-    for plane in ("python", "auto"):
-        p = proxy_for(instances, data_plane=plane, tokens={"mode": "approximate"}, policy="llmd_session_affinity")
+    for plane in ("app", "auto"):
+        p = proxy_for(instances, tokens={"mode": "approximate"}, policy="llmd_session_affinity")
+        send = sender(p, "compiled" if plane == "auto" else "app")
         try:
-            assert p.proxy is not None and (p.proxy.compiled is not None) is (plane == "auto")
             seen[plane] = []
             cookie: str | None = None
             for n in range(12):
@@ -782,7 +777,7 @@ def test_llm_ds_session_cookie_is_read_and_set_natively_as_the_app_does(engines:
                     cookie = "llm-d-session=" + base64.b64encode(other.encode()).decode()
                 headers = {"Cookie": f"theme=dark; {cookie}"} if cookie else {}
                 body = {"messages": [{"role": "user", "content": f"turn {n} " * (n + 2)}], "max_tokens": 1}
-                status, answer_headers, raw = request(p.url, CHAT, body, headers=headers)
+                status, answer_headers, raw = send(p.url, CHAT, body, headers=headers)
                 assert status == 200, raw[:200]
                 set_cookie = answer_headers.get("set-cookie")
                 seen[plane].append((decision(answer_headers)["instance"], set_cookie))
@@ -792,7 +787,7 @@ def test_llm_ds_session_cookie_is_read_and_set_natively_as_the_app_does(engines:
             assert natives == (12 if plane == "auto" else 0)
         finally:
             p.stop()
-    assert seen["auto"] == seen["python"]
+    assert seen["auto"] == seen["app"]
     assert seen["auto"][0][1] is not None and seen["auto"][1][1] is None, "set once, then carried"
 
 
@@ -930,12 +925,13 @@ def test_a_body_the_app_refuses_first_is_answered_natively_as_the_app_answers_it
     request."""
     urls = [{"url": e.url, "kv_events": "off"} for e in engines]
     answers: dict[str, list[tuple[int, Any]]] = {}
-    for plane in ("python", "compiled"):
-        p = proxy_for(urls, data_plane=plane, tokens={"mode": "approximate"})
-        try:
+    p = proxy_for(urls, tokens={"mode": "approximate"})
+    try:
+        for plane in ("compiled", "app"):
+            send = sender(p, plane)
             got = []
             for n, (path, raw) in enumerate(BAD_OPENAI_BODIES):
-                status, headers, body = request(p.url, path, raw=raw, headers={"X-Request-Id": f"bad-{n}"})
+                status, headers, body = send(p.url, path, raw=raw, headers={"X-Request-Id": f"bad-{n}"})
                 assert headers["x-request-id"] == f"bad-{n}", "a refused request has its id too"
                 got.append((status, json.loads(body)))
             answers[plane] = got
@@ -945,9 +941,9 @@ def test_a_body_the_app_refuses_first_is_answered_natively_as_the_app_answers_it
                 native = sum(metric(text, "smetric_proxy_native_requests_total", api=a) for a in apis)
                 assert native == len(BAD_OPENAI_BODIES), "answered by the gateway, not the app"
                 assert metric(text, "smetric_routed_total") == 0
-        finally:
-            p.stop()
-    assert answers["compiled"] == answers["python"]
+    finally:
+        p.stop()
+    assert answers["compiled"] == answers["app"]
     statuses = [status for status, _ in answers["compiled"]]
     not_found = [i for i, (_, raw) in enumerate(BAD_OPENAI_BODIES) if b'"nope"' in raw or b"resp_never" in raw]
     assert [statuses[i] for i in not_found] == [404, 404], "the model and the stored id come first"
@@ -959,7 +955,7 @@ def test_the_gateways_route_table_is_the_apps() -> None:
     """``SHARED_ROUTES`` (what the gateway answers a wrong method and an unknown path by) is the
     app's routes table, method for method: a route added to one and not the other fails here."""
     engine = FakeEngine(port=0, speedup=1000).start()
-    p = proxy_for([engine.url], data_plane="python")
+    p = proxy_for([engine.url])
     try:
         assert p.proxy is not None
         app = p.proxy.app()
@@ -1009,34 +1005,35 @@ DOOR_CASES: list[tuple[str, str, Any]] = [
 def test_wrong_methods_unknown_paths_and_unissued_ids_are_answered_at_the_door_as_the_app_answers_them(
     storing_engines: list[FakeEngine],
 ) -> None:
-    """Each case's status, ``Allow`` and body are the app's (both planes compared); on the
-    gateway none of them reaches the app: the 405s are the door's own tally (the app's stays 0)
-    and the 404s native requests, and every plane's ``/metrics`` counts the same responses."""
+    """Each case's status, ``Allow`` and body are the app's (the same request handed to it
+    compared); through the gateway none of them reaches the app: the 405s are the door's own
+    tally (the app's stays 0) and the 404s native requests, and ``/metrics`` counts them as the
+    app's own answers would be counted."""
     urls = [{"url": e.url, "kv_events": "off"} for e in storing_engines]
     answers: dict[str, list[tuple[int, str | None, Any]]] = {}
-    pages: dict[str, str] = {}
-    for plane in ("python", "compiled"):
-        p = proxy_for(urls, data_plane=plane, tokens={"mode": "approximate"})
-        try:
+    p = proxy_for(urls, tokens={"mode": "approximate"})
+    try:
+        for plane in ("compiled", "app"):
+            send = sender(p, plane)
             got = []
             for n, (method, path, body) in enumerate(DOOR_CASES):
-                send = {"raw": body} if isinstance(body, bytes) else {"body": body} if body else {}
-                status, headers, raw = request(
-                    p.url, path, method=method, headers={"X-Request-Id": f"door-{n}"}, **send
-                )
+                sent = {"raw": body} if isinstance(body, bytes) else {"body": body} if body else {}
+                status, headers, raw = send(p.url, path, method=method, headers={"X-Request-Id": f"door-{n}"}, **sent)
                 got.append((status, headers.get("allow"), json.loads(raw)))
             answers[plane] = got
-            pages[plane] = page(p)
             if plane == "compiled":
                 assert p.proxy is not None
                 assert p.proxy.telemetry.client_errors["http_405"] == 0, "no 405 reached the app"
-                text = pages[plane]
+                text = page(p)
                 assert metric(text, "smetric_proxy_native_requests_total", api="passthrough") == 4
                 assert metric(text, "smetric_proxy_native_requests_total", api="responses") == 5
                 assert metric(text, "smetric_routed_total") == 0
-        finally:
-            p.stop()
-    assert answers["compiled"] == answers["python"]
+                assert metric(text, "smetric_proxy_responses_total", code="405") == 8
+                assert metric(text, "smetric_proxy_client_errors_total", kind="http_405") == 8
+                assert metric(text, "smetric_proxy_responses_total", code="404") == 9
+    finally:
+        p.stop()
+    assert answers["compiled"] == answers["app"]
     statuses = [status for status, _, _ in answers["compiled"]]
     assert statuses == [405] * 8 + [404] * 9
     assert [allow for _, allow, _ in answers["compiled"][:8]] == [
@@ -1052,10 +1049,6 @@ def test_wrong_methods_unknown_paths_and_unissued_ids_are_answered_at_the_door_a
     assert answers["compiled"][1][2]["type"] == "error", "Anthropic's shape under /v1/messages"
     assert answers["compiled"][8][2]["error"]["message"] == "no such route: /v1/nothing"
     assert answers["compiled"][12][2]["error"]["param"] == "response_id"
-    for plane, text in pages.items():
-        assert metric(text, "smetric_proxy_responses_total", code="405") == 8, plane
-        assert metric(text, "smetric_proxy_client_errors_total", kind="http_405") == 8, plane
-        assert metric(text, "smetric_proxy_responses_total", code="404") == 9, plane
 
 
 END_IDS = [
@@ -1072,21 +1065,21 @@ END_IDS = [
 
 
 def test_escaped_session_end_ids_are_decoded_natively_as_the_app_decodes_them(engines: list[FakeEngine]) -> None:
-    """Each escaped id's answer is the app's (both planes compared), and on the gateway every one
-    is a native request."""
+    """Each escaped id's answer is the app's (the same request handed to it compared), and
+    through the gateway every one is a native request."""
     urls = [{"url": e.url, "kv_events": "off"} for e in engines]
     answers: dict[str, list[tuple[int, Any]]] = {}
-    for plane in ("python", "compiled"):
-        p = proxy_for(urls, data_plane=plane, tokens={"mode": "approximate"})
-        try:
+    p = proxy_for(urls, tokens={"mode": "approximate"})
+    try:
+        for plane in ("compiled", "app"):
+            send = sender(p, plane)
             answers[plane] = [
-                (status, json.loads(raw))
-                for status, _, raw in (request(p.url, path, method="POST") for path in END_IDS)
+                (status, json.loads(raw)) for status, _, raw in (send(p.url, path, method="POST") for path in END_IDS)
             ]
             if plane == "compiled":
                 native = metric(page(p), "smetric_proxy_native_requests_total", api="session_end")
                 assert native == len(END_IDS), "decoded by the gateway, not handed to the app"
-        finally:
-            p.stop()
-    assert answers["compiled"] == answers["python"]
+    finally:
+        p.stop()
+    assert answers["compiled"] == answers["app"]
     assert [body["id"] for _, body in answers["compiled"]][:2] == ["a/b c", "é%"]

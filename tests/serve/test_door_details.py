@@ -2,7 +2,7 @@
 the API's error shape; a request head over the engines' limit is a 431 before it is forwarded;
 a header value with a bare CR or LF is a 400; the stored-response key comes from a flag, the
 environment or the file. Raw sockets where a client library would refuse to send the bytes.
-Loopback only, bounded in requests and time; run on both data planes as the suite is."""
+Loopback only, bounded in requests and time."""
 
 from __future__ import annotations
 

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 from proxy_util import metric, request
 
 from smetric.fake_engine import FakeEngine
@@ -34,9 +33,7 @@ def test_codex_threads_are_sessions_of_their_own() -> None:
     assert (one.key, one.source, two.key) == ("thread-a", "thread-id", "thread-b"), "sub-agents do not merge"
 
 
-@pytest.mark.own_data_plane
-@pytest.mark.parametrize("plane", ["python", "compiled"])
-def test_a_lora_adapters_requests_are_routed_in_its_own_namespace(tmp_path: Path, plane: str) -> None:
+def test_a_lora_adapters_requests_are_routed_in_its_own_namespace(tmp_path: Path) -> None:
     engine = FakeEngine(port=0, speedup=1000, lora_modules=("sql=/adapters/sql",)).start()
     url = engine.url
     log_path = tmp_path / "decisions.jsonl"
@@ -46,7 +43,6 @@ def test_a_lora_adapters_requests_are_routed_in_its_own_namespace(tmp_path: Path
             port=0,
             engine_load=False,
             decision_log=str(log_path),
-            data_plane=plane,
         )
         messages = [SYSTEM, {"role": "user", "content": "list the tables " * 20}]
 
@@ -66,7 +62,7 @@ def test_a_lora_adapters_requests_are_routed_in_its_own_namespace(tmp_path: Path
             native = metric(
                 request(p.url, "/metrics", method="GET")[2].decode(), "smetric_proxy_native_requests_total", api="chat"
             )
-            assert native == (3 if plane == "compiled" else 0), "the adapter's requests are the gateway's too"
+            assert native == 3, "the adapter's requests are the gateway's too"
         lines = [json.loads(line) for line in log_path.read_text().splitlines()]
     finally:
         engine.stop()

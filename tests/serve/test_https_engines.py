@@ -26,8 +26,6 @@ from proxy_util import metric, proxy_for, request
 
 from smetric.fake_engine import FakeEngine
 
-pytestmark = pytest.mark.own_data_plane
-
 MODEL = "fake-model"
 
 
@@ -155,7 +153,6 @@ def test_an_https_engine_is_served_natively_when_its_certificate_verifies(
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     p = proxy_for([{"url": url, "kv_events": "off"}], tokens={"mode": "approximate"}, engine_load=False)
     try:
-        assert p.config.data_plane != "python"
         status, raw = chat(p.url)
         text = request(p.url, "/metrics", method="GET")[2].decode()
     finally:

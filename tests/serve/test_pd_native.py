@@ -3,8 +3,8 @@ as the app's PD backend does (``rust/smetric-gateway/src/native/pd.rs``).
 
 The engines are real ``FakeEngine`` prefill and decode instances behind recording relays, so
 each test sees the exact bodies each leg sent. The differential test sends the same requests
-through the Python plane and the gateway, in approximate and in tokenizer mode, and holds every
-leg's body equal; the fault tests
+through the gateway and to the app behind it (handed to it as the gateway hands requests on), in
+approximate and in tokenizer mode, and holds every leg's body equal; the fault tests
 break the prefill leg in each way the module names and check where the request ends.
 
 Bounded: two or three fake engines at 1,000× speed, at most 40 requests a test; ≈5 s in all."""
@@ -19,14 +19,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from proxy_util import Stub, metric, pd_router, request
+from proxy_util import Stub, app_request, metric, pd_router, request
 
 from smetric.fake_engine import FakeEngine
 from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
-
-# Each test names its plane itself (the differential runs both).
-pytestmark = pytest.mark.own_data_plane
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
@@ -88,14 +85,13 @@ TOKENS = {
 }
 
 
-def pd_proxy(prefill: list[str], decode: list[str], data_plane: str, tokens: str = "approximate") -> ProxyServer:
+def pd_proxy(prefill: list[str], decode: list[str], tokens: str = "approximate") -> ProxyServer:
     cfg = load_config(
         prefill=prefill,
         decode=decode,
         port=0,
         engine_load=False,
         probe_interval_s=0.1,
-        data_plane=data_plane,
         tokens=TOKENS[tokens],
     )
     return ProxyServer(cfg).start()
@@ -114,16 +110,19 @@ def test_each_leg_gets_the_body_the_app_sends_on_every_api(engines: tuple[FakeEn
     prefill, decode = engines
     legs: dict[str, tuple[list[Any], list[Any]]] = {}
     answers: dict[str, list[tuple[int, str]]] = {}
-    for plane in ("python", "compiled"):
+    for plane in ("app", "compiled"):
         seen_p: list[tuple[str, dict[str, Any]]] = []
         seen_d: list[tuple[str, dict[str, Any]]] = []
         prefill_answers: list[bytes] = []
         with Stub(relay(prefill.url, seen_p, prefill_answers)) as p, Stub(relay(decode.url, seen_d)) as d:
-            server = pd_proxy([p.url], [d.url], plane, tokens)
+            server = pd_proxy([p.url], [d.url], tokens)
             try:
                 answers[plane] = []
                 for path, body in REQUESTS:
-                    status, headers, raw = request(server.url, path, body)
+                    if plane == "compiled":
+                        status, headers, raw = request(server.url, path, body)
+                    else:
+                        status, headers, raw = app_request(server, path, body)
                     assert status == 200, (plane, path, raw[:300])
                     d_ = decision(headers)
                     assert (d_["prefill"], d_["instance"]) == (p.url, d.url)
@@ -141,13 +140,13 @@ def test_each_leg_gets_the_body_the_app_sends_on_every_api(engines: tuple[FakeEn
             body["kv_transfer_params"] = "from the prefill answer"
         legs[plane] = (seen_p, seen_d)
     for leg in (0, 1):
-        for (path_c, c), (path_p, py) in zip(legs["compiled"][leg], legs["python"][leg], strict=True):
+        for (path_c, c), (path_p, py) in zip(legs["compiled"][leg], legs["app"][leg], strict=True):
             differ = {
                 k: (c.get(k), py.get(k)) for k in c.keys() | py.keys() if k != "messages" and c.get(k) != py.get(k)
             }
             assert (path_c, differ) == (path_p, {}), ("prefill", "decode")[leg]
             assert c == py and list(c) == list(py), "same keys in the same order"
-    assert answers["compiled"] == answers["python"]
+    assert answers["compiled"] == answers["app"]
     prefill_bodies = [body for _, body in legs["compiled"][0]]
     assert all(b["stream"] is False and b["max_tokens"] == 1 for b in prefill_bodies)
     assert all(b["kv_transfer_params"]["do_remote_decode"] is True for b in prefill_bodies)
@@ -175,7 +174,7 @@ def test_a_failed_prefill_leg_is_failed_over_natively(engines: tuple[FakeEngine,
     the failed instance; every request is the gateway's own."""
     prefill, decode = engines
     with Stub(failing_prefill(kind)) as bad:
-        server = pd_proxy([bad.url, prefill.url], [decode.url], "compiled")
+        server = pd_proxy([bad.url, prefill.url], [decode.url])
         try:
             retried = 0
             sent = 0
@@ -213,7 +212,7 @@ def test_a_prefill_leg_refused_as_the_clients_mistake_is_the_clients_answer(
 
     seen_d: list[tuple[str, dict[str, Any]]] = []
     with Stub(refuses) as p, Stub(relay(decode.url, seen_d)) as d:
-        server = pd_proxy([p.url], [d.url], "compiled")
+        server = pd_proxy([p.url], [d.url])
         try:
             status, headers, raw = request(server.url, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4})
             assert status == 400 and json.loads(raw) == error
@@ -265,7 +264,7 @@ def test_a_cut_decode_stream_is_continued_natively_with_both_legs_routed_again(
         Stub(relay(prefill.url, seen_p)) as p,
         Stub(relay(decode.url, seen_d)) as d,
     ):
-        server = pd_proxy([p.url], [bad.url, d.url], "compiled")
+        server = pd_proxy([p.url], [bad.url, d.url])
         try:
             sent = 0
             for n in range(20):  # until a first attempt's decode leg lands on the cutting instance

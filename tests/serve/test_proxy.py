@@ -430,15 +430,14 @@ def test_sigterm_drains_in_flight_requests_then_exits() -> None:
         engine.stop()
 
 
-@pytest.mark.parametrize("data_plane", ["auto", "compiled"])
-def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index(data_plane: str) -> None:
-    # Both planes' defaults serve chat natively: the gateway's own tokenizer and template.
+def test_a_local_tokenizer_routes_on_the_engines_own_ids_with_an_exact_index() -> None:
+    # The gateway serves chat natively: its own tokenizer and template.
     tokenizer = str(ROOT / "tests" / "data" / "serve" / "tokenizer.json")
     engines = [
         FakeEngine(port=0, kv_events_port=0, kv_replay_port=0, speedup=1000, tokenizer=tokenizer).start()
         for _ in range(2)
     ]
-    p = proxy_for([e.url for e in engines], tokens={"mode": "tokenizer", "tokenizer": tokenizer}, data_plane=data_plane)
+    p = proxy_for([e.url for e in engines], tokens={"mode": "tokenizer", "tokenizer": tokenizer})
     try:
         assert colocated_router(p).config.index_mode == "exact", "events are the index's truth"
         msgs = [SYSTEM, {"role": "user", "content": "refactor the parser " * 60}]

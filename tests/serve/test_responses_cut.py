@@ -293,7 +293,6 @@ def _client_events(raw: bytes) -> list[dict[str, Any]]:
     return [json.loads(block.partition(b"data: ")[2]) for block in raw.split(b"\n\n") if block.strip()]
 
 
-@pytest.mark.own_data_plane
 @pytest.mark.parametrize("part", list(CASES))
 @pytest.mark.parametrize("cut", ["before any item", "inside the last part", "after the first item"])
 def test_the_gateway_continues_a_cut_stream_natively_as_the_app_would(part: str, cut: str) -> None:
@@ -346,7 +345,7 @@ def test_the_gateway_continues_a_cut_stream_natively_as_the_app_would(part: str,
 
     with Stub(handler) as a, Stub(handler) as b:
         instances = [{"url": u, "kv_events": "off"} for u in (a.url, b.url)]
-        config = load_config(instances=instances, port=0, policy="round_robin", data_plane="compiled", eject_after=100)
+        config = load_config(instances=instances, port=0, policy="round_robin", eject_after=100)
         server = ProxyServer(config).start()
         try:
             first = {"model": "m", "input": "go", "stream": True, **extra}

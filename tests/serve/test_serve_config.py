@@ -106,3 +106,20 @@ def test_session_table_counts_turns_and_forgets() -> None:
     assert t.next_turn("a", now=20) == 1, "idle longer than the ttl: starts over"
     t.next_turn("c", now=21)
     assert len(t) == 2 and t.next_turn("b", now=22) == 1, "the least recently used key was dropped"
+
+
+def test_a_removed_setting_is_refused_with_its_reason(tmp_path: Path) -> None:
+    """``data_plane`` went with the Python data path: a file (or a caller) still setting it is
+    told why, not lumped with misspellings, and nothing starts on a plane that no longer exists."""
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text('data_plane = "python"\n[[instances]]\nurl = "http://127.0.0.1:8001"\n')
+    with pytest.raises(InvalidConfigError) as from_file:
+        load_config(cfg)
+    assert from_file.value.field == "data_plane"
+    assert "only data plane" in str(from_file.value)
+    with pytest.raises(InvalidConfigError) as from_caller:
+        load_config(instances=["http://127.0.0.1:8001"], data_plane="compiled")
+    assert from_caller.value.field == "data_plane"
+    with pytest.raises(InvalidConfigError) as misspelt:
+        load_config(instances=["http://127.0.0.1:8001"], data_plain="python")
+    assert misspelt.value.field == "file" and "unknown settings" in str(misspelt.value)

@@ -26,8 +26,6 @@ from smetric.fake_engine import FakeEngine
 from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
 
-pytestmark = pytest.mark.own_data_plane
-
 MODEL = "fake-model"
 GPU_BLOCKS = 150
 """The engine's KV: 150 blocks × 16 tokens = 2,400 tokens. One session's request (≈ 600
@@ -48,7 +46,6 @@ def serve(engine: FakeEngine, **overrides: Any) -> ProxyServer:
     overrides.setdefault("session_admission", "pause")
     return proxy_for(
         [{"url": engine.url, "kv_events": "off"}],
-        data_plane="compiled",
         tokens={"mode": "approximate"},
         **overrides,
     )
@@ -218,10 +215,10 @@ def test_the_capacity_is_the_engines_published_kv_unless_set(engine: FakeEngine)
     assert b_end < a_end - 0.5
 
 
-def test_session_admission_needs_the_compiled_co_located_plane() -> None:
-    with pytest.raises(InvalidConfigError) as python_plane:
-        load_config(instances=["http://127.0.0.1:9"], session_admission="pause", data_plane="python")
-    assert python_plane.value.field == "session_admission"
+def test_session_admission_is_co_located_and_checks_its_settings() -> None:
+    with pytest.raises(InvalidConfigError) as pd:
+        load_config(prefill=["http://127.0.0.1:9"], decode=["http://127.0.0.1:10"], session_admission="pause")
+    assert pd.value.field == "session_admission"
     with pytest.raises(InvalidConfigError) as bad_mode:
         load_config(instances=["http://127.0.0.1:9"], session_admission="sometimes")
     assert bad_mode.value.field == "session_admission"

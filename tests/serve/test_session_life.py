@@ -3,10 +3,9 @@ the session-end signal (``POST /v1/sessions/{id}/end``, vllm-router's ``POST /fi
 the ``x-session-end`` / ``x-dynamo-session-final`` header) releases the session's state at once,
 and a sub-agent's first request starts at its parent's instance when that instance is within
 ``parent_affinity_margin`` requests of the least busy one — sent by the official ``openai`` and
-``anthropic`` SDKs (``extra_headers``) to a proxy in front of fake engines, on both data planes
-(the compiled one serves the parents natively and hands the sub-agents' first requests and the
-ends to the app). Each behaviour has its negative control: another session keeps its state, an
-unknown parent or an overloaded one is placed as any first request. Bounded: a few dozen
+``anthropic`` SDKs (``extra_headers``) to a proxy in front of fake engines (the gateway serves
+them natively; its session table is the app's). Each behaviour has its negative control: another
+session keeps its state, an unknown parent or an overloaded one is placed as any first request. Bounded: a few dozen
 requests per test.
 """
 
@@ -34,22 +33,18 @@ from smetric.serve.session import (
     session_id_problem,
 )
 
-pytestmark = pytest.mark.own_data_plane
-
 MODEL = "fake-model"
 MARGIN = 2
 """The parent rule's margin in these tests (requests in flight)."""
 
 
-@pytest.fixture(params=["python", "compiled"])
-def proxy(request: pytest.FixtureRequest) -> Iterator[tuple[ProxyServer, list[FakeEngine]]]:
-    """Two fake engines behind a proxy on the parametrised data plane (approximate ids, so the
-    compiled plane's native path is armed)."""
+@pytest.fixture
+def proxy() -> Iterator[tuple[ProxyServer, list[FakeEngine]]]:
+    """Two fake engines behind a proxy (approximate ids)."""
     engines = [FakeEngine(port=0, speedup=1000).start() for _ in range(2)]
     instances = [{"url": e.url, "kv_events": "off"} for e in engines]
     p = proxy_for(
         instances,
-        data_plane=request.param,
         tokens={"mode": "approximate"},
         parent_affinity_margin=MARGIN,
     )
@@ -117,8 +112,7 @@ def test_a_sub_agent_starts_at_its_parents_instance_when_cheap_and_not_when_over
     try:
         home = chat(client, "Parent agent: plan the refactor.", {"x-session-id": "parent-1"})["instance"]
         other = next(u for u in colocated_router(p).instances if u != home)
-        if p.config.data_plane == "compiled":
-            assert native(p) == 1, "the parent's turn was served by the native path"
+        assert native(p) == 1, "the parent's turn was served by the native path"
         held = busy(p, home, 1)  # the parent's instance one request busier: within the margin
         try:
             # Control: a new session with no parent (or a parent nobody has seen) goes elsewhere.
@@ -137,8 +131,7 @@ def test_a_sub_agent_starts_at_its_parents_instance_when_cheap_and_not_when_over
             assert chat(client, "Child agent two: write the docs.", codex)["instance"] == other
         finally:
             idle(p, held)
-        if p.config.data_plane == "compiled":
-            assert native(p) == 6, "every request, the sub-agents' first ones included (the table is shared)"
+        assert native(p) == 6, "every request, the sub-agents' first ones included (the table is shared)"
         text = page(p)
         assert metric(text, "smetric_proxy_parent_placements_total", outcome="parent") == 1
         assert metric(text, "smetric_proxy_parent_placements_total", outcome="overloaded") == 1
@@ -253,9 +246,8 @@ def test_the_end_header_releases_the_session_after_its_last_request(
         assert turn("c-1", **{"x-session-end": "false"}) == "0", "false ends nothing"
         text = page(p)
         assert metric(text, "smetric_proxy_session_ends_total", via="header", held="true") == 2
-        if p.config.data_plane == "compiled":
-            completions = metric(text, "smetric_proxy_native_requests_total", api="completions")
-            assert completions == 9, "every hinted completion, its turn counted in the shared table"
+        completions = metric(text, "smetric_proxy_native_requests_total", api="completions")
+        assert completions == 9, "every hinted completion, its turn counted in the shared table"
     finally:
         client.close()
 
@@ -269,8 +261,7 @@ def test_the_anthropic_sdk_ends_a_session_by_header(proxy: tuple[ProxyServer, li
         turn("Agent Y.", {"x-session-id": "y"})
         before = native(p)
         turn("Agent X, done.", {"x-session-id": "x", "x-session-end": "true"})
-        if p.config.data_plane == "compiled":
-            assert native(p) == before + 1, "the session's last request is served natively too"
+        assert native(p) == before + 1, "the session's last request is served natively too"
         turn("Sub-agent of X.", {"x-session-id": "x-child", "x-parent-session-id": "x"})
         turn("Sub-agent of Y.", {"x-session-id": "y-child", "x-parent-session-id": "y"})
         text = page(p)
@@ -335,11 +326,8 @@ def test_bad_session_ids_and_end_headers_are_typed_400s_in_the_apis_shape(
         claude.close()
 
 
-@pytest.mark.parametrize("plane", ["python", "compiled"])
-def test_the_session_end_expires_llm_ds_session_cookie(fleet: list[FakeEngine], plane: str) -> None:
-    cfg = load_config(
-        instances=[e.url for e in fleet], port=0, engine_load=False, policy="llmd_session_affinity", data_plane=plane
-    )
+def test_the_session_end_expires_llm_ds_session_cookie(fleet: list[FakeEngine]) -> None:
+    cfg = load_config(instances=[e.url for e in fleet], port=0, engine_load=False, policy="llmd_session_affinity")
     with ProxyServer(cfg) as p:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         status, headers, _ = request(p.url, "/v1/chat/completions", body, headers={"x-session-id": "k"})
@@ -357,14 +345,13 @@ def test_the_session_end_expires_llm_ds_session_cookie(fleet: list[FakeEngine], 
         )
         status, headers, _ = request(p.url, "/v1/sessions/k/end", method="POST")
         assert status == 200 and "Max-Age=0" in headers["set-cookie"]
-        if p.config.data_plane == "compiled":
-            assert native(p) == 2, "both answers, the cleared cookie's included, were the gateway's"
+        assert native(p) == 2, "both answers, the cleared cookie's included, were the gateway's"
 
 
 def test_the_gateway_and_the_app_keep_one_session_table(fleet: list[FakeEngine]) -> None:
     """What the native path answers is in the app's table at once (no records drained), and an
     end header the native path served releases the app's entry."""
-    cfg = load_config(instances=[e.url for e in fleet], port=0, engine_load=False, data_plane="compiled")
+    cfg = load_config(instances=[e.url for e in fleet], port=0, engine_load=False)
     with ProxyServer(cfg) as p:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         status, headers, _ = request(p.url, "/v1/chat/completions", body, headers={"x-session-id": "shared"})
@@ -444,8 +431,7 @@ def test_an_end_header_ends_a_session_its_body_names(proxy: tuple[ProxyServer, l
     page_text = page(p)  # the gateway's records taken
     assert len(p.proxy.sessions) == 1, "the body's session released, the other kept"
     assert metric(page_text, "smetric_proxy_session_ends_total", via="header", held="true") == 1
-    if p.config.data_plane == "compiled":
-        assert metric(page_text, "smetric_proxy_native_requests_total", api="completions") == 3
+    assert metric(page_text, "smetric_proxy_native_requests_total", api="completions") == 3
 
 
 def _post_raw_header(url: str, path: str, body: dict[str, Any], name: str, value: bytes) -> int:
@@ -466,7 +452,7 @@ def _post_raw_header(url: str, path: str, body: dict[str, Any], name: str, value
         conn.close()
 
 
-def test_a_utf8_session_header_keys_the_same_session_on_either_plane(
+def test_a_utf8_session_header_keys_the_same_session_for_the_gateway_and_the_app(
     proxy: tuple[ProxyServer, list[FakeEngine]],
 ) -> None:
     """A non-ASCII session id sent as UTF-8 is the same key to the gateway (native) and the app:
@@ -481,5 +467,4 @@ def test_a_utf8_session_header_keys_the_same_session_on_either_plane(
     assert p.proxy.sessions.home("sessão-1") is not None, "one key on both sides of the table"
     assert len(p.proxy.sessions) == 1
     assert _post_raw_header(p.url, "/v1/completions", body, "x-session-id", "sessão-2".encode("latin-1")) == 200
-    if p.config.data_plane == "compiled":
-        assert metric(text, "smetric_proxy_native_requests_total", api="completions") == 2
+    assert metric(text, "smetric_proxy_native_requests_total", api="completions") == 2

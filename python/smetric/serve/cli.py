@@ -87,13 +87,6 @@ def register(sub: Any) -> None:
         "(default: $SMETRIC_REPLICA_BUS, else the file's, else off)",
     )
     p.add_argument("--decision-log", default=None, help="append one JSON line per request to this file")
-    p.add_argument(
-        "--data-plane",
-        choices=("auto", "python", "compiled"),
-        default=None,
-        help="what serves the public address: the Rust gateway in front of the Python app (compiled), the app "
-        "alone (python), or auto (default): compiled when the gateway serves this deployment's requests natively",
-    )
     p.add_argument("--no-engine-load", action="store_true", help="do not scrape the instances' /metrics")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_run)
@@ -136,7 +129,6 @@ def _run(args: argparse.Namespace) -> int:
             "decision_log": args.decision_log,
             "response_id_key": args.response_id_key,
             "replica_bus": args.replica_bus,
-            "data_plane": args.data_plane,
         }
         for flag, key in ((args.instance, "instances"), (args.prefill, "prefill"), (args.decode, "decode")):
             if flag:

@@ -13,7 +13,9 @@
   over HTTP or TLS (the gateway verifies https engines against the system's roots, as the app's
   client does; vllm-router's hash policies get the header session hint and llm-d's
   session-affinity policy its cookie as the app gives them, and its answers set the cookie as the
-  app's do). Otherwise it returns None and the gateway only admits and delegates.
+  app's do). The gateway admits every request and delegates to the app what its native path
+  does not answer (the control plane's endpoints, and the few bodies listed in
+  ``docs/proxy-data-plane.md``, stage 6).
 * :class:`CompiledPlane` keeps the gateway and the app in step: the fleet's view (instances,
   ejections, models, adapters) is pushed to the gateway whenever the fleet changes, and the
   gateway's records — one per request it served natively — are taken every
@@ -59,7 +61,6 @@ from smetric.serve.telemetry import Histogram, ProxyTelemetry
 from smetric.serve.tokens import TokenSource
 
 __all__ = [
-    "CONVERSATION_APIS",
     "DRAIN_INTERVAL_S",
     "MAX_RECORDS",
     "CompiledPlane",
@@ -68,7 +69,6 @@ __all__ = [
     "native_settings",
     "new_secret",
     "plane_summary",
-    "serves_conversations",
 ]
 
 DRAIN_INTERVAL_S = 0.05
@@ -91,18 +91,14 @@ def native_settings(
     client_keys: list[str],
     response_id_key: str,
     sessions: SessionTable,
-) -> GatewayNative | None:
-    """What arms the native path for this proxy, or None when it serves nothing natively (see
-    the module docs); ``router`` is the backend's (co-located or PD); ``response_id_key`` the
-    key the app's Responses adapter issues its ids with; ``sessions`` the app's session table,
-    which the native path reads and writes too."""
-    if isinstance(router, PdRouter) and config.session_admission != "off":
-        return None
+) -> GatewayNative:
+    """What arms the native path for this proxy (see the module docs); ``router`` is the
+    backend's (co-located or PD); ``response_id_key`` the key the app's Responses adapter issues
+    its ids with; ``sessions`` the app's session table, which the native path reads and writes
+    too. Every token mode has one: the tokenizer's (``tokens.kind == "tokenizer"`` always names
+    a tokenizer file), the approximate ids (with or without a template), token ids."""
     source = gateway_token_source(tokens)
     ids_only = tokens.kind == "ids"
-    approximate = tokens.kind == "approximate"
-    if not (approximate or ids_only) and source is None:
-        return None
     # In ids mode only completions with token-id prompts are routed; the app refuses the rest.
     chat = not ids_only and (source is not None or tokens.renders_plain_chatml)
     return GatewayNative(
@@ -142,31 +138,9 @@ def native_settings(
     )
 
 
-CONVERSATION_APIS = frozenset({"chat", "messages", "responses"})
-"""The APIs an agent's conversation comes in by."""
-
-
-def serves_conversations(native: GatewayNative | None) -> bool:
-    """Whether the native path serves every request this proxy routes: every conversation API,
-    or in ids mode (which routes completions' token-id prompts alone and refuses the rest) the
-    completions it routes. ``--data-plane auto`` then takes the gateway. Where it serves only
-    some, the others would pay the gateway's hop to the app (+0.3–0.9 ms,
-    docs/proxy-data-plane.md), so ``auto`` keeps the app alone there (``--data-plane compiled``
-    still takes the gateway); a refusal's hop costs nothing that matters."""
-    if native is None:
-        return False
-    if native.ids_only:
-        return "completions" in native.apis
-    return set(native.apis) >= CONVERSATION_APIS
-
-
-def plane_summary(compiled: bool, native: GatewayNative | None) -> str:
-    """The start-up log's words for the data plane: ``python``, or ``compiled`` with the APIs it
-    serves natively (``compiled (native: chat, completions, messages, responses)``)."""
-    if not compiled:
-        return "python"
-    if native is None:
-        return "compiled (every request delegated to the app)"
+def plane_summary(native: GatewayNative) -> str:
+    """The start-up log's words for the data plane: the APIs the gateway serves natively
+    (``compiled (native: chat, completions, messages, responses)``)."""
     return f"compiled (native: {', '.join(native.apis)})"
 
 
@@ -214,14 +188,14 @@ class CompiledPlane:
         gateway: Gateway,
         secret: str,
         *,
-        armed: bool,
+        app_port: int,
         fleet: Fleet,
         telemetry: ProxyTelemetry,
         outcomes: Outcomes,
     ) -> None:
         self.gateway = gateway
-        self.armed = armed
-        """The native path serves requests (else the gateway only delegates)."""
+        self.app_port = app_port
+        """The app's loopback port, which only the gateway addresses."""
         self._secret = secret
         self._fleet = fleet
         self._telemetry = telemetry
@@ -230,8 +204,6 @@ class CompiledPlane:
         self.admission = DoorAdmission(gateway)
 
     def start(self) -> None:
-        if not self.armed:
-            return
         self._fleet.on_change = self.sync_fleet
         self.sync_fleet()
         self._task = asyncio.create_task(self._drain_loop(), name="smetric-gateway-records")
@@ -240,13 +212,17 @@ class CompiledPlane:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.armed:
-            self.drain()
+        self.drain()
 
     def vouches(self, headers: Mapping[str, str]) -> bool:
         """Whether a request came from the gateway (its secret, compared in constant time)."""
         given = headers.get(GATEWAY_HEADER)
         return given is not None and hmac.compare_digest(given, self._secret)
+
+    def delegation_headers(self) -> dict[str, str]:
+        """The fields the gateway puts on a request it hands to the app after admitting it (its
+        secret among them): what a test sends the app to see what it answers a delegated body."""
+        return {GATEWAY_HEADER: self._secret, GATEWAY_ADMITTED_HEADER: "1"}
 
     @staticmethod
     def admitted(headers: Mapping[str, str]) -> bool:
@@ -357,8 +333,7 @@ class CompiledPlane:
 
     def end_session(self, key: str) -> None:
         """Releases session ``key`` at the gateway's session gate (the table is shared)."""
-        if self.armed:
-            self.gateway.end_session(key)
+        self.gateway.end_session(key)
 
     def render_admission(self, prefix: str = "smetric") -> Iterator[str]:
         """The door's admission families (the app's own admission then admits nothing)."""

@@ -43,10 +43,14 @@ from smetric.deployment import deployed_fields
 from smetric.errors import InvalidConfigError, MissingExtraError
 from smetric.serve.tokens import TOKEN_MODES, TokenConfig
 
-DATA_PLANES = ("auto", "python", "compiled")
 SESSION_ADMISSION_MODES: tuple[str, ...] = get_args(SessionAdmissionMode)
 """The session-admission modes (:attr:`ServeConfig.session_admission`), the core's."""
-"""What may serve the public address (:attr:`ServeConfig.data_plane`)."""
+
+REMOVED_SETTINGS = {
+    "data_plane": "the compiled gateway is the only data plane since 2026-12-05 (docs/proxy-data-plane.md, stage 6)"
+}
+"""Settings a file may still carry from an older release, and why they are gone: named in the
+error, not lumped with misspellings."""
 
 REPLICA_BUS_ENV = "SMETRIC_REPLICA_BUS"
 """The environment variable :func:`load_config` reads ``replica_bus`` from (above the file, below
@@ -248,14 +252,6 @@ class ServeConfig:
     ``/health``, ``/metrics`` and ``/kv_event_sources``."""
     decision_log: str | None = None
     """A file the proxy appends one JSON line per request to (``smetric.serve.decision_log``); None: off."""
-    data_plane: str = "auto"
-    """``"python"``: the aiohttp app serves the public address. ``"compiled"``: the Rust gateway
-    (``rust/smetric-gateway``) does, and the app listens on a loopback port only it knows; the
-    gateway admits every API request and serves natively what it can serve exactly as the app
-    (``smetric.serve.compiled``), delegating the rest (``docs/proxy-data-plane.md``).
-    ``"auto"``: compiled when its native path has something to serve in this deployment (see
-    :func:`smetric.serve.compiled.native_settings`), else python — a gateway that could only
-    delegate would add a hop and nothing else."""
 
     def __post_init__(self) -> None:
         if bool(self.prefill) != bool(self.decode):
@@ -277,8 +273,6 @@ class ServeConfig:
                 f"response_id_key must be at least {MIN_RESPONSE_ID_KEY_BYTES} bytes, got {len(key.encode())}"
                 f" (from --response-id-key, {RESPONSE_ID_KEY_ENV} or the file)",
             )
-        if self.data_plane not in DATA_PLANES:
-            raise _bad("data_plane", f"must be one of {', '.join(DATA_PLANES)}, got {self.data_plane!r}")
         if self.replica_bus is not None:
             bus = self.replica_bus
             if not isinstance(bus, str) or not bus.startswith(("nats://", "tls://")) or len(bus) <= len("nats://"):
@@ -309,11 +303,10 @@ class ServeConfig:
             raise _bad("session_max_held", "session_max_held must be >= 1")
         if not self.session_hold_timeout_s > 0:
             raise _bad("session_hold_timeout_s", "session_hold_timeout_s must be > 0")
-        if self.session_admission != "off" and (self.prefill or self.data_plane == "python"):
+        if self.session_admission != "off" and self.prefill:
             raise _bad(
                 "session_admission",
-                "session admission is served by the compiled gateway's co-located native path"
-                " (not with --data-plane python or --prefill/--decode)",
+                "session admission is a co-located stage (not with --prefill/--decode)",
             )
         if not self.queue_timeout_s > 0:
             raise _bad("queue_timeout_s", "queue_timeout_s must be > 0")
@@ -376,16 +369,6 @@ class ServeConfig:
             prefill=tuple(map(resolve, self.prefill)),
             decode=tuple(map(resolve, self.decode)),
         )
-
-    def check_session_gate(self, native_path_armed: bool) -> None:
-        """Session admission runs in the compiled gateway's native path: with it on and that path
-        not armed in this deployment, the error naming the setting (never run without it)."""
-        if self.session_admission != "off" and not native_path_armed:
-            raise _bad(
-                "session_admission",
-                "session admission is served by the compiled gateway's native path, which this deployment"
-                " does not arm (it needs plain http engines, a load-aware policy and approximate routing tokens)",
-            )
 
     def with_session_capacity(self, kv_capacity_tokens: int | None) -> ServeConfig:
         """This config with ``session_capacity_tokens`` taken from the engines' published KV
@@ -472,6 +455,8 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServeConfig
         data["replica_bus"] = bus
     data.update({k: v for k, v in overrides.items() if v is not None})
     known = {f.name for f in dataclasses.fields(ServeConfig)}
+    for name in sorted(set(data) & set(REMOVED_SETTINGS)):
+        raise _bad(name, f"{name} is no longer a setting: {REMOVED_SETTINGS[name]}")
     unknown = set(data) - known
     if unknown:
         raise _bad("file", f"unknown settings {sorted(unknown)}")

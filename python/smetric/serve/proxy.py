@@ -53,7 +53,7 @@ from aiohttp import web
 
 from smetric._core import Gateway, PdRouter, Router, SessionTable
 from smetric.deployment import smallest_kv_capacity
-from smetric.errors import InvalidConfigError, SmetricError
+from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
 from smetric.serve.admission import Admission, Refusal, refusal_error
 from smetric.serve.apis import APIS, ResponsesApi
@@ -66,7 +66,6 @@ from smetric.serve.compiled import (
     native_settings,
     new_secret,
     plane_summary,
-    serves_conversations,
 )
 from smetric.serve.config import KV_OFFLOAD_HOST, InstanceConfig, ServeConfig
 from smetric.serve.decision_log import OUTCOME_KEY, DecisionLog, Outcome, Outcomes
@@ -100,12 +99,6 @@ _IDENTITY = frozenset({"", "identity"})
 _TOKENIZING_ERRORS = (RecursionError, UnicodeError, OverflowError, ValueError, BufferError)
 """What turning a valid body's text into routing tokens raises on client input (deep nesting in
 a template variable, text no encoder takes): a 400, not the proxy's bug."""
-
-
-def _head_bytes(request: web.Request) -> int:
-    """The size of ``request``'s head as sent (``name: value`` lines, CRLF ends)."""
-    line = len(request.method) + len(request.raw_path) + len("  HTTP/1.1\r\n")
-    return line + sum(len(k) + len(v) + 4 for k, v in request.raw_headers) + 2
 
 
 def _json_error(error: ProxyError) -> web.Response:
@@ -257,16 +250,16 @@ class Proxy:
     def _finish(self, outcome: Outcome, status: int, *, refused: str | None = None) -> None:
         """Finishes a request the app served, after the gateway's records so far (the decision
         log stays in the order requests ended, whichever plane served them)."""
-        if self.compiled is not None and self.compiled.armed:
+        if self.compiled is not None:
             self.compiled.drain()
         self.outcomes.finish(outcome, status, refused=refused)
 
     @property
     def admitting(self) -> Admission | DoorAdmission:
         """The admission this proxy's requests take their slots from: its gateway's when the
-        gateway's native path is armed, else the app's own."""
+        gateway is running, else the app's own."""
         compiled = self.compiled
-        return compiled.admission if compiled is not None and compiled.armed else self.admission
+        return compiled.admission if compiled is not None else self.admission
 
     def _admitted(self) -> int:
         return self.admitting.admitted
@@ -337,10 +330,6 @@ class Proxy:
         """aiohttp's HTTP errors (no route: 404, wrong method: 405, …) in the path's error shape,
         with a fixed message (aiohttp's would name the client's path and method)."""
         try:
-            if self.compiled is None and _head_bytes(request) > self.config.max_head_bytes:
-                # Behind the gateway the door bounds the client's head (the app's carries the
-                # door's own fields too); alone, the app does: a head the engine would refuse.
-                raise web.HTTPRequestHeaderFieldsTooLarge()
             return await handler(request)
         except web.HTTPException as e:
             if e.status < 400:
@@ -625,7 +614,7 @@ class Proxy:
         return web.json_response({"status": "ok"})
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        compiled = self.compiled if self.compiled is not None and self.compiled.armed else None
+        compiled = self.compiled
         if compiled is not None:  # what the gateway served so far, counted before rendering
             compiled.drain()
         in_flight = self.backend.in_flight(self.fleet.instances)
@@ -726,7 +715,8 @@ async def run(
     except BaseException:
         await proxy.close()  # the upstream session and the feeds, whatever failed
         raise
-    # The gateway's native path, armed for what it can serve in this deployment (None: nothing).
+    # The gateway serves the public address; the app listens on a loopback port only it knows,
+    # for what the gateway hands on (the control plane's endpoints, the bodies it leaves to the app).
     secret = new_secret()
     backend = proxy.backend
     assert isinstance(backend, ColocatedBackend | PdBackend)
@@ -735,12 +725,6 @@ async def run(
     native = native_settings(
         proxy.config, router, proxy.tokens, secret, proxy.client_keys, responses.ids.key, proxy.sessions
     )
-    try:
-        config.check_session_gate(native is not None)
-    except InvalidConfigError:
-        await proxy.close()
-        raise
-    compiled = config.data_plane == "compiled" or (config.data_plane == "auto" and serves_conversations(native))
     runner = GuardedRunner(
         proxy.app(),
         render=proxy.error_response,
@@ -748,9 +732,9 @@ async def run(
         limits=ConnectionLimits(
             head_timeout_s=config.head_timeout_s,
             keepalive_timeout_s=config.keepalive_timeout_s,
-            # Behind the gateway the app's connections are the gateway's pool (at most one per
-            # client connection it admitted, and its idle ones): the gateway bounds the clients.
-            max_connections=config.max_connections * (2 if compiled else 1),
+            # The app's connections are the gateway's pool (at most one per client connection it
+            # admitted, and its idle ones): the gateway bounds the clients.
+            max_connections=config.max_connections * 2,
             retry_after_s=config.retry_after_s,
         ),
         handler_cancellation=True,
@@ -759,11 +743,9 @@ async def run(
         max_field_size=config.max_header_bytes,
     )
     await runner.setup()
-    # With the compiled data plane the app listens on a loopback port only the gateway knows.
-    site = web.TCPSite(runner, "127.0.0.1", 0) if compiled else web.TCPSite(runner, config.host, config.port)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    gateway = None
-    if compiled:
+    try:
         gateway = Gateway(
             config.host,
             config.port,
@@ -778,16 +760,20 @@ async def run(
             native=native,
             instances=list(proxy.fleet.instances),
         )
-        proxy.telemetry.door_client_errors = gateway.client_errors
-        proxy.compiled = CompiledPlane(
-            gateway,
-            secret,
-            armed=native is not None,
-            fleet=proxy.fleet,
-            telemetry=proxy.telemetry,
-            outcomes=proxy.outcomes,
-        )
-        proxy.compiled.start()
+    except BaseException:
+        await runner.cleanup()
+        await proxy.close()
+        raise
+    proxy.telemetry.door_client_errors = gateway.client_errors
+    proxy.compiled = CompiledPlane(
+        gateway,
+        secret,
+        app_port=runner.addresses[0][1],
+        fleet=proxy.fleet,
+        telemetry=proxy.telemetry,
+        outcomes=proxy.outcomes,
+    )
+    proxy.compiled.start()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -795,14 +781,14 @@ async def run(
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             break
-    port = gateway.port if gateway is not None else runner.addresses[0][1]
+    port = gateway.port
     log.info(
         "smetric serve on http://%s:%s: %d instances, policy %s, %s data plane",
         config.host,
         port,
         len(proxy.fleet.instances),
         config.policy,
-        plane_summary(compiled, native),
+        plane_summary(native),
     )
     if on_ready is not None:
         on_ready(proxy, port)
@@ -810,18 +796,16 @@ async def run(
         await stop.wait()
         proxy.draining = True
         proxy.admission.close()
-        if gateway is not None:  # stops accepting; its drain waits on requests this loop serves
-            await loop.run_in_executor(None, gateway.stop)
+        # The gateway stops accepting; its drain waits on requests this loop serves.
+        await loop.run_in_executor(None, gateway.stop)
         await site.stop()
         try:
             await asyncio.wait_for(proxy.idle.wait(), config.drain_timeout_s)
         except TimeoutError:
             log.warning("drain timeout: %d requests still in flight", proxy.in_flight)
     finally:
-        if gateway is not None:
-            gateway.stop()  # idempotent: after a failure before the drain
-        if proxy.compiled is not None:
-            await proxy.compiled.close()
+        gateway.stop()  # idempotent: after a failure before the drain
+        await proxy.compiled.close()
         await runner.cleanup()
         await proxy.close()
 
