@@ -1,6 +1,7 @@
-"""Admission control (:mod:`smetric.serve.admission`): the slot and queue arithmetic on its own
-(asyncio, no HTTP), then through the proxy against a stub upstream that holds its answers until
-the test releases them. Bounded: a handful of requests, waits on conditions with deadlines."""
+"""Admission control through the proxy (the gateway's door; its slot and queue arithmetic on its
+own is tested in ``rust/smetric-gateway/src/admission.rs``) against a stub upstream that holds its
+answers until the test releases them, and :func:`smetric.serve.admission.skip_full`. Bounded: a
+handful of requests, waits on conditions with deadlines."""
 
 from __future__ import annotations
 
@@ -10,103 +11,15 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from aiohttp import web
 from proxy_util import Stub, metric, request
 
-from smetric.serve.admission import Admission, skip_full
+from smetric.serve.admission import skip_full
 from smetric.serve.config import load_config
 from smetric.serve.proxy import ProxyServer
 
 DEADLINE_S = 10.0
-
-
-def admission(live: int = 1, **overrides: Any) -> Admission:
-    settings: dict[str, Any] = {
-        "max_in_flight": 100,
-        "max_in_flight_per_instance": 2,
-        "queue_size": 2,
-        "queue_timeout_s": 5.0,
-        "retry_after_s": 3,
-    }
-    settings.update(overrides)
-    return Admission(**settings, live_instances=lambda: live)
-
-
-def test_capacity_is_the_smaller_of_the_fleet_cap_and_the_live_instances_slots() -> None:
-    assert admission(live=3).capacity == 6
-    assert admission(live=3, max_in_flight=4).capacity == 4
-    assert admission(live=0).capacity == 2, "a fleet with every instance ejected still admits one instance's worth"
-
-
-def test_slots_then_a_fifo_queue_then_429_and_slots_handed_to_the_oldest_waiter() -> None:
-    async def main() -> None:
-        a = admission()
-        assert await a.enter() is None and await a.enter() is None
-        first = asyncio.create_task(a.enter())
-        second = asyncio.create_task(a.enter())
-        await asyncio.sleep(0)  # both reach the queue
-        assert a.queued == 2
-        refused = await a.enter()
-        assert refused is not None and refused.error.status == 429 and refused.reason == "queue_full"
-        assert refused.retry_after_s == 3
-        a.leave()
-        assert await asyncio.wait_for(first, DEADLINE_S) is None, "the oldest waiter gets the freed slot"
-        assert not second.done() and a.admitted == 2 and a.queued == 1
-        a.leave()
-        assert await asyncio.wait_for(second, DEADLINE_S) is None
-        a.leave(), a.leave()
-        assert a.admitted == 0 and a.queued == 0
-        assert a.rejections["queue_full"] == 1 and a.wait_s.count == 4
-
-    asyncio.run(main())
-
-
-def test_a_wait_past_the_timeout_is_a_503_and_leaves_the_queue() -> None:
-    async def main() -> None:
-        a = admission(max_in_flight=1, queue_timeout_s=0.05)
-        assert await a.enter() is None
-        refused = await a.enter()
-        assert refused is not None and refused.error.status == 503 and refused.reason == "queue_timeout"
-        assert a.queued == 0 and a.admitted == 1
-        a.leave()
-        assert a.admitted == 0
-
-    asyncio.run(main())
-
-
-def test_a_waiter_cancelled_after_its_grant_gives_the_slot_on() -> None:
-    async def main() -> None:
-        a = admission(max_in_flight=1)
-        assert await a.enter() is None
-        waiter = asyncio.create_task(a.enter())
-        later = asyncio.create_task(a.enter())
-        await asyncio.sleep(0)
-        a.leave()  # grants `waiter` ...
-        waiter.cancel()  # ... whose client leaves before it runs again
-        assert await asyncio.wait_for(later, DEADLINE_S) is None, "the slot went on to the next waiter"
-        assert a.admitted == 1
-        a.leave()
-        assert a.admitted == 0
-
-    asyncio.run(main())
-
-
-def test_closing_refuses_the_queued_with_503_and_keeps_the_admitted() -> None:
-    async def main() -> None:
-        a = admission(max_in_flight=1)
-        assert await a.enter() is None
-        waiter = asyncio.create_task(a.enter())
-        await asyncio.sleep(0)
-        a.close()
-        refused = await asyncio.wait_for(waiter, DEADLINE_S)
-        assert refused is not None and refused.error.status == 503 and refused.reason == "draining"
-        assert a.admitted == 1, "the admitted request keeps its slot through the drain"
-        late = await a.enter()
-        assert late is not None and late.reason == "draining"
-
-    asyncio.run(main())
 
 
 class HeldUpstream:
@@ -158,6 +71,7 @@ def test_a_full_proxy_answers_429_with_retry_after_in_the_apis_shape_and_serves_
         with ProxyServer(config) as p, ThreadPoolExecutor(2) as pool:
             assert p.proxy is not None
             admission = p.proxy.admitting
+            assert admission is not None
             first = pool.submit(request, p.url, "/v1/chat/completions", body)
             wait_for(lambda: held.arrived == 1, "the first request at the engine")
             second = pool.submit(request, p.url, "/v1/chat/completions", body)

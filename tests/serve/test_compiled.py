@@ -24,14 +24,14 @@ import anthropic
 import openai
 import pytest
 from aiohttp import web
-from proxy_util import Stub, chat_text, events, metric, proxy_for, request, sender
+from proxy_util import Stub, app_request, chat_text, events, metric, proxy_for, request, sender
 
-from smetric._core import SHARED_ROUTES
+from smetric._core import GATEWAY_HEADER, SHARED_ROUTES
 from smetric.fake_engine import FakeEngine
 from smetric.serve.apis import ResponsesApi
 from smetric.serve.compiled import plane_summary
 from smetric.serve.pinning import instance_tag
-from smetric.serve.proxy import ProxyServer
+from smetric.serve.proxy import NOT_FROM_GATEWAY, ProxyServer
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
 CHAT = "/v1/chat/completions"
@@ -641,6 +641,7 @@ def test_native_requests_take_their_slots_at_the_door(engines: list[FakeEngine])
             waiting = [threading.Thread(target=lambda: result.append(request(p.url, CHAT, body)[0])) for _ in range(2)]
             assert p.proxy is not None
             admission = p.proxy.admitting
+            assert admission is not None
             deadline = time.monotonic() + 10
             waiting[0].start()
             while admission.admitted < 1 and time.monotonic() < deadline:
@@ -1083,3 +1084,25 @@ def test_escaped_session_end_ids_are_decoded_natively_as_the_app_decodes_them(en
         p.stop()
     assert answers["compiled"] == answers["app"]
     assert [body["id"] for _, body in answers["compiled"]][:2] == ["a/b c", "é%"]
+
+
+def test_the_app_answers_its_gateway_alone(engines: list[FakeEngine]) -> None:
+    """A request that reaches the app's loopback port without the gateway's secret (another
+    process on the host) is a 403 in the path's API shape, whatever the path: nothing skips the
+    door's keys, admission and limits. The same request with the gateway's fields is served."""
+    p = compiled([e.url for e in engines])
+    try:
+        assert p.proxy is not None and p.proxy.compiled is not None
+        app = f"http://127.0.0.1:{p.proxy.compiled.app_port}"
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        status, _, raw = request(app, CHAT, body)
+        assert status == 403 and json.loads(raw)["error"]["message"] == NOT_FROM_GATEWAY, raw
+        status, _, raw = request(app, "/v1/messages", {"model": "m", "max_tokens": 1, "messages": []})
+        assert status == 403 and json.loads(raw)["type"] == "error", "Anthropic's shape"
+        wrong = {**p.proxy.compiled.delegation_headers(), GATEWAY_HEADER: "not-the-secret"}
+        assert request(app, "/metrics", method="GET", headers=wrong)[0] == 403
+        assert request(app, "/health", method="GET")[0] == 403
+        assert app_request(p, CHAT, body)[0] == 200
+        assert app_request(p, "/health", method="GET")[0] == 200
+    finally:
+        p.stop()

@@ -1,34 +1,25 @@
-"""Admission control: how many requests the proxy lets through to routing at once, and how many
-may wait for a slot, ahead of the routing decision.
+"""Admission control's app side: the gateway's door admits (``rust/smetric-gateway/src/admission.rs``),
+this module words its refusals, renders its metric families and keeps attempts off full instances.
 
-A request of an API adapter takes a slot before it is parsed and routed and gives it back when
-its answer is done. The per-instance cap also shapes routing: :func:`skip_full` keeps an attempt
-off an instance already holding ``max_in_flight_per_instance`` requests while another instance of
-its pool has room (never off the last one: an admitted request is routed, however skewed the
-sessions' homes are). The fleet's capacity is ``min(max_in_flight, max_in_flight_per_instance ×
-live instances)`` (ejected instances do not count, but at least one always does), so a fleet
-that loses an instance admits less. When every slot is taken the request waits in a FIFO queue
-of at most ``queue_size`` for at most ``queue_timeout_s``; a full queue refuses at once with 429,
-a wait that times out with 503, both with ``Retry-After`` (the caller renders them in the API's
-own error shape through its adapter). While the proxy drains, queued requests are refused with
-503: they were never admitted, and the drain waits only for admitted ones.
+The door lets ``min(max_in_flight, max_in_flight_per_instance × live instances)`` requests
+through to routing at once (ejected instances do not count, but at least one always does), queues
+at most ``queue_size`` more in FIFO order for at most ``queue_timeout_s``, and refuses past that:
+a full queue with 429, a wait that times out with 503, a request queued while the proxy drains
+with 503, all with ``Retry-After``. A refusal of a path the app answers comes to the app with the
+reason (:func:`refusal_error` words it; the caller renders it in the API's shape). The
+per-instance cap also shapes routing: :func:`skip_full` keeps an attempt off an instance already
+holding ``max_in_flight_per_instance`` requests while another instance of its pool has room
+(never off the last one: an admitted request is routed, however skewed the sessions' homes are).
 
-Invariants: an admitted request is never refused afterwards — its slot is handed straight to the
-head of the queue when it leaves (no barging), and a waiter cancelled after its grant (its client
-went away) gives the slot back; ``admitted`` never exceeds the capacity at the time of a grant;
-the queue holds at most ``queue_size`` waiters, so a burst costs O(queue_size) memory beyond the
-admitted requests. State lives on the proxy's event loop: no locking. Costs: O(1) per request
-(a timed-out waiter is removed in O(queue)). May import: :mod:`smetric.serve.errors`,
-:mod:`smetric.serve.telemetry`, :mod:`smetric.metrics`.
+Until 2026-12-05 the app had an admission of its own for the requests it served itself (the
+Python data plane); the gateway is now the only door. Costs: O(instances) per
+:func:`skip_full`. May import: :mod:`smetric.serve.errors`, :mod:`smetric.serve.telemetry`,
+:mod:`smetric.metrics`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from smetric._core import (
@@ -41,7 +32,7 @@ from smetric.metrics import _family
 from smetric.serve.errors import ProxyError
 from smetric.serve.telemetry import Histogram
 
-__all__ = ["WAIT_BUCKETS_S", "Admission", "Refusal", "refusal_error", "render_admission", "skip_full"]
+__all__ = ["WAIT_BUCKETS_S", "Refusal", "refusal_error", "render_admission", "skip_full"]
 
 WAIT_BUCKETS_S: tuple[float, ...] = SHARED_WAIT_BUCKETS_S
 """Upper bounds (seconds) of the queue-wait histogram; an immediate admission lands in the first
@@ -76,122 +67,6 @@ def skip_full(
     return out
 
 
-def _granted(waiter: asyncio.Future[bool]) -> bool:
-    return waiter.done() and not waiter.cancelled() and waiter.result()
-
-
-class Admission:
-    """The in-flight slots and the wait queue of one proxy (see the module docs)."""
-
-    def __init__(
-        self,
-        *,
-        max_in_flight: int,
-        max_in_flight_per_instance: int,
-        queue_size: int,
-        queue_timeout_s: float,
-        retry_after_s: int,
-        live_instances: Callable[[], int],
-    ) -> None:
-        self.max_in_flight = max_in_flight
-        self.max_in_flight_per_instance = max_in_flight_per_instance
-        self.queue_size = queue_size
-        self.queue_timeout_s = queue_timeout_s
-        self.retry_after_s = retry_after_s
-        self._live_instances = live_instances
-        self._floor = min(max_in_flight, max_in_flight_per_instance)
-        """:attr:`capacity` with one live instance: the least it can be."""
-        self.admitted = 0
-        """Requests holding a slot."""
-        self.closed = False
-        self.rejections: Counter[str] = Counter()
-        self.wait_s = Histogram(WAIT_BUCKETS_S)
-        self._waiters: deque[asyncio.Future[bool]] = deque()
-
-    @property
-    def capacity(self) -> int:
-        """Slots the fleet has now."""
-        return min(self.max_in_flight, self.max_in_flight_per_instance * max(1, self._live_instances()))
-
-    @property
-    def queued(self) -> int:
-        return len(self._waiters)
-
-    async def enter(self) -> Refusal | None:
-        """Takes a slot (waiting in the queue if need be); None: admitted — call :meth:`leave`
-        once the answer is done. A :class:`Refusal` holds no slot."""
-        if self.closed:
-            return self._refuse("draining")
-        # The fleet's capacity is never below one live instance's: only past that is it counted.
-        if not self._waiters and (self.admitted < self._floor or self.admitted < self.capacity):
-            self.admitted += 1
-            self.wait_s.observe(0.0)
-            return None
-        if len(self._waiters) >= self.queue_size:
-            return self._refuse("queue_full")
-        started = time.perf_counter()
-        granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiters.append(granted)
-        try:
-            async with asyncio.timeout(self.queue_timeout_s):
-                admitted = await granted
-        except TimeoutError:
-            if _granted(granted):  # the grant and the timeout fell in one loop turn: keep the slot
-                self.wait_s.observe(time.perf_counter() - started)
-                return None
-            self._forget(granted)
-            return self._refuse("queue_timeout")
-        except asyncio.CancelledError:  # the client went away (or the proxy stops) while queued
-            if _granted(granted):
-                self.leave()  # granted just before the cancellation: give the slot on
-            else:
-                self._forget(granted)
-            raise
-        if not admitted:  # the proxy closed the queue (see close)
-            return self._refuse("draining")
-        self.wait_s.observe(time.perf_counter() - started)
-        return None
-
-    def leave(self) -> None:
-        """Gives an admitted request's slot back: straight to the oldest waiter when one waits."""
-        self.admitted -= 1
-        self._grant()
-
-    def close(self) -> None:
-        """The proxy drains: queued requests are refused (503) and no new one is admitted."""
-        self.closed = True
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(False)
-
-    def _grant(self) -> None:
-        if not self._waiters:
-            return
-        capacity = self.capacity
-        while self._waiters and self.admitted < capacity:
-            waiter = self._waiters.popleft()
-            if waiter.done():  # timed out or cancelled, not yet removed
-                continue
-            waiter.set_result(True)
-            self.admitted += 1
-
-    def _forget(self, waiter: asyncio.Future[bool]) -> None:
-        with contextlib.suppress(ValueError):  # already popped by a grant or by close
-            self._waiters.remove(waiter)
-
-    def _refuse(self, reason: str) -> Refusal:
-        self.rejections[reason] += 1
-        error = refusal_error(
-            reason, admitted=self.admitted, queued=len(self._waiters), queue_timeout_s=self.queue_timeout_s
-        )
-        return Refusal(error, reason, self.retry_after_s)
-
-    def render(self, prefix: str = "smetric") -> Iterator[str]:
-        """The admission families in Prometheus' text format."""
-        return render_admission(self.admitted, self.capacity, len(self._waiters), self.wait_s, self.rejections, prefix)
-
-
 def refusal_error(reason: str, *, admitted: int, queued: int, queue_timeout_s: float) -> ProxyError:
     """The error a refusal for ``reason`` answers with (``queue_full``: 429, else 503)."""
     if reason == "queue_full":
@@ -209,7 +84,7 @@ def render_admission(
     rejections: Mapping[str, int],
     prefix: str = "smetric",
 ) -> Iterator[str]:
-    """The admission families in Prometheus' text format (the app's, or its gateway's)."""
+    """The door's admission families in Prometheus' text format."""
 
     def name(n: str) -> str:
         return f"{prefix}_proxy_admission_{n}"

@@ -166,7 +166,7 @@ def gateway_token_source(tokens: TokenSource) -> GatewayTokenSource | None:
 
 
 class DoorAdmission:
-    """The gateway's admission, read as the app's :class:`~smetric.serve.admission.Admission`."""
+    """The gateway's admission as the app reads it: the slots held and the requests queued at the door."""
 
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway

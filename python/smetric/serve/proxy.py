@@ -3,9 +3,12 @@ its lifecycle.
 
 A request's path through :mod:`smetric.serve` (``docs/architecture.md`` draws it):
 
+0. the compiled gateway (``rust/smetric-gateway``, :mod:`smetric.serve.compiled`) owns the public
+   address: it admits, serves the data path natively, and hands the rest to this app on a
+   loopback port, with its secret (a request without it is a 403: ``_gateway_only``);
 1. **here**: the routes table (the routes each API adapter of :data:`smetric.serve.apis.APIS` names, and
    ``/v1/models``, ``/health``, ``/metrics``, ``/admin/instances``); the client key
-   (:mod:`smetric.serve.auth`, a middleware), an admission slot (:mod:`smetric.serve.admission`)
+   (:mod:`smetric.serve.auth`, a middleware), the door's admission verdict (:mod:`smetric.serve.admission`)
    and the request's outcome (:mod:`smetric.serve.decision_log`: its id, its log line); the body read (bounded),
    parsed by the API's adapter, checked against the fleet's models, and turned into routing
    tokens (BPE off the event loop) and a :class:`~smetric.serve.apis.base.Prepared` request;
@@ -55,7 +58,7 @@ from smetric._core import Gateway, PdRouter, Router, SessionTable
 from smetric.deployment import smallest_kv_capacity
 from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
-from smetric.serve.admission import Admission, Refusal, refusal_error
+from smetric.serve.admission import Refusal, refusal_error
 from smetric.serve.apis import APIS, ResponsesApi
 from smetric.serve.apis.base import Api, Route
 from smetric.serve.auth import ClientKeys, keys_middleware, read_keys_file
@@ -101,6 +104,10 @@ _TOKENIZING_ERRORS = (RecursionError, UnicodeError, OverflowError, ValueError, B
 a template variable, text no encoder takes): a 400, not the proxy's bug."""
 
 
+NOT_FROM_GATEWAY = "this port answers smetric's gateway only: send requests to the proxy's address"
+"""The 403 of a request that reached the app without the gateway's secret."""
+
+
 def _json_error(error: ProxyError) -> web.Response:
     """An error of the proxy's own endpoints (admin, health): OpenAI's shape."""
     return web.json_response(error.body(), status=error.status)
@@ -143,14 +150,6 @@ class Proxy:
         self.client_keys = [*config.api_keys, *(read_keys_file(config.api_keys_file) if config.api_keys_file else [])]
         """The configured client keys (none: the proxy is open)."""
         self.keys = ClientKeys(self.client_keys)
-        self.admission = Admission(
-            max_in_flight=config.max_in_flight,
-            max_in_flight_per_instance=config.max_in_flight_per_instance,
-            queue_size=config.queue_size,
-            queue_timeout_s=config.queue_timeout_s,
-            retry_after_s=config.retry_after_s,
-            live_instances=lambda: sum(not h.ejected for h in fleet.health.values()),
-        )
         self.outcomes = Outcomes(DecisionLog(config.decision_log) if config.decision_log else None, self._served)
         self.compiled: CompiledPlane | None = None
         """The compiled data plane in front of the app, when one serves the port (:func:`run`)."""
@@ -255,14 +254,14 @@ class Proxy:
         self.outcomes.finish(outcome, status, refused=refused)
 
     @property
-    def admitting(self) -> Admission | DoorAdmission:
-        """The admission this proxy's requests take their slots from: its gateway's when the
-        gateway is running, else the app's own."""
-        compiled = self.compiled
-        return compiled.admission if compiled is not None else self.admission
+    def admitting(self) -> DoorAdmission | None:
+        """The admission this proxy's requests take their slots from: its gateway's door (None
+        before :func:`run` has started the gateway)."""
+        return self.compiled.admission if self.compiled is not None else None
 
     def _admitted(self) -> int:
-        return self.admitting.admitted
+        admitting = self.admitting
+        return admitting.admitted if admitting is not None else 0
 
     # -- the routes table -------------------------------------------------------------------------
 
@@ -270,7 +269,7 @@ class Proxy:
         """The aiohttp application."""
         # The error shape outermost: whatever a later layer raises is answered in it. The keys are
         # read once, at start: an open proxy has no key check on its path at all.
-        middlewares = [self._error_shape]
+        middlewares = [self._error_shape, self._gateway_only]
         if self.keys.enabled:
             middlewares.append(keys_middleware(self.keys, self._api_for))
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=middlewares)
@@ -324,6 +323,19 @@ class Proxy:
         return self._respond(api.reject(RequestError(message, status=status)))
 
     @web.middleware
+    async def _gateway_only(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """The app answers its gateway alone: a request without the gateway's secret (another
+        process on this host that found the loopback port) is a 403 in the path's shape, so
+        nothing skips the door's keys, admission and limits."""
+        compiled = self.compiled
+        if compiled is None or not compiled.vouches(request.headers):
+            self.telemetry.client_errors["http_403"] += 1
+            return self.error_response(request.path, 403, NOT_FROM_GATEWAY)
+        return await handler(request)
+
+    @web.middleware
     async def _error_shape(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
@@ -342,30 +354,17 @@ class Proxy:
 
     def _handler(self, api: Api[Any], route: Route) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
+            # Only the gateway reaches this handler (``_gateway_only``), and it admitted the
+            # request or refused it at its door, holding the slot until the answer's last byte.
             outcome = self.outcomes.begin(request, api.name)
-            compiled = self.compiled
-            vouched = compiled is not None and compiled.vouches(request.headers)
-            # The gateway admits (or refuses) the APIs' requests itself: only what it vouches
-            # for skips the app's admission.
-            door_refusal = CompiledPlane.refused(request.headers) if vouched else None
+            door_refusal = CompiledPlane.refused(request.headers)
             if door_refusal is not None:
-                refusal: Refusal | None = self._door_refusal(door_refusal)
-            elif vouched and CompiledPlane.admitted(request.headers):
-                refusal = None
-            else:
-                refusal = await self.admission.enter()  # ahead of parsing and routing: shedding stays cheap
-                vouched = False
-            if refusal is not None:
+                refusal = self._door_refusal(door_refusal)
                 response = self._respond(api.fail(refusal.error))
                 response.headers["Retry-After"] = str(refusal.retry_after_s)
                 self._finish(outcome, response.status, refused=refusal.reason)
                 return response
-            counted = CompiledPlane.counted_turn(request.headers) if vouched else None
-            try:
-                answer = await self._handle(request, api, route, counted)
-            finally:
-                if not vouched:
-                    self.admission.leave()
+            answer = await self._handle(request, api, route, CompiledPlane.counted_turn(request.headers))
             self._finish(outcome, answer.status)
             return answer
 
@@ -621,7 +620,7 @@ class Proxy:
         lines = [
             *self.telemetry.render(in_flight, self.fleet.ejected),
             *self.backend.metric_lines(),
-            *(self.admission.render() if compiled is None else compiled.render_admission()),
+            *(compiled.render_admission() if compiled is not None else ()),
             *self.keys.render(),
             *self.outcomes.render(),
             *self._fleet_lines(),
@@ -795,7 +794,6 @@ async def run(
     try:
         await stop.wait()
         proxy.draining = True
-        proxy.admission.close()
         # The gateway stops accepting; its drain waits on requests this loop serves.
         await loop.run_in_executor(None, gateway.stop)
         await site.stop()
