@@ -47,7 +47,7 @@ from smetric.serve.upstream import Refused, forwardable
 __all__ = ["CUT_MESSAGE", "Failover", "lost_state"]
 
 CUT_MESSAGE: str = SHARED_CUT_MESSAGE
-"""The error a cut stream ends with when it could not be continued (both planes send it)."""
+"""The error a cut stream ends with when it could not be continued (the gateway and the app both send it)."""
 
 
 def lost_state(instance: str | None, cause: str) -> ProxyError:

@@ -31,7 +31,7 @@ protocol); the subclass touches only ``_request_count`` (messages parsed on the 
 
 Invariants: no client byte is ever echoed in an error; nothing is logged above DEBUG for client
 input. O(1) per connection and per data chunk. May import: ``aiohttp``, and ``smetric._core``
-for the wording both planes share.
+for the wording the gateway and the app share.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ __all__ = ["OpenedId", "ResponseIds", "instance_tag", "resolve"]
 
 _TAG_HEX = SHARED_PIN_TAG_HEX
 """48 bits of the URL's hash: a collision within one fleet is out of reach (the gateway's
-``shared`` constant: both planes read and write these ids)."""
+``shared`` constant: the gateway and the app read and write these ids)."""
 _MAC_HEX = SHARED_PIN_MAC_HEX
 """128 bits of HMAC-SHA256."""
 
