@@ -17,7 +17,7 @@ Hints, first match wins (``docs/serve.md`` lists their origins):
 
 :class:`SessionTable` (``smetric._core``; ``rust/smetric-gateway/src/session_table.rs``) is an LRU
 of at most ``capacity`` keys (O(1) per request); a key unseen for ``ttl_s`` starts over at turn 1.
-One table serves the app and the gateway: the app and the gateway's native path read and write the same one.
+One table serves the app and the gateway's native path: both read and write the same one.
 Hints are the client's and may be megabytes long: the table keeps only a fixed-size digest of each
 (SHA-256's first 16 bytes; O(hint length) once per request), so it is bounded in bytes as well as
 entries — at most :data:`ENTRY_BYTES` per entry, whatever the clients send
