@@ -56,11 +56,17 @@ __all__ = [
     "SESSION_ENTRY_BYTES",
     "SHARED_AFFINITY_ATTRIBUTES",
     "SHARED_AFFINITY_COOKIE",
+    "SHARED_BAD_END_HEADER",
     "SHARED_BILLING_HEADER_PREFIX",
     "SHARED_BYTE_CHUNK_BYTES",
     "SHARED_CUT_MESSAGE",
     "SHARED_ECHOED_CHARS",
     "SHARED_END_HEADERS",
+    "SHARED_END_WITHOUT_SESSION",
+    "SHARED_IDS_ONLY",
+    "SHARED_LOST_STATE",
+    "SHARED_LOST_STATE_FAILED",
+    "SHARED_LOST_STATE_LEFT",
     "SHARED_MAX_SESSION_ID_BYTES",
     "SHARED_NO_ROUTE",
     "SHARED_PARENT_HEADERS",
@@ -71,6 +77,9 @@ __all__ = [
     "SHARED_REFUSED_QUEUE_TIMEOUT",
     "SHARED_ROUTES",
     "SHARED_SESSION_HEADERS",
+    "SHARED_SESSION_ID_CONTROL",
+    "SHARED_SESSION_ID_EMPTY",
+    "SHARED_SESSION_ID_TOO_LONG",
     "SHARED_USAGE_OPTION",
     "SHARED_WAIT_BUCKETS_S",
     "SHARED_WRONG_METHOD",
@@ -705,6 +714,24 @@ SHARED_NO_ROUTE: Final[str]
 """The 404 of a path no route serves (``{path}`` filled in)."""
 SHARED_WRONG_METHOD: Final[str]
 """The 405 of a path served with other methods."""
+SHARED_BAD_END_HEADER: Final[str]
+"""The 400 of an end header neither true nor false (``{name}``: the header)."""
+SHARED_END_WITHOUT_SESSION: Final[str]
+"""The 400 of an end header on a request that names no session."""
+SHARED_IDS_ONLY: Final[str]
+"""The 400 of a request without token ids when the proxy routes on token ids only."""
+SHARED_LOST_STATE: Final[str]
+"""A pinned request's lost state (``{where}``: :data:`SHARED_LOST_STATE_LEFT` or ``_FAILED``)."""
+SHARED_LOST_STATE_LEFT: Final[str]
+"""Where the lost state lived: an instance that left the fleet."""
+SHARED_LOST_STATE_FAILED: Final[str]
+"""Where the lost state lived: a failed instance (``{instance}``, ``{cause}``)."""
+SHARED_SESSION_ID_EMPTY: Final[str]
+"""The 400 of an end endpoint's empty session id."""
+SHARED_SESSION_ID_TOO_LONG: Final[str]
+"""The 400 of an end endpoint's session id over the limit (``{size}``, ``{max}``: bytes)."""
+SHARED_SESSION_ID_CONTROL: Final[str]
+"""The 400 of an end endpoint's session id holding a control character."""
 GATEWAY_HEADER: Final[str]
 """Carries the gateway's per-process secret on every request it sends the app."""
 GATEWAY_ADMITTED_HEADER: Final[str]

@@ -30,7 +30,7 @@ from smetric._core import GATEWAY_HEADER, SHARED_ROUTES
 from smetric.fake_engine import FakeEngine
 from smetric.serve.apis import ResponsesApi
 from smetric.serve.compiled import plane_summary
-from smetric.serve.pinning import instance_tag
+from smetric.serve.pinning import ResponseIds, instance_tag
 from smetric.serve.proxy import NOT_FROM_GATEWAY, ProxyServer
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 40}
@@ -245,6 +245,40 @@ def test_pass_through_and_a_stored_responses_routes_are_served_natively(storing_
             # Both idle: the fleet's first is tried first, and a dead first fails over.
             assert decision(headers)["attempt"] == ("2" if first_in_order else "1")
         assert metric(page(p), "smetric_proxy_native_requests_total", api="passthrough") == 3
+    finally:
+        p.stop()
+
+
+def test_a_stored_response_whose_instance_left_is_lost_natively_as_the_app_answers_it(
+    engines: list[FakeEngine],
+) -> None:
+    """An id the key issued for an instance no longer in the fleet: its routes and a follow-up
+    naming it get the failover's lost-state 404, from the gateway as from the app handed the same
+    request."""
+    key = "shared-by-the-replicas"
+    gone = ResponseIds(key).issue("resp_engine-1", "http://127.0.0.1:9")
+    p = compiled([e.url for e in engines], response_id_key=key)
+    cases: list[tuple[str, str, Any]] = [
+        ("GET", f"/v1/responses/{gone}", None),
+        ("POST", f"/v1/responses/{gone}/cancel", {}),
+        ("POST", "/v1/responses", {"input": "and then?", "previous_response_id": gone, "max_output_tokens": 2}),
+    ]
+    try:
+        answers: dict[str, list[tuple[int, Any]]] = {}
+        for plane in ("compiled", "app"):
+            send = sender(p, plane)
+            answers[plane] = [
+                (status, json.loads(raw))
+                for status, _, raw in (send(p.url, path, body, method=m) for m, path, body in cases)
+            ]
+            if plane == "compiled":
+                native = metric(page(p), "smetric_proxy_native_requests_total", api="responses")
+                assert native == len(cases), "answered by the gateway, not the app"
+        assert answers["compiled"] == answers["app"]
+        for status, body in answers["compiled"]:
+            error = body["error"]
+            assert status == 404 and error["param"] == "previous_response_id", body
+            assert "no longer in the fleet" in error["message"]
     finally:
         p.stop()
 
@@ -705,22 +739,97 @@ def test_the_gateway_serves_every_token_mode_natively(engines: list[FakeEngine])
             p.stop()
 
 
-def test_ids_mode_routes_token_ids_natively_and_leaves_the_refusals_to_the_app(engines: list[FakeEngine]) -> None:
+IDS_MODE_REFUSALS: list[tuple[str, Any]] = [
+    ("/v1/completions", {"prompt": "text, not ids", "max_tokens": 2}),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ("/v1/messages", {"model": "fake-model", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 2}),
+    # A conversation ChatML would refuse: in ids mode nothing is rendered, the ids refusal it is.
+    (
+        CHAT,
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "add_generation_prompt": True,
+            "continue_final_message": True,
+        },
+    ),
+    # The model check comes first.
+    (CHAT, {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"model": "nope", "prompt": "text"}),
+]
+
+
+def test_ids_mode_routes_token_ids_and_refuses_the_rest_natively_as_the_app_does(engines: list[FakeEngine]) -> None:
+    """In ids mode the gateway routes completions' token ids and refuses every other request
+    itself, with the app's answer to the same request handed to it (the model's 404 first)."""
     instances = [{"url": e.url, "kv_events": "off"} for e in engines]
     p = proxy_for(instances, tokens={"mode": "ids"})
     try:
         status, headers, _ = request(p.url, "/v1/completions", {"prompt": list(range(100)), "max_tokens": 2})
         assert status == 200 and decision(headers)["tokens"] == "ids"
-        for path, body, param in (
-            ("/v1/completions", {"prompt": "text, not ids", "max_tokens": 2}, "prompt"),
-            (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, "messages"),
-        ):
-            status, _, raw = request(p.url, path, body)
-            error = json.loads(raw)["error"]
-            assert status == 400 and error["param"] == param and "token ids" in error["message"], raw
+        answers = {
+            plane: [
+                (s, json.loads(raw))
+                for s, _, raw in (sender(p, plane)(p.url, path, body) for path, body in IDS_MODE_REFUSALS)
+            ]
+            for plane in ("compiled", "app")
+        }
+        assert answers["compiled"] == answers["app"]
+        statuses = [status for status, _ in answers["compiled"]]
+        assert statuses == [400] * 5 + [404] * 2
+        chat_error = answers["compiled"][1][1]["error"]
+        assert chat_error["param"] == "messages" and "token ids" in chat_error["message"]
+        assert answers["compiled"][0][1]["error"]["param"] == "prompt"
+        assert answers["compiled"][2][1]["type"] == "error", "Anthropic's shape"
         text = page(p)
-        assert metric(text, "smetric_proxy_native_requests_total", api="completions") == 1
-        assert metric(text, "smetric_proxy_native_requests_total", api="chat") == 0
+        native = {
+            api: metric(text, "smetric_proxy_native_requests_total", api=api)
+            for api in ("completions", "chat", "messages", "responses")
+        }
+        assert native == {"completions": 3, "chat": 3, "messages": 1, "responses": 1}, native
+    finally:
+        p.stop()
+
+
+END_HEADER_CASES: list[tuple[str, dict[str, str], Any]] = [
+    # An end header neither true nor false: the app's 400 before anything else of the body.
+    (CHAT, {"x-session-end": "yes", "x-session-id": "s"}, {"model": "nope", "messages": "not a list"}),
+    ("/v1/messages", {"x-dynamo-session-final": "maybe"}, {"model": "m", "max_tokens": 1, "messages": []}),
+    ("/v1/completions", {"x-session-end": "0", "x-dynamo-session-final": "later"}, {"prompt": "p"}),
+    # An end that names no session: its own 400, after the model's 404.
+    (CHAT, {"x-session-end": "true"}, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+    ("/v1/responses", {"x-session-end": "1"}, {"input": "hi", "max_output_tokens": 1}),
+    (CHAT, {"x-session-end": "true"}, {"model": "nope", "messages": [{"role": "user", "content": "hi"}]}),
+]
+
+
+def test_end_headers_the_app_refuses_are_refused_natively_as_the_app_does(engines: list[FakeEngine]) -> None:
+    """An end header that is neither true nor false, or one on a request that names no session:
+    the gateway's answer is the app's to the same request handed to it, each counted once as the
+    app counts it (the bad value as a ``session_end_header`` client error)."""
+    instances = [{"url": e.url, "kv_events": "off"} for e in engines]
+    p = proxy_for(instances, tokens={"mode": "approximate"})
+    try:
+        answers: dict[str, list[tuple[int, Any]]] = {}
+        for plane in ("compiled", "app"):
+            send = sender(p, plane)
+            answers[plane] = [
+                (s, json.loads(raw))
+                for s, _, raw in (send(p.url, path, body, headers=h) for path, h, body in END_HEADER_CASES)
+            ]
+            if plane == "compiled":
+                text = page(p)
+                native = sum(
+                    metric(text, "smetric_proxy_native_requests_total", api=a)
+                    for a in ("chat", "completions", "messages", "responses")
+                )
+                assert native == len(END_HEADER_CASES), "answered by the gateway, not the app"
+                assert metric(text, "smetric_proxy_client_errors_total", kind="session_end_header") == 3
+        assert answers["compiled"] == answers["app"]
+        assert [s for s, _ in answers["compiled"]] == [400] * 5 + [404]
+        assert answers["compiled"][0][1]["error"]["code"] == "invalid_session_end"
+        assert answers["compiled"][2][1]["error"]["message"] == "x-dynamo-session-final must be true or false"
+        assert answers["compiled"][3][1]["error"]["code"] == "session_end_without_session"
     finally:
         p.stop()
 
@@ -1084,6 +1193,43 @@ def test_escaped_session_end_ids_are_decoded_natively_as_the_app_decodes_them(en
         p.stop()
     assert answers["compiled"] == answers["app"]
     assert [body["id"] for _, body in answers["compiled"]][:2] == ["a/b c", "é%"]
+
+
+IMPOSSIBLE_END_IDS = [
+    "/finish_session",
+    "/finish_session?session_id=",
+    "/finish_session?other=1",
+    "/v1/sessions/a%0Ab/end",
+    "/v1/sessions/tab%09/end",
+    "/v1/sessions/" + "s" * 257 + "/end",
+    "/v1/sessions/" + "%C3%A9" * 200 + "/end",
+    "/finish_session?session_id=" + "x" * 300,
+]
+
+
+def test_session_end_ids_no_session_can_have_are_refused_natively_as_the_app_does(engines: list[FakeEngine]) -> None:
+    """Empty, too long or holding a control character once decoded: the gateway's 400 is the
+    app's to the same request handed to it, counted as its ``session_id`` client error."""
+    p = proxy_for([{"url": e.url, "kv_events": "off"} for e in engines], tokens={"mode": "approximate"})
+    try:
+        answers: dict[str, list[tuple[int, Any]]] = {}
+        for plane in ("compiled", "app"):
+            send = sender(p, plane)
+            answers[plane] = [
+                (status, json.loads(raw))
+                for status, _, raw in (send(p.url, path, method="POST") for path in IMPOSSIBLE_END_IDS)
+            ]
+            if plane == "compiled":
+                assert p.proxy is not None
+                assert p.proxy.telemetry.client_errors["session_id"] == 0, "none reached the app"
+                text = page(p)
+                assert metric(text, "smetric_proxy_client_errors_total", kind="session_id") == len(IMPOSSIBLE_END_IDS)
+        assert answers["compiled"] == answers["app"]
+        assert all(status == 400 for status, _ in answers["compiled"])
+        assert {body["error"]["code"] for _, body in answers["compiled"]} == {"invalid_session_id"}
+        assert "400 bytes" in answers["compiled"][6][1]["error"]["message"], "UTF-8 bytes, once decoded"
+    finally:
+        p.stop()
 
 
 def test_the_app_answers_its_gateway_alone(engines: list[FakeEngine]) -> None:

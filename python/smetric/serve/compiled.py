@@ -7,7 +7,7 @@
   ChatML or of a chat template, or the tokenizer's (``--tokens tokenizer``) — a template the
   gateway renders itself (:func:`gateway_token_source`: the same files the app resolved) —
   completions when text prompts are routed that way too (token-id prompts always are; in ids
-  mode, ``--tokens ids``, only those, the app refusing the rest);
+  mode, ``--tokens ids``, only those, the gateway refusing the rest as the app words it);
   co-located instances, or a PD fleet (the gateway speaks vLLM's disaggregated-prefill protocol as
   :mod:`smetric.serve.backends.pd` does; without session admission, whose stage is co-located),
   over HTTP or TLS (the gateway verifies https engines against the system's roots, as the app's
@@ -99,8 +99,9 @@ def native_settings(
     a tokenizer file), the approximate ids (with or without a template), token ids."""
     source = gateway_token_source(tokens)
     ids_only = tokens.kind == "ids"
-    # In ids mode only completions with token-id prompts are routed; the app refuses the rest.
-    chat = not ids_only and (source is not None or tokens.renders_plain_chatml)
+    # In ids mode only completions with token-id prompts are routed; the gateway refuses the rest
+    # (the conversation APIs' requests always: they carry no ids).
+    chat = ids_only or source is not None or tokens.renders_plain_chatml
     return GatewayNative(
         router,
         secret=secret,

@@ -30,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
-from smetric._core import SHARED_CUT_MESSAGE
+from smetric._core import SHARED_CUT_MESSAGE, SHARED_LOST_STATE, SHARED_LOST_STATE_FAILED, SHARED_LOST_STATE_LEFT
 from smetric.serve.admission import skip_full
 from smetric.serve.apis.base import Api, Prepared, StreamState
 from smetric.serve.backends.base import Answered, Backend, NoInstance
@@ -53,11 +53,10 @@ CUT_MESSAGE: str = SHARED_CUT_MESSAGE
 def lost_state(instance: str | None, cause: str) -> ProxyError:
     """The answer to a pinned request whose instance is gone (404) or does not answer (503):
     the state it names lived there only."""
-    where = "an instance no longer in the fleet" if instance is None else f"instance {instance}, which {cause}"
-    message = (
-        f"the stored response this request names lived on {where}: it is lost (no other instance holds it); "
-        "send the whole conversation instead (store: false, no previous_response_id)"
+    where = (
+        SHARED_LOST_STATE_LEFT if instance is None else SHARED_LOST_STATE_FAILED.format(instance=instance, cause=cause)
     )
+    message = SHARED_LOST_STATE.format(where=where)
     if instance is None:
         return ProxyError(404, message, "NotFoundError", "previous_response_id")
     return ProxyError(503, message, "ServiceUnavailableError", "previous_response_id")

@@ -54,7 +54,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from smetric._core import Gateway, PdRouter, Router, SessionTable
+from smetric._core import SHARED_END_WITHOUT_SESSION, Gateway, PdRouter, Router, SessionTable
 from smetric.deployment import smallest_kv_capacity
 from smetric.errors import SmetricError
 from smetric.metrics import CONTENT_TYPE
@@ -479,7 +479,7 @@ class Proxy:
                     own = session_hint(request.headers)
                     if own is None and prepared.turn_key is None:
                         error = RequestError(
-                            "x-session-end names no session: send the session's id (x-session-id)",
+                            SHARED_END_WITHOUT_SESSION,
                             code="session_end_without_session",
                         )
                         return self._respond(api.reject(error))

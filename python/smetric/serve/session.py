@@ -70,10 +70,14 @@ from smetric._core import (
     SESSION_ENTRY_BYTES,
     SHARED_AFFINITY_ATTRIBUTES,
     SHARED_AFFINITY_COOKIE,
+    SHARED_BAD_END_HEADER,
     SHARED_END_HEADERS,
     SHARED_MAX_SESSION_ID_BYTES,
     SHARED_PARENT_HEADERS,
     SHARED_SESSION_HEADERS,
+    SHARED_SESSION_ID_CONTROL,
+    SHARED_SESSION_ID_EMPTY,
+    SHARED_SESSION_ID_TOO_LONG,
 )
 
 AFFINITY_COOKIE: str = SHARED_AFFINITY_COOKIE
@@ -164,7 +168,7 @@ def session_end(headers: Mapping[str, str]) -> bool:
         if word in ("true", "1"):
             ended = True
         elif word not in ("false", "0"):
-            raise ValueError(f"{name} must be true or false")
+            raise ValueError(SHARED_BAD_END_HEADER.format(name=name))
     return ended
 
 
@@ -173,12 +177,12 @@ def session_id_problem(session_id: str) -> str | None:
     :data:`MAX_SESSION_ID_BYTES` bytes, or holding a control character (CR, LF, NUL, …: such an
     id could never have been a header value, so no session has it). O(length)."""
     if not session_id:
-        return "the session id is empty"
+        return SHARED_SESSION_ID_EMPTY
     size = len(session_id.encode("utf-8", "surrogatepass"))
     if size > MAX_SESSION_ID_BYTES:
-        return f"the session id is {size} bytes; at most {MAX_SESSION_ID_BYTES} are accepted"
+        return SHARED_SESSION_ID_TOO_LONG.format(size=size, max=MAX_SESSION_ID_BYTES)
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in session_id):
-        return "the session id holds a control character (CR, LF, NUL, ...)"
+        return SHARED_SESSION_ID_CONTROL
     return None
 
 

@@ -53,6 +53,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from smetric._core import SHARED_IDS_ONLY
 from smetric.chat import BYTE_CHUNK_BYTES as DEFAULT_APPROX_CHUNK_BYTES
 from smetric.chat import byte_chunk_ids as approximate_ids
 from smetric.chat import render_chat
@@ -183,7 +184,7 @@ class TokenSource:
             return RoutingTokens(req.prompt_ids, len(req.prompt_ids), "ids")
         if self.kind == "ids":
             param = "messages" if req.endpoint == "chat" else "prompt"
-            raise RequestError("this proxy routes on token ids: send prompt as a list of token ids", param=param)
+            raise RequestError(SHARED_IDS_ONLY, param=param)
         text = self.render(req) if req.endpoint == "chat" else req.prompt_text or ""
         ids = self._encode(text, special=req.add_special_tokens) if self.encoder is not None else None
         if ids is None:

@@ -14,6 +14,8 @@ pub(crate) struct ClientErrors {
     http_400: AtomicU64,
     http_431: AtomicU64,
     http_405: AtomicU64,
+    session_end_header: AtomicU64,
+    session_id: AtomicU64,
 }
 
 /// One kind of client error.
@@ -31,6 +33,10 @@ pub(crate) enum ClientError {
     HeadTooLarge,
     /// A method no route serves on a path others do (405), answered whole at the door.
     WrongMethod,
+    /// An end header neither true nor false (400, answered natively).
+    SessionEndHeader,
+    /// An end endpoint's session id no client session can have (400, answered natively).
+    SessionId,
 }
 
 impl ClientErrors {
@@ -42,6 +48,8 @@ impl ClientErrors {
             ClientError::Malformed => &self.http_400,
             ClientError::HeadTooLarge => &self.http_431,
             ClientError::WrongMethod => &self.http_405,
+            ClientError::SessionEndHeader => &self.session_end_header,
+            ClientError::SessionId => &self.session_id,
         };
         tally.fetch_add(1, Ordering::Relaxed);
     }
@@ -55,6 +63,8 @@ impl ClientErrors {
             ("http_400", &self.http_400),
             ("http_431", &self.http_431),
             ("http_405", &self.http_405),
+            ("session_end_header", &self.session_end_header),
+            ("session_id", &self.session_id),
         ]
         .into_iter()
         .map(|(kind, tally)| (kind, tally.load(Ordering::Relaxed)))

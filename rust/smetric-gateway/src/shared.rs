@@ -97,3 +97,21 @@ pub const ROUTES: [(&str, &str); 25] = [
 pub const NO_ROUTE: &str = "no such route: {path}";
 /// The 405 of a path served with other methods (its `Allow` names them).
 pub const WRONG_METHOD: &str = "method not allowed on this endpoint";
+/// The 400 of an end header whose value is neither true nor false (`{name}`: the header).
+pub const BAD_END_HEADER: &str = "{name} must be true or false";
+/// The 400 of an end header on a request that names no session.
+pub const END_WITHOUT_SESSION: &str = "x-session-end names no session: send the session's id (x-session-id)";
+/// The 400s of an end endpoint's session id no client session can have (`{size}`, `{max}`: its
+/// UTF-8 bytes and [`MAX_SESSION_ID_BYTES`]), checked in this order.
+pub const SESSION_ID_EMPTY: &str = "the session id is empty";
+pub const SESSION_ID_TOO_LONG: &str = "the session id is {size} bytes; at most {max} are accepted";
+pub const SESSION_ID_CONTROL: &str = "the session id holds a control character (CR, LF, NUL, ...)";
+/// The answer to a request pinned to a stored response whose instance is gone (`{where}`: one
+/// of the two places below; `{instance}`, `{cause}`: the instance and why it failed).
+pub const LOST_STATE: &str = "the stored response this request names lived on {where}: it is lost (no other \
+                              instance holds it); send the whole conversation instead (store: false, no \
+                              previous_response_id)";
+pub const LOST_STATE_LEFT: &str = "an instance no longer in the fleet";
+pub const LOST_STATE_FAILED: &str = "instance {instance}, which {cause}";
+/// The 400 of a request without token ids when the proxy routes on token ids only.
+pub const IDS_ONLY: &str = "this proxy routes on token ids: send prompt as a list of token ids";

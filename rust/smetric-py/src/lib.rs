@@ -66,6 +66,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("SHARED_ROUTES", PyTuple::new(m.py(), s::ROUTES)?)?;
         m.add("SHARED_NO_ROUTE", s::NO_ROUTE)?;
         m.add("SHARED_WRONG_METHOD", s::WRONG_METHOD)?;
+        m.add("SHARED_BAD_END_HEADER", s::BAD_END_HEADER)?;
+        m.add("SHARED_END_WITHOUT_SESSION", s::END_WITHOUT_SESSION)?;
+        m.add("SHARED_IDS_ONLY", s::IDS_ONLY)?;
+        m.add("SHARED_LOST_STATE", s::LOST_STATE)?;
+        m.add("SHARED_LOST_STATE_LEFT", s::LOST_STATE_LEFT)?;
+        m.add("SHARED_LOST_STATE_FAILED", s::LOST_STATE_FAILED)?;
+        m.add("SHARED_SESSION_ID_EMPTY", s::SESSION_ID_EMPTY)?;
+        m.add("SHARED_SESSION_ID_TOO_LONG", s::SESSION_ID_TOO_LONG)?;
+        m.add("SHARED_SESSION_ID_CONTROL", s::SESSION_ID_CONTROL)?;
     }
     m.add_class::<router::PyDecision>()?;
     m.add_class::<router::PyIndexHits>()?;

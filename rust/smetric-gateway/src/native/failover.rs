@@ -35,6 +35,7 @@ use super::protocol::Protocol;
 use super::state::{FleetView, Native};
 use crate::answers::Body;
 use crate::records::{FailedAttempt, Record};
+use crate::shared::{LOST_STATE, LOST_STATE_FAILED, LOST_STATE_LEFT};
 
 /// 5xx statuses that are an instance's own whatever the request (a gateway's or an unreachable
 /// engine's): `upstream.OWN_STATUSES`.
@@ -251,17 +252,25 @@ pub(super) fn no_instance(api: &'static dyn Protocol, failed: &[String]) -> Resp
     api.proxy_error(503, &message, "ServiceUnavailableError")
 }
 
-/// The answer to a stored-response follow-up whose instance did not answer (`failover.lost_state`).
-pub(super) fn lost_state(instance: &str, cause: &str) -> Response<Body> {
-    let message = format!(
-        "the stored response this request names lived on instance {instance}, which did not answer \
-         ({cause}): it is lost (no other instance holds it); send the whole conversation instead \
-         (store: false, no previous_response_id)"
-    );
+/// The answer to a request pinned to a stored response whose instance is gone (`instance`
+/// None: it left the fleet, a 404) or did not answer (`cause`: why, a 503): the state it names
+/// lived there only (`failover.lost_state`, worded by the shared constants).
+pub(super) fn lost_state(instance: Option<&str>, cause: &str) -> Response<Body> {
+    let place = match instance {
+        None => LOST_STATE_LEFT.to_owned(),
+        Some(instance) => LOST_STATE_FAILED
+            .replace("{instance}", instance)
+            .replace("{cause}", cause),
+    };
+    let message = LOST_STATE.replace("{where}", &place);
+    let (status, kind) = match instance {
+        None => (hyper::StatusCode::NOT_FOUND, "NotFoundError"),
+        Some(_) => (hyper::StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailableError"),
+    };
     let body = serde_json::json!({"error": {
-        "message": message, "type": "ServiceUnavailableError", "param": "previous_response_id", "code": 503,
+        "message": message, "type": kind, "param": "previous_response_id", "code": status.as_u16(),
     }});
-    crate::answers::json_response(hyper::StatusCode::SERVICE_UNAVAILABLE, body.to_string())
+    crate::answers::json_response(status, body.to_string())
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use super::response_ids::ResponseIds;
 use super::responses::{self, RESPONSES};
 use super::routes::{self, Resolved};
 use super::secret::same_bytes;
-use super::session_end::ended_session;
+use super::session_end::{EndRequest, ended_session, invalid_session_id};
 use super::state::{FleetView, Native, Routing};
 use super::unrouted::{Unrouted, not_issued};
 use crate::admission::{Refusal, Slot};
@@ -56,8 +56,8 @@ fn unadmitted(path: &str) -> bool {
 // The session, parent and end headers (a request carrying an end header is the app's: it
 // releases the session's state), the cut stream's message and the usage splice: `crate::shared`.
 use crate::shared::{
-    CUT_MESSAGE, ECHOED_CHARS, PARENT_HEADERS, REFUSED_AT_CAPACITY, REFUSED_DRAINING, REFUSED_QUEUE_TIMEOUT,
-    USAGE_OPTION,
+    BAD_END_HEADER, CUT_MESSAGE, ECHOED_CHARS, END_WITHOUT_SESSION, IDS_ONLY, PARENT_HEADERS, REFUSED_AT_CAPACITY,
+    REFUSED_DRAINING, REFUSED_QUEUE_TIMEOUT, USAGE_OPTION,
 };
 
 /// An API the native path serves (`protocol.rs`; the registry is `apis.rs`).
@@ -81,10 +81,16 @@ pub(crate) async fn serve(
         plane.errors().count(ClientError::WrongMethod);
         return routes::wrong_method(request.uri().path(), allow);
     }
-    if let Some(id) = ended_session(request.method(), request.uri())
+    if let Some(end) = ended_session(request.method(), request.uri())
         && key_valid(&native.config.client_keys, request.headers())
     {
-        return native.end_endpoint(&id, request.headers());
+        return match end {
+            EndRequest::End(id) => native.end_endpoint(&id, request.headers()),
+            EndRequest::Invalid(problem) => {
+                plane.errors().count(ClientError::SessionId);
+                invalid_session_id(&problem)
+            }
+        };
     }
     if unadmitted(request.uri().path()) {
         return plane.delegate(request, peer, &[]).await;
@@ -183,6 +189,17 @@ fn door_refusal(native: &Native, api: Api, headers: &HeaderMap, refusal: Refusal
 }
 
 /// A Responses body's `previous_response_id` when this key did not issue it.
+/// Ids mode's refusal of a request without token ids (`TokenSource.routing_tokens`): it names
+/// the prompt of completions and the messages of the conversation APIs (their chat form).
+fn ids_only_refusal(api: Api) -> Unplanned {
+    let param = if api.name() == "completions" {
+        "prompt"
+    } else {
+        "messages"
+    };
+    Unplanned::refused(IDS_ONLY, Some(param))
+}
+
 fn unissued_previous(native: &Native, api: Api, raw: &[u8]) -> Option<String> {
     if api.name() != RESPONSES.name() {
         return None;
@@ -275,8 +292,14 @@ impl Native {
                 return self.refused(api.name(), &parts.headers, None, not_issued(&id), arrived);
             }
             Err(Unplanned::UnknownModel(model)) => return self.unknown_model(api, &parts.headers, &model, arrived),
-            Err(Unplanned::Refused { message, param }) => {
-                let answer = api.client_error(StatusCode::BAD_REQUEST, &message, None, param);
+            Err(Unplanned::Refused { message, param, code }) => {
+                let answer = api.client_error(StatusCode::BAD_REQUEST, &message, code, param);
+                return self.refused(api.name(), &parts.headers, None, answer, arrived);
+            }
+            Err(Unplanned::BadEndHeader(name)) => {
+                plane.errors().count(ClientError::SessionEndHeader);
+                let message = BAD_END_HEADER.replace("{name}", name);
+                let answer = api.client_error(StatusCode::BAD_REQUEST, &message, Some("invalid_session_end"), None);
                 return self.refused(api.name(), &parts.headers, None, answer, arrived);
             }
             Err(Unplanned::Unrenderable { message, .. }) => {
@@ -305,8 +328,9 @@ impl Native {
             ..Record::default()
         };
         // A follow-up of a stored response: only the instance that stored it can serve it,
-        // ejected or not (`failover`'s pin). An instance that left the fleet (the app's
-        // lost-state answer) and PD mode are the app's.
+        // ejected or not (`failover`'s pin); an instance that left the fleet, the lost-state 404
+        // once the turn is counted (as the app's failover answers it). PD mode is the app's.
+        let mut left_fleet = false;
         let pinned = match plan.previous_response.as_deref() {
             None => None,
             // The id is opened once (a mac check): an id this key never issued is the adapter's
@@ -317,6 +341,10 @@ impl Native {
                     let instance = fleet.instances.iter().find(|u| ResponseIds::tag(u) == tag);
                     match (instance, &self.config.routing) {
                         (Some(instance), Routing::Colocated(_)) => Some((instance.clone(), engine_id.to_owned())),
+                        (None, Routing::Colocated(_)) => {
+                            left_fleet = true;
+                            None
+                        }
                         _ => return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await,
                     }
                 }
@@ -338,6 +366,10 @@ impl Native {
             let turn = self.config.sessions.next_turn(key.as_bytes(), None);
             plan.turn = TurnHint::Turn(turn);
             record.turn = Some(turn);
+        }
+        if left_fleet {
+            let answer = lost_state(None, "");
+            return self.failure_answer(record, arrived, plan.ends_session, answer);
         }
         // vllm-router's hash policies hash the header session hint (as the app's
         // `session_hint`, through `RequestId::from_name` as its binding does), else the prompt.
@@ -368,7 +400,7 @@ impl Native {
             let exclude = match &pinned {
                 // Only its instance can serve it, ejected or not: once it failed, the state is lost.
                 Some((instance, _)) if !first_attempt => {
-                    let answer = lost_state(instance, tried.last_cause());
+                    let answer = lost_state(Some(instance), &format!("did not answer ({})", tried.last_cause()));
                     return self.failure_answer(record, arrived, plan.ends_session, answer);
                 }
                 Some((instance, _)) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
@@ -583,9 +615,8 @@ impl Native {
         if !session_headers_utf8(headers) {
             return Err(Unplanned::App);
         }
-        // An end header that is neither true nor false, or one that names no session: the
-        // app's 400.
-        let ends_session = session_end(headers).map_err(|()| Unplanned::App)?;
+        // An end header that is neither true nor false: the app's 400, before it reads the body.
+        let ends_session = session_end(headers).map_err(Unplanned::BadEndHeader)?;
         let session = header_session(headers);
         let chunk = self.config.approx_chunk_bytes;
         let planned = match &self.config.tokens {
@@ -612,6 +643,10 @@ impl Native {
         };
         let mut plan = match planned {
             Ok(plan) => plan,
+            // In ids mode the app renders nothing: its refusal of a conversation is the ids one.
+            Err(Unplanned::Unrenderable { model, .. }) if self.config.ids_only => {
+                return Err(unknown(model.as_deref()).unwrap_or_else(|| ids_only_refusal(api)));
+            }
             Err(Unplanned::Unrenderable { message, model }) => {
                 return Err(unknown(model.as_deref()).unwrap_or(Unplanned::Unrenderable { message, model }));
             }
@@ -621,10 +656,14 @@ impl Native {
             return Err(refusal);
         }
         if self.config.ids_only && plan.source != "ids" {
-            return Err(Unplanned::App); // the app's to refuse: this proxy routes on token ids only
+            return Err(ids_only_refusal(api)); // this proxy routes on token ids only
         }
         if ends_session && plan.session.is_none() && plan.turn_key.is_none() {
-            return Err(Unplanned::App); // the app's 400: the end names no session
+            return Err(Unplanned::Refused {
+                message: END_WITHOUT_SESSION.to_owned(),
+                param: None,
+                code: Some("session_end_without_session"),
+            });
         }
         if let Some(model) = plan.model.as_deref()
             && fleet.adapters.contains(model)
@@ -1246,9 +1285,13 @@ mod tests {
         assert_eq!(session_end(&headers(&[("x-dynamo-session-final", "1")])), Ok(true));
         assert_eq!(session_end(&headers(&[("x-session-end", "false")])), Ok(false));
         assert_eq!(session_end(&headers(&[])), Ok(false));
-        assert_eq!(session_end(&headers(&[("x-session-end", "yes")])), Err(()));
+        assert_eq!(session_end(&headers(&[("x-session-end", "yes")])), Err("x-session-end"));
         let both = [("x-session-end", "0"), ("x-dynamo-session-final", "maybe")];
-        assert_eq!(session_end(&headers(&both)), Err(()), "each header is checked");
+        assert_eq!(
+            session_end(&headers(&both)),
+            Err("x-dynamo-session-final"),
+            "each header is checked"
+        );
     }
 
     #[test]

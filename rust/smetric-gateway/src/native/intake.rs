@@ -74,17 +74,17 @@ pub(super) fn parent_key(headers: &HeaderMap) -> Option<String> {
 }
 
 /// Whether the request ends its session (`session.session_end`): an end header is `true` or
-/// `1` (any case, spaces around); `Err` for a value other than those and `false` / `0` (the
-/// app's 400 names the header).
-pub(super) fn session_end(headers: &HeaderMap) -> Result<bool, ()> {
+/// `1` (any case, spaces around); `Err` with the first header, in `END_HEADERS` order, whose
+/// value is neither those nor `false` / `0` (the app's 400 names it).
+pub(super) fn session_end(headers: &HeaderMap) -> Result<bool, &'static str> {
     let mut ended = false;
     for name in END_HEADERS {
         let Some(value) = headers.get(name) else { continue };
-        let word = value.to_str().map_err(|_| ())?.trim().to_ascii_lowercase();
+        let word = value.to_str().map_err(|_| name)?.trim().to_ascii_lowercase();
         match word.as_str() {
             "true" | "1" => ended = true,
             "false" | "0" => {}
-            _ => return Err(()),
+            _ => return Err(name),
         }
     }
     Ok(ended)

@@ -55,10 +55,7 @@ impl Protocol for OpenAi {
             Endpoint::Completions
         };
         // The app parses with the same parser (`request.parse_request`): its error is the 400.
-        let body = parse_openai_body(raw, endpoint).map_err(|e| Unplanned::Refused {
-            message: e.message,
-            param: e.param,
-        })?;
+        let body = parse_openai_body(raw, endpoint).map_err(|e| Unplanned::refused(e.message, e.param))?;
         let (messages, tools) = (body.messages, body.tools);
         // Only a body that does not plan is looked at again, for the app's own 400: its shape
         // checks, then (plain ChatML: no template) its rendering's.
@@ -99,10 +96,7 @@ stream_scan_by_fields!(OpenAiStream);
 /// (`request._messages` and `parse_request`'s tools check, in that order), or None: not one of
 /// those (the app answers whatever else it is). O(messages) on a body that did not plan.
 fn shape_refusal(messages: Option<&str>, tools: Option<&str>) -> Option<Unplanned> {
-    let refused = |message: String, param: &'static str| Unplanned::Refused {
-        message,
-        param: Some(param),
-    };
+    let refused = |message: String, param: &'static str| Unplanned::refused(message, Some(param));
     if let Some(messages) = messages {
         let Ok(Value::Array(messages)) = serde_json::from_str::<Value>(messages) else {
             return None;

@@ -139,7 +139,12 @@ pub(crate) enum Unplanned {
     Refused {
         message: String,
         param: Option<&'static str>,
+        /// The error's `code` (None: JSON null).
+        code: Option<&'static str>,
     },
+    /// An end header (named) that is neither true nor false: the app's 400 (`invalid_session_end`),
+    /// which comes before it reads the body, and a client error of its kind.
+    BadEndHeader(&'static str),
     /// A body the app's rendering refuses with this 400 (`param: messages`) — after its model
     /// check, so a model the fleet does not serve is the answer first (`model`: the body's).
     Unrenderable {
@@ -154,6 +159,7 @@ impl Unplanned {
         Self::Refused {
             message: message.into(),
             param,
+            code: None,
         }
     }
 }

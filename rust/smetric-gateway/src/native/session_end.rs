@@ -6,9 +6,11 @@
 //! routes, and a record for the app's `proxy_session_ends_total{via="endpoint"}`.
 //!
 //! An id written with `%` escapes is decoded as the app's router and query parser decode it
-//! (`percent_decoded`: checked against yarl on random escapes). Left to the app (its 400s, its
-//! decoding): an id that is empty, over [`MAX_SESSION_ID_BYTES`] or holding a control character,
-//! a `%` that begins no escape or escapes that are not UTF-8, a query with `+` or `;`, a key the
+//! (`percent_decoded`: checked against yarl on random escapes). An id no client session can have
+//! (empty, over [`MAX_SESSION_ID_BYTES`] or holding a control character, `session_id_problem`)
+//! is the app's 400 in its words (`invalid_session_id`), answered here too. Left to the app (its
+//! decoding): a `%` that begins no escape or escapes that are not UTF-8, a query with `+` or `;`,
+//! an empty path segment (`/v1/sessions//end`, no end route to the app's router), a key the
 //! proxy does not accept (its 401), and a method other than `POST`. Idempotent; O(id length).
 
 use hyper::header::{HeaderMap, SET_COOKIE};
@@ -19,37 +21,76 @@ use super::state::Native;
 use crate::answers::{Body, json_response};
 use crate::handoff::SESSION_END_RECORD;
 use crate::records::Record;
-use crate::shared::MAX_SESSION_ID_BYTES;
+use crate::shared::{MAX_SESSION_ID_BYTES, SESSION_ID_CONTROL, SESSION_ID_EMPTY, SESSION_ID_TOO_LONG};
 
-/// The session id an end endpoint names, when the native path answers it (see the module docs).
-pub(super) fn ended_session(method: &Method, uri: &Uri) -> Option<String> {
+/// What an end endpoint's request asks, when the native path answers it (see the module docs).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum EndRequest {
+    /// End this session.
+    End(String),
+    /// An id no client session can have: the app's 400 with these words.
+    Invalid(String),
+}
+
+/// What an end endpoint's request asks, or None when it is the app's to read (module docs).
+pub(super) fn ended_session(method: &Method, uri: &Uri) -> Option<EndRequest> {
     if *method != Method::POST {
         return None;
     }
     let path = uri.path();
     let id = if let Some(rest) = path.strip_prefix("/v1/sessions/") {
-        percent_decoded(rest.strip_suffix("/end")?)?
+        let written = rest.strip_suffix("/end")?;
+        if written.is_empty() {
+            return None; // no end route to the app's router: its catch-all answers
+        }
+        percent_decoded(written)?
     } else if path == "/finish_session" {
         // The first `session_id` pair, keys and values decoded as the app's query parser does
-        // (`+` and `;` it reads otherwise: its to read).
-        let query = uri.query()?;
+        // (`+` and `;` it reads otherwise: its to read); none is the empty id.
+        let query = uri.query().unwrap_or("");
         if query.contains(['+', ';']) {
             return None;
         }
-        let mut found = None;
-        for pair in query.split('&') {
+        let mut found = String::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             if percent_decoded(key)? == "session_id" {
-                found = Some(percent_decoded(value)?);
+                found = percent_decoded(value)?;
                 break;
             }
         }
-        found?
+        found
     } else {
         return None;
     };
-    let plain = !id.is_empty() && id.len() <= MAX_SESSION_ID_BYTES && id.chars().all(|c| c >= ' ' && c != '\u{7f}');
-    plain.then_some(id)
+    Some(match session_id_problem(&id) {
+        None => EndRequest::End(id),
+        Some(problem) => EndRequest::Invalid(problem),
+    })
+}
+
+/// What is wrong with an end endpoint's session id, in the app's words (`session_id_problem`),
+/// or None: empty, over [`MAX_SESSION_ID_BYTES`] UTF-8 bytes, or holding a control character
+/// (no header value could carry it, so no session has it), checked in that order.
+fn session_id_problem(id: &str) -> Option<String> {
+    if id.is_empty() {
+        return Some(SESSION_ID_EMPTY.to_owned());
+    }
+    if id.len() > MAX_SESSION_ID_BYTES {
+        let text = SESSION_ID_TOO_LONG.replace("{size}", &id.len().to_string());
+        return Some(text.replace("{max}", &MAX_SESSION_ID_BYTES.to_string()));
+    }
+    id.chars()
+        .any(|c| c < ' ' || c == '\u{7f}')
+        .then(|| SESSION_ID_CONTROL.to_owned())
+}
+
+/// The app's 400 for an end endpoint's impossible session id (OpenAI's shape).
+pub(super) fn invalid_session_id(problem: &str) -> Response<Body> {
+    let body = serde_json::json!({"error": {
+        "message": problem, "type": "invalid_request_error", "param": "session_id", "code": "invalid_session_id",
+    }});
+    json_response(StatusCode::BAD_REQUEST, body.to_string())
 }
 
 /// `text` with its `%XX` escapes decoded, when every `%` begins one and the bytes are UTF-8:
@@ -107,7 +148,17 @@ mod tests {
     use super::*;
 
     fn ended(method: &Method, uri: &str) -> Option<String> {
-        ended_session(method, &uri.parse().unwrap())
+        match ended_session(method, &uri.parse().unwrap())? {
+            EndRequest::End(id) => Some(id),
+            EndRequest::Invalid(_) => None,
+        }
+    }
+
+    fn invalid(uri: &str) -> Option<String> {
+        match ended_session(&Method::POST, &uri.parse().unwrap())? {
+            EndRequest::Invalid(problem) => Some(problem),
+            EndRequest::End(_) => None,
+        }
     }
 
     #[test]
@@ -122,11 +173,15 @@ mod tests {
             Some("b")
         );
         assert_eq!(ended(&Method::GET, "/v1/sessions/s/end"), None);
-        assert_eq!(ended(&Method::POST, "/v1/sessions//end"), None, "empty: the app's 400");
         assert_eq!(
-            ended(&Method::POST, "/v1/sessions/a%0Ab/end"),
+            ended_session(&Method::POST, &"/v1/sessions//end".parse().unwrap()),
             None,
-            "a control character once decoded: the app's 400"
+            "no end route"
+        );
+        assert_eq!(
+            invalid("/v1/sessions/a%0Ab/end").as_deref(),
+            Some(SESSION_ID_CONTROL),
+            "decoded first"
         );
         let decoded = |uri: &str| ended(&Method::POST, uri);
         assert_eq!(decoded("/v1/sessions/a%2Fb%20c/end").as_deref(), Some("a/b c"));
@@ -137,11 +192,23 @@ mod tests {
         assert_eq!(decoded("/finish_session?session%5Fid=%E2%82%AC").as_deref(), Some("€"));
         assert_eq!(decoded("/finish_session?a=%FF&session_id=b"), Some("b".to_owned()));
         assert_eq!(decoded("/finish_session?session_id=%FF&session_id=b"), None);
-        assert_eq!(ended(&Method::POST, "/finish_session"), None);
-        assert_eq!(ended(&Method::POST, "/finish_session?session_id="), None);
+        assert_eq!(invalid("/finish_session").as_deref(), Some(SESSION_ID_EMPTY));
+        assert_eq!(
+            invalid("/finish_session?session_id=").as_deref(),
+            Some(SESSION_ID_EMPTY)
+        );
+        assert_eq!(invalid("/finish_session?other=1").as_deref(), Some(SESSION_ID_EMPTY));
         assert_eq!(ended(&Method::POST, "/finish_session?session_id=a+b"), None);
         let long = format!("/v1/sessions/{}/end", "s".repeat(MAX_SESSION_ID_BYTES + 1));
-        assert_eq!(ended(&Method::POST, &long), None);
+        assert_eq!(
+            invalid(&long).as_deref(),
+            Some("the session id is 257 bytes; at most 256 are accepted")
+        );
+        let long_control = format!("/v1/sessions/{}%0A/end", "é".repeat(MAX_SESSION_ID_BYTES));
+        assert!(
+            invalid(&long_control).unwrap().contains("513 bytes"),
+            "the size first, in UTF-8 bytes"
+        );
         let longest = format!("/v1/sessions/{}/end", "s".repeat(MAX_SESSION_ID_BYTES));
         assert!(ended(&Method::POST, &longest).is_some());
     }

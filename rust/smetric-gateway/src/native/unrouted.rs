@@ -14,10 +14,11 @@
 //! header says `reason=pass-through`. A stream is relayed as it comes (a stored response's
 //! scanned for its ids); its record is left at its head.
 //!
-//! An id the proxy did not issue is answered here with the Responses adapter's 404, and a path
+//! An id the proxy did not issue is answered here with the Responses adapter's 404, an id whose
+//! instance left the fleet with the failover's lost-state 404, and a path
 //! no route serves with the pass-through 404 ([`Native::no_route`]). Left to the app: an end
 //! header, session headers that are not UTF-8, a body that escapes a lone surrogate, a model the
-//! fleet does not serve (its 404), an id whose instance left (its lost-state 404), and PD mode.
+//! fleet does not serve (its 404), and PD mode.
 //! O(instances) per attempt.
 
 use std::net::SocketAddr;
@@ -173,7 +174,7 @@ impl Native {
                 Some(model) => Some(model),
                 None => match count_tokens_refusal(&raw) {
                     // Its validation's 400, answered as the app words it.
-                    Some(Unplanned::Refused { message, param }) if !delegate => {
+                    Some(Unplanned::Refused { message, param, .. }) if !delegate => {
                         let answer = MESSAGES.client_error(StatusCode::BAD_REQUEST, &message, None, param);
                         return self.refused(MESSAGES.name(), &parts.headers, None, answer, arrived);
                     }
@@ -199,14 +200,17 @@ impl Native {
                     Some((instance.clone(), engine_id.to_owned()))
                 });
                 let Some((instance, engine_id)) = opened else {
-                    // An id this key never issued: the Responses adapter's 404 at parse time,
-                    // before anything else of the request counts (an id whose instance left the
-                    // fleet is the app's lost-state answer).
-                    if self.response_ids.open(id).is_none() && !delegate && !id.contains('%') {
-                        let answer = not_issued(id);
-                        return self.refused(RESPONSES.name(), &parts.headers, None, answer, arrived);
+                    if delegate || id.contains('%') {
+                        return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
                     }
-                    return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
+                    // An id this key never issued: the Responses adapter's 404 at parse time,
+                    // before anything else of the request counts; one whose instance left the
+                    // fleet: the failover's lost-state 404.
+                    let answer = match self.response_ids.open(id) {
+                        None => not_issued(id),
+                        Some(_) => lost_state(None, ""),
+                    };
+                    return self.refused(RESPONSES.name(), &parts.headers, None, answer, arrived);
                 };
                 let query = match (&parts.method, parts.uri.query()) {
                     (&Method::GET, Some(query)) => format!("?{query}"),
@@ -232,7 +236,7 @@ impl Native {
             let first_attempt = tried.instances().is_empty();
             let exclude = match &pinned {
                 Some(instance) if !first_attempt => {
-                    let answer = lost_state(instance, tried.last_cause());
+                    let answer = lost_state(Some(instance), &format!("did not answer ({})", tried.last_cause()));
                     return self.failure_answer(record, arrived, false, answer);
                 }
                 Some(instance) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
