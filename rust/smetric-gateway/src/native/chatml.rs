@@ -10,14 +10,17 @@
 //! smetric.chat.render_chat(...))`. A body Python would render otherwise or reject gives `None`
 //! (the gateway then hands the request to the app, whose error or rendering it is). The roles
 //! also give the router its turn (`first_turn_from_roles`). O(body length): one pass over
-//! `messages` (strings borrowed unless they escape a character), one copy, one pass to cut.
+//! `messages` that decodes each role and content as it meets them (strings borrowed unless they
+//! escape a character; it replaced a split into raw messages, a parse of each and a decode of
+//! each content: three passes), one copy, one pass to cut.
 
 use std::borrow::Cow;
 
 use serde::Deserialize;
+use serde::de::{Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::json::{object, string};
+use super::json::string;
 
 use smetric_core::first_turn_from_roles;
 use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
@@ -25,55 +28,141 @@ use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
 pub use crate::shared::BYTE_CHUNK_BYTES;
 pub use crate::tokens::byte_chunk_ids;
 
-#[derive(Deserialize)]
+/// One message as the render reads it, parsed in the same pass as the list that holds it: an
+/// object (never an array read positionally, as serde's derive would) with a string `role` and a
+/// [`Content`]; other keys skipped. A key given twice fails it, as the derive it replaces did.
 struct Message<'a> {
-    #[serde(borrow)]
     role: Cow<'a, str>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Content<'a>,
 }
 
-/// A content part. A field given as `null` is `Some` (its raw `null`), unlike an absent one:
-/// Python tells them apart (`part.get("type", "text")`).
-#[derive(Deserialize)]
-struct Part<'a> {
-    #[serde(borrow, default, rename = "type", deserialize_with = "present")]
-    kind: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    text: Option<&'a RawValue>,
+/// A message's content as Python's `content_text` reads it: absent or `null` (no text), a string,
+/// or a list of parts whose texts are kept when the part's `type` is absent or `"text"` (every
+/// part must be an object whose `text`, when there, is a string). Anything else fails the parse.
+#[derive(Default)]
+enum Content<'a> {
+    #[default]
+    Nothing,
+    Text(Cow<'a, str>),
+    Parts(Vec<Cow<'a, str>>),
 }
 
-/// A field that is there, `null` included (a plain `Option` reads `null` as absent).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&RawValue>::deserialize(d).map(Some)
+/// One content part (see [`Content`]): its text when it counts as text, else None.
+struct Part<'a>(Option<Cow<'a, str>>);
+
+/// A map's keys given twice fail the parse (serde's derive refused them too).
+fn once<T, E: serde::de::Error>(slot: &mut Option<T>, value: T, key: &'static str) -> Result<(), E> {
+    if slot.replace(value).is_some() {
+        return Err(E::duplicate_field(key));
+    }
+    Ok(())
+}
+
+impl<'de> Deserialize<'de> for Message<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Message<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a message object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message<'de>, A::Error> {
+                let (mut role, mut content) = (None, None);
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    match key.as_ref() {
+                        "role" => once(&mut role, map.next_value::<Cow<'de, str>>()?, "role")?,
+                        "content" => once(&mut content, map.next_value::<Content<'de>>()?, "content")?,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(Message {
+                    role: role.ok_or_else(|| A::Error::missing_field("role"))?,
+                    content: content.unwrap_or_default(),
+                })
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+impl<'de> Deserialize<'de> for Content<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Content<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string, null or a list of content parts")
+            }
+            fn visit_unit<E>(self) -> Result<Content<'de>, E> {
+                Ok(Content::Nothing)
+            }
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Content<'de>, E> {
+                Ok(Content::Text(Cow::Borrowed(text)))
+            }
+            fn visit_str<E>(self, text: &str) -> Result<Content<'de>, E> {
+                Ok(Content::Text(Cow::Owned(text.to_owned())))
+            }
+            fn visit_string<E>(self, text: String) -> Result<Content<'de>, E> {
+                Ok(Content::Text(Cow::Owned(text)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content<'de>, A::Error> {
+                let mut texts = Vec::new();
+                while let Some(Part(text)) = seq.next_element::<Part<'de>>()? {
+                    texts.extend(text);
+                }
+                Ok(Content::Parts(texts))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+impl<'de> Deserialize<'de> for Part<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Part<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a content part object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Part<'de>, A::Error> {
+                // `part.get("type", "text") == "text"`, and `part.get("text", "")` a string
+                // whatever the type (a `null` for either is there, not absent).
+                let (mut kind, mut text) = (None::<&'de RawValue>, None::<Cow<'de, str>>);
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    match key.as_ref() {
+                        "type" => once(&mut kind, map.next_value()?, "type")?,
+                        "text" => once(&mut text, map.next_value()?, "text")?,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                let is_text = kind.is_none_or(|k| string(k).is_some_and(|k| k == "text"));
+                Ok(Part(is_text.then(|| text.unwrap_or(Cow::Borrowed("")))))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+impl Content<'_> {
+    fn push_to(&self, out: &mut Vec<u8>) {
+        match self {
+            Content::Nothing => {}
+            Content::Text(text) => out.extend_from_slice(text.as_bytes()),
+            Content::Parts(texts) => texts.iter().for_each(|t| out.extend_from_slice(t.as_bytes())),
+        }
+    }
 }
 
 /// Appends a message's content to `out`; `None` where Python's `content_text` raises.
 pub(crate) fn push_content(out: &mut Vec<u8>, content: Option<&RawValue>) -> Option<()> {
     let Some(raw) = content else { return Some(()) };
-    match raw.get().as_bytes().first() {
-        Some(b'n') => Some(()), // `null` (`Option<&RawValue>` keeps a null it was given)
-        Some(b'"') => {
-            out.extend_from_slice(string(raw)?.as_bytes());
-            Some(())
-        }
-        Some(b'[') => {
-            for part in serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok()? {
-                let part: Part<'_> = object(part)?;
-                // `part.get("text", "")` must be a string, whether or not the part is text.
-                let text = match part.text {
-                    None => Cow::Borrowed(""),
-                    Some(t) => string(t)?,
-                };
-                let is_text = part.kind.is_none_or(|k| string(k).is_some_and(|k| k == "text"));
-                if is_text {
-                    out.extend_from_slice(text.as_bytes());
-                }
-            }
-            Some(())
-        }
-        _ => None,
-    }
+    serde_json::from_str::<Content<'_>>(raw.get()).ok()?.push_to(out);
+    Some(())
 }
 
 /// A chat body rendered for routing: its ChatML text and whether it is a session's first turn.
@@ -96,7 +185,8 @@ pub fn render(body: &OpenAiBody<'_>) -> Option<Rendered> {
     if body.add_generation_prompt && body.continue_final_message {
         return None;
     }
-    let messages: Vec<&RawValue> = serde_json::from_str(body.messages?).ok()?;
+    // One pass over `messages`: each message's role and content decoded as they are met.
+    let messages: Vec<Message<'_>> = serde_json::from_str(body.messages?).ok()?;
     if messages.is_empty() {
         return None;
     }
@@ -104,11 +194,10 @@ pub fn render(body: &OpenAiBody<'_>) -> Option<Rendered> {
     let mut roles = Vec::with_capacity(messages.len());
     let mut last_end = None;
     for m in messages {
-        let m: Message<'_> = object(m)?;
         out.extend_from_slice(b"<|im_start|>");
         out.extend_from_slice(m.role.as_bytes());
         out.push(b'\n');
-        push_content(&mut out, m.content)?;
+        m.content.push_to(&mut out);
         last_end = Some(out.len());
         out.extend_from_slice(b"<|im_end|>\n");
         roles.push(m.role);
@@ -208,6 +297,51 @@ mod tests {
         );
         let both = r#"{"messages":[{"role":"user","content":"q"}],"continue_final_message":true}"#;
         assert_eq!(text(both), None, "both flags: Python raises");
+    }
+
+    #[test]
+    fn the_one_pass_reads_messages_and_parts_as_python_does() {
+        let open = |content: &str| text(&format!(r#"{{"messages":[{{"role":"u","content":{content}}}]}}"#));
+        let inner = |content: &str| {
+            let t = open(content)?;
+            let t = t
+                .strip_prefix("<|im_start|>u\n")?
+                .strip_suffix("<|im_end|>\n<|im_start|>assistant\n")?;
+            Some(t.to_owned())
+        };
+        assert_eq!(inner("null").as_deref(), Some(""));
+        assert_eq!(inner("[]").as_deref(), Some(""));
+        // Text parts joined; a part of another type skipped, its `text` still a string; a
+        // `null` or non-string type is not "text".
+        let parts = r#"[{"text":"a"},{"type":"text","text":"b"},{"type":"image","text":"x"},{"type":null,"text":"y"},{"type":7}]"#;
+        assert_eq!(inner(parts).as_deref(), Some("ab"));
+        assert_eq!(
+            inner(r#"[{"type":"text","text":"c"}]"#).as_deref(),
+            Some("c"),
+            "escaped type"
+        );
+        for refused in [
+            "5",
+            "{}",
+            "true",
+            r#"[{"type":"image","text":5}]"#,
+            r#"[{"text":null}]"#,
+            r#"["a"]"#,
+            r#"[["text","a"]]"#,
+            r#"[{"text":"a","text":"b"}]"#,
+        ] {
+            assert_eq!(open(refused), None, "{refused}");
+        }
+        // A message must be an object with one string role (an array is not read positionally).
+        assert_eq!(text(r#"{"messages":[["u","hi"]]}"#), None);
+        assert_eq!(text(r#"{"messages":[{"role":"u","role":"v","content":"x"}]}"#), None);
+        assert_eq!(text(r#"{"messages":[{"content":"x"}]}"#), None);
+        assert_eq!(text(r#"{"messages":[{"role":1,"content":"x"}]}"#), None);
+        assert_eq!(
+            text(r#"{"messages":[{"name":"n","role":"u","extra":{"a":[1]},"content":"x"}]}"#).as_deref(),
+            Some("<|im_start|>u\nx<|im_end|>\n<|im_start|>assistant\n"),
+            "other keys skipped"
+        );
     }
 
     #[test]
