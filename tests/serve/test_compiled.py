@@ -58,6 +58,22 @@ def decision(headers: dict[str, str]) -> dict[str, str]:
     return {k: v.strip('"') for k, _, v in (f.partition("=") for f in headers["x-smetric-decision"].split("; "))}
 
 
+Case = tuple[str, str, Any, dict[str, str]]
+"""A request: method, path, body (JSON, raw bytes or None) and headers."""
+
+
+def answered(p: ProxyServer, plane: str, cases: list[Case]) -> list[tuple[int, Any]]:
+    """Each case's status and JSON answer, sent through the gateway (``compiled``) or handed to
+    the app behind it (``app``): the two lists a differential test holds equal."""
+    send = sender(p, plane)
+    out = []
+    for method, path, body, headers in cases:
+        payload = {"raw": body} if isinstance(body, bytes) else {} if body is None else {"body": body}
+        status, _, raw = send(p.url, path, method=method, headers=headers, **payload)
+        out.append((status, json.loads(raw)))
+    return out
+
+
 def log_lines(path: Path, count: int) -> list[dict[str, Any]]:
     """The decision log's lines once it has ``count`` (the log is written off the loop)."""
     deadline = time.monotonic() + 10
@@ -258,24 +274,16 @@ def test_a_stored_response_whose_instance_left_is_lost_natively_as_the_app_answe
     key = "shared-by-the-replicas"
     gone = ResponseIds(key).issue("resp_engine-1", "http://127.0.0.1:9")
     p = compiled([e.url for e in engines], response_id_key=key)
-    cases: list[tuple[str, str, Any]] = [
-        ("GET", f"/v1/responses/{gone}", None),
-        ("POST", f"/v1/responses/{gone}/cancel", {}),
-        ("POST", "/v1/responses", {"input": "and then?", "previous_response_id": gone, "max_output_tokens": 2}),
+    cases: list[Case] = [
+        ("GET", f"/v1/responses/{gone}", None, {}),
+        ("POST", f"/v1/responses/{gone}/cancel", {}, {}),
+        ("POST", "/v1/responses", {"input": "and then?", "previous_response_id": gone, "max_output_tokens": 2}, {}),
     ]
     try:
-        answers: dict[str, list[tuple[int, Any]]] = {}
-        for plane in ("compiled", "app"):
-            send = sender(p, plane)
-            answers[plane] = [
-                (status, json.loads(raw))
-                for status, _, raw in (send(p.url, path, body, method=m) for m, path, body in cases)
-            ]
-            if plane == "compiled":
-                native = metric(page(p), "smetric_proxy_native_requests_total", api="responses")
-                assert native == len(cases), "answered by the gateway, not the app"
-        assert answers["compiled"] == answers["app"]
-        for status, body in answers["compiled"]:
+        native = answered(p, "compiled", cases)
+        assert metric(page(p), "smetric_proxy_native_requests_total", api="responses") == len(cases), "the gateway's"
+        assert native == answered(p, "app", cases)
+        for status, body in native:
             error = body["error"]
             assert status == 404 and error["param"] == "previous_response_id", body
             assert "no longer in the fleet" in error["message"]
@@ -767,20 +775,14 @@ def test_ids_mode_routes_token_ids_and_refuses_the_rest_natively_as_the_app_does
     try:
         status, headers, _ = request(p.url, "/v1/completions", {"prompt": list(range(100)), "max_tokens": 2})
         assert status == 200 and decision(headers)["tokens"] == "ids"
-        answers = {
-            plane: [
-                (s, json.loads(raw))
-                for s, _, raw in (sender(p, plane)(p.url, path, body) for path, body in IDS_MODE_REFUSALS)
-            ]
-            for plane in ("compiled", "app")
-        }
-        assert answers["compiled"] == answers["app"]
-        statuses = [status for status, _ in answers["compiled"]]
-        assert statuses == [400] * 5 + [404] * 2
-        chat_error = answers["compiled"][1][1]["error"]
+        cases: list[Case] = [("POST", path, body, {}) for path, body in IDS_MODE_REFUSALS]
+        native = answered(p, "compiled", cases)
+        assert native == answered(p, "app", cases)
+        assert [status for status, _ in native] == [400] * 5 + [404] * 2
+        chat_error = native[1][1]["error"]
         assert chat_error["param"] == "messages" and "token ids" in chat_error["message"]
-        assert answers["compiled"][0][1]["error"]["param"] == "prompt"
-        assert answers["compiled"][2][1]["type"] == "error", "Anthropic's shape"
+        assert native[0][1]["error"]["param"] == "prompt"
+        assert native[2][1]["type"] == "error", "Anthropic's shape"
         text = page(p)
         native = {
             api: metric(text, "smetric_proxy_native_requests_total", api=api)
@@ -810,26 +812,18 @@ def test_end_headers_the_app_refuses_are_refused_natively_as_the_app_does(engine
     instances = [{"url": e.url, "kv_events": "off"} for e in engines]
     p = proxy_for(instances, tokens={"mode": "approximate"})
     try:
-        answers: dict[str, list[tuple[int, Any]]] = {}
-        for plane in ("compiled", "app"):
-            send = sender(p, plane)
-            answers[plane] = [
-                (s, json.loads(raw))
-                for s, _, raw in (send(p.url, path, body, headers=h) for path, h, body in END_HEADER_CASES)
-            ]
-            if plane == "compiled":
-                text = page(p)
-                native = sum(
-                    metric(text, "smetric_proxy_native_requests_total", api=a)
-                    for a in ("chat", "completions", "messages", "responses")
-                )
-                assert native == len(END_HEADER_CASES), "answered by the gateway, not the app"
-                assert metric(text, "smetric_proxy_client_errors_total", kind="session_end_header") == 3
-        assert answers["compiled"] == answers["app"]
-        assert [s for s, _ in answers["compiled"]] == [400] * 5 + [404]
-        assert answers["compiled"][0][1]["error"]["code"] == "invalid_session_end"
-        assert answers["compiled"][2][1]["error"]["message"] == "x-dynamo-session-final must be true or false"
-        assert answers["compiled"][3][1]["error"]["code"] == "session_end_without_session"
+        cases: list[Case] = [("POST", path, body, headers) for path, headers, body in END_HEADER_CASES]
+        native = answered(p, "compiled", cases)
+        text = page(p)
+        apis = ("chat", "completions", "messages", "responses")
+        served = sum(metric(text, "smetric_proxy_native_requests_total", api=a) for a in apis)
+        assert served == len(cases), "answered by the gateway, not the app"
+        assert metric(text, "smetric_proxy_client_errors_total", kind="session_end_header") == 3
+        assert native == answered(p, "app", cases)
+        assert [status for status, _ in native] == [400] * 5 + [404]
+        assert native[0][1]["error"]["code"] == "invalid_session_end"
+        assert native[2][1]["error"]["message"] == "x-dynamo-session-final must be true or false"
+        assert native[3][1]["error"]["code"] == "session_end_without_session"
     finally:
         p.stop()
 
@@ -1177,22 +1171,16 @@ END_IDS = [
 def test_escaped_session_end_ids_are_decoded_natively_as_the_app_decodes_them(engines: list[FakeEngine]) -> None:
     """Each escaped id's answer is the app's (the same request handed to it compared), and
     through the gateway every one is a native request."""
-    urls = [{"url": e.url, "kv_events": "off"} for e in engines]
-    answers: dict[str, list[tuple[int, Any]]] = {}
-    p = proxy_for(urls, tokens={"mode": "approximate"})
+    p = proxy_for([{"url": e.url, "kv_events": "off"} for e in engines], tokens={"mode": "approximate"})
+    cases: list[Case] = [("POST", path, None, {}) for path in END_IDS]
     try:
-        for plane in ("compiled", "app"):
-            send = sender(p, plane)
-            answers[plane] = [
-                (status, json.loads(raw)) for status, _, raw in (send(p.url, path, method="POST") for path in END_IDS)
-            ]
-            if plane == "compiled":
-                native = metric(page(p), "smetric_proxy_native_requests_total", api="session_end")
-                assert native == len(END_IDS), "decoded by the gateway, not handed to the app"
+        native = answered(p, "compiled", cases)
+        served = metric(page(p), "smetric_proxy_native_requests_total", api="session_end")
+        assert served == len(END_IDS), "decoded by the gateway, not handed to the app"
+        assert native == answered(p, "app", cases)
     finally:
         p.stop()
-    assert answers["compiled"] == answers["app"]
-    assert [body["id"] for _, body in answers["compiled"]][:2] == ["a/b c", "é%"]
+    assert [body["id"] for _, body in native][:2] == ["a/b c", "é%"]
 
 
 IMPOSSIBLE_END_IDS = [
@@ -1211,23 +1199,16 @@ def test_session_end_ids_no_session_can_have_are_refused_natively_as_the_app_doe
     """Empty, too long or holding a control character once decoded: the gateway's 400 is the
     app's to the same request handed to it, counted as its ``session_id`` client error."""
     p = proxy_for([{"url": e.url, "kv_events": "off"} for e in engines], tokens={"mode": "approximate"})
+    cases: list[Case] = [("POST", path, None, {}) for path in IMPOSSIBLE_END_IDS]
     try:
-        answers: dict[str, list[tuple[int, Any]]] = {}
-        for plane in ("compiled", "app"):
-            send = sender(p, plane)
-            answers[plane] = [
-                (status, json.loads(raw))
-                for status, _, raw in (send(p.url, path, method="POST") for path in IMPOSSIBLE_END_IDS)
-            ]
-            if plane == "compiled":
-                assert p.proxy is not None
-                assert p.proxy.telemetry.client_errors["session_id"] == 0, "none reached the app"
-                text = page(p)
-                assert metric(text, "smetric_proxy_client_errors_total", kind="session_id") == len(IMPOSSIBLE_END_IDS)
-        assert answers["compiled"] == answers["app"]
-        assert all(status == 400 for status, _ in answers["compiled"])
-        assert {body["error"]["code"] for _, body in answers["compiled"]} == {"invalid_session_id"}
-        assert "400 bytes" in answers["compiled"][6][1]["error"]["message"], "UTF-8 bytes, once decoded"
+        native = answered(p, "compiled", cases)
+        assert p.proxy is not None
+        assert p.proxy.telemetry.client_errors["session_id"] == 0, "none reached the app"
+        assert metric(page(p), "smetric_proxy_client_errors_total", kind="session_id") == len(cases)
+        assert native == answered(p, "app", cases)
+        assert all(status == 400 for status, _ in native)
+        assert {body["error"]["code"] for _, body in native} == {"invalid_session_id"}
+        assert "400 bytes" in native[6][1]["error"]["message"], "UTF-8 bytes, once decoded"
     finally:
         p.stop()
 
