@@ -117,11 +117,7 @@ def main() -> None:
     rows: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     engines_procs: list[subprocess.Popen[str]] = []
     try:
-        engines = []
-        for _ in range(bench.ENGINES):
-            proc, url = bench.start_engine(1e6)
-            engines_procs.append(proc)
-            engines.append(url)
+        engines = bench.start_engines(bench.ENGINES, engines_procs)
         subprocess.run(["taskset", "-p", "-c", "1", str(os.getpid())], check=False, capture_output=True)
         for stream in (False, True):  # the engines' prefix caches fill here, unrecorded
             asyncio.run(bench.open_loop(engines, bodies[stream], stream, args.rate, 200))

@@ -59,15 +59,8 @@ def main() -> None:
     args = p.parse_args()
     procs: list[subprocess.Popen[Any]] = []
     try:
-        engines = []
-        for _ in range(2):
-            proc, url = bench.start_engine(1e6)
-            procs.append(proc)
-            engines.append(url)
-        if args.no_engine_load:
-            launch = bench.launch
-            bench.launch = lambda name, cmd, *a, **k: launch(name, [*cmd, "--no-engine-load"], *a, **k)
-        serve = bench.start_smetric_serve(engines, procs)
+        engines = bench.start_engines(2, procs)
+        serve = bench.start_smetric_serve(engines, procs, extra=["--no-engine-load"] if args.no_engine_load else [])
         assert serve.proc is not None
         pid = serve.proc.pid
         if args.idle is not None:

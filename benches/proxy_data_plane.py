@@ -118,6 +118,16 @@ def start_engine(speedup: float, role: str = "both") -> tuple[subprocess.Popen[s
     return proc, f"http://127.0.0.1:{match.group(1)}"
 
 
+def start_engines(count: int, procs: list[subprocess.Popen[Any]], speedup: float = 1e6) -> list[str]:
+    """``count`` fake engines (:func:`start_engine`), their processes added to ``procs``; their URLs."""
+    urls = []
+    for _ in range(count):
+        proc, url = start_engine(speedup)
+        procs.append(proc)
+        urls.append(url)
+    return urls
+
+
 def wait_http(url: str, timeout: float = 30.0) -> None:
     async def probe() -> bool:
         try:
@@ -239,14 +249,15 @@ def start_smetric_serve(
     procs: list[subprocess.Popen[Any]],
     tokenizer: str | None = None,
     pd: tuple[Sequence[str], Sequence[str]] | None = None,
+    extra: Sequence[str] = (),
 ) -> Candidate:
     """``smetric serve --tokens approximate`` (with ``tokenizer``: ``--tokens tokenizer`` on that
     ``tokenizer.json``): the compiled gateway in front of the app, its one data plane; with
-    ``pd``, over those prefill and decode instances."""
+    ``pd``, over those prefill and decode instances; ``extra``: more flags."""
     port = free_port()
     tokens = ["--tokens", "approximate"] if tokenizer is None else ["--tokens", "tokenizer", "--tokenizer", tokenizer]
     cmd = [sys.executable, "-m", "smetric", "serve", "--port", str(port), *tokens]
-    cmd += ["--kv-events", "off", "--log-level", "WARNING"]
+    cmd += ["--kv-events", "off", "--log-level", "WARNING", *extra]
     if pd is not None:
         for flag, pool in zip(("--prefill", "--decode"), pd, strict=True):
             for url in pool:

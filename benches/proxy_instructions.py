@@ -160,11 +160,7 @@ def main() -> None:
     rows: dict[str, Row] = {}
     engines_procs = []
     try:
-        engines = []
-        for _ in range(2):
-            proc, url = bench.start_engine(1e6)
-            engines_procs.append(proc)
-            engines.append(url)
+        engines = bench.start_engines(2, engines_procs)
         for stream in (False, True):  # the engines' prefix caches fill here
             asyncio.run(bench.open_loop(engines, bodies[stream][:20], stream, 50.0, 20, PATHS[args.api]))
         for name, tree, python in trees:

@@ -35,11 +35,7 @@ def main() -> None:
     args = p.parse_args()
     procs: list[subprocess.Popen[Any]] = []
     try:
-        engines = []
-        for _ in range(bench.ENGINES):
-            proc, url = bench.start_engine(1e6)
-            procs.append(proc)
-            engines.append(url)
+        engines = bench.start_engines(bench.ENGINES, procs)
         subprocess.run(["taskset", "-p", "-c", "1", str(os.getpid())], check=False, capture_output=True)
         port = bench.free_port()
         cmd = [*bench.pinned(1), sys.executable, "-m", "smetric", "serve", "--port", str(port), "--tokens", "ids"]

@@ -252,21 +252,25 @@ pub(super) fn no_instance(api: &'static dyn Protocol, failed: &[String]) -> Resp
     api.proxy_error(503, &message, "ServiceUnavailableError")
 }
 
-/// The answer to a request pinned to a stored response whose instance is gone (`instance`
-/// None: it left the fleet, a 404) or did not answer (`cause`: why, a 503): the state it names
-/// lived there only (`failover.lost_state`, worded by the shared constants).
-pub(super) fn lost_state(instance: Option<&str>, cause: &str) -> Response<Body> {
-    let place = match instance {
-        None => LOST_STATE_LEFT.to_owned(),
-        Some(instance) => LOST_STATE_FAILED
-            .replace("{instance}", instance)
-            .replace("{cause}", cause),
+/// The answer to a request pinned to a stored response whose instance is gone: `failed` None,
+/// it left the fleet (a 404); else the instance and why it did not answer (a 503). The state it
+/// names lived there only (`failover.lost_state`, worded by the shared constants).
+pub(super) fn lost_state(failed: Option<(&str, &str)>) -> Response<Body> {
+    let (place, status, kind) = match failed {
+        None => (
+            LOST_STATE_LEFT.to_owned(),
+            hyper::StatusCode::NOT_FOUND,
+            "NotFoundError",
+        ),
+        Some((instance, cause)) => (
+            LOST_STATE_FAILED
+                .replace("{instance}", instance)
+                .replace("{cause}", &format!("did not answer ({cause})")),
+            hyper::StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+        ),
     };
     let message = LOST_STATE.replace("{where}", &place);
-    let (status, kind) = match instance {
-        None => (hyper::StatusCode::NOT_FOUND, "NotFoundError"),
-        Some(_) => (hyper::StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailableError"),
-    };
     let body = serde_json::json!({"error": {
         "message": message, "type": kind, "param": "previous_response_id", "code": status.as_u16(),
     }});

@@ -188,7 +188,6 @@ fn door_refusal(native: &Native, api: Api, headers: &HeaderMap, refusal: Refusal
     answer
 }
 
-/// A Responses body's `previous_response_id` when this key did not issue it.
 /// Ids mode's refusal of a request without token ids (`TokenSource.routing_tokens`): it names
 /// the prompt of completions and the messages of the conversation APIs (their chat form).
 fn ids_only_refusal(api: Api) -> Unplanned {
@@ -200,6 +199,7 @@ fn ids_only_refusal(api: Api) -> Unplanned {
     Unplanned::refused(IDS_ONLY, Some(param))
 }
 
+/// A Responses body's `previous_response_id` when this key did not issue it.
 fn unissued_previous(native: &Native, api: Api, raw: &[u8]) -> Option<String> {
     if api.name() != RESPONSES.name() {
         return None;
@@ -368,7 +368,7 @@ impl Native {
             record.turn = Some(turn);
         }
         if left_fleet {
-            let answer = lost_state(None, "");
+            let answer = lost_state(None);
             return self.failure_answer(record, arrived, plan.ends_session, answer);
         }
         // vllm-router's hash policies hash the header session hint (as the app's
@@ -400,7 +400,7 @@ impl Native {
             let exclude = match &pinned {
                 // Only its instance can serve it, ejected or not: once it failed, the state is lost.
                 Some((instance, _)) if !first_attempt => {
-                    let answer = lost_state(Some(instance), &format!("did not answer ({})", tried.last_cause()));
+                    let answer = lost_state(Some((instance, tried.last_cause())));
                     return self.failure_answer(record, arrived, plan.ends_session, answer);
                 }
                 Some((instance, _)) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),

@@ -195,20 +195,22 @@ impl Native {
                 (None, parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned())
             }
             Unrouted::Stored { id, suffix } => {
-                let opened = self.response_ids.open(id).and_then(|(engine_id, tag)| {
-                    let instance = fleet.instances.iter().find(|u| ResponseIds::tag(u) == tag)?;
-                    Some((instance.clone(), engine_id.to_owned()))
+                // The id opened once (a mac check), then its instance looked up.
+                let opened = self.response_ids.open(id).map(|(engine_id, tag)| {
+                    let instance = fleet.instances.iter().find(|u| ResponseIds::tag(u) == tag);
+                    (instance.cloned(), engine_id.to_owned())
                 });
-                let Some((instance, engine_id)) = opened else {
+                let Some((Some(instance), engine_id)) = opened else {
                     if delegate || id.contains('%') {
                         return plane.delegate_bytes(parts, raw, peer, &[(ADMITTED_HEADER, "1")]).await;
                     }
                     // An id this key never issued: the Responses adapter's 404 at parse time,
                     // before anything else of the request counts; one whose instance left the
                     // fleet: the failover's lost-state 404.
-                    let answer = match self.response_ids.open(id) {
-                        None => not_issued(id),
-                        Some(_) => lost_state(None, ""),
+                    let answer = if opened.is_none() {
+                        not_issued(id)
+                    } else {
+                        lost_state(None)
                     };
                     return self.refused(RESPONSES.name(), &parts.headers, None, answer, arrived);
                 };
@@ -236,7 +238,7 @@ impl Native {
             let first_attempt = tried.instances().is_empty();
             let exclude = match &pinned {
                 Some(instance) if !first_attempt => {
-                    let answer = lost_state(Some(instance), &format!("did not answer ({})", tried.last_cause()));
+                    let answer = lost_state(Some((instance, tried.last_cause())));
                     return self.failure_answer(record, arrived, false, answer);
                 }
                 Some(instance) => Some(fleet.instances.iter().filter(|u| *u != instance).cloned().collect()),
