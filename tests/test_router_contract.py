@@ -46,6 +46,100 @@ def test_any_buffer_of_32_or_64_bit_ints(typecode: str) -> None:
     assert r.route(np.array(tokens, dtype=np.uint64), request_id="y").num_tokens == 50
 
 
+def _layouts(tokens: list[int], dtype: type) -> dict[str, Any]:
+    """The same ids in each layout a buffer may have: read in place (contiguous, 8-byte aligned)
+    or copied (4-byte aligned only, strided)."""
+    aligned = np.array(tokens, dtype=dtype)
+    assert aligned.ctypes.data % 8 == 0
+    shifted = np.zeros(len(tokens) + 1, dtype=dtype)[1:]
+    shifted[:] = tokens
+    assert shifted.ctypes.data % 8 == 4
+    strided = np.repeat(aligned, 2)[::2]
+    typecode = "i" if dtype == np.int32 else "I"
+    return {"aligned": aligned, "shifted": shifted, "strided": strided, "array": array.array(typecode, tokens)}
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32])
+@pytest.mark.parametrize("block_size", [4, 16, 5, 256])
+def test_a_buffer_read_in_place_routes_as_a_list_does(dtype: type, block_size: int) -> None:
+    """``route`` and ``query`` read a contiguous, 8-byte-aligned buffer of 4-byte ids in place
+    (an even block size up to 128) and copy any other: every layout, tail and block size gives
+    the list's hits and decisions. Ids at or above 2^31 are valid uint32 ids."""
+    high = 2**31 + 3 if dtype == np.uint32 else 3
+    history = [*range(100, 100 + 7 * block_size), high]
+    for n in [len(history) - 1, len(history), 1]:
+        tokens = history[:n]
+        for layout, ids in _layouts(tokens, dtype).items():
+            by_list, by_buffer = (Router(NAMES, block_size=block_size, seed=3) for _ in range(2))
+            for r in (by_list, by_buffer):
+                r.route(history[: 3 * block_size], request_id="warm", now=0.0)
+            assert by_buffer.hash_tokens(ids) == by_list.hash_tokens(tokens)
+            q_list, q_buf = by_list.query(tokens, now=1.0), by_buffer.query(ids, now=1.0)
+            assert (q_buf.local, q_buf.global_hit_tokens, q_buf.deepest_blocks) == (
+                q_list.local,
+                q_list.global_hit_tokens,
+                q_list.deepest_blocks,
+            ), (layout, n)
+            d_list = by_list.route(tokens, request_id="r", now=1.0)
+            d_buf = by_buffer.route(ids, request_id="r", now=1.0)
+            assert (d_buf.instance, d_buf.local_hit_tokens, d_buf.prefill_tokens, d_buf.num_tokens) == (
+                d_list.instance,
+                d_list.local_hit_tokens,
+                d_list.prefill_tokens,
+                d_list.num_tokens,
+            ), (layout, n)
+
+
+@pytest.mark.parametrize("where", [0, 5, 6, 33, 34])
+def test_a_negative_int32_id_is_refused_wherever_it_sits_in_a_buffer_read_in_place(where: int) -> None:
+    """In a full block (either id of a word) or the tail: the same error as the list's, and the
+    router unchanged."""
+    tokens = list(range(1, 36))  # block 4: 8 full blocks, 3 ids of tail
+    tokens[where] = -where - 1
+    for ids in [tokens, *_layouts(tokens, np.int32).values()]:
+        r = make()
+        with pytest.raises(smetric.InvalidTokenError) as info:
+            r.route(ids)
+        assert (info.value.position, info.value.value) == (where, -where - 1)
+        with pytest.raises(smetric.InvalidTokenError):
+            r.query(ids)
+        assert r.stats()["routed"] == 0
+
+
+def test_a_buffer_written_while_it_is_routed_gives_a_route_or_a_token_error() -> None:
+    """A caller that writes the array while another thread routes it (a misuse: the router
+    reads the ids without the GIL, as numpy's own functions do) gets, per call, a decision or
+    an ``InvalidTokenError`` for a negative id it saw, never a crash. Bounded: 2,000 routes."""
+    r = Router(NAMES, block_size=16)
+    ids = np.arange(1, 16 * 512 + 1, dtype=np.int32)
+    stop = threading.Event()
+
+    def write() -> None:
+        k = 0
+        while not stop.is_set():
+            ids[k % len(ids)] = -1 if k % 3 == 0 else k
+            ids[:: 1 + k % 7] += 1
+            k += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    outcomes = {"routed": 0, "refused": 0}
+    try:
+        for i in range(2000):
+            try:
+                d = r.route(ids, request_id=i)
+            except smetric.InvalidTokenError:
+                outcomes["refused"] += 1
+            else:
+                assert d.num_tokens == len(ids)
+                r.on_finished(i)
+                outcomes["routed"] += 1
+    finally:
+        stop.set()
+        writer.join()
+    assert sum(outcomes.values()) == 2000
+
+
 @pytest.mark.parametrize("typecode", ["i", "I", "l", "L", "q", "Q"])
 def test_an_empty_buffer_is_an_empty_prompt_like_an_empty_list(typecode: str) -> None:
     """An empty ``array`` (no data pointer at all) or numpy array routes as ``[]`` does: an
@@ -179,6 +273,12 @@ BAD_INPUT: list[tuple[str, Any, type[smetric.SmetricError], dict[str, Any]]] = [
         lambda r: r.route(np.array([-7], dtype=np.int32)),
         smetric.InvalidTokenError,
         {"value": -7},
+    ),
+    (
+        "negative token (int32, in a full block read in place)",
+        lambda r: r.route(np.array([1, 2, 3, 4, 5, -6, 7, 8, 9], dtype=np.int32)),
+        smetric.InvalidTokenError,
+        {"position": 5, "value": -6},
     ),
     (
         "token >= 2^32 (uint64)",

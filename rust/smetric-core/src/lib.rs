@@ -47,7 +47,9 @@ pub use config::{
     MigrationRule, RouterConfig, SmetricRule, VllmRouterSmetricForm,
 };
 pub use error::{Result, SmetricError};
-pub use hash::{chain_root, chain_tokens_into, hash_tokens, hash_tokens_into};
+pub use hash::{
+    SharedIds, chain_root, chain_shared_into, chain_tokens_into, hash_tokens, hash_tokens_into, shared_ids_supported,
+};
 pub use ids::{BlockHash, InstanceId, RequestId};
 pub use index::{Holder, HostPool, IndexQuery, KvIndex};
 pub use load::{EffectiveLoad, LoadEffect, LoadSnapshot, PeerLoad};

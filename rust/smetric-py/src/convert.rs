@@ -1,15 +1,27 @@
 //! Python → Rust conversions of the per-request arguments.
 //!
 //! Token ids arrive as buffers of 32- or 64-bit integers (numpy arrays, `array.array`,
-//! `memoryview`: one validating copy in Rust, no per-element Python object) or as lists of
-//! ints (one C-level int read per element). Every id must lie in `[0, 2^32)`; the first
-//! offender is reported with its position.
+//! `memoryview`: read in place or in one validating copy in Rust, no per-element Python
+//! object) or as lists of ints (one C-level int read per element). Every id must lie in
+//! `[0, 2^32)`; the first offender is reported with its position.
+//!
+//! A contiguous, 8-byte-aligned buffer of 4-byte ids, routed at a block size
+//! `smetric_core::shared_ids_supported` accepts, is not copied ([`InPlaceIds`]): the router
+//! reads it after the GIL is released, once, through atomic loads, and checks it while
+//! hashing. The exporter keeps the memory alive and refuses to resize it while the buffer is
+//! held (the buffer protocol, PEP 3118); a thread that writes the array during the call makes
+//! the router see some mixture of old and new ids (a different route), as numpy's own
+//! GIL-releasing functions do, never unsoundness. Saved: the copy under the GIL (≈ 2 µs of a
+//! 32K-token prompt's ≈ 13 µs; BENCHMARKS.md, "The single-thread budget").
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use pyo3::buffer::{Element, ElementType, PyBuffer, PyUntypedBuffer};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
-use smetric_core::{BlockHash, RequestId, SmetricError};
+use smetric_core::hash::ids_of_word;
+use smetric_core::{BlockHash, RequestId, SharedIds, SmetricError, shared_ids_supported};
 
 use crate::errors::to_py;
 
@@ -101,6 +113,8 @@ pub(crate) enum TokenIds {
     I64(Vec<i64>),
     /// A copy of a uint64 buffer.
     U64(Vec<u64>),
+    /// A buffer read in place.
+    InPlace(InPlaceIds),
 }
 
 impl TokenIds {
@@ -111,6 +125,7 @@ impl TokenIds {
             Self::I32(values) => narrow(values),
             Self::I64(values) => narrow(values),
             Self::U64(values) => narrow(values),
+            Self::InPlace(buffer) => buffer.to_vec(),
         }
     }
 }
@@ -131,13 +146,111 @@ fn narrow<T: TokenElement>(values: Vec<T>) -> Result<Vec<u32>, SmetricError> {
     Err(SmetricError::InvalidToken { position, value })
 }
 
+/// A buffer of 4-byte token ids the router reads in place, without the GIL (module doc).
+pub(crate) struct InPlaceIds {
+    buffer: PyUntypedBuffer,
+    /// Words of two ids in the prompt's full blocks.
+    block_words: usize,
+    /// Ids after them.
+    tail: usize,
+    signed: bool,
+}
+
+impl InPlaceIds {
+    /// The buffer read in place at `block_size`, or back to the caller when it cannot be:
+    /// ids not 4 bytes, not C-contiguous, not 8-byte aligned, or a block size whose blocks
+    /// are not whole words.
+    fn new(buffer: PyUntypedBuffer, block_size: usize) -> Result<Self, PyUntypedBuffer> {
+        let signed = match ElementType::from_format(buffer.format()) {
+            ElementType::SignedInteger { bytes: 4 } => true,
+            ElementType::UnsignedInteger { bytes: 4 } => false,
+            _ => return Err(buffer),
+        };
+        let readable = buffer.item_size() == 4
+            && buffer.is_c_contiguous()
+            && buffer.buf_ptr().align_offset(align_of::<AtomicU64>()) == 0
+            && shared_ids_supported(block_size)
+            && cfg!(target_pointer_width = "64");
+        if !readable {
+            return Err(buffer);
+        }
+        let len = buffer.item_count();
+        let full = len / block_size * block_size;
+        Ok(Self {
+            block_words: full / 2,
+            tail: len - full,
+            signed,
+            buffer,
+        })
+    }
+
+    /// The ids as the core reads them.
+    #[allow(unsafe_code)]
+    pub(crate) fn ids(&self) -> SharedIds<'_> {
+        let start = self.buffer.buf_ptr();
+        // SAFETY: `start` points at `len_bytes() = 8·block_words + 4·tail` bytes of one
+        // C-contiguous allocation (checked in `new`: 4-byte items, C-contiguous), aligned to 8
+        // (checked; so the tail, 8·block_words bytes on, is aligned to 4), which the exporter
+        // keeps alive and in place while `self.buffer` is held (PEP 3118) — as long as the
+        // returned borrow. The memory is only read, and only through atomic loads, which are
+        // defined when another thread writes it meanwhile, and which do not trap on read-only
+        // memory (loads of at most a pointer's width; this path needs a 64-bit target).
+        unsafe {
+            let blocks = std::slice::from_raw_parts(start.cast::<AtomicU64>().cast_const(), self.block_words);
+            let tail = std::slice::from_raw_parts(
+                start
+                    .cast::<AtomicU64>()
+                    .add(self.block_words)
+                    .cast::<AtomicU32>()
+                    .cast_const(),
+                self.tail,
+            );
+            SharedIds {
+                blocks,
+                tail,
+                signed: self.signed,
+            }
+        }
+    }
+
+    /// The ids copied out and checked (for a caller that needs them owned).
+    fn to_vec(&self) -> Result<Vec<u32>, SmetricError> {
+        let ids = self.ids();
+        let mut out: Vec<u32> = Vec::with_capacity(ids.len());
+        for word in ids.blocks {
+            out.extend(ids_of_word(word.load(Ordering::Relaxed)));
+        }
+        out.extend(ids.tail.iter().map(|t| t.load(Ordering::Relaxed)));
+        if self.signed {
+            return narrow(out.into_iter().map(|id| id as i32).collect());
+        }
+        Ok(out)
+    }
+
+    /// Releases the buffer (with the GIL: dropping it elsewhere would take the GIL to do so).
+    pub(crate) fn release(self, py: Python<'_>) {
+        self.buffer.release(py);
+    }
+}
+
 /// Token ids from a buffer of 32- or 64-bit integers (numpy arrays, `array.array`,
 /// `memoryview`, anything exporting the buffer protocol), dispatched on the buffer's format
 /// once (a typed `PyBuffer::get` that fails would cost an exception object per try). The
 /// one copy the call needs is made here (the ids cross the GIL's release, after which the
 /// exporter's memory may change; `PyBuffer_ToContiguous` also gathers a strided view).
-fn any_buffer_tokens(obj: &Bound<'_, PyAny>, buf: PyUntypedBuffer) -> PyResult<TokenIds> {
+fn any_buffer_tokens(
+    obj: &Bound<'_, PyAny>,
+    buf: PyUntypedBuffer,
+    in_place_block: Option<usize>,
+) -> PyResult<TokenIds> {
     let py = obj.py();
+    let buf = match in_place_block {
+        Some(block_size) => match InPlaceIds::new(buf, block_size) {
+            Ok(ids) => return Ok(TokenIds::InPlace(ids)),
+            Err(buf) => buf,
+        },
+        None => buf,
+    };
     let element = ElementType::from_format(buf.format());
     let supported = matches!(
         element,
@@ -171,8 +284,9 @@ fn any_buffer_tokens(obj: &Bound<'_, PyAny>, buf: PyUntypedBuffer) -> PyResult<T
 }
 
 /// Token ids from a list of ints, a buffer of 32- or 64-bit integers, or any iterable of
-/// ints; a buffer's are checked later, by [`TokenIds::check`].
-pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<TokenIds> {
+/// ints; a buffer's are checked later, by [`TokenIds::check`] or, read in place (when
+/// `in_place_block`, the block size they will be hashed at, allows it), by the router.
+pub(crate) fn tokens(obj: &Bound<'_, PyAny>, in_place_block: Option<usize>) -> PyResult<TokenIds> {
     let mut out = Vec::new();
     if let Ok(list) = obj.cast::<PyList>() {
         if let Some(ids) = list_through_array(list) {
@@ -186,7 +300,7 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<TokenIds> {
         return Ok(TokenIds::Checked(out));
     }
     if let Ok(buf) = PyUntypedBuffer::get(obj) {
-        return any_buffer_tokens(obj, buf);
+        return any_buffer_tokens(obj, buf, in_place_block);
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
         for (i, item) in tuple.iter().enumerate() {
@@ -220,7 +334,7 @@ fn list_through_array(list: &Bound<'_, PyList>) -> Option<Vec<u32>> {
 
 /// [`tokens`], checked with the GIL held (for calls whose work is too small to release it).
 pub(crate) fn checked_tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    tokens(obj)?.check().map_err(|e| to_py(&e))
+    tokens(obj, None)?.check().map_err(|e| to_py(&e))
 }
 
 fn unsupported(obj: &Bound<'_, PyAny>) -> PyErr {

@@ -182,6 +182,7 @@ impl PyPdRouter {
         session_key: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyPdDecision> {
         let args = RouteArgs::new(
+            self.inner.prefill().block_size(),
             tokens,
             hashes,
             num_tokens,

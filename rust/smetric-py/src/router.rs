@@ -1,7 +1,7 @@
 //! `Router`, `Decision` and `IndexHits`: thin wrappers over `smetric_core::Router`.
 //!
-//! Per request: arguments are converted with the GIL held (token arrays in one validating
-//! copy), then hashing, the index query, scoring and bookkeeping run with the GIL released
+//! Per request: arguments are converted with the GIL held, then hashing, the index query,
+//! scoring and bookkeeping run with the GIL released
 //! (`py.detach`), so `route()` from many Python threads proceeds in parallel: hashing and the
 //! index walk (under the core's shared index lock) overlap, the commit (scoring, insert on
 //! route, load bump, under its exclusive lock) does not.
@@ -9,12 +9,13 @@
 //! The GIL, per call: taken once on the way in (the arguments), released for the whole core
 //! call, taken once on the way out (the result), whatever the core does — no call waits for a
 //! core lock while holding it (the lifecycle calls too: they take the in-flight table's and the
-//! drain rate's mutexes, and in exact mode `on_finished` the index's exclusive lock). The one
-//! copy made before the release is the token ids (the exporter's memory may change once the
-//! GIL is released): a 32K-token numpy int32 prompt costs ≈ 2 µs of `memcpy` with the GIL
-//! held and ≈ 1.3 µs of range check after (perf samples, 2026-12-05, BENCHMARKS.md "The
-//! single-thread budget"); a list of ints costs one C-level conversion per element (≈ 120 µs
-//! at 32K).
+//! drain rate's mutexes, and in exact mode `on_finished` the index's exclusive lock). Token ids
+//! in a contiguous, 8-byte-aligned int32/uint32 buffer are not copied: the core reads them in
+//! place after the release, through atomic loads, checking them as it hashes
+//! (`convert::InPlaceIds`; a 32K-token prompt 13.5 → 11.3 µs, BENCHMARKS.md "Token ids read in
+//! place"). Any other buffer is copied with the GIL held (≈ 2 µs of `memcpy` for 128 KB, the
+//! range check after the release); a list of ints costs one C-level conversion per element
+//! (≈ 120 µs at 32K).
 
 use std::sync::Arc;
 
@@ -124,30 +125,53 @@ pub(crate) enum PromptArg {
 }
 
 impl PromptArg {
+    /// The prompt of a call routed at `block_size` (a buffer of 4-byte ids may then be read in
+    /// place).
     pub(crate) fn from_args(
         tokens: Option<&Bound<'_, PyAny>>,
         hashes: Option<&Bound<'_, PyAny>>,
         num_tokens: Option<u64>,
+        block_size: u32,
     ) -> PyResult<Self> {
         match (tokens, hashes) {
-            (Some(t), _) => Ok(Self::Tokens(convert::tokens(t)?)),
+            (Some(t), _) => Ok(Self::Tokens(convert::tokens(t, Some(block_size as usize))?)),
             (None, Some(h)) => Ok(Self::Hashes(convert::hashes(h)?, num_tokens)),
             (None, None) => Err(to_py(&SmetricError::MissingPrompt)),
         }
     }
 
-    /// The checked prompt (token ids validated and narrowed; no GIL needed).
+    /// The checked prompt (token ids validated and narrowed; no GIL needed). Ids read in place
+    /// are checked by the router as it hashes them.
     pub(crate) fn check(self) -> Result<OwnedPrompt, SmetricError> {
         Ok(match self {
+            Self::Tokens(convert::TokenIds::InPlace(ids)) => OwnedPrompt::InPlace(ids),
             Self::Tokens(ids) => OwnedPrompt::Tokens(ids.check()?),
             Self::Hashes(h, n) => OwnedPrompt::Hashes(h, n),
         })
+    }
+
+    /// Runs `f` on the checked prompt with the GIL released. A buffer read in place is
+    /// released once the GIL is back (its release needs the GIL: inside, it would take it).
+    pub(crate) fn detached<T: Send>(
+        self,
+        py: Python<'_>,
+        f: impl FnOnce(Prompt<'_>) -> Result<T, SmetricError> + Send,
+    ) -> PyResult<T> {
+        let (result, prompt) = py.detach(move || match self.check() {
+            Ok(prompt) => (f(prompt.borrow()), Some(prompt)),
+            Err(e) => (Err(e), None),
+        });
+        if let Some(OwnedPrompt::InPlace(ids)) = prompt {
+            ids.release(py);
+        }
+        result.py()
     }
 }
 
 /// A checked prompt, borrowed as the core's [`Prompt`].
 pub(crate) enum OwnedPrompt {
     Tokens(Vec<u32>),
+    InPlace(convert::InPlaceIds),
     Hashes(Vec<BlockHash>, Option<u64>),
 }
 
@@ -155,6 +179,7 @@ impl OwnedPrompt {
     pub(crate) fn borrow(&self) -> Prompt<'_> {
         match self {
             Self::Tokens(t) => Prompt::Tokens(t),
+            Self::InPlace(ids) => Prompt::Shared(ids.ids()),
             Self::Hashes(h, n) => Prompt::Hashes {
                 hashes: h,
                 num_tokens: *n,
@@ -198,8 +223,10 @@ pub(crate) struct RouteArgs {
 }
 
 impl RouteArgs {
+    /// The arguments of a call routed at `block_size`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
+        block_size: u32,
         tokens: Option<&Bound<'_, PyAny>>,
         hashes: Option<&Bound<'_, PyAny>>,
         num_tokens: Option<u64>,
@@ -213,7 +240,7 @@ impl RouteArgs {
         session_key: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         Ok(Self {
-            prompt: PromptArg::from_args(tokens, hashes, num_tokens)?,
+            prompt: PromptArg::from_args(tokens, hashes, num_tokens, block_size)?,
             hint: turn_hint(turn, messages)?,
             id: request_id.map(convert::request_id).transpose()?,
             namespace,
@@ -237,22 +264,31 @@ impl RouteArgs {
         py: Python<'_>,
         route: impl FnOnce(&RouteRequest<'_>) -> Result<T, SmetricError> + Send,
     ) -> PyResult<T> {
-        py.detach(move || {
-            let prompt = self.prompt.check()?;
-            let exclude: Vec<&str> = self.exclude.iter().map(String::as_str).collect();
+        let Self {
+            prompt,
+            hint,
+            id,
+            namespace,
+            now,
+            exclude,
+            previous_instance,
+            session_key,
+            output_tokens,
+        } = self;
+        prompt.detached(py, move |prompt| {
+            let exclude: Vec<&str> = exclude.iter().map(String::as_str).collect();
             route(&RouteRequest {
-                prompt: prompt.borrow(),
-                namespace: self.namespace.as_deref(),
-                turn: self.hint,
-                request_id: self.id,
-                now: self.now,
+                prompt,
+                namespace: namespace.as_deref(),
+                turn: hint,
+                request_id: id,
+                now,
                 exclude: &exclude,
-                previous_instance: self.previous_instance.as_deref(),
-                session_key: self.session_key,
-                output_tokens: self.output_tokens,
+                previous_instance: previous_instance.as_deref(),
+                session_key,
+                output_tokens,
             })
         })
-        .py()
     }
 }
 
@@ -358,6 +394,7 @@ impl PyRouter {
         output_tokens: Option<u64>,
     ) -> PyResult<PyDecision> {
         let args = RouteArgs::new(
+            self.inner.block_size(),
             tokens,
             hashes,
             num_tokens,
@@ -400,11 +437,9 @@ impl PyRouter {
         namespace: Option<String>,
         now: Option<f64>,
     ) -> PyResult<PyIndexHits> {
-        let prompt = PromptArg::from_args(tokens, hashes, num_tokens)?;
         let inner = &self.inner;
-        let hits = py
-            .detach(|| inner.query(prompt.check()?.borrow(), namespace.as_deref(), now))
-            .py()?;
+        let prompt = PromptArg::from_args(tokens, hashes, num_tokens, inner.block_size())?;
+        let hits = prompt.detached(py, |prompt| inner.query(prompt, namespace.as_deref(), now))?;
         let local = PyDict::new(py);
         for (name, tokens) in &hits.local {
             local.set_item(name.as_ref(), tokens)?;

@@ -275,14 +275,14 @@ impl PdRouter {
         // The decode index needs the chain; a token prompt is hashed once, here, and both
         // sides use the hashes.
         let owned;
-        let (chain, n): (&[BlockHash], u64) = match req.prompt {
-            Prompt::Hashes { hashes, num_tokens } => (
-                hashes,
-                num_tokens.unwrap_or(hashes.len() as u64 * u64::from(self.prefill.block_size())),
-            ),
-            Prompt::Tokens(tokens) => {
-                owned = self.prefill.hash_tokens(tokens, req.namespace);
-                (&owned, tokens.len() as u64)
+        let n = self.prefill.prompt_tokens(req.prompt);
+        let chain: &[BlockHash] = match req.prompt {
+            Prompt::Hashes { hashes, .. } => hashes,
+            prompt => {
+                let mut chain = Vec::new();
+                self.prefill.chain_prompt_into(prompt, req.namespace, &mut chain)?;
+                owned = chain;
+                &owned
             }
         };
         let hashed = RouteRequest {

@@ -25,7 +25,7 @@ use crate::config::IndexMode;
 use crate::decode_contract::{LiveDecode, balance_s};
 use crate::error::{Result, SmetricError};
 use crate::fleet::Fleet;
-use crate::hash::{chain_root, chain_tokens_into};
+use crate::hash::{chain_root, chain_shared_into, chain_tokens_into, shared_ids_supported};
 use crate::ids::{BlockHash, InstanceId, RequestId};
 use crate::index::{IndexQuery, KvIndex, Walk};
 use crate::policy::{Candidate, PolicyKind, Reason, SelectionInput, preble_routed_cost_us, prefill_work, prompt_key};
@@ -58,40 +58,82 @@ impl Router {
     /// The block chain of a token prompt under this router's seed and block size.
     pub fn hash_tokens(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<BlockHash> {
         let mut out = Vec::new();
-        self.chain_into(tokens, namespace, &mut out);
+        chain_tokens_into(
+            tokens,
+            self.block_size as usize,
+            chain_root(self.config.hash_seed, namespace),
+            &mut out,
+        );
         out
     }
 
-    fn chain_into(&self, tokens: &[u32], namespace: Option<&str>, out: &mut Vec<BlockHash>) {
+    /// Appends the block chain of any prompt to `out`: tokens and shared ids hashed under this
+    /// router's seed and block size, pre-hashed input as given. Refuses a negative id of a
+    /// signed shared prompt, and shared ids at a block size they cannot be read at.
+    pub fn chain_prompt_into(
+        &self,
+        prompt: Prompt<'_>,
+        namespace: Option<&str>,
+        out: &mut Vec<BlockHash>,
+    ) -> Result<()> {
         let root = chain_root(self.config.hash_seed, namespace);
-        chain_tokens_into(tokens, self.block_size as usize, root, out);
+        let block_size = self.block_size as usize;
+        match prompt {
+            Prompt::Hashes { hashes, .. } => out.extend_from_slice(hashes),
+            Prompt::Tokens(tokens) => chain_tokens_into(tokens, block_size, root, out),
+            Prompt::Shared(ids) => {
+                if !shared_ids_supported(block_size) {
+                    return Err(SmetricError::InvalidArgument {
+                        argument: "tokens",
+                        reason: format!("ids read in place need an even block size up to 128, not {block_size}"),
+                    });
+                }
+                chain_shared_into(ids, block_size, root, out)
+                    .map_err(|(position, value)| SmetricError::InvalidToken { position, value })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A prompt's length in tokens.
+    pub fn prompt_tokens(&self, prompt: Prompt<'_>) -> u64 {
+        match prompt {
+            Prompt::Hashes { hashes, num_tokens } => {
+                num_tokens.unwrap_or(hashes.len() as u64 * u64::from(self.block_size))
+            }
+            Prompt::Tokens(tokens) => tokens.len() as u64,
+            Prompt::Shared(ids) => ids.len() as u64,
+        }
     }
 
     /// Runs `f` with the prompt's chain and length: a token prompt hashed into the thread's
     /// buffer, pre-hashed input as given.
-    fn with_chain<T>(&self, prompt: Prompt<'_>, namespace: Option<&str>, f: impl FnOnce(&[BlockHash], u64) -> T) -> T {
-        match prompt {
-            Prompt::Hashes { hashes, num_tokens } => f(
-                hashes,
-                num_tokens.unwrap_or(hashes.len() as u64 * u64::from(self.block_size)),
-            ),
-            Prompt::Tokens(tokens) => CHAIN.with(|cell| {
-                // A re-entrant call (none today) would find the buffer taken; it then hashes
-                // into a buffer of its own rather than panicking.
-                let Ok(mut chain) = cell.try_borrow_mut() else {
-                    let mut own = Vec::new();
-                    self.chain_into(tokens, namespace, &mut own);
-                    return f(&own, tokens.len() as u64);
-                };
-                chain.clear();
-                self.chain_into(tokens, namespace, &mut chain);
-                let out = f(&chain, tokens.len() as u64);
-                if chain.capacity() > KEPT_CHAIN_BLOCKS {
-                    *chain = Vec::new();
-                }
-                out
-            }),
+    fn with_chain<T>(
+        &self,
+        prompt: Prompt<'_>,
+        namespace: Option<&str>,
+        f: impl FnOnce(&[BlockHash], u64) -> Result<T>,
+    ) -> Result<T> {
+        let n = self.prompt_tokens(prompt);
+        if let Prompt::Hashes { hashes, .. } = prompt {
+            return f(hashes, n);
         }
+        CHAIN.with(|cell| {
+            // A re-entrant call (none today) would find the buffer taken; it then hashes
+            // into a buffer of its own rather than panicking.
+            let Ok(mut chain) = cell.try_borrow_mut() else {
+                let mut own = Vec::new();
+                self.chain_prompt_into(prompt, namespace, &mut own)?;
+                return f(&own, n);
+            };
+            chain.clear();
+            self.chain_prompt_into(prompt, namespace, &mut chain)?;
+            let out = f(&chain, n);
+            if chain.capacity() > KEPT_CHAIN_BLOCKS {
+                *chain = Vec::new();
+            }
+            out
+        })
     }
 
     /// Routes one request.

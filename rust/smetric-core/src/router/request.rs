@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::hash::SharedIds;
 use crate::ids::{BlockHash, InstanceId, RequestId};
 use crate::policy::Reason;
 use crate::turn::{TurnHint, TurnSource};
@@ -12,6 +13,10 @@ use crate::turn::{TurnHint, TurnSource};
 pub enum Prompt<'a> {
     /// Token ids; the router hashes full blocks.
     Tokens(&'a [u32]),
+    /// Token ids read in place from memory another thread may write (a Python buffer once
+    /// the GIL is released); the router hashes full blocks, reading each id once. Only for a
+    /// block size [`crate::hash::shared_ids_supported`] accepts.
+    Shared(SharedIds<'a>),
     /// A pre-hashed block chain (e.g. a trace's `hash_ids`) and the prompt length, which
     /// defaults to `hashes.len() · block_size`.
     Hashes {
