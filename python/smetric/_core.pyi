@@ -566,6 +566,9 @@ class Gateway:
         """Replaces the native path's view of the fleet. Raises RuntimeError when not armed."""
     def take_records(self) -> list[GatewayRecord]:
         """The native path's records since the last call, oldest first."""
+    def records_fd(self) -> int:
+        """A descriptor that turns readable when records wait to be taken (the gateway owns it;
+        :meth:`take_records` clears it): the app's event loop watches it instead of polling."""
     def records_dropped(self) -> int:
         """Records dropped because they were not taken in time."""
     def admitted(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -125,6 +126,30 @@ def test_chat_and_completions_are_served_natively_with_what_the_app_gives(
         assert streamed["instance"] == home["instance"] and streamed["reason"] == "sticky"
         assert streamed["cached_tokens"] is not None and streamed["cached_tokens"] > 0, "the realized hit"
         assert streamed["ttft_s"] is not None and streamed["status"] == 200 and streamed["attempts"] == 1
+    finally:
+        p.stop()
+
+
+def test_the_app_takes_the_gateways_records_when_it_rings_without_polling_or_a_scrape(
+    engines: list[FakeEngine], tmp_path: Path
+) -> None:
+    """A natively served request reaches the decision log by the gateway's bell alone (no
+    ``/metrics`` render drains it), requests in a burst are all taken, and an idle gateway
+    leaves its bell silent."""
+    log = tmp_path / "decisions.jsonl"
+    p = compiled([e.url for e in engines], decision_log=str(log))
+    try:
+        body = {"messages": [SYSTEM, {"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert request(p.url, CHAT, body, headers={"x-request-id": "rung-1"})[0] == 200
+        assert [line["request_id"] for line in log_lines(log, 1)] == ["rung-1"]
+        for i in range(5):  # faster than the pace: batched, none lost
+            assert request(p.url, CHAT, body, headers={"x-request-id": f"burst-{i}"})[0] == 200
+        assert len(log_lines(log, 6)) == 6
+        assert p.proxy is not None and p.proxy.compiled is not None
+        gateway = p.proxy.compiled.gateway
+        time.sleep(0.2)  # past the pace: the last take cleared the bell, nothing rang since
+        readable, _, _ = select.select([gateway.records_fd()], [], [], 0)
+        assert readable == [], "an idle gateway rang"
     finally:
         p.stop()
 

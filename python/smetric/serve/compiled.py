@@ -18,14 +18,16 @@
   ``docs/proxy-data-plane.md``, stage 6).
 * :class:`CompiledPlane` keeps the gateway and the app in step: the fleet's view (instances,
   ejections, models, adapters) is pushed to the gateway whenever the fleet changes, and the
-  gateway's records — one per request it served natively — are taken every
-  :data:`DRAIN_INTERVAL_S` (and before ``/metrics`` renders) into the app's telemetry, the
-  fleet's health and the decision log, as the app's own requests are.
+  gateway's records — one per request it served natively — are taken into the app's
+  telemetry, the fleet's health and the decision log, as the app's own requests are: when the
+  gateway rings (:meth:`Gateway.records_fd` turns readable; no wake-up while it serves
+  nothing), at most once per :data:`DRAIN_INTERVAL_S`, and before ``/metrics`` renders.
 
 The app trusts what the gateway's headers say (admitted, refused, a cut stream to continue
 and the instance that cut it) only with the gateway's per-process secret (:meth:`CompiledPlane.vouches`).
 
-Cost: O(records) per drain on the app's loop, none on the request path. May import:
+Cost: O(records) per drain on the app's loop, none on the request path; an idle gateway costs
+the loop nothing (a 20 Hz timer cost ≈ 2.7 ms of CPU a second on this VM). May import:
 :mod:`smetric.serve.admission`, ``.backends``, ``.decision_log``, ``.fleet``, ``.labels``,
 ``.telemetry``, ``.tokens``, ``.upstream``, ``.config``.
 """
@@ -72,7 +74,8 @@ __all__ = [
 ]
 
 DRAIN_INTERVAL_S = 0.05
-"""How often the app takes the gateway's records."""
+"""How often at most the app takes the gateway's records (a busy gateway rings on every
+request: the takes are paced, the records batched)."""
 
 MAX_RECORDS = 65_536
 """Records the gateway keeps for the app at most (a stalled app: the oldest are dropped)."""
@@ -201,18 +204,22 @@ class CompiledPlane:
         self._fleet = fleet
         self._telemetry = telemetry
         self._outcomes = outcomes
-        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._paced: asyncio.TimerHandle | None = None
         self.admission = DoorAdmission(gateway)
 
     def start(self) -> None:
         self._fleet.on_change = self.sync_fleet
         self.sync_fleet()
-        self._task = asyncio.create_task(self._drain_loop(), name="smetric-gateway-records")
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.gateway.records_fd(), self._rung)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        if self._loop is not None:
+            self._loop.remove_reader(self.gateway.records_fd())
+            self._loop = None
+        if self._paced is not None:
+            self._paced.cancel()
         self.drain()
 
     def vouches(self, headers: Mapping[str, str]) -> bool:
@@ -250,10 +257,20 @@ class CompiledPlane:
             set(fleet.adapters),
         )
 
-    async def _drain_loop(self) -> None:
-        while True:
-            await asyncio.sleep(DRAIN_INTERVAL_S)
-            self.drain()
+    def _rung(self) -> None:
+        """The gateway rang: take its records, then stop listening until the pace allows
+        another take (:data:`DRAIN_INTERVAL_S`); a ring meanwhile waits on the descriptor."""
+        loop = self._loop
+        if loop is None:
+            return
+        self.drain()
+        loop.remove_reader(self.gateway.records_fd())
+        self._paced = loop.call_later(DRAIN_INTERVAL_S, self._listen)
+
+    def _listen(self) -> None:
+        self._paced = None
+        if self._loop is not None:
+            self._loop.add_reader(self.gateway.records_fd(), self._rung)
 
     def drain(self) -> None:
         """Takes the gateway's records into the app's telemetry, fleet and decision log."""

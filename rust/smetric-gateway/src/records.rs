@@ -6,9 +6,19 @@
 //! Invariants: the queue holds at most `capacity` records — when the control plane falls that
 //! far behind, the oldest are dropped and counted ([`Records::dropped`]), so a stalled control
 //! plane costs bounded memory; pushing is O(1) under a mutex held for the push alone.
+//!
+//! The bell: the control plane does not poll. A push into a queue the control plane has not been
+//! told about writes one byte to a socket pair ([`Records::bell_fd`], which the app's event loop
+//! watches); [`Records::take`] clears the bell before it drains the queue, so a record pushed
+//! after the take rings it again and none waits unseen (a record pushed between the two is
+//! taken now and rings once more: a spurious wake, harmless). An idle gateway wakes the app
+//! never; a busy one once per take at most (the app paces its takes).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// One request's outcome: the fields of `decision_log.Outcome`, the routing decision's
@@ -84,30 +94,60 @@ pub struct Records {
     capacity: usize,
     queue: Mutex<VecDeque<Record>>,
     dropped: AtomicU64,
+    /// The bell's two ends (module doc), both non-blocking: rung here, watched by the app.
+    ringer: UnixStream,
+    bell: UnixStream,
+    /// Whether the bell has rung since the last take.
+    rung: AtomicBool,
 }
 
 impl Records {
-    pub fn new(capacity: usize) -> Self {
-        Self {
+    /// A queue of at most `capacity` records.
+    ///
+    /// # Errors
+    /// The bell's socket pair could not be made (the process is out of descriptors).
+    pub fn new(capacity: usize) -> std::io::Result<Self> {
+        let (ringer, bell) = UnixStream::pair()?;
+        ringer.set_nonblocking(true)?;
+        bell.set_nonblocking(true)?;
+        Ok(Self {
             capacity,
             queue: Mutex::new(VecDeque::new()),
             dropped: AtomicU64::new(0),
-        }
+            ringer,
+            bell,
+            rung: AtomicBool::new(false),
+        })
     }
 
     pub fn push(&self, record: Record) {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        if queue.len() >= self.capacity {
-            queue.pop_front();
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            if queue.len() >= self.capacity {
+                queue.pop_front();
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            queue.push_back(record);
         }
-        queue.push_back(record);
+        if !self.rung.swap(true, Ordering::AcqRel) {
+            // One byte in an empty socket's buffer: it cannot be full. A failure would only
+            // delay the record to the app's next take (at `/metrics` or the next ring).
+            let _ = (&self.ringer).write(&[1]);
+        }
     }
 
-    /// Every queued record, oldest first.
+    /// Every queued record, oldest first; clears the bell first (module doc).
     pub fn take(&self) -> Vec<Record> {
+        self.rung.store(false, Ordering::Release);
+        let mut rung = [0u8; 64];
+        while matches!((&self.bell).read(&mut rung), Ok(n) if n > 0) {}
         let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         queue.drain(..).collect()
+    }
+
+    /// The descriptor that turns readable when records wait (module doc); owned here.
+    pub fn bell_fd(&self) -> RawFd {
+        self.bell.as_raw_fd()
     }
 
     /// Records dropped because the queue was full.
@@ -120,9 +160,30 @@ impl Records {
 mod tests {
     use super::*;
 
+    /// Whether a byte waits on the bell (read: the next check starts afresh).
+    fn rung(records: &Records) -> bool {
+        let mut byte = [0u8; 1];
+        (&records.bell).read(&mut byte).is_ok_and(|n| n == 1)
+    }
+
+    #[test]
+    fn the_bell_rings_once_per_take_and_never_while_idle() {
+        let records = Records::new(8).unwrap();
+        assert!(!rung(&records), "an empty queue is silent");
+        records.push(Record::default());
+        records.push(Record::default());
+        assert!(rung(&records));
+        assert_eq!(records.take().len(), 2);
+        assert!(!rung(&records), "the take clears the bell");
+        assert!(records.take().is_empty() && !rung(&records));
+        records.push(Record::default());
+        assert!(rung(&records), "a push after the take rings again");
+        assert_eq!(records.take().len(), 1);
+    }
+
     #[test]
     fn a_full_queue_drops_its_oldest_and_counts_them() {
-        let records = Records::new(2);
+        let records = Records::new(2).unwrap();
         for status in [200, 201, 202] {
             records.push(Record {
                 status,

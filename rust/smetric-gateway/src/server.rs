@@ -121,7 +121,7 @@ impl Gateway {
                     });
                 }
                 let admission = Admission::new(native.admission, fleet.live());
-                let records = Arc::new(Records::new(native.max_records));
+                let records = Arc::new(Records::new(native.max_records).map_err(GatewayError::Start)?);
                 let native =
                     Native::new(native, fleet, admission, records).map_err(|e| GatewayError::Tls(e.to_string()))?;
                 Some(Arc::new(native))

@@ -444,6 +444,12 @@ impl PyGateway {
         Ok(native.take_records().iter().map(PyGatewayRecord::from).collect())
     }
 
+    /// A descriptor that turns readable when records wait to be taken (the gateway owns it;
+    /// :meth:`take_records` clears it): the app's event loop watches it instead of polling.
+    fn records_fd(&self) -> PyResult<i32> {
+        Ok(self.native.as_ref().ok_or_else(not_armed)?.records_bell_fd())
+    }
+
     /// Records dropped because they were not taken in time.
     fn records_dropped(&self) -> PyResult<u64> {
         Ok(self.native.as_ref().ok_or_else(not_armed)?.records_dropped())

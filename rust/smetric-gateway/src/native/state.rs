@@ -285,6 +285,11 @@ impl NativeHandles {
         self.native.records.take()
     }
 
+    /// The descriptor that turns readable when records wait ([`crate::records::Records::bell_fd`]).
+    pub fn records_bell_fd(&self) -> std::os::fd::RawFd {
+        self.native.records.bell_fd()
+    }
+
     /// Records dropped because the control plane did not take them in time.
     pub fn records_dropped(&self) -> u64 {
         self.native.records.dropped()
