@@ -73,7 +73,7 @@ __all__ = [
     "plane_summary",
 ]
 
-DRAIN_INTERVAL_S = 0.05
+DRAIN_INTERVAL_S = 0.25
 """How often at most the app takes the gateway's records (a busy gateway rings on every
 request: the takes are paced, the records batched)."""
 
