@@ -31,7 +31,7 @@
 //! this way against ≈ 9.3 µs copied, checked, then hashed). 64-bit loads, not 32-bit ones:
 //! xxh3 reads the block in 8-byte words, and a word written as two 4-byte stores cannot be
 //! forwarded to its load (≈ 10.8 µs). A concurrent writer makes the hashes those of some
-//! mixture of old and new ids, never undefined behaviour.
+//! mixture of old and new ids; the router's reads are atomic, so no torn read is assumed away.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -192,7 +192,7 @@ impl SharedIds<'_> {
 }
 
 /// The two ids of a word loaded from memory, in memory order.
-pub fn ids_of_word(word: u64) -> [u32; 2] {
+fn ids_of_word(word: u64) -> [u32; 2] {
     let bytes = word.to_ne_bytes();
     [
         u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),

@@ -11,16 +11,16 @@
 //! hashing. The exporter keeps the memory alive and refuses to resize it while the buffer is
 //! held (the buffer protocol, PEP 3118); a thread that writes the array during the call makes
 //! the router see some mixture of old and new ids (a different route), as numpy's own
-//! GIL-releasing functions do, never unsoundness. Saved: the copy under the GIL (≈ 2 µs of a
+//! GIL-releasing functions do; the reads are atomic, as pyo3's buffer documentation asks of
+//! memory other code may write. Saved: the copy under the GIL (≈ 2 µs of a
 //! 32K-token prompt's ≈ 13 µs; BENCHMARKS.md, "The single-thread budget").
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use pyo3::buffer::{Element, ElementType, PyBuffer, PyUntypedBuffer};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
-use smetric_core::hash::ids_of_word;
 use smetric_core::{BlockHash, RequestId, SharedIds, SmetricError, shared_ids_supported};
 
 use crate::errors::to_py;
@@ -113,8 +113,6 @@ pub(crate) enum TokenIds {
     I64(Vec<i64>),
     /// A copy of a uint64 buffer.
     U64(Vec<u64>),
-    /// A buffer read in place.
-    InPlace(InPlaceIds),
 }
 
 impl TokenIds {
@@ -125,7 +123,6 @@ impl TokenIds {
             Self::I32(values) => narrow(values),
             Self::I64(values) => narrow(values),
             Self::U64(values) => narrow(values),
-            Self::InPlace(buffer) => buffer.to_vec(),
         }
     }
 }
@@ -213,20 +210,6 @@ impl InPlaceIds {
         }
     }
 
-    /// The ids copied out and checked (for a caller that needs them owned).
-    fn to_vec(&self) -> Result<Vec<u32>, SmetricError> {
-        let ids = self.ids();
-        let mut out: Vec<u32> = Vec::with_capacity(ids.len());
-        for word in ids.blocks {
-            out.extend(ids_of_word(word.load(Ordering::Relaxed)));
-        }
-        out.extend(ids.tail.iter().map(|t| t.load(Ordering::Relaxed)));
-        if self.signed {
-            return narrow(out.into_iter().map(|id| id as i32).collect());
-        }
-        Ok(out)
-    }
-
     /// Releases the buffer (with the GIL: dropping it elsewhere would take the GIL to do so).
     pub(crate) fn release(self, py: Python<'_>) {
         self.buffer.release(py);
@@ -238,19 +221,8 @@ impl InPlaceIds {
 /// once (a typed `PyBuffer::get` that fails would cost an exception object per try). The
 /// one copy the call needs is made here (the ids cross the GIL's release, after which the
 /// exporter's memory may change; `PyBuffer_ToContiguous` also gathers a strided view).
-fn any_buffer_tokens(
-    obj: &Bound<'_, PyAny>,
-    buf: PyUntypedBuffer,
-    in_place_block: Option<usize>,
-) -> PyResult<TokenIds> {
+fn any_buffer_tokens(obj: &Bound<'_, PyAny>, buf: PyUntypedBuffer) -> PyResult<TokenIds> {
     let py = obj.py();
-    let buf = match in_place_block {
-        Some(block_size) => match InPlaceIds::new(buf, block_size) {
-            Ok(ids) => return Ok(TokenIds::InPlace(ids)),
-            Err(buf) => buf,
-        },
-        None => buf,
-    };
     let element = ElementType::from_format(buf.format());
     let supported = matches!(
         element,
@@ -284,9 +256,42 @@ fn any_buffer_tokens(
 }
 
 /// Token ids from a list of ints, a buffer of 32- or 64-bit integers, or any iterable of
-/// ints; a buffer's are checked later, by [`TokenIds::check`] or, read in place (when
-/// `in_place_block`, the block size they will be hashed at, allows it), by the router.
-pub(crate) fn tokens(obj: &Bound<'_, PyAny>, in_place_block: Option<usize>) -> PyResult<TokenIds> {
+/// ints; a buffer's are checked later, by [`TokenIds::check`].
+pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<TokenIds> {
+    match buffer_of(obj) {
+        Some(buf) => any_buffer_tokens(obj, buf),
+        None => sequence_tokens(obj),
+    }
+}
+
+/// A prompt's token ids as [`tokens`] converts them, or, for a buffer [`InPlaceIds`] can read
+/// at `block_size`, that buffer, not copied.
+pub(crate) fn prompt_tokens(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<PromptIds> {
+    let Some(buf) = buffer_of(obj) else {
+        return Ok(PromptIds::Copied(sequence_tokens(obj)?));
+    };
+    Ok(match InPlaceIds::new(buf, block_size) {
+        Ok(ids) => PromptIds::InPlace(ids),
+        Err(buf) => PromptIds::Copied(any_buffer_tokens(obj, buf)?),
+    })
+}
+
+/// A prompt's token ids: read in place, or converted.
+pub(crate) enum PromptIds {
+    InPlace(InPlaceIds),
+    Copied(TokenIds),
+}
+
+/// The buffer `obj` exports, unless it is a list (a list is read through its own fast path).
+fn buffer_of(obj: &Bound<'_, PyAny>) -> Option<PyUntypedBuffer> {
+    if obj.is_instance_of::<PyList>() {
+        return None;
+    }
+    PyUntypedBuffer::get(obj).ok()
+}
+
+/// Token ids from a list, a tuple or any other iterable of ints.
+fn sequence_tokens(obj: &Bound<'_, PyAny>) -> PyResult<TokenIds> {
     let mut out = Vec::new();
     if let Ok(list) = obj.cast::<PyList>() {
         if let Some(ids) = list_through_array(list) {
@@ -298,9 +303,6 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>, in_place_block: Option<usize>) -> P
             out.push(token_item(i, &item)?);
         }
         return Ok(TokenIds::Checked(out));
-    }
-    if let Ok(buf) = PyUntypedBuffer::get(obj) {
-        return any_buffer_tokens(obj, buf, in_place_block);
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
         for (i, item) in tuple.iter().enumerate() {
@@ -334,7 +336,7 @@ fn list_through_array(list: &Bound<'_, PyList>) -> Option<Vec<u32>> {
 
 /// [`tokens`], checked with the GIL held (for calls whose work is too small to release it).
 pub(crate) fn checked_tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    tokens(obj, None)?.check().map_err(|e| to_py(&e))
+    tokens(obj)?.check().map_err(|e| to_py(&e))
 }
 
 fn unsupported(obj: &Bound<'_, PyAny>) -> PyErr {

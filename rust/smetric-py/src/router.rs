@@ -121,6 +121,7 @@ pub(crate) struct PyRouter {
 /// [`PromptArg::check`] finishes it.
 pub(crate) enum PromptArg {
     Tokens(convert::TokenIds),
+    InPlace(convert::InPlaceIds),
     Hashes(Vec<BlockHash>, Option<u64>),
 }
 
@@ -134,7 +135,10 @@ impl PromptArg {
         block_size: u32,
     ) -> PyResult<Self> {
         match (tokens, hashes) {
-            (Some(t), _) => Ok(Self::Tokens(convert::tokens(t, Some(block_size as usize))?)),
+            (Some(t), _) => Ok(match convert::prompt_tokens(t, block_size as usize)? {
+                convert::PromptIds::InPlace(ids) => Self::InPlace(ids),
+                convert::PromptIds::Copied(ids) => Self::Tokens(ids),
+            }),
             (None, Some(h)) => Ok(Self::Hashes(convert::hashes(h)?, num_tokens)),
             (None, None) => Err(to_py(&SmetricError::MissingPrompt)),
         }
@@ -144,7 +148,7 @@ impl PromptArg {
     /// are checked by the router as it hashes them.
     pub(crate) fn check(self) -> Result<OwnedPrompt, SmetricError> {
         Ok(match self {
-            Self::Tokens(convert::TokenIds::InPlace(ids)) => OwnedPrompt::InPlace(ids),
+            Self::InPlace(ids) => OwnedPrompt::InPlace(ids),
             Self::Tokens(ids) => OwnedPrompt::Tokens(ids.check()?),
             Self::Hashes(h, n) => OwnedPrompt::Hashes(h, n),
         })
