@@ -189,9 +189,12 @@ impl InPlaceIds {
         // C-contiguous allocation (checked in `new`: 4-byte items, C-contiguous), aligned to 8
         // (checked; so the tail, 8·block_words bytes on, is aligned to 4), which the exporter
         // keeps alive and in place while `self.buffer` is held (PEP 3118) — as long as the
-        // returned borrow. The memory is only read, and only through atomic loads, which are
-        // defined when another thread writes it meanwhile, and which do not trap on read-only
-        // memory (loads of at most a pointer's width; this path needs a 64-bit target).
+        // returned borrow. Rust code only reads it, only through relaxed atomic loads, each id
+        // once, so nothing here assumes it stable (pyo3's `buf_ptr` asks for atomic access to
+        // memory others may write); a thread that writes the array during the call races with
+        // the caller's own use of it, which `route`'s documentation rules out as numpy's
+        // GIL-releasing functions do. Relaxed loads of at most a register's width do not trap
+        // on read-only memory (core::sync::atomic; this path needs a 64-bit target).
         unsafe {
             let blocks = std::slice::from_raw_parts(start.cast::<AtomicU64>().cast_const(), self.block_words);
             let tail = std::slice::from_raw_parts(
