@@ -293,27 +293,16 @@ def proxy_for(urls: list[str], **overrides: Any) -> ProxyServer:
 
 
 def app_request(
-    server: ProxyServer,
-    path: str,
-    body: object = None,
-    *,
-    raw: bytes | None = None,
-    method: str = "POST",
-    headers: dict[str, str] | None = None,
+    server: ProxyServer, path: str, body: object = None, *, headers: dict[str, str] | None = None, **options: Any
 ) -> tuple[int, dict[str, str], bytes]:
     """What the app behind ``server``'s gateway answers a request the gateway admitted and handed
-    on (its loopback port, the gateway's fields): the reference the native path's answers are
-    compared with, for the bodies and routes both still serve."""
+    on (its loopback port, the gateway's fields; ``options`` as :func:`request` takes them): the
+    reference the native path's answers are compared with, for the bodies and routes both still
+    serve."""
     assert server.proxy is not None and server.proxy.compiled is not None
     plane = server.proxy.compiled
-    return request(
-        f"http://127.0.0.1:{plane.app_port}",
-        path,
-        body,
-        raw=raw,
-        method=method,
-        headers={**(headers or {}), **plane.delegation_headers()},
-    )
+    app = f"http://127.0.0.1:{plane.app_port}"
+    return request(app, path, body, headers={**(headers or {}), **plane.delegation_headers()}, **options)
 
 
 def sender(server: ProxyServer, plane: str) -> Callable[..., tuple[int, dict[str, str], bytes]]:

@@ -163,13 +163,10 @@ impl SharedIds<'_> {
         self.len() == 0
     }
 
-    /// The first id outside `[0, 2^32)` (a negative `i32`), given the OR of every word the
-    /// hashing read: a second pass, taken only when that OR has a sign bit set. `None` when
+    /// The first id outside `[0, 2^32)` of a signed prompt (a negative `i32`), given the OR of
+    /// every word the hashing read: a second pass, taken only when that OR has a sign bit set. `None` when
     /// the ids changed since (a concurrent writer): the prompt is then hashed as read.
     fn first_negative(&self, blocks_or: u64) -> Option<(usize, i128)> {
-        if !self.signed {
-            return None;
-        }
         let negative = |(i, v): (usize, u32)| (v >> 31 == 1).then(|| (i, i128::from(v as i32)));
         let from_blocks = (blocks_or & 0x8000_0000_8000_0000 != 0)
             .then(|| {
@@ -223,13 +220,15 @@ pub fn chain_shared_into(
     } else {
         chain_shared_from::<{ STACK_BLOCK_TOKENS / 2 }>(ids.blocks, words_per_block, root, out)
     };
-    let tail_or = ids.tail.iter().fold(0, |a, t| a | t.load(Ordering::Relaxed));
-    if ids.signed && (blocks_or & 0x8000_0000_8000_0000 != 0 || tail_or >> 31 == 1) {
-        if let Some(bad) = ids.first_negative(blocks_or) {
-            return Err(bad);
-        }
+    if !ids.signed {
+        return Ok(());
     }
-    Ok(())
+    let tail_or = ids.tail.iter().fold(0, |a, t| a | t.load(Ordering::Relaxed));
+    let any_negative = blocks_or & 0x8000_0000_8000_0000 != 0 || tail_or >> 31 == 1;
+    match any_negative.then(|| ids.first_negative(blocks_or)).flatten() {
+        Some(bad) => Err(bad),
+        None => Ok(()),
+    }
 }
 
 /// [`chain_from`] over words read atomically, `w` words a block staged in a buffer of `CAP`
