@@ -84,6 +84,9 @@ __all__ = [
     "SHARED_WAIT_BUCKETS_S",
     "SHARED_WRONG_METHOD",
     "Decision",
+    "EngineLoadScrape",
+    "EngineSample",
+    "EngineScrapeStats",
     "Gateway",
     "GatewayNative",
     "GatewayRecord",
@@ -102,12 +105,14 @@ __all__ = [
     "Workload",
     "__version__",
     "encode_kv_batch",
+    "engine_sample",
     "escapes_lone_surrogate",
     "gateway_routing_ids",
     "json_syntax_error",
     "load_workload",
     "nests_too_deep",
     "parse_openai_body",
+    "parse_prometheus",
     "session_digest",
     "sim_config_defaults",
     "sim_pd_defaults",
@@ -435,6 +440,95 @@ SESSION_ENTRY_BYTES: Final[int]
 
 def session_digest(key: str) -> bytes:
     """The fixed-size form (16 bytes) a session key is kept in by ``SessionTable``."""
+
+@final
+class EngineSample:
+    """One instance's load, summed over its engines (data-parallel ranks); every field is None
+    when its metric was absent."""
+
+    def __new__(
+        cls,
+        *,
+        running: int | None = None,
+        waiting: int | None = None,
+        kv_usage: float | None = None,
+        prefix_cache_queries: float | None = None,
+        prefix_cache_hits: float | None = None,
+        external_prefix_cache_queries: float | None = None,
+        external_prefix_cache_hits: float | None = None,
+    ) -> Self: ...
+    @property
+    def running(self) -> int | None: ...
+    @property
+    def waiting(self) -> int | None: ...
+    @property
+    def kv_usage(self) -> float | None: ...
+    @property
+    def prefix_cache_queries(self) -> float | None: ...
+    @property
+    def prefix_cache_hits(self) -> float | None: ...
+    @property
+    def external_prefix_cache_queries(self) -> float | None: ...
+    @property
+    def external_prefix_cache_hits(self) -> float | None: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    __hash__: None  # type: ignore[assignment]
+
+def engine_sample(text: str, model_name: str | None = None) -> EngineSample:
+    """The load in one ``/metrics`` page; ``model_name`` keeps only that model's series."""
+
+def parse_prometheus(text: str, names: list[str] | None = None) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The samples of a Prometheus text page (format 0.0.4) by metric name; with ``names``, only
+    those metrics'."""
+
+@final
+class EngineScrapeStats:
+    """One instance's scrape counters."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def ok(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+    @property
+    def slow(self) -> int: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def last(self) -> EngineSample | None: ...
+    @property
+    def prefix_cache_hit_rate(self) -> float | None: ...
+    @property
+    def external_prefix_cache_hit_rate(self) -> float | None: ...
+
+@final
+class EngineLoadScrape:
+    """Scrapes every instance's load on a runtime of its own and feeds the router's
+    ``update_load`` (a ``PdRouter``'s prefill pool). ``smetric.engine_load.EngineLoadScraper`` is
+    the public face."""
+
+    def __new__(
+        cls,
+        router: Router | PdRouter,
+        instances: list[tuple[str, str]],
+        *,
+        period_s: float,
+        timeout_s: float,
+        endpoint: str,
+        model_name: str | None,
+        headers: dict[str, str],
+        max_concurrent: int,
+    ) -> Self: ...
+    def scrape_once(self) -> list[EngineSample | None]: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    @property
+    def rounds(self) -> int: ...
+    def stats(self) -> list[EngineScrapeStats]: ...
 
 @final
 class GatewayRecord:

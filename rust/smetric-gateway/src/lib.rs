@@ -30,6 +30,7 @@ mod admission;
 mod answers;
 mod counters;
 mod delegate;
+pub mod engine_load;
 pub mod handoff;
 pub mod native;
 mod records;

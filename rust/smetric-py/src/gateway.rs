@@ -27,6 +27,15 @@ use crate::pd::PyPdRouter;
 use crate::router::PyRouter;
 use crate::sessions::PySessionTable;
 
+/// The core router behind a Python `Router` or `PdRouter`.
+pub(crate) fn routing_of(router: &Bound<'_, PyAny>) -> PyResult<Routing> {
+    Ok(if let Ok(pd) = router.cast::<PyPdRouter>() {
+        Routing::Pd(Arc::clone(pd.get().core()))
+    } else {
+        Routing::Colocated(Arc::clone(router.cast::<PyRouter>()?.get().core()))
+    })
+}
+
 #[pyclass(frozen, module = "smetric._core", name = "Gateway")]
 pub(crate) struct PyGateway {
     inner: Mutex<Option<Gateway>>,
@@ -119,11 +128,7 @@ impl PyGatewayNative {
         if approx_chunk_bytes == 0 {
             return Err(invalid_setting(py, "approx_chunk_bytes", "must be at least 1, got 0"));
         }
-        let routing = if let Ok(pd) = router.cast::<PyPdRouter>() {
-            Routing::Pd(Arc::clone(pd.get().core()))
-        } else {
-            Routing::Colocated(Arc::clone(router.cast::<PyRouter>()?.get().core()))
-        };
+        let routing = routing_of(router)?;
         let mode = AdmissionMode::parse(session_admission).ok_or_else(|| {
             let known: Vec<&str> = AdmissionMode::ALL.iter().map(|m| m.name()).collect();
             invalid_setting(

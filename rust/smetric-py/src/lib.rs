@@ -11,6 +11,7 @@ mod admission;
 mod config;
 mod convert;
 mod engine;
+mod engine_load;
 mod errors;
 mod events;
 mod gateway;
@@ -25,6 +26,11 @@ mod vllm;
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<router::PyRouter>()?;
+    m.add_class::<engine_load::PyEngineLoadScrape>()?;
+    m.add_class::<engine_load::PyEngineSample>()?;
+    m.add_class::<engine_load::PyEngineScrapeStats>()?;
+    m.add_function(wrap_pyfunction!(engine_load::engine_sample, m)?)?;
+    m.add_function(wrap_pyfunction!(engine_load::parse_prometheus, m)?)?;
     m.add_class::<gateway::PyGateway>()?;
     m.add_class::<gateway::PyGatewayNative>()?;
     m.add_class::<gateway::PyGatewayTokenSource>()?;

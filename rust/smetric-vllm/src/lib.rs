@@ -45,6 +45,12 @@
 //! [`escapes_lone_surrogate`] ([`lone_surrogate`]) is the check of any API's JSON body for an
 //! escaped lone UTF-16 surrogate, which engines decode and then fail on.
 //!
+//! # Engine load ([`load_metrics`])
+//! [`load_metrics::engine_sample`] reads an engine's load (running, waiting, KV usage, the
+//! prefix-cache counters) from its `/metrics` page in one pass that parses only the lines it
+//! needs; [`load_metrics::samples`] is the Prometheus text parse under it. The load scraper
+//! (`smetric-gateway`'s `engine_load`) runs it every period.
+//!
 //! ```
 //! use smetric_vllm::{BlockHasher, HashAlgo, RequestKeys};
 //!
@@ -61,6 +67,7 @@ pub mod events;
 pub mod frames;
 pub mod hash;
 pub mod ingest;
+pub mod load_metrics;
 pub mod lone_surrogate;
 mod msgpack;
 mod obj;

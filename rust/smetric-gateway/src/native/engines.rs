@@ -18,7 +18,7 @@ use rustls::{ClientConfig, RootCertStore};
 
 /// The engines' client: kept-alive connections, no delay, the configured connect timeout.
 pub(crate) struct Engines {
-    pub(super) client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    pub(crate) client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 impl Engines {

@@ -49,7 +49,7 @@ mod apis;
 mod attempt;
 pub mod chatml;
 mod continuation;
-mod engines;
+pub(crate) mod engines;
 mod failover;
 mod forward;
 mod intake;

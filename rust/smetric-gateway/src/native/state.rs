@@ -78,6 +78,16 @@ pub enum Routing {
 }
 
 impl Routing {
+    /// The router an engine's load snapshot feeds (the prefill pool's, for PD: a PD router's
+    /// decode choice reads its own board).
+    #[must_use]
+    pub fn load_router(&self) -> &Router {
+        match self {
+            Self::Colocated(router) => router,
+            Self::Pd(pd) => pd.prefill(),
+        }
+    }
+
     /// The policy's name (the prefill side's, for PD).
     pub(crate) fn policy_name(&self) -> &'static str {
         self.policy().name()
