@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -115,6 +116,7 @@ class Engine:
         self.status = 200
         self.connections = 0
         self.drop_after_answer = False
+        self.delay_s = 0.0
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -125,6 +127,8 @@ class Engine:
                 engine.connections += 1
 
             def do_GET(self) -> None:
+                if engine.delay_s:
+                    time.sleep(engine.delay_s)
                 if self.path == "/metrics":
                     body, kind = engine.metrics.encode(), "text/plain; version=0.0.4"
                 elif self.path == "/load":
@@ -224,6 +228,24 @@ def test_load_endpoint_and_bad_bodies(engine: Engine) -> None:
     finally:
         scraper.stop()
     assert scraper.stats()["instances"][engine.url]["errors"] == 2
+
+
+def test_a_slow_answer_is_discarded_and_a_bad_url_or_header_is_named(engine: Engine) -> None:
+    router = Router([engine.url, "not a url"])
+    scraper = EngineLoadScraper(router, timeout_s=0.2)
+    try:
+        engine.delay_s = 0.4
+        assert scraper.scrape_once() == {engine.url: None, "not a url": None}
+        engine.delay_s = 0.0
+        assert scraper.scrape_once()[engine.url] == engine_sample(METRICS)
+        stats = scraper.stats()["instances"]
+    finally:
+        scraper.stop()
+    assert (stats[engine.url]["slow"], stats[engine.url]["ok"], stats[engine.url]["errors"]) == (1, 1, 0)
+    # One bad URL does not stop the fleet's other scrapes: its own fail, named.
+    assert stats["not a url"]["errors"] == 2 and stats["not a url"]["last_error"].startswith("InvalidURL")
+    with pytest.raises(ValueError, match="header"):
+        EngineLoadScraper(router, headers={"bad header": "x"})
 
 
 def test_the_thread_scrapes_periodically_and_stops(engine: Engine) -> None:

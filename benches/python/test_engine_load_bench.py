@@ -1,8 +1,8 @@
 """pytest-benchmark of the engine-load scraper's parse: one real vLLM ``/metrics`` page
 (``tests/data/vllm/metrics_cpu_0.32.0.txt``, 642 lines, 54 KB) read for the load
 (:func:`smetric.engine_load.engine_sample`, which parses only the 7 metrics it reads) against the
-whole page parsed (what it did before). The scraper runs on a thread that holds the GIL while it
-parses, so this is time the proxy's event loop waits, once per instance per ``engine_load_period_s``.
+whole page parsed into Python dicts. Both are the Rust parse of ``smetric_vllm::load_metrics``; the
+scraper itself runs it without the GIL, once per instance per ``engine_load_period_s``.
 
 Run: ``pytest benches/python/test_engine_load_bench.py --benchmark-enable --benchmark-only``
 (``make bench``); figures in BENCHMARKS.md.
