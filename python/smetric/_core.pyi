@@ -885,9 +885,10 @@ class Router:
 
         Arguments:
             tokens: prompt token ids (list or int32/uint32/int64 array), or ``None`` with ``hashes``.
-                A contiguous int32/uint32 array is read in place with the GIL released (at an even
-                block size up to 128): do not write to it while the call runs, as with numpy's own
-                functions (a concurrent write gives a route for some mixture of the ids).
+                A contiguous int32/uint32 array is read in place (at an even block size up to
+                128), with the GIL released for prompts over 2,048 ids: do not write to it while
+                the call runs, as with numpy's own functions (a concurrent write gives a route for
+                some mixture of the ids).
             hashes: a pre-hashed block chain (e.g. a trace's ``hash_ids``).
             num_tokens: prompt length when ``hashes`` are given (default ``len(hashes) * block_size``).
             messages: the chat history (dicts or objects with a ``role``), for turn inference.

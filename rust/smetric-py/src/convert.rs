@@ -116,6 +116,16 @@ pub(crate) enum TokenIds {
 }
 
 impl TokenIds {
+    /// How many ids.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Checked(ids) => ids.len(),
+            Self::I32(values) => values.len(),
+            Self::I64(values) => values.len(),
+            Self::U64(values) => values.len(),
+        }
+    }
+
     /// The ids as u32, or the first id outside `[0, 2^32)` with its position.
     pub(crate) fn check(self) -> Result<Vec<u32>, SmetricError> {
         match self {
@@ -179,6 +189,11 @@ impl InPlaceIds {
             signed,
             buffer,
         })
+    }
+
+    /// How many ids.
+    pub(crate) fn len(&self) -> usize {
+        self.block_words * 2 + self.tail
     }
 
     /// The ids as the core reads them.

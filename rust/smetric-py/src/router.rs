@@ -117,6 +117,13 @@ pub(crate) struct PyRouter {
     config: Py<PyRouterConfig>,
 }
 
+/// Prompts of at most this many ids are routed with the GIL held. Releasing and re-taking it
+/// cost ≈ 0.12 µs a call, a twelfth of a 1K-token route (`BENCHMARKS.md`, "Short prompts keep
+/// the GIL"), and another Python thread gains nothing from the release: it waits for the
+/// hand-off longer than for such a call (two threads routing 1K prompts went faster with it
+/// held). numpy holds the GIL below a size for the same reason.
+pub(crate) const HOLD_GIL_MAX_IDS: usize = 2048;
+
 /// A prompt as converted with the GIL held: owned, so it can cross `py.detach`, where
 /// [`PromptArg::check`] finishes it.
 pub(crate) enum PromptArg {
@@ -154,21 +161,33 @@ impl PromptArg {
         })
     }
 
-    /// Runs `f` on the checked prompt with the GIL released. A buffer read in place is
-    /// released once the GIL is back (its release needs the GIL: inside, it would take it).
+    /// Runs `f` on the checked prompt, with the GIL released unless the prompt is short
+    /// ([`HOLD_GIL_MAX_IDS`]). A buffer read in place is released once the GIL is back (its
+    /// release needs the GIL: inside, it would take it).
     pub(crate) fn detached<T: Send>(
         self,
         py: Python<'_>,
         f: impl FnOnce(Prompt<'_>) -> Result<T, SmetricError> + Send,
     ) -> PyResult<T> {
-        let (result, prompt) = py.detach(move || match self.check() {
+        let short = self.ids() <= HOLD_GIL_MAX_IDS;
+        let run = move || match self.check() {
             Ok(prompt) => (f(prompt.borrow()), Some(prompt)),
             Err(e) => (Err(e), None),
-        });
+        };
+        let (result, prompt) = if short { run() } else { py.detach(run) };
         if let Some(OwnedPrompt::InPlace(ids)) = prompt {
             ids.release(py);
         }
         result.py()
+    }
+
+    /// The prompt's length in ids (a chain of hashes: its blocks, each counted as 16 ids).
+    fn ids(&self) -> usize {
+        match self {
+            Self::Tokens(ids) => ids.len(),
+            Self::InPlace(ids) => ids.len(),
+            Self::Hashes(hashes, _) => hashes.len().saturating_mul(16),
+        }
     }
 }
 
