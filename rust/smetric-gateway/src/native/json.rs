@@ -31,6 +31,36 @@ pub(crate) fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Option<T> {
         .flatten()
 }
 
+/// A JSON object read as `T` in the pass that reads its container, any other JSON value
+/// refused (serde's derive would also read an array positionally, which Python's `Mapping`
+/// checks refuse): `Vec<Obj<T>>` reads a list of objects without a second pass over each.
+pub(crate) struct Obj<T>(pub(crate) T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = Obj<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Obj<T>, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Obj)
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A body's JSON object read as `T` in one pass: `None` for one nested deeper than Python's
+/// parser takes (`openai_body::MAX_NESTING`), not JSON, or not an object — the app's to answer.
+pub(crate) fn body_object<'a, T: Deserialize<'a>>(raw: &'a [u8]) -> Option<T> {
+    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
+        return None;
+    }
+    serde_json::from_slice::<Obj<T>>(raw).ok().map(|o| o.0)
+}
+
 /// A JSON array's elements, borrowed.
 pub(crate) fn list(raw: &RawValue) -> Option<Vec<&RawValue>> {
     raw.get()

@@ -45,7 +45,7 @@ use hyper::{Response, StatusCode};
 use super::anthropic_events::{ChatTranslation, MESSAGE_STOP, Received, Resent, counts_a_token, event_name};
 use super::chatml::{Rendered, RenderedBody};
 use super::continuation::{Continued, truthy as value_truthy};
-use super::json::{self, Entries, is_object, json_array, json_str, list, object, ordered_entries, string};
+use super::json::{self, Entries, Obj, is_object, json_array, json_str, list, object, ordered_entries, string};
 use super::protocol::{
     ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, malformed, rendered_plan, stream_scan_by_fields,
     template_plan,
@@ -67,7 +67,7 @@ struct Body<'a> {
     #[serde(borrow, default)]
     stream: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
+    messages: Option<Vec<Obj<Message<'a>>>>,
     #[serde(borrow, default)]
     system: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -86,18 +86,59 @@ struct Body<'a> {
     kv_transfer_params: Option<&'a RawValue>,
 }
 
+/// A message, read in the body's one pass: its strings decoded where they stand (a value of
+/// another type than the rule allows fails the parse, so the body goes to the app, as the
+/// conversion's `None` would send it).
 #[derive(Deserialize)]
 struct Message<'a> {
     #[serde(borrow, default)]
-    role: Option<&'a RawValue>,
+    role: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Option<MessageContent<'a>>,
 }
 
+/// A message's content: a string, or a list of blocks (anything else is not a message the
+/// conversion takes).
+enum MessageContent<'a> {
+    Text(Cow<'a, str>),
+    Blocks(Vec<Block<'a>>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for MessageContent<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = MessageContent<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or a list of blocks")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(MessageContent::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(MessageContent::Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(MessageContent::Text(Cow::Owned(v)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut blocks = Vec::new();
+                while let Some(Obj(block)) = seq.next_element::<Obj<Block<'a>>>()? {
+                    blocks.push(block);
+                }
+                Ok(MessageContent::Blocks(blocks))
+            }
+        }
+        d.deserialize_any(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A content block; `type`, `text` and `thinking` must be strings where present (`blocks_valid`
+/// checks the rest of `_check_blocks`).
 #[derive(Deserialize)]
 struct Block<'a> {
     #[serde(borrow, default, rename = "type")]
-    kind: Option<&'a RawValue>,
+    kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     id: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -105,9 +146,9 @@ struct Block<'a> {
     #[serde(borrow, default)]
     tool_use_id: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    text: Option<&'a RawValue>,
+    text: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    thinking: Option<&'a RawValue>,
+    thinking: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -160,7 +201,7 @@ struct Checked<'a> {
     model: String,
     cache_salt: Option<String>,
     system: Option<&'a RawValue>,
-    messages: Vec<&'a RawValue>,
+    messages: Vec<Message<'a>>,
     tools: Option<&'a RawValue>,
     thinking: Option<&'a RawValue>,
     output_config: Option<&'a RawValue>,
@@ -169,8 +210,9 @@ struct Checked<'a> {
 
 /// The body checked, or None: the app's to answer. `count_tokens`: a `count_tokens` body (no
 /// `max_tokens`, as `to_chat(count_tokens=True)`).
-fn check(whole: &RawValue, count_tokens: bool) -> Option<Checked<'_>> {
-    let body: Body<'_> = object(whole)?;
+/// O(body): one pass reads the fields and decodes the messages' strings.
+fn check(raw: &[u8], count_tokens: bool) -> Option<Checked<'_>> {
+    let body: Body<'_> = json::body_object(raw)?;
     if body.kv_transfer_params.is_some() {
         return None;
     }
@@ -182,7 +224,7 @@ fn check(whole: &RawValue, count_tokens: bool) -> Option<Checked<'_>> {
     if body.stream.is_some_and(|s| !matches!(s.get(), "true" | "false")) {
         return None;
     }
-    let messages = list(body.messages?)?;
+    let messages: Vec<Message<'_>> = body.messages?.into_iter().map(|m| m.0).collect();
     if messages.is_empty() {
         return None;
     }
@@ -210,7 +252,7 @@ fn check(whole: &RawValue, count_tokens: bool) -> Option<Checked<'_>> {
 
 /// The body validated and rendered (see the module docs), or None: the app's to answer.
 pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
-    let body = check(json::body(raw)?, false)?;
+    let body = check(raw, false)?;
     let chat = convert_body(&body, false)?;
     let mut text = Vec::new();
     for message in &chat {
@@ -230,7 +272,7 @@ pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
 /// A `count_tokens` body validated and converted as the app's `to_chat(count_tokens=True)`
 /// does (nothing rendered: the engine counts with its own): its model, or None (the app's).
 pub(crate) fn count_tokens_model(raw: &[u8]) -> Option<String> {
-    let body = check(json::body(raw)?, true)?;
+    let body = check(raw, true)?;
     convert_body(&body, false)?;
     Some(body.model)
 }
@@ -439,7 +481,7 @@ fn first_turn(chat: &[ChatMessage<'_>]) -> bool {
 /// template (`MessagesApi.routing_tokens`: inline system messages merged into the leading one
 /// when the template refuses a system message after the first), encoded. None: the app's.
 fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
-    let body = check(json::body(raw)?, false)?;
+    let body = check(raw, false)?;
     let chat = convert_body(&body, false)?;
     let first_turn = first_turn(&chat);
     let tools = match body.tools {
@@ -448,12 +490,7 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> 
     };
     let merge = match tokens.requires_leading_system(tools.is_some()) {
         LeadingSystem::Unknown => return None,
-        LeadingSystem::Required => body.messages.iter().any(|m| {
-            object::<Message<'_>>(m)
-                .and_then(|m| m.role)
-                .and_then(string)
-                .is_some_and(|r| r == "system")
-        }),
+        LeadingSystem::Required => body.messages.iter().any(|m| m.role.as_deref() == Some("system")),
         LeadingSystem::Free => false,
     };
     let chat = if merge { convert_body(&body, true)? } else { chat };
@@ -612,7 +649,7 @@ fn or_empty(value: Option<&RawValue>) -> Option<Cow<'_, str>> {
 
 /// `_system_messages` and `_convert_messages`: the whole conversion (with `merge`, inline
 /// system messages join the leading one).
-fn convert_body<'a>(body: &Checked<'a>, merge: bool) -> Option<Vec<ChatMessage<'a>>> {
+fn convert_body<'a>(body: &'a Checked<'a>, merge: bool) -> Option<Vec<ChatMessage<'a>>> {
     let mut system = String::new();
     match body.system {
         None => {}
@@ -626,10 +663,9 @@ fn convert_body<'a>(body: &Checked<'a>, merge: bool) -> Option<Vec<ChatMessage<'
         },
     }
     if merge {
-        for raw in &body.messages {
-            let message: Message<'_> = object(raw)?;
-            if string(message.role?)?.as_ref() == "system"
-                && let Some(text) = inline_system_text(message.content?)?
+        for message in &body.messages {
+            if message.role.as_deref()? == "system"
+                && let Some(text) = inline_system_text(message.content.as_ref()?)?
             {
                 system.push_str(&text);
             }
@@ -648,39 +684,39 @@ fn convert_body<'a>(body: &Checked<'a>, merge: bool) -> Option<Vec<ChatMessage<'
 /// `_system_text` of an inline system message's content (a string's billing header dropped):
 /// `Some(None)` when it has no text, `None` for a content the app must answer.
 #[allow(clippy::option_option)]
-fn inline_system_text(content: &RawValue) -> Option<Option<String>> {
-    Some(match string(content) {
-        Some(text) => (!text.is_empty() && !text.starts_with(BILLING_HEADER_PREFIX)).then(|| text.into_owned()),
-        None => system_text(&blocks(content)?),
+fn inline_system_text(content: &MessageContent<'_>) -> Option<Option<String>> {
+    Some(match content {
+        MessageContent::Text(text) => {
+            (!text.is_empty() && !text.starts_with(BILLING_HEADER_PREFIX)).then(|| text.clone().into_owned())
+        }
+        MessageContent::Blocks(blocks) => system_text(valid_blocks(blocks)?),
     })
 }
 
-/// A content's blocks, each checked as `_check_blocks` checks it.
+/// A content's blocks (the `system` field's, read apart from the messages), checked.
 fn blocks(raw: &RawValue) -> Option<Vec<Block<'_>>> {
-    list(raw)?
-        .into_iter()
-        .map(|b| {
-            let block: Block<'_> = object(b)?;
-            string(block.kind?)?;
-            for field in [block.text, block.thinking].into_iter().flatten() {
-                string(field)?;
-            }
-            if block.kind.and_then(string).as_deref() == Some("tool_use") && block.input.is_some_and(|i| !is_object(i))
-            {
-                return None;
-            }
-            Some(block)
-        })
-        .collect()
+    let blocks: Vec<Obj<Block<'_>>> = serde_json::from_str(raw.get()).ok()?;
+    let blocks: Vec<Block<'_>> = blocks.into_iter().map(|b| b.0).collect();
+    valid_blocks(&blocks)?;
+    Some(blocks)
 }
 
-fn kind<'a>(block: &Block<'a>) -> Cow<'a, str> {
-    block.kind.and_then(string).unwrap_or_default()
+/// The blocks, when each passes `_check_blocks` (a string `type`; a `tool_use`'s `input`, if
+/// any, an object; `text` and `thinking` strings, which the parse already saw to).
+fn valid_blocks<'b, 'a>(blocks: &'b [Block<'a>]) -> Option<&'b [Block<'a>]> {
+    blocks
+        .iter()
+        .all(|b| b.kind.is_some() && !(kind(b) == "tool_use" && b.input.is_some_and(|i| !is_object(i))))
+        .then_some(blocks)
+}
+
+fn kind<'b>(block: &'b Block<'_>) -> &'b str {
+    block.kind.as_deref().unwrap_or_default()
 }
 
 /// A non-empty text block's text.
-fn block_text<'a>(block: &Block<'a>) -> Option<Cow<'a, str>> {
-    block.text.and_then(string).filter(|t| !t.is_empty())
+fn block_text<'b>(block: &'b Block<'_>) -> Option<Cow<'b, str>> {
+    block.text.as_deref().filter(|t| !t.is_empty()).map(Cow::Borrowed)
 }
 
 /// `_system_text` of blocks: the non-empty text blocks not starting with the billing prefix.
@@ -732,26 +768,27 @@ fn role_name(role: &str) -> Option<&'static str> {
     })
 }
 
-fn convert<'a>(out: &mut Vec<ChatMessage<'a>>, raw: &'a RawValue, merge: bool) -> Option<()> {
-    let message: Message<'a> = object(raw)?;
-    let role = role_name(&string(message.role?)?)?;
-    let content = message.content?;
+fn convert<'a>(out: &mut Vec<ChatMessage<'a>>, message: &'a Message<'a>, merge: bool) -> Option<()> {
+    let role = role_name(message.role.as_deref()?)?;
+    let content = message.content.as_ref()?;
     if role == "system" {
         if !merge && let Some(text) = inline_system_text(content)? {
             out.push(ChatMessage::new("system", Content::Text(Cow::Owned(text))));
         }
         return Some(());
     }
-    if let Some(text) = string(content) {
-        out.push(ChatMessage::new(role, Content::Text(text)));
-        return Some(());
-    }
-    let blocks = blocks(content)?;
+    let blocks = match content {
+        MessageContent::Text(text) => {
+            out.push(ChatMessage::new(role, Content::Text(Cow::Borrowed(text))));
+            return Some(());
+        }
+        MessageContent::Blocks(blocks) => valid_blocks(blocks)?,
+    };
     let mut parts = Vec::new();
     let mut calls = Vec::new();
     let mut reasoning: Option<String> = None;
-    for block in &blocks {
-        match kind(block).as_ref() {
+    for block in blocks {
+        match kind(block) {
             "text" => {
                 if let Some(t) = block_text(block) {
                     parts.push(Part::Text(t));
@@ -766,8 +803,8 @@ fn convert<'a>(out: &mut Vec<ChatMessage<'a>>, raw: &'a RawValue, merge: bool) -
                 }
             }
             "thinking" => {
-                if let Some(thinking) = block.thinking.and_then(string) {
-                    reasoning.get_or_insert_with(String::new).push_str(&thinking);
+                if let Some(thinking) = &block.thinking {
+                    reasoning.get_or_insert_with(String::new).push_str(thinking);
                 }
             }
             "tool_use" => calls.push(ToolCall {
@@ -811,7 +848,7 @@ fn convert<'a>(out: &mut Vec<ChatMessage<'a>>, raw: &'a RawValue, merge: bool) -
 }
 
 /// A user's `tool_result`: a `tool` message of its text, then its images and references.
-fn tool_result<'a>(out: &mut Vec<ChatMessage<'a>>, block: &Block<'a>) -> Option<()> {
+fn tool_result<'a>(out: &mut Vec<ChatMessage<'a>>, block: &'a Block<'a>) -> Option<()> {
     let id = or_empty(block.tool_use_id)?;
     let tool = |content: Content<'a>| {
         let mut m = ChatMessage::new("tool", content);
@@ -1026,7 +1063,7 @@ fn check_thinking(thinking: Option<&RawValue>, output_config: Option<&RawValue>)
 /// thinking's budget and effort), the output budget reduced by the `sent` deltas. None: the
 /// body does not convert (never after a first attempt the native path planned).
 fn continuation_body(raw: &[u8], text: &str, reasoning: &str, sent: u64) -> Option<Bytes> {
-    let checked = check(json::body(raw)?, false)?;
+    let checked = check(raw, false)?;
     let chat = convert_body(&checked, false)?;
     let Value::Array(mut messages) = serde_json::from_str(&json_array(&chat, ChatMessage::push_json)).ok()? else {
         return None;
@@ -1336,8 +1373,7 @@ mod tests {
              {"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA"}}]}],
             "tools":[{"name":"ls","input_schema":{"properties":{}},"strict":true}],
             "thinking":{"type":"disabled"},"chat_template_kwargs":{"x":[1],"add_generation_prompt":false}}"#;
-        let whole: &RawValue = serde_json::from_str(body).unwrap();
-        let checked = check(whole, false).unwrap();
+        let checked = check(body.as_bytes(), false).unwrap();
         let json = |merge| {
             let mut out = String::new();
             for m in convert_body(&checked, merge).unwrap() {

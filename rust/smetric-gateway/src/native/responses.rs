@@ -74,11 +74,47 @@ struct Body<'a> {
     #[serde(borrow, default)]
     max_output_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
+    input: Option<Input<'a>>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
     kv_transfer_params: Option<&'a RawValue>,
+}
+
+/// `input`, read in the body's pass: a string decoded where it stands, or the list's items as
+/// raw JSON (anything else fails the parse: the app's to answer).
+enum Input<'a> {
+    Text(Cow<'a, str>),
+    Items(Vec<&'a RawValue>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Input<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or a list of items")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Input::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Input::Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Input::Text(Cow::Owned(v)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<&'a RawValue>()? {
+                    items.push(item);
+                }
+                Ok(Input::Items(items))
+            }
+        }
+        d.deserialize_any(Visit(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -244,7 +280,7 @@ pub(crate) fn plan(raw: &[u8]) -> Option<(RenderedBody, Option<FollowUp>)> {
         cache_salt,
         follow_up,
         ..
-    } = conversion(json::body(raw)?)?;
+    } = conversion(raw, false)?;
     let mut text = Vec::with_capacity(raw.len());
     for m in &messages {
         text.extend_from_slice(b"<|im_start|>");
@@ -401,7 +437,7 @@ fn truthy_value(value: &Value) -> bool {
 /// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
 /// template (`chat_messages`, `chat_tools`), encoded. None: the app's.
 fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
-    let conversion = conversion(json::body(raw)?)?;
+    let conversion = conversion(raw, true)?;
     let request = ChatRequest {
         messages: json_array(&conversion.messages, |m, out| m.json.push_json(out)),
         tools: match conversion.tools {
@@ -443,9 +479,11 @@ fn chat_tools(raw: &RawValue) -> Option<String> {
     Some(out)
 }
 
-/// The body validated and converted (see the module docs), or None: the app's to answer.
-fn conversion(whole: &RawValue) -> Option<Conversion<'_>> {
-    let body: Body<'_> = object(whole)?;
+/// The body validated and converted (see the module docs), or None: the app's to answer. The
+/// messages' JSON (what a chat template sees) only `with_json`: plain ChatML renders from
+/// their roles and contents alone. One pass over the body reads its fields and `input`'s items.
+fn conversion(raw: &[u8], with_json: bool) -> Option<Conversion<'_>> {
+    let body: Body<'_> = json::body_object(raw)?;
     if body.kv_transfer_params.is_some() {
         return None;
     }
@@ -487,22 +525,25 @@ fn conversion(whole: &RawValue) -> Option<Conversion<'_>> {
     {
         return None;
     }
+    let json = |text: &str| if with_json { json_str(text) } else { String::new() };
     let input = body.input?;
     let mut messages: Vec<Converted<'_>> = Vec::new();
     if let Some(text) = instructions.filter(|t| !t.is_empty()) {
-        let json = json_str(&text);
+        let json = json(&text);
         messages.push(Converted::built("system", Content::Text(text), "content", json));
     }
-    if let Some(text) = string(input) {
-        let json = json_str(&text);
-        messages.push(Converted::built("user", Content::Text(text), "content", json));
-    } else {
-        let items = list(input)?;
-        if !items.iter().all(|i| i.get().starts_with('{')) {
-            return None;
+    match input {
+        Input::Text(text) => {
+            let json = json(&text);
+            messages.push(Converted::built("user", Content::Text(text), "content", json));
         }
-        for item in items {
-            convert(&mut messages, &object(item)?, item)?;
+        Input::Items(items) => {
+            if !items.iter().all(|i| i.get().starts_with('{')) {
+                return None;
+            }
+            for item in items {
+                convert(&mut messages, &object(item)?, item, with_json)?;
+            }
         }
     }
     if messages.is_empty() {
@@ -526,7 +567,8 @@ fn is_assistant(messages: &[Converted<'_>]) -> bool {
     messages.last().is_some_and(|m| m.role == "assistant")
 }
 
-fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawValue) -> Option<()> {
+fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawValue, with_json: bool) -> Option<()> {
+    let json = |text: &str| if with_json { json_str(text) } else { String::new() };
     let kind = item.kind.and_then(string);
     match kind.as_deref() {
         Some("function_call") => {
@@ -572,7 +614,7 @@ fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawV
                 .filter(|t| !t.is_empty())
                 .or_else(|| first_text(item.summary).filter(|t| !t.is_empty()))
                 .unwrap_or_default();
-            let json = json_str(&text);
+            let json = json(&text);
             if is_assistant(messages)
                 && let Some(last) = messages.last_mut()
                 && !last.reasoning
@@ -602,7 +644,7 @@ fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawV
                 .then(|| first_text(item.content))
                 .flatten();
             if let Some(said) = said {
-                let json = json_str(&said);
+                let json = json(&said);
                 if is_assistant(messages)
                     && let Some(last) = messages.last_mut()
                     && !last.has_content()
@@ -623,8 +665,12 @@ fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawV
                     content: Content::Raw(item.content),
                     reasoning: item.reasoning.is_some(),
                     tool_calls,
-                    // The item itself, every key in its order.
-                    json: Entries::of(raw)?,
+                    // The item itself, every key in its order (an object: checked above).
+                    json: if with_json {
+                        Entries::of(raw)?
+                    } else {
+                        Entries::default()
+                    },
                 });
             } else {
                 return None;
@@ -866,8 +912,7 @@ mod tests {
             {"type":"reasoning","summary":[{"text":"why"}],"content":[{"text":""}]},
             {"type":"function_call_output","call_id":"c"}],
             "tools":[{"type":"function","name":"f","parameters":{}},{"type":"web_search"}]}"#;
-        let whole: &RawValue = serde_json::from_str(body).unwrap();
-        let conversion = conversion(whole).unwrap();
+        let conversion = conversion(body.as_bytes(), true).unwrap();
         let mut out = String::new();
         for m in &conversion.messages {
             m.json.push_json(&mut out);
