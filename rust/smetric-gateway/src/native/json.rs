@@ -52,6 +52,43 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
     }
 }
 
+/// A JSON string or list of `T`, read in the pass that reads its container: the string decoded
+/// where it stands (borrowed unless it escapes a character), the list's elements as `T`; any
+/// other JSON value fails the parse (a message's content, a Responses `input`).
+pub(crate) enum TextOrList<'a, T> {
+    Text(Cow<'a, str>),
+    List(Vec<T>),
+}
+
+impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for TextOrList<'a, T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a, T>(std::marker::PhantomData<(&'a (), T)>);
+        impl<'de: 'a, 'a, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<'a, T> {
+            type Value = TextOrList<'a, T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or a list")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(TextOrList::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(TextOrList::Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(TextOrList::Text(Cow::Owned(v)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(TextOrList::List(items))
+            }
+        }
+        d.deserialize_any(Visit(std::marker::PhantomData))
+    }
+}
+
 /// A body's JSON object read as `T` in one pass: `None` for one nested deeper than Python's
 /// parser takes (`openai_body::MAX_NESTING`), not JSON, or not an object — the app's to answer.
 pub(crate) fn body_object<'a, T: Deserialize<'a>>(raw: &'a [u8]) -> Option<T> {

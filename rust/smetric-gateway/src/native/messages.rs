@@ -45,7 +45,9 @@ use hyper::{Response, StatusCode};
 use super::anthropic_events::{ChatTranslation, MESSAGE_STOP, Received, Resent, counts_a_token, event_name};
 use super::chatml::{Rendered, RenderedBody};
 use super::continuation::{Continued, truthy as value_truthy};
-use super::json::{self, Entries, Obj, is_object, json_array, json_str, list, object, ordered_entries, string};
+use super::json::{
+    self, Entries, Obj, TextOrList, is_object, json_array, json_str, list, object, ordered_entries, string,
+};
 use super::protocol::{
     ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, malformed, rendered_plan, stream_scan_by_fields,
     template_plan,
@@ -99,39 +101,7 @@ struct Message<'a> {
 
 /// A message's content: a string, or a list of blocks (anything else is not a message the
 /// conversion takes).
-enum MessageContent<'a> {
-    Text(Cow<'a, str>),
-    Blocks(Vec<Block<'a>>),
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for MessageContent<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = MessageContent<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string or a list of blocks")
-            }
-            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(MessageContent::Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(MessageContent::Text(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(MessageContent::Text(Cow::Owned(v)))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut blocks = Vec::new();
-                while let Some(Obj(block)) = seq.next_element::<Obj<Block<'a>>>()? {
-                    blocks.push(block);
-                }
-                Ok(MessageContent::Blocks(blocks))
-            }
-        }
-        d.deserialize_any(Visit(std::marker::PhantomData))
-    }
-}
+type MessageContent<'a> = TextOrList<'a, Obj<Block<'a>>>;
 
 /// A content block; `type`, `text` and `thinking` must be strings where present (`blocks_valid`
 /// checks the rest of `_check_blocks`).
@@ -686,26 +656,26 @@ fn convert_body<'a>(body: &'a Checked<'a>, merge: bool) -> Option<Vec<ChatMessag
 #[allow(clippy::option_option)]
 fn inline_system_text(content: &MessageContent<'_>) -> Option<Option<String>> {
     Some(match content {
-        MessageContent::Text(text) => {
+        TextOrList::Text(text) => {
             (!text.is_empty() && !text.starts_with(BILLING_HEADER_PREFIX)).then(|| text.clone().into_owned())
         }
-        MessageContent::Blocks(blocks) => system_text(valid_blocks(blocks)?),
+        TextOrList::List(blocks) => system_text(valid_blocks(blocks)?),
     })
 }
 
 /// A content's blocks (the `system` field's, read apart from the messages), checked.
-fn blocks(raw: &RawValue) -> Option<Vec<Block<'_>>> {
+fn blocks(raw: &RawValue) -> Option<Vec<Obj<Block<'_>>>> {
     let blocks: Vec<Obj<Block<'_>>> = serde_json::from_str(raw.get()).ok()?;
-    let blocks: Vec<Block<'_>> = blocks.into_iter().map(|b| b.0).collect();
     valid_blocks(&blocks)?;
     Some(blocks)
 }
 
 /// The blocks, when each passes `_check_blocks` (a string `type`; a `tool_use`'s `input`, if
 /// any, an object; `text` and `thinking` strings, which the parse already saw to).
-fn valid_blocks<'b, 'a>(blocks: &'b [Block<'a>]) -> Option<&'b [Block<'a>]> {
+fn valid_blocks<'b, 'a>(blocks: &'b [Obj<Block<'a>>]) -> Option<&'b [Obj<Block<'a>>]> {
     blocks
         .iter()
+        .map(|b| &b.0)
         .all(|b| b.kind.is_some() && !(kind(b) == "tool_use" && b.input.is_some_and(|i| !is_object(i))))
         .then_some(blocks)
 }
@@ -720,9 +690,10 @@ fn block_text<'b>(block: &'b Block<'_>) -> Option<Cow<'b, str>> {
 }
 
 /// `_system_text` of blocks: the non-empty text blocks not starting with the billing prefix.
-fn system_text(blocks: &[Block<'_>]) -> Option<String> {
+fn system_text(blocks: &[Obj<Block<'_>>]) -> Option<String> {
     let text: String = blocks
         .iter()
+        .map(|b| &b.0)
         .filter(|b| kind(b) == "text")
         .filter_map(block_text)
         .filter(|t| !t.starts_with(BILLING_HEADER_PREFIX))
@@ -778,16 +749,16 @@ fn convert<'a>(out: &mut Vec<ChatMessage<'a>>, message: &'a Message<'a>, merge: 
         return Some(());
     }
     let blocks = match content {
-        MessageContent::Text(text) => {
+        TextOrList::Text(text) => {
             out.push(ChatMessage::new(role, Content::Text(Cow::Borrowed(text))));
             return Some(());
         }
-        MessageContent::Blocks(blocks) => valid_blocks(blocks)?,
+        TextOrList::List(blocks) => valid_blocks(blocks)?,
     };
     let mut parts = Vec::new();
     let mut calls = Vec::new();
     let mut reasoning: Option<String> = None;
-    for block in blocks {
+    for Obj(block) in blocks {
         match kind(block) {
             "text" => {
                 if let Some(t) = block_text(block) {

@@ -48,7 +48,7 @@ use super::state::NativeApis;
 use crate::tokens::TokenSource;
 use smetric_core::TurnHint;
 
-use super::json::{self, Entries, json_array, json_str, list, object, string};
+use super::json::{self, Entries, TextOrList, json_array, json_str, list, object, string};
 use super::sse::{Pending, data_of};
 
 #[derive(Deserialize)]
@@ -83,39 +83,7 @@ struct Body<'a> {
 
 /// `input`, read in the body's pass: a string decoded where it stands, or the list's items as
 /// raw JSON (anything else fails the parse: the app's to answer).
-enum Input<'a> {
-    Text(Cow<'a, str>),
-    Items(Vec<&'a RawValue>),
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = Input<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string or a list of items")
-            }
-            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Input::Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Input::Text(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Input::Text(Cow::Owned(v)))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = seq.next_element::<&'a RawValue>()? {
-                    items.push(item);
-                }
-                Ok(Input::Items(items))
-            }
-        }
-        d.deserialize_any(Visit(std::marker::PhantomData))
-    }
-}
+type Input<'a> = TextOrList<'a, &'a RawValue>;
 
 #[derive(Deserialize)]
 struct Item<'a> {
@@ -533,11 +501,11 @@ fn conversion(raw: &[u8], with_json: bool) -> Option<Conversion<'_>> {
         messages.push(Converted::built("system", Content::Text(text), "content", json));
     }
     match input {
-        Input::Text(text) => {
+        TextOrList::Text(text) => {
             let json = json(&text);
             messages.push(Converted::built("user", Content::Text(text), "content", json));
         }
-        Input::Items(items) => {
+        TextOrList::List(items) => {
             if !items.iter().all(|i| i.get().starts_with('{')) {
                 return None;
             }
