@@ -378,7 +378,7 @@ impl Shared {
         let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
             .collect()
             .await
-            .map_err(|e| format!("ConnectionError: reading the body: {e}"))?
+            .map_err(|e| format!("BodyError: {e}"))?
             .to_bytes();
         if !status.is_success() {
             return Err(format!(
