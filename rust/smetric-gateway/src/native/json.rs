@@ -92,10 +92,13 @@ impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for TextOrList<'a, T> {
 /// A body's JSON object read as `T` in one pass: `None` for one nested deeper than Python's
 /// parser takes (`openai_body::MAX_NESTING`), not JSON, or not an object — the app's to answer.
 pub(crate) fn body_object<'a, T: Deserialize<'a>>(raw: &'a [u8]) -> Option<T> {
-    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
-        return None;
-    }
+    within_nesting(raw)?;
     serde_json::from_slice::<Obj<T>>(raw).ok().map(|o| o.0)
+}
+
+/// `Some` unless `raw` nests deeper than Python's parser takes (`openai_body::MAX_NESTING`).
+fn within_nesting(raw: &[u8]) -> Option<()> {
+    (!smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING)).then_some(())
 }
 
 /// A JSON array's elements, borrowed.
@@ -193,9 +196,7 @@ impl<'a> Entries<'a> {
 /// A body posted to an API as borrowed JSON: `None` for one nested deeper than Python's parser
 /// takes (`openai_body::MAX_NESTING`) or not JSON — the app's to answer.
 pub(crate) fn body(raw: &[u8]) -> Option<&RawValue> {
-    if smetric_vllm::openai_body::nests_deeper_than(raw, smetric_vllm::openai_body::MAX_NESTING) {
-        return None;
-    }
+    within_nesting(raw)?;
     serde_json::from_slice(raw).ok()
 }
 

@@ -657,7 +657,7 @@ fn convert_body<'a>(body: &'a Checked<'a>, merge: bool) -> Option<Vec<ChatMessag
 fn inline_system_text(content: &MessageContent<'_>) -> Option<Option<String>> {
     Some(match content {
         TextOrList::Text(text) => {
-            (!text.is_empty() && !text.starts_with(BILLING_HEADER_PREFIX)).then(|| text.clone().into_owned())
+            (!text.is_empty() && !text.starts_with(BILLING_HEADER_PREFIX)).then(|| text.to_string())
         }
         TextOrList::List(blocks) => system_text(valid_blocks(blocks)?),
     })

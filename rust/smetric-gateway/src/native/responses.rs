@@ -493,7 +493,7 @@ fn conversion(raw: &[u8], with_json: bool) -> Option<Conversion<'_>> {
     {
         return None;
     }
-    let json = |text: &str| if with_json { json_str(text) } else { String::new() };
+    let json = |text: &str| json_if(with_json, text);
     let input = body.input?;
     let mut messages: Vec<Converted<'_>> = Vec::new();
     if let Some(text) = instructions.filter(|t| !t.is_empty()) {
@@ -531,12 +531,18 @@ fn conversion(raw: &[u8], with_json: bool) -> Option<Conversion<'_>> {
     })
 }
 
+/// `text` as a JSON string when the conversion builds the messages' JSON, else nothing (plain
+/// ChatML never reads it).
+fn json_if(with_json: bool, text: &str) -> String {
+    if with_json { json_str(text) } else { String::new() }
+}
+
 fn is_assistant(messages: &[Converted<'_>]) -> bool {
     messages.last().is_some_and(|m| m.role == "assistant")
 }
 
 fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawValue, with_json: bool) -> Option<()> {
-    let json = |text: &str| if with_json { json_str(text) } else { String::new() };
+    let json = |text: &str| json_if(with_json, text);
     let kind = item.kind.and_then(string);
     match kind.as_deref() {
         Some("function_call") => {
