@@ -35,8 +35,24 @@ def test_a_finished_session_is_idle_and_paused_for_a_newcomer() -> None:
     s.on_finished(1, 0, 61_000, 2.0)
     assert s.working_set(0, 2.0) == 61_000
     assert s.decide(2, 0, 60_000, 2.0) == ("admit", 0, 1)
-    assert s.counters() == {"admitted": 2, "moved": 0, "held": 1, "paused": 1}
+    assert s.counters() == {"admitted": 2, "moved": 0, "held": 1, "released": 0, "paused": 1}
     assert s.working_set(7, 2.0) == 0  # a slot out of range holds nothing
+
+
+def test_a_bounded_hold_admits_at_the_policys_instance_once_it_ran_out() -> None:
+    s = SessionAdmission(1, mode="smetric", capacity_tokens=CAP, output_reserve_tokens=0, max_hold_s=2.0)
+    assert s.decide(1, 0, 60_000, 0.0) == ("admit", 0, 0)
+    assert s.decide(2, 0, 60_000, 0.5) == ("hold", 0, 0)
+    assert s.release_at(0.5) == 2.5
+    assert s.decide(2, 0, 60_000, 2.4, held_since=0.5) == ("hold", 0, 0)
+    assert s.decide(2, 0, 60_000, 2.5, held_since=0.5) == ("admit", 0, 0)
+    assert s.counters()["released"] == 1
+    assert s.working_set(0, 2.5) == 120_000  # admitted over capacity: both in flight
+    # Pause is ThunderAgent's form: it never gives up holding by default.
+    pause = SessionAdmission(1, mode="pause", capacity_tokens=CAP, output_reserve_tokens=0)
+    assert pause.release_at(0.0) is None
+    pause.decide(1, 0, 60_000, 0.0)
+    assert pause.decide(2, 0, 60_000, 1e9, held_since=0.0)[0] == "hold"
 
 
 def test_bad_config_raises_invalid_config() -> None:
@@ -44,6 +60,9 @@ def test_bad_config_raises_invalid_config() -> None:
         SessionAdmission(2, mode="thunder", capacity_tokens=CAP)
     with pytest.raises(InvalidConfigError):
         SessionAdmission(2, mode="pause", capacity_tokens=CAP, idle_window_s=float("nan"))
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(InvalidConfigError):
+            SessionAdmission(2, mode="smetric", capacity_tokens=CAP, max_hold_s=bad)
 
 
 def test_decides_from_many_threads() -> None:

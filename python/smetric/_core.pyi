@@ -330,29 +330,42 @@ class SessionAdmission:
         idle_window_s: float = ...,
         output_reserve_tokens: int = ...,
         max_sessions_per_instance: int = ...,
+        max_hold_s: float | None = None,
     ) -> SessionAdmission:
         """A stage over ``instances`` slots of ``capacity_tokens`` KV tokens each. The defaults are
         the core's (defined once there): a 30 s idle window, a 1,024-token output reserve, 4,096
-        sessions per instance.
+        sessions per instance; ``max_hold_s`` ``None``: the mode's own longest hold (``"pause"``
+        holds until there is room).
 
         Raises:
-            InvalidConfigError: an unknown mode, or a non-finite or negative window.
+            InvalidConfigError: an unknown mode, a non-finite or negative window, or a negative or
+                NaN maximum hold.
         """
     @property
     def mode(self) -> SessionAdmissionMode:
         """The mode's name."""
     def decide(
-        self, session: int | None, chosen: int, prompt_tokens: int, now: float, costs: Sequence[float] | None = None
+        self,
+        session: int | None,
+        chosen: int,
+        prompt_tokens: int,
+        now: float,
+        costs: Sequence[float] | None = None,
+        held_since: float | None = None,
     ) -> tuple[Literal["admit", "elsewhere", "hold"], int, int]:
         """``(verdict, instance, paused)`` for a request of ``session`` the policy sent to slot
         ``chosen``; ``costs`` (per slot, prefill-equivalent tokens) is read only by ``"smetric"``
-        when ``chosen`` has no room. A held request changes nothing: ask again later."""
+        when ``chosen`` has no room. A held request changes nothing: ask again later, with
+        ``held_since`` the time it was first held (admitted at ``chosen`` once its hold ran out)."""
+    def release_at(self, held_since: float) -> float | None:
+        """When a request first held at ``held_since`` is admitted anyway (``None``: unbounded)."""
     def on_finished(self, session: int, instance: int, context_tokens: int, now: float) -> None:
         """``session``'s request on ``instance`` finished with ``context_tokens`` (prompt + output)."""
     def working_set(self, instance: int, now: float) -> int:
         """Slot ``instance``'s resident sessions' context tokens at ``now`` (0 out of range)."""
     def counters(self) -> dict[str, int]:
-        """``admitted``, ``moved``, ``held`` and ``paused`` so far."""
+        """``admitted`` (``released``: of them, admitted without room once their hold ran out),
+        ``moved``, ``held`` and ``paused`` so far."""
 
 @final
 class Decision:
@@ -715,6 +728,7 @@ class GatewayNative:
         session_capacity_tokens: int = 0,
         session_max_held: int = 0,
         session_hold_timeout_s: float = 0.0,
+        session_max_hold_s: float | None = None,
         tokens: GatewayTokenSource | None = None,
         ids_only: bool = False,
         sessions: SessionTable | None = None,

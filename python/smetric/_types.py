@@ -482,6 +482,8 @@ class SimConfigDefaults(TypedDict):
     replica_sync_delay_s: float
     """With ``replica_sync="bus"``: seconds from a replica's load effect to the others' boards."""
     session_admission: SessionAdmissionMode
+    session_admission_max_hold_s: float | None
+    """The longest session admission holds a request, seconds; ``None``: the mode's own."""
 
 
 class SyntheticOptions(TypedDict):

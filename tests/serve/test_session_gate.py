@@ -126,6 +126,22 @@ def test_an_ended_session_leaves_its_instance_at_once(engine: FakeEngine, end: s
     assert metric(text, "smetric_proxy_session_admission_paused_total") == (1 if end == "none" else 0)
 
 
+def test_a_bounded_hold_admits_the_request_where_its_policy_sent_it(engine: FakeEngine) -> None:
+    """With ``session_max_hold_s`` B waits that long, not until A finishes, and is counted
+    released; the first test above (the hold unbounded) is its negative control."""
+    p = serve(engine, session_admission="smetric", session_max_hold_s=0.3)
+    try:
+        (_, a_end), (b_start, b_end) = long_then_short(p, "session-b")
+        text = page(p)
+    finally:
+        p.stop()
+    assert b_end < a_end - 0.5
+    assert b_end - b_start >= 0.3
+    assert metric(text, "smetric_proxy_session_admission_released_total") == 1
+    assert metric(text, "smetric_proxy_session_admission_decisions_total", verdict="held") >= 1
+    assert metric(text, "smetric_proxy_session_admission_rejections_total", reason="hold_timeout") == 0
+
+
 def test_admission_off_overlaps_the_same_requests(engine: FakeEngine) -> None:
     """Negative control: without the stage B does not wait for A."""
     p = serve(engine, session_admission="off")
@@ -225,6 +241,9 @@ def test_session_admission_is_co_located_and_checks_its_settings() -> None:
     with pytest.raises(InvalidConfigError) as bad_timeout:
         load_config(instances=["http://127.0.0.1:9"], session_admission="pause", session_hold_timeout_s=0)
     assert bad_timeout.value.field == "session_hold_timeout_s"
+    with pytest.raises(InvalidConfigError) as bad_hold:
+        load_config(instances=["http://127.0.0.1:9"], session_admission="smetric", session_max_hold_s=-1)
+    assert bad_hold.value.field == "session_max_hold_s"
 
 
 def test_pd_mode_with_session_admission_is_refused_at_load(engine: FakeEngine) -> None:

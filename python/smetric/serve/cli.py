@@ -62,6 +62,13 @@ def register(sub: Any) -> None:
         "--session-hold-timeout", type=float, default=None, help="seconds a request may wait for KV room (30)"
     )
     p.add_argument(
+        "--session-max-hold",
+        type=float,
+        default=None,
+        help="seconds a request is held before it is admitted where its policy sent it, room or not "
+        "(default: the mode's own; pause holds until the timeout)",
+    )
+    p.add_argument(
         "--parent-affinity-margin",
         type=int,
         default=None,
@@ -122,6 +129,7 @@ def _run(args: argparse.Namespace) -> int:
             "session_capacity_tokens": args.session_capacity_tokens,
             "session_max_held": args.session_max_held,
             "session_hold_timeout_s": args.session_hold_timeout,
+            "session_max_hold_s": args.session_max_hold,
             "parent_affinity": False if args.no_parent_affinity else None,
             "api_keys": args.api_key,
             "api_keys_file": args.api_keys_file,

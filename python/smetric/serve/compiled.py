@@ -134,6 +134,7 @@ def native_settings(
         session_capacity_tokens=config.session_capacity_tokens or 0,
         session_max_held=config.session_max_held,
         session_hold_timeout_s=config.session_hold_timeout_s,
+        session_max_hold_s=config.session_max_hold_s,
         tokens=source,
         ids_only=ids_only,
         sessions=sessions,
@@ -379,6 +380,12 @@ class CompiledPlane:
             "The session-admission stage's answers: admitted where the policy sent it, moved to another"
             " instance with room, held (a request held n times counts n).",
             [({"verdict": v}, s[v]) for v in ("admitted", "moved", "held")],
+        )
+        yield from _family(
+            name("released_total"),
+            "counter",
+            "Requests admitted where the policy sent them without KV room, once their longest hold ran out.",
+            [({}, s["released"])],
         )
         yield from _family(
             name("paused_total"), "counter", "Idle sessions paused to make KV room.", [({}, s["paused"])]

@@ -30,6 +30,7 @@ May import (inside ``smetric.serve``): :mod:`.tokens` (its ``TokenConfig`` is th
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -231,6 +232,10 @@ class ServeConfig:
     session_hold_timeout_s: float = 30.0
     """How long a request may wait for KV room before a 503 (a session's think time, p90 23 s in
     the Codex statistics, is what a held turn usually waits for)."""
+    session_max_hold_s: float | None = None
+    """The longest a request is held before it is admitted where its policy sent it, room or not;
+    None: the mode's own (``"pause"`` holds until there is room or the timeout; ``"smetric"``: the
+    core's ``DEFAULT_SMETRIC_MAX_HOLD_S``)."""
     # -- admission (smetric.serve.admission) and keys (smetric.serve.auth) --
     max_in_flight: int = 4096
     """Requests admitted at once across the fleet (the admission cap; docs/serve.md)."""
@@ -303,6 +308,8 @@ class ServeConfig:
             raise _bad("session_max_held", "session_max_held must be >= 1")
         if not self.session_hold_timeout_s > 0:
             raise _bad("session_hold_timeout_s", "session_hold_timeout_s must be > 0")
+        if self.session_max_hold_s is not None and not 0 <= self.session_max_hold_s < math.inf:
+            raise _bad("session_max_hold_s", "session_max_hold_s must be a finite number >= 0")
         if self.session_admission != "off" and self.prefill:
             raise _bad(
                 "session_admission",

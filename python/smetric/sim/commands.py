@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -194,6 +195,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "cheapest source for its prefix, else hold) (default %(default)s)",
     )
     p.add_argument(
+        "--admission-max-hold-s",
+        type=float,
+        default=None,
+        help="with --session-admission: the longest a request is held before it is admitted where its policy sent "
+        "it (default: the mode's own; pause holds until there is room)",
+    )
+    p.add_argument(
         "--tpot-ms",
         default=",".join(f"{1e3 * t:g}" for t in ENGINE_DEFAULTS["slo"]["tpot_s"]),
         help="TPOT bounds in ms, the first is the headline (default %(default)s)",
@@ -334,9 +342,12 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
         _die("--router-replicas > 1 runs co-located (PD mode runs one router)")
     if args.session_admission != "off" and (args.pd or args.router_replicas > 1):
         _die("--session-admission runs with one co-located router")
+    if args.admission_max_hold_s is not None and not (0 <= args.admission_max_hold_s < math.inf):
+        _die("--admission-max-hold-s must be a finite number >= 0")
     config = replace(
         config,
         session_admission=args.session_admission,
+        session_admission_max_hold_s=args.admission_max_hold_s,
         router_replicas=args.router_replicas,
         replica_sync=args.replica_sync,
         replica_sync_delay_s=args.replica_sync_delay_ms / 1e3,

@@ -362,6 +362,9 @@ class SimulationConfig:
     """One of :data:`SESSION_ADMISSIONS`: ``"off"`` serves every request where the policy sends it;
     ``"pause"`` / ``"smetric"`` hold back (or, ``smetric``, place elsewhere) a request whose
     instance's resident sessions leave no KV room (the core's ``session_admission``)."""
+    session_admission_max_hold_s: float | None = ENGINE_DEFAULTS["session_admission_max_hold_s"]
+    """The longest session admission holds a request before admitting it where its policy sent it,
+    seconds; ``None``: the mode's own (``"pause"`` holds until there is room)."""
     router: tuple[tuple[str, Any], ...] = ()
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
@@ -545,6 +548,8 @@ class SimulationConfig:
         if self.session_admission != ENGINE_DEFAULTS["session_admission"]:
             # Only when on: a run without the stage describes itself as it did before it existed.
             config["session_admission"] = self.session_admission
+        if self.session_admission_max_hold_s is not None:
+            config["session_admission_max_hold_s"] = self.session_admission_max_hold_s
         if self.profile_file is None:
             config["profile"] = self.profile
         else:

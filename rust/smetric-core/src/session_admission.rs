@@ -26,8 +26,16 @@
 //!    move that recomputes a long history costs more than the wait),
 //!    the cheapest, ties to the smaller working set, then the lower slot: place it there
 //!    ([`Admission::Elsewhere`]).
-//! 5. Otherwise [`Admission::Hold`]: the caller queues the request and asks again when a
-//!    request finishes ([`AdmissionMode::Pause`] holds at `c`, ThunderAgent's per-pod form).
+//! 5. The request has already waited `max_hold_s` (the caller says since when, `held_since`):
+//!    admit it at `c` anyway, pausing what idle sessions it can. A hold trades the request's
+//!    TTFT for the co-runners' KV; past some wait the trade no longer pays (holding a
+//!    68K-token turn until its instance had room lost 3.1% of peak TPS to no admission where
+//!    KV binds without a tier, docs/results.md §20). [`AdmissionMode::Pause`] never gives up
+//!    (ThunderAgent's form: `max_hold_s` infinite); [`AdmissionMode::Smetric`] gives up after
+//!    [`DEFAULT_SMETRIC_MAX_HOLD_S`].
+//! 6. Otherwise [`Admission::Hold`]: the caller queues the request and asks again when a
+//!    request finishes or its `max_hold_s` has passed ([`AdmissionMode::Pause`] holds at `c`,
+//!    ThunderAgent's per-pod form).
 //!
 //! Pausing a session only forgets it here: its KV is left to the engine's LRU (or the tier),
 //! and its next turn is a newcomer that must pass the test again. Requests without a session
@@ -66,6 +74,14 @@ impl AdmissionMode {
     /// Every mode, in CLI order.
     pub const ALL: [Self; 3] = [Self::Off, Self::Pause, Self::Smetric];
 
+    /// The longest this mode holds a request by default, seconds (module docs, step 5).
+    pub fn default_max_hold_s(self) -> f64 {
+        match self {
+            Self::Off | Self::Pause => f64::INFINITY,
+            Self::Smetric => DEFAULT_SMETRIC_MAX_HOLD_S,
+        }
+    }
+
     /// The CLI / report name: `off`, `pause`, `smetric`.
     pub fn name(self) -> &'static str {
         match self {
@@ -89,6 +105,9 @@ pub const DEFAULT_IDLE_WINDOW_S: f64 = 30.0;
 pub const DEFAULT_OUTPUT_RESERVE_TOKENS: u64 = 1024;
 /// Most resident sessions tracked per instance (the bound on per-session state).
 pub const DEFAULT_MAX_SESSIONS_PER_INSTANCE: usize = 4096;
+/// The longest [`AdmissionMode::Smetric`] holds a request before admitting it where its policy
+/// sent it, seconds (chosen by its worst tuning cell, docs/results.md §20: the bounded hold).
+pub const DEFAULT_SMETRIC_MAX_HOLD_S: f64 = f64::INFINITY;
 
 /// The stage's settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -103,6 +122,9 @@ pub struct AdmissionConfig {
     pub output_reserve_tokens: u64,
     /// See [`DEFAULT_MAX_SESSIONS_PER_INSTANCE`].
     pub max_sessions_per_instance: usize,
+    /// The longest a request is held before it is admitted at its policy's instance anyway,
+    /// seconds; infinite: held until there is room (see [`AdmissionMode::default_max_hold_s`]).
+    pub max_hold_s: f64,
 }
 
 impl AdmissionConfig {
@@ -114,6 +136,7 @@ impl AdmissionConfig {
             idle_window_s: DEFAULT_IDLE_WINDOW_S,
             output_reserve_tokens: DEFAULT_OUTPUT_RESERVE_TOKENS,
             max_sessions_per_instance: DEFAULT_MAX_SESSIONS_PER_INSTANCE,
+            max_hold_s: mode.default_max_hold_s(),
         }
     }
 }
@@ -148,6 +171,9 @@ pub struct AdmitRequest {
     pub chosen: u32,
     /// Prompt tokens.
     pub prompt_tokens: u64,
+    /// When the request was first held, on the clock of `decide`'s `now` (`None` when first
+    /// asked); it is released once `held_since + max_hold_s <= now` ([`SessionAdmission::release_at`]).
+    pub held_since: Option<f64>,
 }
 
 /// Counters of the stage's decisions.
@@ -159,6 +185,8 @@ pub struct AdmissionCounters {
     pub moved: u64,
     /// Answers "hold" (a request held and retried n times counts n).
     pub held: u64,
+    /// Admitted at the policy's instance without room, once held `max_hold_s` (also in `admitted`).
+    pub released: u64,
     /// Sessions paused.
     pub paused: u64,
 }
@@ -297,8 +325,28 @@ impl SessionAdmission {
                 };
             }
         }
+        if req
+            .held_since
+            .and_then(|t| self.release_at(t))
+            .is_some_and(|t| t <= now)
+        {
+            let paused = self.admit_at(c, session, need, now);
+            self.counters.admitted += 1;
+            self.counters.released += 1;
+            return Admission::Admit {
+                instance: req.chosen,
+                paused,
+            };
+        }
         self.counters.held += 1;
         Admission::Hold
+    }
+
+    /// When a request first held at `held_since` should be asked again even if nothing
+    /// finishes: `held_since + max_hold_s`, or `None` when holds are unbounded.
+    pub fn release_at(&self, held_since: f64) -> Option<f64> {
+        let hold = self.config.max_hold_s;
+        hold.is_finite().then_some(held_since + hold)
     }
 
     /// Session `session`'s request on instance `instance` finished at `now` with a context of
@@ -434,6 +482,7 @@ mod tests {
             session: Some(session),
             chosen,
             prompt_tokens: prompt,
+            held_since: None,
         }
     }
 
@@ -610,6 +659,7 @@ mod tests {
             session: None,
             chosen: 0,
             prompt_tokens: 90_000,
+            held_since: None,
         };
         assert_eq!(
             s.decide(&anon, 0.0, no_costs),
@@ -625,5 +675,70 @@ mod tests {
         }
         assert_eq!(AdmissionMode::parse("thunder"), None);
         assert_eq!(AdmissionMode::default(), AdmissionMode::Off);
+    }
+
+    #[test]
+    fn a_bounded_hold_admits_at_the_policys_instance_once_it_has_waited() {
+        let mut config = AdmissionConfig::new(AdmissionMode::Smetric, CAP);
+        config.output_reserve_tokens = 0;
+        config.max_hold_s = 2.0;
+        let mut s = SessionAdmission::new(1, config);
+        assert!(matches!(
+            s.decide(&req(1, 0, 60_000), 0.0, no_costs),
+            Admission::Admit { .. }
+        ));
+        let waiter = AdmitRequest {
+            held_since: Some(0.1),
+            ..req(2, 0, 60_000)
+        };
+        // One instance: nowhere to move, so held until 0.1 + 2 s.
+        assert_eq!(s.decide(&waiter, 2.0, Vec::new), Admission::Hold);
+        assert_eq!(s.release_at(0.5), Some(2.5));
+        let at = s.release_at(0.1).unwrap_or(f64::NAN);
+        assert_eq!(
+            s.decide(&waiter, at, Vec::new),
+            Admission::Admit { instance: 0, paused: 0 }
+        );
+        let c = s.counters();
+        assert_eq!((c.admitted, c.released, c.held), (2, 1, 1));
+        // Admitted over capacity: both sessions are in flight there now.
+        assert_eq!(s.working_set(0, at), 120_000);
+    }
+
+    #[test]
+    fn a_move_to_an_instance_with_room_comes_before_the_release() {
+        let mut config = AdmissionConfig::new(AdmissionMode::Smetric, CAP);
+        config.output_reserve_tokens = 0;
+        config.max_hold_s = 0.0;
+        let mut s = SessionAdmission::new(2, config);
+        assert!(matches!(
+            s.decide(&req(1, 0, 60_000), 0.0, no_costs),
+            Admission::Admit { .. }
+        ));
+        let long_waiter = AdmitRequest {
+            held_since: Some(-10.0),
+            ..req(2, 0, 60_000)
+        };
+        assert_eq!(
+            s.decide(&long_waiter, 1.0, || vec![60_000.0, 60_000.0]),
+            Admission::Elsewhere { instance: 1, paused: 0 }
+        );
+        assert_eq!(s.counters().released, 0);
+    }
+
+    #[test]
+    fn pause_holds_without_bound_by_default() {
+        let mut s = stage(AdmissionMode::Pause, 1);
+        assert_eq!(s.release_at(3.0), None);
+        assert!(matches!(
+            s.decide(&req(1, 0, 60_000), 0.0, no_costs),
+            Admission::Admit { .. }
+        ));
+        let waited = AdmitRequest {
+            held_since: Some(0.0),
+            ..req(2, 0, 60_000)
+        };
+        assert_eq!(s.decide(&waited, 1.0e9, no_costs), Admission::Hold);
+        assert!(AdmissionMode::Pause.default_max_hold_s().is_infinite());
     }
 }

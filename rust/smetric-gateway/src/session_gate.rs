@@ -7,9 +7,10 @@
 //! `smetric`), or holds it. A placement elsewhere gives the policy's decision back
 //! (`on_aborted`) and routes again pinned to the stage's instance. A held request gives its
 //! decision back too and waits in the hold queue until any gated request finishes (every
-//! finish wakes every holder, which routes and asks the stage again), at most `hold_timeout`
-//! and never past the request's own deadline. A request without a session key passes
-//! untouched (the stage's rule).
+//! finish wakes every holder, which routes and asks the stage again) or its longest hold
+//! (`max_hold`, the stage's `max_hold_s`) has passed, when the stage admits it where its policy
+//! sends it; at most `hold_timeout` and never past the request's own deadline. A request
+//! without a session key passes untouched (the stage's rule).
 //!
 //! **Refusals.** At most `max_held` requests wait at once: one more is refused at once
 //! ([`GateRefusal::HeldFull`], a 429 in the API's error shape); a wait that outlives
@@ -47,8 +48,11 @@ pub struct SessionGateConfig {
     pub capacity_tokens: u64,
     /// Requests that may wait at once.
     pub max_held: usize,
-    /// The longest wait.
+    /// The longest wait before a refusal.
     pub hold_timeout: Duration,
+    /// The longest hold before the stage admits the request where its policy sends it
+    /// (`None`: the mode's own, `AdmissionMode::default_max_hold_s`).
+    pub max_hold: Option<Duration>,
     /// The `Retry-After` of a refusal, in seconds.
     pub retry_after_s: u64,
 }
@@ -142,10 +146,14 @@ impl Drop for HeldPlace<'_> {
 impl SessionGate {
     /// A gate in `config.mode` (`pause` or `smetric`).
     pub fn new(config: SessionGateConfig) -> Arc<Self> {
+        let mut admission = AdmissionConfig::new(config.mode, config.capacity_tokens);
+        if let Some(hold) = config.max_hold {
+            admission.max_hold_s = hold.as_secs_f64();
+        }
         Arc::new(Self {
             config,
             stage: Mutex::new(Stage {
-                admission: SessionAdmission::new(0, AdmissionConfig::new(config.mode, config.capacity_tokens)),
+                admission: SessionAdmission::new(0, admission),
                 slots: HashMap::new(),
                 names: Vec::new(),
             }),
@@ -201,6 +209,9 @@ impl SessionGate {
     ) -> Result<Result<Decision, SmetricError>, GateRefusal> {
         let mut place: Option<HeldPlace<'_>> = None;
         let give_up = deadline.min(tokio::time::Instant::now() + self.config.hold_timeout);
+        // When the stage first held this request (its clock), and when it will admit it anyway.
+        let mut held_since: Option<f64> = None;
+        let mut release: Option<tokio::time::Instant> = None;
         loop {
             // Registered before the decision, so a finish between the two is not missed.
             let woken = self.finished.notified();
@@ -210,7 +221,7 @@ impl SessionGate {
                 Ok(decision) => decision,
                 Err(e) => return Ok(Err(e)),
             };
-            match self.decide(router, request, &decision, session, prompt_tokens) {
+            match self.decide(router, request, &decision, session, prompt_tokens, &mut held_since) {
                 Verdict::Admit => return Ok(Ok(decision)),
                 Verdict::Elsewhere(instance) => {
                     router.on_aborted(decision.request_id);
@@ -240,8 +251,12 @@ impl SessionGate {
                             return Err(GateRefusal::HeldFull);
                         }
                         place = Some(HeldPlace(&self.held));
+                        release = held_since
+                            .and_then(|t| self.lock().admission.release_at(t))
+                            .map(|t| tokio::time::Instant::from_std(self.started) + Duration::from_secs_f64(t));
                     }
-                    if tokio::time::timeout_at(give_up, woken).await.is_err() {
+                    let wake = release.map_or(give_up, |r| r.min(give_up));
+                    if tokio::time::timeout_at(wake, woken).await.is_err() && wake == give_up {
                         self.hold_timeout.fetch_add(1, Ordering::Relaxed);
                         return Err(GateRefusal::HoldTimeout);
                     }
@@ -250,7 +265,8 @@ impl SessionGate {
         }
     }
 
-    /// The stage's verdict on `decision`, as the instance name to serve on when elsewhere.
+    /// The stage's verdict on `decision`, as the instance name to serve on when elsewhere;
+    /// `held_since` is set to now on the request's first hold.
     fn decide(
         &self,
         router: &Router,
@@ -258,6 +274,7 @@ impl SessionGate {
         decision: &Decision,
         session: u64,
         prompt_tokens: u64,
+        held_since: &mut Option<f64>,
     ) -> Verdict {
         let now = self.now();
         let mut guard = self.lock();
@@ -272,6 +289,7 @@ impl SessionGate {
                 session: Some(session),
                 chosen,
                 prompt_tokens,
+                held_since: *held_since,
             },
             now,
             || {
@@ -294,7 +312,10 @@ impl SessionGate {
         match verdict {
             Admission::Admit { .. } => Verdict::Admit,
             Admission::Elsewhere { instance, .. } => Verdict::Elsewhere(Arc::clone(&guard.names[instance as usize])),
-            Admission::Hold => Verdict::Hold,
+            Admission::Hold => {
+                held_since.get_or_insert(now);
+                Verdict::Hold
+            }
         }
     }
 
@@ -368,6 +389,7 @@ mod tests {
             capacity_tokens: ONE_FITS,
             max_held,
             hold_timeout: Duration::from_millis(hold_ms),
+            max_hold: None,
             retry_after_s: 1,
         });
         gate.set_instances(&["x".to_owned(), "y".to_owned()]);
@@ -504,6 +526,32 @@ mod tests {
             let _ = waiting.await;
             // The aborted waiter gave its place back.
             assert_eq!(gate.held(), 0);
+        });
+    }
+
+    #[test]
+    fn a_bounded_hold_admits_at_the_policys_instance_when_it_runs_out() {
+        runtime().block_on(async {
+            let router = router(false); // no store: nowhere cheaper to move
+            let gate = SessionGate::new(SessionGateConfig {
+                max_hold: Some(Duration::from_millis(30)),
+                ..*gate(AdmissionMode::Smetric, 4, 10_000).config()
+            });
+            gate.set_instances(&["x".to_owned(), "y".to_owned()]);
+            first_on_x(&router, &gate).await;
+            let start = tokio::time::Instant::now();
+            let d = gate
+                .route(&router, &RouteRequest::new(prompt()), 2, PROMPT, far())
+                .await
+                .unwrap()
+                .unwrap();
+            // Held (nothing finished), then admitted on `x` once 30 ms had passed, not refused.
+            assert_eq!(&*d.instance_name, "x");
+            assert!(start.elapsed() >= Duration::from_millis(30));
+            let c = gate.snapshot().counters;
+            assert_eq!((c.admitted, c.released, c.held), (2, 1, 1));
+            assert_eq!(gate.snapshot().hold_timeout, 0);
+            assert_eq!(router.stats().in_flight, 2);
         });
     }
 }

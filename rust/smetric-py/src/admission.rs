@@ -47,9 +47,13 @@ impl PySessionAdmission {
     ///     idle_window_s: a session idle this long is no longer resident.
     ///     output_reserve_tokens: tokens reserved for an in-flight request's output.
     ///     max_sessions_per_instance: most resident sessions tracked per instance.
+    ///     max_hold_s: the longest a request is held before it is admitted at its policy's
+    ///         instance anyway; ``None``: the mode's default (``"pause"`` holds until there is
+    ///         room).
     ///
     /// Raises:
-    ///     InvalidConfigError: an unknown mode, or a non-finite or negative window.
+    ///     InvalidConfigError: an unknown mode, a non-finite or negative window, or a negative
+    ///         or NaN maximum hold.
     #[new]
     #[pyo3(signature = (
         instances,
@@ -59,6 +63,7 @@ impl PySessionAdmission {
         idle_window_s = DEFAULT_IDLE_WINDOW_S,
         output_reserve_tokens = DEFAULT_OUTPUT_RESERVE_TOKENS,
         max_sessions_per_instance = DEFAULT_MAX_SESSIONS_PER_INSTANCE,
+        max_hold_s = None,
     ))]
     fn new(
         instances: u32,
@@ -67,6 +72,7 @@ impl PySessionAdmission {
         idle_window_s: f64,
         output_reserve_tokens: u64,
         max_sessions_per_instance: usize,
+        max_hold_s: Option<f64>,
     ) -> PyResult<Self> {
         let mode = AdmissionMode::parse(mode).ok_or_else(|| {
             invalid(
@@ -80,12 +86,17 @@ impl PySessionAdmission {
                 format!("must be finite and >= 0, got {idle_window_s}"),
             ));
         }
+        let max_hold_s = max_hold_s.unwrap_or(mode.default_max_hold_s());
+        if max_hold_s.is_nan() || max_hold_s < 0.0 {
+            return Err(invalid("max_hold_s", format!("must be >= 0, got {max_hold_s}")));
+        }
         let config = AdmissionConfig {
             mode,
             capacity_tokens,
             idle_window_s,
             output_reserve_tokens,
             max_sessions_per_instance,
+            max_hold_s,
         };
         Ok(Self {
             inner: Mutex::new(SessionAdmission::new(instances, config)),
@@ -108,12 +119,14 @@ impl PySessionAdmission {
     ///     now: time in seconds.
     ///     costs: per slot, the prefix's cost there in prefill-equivalent tokens (read only by
     ///         ``"smetric"`` when ``chosen`` has no room; ``None``: no other instance qualifies).
+    ///     held_since: when this request was first held (``None`` on its first ask): once
+    ///         ``held_since + max_hold_s <= now`` it is admitted at ``chosen``.
     ///
     /// Returns:
     ///     ``(verdict, instance, paused)``: ``verdict`` is ``"admit"``, ``"elsewhere"`` or
     ///     ``"hold"``; ``instance`` the slot to serve it on (``chosen`` when held); ``paused``
     ///     the idle sessions paused for it.
-    #[pyo3(signature = (session, chosen, prompt_tokens, now, costs = None))]
+    #[pyo3(signature = (session, chosen, prompt_tokens, now, costs = None, held_since = None))]
     fn decide(
         &self,
         session: Option<u64>,
@@ -121,17 +134,25 @@ impl PySessionAdmission {
         prompt_tokens: u64,
         now: f64,
         costs: Option<Vec<f64>>,
+        held_since: Option<f64>,
     ) -> (&'static str, u32, u32) {
         let req = AdmitRequest {
             session,
             chosen,
             prompt_tokens,
+            held_since,
         };
         match self.lock().decide(&req, now, || costs.unwrap_or_default()) {
             Admission::Admit { instance, paused } => ("admit", instance, paused),
             Admission::Elsewhere { instance, paused } => ("elsewhere", instance, paused),
             Admission::Hold => ("hold", chosen, 0),
         }
+    }
+
+    /// When a request first held at ``held_since`` is admitted anyway (``None``: holds are
+    /// unbounded).
+    fn release_at(&self, held_since: f64) -> Option<f64> {
+        self.lock().release_at(held_since)
     }
 
     /// ``session``'s request on slot ``instance`` finished at ``now`` with ``context_tokens``
@@ -145,13 +166,15 @@ impl PySessionAdmission {
         self.lock().working_set(instance, now)
     }
 
-    /// The decision counters: ``admitted``, ``moved``, ``held``, ``paused``.
+    /// The decision counters: ``admitted`` (``released`` among them: admitted without room
+    /// once their hold ran out), ``moved``, ``held``, ``paused``.
     fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.lock().counters();
         let d = PyDict::new(py);
         d.set_item("admitted", c.admitted)?;
         d.set_item("moved", c.moved)?;
         d.set_item("held", c.held)?;
+        d.set_item("released", c.released)?;
         d.set_item("paused", c.paused)?;
         Ok(d)
     }

@@ -84,7 +84,7 @@ impl PyGatewayNative {
         max_in_flight_per_instance, queue_size, queue_timeout_s, chat, completions, messages, responses,
         response_id_key,
         resume_streams, max_attempts, eject_after, labels, max_records, session_admission = "off", session_capacity_tokens = 0,
-        session_max_held = 0, session_hold_timeout_s = 0.0, tokens = None, ids_only = false,
+        session_max_held = 0, session_hold_timeout_s = 0.0, session_max_hold_s = None, tokens = None, ids_only = false,
         sessions = None, parent_affinity_margin = None, approx_chunk_bytes = None
     ))]
     #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)] // keyword arguments, one per setting
@@ -117,6 +117,7 @@ impl PyGatewayNative {
         session_capacity_tokens: u64,
         session_max_held: usize,
         session_hold_timeout_s: f64,
+        session_max_hold_s: Option<f64>,
         tokens: Option<&Bound<'_, PyGatewayTokenSource>>,
         ids_only: bool,
         sessions: Option<&Bound<'_, PySessionTable>>,
@@ -150,6 +151,9 @@ impl PyGatewayNative {
                 capacity_tokens: session_capacity_tokens,
                 max_held: session_max_held,
                 hold_timeout: seconds(py, "session_hold_timeout_s", session_hold_timeout_s)?,
+                max_hold: session_max_hold_s
+                    .map(|s| seconds(py, "session_max_hold_s", s))
+                    .transpose()?,
                 // The door's Retry-After, set when the gateway starts.
                 retry_after_s: 0,
             }),
@@ -487,8 +491,8 @@ impl PyGateway {
         Ok(())
     }
 
-    /// The session admission for ``/metrics`` (None: off): the stage's decisions ``admitted``,
-    /// ``moved``, ``held`` (answers "hold"; a request held n times counts n), ``paused``
+    /// The session admission for ``/metrics`` (None: off): the stage's decisions ``admitted``
+    /// (``released``: of them, admitted without room once their longest hold ran out), ``moved``, ``held`` (answers "hold"; a request held n times counts n), ``paused``
     /// (sessions paused), ``holding`` (requests waiting now), and the refusals ``held_full``
     /// and ``hold_timeout``.
     fn session_admission<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
@@ -499,6 +503,7 @@ impl PyGateway {
         d.set_item("admitted", s.counters.admitted)?;
         d.set_item("moved", s.counters.moved)?;
         d.set_item("held", s.counters.held)?;
+        d.set_item("released", s.counters.released)?;
         d.set_item("paused", s.counters.paused)?;
         d.set_item("holding", s.held)?;
         d.set_item("held_full", s.held_full)?;

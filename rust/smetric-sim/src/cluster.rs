@@ -35,7 +35,8 @@
 //! Session admission (`SimConfig::session_admission`): a placement may come back *held*; the
 //! request then waits in a FIFO queue (its TTFT counts the wait: it arrived when it arrived),
 //! and after every step in which a request finished, each held request is placed again, in
-//! order, until the queue is empty or every remaining one is held again.
+//! order, until the queue is empty or every remaining one is held again. A hold that runs out
+//! (the placement's `release_at_s`) places its request again at that time, finish or not.
 //!
 //! Arrivals: open loop at `time_s / time_scale`; closed loop at the root session's Poisson
 //! start + `time_s` for roots and `finish(prev) + think_s` otherwise; gated open loop at
@@ -45,7 +46,7 @@
 //! Complexity: O(log E) per event (binary heap); per step O(batch); per request O(chain).
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BinaryHeap, HashSet, VecDeque};
 
 use smetric_core::rng::DrawCounter;
 
@@ -84,6 +85,8 @@ enum Kind {
     Sample,
     LoadReport,
     KvEvents,
+    /// A held request's hold runs out: place it again.
+    Release(u32),
 }
 
 impl Kind {
@@ -170,6 +173,8 @@ struct Sim<'a> {
     pd: Option<PdRun>,
     /// Requests session admission holds, in arrival order.
     held: VecDeque<u32>,
+    /// Held requests with a `Release` event queued (one each).
+    release_queued: HashSet<u32>,
 }
 
 /// Runs `workload` on the cluster described by `config`, routing with `placer`.
@@ -243,6 +248,7 @@ fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn 
         in_transit: VecDeque::new(),
         pd: config.pd.as_ref().map(|pd| PdRun::new(config, pd, n)),
         held: VecDeque::new(),
+        release_queued: HashSet::new(),
     };
     if config.index_feed.logs_changes() {
         for inst in &mut sim.instances {
@@ -395,6 +401,12 @@ impl Sim<'_> {
                 Kind::Sample => self.sample()?,
                 Kind::LoadReport => self.load_report(),
                 Kind::KvEvents => self.deliver_kv_events(),
+                Kind::Release(r) => {
+                    if !self.release(r)? {
+                        // Stale: a finish placed it first. Nothing moved (nor the makespan).
+                        continue;
+                    }
+                }
             }
             if self.config.index_feed == IndexFeed::Oracle {
                 self.flush_to_oracle();
@@ -458,6 +470,11 @@ impl Sim<'_> {
             )));
         }
         if placed.held {
+            if let Some(t) = placed.release_at_s
+                && self.release_queued.insert(r)
+            {
+                self.push(t.max(now), Kind::Release(r));
+            }
             return Ok(false);
         }
         self.pd_placed(r, &placed)?;
@@ -469,6 +486,19 @@ impl Sim<'_> {
         rec.predicted_global_hit_tokens = placed.global_hit_tokens;
         let frontend = self.config.profile.frontend_time(u64::from(spec.input_tokens));
         self.push(now + frontend, Kind::Deliver(r));
+        Ok(true)
+    }
+
+    /// Held request `r`'s hold ran out: it is placed again, unless a finish has placed it
+    /// already (returns whether it was still held).
+    fn release(&mut self, r: u32) -> Result<bool> {
+        self.release_queued.remove(&r);
+        let Some(k) = self.held.iter().position(|&h| h == r) else {
+            return Ok(false);
+        };
+        if self.place(r)? {
+            self.held.remove(k);
+        }
         Ok(true)
     }
 

@@ -39,6 +39,7 @@
 //! | `replica_sync` | off | each replica's board holds its own requests only (with `router_replicas` = 1 there is nothing to sync) |
 //! | `replica_sync_delay_s` | 50 ms | see [`DEFAULT_REPLICA_SYNC_DELAY_S`] |
 //! | `session_admission` | off | every request is served where the policy sends it, as before the stage existed; `pause` / `smetric` turn on `smetric_core::session_admission` (its window, reserve and bound are that module's defaults) |
+//! | `session_admission_max_hold_s` | none | the mode's own (`AdmissionMode::default_max_hold_s`: `pause` holds until there is room) |
 
 use serde::Serializer;
 use smetric_core::RouterConfig;
@@ -448,6 +449,9 @@ pub struct SimConfig {
     /// there is room (`smetric`); held requests wait in the cluster's queue.
     #[serde(serialize_with = "admission_name")]
     pub session_admission: AdmissionMode,
+    /// The longest session admission holds a request before admitting it where its policy sent
+    /// it, seconds; `None`: the mode's default (`AdmissionMode::default_max_hold_s`).
+    pub session_admission_max_hold_s: Option<f64>,
 }
 
 // serde's `serialize_with` hands over a reference.
@@ -493,6 +497,7 @@ impl Default for SimConfig {
             replica_sync: ReplicaSync::Off,
             replica_sync_delay_s: DEFAULT_REPLICA_SYNC_DELAY_S,
             session_admission: AdmissionMode::Off,
+            session_admission_max_hold_s: None,
         }
     }
 }
@@ -622,6 +627,9 @@ impl SimConfig {
                 field: "session_admission",
                 reason: "session admission runs with one co-located router".into(),
             });
+        }
+        if let Some(t) = self.session_admission_max_hold_s {
+            non_negative("session_admission_max_hold_s", t)?;
         }
         if let Some(t) = self.arrivals_until_s {
             non_negative("arrivals_until_s", t)?;

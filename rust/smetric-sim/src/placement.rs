@@ -101,6 +101,9 @@ pub struct Placement {
     /// Session admission held the request back (`instance` is where the policy sent it): the
     /// cluster queues it and calls `place` again for it when a request finishes.
     pub held: bool,
+    /// A held request's hold runs out at this simulated time: the cluster calls `place` again
+    /// for it then even if nothing finished (`None`: only on a finish).
+    pub release_at_s: Option<f64>,
 }
 
 /// An engine's load report, as vLLM's metrics endpoint would publish it (the router's own
@@ -187,6 +190,7 @@ impl Placer for RoundRobinPlacer {
             reason: "round-robin",
             decode_instance: None,
             held: false,
+            release_at_s: None,
         })
     }
 }

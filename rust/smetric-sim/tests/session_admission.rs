@@ -109,3 +109,47 @@ fn admission_needs_one_co_located_router() {
     c.router_replicas = 2;
     assert!(c.validate().is_err());
 }
+
+#[test]
+fn a_bounded_hold_admits_held_requests_when_it_runs_out() {
+    let w = workload();
+    let unbounded = run(&config(AdmissionMode::Pause), &w, PolicyKind::Smetric).unwrap();
+    let bounded = run(
+        &SimConfig {
+            session_admission_max_hold_s: Some(0.2),
+            ..config(AdmissionMode::Pause)
+        },
+        &w,
+        PolicyKind::Smetric,
+    )
+    .unwrap();
+    assert_eq!(bounded.completed + bounded.rejected, bounded.requests);
+    assert!(counter(&bounded, "admission_released") > 0);
+    assert_eq!(counter(&unbounded, "admission_released"), 0);
+    assert!(counter(&bounded, "admission_held") < counter(&unbounded, "admission_held"));
+    // A hold longer than the run releases nothing: the same run as the unbounded one.
+    let never = run(
+        &SimConfig {
+            session_admission_max_hold_s: Some(1.0e6),
+            ..config(AdmissionMode::Pause)
+        },
+        &w,
+        PolicyKind::Smetric,
+    )
+    .unwrap();
+    assert_eq!(
+        (never.ttft.p50, never.preemptions, never.makespan_s),
+        (unbounded.ttft.p50, unbounded.preemptions, unbounded.makespan_s)
+    );
+}
+
+#[test]
+fn a_negative_or_nan_hold_is_refused() {
+    for bad in [-1.0, f64::NAN] {
+        let c = SimConfig {
+            session_admission_max_hold_s: Some(bad),
+            ..config(AdmissionMode::Smetric)
+        };
+        assert!(c.validate().is_err());
+    }
+}

@@ -351,6 +351,9 @@ mod tests {
                 Kind::Sample => sim.sample().unwrap(),
                 Kind::LoadReport => sim.load_report(),
                 Kind::KvEvents => sim.deliver_kv_events(),
+                Kind::Release(r) => {
+                    sim.release(r).unwrap();
+                }
             }
             let pd = sim.pd.as_ref().unwrap();
             for r in 0..n {

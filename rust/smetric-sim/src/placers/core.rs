@@ -70,8 +70,8 @@ pub struct CorePlacer {
 #[derive(Debug)]
 struct AdmissionRun {
     stage: SessionAdmission,
-    /// Held requests → the instance their policy chose.
-    held: HashMap<u64, u32>,
+    /// Held requests → the instance their policy chose and when they were first held.
+    held: HashMap<u64, (u32, f64)>,
     /// Admitted requests in flight → (session, instance, prompt tokens).
     running: HashMap<u64, (u64, u32, u64)>,
 }
@@ -194,11 +194,14 @@ impl CorePlacer {
     }
 
     /// The same placer with session admission in `mode` over instances of `capacity_tokens`
-    /// KV tokens each (`smetric_core::session_admission`; `Off` adds no stage).
+    /// KV tokens each, holding a request at most `max_hold_s` (`None`: the mode's default;
+    /// `smetric_core::session_admission`; `Off` adds no stage).
     #[must_use]
-    pub fn with_admission(mut self, mode: AdmissionMode, capacity_tokens: u64) -> Self {
+    pub fn with_admission(mut self, mode: AdmissionMode, capacity_tokens: u64, max_hold_s: Option<f64>) -> Self {
+        let mut config = AdmissionConfig::new(mode, capacity_tokens);
+        config.max_hold_s = max_hold_s.unwrap_or(config.max_hold_s);
         self.admission = (mode != AdmissionMode::Off).then(|| AdmissionRun {
-            stage: SessionAdmission::new(self.names.len() as u32, AdmissionConfig::new(mode, capacity_tokens)),
+            stage: SessionAdmission::new(self.names.len() as u32, config),
             held: HashMap::new(),
             running: HashMap::new(),
         });
@@ -238,11 +241,13 @@ impl CorePlacer {
             };
         };
         let prompt = u64::from(request.prompt_tokens);
+        let held_since = run.held.get(&request.request_id).map(|&(_, t)| t);
         run.stage.decide(
             &AdmitRequest {
                 session: request.session_key,
                 chosen,
                 prompt_tokens: prompt,
+                held_since,
             },
             request.now,
             || {
@@ -335,7 +340,7 @@ impl Placer for CorePlacer {
             .map(|&t| u64::from(t));
         let id = request.request_id;
         // A held request is re-decided at its policy's instance; any other one is routed now.
-        let retried = self.admission.as_ref().and_then(|a| a.held.get(&id).copied());
+        let retried = self.admission.as_ref().and_then(|a| a.held.get(&id).map(|&(c, _)| c));
         let decision = match retried {
             Some(_) => None,
             None => Some(self.router.route(&route).map_err(|e| SimError::Router(e.to_string()))?),
@@ -363,8 +368,10 @@ impl Placer for CorePlacer {
                 if first.is_some() {
                     self.router.on_aborted(RequestId(id));
                 }
+                let mut release_at_s = None;
                 if let Some(run) = &mut self.admission {
-                    run.held.insert(id, chosen);
+                    let since = run.held.entry(id).or_insert((chosen, request.now)).1;
+                    release_at_s = run.stage.release_at(since);
                 }
                 return Ok(Placement {
                     instance: chosen,
@@ -375,6 +382,7 @@ impl Placer for CorePlacer {
                     reason: "session admission: held",
                     decode_instance: None,
                     held: true,
+                    release_at_s,
                 });
             }
         };
@@ -392,6 +400,7 @@ impl Placer for CorePlacer {
             reason,
             decode_instance: None,
             held: false,
+            release_at_s: None,
         })
     }
 
@@ -494,6 +503,7 @@ impl Placer for CorePlacer {
                 ("admission_admitted".to_owned(), c.admitted),
                 ("admission_moved".to_owned(), c.moved),
                 ("admission_held".to_owned(), c.held),
+                ("admission_released".to_owned(), c.released),
                 ("admission_paused".to_owned(), c.paused),
             ]);
         }

@@ -112,9 +112,11 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
         usize::try_from(max_mapped).unwrap_or(usize::MAX),
     )?;
     // Session admission weighs working sets against the simulated pool.
-    let placer = placer
-        .with_turns(config.turns)
-        .with_admission(config.session_admission, config.kv_tokens());
+    let placer = placer.with_turns(config.turns).with_admission(
+        config.session_admission,
+        config.kv_tokens(),
+        config.session_admission_max_hold_s,
+    );
     // The decode mask's oracle form reads each request's recorded output length.
     if policy == PolicyKind::Smetric && config.router.smetric_decode_mask == DecodeMask::Oracle {
         let outputs = workload.requests().iter().map(|r| r.output_tokens).collect();

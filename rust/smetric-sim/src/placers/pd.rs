@@ -90,6 +90,7 @@ impl Placer for CorePdPlacer {
             reason: p.reason.name(),
             decode_instance: Some(self.prefill + decision.decode_instance.0),
             held: false,
+            release_at_s: None,
         })
     }
 
