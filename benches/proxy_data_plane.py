@@ -30,7 +30,9 @@ the engines answer at once):
   metrics, decision header, engine-load scraping of the engines' ``/metrics``): the compiled
   gateway in front of the app, its one data plane (until 2026-12-05 the ``--apis`` rows also had
   the Python app alone, ``smetric-serve`` then, and the gateway as ``smetric-serve-compiled``).
-  ``--only`` runs the named ``--apis`` candidates alone.
+  ``--only`` runs the named ``--apis`` candidates alone. Each ``--apis`` row of a proxy with one
+  address also has its maximum rate on that API (``wrk``, a short streaming conversation of
+  ``--max-rate-prompt-tokens`` in the API's shape), when ``wrk`` is installed.
 
 After an unrecorded warm-up, for each: an open loop at ``--rate`` requests/s for ``--requests``
 requests (32K-token prompts as token ids, ``max_tokens`` 16), streaming and not, recording each
@@ -364,7 +366,7 @@ def wrk_rate(url: str, body: bytes, concurrency: int, seconds: float) -> float:
         cmd = [*pinned(0), "wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "-s", script, url]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "SMETRIC_WRK_BODY": data})
     match = re.search(r"Requests/sec:\s+([\d.]+)", out.stdout)
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out.stdout)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors:", out.stdout)
     if not match or errors:
         raise RuntimeError(f"wrk failed: {out.stdout}{out.stderr}")
     return float(match.group(1))
@@ -753,6 +755,14 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
     apis = {"chat": ("/v1/chat/completions", chats)}
     apis["messages"] = ("/v1/messages", {st: messages_bodies(chats[st]) for st in (False, True)})
     apis["responses"] = ("/v1/responses", {st: responses_bodies(chats[st]) for st in (False, True)})
+    # The maximum rate's bodies: each API's shape of a short streaming conversation (as the
+    # default mode's 256-token prompts), so the rate is the proxy's per-request work, not bytes.
+    short_chat = chat_bodies(1, args.max_rate_prompt_tokens, True)
+    short = {
+        "chat": short_chat[0],
+        "messages": messages_bodies(short_chat)[0],
+        "responses": responses_bodies(short_chat)[0],
+    }
     rows = []
     for name, (path, bodies) in apis.items():
         for candidate in candidates:
@@ -781,14 +791,18 @@ def api_rows(args: argparse.Namespace, engines: list[str], procs: list[subproces
                     put_percentiles(row, "stream" if stream else "plain", res)
             if candidate.proc is not None:
                 served["cpu_us_per_req"] = cpu / (2 * args.requests) * 1e6
+            if shutil.which("wrk") and len(candidate.urls) == 1:
+                served["max_rate"] = wrk_rate(candidate.urls[0] + path, short[name], args.concurrency, args.seconds)
+                served["max_rate_by"] = "wrk"
             rows += [direct, served]
     return rows
 
 
 def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     print(f"{args.requests} requests at {args.rate:g}/s, {args.prompt_tokens}-token prompts (ms; added = minus direct)")
+    by = sorted({r["max_rate_by"] for r in rows if not r["target"].startswith("direct")} - {"-"}) or ["-"]
     print(
-        f"max req/s: a closed loop of {args.concurrency} streaming clients ({rows[-1]['max_rate_by']} for proxies),"
+        f"max req/s: a closed loop of {args.concurrency} streaming clients ({', '.join(by)} for proxies),"
         f" {args.max_rate_prompt_tokens}-token prompts"
     )
     print(f"{'target':<38} {'plain p50':>10} {'p99':>8} {'stream ttfb p50':>16} {'p99':>8} {'max req/s':>10}")
