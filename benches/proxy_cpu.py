@@ -1,7 +1,7 @@
 """Where ``smetric serve``'s CPU goes, per thread: the gateway's threads against the Python app's.
 
 Two ``smetric fake-engine`` instances, ``smetric serve --tokens approximate`` in front (the one
-data plane), a warm-up, then ``--requests`` 32K-token conversations of one API at ``--rate``
+data plane; ``--tokenizer``: ``--tokens tokenizer`` on that ``tokenizer.json``), a warm-up, then ``--requests`` 32K-token conversations of one API at ``--rate``
 requests/s (``benches/proxy_data_plane.py``'s bodies and open loop); each thread's CPU from
 ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds, not the 10 ms ticks of ``stat``) before and
 after, summed by thread name (``smetric-gateway``: the compiled gateway; ``python``: the app's
@@ -56,11 +56,17 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=40.0)
     p.add_argument("--idle", type=float, default=None, help="measure this many seconds with no request instead")
     p.add_argument("--no-engine-load", action="store_true", help="serve without the engine-load scraper")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="serve in tokenizer mode on this tokenizer.json (e.g. tests/data/serve/tokenizer.json)",
+    )
     args = p.parse_args()
     procs: list[subprocess.Popen[Any]] = []
     try:
         engines = bench.start_engines(2, procs)
-        serve = bench.start_smetric_serve(engines, procs, extra=["--no-engine-load"] if args.no_engine_load else [])
+        extra = ["--no-engine-load"] if args.no_engine_load else []
+        serve = bench.start_smetric_serve(engines, procs, args.tokenizer, extra=extra)
         assert serve.proc is not None
         pid = serve.proc.pid
         if args.idle is not None:
