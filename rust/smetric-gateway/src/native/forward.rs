@@ -42,6 +42,7 @@ use crate::handoff::{ADMITTED_HEADER, REFUSED_HEADER, TURN_HEADER};
 use crate::records::Record;
 use crate::session_gate::{GateRefusal, SessionGate};
 use crate::tokens::TokenSource;
+use crate::tokens::with_encode_budget;
 
 /// The paths whose requests the app serves without admission: its own fixed routes.
 const UNADMITTED_PATHS: [&str; 4] = ["/health", "/metrics", "/v1/models", "/admin/instances"];
@@ -59,6 +60,15 @@ use crate::shared::{
     BAD_END_HEADER, CUT_MESSAGE, ECHOED_CHARS, END_WITHOUT_SESSION, IDS_ONLY, PARENT_HEADERS, REFUSED_AT_CAPACITY,
     REFUSED_DRAINING, REFUSED_QUEUE_TIMEOUT, USAGE_OPTION,
 };
+
+/// Text the tokenizer may encode on the runtime's thread while a body is planned there, bytes:
+/// ≈ 700 tokens, ≈ 0.5 ms of the library's work (32K tokens took ≈ 30 ms); a body with more
+/// to encode is planned on the blocking pool (`Native::plan`).
+const INLINE_ENCODE_BYTES: usize = 2 * 1024;
+
+/// The largest body planned on the runtime's thread: its render alone is O(body) (≈ 0.1 ms for
+/// a 100 KB, 32K-token conversation), so a far longer one goes to the blocking pool.
+const INLINE_PLAN_MAX_BODY_BYTES: usize = 512 * 1024;
 
 /// An API the native path serves (`protocol.rs`; the registry is `apis.rs`).
 type Api = &'static dyn Protocol;
@@ -607,9 +617,12 @@ impl Native {
     /// a model the fleet does not serve (vLLM's 404, answered here), or the app's to answer —
     /// what it must refuse or read as other text: an end header that is not true/false or names
     /// no session, session headers that are not UTF-8.
-    /// With a chat template the body's plan runs on tokio's blocking pool: in tokenizer mode a
-    /// first turn's whole history is encoded there (32K tokens: ≈ 30 ms with the test
-    /// tokenizer), which on the runtime's one thread would hold every other request up.
+    /// With a chat template the body's plan runs on this thread when the tokenizer's piece cache
+    /// holds all but [`INLINE_ENCODE_BYTES`] of it (a follow-up: ≈ 0.2 ms for 32K tokens), else
+    /// on tokio's blocking pool: a first turn's whole history is encoded there (32K tokens: ≈ 30
+    /// ms with the test tokenizer), which on the runtime's one thread would hold every other
+    /// request up. The pool's hop costs the gateway ≈ 0.12 ms of CPU a request (BENCHMARKS.md,
+    /// "Tokenizer mode plans follow-ups inline").
     async fn plan(&self, fleet: &FleetView, api: Api, headers: &HeaderMap, raw: &Bytes) -> Result<Plan, Unplanned> {
         // Header values the app reads as other text than these bytes: its to read.
         if !session_headers_utf8(headers) {
@@ -622,16 +635,31 @@ impl Native {
         let planned = match &self.config.tokens {
             None => body_plan(api, raw, session, Ids { template: None, chunk }),
             Some(tokens) => {
-                let (tokens, raw) = (Arc::clone(tokens), raw.clone());
-                tokio::task::spawn_blocking(move || {
-                    let ids = Ids {
-                        template: Some(&tokens),
-                        chunk,
-                    };
-                    body_plan(api, &raw, session, ids)
-                })
-                .await
-                .map_err(|_| Unplanned::App)?
+                let inline = (raw.len() <= INLINE_PLAN_MAX_BODY_BYTES)
+                    .then(|| {
+                        let ids = Ids {
+                            template: Some(tokens),
+                            chunk,
+                        };
+                        // The session is cloned for this try: a first turn needs it again below.
+                        let session = session.clone();
+                        with_encode_budget(INLINE_ENCODE_BYTES, || body_plan(api, raw, session, ids)).ok()
+                    })
+                    .flatten();
+                if let Some(planned) = inline {
+                    planned
+                } else {
+                    let (tokens, raw) = (Arc::clone(tokens), raw.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let ids = Ids {
+                            template: Some(&tokens),
+                            chunk,
+                        };
+                        body_plan(api, &raw, session, ids)
+                    })
+                    .await
+                    .map_err(|_| Unplanned::App)?
+                }
             }
         };
         // The app checks the model first (`proxy._handle`), then how the body is routed (its

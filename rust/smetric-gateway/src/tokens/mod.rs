@@ -14,6 +14,8 @@ mod template;
 
 pub use approximate::{byte_chunk_ids, chunk_ids};
 pub use conversation::ContentFormat;
-pub use piecewise::{ENTRY_OVERHEAD_BYTES, PiecewiseEncoder, TokenizerError, piecewise_blockers};
+pub use piecewise::{
+    ENTRY_OVERHEAD_BYTES, OverBudget, PiecewiseEncoder, TokenizerError, piecewise_blockers, with_encode_budget,
+};
 pub use source::{ChatIds, LeadingSystem, SourceError, TokenSettings, TokenSource, TokensError};
 pub use template::{ChatTemplate, RenderError, RenderRequest};

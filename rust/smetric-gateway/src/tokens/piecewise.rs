@@ -9,12 +9,19 @@
 //! neighbours: then every text is encoded whole (`exact_pieces` is false), and so it is when
 //! a probe text's pieces do not concatenate to its whole encoding.
 //!
+//! An *encode budget* ([`with_encode_budget`]) bounds the library's work a call may do on the
+//! calling thread: the gateway plans a body on its runtime's thread when the cache holds nearly
+//! all of it (a follow-up), and on the blocking pool only when the budget runs out (a first turn).
+//! The budget is checked before the library runs (the uncached bytes of a text, summed), so an
+//! over-budget call encodes nothing and leaves the cache and its counters as they were.
+//!
 //! Invariants: `encode(text)` equals the library's `encode(text, add_special_tokens=false)`;
 //! the cache's charged bytes (a piece's UTF-8 bytes + 4 per id + [`ENTRY_OVERHEAD_BYTES`]) stay
 //! within its bound; a piece costlier than the whole bound is encoded but not kept.
 //! Complexity: O(text) to split and hash the pieces, plus the library's work on uncached pieces;
 //! a cache hit or insert is O(log entries) (the LRU order is a `BTreeMap` of stamps).
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -28,6 +35,57 @@ pub const ENTRY_OVERHEAD_BYTES: usize = 96;
 /// The probe text (the app's `_PROBE`): a ChatML conversation with runs of whitespace.
 const PROBE: &str = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n\
 Hello  world!\n\n  indented\tcode() {}<|im_end|>\n<|im_start|>assistant\n";
+
+thread_local! {
+    /// The calling thread's encode budget in text bytes (`None`: unbounded) and whether a call
+    /// went over it ([`with_encode_budget`]).
+    static BUDGET: Cell<Option<usize>> = const { Cell::new(None) };
+    static OVER_BUDGET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// `f`'s work ran past the encode budget: its answer is void (some text was left unencoded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverBudget;
+
+/// Runs `f` with at most `bytes` of text handed to the tokenizer library on this thread (cached
+/// pieces are free); an encode that would pass it fails, and then so does this call, whatever
+/// `f` made of that failure.
+///
+/// # Errors
+/// [`OverBudget`]: `f` wanted to encode more than `bytes`.
+pub fn with_encode_budget<T>(bytes: usize, f: impl FnOnce() -> T) -> Result<T, OverBudget> {
+    /// Unbounds the thread again on every exit, a panic's included.
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            BUDGET.set(None);
+        }
+    }
+    BUDGET.set(Some(bytes));
+    OVER_BUDGET.set(false);
+    let reset = Reset;
+    let out = f();
+    drop(reset);
+    if OVER_BUDGET.take() { Err(OverBudget) } else { Ok(out) }
+}
+
+/// Takes `bytes` from the thread's budget, or fails (and marks the call over budget).
+fn spend(bytes: usize) -> Result<(), TokenizerError> {
+    match BUDGET.get() {
+        None => Ok(()),
+        Some(left) if bytes <= left => {
+            BUDGET.set(Some(left - bytes));
+            Ok(())
+        }
+        Some(_) => {
+            OVER_BUDGET.set(true);
+            Err(TokenizerError {
+                path: String::new(),
+                reason: "over the calling thread's encode budget".to_owned(),
+            })
+        }
+    }
+}
 
 /// Why a tokenizer could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +155,6 @@ impl Cache {
         *old = stamp;
         self.order.insert(stamp, key);
         self.next_stamp += 1;
-        self.hits += 1;
         Some(ids.clone())
     }
 
@@ -222,6 +279,12 @@ impl PiecewiseEncoder {
     /// # Errors
     /// The library failed to encode it.
     pub fn encode_whole(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        spend(text.len())?;
+        self.library(text, add_special_tokens)
+    }
+
+    /// The library's ids of `text` (no budget: the caller spent it).
+    fn library(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         self.tokenizer
             .encode_fast(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
@@ -264,18 +327,32 @@ impl PiecewiseEncoder {
         let mut found: Vec<Option<Arc<[u32]>>> = Vec::with_capacity(pieces.len());
         if cached && self.cache_bytes > 0 {
             let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut misses = 0;
             for piece in &pieces {
                 found.push(match piece {
                     Piece::Text(t) => {
                         let hit = cache.get(t);
-                        cache.misses += u64::from(hit.is_none());
+                        misses += u64::from(hit.is_none());
                         hit
                     }
                     Piece::Added(_) => None,
                 });
             }
+            let uncached = pieces
+                .iter()
+                .zip(&found)
+                .map(|(piece, hit)| match (piece, hit) {
+                    (Piece::Text(t), None) => t.len(),
+                    _ => 0,
+                })
+                .sum();
+            // Before the counters: an over-budget call is asked again, and counts then.
+            spend(uncached)?;
+            cache.misses += misses;
+            cache.hits += found.iter().filter(|hit| hit.is_some()).count() as u64;
         } else {
             found.resize(pieces.len(), None);
+            spend(text.len())?;
         }
         // The library runs outside the cache's lock.
         let mut out = Vec::with_capacity(text.len() / 3);
@@ -285,7 +362,7 @@ impl PiecewiseEncoder {
                 (Piece::Added(id), _) => out.push(*id),
                 (Piece::Text(_), Some(ids)) => out.extend_from_slice(&ids),
                 (Piece::Text(t), None) => {
-                    let ids: Arc<[u32]> = self.encode_whole(t, false)?.into();
+                    let ids: Arc<[u32]> = self.library(t, false)?.into();
                     out.extend_from_slice(&ids);
                     fresh.push((*t, ids));
                 }
@@ -320,5 +397,49 @@ impl PiecewiseEncoder {
     pub fn cache_stats(&self) -> (u64, u64, usize, usize) {
         let cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         (cache.hits, cache.misses, cache.pieces.len(), cache.bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The test tokenizer (`tests/data/serve/tokenizer.json`, built in the repository).
+    fn encoder() -> PiecewiseEncoder {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/serve/tokenizer.json");
+        PiecewiseEncoder::new(&path, 1 << 20).unwrap()
+    }
+
+    const HISTORY: &str = "<|im_start|>user\nThe history of a long session, said once.<|im_end|>\n";
+
+    #[test]
+    fn a_cached_text_costs_no_budget_and_an_uncached_one_is_refused_untouched() {
+        let e = encoder();
+        assert!(e.exact_pieces);
+        let whole = e.encode(HISTORY).unwrap();
+        let counters = e.cache_stats();
+        // Every piece cached: nothing to encode, so a zero budget is enough.
+        assert_eq!(with_encode_budget(0, || e.encode(HISTORY).unwrap()), Ok(whole.clone()));
+        assert_eq!(e.cache_stats().0, counters.0 + counters.1); // each piece missed once, hit now
+        // A new piece over the budget: refused, and the cache and its counters are as they were.
+        let fresh = "<|im_start|>user\nA tool result never seen before.<|im_end|>\n";
+        let before = e.cache_stats();
+        let refused = with_encode_budget(8, || e.encode(fresh));
+        assert_eq!(refused.err(), Some(OverBudget));
+        assert_eq!(e.cache_stats(), before);
+        // Within the budget: the same ids as without one, and the thread is unbounded after.
+        let within = with_encode_budget(1024, || e.encode(fresh).unwrap()).unwrap();
+        assert_eq!(within, e.encode_whole(fresh, false).unwrap());
+        assert_eq!(BUDGET.get(), None);
+    }
+
+    #[test]
+    fn a_whole_text_encode_spends_its_length() {
+        let e = encoder();
+        assert_eq!(
+            with_encode_budget(HISTORY.len() - 1, || e.encode_whole(HISTORY, false)).err(),
+            Some(OverBudget)
+        );
+        assert!(with_encode_budget(HISTORY.len(), || e.encode_whole(HISTORY, false)).is_ok());
     }
 }
