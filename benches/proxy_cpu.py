@@ -1,12 +1,13 @@
 """Where ``smetric serve``'s CPU goes, per thread: the gateway's threads against the Python app's.
 
 Two ``smetric fake-engine`` instances, ``smetric serve --tokens approximate`` in front (the one
-data plane; ``--tokenizer``: ``--tokens tokenizer`` on that ``tokenizer.json``), a warm-up, then ``--requests`` 32K-token conversations of one API at ``--rate``
-requests/s (``benches/proxy_data_plane.py``'s bodies and open loop); each thread's CPU from
+data plane; ``--tokenizer``: ``--tokens tokenizer`` on that ``tokenizer.json``), a warm-up, then
+``--requests`` 32K-token conversations of one API at ``--rate`` requests/s
+(``benches/proxy_data_plane.py``'s bodies and open loop); each thread's CPU from
 ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds, not the 10 ms ticks of ``stat``) before and
-after, summed by thread name (``smetric-gateway``: the compiled gateway; ``python``: the app's
-event loop and its workers), per request. ``--idle S`` instead measures S seconds with no
-request (the control plane's fixed cost a second). Bounded: loopback, fixed counts.
+after, summed by thread name (``smetric-gateway``: the compiled gateway; ``tokio-rt-worker``:
+its blocking pool; ``python``: the app's event loop and its workers), per request. ``--idle S``
+instead measures S seconds with no request (the control plane's fixed cost a second). Bounded: loopback, fixed counts.
 
     .venv/bin/python benches/proxy_cpu.py --api chat --requests 600 --rate 40 [--no-engine-load]
     .venv/bin/python benches/proxy_cpu.py --idle 15
