@@ -113,30 +113,21 @@ fn admission_needs_one_co_located_router() {
 #[test]
 fn a_bounded_hold_admits_held_requests_when_it_runs_out() {
     let w = workload();
-    let unbounded = run(&config(AdmissionMode::Pause), &w, PolicyKind::Smetric).unwrap();
-    let bounded = run(
-        &SimConfig {
-            session_admission_max_hold_s: Some(0.2),
+    let pause_holding = |max_hold_s: Option<f64>| {
+        let config = SimConfig {
+            session_admission_max_hold_s: max_hold_s,
             ..config(AdmissionMode::Pause)
-        },
-        &w,
-        PolicyKind::Smetric,
-    )
-    .unwrap();
+        };
+        run(&config, &w, PolicyKind::Smetric).unwrap()
+    };
+    let unbounded = pause_holding(None);
+    let bounded = pause_holding(Some(0.2));
     assert_eq!(bounded.completed + bounded.rejected, bounded.requests);
     assert!(counter(&bounded, "admission_released") > 0);
     assert_eq!(counter(&unbounded, "admission_released"), 0);
     assert!(counter(&bounded, "admission_held") < counter(&unbounded, "admission_held"));
     // A hold longer than the run releases nothing: the same run as the unbounded one.
-    let never = run(
-        &SimConfig {
-            session_admission_max_hold_s: Some(1.0e6),
-            ..config(AdmissionMode::Pause)
-        },
-        &w,
-        PolicyKind::Smetric,
-    )
-    .unwrap();
+    let never = pause_holding(Some(1.0e6));
     assert_eq!(
         (never.ttft.p50, never.preemptions, never.makespan_s),
         (unbounded.ttft.p50, unbounded.preemptions, unbounded.makespan_s)
