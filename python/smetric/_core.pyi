@@ -63,6 +63,7 @@ __all__ = [
     "SHARED_ECHOED_CHARS",
     "SHARED_END_HEADERS",
     "SHARED_END_WITHOUT_SESSION",
+    "SHARED_HOP_BY_HOP",
     "SHARED_IDS_ONLY",
     "SHARED_LOST_STATE",
     "SHARED_LOST_STATE_FAILED",
@@ -785,6 +786,8 @@ def gateway_routing_ids(
     would hand the body to the app; with ``tokens``, with a chat template; without one, plain
     ChatML's approximate ids in chunks of ``approx_chunk_bytes`` bytes (None: 4)."""
 
+SHARED_HOP_BY_HOP: Final[tuple[str, ...]]
+"""RFC 9110's hop-by-hop fields, never forwarded (``rust/smetric-gateway/src/shared.rs``)."""
 SHARED_SESSION_HEADERS: Final[tuple[str, ...]]
 """Headers naming a request's session, in the order both planes read them (``rust/smetric-gateway/src/shared.rs``)."""
 SHARED_PARENT_HEADERS: Final[tuple[str, ...]]

@@ -29,24 +29,12 @@ from typing import Any
 
 import aiohttp
 
+from smetric._core import SHARED_HOP_BY_HOP
 from smetric.serve.attempt import Attempt
 
 __all__ = ["HOP_BY_HOP", "OWN_STATUSES", "RETRYABLE", "Opened", "Refused", "Upstream", "forwardable"]
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
+HOP_BY_HOP = frozenset(SHARED_HOP_BY_HOP)
 """RFC 9110 §7.6.1 hop-by-hop fields, never forwarded (nor any field ``Connection`` names)."""
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
 _CREDENTIALS = frozenset({"authorization", "x-api-key"})

@@ -29,19 +29,7 @@ use hyper_util::rt::TokioExecutor;
 use crate::answers::{Body, MALFORMED, client_error_body, json_response, proxy_error_body};
 use crate::counters::{ClientError, ClientErrors};
 use crate::handoff::GATEWAY_HEADER;
-
-/// RFC 9110 §7.6.1 (and the older fields proxies still meet): never forwarded.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
+use crate::shared::HOP_BY_HOP;
 
 static FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 

@@ -7,6 +7,20 @@
 //! Python user (`tests/test_architecture.py` checks that no Python module defines one of these
 //! values itself).
 
+/// RFC 9110 §7.6.1's hop-by-hop fields (and the older ones proxies still meet): never forwarded,
+/// by the gateway to an engine nor by the app.
+pub const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
 /// Headers naming a request's session, in the order they are read (vllm-router's
 /// `x-session-id` first; Claude Code's, then the `thread-id` / `session-id` the Responses
 /// clients send, then Dynamo's).

@@ -49,6 +49,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     {
         use smetric_gateway::shared as s;
+        m.add("SHARED_HOP_BY_HOP", PyTuple::new(m.py(), s::HOP_BY_HOP)?)?;
         m.add("SHARED_SESSION_HEADERS", PyTuple::new(m.py(), s::SESSION_HEADERS)?)?;
         m.add("SHARED_PARENT_HEADERS", PyTuple::new(m.py(), s::PARENT_HEADERS)?)?;
         m.add("SHARED_END_HEADERS", PyTuple::new(m.py(), s::END_HEADERS)?)?;
