@@ -472,8 +472,14 @@ mod tests {
     const CAP: u64 = 100_000;
 
     fn stage(mode: AdmissionMode, instances: u32) -> SessionAdmission {
+        stage_holding(mode, instances, mode.default_max_hold_s())
+    }
+
+    /// A stage whose longest hold is `max_hold_s`.
+    fn stage_holding(mode: AdmissionMode, instances: u32, max_hold_s: f64) -> SessionAdmission {
         let mut config = AdmissionConfig::new(mode, CAP);
         config.output_reserve_tokens = 0;
+        config.max_hold_s = max_hold_s;
         SessionAdmission::new(instances, config)
     }
 
@@ -679,10 +685,7 @@ mod tests {
 
     #[test]
     fn a_bounded_hold_admits_at_the_policys_instance_once_it_has_waited() {
-        let mut config = AdmissionConfig::new(AdmissionMode::Smetric, CAP);
-        config.output_reserve_tokens = 0;
-        config.max_hold_s = 2.0;
-        let mut s = SessionAdmission::new(1, config);
+        let mut s = stage_holding(AdmissionMode::Smetric, 1, 2.0);
         assert!(matches!(
             s.decide(&req(1, 0, 60_000), 0.0, no_costs),
             Admission::Admit { .. }
@@ -707,10 +710,7 @@ mod tests {
 
     #[test]
     fn a_move_to_an_instance_with_room_comes_before_the_release() {
-        let mut config = AdmissionConfig::new(AdmissionMode::Smetric, CAP);
-        config.output_reserve_tokens = 0;
-        config.max_hold_s = 0.0;
-        let mut s = SessionAdmission::new(2, config);
+        let mut s = stage_holding(AdmissionMode::Smetric, 2, 0.0);
         assert!(matches!(
             s.decide(&req(1, 0, 60_000), 0.0, no_costs),
             Admission::Admit { .. }

@@ -384,12 +384,22 @@ mod tests {
     }
 
     fn gate(mode: AdmissionMode, max_held: usize, hold_ms: u64) -> Arc<SessionGate> {
+        gate_holding(mode, max_held, hold_ms, None)
+    }
+
+    /// A gate over `x` and `y` whose longest hold is `max_hold` (`None`: the mode's).
+    fn gate_holding(
+        mode: AdmissionMode,
+        max_held: usize,
+        hold_ms: u64,
+        max_hold: Option<Duration>,
+    ) -> Arc<SessionGate> {
         let gate = SessionGate::new(SessionGateConfig {
             mode,
             capacity_tokens: ONE_FITS,
             max_held,
             hold_timeout: Duration::from_millis(hold_ms),
-            max_hold: None,
+            max_hold,
             retry_after_s: 1,
         });
         gate.set_instances(&["x".to_owned(), "y".to_owned()]);
@@ -533,11 +543,7 @@ mod tests {
     fn a_bounded_hold_admits_at_the_policys_instance_when_it_runs_out() {
         runtime().block_on(async {
             let router = router(false); // no store: nowhere cheaper to move
-            let gate = SessionGate::new(SessionGateConfig {
-                max_hold: Some(Duration::from_millis(30)),
-                ..*gate(AdmissionMode::Smetric, 4, 10_000).config()
-            });
-            gate.set_instances(&["x".to_owned(), "y".to_owned()]);
+            let gate = gate_holding(AdmissionMode::Smetric, 4, 10_000, Some(Duration::from_millis(30)));
             first_on_x(&router, &gate).await;
             let start = tokio::time::Instant::now();
             let d = gate

@@ -181,12 +181,13 @@ impl PromptArg {
         result.py()
     }
 
-    /// The prompt's length in ids (a chain of hashes: its blocks, each counted as 16 ids).
+    /// The prompt's length in ids (a chain of hashes: its blocks, each counted as a default-size
+    /// block of ids).
     fn ids(&self) -> usize {
         match self {
             Self::Tokens(ids) => ids.len(),
             Self::InPlace(ids) => ids.len(),
-            Self::Hashes(hashes, _) => hashes.len().saturating_mul(16),
+            Self::Hashes(hashes, _) => hashes.len().saturating_mul(smetric_core::DEFAULT_BLOCK_SIZE as usize),
         }
     }
 }

@@ -46,7 +46,7 @@
 //! Complexity: O(log E) per event (binary heap); per step O(batch); per request O(chain).
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 
 use smetric_core::rng::DrawCounter;
 
@@ -173,8 +173,6 @@ struct Sim<'a> {
     pd: Option<PdRun>,
     /// Requests session admission holds, in arrival order.
     held: VecDeque<u32>,
-    /// Held requests with a `Release` event queued (one each).
-    release_queued: HashSet<u32>,
 }
 
 /// Runs `workload` on the cluster described by `config`, routing with `placer`.
@@ -248,7 +246,6 @@ fn build<'a>(config: &'a SimConfig, workload: &'a Workload, placer: &'a mut dyn 
         in_transit: VecDeque::new(),
         pd: config.pd.as_ref().map(|pd| PdRun::new(config, pd, n)),
         held: VecDeque::new(),
-        release_queued: HashSet::new(),
     };
     if config.index_feed.logs_changes() {
         for inst in &mut sim.instances {
@@ -470,9 +467,7 @@ impl Sim<'_> {
             )));
         }
         if placed.held {
-            if let Some(t) = placed.release_at_s
-                && self.release_queued.insert(r)
-            {
+            if let Some(t) = placed.release_at_s {
                 self.push(t.max(now), Kind::Release(r));
             }
             return Ok(false);
@@ -492,7 +487,6 @@ impl Sim<'_> {
     /// Held request `r`'s hold ran out: it is placed again, unless a finish has placed it
     /// already (returns whether it was still held).
     fn release(&mut self, r: u32) -> Result<bool> {
-        self.release_queued.remove(&r);
         let Some(k) = self.held.iter().position(|&h| h == r) else {
             return Ok(false);
         };

@@ -101,8 +101,9 @@ pub struct Placement {
     /// Session admission held the request back (`instance` is where the policy sent it): the
     /// cluster queues it and calls `place` again for it when a request finishes.
     pub held: bool,
-    /// A held request's hold runs out at this simulated time: the cluster calls `place` again
-    /// for it then even if nothing finished (`None`: only on a finish).
+    /// A request held for the first time whose hold runs out at this simulated time: the
+    /// cluster calls `place` again for it then even if nothing finished (`None`: only on a
+    /// finish, or already said at its first hold).
     pub release_at_s: Option<f64>,
 }
 

@@ -369,9 +369,11 @@ impl Placer for CorePlacer {
                     self.router.on_aborted(RequestId(id));
                 }
                 let mut release_at_s = None;
-                if let Some(run) = &mut self.admission {
-                    let since = run.held.entry(id).or_insert((chosen, request.now)).1;
-                    release_at_s = run.stage.release_at(since);
+                if let Some(run) = &mut self.admission
+                    && !run.held.contains_key(&id)
+                {
+                    run.held.insert(id, (chosen, request.now));
+                    release_at_s = run.stage.release_at(request.now);
                 }
                 return Ok(Placement {
                     instance: chosen,
