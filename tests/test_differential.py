@@ -778,6 +778,8 @@ def v2_fields(rnd: random.Random) -> dict[str, Any]:
         "smetric_drain_window": window,
         "smetric_drain_min_samples": rnd.randint(1, min(window, 4)),
         "smetric_store_pricing": rnd.choice([True, False]),
+        # The displacement guard, off, short (the stream's gaps: some instances churn), long.
+        "smetric_retention_s": rnd.choice([0.0, 0.0, 0.05, 0.3, 5.0]),
     }
 
 

@@ -188,6 +188,7 @@ class RouterConfig:
         smetric_migration_margin: float = ...,
         smetric_kv_fit: bool = ...,
         smetric_growth_headroom_tokens: float = ...,
+        smetric_retention_s: float = ...,
         smetric_rule: SmetricRule = ...,
         smetric_l_eq_tokens: float = ...,
         smetric_ttft_slack: float = ...,
@@ -260,6 +261,8 @@ class RouterConfig:
     def smetric_kv_fit(self) -> bool: ...
     @property
     def smetric_growth_headroom_tokens(self) -> float: ...
+    @property
+    def smetric_retention_s(self) -> float: ...
     @property
     def smetric_rule(self) -> SmetricRule: ...
     @property

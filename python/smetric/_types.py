@@ -138,6 +138,7 @@ Reason: TypeAlias = Literal[
     "follow-up: migrate (home misses TTFT budget)",
     "follow-up: sticky (no instance meets TTFT budget)",
     "follow-up: migrate (home would break a live decode)",
+    "follow-up: sticky (every target churning)",
 ]
 """Why a policy chose an instance (``Decision.reason``; the keys of ``stats()["reasons"]``)."""
 
@@ -211,6 +212,7 @@ class RouterConfigFields(TypedDict):
     smetric_migration_margin: float
     smetric_kv_fit: bool
     smetric_growth_headroom_tokens: float
+    smetric_retention_s: float
     smetric_rule: SmetricRule
     smetric_l_eq_tokens: float
     smetric_ttft_slack: float

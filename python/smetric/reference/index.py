@@ -33,6 +33,9 @@ class Holder:
     capacity: int
     ttl_ms: int | None  # None: no TTL (always None for the global tier, §2.5)
     blocks: OrderedDict[int, int] = field(default_factory=OrderedDict)  # hash -> touch ms, LRU first
+    # The newest touch time of a block given up for room or by a removal event (not for age):
+    # `smetric`'s displacement guard reads `now - evicted_touch_ms` (§6 item 8).
+    evicted_touch_ms: int | None = None
 
 
 class KvIndex:
@@ -165,11 +168,24 @@ class KvIndex:
         if not any(block in h.blocks for h in self.holders.values()):
             del self.entries[block]
 
+    def give_up(self, key: int, block: int) -> None:
+        """Remove `block` from holder `key` for room or by an engine's event, recording its touch
+        time as the holder's newest block given up (instances only)."""
+        holder = self.holders[key]
+        touched_ms = holder.blocks.get(block)
+        if touched_ms is None:
+            return
+        if key != GLOBAL:
+            latest = holder.evicted_touch_ms
+            holder.evicted_touch_ms = touched_ms if latest is None else max(latest, touched_ms)
+        self.remove(key, block)
+
     def clear(self, key: int) -> None:
         for block in list(self.holders[key].blocks):
             self.remove(key, block)
         self.pending.pop(key, None)
         self.credits.pop(key, None)
+        self.holders[key].evicted_touch_ms = None
 
     def _evict_lru(self, key: int) -> None:
         lru_block = next(iter(self.holders[key].blocks))
@@ -213,7 +229,7 @@ class KvIndex:
             holder.blocks.move_to_end(block)  # ... and moves it there when present
         # 4. Capacity: evict LRU blocks until the holder fits (only after the whole run is in).
         while len(holder.blocks) > holder.capacity:
-            self._evict_lru(key)
+            self.give_up(key, next(iter(holder.blocks)))
 
     # -- §2.4 query helpers ----------------------------------------------------------------------
     def matched_blocks(self, key: int, chain: list[int]) -> int:

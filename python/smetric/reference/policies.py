@@ -61,6 +61,12 @@ class Candidate:
     recent_requests: int = 0  # `preble`: requests routed here within the window (§6 item 13)
     recent_cost_us: int = 0  # `preble`: their AIBrix cost, microseconds
     name_hash: int = 0  # xxh3_64 of the instance's name: its identity to the hash policies (§6 item 15)
+    evicted_age_s: float | None = None  # seconds since the newest block its GPU cache gave up was used (§6 item 8)
+
+
+def evicted_age_s(evicted_touch_ms: int | None, now_ms: int) -> float | None:
+    """`Candidate.evicted_age_s` from the index's newest given-up touch time."""
+    return None if evicted_touch_ms is None else float(max(now_ms - evicted_touch_ms, 0)) / 1000.0
 
 
 @dataclass(frozen=True)
@@ -597,19 +603,31 @@ def smetric_paper(
 
     headroom = cfg.smetric_growth_headroom_tokens if req.first_turn else 0.0
     roomy = [i for i in everyone if not cfg.smetric_kv_fit or float(cands[i].active) + float(n) + headroom <= capacity]
-    targets = roomy or list(everyone)
+    placeable = roomy or list(everyone)
+    # The displacement guard: prefer instances whose cache gives up nothing used recently.
+    guard = cfg.smetric_retention_s > 0.0
+
+    def calm(i: int) -> bool:
+        age = cands[i].evicted_age_s
+        return not guard or age is None or age >= cfg.smetric_retention_s
+
+    calm_targets = [i for i in placeable if calm(i)] if guard else []
+    targets = calm_targets or placeable
+    churning_everywhere = guard and not calm_targets
 
     if req.first_turn:
         return argmin(targets, score, rng), "first-turn: least-loaded"
     home = argmin(keep_max(everyone, lambda i: float(cands[i].local_hit)), score, rng)
     if float(cands[home].local_hit) <= cfg.min_local_hit_ratio * float(n):
         return argmin(targets, score, rng), "follow-up: migrate (local KV$ evicted)"
-    if home not in targets:
+    if home not in placeable:
         return argmin(targets, score, rng), "follow-up: migrate (home overloaded)"
     by_cost = cfg.smetric_migration in ("cost", "work") or (
         cfg.smetric_migration == "fetch" and float(gh) >= cfg.min_local_hit_ratio * float(n)
     )
     if by_cost:
+        if churning_everywhere:
+            return home, "follow-up: sticky (every target churning)"
         best = argmin(targets, score, rng)
         compared = pending if cfg.smetric_migration == "work" else score
         if compared(home) <= (1.0 + cfg.smetric_migration_margin) * compared(best):
@@ -619,4 +637,6 @@ def smetric_paper(
         return home, "follow-up: sticky"
     if not any(meets(i) for i in targets):
         return home, "follow-up: sticky (no instance meets TTFT budget)"
+    if churning_everywhere:
+        return home, "follow-up: sticky (every target churning)"
     return argmin(targets, score, rng), "follow-up: migrate (home misses TTFT budget)"

@@ -28,7 +28,7 @@ from .hashing import (
 )
 from .index import GLOBAL, KvIndex
 from .load import InstanceLoad, RequestRecord, apply_finished, apply_prefilled, apply_routed, prefill_work
-from .policies import Candidate, CounterRng, RouteInput
+from .policies import Candidate, CounterRng, RouteInput, evicted_age_s
 
 POLICIES = (
     "round_robin",
@@ -319,6 +319,7 @@ class ReferenceRouter:
                     recent_requests,
                     recent_cost_us,
                     name_hash(s.name),
+                    evicted_age_s(self._index.holders[slot].evicted_touch_ms, now_ms),
                 )
             )
         req = RouteInput(
@@ -584,7 +585,7 @@ class ReferenceRouter:
                 self._index.end_pending(key, blocks)  # §2.7: evicted by the engine
                 self._index.end_credits(key, blocks)  # §2.7: an answer past an evicted anchor
             for block in blocks:
-                self._index.remove(key, block)
+                self._index.give_up(key, block)
 
     def clear(self, instance: str | None = None, tier: str = "local") -> None:
         key = self._holder(instance, tier)

@@ -43,6 +43,8 @@ ESTABLISHED: dict[str, str] = {
     "follow-up: sticky (no instance meets TTFT budget)": "sticky-infeasible",
     # The decode-contract mask's (the authors' shipped co-located configuration).
     "follow-up: migrate (home would break a live decode)": "migrated-unsafe",
+    # The displacement guard's (`smetric_retention_s`).
+    "follow-up: sticky (every target churning)": "sticky-churning",
 }
 """smetric's reasons with a short label chosen by hand (dashboards match on them); a reason missing
 here still gets its slug (rule 3), so nothing is ever unlabelled."""

@@ -318,6 +318,12 @@ pub struct RouterConfig {
     pub smetric_kv_fit: bool,
     /// `smetric` with `smetric_kv_fit`: tokens a first turn reserves for its session's growth.
     pub smetric_growth_headroom_tokens: f64,
+    /// `smetric` v2, the displacement guard: an instance whose GPU cache has evicted a block
+    /// used less than this many seconds ago ([`crate::index::KvIndex::evicted_touch_ms`]) is
+    /// *churning* — a chain placed there displaces KV$ a resident session will come back for.
+    /// A follow-up whose home still holds its prefix leaves it only for an instance that is
+    /// not churning, and other placements prefer one while any is. 0 turns the guard off.
+    pub smetric_retention_s: f64,
     /// `smetric`: the rule (v1 thresholds, v2 SLO feasibility). `min_local_hit_ratio` is the
     /// eviction test of both (v2's HIT_RATIO); `smetric_kv_fit`, its headroom and
     /// `smetric_migration` / `smetric_migration_margin` apply to both.
@@ -415,6 +421,7 @@ impl RouterConfig {
         smetric_migration_margin: 4.0,
         smetric_kv_fit: true,
         smetric_growth_headroom_tokens: 0.0,
+        smetric_retention_s: 0.0,
         smetric_rule: SmetricRule::V2,
         smetric_l_eq_tokens: L_EQ_QWEN3_CODER_30B_A3B,
         smetric_ttft_slack: 1.0,
@@ -455,6 +462,7 @@ impl RouterConfig {
         smetric_migration_margin: 0.0,
         smetric_kv_fit: false,
         smetric_growth_headroom_tokens: 0.0,
+        smetric_retention_s: 0.0,
         smetric_rule: SmetricRule::V1,
         ..RouterConfig::DEFAULT
     };
@@ -489,6 +497,7 @@ impl RouterConfig {
             smetric_migration_margin: p.smetric_migration_margin,
             smetric_kv_fit: p.smetric_kv_fit,
             smetric_growth_headroom_tokens: p.smetric_growth_headroom_tokens,
+            smetric_retention_s: p.smetric_retention_s,
             smetric_rule: p.smetric_rule,
             smetric_l_eq_tokens: p.smetric_l_eq_tokens,
             smetric_ttft_slack: p.smetric_ttft_slack,
@@ -602,6 +611,7 @@ impl RouterConfig {
         finite_non_negative("smetric_active_weight", self.smetric_active_weight)?;
         finite_non_negative("smetric_migration_margin", self.smetric_migration_margin)?;
         finite_non_negative("smetric_growth_headroom_tokens", self.smetric_growth_headroom_tokens)?;
+        finite_non_negative("smetric_retention_s", self.smetric_retention_s)?;
         finite_positive("smetric_l_eq_tokens", self.smetric_l_eq_tokens)?;
         finite_non_negative("smetric_ttft_slack", self.smetric_ttft_slack)?;
         finite_non_negative("smetric_ttft_base_s", self.smetric_ttft_base_s)?;

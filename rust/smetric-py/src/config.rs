@@ -50,6 +50,7 @@ impl PyRouterConfig {
         smetric_migration_margin = D.smetric_migration_margin,
         smetric_kv_fit = D.smetric_kv_fit,
         smetric_growth_headroom_tokens = D.smetric_growth_headroom_tokens,
+        smetric_retention_s = D.smetric_retention_s,
         smetric_rule = D.smetric_rule.name(),
         smetric_l_eq_tokens = D.smetric_l_eq_tokens,
         smetric_ttft_slack = D.smetric_ttft_slack,
@@ -100,6 +101,7 @@ impl PyRouterConfig {
         smetric_migration_margin: f64,
         smetric_kv_fit: bool,
         smetric_growth_headroom_tokens: f64,
+        smetric_retention_s: f64,
         smetric_rule: &str,
         smetric_l_eq_tokens: f64,
         smetric_ttft_slack: f64,
@@ -148,6 +150,7 @@ impl PyRouterConfig {
             smetric_migration_margin,
             smetric_kv_fit,
             smetric_growth_headroom_tokens,
+            smetric_retention_s,
             smetric_rule: SmetricRule::parse(smetric_rule).py()?,
             smetric_l_eq_tokens,
             smetric_ttft_slack,
@@ -275,6 +278,10 @@ impl PyRouterConfig {
     #[getter]
     fn smetric_growth_headroom_tokens(&self) -> f64 {
         self.inner.smetric_growth_headroom_tokens
+    }
+    #[getter]
+    fn smetric_retention_s(&self) -> f64 {
+        self.inner.smetric_retention_s
     }
     #[getter]
     fn smetric_rule(&self) -> &'static str {
@@ -416,6 +423,7 @@ impl PyRouterConfig {
         d.set_item("smetric_migration_margin", c.smetric_migration_margin)?;
         d.set_item("smetric_kv_fit", c.smetric_kv_fit)?;
         d.set_item("smetric_growth_headroom_tokens", c.smetric_growth_headroom_tokens)?;
+        d.set_item("smetric_retention_s", c.smetric_retention_s)?;
         d.set_item("smetric_rule", c.smetric_rule.name())?;
         d.set_item("smetric_l_eq_tokens", c.smetric_l_eq_tokens)?;
         d.set_item("smetric_ttft_slack", c.smetric_ttft_slack)?;

@@ -147,7 +147,8 @@ impl RunLru {
 
     /// `n` ids of the run numbered `seq` stopped being current (moved to a newer run, or
     /// removed from the holder). A run left with none is dropped: its ids are freed at once.
-    pub(crate) fn superseded(&mut self, seq: u32, n: usize) {
+    /// Returns the run's touch time (`None`, in release builds, for a number no run carries).
+    pub(crate) fn superseded(&mut self, seq: u32, n: usize) -> Option<u64> {
         let run = [&mut self.recent, &mut self.pending, &mut self.cleaned]
             .into_iter()
             .find(|q| q.front().is_some_and(|r| r.seq <= seq))
@@ -157,7 +158,7 @@ impl RunLru {
             });
         let Some(run) = run else {
             debug_assert!(false, "no run numbered {seq}");
-            return;
+            return None;
         };
         debug_assert!(run.live as usize >= n);
         run.live -= n as u32;
@@ -165,6 +166,7 @@ impl RunLru {
             self.queued -= run.ids.len();
             run.ids = Vec::new();
         }
+        Some(run.time_ms)
     }
 
     fn oldest_mut(&mut self) -> Option<&mut VecDeque<Run>> {

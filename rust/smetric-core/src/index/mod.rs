@@ -28,6 +28,9 @@
 //! comparison per block and no entry access. Optional TTL ages instance blocks. The first
 //! instance to hold a block keeps its LRU sequence number inline in the entry (most blocks
 //! are one session's history, held by one instance); further holders use a per-instance map.
+//! Each instance also keeps the newest touch time of a block it gave up for room or by a
+//! removal event ([`KvIndex::evicted_touch_ms`], O(1) per eviction): how recent the KV$ a new
+//! chain displaces there is, which `smetric`'s displacement guard reads.
 //!
 //! In exact (event-fed) mode the index also keeps, per instance, the blocks the router sent
 //! there and no event has confirmed yet ([`pending`], docs §2.7): a query counts them with the
@@ -132,6 +135,10 @@ struct InstanceHolder {
     /// borrow; every other access goes through `get_mut`, with no locking.
     lru: Mutex<RunLru>,
     live: bool,
+    /// The latest touch time of a block this instance's GPU cache evicted (for capacity, or by
+    /// an engine's removal event; not for age), ms; `None` until one is. `now` minus it is how
+    /// recently used the KV$ a new chain displaces here is ([`KvIndex::evicted_touch_ms`]).
+    evicted_touch_ms: Option<u64>,
 }
 
 /// The parent of a run's first block to be created: the previous block's entry, or the
@@ -614,15 +621,33 @@ impl KvIndex {
         lru.peek()
     }
 
-    /// Evicts `holder`'s least recently used block; returns false when it holds none.
+    /// Evicts `holder`'s least recently used block (for capacity); returns false when it holds none.
     fn evict_lru(&mut self, holder: Holder) -> bool {
-        let Some((e, _)) = self.lru_front(holder) else {
+        let Some((e, touched_ms)) = self.lru_front(holder) else {
             return false;
         };
+        self.note_evicted(holder, touched_ms);
         self.lru_mut(holder).pop();
         self.drop_membership(holder, e);
         self.evictions += 1;
         true
+    }
+
+    /// Records that `holder` evicted a block last touched at `touched_ms` (instances only).
+    fn note_evicted(&mut self, holder: Holder, touched_ms: u64) {
+        if let Holder::Instance(s) = holder {
+            let latest = &mut self.instances[s as usize].evicted_touch_ms;
+            *latest = Some(latest.map_or(touched_ms, |t| t.max(touched_ms)));
+        }
+    }
+
+    /// The latest touch time of a block instance `slot`'s GPU cache has evicted, for capacity or
+    /// by an engine's removal event (not for age), ms; `None` until one is, or for a free slot.
+    /// `now − it` is the *retention* of the cache: how recently used the KV$ it is giving up is
+    /// (`smetric`'s displacement guard, `RouterConfig::smetric_retention_s`). O(1).
+    #[inline]
+    pub fn evicted_touch_ms(&self, slot: u32) -> Option<u64> {
+        self.instances.get(slot as usize).and_then(|h| h.evicted_touch_ms)
     }
 
     /// Evicts `slot`'s expired blocks (TTL, docs §2.5).
@@ -967,7 +992,10 @@ impl KvIndex {
         for &h in hashes {
             if let Some(e) = self.entry_of(h) {
                 if let Some(seq) = self.seq_of(holder, e) {
-                    self.lru_mut(holder).superseded(seq, 1);
+                    let touched_ms = self.lru_mut(holder).superseded(seq, 1);
+                    if let Some(t) = touched_ms {
+                        self.note_evicted(holder, t);
+                    }
                     self.drop_membership(holder, e);
                 }
             }
@@ -991,6 +1019,8 @@ impl KvIndex {
         if self.is_live(slot) {
             self.clear_holder(Holder::Instance(slot));
             self.pending.clear(slot);
+            // An emptied cache (an engine restarted or reset) gives up nothing yet.
+            self.instances[slot as usize].evicted_touch_ms = None;
         }
     }
 

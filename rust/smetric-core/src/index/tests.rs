@@ -871,3 +871,46 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn evicted_touch_time_is_the_newest_block_given_up_for_room_or_by_an_event() {
+    let mut ix = KvIndex::new(IndexLimits {
+        local_capacity: 4,
+        global_capacity: 8,
+        local_ttl_ms: Some(10_000),
+    });
+    ix.add_slot(0);
+    ix.add_slot(1);
+    // Room to spare: nothing given up.
+    ix.touch(Holder::Instance(0), &chain(0..3), None, 100);
+    assert_eq!(ix.evicted_touch_ms(0), None);
+    // Three more blocks into four: two of the chain touched at 100 go.
+    ix.touch(Holder::Instance(0), &chain(10..13), None, 500);
+    assert_eq!(ix.evicted_touch_ms(0), Some(100));
+    assert_eq!(ix.evicted_touch_ms(1), None, "per instance");
+    // The global tier's evictions are not an instance's.
+    ix.touch(Holder::Global, &chain(20..30), None, 600);
+    assert_eq!(ix.evicted_touch_ms(1), None);
+    // An engine's removal event: the block's touch time (500), the newest so far.
+    ix.remove(Holder::Instance(0), &chain(11..12));
+    assert_eq!(ix.evicted_touch_ms(0), Some(500));
+    // An older block removed later does not move it back.
+    ix.touch(Holder::Instance(1), &chain(40..42), None, 50);
+    ix.touch(Holder::Instance(1), &chain(42..44), None, 900);
+    ix.remove(Holder::Instance(1), &chain(42..43));
+    ix.remove(Holder::Instance(1), &chain(40..41));
+    assert_eq!(ix.evicted_touch_ms(1), Some(900));
+    // Blocks aged out by the TTL are not given up for room.
+    ix.add_slot(2);
+    ix.touch(Holder::Instance(2), &chain(50..52), None, 0);
+    ix.purge_all_expired(20_000);
+    assert_eq!(ix.stats().local_blocks[2], 0, "expired");
+    assert_eq!(ix.evicted_touch_ms(2), None);
+    // An emptied or reused slot starts afresh.
+    ix.clear_instance(0);
+    assert_eq!(ix.evicted_touch_ms(0), None);
+    ix.remove_slot(1);
+    ix.add_slot(1);
+    assert_eq!(ix.evicted_touch_ms(1), None);
+    ix.assert_consistent();
+}

@@ -91,6 +91,12 @@ pub struct Candidate {
     /// tightest one can still absorb (`decode_contract.rs`). `None` when none is live or has a
     /// balance left, and whenever `smetric`'s decode mask is off (nobody computes it then).
     pub decode_room_s: Option<f64>,
+    /// Seconds since the last use of the most recently used block this instance's GPU cache
+    /// has evicted (for capacity, or by an engine's removal event): how recent the KV$ a chain
+    /// placed here displaces is. `None` until the cache has evicted one (it has had room), and
+    /// whenever the guard is off (nobody reads it then). Read by `smetric` v2's displacement
+    /// guard (`smetric_retention_s`).
+    pub evicted_age_s: Option<f64>,
 }
 
 /// The prefill work of computing `new_tokens` at the end of an `prompt_tokens`-token prompt,
@@ -241,6 +247,9 @@ pub enum Reason {
     /// `smetric` v2 with the decode mask, follow-up moved: its prefill at home would break a
     /// live decode's budget there.
     MigrateUnsafe,
+    /// `smetric` v2 with the displacement guard, follow-up kept at its home although its rule
+    /// would move it: every instance it could move to is churning (`smetric_retention_s`).
+    StayChurning,
 }
 
 impl Reason {
@@ -275,11 +284,12 @@ impl Reason {
             Self::MigrateInfeasible => "follow-up: migrate (home misses TTFT budget)",
             Self::StayNoneFeasible => "follow-up: sticky (no instance meets TTFT budget)",
             Self::MigrateUnsafe => "follow-up: migrate (home would break a live decode)",
+            Self::StayChurning => "follow-up: sticky (every target churning)",
         }
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 28] = [
+    pub const ALL: [Reason; 29] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
@@ -308,6 +318,7 @@ impl Reason {
         Self::MigrateInfeasible,
         Self::StayNoneFeasible,
         Self::MigrateUnsafe,
+        Self::StayChurning,
     ];
 }
 
@@ -549,6 +560,7 @@ pub(crate) mod test_support {
             recent_requests: 0,
             recent_cost_us: 0,
             decode_room_s: None,
+            evicted_age_s: None,
         }
     }
 

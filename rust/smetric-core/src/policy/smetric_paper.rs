@@ -43,6 +43,14 @@
 //! * `smetric_kv_fit`: instances whose in-flight prompt tokens plus this request's (plus the
 //!   growth headroom for a first turn) exceed their GPU KV are not targets while one has
 //!   room; a home without room is left (`migrate (home overloaded)`);
+//! * `smetric_retention_s` `R` (the displacement guard): instance `i` is *churning* when its
+//!   GPU cache has evicted a block used less than `R` seconds ago (`evicted_age_s < R`, read
+//!   from the index: the KV$ a chain placed there pushes out is a resident session's, whose
+//!   next turn then finds its home evicted and moves in turn — the cascade that sinks moving
+//!   rules where GPU KV binds, docs/results.md §21). Every placement prefers calm instances
+//!   while one is a target; a follow-up whose home still holds its prefix (the gate's or the
+//!   cost rule's move) stays home when every target churns
+//!   (`sticky (every target churning)`);
 //! * `smetric_migration = cost | work | fetch` replaces the gate (everywhere, or where the tier
 //!   holds at least `HIT_RATIO` of the prompt for `fetch`): the home is kept while its score
 //!   (`cost`) or its `e` (`work`) is at most `1 + smetric_migration_margin` times the best
@@ -99,8 +107,17 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
                 .is_none_or(|room| work(&c[i]) as f64 / c[i].drain_rate <= room)
     };
     let any_safe = (0..c.len()).any(safe);
-    let target = |i: usize| (!any_roomy || roomy(i)) && (!any_safe || safe(i));
+    let placeable = |i: usize| (!any_roomy || roomy(i)) && (!any_safe || safe(i));
+    // The displacement guard: a churning instance evicts KV$ used within the retention window,
+    // so a chain placed there pushes out a resident session's next turn (which then moves in
+    // its turn). Placements prefer calm instances while one is placeable.
+    let guard = cfg.smetric_retention_s > 0.0;
+    let calm = |i: usize| !guard || c[i].evicted_age_s.is_none_or(|age| age >= cfg.smetric_retention_s);
+    let any_calm = guard && (0..c.len()).any(|i| placeable(i) && calm(i));
+    let target = |i: usize| placeable(i) && (!any_calm || calm(i));
     let least = |fallback: usize| argmin_by(c.len(), input.rng, target, score).unwrap_or(fallback);
+    // A voluntary move (the home still holds the prefix and may keep it) needs a calm target.
+    let churning_everywhere = guard && !any_calm;
 
     if input.first_turn {
         return Selection {
@@ -137,6 +154,12 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
         MigrationRule::Fetch => g as f64 >= cfg.min_local_hit_ratio * n as f64,
     };
     if by_cost {
+        if churning_everywhere {
+            return Selection {
+                index: home,
+                reason: Reason::StayChurning,
+            };
+        }
         let best = least(home);
         let compared = |i: usize| {
             if cfg.smetric_migration == MigrationRule::Work {
@@ -167,6 +190,12 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
         return Selection {
             index: home,
             reason: Reason::StayNoneFeasible,
+        };
+    }
+    if churning_everywhere {
+        return Selection {
+            index: home,
+            reason: Reason::StayChurning,
         };
     }
     Selection {
@@ -496,5 +525,68 @@ mod tests {
             ),
             (true, DecodeMask::Off, None)
         );
+    }
+
+    #[test]
+    fn the_displacement_guard_keeps_a_follow_up_off_churning_instances() {
+        let rng = DrawCounter::new(0);
+        let guarded = RouterConfig {
+            smetric_retention_s: 60.0,
+            ..CFG
+        };
+        // Home 1 misses its budget (3.3 s); 0 and 2 are idle and meet it (1.7 s at 20K/s).
+        // Instance 0 gave up KV$ used 10 s ago (churning), 2 KV$ used 100 s ago (calm).
+        let mut c = [
+            inst(0, 0, 0, 0, 2.0 * RATE),
+            inst(1, 15_000, 5, 30_000, RATE),
+            inst(2, 0, 1, 0, 2.0 * RATE),
+        ];
+        c[0].evicted_age_s = Some(10.0);
+        c[1].evicted_age_s = Some(5.0);
+        c[2].evicted_age_s = Some(100.0);
+        // Without the guard the least score (an empty batch) takes it: instance 0.
+        assert_eq!(
+            select(&input(&c, N, false, &CFG, &rng)),
+            Selection {
+                index: 0,
+                reason: Reason::MigrateInfeasible
+            }
+        );
+        // With it, the calm instance.
+        assert_eq!(
+            select(&input(&c, N, false, &guarded, &rng)),
+            Selection {
+                index: 2,
+                reason: Reason::MigrateInfeasible
+            }
+        );
+        // Every instance churning, the home too (a calm home would itself be the one calm
+        // target: the gate's own stay): the session stays home, under the cost rule as well.
+        c[2].evicted_age_s = Some(59.9);
+        assert_eq!(
+            select(&input(&c, N, false, &guarded, &rng)),
+            Selection {
+                index: 1,
+                reason: Reason::StayChurning
+            }
+        );
+        let cost = RouterConfig {
+            smetric_migration: MigrationRule::Cost,
+            smetric_migration_margin: 0.0,
+            ..guarded
+        };
+        assert_eq!(select(&input(&c, N, false, &cost, &rng)).reason, Reason::StayChurning);
+        // An instance that never gave anything up is calm.
+        c[2].evicted_age_s = None;
+        assert_eq!(select(&input(&c, N, false, &guarded, &rng)).index, 2);
+        // A forced move (the home lost its KV$) still goes somewhere: the least score when all churn.
+        c[1].local_hit_tokens = 0;
+        c[2].evicted_age_s = Some(1.0);
+        let s = select(&input(&c, N, false, &guarded, &rng));
+        assert_eq!((s.index, s.reason), (0, Reason::MigrateEvicted));
+        // First turns prefer a calm instance too.
+        c[2].evicted_age_s = Some(600.0);
+        assert_eq!(select(&input(&c, N, true, &guarded, &rng)).index, 2);
+        assert_eq!(select(&input(&c, N, true, &CFG, &rng)).index, 0);
     }
 }

@@ -209,6 +209,7 @@ impl Router {
         let preble = self.kind == PolicyKind::Preble;
         let window_ms = to_ms(self.config.preble_window_s);
         let mask = self.decode_mask_on();
+        let guard = self.config.smetric_retention_s > 0.0;
         if mask {
             self.decode_rooms(&fleet, now_ms, rooms);
         }
@@ -243,6 +244,14 @@ impl Router {
                 recent_requests,
                 recent_cost_us,
                 decode_room_s: if mask { rooms[slot as usize] } else { None },
+                // Read only for the displacement guard: a line of the index per candidate.
+                evicted_age_s: if guard {
+                    index
+                        .evicted_touch_ms(slot)
+                        .map(|t| now_ms.saturating_sub(t) as f64 / 1000.0)
+                } else {
+                    None
+                },
             });
         }
         if candidates.is_empty() {

@@ -1,0 +1,53 @@
+"""The displacement guard (``smetric_retention_s``) at results §21's three probe points: tuning
+data only (Codex seed 0, Bailian seed 0, the Weka tuning window, all with LMCache), arrival seed
+0, one run each at the best baseline's peak load, on the calibrated instrument of
+``scripts/default_rule.py``. A probe, not a selection: nothing is chosen from it.
+
+    .venv/bin/python scripts/retention_probe.py 0 30 120 300 600 1800
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import default_rule as dr
+
+from smetric.sim import run_grid
+
+POINTS = {"codex-0 lmcache": [0.2], "bailian-0 lmcache": [0.7], "weka-0476 lmcache": [0.0805]}
+"""§21's probe points and the best baseline's peak load at each."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("retention_s", nargs="+", type=float, help="windows to try, seconds (0: the guard off)")
+    parser.add_argument("--traces", type=Path, default=dr.ROOT.parent / "shared" / "traces")
+    args = parser.parse_args()
+    labels = []
+    for r in args.retention_s:
+        label = f"gate R{r:g}"
+        dr.CANDIDATES[label] = ("smetric", {"smetric_migration": "threshold", "smetric_retention_s": r})
+        labels.append(label)
+    rows = dr.specs("calibrated", args.traces, POINTS, labels, (0,))
+    results = {r.spec: r for r in run_grid([s for _, s in rows], jobs=2, progress=True, skip_failures=True)}
+    print("| point | setting | TPS headline / paper | moves | preemptions | local / tier hit | TTFT p90 |")
+    print("|---|---|---:|---:|---:|---|---:|")
+    for cell, spec in rows:
+        r = results.get(spec)
+        if r is None:
+            print(f"| {cell['point']} | {cell['label']} | failed | | | | |")
+            continue
+        m = r.metrics
+        print(
+            f"| {cell['point']} | {cell['label']} | {r.slos[0]['tps_under_slo'] / 1e3:.0f}K / "
+            f"{r.slos[1]['tps_under_slo'] / 1e3:.0f}K | {m['migrations']} | {m['preemptions']} | "
+            f"{m['local_hit_ratio']:.2f} / {m['global_hit_ratio']:.2f} | {m['ttft_p90_s']:.1f} s |"
+        )
+
+
+if __name__ == "__main__":
+    main()
