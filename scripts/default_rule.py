@@ -37,6 +37,18 @@ on these points is about that). The report set (Weka 0001–0475, the Codex gene
 the reproduction's open-loop traces) is run once, after the winner is frozen: ``--report LABEL``
 runs today's default, the frozen winner and the baselines on :data:`REPORT_FAMILIES` (ladders
 probed the same way) into its own file.
+
+**Round 2 (issue 31 item 2; written 2026-12-06, before any of its grid runs).** The candidates
+are :data:`ROUND2`: today's default ``gate`` with the KV-bound regime switch
+(``smetric_kv_bound_share`` K = 0.2, 0.3, 0.4: while the fleet's in-flight prompt tokens fill
+K of its GPU KV, a follow-up whose home holds its prefix is not moved), and §15's fetch-priced
+migration (margin 4, the round-1 ``default``) with the same switch. Instrument, cells, ladders,
+seeds, baselines and statistic as above. The rule: the candidate of ``gate`` and
+:data:`ROUND2` with the highest worst R over the 26 cells; ties within 0.005 to the better worst
+R over the Codex, Bailian and Mooncake cells, then to fewer fields changed; ``gate`` is replaced
+only if the winner's worst R beats its own (×0.833) by more than 0.01. What was looked at
+before: the three-point probes of ``scripts/regime_probe.py`` (tuning points, seed 0; results
+§21). The report set is run once after the winner is frozen: ``--round 2 --report LABEL``.
 """
 
 from __future__ import annotations
@@ -131,6 +143,17 @@ started from (until 2026-12-05): the v2 rule with KV-fit and fetch-priced migrat
 (results §15's V17); ``gate`` is the same with the paper's TTFT-feasibility gate instead of the
 margin (the study's winner, the default since), ``gate slack S`` loosens that gate's budget
 S-fold (a follow-up leaves home later), ``fetch 16`` raises the margin."""
+_FETCH = {"smetric_migration": "fetch", "smetric_migration_margin": 4.0}
+ROUND2: dict[str, tuple[str, dict[str, Any]]] = {
+    **{f"gate kv {k}": ("smetric", {**_GATE, "smetric_kv_bound_share": k}) for k in (0.2, 0.3, 0.4)},
+    **{f"fetch kv {k}": ("smetric", {**_FETCH, "smetric_kv_bound_share": k}) for k in (0.2, 0.3, 0.4)},
+}
+"""Round 2's candidates (module doc): the KV-bound regime switch over ``gate`` and over the fetch rule."""
+CANDIDATES.update(ROUND2)
+INCUMBENT = {1: "default", 2: "gate"}
+"""Each round's incumbent: the default its rule replaces only by a margin."""
+ROUND_LABELS = {1: [c for c in CANDIDATES if c not in ROUND2], 2: ["gate", *ROUND2]}
+"""The candidates each round chooses among."""
 
 
 def trace_spec(family: str, traces: Path) -> TraceSpec:
@@ -251,8 +274,10 @@ def ratios(runs: list[dict[str, Any]], instrument: str) -> dict[tuple[str, int],
     return out
 
 
-def winner(r: dict[tuple[str, int], dict[str, float]], labels: list[str]) -> tuple[str, dict[str, float]]:
-    """The default by the rule in the module doc, and every candidate's worst R."""
+def winner(
+    r: dict[tuple[str, int], dict[str, float]], labels: list[str], incumbent: str = "default"
+) -> tuple[str, dict[str, float]]:
+    """The default by the rule in the module doc (``incumbent``: the round's), and every candidate's worst R."""
     cells = list(r)
     worst = {c: min(r[x][c] for x in cells) for c in labels}
     agent = [x for x in cells if x[0].startswith(("codex", "bailian", "mooncake"))]
@@ -260,22 +285,25 @@ def winner(r: dict[tuple[str, int], dict[str, float]], labels: list[str]) -> tup
     top = max(worst.values())
     near = [c for c in labels if worst[c] >= top - 0.005]
     pick = min(near, key=lambda c: (-round(worst_agent[c], 3), len(CANDIDATES[c][1])))
-    if worst[pick] <= worst["default"] + 0.01:
-        pick = "default"
+    if worst[pick] <= worst[incumbent] + 0.01:
+        pick = incumbent
     return pick, worst
 
 
-def table(runs: list[dict[str, Any]], instrument: str, ladders: dict[str, list[float]], select: bool = True) -> str:
+def table(
+    runs: list[dict[str, Any]], instrument: str, ladders: dict[str, list[float]], select: bool = True, rnd: int = 1
+) -> str:
     r = ratios(runs, instrument)
     pk = [peaks(runs, instrument, k) for k in range(len(SLO_NAMES))]
     order = list(ladders)
     cols = sorted(r, key=lambda c: (c[1], order.index(c[0])))
-    labels = [c for c in CANDIDATES if all(c in r[x] for x in cols)]
+    labels = [c for c in ROUND_LABELS[rnd] if all(c in r[x] for x in cols)]
     lines = [
         "| label | worst | " + " | ".join(f"{p} ({SLO_NAMES[k]})" for p, k in cols) + " |",
         "|---|---:|" + "---:|" * len(cols),
     ]
-    pick, worst = winner(r, labels) if labels and "default" in labels else ("–", {})
+    incumbent = INCUMBENT[rnd]
+    pick, worst = winner(r, labels, incumbent) if labels and incumbent in labels else ("–", {})
     for label in [*labels, *BASELINES]:
         cells = []
         for p, k in cols:
@@ -296,13 +324,13 @@ def table(runs: list[dict[str, Any]], instrument: str, ladders: dict[str, list[f
     return "\n".join(lines)
 
 
-def cell_table(runs: list[dict[str, Any]], instrument: str, ladders: dict[str, list[float]]) -> str:
-    """The same ratios with a row per cell (for the docs): every candidate, then the best baseline."""
+def cell_table(runs: list[dict[str, Any]], instrument: str, ladders: dict[str, list[float]], rnd: int = 1) -> str:
+    """The same ratios with a row per cell (for the docs): the round's candidates, then the best baseline."""
     r = ratios(runs, instrument)
     pk = [peaks(runs, instrument, k) for k in range(len(SLO_NAMES))]
     order = list(ladders)
     cols = sorted(r, key=lambda c: (c[1], order.index(c[0])))
-    labels = [c for c in CANDIDATES if all(c in r[x] for x in cols)]
+    labels = [c for c in ROUND_LABELS[rnd] if all(c in r[x] for x in cols)]
     lines = ["| cell | " + " | ".join(labels) + " | best baseline |", "|---|" + "---:|" * len(labels) + "---|"]
     for p, k in cols:
         b = max((x for x in BASELINES if x in pk[k][p]), key=lambda x: pk[k][p][x][0])
@@ -327,24 +355,25 @@ def main() -> int:
     p.add_argument("--table", action="store_true")
     p.add_argument("--cells", action="store_true", help="print the ratios with a row per cell")
     p.add_argument("--report", metavar="LABEL", help="the frozen winner: run it, today's default and the baselines")
+    p.add_argument("--round", type=int, choices=(1, 2), default=1, help="which round's candidates and rule")
     args = p.parse_args()
     points = points_of(REPORT_FAMILIES) if args.report else POINTS
     if args.report:
         args.data = args.data.with_name(args.data.stem + "_report.json")
-        args.labels = ";".join(dict.fromkeys(["default", args.report, *BASELINES]))
+        args.labels = ";".join(dict.fromkeys([INCUMBENT[args.round], args.report, *BASELINES]))
         args.run = True
     ladders = probe(args.data, args.traces, args.jobs, args.instrument, points)
     if args.probe:
         print(json.dumps(ladders, indent=1))
     if args.run:
         chosen = {k: v for k, v in ladders.items() if not args.points or k in args.points.split(",")}
-        labels = args.labels.split(";") if args.labels else [*CANDIDATES, *BASELINES]
+        labels = args.labels.split(";") if args.labels else [*ROUND_LABELS[args.round], *BASELINES]
         execute(args.data, specs(args.instrument, args.traces, chosen, labels, SEEDS), args.jobs)
     if args.run or args.table:
         runs = json.loads(args.data.read_text())["runs"]
-        print(table(runs, args.instrument, ladders, select=not args.report))
+        print(table(runs, args.instrument, ladders, select=not args.report, rnd=args.round))
     if args.cells:
-        print(cell_table(json.loads(args.data.read_text())["runs"], args.instrument, ladders))
+        print(cell_table(json.loads(args.data.read_text())["runs"], args.instrument, ladders, rnd=args.round))
     return 0
 
 

@@ -780,6 +780,8 @@ def v2_fields(rnd: random.Random) -> dict[str, Any]:
         "smetric_store_pricing": rnd.choice([True, False]),
         # The displacement guard, off, short (the stream's gaps: some instances churn), long.
         "smetric_retention_s": rnd.choice([0.0, 0.0, 0.05, 0.3, 5.0]),
+        # The KV-bound regime, off or at shares the stream's small capacities reach.
+        "smetric_kv_bound_share": rnd.choice([0.0, 0.0, 0.1, 0.3, 0.6]),
     }
 
 

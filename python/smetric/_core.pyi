@@ -189,6 +189,7 @@ class RouterConfig:
         smetric_kv_fit: bool = ...,
         smetric_growth_headroom_tokens: float = ...,
         smetric_retention_s: float = ...,
+        smetric_kv_bound_share: float = ...,
         smetric_rule: SmetricRule = ...,
         smetric_l_eq_tokens: float = ...,
         smetric_ttft_slack: float = ...,
@@ -263,6 +264,8 @@ class RouterConfig:
     def smetric_growth_headroom_tokens(self) -> float: ...
     @property
     def smetric_retention_s(self) -> float: ...
+    @property
+    def smetric_kv_bound_share(self) -> float: ...
     @property
     def smetric_rule(self) -> SmetricRule: ...
     @property

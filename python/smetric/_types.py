@@ -139,6 +139,7 @@ Reason: TypeAlias = Literal[
     "follow-up: sticky (no instance meets TTFT budget)",
     "follow-up: migrate (home would break a live decode)",
     "follow-up: sticky (every target churning)",
+    "follow-up: sticky (fleet KV-bound)",
 ]
 """Why a policy chose an instance (``Decision.reason``; the keys of ``stats()["reasons"]``)."""
 
@@ -213,6 +214,7 @@ class RouterConfigFields(TypedDict):
     smetric_kv_fit: bool
     smetric_growth_headroom_tokens: float
     smetric_retention_s: float
+    smetric_kv_bound_share: float
     smetric_rule: SmetricRule
     smetric_l_eq_tokens: float
     smetric_ttft_slack: float

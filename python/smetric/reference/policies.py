@@ -614,6 +614,10 @@ def smetric_paper(
     calm_targets = [i for i in placeable if calm(i)] if guard else []
     targets = calm_targets or placeable
     churning_everywhere = guard and not calm_targets
+    # The KV-bound regime: the fleet's in-flight prompts fill this share of its GPU KV.
+    kv_bound = cfg.smetric_kv_bound_share > 0.0 and float(
+        sum(c.active for c in cands)
+    ) >= cfg.smetric_kv_bound_share * capacity * float(len(cands))
 
     if req.first_turn:
         return argmin(targets, score, rng), "first-turn: least-loaded"
@@ -632,6 +636,8 @@ def smetric_paper(
         compared = pending if cfg.smetric_migration == "work" else score
         if compared(home) <= (1.0 + cfg.smetric_migration_margin) * compared(best):
             return home, "follow-up: sticky"
+        if kv_bound:
+            return home, "follow-up: sticky (fleet KV-bound)"
         return best, "follow-up: migrate (cheaper elsewhere)"
     if meets(home):
         return home, "follow-up: sticky"
@@ -639,4 +645,6 @@ def smetric_paper(
         return home, "follow-up: sticky (no instance meets TTFT budget)"
     if churning_everywhere:
         return home, "follow-up: sticky (every target churning)"
+    if kv_bound:
+        return home, "follow-up: sticky (fleet KV-bound)"
     return argmin(targets, score, rng), "follow-up: migrate (home misses TTFT budget)"

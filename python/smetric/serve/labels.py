@@ -45,6 +45,8 @@ ESTABLISHED: dict[str, str] = {
     "follow-up: migrate (home would break a live decode)": "migrated-unsafe",
     # The displacement guard's (`smetric_retention_s`).
     "follow-up: sticky (every target churning)": "sticky-churning",
+    # The KV-bound regime's (`smetric_kv_bound_share`).
+    "follow-up: sticky (fleet KV-bound)": "sticky-kv-bound",
 }
 """smetric's reasons with a short label chosen by hand (dashboards match on them); a reason missing
 here still gets its slug (rule 3), so nothing is ever unlabelled."""

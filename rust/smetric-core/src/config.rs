@@ -324,6 +324,12 @@ pub struct RouterConfig {
     /// A follow-up whose home still holds its prefix leaves it only for an instance that is
     /// not churning, and other placements prefer one while any is. 0 turns the guard off.
     pub smetric_retention_s: f64,
+    /// `smetric` v2, the KV-bound regime: while the candidates' in-flight prompt tokens fill at
+    /// least this share of their GPU KV (`local_capacity_blocks` × block size each), a follow-up
+    /// whose home still holds its prefix is not moved by the TTFT gate or the cost rule: a move
+    /// brings its whole prefix into a pool that is the binding resource, and what it displaces
+    /// moves in turn (docs/results.md §21). 0: never.
+    pub smetric_kv_bound_share: f64,
     /// `smetric`: the rule (v1 thresholds, v2 SLO feasibility). `min_local_hit_ratio` is the
     /// eviction test of both (v2's HIT_RATIO); `smetric_kv_fit`, its headroom and
     /// `smetric_migration` / `smetric_migration_margin` apply to both.
@@ -422,6 +428,7 @@ impl RouterConfig {
         smetric_kv_fit: true,
         smetric_growth_headroom_tokens: 0.0,
         smetric_retention_s: 0.0,
+        smetric_kv_bound_share: 0.0,
         smetric_rule: SmetricRule::V2,
         smetric_l_eq_tokens: L_EQ_QWEN3_CODER_30B_A3B,
         smetric_ttft_slack: 1.0,
@@ -463,6 +470,7 @@ impl RouterConfig {
         smetric_kv_fit: false,
         smetric_growth_headroom_tokens: 0.0,
         smetric_retention_s: 0.0,
+        smetric_kv_bound_share: 0.0,
         smetric_rule: SmetricRule::V1,
         ..RouterConfig::DEFAULT
     };
@@ -498,6 +506,7 @@ impl RouterConfig {
             smetric_kv_fit: p.smetric_kv_fit,
             smetric_growth_headroom_tokens: p.smetric_growth_headroom_tokens,
             smetric_retention_s: p.smetric_retention_s,
+            smetric_kv_bound_share: p.smetric_kv_bound_share,
             smetric_rule: p.smetric_rule,
             smetric_l_eq_tokens: p.smetric_l_eq_tokens,
             smetric_ttft_slack: p.smetric_ttft_slack,
@@ -612,6 +621,7 @@ impl RouterConfig {
         finite_non_negative("smetric_migration_margin", self.smetric_migration_margin)?;
         finite_non_negative("smetric_growth_headroom_tokens", self.smetric_growth_headroom_tokens)?;
         finite_non_negative("smetric_retention_s", self.smetric_retention_s)?;
+        finite_non_negative("smetric_kv_bound_share", self.smetric_kv_bound_share)?;
         finite_positive("smetric_l_eq_tokens", self.smetric_l_eq_tokens)?;
         finite_non_negative("smetric_ttft_slack", self.smetric_ttft_slack)?;
         finite_non_negative("smetric_ttft_base_s", self.smetric_ttft_base_s)?;

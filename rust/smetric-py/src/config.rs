@@ -51,6 +51,7 @@ impl PyRouterConfig {
         smetric_kv_fit = D.smetric_kv_fit,
         smetric_growth_headroom_tokens = D.smetric_growth_headroom_tokens,
         smetric_retention_s = D.smetric_retention_s,
+        smetric_kv_bound_share = D.smetric_kv_bound_share,
         smetric_rule = D.smetric_rule.name(),
         smetric_l_eq_tokens = D.smetric_l_eq_tokens,
         smetric_ttft_slack = D.smetric_ttft_slack,
@@ -102,6 +103,7 @@ impl PyRouterConfig {
         smetric_kv_fit: bool,
         smetric_growth_headroom_tokens: f64,
         smetric_retention_s: f64,
+        smetric_kv_bound_share: f64,
         smetric_rule: &str,
         smetric_l_eq_tokens: f64,
         smetric_ttft_slack: f64,
@@ -151,6 +153,7 @@ impl PyRouterConfig {
             smetric_kv_fit,
             smetric_growth_headroom_tokens,
             smetric_retention_s,
+            smetric_kv_bound_share,
             smetric_rule: SmetricRule::parse(smetric_rule).py()?,
             smetric_l_eq_tokens,
             smetric_ttft_slack,
@@ -282,6 +285,10 @@ impl PyRouterConfig {
     #[getter]
     fn smetric_retention_s(&self) -> f64 {
         self.inner.smetric_retention_s
+    }
+    #[getter]
+    fn smetric_kv_bound_share(&self) -> f64 {
+        self.inner.smetric_kv_bound_share
     }
     #[getter]
     fn smetric_rule(&self) -> &'static str {
@@ -424,6 +431,7 @@ impl PyRouterConfig {
         d.set_item("smetric_kv_fit", c.smetric_kv_fit)?;
         d.set_item("smetric_growth_headroom_tokens", c.smetric_growth_headroom_tokens)?;
         d.set_item("smetric_retention_s", c.smetric_retention_s)?;
+        d.set_item("smetric_kv_bound_share", c.smetric_kv_bound_share)?;
         d.set_item("smetric_rule", c.smetric_rule.name())?;
         d.set_item("smetric_l_eq_tokens", c.smetric_l_eq_tokens)?;
         d.set_item("smetric_ttft_slack", c.smetric_ttft_slack)?;

@@ -250,6 +250,9 @@ pub enum Reason {
     /// `smetric` v2 with the displacement guard, follow-up kept at its home although its rule
     /// would move it: every instance it could move to is churning (`smetric_retention_s`).
     StayChurning,
+    /// `smetric` v2 in the KV-bound regime (`smetric_kv_bound_share`), follow-up kept at its
+    /// home although its rule would move it: the fleet's GPU KV is the binding resource.
+    StayKvBound,
 }
 
 impl Reason {
@@ -285,11 +288,12 @@ impl Reason {
             Self::StayNoneFeasible => "follow-up: sticky (no instance meets TTFT budget)",
             Self::MigrateUnsafe => "follow-up: migrate (home would break a live decode)",
             Self::StayChurning => "follow-up: sticky (every target churning)",
+            Self::StayKvBound => "follow-up: sticky (fleet KV-bound)",
         }
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 30] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
@@ -319,6 +323,7 @@ impl Reason {
         Self::StayNoneFeasible,
         Self::MigrateUnsafe,
         Self::StayChurning,
+        Self::StayKvBound,
     ];
 }
 

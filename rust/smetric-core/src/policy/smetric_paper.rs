@@ -51,6 +51,12 @@
 //!   while one is a target; a follow-up whose home still holds its prefix (the gate's or the
 //!   cost rule's move) stays home when every target churns
 //!   (`sticky (every target churning)`);
+//! * `smetric_kv_bound_share` `K` (the KV-bound regime, measured per decision): while the
+//!   candidates' in-flight prompt tokens `Σ a_i` are at least `K × N × capacity`, a follow-up
+//!   whose home still holds its prefix stays there when its rule would move it
+//!   (`sticky (fleet KV-bound)`; a forced move — home evicted, without room, unsafe — still
+//!   moves). Where GPU KV binds a move brings a whole prefix into the binding resource and what
+//!   it displaces moves in turn; where it does not, moves spread prefill and decode load;
 //! * `smetric_migration = cost | work | fetch` replaces the gate (everywhere, or where the tier
 //!   holds at least `HIT_RATIO` of the prompt for `fetch`): the home is kept while its score
 //!   (`cost`) or its `e` (`work`) is at most `1 + smetric_migration_margin` times the best
@@ -118,6 +124,9 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     let least = |fallback: usize| argmin_by(c.len(), input.rng, target, score).unwrap_or(fallback);
     // A voluntary move (the home still holds the prefix and may keep it) needs a calm target.
     let churning_everywhere = guard && !any_calm;
+    // The KV-bound regime: the fleet's in-flight prompts fill this share of its GPU KV.
+    let kv_bound = cfg.smetric_kv_bound_share > 0.0
+        && c.iter().map(|x| x.active).sum::<u64>() as f64 >= cfg.smetric_kv_bound_share * capacity * c.len() as f64;
 
     if input.first_turn {
         return Selection {
@@ -173,6 +182,11 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
                 index: home,
                 reason: Reason::Sticky,
             }
+        } else if kv_bound {
+            Selection {
+                index: home,
+                reason: Reason::StayKvBound,
+            }
         } else {
             Selection {
                 index: best,
@@ -196,6 +210,12 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
         return Selection {
             index: home,
             reason: Reason::StayChurning,
+        };
+    }
+    if kv_bound {
+        return Selection {
+            index: home,
+            reason: Reason::StayKvBound,
         };
     }
     Selection {
@@ -588,5 +608,51 @@ mod tests {
         c[2].evicted_age_s = Some(600.0);
         assert_eq!(select(&input(&c, N, true, &guarded, &rng)).index, 2);
         assert_eq!(select(&input(&c, N, true, &CFG, &rng)).index, 0);
+    }
+
+    #[test]
+    fn the_kv_bound_regime_keeps_a_follow_up_home_that_its_rule_would_move() {
+        let rng = DrawCounter::new(0);
+        let bound = RouterConfig {
+            smetric_kv_bound_share: 0.5,
+            local_capacity_blocks: 1_000, // 16,000 tokens of KV each: 32,000 on two instances
+            ..CFG
+        };
+        // The gate's move (home 1 misses, instance 0 meets), 15,999 prompt tokens in flight.
+        let mut c = [inst(0, 0, 0, 0, 2.0 * RATE), inst(1, 15_000, 5, 30_000, RATE)];
+        c[1].active = 15_999;
+        let moved = Selection {
+            index: 0,
+            reason: Reason::MigrateInfeasible,
+        };
+        assert_eq!(select(&input(&c, N, false, &bound, &rng)), moved);
+        // 16,000 of 32,000: half the fleet's KV, the regime is KV-bound.
+        c[1].active = 16_000;
+        let kept = Selection {
+            index: 1,
+            reason: Reason::StayKvBound,
+        };
+        assert_eq!(select(&input(&c, N, false, &bound, &rng)), kept);
+        // Off (the default), the same fleet moves it.
+        let off = RouterConfig {
+            smetric_kv_bound_share: 0.0,
+            ..bound
+        };
+        assert_eq!(select(&input(&c, N, false, &off, &rng)), moved);
+        // The cost rule's move is kept home too.
+        let cost = RouterConfig {
+            smetric_migration: MigrationRule::Cost,
+            smetric_migration_margin: 0.0,
+            ..bound
+        };
+        assert_eq!(select(&input(&c, N, false, &cost, &rng)), kept);
+        // A forced move still moves: the home lost its KV$.
+        c[1].local_hit_tokens = 0;
+        assert_eq!(
+            select(&input(&c, N, false, &bound, &rng)).reason,
+            Reason::MigrateEvicted
+        );
+        // First turns are placed as before.
+        assert_eq!(select(&input(&c, N, true, &bound, &rng)).index, 0);
     }
 }

@@ -1,14 +1,16 @@
-"""The displacement guard (``smetric_retention_s``) at results §21's three probe points: tuning
-data only (Codex seed 0, Bailian seed 0, the Weka tuning window, all with LMCache), arrival seed
-0, one run each at the best baseline's peak load, on the calibrated instrument of
-``scripts/default_rule.py``. A probe, not a selection: nothing is chosen from it.
+"""``smetric`` settings at results §21's three probe points: tuning data only (Codex seed 0,
+Bailian seed 0, the Weka tuning window, all with LMCache), arrival seed 0, one run each at the
+best baseline's peak load, on the calibrated instrument of ``scripts/default_rule.py``. Each
+setting is ``LABEL=JSON``: ``RouterConfig`` fields over today's default. A probe, not a
+selection: nothing is chosen from it.
 
-    .venv/bin/python scripts/retention_probe.py 0 30 120 300 600 1800
+    .venv/bin/python scripts/regime_probe.py 'R0={}' 'R600={"smetric_retention_s": 600}'
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -24,13 +26,13 @@ POINTS = {"codex-0 lmcache": [0.2], "bailian-0 lmcache": [0.7], "weka-0476 lmcac
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("retention_s", nargs="+", type=float, help="windows to try, seconds (0: the guard off)")
+    parser.add_argument("settings", nargs="+", help="LABEL=JSON: RouterConfig fields over the default")
     parser.add_argument("--traces", type=Path, default=dr.ROOT.parent / "shared" / "traces")
     args = parser.parse_args()
     labels = []
-    for r in args.retention_s:
-        label = f"gate R{r:g}"
-        dr.CANDIDATES[label] = ("smetric", {"smetric_migration": "threshold", "smetric_retention_s": r})
+    for setting in args.settings:
+        label, _, fields = setting.partition("=")
+        dr.CANDIDATES[label] = ("smetric", json.loads(fields or "{}"))
         labels.append(label)
     rows = dr.specs("calibrated", args.traces, POINTS, labels, (0,))
     results = {r.spec: r for r in run_grid([s for _, s in rows], jobs=2, progress=True, skip_failures=True)}
