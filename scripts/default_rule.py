@@ -125,20 +125,27 @@ BASELINES = (
     "power_of_two",
 )
 """Every best baseline of ``docs/results.md`` §13–16 and the reproduction's non-SMetric arms."""
-_GATE = {"smetric_migration": "threshold"}
+_GATE = {"smetric_migration": "threshold", "smetric_kv_bound_share": 0.0}
 CANDIDATES: dict[str, tuple[str, dict[str, Any]]] = {
-    "default": ("smetric", {"smetric_migration": "fetch", "smetric_migration_margin": 4.0}),
+    "default": (
+        "smetric",
+        {"smetric_migration": "fetch", "smetric_migration_margin": 4.0, "smetric_kv_bound_share": 0.0},
+    ),
     "smetric_paper": POLICY_VARIANTS["smetric_paper"],
     "smetric_v2_port": POLICY_VARIANTS["smetric_v2_port"],
     "smetric_v1": POLICY_VARIANTS["smetric_v1"],
-    "fetch 16": ("smetric", {"smetric_migration": "fetch", "smetric_migration_margin": 16.0}),
+    "fetch 16": (
+        "smetric",
+        {"smetric_migration": "fetch", "smetric_migration_margin": 16.0, "smetric_kv_bound_share": 0.0},
+    ),
     "gate": ("smetric", _GATE),
     "gate slack 2": ("smetric", {**_GATE, "smetric_ttft_slack": 2.0}),
     "gate slack 4": ("smetric", {**_GATE, "smetric_ttft_slack": 4.0}),
     "gate slack 8": ("smetric", {**_GATE, "smetric_ttft_slack": 8.0}),
 }
 """label → (policy, ``RouterConfig`` fields over ``RouterConfig::DEFAULT``; each sets its migration rule,
-so the labels keep their meaning whatever the default is). ``default`` is the default this study
+so the labels keep their meaning whatever the default is; round 1's labels also switch the KV-bound
+regime off, which came after them). ``default`` is the default this study
 started from (until 2026-12-05): the v2 rule with KV-fit and fetch-priced migration at margin 4
 (results §15's V17); ``gate`` is the same with the paper's TTFT-feasibility gate instead of the
 margin (the study's winner, the default since), ``gate slack S`` loosens that gate's budget

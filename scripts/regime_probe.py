@@ -4,7 +4,8 @@ best baseline's peak load, on the calibrated instrument of ``scripts/default_rul
 setting is ``LABEL=JSON``: ``RouterConfig`` fields over today's default. A probe, not a
 selection: nothing is chosen from it.
 
-    .venv/bin/python scripts/regime_probe.py 'R0={}' 'R600={"smetric_retention_s": 600}'
+    .venv/bin/python scripts/regime_probe.py 'default={}' \
+        'gate={"smetric_migration": "threshold", "smetric_kv_bound_share": 0}'
 """
 
 from __future__ import annotations

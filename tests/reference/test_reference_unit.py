@@ -738,7 +738,7 @@ def test_smetric_kv_fit_and_fetch_rule() -> None:
     rng = CounterRng(0)
     # 100 blocks of 16 tokens: 1,600 tokens of KV per instance.
     cfg = ReferenceConfig(local_capacity_blocks=100)
-    assert (cfg.smetric_kv_fit, cfg.smetric_migration) == (True, "threshold")  # the defaults (results §21)
+    assert (cfg.smetric_kv_fit, cfg.smetric_migration, cfg.smetric_kv_bound_share) == (True, "fetch", 0.3)  # §21.1
     # Instance 1 is idle by the score but 1,200 tokens in flight leave no room for 1,000.
     cands = [cand(bs=2), cand(active=1200), cand(bs=3)]
     assert smetric_policy(cands, req(1000, first_turn=True), cfg, rng)[0] == 0

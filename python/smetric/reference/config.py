@@ -42,12 +42,12 @@ class ReferenceConfig:
     overload_slack_requests: int = 4
     smetric_active_weight: float = 0.0
     smetric_batch_term: bool = True
-    smetric_migration: str = "threshold"
+    smetric_migration: str = "fetch"
     smetric_migration_margin: float = 4.0
     smetric_kv_fit: bool = True
     smetric_growth_headroom_tokens: float = 0.0
     smetric_retention_s: float = 0.0
-    smetric_kv_bound_share: float = 0.0
+    smetric_kv_bound_share: float = 0.3
     smetric_rule: str = "v2"
     smetric_l_eq_tokens: float = 6923.0
     smetric_ttft_slack: float = 1.0

@@ -415,20 +415,20 @@ impl RouterConfig {
         overload_factor: 1.5,
         overload_slack_tokens: 8192.0,
         overload_slack_requests: 4.0,
-        // smetric (docs/results.md §21, issue 31 item 3): the paper's v2 rule with its TTFT
-        // gate plus KV-fit placement — the best worst cell (×0.833 of the best baseline) over
-        // the calibrated simulator's tuning grid (trace families × tier paths × both SLOs);
-        // §15's winner, the same with fetch-priced migration at margin 4, fell to ×0.812 there
-        // (Codex with LMCache). The margin stays 4 so `smetric_migration = fetch` alone is that
-        // rule again.
+        // smetric (docs/results.md §21, issue 31 items 2–3): the paper's v2 rule with KV-fit
+        // placement, fetch-priced migration at margin 4 (where the tier holds the prompt; the
+        // TTFT gate elsewhere) and the KV-bound regime switch at 0.3 — round 2's winner, worst
+        // cell ×0.899 of the best baseline over the calibrated simulator's tuning grid (trace
+        // families × tier paths × both SLOs), against ×0.833 for round 1's winner (the gate
+        // alone) and ×0.812 for §15's rule (the same without the switch).
         smetric_active_weight: 0.0,
         smetric_batch_term: true,
-        smetric_migration: MigrationRule::Threshold,
+        smetric_migration: MigrationRule::Fetch,
         smetric_migration_margin: 4.0,
         smetric_kv_fit: true,
         smetric_growth_headroom_tokens: 0.0,
         smetric_retention_s: 0.0,
-        smetric_kv_bound_share: 0.0,
+        smetric_kv_bound_share: 0.3,
         smetric_rule: SmetricRule::V2,
         smetric_l_eq_tokens: L_EQ_QWEN3_CODER_30B_A3B,
         smetric_ttft_slack: 1.0,
