@@ -124,9 +124,12 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     let least = |fallback: usize| argmin_by(c.len(), input.rng, target, score).unwrap_or(fallback);
     // A voluntary move (the home still holds the prefix and may keep it) needs a calm target.
     let churning_everywhere = guard && !any_calm;
-    // The KV-bound regime: the fleet's in-flight prompts fill this share of its GPU KV.
-    let kv_bound = cfg.smetric_kv_bound_share > 0.0
-        && c.iter().map(|x| x.active).sum::<u64>() as f64 >= cfg.smetric_kv_bound_share * capacity * c.len() as f64;
+    // The KV-bound regime: the fleet's in-flight prompts fill this share of its GPU KV. Asked
+    // only of a voluntary move (one pass over the candidates), not of every decision.
+    let kv_bound = || {
+        cfg.smetric_kv_bound_share > 0.0
+            && c.iter().map(|x| x.active).sum::<u64>() as f64 >= cfg.smetric_kv_bound_share * capacity * c.len() as f64
+    };
 
     if input.first_turn {
         return Selection {
@@ -182,7 +185,7 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
                 index: home,
                 reason: Reason::Sticky,
             }
-        } else if kv_bound {
+        } else if kv_bound() {
             Selection {
                 index: home,
                 reason: Reason::StayKvBound,
@@ -212,7 +215,7 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
             reason: Reason::StayChurning,
         };
     }
-    if kv_bound {
+    if kv_bound() {
         return Selection {
             index: home,
             reason: Reason::StayKvBound,
