@@ -107,6 +107,7 @@ def bench_inputs(calls: int) -> list[tuple[str, float, float]]:
 
 SMETRIC_FORMS: dict[str, RouterConfig] = {
     "defaults": RouterConfig(),
+    "the TTFT gate alone (round 1's default)": RouterConfig(smetric_migration="threshold", smetric_kv_bound_share=0.0),
     "v1 (RouterConfig().v1())": RouterConfig().v1(),
     "v2 (RouterConfig().paper())": RouterConfig().paper(),
 }

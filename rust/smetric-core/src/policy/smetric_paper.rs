@@ -89,7 +89,8 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
         if input.prefill_only {
             pending(i)
         } else if cfg.smetric_batch_term {
-            load(i) * c[i].bs as f64
+            // An idle instance scores 0 whatever its load (finite, never negative): no work to price.
+            if c[i].bs == 0 { 0.0 } else { load(i) * c[i].bs as f64 }
         } else {
             load(i)
         }
@@ -172,6 +173,21 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
                 reason: Reason::StayChurning,
             };
         }
+        let margin = 1.0 + cfg.smetric_migration_margin;
+        if cfg.smetric_migration != MigrationRule::Work {
+            // The home stays when its score is within the margin of the least. Asked in one
+            // pass before the argmin, a stay skips the argmin's second pass over the ties (an
+            // idle fleet ties everywhere); it takes the argmin's tie draw all the same, so the
+            // draws — and every later decision — are the ones the argmin would have made.
+            let (least_score, ties) = least_and_ties((0..c.len()).filter(|&i| target(i)).map(score));
+            if score(home) <= margin * least_score {
+                input.rng.pick(ties);
+                return Selection {
+                    index: home,
+                    reason: Reason::Sticky,
+                };
+            }
+        }
         let best = least(home);
         let compared = |i: usize| {
             if cfg.smetric_migration == MigrationRule::Work {
@@ -180,7 +196,7 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
                 score(i)
             }
         };
-        return if compared(home) <= (1.0 + cfg.smetric_migration_margin) * compared(best) {
+        return if compared(home) <= margin * compared(best) {
             Selection {
                 index: home,
                 reason: Reason::Sticky,
@@ -225,6 +241,21 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
         index: least(home),
         reason: Reason::MigrateInfeasible,
     }
+}
+
+/// The least of `scores` and how many equal it (exact float equality, as [`argmin_by`]'s ties);
+/// `(∞, 0)` when there are none.
+#[allow(clippy::float_cmp)]
+fn least_and_ties(scores: impl Iterator<Item = f64>) -> (f64, usize) {
+    scores.fold((f64::INFINITY, 0), |(least, ties), s| {
+        if ties == 0 || s < least {
+            (s, 1)
+        } else if s == least {
+            (least, ties + 1)
+        } else {
+            (least, ties)
+        }
+    })
 }
 
 #[cfg(test)]
