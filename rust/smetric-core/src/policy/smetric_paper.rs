@@ -689,4 +689,42 @@ mod tests {
         // First turns are placed as before.
         assert_eq!(select(&input(&c, N, true, &bound, &rng)).index, 0);
     }
+
+    #[test]
+    fn a_fetch_rule_stay_takes_the_argmins_tie_draw() {
+        // Three idle instances (score 0 each: a three-way tie), the tier holds the prompt so the
+        // fetch rule decides; the home stays. The argmin the stay skips would have drawn once
+        // for its tie, and the stay must too, or every later tie breaks differently.
+        let fetch = RouterConfig {
+            smetric_migration: MigrationRule::Fetch,
+            ..CFG
+        };
+        let c = [
+            inst(0, 0, 0, 0, RATE),
+            inst(1, 15_000, 0, 0, RATE),
+            inst(2, 0, 0, 0, RATE),
+        ];
+        let rng = DrawCounter::new(0);
+        let mut sel = input(&c, N, false, &fetch, &rng);
+        sel.global_hit_tokens = N;
+        assert_eq!(
+            select(&sel),
+            Selection {
+                index: 1,
+                reason: Reason::Sticky
+            }
+        );
+        assert_eq!(rng.draws(), 1);
+        // A single least score takes no draw.
+        let c = [
+            inst(0, 0, 1, 9_000, RATE),
+            inst(1, 15_000, 0, 0, RATE),
+            inst(2, 0, 2, 9_000, RATE),
+        ];
+        let rng = DrawCounter::new(0);
+        let mut sel = input(&c, N, false, &fetch, &rng);
+        sel.global_hit_tokens = N;
+        assert_eq!(select(&sel).index, 1);
+        assert_eq!(rng.draws(), 0);
+    }
 }
