@@ -178,7 +178,8 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
             // The home stays when its score is within the margin of the least. Asked in one
             // pass before the argmin, a stay skips the argmin's second pass over the ties (an
             // idle fleet ties everywhere); it takes the argmin's tie draw all the same, so the
-            // draws — and every later decision — are the ones the argmin would have made.
+            // draws — and every later decision — are the ones the argmin would have made (the
+            // draw's value is not used: only whether it happens, `ties > 1`).
             let (least_score, ties) = least_and_ties((0..c.len()).filter(|&i| target(i)).map(score));
             if score(home) <= margin * least_score {
                 input.rng.pick(ties);
@@ -243,19 +244,25 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     }
 }
 
-/// The least of `scores` and how many equal it (exact float equality, as [`argmin_by`]'s ties);
-/// `(∞, 0)` when there are none.
+/// The least of `scores` and how many equal it (exact float equality, as [`argmin_by`]'s ties),
+/// except that the count stops at two once two scores are 0: scores are never negative (every
+/// term of one is validated non-negative), so two zeros settle both the least and that the
+/// argmin would draw — all a stay needs. `(∞, 0)` when there are none. O(candidates), and O(1)
+/// past the second idle target (an idle instance scores 0 co-located).
 #[allow(clippy::float_cmp)]
 fn least_and_ties(scores: impl Iterator<Item = f64>) -> (f64, usize) {
-    scores.fold((f64::INFINITY, 0), |(least, ties), s| {
+    let (mut least, mut ties) = (f64::INFINITY, 0);
+    for s in scores {
         if ties == 0 || s < least {
-            (s, 1)
+            (least, ties) = (s, 1);
         } else if s == least {
-            (least, ties + 1)
-        } else {
-            (least, ties)
+            ties += 1;
+            if least <= 0.0 {
+                break;
+            }
         }
-    })
+    }
+    (least, ties)
 }
 
 #[cfg(test)]
@@ -726,5 +733,23 @@ mod tests {
         sel.global_hit_tokens = N;
         assert_eq!(select(&sel).index, 1);
         assert_eq!(rng.draws(), 0);
+    }
+
+    #[test]
+    #[allow(clippy::float_cmp)]
+    fn least_and_ties_stops_at_two_zeros_and_agrees_with_a_full_count_on_the_draw() {
+        assert_eq!(least_and_ties([3.0, 0.0, 5.0, 0.0, 0.0, 0.0].into_iter()), (0.0, 2));
+        assert_eq!(least_and_ties([3.0, 2.0, 5.0, 2.0, 2.0].into_iter()), (2.0, 3));
+        assert_eq!(least_and_ties(std::iter::empty()), (f64::INFINITY, 0));
+        // What a stay reads — the least, and whether the argmin draws — equals a full count's.
+        let rng = DrawCounter::new(3);
+        for _ in 0..2_000 {
+            let scores: Vec<f64> = (0..=rng.pick(8)).map(|_| [0.0, 0.0, 1.0, 7.0][rng.pick(4)]).collect();
+            let (least, ties) = least_and_ties(scores.iter().copied());
+            let full_least = scores.iter().copied().fold(f64::INFINITY, f64::min);
+            let full_ties = scores.iter().filter(|&&s| s == full_least).count();
+            assert_eq!(least, full_least, "{scores:?}");
+            assert_eq!(ties > 1, full_ties > 1, "{scores:?}");
+        }
     }
 }
