@@ -49,6 +49,22 @@ R over the Codex, Bailian and Mooncake cells, then to fewer fields changed; ``ga
 only if the winner's worst R beats its own (×0.833) by more than 0.01. What was looked at
 before: the three-point probes of ``scripts/regime_probe.py`` (tuning points, seed 0; results
 §21). The report set is run once after the winner is frozen: ``--round 2 --report LABEL``.
+
+**Round 3 (issue 31 item 2's decode half; written 2026-12-06, before any of its grid runs).** The
+candidates are :data:`ROUND3`: round 2's winner and today's default ``fetch kv 0.3`` with the
+decode budget (``smetric_tpot_budget_s`` T = 0.015, 0.02, 0.025 s per output token: the paper
+SLO's 20 ms and ±25%; each candidate's pace predicted from the router's online fit of finished
+streams against in-flight context; placements prefer instances predicted within T, and a stay
+whose home is predicted over T moves to the least score predicted within T that meets the TTFT
+budget, except while the fleet is KV-bound). Instrument, cells, ladders, seeds, baselines and
+statistic as above. The rule: the candidate of ``fetch kv 0.3`` and :data:`ROUND3` with the
+highest worst R over the 26 cells; ties within 0.005 to the better worst R over the Codex,
+Bailian and Mooncake cells, then to fewer fields changed; ``fetch kv 0.3`` is replaced only if
+the winner's worst R beats its own (×0.899) by more than 0.01. What was looked at before: the
+probes of results §21.2 (tuning points, arrival seed 0, one load each: Codex 0 with the Mooncake
+store and with LMCache at 0.17 and 0.2, Bailian 0 with LMCache at 0.7, Weka 0476 with LMCache at
+0.0805). The report set is run once after the winner is frozen, if it is not ``fetch kv 0.3``:
+``--round 3 --report LABEL``.
 """
 
 from __future__ import annotations
@@ -157,9 +173,19 @@ ROUND2: dict[str, tuple[str, dict[str, Any]]] = {
 }
 """Round 2's candidates (module doc): the KV-bound regime switch over ``gate`` and over the fetch rule."""
 CANDIDATES.update(ROUND2)
-INCUMBENT = {1: "default", 2: "gate"}
+ROUND3: dict[str, tuple[str, dict[str, Any]]] = {
+    f"fetch kv 0.3 tpot {t}": ("smetric", {**_FETCH, "smetric_kv_bound_share": 0.3, "smetric_tpot_budget_s": t})
+    for t in (0.015, 0.02, 0.025)
+}
+"""Round 3's candidates (module doc): the decode budget over round 2's winner."""
+CANDIDATES.update(ROUND3)
+INCUMBENT = {1: "default", 2: "gate", 3: "fetch kv 0.3"}
 """Each round's incumbent: the default its rule replaces only by a margin."""
-ROUND_LABELS = {1: [c for c in CANDIDATES if c not in ROUND2], 2: ["gate", *ROUND2]}
+ROUND_LABELS = {
+    1: [c for c in CANDIDATES if c not in ROUND2 and c not in ROUND3],
+    2: ["gate", *ROUND2],
+    3: ["fetch kv 0.3", *ROUND3],
+}
 """The candidates each round chooses among."""
 
 
@@ -362,7 +388,7 @@ def main() -> int:
     p.add_argument("--table", action="store_true")
     p.add_argument("--cells", action="store_true", help="print the ratios with a row per cell")
     p.add_argument("--report", metavar="LABEL", help="the frozen winner: run it, today's default and the baselines")
-    p.add_argument("--round", type=int, choices=(1, 2), default=1, help="which round's candidates and rule")
+    p.add_argument("--round", type=int, choices=(1, 2, 3), default=1, help="which round's candidates and rule")
     args = p.parse_args()
     points = points_of(REPORT_FAMILIES) if args.report else POINTS
     if args.report:

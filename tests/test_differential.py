@@ -782,6 +782,9 @@ def v2_fields(rnd: random.Random) -> dict[str, Any]:
         "smetric_retention_s": rnd.choice([0.0, 0.0, 0.05, 0.3, 5.0]),
         # The KV-bound regime, off or at shares the stream's small capacities reach.
         "smetric_kv_bound_share": rnd.choice([0.0, 0.0, 0.1, 0.3, 0.6]),
+        # The decode budget (`smetric_tpot_budget_s`) stays off: the reference router does not
+        # learn the pace fit (the reference policy's branches: `test_reference_unit.py`; the fit
+        # and the router's feed: `decode_model.rs`, `router/decode_budget_tests.rs`).
     }
 
 

@@ -141,6 +141,7 @@ fn bench_select(c: &mut Criterion) {
                 recent_cost_us: u64::from(i % 9) * 6_750_000,
                 decode_room_s: None,
                 evicted_age_s: None,
+                tpot_s: None,
             })
             .collect();
         let paper = RouterConfig::PAPER;

@@ -190,6 +190,7 @@ class RouterConfig:
         smetric_growth_headroom_tokens: float = ...,
         smetric_retention_s: float = ...,
         smetric_kv_bound_share: float = ...,
+        smetric_tpot_budget_s: float = ...,
         smetric_rule: SmetricRule = ...,
         smetric_l_eq_tokens: float = ...,
         smetric_ttft_slack: float = ...,
@@ -266,6 +267,8 @@ class RouterConfig:
     def smetric_retention_s(self) -> float: ...
     @property
     def smetric_kv_bound_share(self) -> float: ...
+    @property
+    def smetric_tpot_budget_s(self) -> float: ...
     @property
     def smetric_rule(self) -> SmetricRule: ...
     @property

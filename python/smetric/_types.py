@@ -140,6 +140,7 @@ Reason: TypeAlias = Literal[
     "follow-up: migrate (home would break a live decode)",
     "follow-up: sticky (every target churning)",
     "follow-up: sticky (fleet KV-bound)",
+    "follow-up: migrate (home misses TPOT budget)",
 ]
 """Why a policy chose an instance (``Decision.reason``; the keys of ``stats()["reasons"]``)."""
 
@@ -215,6 +216,7 @@ class RouterConfigFields(TypedDict):
     smetric_growth_headroom_tokens: float
     smetric_retention_s: float
     smetric_kv_bound_share: float
+    smetric_tpot_budget_s: float
     smetric_rule: SmetricRule
     smetric_l_eq_tokens: float
     smetric_ttft_slack: float

@@ -751,6 +751,30 @@ def test_smetric_kv_fit_and_fetch_rule() -> None:
     assert moved == (0, "follow-up: migrate (cheaper elsewhere)")
 
 
+def test_smetric_decode_budget_mirrors_the_core() -> None:
+    """The core's `the_decode_budget_moves_a_stay_off_a_home_predicted_over_it` case, on the
+    reference policy: the gate keeps the follow-up home; the home is predicted at 25 ms a token."""
+    from dataclasses import replace
+
+    from smetric.reference.policies import smetric_paper
+
+    rng = CounterRng(0)
+    budget = ReferenceConfig(smetric_migration="threshold", smetric_kv_bound_share=0.0, smetric_tpot_budget_s=0.02)
+    off = replace(budget, smetric_tpot_budget_s=0.0)
+    rate = 10_000.0
+    cands = [
+        replace(cand(), drain_rate=2 * rate, tpot_s=0.012),
+        replace(cand(hit=15_000, bs=5), queued_work=10_000, drain_rate=rate, tpot_s=0.025),
+        replace(cand(bs=1), queued_work=40_000, drain_rate=rate, tpot_s=0.015),
+    ]
+    assert smetric_paper(cands, req(16_000), budget, rng) == (0, "follow-up: migrate (home misses TPOT budget)")
+    assert smetric_paper(cands, req(16_000), off, rng) == (1, "follow-up: sticky")
+    paced_home = [cands[0], replace(cands[1], tpot_s=0.019), cands[2]]
+    assert smetric_paper(paced_home, req(16_000), budget, rng) == (1, "follow-up: sticky")
+    nowhere = [replace(cands[0], tpot_s=0.03), cands[1], cands[2]]
+    assert smetric_paper(nowhere, req(16_000), budget, rng) == (1, "follow-up: sticky")
+
+
 def test_router_ties_consume_draws_in_order() -> None:
     # Two idle instances tie under least_load: the first route draws once, picks by draw 0.
     r = router(("a", "b"), policy="least_load", seed=11)

@@ -48,6 +48,7 @@ class ReferenceConfig:
     smetric_growth_headroom_tokens: float = 0.0
     smetric_retention_s: float = 0.0
     smetric_kv_bound_share: float = 0.3
+    smetric_tpot_budget_s: float = 0.0
     smetric_rule: str = "v2"
     smetric_l_eq_tokens: float = 6923.0
     smetric_ttft_slack: float = 1.0
@@ -104,6 +105,7 @@ class ReferenceConfig:
             smetric_growth_headroom_tokens=0.0,
             smetric_retention_s=0.0,
             smetric_kv_bound_share=0.0,
+            smetric_tpot_budget_s=0.0,
             smetric_rule="v1",
             smetric_l_eq_tokens=d.smetric_l_eq_tokens,
             smetric_ttft_slack=d.smetric_ttft_slack,

@@ -62,6 +62,7 @@ class Candidate:
     recent_cost_us: int = 0  # `preble`: their AIBrix cost, microseconds
     name_hash: int = 0  # xxh3_64 of the instance's name: its identity to the hash policies (§6 item 15)
     evicted_age_s: float | None = None  # seconds since the newest block its GPU cache gave up was used (§6 item 8)
+    tpot_s: float | None = None  # predicted decode pace with the request added, s a token (§6 item 8)
 
 
 def evicted_age_s(evicted_touch_ms: int | None, now_ms: int) -> float | None:
@@ -614,6 +615,14 @@ def smetric_paper(
     calm_targets = [i for i in placeable if calm(i)] if guard else []
     targets = calm_targets or placeable
     churning_everywhere = guard and not calm_targets
+    # The decode budget: prefer instances predicted within it per output token.
+    tpot_budget = cfg.smetric_tpot_budget_s
+
+    def paced(i: int) -> bool:
+        p = cands[i].tpot_s
+        return tpot_budget <= 0.0 or p is None or p <= tpot_budget
+
+    targets = [i for i in targets if paced(i)] or targets
     # The KV-bound regime: the fleet's in-flight prompts fill this share of its GPU KV.
     kv_bound = cfg.smetric_kv_bound_share > 0.0 and float(
         sum(c.active for c in cands)
@@ -622,6 +631,14 @@ def smetric_paper(
     if req.first_turn:
         return argmin(targets, score, rng), "first-turn: least-loaded"
     home = argmin(keep_max(everyone, lambda i: float(cands[i].local_hit)), score, rng)
+
+    def unless_over_budget(stay: tuple[int, str]) -> tuple[int, str]:
+        """A stay stands unless the home is over the decode budget and a paced target meets."""
+        if paced(home):
+            return stay
+        ok = [i for i in targets if paced(i) and meets(i)]
+        return (argmin(ok, score, rng), "follow-up: migrate (home misses TPOT budget)") if ok else stay
+
     if float(cands[home].local_hit) <= cfg.min_local_hit_ratio * float(n):
         return argmin(targets, score, rng), "follow-up: migrate (local KV$ evicted)"
     if home not in placeable:
@@ -635,16 +652,16 @@ def smetric_paper(
         best = argmin(targets, score, rng)
         compared = pending if cfg.smetric_migration == "work" else score
         if compared(home) <= (1.0 + cfg.smetric_migration_margin) * compared(best):
-            return home, "follow-up: sticky"
+            return unless_over_budget((home, "follow-up: sticky"))
         if kv_bound:
-            return home, "follow-up: sticky (fleet KV-bound)"
+            return unless_over_budget((home, "follow-up: sticky (fleet KV-bound)"))
         return best, "follow-up: migrate (cheaper elsewhere)"
     if meets(home):
-        return home, "follow-up: sticky"
+        return unless_over_budget((home, "follow-up: sticky"))
     if not any(meets(i) for i in targets):
         return home, "follow-up: sticky (no instance meets TTFT budget)"
     if churning_everywhere:
         return home, "follow-up: sticky (every target churning)"
     if kv_bound:
-        return home, "follow-up: sticky (fleet KV-bound)"
+        return unless_over_budget((home, "follow-up: sticky (fleet KV-bound)"))
     return argmin(targets, score, rng), "follow-up: migrate (home misses TTFT budget)"

@@ -47,6 +47,8 @@ ESTABLISHED: dict[str, str] = {
     "follow-up: sticky (every target churning)": "sticky-churning",
     # The KV-bound regime's (`smetric_kv_bound_share`).
     "follow-up: sticky (fleet KV-bound)": "sticky-kv-bound",
+    # The decode budget's (`smetric_tpot_budget_s`).
+    "follow-up: migrate (home misses TPOT budget)": "migrated-tpot",
 }
 """smetric's reasons with a short label chosen by hand (dashboards match on them); a reason missing
 here still gets its slug (rule 3), so nothing is ever unlabelled."""

@@ -330,6 +330,14 @@ pub struct RouterConfig {
     /// brings its whole prefix into a pool that is the binding resource, and what it displaces
     /// moves in turn (docs/results.md §21). 0: never.
     pub smetric_kv_bound_share: f64,
+    /// `smetric` v2, the decode budget: seconds per output token a request may take (the
+    /// SLO's TPOT). Each candidate's decode pace with the request added is predicted from the
+    /// router's online fit of finished streams' paces against their instance's in-flight
+    /// context (`decode_model.rs`); placements prefer instances predicted within the budget
+    /// while one is, and a follow-up whose home is predicted over it, and that its rule would
+    /// keep there, moves to the least-scoring instance predicted within both budgets
+    /// (`migrate (home misses TPOT budget)`). 0: off (nothing is learned or predicted).
+    pub smetric_tpot_budget_s: f64,
     /// `smetric`: the rule (v1 thresholds, v2 SLO feasibility). `min_local_hit_ratio` is the
     /// eviction test of both (v2's HIT_RATIO); `smetric_kv_fit`, its headroom and
     /// `smetric_migration` / `smetric_migration_margin` apply to both.
@@ -429,6 +437,7 @@ impl RouterConfig {
         smetric_growth_headroom_tokens: 0.0,
         smetric_retention_s: 0.0,
         smetric_kv_bound_share: 0.3,
+        smetric_tpot_budget_s: 0.0,
         smetric_rule: SmetricRule::V2,
         smetric_l_eq_tokens: L_EQ_QWEN3_CODER_30B_A3B,
         smetric_ttft_slack: 1.0,
@@ -471,6 +480,7 @@ impl RouterConfig {
         smetric_growth_headroom_tokens: 0.0,
         smetric_retention_s: 0.0,
         smetric_kv_bound_share: 0.0,
+        smetric_tpot_budget_s: 0.0,
         smetric_rule: SmetricRule::V1,
         ..RouterConfig::DEFAULT
     };
@@ -507,6 +517,7 @@ impl RouterConfig {
             smetric_growth_headroom_tokens: p.smetric_growth_headroom_tokens,
             smetric_retention_s: p.smetric_retention_s,
             smetric_kv_bound_share: p.smetric_kv_bound_share,
+            smetric_tpot_budget_s: p.smetric_tpot_budget_s,
             smetric_rule: p.smetric_rule,
             smetric_l_eq_tokens: p.smetric_l_eq_tokens,
             smetric_ttft_slack: p.smetric_ttft_slack,
@@ -622,6 +633,7 @@ impl RouterConfig {
         finite_non_negative("smetric_growth_headroom_tokens", self.smetric_growth_headroom_tokens)?;
         finite_non_negative("smetric_retention_s", self.smetric_retention_s)?;
         finite_non_negative("smetric_kv_bound_share", self.smetric_kv_bound_share)?;
+        finite_non_negative("smetric_tpot_budget_s", self.smetric_tpot_budget_s)?;
         finite_positive("smetric_l_eq_tokens", self.smetric_l_eq_tokens)?;
         finite_non_negative("smetric_ttft_slack", self.smetric_ttft_slack)?;
         finite_non_negative("smetric_ttft_base_s", self.smetric_ttft_base_s)?;

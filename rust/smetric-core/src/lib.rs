@@ -24,6 +24,7 @@
 
 pub mod config;
 pub mod decode_contract;
+pub mod decode_model;
 pub mod drain_rate;
 pub mod error;
 pub mod fleet;

@@ -52,6 +52,7 @@ impl PyRouterConfig {
         smetric_growth_headroom_tokens = D.smetric_growth_headroom_tokens,
         smetric_retention_s = D.smetric_retention_s,
         smetric_kv_bound_share = D.smetric_kv_bound_share,
+        smetric_tpot_budget_s = D.smetric_tpot_budget_s,
         smetric_rule = D.smetric_rule.name(),
         smetric_l_eq_tokens = D.smetric_l_eq_tokens,
         smetric_ttft_slack = D.smetric_ttft_slack,
@@ -104,6 +105,7 @@ impl PyRouterConfig {
         smetric_growth_headroom_tokens: f64,
         smetric_retention_s: f64,
         smetric_kv_bound_share: f64,
+        smetric_tpot_budget_s: f64,
         smetric_rule: &str,
         smetric_l_eq_tokens: f64,
         smetric_ttft_slack: f64,
@@ -154,6 +156,7 @@ impl PyRouterConfig {
             smetric_growth_headroom_tokens,
             smetric_retention_s,
             smetric_kv_bound_share,
+            smetric_tpot_budget_s,
             smetric_rule: SmetricRule::parse(smetric_rule).py()?,
             smetric_l_eq_tokens,
             smetric_ttft_slack,
@@ -289,6 +292,10 @@ impl PyRouterConfig {
     #[getter]
     fn smetric_kv_bound_share(&self) -> f64 {
         self.inner.smetric_kv_bound_share
+    }
+    #[getter]
+    fn smetric_tpot_budget_s(&self) -> f64 {
+        self.inner.smetric_tpot_budget_s
     }
     #[getter]
     fn smetric_rule(&self) -> &'static str {
@@ -432,6 +439,7 @@ impl PyRouterConfig {
         d.set_item("smetric_growth_headroom_tokens", c.smetric_growth_headroom_tokens)?;
         d.set_item("smetric_retention_s", c.smetric_retention_s)?;
         d.set_item("smetric_kv_bound_share", c.smetric_kv_bound_share)?;
+        d.set_item("smetric_tpot_budget_s", c.smetric_tpot_budget_s)?;
         d.set_item("smetric_rule", c.smetric_rule.name())?;
         d.set_item("smetric_l_eq_tokens", c.smetric_l_eq_tokens)?;
         d.set_item("smetric_ttft_slack", c.smetric_ttft_slack)?;

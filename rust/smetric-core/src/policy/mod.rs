@@ -97,6 +97,11 @@ pub struct Candidate {
     /// whenever the guard is off (nobody reads it then). Read by `smetric` v2's displacement
     /// guard (`smetric_retention_s`).
     pub evicted_age_s: Option<f64>,
+    /// The predicted decode pace here with this request added, seconds per output token (the
+    /// router's fit, `decode_model.rs`, at this instance's in-flight context plus the
+    /// request's). `None` until the fit exists, and whenever the decode budget
+    /// (`smetric_tpot_budget_s`) is off. Read by `smetric` v2's decode budget.
+    pub tpot_s: Option<f64>,
 }
 
 /// The prefill work of computing `new_tokens` at the end of an `prompt_tokens`-token prompt,
@@ -253,6 +258,10 @@ pub enum Reason {
     /// `smetric` v2 in the KV-bound regime (`smetric_kv_bound_share`), follow-up kept at its
     /// home although its rule would move it: the fleet's GPU KV is the binding resource.
     StayKvBound,
+    /// `smetric` v2 with a decode budget (`smetric_tpot_budget_s`), follow-up moved: its home
+    /// is predicted over the budget per output token and another instance within it and
+    /// within the TTFT budget.
+    MigrateTpot,
 }
 
 impl Reason {
@@ -289,11 +298,12 @@ impl Reason {
             Self::MigrateUnsafe => "follow-up: migrate (home would break a live decode)",
             Self::StayChurning => "follow-up: sticky (every target churning)",
             Self::StayKvBound => "follow-up: sticky (fleet KV-bound)",
+            Self::MigrateTpot => "follow-up: migrate (home misses TPOT budget)",
         }
     }
 
     /// All reasons, for stats.
-    pub const ALL: [Reason; 30] = [
+    pub const ALL: [Reason; 31] = [
         Self::RoundRobin,
         Self::LeastLoad,
         Self::CacheFirstWeighted,
@@ -324,6 +334,7 @@ impl Reason {
         Self::MigrateUnsafe,
         Self::StayChurning,
         Self::StayKvBound,
+        Self::MigrateTpot,
     ];
 }
 
@@ -566,6 +577,7 @@ pub(crate) mod test_support {
             recent_cost_us: 0,
             decode_room_s: None,
             evicted_age_s: None,
+            tpot_s: None,
         }
     }
 

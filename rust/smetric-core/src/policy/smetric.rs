@@ -308,6 +308,7 @@ mod tests {
                     recent_cost_us: 0,
                     decode_room_s: None,
                     evicted_age_s: None,
+                    tpot_s: None,
                 })
                 .collect();
             let mut sel = input(&c, n, draws_src.pick(3) == 0, &cfg, &draws_src);

@@ -57,6 +57,13 @@
 //!   (`sticky (fleet KV-bound)`; a forced move — home evicted, without room, unsafe — still
 //!   moves). Where GPU KV binds a move brings a whole prefix into the binding resource and what
 //!   it displaces moves in turn; where it does not, moves spread prefill and decode load;
+//! * `smetric_tpot_budget_s` `T` (the decode budget): `paced(i)` iff `i`'s predicted pace with
+//!   this request, `t0 + κ·(a_i + L)` from the router's online fit of finished streams
+//!   (`decode_model.rs`), is at most `T` seconds per output token (no fit yet: every instance is
+//!   paced). Every placement prefers paced targets while one is; a follow-up its rule keeps home
+//!   (`sticky`, `sticky (fleet KV-bound)`) whose home is not paced moves to the least score over
+//!   the targets that are paced and meet the TTFT budget (`migrate (home misses TPOT budget)`),
+//!   and stays when there is none;
 //! * `smetric_migration = cost | work | fetch` replaces the gate (everywhere, or where the tier
 //!   holds at least `HIT_RATIO` of the prompt for `fetch`): the home is kept while its score
 //!   (`cost`) or its `e` (`work`) is at most `1 + smetric_migration_margin` times the best
@@ -121,7 +128,14 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     let guard = cfg.smetric_retention_s > 0.0;
     let calm = |i: usize| !guard || c[i].evicted_age_s.is_none_or(|age| age >= cfg.smetric_retention_s);
     let any_calm = guard && (0..c.len()).any(|i| placeable(i) && calm(i));
-    let target = |i: usize| placeable(i) && (!any_calm || calm(i));
+    let settled = |i: usize| placeable(i) && (!any_calm || calm(i));
+    // The decode budget: an instance is *paced* when its predicted pace with this request is
+    // within the budget per output token (no prediction yet: paced). Placements prefer paced
+    // instances while one is a target.
+    let budget = cfg.smetric_tpot_budget_s;
+    let paced = |i: usize| budget <= 0.0 || c[i].tpot_s.is_none_or(|p| p <= budget);
+    let any_paced = budget > 0.0 && (0..c.len()).any(|i| settled(i) && paced(i));
+    let target = |i: usize| settled(i) && (!any_paced || paced(i));
     let least = |fallback: usize| argmin_by(c.len(), input.rng, target, score).unwrap_or(fallback);
     // A voluntary move (the home still holds the prefix and may keep it) needs a calm target.
     let churning_everywhere = guard && !any_calm;
@@ -141,6 +155,18 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     // The home holds the session's prefix on its GPU or in its own host pool (§2.8).
     let best_hit = c.iter().map(Candidate::resident_hit_tokens).max().unwrap_or(0);
     let home = argmin_by(c.len(), input.rng, |i| c[i].resident_hit_tokens() == best_hit, score).unwrap_or(0);
+    // A stay the rule chose stands unless the home is predicted over the decode budget and a
+    // target is predicted within it and meets its TTFT budget: then the least-scoring such. Not
+    // while the fleet is KV-bound: a move then displaces what the switch keeps home.
+    let unless_over_budget = |stay: Selection| {
+        if paced(home) || kv_bound() {
+            return stay;
+        }
+        argmin_by(c.len(), input.rng, |i| target(i) && paced(i) && meets(i), score).map_or(stay, |index| Selection {
+            index,
+            reason: Reason::MigrateTpot,
+        })
+    };
     let expected_hit = n as f64;
     if c[home].resident_hit_tokens() as f64 <= cfg.min_local_hit_ratio * expected_hit {
         return Selection {
@@ -183,10 +209,10 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
             let (least_score, ties) = least_and_ties((0..c.len()).filter(|&i| target(i)).map(score));
             if score(home) <= margin * least_score {
                 input.rng.pick(ties);
-                return Selection {
+                return unless_over_budget(Selection {
                     index: home,
                     reason: Reason::Sticky,
-                };
+                });
             }
         }
         let best = least(home);
@@ -198,15 +224,15 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
             }
         };
         return if compared(home) <= margin * compared(best) {
-            Selection {
+            unless_over_budget(Selection {
                 index: home,
                 reason: Reason::Sticky,
-            }
+            })
         } else if kv_bound() {
-            Selection {
+            unless_over_budget(Selection {
                 index: home,
                 reason: Reason::StayKvBound,
-            }
+            })
         } else {
             Selection {
                 index: best,
@@ -215,10 +241,10 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
         };
     }
     if meets(home) {
-        return Selection {
+        return unless_over_budget(Selection {
             index: home,
             reason: Reason::Sticky,
-        };
+        });
     }
     if !(0..c.len()).any(|i| target(i) && meets(i)) {
         return Selection {
@@ -233,10 +259,10 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
         };
     }
     if kv_bound() {
-        return Selection {
+        return unless_over_budget(Selection {
             index: home,
             reason: Reason::StayKvBound,
-        };
+        });
     }
     Selection {
         index: least(home),
@@ -751,5 +777,83 @@ mod tests {
             assert_eq!(least, full_least, "{scores:?}");
             assert_eq!(ties > 1, full_ties > 1, "{scores:?}");
         }
+    }
+
+    #[test]
+    fn the_decode_budget_moves_a_stay_off_a_home_predicted_over_it() {
+        let rng = DrawCounter::new(0);
+        let budget = RouterConfig {
+            smetric_tpot_budget_s: 0.020,
+            ..CFG
+        };
+        // The gate keeps the follow-up home (1.3 s of a 2 s TTFT budget); the home is predicted
+        // at 25 ms a token, instance 0 at 12 ms (idle and twice as fast: a cold prefill in
+        // 1.7 s meets), instance 2 at 15 ms but behind 4 s of queue (misses its TTFT budget).
+        let mut c = [
+            inst(0, 0, 0, 0, 2.0 * RATE),
+            inst(1, 15_000, 5, 10_000, RATE),
+            inst(2, 0, 1, 40_000, RATE),
+        ];
+        (c[0].tpot_s, c[1].tpot_s, c[2].tpot_s) = (Some(0.012), Some(0.025), Some(0.015));
+        let moved = Selection {
+            index: 0,
+            reason: Reason::MigrateTpot,
+        };
+        assert_eq!(select(&input(&c, N, false, &budget, &rng)), moved);
+        // Negative control: the budget off keeps it home.
+        let sticky = Selection {
+            index: 1,
+            reason: Reason::Sticky,
+        };
+        assert_eq!(select(&input(&c, N, false, &CFG, &rng)), sticky);
+        // A paced home stays.
+        c[1].tpot_s = Some(0.019);
+        assert_eq!(select(&input(&c, N, false, &budget, &rng)), sticky);
+        // No paced target that meets its TTFT budget: the home stays, over budget or not.
+        c[1].tpot_s = Some(0.025);
+        c[0].tpot_s = Some(0.030);
+        assert_eq!(select(&input(&c, N, false, &budget, &rng)), sticky);
+        // No fit yet (no prediction anywhere): every instance is paced, the home stays.
+        for x in &mut c {
+            x.tpot_s = None;
+        }
+        assert_eq!(select(&input(&c, N, false, &budget, &rng)), sticky);
+    }
+
+    #[test]
+    fn the_decode_budget_overrides_the_kv_bound_stay_and_steers_first_turns() {
+        let rng = DrawCounter::new(0);
+        let bound = RouterConfig {
+            smetric_kv_bound_share: 0.5,
+            local_capacity_blocks: 1_000,
+            smetric_tpot_budget_s: 0.020,
+            ..CFG
+        };
+        // As the KV-bound test: the gate would move it, the regime keeps it home...
+        let mut c = [inst(0, 0, 0, 0, 2.0 * RATE), inst(1, 15_000, 5, 30_000, RATE)];
+        c[1].active = 16_000;
+        (c[0].tpot_s, c[1].tpot_s) = (Some(0.010), Some(0.020));
+        assert_eq!(select(&input(&c, N, false, &bound, &rng)).reason, Reason::StayKvBound);
+        // ...unless its home is predicted over the decode budget.
+        c[1].tpot_s = Some(0.021);
+        assert_eq!(
+            select(&input(&c, N, false, &bound, &rng)),
+            Selection {
+                index: 0,
+                reason: Reason::MigrateTpot
+            }
+        );
+        // A first turn goes to the least score among paced instances while one is.
+        let c = {
+            let mut c = [inst(0, 0, 1, 0, RATE), inst(1, 0, 2, 0, RATE)];
+            (c[0].tpot_s, c[1].tpot_s) = (Some(0.030), Some(0.015));
+            c
+        };
+        let budget = RouterConfig {
+            smetric_tpot_budget_s: 0.020,
+            ..CFG
+        };
+        assert_eq!(select(&input(&c, N, true, &CFG, &rng)).index, 0);
+        assert_eq!(select(&input(&c, N, true, &budget, &rng)).index, 1);
     }
 }

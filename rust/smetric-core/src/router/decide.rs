@@ -210,6 +210,12 @@ impl Router {
         let window_ms = to_ms(self.config.preble_window_s);
         let mask = self.decode_mask_on();
         let guard = self.config.smetric_retention_s > 0.0;
+        // The decode budget's fit, read once: each candidate's pace with this request added.
+        let pace_fit = if self.decode_budget_on() {
+            self.decode_model.fit()
+        } else {
+            None
+        };
         if mask {
             self.decode_rooms(&fleet, now_ms, rooms);
         }
@@ -252,6 +258,7 @@ impl Router {
                 } else {
                     None
                 },
+                tpot_s: pace_fit.map(|fit| fit.pace_at((load.active + n) as f64)),
             });
         }
         if candidates.is_empty() {
@@ -341,6 +348,7 @@ impl Router {
                 num_tokens: n,
                 prefilled: false,
                 first_token_ms: 0,
+                context_at_first_token: 0,
                 output_tokens: req.output_tokens,
                 anchor: chain.last().copied(),
                 prompt_blocks: chain.len() as u64,

@@ -7,7 +7,8 @@
 //! `on_finished` / `on_aborted` lower the rest (and the prefill ones if `on_prefilled` never
 //! came) and forget the request; with `smetric`'s decode mask on, `on_finished` also gives the
 //! instance's decode pace one sample (`decode_contract.rs`): the time since the first token
-//! over the output tokens after it. In exact mode `on_finished` also credits the answer's full
+//! over the output tokens after it; with its decode budget on, the fleet's decode model one
+//! sample (`decode_model.rs`): that pace against the instance's in-flight context. In exact mode `on_finished` also credits the answer's full
 //! blocks on the request's instance (docs §2.7, "The answer"): `⌊(n + output − 1) / block⌋`
 //! minus the routed chain's blocks, past the chain's last block.
 //!
@@ -23,8 +24,9 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::Router;
+use super::{Router, to_ms};
 use crate::config::{IndexMode, VllmRouterSmetricForm};
+use crate::decode_model::MIN_OUTPUT_TOKENS;
 use crate::error::Result;
 use crate::ids::{BlockHash, RequestId};
 use crate::load::InstanceLoad;
@@ -46,6 +48,9 @@ pub(super) struct InFlight {
     pub(super) prefilled: bool,
     /// The router's clock at the first token, ms (meaningful once `prefilled`).
     pub(super) first_token_ms: u64,
+    /// The instance's in-flight prompt tokens at the first token (meaningful once
+    /// `prefilled`, and only read while the decode budget learns: `decode_model.rs`).
+    pub(super) context_at_first_token: u64,
     /// The recorded output length the caller passed (the decode mask's oracle form).
     pub(super) output_tokens: Option<u64>,
     /// The last block of the chain routed (the prompt's last full block; none when the
@@ -98,6 +103,11 @@ impl Router {
         let Some(load) = self.load_of(rec) else { return false };
         rec.prefilled = true;
         rec.first_token_ms = now_ms;
+        if self.decode_budget_on() {
+            rec.context_at_first_token = load
+                .effective(now_ms, to_ms(self.config.engine_load_staleness_s))
+                .active;
+        }
         let rec = *rec;
         drop(requests);
         load.on_prefilled(rec.prefill, rec.work);
@@ -145,7 +155,23 @@ impl Router {
         let Some(rec) = self.requests.lock().remove(&id) else {
             return Ok(self.unknown());
         };
+        // The decode budget's sample: the stream's pace against its instance's context, the
+        // mean of the context at its first token and now (before this request leaves it).
+        let context_now = (rec.prefilled && self.decode_budget_on())
+            .then(|| self.load_of(&rec))
+            .flatten()
+            .map(|load| {
+                load.effective(now_ms, to_ms(self.config.engine_load_staleness_s))
+                    .active
+            });
         let done = self.release(&rec);
+        if let (true, Some(context_now)) = (done, context_now)
+            && output_tokens >= MIN_OUTPUT_TOKENS
+        {
+            let pace_s = now_ms.saturating_sub(rec.first_token_ms) as f64 / 1000.0 / (output_tokens - 1) as f64;
+            let context = (rec.context_at_first_token + context_now) as f64 / 2.0;
+            self.decode_model.record(context, pace_s);
+        }
         if done {
             if rec.prefilled && self.decode_mask_on() {
                 // The instance's decode pace, which the honest mask estimates streams by.

@@ -58,6 +58,8 @@
 
 mod decide;
 #[cfg(test)]
+mod decode_budget_tests;
+#[cfg(test)]
 mod decode_mask_tests;
 mod fleet_ops;
 #[cfg(test)]
@@ -80,6 +82,7 @@ pub use request::{Decision, Hits, IndexOp, Prompt, RouteRequest, Tier};
 pub use stats::RouterStats;
 
 use crate::config::{DecodeMask, IndexMode, RouterConfig, SmetricRule};
+use crate::decode_model::DecodeModel;
 use crate::error::{Result, SmetricError};
 use crate::fleet::Fleet;
 use crate::index::{IndexLimits, KvIndex};
@@ -117,6 +120,9 @@ pub struct Router {
     reasons: [AtomicU64; Reason::ALL.len()],
     unknown_events: AtomicU64,
     output_tokens: AtomicU64,
+    /// The fleet's decode pace against in-flight context, learned from finished streams while
+    /// `smetric_tpot_budget_s` is on (`decode_model.rs`).
+    decode_model: DecodeModel,
     epoch: Instant,
     /// Whether this router places prefills only (a PD router's prefill pool): `smetric` v2
     /// then scores `q + w` instead of `(q + w) × active requests`.
@@ -184,6 +190,7 @@ impl Router {
             reasons: Default::default(),
             unknown_events: AtomicU64::new(0),
             output_tokens: AtomicU64::new(0),
+            decode_model: DecodeModel::default(),
             epoch: Instant::now(),
             prefill_only: false,
             #[cfg(test)]
@@ -234,6 +241,15 @@ impl Router {
         self.kind == PolicyKind::Smetric
             && self.config.smetric_rule == SmetricRule::V2
             && self.config.smetric_decode_mask != DecodeMask::Off
+            && !self.prefill_only
+    }
+
+    /// Whether decisions apply `smetric` v2's decode budget (co-located routers only, as the
+    /// mask), so that the router learns the fleet's decode pace for it.
+    pub(crate) fn decode_budget_on(&self) -> bool {
+        self.kind == PolicyKind::Smetric
+            && self.config.smetric_rule == SmetricRule::V2
+            && self.config.smetric_tpot_budget_s > 0.0
             && !self.prefill_only
     }
 

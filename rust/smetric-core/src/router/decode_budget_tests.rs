@@ -1,0 +1,90 @@
+//! The decode budget end to end (`decode_model.rs`, `policy/smetric_paper.rs`): the fleet's
+//! decode pace learned from the lifecycle calls a deployment makes, and each candidate's
+//! prediction fed to `smetric` v2, with a negative control.
+
+use super::*;
+use crate::decode_model::PaceFit;
+use crate::ids::{BlockHash, RequestId};
+use crate::router::request::{Decision, Prompt, RouteRequest};
+use crate::turn::TurnHint;
+
+fn router(budget_s: f64) -> Router {
+    let config = RouterConfig {
+        smetric_tpot_budget_s: budget_s,
+        ..RouterConfig::default()
+    };
+    let names = vec!["i0".to_owned(), "i1".to_owned()];
+    Router::new(&names, PolicyKind::Smetric, 16, 0, config).unwrap()
+}
+
+/// Request `id`: `tokens` prompt tokens of a chain of its own (or, with `prefix_of`, that
+/// request's chain continued: a follow-up), at `now`, on `i0` unless `exclude` says otherwise.
+fn route(r: &Router, id: u64, tokens: u64, prefix_of: Option<u64>, now: f64, exclude: &[&str]) -> Decision {
+    let owner = prefix_of.unwrap_or(id);
+    let chain: Vec<BlockHash> = (0..tokens / 16).map(|k| BlockHash(owner << 32 | k)).collect();
+    r.route(&RouteRequest {
+        turn: TurnHint::Turn(if prefix_of.is_some() { 2 } else { 1 }),
+        request_id: Some(RequestId(id)),
+        now: Some(now),
+        exclude,
+        ..RouteRequest::new(Prompt::Hashes {
+            hashes: &chain,
+            num_tokens: Some(tokens),
+        })
+    })
+    .unwrap()
+}
+
+/// Teaches the router 40 streams on `i0`, each decoding 101 tokens at `5 ms + 50 ns × context`
+/// beside a background prompt of 1–4 × 16,384 tokens, and releases every request.
+fn teach(r: &Router) {
+    for k in 0..40u64 {
+        let t = k as f64 * 10.0;
+        let background = (k % 4 + 1) * 16_384;
+        route(r, 1_000 + k, background, None, t, &["i1"]);
+        let d = route(r, 2_000 + k, 1_024, None, t, &["i1"]);
+        let context = (background + 1_024) as f64;
+        let pace = 0.005 + 50e-9 * context;
+        r.on_prefilled_at(d.request_id, Some(t + 0.5)).unwrap();
+        r.on_finished_at(d.request_id, 101, Some(t + 0.5 + 100.0 * pace))
+            .unwrap();
+        assert!(r.on_aborted(RequestId(1_000 + k)));
+    }
+}
+
+#[test]
+fn the_pace_is_learned_from_the_lifecycle_calls() {
+    let r = router(0.015);
+    teach(&r);
+    let PaceFit { t0, kappa } = r.decode_model.fit().expect("a fit from 40 streams");
+    // The finish clock is in whole milliseconds: 100 tokens, so ≤ 10 µs a token of error.
+    assert!(
+        (t0 - 0.005).abs() < 2e-5 && (kappa - 50e-9).abs() < 5e-10,
+        "{t0} {kappa}"
+    );
+    // Negative control: with the budget off nothing is learned.
+    let off = router(0.0);
+    teach(&off);
+    assert_eq!(off.decode_model.fit(), None);
+}
+
+#[test]
+fn a_home_predicted_over_the_budget_loses_its_kv_bound_stay() {
+    for (budget_s, expected) in [(0.015, Reason::MigrateTpot), (0.0, Reason::StayKvBound)] {
+        let r = router(budget_s);
+        teach(&r);
+        // Session 7's first turn on i0, finished; its prefix is in the global tier too.
+        let first = route(&r, 7, 2_048, None, 500.0, &["i1"]);
+        r.on_prefilled_at(first.request_id, Some(500.1)).unwrap();
+        r.on_finished_at(first.request_id, 2, Some(500.2)).unwrap();
+        // 250,000 prompt tokens decoding on i0 (prefilled: no queue ahead), the fleet past
+        // 30% of its KV: the KV-bound regime keeps follow-ups home. i0's predicted pace with
+        // the follow-up is 5 ms + 50 ns × 252,560 ≈ 17.6 ms, over a 15 ms budget; i1's 5.1 ms.
+        let busy = route(&r, 8, 250_000, None, 501.0, &["i1"]);
+        r.on_prefilled_at(busy.request_id, Some(501.5)).unwrap();
+        let follow_up = route(&r, 9, 2_560, Some(7), 502.0, &[]);
+        assert_eq!(follow_up.reason, expected, "budget {budget_s}");
+        let home = if expected == Reason::MigrateTpot { "i1" } else { "i0" };
+        assert_eq!(&*follow_up.instance_name, home);
+    }
+}
