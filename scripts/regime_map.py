@@ -22,6 +22,16 @@ Where no probe load meets the headline SLO, the point is measured under the same
 TTFT slope instead (marked in the JSON and the plot). ``--seeds`` runs every policy under each
 seed (the capacity probe uses seed 0); a point's ratio is of the seed-mean peaks, with each
 seed's own ratio beside it. Nothing here is tuned on any trace.
+
+``--instrument calibrated`` (issue 31 item 4) runs the engine of ``scripts/default_rule.py``'s
+round 2 and 3 (``docs/profiles/h20-fp8-calibrated.json``; the synthetic sessions' contexts scaled to
+its KV) and adds three engine axes, each around the profile: the GPU KV capacity, the prefill rate
+(``linear_s_per_token`` divided by the factor) and the decode step's fixed cost
+(``step_overhead_s`` times the factor). Every point is also scored under the paper's SLO, and names
+its **binding resource**: at the ladder's top load, the best baseline's run is *KV*-bound when its
+preemptions reach 1% of the measured requests, else bound by whichever of its TTFT (*prefill*) and
+TPOT (*decode*) attainments is lower. Its outputs are ``regime_map_calibrated.json`` and
+``regime_map_calibrated.png``.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -52,7 +62,7 @@ from smetric.sim import (
     run_grid,
     workload_reuse_stats,
 )
-from smetric.sim.config import ENGINE_DEFAULTS, TierPath
+from smetric.sim.config import ENGINE_DEFAULTS, TierPath, paper_slo
 
 ALL_POLICIES = (*POLICIES, "cache_first_max_hit", "smetric_paper", "smetric_v2_port")
 SMETRICS = ("smetric", "smetric_paper", "smetric_v2_port")
@@ -77,7 +87,16 @@ AXES: dict[str, tuple[str, tuple[Any, ...]]] = {
     "shared_share": ("system-prompt share of reuse", (0.05, 0.19, 0.5)),
     "think_mean_s": ("mean think time, s", (10.0, 40.0, 120.0)),
     "mean_turns": ("mean turns per session", (5.0, 15.0, 30.0)),
+    "kv_scale": ("GPU KV capacity × the profile's", (0.5, 1.0, 2.0)),
+    "prefill_scale": ("prefill rate × the profile's", (0.5, 1.0, 2.0)),
+    "decode_scale": ("decode step's fixed cost × the profile's", (0.5, 1.0, 2.0)),
 }
+ENGINE_AXES = ("kv_scale", "prefill_scale", "decode_scale")
+"""Axes that change the engine, not the workload (the calibrated instrument's; 1.0 is the centre)."""
+PROFILE_FILE = Path(__file__).resolve().parents[1] / "docs" / "profiles" / "h20-fp8-calibrated.json"
+"""The calibrated instrument's engine (``scripts/default_rule.py``)."""
+KV_BOUND_PREEMPTIONS = 0.01
+"""Preemptions per measured request at which a point's binding resource is its GPU KV."""
 
 
 @dataclass(frozen=True)
@@ -92,25 +111,50 @@ class Point:
     window: Window
 
 
-def points() -> list[Point]:
+def points(instrument: str = "old", tiers: tuple[str, ...] = TIERS) -> list[Point]:
     """Every point; the centre appears once per axis and tier but is simulated once (same specs)."""
     out = []
     base = SimulationConfig(slos=SLOS)
-    for tier, axis in ((t, a) for t in TIERS for a in AXES):
+    kv = int(SYNTHETIC_DEFAULTS["kv_tokens"])
+    if instrument == "calibrated":
+        base = base.with_profile_file(PROFILE_FILE)
+        base = replace(base, slos=(*SLOS, paper_slo(base.profile)))
+        kv = int(base.resolved_profile()["kv_capacity_tokens"])
+    profile = base.resolved_profile()
+    axes = [a for a in AXES if instrument == "calibrated" or a not in ENGINE_AXES]
+    for tier, axis in ((t, a) for t in tiers for a in axes):
         for value in AXES[axis][1]:
             config = base.with_tier(tier != "off")
             if tier != "off":
                 config = config.with_tier_path(cast(TierPath, tier))
-            options: dict[str, Any] = {axis: value}
+            options: dict[str, Any] = {} if axis in ENGINE_AXES else {axis: value}
+            if axis == "kv_scale" and value != 1.0:
+                config = replace(config, kv_capacity_tokens=round(kv * value))
+            elif axis == "prefill_scale" and value != 1.0:
+                config = config.with_profile_overrides(linear_s_per_token=profile["linear_s_per_token"] / value)
+            elif axis == "decode_scale" and value != 1.0:
+                config = config.with_profile_overrides(step_overhead_s=profile["step_overhead_s"] * value)
             turns = float(options.get("mean_turns", SYNTHETIC_DEFAULTS["mean_turns"]))
             think = float(options.get("think_mean_s", SYNTHETIC_DEFAULTS["think_mean_s"]))
             # A steady state needs the warm-up to outlast a typical session.
             warmup = min(max(turns * (think + 5.0), 300.0), 1800.0)
             window = Window(duration_s=warmup + 1800.0, warmup_s=warmup)
-            # The centre keeps no options, so every axis shares its runs.
+            # The centre keeps no options, so every axis shares its runs; the calibrated
+            # instrument's sessions are sized to its own KV (the ratio axis stays a ratio).
             options = {k: v for k, v in options.items() if v != SYNTHETIC_DEFAULTS.get(k)}
+            if kv != int(SYNTHETIC_DEFAULTS["kv_tokens"]):
+                options["kv_tokens"] = kv
             out.append(Point(axis, value, tier, TraceSpec.synthetic_sessions(**options), config, window))
     return out
+
+
+def binding(r: RunResult, slo: int) -> str:
+    """The resource that binds a run (module doc): ``KV``, ``decode`` or ``prefill``."""
+    m = r.metrics
+    if m["preemptions"] >= KV_BOUND_PREEMPTIONS * max(int(m["measured"]), 1):
+        return "KV"
+    s = r.slos[slo]
+    return "decode" if s["tpot_attainment"] < s["ttft_attainment"] else "prefill"
 
 
 def estimate(point: Point) -> float:
@@ -119,7 +163,7 @@ def estimate(point: Point) -> float:
     lifetime, a lifetime being its turns × (think + 1 s)) hold their mean context each, and
     together must fit the cluster's GPU KV; a tier lets them exceed it, which the probe finds."""
     workload = load_trace(point.trace)
-    kv = int(SYNTHETIC_DEFAULTS["kv_tokens"])
+    kv = int(dict(point.trace.synthetic).get("kv_tokens", SYNTHETIC_DEFAULTS["kv_tokens"]))
     stats = workload_reuse_stats(workload, kv)
     sessions = workload.root_sessions
     instances = point.config.instances
@@ -193,51 +237,71 @@ def main() -> int:
     p.add_argument("--img", type=Path, default=Path("docs/img"))
     p.add_argument("--axes", default=",".join(AXES), help="comma-separated subset of the axes")
     p.add_argument("--seeds", default="0", help="comma-separated seeds of the policy runs (the probe uses seed 0)")
+    p.add_argument("--instrument", choices=("old", "calibrated"), default="old", help="the engine (module doc)")
+    p.add_argument("--tiers", default=",".join(TIERS), help="comma-separated subset of the tier settings")
+    p.add_argument("--policies", default=",".join(ALL_POLICIES), help="comma-separated policies (smetric's included)")
     args = p.parse_args()
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     wanted = {a.strip() for a in args.axes.split(",") if a.strip()}
-    grid = [pt for pt in points() if pt.axis in wanted]
+    tiers = tuple(t for t in TIERS if t in args.tiers.split(","))
+    policies = tuple(q for q in ALL_POLICIES if q in args.policies.split(","))
+    smetrics = tuple(m for m in SMETRICS if m in policies)
+    if "smetric" not in smetrics or len(smetrics) == len(policies):
+        p.error("--policies needs smetric and at least one baseline")
+    calibrated = args.instrument == "calibrated"
+    grid = [pt for pt in points(args.instrument, tiers) if pt.axis in wanted]
     start = time.perf_counter()
     # 1. Capacity probe.
     guesses = {id(pt): estimate(pt) for pt in grid}
     capacity, slo_of, probes = probe(grid, guesses, args.jobs)
     # 2. Every policy on the ladder.
     evals = [
-        spec(pt, pol, capacity[id(pt)] * f, seed)
-        for pt in grid
-        for pol in ALL_POLICIES
-        for f in LADDER
-        for seed in seeds
+        spec(pt, pol, capacity[id(pt)] * f, seed) for pt in grid for pol in policies for f in LADDER for seed in seeds
     ]
     results = run_unique(evals, args.jobs)
     rows = []
     for pt in grid:
 
-        def tps(pol: str, f: float, seed: int, pt: Point = pt) -> float | None:
+        def tps(pol: str, f: float, seed: int, pt: Point = pt, slo: int | None = None) -> float | None:
             r = results.get(key(spec(pt, pol, capacity[id(pt)] * f, seed)))
-            return None if r is None else float(r.slos[slo_of[id(pt)]]["tps_under_slo"])
+            k = slo_of[id(pt)] if slo is None else slo
+            return None if r is None else float(r.slos[k]["tps_under_slo"])
 
-        # A policy's peak: the best ladder load of its seed-mean TPS; and each seed's own peak.
-        peaks: dict[str, float] = {}
-        seed_peaks: dict[str, list[float]] = {}
-        for pol in ALL_POLICIES:
+        def peak(pol: str, slo: int | None = None) -> float:
+            """The best ladder load of the policy's seed-mean TPS under SLO ``slo`` (the point's)."""
             means = []
             for f in LADDER:
-                got = [v for seed in seeds if (v := tps(pol, f, seed)) is not None]
+                got = [v for seed in seeds if (v := tps(pol, f, seed, slo=slo)) is not None]
                 if got:
                     means.append(sum(got) / len(got))
-            peaks[pol] = max(means, default=0.0)
-            seed_peaks[pol] = [
-                max((v for f in LADDER if (v := tps(pol, f, seed)) is not None), default=0.0) for seed in seeds
-            ]
-        baselines = [q for q in ALL_POLICIES if q not in SMETRICS]
-        per_seed: dict[str, list[float]] = {m: [] for m in SMETRICS}
+            return max(means, default=0.0)
+
+        # A policy's peak, and each seed's own peak.
+        peaks = {pol: peak(pol) for pol in policies}
+        seed_peaks: dict[str, list[float]] = {
+            pol: [max((v for f in LADDER if (v := tps(pol, f, seed)) is not None), default=0.0) for seed in seeds]
+            for pol in policies
+        }
+        baselines = [q for q in policies if q not in SMETRICS]
+        per_seed: dict[str, list[float]] = {m: [] for m in smetrics}
         for i in range(len(seeds)):
             base = max(seed_peaks[q][i] for q in baselines)
             if base > 0:
-                for m in SMETRICS:
+                for m in smetrics:
                     per_seed[m].append(seed_peaks[m][i] / base)
         best = max(baselines, key=lambda q: peaks[q])
+        top = results.get(key(spec(pt, best, capacity[id(pt)] * LADDER[-1], seeds[0])))
+        extra: dict[str, Any] = {}
+        if calibrated:
+            paper = {pol: peak(pol, slo=len(SLOS)) for pol in policies}
+            best_paper = max(baselines, key=lambda q: paper[q])
+            extra = {
+                "binding": None if top is None else binding(top, slo_of[id(pt)]),
+                "binding_paper_slo": None if top is None else binding(top, len(SLOS)),
+                "peak_tps_under_paper_slo": paper,
+                "best_baseline_paper_slo": best_paper,
+                "ratio_paper_slo": paper["smetric"] / paper[best_paper] if paper[best_paper] > 0 else None,
+            }
         stats = workload_reuse_stats(load_trace(pt.trace), int(SYNTHETIC_DEFAULTS["kv_tokens"]))
         rows.append(
             {
@@ -252,9 +316,12 @@ def main() -> int:
                 "headline_slo": slo_of[id(pt)] == 0,
                 "ratio": peaks["smetric"] / peaks[best] if peaks[best] > 0 else None,
                 "ratio_per_seed": per_seed["smetric"],
-                "paper_ratio": peaks["smetric_paper"] / peaks[best] if peaks[best] > 0 else None,
-                "paper_ratio_per_seed": per_seed["smetric_paper"],
+                "paper_ratio": peaks["smetric_paper"] / peaks[best]
+                if "smetric_paper" in peaks and peaks[best] > 0
+                else None,
+                "paper_ratio_per_seed": per_seed.get("smetric_paper", []),
                 "workload_stats": stats,
+                **extra,
             }
         )
     wall = time.perf_counter() - start
@@ -264,7 +331,8 @@ def main() -> int:
         "seeds": seeds,
         "runs": runs,
         "wall_s": wall,
-        "policies": list(ALL_POLICIES),
+        "policies": list(policies),
+        "instrument": args.instrument,
         "probe": list(PROBE),
         "probe_policy": "linear",
         "estimate_sessions_per_s": {f"{pt.tier}:{pt.axis}={pt.value}": guesses[id(pt)] for pt in grid},
@@ -273,26 +341,35 @@ def main() -> int:
         "ladder": list(LADDER),
         "instances": ENGINE_DEFAULTS["instances"],
         "synthetic_defaults": dict(SYNTHETIC_DEFAULTS),
-        "slos": [s.label for s in SLOS],
+        "slos": [s.label for s in grid[0].config.slos] if grid else [],
     }
-    (args.out / "regime_map.json").write_text(json.dumps({"meta": meta, "points": rows}, indent=1) + "\n")
-    plot(rows, args.img / "regime_map.png", len(seeds))
+    stem = "regime_map_calibrated" if calibrated else "regime_map"
+    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "points": rows}, indent=1) + "\n")
+    plot(rows, args.img / f"{stem}.png", len(seeds), calibrated)
     for row in rows:
         ratio = "n/a" if row["ratio"] is None else f"x{row['ratio']:.3f}"
         paper = "n/a" if row["paper_ratio"] is None else f"x{row['paper_ratio']:.3f}"
         slo = "" if row["headline_slo"] else "  (relaxed TTFT SLO)"
         spread = ", ".join(f"{x:.3f}" for x in row["ratio_per_seed"])
+        bound = ""
+        if calibrated:
+            under = "n/a" if row["ratio_paper_slo"] is None else f"x{row['ratio_paper_slo']:.3f}"
+            bound = (
+                f"  binds: {row['binding']}; paper SLO {under} of {row['best_baseline_paper_slo']}, "
+                f"binds: {row['binding_paper_slo']}"
+            )
         print(
             f"{row['tier']:>14} {row['axis']:>14} = {row['value']!s:<8} smetric {ratio} (paper {paper}) "
-            f"of {row['best_baseline']}{slo}  seeds: {spread}"
+            f"of {row['best_baseline']}{slo}  seeds: {spread}{bound}"
         )
     print(f"{runs} runs in {wall:.0f} s")
     return 0
 
 
-def plot(rows: list[dict[str, Any]], path: Path, seeds: int) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, seeds: int, calibrated: bool = False) -> None:
     """One heat map per axis: its values × the tier settings, coloured by smetric ÷ the best
-    baseline, each cell also giving the paper's form and the best baseline."""
+    baseline, each cell also giving the paper's form (or, calibrated, the ratio under the paper's
+    SLO and the binding resource) and the best baseline."""
     axes = [a for a in AXES if any(r["axis"] == a for r in rows)]
     tiers = [t for t in TIERS if any(r["tier"] == t for r in rows)]
     fig, subplots = plt.subplots(len(axes), 1, figsize=(8.5, 2.3 * len(axes) + 1.0), squeeze=False)
@@ -318,11 +395,23 @@ def plot(rows: list[dict[str, Any]], path: Path, seeds: int) -> None:
                 if r is None or r["ratio"] is None:
                     continue
                 mark = "" if r["headline_slo"] else "*"
-                paper = r["paper_ratio"] if r["paper_ratio"] is not None else float("nan")
-                text = f"{r['ratio']:.3f}{mark} (p {paper:.3f})\n{r['best_baseline']}"
+                if calibrated:
+                    under = r["ratio_paper_slo"] if r["ratio_paper_slo"] is not None else float("nan")
+                    text = (
+                        f"{r['ratio']:.3f}{mark} [{r['binding']}]\n"
+                        f"P {under:.3f} [{r['binding_paper_slo']}]\n{r['best_baseline']}"
+                    )
+                else:
+                    paper = r["paper_ratio"] if r["paper_ratio"] is not None else float("nan")
+                    text = f"{r['ratio']:.3f}{mark} (p {paper:.3f})\n{r['best_baseline']}"
                 ax.text(x, y, text, ha="center", va="center", fontsize=6)
+    legend = (
+        "[ ] = binding resource (the best baseline at the ladder's top); P = ratio under the paper's SLO"
+        if calibrated
+        else "p: smetric_paper ÷ best baseline"
+    )
     fig.suptitle(
-        f"smetric ÷ best baseline (p: smetric_paper ÷ best baseline), peak TPS under SLO;\n"
+        f"smetric ÷ best baseline ({legend}), peak TPS under SLO;\n"
         f"synthetic agent sessions, mean of {seeds} seed(s); "
         "* = headline TTFT bound unreachable at any load, relaxed slope 0.3 ms/token",
         fontsize=8,
