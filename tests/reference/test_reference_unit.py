@@ -773,6 +773,11 @@ def test_smetric_decode_budget_mirrors_the_core() -> None:
     assert smetric_paper(paced_home, req(16_000), budget, rng) == (1, "follow-up: sticky")
     nowhere = [replace(cands[0], tpot_s=0.03), cands[1], cands[2]]
     assert smetric_paper(nowhere, req(16_000), budget, rng) == (1, "follow-up: sticky")
+    # While the fleet is KV-bound (16,000 of 2 × 16,000 tokens in flight at a 0.5 share), the stay stands.
+    bound = replace(budget, smetric_kv_bound_share=0.5, local_capacity_blocks=1_000, smetric_kv_fit=False)
+    kv_bound = [cands[0], replace(cands[1], active=16_000), cands[2]]
+    assert smetric_paper(kv_bound[:2], req(16_000), bound, rng) == (1, "follow-up: sticky")
+    assert smetric_paper([kv_bound[0], replace(kv_bound[1], active=15_999)], req(16_000), bound, rng)[0] == 0
 
 
 def test_router_ties_consume_draws_in_order() -> None:

@@ -633,8 +633,9 @@ def smetric_paper(
     home = argmin(keep_max(everyone, lambda i: float(cands[i].local_hit)), score, rng)
 
     def unless_over_budget(stay: tuple[int, str]) -> tuple[int, str]:
-        """A stay stands unless the home is over the decode budget and a paced target meets."""
-        if paced(home):
+        """A stay stands unless the home is over the decode budget and a paced target meets (not
+        while the fleet is KV-bound)."""
+        if paced(home) or kv_bound:
             return stay
         ok = [i for i in targets if paced(i) and meets(i)]
         return (argmin(ok, score, rng), "follow-up: migrate (home misses TPOT budget)") if ok else stay

@@ -336,7 +336,8 @@ pub struct RouterConfig {
     /// context (`decode_model.rs`); placements prefer instances predicted within the budget
     /// while one is, and a follow-up whose home is predicted over it, and that its rule would
     /// keep there, moves to the least-scoring instance predicted within both budgets
-    /// (`migrate (home misses TPOT budget)`). 0: off (nothing is learned or predicted).
+    /// (`migrate (home misses TPOT budget)`), unless the fleet is KV-bound
+    /// (`smetric_kv_bound_share`). 0: off (nothing is learned or predicted).
     pub smetric_tpot_budget_s: f64,
     /// `smetric`: the rule (v1 thresholds, v2 SLO feasibility). `min_local_hit_ratio` is the
     /// eviction test of both (v2's HIT_RATIO); `smetric_kv_fit`, its headroom and

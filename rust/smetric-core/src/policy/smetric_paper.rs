@@ -63,7 +63,7 @@
 //!   paced). Every placement prefers paced targets while one is; a follow-up its rule keeps home
 //!   (`sticky`, `sticky (fleet KV-bound)`) whose home is not paced moves to the least score over
 //!   the targets that are paced and meet the TTFT budget (`migrate (home misses TPOT budget)`),
-//!   and stays when there is none;
+//!   and stays when there is none or while the fleet is KV-bound (a move then displaces);
 //! * `smetric_migration = cost | work | fetch` replaces the gate (everywhere, or where the tier
 //!   holds at least `HIT_RATIO` of the prompt for `fetch`): the home is kept while its score
 //!   (`cost`) or its `e` (`work`) is at most `1 + smetric_migration_margin` times the best
@@ -821,7 +821,7 @@ mod tests {
     }
 
     #[test]
-    fn the_decode_budget_overrides_the_kv_bound_stay_and_steers_first_turns() {
+    fn the_decode_budget_yields_to_the_kv_bound_stay_and_steers_first_turns() {
         let rng = DrawCounter::new(0);
         let bound = RouterConfig {
             smetric_kv_bound_share: 0.5,
@@ -829,18 +829,36 @@ mod tests {
             smetric_tpot_budget_s: 0.020,
             ..CFG
         };
-        // As the KV-bound test: the gate would move it, the regime keeps it home...
+        // As the KV-bound test: the gate would move it, the regime keeps it home, and a home
+        // predicted over the decode budget stays all the same: while KV binds, a move displaces.
         let mut c = [inst(0, 0, 0, 0, 2.0 * RATE), inst(1, 15_000, 5, 30_000, RATE)];
         c[1].active = 16_000;
-        (c[0].tpot_s, c[1].tpot_s) = (Some(0.010), Some(0.020));
-        assert_eq!(select(&input(&c, N, false, &bound, &rng)).reason, Reason::StayKvBound);
-        // ...unless its home is predicted over the decode budget.
-        c[1].tpot_s = Some(0.021);
+        (c[0].tpot_s, c[1].tpot_s) = (Some(0.010), Some(0.021));
+        let kept = Selection {
+            index: 1,
+            reason: Reason::StayKvBound,
+        };
+        assert_eq!(select(&input(&c, N, false, &bound, &rng)), kept);
+        // Below the share the gate's own move stands (the home misses its TTFT budget).
+        c[1].active = 15_999;
+        assert_eq!(
+            select(&input(&c, N, false, &bound, &rng)).reason,
+            Reason::MigrateInfeasible
+        );
+        // And a stay the gate chose gives way to the budget only outside the regime: a home that
+        // meets its TTFT budget (10,000 queued), predicted over the decode budget.
+        c[1].queued_work = 10_000;
+        let moved = Selection {
+            index: 0,
+            reason: Reason::MigrateTpot,
+        };
+        assert_eq!(select(&input(&c, N, false, &bound, &rng)), moved);
+        c[1].active = 16_000;
         assert_eq!(
             select(&input(&c, N, false, &bound, &rng)),
             Selection {
-                index: 0,
-                reason: Reason::MigrateTpot
+                index: 1,
+                reason: Reason::Sticky
             }
         );
         // A first turn goes to the least score among paced instances while one is.

@@ -9,8 +9,11 @@ use crate::router::request::{Decision, Prompt, RouteRequest};
 use crate::turn::TurnHint;
 
 fn router(budget_s: f64) -> Router {
+    // The paper's TTFT gate decides stays (the fetch rule would move these follow-ups to the
+    // idle instance by score alone, budget or not).
     let config = RouterConfig {
         smetric_tpot_budget_s: budget_s,
+        smetric_migration: crate::config::MigrationRule::Threshold,
         ..RouterConfig::default()
     };
     let names = vec!["i0".to_owned(), "i1".to_owned()];
@@ -69,22 +72,32 @@ fn the_pace_is_learned_from_the_lifecycle_calls() {
 }
 
 #[test]
-fn a_home_predicted_over_the_budget_loses_its_kv_bound_stay() {
-    for (budget_s, expected) in [(0.015, Reason::MigrateTpot), (0.0, Reason::StayKvBound)] {
+fn a_home_predicted_over_the_budget_loses_its_stay_unless_the_fleet_is_kv_bound() {
+    // (budget, tokens decoding at home, expected reason, instance). Predicted paces with the
+    // follow-up (2,560 tokens) added: 5 ms + 50 ns × context — at home 11.1 ms beside 120,000
+    // tokens, 17.6 ms beside 250,000 (the fleet past 30% of its 573,440 tokens of KV); i1 5.1 ms.
+    let cases = [
+        (0.010, 120_000, Reason::MigrateTpot, "i1"),
+        // Negative control: the budget off keeps it home.
+        (0.0, 120_000, Reason::Sticky, "i0"),
+        // KV-bound: the stay stands.
+        (0.015, 250_000, Reason::Sticky, "i0"),
+    ];
+    for (budget_s, busy_tokens, expected, instance) in cases {
         let r = router(budget_s);
         teach(&r);
-        // Session 7's first turn on i0, finished; its prefix is in the global tier too.
+        // Session 7's first turn on i0, finished.
         let first = route(&r, 7, 2_048, None, 500.0, &["i1"]);
         r.on_prefilled_at(first.request_id, Some(500.1)).unwrap();
         r.on_finished_at(first.request_id, 2, Some(500.2)).unwrap();
-        // 250,000 prompt tokens decoding on i0 (prefilled: no queue ahead), the fleet past
-        // 30% of its KV: the KV-bound regime keeps follow-ups home. i0's predicted pace with
-        // the follow-up is 5 ms + 50 ns × 252,560 ≈ 17.6 ms, over a 15 ms budget; i1's 5.1 ms.
-        let busy = route(&r, 8, 250_000, None, 501.0, &["i1"]);
+        // Prompts decoding on i0 (prefilled: no queue ahead, so the home meets its TTFT budget).
+        let busy = route(&r, 8, busy_tokens, None, 501.0, &["i1"]);
         r.on_prefilled_at(busy.request_id, Some(501.5)).unwrap();
         let follow_up = route(&r, 9, 2_560, Some(7), 502.0, &[]);
-        assert_eq!(follow_up.reason, expected, "budget {budget_s}");
-        let home = if expected == Reason::MigrateTpot { "i1" } else { "i0" };
-        assert_eq!(&*follow_up.instance_name, home);
+        assert_eq!(
+            (follow_up.reason, &*follow_up.instance_name),
+            (expected, instance),
+            "budget {budget_s}, {busy_tokens} tokens"
+        );
     }
 }
