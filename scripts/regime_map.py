@@ -396,15 +396,17 @@ def plot(rows: list[dict[str, Any]], path: Path, seeds: int, calibrated: bool = 
                     continue
                 mark = "" if r["headline_slo"] else "*"
                 if calibrated:
-                    under = r["ratio_paper_slo"] if r["ratio_paper_slo"] is not None else float("nan")
+                    under = "n/a" if r["ratio_paper_slo"] is None else f"{r['ratio_paper_slo']:.3f}"
                     text = (
                         f"{r['ratio']:.3f}{mark} [{r['binding']}]\n"
-                        f"P {under:.3f} [{r['binding_paper_slo']}]\n{r['best_baseline']}"
+                        f"P {under} [{r['binding_paper_slo']}]\n{r['best_baseline']}"
                     )
                 else:
                     paper = r["paper_ratio"] if r["paper_ratio"] is not None else float("nan")
                     text = f"{r['ratio']:.3f}{mark} (p {paper:.3f})\n{r['best_baseline']}"
-                ax.text(x, y, text, ha="center", va="center", fontsize=6)
+                # White on the darkest colours of the map, black elsewhere.
+                colour = "white" if abs(r["ratio"] - 1.0) > 0.1 else "black"
+                ax.text(x, y, text, ha="center", va="center", fontsize=6, color=colour)
     legend = (
         "[ ] = binding resource (the best baseline at the ladder's top); P = ratio under the paper's SLO"
         if calibrated

@@ -106,7 +106,7 @@ class RunResult:
     metrics: dict[str, Any]
     """Headline metrics (headline SLO), ready for results.json."""
     slos: list[dict[str, Any]]
-    """One entry per ``spec.config.slos``: TPS under SLO, attainment, … under that SLO."""
+    """One entry per ``spec.config.slos``: TPS under SLO, attainment (and its TTFT and TPOT parts), … under that SLO."""
     wall_s: float
     ttft_quantiles: list[float] = field(default_factory=list)
     load_series: dict[str, Any] = field(default_factory=dict)
@@ -259,7 +259,18 @@ def run_one(spec: RunSpec) -> RunResult:
         spec=spec,
         metrics=_flat(report, slos[0]),
         slos=[
-            {k: s[k] for k in ("tps_under_slo", "output_tps_under_slo", "prefill_tps_under_slo", "attainment", "met")}
+            {
+                k: s[k]
+                for k in (
+                    "tps_under_slo",
+                    "output_tps_under_slo",
+                    "prefill_tps_under_slo",
+                    "attainment",
+                    "ttft_attainment",
+                    "tpot_attainment",
+                    "met",
+                )
+            }
             for s in slos
         ],
         wall_s=time.perf_counter() - start,
