@@ -622,7 +622,8 @@ def smetric_paper(
         p = cands[i].tpot_s
         return tpot_budget <= 0.0 or p is None or p <= tpot_budget
 
-    targets = [i for i in targets if paced(i)] or targets
+    paced_targets = [i for i in targets if paced(i)] if tpot_budget > 0.0 else []
+    targets = paced_targets or targets
     # The KV-bound regime: the fleet's in-flight prompts fill this share of its GPU KV.
     kv_bound = cfg.smetric_kv_bound_share > 0.0 and float(
         sum(c.active for c in cands)
@@ -635,9 +636,9 @@ def smetric_paper(
     def unless_over_budget(stay: tuple[int, str]) -> tuple[int, str]:
         """A stay stands unless the home is over the decode budget and a paced target meets (not
         while the fleet is KV-bound)."""
-        if paced(home) or kv_bound:
+        if paced(home) or not paced_targets or kv_bound:
             return stay
-        ok = [i for i in targets if paced(i) and meets(i)]
+        ok = [i for i in targets if meets(i)]
         return (argmin(ok, score, rng), "follow-up: migrate (home misses TPOT budget)") if ok else stay
 
     if float(cands[home].local_hit) <= cfg.min_local_hit_ratio * float(n):
@@ -655,7 +656,7 @@ def smetric_paper(
         if compared(home) <= (1.0 + cfg.smetric_migration_margin) * compared(best):
             return unless_over_budget((home, "follow-up: sticky"))
         if kv_bound:
-            return unless_over_budget((home, "follow-up: sticky (fleet KV-bound)"))
+            return home, "follow-up: sticky (fleet KV-bound)"
         return best, "follow-up: migrate (cheaper elsewhere)"
     if meets(home):
         return unless_over_budget((home, "follow-up: sticky"))
@@ -664,5 +665,5 @@ def smetric_paper(
     if churning_everywhere:
         return home, "follow-up: sticky (every target churning)"
     if kv_bound:
-        return unless_over_budget((home, "follow-up: sticky (fleet KV-bound)"))
+        return home, "follow-up: sticky (fleet KV-bound)"
     return argmin(targets, score, rng), "follow-up: migrate (home misses TTFT budget)"

@@ -61,9 +61,10 @@
 //!   this request, `t0 + κ·(a_i + L)` from the router's online fit of finished streams
 //!   (`decode_model.rs`), is at most `T` seconds per output token (no fit yet: every instance is
 //!   paced). Every placement prefers paced targets while one is; a follow-up its rule keeps home
-//!   (`sticky`, `sticky (fleet KV-bound)`) whose home is not paced moves to the least score over
-//!   the targets that are paced and meet the TTFT budget (`migrate (home misses TPOT budget)`),
-//!   and stays when there is none or while the fleet is KV-bound (a move then displaces);
+//!   (`sticky`) whose home is not paced moves to the least score over the targets that are paced
+//!   and meet the TTFT budget (`migrate (home misses TPOT budget)`), and stays when there is none
+//!   or while the fleet is KV-bound (a move then displaces; so a `sticky (fleet KV-bound)` stay
+//!   stands too);
 //! * `smetric_migration = cost | work | fetch` replaces the gate (everywhere, or where the tier
 //!   holds at least `HIT_RATIO` of the prompt for `fetch`): the home is kept while its score
 //!   (`cost`) or its `e` (`work`) is at most `1 + smetric_migration_margin` times the best
@@ -158,11 +159,12 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     // A stay the rule chose stands unless the home is predicted over the decode budget and a
     // target is predicted within it and meets its TTFT budget: then the least-scoring such. Not
     // while the fleet is KV-bound: a move then displaces what the switch keeps home.
+    // (While one target is paced, every target is: `target` implies `paced`.)
     let unless_over_budget = |stay: Selection| {
-        if paced(home) || kv_bound() {
+        if paced(home) || !any_paced || kv_bound() {
             return stay;
         }
-        argmin_by(c.len(), input.rng, |i| target(i) && paced(i) && meets(i), score).map_or(stay, |index| Selection {
+        argmin_by(c.len(), input.rng, |i| target(i) && meets(i), score).map_or(stay, |index| Selection {
             index,
             reason: Reason::MigrateTpot,
         })
@@ -229,10 +231,10 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
                 reason: Reason::Sticky,
             })
         } else if kv_bound() {
-            unless_over_budget(Selection {
+            Selection {
                 index: home,
                 reason: Reason::StayKvBound,
-            })
+            }
         } else {
             Selection {
                 index: best,
@@ -259,10 +261,10 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
         };
     }
     if kv_bound() {
-        return unless_over_budget(Selection {
+        return Selection {
             index: home,
             reason: Reason::StayKvBound,
-        });
+        };
     }
     Selection {
         index: least(home),

@@ -155,35 +155,32 @@ impl Router {
         let Some(rec) = self.requests.lock().remove(&id) else {
             return Ok(self.unknown());
         };
+        // One lookup of the instance serves the release and both decode samples.
+        let Some(load) = self.load_of(&rec) else {
+            return Ok(false);
+        };
         // The decode budget's sample: the stream's pace against its instance's context, the
         // mean of the context at its first token and now (before this request leaves it).
-        let context_now = (rec.prefilled && self.decode_budget_on())
-            .then(|| self.load_of(&rec))
-            .flatten()
-            .map(|load| {
-                load.effective(now_ms, to_ms(self.config.engine_load_staleness_s))
-                    .active
-            });
-        let done = self.release(&rec);
-        if let (true, Some(context_now)) = (done, context_now)
+        let context_now = (rec.prefilled && self.decode_budget_on()).then(|| {
+            load.effective(now_ms, to_ms(self.config.engine_load_staleness_s))
+                .active
+        });
+        release_from(&load, &rec);
+        if let Some(context_now) = context_now
             && output_tokens >= MIN_OUTPUT_TOKENS
         {
             let pace_s = now_ms.saturating_sub(rec.first_token_ms) as f64 / 1000.0 / (output_tokens - 1) as f64;
             let context = (rec.context_at_first_token + context_now) as f64 / 2.0;
             self.decode_model.record(context, pace_s);
         }
-        if done {
-            if rec.prefilled && self.decode_mask_on() {
-                // The instance's decode pace, which the honest mask estimates streams by.
-                if let Some(load) = self.load_of(&rec) {
-                    load.decode_pace
-                        .record(output_tokens, now_ms.saturating_sub(rec.first_token_ms));
-                }
-            }
-            self.output_tokens.fetch_add(output_tokens, Ordering::Relaxed);
-            self.credit_answer(&rec, output_tokens, now_ms);
+        if rec.prefilled && self.decode_mask_on() {
+            // The instance's decode pace, which the honest mask estimates streams by.
+            load.decode_pace
+                .record(output_tokens, now_ms.saturating_sub(rec.first_token_ms));
         }
-        Ok(done)
+        self.output_tokens.fetch_add(output_tokens, Ordering::Relaxed);
+        self.credit_answer(&rec, output_tokens, now_ms);
+        Ok(true)
     }
 
     /// Credits a finished request's answer blocks on its instance (exact mode, docs §2.7).
@@ -221,12 +218,17 @@ impl Router {
     /// came. False when its instance left.
     fn release(&self, rec: &InFlight) -> bool {
         let Some(load) = self.load_of(rec) else { return false };
-        if !rec.prefilled {
-            // No first token came (aborted, or finished unreported): release, but learn
-            // nothing about the drain rate.
-            load.on_prefilled(rec.prefill, rec.work);
-        }
-        load.on_done(rec.num_tokens);
+        release_from(&load, rec);
         true
     }
+}
+
+/// Lowers what `rec` still counts on `load`, applying its prefill step first if it never came.
+fn release_from(load: &InstanceLoad, rec: &InFlight) {
+    if !rec.prefilled {
+        // No first token came (aborted, or finished unreported): release, but learn nothing
+        // about the drain rate.
+        load.on_prefilled(rec.prefill, rec.work);
+    }
+    load.on_done(rec.num_tokens);
 }
