@@ -6,7 +6,8 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 /// A JSON string's text, borrowed unless it escapes a character.
@@ -143,10 +144,38 @@ pub(crate) fn json_str(text: &str) -> String {
     serde_json::to_string(text).unwrap_or_default()
 }
 
-/// A JSON object being built in key order, values as JSON text: what Python's dict operations
-/// on a message do (a set key keeps its place; a new one goes last).
+/// A field kept as the body's JSON text (an id, a name): serialized as the value it reads as,
+/// its objects' keys in the text's order (a template value keeps them so).
+pub(crate) struct RawJson<'a>(pub(crate) &'a str);
+
+impl Serialize for RawJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serde_json::from_str::<minijinja::Value>(self.0)
+            .map_err(serde::ser::Error::custom)?
+            .serialize(serializer)
+    }
+}
+
+/// A JSON object being built in key order: what Python's dict operations on a message do (a
+/// set key keeps its place; a new one goes last). A value is JSON text, or a decoded text kept
+/// as it is (escaped only when written as JSON: a template value takes it without a round trip).
 #[derive(Default, Clone)]
-pub(crate) struct Entries<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
+pub(crate) struct Entries<'a>(Vec<(Cow<'a, str>, EntryValue<'a>)>);
+
+#[derive(Clone)]
+enum EntryValue<'a> {
+    Json(Cow<'a, str>),
+    Text(Cow<'a, str>),
+}
+
+impl EntryValue<'_> {
+    fn json(&self) -> Cow<'_, str> {
+        match self {
+            Self::Json(json) => Cow::Borrowed(json),
+            Self::Text(text) => Cow::Owned(json_str(text)),
+        }
+    }
+}
 
 impl<'a> Entries<'a> {
     /// An object's entries, in order (`None`: not an object).
@@ -154,18 +183,26 @@ impl<'a> Entries<'a> {
         Some(Self(
             ordered_entries(raw)?
                 .into_iter()
-                .map(|(k, v)| (Cow::Owned(k), Cow::Borrowed(v.get())))
+                .map(|(k, v)| (Cow::Owned(k), EntryValue::Json(Cow::Borrowed(v.get()))))
                 .collect(),
         ))
     }
 
+    fn put(&mut self, key: &'a str, value: EntryValue<'a>) {
+        match self.0.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.0.push((Cow::Borrowed(key), value)),
+        }
+    }
+
     /// `d[key] = json`.
     pub(crate) fn set(&mut self, key: &'a str, json: impl Into<Cow<'a, str>>) {
-        let json = json.into();
-        match self.0.iter_mut().find(|(k, _)| k == key) {
-            Some(slot) => slot.1 = json,
-            None => self.0.push((Cow::Borrowed(key), json)),
-        }
+        self.put(key, EntryValue::Json(json.into()));
+    }
+
+    /// `d[key] = text`, a string.
+    pub(crate) fn set_text(&mut self, key: &'a str, text: impl Into<Cow<'a, str>>) {
+        self.put(key, EntryValue::Text(text.into()));
     }
 
     /// `del d[key]` (nothing when absent).
@@ -174,8 +211,8 @@ impl<'a> Entries<'a> {
     }
 
     /// `d.get(key)`'s JSON text.
-    pub(crate) fn get(&self, key: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_ref())
+    pub(crate) fn get(&self, key: &str) -> Option<Cow<'_, str>> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.json())
     }
 
     /// The object's JSON text.
@@ -187,9 +224,24 @@ impl<'a> Entries<'a> {
             }
             out.push_str(&json_str(k));
             out.push_str(": ");
-            out.push_str(v);
+            out.push_str(&v.json());
         }
         out.push('}');
+    }
+}
+
+/// The object as its JSON or as template values (`minijinja::value::Serde`), keys in order: a
+/// JSON value read from its text, a text as the string it is.
+impl Serialize for Entries<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut m = serializer.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            match v {
+                EntryValue::Json(json) => m.serialize_entry(k.as_ref(), &RawJson(json))?,
+                EntryValue::Text(text) => m.serialize_entry(k.as_ref(), text.as_ref())?,
+            }
+        }
+        m.end()
     }
 }
 
@@ -198,19 +250,6 @@ impl<'a> Entries<'a> {
 pub(crate) fn body(raw: &[u8]) -> Option<&RawValue> {
     within_nesting(raw)?;
     serde_json::from_slice(raw).ok()
-}
-
-/// `[a, b, …]`: each item written by `write`, joined with `", "`.
-pub(crate) fn json_array<T>(items: impl IntoIterator<Item = T>, mut write: impl FnMut(T, &mut String)) -> String {
-    let mut out = String::from("[");
-    for (k, item) in items.into_iter().enumerate() {
-        if k > 0 {
-            out.push_str(", ");
-        }
-        write(item, &mut out);
-    }
-    out.push(']');
-    out
 }
 
 /// Whether `value` is an integer of at least `least` as Python's `isinstance(v, int)` sees it

@@ -34,7 +34,9 @@ use std::borrow::Cow;
 use std::fmt::Write;
 
 use bytes::Bytes;
-use serde::Deserialize;
+use minijinja::value::Serde;
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -46,7 +48,7 @@ use super::anthropic_events::{ChatTranslation, MESSAGE_STOP, Received, Resent, c
 use super::chatml::{Rendered, RenderedBody};
 use super::continuation::{Continued, truthy as value_truthy};
 use super::json::{
-    self, Entries, Obj, TextOrList, is_object, json_array, json_str, list, object, ordered_entries, string,
+    self, Entries, Obj, RawJson, TextOrList, is_object, json_str, list, object, ordered_entries, string,
 };
 use super::protocol::{
     ChatRequest, Ids, Plan, Protocol, StreamScan, Unplanned, malformed, rendered_plan, stream_scan_by_fields,
@@ -465,7 +467,7 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> 
     };
     let chat = if merge { convert_body(&body, true)? } else { chat };
     let request = ChatRequest {
-        messages: json_array(&chat, ChatMessage::push_json),
+        messages: chat.iter().map(|m| minijinja::Value::from(Serde(m))).collect(),
         tools,
         chat_template_kwargs: template_kwargs(&body)?,
         first_turn,
@@ -539,69 +541,73 @@ impl<'a> ChatMessage<'a> {
         }
         out.extend_from_slice(b"<|im_end|>\n");
     }
+}
 
-    /// The message as the chat request's JSON.
-    fn push_json(&self, out: &mut String) {
-        out.push_str("{\"role\": ");
-        out.push_str(&json_str(self.role));
+/// The message as the chat request has it: serialized as its JSON (the continuation's body) or
+/// straight into the values a chat template sees (`minijinja::Value::from_serialize`, no JSON
+/// text in between), keys in the conversion's order.
+impl Serialize for ChatMessage<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut m = serializer.serialize_map(None)?;
+        m.serialize_entry("role", self.role)?;
         match &self.content {
             Content::Absent => {}
-            Content::Text(t) => {
-                out.push_str(", \"content\": ");
-                out.push_str(&json_str(t));
-            }
-            Content::Parts(parts) => {
-                out.push_str(", \"content\": [");
-                for (k, part) in parts.iter().enumerate() {
-                    if k > 0 {
-                        out.push_str(", ");
-                    }
-                    match part {
-                        Part::Text(t) => {
-                            out.push_str("{\"type\": \"text\", \"text\": ");
-                            out.push_str(&json_str(t));
-                            out.push('}');
-                        }
-                        Part::Image(url) => {
-                            out.push_str("{\"type\": \"image_url\", \"image_url\": {\"url\": ");
-                            out.push_str(&json_str(url));
-                            out.push_str("}}");
-                        }
-                        Part::Reference(name) => {
-                            out.push_str("{\"type\": \"tool_reference\", \"name\": ");
-                            out.push_str(name.get());
-                            out.push('}');
-                        }
-                    }
-                }
-                out.push(']');
-            }
+            Content::Text(t) => m.serialize_entry("content", t)?,
+            Content::Parts(parts) => m.serialize_entry("content", parts)?,
         }
         if let Some(reasoning) = &self.reasoning {
-            out.push_str(", \"reasoning\": ");
-            out.push_str(&json_str(reasoning));
+            m.serialize_entry("reasoning", reasoning)?;
         }
         if !self.tool_calls.is_empty() {
-            out.push_str(", \"tool_calls\": [");
-            for (k, call) in self.tool_calls.iter().enumerate() {
-                if k > 0 {
-                    out.push_str(", ");
-                }
-                out.push_str("{\"id\": ");
-                out.push_str(&call.id);
-                out.push_str(", \"type\": \"function\", \"function\": {\"name\": ");
-                out.push_str(&call.name);
-                out.push_str(", \"arguments\": ");
-                out.push_str(&json_str(call.input));
-                out.push_str("}}");
-            }
-            out.push(']');
+            m.serialize_entry("tool_calls", &self.tool_calls)?;
         }
         if let Some(id) = &self.tool_call_id {
-            out.push_str(", \"tool_call_id\": ");
-            out.push_str(id);
+            m.serialize_entry("tool_call_id", &RawJson(id))?;
         }
-        out.push('}');
+        m.end()
+    }
+}
+
+impl Serialize for Part<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut m = serializer.serialize_map(Some(2))?;
+        match self {
+            Part::Text(t) => {
+                m.serialize_entry("type", "text")?;
+                m.serialize_entry("text", t)?;
+            }
+            Part::Image(url) => {
+                m.serialize_entry("type", "image_url")?;
+                let mut url_map = std::collections::BTreeMap::new();
+                url_map.insert("url", url.as_str());
+                m.serialize_entry("image_url", &url_map)?;
+            }
+            Part::Reference(name) => {
+                m.serialize_entry("type", "tool_reference")?;
+                m.serialize_entry("name", &RawJson(name.get()))?;
+            }
+        }
+        m.end()
+    }
+}
+
+impl Serialize for ToolCall<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        /// `{"name": …, "arguments": …}`.
+        struct Function<'a>(&'a ToolCall<'a>);
+        impl Serialize for Function<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let mut m = serializer.serialize_map(Some(2))?;
+                m.serialize_entry("name", &RawJson(&self.0.name))?;
+                m.serialize_entry("arguments", self.0.input)?;
+                m.end()
+            }
+        }
+        let mut m = serializer.serialize_map(Some(3))?;
+        m.serialize_entry("id", &RawJson(&self.id))?;
+        m.serialize_entry("type", "function")?;
+        m.serialize_entry("function", &Function(self))?;
+        m.end()
     }
 }
 
@@ -1036,7 +1042,7 @@ fn check_thinking(thinking: Option<&RawValue>, output_config: Option<&RawValue>)
 fn continuation_body(raw: &[u8], text: &str, reasoning: &str, sent: u64) -> Option<Bytes> {
     let checked = check(raw, false)?;
     let chat = convert_body(&checked, false)?;
-    let Value::Array(mut messages) = serde_json::from_str(&json_array(&chat, ChatMessage::push_json)).ok()? else {
+    let Value::Array(mut messages) = serde_json::to_value(&chat).ok()? else {
         return None;
     };
     let mut assistant = Map::new();
@@ -1348,7 +1354,7 @@ mod tests {
         let json = |merge| {
             let mut out = String::new();
             for m in convert_body(&checked, merge).unwrap() {
-                m.push_json(&mut out);
+                out.push_str(&serde_json::to_string(&m).unwrap());
                 out.push('\n');
             }
             out
@@ -1356,15 +1362,15 @@ mod tests {
         assert_eq!(
             json(false),
             concat!(
-                "{\"role\": \"system\", \"content\": \"sys\"}\n",
-                "{\"role\": \"assistant\", \"reasoning\": \"hm\", \"tool_calls\": [{\"id\": \"t1\", \"type\": \"function\", ",
-                "\"function\": {\"name\": \"ls\", \"arguments\": \"{\\\"z\\\":1,\\\"a\\\":\\\"é\\\"}\"}}]}\n",
-                "{\"role\": \"system\", \"content\": \"inline\"}\n",
-                "{\"role\": \"tool\", \"content\": \"out\", \"tool_call_id\": \"t1\"}\n",
-                "{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,AA\"}}]}\n",
+                "{\"role\":\"system\",\"content\":\"sys\"}\n",
+                "{\"role\":\"assistant\",\"reasoning\":\"hm\",\"tool_calls\":[{\"id\":\"t1\",\"type\":\"function\",",
+                "\"function\":{\"name\":\"ls\",\"arguments\":\"{\\\"z\\\":1,\\\"a\\\":\\\"é\\\"}\"}}]}\n",
+                "{\"role\":\"system\",\"content\":\"inline\"}\n",
+                "{\"role\":\"tool\",\"content\":\"out\",\"tool_call_id\":\"t1\"}\n",
+                "{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,AA\"}}]}\n",
             )
         );
-        assert!(json(true).starts_with("{\"role\": \"system\", \"content\": \"sysinline\"}\n{\"role\": \"assistant\""));
+        assert!(json(true).starts_with("{\"role\":\"system\",\"content\":\"sysinline\"}\n{\"role\":\"assistant\""));
         assert_eq!(
             chat_tools(checked.tools.unwrap()).unwrap(),
             r#"[{"type": "function", "function": {"name": "ls", "description": null, "parameters": {"properties": {}, "type": "object"}, "strict": true}}]"#

@@ -19,7 +19,7 @@ use super::protocol::{Ids, Plan, Protocol, StreamScan, Unplanned, openai_error_j
 use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use super::stream::{OpenAiStream, usage_counts};
-use crate::tokens::RenderRequest;
+use crate::tokens::{Messages, RenderRequest};
 
 /// Chat (`chat`) or completions.
 pub(crate) struct OpenAi {
@@ -169,7 +169,7 @@ fn plan(chat: bool, body: OpenAiBody<'_>, session: Option<String>, ids: Ids<'_>)
     };
     let (ids, turn, source) = if let (true, Some(tokens)) = (chat, tokens) {
         let request = RenderRequest {
-            messages: body.messages?,
+            messages: Messages::Json(body.messages?),
             tools: body.tools,
             add_generation_prompt: body.add_generation_prompt,
             continue_final_message: body.continue_final_message,

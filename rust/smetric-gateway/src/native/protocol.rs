@@ -21,7 +21,7 @@ use super::response_ids::ResponseIds;
 use super::state::NativeApis;
 use crate::answers::{Body, json_response};
 use crate::tokens::chunk_ids;
-use crate::tokens::{RenderRequest, TokenSource};
+use crate::tokens::{Messages, RenderRequest, TokenSource};
 
 /// What the native path routes a body on.
 pub(crate) struct Plan {
@@ -218,7 +218,8 @@ pub(crate) fn rendered_plan(body: RenderedBody, session: Option<String>, ids: Id
 /// A body converted into the chat request vLLM renders (Messages, Responses), as JSON: what a
 /// chat template is rendered on.
 pub(crate) struct ChatRequest {
-    pub(crate) messages: String,
+    /// The converted messages as the template sees them.
+    pub(crate) messages: Vec<minijinja::Value>,
     pub(crate) tools: Option<String>,
     pub(crate) chat_template_kwargs: Option<String>,
     /// The converted roles' turn verdict.
@@ -233,7 +234,7 @@ pub(crate) struct ChatRequest {
 /// cover it — the app's.
 pub(crate) fn template_plan(request: &ChatRequest, session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
     let render = RenderRequest {
-        messages: &request.messages,
+        messages: Messages::Values(&request.messages),
         tools: request.tools.as_deref(),
         add_generation_prompt: true,
         continue_final_message: false,

@@ -31,6 +31,7 @@
 use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
+use minijinja::value::Serde;
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -48,7 +49,7 @@ use super::state::NativeApis;
 use crate::tokens::TokenSource;
 use smetric_core::TurnHint;
 
-use super::json::{self, Entries, TextOrList, json_array, json_str, list, object, string};
+use super::json::{self, Entries, TextOrList, json_str, list, object, string};
 use super::sse::{Pending, data_of};
 
 #[derive(Deserialize)]
@@ -145,11 +146,18 @@ struct Converted<'a> {
 }
 
 impl<'a> Converted<'a> {
-    /// A message the conversion builds: `{"role": role, key: json}`.
+    /// A message the conversion builds: `{"role": role, key: value}`, the value JSON text.
     fn built(role: &'a str, content: Content<'a>, key: &'a str, json: impl Into<Cow<'a, str>>) -> Self {
+        let mut message = Self::built_text(role, content, key, "");
+        message.json.set(key, json);
+        message
+    }
+
+    /// A message the conversion builds: `{"role": role, key: text}`, a string.
+    fn built_text(role: &'a str, content: Content<'a>, key: &'a str, text: impl Into<Cow<'a, str>>) -> Self {
         let mut entries = Entries::default();
-        entries.set("role", json_str(role));
-        entries.set(key, json);
+        entries.set_text("role", role);
+        entries.set_text(key, text);
         Self {
             role: Cow::Borrowed(role),
             content,
@@ -407,7 +415,11 @@ fn truthy_value(value: &Value) -> bool {
 fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
     let conversion = conversion(raw, true)?;
     let request = ChatRequest {
-        messages: json_array(&conversion.messages, |m, out| m.json.push_json(out)),
+        messages: conversion
+            .messages
+            .iter()
+            .map(|m| minijinja::Value::from(Serde(&m.json)))
+            .collect(),
         tools: match conversion.tools {
             None => None,
             Some(tools) => Some(chat_tools(tools)?),
@@ -431,7 +443,7 @@ fn chat_tools(raw: &RawValue) -> Option<String> {
     let mut n = 0;
     for tool in list(raw)? {
         let mut entries = Entries::of(tool)?;
-        if entries.get("type") != Some("\"function\"") {
+        if entries.get("type").as_deref() != Some("\"function\"") {
             continue;
         }
         entries.remove("type");
@@ -493,17 +505,16 @@ fn conversion(raw: &[u8], with_json: bool) -> Option<Conversion<'_>> {
     {
         return None;
     }
-    let json = |text: &str| json_if(with_json, text);
     let input = body.input?;
     let mut messages: Vec<Converted<'_>> = Vec::new();
     if let Some(text) = instructions.filter(|t| !t.is_empty()) {
-        let json = json(&text);
-        messages.push(Converted::built("system", Content::Text(text), "content", json));
+        let kept = text_if(with_json, &text);
+        messages.push(Converted::built_text("system", Content::Text(text), "content", kept));
     }
     match input {
         TextOrList::Text(text) => {
-            let json = json(&text);
-            messages.push(Converted::built("user", Content::Text(text), "content", json));
+            let kept = text_if(with_json, &text);
+            messages.push(Converted::built_text("user", Content::Text(text), "content", kept));
         }
         TextOrList::List(items) => {
             if !items.iter().all(|i| i.get().starts_with('{')) {
@@ -531,10 +542,10 @@ fn conversion(raw: &[u8], with_json: bool) -> Option<Conversion<'_>> {
     })
 }
 
-/// `text` as a JSON string when the conversion builds the messages' JSON, else nothing (plain
-/// ChatML never reads it).
-fn json_if(with_json: bool, text: &str) -> String {
-    if with_json { json_str(text) } else { String::new() }
+/// `text` when the conversion builds the messages' JSON, else nothing (plain ChatML never reads
+/// it: a borrowed text costs nothing either way, an owned one is copied only when needed).
+fn text_if<'a>(with_json: bool, text: &Cow<'a, str>) -> Cow<'a, str> {
+    if with_json { text.clone() } else { Cow::Borrowed("") }
 }
 
 fn is_assistant(messages: &[Converted<'_>]) -> bool {
@@ -542,7 +553,6 @@ fn is_assistant(messages: &[Converted<'_>]) -> bool {
 }
 
 fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawValue, with_json: bool) -> Option<()> {
-    let json = |text: &str| json_if(with_json, text);
     let kind = item.kind.and_then(string);
     match kind.as_deref() {
         Some("function_call") => {
@@ -565,7 +575,7 @@ fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawV
                         return Some(());
                     }
                     ToolCalls::List => {
-                        let calls = appended(last.json.get("tool_calls").unwrap_or("[]"), &call);
+                        let calls = appended(last.json.get("tool_calls").as_deref().unwrap_or("[]"), &call);
                         last.json.set("tool_calls", calls);
                         return Some(());
                     }
@@ -588,15 +598,20 @@ fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawV
                 .filter(|t| !t.is_empty())
                 .or_else(|| first_text(item.summary).filter(|t| !t.is_empty()))
                 .unwrap_or_default();
-            let json = json(&text);
+            let kept = text_if(with_json, &text);
             if is_assistant(messages)
                 && let Some(last) = messages.last_mut()
                 && !last.reasoning
             {
                 last.reasoning = true;
-                last.json.set("reasoning", json);
+                last.json.set_text("reasoning", kept);
             } else {
-                messages.push(Converted::built("assistant", Content::Raw(None), "reasoning", json));
+                messages.push(Converted::built_text(
+                    "assistant",
+                    Content::Raw(None),
+                    "reasoning",
+                    kept,
+                ));
             }
         }
         Some("function_call_output" | "custom_tool_call_output") => {
@@ -618,15 +633,15 @@ fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawV
                 .then(|| first_text(item.content))
                 .flatten();
             if let Some(said) = said {
-                let json = json(&said);
+                let kept = text_if(with_json, &said);
                 if is_assistant(messages)
                     && let Some(last) = messages.last_mut()
                     && !last.has_content()
                 {
                     last.content = Content::Text(said);
-                    last.json.set("content", json);
+                    last.json.set_text("content", kept);
                 } else {
-                    messages.push(Converted::built("assistant", Content::Text(said), "content", json));
+                    messages.push(Converted::built_text("assistant", Content::Text(said), "content", kept));
                 }
             } else if let Some(role) = role {
                 let tool_calls = match item.tool_calls {

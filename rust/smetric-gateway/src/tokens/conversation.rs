@@ -139,6 +139,12 @@ fn part(part: &Value, format: ContentFormat) -> Result<Option<Value>> {
 
 /// Texts joined with `"\n"`; a part that is not a string makes Python's `join` raise.
 fn join_texts(items: &[Value]) -> Result<Value> {
+    // One text is itself: the value is shared, not copied (a long history's turn is one).
+    if let [item] = items
+        && item.kind() == ValueKind::String
+    {
+        return Ok(item.clone());
+    }
     let mut out = String::new();
     for (k, item) in items.iter().enumerate() {
         let Some(text) = item.as_str() else {
@@ -268,12 +274,27 @@ fn message(message: &Value, format: ContentFormat) -> Result<Value> {
     Ok(map_value(out))
 }
 
+/// A request's messages as the gateway has them: the JSON text of a chat body's `messages`, or
+/// a converted API's messages already built as template values (no JSON text in between).
+#[derive(Clone, Copy, Debug)]
+pub enum Messages<'a> {
+    Json(&'a str),
+    Values(&'a [Value]),
+}
+
 /// The conversation the template sees, and its messages' roles (for the turn verdict).
-pub fn conversation(messages_json: &str, format: ContentFormat) -> Result<(Vec<Value>, Vec<String>)> {
-    let messages: Vec<Value> = serde_json::from_str(messages_json).map_err(|e| ConversationError(e.to_string()))?;
+pub fn conversation(messages: Messages<'_>, format: ContentFormat) -> Result<(Vec<Value>, Vec<String>)> {
+    let parsed: Vec<Value>;
+    let messages = match messages {
+        Messages::Json(text) => {
+            parsed = serde_json::from_str(text).map_err(|e| ConversationError(e.to_string()))?;
+            &parsed[..]
+        }
+        Messages::Values(values) => values,
+    };
     let mut out = Vec::with_capacity(messages.len());
     let mut roles = Vec::with_capacity(messages.len());
-    for m in &messages {
+    for m in messages {
         let normalised = message(m, format)?;
         roles.push(
             get(&normalised, "role")
@@ -325,10 +346,10 @@ mod tests {
     #[test]
     fn messages_take_vllms_shape_and_transformers_aliases() {
         let (chat, roles) = conversation(
-            r#"[{"role": "user", "content": [{"type": "text", "text": "a"}, "b", {"type": "image_url", "image_url": {}}]},
+            Messages::Json(r#"[{"role": "user", "content": [{"type": "text", "text": "a"}, "b", {"type": "image_url", "image_url": {}}]},
                 {"role": "assistant", "content": null, "reasoning": "r",
                  "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{\"z\": 1, \"a\": 2}"}, "type": "function"}]},
-                {"role": "tool", "tool_call_id": "1", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}]"#,
+                {"role": "tool", "tool_call_id": "1", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}]"#),
             ContentFormat::String,
         )
         .unwrap();
@@ -343,7 +364,7 @@ mod tests {
             r#"{"role": "tool", "content": "x\ny", "tool_call_id": "1"}"#
         );
         let (open, _) = conversation(
-            r#"[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]"#,
+            Messages::Json(r#"[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]"#),
             ContentFormat::OpenAi,
         )
         .unwrap();
@@ -360,7 +381,10 @@ mod tests {
             r#"[{"role": "user", "content": [3]}]"#,
             r#"[{"role": "user", "content": [{"type": "text", "text": 3}]}]"#,
         ] {
-            assert!(conversation(body, ContentFormat::String).is_err(), "{body}");
+            assert!(
+                conversation(Messages::Json(body), ContentFormat::String).is_err(),
+                "{body}"
+            );
         }
     }
 

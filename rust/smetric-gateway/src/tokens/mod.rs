@@ -13,7 +13,7 @@ mod source;
 mod template;
 
 pub use approximate::{byte_chunk_ids, chunk_ids};
-pub use conversation::ContentFormat;
+pub use conversation::{ContentFormat, Messages};
 pub use piecewise::{
     ENTRY_OVERHEAD_BYTES, OverBudget, PiecewiseEncoder, TokenizerError, piecewise_blockers, with_encode_budget,
 };

@@ -135,7 +135,7 @@ pub fn piecewise_blockers(config: &serde_json::Value) -> Vec<String> {
 /// The piece cache: piece → (ids, LRU stamp), the stamps in order, the charged bytes.
 #[derive(Default)]
 struct Cache {
-    pieces: HashMap<Arc<str>, (Arc<[u32]>, u64)>,
+    pieces: HashMap<Arc<str>, (Arc<[u32]>, u64), foldhash::quality::RandomState>,
     order: BTreeMap<u64, Arc<str>>,
     bytes: usize,
     next_stamp: u64,

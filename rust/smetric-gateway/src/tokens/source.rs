@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 
 use super::approximate::chunk_ids;
-use super::conversation::ContentFormat;
+use super::conversation::{ContentFormat, Messages};
 use super::piecewise::{Affixes, PiecewiseEncoder, TokenizerError};
 use super::template::{ChatTemplate, RenderError, RenderRequest};
 
@@ -90,7 +90,7 @@ fn probe_leading_system(template: &ChatTemplate) -> LeadingSystem {
     let probe = r#"[{"role": "system", "content": "t"}, {"role": "user", "content": "t"},
         {"role": "system", "content": "t"}, {"role": "user", "content": "t"}]"#;
     let request = RenderRequest {
-        messages: probe,
+        messages: Messages::Json(probe),
         tools: None,
         add_generation_prompt: false,
         continue_final_message: false,

@@ -17,7 +17,7 @@ use std::fmt::Write;
 use minijinja::value::{Kwargs, Rest, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
-use super::conversation::{ContentFormat, ConversationError, Map, conversation, get, map_value, tool_dump};
+use super::conversation::{ContentFormat, ConversationError, Map, Messages, conversation, get, map_value, tool_dump};
 use super::pyvalue::{JsonStyle, py_json, py_str};
 
 /// transformers' marker for `continue_final_message`, appended to the final message's text.
@@ -58,8 +58,8 @@ impl From<Error> for RenderError {
 
 /// What one render takes from the request.
 pub struct RenderRequest<'a> {
-    /// The JSON text of `messages`.
-    pub messages: &'a str,
+    /// The request's `messages`.
+    pub messages: Messages<'a>,
     /// The JSON text of `tools` (present, even empty, or absent).
     pub tools: Option<&'a str>,
     pub add_generation_prompt: bool,
@@ -424,7 +424,7 @@ mod tests {
     fn render(source: &str, messages: &str, agp: bool) -> Result<String, RenderError> {
         let t = ChatTemplate::new(source, ContentFormat::String, vec![("eos_token".into(), "</s>".into())])?;
         t.render(&RenderRequest {
-            messages,
+            messages: Messages::Json(messages),
             tools: None,
             add_generation_prompt: agp,
             continue_final_message: false,
@@ -461,7 +461,9 @@ mod tests {
         .unwrap();
         let (text, _) = t
             .render(&RenderRequest {
-                messages: r#"[{"role": "user", "content": "q"}, {"role": "assistant", "content": "par"}]"#,
+                messages: Messages::Json(
+                    r#"[{"role": "user", "content": "q"}, {"role": "assistant", "content": "par"}]"#,
+                ),
                 tools: None,
                 add_generation_prompt: true,
                 continue_final_message: true,
