@@ -1,0 +1,76 @@
+"""What the compiled gateway's plan of a body costs in process, per API and token mode (issue 32).
+
+Usage: ``python benches/python/gateway_plan.py [--bodies 400] [--repeat 5]``.
+
+The bodies are ``benches/proxy_data_plane.py``'s: one agent session's 32K-token history and a
+distinct short user message each, as chat, Anthropic Messages and OpenAI Responses bodies. For
+each API and mode (approximate ids; tokenizer mode on ``tests/data/serve/tokenizer.json``, its
+piece cache warm with the history after the first body) it prints, from
+``smetric._core.gateway_routing_ids`` (the native path's plan, from the body's bytes to the ids):
+
+* **best**: the best of ``--repeat`` passes over all bodies, µs a body (every piece cached from the
+  second pass on);
+* **once**: each body planned once after one warm-up body, as the server sees a session's next
+  turns: the p50 and p90 µs (the new message is a piece the cache lacks).
+
+No assertion: it prints figures (BENCHMARKS.md quotes them). Run old and new builds alternated
+(an old wheel's files on ``PYTHONPATH``) to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from smetric._core import gateway_routing_ids
+from smetric.serve.compiled import gateway_token_source
+from smetric.serve.tokens import TokenConfig, TokenSource
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benches"))
+import proxy_data_plane as bench  # noqa: E402
+
+TOKENIZER = ROOT / "tests" / "data" / "serve" / "tokenizer.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bodies", type=int, default=400)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    chats = bench.chat_bodies(args.bodies + 1, 32_768, True)
+    apis = {
+        "chat": ("/v1/chat/completions", chats),
+        "messages": ("/v1/messages", bench.messages_bodies(chats)),
+        "responses": ("/v1/responses", bench.responses_bodies(chats)),
+    }
+    print(f"{'API':<10} {'mode':<12} {'best µs':>8} {'once p50':>9} {'once p90':>9}")
+    for api, (path, bodies) in apis.items():
+        for mode in ("approximate", "tokenizer"):
+            # A fresh source per row: the once column starts from a cache holding one body.
+            source = (
+                gateway_token_source(TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER))))
+                if mode == "tokenizer"
+                else None
+            )
+            gateway_routing_ids(path, bodies[0], tokens=source)
+            once = []
+            for raw in bodies[1:]:
+                start = time.perf_counter()
+                gateway_routing_ids(path, raw, tokens=source)
+                once.append(time.perf_counter() - start)
+            best = float("inf")
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                for raw in bodies[1:]:
+                    gateway_routing_ids(path, raw, tokens=source)
+                best = min(best, (time.perf_counter() - start) / len(bodies[1:]))
+            once.sort()
+            p50, p90 = once[len(once) // 2], once[int(len(once) * 0.9)]
+            print(f"{api:<10} {mode:<12} {best * 1e6:8.1f} {p50 * 1e6:9.1f} {p90 * 1e6:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
