@@ -3,6 +3,7 @@
     .venv/bin/python scripts/reproduce_pd.py --traces /work/shared/traces --out docs/results-data   # ≈ 20 min, 2 cores
     .venv/bin/python scripts/reproduce_pd.py --tuning-only ...     # the tuning-window scans alone
     .venv/bin/python scripts/reproduce_pd.py --tables docs/results-data                            # tables only
+    .venv/bin/python scripts/reproduce_pd.py --diagnose --out /tmp/pd-diagnosis   # PD diagnosis (§12.7)
 
 Two parts, both under the v2 defaults (LMCache tier path, 16 H20 GPUs, insert-on-route index,
 turns from the requests):
@@ -247,6 +248,62 @@ def smetric_plus_table(d: dict[str, Any], plus: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+DIAGNOSIS: dict[str, dict[str, Any]] = {
+    "today": {},
+    "kv switch off": {"smetric_kv_bound_share": 0.0},
+    "gate": {"smetric_migration": "threshold", "smetric_kv_bound_share": 0.0},
+    "fetch 16": {"smetric_migration_margin": 16.0, "smetric_kv_bound_share": 0.0},
+}
+"""``smetric`` variants of the diagnosis (:func:`diagnosis`): today's default, without the KV-bound
+switch, round 1's default (the paper's TTFT gate alone) and the fetch rule at a wider margin."""
+DIAGNOSIS_BASELINES = ("lmetric", "linear", "lpwl")
+"""The PD report's best baselines (§12): the ratio's denominator is the best of them per cell."""
+
+
+def diagnosis(traces_dir: Path, out: Path, jobs: int) -> Path:
+    """Which part of today's default costs the PD cells (results §12.7), on the **tuning** window
+    only (Weka 0476–0549; the report grid is not run): :data:`DIAGNOSIS` and
+    :data:`DIAGNOSIS_BASELINES` at the report's two splits and co-located, the Weka ladder, three
+    seeds; peak prefill TPS under SLO ÷ the best baseline's per cell. It chooses nothing: a
+    variant ahead of today's by more than 0.01 in its worst cell names the part to look at, and a
+    PD default would then be chosen by its own rule, written before its runs."""
+    trace = next(t for t in TRACES if t.role == "tuning")
+    spec = spec_of(trace, traces_dir)
+    cells: list[tuple[dict[str, Any], RunSpec]] = []
+    for split in (None, *SPLITS):
+        arms = [(v, "smetric", f) for v, f in DIAGNOSIS.items()] + [(b, b, {}) for b in DIAGNOSIS_BASELINES]
+        for name, policy, fields in arms:
+            config = config_of(split)
+            config = config.with_router(**fields) if fields else config
+            for load in LOADS["weka"]:
+                for seed in SEEDS:
+                    cell = {"layout": layout_name(split), "label": name, "load": load, "seed": seed}
+                    cells.append((cell, RunSpec(spec, config, Window(), policy, load, seed)))
+    started = time.perf_counter()
+    runs, failed = run_cells(cells, jobs)
+    path = out / "pd_diagnosis.json"
+    payload = {"trace": trace.key, "wall_s": time.perf_counter() - started, "failed": failed, "runs": runs}
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
+def diagnosis_table(d: dict[str, Any]) -> str:
+    cells = group(d["runs"], "layout", "label")
+    layouts = ["co-located", *(layout_name(s) for s in SPLITS)]
+    lines = [
+        "| variant | " + " | ".join(layouts) + " | worst |",
+        "|---|" + "---:|" * (len(layouts) + 1),
+    ]
+    best = {lay: max(peak(cells[(lay, b)], "prefill_tps_under_slo")[0] for b in DIAGNOSIS_BASELINES) for lay in layouts}
+    for name in DIAGNOSIS:
+        ratios = [peak(cells[(lay, name)], "prefill_tps_under_slo")[0] / best[lay] for lay in layouts]
+        lines.append(f"| {name} | " + " | ".join(f"×{r:.3f}" for r in ratios) + f" | ×{min(ratios):.3f} |")
+    for b in DIAGNOSIS_BASELINES:
+        ratios = [peak(cells[(lay, b)], "prefill_tps_under_slo")[0] / best[lay] for lay in layouts]
+        lines.append(f"| {b} | " + " | ".join(f"×{r:.3f}" for r in ratios) + " | |")
+    return "\n".join(lines)
+
+
 # --- tables --------------------------------------------------------------------------------------
 
 
@@ -437,7 +494,16 @@ def main() -> int:
         action="store_true",
         help="only re-run smetric (its current defaults) on the report grid, against the stored pd.json",
     )
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="only the diagnosis of today's default in PD, on the tuning window (results §12.7)",
+    )
     args = parser.parse_args()
+    if args.diagnose:
+        args.out.mkdir(parents=True, exist_ok=True)
+        print(diagnosis_table(json.loads(diagnosis(args.traces, args.out, args.jobs).read_text())))
+        return 0
     if args.tables:
         print(tables(args.tables))
         return 0
