@@ -99,6 +99,15 @@ def run_cells(cells: list[tuple[dict[str, Any], RunSpec]], jobs: int) -> tuple[l
     return runs, failed
 
 
+def run_into(path: Path, cells: list[tuple[dict[str, Any], RunSpec]], jobs: int, **fields: Any) -> Path:
+    """Runs the cells and writes ``fields``, the wall time, the failed cells and the runs to ``path``."""
+    started = time.perf_counter()
+    runs, failed = run_cells(cells, jobs)
+    payload = {**fields, "wall_s": time.perf_counter() - started, "failed": failed, "runs": runs}
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
 def spec_of(trace: Trace, traces_dir: Path) -> TraceSpec:
     return TraceSpec(paths=tuple(str(traces_dir / f) for f in trace.files), format=trace.format)
 
@@ -119,12 +128,7 @@ def tuning(traces_dir: Path, out: Path, jobs: int) -> Path:
                 for seed in SEEDS:
                     cell = {"part": "rule", "layout": layout_name(split), "label": rule, "load": load, "seed": seed}
                     cells.append((cell, RunSpec(spec, config_of(split, rule), Window(), "smetric", load, seed)))
-    started = time.perf_counter()
-    runs, failed = run_cells(cells, jobs)
-    path = out / "pd_tuning.json"
-    payload = {"trace": trace.key, "wall_s": time.perf_counter() - started, "failed": failed, "runs": runs}
-    path.write_text(json.dumps(payload, indent=1) + "\n")
-    return path
+    return run_into(out / "pd_tuning.json", cells, jobs, trace=trace.key)
 
 
 ATTRIBUTION = ("lmetric", "linear", "smetric")
@@ -144,12 +148,7 @@ def attribution(traces_dir: Path, out: Path, jobs: int) -> Path:
                         cell = {"trace": trace.key, "layout": layout_name(split), "label": f"{label}+{rule}"}
                         cell |= {"load": load, "seed": seed}
                         cells.append((cell, RunSpec(spec, config_of(split, rule), Window(), label, load, seed)))
-    started = time.perf_counter()
-    runs, failed = run_cells(cells, jobs)
-    path = out / "pd_attribution.json"
-    payload = {"wall_s": time.perf_counter() - started, "failed": failed, "runs": runs}
-    path.write_text(json.dumps(payload, indent=1) + "\n")
-    return path
+    return run_into(out / "pd_attribution.json", cells, jobs)
 
 
 def attribution_table(d: dict[str, Any], a: dict[str, Any]) -> str:
@@ -188,21 +187,16 @@ def report(traces_dir: Path, out: Path, jobs: int) -> Path:
                         cell = {"trace": trace.key, "layout": layout_name(split), "label": label, "load": load}
                         cell["seed"] = seed
                         cells.append((cell, RunSpec(spec, config_of(split), Window(), label, load, seed)))
-    started = time.perf_counter()
-    runs, failed = run_cells(cells, jobs)
-    path = out / "pd.json"
-    payload = {
-        "slo": SLO_HEADLINE.label,
-        "splits": [layout_name(s) for s in SPLITS],
-        "loads": LOADS,
-        "fixed_load": FIXED_LOAD,
-        "seeds": list(SEEDS),
-        "wall_s": time.perf_counter() - started,
-        "failed": failed,
-        "runs": runs,
-    }
-    path.write_text(json.dumps(payload, indent=1) + "\n")
-    return path
+    return run_into(
+        out / "pd.json",
+        cells,
+        jobs,
+        slo=SLO_HEADLINE.label,
+        splits=[layout_name(s) for s in SPLITS],
+        loads=LOADS,
+        fixed_load=FIXED_LOAD,
+        seeds=list(SEEDS),
+    )
 
 
 def smetric_plus(traces_dir: Path, out: Path, jobs: int) -> Path:
@@ -217,23 +211,21 @@ def smetric_plus(traces_dir: Path, out: Path, jobs: int) -> Path:
                     cell = {"trace": trace.key, "layout": layout_name(split), "label": "smetric", "load": load}
                     cell["seed"] = seed
                     cells.append((cell, RunSpec(spec, config_of(split), Window(), "smetric", load, seed)))
-    started = time.perf_counter()
-    runs, failed = run_cells(cells, jobs)
-    path = out / "pd_smetric_plus.json"
-    path.write_text(
-        json.dumps({"wall_s": time.perf_counter() - started, "failed": failed, "runs": runs}, indent=1) + "\n"
-    )
-    return path
+    return run_into(out / "pd_smetric_plus.json", cells, jobs)
+
+
+def stored_labels(d: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The policies and the baselines a stored run holds: pd.json holds those of its day, and
+    baselines added since are not in it."""
+    stored = {r["label"] for r in d["runs"]}
+    return [lab for lab in LABELS if lab in stored], [b for b in BASELINES if b in stored]
 
 
 def smetric_plus_table(d: dict[str, Any], plus: dict[str, Any]) -> str:
     """smetric with the smetric+ defaults, and in the paper's form (pd.json), ÷ the best baseline."""
     cells = group(d["runs"], "trace", "layout", "label")
     new = group(plus["runs"], "trace", "layout")
-    # pd.json holds the policies of its day; baselines added since are not in it.
-    stored = {r["label"] for r in d["runs"]}
-    labels = [lab for lab in LABELS if lab in stored]
-    baselines = [b for b in BASELINES if b in stored]
+    labels, baselines = stored_labels(d)
     lines = [
         "| trace | layout | smetric (smetric+ defaults) ÷ best | paper's form ÷ best | best baseline |",
         "|---|---|---:|---:|---|",
@@ -279,12 +271,7 @@ def diagnosis(traces_dir: Path, out: Path, jobs: int) -> Path:
                 for seed in SEEDS:
                     cell = {"layout": layout_name(split), "label": name, "load": load, "seed": seed}
                     cells.append((cell, RunSpec(spec, config, Window(), policy, load, seed)))
-    started = time.perf_counter()
-    runs, failed = run_cells(cells, jobs)
-    path = out / "pd_diagnosis.json"
-    payload = {"trace": trace.key, "wall_s": time.perf_counter() - started, "failed": failed, "runs": runs}
-    path.write_text(json.dumps(payload, indent=1) + "\n")
-    return path
+    return run_into(out / "pd_diagnosis.json", cells, jobs, trace=trace.key)
 
 
 def diagnosis_table(d: dict[str, Any]) -> str:
@@ -350,17 +337,18 @@ def headline(d: dict[str, Any]) -> str:
     ]
     traces = sorted({r["trace"] for r in d["runs"]}, key=[t.key for t in TRACES].index)
     layouts = ["co-located", *d["splits"]]
+    labels, baselines = stored_labels(d)
     for trace in traces:
         fmt = "weka" if trace.startswith("weka") else "mooncake"
         fixed = d["fixed_load"][fmt]
         for layout in layouts:
-            pk = {lab: peak(cells[(trace, layout, lab)], "prefill_tps_under_slo") for lab in LABELS}
-            tp = {lab: peak(cells[(trace, layout, lab)], "tps_under_slo")[0] for lab in LABELS}
-            name = max(BASELINES, key=lambda b: pk[b][0])
+            pk = {lab: peak(cells[(trace, layout, lab)], "prefill_tps_under_slo") for lab in labels}
+            tp = {lab: peak(cells[(trace, layout, lab)], "tps_under_slo")[0] for lab in labels}
+            name = max(baselines, key=lambda b: pk[b][0])
             s, b = pk["smetric"], pk[name]
-            seeds = [s[2][k] / max(pk_b[2][k] for pk_b in (pk[x] for x in BASELINES)) for k in s[2]]
-            ttft = {lab: at_load(cells[(trace, layout, lab)], fixed, "ttft_p50_s") for lab in LABELS}
-            tps_best = max(tp[x] for x in BASELINES)
+            seeds = [s[2][k] / max(pk_b[2][k] for pk_b in (pk[x] for x in baselines)) for k in s[2]]
+            ttft = {lab: at_load(cells[(trace, layout, lab)], fixed, "ttft_p50_s") for lab in labels}
+            tps_best = max(tp[x] for x in baselines)
             lines.append(
                 f"| {trace} | {layout} | {_fmt(s[0])} ({s[1]:g}) | {name} {_fmt(b[0])} | "
                 f"×{s[0] / b[0]:.3f} ({min(seeds):.2f}–{max(seeds):.2f}) | ×{tp['smetric'] / tps_best:.3f} | "
@@ -380,7 +368,7 @@ def per_policy(d: dict[str, Any], trace: str) -> str:
         f"TPOT p50 ms ({' · '.join(layouts)}) |",
         "|---|" + "---:|" * len(layouts) + "---|---|",
     ]
-    for lab in LABELS:
+    for lab in stored_labels(d)[0]:
         row = [lab]
         for lay in layouts:
             v, load, _ = peak(cells[(trace, lay, lab)], "prefill_tps_under_slo")
