@@ -49,11 +49,12 @@ use super::state::NativeApis;
 use crate::tokens::TokenSource;
 use smetric_core::TurnHint;
 
-use super::json::{self, Entries, TextOrList, json_str, list, object, string};
+use super::json::{self, Entries, Obj, TextOrList, json_str, list, object, string};
 use super::sse::{Pending, data_of};
 
 #[derive(Deserialize)]
-struct Body<'a> {
+#[serde(bound(deserialize = "I: Deserialize<'de>"))]
+struct Body<'a, I> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -75,16 +76,33 @@ struct Body<'a> {
     #[serde(borrow, default)]
     max_output_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    input: Option<Input<'a>>,
+    input: Option<TextOrList<'a, I>>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
     kv_transfer_params: Option<&'a RawValue>,
 }
 
-/// `input`, read in the body's pass: a string decoded where it stands, or the list's items as
-/// raw JSON (anything else fails the parse: the app's to answer).
-type Input<'a> = TextOrList<'a, &'a RawValue>;
+/// An `input` item as the body's pass reads it (`input` itself is a string decoded where it
+/// stands or a list of these; anything else fails the parse: the app's to answer): typed in that
+/// pass (plain ChatML reads the fields alone), or kept as its raw JSON, typed from it after, for
+/// the chat template's copy of the whole item (tokenizer mode).
+trait InputItem<'a> {
+    /// The item's fields, and its raw JSON when it was kept.
+    fn split(self) -> Option<(Item<'a>, Option<&'a RawValue>)>;
+}
+
+impl<'a> InputItem<'a> for &'a RawValue {
+    fn split(self) -> Option<(Item<'a>, Option<&'a RawValue>)> {
+        Some((object(self)?, Some(self)))
+    }
+}
+
+impl<'a> InputItem<'a> for Obj<Item<'a>> {
+    fn split(self) -> Option<(Item<'a>, Option<&'a RawValue>)> {
+        Some((self.0, None))
+    }
+}
 
 #[derive(Deserialize)]
 struct Item<'a> {
@@ -461,9 +479,18 @@ fn chat_tools(raw: &RawValue) -> Option<String> {
 
 /// The body validated and converted (see the module docs), or None: the app's to answer. The
 /// messages' JSON (what a chat template sees) only `with_json`: plain ChatML renders from
-/// their roles and contents alone. One pass over the body reads its fields and `input`'s items.
+/// their roles and contents alone. One pass over the body reads its fields and `input`'s items'
+/// fields (tokenizer mode keeps each item's JSON for the template and reads its fields from it).
 fn conversion(raw: &[u8], with_json: bool) -> Option<Conversion<'_>> {
-    let body: Body<'_> = json::body_object(raw)?;
+    if with_json {
+        converted(json::body_object::<Body<'_, &RawValue>>(raw)?, true)
+    } else {
+        converted(json::body_object::<Body<'_, Obj<Item<'_>>>>(raw)?, false)
+    }
+}
+
+/// [`conversion`] of the body read.
+fn converted<'a, I: InputItem<'a>>(body: Body<'a, I>, with_json: bool) -> Option<Conversion<'a>> {
     if body.kv_transfer_params.is_some() {
         return None;
     }
@@ -517,11 +544,9 @@ fn conversion(raw: &[u8], with_json: bool) -> Option<Conversion<'_>> {
             messages.push(Converted::built_text("user", Content::Text(text), "content", kept));
         }
         TextOrList::List(items) => {
-            if !items.iter().all(|i| i.get().starts_with('{')) {
-                return None;
-            }
             for item in items {
-                convert(&mut messages, &object(item)?, item, with_json)?;
+                let (item, raw) = item.split()?;
+                convert(&mut messages, &item, raw)?;
             }
         }
     }
@@ -552,7 +577,10 @@ fn is_assistant(messages: &[Converted<'_>]) -> bool {
     messages.last().is_some_and(|m| m.role == "assistant")
 }
 
-fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawValue, with_json: bool) -> Option<()> {
+/// One item converted onto `messages`; `raw`, the item's JSON, when the conversion builds the
+/// messages' JSON (tokenizer mode).
+fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: Option<&'a RawValue>) -> Option<()> {
+    let with_json = raw.is_some();
     let kind = item.kind.and_then(string);
     match kind.as_deref() {
         Some("function_call") => {
@@ -655,10 +683,9 @@ fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: &'a RawV
                     reasoning: item.reasoning.is_some(),
                     tool_calls,
                     // The item itself, every key in its order (an object: checked above).
-                    json: if with_json {
-                        Entries::of(raw)?
-                    } else {
-                        Entries::default()
+                    json: match raw {
+                        Some(raw) => Entries::of(raw)?,
+                        None => Entries::default(),
                     },
                 });
             } else {
