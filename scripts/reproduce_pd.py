@@ -253,6 +253,33 @@ DIAGNOSIS_BASELINES = ("lmetric", "linear", "lpwl")
 """The PD report's best baselines (§12): the ratio's denominator is the best of them per cell."""
 
 
+Arm = tuple[str, str, dict[str, Any]]
+"""A label, the policy it runs and its router fields."""
+
+
+def arm_cells(
+    spec: TraceSpec, splits: tuple[tuple[int, int] | None, ...], arms: list[Arm], seeds: tuple[int, ...]
+) -> list[tuple[dict[str, Any], RunSpec]]:
+    """Each arm at each layout, over the Weka ladder and ``seeds``."""
+    cells: list[tuple[dict[str, Any], RunSpec]] = []
+    for split in splits:
+        for name, policy, fields in arms:
+            config = config_of(split)
+            config = config.with_router(**fields) if fields else config
+            for load in LOADS["weka"]:
+                for seed in seeds:
+                    cell = {"layout": layout_name(split), "label": name, "load": load, "seed": seed}
+                    cells.append((cell, RunSpec(spec, config, Window(), policy, load, seed)))
+    return cells
+
+
+def ratios_to_best(d: dict[str, Any], layouts: list[str], labels: list[str]) -> dict[str, list[float]]:
+    """Each label's peak prefill TPS under SLO ÷ the best of :data:`DIAGNOSIS_BASELINES`', per layout."""
+    cells = group(d["runs"], "layout", "label")
+    best = {lay: max(peak(cells[(lay, b)], "prefill_tps_under_slo")[0] for b in DIAGNOSIS_BASELINES) for lay in layouts}
+    return {lab: [peak(cells[(lay, lab)], "prefill_tps_under_slo")[0] / best[lay] for lay in layouts] for lab in labels}
+
+
 def diagnosis(traces_dir: Path, out: Path, jobs: int) -> Path:
     """Which part of today's default costs the PD cells (results §12.7), on the **tuning** window
     only (Weka 0476–0549; the report grid is not run): :data:`DIAGNOSIS` and
@@ -261,35 +288,24 @@ def diagnosis(traces_dir: Path, out: Path, jobs: int) -> Path:
     variant ahead of today's by more than 0.01 in its worst cell names the part to look at, and a
     PD default would then be chosen by its own rule, written before its runs."""
     trace = next(t for t in TRACES if t.role == "tuning")
-    spec = spec_of(trace, traces_dir)
-    cells: list[tuple[dict[str, Any], RunSpec]] = []
-    for split in (None, *SPLITS):
-        arms = [(v, "smetric", f) for v, f in DIAGNOSIS.items()] + [(b, b, {}) for b in DIAGNOSIS_BASELINES]
-        for name, policy, fields in arms:
-            config = config_of(split)
-            config = config.with_router(**fields) if fields else config
-            for load in LOADS["weka"]:
-                for seed in SEEDS:
-                    cell = {"layout": layout_name(split), "label": name, "load": load, "seed": seed}
-                    cells.append((cell, RunSpec(spec, config, Window(), policy, load, seed)))
+    arms: list[Arm] = [(v, "smetric", f) for v, f in DIAGNOSIS.items()] + [(b, b, {}) for b in DIAGNOSIS_BASELINES]
+    cells = arm_cells(spec_of(trace, traces_dir), (None, *SPLITS), arms, SEEDS)
     return run_into(out / "pd_diagnosis.json", cells, jobs, trace=trace.key)
 
 
-def diagnosis_table(d: dict[str, Any]) -> str:
-    cells = group(d["runs"], "layout", "label")
-    layouts = ["co-located", *(layout_name(s) for s in SPLITS)]
-    lines = [
-        "| variant | " + " | ".join(layouts) + " | worst |",
-        "|---|" + "---:|" * (len(layouts) + 1),
-    ]
-    best = {lay: max(peak(cells[(lay, b)], "prefill_tps_under_slo")[0] for b in DIAGNOSIS_BASELINES) for lay in layouts}
-    for name in DIAGNOSIS:
-        ratios = [peak(cells[(lay, name)], "prefill_tps_under_slo")[0] / best[lay] for lay in layouts]
-        lines.append(f"| {name} | " + " | ".join(f"×{r:.3f}" for r in ratios) + f" | ×{min(ratios):.3f} |")
-    for b in DIAGNOSIS_BASELINES:
-        ratios = [peak(cells[(lay, b)], "prefill_tps_under_slo")[0] / best[lay] for lay in layouts]
-        lines.append(f"| {b} | " + " | ".join(f"×{r:.3f}" for r in ratios) + " | |")
+def ratio_table(head: str, layouts: list[str], ratios: dict[str, list[float]], worst_of: list[str]) -> str:
+    """One row per label: its ratios per layout, and the worst for the labels in ``worst_of``."""
+    lines = [f"| {head} | " + " | ".join(layouts) + " | worst |", "|---|" + "---:|" * (len(layouts) + 1)]
+    for lab, rs in ratios.items():
+        worst = f"×{min(rs):.3f}" if lab in worst_of else ""
+        lines.append(f"| {lab} | " + " | ".join(f"×{r:.3f}" for r in rs) + f" | {worst} |")
     return "\n".join(lines)
+
+
+def diagnosis_table(d: dict[str, Any]) -> str:
+    layouts = ["co-located", *(layout_name(s) for s in SPLITS)]
+    ratios = ratios_to_best(d, layouts, [*DIAGNOSIS, *DIAGNOSIS_BASELINES])
+    return ratio_table("variant", layouts, ratios, list(DIAGNOSIS))
 
 
 PREFILL_MARGINS = (4.0, 8.0, 16.0, 32.0)
@@ -313,20 +329,9 @@ def prefill_margin_round(traces_dir: Path, out: Path, jobs: int) -> tuple[Path, 
 
     Returns the data's path and the winner."""
     trace = next(t for t in TRACES if t.role == "tuning")
-    spec = spec_of(trace, traces_dir)
-    cells: list[tuple[dict[str, Any], RunSpec]] = []
-    for split in SPLITS:
-        arms: list[tuple[str, str, dict[str, Any]]] = [
-            (f"margin {m:g}", "smetric", {"smetric_prefill_pool_margin": m}) for m in PREFILL_MARGINS
-        ]
-        arms += [(b, b, {}) for b in DIAGNOSIS_BASELINES]
-        for name, policy, fields in arms:
-            config = config_of(split)
-            config = config.with_router(**fields) if fields else config
-            for load in LOADS["weka"]:
-                for seed in PREFILL_SEEDS:
-                    cell = {"layout": layout_name(split), "label": name, "load": load, "seed": seed}
-                    cells.append((cell, RunSpec(spec, config, Window(), policy, load, seed)))
+    arms: list[Arm] = [(margin_label(m), "smetric", {"smetric_prefill_pool_margin": m}) for m in PREFILL_MARGINS]
+    arms += [(b, b, {}) for b in DIAGNOSIS_BASELINES]
+    cells = arm_cells(spec_of(trace, traces_dir), SPLITS, arms, PREFILL_SEEDS)
     path = run_into(out / "pd_prefill_margin.json", cells, jobs, trace=trace.key, seeds=list(PREFILL_SEEDS))
     worst = prefill_margin_worst(json.loads(path.read_text()))
     best = max(worst.values())
@@ -336,27 +341,21 @@ def prefill_margin_round(traces_dir: Path, out: Path, jobs: int) -> tuple[Path, 
     return path, winner
 
 
+def margin_label(margin: float) -> str:
+    return f"margin {margin:g}"
+
+
 def prefill_margin_worst(d: dict[str, Any]) -> dict[float, float]:
     """Each candidate margin's worst R over the round's cells."""
-    cells = group(d["runs"], "layout", "label")
     layouts = [layout_name(s) for s in SPLITS]
-    best = {lay: max(peak(cells[(lay, b)], "prefill_tps_under_slo")[0] for b in DIAGNOSIS_BASELINES) for lay in layouts}
-    return {
-        m: min(peak(cells[(lay, f"margin {m:g}")], "prefill_tps_under_slo")[0] / best[lay] for lay in layouts)
-        for m in PREFILL_MARGINS
-    }
+    ratios = ratios_to_best(d, layouts, [margin_label(m) for m in PREFILL_MARGINS])
+    return {m: min(ratios[margin_label(m)]) for m in PREFILL_MARGINS}
 
 
 def prefill_margin_table(d: dict[str, Any]) -> str:
-    cells = group(d["runs"], "layout", "label")
     layouts = [layout_name(s) for s in SPLITS]
-    best = {lay: max(peak(cells[(lay, b)], "prefill_tps_under_slo")[0] for b in DIAGNOSIS_BASELINES) for lay in layouts}
-    worst = prefill_margin_worst(d)
-    lines = ["| margin | " + " | ".join(layouts) + " | worst R |", "|---|" + "---:|" * (len(layouts) + 1)]
-    for m in PREFILL_MARGINS:
-        ratios = [peak(cells[(lay, f"margin {m:g}")], "prefill_tps_under_slo")[0] / best[lay] for lay in layouts]
-        lines.append(f"| {m:g} | " + " | ".join(f"×{r:.3f}" for r in ratios) + f" | ×{worst[m]:.3f} |")
-    return "\n".join(lines)
+    labels = [margin_label(m) for m in PREFILL_MARGINS]
+    return ratio_table("candidate", layouts, ratios_to_best(d, layouts, labels), labels)
 
 
 def prefill_margin_report(traces_dir: Path, out: Path, jobs: int, margin: float) -> Path:

@@ -88,17 +88,21 @@ struct Body<'a, I> {
 /// pass (plain ChatML reads the fields alone), or kept as its raw JSON, typed from it after, for
 /// the chat template's copy of the whole item (tokenizer mode).
 trait InputItem<'a> {
+    /// Whether the item's JSON is kept: the conversion then builds the messages' JSON.
+    const KEPT: bool;
     /// The item's fields, and its raw JSON when it was kept.
     fn split(self) -> Option<(Item<'a>, Option<&'a RawValue>)>;
 }
 
 impl<'a> InputItem<'a> for &'a RawValue {
+    const KEPT: bool = true;
     fn split(self) -> Option<(Item<'a>, Option<&'a RawValue>)> {
         Some((object(self)?, Some(self)))
     }
 }
 
 impl<'a> InputItem<'a> for Obj<Item<'a>> {
+    const KEPT: bool = false;
     fn split(self) -> Option<(Item<'a>, Option<&'a RawValue>)> {
         Some((self.0, None))
     }
@@ -166,9 +170,10 @@ struct Converted<'a> {
 impl<'a> Converted<'a> {
     /// A message the conversion builds: `{"role": role, key: value}`, the value JSON text.
     fn built(role: &'a str, content: Content<'a>, key: &'a str, json: impl Into<Cow<'a, str>>) -> Self {
-        let mut message = Self::built_text(role, content, key, "");
-        message.json.set(key, json);
-        message
+        let mut entries = Entries::default();
+        entries.set_text("role", role);
+        entries.set(key, json);
+        Self::of_entries(role, content, key, entries)
     }
 
     /// A message the conversion builds: `{"role": role, key: text}`, a string.
@@ -176,6 +181,10 @@ impl<'a> Converted<'a> {
         let mut entries = Entries::default();
         entries.set_text("role", role);
         entries.set_text(key, text);
+        Self::of_entries(role, content, key, entries)
+    }
+
+    fn of_entries(role: &'a str, content: Content<'a>, key: &'a str, entries: Entries<'a>) -> Self {
         Self {
             role: Cow::Borrowed(role),
             content,
@@ -483,14 +492,15 @@ fn chat_tools(raw: &RawValue) -> Option<String> {
 /// fields (tokenizer mode keeps each item's JSON for the template and reads its fields from it).
 fn conversion(raw: &[u8], with_json: bool) -> Option<Conversion<'_>> {
     if with_json {
-        converted(json::body_object::<Body<'_, &RawValue>>(raw)?, true)
+        converted(json::body_object::<Body<'_, &RawValue>>(raw)?)
     } else {
-        converted(json::body_object::<Body<'_, Obj<Item<'_>>>>(raw)?, false)
+        converted(json::body_object::<Body<'_, Obj<Item<'_>>>>(raw)?)
     }
 }
 
-/// [`conversion`] of the body read.
-fn converted<'a, I: InputItem<'a>>(body: Body<'a, I>, with_json: bool) -> Option<Conversion<'a>> {
+/// [`conversion`] of the body read: the messages' JSON built when its items were kept.
+fn converted<'a, I: InputItem<'a>>(body: Body<'a, I>) -> Option<Conversion<'a>> {
+    let with_json = I::KEPT;
     if body.kv_transfer_params.is_some() {
         return None;
     }
