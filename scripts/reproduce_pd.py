@@ -4,7 +4,6 @@
     .venv/bin/python scripts/reproduce_pd.py --tuning-only ...     # the tuning-window scans alone
     .venv/bin/python scripts/reproduce_pd.py --tables docs/results-data                            # tables only
     .venv/bin/python scripts/reproduce_pd.py --diagnose --out /tmp/pd-diagnosis   # PD diagnosis (§12.7)
-    .venv/bin/python scripts/reproduce_pd.py --prefill-margin --out DIR  # the prefill-pool margin (DIR: a pd.json)
 
 Two parts, both under the v2 defaults (LMCache tier path, 16 H20 GPUs, insert-on-route index,
 turns from the requests):
@@ -308,71 +307,6 @@ def diagnosis_table(d: dict[str, Any]) -> str:
     return ratio_table("variant", layouts, ratios, list(DIAGNOSIS))
 
 
-PREFILL_MARGINS = (4.0, 8.0, 16.0, 32.0)
-"""Candidates for ``smetric_prefill_pool_margin``; 4 (the co-located margin) is the incumbent."""
-PREFILL_SEEDS = (3, 4, 5)
-"""The round's arrival seeds on the tuning window: not run there before (the diagnosis ran 0–2)."""
-
-
-def prefill_margin_round(traces_dir: Path, out: Path, jobs: int) -> tuple[Path, float]:
-    """Chooses ``smetric_prefill_pool_margin`` (results §12.7). Written before its runs:
-
-    * cells: the PD tuning window (Weka 0476–0549) at the report's two splits, the Weka ladder,
-      arrival seeds :data:`PREFILL_SEEDS`; ``smetric`` with each of :data:`PREFILL_MARGINS` (today's
-      default otherwise) and :data:`DIAGNOSIS_BASELINES`;
-    * R = a variant's peak prefill TPS under SLO (the mean of the seeds, over the ladder) ÷ the best
-      baseline's in that cell;
-    * the winner has the highest worst R over the cells; the incumbent (4) is replaced only if
-      beaten by more than 0.01; ties within 0.005 go to the smaller margin;
-    * if replaced, the report grid's PD layouts are run once with the winner
-      (:func:`prefill_margin_report`) and reported beside today's rows.
-
-    Returns the data's path and the winner."""
-    trace = next(t for t in TRACES if t.role == "tuning")
-    arms: list[Arm] = [(margin_label(m), "smetric", {"smetric_prefill_pool_margin": m}) for m in PREFILL_MARGINS]
-    arms += [(b, b, {}) for b in DIAGNOSIS_BASELINES]
-    cells = arm_cells(spec_of(trace, traces_dir), SPLITS, arms, PREFILL_SEEDS)
-    path = run_into(out / "pd_prefill_margin.json", cells, jobs, trace=trace.key, seeds=list(PREFILL_SEEDS))
-    worst = prefill_margin_worst(json.loads(path.read_text()))
-    best = max(worst.values())
-    leaders = [m for m in PREFILL_MARGINS if worst[m] >= best - 0.005]
-    incumbent = PREFILL_MARGINS[0]
-    winner = leaders[0] if best > worst[incumbent] + 0.01 else incumbent
-    return path, winner
-
-
-def margin_label(margin: float) -> str:
-    return f"margin {margin:g}"
-
-
-def prefill_margin_worst(d: dict[str, Any]) -> dict[float, float]:
-    """Each candidate margin's worst R over the round's cells."""
-    layouts = [layout_name(s) for s in SPLITS]
-    ratios = ratios_to_best(d, layouts, [margin_label(m) for m in PREFILL_MARGINS])
-    return {m: min(ratios[margin_label(m)]) for m in PREFILL_MARGINS}
-
-
-def prefill_margin_table(d: dict[str, Any]) -> str:
-    layouts = [layout_name(s) for s in SPLITS]
-    labels = [margin_label(m) for m in PREFILL_MARGINS]
-    return ratio_table("candidate", layouts, ratios_to_best(d, layouts, labels), labels)
-
-
-def prefill_margin_report(traces_dir: Path, out: Path, jobs: int, margin: float) -> Path:
-    """The report grid's PD layouts, ``smetric`` with the round's winning prefill-pool margin."""
-    cells: list[tuple[dict[str, Any], RunSpec]] = []
-    for trace in (t for t in TRACES if t.role == "report"):
-        spec = spec_of(trace, traces_dir)
-        for split in SPLITS:
-            config = config_of(split).with_router(smetric_prefill_pool_margin=margin)
-            for load in LOADS[trace.format]:
-                for seed in SEEDS:
-                    cell = {"trace": trace.key, "layout": layout_name(split), "label": "smetric", "load": load}
-                    cell["seed"] = seed
-                    cells.append((cell, RunSpec(spec, config, Window(), "smetric", load, seed)))
-    return run_into(out / "pd_prefill_margin_report.json", cells, jobs, margin=margin)
-
-
 # --- tables --------------------------------------------------------------------------------------
 
 
@@ -569,22 +503,7 @@ def main() -> int:
         action="store_true",
         help="only the diagnosis of today's default in PD, on the tuning window (results §12.7)",
     )
-    parser.add_argument(
-        "--prefill-margin",
-        action="store_true",
-        help="only the round choosing smetric_prefill_pool_margin (tuning window; the report once if it changes)",
-    )
     args = parser.parse_args()
-    if args.prefill_margin:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path, winner = prefill_margin_round(args.traces, args.out, args.jobs)
-        print(prefill_margin_table(json.loads(path.read_text())))
-        print(f"winner: margin {winner:g}")
-        if winner != PREFILL_MARGINS[0]:
-            d = json.loads((args.out / "pd.json").read_text())
-            report_path = prefill_margin_report(args.traces, args.out, args.jobs, winner)
-            print(smetric_plus_table(d, json.loads(report_path.read_text())))
-        return 0
     if args.diagnose:
         args.out.mkdir(parents=True, exist_ok=True)
         print(diagnosis_table(json.loads(diagnosis(args.traces, args.out, args.jobs).read_text())))

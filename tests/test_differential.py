@@ -817,8 +817,6 @@ def case_spec(rnd: random.Random, case: int) -> CaseSpec:
             "smetric_batch_term": rnd.choice([True, True, False]),
             "smetric_migration": rnd.choice(["threshold", "cost", "work", "fetch"]),
             "smetric_migration_margin": rnd.choice([0.0, 0.25, 1.0]),
-            # Read by prefill pools only: a co-located router's decisions must not depend on it.
-            "smetric_prefill_pool_margin": rnd.choice([0.0, 4.0, 16.0]),
             "smetric_kv_fit": rnd.choice([True, False]),
             "smetric_growth_headroom_tokens": rnd.choice([0.0, 16.0, 64.0]),
             "exact_pending_ttl_s": rnd.choice([2.0, 0.0, 0.05, 0.3, 0.0305]),

@@ -186,7 +186,6 @@ class RouterConfig:
         smetric_batch_term: bool = ...,
         smetric_migration: SmetricMigration = ...,
         smetric_migration_margin: float = ...,
-        smetric_prefill_pool_margin: float = ...,
         smetric_kv_fit: bool = ...,
         smetric_growth_headroom_tokens: float = ...,
         smetric_retention_s: float = ...,
@@ -260,8 +259,6 @@ class RouterConfig:
     def smetric_migration(self) -> SmetricMigration: ...
     @property
     def smetric_migration_margin(self) -> float: ...
-    @property
-    def smetric_prefill_pool_margin(self) -> float: ...
     @property
     def smetric_kv_fit(self) -> bool: ...
     @property

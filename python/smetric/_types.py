@@ -212,7 +212,6 @@ class RouterConfigFields(TypedDict):
     smetric_batch_term: bool
     smetric_migration: SmetricMigration
     smetric_migration_margin: float
-    smetric_prefill_pool_margin: float
     smetric_kv_fit: bool
     smetric_growth_headroom_tokens: float
     smetric_retention_s: float

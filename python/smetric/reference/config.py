@@ -44,8 +44,6 @@ class ReferenceConfig:
     smetric_batch_term: bool = True
     smetric_migration: str = "fetch"
     smetric_migration_margin: float = 4.0
-    # PD prefill pools only: the reference router is co-located, so it never reads it.
-    smetric_prefill_pool_margin: float = 4.0
     smetric_kv_fit: bool = True
     smetric_growth_headroom_tokens: float = 0.0
     smetric_retention_s: float = 0.0
@@ -103,7 +101,6 @@ class ReferenceConfig:
             smetric_batch_term=True,
             smetric_migration="threshold",
             smetric_migration_margin=0.0,
-            smetric_prefill_pool_margin=0.0,
             smetric_kv_fit=False,
             smetric_growth_headroom_tokens=0.0,
             smetric_retention_s=0.0,

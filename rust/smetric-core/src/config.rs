@@ -312,11 +312,6 @@ pub struct RouterConfig {
     /// `smetric`, cost rule: the home is kept while its score is at most `1 + margin` times
     /// the best score.
     pub smetric_migration_margin: f64,
-    /// `smetric` v2 in a PD prefill pool: the margin of the cost rules there, in place of
-    /// `smetric_migration_margin`. A prefill instance hands its KV to a decode instance, so a
-    /// follow-up kept home saves only its prefill, and what a move costs differs from a
-    /// co-located fleet's (docs/results.md §12.7).
-    pub smetric_prefill_pool_margin: f64,
     /// `smetric`: an instance whose in-flight prompt tokens plus the request's would exceed
     /// its GPU KV (`local_capacity_blocks` × block size) is not a target while another one
     /// has room, and a home without room is left.
@@ -439,7 +434,6 @@ impl RouterConfig {
         smetric_batch_term: true,
         smetric_migration: MigrationRule::Fetch,
         smetric_migration_margin: 4.0,
-        smetric_prefill_pool_margin: 4.0,
         smetric_kv_fit: true,
         smetric_growth_headroom_tokens: 0.0,
         smetric_retention_s: 0.0,
@@ -483,7 +477,6 @@ impl RouterConfig {
         smetric_batch_term: true,
         smetric_migration: MigrationRule::Threshold,
         smetric_migration_margin: 0.0,
-        smetric_prefill_pool_margin: 0.0,
         smetric_kv_fit: false,
         smetric_growth_headroom_tokens: 0.0,
         smetric_retention_s: 0.0,
@@ -521,7 +514,6 @@ impl RouterConfig {
             smetric_batch_term: p.smetric_batch_term,
             smetric_migration: p.smetric_migration,
             smetric_migration_margin: p.smetric_migration_margin,
-            smetric_prefill_pool_margin: p.smetric_prefill_pool_margin,
             smetric_kv_fit: p.smetric_kv_fit,
             smetric_growth_headroom_tokens: p.smetric_growth_headroom_tokens,
             smetric_retention_s: p.smetric_retention_s,
@@ -639,7 +631,6 @@ impl RouterConfig {
         finite_non_negative("overload_slack_requests", self.overload_slack_requests)?;
         finite_non_negative("smetric_active_weight", self.smetric_active_weight)?;
         finite_non_negative("smetric_migration_margin", self.smetric_migration_margin)?;
-        finite_non_negative("smetric_prefill_pool_margin", self.smetric_prefill_pool_margin)?;
         finite_non_negative("smetric_growth_headroom_tokens", self.smetric_growth_headroom_tokens)?;
         finite_non_negative("smetric_retention_s", self.smetric_retention_s)?;
         finite_non_negative("smetric_kv_bound_share", self.smetric_kv_bound_share)?;

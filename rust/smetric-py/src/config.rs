@@ -48,7 +48,6 @@ impl PyRouterConfig {
         smetric_batch_term = D.smetric_batch_term,
         smetric_migration = D.smetric_migration.name(),
         smetric_migration_margin = D.smetric_migration_margin,
-        smetric_prefill_pool_margin = D.smetric_prefill_pool_margin,
         smetric_kv_fit = D.smetric_kv_fit,
         smetric_growth_headroom_tokens = D.smetric_growth_headroom_tokens,
         smetric_retention_s = D.smetric_retention_s,
@@ -102,7 +101,6 @@ impl PyRouterConfig {
         smetric_batch_term: bool,
         smetric_migration: &str,
         smetric_migration_margin: f64,
-        smetric_prefill_pool_margin: f64,
         smetric_kv_fit: bool,
         smetric_growth_headroom_tokens: f64,
         smetric_retention_s: f64,
@@ -154,7 +152,6 @@ impl PyRouterConfig {
             smetric_batch_term,
             smetric_migration: MigrationRule::parse(smetric_migration).py()?,
             smetric_migration_margin,
-            smetric_prefill_pool_margin,
             smetric_kv_fit,
             smetric_growth_headroom_tokens,
             smetric_retention_s,
@@ -279,10 +276,6 @@ impl PyRouterConfig {
     #[getter]
     fn smetric_migration_margin(&self) -> f64 {
         self.inner.smetric_migration_margin
-    }
-    #[getter]
-    fn smetric_prefill_pool_margin(&self) -> f64 {
-        self.inner.smetric_prefill_pool_margin
     }
     #[getter]
     fn smetric_kv_fit(&self) -> bool {
@@ -442,7 +435,6 @@ impl PyRouterConfig {
         d.set_item("smetric_batch_term", c.smetric_batch_term)?;
         d.set_item("smetric_migration", c.smetric_migration.name())?;
         d.set_item("smetric_migration_margin", c.smetric_migration_margin)?;
-        d.set_item("smetric_prefill_pool_margin", c.smetric_prefill_pool_margin)?;
         d.set_item("smetric_kv_fit", c.smetric_kv_fit)?;
         d.set_item("smetric_growth_headroom_tokens", c.smetric_growth_headroom_tokens)?;
         d.set_item("smetric_retention_s", c.smetric_retention_s)?;

@@ -68,8 +68,7 @@
 //! * `smetric_migration = cost | work | fetch` replaces the gate (everywhere, or where the tier
 //!   holds at least `HIT_RATIO` of the prompt for `fetch`): the home is kept while its score
 //!   (`cost`) or its `e` (`work`) is at most `1 + smetric_migration_margin` times the best
-//!   target's (`smetric_prefill_pool_margin` in a PD prefill pool), else the request moves to
-//!   the best (`migrate (cheaper elsewhere)`).
+//!   target's, else the request moves to the best (`migrate (cheaper elsewhere)`).
 //!
 //! Invariants: no per-session state (the turn comes from the request); every constant is a
 //! `RouterConfig` field; scores are integer-valued floats, so ties are exact and the Python
@@ -202,12 +201,7 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
                 reason: Reason::StayChurning,
             };
         }
-        let margin = 1.0
-            + if input.prefill_only {
-                cfg.smetric_prefill_pool_margin
-            } else {
-                cfg.smetric_migration_margin
-            };
+        let margin = 1.0 + cfg.smetric_migration_margin;
         if cfg.smetric_migration != MigrationRule::Work {
             // The home stays when its score is within the margin of the least. Asked in one
             // pass before the argmin, a stay skips the argmin's second pass over the ties (an
@@ -469,36 +463,6 @@ mod tests {
         assert_eq!(select(&input(&c, N, false, &CFG, &rng)).reason, Reason::Sticky);
         let s = select(&input(&c, N, false, &cost, &rng));
         assert_eq!((s.index, s.reason), (0, Reason::MigrateCheaper));
-    }
-
-    #[test]
-    fn a_prefill_pool_reads_its_own_margin() {
-        let rng = DrawCounter::new(0);
-        // Home 1's pending work (100,000 queued + ≈ 3,239) is ≈ 3× instance 0's (≈ 34,489):
-        // beyond a 0.25 margin, within 4.
-        let c = [inst(0, 0, 1, 0, RATE), inst(1, 15_000, 1, 100_000, RATE)];
-        let cost = RouterConfig {
-            smetric_migration: MigrationRule::Cost,
-            smetric_migration_margin: 0.25,
-            smetric_prefill_pool_margin: 4.0,
-            ..CFG
-        };
-        let mut pool = input(&c, N, false, &cost, &rng);
-        pool.prefill_only = true;
-        assert_eq!(select(&pool).reason, Reason::Sticky, "the pool's margin keeps it home");
-        assert_eq!(
-            select(&input(&c, N, false, &cost, &rng)).reason,
-            Reason::MigrateCheaper,
-            "a co-located fleet reads smetric_migration_margin"
-        );
-        // Negative control: the pool's margin at 0.25 moves it there too.
-        let tight = RouterConfig {
-            smetric_prefill_pool_margin: 0.25,
-            ..cost
-        };
-        let mut pool = input(&c, N, false, &tight, &rng);
-        pool.prefill_only = true;
-        assert_eq!(select(&pool).reason, Reason::MigrateCheaper);
     }
 
     // The shipped configuration (`RouterConfig::PAPER`): one test per branch of the gate, the
