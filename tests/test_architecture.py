@@ -520,6 +520,11 @@ def _fact_problems(text: str, root: Path) -> list[str]:
         found = re.search(rf"^\s*{name}: (.+),$", router, re.MULTILINE)
         return found.group(1) if found else "?"
 
+    unsafe_sites = sorted(
+        str(path.relative_to(root))
+        for path in (root / "rust").glob("*/src/**/*.rs")
+        if "allow(unsafe_code)" in path.read_text()
+    )
     tiers = re.search(r"pub enum Tier \{(.*?)\n\}", request, re.DOTALL)
     removed = re.search(r"^REMOVED_SETTINGS = \{(.*?)\n\}", serve_config, re.MULTILINE | re.DOTALL)
     actual = {
@@ -532,6 +537,7 @@ def _fact_problems(text: str, root: Path) -> list[str]:
         "index tiers": ", ".join(
             f"`{v}`" for v in re.findall(r"^    (\w+),$", tiers.group(1) if tiers else "", re.MULTILINE)
         ),
+        "files allowed `unsafe` (the workspace denies it)": ", ".join(f"`{p}`" for p in unsafe_sites),
         "settings of `smetric serve` removed": ", ".join(
             f"`{v}`" for v in re.findall(r'^    "(\w+)":', removed.group(1) if removed else "", re.MULTILINE)
         ),
@@ -553,14 +559,17 @@ def test_the_facts_architecture_states_hold() -> None:
 
 
 def test_the_fact_check_sees_drift() -> None:
-    """Negative control: a page that states 7 policies and an index mutex fails the check."""
+    """Negative control: a page that states 7 policies, an index mutex and one unsafe file fails the check."""
     text = (ROOT / "docs/architecture.md").read_text()
-    drifted = text.replace("| policies | 17 |", "| policies | 7 |").replace(
-        "| `RwLock<KvIndex>` |", "| `Mutex<KvIndex>` |"
+    drifted = (
+        text.replace("| policies | 17 |", "| policies | 7 |")
+        .replace("| `RwLock<KvIndex>` |", "| `Mutex<KvIndex>` |")
+        .replace("`rust/smetric-core/src/prefetch.rs`, `rust/smetric-py", "`rust/smetric-py")
     )
     problems = _fact_problems(drifted, ROOT)
     assert any(p.startswith("policies: the page says 7") for p in problems), problems
     assert any(p.startswith("the index's lock: the page says `Mutex<KvIndex>`") for p in problems), problems
+    assert any(p.startswith("files allowed `unsafe`") for p in problems), problems
 
 
 # -- the constants both planes share are defined once, in the gateway (issue 32 item 3) ----------

@@ -16,7 +16,10 @@
 //!   index with 32 instances, followed by the lifecycle calls that keep the board steady; the
 //!   same prompt each time, so its chain already is the newest in both holders;
 //! * `route/{1K,32K}-cycle16/32` — the same, cycling through 16 sessions' prompts, so that each
-//!   route moves its chain to the front of both holders' LRU orders.
+//!   route moves its chain to the front of both holders' LRU orders;
+//! * `route/32K-new/32` — the write-heavy route: every prompt a new session's first turn (a new
+//!   first token), on an index whose global tier (1M blocks) and GPU caches are full, so each
+//!   route creates 2,048 entries and evicts as many (the block table's probes miss cache).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -211,6 +214,25 @@ fn bench_route(c: &mut Criterion) {
             });
         });
     }
+    // The write-heavy route: a new chain every call, into full holders.
+    let router = Router::new(&names, PolicyKind::Smetric, 16, 0, RouterConfig::default()).expect("valid router");
+    let mut prompt = tokens(32_768, 11);
+    let mut fresh = 0u32;
+    let mut route_new = |prompt: &mut Vec<u32>| {
+        fresh += 1;
+        prompt[0] = 151_936 + fresh;
+        let d = router
+            .route(&RouteRequest::new(Prompt::Tokens(black_box(prompt))))
+            .expect("route");
+        router.on_finished(d.request_id, 0);
+        d.instance
+    };
+    // Past the global tier's capacity (1M blocks = 512 such chains), so every route evicts.
+    for _ in 0..640 {
+        route_new(&mut prompt);
+    }
+    g.throughput(Throughput::Elements(32_768));
+    g.bench_function(BenchmarkId::new("32K-new", 32), |b| b.iter(|| route_new(&mut prompt)));
     g.finish();
 }
 

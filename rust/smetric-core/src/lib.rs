@@ -37,6 +37,7 @@ mod lockstep;
 pub mod mix_map;
 pub mod pd;
 pub mod policy;
+mod prefetch;
 pub mod recent_load;
 pub mod rng;
 pub mod router;

@@ -209,6 +209,16 @@ impl RunLru {
             .and_then(|r| r.ids.last().map(|&e| (e, r.time_ms)))
     }
 
+    /// The id `k` places before [`RunLru::peek`]'s in the oldest run, if it has one: the block
+    /// about `k` evictions from now (stale ids included), for prefetching it.
+    #[inline]
+    pub(crate) fn peek_ahead(&self, k: usize) -> Option<u32> {
+        let run = [&self.cleaned, &self.pending, &self.recent]
+            .into_iter()
+            .find_map(|q| q.front())?;
+        run.ids.len().checked_sub(k + 1).map(|i| run.ids[i])
+    }
+
     /// The touch time [`RunLru::peek`] would report after [`RunLru::settle`], read without
     /// settling: that of the oldest run with a current id (dropped runs before it are skipped,
     /// not removed), so that a shared reader can tell whether a TTL purge has work to do.

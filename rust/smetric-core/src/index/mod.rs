@@ -19,6 +19,11 @@
 //! own; every other write takes `&mut self`. The index takes chains already hashed: the
 //! router hashes a prompt before it takes the index lock.
 //!
+//! The hash table is ours (`block_table.rs`: linear probing over 8-byte slots whose address we
+//! compute), so the write path of a new chain into full holders — one table lookup to create
+//! each new block, one to remove each evicted one, each a cache miss at ~1M entries — asks the
+//! memory for those lines a few blocks ahead (`PREFETCH_DISTANCE`, `prefetch.rs`).
+//!
 //! Each holder (instance or global tier) has a capacity in blocks and an LRU order
 //! ([`lru::RunLru`], one run per touched chain). Touching a chain goes from its last block
 //! to its first, leaving the first block the most recent, so a chain's tail is evicted
@@ -54,6 +59,7 @@
 //! Bytes per (block, holder) pair are measured by the `soak` example;
 //! [`KvIndex::memory_bytes`] estimates them from the container sizes.
 
+mod block_table;
 mod host;
 pub(crate) mod lru;
 mod pending;
@@ -65,6 +71,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
+use block_table::BlockTable;
 pub use host::HostPool;
 use host::HostTiers;
 use lru::RunLru;
@@ -72,8 +79,14 @@ use pending::PendingBlocks;
 pub(crate) use query::Walk;
 
 use crate::mix_map::MixMap;
+use crate::prefetch::prefetch_read;
 
 use crate::ids::BlockHash;
+
+/// How many blocks ahead the write path prefetches what it will look up (a new chain's table
+/// slots; an eviction loop's entries and their slots): far enough for a miss (≈ 100 ns) to
+/// land before its turn, near enough to stay in L1 (measured: `BENCHMARKS.md`).
+const PREFETCH_DISTANCE: usize = 8;
 
 /// Marks "the global tier does not hold this entry" and "no child yet".
 const NOT_HELD: u32 = u32::MAX;
@@ -210,7 +223,7 @@ pub struct IndexStats {
 pub struct KvIndex {
     limits: IndexLimits,
     /// Entry ids keyed by their block hash (the hash lives in the entry, not twice).
-    by_hash: hashbrown::HashTable<u32>,
+    by_hash: BlockTable,
     entries: Vec<Entry>,
     free_entries: Vec<u32>,
     /// `words - 1` u64 per entry: the instance bitset of slots 64 and up (empty while every
@@ -256,7 +269,7 @@ impl KvIndex {
     pub fn new(limits: IndexLimits) -> Self {
         Self {
             limits,
-            by_hash: hashbrown::HashTable::new(),
+            by_hash: BlockTable::default(),
             entries: Vec::new(),
             free_entries: Vec::new(),
             more_bits: Vec::new(),
@@ -559,9 +572,7 @@ impl KvIndex {
             let entry = &mut self.entries[e as usize];
             entry.inline_slot = FREE_ENTRY;
             let hash = entry.hash;
-            if let Ok(found) = self.by_hash.find_entry(table_hash(hash), |&id| id == e) {
-                found.remove();
-            }
+            self.by_hash.remove(table_hash(hash), e);
             self.free_entries.push(e);
             self.frees += 1;
         }
@@ -569,8 +580,7 @@ impl KvIndex {
 
     fn entry_of(&self, hash: BlockHash) -> Option<u32> {
         self.by_hash
-            .find(table_hash(hash), |&id| self.entries[id as usize].hash == hash)
-            .copied()
+            .find(table_hash(hash), |id| self.entries[id as usize].hash == hash)
     }
 
     fn create_entry(&mut self, hash: BlockHash) -> u32 {
@@ -606,9 +616,7 @@ impl KvIndex {
             }
             (self.entries.len() - 1) as u32
         };
-        let entries = &self.entries;
-        self.by_hash
-            .insert_unique(table_hash(hash), id, |&x| table_hash(entries[x as usize].hash));
+        self.by_hash.insert_unique(table_hash(hash), id);
         id
     }
 
@@ -631,6 +639,22 @@ impl KvIndex {
         self.drop_membership(holder, e);
         self.evictions += 1;
         true
+    }
+
+    /// Ahead of an eviction loop's next pop: asks the memory for the entry about
+    /// `2 · PREFETCH_DISTANCE` evictions from now and for the table slot of the one
+    /// `PREFETCH_DISTANCE` from now (its hash read from the entry asked for that many pops ago),
+    /// so that each eviction's two lookups find their lines in cache. Hints only.
+    #[inline]
+    fn prefetch_evictions(&mut self, holder: Holder) {
+        let lru = self.lru_mut(holder);
+        let (far, near) = (lru.peek_ahead(2 * PREFETCH_DISTANCE), lru.peek_ahead(PREFETCH_DISTANCE));
+        if let Some(entry) = far.and_then(|e| self.entries.get(e as usize)) {
+            prefetch_read(entry);
+        }
+        if let Some(entry) = near.and_then(|e| self.entries.get(e as usize)) {
+            self.by_hash.prefetch(table_hash(entry.hash));
+        }
     }
 
     /// Records that `holder` evicted a block last touched at `touched_ms` (instances only).
@@ -710,6 +734,9 @@ impl KvIndex {
         ids.reserve(run.len() - known);
         let mut prev = ids.last().copied();
         for (i, &h) in run.iter().enumerate().skip(known) {
+            if let Some(&ahead) = run.get(i + PREFETCH_DISTANCE) {
+                self.by_hash.prefetch(table_hash(ahead));
+            }
             let parent = if i > 0 {
                 prev.map(Parent::Entry)
             } else {
@@ -796,6 +823,7 @@ impl KvIndex {
         *self.lru_mut(holder) = lru;
         let cap = self.capacity(holder);
         while self.held(holder) as u64 > cap {
+            self.prefetch_evictions(holder);
             if !self.evict_lru(holder) {
                 break;
             }
@@ -1081,7 +1109,7 @@ impl KvIndex {
         let runs: usize = self.instances.iter().map(|h| h.lru.lock().heap_bytes()).sum::<usize>()
             + self.global_lru.lock().heap_bytes();
         [
-            ("hash_table", table_bytes(self.by_hash.capacity(), size_of::<u32>())),
+            ("hash_table", self.by_hash.heap_bytes()),
             (
                 "entries",
                 self.entries.capacity() * size_of::<Entry>() + self.free_entries.capacity() * size_of::<u32>(),
@@ -1162,10 +1190,8 @@ fn named(entries: &[Entry], e: u32, h: BlockHash) -> Option<&Entry> {
 
 /// [`KvIndex::entry_of`] out of line, on split borrows, for the slow path of a hot loop.
 #[inline(never)]
-fn lookup(by_hash: &hashbrown::HashTable<u32>, entries: &[Entry], hash: BlockHash) -> Option<u32> {
-    by_hash
-        .find(table_hash(hash), |&id| entries[id as usize].hash == hash)
-        .copied()
+fn lookup(by_hash: &BlockTable, entries: &[Entry], hash: BlockHash) -> Option<u32> {
+    by_hash.find(table_hash(hash), |id| entries[id as usize].hash == hash)
 }
 
 /// Points `parent.last_child` at `child`, writing only when it changes (a renewed chain

@@ -448,12 +448,7 @@ impl Tally {
 /// leaves `prev`'s `last_child` alone: the hint is read only when the next slot fails, and a
 /// hint naming the next slot would fail with it. Every other step takes [`step_off_slab`].
 #[inline]
-fn step<'e>(
-    entries: &'e [Entry],
-    by_hash: &hashbrown::HashTable<u32>,
-    prev: u32,
-    h: BlockHash,
-) -> Option<(u32, &'e Entry)> {
+fn step<'e>(entries: &'e [Entry], by_hash: &BlockTable, prev: u32, h: BlockHash) -> Option<(u32, &'e Entry)> {
     let next = prev.wrapping_add(1);
     match named(entries, next, h) {
         Some(x) => Some((next, x)),
@@ -466,12 +461,7 @@ fn step<'e>(
 /// line so that the slab path's loop keeps its state in registers.
 #[cold]
 #[inline(never)]
-fn step_off_slab<'e>(
-    entries: &'e [Entry],
-    by_hash: &hashbrown::HashTable<u32>,
-    prev: u32,
-    h: BlockHash,
-) -> Option<(u32, &'e Entry)> {
+fn step_off_slab<'e>(entries: &'e [Entry], by_hash: &BlockTable, prev: u32, h: BlockHash) -> Option<(u32, &'e Entry)> {
     let parent = entries.get(prev as usize);
     let child = parent.map_or(NOT_HELD, |p| p.last_child.load(Ordering::Relaxed));
     let e = match named(entries, child, h) {
