@@ -1,7 +1,7 @@
 //! The two-tier KV$ index: which blocks each instance's GPU cache holds, and which the
 //! cluster-wide global tier (CPU / Mooncake / LMCache store) holds.
 //!
-//! Algorithm: one 32-byte *entry* per block hash that some holder has, in a slab; each entry
+//! Algorithm: one 40-byte *entry* per block hash that some holder has, in a slab; each entry
 //! carries a bitset of the instances holding it (slots 0–63 inline, higher slots in a side
 //! array) and the global tier's sequence number. A query walks the request's hash chain
 //! once, ANDing the set of instances still matching with each block's bitset; when an
@@ -31,8 +31,9 @@
 //! a prefix of the chain, all current, the touch only renews that run and appends the new
 //! blocks; the run being touched again whole (the same prompt routed again) costs an id
 //! comparison per block and no entry access. Optional TTL ages instance blocks. The first
-//! instance to hold a block keeps its LRU sequence number inline in the entry (most blocks
-//! are one session's history, held by one instance); further holders use a per-instance map.
+//! two instances to hold a block keep their LRU sequence numbers inline in the entry (most
+//! blocks are one session's history, held by one instance, or by two once the session moved);
+//! further holders use a per-instance map.
 //! Each instance also keeps the newest touch time of a block it gave up for room or by a
 //! removal event ([`KvIndex::evicted_touch_ms`], O(1) per eviction): how recent the KV$ a new
 //! chain displaces there is, which `smetric`'s displacement guard reads.
@@ -106,7 +107,7 @@ pub enum Holder {
     Global,
 }
 
-/// One indexed block: 32 bytes, two to a cache line; a query step reads one entry only.
+/// One indexed block: 40 bytes; a query step reads one entry only.
 #[derive(Debug)]
 struct Entry {
     hash: BlockHash,
@@ -121,16 +122,23 @@ struct Entry {
     /// Atomic (relaxed) because walks under a shared lock update it: it is a hint, checked
     /// before use, so a lost or torn-free race costs a lookup, never an answer.
     last_child: AtomicU32,
+    /// Sequence number of `second_slot`'s current touch.
+    second_seq: u32,
     /// The first instance that held this block keeps its sequence number inline, so that a
-    /// touch of a single-holder block needs no map access; other holders use their map.
-    /// [`NO_SLOT`] when none, [`FREE_ENTRY`] while the slab slot is on the free list.
+    /// touch of a single-holder block needs no map access; the second holder uses the
+    /// `second_*` seat, further holders their map. [`NO_SLOT`] when none, [`FREE_ENTRY`] while
+    /// the slab slot is on the free list.
     inline_slot: u16,
+    /// The second inline seat ([`NO_SLOT`] when none): a moved session's old copy, or a prefix
+    /// two instances hold, costs neither holder a map access (measured: a second holder through
+    /// its map made a 32K decision ×2.4 slower; `BENCHMARKS.md`).
+    second_slot: u16,
     /// Distinct child blocks created under this block (saturating); a shared system prompt's
     /// last block has many, a session's latest turn none. Drives turn inference.
     children: u16,
 }
 
-const _: () = assert!(std::mem::size_of::<Entry>() == 32);
+const _: () = assert!(std::mem::size_of::<Entry>() == 40);
 
 impl Entry {
     fn live(&self) -> bool {
@@ -521,6 +529,7 @@ impl KvIndex {
         let entry = &mut self.entries[e as usize];
         match holder {
             Holder::Instance(s) if u32::from(entry.inline_slot) == s => std::mem::replace(&mut entry.inline_seq, seq),
+            Holder::Instance(s) if u32::from(entry.second_slot) == s => std::mem::replace(&mut entry.second_seq, seq),
             Holder::Instance(s) => self.mark_shared(s, e, seq),
             Holder::Global => {
                 let old = std::mem::replace(&mut entry.global_seq, seq);
@@ -530,8 +539,9 @@ impl KvIndex {
         }
     }
 
-    /// [`KvIndex::mark`] for an instance that does not hold `e` inline: it claims the inline
-    /// seat when that is free, else it uses its map. The holder bit tells whether it holds `e`.
+    /// [`KvIndex::mark`] for an instance that does not hold `e` inline: it claims a free inline
+    /// seat (the first, else the second), else it uses its map. The holder bit tells whether
+    /// it holds `e`.
     #[cold]
     fn mark_shared(&mut self, s: u32, e: u32, seq: u32) -> u32 {
         let (word, bit) = self.bit_of(e, s);
@@ -543,6 +553,10 @@ impl KvIndex {
         if !held && entry.inline_slot == NO_SLOT {
             entry.inline_slot = s as u16;
             entry.inline_seq = seq;
+            NOT_HELD
+        } else if !held && entry.second_slot == NO_SLOT {
+            entry.second_slot = s as u16;
+            entry.second_seq = seq;
             NOT_HELD
         } else {
             holder.seqs.insert(e, seq).unwrap_or(NOT_HELD)
@@ -556,6 +570,8 @@ impl KvIndex {
             Holder::Instance(s) => {
                 if u32::from(entry.inline_slot) == s {
                     entry.inline_slot = NO_SLOT;
+                } else if u32::from(entry.second_slot) == s {
+                    entry.second_slot = NO_SLOT;
                 } else {
                     self.instances[s as usize].seqs.remove(&e);
                 }
@@ -589,8 +605,10 @@ impl KvIndex {
             held: 0,
             global_seq: NOT_HELD,
             inline_seq: 0,
+            second_seq: 0,
             last_child: AtomicU32::new(NOT_HELD),
             inline_slot: NO_SLOT,
+            second_slot: NO_SLOT,
             children: 0,
         };
         let id = if let Some(id) = self.free_entries.pop() {
@@ -1174,6 +1192,7 @@ fn seq_in(entries: &[Entry], holder: Holder, seqs: Option<&MixMap<u32, u32>>, e:
     let entry = &entries[e as usize];
     match holder {
         Holder::Instance(s) if u32::from(entry.inline_slot) == s => Some(entry.inline_seq),
+        Holder::Instance(s) if u32::from(entry.second_slot) == s => Some(entry.second_seq),
         Holder::Instance(_) => seqs.and_then(|m| m.get(&e).copied()),
         Holder::Global => (entry.global_seq != NOT_HELD).then_some(entry.global_seq),
     }

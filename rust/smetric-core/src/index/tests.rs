@@ -29,13 +29,19 @@ impl KvIndex {
                 entry.global_seq != NOT_HELD || !self.no_instance_holds(e),
                 "entry {e} is held by someone"
             );
-            if entry.inline_slot != NO_SLOT {
-                let s = u32::from(entry.inline_slot);
-                assert!(
-                    self.is_live(s) && self.bit(e, s),
-                    "entry {e}'s inline seat {s} holds it"
-                );
+            for seat in [entry.inline_slot, entry.second_slot] {
+                if seat != NO_SLOT {
+                    let s = u32::from(seat);
+                    assert!(
+                        self.is_live(s) && self.bit(e, s),
+                        "entry {e}'s inline seat {s} holds it"
+                    );
+                }
             }
+            assert!(
+                entry.second_slot == NO_SLOT || entry.second_slot != entry.inline_slot,
+                "entry {e}'s two seats are two instances"
+            );
         }
         let holders = (0..self.instances.len() as u32)
             .filter(|&s| self.is_live(s))
@@ -66,7 +72,11 @@ impl KvIndex {
             if let Holder::Instance(s) = holder {
                 for &e in self.instances[s as usize].seqs.keys() {
                     assert!(self.bit(e, s), "{holder:?}'s map names only blocks it holds");
-                    assert_ne!(u32::from(self.entries[e as usize].inline_slot), s, "seated and mapped");
+                    let entry = &self.entries[e as usize];
+                    assert!(
+                        u32::from(entry.inline_slot) != s && u32::from(entry.second_slot) != s,
+                        "seated and mapped"
+                    );
                 }
             }
         }
@@ -135,6 +145,36 @@ fn longest_prefix_per_instance_and_global() {
     assert_eq!(q.local_blocks, vec![10, 4, 0]);
     assert_eq!(q.global_blocks, 6);
     assert_eq!(q.deepest_blocks, 10);
+}
+
+/// Two holders of a block sit in the entry's two seats, a third in its map; a seat freed by
+/// an eviction is taken by the next new holder, and the order of the holders' touches and
+/// evictions never loses a sequence number (`assert_consistent` after every step).
+#[test]
+fn two_holders_are_seated_a_third_is_mapped() {
+    let mut ix = index(4, 0);
+    let c = chain(0..4);
+    for s in 0..3 {
+        ix.touch(Holder::Instance(s), &c, None, u64::from(s));
+        ix.assert_consistent();
+    }
+    let mapped = |ix: &KvIndex, s: usize| ix.instances[s].seqs.len();
+    assert_eq!((mapped(&ix, 0), mapped(&ix, 1), mapped(&ix, 2)), (0, 0, 4));
+    // Instance 1 gives the chain up (a new chain of its capacity evicts it): its seat frees,
+    // and instance 2's next touch still finds its own numbers in its map.
+    ix.touch(Holder::Instance(1), &chain(10..14), None, 5);
+    ix.assert_consistent();
+    ix.touch(Holder::Instance(2), &c, None, 6);
+    ix.assert_consistent();
+    assert_eq!(mapped(&ix, 2), 4, "a mapped holder stays mapped");
+    // A new holder takes the free second seat.
+    ix.add_slot(3);
+    ix.touch(Holder::Instance(3), &c, None, 7);
+    ix.assert_consistent();
+    assert_eq!(mapped(&ix, 3), 0, "the freed seat is reused");
+    let mut q = IndexQuery::default();
+    ix.query(&c, 7, &mut q);
+    assert_eq!(q.local_blocks, vec![4, 0, 4, 4]);
 }
 
 #[test]
