@@ -17,6 +17,8 @@
 //!   same prompt each time, so its chain already is the newest in both holders;
 //! * `route/{1K,32K}-cycle16/32` — the same, cycling through 16 sessions' prompts, so that each
 //!   route moves its chain to the front of both holders' LRU orders;
+//! * `route/32K-two-homes/32` — `route/32K-cycle16/32` on 16 sessions each held by two
+//!   instances (routed once more with its first home excluded): a moved session's old copy;
 //! * `route/32K-new/32` — the write-heavy route: every prompt a new session's first turn (a new
 //!   first token), on an index whose global tier (1M blocks) and GPU caches are full, so each
 //!   route creates 2,048 entries and evicts as many (the block table's probes miss cache).
@@ -214,6 +216,32 @@ fn bench_route(c: &mut Criterion) {
             });
         });
     }
+    // Sessions on two instances each: every prompt routed once more away from its home.
+    let router = Router::new(&names, PolicyKind::Smetric, 16, 0, RouterConfig::default()).expect("valid router");
+    let prompts: Vec<Vec<u32>> = (0..16).map(|k| tokens(32_768, 7 + 16 * k)).collect();
+    for p in &prompts {
+        let home = router.route(&RouteRequest::new(Prompt::Tokens(p))).expect("route");
+        router.on_finished(home.request_id, 0);
+        let away = router
+            .route(&RouteRequest {
+                exclude: &[&home.instance_name],
+                ..RouteRequest::new(Prompt::Tokens(p))
+            })
+            .expect("route");
+        router.on_finished(away.request_id, 0);
+    }
+    let mut next = 0;
+    g.throughput(Throughput::Elements(32_768));
+    g.bench_function(BenchmarkId::new("32K-two-homes", 32), |b| {
+        b.iter(|| {
+            next = (next + 1) % prompts.len();
+            let d = router
+                .route(&RouteRequest::new(Prompt::Tokens(black_box(&prompts[next]))))
+                .expect("route");
+            router.on_finished(d.request_id, 0);
+            d.instance
+        });
+    });
     // The write-heavy route: a new chain every call, into full holders.
     let router = Router::new(&names, PolicyKind::Smetric, 16, 0, RouterConfig::default()).expect("valid router");
     let mut prompt = tokens(32_768, 11);
