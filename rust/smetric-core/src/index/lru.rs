@@ -209,14 +209,19 @@ impl RunLru {
             .and_then(|r| r.ids.last().map(|&e| (e, r.time_ms)))
     }
 
-    /// The id `k` places before [`RunLru::peek`]'s in the oldest run, if it has one: the block
-    /// about `k` evictions from now (stale ids included), for prefetching it.
+    /// The ids `from..to` places before [`RunLru::peek`]'s in the oldest run (as far as it
+    /// reaches; stale ids included, order not kept): the blocks about that many evictions from
+    /// now, for prefetching them.
     #[inline]
-    pub(crate) fn peek_ahead(&self, k: usize) -> Option<u32> {
-        let run = [&self.cleaned, &self.pending, &self.recent]
+    pub(crate) fn peek_ahead(&self, from: usize, to: usize) -> &[u32] {
+        let Some(run) = [&self.cleaned, &self.pending, &self.recent]
             .into_iter()
-            .find_map(|q| q.front())?;
-        run.ids.len().checked_sub(k + 1).map(|i| run.ids[i])
+            .find_map(|q| q.front())
+        else {
+            return &[];
+        };
+        let len = run.ids.len();
+        &run.ids[len.saturating_sub(to)..len.saturating_sub(from)]
     }
 
     /// The touch time [`RunLru::peek`] would report after [`RunLru::settle`], read without

@@ -659,19 +659,36 @@ impl KvIndex {
         true
     }
 
-    /// Ahead of an eviction loop's next pop: asks the memory for the entry about
-    /// `2 · PREFETCH_DISTANCE` evictions from now and for the table slot of the one
-    /// `PREFETCH_DISTANCE` from now (its hash read from the entry asked for that many pops ago),
-    /// so that each eviction's two lookups find their lines in cache. Hints only.
+    /// Ahead of an eviction loop's next [`PREFETCH_DISTANCE`] pops: asks the memory for the
+    /// entries `2·D..3·D` evictions from now and, of those `D..2·D` from now that the eviction
+    /// will free, for their table slots (their hashes read from the entries asked for one batch
+    /// ago), so that each eviction's lookups find their lines in cache. Once a batch, not once a pop: the lookahead's own cost
+    /// then stays below what it saves where the evicted lines were cached anyway (a moved
+    /// session's old copy). Hints only.
     #[inline]
     fn prefetch_evictions(&mut self, holder: Holder) {
-        let lru = self.lru_mut(holder);
-        let (far, near) = (lru.peek_ahead(2 * PREFETCH_DISTANCE), lru.peek_ahead(PREFETCH_DISTANCE));
-        if let Some(entry) = far.and_then(|e| self.entries.get(e as usize)) {
+        const D: usize = PREFETCH_DISTANCE;
+        let (lru, entries, table) = match holder {
+            Holder::Instance(s) => (self.instances[s as usize].lru.get_mut(), &self.entries, &self.by_hash),
+            Holder::Global => (self.global_lru.get_mut(), &self.entries, &self.by_hash),
+        };
+        for entry in lru
+            .peek_ahead(2 * D, 3 * D)
+            .iter()
+            .filter_map(|&e| entries.get(e as usize))
+        {
             prefetch_read(entry);
         }
-        if let Some(entry) = near.and_then(|e| self.entries.get(e as usize)) {
-            self.by_hash.prefetch(table_hash(entry.hash));
+        // Only for an entry the eviction will free (no other holder, as far as the entry's
+        // first 64 bits tell): a slot nobody will look up would only displace useful lines.
+        let freed = |x: &Entry| match holder {
+            Holder::Instance(_) => x.global_seq == NOT_HELD && x.held.count_ones() <= 1,
+            Holder::Global => x.held == 0,
+        };
+        for entry in lru.peek_ahead(D, 2 * D).iter().filter_map(|&e| entries.get(e as usize)) {
+            if freed(entry) {
+                table.prefetch(table_hash(entry.hash));
+            }
         }
     }
 
@@ -840,11 +857,15 @@ impl KvIndex {
         moved.flush(&mut lru);
         *self.lru_mut(holder) = lru;
         let cap = self.capacity(holder);
+        let mut evicted = 0usize;
         while self.held(holder) as u64 > cap {
-            self.prefetch_evictions(holder);
+            if evicted % PREFETCH_DISTANCE == 0 {
+                self.prefetch_evictions(holder);
+            }
             if !self.evict_lru(holder) {
                 break;
             }
+            evicted += 1;
         }
         self.maybe_compact(holder, work);
     }
