@@ -30,8 +30,8 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use smetric_core::index::IndexLimits;
 use smetric_core::rng::DrawCounter;
 use smetric_core::{
-    BlockHash, Candidate, Holder, IndexQuery, KvIndex, PolicyKind, Prompt, RouteRequest, Router, RouterConfig,
-    SelectionInput, hash_tokens,
+    BlockHash, Candidate, Decision, Holder, IndexQuery, KvIndex, PolicyKind, Prompt, RouteRequest, Router,
+    RouterConfig, SelectionInput, hash_tokens,
 };
 
 const PROMPT_BLOCKS: u64 = 2_048;
@@ -178,6 +178,13 @@ fn bench_select(c: &mut Criterion) {
     g.finish();
 }
 
+/// One route of `request` and its finish, which keeps the load board steady.
+fn route_finished(router: &Router, request: &RouteRequest<'_>) -> Decision {
+    let d = router.route(request).expect("route");
+    router.on_finished(d.request_id, 0);
+    d
+}
+
 fn bench_route(c: &mut Criterion) {
     let mut g = c.benchmark_group("route");
     let names: Vec<String> = (0..32).map(|i| format!("gpu-{i}")).collect();
@@ -185,21 +192,12 @@ fn bench_route(c: &mut Criterion) {
         let router = Router::new(&names, PolicyKind::Smetric, 16, 0, RouterConfig::default()).expect("valid router");
         // Warm: 256 sessions' prompts indexed, and the benchmarked prompt routed once.
         for s in 0..256 {
-            let d = router
-                .route(&RouteRequest::new(Prompt::Tokens(&tokens(n, s))))
-                .expect("route");
-            router.on_finished(d.request_id, 0);
+            route_finished(&router, &RouteRequest::new(Prompt::Tokens(&tokens(n, s))));
         }
         let prompt = tokens(n, 7);
         g.throughput(Throughput::Elements(n as u64));
         g.bench_function(BenchmarkId::new(label, 32), |b| {
-            b.iter(|| {
-                let d = router
-                    .route(&RouteRequest::new(Prompt::Tokens(black_box(&prompt))))
-                    .expect("route");
-                router.on_finished(d.request_id, 0);
-                d.instance
-            });
+            b.iter(|| route_finished(&router, &RouteRequest::new(Prompt::Tokens(black_box(&prompt)))).instance);
         });
         // The same, cycling through 16 sessions' prompts: each route moves its chain to the
         // front of both holders' LRU orders (the benchmark above re-touches the newest run).
@@ -208,11 +206,7 @@ fn bench_route(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new(format!("{label}-cycle16"), 32), |b| {
             b.iter(|| {
                 next = (next + 1) % prompts.len();
-                let d = router
-                    .route(&RouteRequest::new(Prompt::Tokens(black_box(&prompts[next]))))
-                    .expect("route");
-                router.on_finished(d.request_id, 0);
-                d.instance
+                route_finished(&router, &RouteRequest::new(Prompt::Tokens(black_box(&prompts[next])))).instance
             });
         });
     }
@@ -220,26 +214,19 @@ fn bench_route(c: &mut Criterion) {
     let router = Router::new(&names, PolicyKind::Smetric, 16, 0, RouterConfig::default()).expect("valid router");
     let prompts: Vec<Vec<u32>> = (0..16).map(|k| tokens(32_768, 7 + 16 * k)).collect();
     for p in &prompts {
-        let home = router.route(&RouteRequest::new(Prompt::Tokens(p))).expect("route");
-        router.on_finished(home.request_id, 0);
-        let away = router
-            .route(&RouteRequest {
-                exclude: &[&home.instance_name],
-                ..RouteRequest::new(Prompt::Tokens(p))
-            })
-            .expect("route");
-        router.on_finished(away.request_id, 0);
+        let home = route_finished(&router, &RouteRequest::new(Prompt::Tokens(p)));
+        let away = RouteRequest {
+            exclude: &[&home.instance_name],
+            ..RouteRequest::new(Prompt::Tokens(p))
+        };
+        route_finished(&router, &away);
     }
     let mut next = 0;
     g.throughput(Throughput::Elements(32_768));
     g.bench_function(BenchmarkId::new("32K-two-homes", 32), |b| {
         b.iter(|| {
             next = (next + 1) % prompts.len();
-            let d = router
-                .route(&RouteRequest::new(Prompt::Tokens(black_box(&prompts[next]))))
-                .expect("route");
-            router.on_finished(d.request_id, 0);
-            d.instance
+            route_finished(&router, &RouteRequest::new(Prompt::Tokens(black_box(&prompts[next])))).instance
         });
     });
     // The write-heavy route: a new chain every call, into full holders.
@@ -249,11 +236,7 @@ fn bench_route(c: &mut Criterion) {
     let mut route_new = |prompt: &mut Vec<u32>| {
         fresh += 1;
         prompt[0] = 151_936 + fresh;
-        let d = router
-            .route(&RouteRequest::new(Prompt::Tokens(black_box(prompt))))
-            .expect("route");
-        router.on_finished(d.request_id, 0);
-        d.instance
+        route_finished(&router, &RouteRequest::new(Prompt::Tokens(black_box(prompt)))).instance
     };
     // Past the global tier's capacity (1M blocks = 512 such chains), so every route evicts.
     for _ in 0..640 {
