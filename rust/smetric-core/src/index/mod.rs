@@ -662,16 +662,17 @@ impl KvIndex {
     /// Ahead of an eviction loop's next [`PREFETCH_DISTANCE`] pops: asks the memory for the
     /// entries `2·D..3·D` evictions from now and, of those `D..2·D` from now that the eviction
     /// will free, for their table slots (their hashes read from the entries asked for one batch
-    /// ago), so that each eviction's lookups find their lines in cache. Once a batch, not once a pop: the lookahead's own cost
-    /// then stays below what it saves where the evicted lines were cached anyway (a moved
-    /// session's old copy). Hints only.
+    /// ago), so that each eviction's lookups find their lines in cache. Once a batch, not once
+    /// a pop: where the evicted lines were cached anyway (a moved session's old copy) the
+    /// lookahead's own cost must stay small. Hints only.
     #[inline]
     fn prefetch_evictions(&mut self, holder: Holder) {
         const D: usize = PREFETCH_DISTANCE;
-        let (lru, entries, table) = match holder {
-            Holder::Instance(s) => (self.instances[s as usize].lru.get_mut(), &self.entries, &self.by_hash),
-            Holder::Global => (self.global_lru.get_mut(), &self.entries, &self.by_hash),
+        let lru = match holder {
+            Holder::Instance(s) => self.instances[s as usize].lru.get_mut(),
+            Holder::Global => self.global_lru.get_mut(),
         };
+        let (entries, table) = (&self.entries, &self.by_hash);
         for entry in lru
             .peek_ahead(2 * D, 3 * D)
             .iter()
