@@ -16,7 +16,10 @@ policy, Codex generator seed and regime, with ``--until-collapse``; the headline
   come back from the shared store, the cheap source smetric's form moves to);
 * ``fp8-off`` — where KV binds less: the FP8 profile (≈590K KV tokens each), no tier;
 * ``weka`` — where it does not bind: the bundled Weka excerpt on 16 instances with the tier, the
-  demo's ladder.
+  demo's ladder;
+* ``bf16-cpu-offload`` — ``bf16-off``'s fleet with vLLM's offloading connector (``--tier-path
+  cpu-offload``): each instance's own host memory holds what its GPU evicted (§19's per-instance
+  host pools), so a held follow-up's cheapest source is its own home.
 
 Codex generator seeds 4–7 (tuning seeds, 0–9; seed 3 was the probe the stage's move rule was
 adjusted on, and is not used here), arrival seeds 0 and 1. Peak = the best rung of the mean over
@@ -47,6 +50,15 @@ becomes ``DEFAULT_SMETRIC_MAX_HOLD_S``, a tie within 0.002 going to the longer h
 change from ThunderAgent's form). The chosen value is then run once on fresh Codex seeds 200–203
 (never run before) in the three Codex regimes, under the done-when rule above, and reported
 whatever it shows.
+
+**The host-pool regime (2026-12-06, seventh session), written before its runs.** §20 left the
+``cpu-offload`` path unmeasured. Form 3 and the unbounded hold are frozen (nothing is tuned here);
+the regime is run once on the tuning Codex seeds 4–7 and once on report seeds 100–103, arrival
+seeds 0 and 1, the rungs of ``bf16-lmcache``. The rule is the binding regimes' rule above: for
+both policies peak(smetric) > peak(off) and peak(smetric) > peak(pause). Expected before the runs
+(and reported whatever the runs show): smetric's form equals pause here (no instance is a cheaper
+source than the home's own host memory, so it never moves), so the second half fails; whether
+admission beats none with a per-instance host tier is the open question.
 """
 
 from __future__ import annotations
@@ -84,8 +96,21 @@ REGIMES: dict[str, tuple[str, ...]] = {
         *STEP,
     ),
     "weka": ("--loads", "0.025,0.05,0.075,0.1,0.125"),
+    "bf16-cpu-offload": (
+        "--format",
+        "codex",
+        "--instances",
+        "8",
+        "--tier",
+        "on",
+        "--tier-path",
+        "cpu-offload",
+        "--loads",
+        WIDE_LADDER,
+        *STEP,
+    ),
 }
-BINDS = ("bf16-off", "bf16-lmcache")
+BINDS = ("bf16-off", "bf16-lmcache", "bf16-cpu-offload")
 
 
 def mode_args(mode: str) -> tuple[str, ...]:
