@@ -96,20 +96,9 @@ REGIMES: dict[str, tuple[str, ...]] = {
         *STEP,
     ),
     "weka": ("--loads", "0.025,0.05,0.075,0.1,0.125"),
-    "bf16-cpu-offload": (
-        "--format",
-        "codex",
-        "--instances",
-        "8",
-        "--tier",
-        "on",
-        "--tier-path",
-        "cpu-offload",
-        "--loads",
-        WIDE_LADDER,
-        *STEP,
-    ),
 }
+# bf16-lmcache's fleet and rungs with each instance's own host memory as the tier.
+REGIMES["bf16-cpu-offload"] = (*REGIMES["bf16-lmcache"], "--tier-path", "cpu-offload")
 BINDS = ("bf16-off", "bf16-lmcache", "bf16-cpu-offload")
 
 

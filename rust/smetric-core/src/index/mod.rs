@@ -673,11 +673,10 @@ impl KvIndex {
             Holder::Global => self.global_lru.get_mut(),
         };
         let (entries, table) = (&self.entries, &self.by_hash);
-        for entry in lru
-            .peek_ahead(2 * D, 3 * D)
-            .iter()
-            .filter_map(|&e| entries.get(e as usize))
-        {
+        // One look at the oldest run: its ids `D..3·D` evictions ahead, the nearer `D` last.
+        let ahead = lru.peek_ahead(D, 3 * D);
+        let (far, near) = ahead.split_at(ahead.len().saturating_sub(D));
+        for entry in far.iter().filter_map(|&e| entries.get(e as usize)) {
             prefetch_read(entry);
         }
         // Only for an entry the eviction will free (no other holder, as far as the entry's
@@ -686,7 +685,7 @@ impl KvIndex {
             Holder::Instance(_) => x.global_seq == NOT_HELD && x.held.count_ones() <= 1,
             Holder::Global => x.held == 0,
         };
-        for entry in lru.peek_ahead(D, 2 * D).iter().filter_map(|&e| entries.get(e as usize)) {
+        for entry in near.iter().filter_map(|&e| entries.get(e as usize)) {
             if freed(entry) {
                 table.prefetch(table_hash(entry.hash));
             }
