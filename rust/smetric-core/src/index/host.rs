@@ -172,17 +172,17 @@ impl HostTiers {
         }
     }
 
-    /// Renews `chain` in `slot`'s pool in place when the pool's newest run already is it (a
-    /// route of the same prompt again), from the walk this thread's last [`HostTiers::query`]
+    /// Touches `chain` in `slot`'s pool in place when the pool already holds all of it
+    /// ([`KvIndex::refront_walked`]), from the walk this thread's last [`HostTiers::query`]
     /// made — the query of the same decision, under the same shared lock. False (nothing
-    /// changed) when it is not renewable so: the caller then writes it under the exclusive lock.
-    pub(super) fn renew(&self, slot: u32, chain: &[BlockHash], now_ms: u64) -> bool {
+    /// changed) otherwise: the caller then writes it under the exclusive lock.
+    pub(super) fn refront(&self, slot: u32, chain: &[BlockHash], now_ms: u64) -> bool {
         let Some(pool) = self.pool(slot) else {
             return false;
         };
         SCRATCH.with(|cell| {
             cell.try_borrow()
-                .is_ok_and(|pair| self.index.renew_walked(pool, chain, now_ms, &pair.1))
+                .is_ok_and(|pair| self.index.refront_walked(pool, chain, now_ms, &pair.1, &pair.0, || {}))
         })
     }
 

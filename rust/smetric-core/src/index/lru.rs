@@ -294,6 +294,13 @@ impl RunLru {
         }
     }
 
+    /// Test only: numbers the next run at the renumbering threshold (the runs queued keep theirs,
+    /// all lower), so that a test reaches the renumbering in a few touches.
+    #[cfg(test)]
+    pub(crate) fn skip_to_seq_limit(&mut self) {
+        self.next_seq = self.next_seq.max(SEQ_LIMIT);
+    }
+
     /// Whether sequence numbers need the (rare) full renumbering of [`RunLru::renumber`].
     pub(crate) fn needs_renumbering(&self) -> bool {
         self.next_seq > SEQ_LIMIT

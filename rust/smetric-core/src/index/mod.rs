@@ -14,9 +14,11 @@
 //! `Walk`, so that inserting the same chain right after (insert on route) needs no second
 //! lookup: they are used as they are while the index's count of freed entries has not moved
 //! since the walk, else checked one by one (a freed slot may name another block by then). An
-//! insert that only renews runs (`KvIndex::renew_walked`: the holders' newest run already is
-//! the chain) also runs under the shared lock, each holder's LRU order behind a mutex of its
-//! own; every other write takes `&mut self`. The index takes chains already hashed: the
+//! insert that moves no block in or out of a holder (`KvIndex::refront_walked`: the instance
+//! and the global tier already hold the whole chain, and it only becomes their newest blocks)
+//! also runs under the shared lock: each holder's LRU order and map behind mutexes of its own,
+//! the entries' sequence numbers relaxed atomics that only the holder's mutex holder writes,
+//! and nothing a walk reads changes. Every other write takes `&mut self`. The index takes chains already hashed: the
 //! router hashes a prompt before it takes the index lock.
 //!
 //! The hash table is ours (`block_table.rs`: linear probing over 8-byte slots whose address we
@@ -113,17 +115,20 @@ struct Entry {
     hash: BlockHash,
     /// The instances holding this block, slots 0–63 (higher slots: [`KvIndex::more_bits`]).
     held: u64,
-    /// Sequence number of the global tier's current touch, or [`NOT_HELD`].
-    global_seq: u32,
+    /// Sequence number of the global tier's current touch, or [`NOT_HELD`]. The three sequence
+    /// numbers are atomics (relaxed) because a touch that moves no block in or out of a holder
+    /// ([`KvIndex::refront_walked`]) rewrites its holder's number under a shared borrow, behind
+    /// that holder's mutex; every other write has `&mut self`.
+    global_seq: AtomicU32,
     /// Sequence number of `inline_slot`'s current touch.
-    inline_seq: u32,
+    inline_seq: AtomicU32,
     /// The child most recently touched or walked after this block: a query that follows it
     /// (and checks the child's hash) walks a chain through the slab, not the hash table.
     /// Atomic (relaxed) because walks under a shared lock update it: it is a hint, checked
     /// before use, so a lost or torn-free race costs a lookup, never an answer.
     last_child: AtomicU32,
     /// Sequence number of `second_slot`'s current touch.
-    second_seq: u32,
+    second_seq: AtomicU32,
     /// The first instance that held this block keeps its sequence number inline, so that a
     /// touch of a single-holder block needs no map access; the second holder uses the
     /// `second_*` seat, further holders their map. [`NO_SLOT`] when none, [`FREE_ENTRY`] while
@@ -144,15 +149,22 @@ impl Entry {
     fn live(&self) -> bool {
         self.inline_slot != FREE_ENTRY
     }
+
+    /// Whether the global tier holds this block.
+    #[inline]
+    fn in_global(&self) -> bool {
+        self.global_seq.load(Ordering::Relaxed) != NOT_HELD
+    }
 }
 
 #[derive(Debug, Default)]
 struct InstanceHolder {
     /// Entry id → current LRU sequence number, for entries that do not hold this slot inline.
-    seqs: MixMap<u32, u32>,
+    /// In a mutex, like `lru` and for the same reason (taken after it).
+    seqs: Mutex<MixMap<u32, u32>>,
     /// Blocks held (inline and in `seqs`).
     held: usize,
-    /// In a mutex only so that [`KvIndex::renew_walked`] can renew a run under a shared
+    /// In a mutex only so that [`KvIndex::refront_walked`] can reorder it under a shared
     /// borrow; every other access goes through `get_mut`, with no locking.
     lru: Mutex<RunLru>,
     live: bool,
@@ -270,6 +282,14 @@ pub struct KvIndex {
     /// Test only: of those, the walks with an id that no longer names its block.
     #[cfg(test)]
     pub(crate) stale_walks: u64,
+    /// Test only: re-fronts in place that made the chain a new run in some holder (not only
+    /// renewals), counted so that a test can show it exercised them.
+    #[cfg(test)]
+    pub(crate) refronts: std::sync::atomic::AtomicU64,
+    /// Test only: the broken variant of [`KvIndex::refront_walked`] that forgets the global
+    /// tier's order (the negative control of the tests that compare it with `touch_walked`).
+    #[cfg(test)]
+    pub(crate) refront_skips_global: bool,
 }
 
 impl KvIndex {
@@ -298,6 +318,10 @@ impl KvIndex {
             outdated_walks: 0,
             #[cfg(test)]
             stale_walks: 0,
+            #[cfg(test)]
+            refronts: std::sync::atomic::AtomicU64::new(0),
+            #[cfg(test)]
+            refront_skips_global: false,
         }
     }
 
@@ -376,11 +400,11 @@ impl KvIndex {
         }
     }
 
-    /// Renews `chain` in `slot`'s host pool in place, under a shared borrow, when the pool's
-    /// newest run already is it; see [`KvIndex::renew_walked`]. Only right after this thread's
+    /// Touches `chain` in `slot`'s host pool in place, under a shared borrow, when the pool
+    /// already holds all of it; see [`KvIndex::refront_walked`]. Only right after this thread's
     /// query of `chain` ([`KvIndex::query_shared`]), whose host walk it reuses.
-    pub(crate) fn renew_host_walked(&self, slot: u32, chain: &[BlockHash], now_ms: u64) -> bool {
-        self.is_live(slot) && self.hosts.as_ref().is_some_and(|h| h.renew(slot, chain, now_ms))
+    pub(crate) fn refront_host_walked(&self, slot: u32, chain: &[BlockHash], now_ms: u64) -> bool {
+        self.is_live(slot) && self.hosts.as_ref().is_some_and(|h| h.refront(slot, chain, now_ms))
     }
 
     /// Drops everything `slot`'s host pool holds.
@@ -478,9 +502,9 @@ impl KvIndex {
     // ---- per-holder sequence store -------------------------------------------------------
 
     #[inline]
-    fn seq_of(&self, holder: Holder, e: u32) -> Option<u32> {
+    fn seq_of(&mut self, holder: Holder, e: u32) -> Option<u32> {
         let seqs = match holder {
-            Holder::Instance(s) => Some(&self.instances[s as usize].seqs),
+            Holder::Instance(s) => Some(&*self.instances[s as usize].seqs.get_mut()),
             Holder::Global => None,
         };
         seq_in(&self.entries, holder, seqs, e)
@@ -492,7 +516,7 @@ impl KvIndex {
         let (lru, seqs) = match holder {
             Holder::Instance(s) => {
                 let h = &mut self.instances[s as usize];
-                (h.lru.get_mut(), Some(&h.seqs))
+                (h.lru.get_mut(), Some(&*h.seqs.get_mut()))
             }
             Holder::Global => (self.global_lru.get_mut(), None),
         };
@@ -528,11 +552,15 @@ impl KvIndex {
     fn mark(&mut self, holder: Holder, e: u32, seq: u32) -> u32 {
         let entry = &mut self.entries[e as usize];
         match holder {
-            Holder::Instance(s) if u32::from(entry.inline_slot) == s => std::mem::replace(&mut entry.inline_seq, seq),
-            Holder::Instance(s) if u32::from(entry.second_slot) == s => std::mem::replace(&mut entry.second_seq, seq),
+            Holder::Instance(s) if u32::from(entry.inline_slot) == s => {
+                std::mem::replace(entry.inline_seq.get_mut(), seq)
+            }
+            Holder::Instance(s) if u32::from(entry.second_slot) == s => {
+                std::mem::replace(entry.second_seq.get_mut(), seq)
+            }
             Holder::Instance(s) => self.mark_shared(s, e, seq),
             Holder::Global => {
-                let old = std::mem::replace(&mut entry.global_seq, seq);
+                let old = std::mem::replace(entry.global_seq.get_mut(), seq);
                 self.global_held += usize::from(old == NOT_HELD);
                 old
             }
@@ -552,14 +580,14 @@ impl KvIndex {
         holder.held += usize::from(!held);
         if !held && entry.inline_slot == NO_SLOT {
             entry.inline_slot = s as u16;
-            entry.inline_seq = seq;
+            *entry.inline_seq.get_mut() = seq;
             NOT_HELD
         } else if !held && entry.second_slot == NO_SLOT {
             entry.second_slot = s as u16;
-            entry.second_seq = seq;
+            *entry.second_seq.get_mut() = seq;
             NOT_HELD
         } else {
-            holder.seqs.insert(e, seq).unwrap_or(NOT_HELD)
+            holder.seqs.get_mut().insert(e, seq).unwrap_or(NOT_HELD)
         }
     }
 
@@ -573,18 +601,18 @@ impl KvIndex {
                 } else if u32::from(entry.second_slot) == s {
                     entry.second_slot = NO_SLOT;
                 } else {
-                    self.instances[s as usize].seqs.remove(&e);
+                    self.instances[s as usize].seqs.get_mut().remove(&e);
                 }
                 self.instances[s as usize].held -= 1;
                 let (word, bit) = self.bit_of(e, s);
                 *word &= !bit;
             }
             Holder::Global => {
-                entry.global_seq = NOT_HELD;
+                *entry.global_seq.get_mut() = NOT_HELD;
                 self.global_held -= 1;
             }
         }
-        if self.entries[e as usize].global_seq == NOT_HELD && self.no_instance_holds(e) {
+        if !self.entries[e as usize].in_global() && self.no_instance_holds(e) {
             let entry = &mut self.entries[e as usize];
             entry.inline_slot = FREE_ENTRY;
             let hash = entry.hash;
@@ -603,9 +631,9 @@ impl KvIndex {
         let entry = Entry {
             hash,
             held: 0,
-            global_seq: NOT_HELD,
-            inline_seq: 0,
-            second_seq: 0,
+            global_seq: AtomicU32::new(NOT_HELD),
+            inline_seq: AtomicU32::new(0),
+            second_seq: AtomicU32::new(0),
             last_child: AtomicU32::new(NOT_HELD),
             inline_slot: NO_SLOT,
             second_slot: NO_SLOT,
@@ -682,7 +710,7 @@ impl KvIndex {
         // Only for an entry the eviction will free (no other holder, as far as the entry's
         // first 64 bits tell): a slot nobody will look up would only displace useful lines.
         let freed = |x: &Entry| match holder {
-            Holder::Instance(_) => x.global_seq == NOT_HELD && x.held.count_ones() <= 1,
+            Holder::Instance(_) => !x.in_global() && x.held.count_ones() <= 1,
             Holder::Global => x.held == 0,
         };
         for entry in near.iter().filter_map(|&e| entries.get(e as usize)) {
@@ -723,22 +751,18 @@ impl KvIndex {
         }
     }
 
-    /// Keeps `holder`'s queue bounded: cleans up to `CLEAN_FACTOR · work` ids' worth of it
-    /// (see [`lru`]; `work` is what the caller added to the queue), or, in the rare case
-    /// sequence numbers run high, renumbers it whole.
+    /// [`compact`] of `holder`'s queue.
     fn maybe_compact(&mut self, holder: Holder, work: usize) {
         let held = self.held(holder);
-        if !self.lru_mut(holder).needs_renumbering() {
-            let (lru, current) = self.lru_and_seqs(holder);
-            lru.clean(held, lru::CLEAN_FACTOR * work, current);
-            return;
-        }
-        let mut lru = std::mem::take(self.lru_mut(holder));
-        lru.renumber(|e, seq| self.seq_of(holder, e) == Some(seq));
-        for (seq, e) in lru.all() {
-            self.mark(holder, e, seq);
-        }
-        *self.lru_mut(holder) = lru;
+        let entries = self.entries.as_slice();
+        let (lru, seqs) = match holder {
+            Holder::Instance(s) => {
+                let h = &mut self.instances[s as usize];
+                (h.lru.get_mut(), Some(h.seqs.get_mut()))
+            }
+            Holder::Global => (self.global_lru.get_mut(), None),
+        };
+        compact(lru, held, work, entries, holder, seqs);
     }
 
     /// The entry ids of `run` into `ids` (docs §2.2, creation pass): missing entries are
@@ -825,36 +849,11 @@ impl KvIndex {
         id
     }
 
-    /// Touch pass and eviction (docs §2.2 steps 3–4) of the resolved chain `ids` for `holder`.
-    ///
-    /// The chain's blocks become the holder's most recent ones, first block newest. When the
-    /// holder's newest run is a prefix of the chain and all its blocks are still current
-    /// (the same prompt routed again, a follow-up right after its previous turn), that order
-    /// already holds: the run is renewed, in O(its length) id comparisons and no entry
-    /// access, and only the blocks beyond it are written. Otherwise the chain becomes a new
-    /// run, each block once, at its first position.
+    /// Touch pass and eviction (docs §2.2 steps 3–4) of the resolved chain `ids` for `holder`:
+    /// [`front_run`], then evictions down to capacity.
     fn apply(&mut self, holder: Holder, now_ms: u64, ids: &[u32]) {
         let mut lru = std::mem::take(self.lru_mut(holder));
-        let renewable = lru
-            .newest_current()
-            .is_some_and(|run| run.len() <= ids.len() && *run == ids[..run.len()]);
-        // Blocks moved from an older run are reported to it a stretch at a time: a chain's
-        // blocks mostly come in long stretches from one run (its previous touch).
-        let mut moved = Moved::default();
-        let work = if renewable {
-            lru.renew_newest(now_ms, |seq, run| {
-                let kept = run.len();
-                self.mark_all(holder, &ids[kept..], seq, run, &mut moved);
-            })
-        } else {
-            let seq = lru.next_seq();
-            let mut run = Vec::with_capacity(ids.len());
-            self.mark_all(holder, ids, seq, &mut run, &mut moved);
-            let written = run.len();
-            lru.push(run, now_ms);
-            written + lru::RUN_WEIGHT
-        };
-        moved.flush(&mut lru);
+        let work = front_run(&mut lru, ids, now_ms, |e, seq| self.mark(holder, e, seq));
         *self.lru_mut(holder) = lru;
         let cap = self.capacity(holder);
         let mut evicted = 0usize;
@@ -868,21 +867,6 @@ impl KvIndex {
             evicted += 1;
         }
         self.maybe_compact(holder, work);
-    }
-
-    /// Marks `ids` current in the run numbered `seq` for `holder`, appending to `run` the ones
-    /// that were not already (each block once, at its first position), and collecting in
-    /// `moved` the older runs they leave.
-    fn mark_all(&mut self, holder: Holder, ids: &[u32], seq: u32, run: &mut Vec<u32>, moved: &mut Moved) {
-        for &e in ids {
-            let old = self.mark(holder, e, seq);
-            if old != seq {
-                run.push(e);
-                if old != NOT_HELD {
-                    moved.add(old);
-                }
-            }
-        }
     }
 
     // ---- public operations --------------------------------------------------------------------
@@ -999,49 +983,93 @@ impl KvIndex {
         self.apply(Holder::Global, now_ms, &walk.ids);
     }
 
-    /// [`KvIndex::touch_walked`] under a shared borrow, for the case where it changes no
-    /// holder's blocks: `walk` (of this very index state) found every block of the chain, so
-    /// no entry is created, and for the instance and the global tier the newest run is
-    /// exactly the chain, all current (the same prompt routed again where it went last). The
-    /// touch then only renews those two runs' time and lets them clean, as `apply` does with
-    /// nothing to append; that is all `touch_walked` would do (its TTL purge of the instance
-    /// evicts nothing, checked). Returns false, having changed nothing, in every other case:
-    /// the caller then calls `touch_walked` under the exclusive lock.
+    /// [`KvIndex::touch_walked`] under a shared borrow, for the case where it moves no block
+    /// in or out of any holder: `walk` and `query` (of this very index state) found the whole
+    /// chain held by the instance and, when the global tier is on, by the tier. No entry is
+    /// created or freed and nobody's held blocks change, so nothing is evicted; the touch only
+    /// reorders the two holders' LRU (the chain becomes their newest blocks: a renewal in
+    /// place when their newest run already is its prefix, else a new run whose sequence number
+    /// each entry takes) and lets the queues clean, as `apply` does. That is all `touch_walked`
+    /// would do (its TTL purge of the instance is checked to evict nothing). Returns false,
+    /// having changed nothing, in every other case (exact mode, a walk the index has moved on
+    /// from, a block missing, an instance block due to expire): the caller then calls
+    /// `touch_walked` under the exclusive lock.
     ///
-    /// The holders' mutexes make the borrow safe, not the order: concurrent callers must be
-    /// serialised by the caller (the router's decision lock) for the touches to have one order.
-    pub(crate) fn renew_walked(&self, slot: u32, chain: &[BlockHash], now_ms: u64, walk: &Walk) -> bool {
-        if chain.is_empty() || walk.ids.len() != chain.len() || walk.frees != self.frees || !self.is_live(slot) {
+    /// Concurrent re-fronts are safe and have one order: each takes the instance's mutexes
+    /// (its order, then its map), writes the instance's part, then takes the global tier's and
+    /// writes its part, and releases nothing before the end (two-phase locking), so two of
+    /// them that share a holder are ordered by that holder's mutex, and two that share none
+    /// commute. Sequence numbers that run high are renumbered in place, under the holder's
+    /// mutex ([`compact`]), as the write under `&mut` would. Walks beside it read only holder bits and
+    /// whether the tier holds a block, which it does not change. `applied` runs with the
+    /// mutexes still held, after the write: what it records is in the writes' order.
+    pub(crate) fn refront_walked(
+        &self,
+        slot: u32,
+        chain: &[BlockHash],
+        now_ms: u64,
+        walk: &Walk,
+        query: &IndexQuery,
+        applied: impl FnOnce(),
+    ) -> bool {
+        let len = chain.len();
+        let stamps_hold = walk.frees == self.frees && walk.writes == self.writes;
+        if len == 0 || walk.ids.len() != len || !stamps_hold || !self.is_live(slot) || self.pending.enabled() {
+            return false;
+        }
+        let global_on = self.global_enabled();
+        let all_held = query.local_blocks.get(slot as usize) == Some(&(len as u32))
+            && (!global_on || query.global_blocks == len as u32);
+        if !all_held {
             return false;
         }
         let h = &self.instances[slot as usize];
         let mut local = h.lru.lock();
-        let expired = |lru: &RunLru| {
-            self.limits
-                .local_ttl_ms
-                .is_some_and(|ttl| lru.oldest_live_time().is_some_and(|t| now_ms.saturating_sub(t) >= ttl))
-        };
-        let renewable = |lru: &RunLru| !lru.needs_renumbering() && lru.newest_current() == Some(walk.ids.as_slice());
-        if expired(&local) || !renewable(&local) {
-            return false;
-        }
-        let mut global = self.global_enabled().then(|| self.global_lru.lock());
-        if global.as_deref().is_some_and(|g| !renewable(g)) {
-            return false;
-        }
-        let entries = &self.entries;
-        local.renew_newest(now_ms, |_, _| {});
-        local.clean(h.held, 0, |e, seq| {
-            seq_in(entries, Holder::Instance(slot), Some(&h.seqs), e) == Some(seq)
+        let expired = self.limits.local_ttl_ms.is_some_and(|ttl| {
+            local
+                .oldest_live_time()
+                .is_some_and(|t| now_ms.saturating_sub(t) >= ttl)
         });
-        if let Some(g) = global.as_deref_mut() {
-            g.renew_newest(now_ms, |_, _| {});
-            g.clean(self.global_held, 0, |e, seq| {
-                seq_in(entries, Holder::Global, None, e) == Some(seq)
-            });
+        if expired {
+            return false;
         }
+        let entries = self.entries.as_slice();
+        let mut seqs = h.seqs.lock();
+        let holder = Holder::Instance(slot);
+        #[cfg(test)]
+        let runs_before = local.next_seq();
+        let work = front_run(&mut local, &walk.ids, now_ms, |e, seq| {
+            remark_held(entries, holder, Some(&mut seqs), e, seq)
+        });
+        compact(&mut local, h.held, work, entries, holder, Some(&mut seqs));
+        #[cfg(test)]
+        let mut refronted = local.next_seq() != runs_before;
+        #[cfg(test)]
+        let global_on = global_on && !self.refront_skips_global;
+        // The global tier's mutex only now, after the instance's part, so that one thread's
+        // global part runs beside another's instance part; and before any mutex is released,
+        // so that the re-fronts stay ordered (see above).
+        let mut global = global_on.then(|| self.global_lru.lock());
+        if let Some(g) = global.as_deref_mut() {
+            #[cfg(test)]
+            let runs_before = g.next_seq();
+            let work = front_run(g, &walk.ids, now_ms, |e, seq| {
+                remark_held(entries, Holder::Global, None, e, seq)
+            });
+            compact(g, self.global_held, work, entries, Holder::Global, None);
+            #[cfg(test)]
+            {
+                refronted |= g.next_seq() != runs_before;
+            }
+        }
+        #[cfg(test)]
+        if refronted {
+            self.refronts.fetch_add(1, Ordering::Relaxed);
+        }
+        applied();
         true
     }
+
     /// Removes the listed blocks from `holder` (blocks it does not hold are ignored).
     pub fn remove(&mut self, holder: Holder, hashes: &[BlockHash]) {
         self.writes += 1;
@@ -1131,7 +1159,13 @@ impl KvIndex {
     pub fn holds(&self, holder: Holder, hash: BlockHash) -> bool {
         match holder {
             Holder::Instance(s) if !self.is_live(s) => false,
-            _ => self.entry_of(hash).is_some_and(|e| self.seq_of(holder, e).is_some()),
+            _ => self.entry_of(hash).is_some_and(|e| {
+                let seqs = match holder {
+                    Holder::Instance(s) => Some(self.instances[s as usize].seqs.lock()),
+                    Holder::Global => None,
+                };
+                seq_in(&self.entries, holder, seqs.as_deref(), e).is_some()
+            }),
         }
     }
 
@@ -1143,7 +1177,7 @@ impl KvIndex {
         let seqs: usize = self
             .instances
             .iter()
-            .map(|h| table_bytes(h.seqs.capacity(), size_of::<(u32, u32)>()))
+            .map(|h| table_bytes(h.seqs.lock().capacity(), size_of::<(u32, u32)>()))
             .sum();
         let runs: usize = self.instances.iter().map(|h| h.lru.lock().heap_bytes()).sum::<usize>()
             + self.global_lru.lock().heap_bytes();
@@ -1170,6 +1204,105 @@ impl KvIndex {
             .map(|(_, v)| v)
             .sum()
     }
+}
+
+/// Makes the resolved chain `ids` the newest blocks of the holder whose order is `lru`, at
+/// `now_ms`; `mark(e, seq)` records `seq` as entry `e`'s current number for the holder and
+/// returns the number it stored before ([`NOT_HELD`] if the holder did not hold `e`, `seq`
+/// itself if it already was). Returns the ids written to the queue, the budget of the cleaning
+/// that follows.
+///
+/// The chain's blocks become the holder's most recent ones, first block newest. When the
+/// holder's newest run is a prefix of the chain and all its blocks are still current (the same
+/// prompt routed again, a follow-up right after its previous turn), that order already holds:
+/// the run is renewed, in O(its length) id comparisons and no entry access, and only the
+/// blocks beyond it are marked. Otherwise the chain becomes a new run, each block once, at its
+/// first position.
+#[inline]
+fn front_run(lru: &mut RunLru, ids: &[u32], now_ms: u64, mut mark: impl FnMut(u32, u32) -> u32) -> usize {
+    let renewable = lru
+        .newest_current()
+        .is_some_and(|run| run.len() <= ids.len() && *run == ids[..run.len()]);
+    // Blocks moved from an older run are reported to it a stretch at a time: a chain's blocks
+    // mostly come in long stretches from one run (its previous touch).
+    let mut moved = Moved::default();
+    let mut mark_all = |ids: &[u32], seq: u32, run: &mut Vec<u32>| {
+        for &e in ids {
+            let old = mark(e, seq);
+            if old != seq {
+                run.push(e);
+                if old != NOT_HELD {
+                    moved.add(old);
+                }
+            }
+        }
+    };
+    let work = if renewable {
+        lru.renew_newest(now_ms, |seq, run| {
+            let kept = run.len();
+            mark_all(&ids[kept..], seq, run);
+        })
+    } else {
+        let seq = lru.next_seq();
+        let mut run = Vec::with_capacity(ids.len());
+        mark_all(ids, seq, &mut run);
+        let written = run.len();
+        lru.push(run, now_ms);
+        written + lru::RUN_WEIGHT
+    };
+    moved.flush(lru);
+    work
+}
+
+/// Keeps the queue `lru` of `holder` (which holds `held` blocks; `seqs` its map) bounded:
+/// cleans up to `CLEAN_FACTOR · work` ids' worth of it (see [`lru`]; `work` is what the caller
+/// added to the queue), or, in the rare case sequence numbers run high, renumbers it whole and
+/// stores every current block's new number. Changes nobody's held blocks, so it also runs
+/// under a shared borrow, the holder's mutexes held.
+fn compact(
+    lru: &mut RunLru,
+    held: usize,
+    work: usize,
+    entries: &[Entry],
+    holder: Holder,
+    mut seqs: Option<&mut MixMap<u32, u32>>,
+) {
+    if !lru.needs_renumbering() {
+        lru.clean(held, lru::CLEAN_FACTOR * work, |e, seq| {
+            seq_in(entries, holder, seqs.as_deref(), e) == Some(seq)
+        });
+        return;
+    }
+    lru.renumber(|e, seq| seq_in(entries, holder, seqs.as_deref(), e) == Some(seq));
+    for (seq, e) in lru.all() {
+        remark_held(entries, holder, seqs.as_deref_mut(), e, seq);
+    }
+}
+
+/// [`KvIndex::mark`] of a pair the holder already holds, under a shared borrow (the holder's
+/// mutexes held: `seqs` is its map, locked): rewrites the holder's sequence number of `e`
+/// and returns the one before. Plain loads and stores, not read-modify-writes: the holder's
+/// mutex already makes this thread the only writer of these numbers (an atomic swap is a
+/// locked instruction, ≈ 20 cycles a block).
+#[inline]
+fn remark_held(entries: &[Entry], holder: Holder, seqs: Option<&mut MixMap<u32, u32>>, e: u32, seq: u32) -> u32 {
+    let entry = &entries[e as usize];
+    let number = match holder {
+        Holder::Instance(s) if u32::from(entry.inline_slot) == s => &entry.inline_seq,
+        Holder::Instance(s) if u32::from(entry.second_slot) == s => &entry.second_seq,
+        Holder::Instance(_) => {
+            let number = seqs.and_then(|m| m.get_mut(&e));
+            debug_assert!(number.is_some(), "a re-front of a block its holder does not hold");
+            return number.map_or(seq, |number| std::mem::replace(number, seq));
+        }
+        Holder::Global => &entry.global_seq,
+    };
+    let old = number.load(Ordering::Relaxed);
+    debug_assert!(old != NOT_HELD, "a re-front of a block its holder does not hold");
+    if old != seq {
+        number.store(seq, Ordering::Relaxed);
+    }
+    old
 }
 
 /// The older runs a touch moves blocks out of, counted a stretch at a time and reported to
@@ -1212,10 +1345,10 @@ impl Moved {
 fn seq_in(entries: &[Entry], holder: Holder, seqs: Option<&MixMap<u32, u32>>, e: u32) -> Option<u32> {
     let entry = &entries[e as usize];
     match holder {
-        Holder::Instance(s) if u32::from(entry.inline_slot) == s => Some(entry.inline_seq),
-        Holder::Instance(s) if u32::from(entry.second_slot) == s => Some(entry.second_seq),
+        Holder::Instance(s) if u32::from(entry.inline_slot) == s => Some(entry.inline_seq.load(Ordering::Relaxed)),
+        Holder::Instance(s) if u32::from(entry.second_slot) == s => Some(entry.second_seq.load(Ordering::Relaxed)),
         Holder::Instance(_) => seqs.and_then(|m| m.get(&e).copied()),
-        Holder::Global => (entry.global_seq != NOT_HELD).then_some(entry.global_seq),
+        Holder::Global => Some(entry.global_seq.load(Ordering::Relaxed)).filter(|&seq| seq != NOT_HELD),
     }
 }
 

@@ -292,7 +292,7 @@ impl KvIndex {
                 walked[i] = e;
                 prev = e;
                 let keep = first & entry.held;
-                let global = global_active && entry.global_seq != NOT_HELD;
+                let global = global_active && entry.in_global();
                 // Most steps change nothing (every holder still matching holds this block
                 // too): one test, and the tally's bookkeeping only on a change.
                 if keep != first || global != global_active {
@@ -346,12 +346,12 @@ impl KvIndex {
             for &e in walked {
                 let entry = &self.entries[e as usize];
                 let keep = first & entry.held;
-                if !(keep != 0 || global_active && entry.global_seq != NOT_HELD) {
+                if !(keep != 0 || global_active && entry.in_global()) {
                     break;
                 }
                 record_hits(&mut out.local_blocks, 0, first & !keep, depth);
                 first = keep;
-                if global_active && entry.global_seq == NOT_HELD {
+                if global_active && !entry.in_global() {
                     global_active = false;
                     out.global_blocks = depth;
                 }
@@ -365,7 +365,7 @@ impl KvIndex {
                 let bits = &self.more_bits[e as usize * extra..(e as usize + 1) * extra];
                 let keep = first & entry.held;
                 let any = keep != 0 || active.iter().zip(bits).any(|(&a, &b)| a & b != 0);
-                if !(any || global_active && entry.global_seq != NOT_HELD) {
+                if !(any || global_active && entry.in_global()) {
                     break;
                 }
                 record_hits(&mut out.local_blocks, 0, first & !keep, depth);
@@ -374,7 +374,7 @@ impl KvIndex {
                     record_hits(&mut out.local_blocks, w + 1, *a & !held, depth);
                     *a &= held;
                 }
-                if global_active && entry.global_seq == NOT_HELD {
+                if global_active && !entry.in_global() {
                     global_active = false;
                     out.global_blocks = depth;
                 }

@@ -7,6 +7,15 @@ fn chain(range: std::ops::Range<u64>) -> Vec<BlockHash> {
 }
 
 impl KvIndex {
+    /// Test only: [`KvIndex::seq_of`] under a shared borrow (the holder's map locked).
+    fn seq_locked(&self, holder: Holder, e: u32) -> Option<u32> {
+        let seqs = match holder {
+            Holder::Instance(s) => Some(self.instances[s as usize].seqs.lock()),
+            Holder::Global => None,
+        };
+        seq_in(&self.entries, holder, seqs.as_deref(), e)
+    }
+
     /// Test only: checks the module's invariants (an entry exists iff some holder holds it and
     /// the hash table finds it; holder bits, inline seats, maps and counts agree; every held
     /// (entry, holder) pair is current in exactly one run; no holder is over capacity) and
@@ -26,7 +35,7 @@ impl KvIndex {
             }
             assert_eq!(self.entry_of(entry.hash), Some(e), "entry {e} is found by its hash");
             assert!(
-                entry.global_seq != NOT_HELD || !self.no_instance_holds(e),
+                entry.in_global() || !self.no_instance_holds(e),
                 "entry {e} is held by someone"
             );
             for seat in [entry.inline_slot, entry.second_slot] {
@@ -49,7 +58,7 @@ impl KvIndex {
             .chain(self.global_enabled().then_some(Holder::Global));
         for holder in holders {
             let members = (0..self.entries.len() as u32)
-                .filter(|&e| self.entries[e as usize].live() && self.seq_of(holder, e).is_some())
+                .filter(|&e| self.entries[e as usize].live() && self.seq_locked(holder, e).is_some())
                 .count();
             assert_eq!(self.held(holder), members, "{holder:?}'s count");
             assert!(
@@ -62,7 +71,7 @@ impl KvIndex {
             };
             let mut current: Vec<u32> = lru
                 .all()
-                .filter(|&(seq, e)| self.seq_of(holder, e) == Some(seq))
+                .filter(|&(seq, e)| self.seq_locked(holder, e) == Some(seq))
                 .map(|(_, e)| e)
                 .collect();
             assert_eq!(current.len(), members, "{holder:?}: each held block current in one run");
@@ -70,7 +79,7 @@ impl KvIndex {
             current.dedup();
             assert_eq!(current.len(), members, "{holder:?}: no block current twice");
             if let Holder::Instance(s) = holder {
-                for &e in self.instances[s as usize].seqs.keys() {
+                for &e in self.instances[s as usize].seqs.lock().keys() {
                     assert!(self.bit(e, s), "{holder:?}'s map names only blocks it holds");
                     let entry = &self.entries[e as usize];
                     assert!(
@@ -113,7 +122,7 @@ impl KvIndex {
                 order[run_start..].reverse();
                 (run_seq, run_start) = (Some(seq), order.len());
             }
-            if self.seq_of(holder, e) == Some(seq) {
+            if self.seq_locked(holder, e) == Some(seq) {
                 order.push(self.entries[e as usize].hash);
             }
         }
@@ -158,7 +167,7 @@ fn two_holders_are_seated_a_third_is_mapped() {
         ix.touch(Holder::Instance(s), &c, None, u64::from(s));
         ix.assert_consistent();
     }
-    let mapped = |ix: &KvIndex, s: usize| ix.instances[s].seqs.len();
+    let mapped = |ix: &KvIndex, s: usize| ix.instances[s].seqs.lock().len();
     assert_eq!((mapped(&ix, 0), mapped(&ix, 1), mapped(&ix, 2)), (0, 0, 4));
     // Instance 1 gives the chain up (a new chain of its capacity evicts it): its seat frees,
     // and instance 2's next touch still finds its own numbers in its map.
@@ -953,4 +962,140 @@ fn evicted_touch_time_is_the_newest_block_given_up_for_room_or_by_an_event() {
     ix.add_slot(1);
     assert_eq!(ix.evicted_touch_ms(1), None);
     ix.assert_consistent();
+}
+
+// ---- the insert on route in place (`refront_walked`) ------------------------------------------
+
+/// One route of `chain` to `slot` at `now` on two indexes, both purged first when a purge is
+/// due (as the router does before its walk): `a` as the router does it (walk under a shared
+/// borrow, the write in place when `refront_walked` may, else `touch_walked`), `b` always with
+/// `touch_routed` under `&mut`. Returns whether `a`'s was in
+/// place.
+fn route_both(a: &mut KvIndex, b: &mut KvIndex, slot: u32, chain: &[BlockHash], now: u64) -> bool {
+    for ix in [&mut *a, &mut *b] {
+        if ix.purge_due(now) {
+            ix.purge_all_expired(now);
+        }
+    }
+    let (mut walk, mut q) = (Walk::default(), IndexQuery::default());
+    a.query_shared(chain, now, &mut q, &mut walk);
+    let mut applied = false;
+    let in_place = a.refront_walked(slot, chain, now, &walk, &q, || applied = true);
+    assert_eq!(
+        in_place, applied,
+        "`applied` runs exactly when the write was done in place"
+    );
+    if !in_place {
+        a.touch_walked(slot, chain, now, &mut walk);
+    }
+    b.touch_routed(slot, chain, now);
+    in_place
+}
+
+/// The holders whose LRU order differs between `a` and `b` (blocks, and their order).
+fn order_differences(a: &KvIndex, b: &KvIndex) -> Vec<Holder> {
+    (0..3)
+        .map(Holder::Instance)
+        .chain([Holder::Global])
+        .filter(|&h| a.lru_order(h) != b.lru_order(h))
+        .collect()
+}
+
+/// Session `k`'s chain at `turn`: a 3-block prefix every session shares, then `2 + turn` blocks
+/// of its own.
+fn session_chain(k: u64, turn: u64) -> Vec<BlockHash> {
+    (1..4)
+        .chain((0..2 + turn).map(|i| 100 * (k + 1) + i))
+        .map(BlockHash)
+        .collect()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+    /// The insert on route in place does exactly what the write under `&mut` does: after every
+    /// route of random sessions' turns to random instances (with engine removals between, and
+    /// a TTL in some cases), both indexes hold the same blocks in the same LRU order for every
+    /// holder, and the in-place one is consistent. The shared prefix on three instances puts
+    /// the third holder's numbers in its map, so the map's path is exercised too.
+    #[test]
+    fn a_refront_in_place_is_the_touch_it_replaces(
+        ops in proptest::collection::vec((0u64..5, 0u32..3, 0u64..4, 0u8..8), 1..120),
+        ttl in proptest::option::of(4u64..40),
+    ) {
+        let limits = IndexLimits { local_capacity: 14, global_capacity: 22, local_ttl_ms: ttl };
+        let (mut a, mut b) = (KvIndex::new(limits), KvIndex::new(limits));
+        for s in 0..3 {
+            a.add_slot(s);
+            b.add_slot(s);
+        }
+        for (now, &(k, slot, turn, kind)) in ops.iter().enumerate() {
+            let chain = session_chain(k, turn);
+            if kind == 0 {
+                // An engine evicted one block of the chain there.
+                let gone = &chain[chain.len() - 1..];
+                a.remove(Holder::Instance(slot), gone);
+                b.remove(Holder::Instance(slot), gone);
+            } else {
+                route_both(&mut a, &mut b, slot, &chain, now as u64);
+            }
+            a.assert_consistent();
+            proptest::prop_assert_eq!(order_differences(&a, &b), Vec::<Holder>::new());
+        }
+    }
+}
+
+/// A fixed run of the comparison above that must re-front (a session's chain, held whole, no
+/// longer the newest where it goes), and its negative control: the broken variant that forgets
+/// the global tier's order is caught by the same comparison.
+#[test]
+fn refronts_are_exercised_and_a_broken_one_is_caught() {
+    let run = |broken: bool| {
+        let (mut a, mut b) = (index(14, 22), index(14, 22));
+        a.refront_skips_global = broken;
+        let mut in_place = 0;
+        let mut caught = false;
+        for (now, (k, slot)) in [(0, 0), (1, 1), (0, 0), (2, 2), (1, 1), (0, 0), (2, 2), (1, 1)]
+            .into_iter()
+            .enumerate()
+        {
+            in_place += usize::from(route_both(&mut a, &mut b, slot, &session_chain(k, 1), now as u64));
+            caught |= !order_differences(&a, &b).is_empty();
+        }
+        (in_place, a.refronts.load(Ordering::Relaxed), caught)
+    };
+    let (in_place, refronts, caught) = run(false);
+    assert!(
+        in_place >= 5 && refronts >= 5,
+        "{in_place} in place, {refronts} re-fronts"
+    );
+    assert!(!caught);
+    assert!(run(true).2, "the broken variant must be caught");
+}
+
+/// A re-front in place whose run takes the holders' sequence numbers past the threshold
+/// renumbers them under the holders' mutexes, as the write under `&mut` does: same order
+/// after, numbers back near zero.
+#[test]
+fn a_refront_in_place_renumbers_as_the_exclusive_write_does() {
+    let (mut a, mut b) = (index(14, 22), index(14, 22));
+    let routes = [(0, 0), (1, 0), (2, 1), (0, 0), (1, 0)];
+    for (now, &(k, slot)) in routes.iter().enumerate().take(3) {
+        route_both(&mut a, &mut b, slot, &session_chain(k, 1), now as u64);
+    }
+    for ix in [&mut a, &mut b] {
+        ix.instances[0].lru.get_mut().skip_to_seq_limit();
+        ix.global_lru.get_mut().skip_to_seq_limit();
+    }
+    for (now, &(k, slot)) in routes.iter().enumerate().skip(3) {
+        assert!(
+            route_both(&mut a, &mut b, slot, &session_chain(k, 1), now as u64),
+            "in place"
+        );
+    }
+    a.assert_consistent();
+    assert_eq!(order_differences(&a, &b), Vec::<Holder>::new());
+    for ix in [&mut a, &mut b] {
+        assert!(ix.instances[0].lru.get_mut().next_seq() < 10, "renumbered");
+        assert!(ix.global_lru.get_mut().next_seq() < 10, "renumbered");
+    }
 }

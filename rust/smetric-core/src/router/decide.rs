@@ -189,7 +189,7 @@ impl Router {
             candidates,
             rooms,
         } = scratch;
-        // The walk, under the shared lock: other decisions walk, decide and renew at the same
+        // The walk, under the shared lock: other decisions walk, decide and write in place at the same
         // time. (The fleet through `load`, a guard: `load_full` would bump the shared `Arc`'s
         // count, a cache line every routing core would then write.)
         let index = self.read_index(now_ms);
@@ -287,20 +287,6 @@ impl Router {
         });
         let chosen = candidates[selection.index];
         let member = fleet.member(chosen.slot).expect("candidates are live members");
-        // The index write, in place when it changes no holder's blocks (the same prompt again
-        // where it went last), else after the shared lock under the exclusive one.
-        // With host tiers, an approximate route also records the prompt in the instance's host
-        // pool (its offloading connector will copy it there): in place too when the pool's
-        // newest run already is the chain, else under the exclusive lock with the rest.
-        let host_write = self.config.index_mode == IndexMode::Approximate && self.config.host_capacity_blocks > 0;
-        let in_place = match self.config.index_mode {
-            IndexMode::Approximate => {
-                index.renew_walked(chosen.slot, chain, now_ms, walk)
-                    && (!host_write || index.renew_host_walked(chosen.slot, chain, now_ms))
-            }
-            // Sent, not yet confirmed by the engine's events (docs §2.7).
-            IndexMode::Exact => index.send_is_noop(chosen.slot, chain, walk),
-        };
         let prefill = chosen.prefill_tokens(n, global_hit_tokens);
         let work = prefill_work(prefill, n, self.config.smetric_l_eq_tokens);
         member.load.on_routed(prefill, n, work);
@@ -312,13 +298,35 @@ impl Router {
         let request_id = req
             .request_id
             .unwrap_or_else(|| RequestId(self.next_request_id.fetch_add(1, Ordering::Relaxed)));
+        // Exact mode: a route whose blocks are all held or already sent there records nothing
+        // (docs §2.7); decided here, under the decision lock, like the rest of the decision.
+        let exact_noop = self.config.index_mode == IndexMode::Exact && index.send_is_noop(chosen.slot, chain, walk);
         #[cfg(test)]
-        if in_place {
+        if exact_noop {
             self.write_order.lock().push((request_id, true));
         }
         drop(decisions);
+        // Approximate mode: the insert on route, in place (still under the shared lock, after
+        // the decision lock) when the instance and the global tier already hold the whole
+        // chain, which then only becomes their newest blocks (`KvIndex::refront_walked`); else
+        // under the exclusive lock. With host tiers the route also records the prompt in the
+        // instance's host pool (its offloading connector will copy it there): in place too
+        // when the pool holds all of it, else that part alone under the exclusive lock.
+        let host_write = self.config.index_mode == IndexMode::Approximate && self.config.host_capacity_blocks > 0;
+        let mut host_done = !host_write;
+        let gpu_done = exact_noop
+            || (self.config.index_mode == IndexMode::Approximate
+                && index.refront_walked(chosen.slot, chain, now_ms, walk, query, || {
+                    if host_write {
+                        host_done = index.refront_host_walked(chosen.slot, chain, now_ms);
+                    }
+                    #[cfg(test)]
+                    if host_done {
+                        self.write_order.lock().push((request_id, true));
+                    }
+                }));
         drop(index);
-        if !in_place {
+        if !(gpu_done && host_done) {
             self.write_or_defer(
                 &RouteWrite {
                     slot: chosen.slot,
@@ -326,7 +334,8 @@ impl Router {
                     chain: Vec::new(),
                     now_ms,
                     walk: Walk::default(),
-                    host_write,
+                    gpu_done,
+                    host_write: !host_done,
                     request_id,
                 },
                 chain,

@@ -345,8 +345,9 @@ fn an_approximate_route_records_the_prompt_in_its_host_pool() {
     assert_eq!(hits(&off, &chain).1, vec![0, 0, 0]);
 }
 
-/// The same prompt routed again to the same instance renews its GPU, global and host-pool runs
-/// in place (no exclusive lock); the first route, which adds the blocks, cannot.
+/// The same prompt routed again to the same instance touches its GPU, global and host-pool
+/// holders in place (no exclusive lock), even after another prompt was stored after it (it then
+/// re-fronts it: nobody's blocks change); the first route, which adds the blocks, cannot.
 #[test]
 fn a_repeated_route_renews_the_host_pool_in_place() {
     let r = router(1, hosts());
@@ -368,10 +369,16 @@ fn a_repeated_route_renews_the_host_pool_in_place() {
     );
     let chain = r.hash_tokens(&turn, None);
     assert_eq!(hits(&r, &chain).1, vec![40], "the pool still holds the prompt");
-    // Negative control: the pool lost the chain's newest run (another prompt stored after it),
-    // so the repeat must write it under the exclusive lock again.
+    // Another prompt stored after it: the chain is no longer the pool's newest, but the pool
+    // still holds all of it, so the repeat re-fronts it in place.
     let other: Vec<BlockHash> = (0..4).map(|k| BlockHash(9000 + k)).collect();
     r.store_blocks(Some("i0"), Tier::Host, &other, None, Some(0.0)).unwrap();
     route();
+    assert_eq!(r.write_order.lock().last().map(|(_, in_place)| *in_place), Some(true));
+    // Negative control: the pool lost a block of the chain (its connector evicted it), so the
+    // repeat must write it back under the exclusive lock.
+    r.remove_blocks(Some("i0"), Tier::Host, &chain[5..6]).unwrap();
+    route();
     assert_eq!(r.write_order.lock().last().map(|(_, in_place)| *in_place), Some(false));
+    assert_eq!(hits(&r, &chain).1, vec![40], "the pool holds the prompt again");
 }

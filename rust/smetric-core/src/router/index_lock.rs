@@ -66,6 +66,9 @@ pub(crate) struct RouteWrite {
     pub(crate) now_ms: u64,
     /// The decision's walk (default until queued: the caller's buffer serves).
     pub(crate) walk: Walk,
+    /// Whether the GPU and global-tier part of an approximate route's write is already done
+    /// (in place), leaving only the host pool's.
+    pub(crate) gpu_done: bool,
     /// Whether the prompt also goes to the instance's host pool.
     pub(crate) host_write: bool,
     /// The decision's id (read by the tests' record of the order writes were applied in).
@@ -189,7 +192,9 @@ impl Router {
         {
             match self.config.index_mode {
                 IndexMode::Approximate => {
-                    index.touch_walked(slot, chain, now_ms, walk);
+                    if !write.gpu_done {
+                        index.touch_walked(slot, chain, now_ms, walk);
+                    }
                     if write.host_write {
                         index.touch_host(slot, chain, None, now_ms);
                     }

@@ -4,12 +4,14 @@
 //! lock, into a buffer of the calling thread; then, under the index's *shared* lock, walk the
 //! chain through the two-tier index into buffers of the thread (hits, entry ids, held
 //! prefixes); then, still under it and under the *decision lock*, read every live instance's
-//! load off the lock-free board, ask the policy, write the index in place if that changes no
-//! holder's blocks (approximate mode: the chosen instance's and the global tier's newest run
-//! already is the chain, so the insert on route only renews them; exact mode: nothing to
-//! record as sent), bump the chosen instance's counters and issue the request id. Then, if
-//! the index write does change blocks (new blocks, a new holder, evictions, blocks recorded
-//! as sent, docs §2.7), it runs under the *exclusive* lock, reusing the walk's entry ids
+//! load off the lock-free board, ask the policy, bump the chosen instance's counters and issue
+//! the request id (exact mode: and tell whether there is anything to record as sent). Then,
+//! out of the decision lock but still under the shared one, the insert on route is done in
+//! place when it moves no block in or out of any holder (approximate mode: the chosen instance
+//! and the global tier already hold the whole chain, which only becomes their newest blocks:
+//! `KvIndex::refront_walked`, behind those holders' own mutexes). Then, if the index write
+//! does change blocks (new blocks, a new holder, evictions, blocks recorded as sent, docs
+//! §2.7), it runs under the *exclusive* lock, reusing the walk's entry ids
 //! unless an entry has been freed since — or, when another thread holds the index, it is
 //! queued for the next taker of the lock instead of waited for (`index_lock.rs`, which also
 //! has every waiter on the index spin briefly before it sleeps); and, outside the locks, the
@@ -24,21 +26,26 @@
 //!   decision's insert on route or an index feed's write: two concurrent decisions of one
 //!   chain may both score it as cold, or both count a hit. (Before, one mutex from the walk
 //!   to the load bump made each see the other's insert.) The index writes are applied one at
-//!   a time, each to the index as it is then (entry ids trusted only while no entry has been
+//!   a time — those under the exclusive lock alone, those in place each holding the mutexes of
+//!   the holders it reorders from its first check to its last write, so that two which share
+//!   a holder are ordered and two which do not commute — each to the index as it is then (entry ids trusted only while no entry has been
 //!   freed since the walk; nothing written for an instance that has left), so the index after
 //!   any interleaving equals the index after the same writes applied one by one in the order
-//!   they were applied (the concurrent replay test checks it). That order is the decisions'
-//!   order for writes in place; a write under the exclusive lock may land after later
-//!   decisions' — a queued one at the latest before the next exclusive-lock write or the next
+//!   they were applied (the concurrent replay test checks it, re-fronts in place included). A
+//!   write may land after later decisions' walks — a queued one at the latest before the next exclusive-lock write or the next
 //!   walk that finds the index free, with at most `MAX_DEFERRED` (64) waiting (`index_lock.rs`).
 //!   From one thread, every decision is exactly what it was under one mutex (nothing is queued).
 //! * Under the exclusive lock run only the writes that change some holder's blocks: inserts
 //!   on route that add or move blocks (O(prompt blocks)), records of sent blocks, index feeds
-//!   (KV events), fleet changes and TTL purges. A renewal in place costs O(prompt blocks) id
-//!   comparisons and writes no entry, so walks on other cores keep their cache lines.
+//!   (KV events), fleet changes and TTL purges. A write in place changes nothing a walk reads
+//!   (holder bits, whether the tier holds a block): it costs O(prompt blocks) id comparisons
+//!   when the chain already is the holders' newest run (a renewal, no entry written), else one
+//!   sequence number written per block and holder.
 //!   parking_lot's lock is fair to a waiting writer: it holds new walks back, so feeds are
 //!   not starved, and waits for at most the walks and decisions in progress.
-//! * Lock order: index (shared or exclusive) → decision lock → a holder's LRU mutex, or the
+//! * Lock order: index (shared or exclusive) → decision lock, or → the chosen instance's LRU
+//!   mutex → its map's mutex → the global tier's LRU mutex → its host pool's (in the pools'
+//!   own index, the same order) — never the decision lock and a holder's at once; or the
 //!   in-flight table's mutex (read by the decode mask; a leaf, held with no other lock
 //!   requested); the exclusive lock is never requested with the decision lock held.
 //! * Lifecycle calls (`on_prefilled`, `on_finished`, `on_aborted`) take the in-flight table's
@@ -52,9 +59,9 @@
 //! `fleet_ops` (instances and engine load), `index_feed` (explicit index writes), `stats`.
 //!
 //! Complexity per decision: O(prompt tokens) hashing outside the locks; O(matched blocks
-//! · ⌈N/64⌉) walk, O(N) scoring and a renewal's O(prompt blocks) id comparisons under the
-//! shared lock (the last two under the decision lock); an insert that adds or moves blocks,
-//! O(prompt blocks), under the exclusive lock.
+//! · ⌈N/64⌉) walk, O(N) scoring (under the decision lock) and a write in place's O(prompt
+//! blocks) under the shared lock; an insert that adds or evicts blocks, O(prompt blocks),
+//! under the exclusive lock.
 
 mod decide;
 #[cfg(test)]
@@ -99,13 +106,13 @@ pub struct Router {
     config: RouterConfig,
     block_size: u32,
     rng: DrawCounter,
-    /// The index: decisions walk it (and renew a run in place) under the shared lock; writes
-    /// that change a holder's blocks take the exclusive lock.
+    /// The index: decisions walk it (and re-front a chain its holders already hold, in place)
+    /// under the shared lock; writes that change a holder's blocks take the exclusive lock.
     index: RwLock<KvIndex>,
     /// Held by a decision from its load read to its load bump (under the index's shared lock),
-    /// so that concurrent decisions see each other's load and renew runs in one order.
+    /// so that concurrent decisions see each other's load.
     decisions: Mutex<()>,
-    /// Index writes of decisions that found the index busy (`deferred.rs`), applied by the next
+    /// Index writes of decisions that found the index busy (`index_lock.rs`), applied by the next
     /// taker of the exclusive lock; `deferred_count` is their number, read without the mutex.
     deferred: Mutex<Vec<index_lock::RouteWrite>>,
     deferred_count: std::sync::atomic::AtomicUsize,

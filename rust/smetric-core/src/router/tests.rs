@@ -214,10 +214,12 @@ mod concurrent {
         assert!(spread(&counts) > 1, "the racy decision must unbalance: {counts:?}");
     }
 
-    /// Capacities of the replay test: small, so that inserts evict and free entries while other
-    /// decisions hold walks that name them.
-    const LOCAL_CAP: u64 = 16;
-    const GLOBAL_CAP: u64 = 24;
+    /// Capacities of the replay test (local, global): small, so that inserts evict and free
+    /// entries while other decisions hold walks that name them.
+    const SMALL: (u64, u64) = (16, 24);
+    /// Capacities where every holder keeps several chains whole, so that a route re-fronts in
+    /// place a chain its instance and the global tier hold but not as their newest.
+    const ROOMY: (u64, u64) = (32, 48);
 
     /// One decision as the replay needs it: request id, chosen slot, chain, time.
     type Routed = (RequestId, u32, Vec<BlockHash>, u64);
@@ -259,10 +261,10 @@ mod concurrent {
 
     /// The replay: each decision's insert on route, in the order the router applied them (its
     /// test-only log), on a fresh index.
-    fn replay(decisions: &[Routed]) -> KvIndex {
+    fn replay(decisions: &[Routed], (local, global): (u64, u64)) -> KvIndex {
         let mut ix = KvIndex::new(IndexLimits {
-            local_capacity: LOCAL_CAP,
-            global_capacity: GLOBAL_CAP,
+            local_capacity: local,
+            global_capacity: global,
             local_ttl_ms: None,
         });
         for slot in 0..INSTANCES as u32 {
@@ -279,15 +281,23 @@ mod concurrent {
     /// The chain: an 8-block prefix, then one of `tails` tails of 4–8 blocks. With one tail
     /// every thread routes the very same chain (most index writes are renewals in place);
     /// with 16, more blocks than the holders keep, so that walks find entries that
-    /// concurrent inserts evict and free. Returns the router, its decisions in the order
+    /// concurrent inserts evict and free; with 6 and `ROOMY` capacities, instances hold
+    /// several chains, and routes re-front in place the one they hold but not as their newest.
+    /// `caps`: the local and global capacities; `broken_refront`: the index's broken variant
+    /// of the write in place, for a negative control. Returns the router, its decisions in the order
     /// their index writes were applied, and how many of those were in place.
-    fn route_one_chain_concurrently(tails: u32) -> (Router, Vec<Routed>, usize) {
+    fn route_one_chain_concurrently(
+        tails: u32,
+        (local, global): (u64, u64),
+        broken_refront: bool,
+    ) -> (Router, Vec<Routed>, usize) {
         let config = RouterConfig {
-            local_capacity_blocks: LOCAL_CAP,
-            global_capacity_blocks: GLOBAL_CAP,
+            local_capacity_blocks: local,
+            global_capacity_blocks: global,
             ..RouterConfig::default()
         };
         let mut r = Router::new(&names(INSTANCES), PolicyKind::Smetric, 4, 3, config).unwrap();
+        r.index.get_mut().refront_skips_global = broken_refront;
         // Every round's walks all precede its decisions.
         let after_walk = Arc::new(Barrier::new(THREADS));
         r.after_walk = Some(Arc::clone(&after_walk));
@@ -344,19 +354,20 @@ mod concurrent {
     /// walk); the load board and the in-flight table are back to zero.
     #[test]
     fn concurrent_routes_of_one_chain_match_a_serial_replay() {
-        let (mut stale, mut in_place, mut exclusive, mut queued) = (0, 0, 0, 0);
-        for tails in [1, 16] {
-            let (r, decisions, renewed) = route_one_chain_concurrently(tails);
+        let (mut stale, mut in_place, mut exclusive, mut queued, mut refronts) = (0, 0, 0, 0, 0);
+        for (tails, caps) in [(1, SMALL), (16, SMALL), (6, ROOMY)] {
+            let (r, decisions, renewed) = route_one_chain_concurrently(tails, caps, false);
             queued += r.deferred_total.load(std::sync::atomic::Ordering::Relaxed);
             assert_eq!(decisions.len(), THREADS * ROUNDS + 1);
             let index = r.write_index();
             index.assert_consistent();
             assert_eq!(
-                differences(&index, &replay(&decisions)),
+                differences(&index, &replay(&decisions, caps)),
                 Vec::<String>::new(),
                 "{tails} tails"
             );
             stale += index.stale_walks;
+            refronts += index.refronts.load(std::sync::atomic::Ordering::Relaxed);
             (in_place, exclusive) = (in_place + renewed, exclusive + decisions.len() - renewed);
             drop(index);
             let stats = r.stats();
@@ -370,7 +381,7 @@ mod concurrent {
                 );
             }
         }
-        // What the runs went through: renewals in place (under the shared lock), writes under
+        // What the runs went through: writes in place (under the shared lock), writes under
         // the exclusive lock, and walks whose ids were freed (and mostly reused) before their
         // write, which must find the chain again (the broken variant that trusts them is
         // caught by the index's own `a_stale_walk_is_not_trusted_and_the_checks_catch_one_that_is`).
@@ -379,6 +390,9 @@ mod concurrent {
             "{in_place} in place, {exclusive} exclusive"
         );
         assert!(stale > 0, "some walks went stale before their write");
+        // Some writes in place made the chain a new run under the shared lock (the holders
+        // held it whole, not newest), beside other threads' walks and re-fronts.
+        assert!(refronts > 0, "some writes in place re-fronted a chain");
         // Decisions that found the index held queued their writes (`index_lock.rs`), and the
         // replay still matches: queued writes are applied in the order recorded.
         assert!(queued > 0, "some writes were handed over");
@@ -388,10 +402,19 @@ mod concurrent {
     /// decision's, whose tail no other request has) must fail.
     #[test]
     fn the_replay_comparison_catches_a_lost_insert() {
-        let (r, mut decisions, _) = route_one_chain_concurrently(16);
+        let (r, mut decisions, _) = route_one_chain_concurrently(16, SMALL, false);
         decisions.pop();
         let index = r.write_index();
-        assert!(!differences(&index, &replay(&decisions)).is_empty());
+        assert!(!differences(&index, &replay(&decisions, SMALL)).is_empty());
+    }
+
+    /// Negative control of the writes in place: with the broken re-front that forgets the
+    /// global tier's order, the concurrent run's index must differ from the replay.
+    #[test]
+    fn the_replay_comparison_catches_a_broken_refront() {
+        let (r, decisions, _) = route_one_chain_concurrently(6, ROOMY, true);
+        let index = r.write_index();
+        assert!(!differences(&index, &replay(&decisions, ROOMY)).is_empty());
     }
 
     /// Each thread runs its own agent session, turn after turn; the sessions' follow-ups must
