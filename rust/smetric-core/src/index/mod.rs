@@ -16,7 +16,7 @@
 //! since the walk, else checked one by one (a freed slot may name another block by then). An
 //! insert that moves no block in or out of a holder (`KvIndex::refront_walked`: the instance
 //! and the global tier already hold the whole chain, and it only becomes their newest blocks)
-//! also runs under the shared lock: each holder's LRU order and map behind mutexes of its own,
+//! also runs under the shared lock: each holder's LRU order (and map) behind a mutex of its own,
 //! the entries' sequence numbers relaxed atomics that only the holder's mutex holder writes,
 //! and nothing a walk reads changes. Every other write takes `&mut self`. The index takes chains already hashed: the
 //! router hashes a prompt before it takes the index lock.
@@ -157,16 +157,21 @@ impl Entry {
     }
 }
 
+/// An instance's LRU order and the sequence numbers it keeps outside the entries' seats.
+#[derive(Debug, Default)]
+struct Order {
+    lru: RunLru,
+    /// Entry id → current LRU sequence number, for entries that do not hold this slot inline.
+    seqs: MixMap<u32, u32>,
+}
+
 #[derive(Debug, Default)]
 struct InstanceHolder {
-    /// Entry id → current LRU sequence number, for entries that do not hold this slot inline.
-    /// In a mutex, like `lru` and for the same reason (taken after it).
-    seqs: Mutex<MixMap<u32, u32>>,
-    /// Blocks held (inline and in `seqs`).
+    /// Blocks held (inline and in `order.seqs`).
     held: usize,
     /// In a mutex only so that [`KvIndex::refront_walked`] can reorder it under a shared
     /// borrow; every other access goes through `get_mut`, with no locking.
-    lru: Mutex<RunLru>,
+    order: Mutex<Order>,
     live: bool,
     /// The latest touch time of a block this instance's GPU cache evicted (for capacity, or by
     /// an engine's removal event; not for age), ms; `None` until one is. `now` minus it is how
@@ -504,7 +509,7 @@ impl KvIndex {
     #[inline]
     fn seq_of(&mut self, holder: Holder, e: u32) -> Option<u32> {
         let seqs = match holder {
-            Holder::Instance(s) => Some(&*self.instances[s as usize].seqs.get_mut()),
+            Holder::Instance(s) => Some(&self.instances[s as usize].order.get_mut().seqs),
             Holder::Global => None,
         };
         seq_in(&self.entries, holder, seqs, e)
@@ -515,8 +520,8 @@ impl KvIndex {
     fn lru_and_seqs(&mut self, holder: Holder) -> (&mut RunLru, impl Fn(u32, u32) -> bool + '_) {
         let (lru, seqs) = match holder {
             Holder::Instance(s) => {
-                let h = &mut self.instances[s as usize];
-                (h.lru.get_mut(), Some(&*h.seqs.get_mut()))
+                let order = self.instances[s as usize].order.get_mut();
+                (&mut order.lru, Some(&order.seqs))
             }
             Holder::Global => (self.global_lru.get_mut(), None),
         };
@@ -540,7 +545,7 @@ impl KvIndex {
 
     fn lru_mut(&mut self, holder: Holder) -> &mut RunLru {
         match holder {
-            Holder::Instance(s) => self.instances[s as usize].lru.get_mut(),
+            Holder::Instance(s) => &mut self.instances[s as usize].order.get_mut().lru,
             Holder::Global => self.global_lru.get_mut(),
         }
     }
@@ -587,7 +592,7 @@ impl KvIndex {
             *entry.second_seq.get_mut() = seq;
             NOT_HELD
         } else {
-            holder.seqs.get_mut().insert(e, seq).unwrap_or(NOT_HELD)
+            holder.order.get_mut().seqs.insert(e, seq).unwrap_or(NOT_HELD)
         }
     }
 
@@ -601,7 +606,7 @@ impl KvIndex {
                 } else if u32::from(entry.second_slot) == s {
                     entry.second_slot = NO_SLOT;
                 } else {
-                    self.instances[s as usize].seqs.get_mut().remove(&e);
+                    self.instances[s as usize].order.get_mut().seqs.remove(&e);
                 }
                 self.instances[s as usize].held -= 1;
                 let (word, bit) = self.bit_of(e, s);
@@ -697,7 +702,7 @@ impl KvIndex {
     fn prefetch_evictions(&mut self, holder: Holder) {
         const D: usize = PREFETCH_DISTANCE;
         let lru = match holder {
-            Holder::Instance(s) => self.instances[s as usize].lru.get_mut(),
+            Holder::Instance(s) => &mut self.instances[s as usize].order.get_mut().lru,
             Holder::Global => self.global_lru.get_mut(),
         };
         let (entries, table) = (&self.entries, &self.by_hash);
@@ -757,8 +762,8 @@ impl KvIndex {
         let entries = self.entries.as_slice();
         let (lru, seqs) = match holder {
             Holder::Instance(s) => {
-                let h = &mut self.instances[s as usize];
-                (h.lru.get_mut(), Some(h.seqs.get_mut()))
+                let order = self.instances[s as usize].order.get_mut();
+                (&mut order.lru, Some(&mut order.seqs))
             }
             Holder::Global => (self.global_lru.get_mut(), None),
         };
@@ -995,8 +1000,8 @@ impl KvIndex {
     /// from, a block missing, an instance block due to expire): the caller then calls
     /// `touch_walked` under the exclusive lock.
     ///
-    /// Concurrent re-fronts are safe and have one order: each takes the instance's mutexes
-    /// (its order, then its map), writes the instance's part, then takes the global tier's and
+    /// Concurrent re-fronts are safe and have one order: each takes the instance's mutex (its
+    /// order and its map), writes the instance's part, then takes the global tier's and
     /// writes its part, and releases nothing before the end (two-phase locking), so two of
     /// them that share a holder are ordered by that holder's mutex, and two that share none
     /// commute. Sequence numbers that run high are renumbered in place, under the holder's
@@ -1024,7 +1029,8 @@ impl KvIndex {
             return false;
         }
         let h = &self.instances[slot as usize];
-        let mut local = h.lru.lock();
+        let mut order = h.order.lock();
+        let Order { lru: local, seqs } = &mut *order;
         let expired = self.limits.local_ttl_ms.is_some_and(|ttl| {
             local
                 .oldest_live_time()
@@ -1034,14 +1040,13 @@ impl KvIndex {
             return false;
         }
         let entries = self.entries.as_slice();
-        let mut seqs = h.seqs.lock();
         let holder = Holder::Instance(slot);
         #[cfg(test)]
         let runs_before = local.next_seq();
-        let work = front_run(&mut local, &walk.ids, now_ms, |e, seq| {
-            remark_held(entries, holder, Some(&mut seqs), e, seq)
+        let work = front_run(local, &walk.ids, now_ms, |e, seq| {
+            remark_held(entries, holder, Some(&mut *seqs), e, seq)
         });
-        compact(&mut local, h.held, work, entries, holder, Some(&mut seqs));
+        compact(local, h.held, work, entries, holder, Some(seqs));
         #[cfg(test)]
         let mut refronted = local.next_seq() != runs_before;
         #[cfg(test)]
@@ -1161,10 +1166,10 @@ impl KvIndex {
             Holder::Instance(s) if !self.is_live(s) => false,
             _ => self.entry_of(hash).is_some_and(|e| {
                 let seqs = match holder {
-                    Holder::Instance(s) => Some(self.instances[s as usize].seqs.lock()),
+                    Holder::Instance(s) => Some(self.instances[s as usize].order.lock()),
                     Holder::Global => None,
                 };
-                seq_in(&self.entries, holder, seqs.as_deref(), e).is_some()
+                seq_in(&self.entries, holder, seqs.as_deref().map(|o| &o.seqs), e).is_some()
             }),
         }
     }
@@ -1177,9 +1182,13 @@ impl KvIndex {
         let seqs: usize = self
             .instances
             .iter()
-            .map(|h| table_bytes(h.seqs.lock().capacity(), size_of::<(u32, u32)>()))
+            .map(|h| table_bytes(h.order.lock().seqs.capacity(), size_of::<(u32, u32)>()))
             .sum();
-        let runs: usize = self.instances.iter().map(|h| h.lru.lock().heap_bytes()).sum::<usize>()
+        let runs: usize = self
+            .instances
+            .iter()
+            .map(|h| h.order.lock().lru.heap_bytes())
+            .sum::<usize>()
             + self.global_lru.lock().heap_bytes();
         [
             ("hash_table", self.by_hash.heap_bytes()),

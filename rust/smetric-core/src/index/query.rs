@@ -226,7 +226,7 @@ impl KvIndex {
         self.instances
             .iter()
             .filter(|h| h.live)
-            .filter_map(|h| h.lru.lock().oldest_live_time())
+            .filter_map(|h| h.order.lock().lru.oldest_live_time())
             .any(|t| now_ms.saturating_sub(t) >= ttl)
     }
 

@@ -10,10 +10,10 @@ impl KvIndex {
     /// Test only: [`KvIndex::seq_of`] under a shared borrow (the holder's map locked).
     fn seq_locked(&self, holder: Holder, e: u32) -> Option<u32> {
         let seqs = match holder {
-            Holder::Instance(s) => Some(self.instances[s as usize].seqs.lock()),
+            Holder::Instance(s) => Some(self.instances[s as usize].order.lock()),
             Holder::Global => None,
         };
-        seq_in(&self.entries, holder, seqs.as_deref(), e)
+        seq_in(&self.entries, holder, seqs.as_deref().map(|o| &o.seqs), e)
     }
 
     /// Test only: checks the module's invariants (an entry exists iff some holder holds it and
@@ -65,12 +65,9 @@ impl KvIndex {
                 self.held(holder) as u64 <= self.capacity(holder),
                 "{holder:?} within capacity"
             );
-            let lru = match holder {
-                Holder::Instance(s) => self.instances[s as usize].lru.lock(),
-                Holder::Global => self.global_lru.lock(),
-            };
-            let mut current: Vec<u32> = lru
-                .all()
+            let mut current: Vec<u32> = self
+                .lru_pairs(holder)
+                .into_iter()
                 .filter(|&(seq, e)| self.seq_locked(holder, e) == Some(seq))
                 .map(|(_, e)| e)
                 .collect();
@@ -79,7 +76,7 @@ impl KvIndex {
             current.dedup();
             assert_eq!(current.len(), members, "{holder:?}: no block current twice");
             if let Holder::Instance(s) = holder {
-                for &e in self.instances[s as usize].seqs.lock().keys() {
+                for &e in self.instances[s as usize].order.lock().seqs.keys() {
                     assert!(self.bit(e, s), "{holder:?}'s map names only blocks it holds");
                     let entry = &self.entries[e as usize];
                     assert!(
@@ -97,6 +94,15 @@ impl KvIndex {
         }
     }
 
+    /// Test only: every (seq, entry) pair `holder`'s LRU order queues, oldest run first (its
+    /// mutex taken and released here, so that the caller may look the numbers up after).
+    fn lru_pairs(&self, holder: Holder) -> Vec<(u32, u32)> {
+        match holder {
+            Holder::Instance(s) => self.instances[s as usize].order.lock().lru.all().collect(),
+            Holder::Global => self.global_lru.lock().all().collect(),
+        }
+    }
+
     /// Whether entry `e`'s holder bitset has slot `s`.
     fn bit(&self, e: u32, s: u32) -> bool {
         let word = if s < 64 {
@@ -111,13 +117,9 @@ impl KvIndex {
     /// oldest first, each from its chain's tail): equal for two indexes iff they hold the same
     /// blocks and would evict them in the same order, however their runs are cut.
     pub(crate) fn lru_order(&self, holder: Holder) -> Vec<BlockHash> {
-        let lru = match holder {
-            Holder::Instance(s) => self.instances[s as usize].lru.lock(),
-            Holder::Global => self.global_lru.lock(),
-        };
         let mut order: Vec<BlockHash> = Vec::new();
         let (mut run_seq, mut run_start) = (None, 0);
-        for (seq, e) in lru.all() {
+        for (seq, e) in self.lru_pairs(holder) {
             if run_seq != Some(seq) {
                 order[run_start..].reverse();
                 (run_seq, run_start) = (Some(seq), order.len());
@@ -167,7 +169,7 @@ fn two_holders_are_seated_a_third_is_mapped() {
         ix.touch(Holder::Instance(s), &c, None, u64::from(s));
         ix.assert_consistent();
     }
-    let mapped = |ix: &KvIndex, s: usize| ix.instances[s].seqs.lock().len();
+    let mapped = |ix: &KvIndex, s: usize| ix.instances[s].order.lock().seqs.len();
     assert_eq!((mapped(&ix, 0), mapped(&ix, 1), mapped(&ix, 2)), (0, 0, 4));
     // Instance 1 gives the chain up (a new chain of its capacity evicts it): its seat frees,
     // and instance 2's next touch still finds its own numbers in its map.
@@ -265,7 +267,7 @@ fn compaction_keeps_order() {
         ix.touch(Holder::Global, &chain(0..4), None, round);
         ix.touch(Holder::Instance(0), &chain(100 + round..101 + round), None, round);
     }
-    assert!(ix.instances[0].lru.get_mut().queued() <= 2 * 8 + lru::COMPACT_SLACK + 4 * lru::CLEAN_FACTOR);
+    assert!(ix.instances[0].order.get_mut().lru.queued() <= 2 * 8 + lru::COMPACT_SLACK + 4 * lru::CLEAN_FACTOR);
     let mut q = IndexQuery::default();
     ix.query(&chain(0..4), 0, &mut q);
     assert_eq!((q.local_blocks[0], q.global_blocks), (4, 4));
@@ -284,7 +286,8 @@ fn follow_up_turns_leave_no_stale_ids() {
         // Another session on the same instance in between.
         ix.touch_routed(1, &chain(10_000 + turn..10_001 + turn), 0);
     }
-    let (local, global) = (ix.instances[1].lru.lock(), ix.global_lru.lock());
+    let (order, global) = (ix.instances[1].order.lock(), ix.global_lru.lock());
+    let local = &order.lru;
     assert_eq!(local.queued(), ix.instances[1].held);
     assert_eq!(global.queued(), ix.global_held);
     assert!(local.queued_runs() < 2 * 49 + 8);
@@ -1083,7 +1086,7 @@ fn a_refront_in_place_renumbers_as_the_exclusive_write_does() {
         route_both(&mut a, &mut b, slot, &session_chain(k, 1), now as u64);
     }
     for ix in [&mut a, &mut b] {
-        ix.instances[0].lru.get_mut().skip_to_seq_limit();
+        ix.instances[0].order.get_mut().lru.skip_to_seq_limit();
         ix.global_lru.get_mut().skip_to_seq_limit();
     }
     for (now, &(k, slot)) in routes.iter().enumerate().skip(3) {
@@ -1095,7 +1098,7 @@ fn a_refront_in_place_renumbers_as_the_exclusive_write_does() {
     a.assert_consistent();
     assert_eq!(order_differences(&a, &b), Vec::<Holder>::new());
     for ix in [&mut a, &mut b] {
-        assert!(ix.instances[0].lru.get_mut().next_seq() < 10, "renumbered");
+        assert!(ix.instances[0].order.get_mut().lru.next_seq() < 10, "renumbered");
         assert!(ix.global_lru.get_mut().next_seq() < 10, "renumbered");
     }
 }

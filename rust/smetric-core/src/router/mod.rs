@@ -43,8 +43,8 @@
 //!   sequence number written per block and holder.
 //!   parking_lot's lock is fair to a waiting writer: it holds new walks back, so feeds are
 //!   not starved, and waits for at most the walks and decisions in progress.
-//! * Lock order: index (shared or exclusive) → decision lock, or → the chosen instance's LRU
-//!   mutex → its map's mutex → the global tier's LRU mutex → its host pool's (in the pools'
+//! * Lock order: index (shared or exclusive) → decision lock, or → the chosen instance's order
+//!   mutex (its LRU and map) → the global tier's LRU mutex → its host pool's (in the pools'
 //!   own index, the same order) — never the decision lock and a holder's at once; or the
 //!   in-flight table's mutex (read by the decode mask; a leaf, held with no other lock
 //!   requested); the exclusive lock is never requested with the decision lock held.
