@@ -16,10 +16,10 @@
 //! since the walk, else checked one by one (a freed slot may name another block by then). An
 //! insert that moves no block in or out of a holder (`KvIndex::refront_walked`: the instance
 //! and the global tier already hold the whole chain, and it only becomes their newest blocks)
-//! also runs under the shared lock: each holder's LRU order (and map) behind a mutex of its own,
-//! the entries' sequence numbers relaxed atomics that only the holder's mutex holder writes,
-//! and nothing a walk reads changes. Every other write takes `&mut self`. The index takes chains already hashed: the
-//! router hashes a prompt before it takes the index lock.
+//! also runs under the shared lock: each holder's LRU order (and map) behind a mutex of its
+//! own, the entries' sequence numbers relaxed atomics written only under that mutex, and
+//! nothing a walk reads changes. Every other write takes `&mut self`. The index takes chains
+//! already hashed: the router hashes a prompt before it takes the index lock.
 //!
 //! The hash table is ours (`block_table.rs`: linear probing over 8-byte slots whose address we
 //! compute), so the write path of a new chain into full holders — one table lookup to create
@@ -1005,9 +1005,13 @@ impl KvIndex {
     /// writes its part, and releases nothing before the end (two-phase locking), so two of
     /// them that share a holder are ordered by that holder's mutex, and two that share none
     /// commute. Sequence numbers that run high are renumbered in place, under the holder's
-    /// mutex ([`compact`]), as the write under `&mut` would. Walks beside it read only holder bits and
-    /// whether the tier holds a block, which it does not change. `applied` runs with the
-    /// mutexes still held, after the write: what it records is in the writes' order.
+    /// mutex ([`compact`]), as the write under `&mut` would. Walks beside it read only holder
+    /// bits and whether the tier holds a block, which it does not change. `applied` runs with
+    /// the mutexes still held, after the write: what it records is in the writes' order.
+    ///
+    /// Complexity: O(chain) id comparisons when the chain already is both holders' newest run
+    /// (a renewal), else one sequence number written per block and holder; plus the cleaning's
+    /// bounded share, as for any touch.
     pub(crate) fn refront_walked(
         &self,
         slot: u32,

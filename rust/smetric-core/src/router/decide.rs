@@ -189,9 +189,9 @@ impl Router {
             candidates,
             rooms,
         } = scratch;
-        // The walk, under the shared lock: other decisions walk, decide and write in place at the same
-        // time. (The fleet through `load`, a guard: `load_full` would bump the shared `Arc`'s
-        // count, a cache line every routing core would then write.)
+        // The walk, under the shared lock: other decisions walk, decide and write in place at
+        // the same time. (The fleet through `load`, a guard: `load_full` would bump the shared
+        // `Arc`'s count, a cache line every routing core would then write.)
         let index = self.read_index(now_ms);
         let fleet = self.fleet.load();
         if fleet.is_empty() {
