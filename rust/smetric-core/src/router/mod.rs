@@ -116,6 +116,15 @@ pub struct Router {
     /// taker of the exclusive lock; `deferred_count` is their number, read without the mutex.
     deferred: Mutex<Vec<index_lock::RouteWrite>>,
     deferred_count: std::sync::atomic::AtomicUsize,
+    /// Writes ever queued (counted under `deferred`'s mutex, so a write's count is its place in
+    /// queue order) and ever applied from the queue: a thread's queued write is still waiting
+    /// while `deferred_applied` is below its count.
+    deferred_queued: AtomicU64,
+    deferred_applied: AtomicU64,
+    /// Test only: off, a thread may queue a write while its previous one still waits (the
+    /// negative control of the rule that it may not).
+    #[cfg(test)]
+    pub(crate) one_queued_per_thread: bool,
     /// Test only: writes queued so far (the concurrent tests check they exercised the queue).
     #[cfg(test)]
     pub(crate) deferred_total: AtomicU64,
@@ -187,6 +196,10 @@ impl Router {
             decisions: Mutex::new(()),
             deferred: Mutex::new(Vec::new()),
             deferred_count: std::sync::atomic::AtomicUsize::new(0),
+            deferred_queued: AtomicU64::new(0),
+            deferred_applied: AtomicU64::new(0),
+            #[cfg(test)]
+            one_queued_per_thread: true,
             #[cfg(test)]
             deferred_total: AtomicU64::new(0),
             fleet: ArcSwap::from_pointee(fleet),

@@ -863,10 +863,13 @@ fn a_write_found_busy_is_queued_then_applied_before_the_next_free_read() {
 
 /// At most `MAX_DEFERRED` writes wait: the next decision waits for the lock (it cannot finish
 /// while a walker holds the index), then applies every queued write and its own, in order.
+/// (The queue fills from one thread here with the one-write-per-thread rule off; with it, only
+/// as many threads fill it.)
 #[test]
 fn a_full_queue_makes_the_next_decision_wait_and_apply_them_all() {
     use super::index_lock::MAX_DEFERRED;
-    let r = Router::new(&names(4), PolicyKind::LeastLoad, 4, 0, RouterConfig::default()).unwrap();
+    let mut r = Router::new(&names(4), PolicyKind::LeastLoad, 4, 0, RouterConfig::default()).unwrap();
+    r.one_queued_per_thread = false;
     let sequential = Router::new(&names(4), PolicyKind::LeastLoad, 4, 0, RouterConfig::default()).unwrap();
     let prompts: Vec<Vec<u32>> = (0..=MAX_DEFERRED as u32).map(handed_over_prompt).collect();
     let walker = r.index.read();
@@ -904,4 +907,41 @@ fn a_full_queue_makes_the_next_decision_wait_and_apply_them_all() {
             sequential.write_index().lru_order(holder)
         );
     }
+}
+
+/// One write per thread waits at a time: with the index held by another thread, a route queues
+/// its write and returns; the same thread's next route, its first write still waiting, waits for
+/// the lock instead — it returns only once the holder let go, having applied both, and nothing
+/// more was queued. Negative control: with the rule off, the second route queues too and returns
+/// while the index is still held.
+#[test]
+fn a_thread_has_one_write_waiting_at_a_time() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let run = |rule: bool| -> (bool, bool, u64) {
+        let mut r = Router::new(&names(4), PolicyKind::LeastLoad, 4, 0, RouterConfig::default()).unwrap();
+        r.one_queued_per_thread = rule;
+        let (held, released) = (std::sync::Barrier::new(2), AtomicBool::new(false));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let walker = r.index.read();
+                held.wait();
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                released.store(true, Ordering::Release);
+                drop(walker);
+            });
+            held.wait();
+            r.route(&RouteRequest::new(Prompt::Tokens(&handed_over_prompt(1))))
+                .unwrap();
+            let first_returned_while_held = !released.load(Ordering::Acquire);
+            r.route(&RouteRequest::new(Prompt::Tokens(&handed_over_prompt(2))))
+                .unwrap();
+            (
+                first_returned_while_held,
+                released.load(Ordering::Acquire),
+                r.deferred_total.load(Ordering::Relaxed),
+            )
+        })
+    };
+    assert_eq!(run(true), (true, true, 1), "the second route waited for the lock");
+    assert_eq!(run(false), (true, false, 2), "without the rule it queues");
 }
