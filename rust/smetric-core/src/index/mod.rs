@@ -508,24 +508,25 @@ impl KvIndex {
 
     #[inline]
     fn seq_of(&mut self, holder: Holder, e: u32) -> Option<u32> {
-        let seqs = match holder {
-            Holder::Instance(s) => Some(&self.instances[s as usize].order.get_mut().seqs),
+        let (_, seqs) = order_of(&mut self.instances, &mut self.global_lru, holder);
+        seq_in(&self.entries, holder, seqs.as_deref(), e)
+    }
+
+    /// [`KvIndex::seq_of`] under a shared borrow: the instance's order mutex taken for the
+    /// lookup.
+    fn seq_locked(&self, holder: Holder, e: u32) -> Option<u32> {
+        let order = match holder {
+            Holder::Instance(s) => Some(self.instances[s as usize].order.lock()),
             Holder::Global => None,
         };
-        seq_in(&self.entries, holder, seqs, e)
+        seq_in(&self.entries, holder, order.as_deref().map(|o| &o.seqs), e)
     }
 
     /// `holder`'s LRU order, and a view of the sequence numbers it stores (split borrows, so
     /// that the order's stale-id checks read the entries directly).
     fn lru_and_seqs(&mut self, holder: Holder) -> (&mut RunLru, impl Fn(u32, u32) -> bool + '_) {
-        let (lru, seqs) = match holder {
-            Holder::Instance(s) => {
-                let order = self.instances[s as usize].order.get_mut();
-                (&mut order.lru, Some(&order.seqs))
-            }
-            Holder::Global => (self.global_lru.get_mut(), None),
-        };
-        let entries = &self.entries;
+        let (lru, seqs) = order_of(&mut self.instances, &mut self.global_lru, holder);
+        let (entries, seqs) = (&self.entries, seqs.map(|m| &*m));
         (lru, move |e, seq| seq_in(entries, holder, seqs, e) == Some(seq))
     }
 
@@ -544,10 +545,7 @@ impl KvIndex {
     }
 
     fn lru_mut(&mut self, holder: Holder) -> &mut RunLru {
-        match holder {
-            Holder::Instance(s) => &mut self.instances[s as usize].order.get_mut().lru,
-            Holder::Global => self.global_lru.get_mut(),
-        }
+        order_of(&mut self.instances, &mut self.global_lru, holder).0
     }
 
     /// Records `seq` as `holder`'s current touch of `e`, adding `e` to the holder if needed;
@@ -701,10 +699,7 @@ impl KvIndex {
     #[inline]
     fn prefetch_evictions(&mut self, holder: Holder) {
         const D: usize = PREFETCH_DISTANCE;
-        let lru = match holder {
-            Holder::Instance(s) => &mut self.instances[s as usize].order.get_mut().lru,
-            Holder::Global => self.global_lru.get_mut(),
-        };
+        let (lru, _) = order_of(&mut self.instances, &mut self.global_lru, holder);
         let (entries, table) = (&self.entries, &self.by_hash);
         // One look at the oldest run: its ids `D..3·D` evictions ahead, the nearer `D` last.
         let ahead = lru.peek_ahead(D, 3 * D);
@@ -759,15 +754,8 @@ impl KvIndex {
     /// [`compact`] of `holder`'s queue.
     fn maybe_compact(&mut self, holder: Holder, work: usize) {
         let held = self.held(holder);
-        let entries = self.entries.as_slice();
-        let (lru, seqs) = match holder {
-            Holder::Instance(s) => {
-                let order = self.instances[s as usize].order.get_mut();
-                (&mut order.lru, Some(&mut order.seqs))
-            }
-            Holder::Global => (self.global_lru.get_mut(), None),
-        };
-        compact(lru, held, work, entries, holder, seqs);
+        let (lru, seqs) = order_of(&mut self.instances, &mut self.global_lru, holder);
+        compact(lru, held, work, &self.entries, holder, seqs);
     }
 
     /// The entry ids of `run` into `ids` (docs §2.2, creation pass): missing entries are
@@ -1168,13 +1156,9 @@ impl KvIndex {
     pub fn holds(&self, holder: Holder, hash: BlockHash) -> bool {
         match holder {
             Holder::Instance(s) if !self.is_live(s) => false,
-            _ => self.entry_of(hash).is_some_and(|e| {
-                let seqs = match holder {
-                    Holder::Instance(s) => Some(self.instances[s as usize].order.lock()),
-                    Holder::Global => None,
-                };
-                seq_in(&self.entries, holder, seqs.as_deref().map(|o| &o.seqs), e).is_some()
-            }),
+            _ => self
+                .entry_of(hash)
+                .is_some_and(|e| self.seq_locked(holder, e).is_some()),
         }
     }
 
@@ -1216,6 +1200,22 @@ impl KvIndex {
             .filter(|(k, _)| *k != "entry_count")
             .map(|(_, v)| v)
             .sum()
+    }
+}
+
+/// `holder`'s LRU order and (an instance's) map, from the index's two holder fields under
+/// `&mut` (split borrows: the caller keeps the entries and the table).
+fn order_of<'a>(
+    instances: &'a mut [InstanceHolder],
+    global_lru: &'a mut Mutex<RunLru>,
+    holder: Holder,
+) -> (&'a mut RunLru, Option<&'a mut MixMap<u32, u32>>) {
+    match holder {
+        Holder::Instance(s) => {
+            let order = instances[s as usize].order.get_mut();
+            (&mut order.lru, Some(&mut order.seqs))
+        }
+        Holder::Global => (global_lru.get_mut(), None),
     }
 }
 

@@ -7,15 +7,6 @@ fn chain(range: std::ops::Range<u64>) -> Vec<BlockHash> {
 }
 
 impl KvIndex {
-    /// Test only: [`KvIndex::seq_of`] under a shared borrow (the holder's map locked).
-    fn seq_locked(&self, holder: Holder, e: u32) -> Option<u32> {
-        let seqs = match holder {
-            Holder::Instance(s) => Some(self.instances[s as usize].order.lock()),
-            Holder::Global => None,
-        };
-        seq_in(&self.entries, holder, seqs.as_deref().map(|o| &o.seqs), e)
-    }
-
     /// Test only: checks the module's invariants (an entry exists iff some holder holds it and
     /// the hash table finds it; holder bits, inline seats, maps and counts agree; every held
     /// (entry, holder) pair is current in exactly one run; no holder is over capacity) and
