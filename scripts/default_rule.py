@@ -65,6 +65,21 @@ probes of results §21.2 (tuning points, arrival seed 0, one load each: Codex 0 
 store and with LMCache at 0.17 and 0.2, Bailian 0 with LMCache at 0.7, Weka 0476 with LMCache at
 0.0805). The report set is run once after the winner is frozen, if it is not ``fetch kv 0.3``:
 ``--round 3 --report LABEL``.
+
+**Round 4 (issue 31 item 2's last learned input, the tier fetch's cost; written 2026-12-06,
+before any of its grid runs).** The candidates are :data:`ROUND4`: today's default ``fetch kv
+0.3`` with ``smetric_learn_fetch_cost`` (a store hit priced at each instance's fetch cost learned
+from its first tokens, ``fetch_cost.rs``, 0.27 until learned, instead of free), under the fetch
+rule and under the paper's TTFT gate (``gate kv 0.3 learn``: with the fetch priced the gate sees
+what a move to a store-warm instance costs its first token). Instrument, cells, ladders, seeds,
+baselines and statistic as above. The rule: the candidate of ``fetch kv 0.3`` and :data:`ROUND4`
+with the highest worst R over the 26 cells; ties within 0.005 to the better worst R over the
+Codex, Bailian and Mooncake cells, then to fewer fields changed; ``fetch kv 0.3`` is replaced
+only if the winner's worst R beats its own (×0.899) by more than 0.01. The learned costs (the
+runs' ``fetch_cost_learned``: the instances' median at the run's end) are reported per tier path,
+not used to choose. What was looked at before: one probe run per tier path on Codex 0 at 0.17
+(arrival seed 0), to see that the learner learns in the simulator. The report set is run once
+after the winner is frozen, if it is not ``fetch kv 0.3``: ``--round 4 --report LABEL``.
 """
 
 from __future__ import annotations
@@ -179,12 +194,19 @@ ROUND3: dict[str, tuple[str, dict[str, Any]]] = {
 }
 """Round 3's candidates (module doc): the decode budget over round 2's winner."""
 CANDIDATES.update(ROUND3)
-INCUMBENT = {1: "default", 2: "gate", 3: "fetch kv 0.3"}
+ROUND4: dict[str, tuple[str, dict[str, Any]]] = {
+    "fetch kv 0.3 learn": ("smetric", {**_FETCH, "smetric_kv_bound_share": 0.3, "smetric_learn_fetch_cost": True}),
+    "gate kv 0.3 learn": ("smetric", {**_GATE, "smetric_kv_bound_share": 0.3, "smetric_learn_fetch_cost": True}),
+}
+"""Round 4's candidates (module doc): the tier fetch's learned cost over round 2's winner and the gate."""
+CANDIDATES.update(ROUND4)
+INCUMBENT = {1: "default", 2: "gate", 3: "fetch kv 0.3", 4: "fetch kv 0.3"}
 """Each round's incumbent: the default its rule replaces only by a margin."""
 ROUND_LABELS = {
-    1: [c for c in CANDIDATES if c not in ROUND2 and c not in ROUND3],
+    1: [c for c in CANDIDATES if c not in ROUND2 and c not in ROUND3 and c not in ROUND4],
     2: ["gate", *ROUND2],
     3: ["fetch kv 0.3", *ROUND3],
+    4: ["fetch kv 0.3", *ROUND4],
 }
 """The candidates each round chooses among."""
 
@@ -236,6 +258,8 @@ def key(r: dict[str, Any]) -> tuple[str, str, str, float, int]:
 
 
 METRICS = ("ttft_p90_s", "tpot_p90_s", "local_hit_ratio", "global_hit_ratio", "migrations", "preemptions")
+OPTIONAL_METRICS = ("fetch_cost_learned",)
+"""Kept when a run reports them (round 4's learned fetch cost)."""
 
 
 def execute(path: Path, rows: list[tuple[dict[str, Any], RunSpec]], jobs: int) -> list[dict[str, Any]]:
@@ -253,7 +277,12 @@ def execute(path: Path, rows: list[tuple[dict[str, Any], RunSpec]], jobs: int) -
         if s in done:
             r = done[s]
             runs.append(
-                {**cell, "tps": [round(x["tps_under_slo"], 1) for x in r.slos], **{k: r.metrics[k] for k in METRICS}}
+                {
+                    **cell,
+                    "tps": [round(x["tps_under_slo"], 1) for x in r.slos],
+                    **{k: r.metrics[k] for k in METRICS},
+                    **{k: r.metrics[k] for k in OPTIONAL_METRICS if k in r.metrics},
+                }
             )
     runs.sort(key=key)
     body = ",\n".join(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}) for r in runs)
@@ -388,7 +417,7 @@ def main() -> int:
     p.add_argument("--table", action="store_true")
     p.add_argument("--cells", action="store_true", help="print the ratios with a row per cell")
     p.add_argument("--report", metavar="LABEL", help="the frozen winner: run it, today's default and the baselines")
-    p.add_argument("--round", type=int, choices=(1, 2, 3), default=1, help="which round's candidates and rule")
+    p.add_argument("--round", type=int, choices=(1, 2, 3, 4), default=1, help="which round's candidates and rule")
     args = p.parse_args()
     points = points_of(REPORT_FAMILIES) if args.report else POINTS
     if args.report:

@@ -147,6 +147,7 @@ fn bench_select(c: &mut Criterion) {
                 decode_room_s: None,
                 evicted_age_s: None,
                 tpot_s: None,
+                fetch_cost: 0.0,
             })
             .collect();
         let paper = RouterConfig::PAPER;

@@ -201,6 +201,7 @@ class RouterConfig:
         smetric_drain_window: int = ...,
         smetric_drain_min_samples: int = ...,
         smetric_store_pricing: bool = ...,
+        smetric_learn_fetch_cost: bool = ...,
         smetric_decode_mask: DecodeMask = ...,
         smetric_contract_base_s: float = ...,
         smetric_contract_input_tokens_per_s: float = ...,
@@ -289,6 +290,8 @@ class RouterConfig:
     def smetric_drain_min_samples(self) -> int: ...
     @property
     def smetric_store_pricing(self) -> bool: ...
+    @property
+    def smetric_learn_fetch_cost(self) -> bool: ...
     @property
     def smetric_decode_mask(self) -> DecodeMask: ...
     @property

@@ -227,6 +227,7 @@ class RouterConfigFields(TypedDict):
     smetric_drain_window: int
     smetric_drain_min_samples: int
     smetric_store_pricing: bool
+    smetric_learn_fetch_cost: bool
     smetric_decode_mask: DecodeMask
     smetric_contract_base_s: float
     smetric_contract_input_tokens_per_s: float
@@ -260,6 +261,9 @@ class InstanceLoad(TypedDict):
     """Prefill work this instance drains per second, learned from first-token latencies (the
     median of the last ``smetric_drain_window`` samples); ``None`` before
     ``smetric_drain_min_samples`` samples."""
+    fetch_cost: float | None
+    """Work units one token loaded from the shared store costs here, learned the same way (only
+    with ``smetric_learn_fetch_cost``); ``None`` before ``smetric_drain_min_samples`` samples."""
     engine_running: int
     """Requests the engine last reported running (``update_load(running=...)``; 0 before any)."""
     engine_waiting: int

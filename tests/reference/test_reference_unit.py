@@ -780,6 +780,30 @@ def test_smetric_decode_budget_mirrors_the_core() -> None:
     assert smetric_paper([kv_bound[0], replace(kv_bound[1], active=15_999)], req(16_000), bound, rng)[0] == 0
 
 
+def test_smetric_learned_fetch_cost_mirrors_the_core() -> None:
+    """The core's `a_learned_fetch_cost_prices_the_store_hit` case, on the reference policy: a
+    store hit at 1.0 a token keeps the follow-up home, a free one moves it; the option off reads
+    no cost."""
+    from dataclasses import replace
+
+    from smetric.reference.policies import smetric_paper
+
+    rng = CounterRng(0)
+    learn = ReferenceConfig(smetric_migration="fetch", smetric_learn_fetch_cost=True)
+    home = replace(cand(hit=9_000, bs=2), queued_work=20_000, drain_rate=10_000.0)
+
+    def target(cost: float) -> Candidate:
+        return replace(cand(bs=1), drain_rate=10_000.0, fetch_cost=cost)
+
+    assert smetric_paper([home, target(0.0)], req(10_000, global_hit=10_000), learn, rng) == (
+        1,
+        "follow-up: migrate (cheaper elsewhere)",
+    )
+    assert smetric_paper([home, target(1.0)], req(10_000, global_hit=10_000), learn, rng) == (0, "follow-up: sticky")
+    off = replace(learn, smetric_learn_fetch_cost=False)
+    assert smetric_paper([home, target(1.0)], req(10_000, global_hit=10_000), off, rng)[0] == 1
+
+
 def test_router_ties_consume_draws_in_order() -> None:
     # Two idle instances tie under least_load: the first route draws once, picks by draw 0.
     r = router(("a", "b"), policy="least_load", seed=11)

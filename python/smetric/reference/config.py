@@ -59,6 +59,7 @@ class ReferenceConfig:
     smetric_drain_window: int = 64
     smetric_drain_min_samples: int = 8
     smetric_store_pricing: bool = True
+    smetric_learn_fetch_cost: bool = False
     smetric_decode_mask: str = "off"
     smetric_contract_base_s: float = 1.0
     smetric_contract_input_tokens_per_s: float = 8000.0
@@ -116,6 +117,7 @@ class ReferenceConfig:
             smetric_drain_window=d.smetric_drain_window,
             smetric_drain_min_samples=d.smetric_drain_min_samples,
             smetric_store_pricing=d.smetric_store_pricing,
+            smetric_learn_fetch_cost=d.smetric_learn_fetch_cost,
             smetric_decode_mask=d.smetric_decode_mask,
             smetric_contract_base_s=d.smetric_contract_base_s,
             smetric_contract_input_tokens_per_s=d.smetric_contract_input_tokens_per_s,

@@ -8,6 +8,7 @@ Ties are exact float equality; a random tie-break draws only when more than one 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -63,6 +64,7 @@ class Candidate:
     name_hash: int = 0  # xxh3_64 of the instance's name: its identity to the hash policies (§6 item 15)
     evicted_age_s: float | None = None  # seconds since the newest block its GPU cache gave up was used (§6 item 8)
     tpot_s: float | None = None  # predicted decode pace with the request added, s a token (§6 item 8)
+    fetch_cost: float = 0.0  # work units a token loaded from the store costs here (§6 item 8; 0: free)
 
 
 def evicted_age_s(evicted_touch_ms: int | None, now_ms: int) -> float | None:
@@ -590,10 +592,16 @@ def smetric_paper(
     capacity = float(cfg.local_capacity_blocks) * float(req.block_size)
     budget = cfg.smetric_ttft_slack * (cfg.smetric_ttft_base_s + cfg.smetric_ttft_s_per_token * float(n))
 
+    # A store hit loaded at the instance's learned fetch cost, or free.
+    fetch_priced = cfg.smetric_store_pricing and cfg.smetric_learn_fetch_cost
+
     def pending(i: int) -> float:
         c = cands[i]
         x = n - min(max(c.local_hit, priced_gh), n)
-        return float(c.queued_work + prefill_work(x, n, cfg.smetric_l_eq_tokens))
+        work = prefill_work(x, n, cfg.smetric_l_eq_tokens)
+        if fetch_priced:
+            work += math.ceil(float(max(gh - min(c.local_hit, n), 0)) * c.fetch_cost)
+        return float(c.queued_work + work)
 
     def score(i: int) -> float:
         load = pending(i) + cfg.smetric_active_weight * float(cands[i].active)

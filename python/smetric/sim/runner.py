@@ -185,6 +185,20 @@ def _flat(report: SimReport, slo: SloResult) -> dict[str, Any]:
         "kv_event_unmapped_hashes": report["feed_counters"].get("ingest_unmapped_hashes", 0),
         "prefill_tps_under_slo": slo["prefill_tps_under_slo"],
         **_pd_metrics(report),
+        **_fetch_cost_metrics(report),
+    }
+
+
+def _fetch_cost_metrics(report: SimReport) -> dict[str, Any]:
+    """With ``smetric_learn_fetch_cost``: the instances' median learned fetch cost (work units a
+    token; ``None`` if none learned one) and how many learned one (nothing otherwise)."""
+    counters = report["feed_counters"]
+    if "fetch_cost_learned_instances" not in counters:
+        return {}
+    learned = counters["fetch_cost_learned_instances"]
+    return {
+        "fetch_cost_learned": counters["fetch_cost_median_milli"] / 1000.0 if learned else None,
+        "fetch_cost_learned_instances": learned,
     }
 
 

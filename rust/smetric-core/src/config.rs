@@ -365,6 +365,12 @@ pub struct RouterConfig {
     /// (`n_i = L − max(c_i, G)`: a tier hit is free) or only the instance's own
     /// (`n_i = L − c_i`, the authors' shipped `store_pricing: false`: a tier hit is computed).
     pub smetric_store_pricing: bool,
+    /// `smetric` v2 with store pricing: a shared-store hit is loaded, not free — each token an
+    /// instance would load from the store (the store's hit past its own) costs that instance's
+    /// fetch cost, learned online from first-token latencies (`fetch_cost.rs`;
+    /// `global_fetch_cost` until it has `smetric_drain_min_samples` samples), in the request's
+    /// work and in what the load board charges. Off: a store hit is free.
+    pub smetric_learn_fetch_cost: bool,
     /// `smetric` v2: the decode-contract mask (off, oracle or honest; [`DecodeMask`]).
     pub smetric_decode_mask: DecodeMask,
     /// `smetric` v2 decode mask: a live decode's E2E contract, fixed part, seconds.
@@ -451,6 +457,7 @@ impl RouterConfig {
         smetric_drain_min_samples: 8,
         // A global hit is free and no mask: the v2 port the smetric+ defaults were tuned on.
         smetric_store_pricing: true,
+        smetric_learn_fetch_cost: false,
         smetric_decode_mask: DecodeMask::Off,
         // The authors' shipped 30B co-located contract (`configs/smetric`): 1 s + prompt / 8,000
         // tokens/s (twice as loose as the scored SLO's input term) + 20 ms per output token.
@@ -529,6 +536,7 @@ impl RouterConfig {
             smetric_drain_window: p.smetric_drain_window,
             smetric_drain_min_samples: p.smetric_drain_min_samples,
             smetric_store_pricing: p.smetric_store_pricing,
+            smetric_learn_fetch_cost: p.smetric_learn_fetch_cost,
             smetric_decode_mask: p.smetric_decode_mask,
             smetric_contract_base_s: p.smetric_contract_base_s,
             smetric_contract_input_tokens_per_s: p.smetric_contract_input_tokens_per_s,

@@ -45,11 +45,60 @@ pub const PEER_WINDOW: usize = 64;
 /// vllm-router's `RATE_MIN_SAMPLES`: samples before its p90 is published.
 pub const PEER_MIN_SAMPLES: usize = 8;
 
+/// The median of the last `window` samples of one quantity, published once there are
+/// `min_samples` (the drain rate's estimator; the tier fetch's cost, `fetch_cost.rs`, learns
+/// through one too). Recording takes the window's own mutex; reading is one relaxed load.
+#[derive(Debug)]
+pub struct MedianWindow {
+    samples: Mutex<VecDeque<f64>>,
+    published_bits: AtomicU64,
+}
+
+impl Default for MedianWindow {
+    fn default() -> Self {
+        Self {
+            samples: Mutex::new(VecDeque::new()),
+            published_bits: AtomicU64::new(NONE),
+        }
+    }
+}
+
+impl MedianWindow {
+    /// Adds `sample`, keeping the last `window`, and publishes their median once there are
+    /// `min_samples`.
+    pub fn record(&self, sample: f64, window: usize, min_samples: usize) {
+        let mut samples = self.samples.lock();
+        samples.push_back(sample);
+        while samples.len() > window.max(1) {
+            samples.pop_front();
+        }
+        if samples.len() < min_samples.max(1) {
+            return;
+        }
+        let median = median(samples.iter().copied());
+        self.published_bits.store(median.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The published median, if enough samples came in.
+    #[inline]
+    pub fn learned(&self) -> Option<f64> {
+        match self.published_bits.load(Ordering::Relaxed) {
+            NONE => None,
+            bits => Some(f64::from_bits(bits)),
+        }
+    }
+
+    /// The published median, or `fallback` while too few samples came in.
+    #[inline]
+    pub fn or(&self, fallback: f64) -> f64 {
+        self.learned().unwrap_or(fallback)
+    }
+}
+
 /// One instance's learned drain rate.
 #[derive(Debug)]
 pub struct DrainRate {
-    samples: Mutex<VecDeque<f64>>,
-    published_bits: AtomicU64,
+    rate: MedianWindow,
     own_work_samples: Mutex<VecDeque<f64>>,
     peer_bits: AtomicU64,
 }
@@ -57,8 +106,7 @@ pub struct DrainRate {
 impl Default for DrainRate {
     fn default() -> Self {
         Self {
-            samples: Mutex::new(VecDeque::new()),
-            published_bits: AtomicU64::new(NONE),
+            rate: MedianWindow::default(),
             own_work_samples: Mutex::new(VecDeque::new()),
             peer_bits: AtomicU64::new(NONE),
         }
@@ -72,26 +120,14 @@ impl DrainRate {
         if work == 0 || elapsed_ms == 0 {
             return;
         }
-        let sample = work as f64 * 1000.0 / elapsed_ms as f64;
-        let mut samples = self.samples.lock();
-        samples.push_back(sample);
-        while samples.len() > window.max(1) {
-            samples.pop_front();
-        }
-        if samples.len() < min_samples.max(1) {
-            return;
-        }
-        let median = median(samples.iter().copied());
-        self.published_bits.store(median.to_bits(), Ordering::Relaxed);
+        self.rate
+            .record(work as f64 * 1000.0 / elapsed_ms as f64, window, min_samples);
     }
 
     /// The learned rate, or `fallback` while too few samples came in.
     #[inline]
     pub fn rate_or(&self, fallback: f64) -> f64 {
-        match self.published_bits.load(Ordering::Relaxed) {
-            NONE => fallback,
-            bits => f64::from_bits(bits),
-        }
+        self.rate.or(fallback)
     }
 
     /// Records vllm-router's sample: the request's own `work` drained in `elapsed_ms`
@@ -126,10 +162,7 @@ impl DrainRate {
 
     /// The learned rate, if enough samples came in.
     pub fn learned(&self) -> Option<f64> {
-        match self.published_bits.load(Ordering::Relaxed) {
-            NONE => None,
-            bits => Some(f64::from_bits(bits)),
-        }
+        self.rate.learned()
     }
 }
 

@@ -9,6 +9,8 @@
 //! * [`index`] — the two-tier (GPU per instance, global CPU/store) KV$ index;
 //! * [`load`] — the lock-free load board;
 //! * [`drain_rate`] — each instance's prefill drain rate, learned from first-token latencies;
+//! * [`fetch_cost`] — each instance's cost of loading a prefix from the shared store, learned
+//!   the same way;
 //! * [`recent_load`] — each instance's requests routed within a sliding window (`preble`);
 //! * [`mix_map`] — the hash map for keys that already are hashes or small ids;
 //! * [`policy`] — the policies, one file each (`smetric` in its two rules, v1 and v2);
@@ -27,6 +29,7 @@ pub mod decode_contract;
 pub mod decode_model;
 pub mod drain_rate;
 pub mod error;
+pub mod fetch_cost;
 pub mod fleet;
 pub mod hash;
 pub mod ids;

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::decode_contract::DecodePace;
 use crate::drain_rate::DrainRate;
+use crate::fetch_cost::FetchCost;
 use crate::recent_load::RecentLoad;
 
 /// "No engine snapshot yet".
@@ -47,6 +48,8 @@ pub struct InstanceLoad {
     peer_active: AtomicU64,
     /// The instance's learned prefill drain rate.
     pub drain: DrainRate,
+    /// The instance's learned cost of loading from the shared store (`smetric_learn_fetch_cost`).
+    pub fetch: FetchCost,
     /// The instance's observed decode pace (`smetric` v2's decode mask only).
     pub decode_pace: DecodePace,
     /// The requests routed here within the last `preble_window_s` (`preble` only).
@@ -71,6 +74,7 @@ impl Default for InstanceLoad {
             peer_queued_work: AtomicU64::new(0),
             peer_active: AtomicU64::new(0),
             drain: DrainRate::default(),
+            fetch: FetchCost::default(),
             decode_pace: DecodePace::default(),
             recent: RecentLoad::default(),
         }
@@ -92,6 +96,9 @@ pub struct LoadSnapshot {
     pub active: u64,
     /// The learned prefill drain rate in work units per second, once enough samples came in.
     pub drain_rate: Option<f64>,
+    /// The learned cost of loading a token from the shared store, in work units, once enough
+    /// samples came in (only learned with `smetric_learn_fetch_cost`).
+    pub fetch_cost: Option<f64>,
     /// Engine-reported running requests (last snapshot).
     pub running_e: u64,
     /// Engine-reported waiting requests (last snapshot).
@@ -221,6 +228,7 @@ impl InstanceLoad {
             queued_work: self.queued_work.load(Ordering::Relaxed),
             active: self.active.load(Ordering::Relaxed),
             drain_rate: self.drain.learned(),
+            fetch_cost: self.fetch.learned(),
             running_e: self.running_e.load(Ordering::Relaxed),
             waiting_e: self.waiting_e.load(Ordering::Relaxed),
             kv_usage: f64::from_bits(self.kv_usage_bits.load(Ordering::Relaxed)),

@@ -63,6 +63,7 @@ impl PyRouterConfig {
         smetric_drain_window = D.smetric_drain_window,
         smetric_drain_min_samples = D.smetric_drain_min_samples,
         smetric_store_pricing = D.smetric_store_pricing,
+        smetric_learn_fetch_cost = D.smetric_learn_fetch_cost,
         smetric_decode_mask = D.smetric_decode_mask.name(),
         smetric_contract_base_s = D.smetric_contract_base_s,
         smetric_contract_input_tokens_per_s = D.smetric_contract_input_tokens_per_s,
@@ -116,6 +117,7 @@ impl PyRouterConfig {
         smetric_drain_window: u32,
         smetric_drain_min_samples: u32,
         smetric_store_pricing: bool,
+        smetric_learn_fetch_cost: bool,
         smetric_decode_mask: &str,
         smetric_contract_base_s: f64,
         smetric_contract_input_tokens_per_s: f64,
@@ -167,6 +169,7 @@ impl PyRouterConfig {
             smetric_drain_window,
             smetric_drain_min_samples,
             smetric_store_pricing,
+            smetric_learn_fetch_cost,
             smetric_decode_mask: DecodeMask::parse(smetric_decode_mask).py()?,
             smetric_contract_base_s,
             smetric_contract_input_tokens_per_s,
@@ -338,6 +341,10 @@ impl PyRouterConfig {
         self.inner.smetric_store_pricing
     }
     #[getter]
+    fn smetric_learn_fetch_cost(&self) -> bool {
+        self.inner.smetric_learn_fetch_cost
+    }
+    #[getter]
     fn smetric_decode_mask(&self) -> &'static str {
         self.inner.smetric_decode_mask.name()
     }
@@ -450,6 +457,7 @@ impl PyRouterConfig {
         d.set_item("smetric_drain_window", c.smetric_drain_window)?;
         d.set_item("smetric_drain_min_samples", c.smetric_drain_min_samples)?;
         d.set_item("smetric_store_pricing", c.smetric_store_pricing)?;
+        d.set_item("smetric_learn_fetch_cost", c.smetric_learn_fetch_cost)?;
         d.set_item("smetric_decode_mask", c.smetric_decode_mask.name())?;
         d.set_item("smetric_contract_base_s", c.smetric_contract_base_s)?;
         d.set_item(

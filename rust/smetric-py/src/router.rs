@@ -339,6 +339,7 @@ pub(crate) fn load_dict<'py>(py: Python<'py>, l: &smetric_core::LoadSnapshot) ->
     d.set_item("queued_work", l.queued_work)?;
     d.set_item("active", l.active)?;
     d.set_item("drain_rate", l.drain_rate)?;
+    d.set_item("fetch_cost", l.fetch_cost)?;
     d.set_item("engine_running", l.running_e)?;
     d.set_item("engine_waiting", l.waiting_e)?;
     d.set_item("kv_usage", l.kv_usage)?;

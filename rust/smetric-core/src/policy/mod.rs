@@ -102,6 +102,11 @@ pub struct Candidate {
     /// request's). `None` until the fit exists, and whenever the decode budget
     /// (`smetric_tpot_budget_s`) is off. Read by `smetric` v2's decode budget.
     pub tpot_s: Option<f64>,
+    /// What loading a token from the shared store costs here, work units (the instance's
+    /// learned cost, `fetch_cost.rs`, or `global_fetch_cost` until learned). 0 unless
+    /// `smetric_learn_fetch_cost` is on (a store hit is then free, as before). Read by
+    /// `smetric` v2.
+    pub fetch_cost: f64,
 }
 
 /// The prefill work of computing `new_tokens` at the end of an `prompt_tokens`-token prompt,
@@ -160,6 +165,13 @@ impl Candidate {
         let host = self.host_hit_tokens.min(num_tokens);
         let global = global_hit_tokens.min(num_tokens);
         (host.saturating_sub(local), global.saturating_sub(local.max(host)))
+    }
+
+    /// The work of loading what a prefill here takes from the shared store, at this
+    /// instance's [`Candidate::fetch_cost`] (0 when that is 0).
+    #[inline]
+    pub fn store_fetch_work(&self, num_tokens: u64, global_hit_tokens: u64) -> u64 {
+        crate::fetch_cost::fetch_work(self.loaded_tokens(num_tokens, global_hit_tokens).1, self.fetch_cost)
     }
 }
 
@@ -578,6 +590,7 @@ pub(crate) mod test_support {
             decode_room_s: None,
             evicted_age_s: None,
             tpot_s: None,
+            fetch_cost: 0.0,
         }
     }
 

@@ -309,6 +309,7 @@ mod tests {
                     decode_room_s: None,
                     evicted_age_s: None,
                     tpot_s: None,
+                    fetch_cost: 0.0,
                 })
                 .collect();
             let mut sel = input(&c, n, draws_src.pick(3) == 0, &cfg, &draws_src);

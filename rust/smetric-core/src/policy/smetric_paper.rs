@@ -88,7 +88,16 @@ pub(super) fn select(input: &SelectionInput<'_>) -> Selection {
     let g = input.global_hit_tokens.min(n);
     // Local-only pricing: a global hit is computed like a miss (the authors' `store_pricing`).
     let priced_g = if cfg.smetric_store_pricing { g } else { 0 };
-    let work = |x: &Candidate| prefill_work(x.prefill_tokens(n, priced_g), n, cfg.smetric_l_eq_tokens);
+    // A store hit loaded at the instance's learned cost, or free (`fetch_cost.rs`).
+    let fetch_priced = cfg.smetric_store_pricing && cfg.smetric_learn_fetch_cost;
+    let work = |x: &Candidate| {
+        let computed = prefill_work(x.prefill_tokens(n, priced_g), n, cfg.smetric_l_eq_tokens);
+        if fetch_priced {
+            computed + x.store_fetch_work(n, g)
+        } else {
+            computed
+        }
+    };
     let pending = |i: usize| (c[i].queued_work + work(&c[i])) as f64;
     let budget_s = cfg.smetric_ttft_slack * (cfg.smetric_ttft_base_s + cfg.smetric_ttft_s_per_token * n as f64);
     let meets = |i: usize| pending(i) / c[i].drain_rate <= budget_s;
@@ -310,6 +319,45 @@ mod tests {
             drain_rate: rate,
             ..cand(slot, hit, bs, 0)
         }
+    }
+
+    /// With the fetch cost learned, a store hit is loaded, not free: a follow-up the fetch
+    /// rule moves to an idle instance holding nothing (its whole prefix free from the store)
+    /// stays home once loading it costs a work unit a token; with the option off the learned
+    /// cost is not read (negative control).
+    #[test]
+    fn a_learned_fetch_cost_prices_the_store_hit() {
+        let rng = DrawCounter::new(0);
+        let n = 10_000;
+        let cfg = RouterConfig {
+            smetric_migration: MigrationRule::Fetch,
+            smetric_learn_fetch_cost: true,
+            ..RouterConfig::DEFAULT
+        };
+        // Home: 9,000 local tokens, 20,000 work queued, 2 in flight (score ≈ 2 × 21,300).
+        // Target: nothing local, 1 in flight; its score is its fetch: 0 free, 10,000 at 1.0.
+        let c = |fetch_cost: f64| {
+            [
+                inst(0, 9_000, 2, 20_000, RATE),
+                Candidate {
+                    fetch_cost,
+                    ..inst(1, 0, 1, 0, RATE)
+                },
+            ]
+        };
+        let decide = |cands: &[Candidate], cfg: &RouterConfig| {
+            let mut sel = input(cands, n, false, cfg, &rng);
+            sel.global_hit_tokens = n;
+            let s = select(&sel);
+            (s.index, s.reason)
+        };
+        assert_eq!(decide(&c(0.0), &cfg), (1, Reason::MigrateCheaper), "a free store hit");
+        assert_eq!(decide(&c(1.0), &cfg), (0, Reason::Sticky), "a store hit at 1.0 a token");
+        let off = RouterConfig {
+            smetric_learn_fetch_cost: false,
+            ..cfg
+        };
+        assert_eq!(decide(&c(1.0), &off), (1, Reason::MigrateCheaper), "the option off");
     }
 
     #[test]

@@ -210,6 +210,7 @@ impl Router {
         let window_ms = to_ms(self.config.preble_window_s);
         let mask = self.decode_mask_on();
         let guard = self.config.smetric_retention_s > 0.0;
+        let fetch_learning = self.fetch_learning_on();
         // The decode budget's fit, read once: each candidate's pace with this request added.
         let pace_fit = if self.decode_budget_on() {
             self.decode_model.fit()
@@ -259,6 +260,11 @@ impl Router {
                     None
                 },
                 tpot_s: pace_fit.map(|fit| fit.pace_at((load.active + n) as f64)),
+                fetch_cost: if fetch_learning {
+                    m.load.fetch.cost_or(self.config.global_fetch_cost)
+                } else {
+                    0.0
+                },
             });
         }
         if candidates.is_empty() {
@@ -288,7 +294,11 @@ impl Router {
         let chosen = candidates[selection.index];
         let member = fleet.member(chosen.slot).expect("candidates are live members");
         let prefill = chosen.prefill_tokens(n, global_hit_tokens);
-        let work = prefill_work(prefill, n, self.config.smetric_l_eq_tokens);
+        let computed_work = prefill_work(prefill, n, self.config.smetric_l_eq_tokens);
+        // The load from the store, charged at the cost the decision priced it at (0 unless
+        // the fetch cost is learned).
+        let fetch_work = chosen.store_fetch_work(n, global_hit_tokens);
+        let work = computed_work + fetch_work;
         member.load.on_routed(prefill, n, work);
         if preble {
             // AIBrix adds the routed prompt to its histogram at once and never takes it back.
@@ -352,6 +362,12 @@ impl Router {
                 generation: member.generation,
                 prefill,
                 work,
+                fetch_work,
+                fetched: if fetch_learning {
+                    chosen.loaded_tokens(n, global_hit_tokens).1
+                } else {
+                    0
+                },
                 work_ahead: chosen.queued_work,
                 routed_ms: now_ms,
                 num_tokens: n,

@@ -28,6 +28,7 @@ use super::{Router, to_ms};
 use crate::config::{IndexMode, VllmRouterSmetricForm};
 use crate::decode_model::MIN_OUTPUT_TOKENS;
 use crate::error::Result;
+use crate::fetch_cost::FetchSample;
 use crate::ids::{BlockHash, RequestId};
 use crate::load::InstanceLoad;
 use crate::policy::PolicyKind;
@@ -38,8 +39,12 @@ pub(super) struct InFlight {
     pub(super) slot: u32,
     pub(super) generation: u32,
     pub(super) prefill: u64,
-    /// The prefill work charged (released with the prefill tokens).
+    /// The prefill work charged (released with the prefill tokens), the fetch's included.
     pub(super) work: u64,
+    /// Of `work`, the load from the shared store (0 unless the fetch cost is learned).
+    pub(super) fetch_work: u64,
+    /// Tokens loaded from the shared store (counted only while the fetch cost is learned).
+    pub(super) fetched: u64,
     /// The chosen instance's queued work when the request was routed.
     pub(super) work_ahead: u64,
     /// The router's clock at routing, ms.
@@ -111,9 +116,30 @@ impl Router {
         let rec = *rec;
         drop(requests);
         load.on_prefilled(rec.prefill, rec.work);
+        let elapsed_ms = now_ms.saturating_sub(rec.routed_ms);
+        if rec.fetched > 0 {
+            // Read against the rate the decision used, before this request's own sample.
+            let rate = self
+                .config
+                .smetric_drain_rate
+                .unwrap_or_else(|| load.drain.rate_or(self.config.smetric_drain_rate_fallback));
+            load.fetch.record(
+                &FetchSample {
+                    prompt_tokens: rec.num_tokens,
+                    fetched_tokens: rec.fetched,
+                    computed_work: rec.work - rec.fetch_work,
+                    fetch_work: rec.fetch_work,
+                    work_ahead: rec.work_ahead,
+                    elapsed_s: elapsed_ms as f64 / 1000.0,
+                    rate,
+                },
+                self.config.smetric_drain_window as usize,
+                self.config.smetric_drain_min_samples as usize,
+            );
+        }
         load.drain.record(
             rec.work_ahead + rec.work,
-            now_ms.saturating_sub(rec.routed_ms),
+            elapsed_ms,
             self.config.smetric_drain_window as usize,
             self.config.smetric_drain_min_samples as usize,
         );
@@ -124,7 +150,7 @@ impl Router {
                 VllmRouterSmetricForm::Tokens => rec.work,
                 VllmRouterSmetricForm::PrLiteral => rec.prefill,
             };
-            load.drain.record_own_work(own, now_ms.saturating_sub(rec.routed_ms));
+            load.drain.record_own_work(own, elapsed_ms);
         }
         true
     }

@@ -68,6 +68,8 @@ mod decide;
 mod decode_budget_tests;
 #[cfg(test)]
 mod decode_mask_tests;
+#[cfg(test)]
+mod fetch_cost_tests;
 mod fleet_ops;
 #[cfg(test)]
 mod host_tier_tests;
@@ -271,6 +273,15 @@ impl Router {
             && self.config.smetric_rule == SmetricRule::V2
             && self.config.smetric_tpot_budget_s > 0.0
             && !self.prefill_only
+    }
+
+    /// Whether `smetric` v2 prices a shared-store hit at each instance's learned fetch cost
+    /// (`fetch_cost.rs`), so that decisions charge it and first tokens teach it.
+    pub(crate) fn fetch_learning_on(&self) -> bool {
+        self.kind == PolicyKind::Smetric
+            && self.config.smetric_rule == SmetricRule::V2
+            && self.config.smetric_store_pricing
+            && self.config.smetric_learn_fetch_cost
     }
 
     /// How a hit counts in tokens for an `n`-token prompt, as vLLM counts one (see

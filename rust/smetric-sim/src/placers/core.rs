@@ -509,6 +509,23 @@ impl Placer for CorePlacer {
                 ("admission_paused".to_owned(), c.paused),
             ]);
         }
+        if self.router.config().smetric_learn_fetch_cost {
+            // The tier fetch's learned cost (`fetch_cost.rs`): how many instances learned one
+            // and their median, in thousandths of a work unit a token.
+            let mut learned: Vec<f64> = self
+                .names
+                .iter()
+                .filter_map(|name| self.router.load(name).ok().and_then(|l| l.fetch_cost))
+                .collect();
+            learned.sort_by(f64::total_cmp);
+            let median_milli = learned
+                .get(learned.len() / 2)
+                .map_or(0, |c| (c * 1000.0).round() as u64);
+            counters.extend([
+                ("fetch_cost_learned_instances".to_owned(), learned.len() as u64),
+                ("fetch_cost_median_milli".to_owned(), median_milli),
+            ]);
+        }
         let Some(events) = &self.events else { return counters };
         counters.extend(
             events
