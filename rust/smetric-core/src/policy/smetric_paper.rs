@@ -10,7 +10,9 @@
 //!   is not free; the load board still queues what the engine will compute),
 //!   the tokens `i` would compute (cold-token equivalents: causal attention makes a token at
 //!   depth `p` cost `1 + p/L_EQ`; `config::L_EQ_QWEN3_CODER_30B_A3B` derives `L_EQ`); the tier's
-//!   fetch is not priced, as the paper prices none;
+//!   fetch is not priced, as the paper prices none, unless `smetric_learn_fetch_cost` (with
+//!   store pricing): then `w_i` adds `⌈F_i · f_i⌉`, `F_i` the tokens `i` would load from the
+//!   store and `f_i` its fetch cost learned from first tokens (`fetch_cost.rs`);
 //! * `e_i = q_i + w_i`; `meets(i)` iff `e_i / RATE_i ≤ SLACK · (b + a·L)`;
 //! * the least-loaded score `s_i = e_i` on a prefill pool (PD prefill, prefill-only), and
 //!   `e_i × bs_i` co-located (the authors' co-located form: pending work times active
