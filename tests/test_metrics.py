@@ -43,6 +43,37 @@ def test_router_counters_render_and_parse_back() -> None:
     assert value(m, "smetric_index_bytes") == stats["index_bytes"]
 
 
+def test_learned_drain_rate_and_fetch_cost_per_instance() -> None:
+    """The rate and the store fetch's cost the router learns from first tokens, per instance: absent
+    until learned, then the router's own figures (``Router.load``)."""
+    from smetric import RouterConfig
+    from smetric.reference.load import prefill_work
+
+    config = RouterConfig(smetric_learn_fetch_cost=True, smetric_drain_rate=20_000.0)
+    router = Router(["gpu-0", "gpu-1"], policy="smetric", block_size=16, config=config)
+    m = parse_prometheus(MetricsExporter(router).render())
+    assert "smetric_instance_drain_rate" not in m and "smetric_instance_fetch_cost" not in m
+    for s in range(10):
+        t = 10.0 * s
+        history = [s * 100_000 + k for k in range(8_192)]
+        first = router.route(tokens=history, turn=1, now=t, exclude=["gpu-1"])
+        router.on_prefilled(first.request_id, now=t + 0.5)
+        router.on_finished(first.request_id, 1, now=t + 0.6)
+        follow_up = router.route(tokens=[*history, *range(1_024)], turn=2, now=t + 1.0, exclude=["gpu-0"])
+        assert (follow_up.instance, follow_up.global_hit_tokens) == ("gpu-1", 8_192)
+        # 1,024 new tokens computed after 8,192 loaded at 0.25 work a token, at 20,000 work a second.
+        computed = prefill_work(1_024, 9_216, config.smetric_l_eq_tokens)
+        router.on_prefilled(follow_up.request_id, now=t + 1.0 + (computed + 0.25 * 8_192) / 20_000.0)
+        router.on_finished(follow_up.request_id, 1, now=t + 2.0)
+    m = parse_prometheus(MetricsExporter(router).render())
+    learned = router.load("gpu-1")["fetch_cost"]
+    assert learned is not None and abs(learned - 0.25) < 0.01, learned
+    assert value(m, "smetric_instance_fetch_cost", instance="gpu-1") == pytest.approx(learned)
+    assert [lab for lab, _ in m["smetric_instance_fetch_cost"]] == [{"instance": "gpu-1"}]
+    for name in ("gpu-0", "gpu-1"):
+        assert value(m, "smetric_instance_drain_rate", instance=name) == pytest.approx(router.load(name)["drain_rate"])
+
+
 def test_kv_event_counters_per_source() -> None:
     stream = load("captured_stream.json")
     router = exact_router(["a", "b"])

@@ -160,6 +160,21 @@ class MetricsExporter:
             "Blocks the index holds on each instance's GPU.",
             [({"instance": name}, n) for name, n in s["index_local_blocks"].items()],
         )
+        # What the router learned of each instance from its first tokens (absent until learned).
+        loads = {name: self.router.load(name) for name in self.router.instances}
+        yield from _family(
+            self._name("instance_drain_rate"),
+            "gauge",
+            "Prefill work (cold-token equivalents) each instance drains a second, learned from first tokens.",
+            [({"instance": name}, ld["drain_rate"]) for name, ld in loads.items() if ld["drain_rate"] is not None],
+        )
+        yield from _family(
+            self._name("instance_fetch_cost"),
+            "gauge",
+            "Work one token loaded from the shared KV store costs each instance, learned from first tokens "
+            "(smetric_learn_fetch_cost).",
+            [({"instance": name}, ld["fetch_cost"]) for name, ld in loads.items() if ld["fetch_cost"] is not None],
+        )
 
     def _events(self) -> Iterator[str]:
         if self.events is None:

@@ -106,13 +106,6 @@ impl FetchCost {
     }
 }
 
-/// The work charged for loading `fetched` tokens at `cost` work units each, rounded up as
-/// `prefill_work` rounds.
-#[inline]
-pub fn fetch_work(fetched: u64, cost: f64) -> u64 {
-    crate::policy::ceil_to_u64(fetched as f64 * cost)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,12 +222,5 @@ mod tests {
         }
         assert!(f.record(&sample(32_000, 4_000, 0, 0.7), 64, 8));
         assert_eq!(f.cost_or(0.27), 0.3125, "(0.7·20,000 − 4,000) / 32,000");
-    }
-
-    #[test]
-    fn fetch_work_rounds_up() {
-        assert_eq!(fetch_work(0, 0.3), 0);
-        assert_eq!(fetch_work(10, 0.25), 3);
-        assert_eq!(fetch_work(8, 0.25), 2);
     }
 }

@@ -124,6 +124,13 @@ pub fn prefill_work(new_tokens: u64, prompt_tokens: u64, l_eq_tokens: f64) -> u6
     ceil_to_u64(n + n * (l - n / 2.0) * (1.0 / l_eq_tokens))
 }
 
+/// The work of loading `fetched` tokens from the shared store at `cost` work units each
+/// (`fetch_cost.rs` learns the cost), rounded up as [`prefill_work`] rounds.
+#[inline]
+pub fn fetch_work(fetched: u64, cost: f64) -> u64 {
+    ceil_to_u64(fetched as f64 * cost)
+}
+
 /// `x.ceil() as u64` for every `x`, without the libm call: truncate (saturating, NaN to 0,
 /// as `as` does), then add one when the truncation lost a positive fraction. Equal to
 /// `x.ceil() as u64` wherever the latter is defined by `as`: a negative `x` gives 0 both ways
@@ -171,7 +178,7 @@ impl Candidate {
     /// instance's [`Candidate::fetch_cost`] (0 when that is 0).
     #[inline]
     pub fn store_fetch_work(&self, num_tokens: u64, global_hit_tokens: u64) -> u64 {
-        crate::fetch_cost::fetch_work(self.loaded_tokens(num_tokens, global_hit_tokens).1, self.fetch_cost)
+        fetch_work(self.loaded_tokens(num_tokens, global_hit_tokens).1, self.fetch_cost)
     }
 }
 

@@ -371,6 +371,10 @@ mod tests {
         assert!((appended / cold - 7.7).abs() < 0.15, "{}", appended / cold);
         assert_eq!(prefill_work(0, 50_000, l_eq), 0);
         assert_eq!(prefill_work(1, 1, 2.0), 2, "1 + 1·0.5/2 = 1.25, rounded up");
+        // A load from the store is rounded up the same way.
+        assert_eq!(crate::policy::fetch_work(0, 0.3), 0);
+        assert_eq!(crate::policy::fetch_work(10, 0.25), 3);
+        assert_eq!(crate::policy::fetch_work(8, 0.25), 2);
     }
 
     // A 16,000-token follow-up has a budget of 1 + 1 = 2 s; at 10,000 work/s, 20,000 units.

@@ -28,7 +28,9 @@ use crate::fleet::Fleet;
 use crate::hash::{chain_root, chain_shared_into, chain_tokens_into, shared_ids_supported};
 use crate::ids::{BlockHash, InstanceId, RequestId};
 use crate::index::{IndexQuery, KvIndex, Walk};
-use crate::policy::{Candidate, PolicyKind, Reason, SelectionInput, preble_routed_cost_us, prefill_work, prompt_key};
+use crate::policy::{
+    Candidate, PolicyKind, Reason, SelectionInput, fetch_work, preble_routed_cost_us, prefill_work, prompt_key,
+};
 use crate::router::request::{Decision, Hits, Prompt, RouteRequest};
 use crate::turn::{TurnHint, infer};
 
@@ -295,9 +297,14 @@ impl Router {
         let member = fleet.member(chosen.slot).expect("candidates are live members");
         let prefill = chosen.prefill_tokens(n, global_hit_tokens);
         let computed_work = prefill_work(prefill, n, self.config.smetric_l_eq_tokens);
-        // The load from the store, charged at the cost the decision priced it at (0 unless
+        // The load from the store, charged at the cost the decision priced it at (none unless
         // the fetch cost is learned).
-        let fetch_work = chosen.store_fetch_work(n, global_hit_tokens);
+        let (fetched, fetch_work) = if fetch_learning {
+            let fetched = chosen.loaded_tokens(n, global_hit_tokens).1;
+            (fetched, fetch_work(fetched, chosen.fetch_cost))
+        } else {
+            (0, 0)
+        };
         let work = computed_work + fetch_work;
         member.load.on_routed(prefill, n, work);
         if preble {
@@ -363,11 +370,7 @@ impl Router {
                 prefill,
                 work,
                 fetch_work,
-                fetched: if fetch_learning {
-                    chosen.loaded_tokens(n, global_hit_tokens).1
-                } else {
-                    0
-                },
+                fetched,
                 work_ahead: chosen.queued_work,
                 routed_ms: now_ms,
                 num_tokens: n,

@@ -2,11 +2,11 @@
 //! decode pace learned from the lifecycle calls a deployment makes, and each candidate's
 //! prediction fed to `smetric` v2, with a negative control.
 
+use super::test_routes::route_chain;
 use super::*;
 use crate::decode_model::PaceFit;
 use crate::ids::{BlockHash, RequestId};
-use crate::router::request::{Decision, Prompt, RouteRequest};
-use crate::turn::TurnHint;
+use crate::router::request::Decision;
 
 fn router(budget_s: f64) -> Router {
     // The paper's TTFT gate decides stays (the fetch rule would move these follow-ups to the
@@ -25,17 +25,8 @@ fn router(budget_s: f64) -> Router {
 fn route(r: &Router, id: u64, tokens: u64, prefix_of: Option<u64>, now: f64, exclude: &[&str]) -> Decision {
     let owner = prefix_of.unwrap_or(id);
     let chain: Vec<BlockHash> = (0..tokens / 16).map(|k| BlockHash(owner << 32 | k)).collect();
-    r.route(&RouteRequest {
-        turn: TurnHint::Turn(if prefix_of.is_some() { 2 } else { 1 }),
-        request_id: Some(RequestId(id)),
-        now: Some(now),
-        exclude,
-        ..RouteRequest::new(Prompt::Hashes {
-            hashes: &chain,
-            num_tokens: Some(tokens),
-        })
-    })
-    .unwrap()
+    let turn = if prefix_of.is_some() { 2 } else { 1 };
+    route_chain(r, id, &chain, tokens, turn, now, exclude)
 }
 
 /// Teaches the router 40 streams on `i0`, each decoding 101 tokens at `5 ms + 50 ns × context`

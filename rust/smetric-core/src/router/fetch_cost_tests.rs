@@ -2,11 +2,11 @@
 //! calls a deployment makes, charged on the load board and priced into `smetric` v2's work,
 //! with a negative control.
 
+use super::test_routes::route_chain;
 use super::*;
-use crate::ids::{BlockHash, RequestId};
+use crate::ids::BlockHash;
 use crate::policy::prefill_work;
-use crate::router::request::{Decision, Prompt, RouteRequest};
-use crate::turn::TurnHint;
+use crate::router::request::Decision;
 
 const RATE: f64 = 20_000.0;
 const FIRST: u64 = 8_192;
@@ -28,17 +28,7 @@ fn router(learn: bool) -> Router {
 fn route(r: &Router, id: u64, session: u64, turn: u32, now: f64, exclude: &[&str]) -> Decision {
     let tokens = if turn == 1 { FIRST } else { FOLLOW_UP };
     let chain: Vec<BlockHash> = (0..tokens / 16).map(|k| BlockHash(session << 32 | k)).collect();
-    r.route(&RouteRequest {
-        turn: TurnHint::Turn(turn),
-        request_id: Some(RequestId(id)),
-        now: Some(now),
-        exclude,
-        ..RouteRequest::new(Prompt::Hashes {
-            hashes: &chain,
-            num_tokens: Some(tokens),
-        })
-    })
-    .unwrap()
+    route_chain(r, id, &chain, tokens, turn, now, exclude)
 }
 
 /// The work computed for a follow-up that loads its first turn's `FIRST` tokens.

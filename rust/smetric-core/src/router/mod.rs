@@ -79,6 +79,8 @@ mod lifecycle;
 mod request;
 mod stats;
 #[cfg(test)]
+mod test_routes;
+#[cfg(test)]
 mod tests;
 
 use std::sync::atomic::AtomicU64;
