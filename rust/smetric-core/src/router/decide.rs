@@ -262,12 +262,17 @@ impl Router {
                     None
                 },
                 tpot_s: pace_fit.map(|fit| fit.pace_at((load.active + n) as f64)),
-                fetch_cost: if fetch_learning {
-                    m.load.fetch.cost_or(self.config.global_fetch_cost)
-                } else {
-                    0.0
-                },
+                // Filled below, and only while the fetch cost is learned: a decision that does
+                // not price it pays one store per candidate.
+                fetch_cost: 0.0,
             });
+        }
+        if fetch_learning {
+            for c in candidates.iter_mut() {
+                if let Some(m) = fleet.member(c.slot) {
+                    c.fetch_cost = m.load.fetch.cost_or(self.config.global_fetch_cost);
+                }
+            }
         }
         if candidates.is_empty() {
             return Err(SmetricError::NoInstances);
