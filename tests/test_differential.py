@@ -785,6 +785,9 @@ def v2_fields(rnd: random.Random) -> dict[str, Any]:
         # The decode budget (`smetric_tpot_budget_s`) stays off: the reference router does not
         # learn the pace fit (the reference policy's branches: `test_reference_unit.py`; the fit
         # and the router's feed: `decode_model.rs`, `router/decode_budget_tests.rs`).
+        # The learned fetch cost (`smetric_learn_fetch_cost`) stays off for the same reason: the
+        # reference router does not learn it (its policy's pricing: `test_reference_unit.py`; the
+        # learner and the router's charge: `fetch_cost.rs`, `router/fetch_cost_tests.rs`).
     }
 
 
