@@ -6,9 +6,10 @@
 //! counts and fused at read time under a staleness bound (docs §3).
 //!
 //! Besides tokens, the board keeps the queued prefill *work* (the v2 rule's attention-aware
-//! cold-token equivalents, rounded up to whole units at routing) and the instance's learned
-//! drain rate ([`DrainRate`]), which the lifecycle feeds, and, for the `preble` policy only,
-//! the requests routed to it within a sliding window ([`RecentLoad`]), which decisions feed.
+//! cold-token equivalents, rounded up to whole units at routing), the instance's learned
+//! drain rate ([`DrainRate`]) and tier fetch cost ([`FetchCost`]), which the lifecycle feeds,
+//! and, for the `preble` policy only, the requests routed to it within a sliding window
+//! ([`RecentLoad`]), which decisions feed.
 //!
 //! Complexity: every operation is O(1); a read of one instance is eight relaxed loads.
 

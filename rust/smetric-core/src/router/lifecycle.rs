@@ -3,7 +3,9 @@
 //! Algorithm: the decision records the request in the in-flight table with what it added to
 //! the chosen instance's counters; `on_prefilled` lowers the prefill counters (tokens and
 //! work) once and gives the instance's drain rate one sample (`drain_rate.rs`): the work
-//! queued ahead of the request at routing plus its own, over the time since routing;
+//! queued ahead of the request at routing plus its own, over the time since routing (and, while
+//! `smetric` v2 learns the tier fetch's cost, a request that loaded from the store gives that
+//! cost one: `fetch_cost.rs`);
 //! `on_finished` / `on_aborted` lower the rest (and the prefill ones if `on_prefilled` never
 //! came) and forget the request; with `smetric`'s decode mask on, `on_finished` also gives the
 //! instance's decode pace one sample (`decode_contract.rs`): the time since the first token
@@ -118,7 +120,8 @@ impl Router {
         load.on_prefilled(rec.prefill, rec.work);
         let elapsed_ms = now_ms.saturating_sub(rec.routed_ms);
         if rec.fetched > 0 {
-            // Read against the rate the decision used, before this request's own sample.
+            // The instance's rate now (the decision's, unless other first tokens moved it since),
+            // before this request's own sample.
             let rate = self
                 .config
                 .smetric_drain_rate
