@@ -17,7 +17,9 @@
 //! * `write-heavy`: first turns of new sessions: each thread's prompt gets a new first token
 //!   every call, so every route adds a whole new chain;
 //! * `control`: hashing the prompt only (no lock), whose ratio is what the machine gave a
-//!   second thread then.
+//!   second thread then;
+//! * `apart`: write-heavy's realistic loop with a router of its own per thread (nothing shared):
+//!   the most any sharding of the index could give write-heavy on this machine.
 //!
 //! Loops: `route` is route + `on_finished`, `realistic` adds `on_prefilled` between them. Every
 //! route is timed with `Instant::now` inside its thread (the timer's cost is printed). Runs
@@ -37,6 +39,7 @@ const BLOCK: u32 = 16;
 const SHAPES: [&str; 4] = ["stay-home", "distinct", "move-heavy", "write-heavy"];
 const LOOPS: [&str; 2] = ["route", "realistic"];
 const CONTROL: &str = "control";
+const APART: &str = "apart";
 
 /// `n` pseudo-random token ids from `seed`.
 fn tokens(n: usize, seed: u64) -> Vec<u32> {
@@ -183,7 +186,37 @@ where
 fn route_threads(shape: &str, realistic: bool, threads: usize, secs: f64, tokens: usize) -> Sample {
     let w = workload(shape, threads, tokens);
     let (routed0, moved0) = moved_routes(&w.router);
-    let (rate, lat) = run_threads(threads, secs, |k, stop, lat| {
+    let (rate, lat) = run_threads(threads, secs, |k, stop, lat| route_loop(&w, k, realistic, stop, lat));
+    let (routed1, moved1) = moved_routes(&w.router);
+    Sample {
+        rate,
+        p50_us: percentile(&lat, 0.5),
+        p99_us: percentile(&lat, 0.99),
+        moved: Some((moved1 - moved0) as f64 / (routed1 - routed0).max(1) as f64),
+    }
+}
+
+/// The `apart` control: write-heavy's realistic loop, each thread on a router of its own.
+fn apart_threads(threads: usize, secs: f64, tokens: usize) -> Sample {
+    let ws: Vec<Workload> = (0..threads)
+        .map(|k| {
+            let mut w = workload("write-heavy", threads, tokens);
+            w.prompts.rotate_left(k);
+            w
+        })
+        .collect();
+    let (rate, lat) = run_threads(threads, secs, |k, stop, lat| route_loop(&ws[k], 0, true, stop, lat));
+    Sample {
+        rate,
+        p50_us: percentile(&lat, 0.5),
+        p99_us: percentile(&lat, 0.99),
+        moved: None,
+    }
+}
+
+/// Thread `k`'s loop over `w`'s prompts until `stop`, each route's latency into `lat`.
+fn route_loop(w: &Workload, k: usize, realistic: bool, stop: Instant, lat: &mut Vec<u64>) {
+    {
         let mut prompts = w.prompts[k].clone();
         let mut call = 0_usize;
         loop {
@@ -209,13 +242,6 @@ fn route_threads(shape: &str, realistic: bool, threads: usize, secs: f64, tokens
                 break;
             }
         }
-    });
-    let (routed1, moved1) = moved_routes(&w.router);
-    Sample {
-        rate,
-        p50_us: percentile(&lat, 0.5),
-        p99_us: percentile(&lat, 0.99),
-        moved: Some((moved1 - moved0) as f64 / (routed1 - routed0).max(1) as f64),
     }
 }
 
@@ -295,13 +321,15 @@ fn report(secs: f64, runs: usize, n: usize) -> String {
             }
         }
     }
-    for &threads in counts {
-        configs.push(Config {
-            shape: CONTROL,
-            lp: "-",
-            threads,
-            samples: Vec::new(),
-        });
+    for control in [CONTROL, APART] {
+        for &threads in counts {
+            configs.push(Config {
+                shape: control,
+                lp: "-",
+                threads,
+                samples: Vec::new(),
+            });
+        }
     }
     let mut out = format!(
         "one shared Router: smetric, {INSTANCES} instances, block {BLOCK}, {n}-token prompts; \
@@ -322,6 +350,8 @@ fn report(secs: f64, runs: usize, n: usize) -> String {
             let c = &mut configs[(run + j) % total];
             let sample = if c.shape == CONTROL {
                 control_threads(c.threads, secs, n)
+            } else if c.shape == APART {
+                apart_threads(c.threads, secs, n)
             } else {
                 route_threads(c.shape, c.lp == "realistic", c.threads, secs, n)
             };
@@ -394,7 +424,7 @@ fn main() {
 mod tests {
     /// The instrument still measures every shape: a tiny run (one run, 10 ms per configuration,
     /// 1K-token prompts; not timed) prints a row for each shape, loop and thread count and the
-    /// control, and move-heavy's follow-ups move while stay-home's and distinct's stay.
+    /// two controls, and move-heavy's follow-ups move while stay-home's and distinct's stay.
     #[test]
     fn every_shape_loop_and_thread_count_prints_its_row() {
         let out = super::report(0.01, 1, 1_024);
@@ -424,6 +454,7 @@ mod tests {
         }
         for t in counts {
             assert_eq!(row(super::CONTROL, "-", t), "-");
+            assert_eq!(row(super::APART, "-", t), "-");
         }
         assert!(
             out.contains("run 1, x(2 threads ÷ 1): ") && out.contains("timer: "),
