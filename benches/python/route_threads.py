@@ -26,7 +26,9 @@ numpy int32 prompts (a buffer) of ``--tokens`` tokens (32K):
   first token every call, so every route adds a whole new chain to the index (and, once the
   instances are full, evicts as much);
 * ``control`` — SHA-256 of the prompt's bytes, which runs without the GIL and without any
-  smetric lock: its ratio is what the machine gave a second thread then.
+  smetric lock: its ratio is what the machine gave a second thread then;
+* ``apart`` — write-heavy's realistic loop with a router of its own per thread (nothing shared
+  but the GIL): the most any sharding of the index could give write-heavy from Python here.
 
 Loops: ``route`` is ``route`` + ``on_finished`` (the least that keeps the load board steady),
 ``realistic`` adds ``on_prefilled`` between them (what an embedding router calls per request).
@@ -58,6 +60,7 @@ BLOCK = 16
 SHAPES = ("stay-home", "distinct", "move-heavy", "write-heavy")
 LOOPS = ("route", "realistic")
 CONTROL = "control"
+APART = "apart"
 MIGRATE = "follow-up: migrate"
 """The prefix of every reason a follow-up moved for."""
 
@@ -138,16 +141,20 @@ def percentile(sorted_ns: list[int], q: float) -> float:
     return sorted_ns[int((len(sorted_ns) - 1) * q)] / 1e3
 
 
-def route_threads(shape: str, loop: str, threads: int, seconds: float, tokens: int) -> Sample:
-    w = workload(shape, threads, tokens)
+def route_threads(shape: str, loop: str, threads: int, seconds: float, tokens: int, apart: bool = False) -> Sample:
+    """One measurement; ``apart``: each thread on a workload (and router) of its own."""
+    own = [workload(shape, threads, tokens) for _ in range(threads if apart else 1)]
+    own *= 1 if apart else threads
+    w = own[0]
     router, lifecycle, turn, fresh = w.router, loop == "realistic", w.turn, w.fresh
     before = router.stats()
     lats: list[list[int]] = [[] for _ in range(threads)]
     stop = time.perf_counter_ns() + int(seconds * 1e9)
 
     def work(k: int) -> None:
-        ns, route, finished, prefilled = time.perf_counter_ns, router.route, router.on_finished, router.on_prefilled
-        prompts, lat = w.prompts[k], lats[k]
+        r = own[k].router
+        ns, route, finished, prefilled = time.perf_counter_ns, r.route, r.on_finished, r.on_prefilled
+        prompts, lat = own[k].prompts[k], lats[k]
         n, i = len(prompts), 0
         while True:
             p = prompts[i % n]
@@ -171,6 +178,8 @@ def route_threads(shape: str, loop: str, threads: int, seconds: float, tokens: i
     routed = after["routed"] - before["routed"]
     moved = sum(v - before["reasons"].get(r, 0) for r, v in after["reasons"].items() if r.startswith(MIGRATE))
     all_ns = sorted(x for lat in lats for x in lat)
+    if apart:
+        return Sample(len(all_ns) / elapsed, percentile(all_ns, 0.5), percentile(all_ns, 0.99))
     return Sample(len(all_ns) / elapsed, percentile(all_ns, 0.5), percentile(all_ns, 0.99), moved / max(routed, 1))
 
 
@@ -224,7 +233,7 @@ def spread(xs: list[float], fmt: str) -> str:
 def report(runs: int, seconds: float, tokens: int) -> None:
     counts = thread_counts()
     configs = [Config(s, lp, t) for s in SHAPES for lp in LOOPS for t in counts]
-    configs += [Config(CONTROL, "-", t) for t in counts]
+    configs += [Config(control, "-", t) for control in (CONTROL, APART) for t in counts]
     cores = os.cpu_count()
     print(
         f"one shared Router: smetric, {len(INSTANCES)} instances, block {BLOCK}, {tokens}-token numpy int32 "
@@ -239,6 +248,8 @@ def report(runs: int, seconds: float, tokens: int) -> None:
         for c in configs[k:] + configs[:k]:
             if c.shape == CONTROL:
                 c.samples.append(control_threads(c.threads, seconds, tokens))
+            elif c.shape == APART:
+                c.samples.append(route_threads("write-heavy", "realistic", c.threads, seconds, tokens, apart=True))
             else:
                 c.samples.append(route_threads(c.shape, c.loop, c.threads, seconds, tokens))
         ones = {(c.shape, c.loop): c.samples[-1].rate for c in configs if c.threads == 1}
