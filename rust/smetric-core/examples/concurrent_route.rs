@@ -198,14 +198,8 @@ fn route_threads(shape: &str, realistic: bool, threads: usize, secs: f64, tokens
 
 /// The `apart` control: write-heavy's realistic loop, each thread on a router of its own.
 fn apart_threads(threads: usize, secs: f64, tokens: usize) -> Sample {
-    let ws: Vec<Workload> = (0..threads)
-        .map(|k| {
-            let mut w = workload("write-heavy", threads, tokens);
-            w.prompts.rotate_left(k);
-            w
-        })
-        .collect();
-    let (rate, lat) = run_threads(threads, secs, |k, stop, lat| route_loop(&ws[k], 0, true, stop, lat));
+    let ws: Vec<Workload> = (0..threads).map(|_| workload("write-heavy", threads, tokens)).collect();
+    let (rate, lat) = run_threads(threads, secs, |k, stop, lat| route_loop(&ws[k], k, true, stop, lat));
     Sample {
         rate,
         p50_us: percentile(&lat, 0.5),
@@ -216,31 +210,29 @@ fn apart_threads(threads: usize, secs: f64, tokens: usize) -> Sample {
 
 /// Thread `k`'s loop over `w`'s prompts until `stop`, each route's latency into `lat`.
 fn route_loop(w: &Workload, k: usize, realistic: bool, stop: Instant, lat: &mut Vec<u64>) {
-    {
-        let mut prompts = w.prompts[k].clone();
-        let mut call = 0_usize;
-        loop {
-            let len = prompts.len();
-            let prompt = &mut prompts[call % len];
-            if w.fresh {
-                prompt[0] = call as u32; // a new first token: a new chain from its first block
-            }
-            let req = RouteRequest {
-                turn: w.turn,
-                ..RouteRequest::new(Prompt::Tokens(prompt))
-            };
-            let t0 = Instant::now();
-            let d = w.router.route(&req).expect("routes");
-            let t1 = Instant::now();
-            if realistic {
-                w.router.on_prefilled(d.request_id);
-            }
-            w.router.on_finished(d.request_id, 0);
-            lat.push((t1 - t0).as_nanos() as u64);
-            call += 1;
-            if t1 >= stop {
-                break;
-            }
+    let mut prompts = w.prompts[k].clone();
+    let mut call = 0_usize;
+    loop {
+        let len = prompts.len();
+        let prompt = &mut prompts[call % len];
+        if w.fresh {
+            prompt[0] = call as u32; // a new first token: a new chain from its first block
+        }
+        let req = RouteRequest {
+            turn: w.turn,
+            ..RouteRequest::new(Prompt::Tokens(prompt))
+        };
+        let t0 = Instant::now();
+        let d = w.router.route(&req).expect("routes");
+        let t1 = Instant::now();
+        if realistic {
+            w.router.on_prefilled(d.request_id);
+        }
+        w.router.on_finished(d.request_id, 0);
+        lat.push((t1 - t0).as_nanos() as u64);
+        call += 1;
+        if t1 >= stop {
+            break;
         }
     }
 }
