@@ -126,7 +126,13 @@ class Sample:
     p50_us: float
     p99_us: float
     moved: float | None = None
-    """Share of the measured routes whose follow-up moved (None for the control)."""
+    """Share of the measured routes whose follow-up moved (None for the controls)."""
+
+    @classmethod
+    def of(cls, elapsed_s: float, lats: list[list[int]], moved: float | None = None) -> Sample:
+        """A measurement from its threads' latencies: calls a second, p50 and p99, share moved."""
+        all_ns = sorted(x for lat in lats for x in lat)
+        return cls(len(all_ns) / elapsed_s, percentile(all_ns, 0.5), percentile(all_ns, 0.99), moved)
 
 
 @dataclass
@@ -177,10 +183,7 @@ def route_threads(shape: str, loop: str, threads: int, seconds: float, tokens: i
     after = router.stats()
     routed = after["routed"] - before["routed"]
     moved = sum(v - before["reasons"].get(r, 0) for r, v in after["reasons"].items() if r.startswith(MIGRATE))
-    all_ns = sorted(x for lat in lats for x in lat)
-    if apart:
-        return Sample(len(all_ns) / elapsed, percentile(all_ns, 0.5), percentile(all_ns, 0.99))
-    return Sample(len(all_ns) / elapsed, percentile(all_ns, 0.5), percentile(all_ns, 0.99), moved / max(routed, 1))
+    return Sample.of(elapsed, lats, None if apart else moved / max(routed, 1))
 
 
 def control_threads(threads: int, seconds: float, tokens: int) -> Sample:
@@ -201,8 +204,7 @@ def control_threads(threads: int, seconds: float, tokens: int) -> Sample:
     t_start = time.perf_counter_ns()
     run_all(work, threads)
     elapsed = (time.perf_counter_ns() - t_start) / 1e9
-    all_ns = sorted(x for lat in lats for x in lat)
-    return Sample(len(all_ns) / elapsed, percentile(all_ns, 0.5), percentile(all_ns, 0.99))
+    return Sample.of(elapsed, lats)
 
 
 def run_all(work: Any, threads: int) -> None:

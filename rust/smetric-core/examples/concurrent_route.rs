@@ -138,8 +138,20 @@ struct Sample {
     rate: f64,
     p50_us: f64,
     p99_us: f64,
-    /// Share of the measured routes whose follow-up moved (`None` for the control).
+    /// Share of the measured routes whose follow-up moved (`None` for the controls).
     moved: Option<f64>,
+}
+
+impl Sample {
+    /// A measurement's rate, its sorted latencies' p50 and p99, and the share moved.
+    fn of(rate: f64, sorted_ns: &[u64], moved: Option<f64>) -> Self {
+        Self {
+            rate,
+            p50_us: percentile(sorted_ns, 0.5),
+            p99_us: percentile(sorted_ns, 0.99),
+            moved,
+        }
+    }
 }
 
 fn percentile(sorted_ns: &[u64], q: f64) -> f64 {
@@ -188,24 +200,15 @@ fn route_threads(shape: &str, realistic: bool, threads: usize, secs: f64, tokens
     let (routed0, moved0) = moved_routes(&w.router);
     let (rate, lat) = run_threads(threads, secs, |k, stop, lat| route_loop(&w, k, realistic, stop, lat));
     let (routed1, moved1) = moved_routes(&w.router);
-    Sample {
-        rate,
-        p50_us: percentile(&lat, 0.5),
-        p99_us: percentile(&lat, 0.99),
-        moved: Some((moved1 - moved0) as f64 / (routed1 - routed0).max(1) as f64),
-    }
+    let moved = (moved1 - moved0) as f64 / (routed1 - routed0).max(1) as f64;
+    Sample::of(rate, &lat, Some(moved))
 }
 
 /// The `apart` control: write-heavy's realistic loop, each thread on a router of its own.
 fn apart_threads(threads: usize, secs: f64, tokens: usize) -> Sample {
     let ws: Vec<Workload> = (0..threads).map(|_| workload("write-heavy", threads, tokens)).collect();
     let (rate, lat) = run_threads(threads, secs, |k, stop, lat| route_loop(&ws[k], k, true, stop, lat));
-    Sample {
-        rate,
-        p50_us: percentile(&lat, 0.5),
-        p99_us: percentile(&lat, 0.99),
-        moved: None,
-    }
+    Sample::of(rate, &lat, None)
 }
 
 /// Thread `k`'s loop over `w`'s prompts until `stop`, each route's latency into `lat`.
@@ -251,12 +254,7 @@ fn control_threads(threads: usize, secs: f64, n: usize) -> Sample {
             }
         }
     });
-    Sample {
-        rate,
-        p50_us: percentile(&lat, 0.5),
-        p99_us: percentile(&lat, 0.99),
-        moved: None,
-    }
+    Sample::of(rate, &lat, None)
 }
 
 /// p50 ns between two back-to-back `Instant::now` reads.
