@@ -59,6 +59,21 @@ both policies peak(smetric) > peak(off) and peak(smetric) > peak(pause). Expecte
 (and reported whatever the runs show): smetric's form equals pause here (no instance is a cheaper
 source than the home's own host memory, so it never moves), so the second half fails; whether
 admission beats none with a per-instance host tier is the open question.
+
+**Wait moves (2026-12-07, eleventh session), written before its runs.** Where no instance is a
+cheaper source than the held request's home (``bf16-off``, ``bf16-cpu-offload``) form 3 is pause,
+and a held turn waits however long its home stays full. The form tried now (*form 4*, mode
+``smetric-w``: ``--admission-wait-moves``): an instance with room whose source is dearer also
+qualifies once the request has been held as long as the extra recompute takes there (the
+simulator's profile prices it: its linear and attention terms) — ski rental: wait while the wait
+is below the move's cost, then move. *Selection rule*: on the tuning grid (``bf16-off``,
+``bf16-lmcache``, ``bf16-cpu-offload``, ``fp8-off``, ``weka`` × both policies; Codex seeds 4–7,
+arrival seeds 0 and 1) form 4 replaces form 3 as ``smetric`` admission's behaviour when (a) its
+worst cell's min(smetric ÷ off, smetric ÷ pause) is at least form 3's, and (b) more of the six
+binding cells (``bf16-*`` × both policies) pass the done-when rule (smetric > off and > pause)
+than under form 3. If it is adopted, it is run once on fresh Codex seeds 300–303 (never run
+before) in the four Codex regimes and reported whatever it shows; if not, the tuning table is
+reported and form 3 stays. Off and pause are the same runs for both forms.
 """
 
 from __future__ import annotations
@@ -103,8 +118,11 @@ BINDS = ("bf16-off", "bf16-lmcache", "bf16-cpu-offload")
 
 
 def mode_args(mode: str) -> tuple[str, ...]:
-    """The sweep's admission arguments of ``mode``: ``off``, ``pause``, ``smetric`` or
-    ``smetric-h<S>`` (``smetric`` holding at most ``S`` seconds)."""
+    """The sweep's admission arguments of ``mode``: ``off``, ``pause``, ``smetric``,
+    ``smetric-h<S>`` (``smetric`` holding at most ``S`` seconds) or ``smetric-w`` (``smetric``
+    with wait moves)."""
+    if mode == "smetric-w":
+        return ("--session-admission", "smetric", "--admission-wait-moves")
     if mode.startswith("smetric-h"):
         return ("--session-admission", "smetric", "--admission-max-hold-s", mode.removeprefix("smetric-h"))
     return ("--session-admission", mode)
@@ -209,6 +227,11 @@ def main() -> None:
         help="also run smetric admission with each of these longest holds, seconds (the bounded hold's candidates)",
     )
     ap.add_argument(
+        "--wait-moves",
+        action="store_true",
+        help="also run smetric admission with wait moves (form 4, mode smetric-w)",
+    )
+    ap.add_argument(
         "--no-unbounded",
         action="store_true",
         help="skip smetric admission's unbounded hold (only the --max-holds candidates beside off and pause)",
@@ -218,6 +241,7 @@ def main() -> None:
     codex_seeds = tuple(int(s) for s in args.codex_seeds.split(","))
     smetric_modes = () if args.no_unbounded else ("smetric",)
     smetric_modes += tuple(f"smetric-h{h:g}" for h in map(float, filter(None, args.max_holds.split(","))))
+    smetric_modes += ("smetric-w",) if args.wait_moves else ()
     if not args.table:
         run(args.out, regimes, codex_seeds, ("off", "pause", *smetric_modes))
     tables = {mode: table(args.out, regimes, codex_seeds, mode) for mode in smetric_modes}
