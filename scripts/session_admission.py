@@ -63,10 +63,15 @@ admission beats none with a per-instance host tier is the open question.
 **Wait moves (2026-12-07, eleventh session), written before its runs.** Where no instance is a
 cheaper source than the held request's home (``bf16-off``, ``bf16-cpu-offload``) form 3 is pause,
 and a held turn waits however long its home stays full. The form tried now (*form 4*, mode
-``smetric-w``: ``--admission-wait-moves``): an instance with room whose source is dearer also
-qualifies once the request has been held as long as the extra recompute takes there (the
-simulator's profile prices it: its linear and attention terms) — ski rental: wait while the wait
-is below the move's cost, then move. *Selection rule*: on the tuning grid (``bf16-off``,
+``smetric-w``: ``--admission-wait-moves``): when form 3 finds no instance, a request already held
+moves to an instance with room once that instance's idle sessions are paused, when it has been
+held at least the move's price — the extra recompute of its prefix there plus the recompute of
+the idle sessions the move pauses (the simulator's profile prices both: its linear and attention
+terms) — ski rental: wait while the wait is below the move's price, then move. (Amended before
+any grid result was read: as first written, only instances with room *as they stand* qualified,
+and in the stage's own test workload no instance ever had such room — idle sessions fill them —
+so the form never moved; the four ``bf16-off`` cells of that first form that had run were
+deleted unread.) *Selection rule*: on the tuning grid (``bf16-off``,
 ``bf16-lmcache``, ``bf16-cpu-offload``, ``fp8-off``, ``weka`` × both policies; Codex seeds 4–7,
 arrival seeds 0 and 1) form 4 replaces form 3 as ``smetric`` admission's behaviour when (a) its
 worst cell's min(smetric ÷ off, smetric ÷ pause) is at least form 3's, and (b) more of the six

@@ -97,6 +97,7 @@ impl PySessionAdmission {
             output_reserve_tokens,
             max_sessions_per_instance,
             max_hold_s,
+            wait_moves: None,
         };
         Ok(Self {
             inner: Mutex::new(SessionAdmission::new(instances, config)),
