@@ -79,6 +79,11 @@ binding cells (``bf16-*`` × both policies) pass the done-when rule (smetric > o
 than under form 3. If it is adopted, it is run once on fresh Codex seeds 300–303 (never run
 before) in the four Codex regimes and reported whatever it shows; if not, the tuning table is
 reported and form 3 stays. Off and pause are the same runs for both forms.
+
+*Outcome (2026-12-07, docs/results.md §20 "Wait moves")*: worst cell ×0.883 against form 3's
+×0.945, one binding cell passing against two — not adopted; form 3 stays, and the form's code was
+taken out again. To re-run it: ``git checkout 505dc6c``, rebuild, and run this script with
+``--regimes bf16-off,bf16-lmcache,bf16-cpu-offload,fp8-off,weka --wait-moves``.
 """
 
 from __future__ import annotations
@@ -123,11 +128,8 @@ BINDS = ("bf16-off", "bf16-lmcache", "bf16-cpu-offload")
 
 
 def mode_args(mode: str) -> tuple[str, ...]:
-    """The sweep's admission arguments of ``mode``: ``off``, ``pause``, ``smetric``,
-    ``smetric-h<S>`` (``smetric`` holding at most ``S`` seconds) or ``smetric-w`` (``smetric``
-    with wait moves)."""
-    if mode == "smetric-w":
-        return ("--session-admission", "smetric", "--admission-wait-moves")
+    """The sweep's admission arguments of ``mode``: ``off``, ``pause``, ``smetric`` or
+    ``smetric-h<S>`` (``smetric`` holding at most ``S`` seconds)."""
     if mode.startswith("smetric-h"):
         return ("--session-admission", "smetric", "--admission-max-hold-s", mode.removeprefix("smetric-h"))
     return ("--session-admission", mode)
@@ -232,11 +234,6 @@ def main() -> None:
         help="also run smetric admission with each of these longest holds, seconds (the bounded hold's candidates)",
     )
     ap.add_argument(
-        "--wait-moves",
-        action="store_true",
-        help="also run smetric admission with wait moves (form 4, mode smetric-w)",
-    )
-    ap.add_argument(
         "--no-unbounded",
         action="store_true",
         help="skip smetric admission's unbounded hold (only the --max-holds candidates beside off and pause)",
@@ -246,7 +243,6 @@ def main() -> None:
     codex_seeds = tuple(int(s) for s in args.codex_seeds.split(","))
     smetric_modes = () if args.no_unbounded else ("smetric",)
     smetric_modes += tuple(f"smetric-h{h:g}" for h in map(float, filter(None, args.max_holds.split(","))))
-    smetric_modes += ("smetric-w",) if args.wait_moves else ()
     if not args.table:
         run(args.out, regimes, codex_seeds, ("off", "pause", *smetric_modes))
     tables = {mode: table(args.out, regimes, codex_seeds, mode) for mode in smetric_modes}

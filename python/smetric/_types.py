@@ -494,8 +494,6 @@ class SimConfigDefaults(TypedDict):
     session_admission: SessionAdmissionMode
     session_admission_max_hold_s: float | None
     """The longest session admission holds a request, seconds; ``None``: the mode's own."""
-    session_admission_wait_moves: bool
-    """A held request may move to a dearer source once it has waited as long as the move costs."""
 
 
 class SyntheticOptions(TypedDict):

@@ -202,12 +202,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "it (default: the mode's own; pause holds until there is room)",
     )
     p.add_argument(
-        "--admission-wait-moves",
-        action="store_true",
-        help="with --session-admission smetric: a held request moves to an instance with room whose source is "
-        "dearer once it has waited as long as the extra recompute would take there (ski rental)",
-    )
-    p.add_argument(
         "--tpot-ms",
         default=",".join(f"{1e3 * t:g}" for t in ENGINE_DEFAULTS["slo"]["tpot_s"]),
         help="TPOT bounds in ms, the first is the headline (default %(default)s)",
@@ -354,7 +348,6 @@ def _config(args: argparse.Namespace) -> tuple[SimulationConfig, Window, list[st
         config,
         session_admission=args.session_admission,
         session_admission_max_hold_s=args.admission_max_hold_s,
-        session_admission_wait_moves=args.admission_wait_moves,
         router_replicas=args.router_replicas,
         replica_sync=args.replica_sync,
         replica_sync_delay_s=args.replica_sync_delay_ms / 1e3,

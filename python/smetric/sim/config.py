@@ -365,9 +365,6 @@ class SimulationConfig:
     session_admission_max_hold_s: float | None = ENGINE_DEFAULTS["session_admission_max_hold_s"]
     """The longest session admission holds a request before admitting it where its policy sent it,
     seconds; ``None``: the mode's own (``"pause"`` holds until there is room)."""
-    session_admission_wait_moves: bool = ENGINE_DEFAULTS["session_admission_wait_moves"]
-    """With ``session_admission="smetric"``: a held request may move to an instance with room whose
-    source is dearer once it has waited as long as the extra recompute takes there."""
     router: tuple[tuple[str, Any], ...] = ()
     """:class:`RouterConfig` fields to override, as sorted pairs (a ``RouterConfig`` itself does
     not pickle, and specs travel to worker processes); see :meth:`with_router`."""
@@ -553,8 +550,6 @@ class SimulationConfig:
             config["session_admission"] = self.session_admission
         if self.session_admission_max_hold_s is not None:
             config["session_admission_max_hold_s"] = self.session_admission_max_hold_s
-        if self.session_admission_wait_moves:
-            config["session_admission_wait_moves"] = True
         if self.profile_file is None:
             config["profile"] = self.profile
         else:

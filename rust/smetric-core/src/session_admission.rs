@@ -26,13 +26,6 @@
 //!    move that recomputes a long history costs more than the wait),
 //!    the cheapest, ties to the smaller working set, then the lower slot: place it there
 //!    ([`Admission::Elsewhere`]).
-//!    4b. With [`AdmissionConfig::wait_moves`], when step 4 finds no instance, a request
-//!    already held moves to an instance with room once its idle sessions are paused, when it
-//!    has been held at least the move's *price*: the extra recompute of its prefix there
-//!    ([`RecomputeCost::seconds`] of its tokens to prefill less the chosen instance's) plus
-//!    the recompute of the idle sessions the move pauses there. Ski rental: wait while the
-//!    wait so far is below the move's price, then move, so a request never waits longer than
-//!    the move would have cost. The lowest price wins.
 //! 5. The request has already waited `max_hold_s` (the caller says since when, `held_since`):
 //!    admit it at `c` anyway, pausing what idle sessions it can. A hold trades the request's
 //!    TTFT for the co-runners' KV; past some wait the trade no longer pays (holding a
@@ -132,28 +125,6 @@ pub struct AdmissionConfig {
     /// The longest a request is held before it is admitted at its policy's instance anyway,
     /// seconds; infinite: held until there is room (see [`AdmissionMode::default_max_hold_s`]).
     pub max_hold_s: f64,
-    /// [`AdmissionMode::Smetric`] only: what recomputing tokens costs, for moves that trade a
-    /// held request's wait for a dearer source (module docs, step 4b); `None`: never.
-    pub wait_moves: Option<RecomputeCost>,
-}
-
-/// What prefilling `new` tokens of a `prompt`-token prompt (the rest cached) costs an instance,
-/// seconds: a linear term per token and an attention term per (query, key) pair — the two
-/// terms of the simulator's iteration model that grow with the tokens recomputed.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RecomputeCost {
-    /// Seconds per prefilled token.
-    pub s_per_token: f64,
-    /// Seconds per (query, key) token pair of attention (each pair counted twice: QK and PV).
-    pub s_per_pair: f64,
-}
-
-impl RecomputeCost {
-    /// Seconds to prefill `new` tokens on top of `prompt - new` cached ones.
-    pub fn seconds(&self, prompt: u64, new: u64) -> f64 {
-        let (p, n) = (prompt as f64, new.min(prompt) as f64);
-        self.s_per_token * n + 2.0 * self.s_per_pair * (n * (p - n) + n * n / 2.0)
-    }
 }
 
 impl AdmissionConfig {
@@ -166,7 +137,6 @@ impl AdmissionConfig {
             output_reserve_tokens: DEFAULT_OUTPUT_RESERVE_TOKENS,
             max_sessions_per_instance: DEFAULT_MAX_SESSIONS_PER_INSTANCE,
             max_hold_s: mode.default_max_hold_s(),
-            wait_moves: None,
         }
     }
 }
@@ -346,13 +316,7 @@ impl SessionAdmission {
                     best = Some(key);
                 }
             }
-            let waited = match (self.config.wait_moves, req.held_since) {
-                (Some(rate), Some(since)) if best.is_none() => {
-                    self.priced_move(session, c, need, req.prompt_tokens, now - since, rate, &costs)
-                }
-                _ => None,
-            };
-            if let Some(j) = best.map(|(_, _, j)| j).or(waited) {
+            if let Some((_, _, j)) = best {
                 let paused = self.admit_at(j, session, need, now);
                 self.counters.moved += 1;
                 return Admission::Elsewhere {
@@ -376,58 +340,6 @@ impl SessionAdmission {
         }
         self.counters.held += 1;
         Admission::Hold
-    }
-
-    /// Step 4b: the instance a request held `held_for` seconds moves to, if any — the one whose
-    /// price is lowest among those whose price the wait has already paid. A move's price is
-    /// the extra recompute of its prefix there (`costs`, tokens to prefill, against the chosen
-    /// instance `c`'s) plus the recompute of every idle session it pauses there to make room
-    /// (their next turns start over: priced from scratch, the dearest case). O(N · R log R).
-    #[allow(clippy::too_many_arguments)]
-    fn priced_move(
-        &mut self,
-        session: u64,
-        c: usize,
-        need: u64,
-        prompt: u64,
-        held_for: f64,
-        rate: RecomputeCost,
-        costs: &[f64],
-    ) -> Option<usize> {
-        let cap = self.config.capacity_tokens;
-        let at_chosen = costs.get(c).copied().filter(|x| x.is_finite())?;
-        let base = rate.seconds(prompt, at_chosen as u64);
-        let mut best: Option<(f64, usize)> = None;
-        for j in 0..self.instances.len() {
-            let Some(&cost) = costs.get(j).filter(|x| x.is_finite()) else {
-                continue;
-            };
-            if j == c || self.active(j, session) + need > cap {
-                continue;
-            }
-            let mut idle: Vec<&Resident> = self.instances[j]
-                .iter()
-                .filter(|r| r.session != session && r.in_flight == 0)
-                .collect();
-            idle.sort_by(|a, b| a.last_active.total_cmp(&b.last_active));
-            let mut set = self.instances[j]
-                .iter()
-                .filter(|r| r.session != session)
-                .map(|r| r.tokens)
-                .sum::<u64>();
-            let mut price = rate.seconds(prompt, cost as u64) - base;
-            for r in idle {
-                if set + need <= cap {
-                    break;
-                }
-                set -= r.tokens;
-                price += rate.seconds(r.tokens, r.tokens);
-            }
-            if held_for >= price && best.is_none_or(|(p, _)| price < p) {
-                best = Some((price, j));
-            }
-        }
-        best.map(|(_, j)| j)
     }
 
     /// When a request first held at `held_since` should be asked again even if nothing
@@ -812,54 +724,6 @@ mod tests {
             Admission::Elsewhere { instance: 1, paused: 0 }
         );
         assert_eq!(s.counters().released, 0);
-    }
-
-    #[test]
-    fn wait_moves_take_a_dearer_source_once_the_wait_has_cost_as_much() {
-        // 1 ms a token, no attention term: 10K extra tokens cost 10 s.
-        let rate = RecomputeCost {
-            s_per_token: 1e-3,
-            s_per_pair: 0.0,
-        };
-        let mut config = AdmissionConfig::new(AdmissionMode::Smetric, CAP);
-        config.output_reserve_tokens = 0;
-        config.wait_moves = Some(rate);
-        let mut s = SessionAdmission::new(2, config);
-        s.decide(&req(1, 0, 60_000), 0.0, no_costs);
-        // Home (0) holds 50K of the 60K-token prompt; instance 1 would recompute all of it.
-        let costs = || vec![10_000.0, 60_000.0];
-        let held = |since: f64| AdmitRequest {
-            held_since: Some(since),
-            ..req(2, 0, 60_000)
-        };
-        assert_eq!(s.decide(&req(2, 0, 60_000), 0.0, costs), Admission::Hold);
-        // Held 49.9 s: the move's extra 50 s of recompute is still dearer than the wait so far.
-        assert_eq!(s.decide(&held(0.0), 49.9, costs), Admission::Hold);
-        assert_eq!(
-            s.decide(&held(0.0), 50.0, costs),
-            Admission::Elsewhere { instance: 1, paused: 0 }
-        );
-        // A move that pauses an idle 50K-token session there also pays its recompute (50 s).
-        let mut t = SessionAdmission::new(2, s.config.clone());
-        t.decide(&req(1, 0, 60_000), 0.0, no_costs);
-        t.decide(&req(3, 1, 50_000), 0.0, no_costs);
-        t.on_finished(3, 1, 50_000, 90.0); // idle within the window at 100 s
-        assert_eq!(t.decide(&held(0.0), 99.9, costs), Admission::Hold);
-        assert_eq!(
-            t.decide(&held(0.0), 100.0, costs),
-            Admission::Elsewhere { instance: 1, paused: 1 }
-        );
-        // Negative control: without wait moves the same request is held however long it waited.
-        let mut p = stage(AdmissionMode::Smetric, 2);
-        p.decide(&req(1, 0, 60_000), 0.0, no_costs);
-        assert_eq!(p.decide(&held(0.0), 1.0e6, costs), Admission::Hold);
-        // The attention term prices a longer recompute higher: 50K new on 10K cached.
-        let quadratic = RecomputeCost {
-            s_per_token: 0.0,
-            s_per_pair: 1e-9,
-        };
-        assert!((quadratic.seconds(60_000, 50_000) - 2e-9 * (50_000.0 * 10_000.0 + 1.25e9)).abs() < 1e-9);
-        assert!(quadratic.seconds(60_000, 0).abs() < f64::EPSILON);
     }
 
     #[test]

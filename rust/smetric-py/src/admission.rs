@@ -97,7 +97,6 @@ impl PySessionAdmission {
             output_reserve_tokens,
             max_sessions_per_instance,
             max_hold_s,
-            wait_moves: None,
         };
         Ok(Self {
             inner: Mutex::new(SessionAdmission::new(instances, config)),

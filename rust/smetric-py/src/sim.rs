@@ -509,7 +509,6 @@ fn sim_config(
             }
             "replica_sync_delay_s" => c.replica_sync_delay_s = field(&key, &v)?,
             "session_admission_max_hold_s" => c.session_admission_max_hold_s = field(&key, &v)?,
-            "session_admission_wait_moves" => c.session_admission_wait_moves = field(&key, &v)?,
             "session_admission" => {
                 let name: String = field(&key, &v)?;
                 c.session_admission = AdmissionMode::parse(&name).ok_or_else(|| {

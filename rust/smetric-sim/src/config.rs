@@ -40,7 +40,6 @@
 //! | `replica_sync_delay_s` | 50 ms | see [`DEFAULT_REPLICA_SYNC_DELAY_S`] |
 //! | `session_admission` | off | every request is served where the policy sends it, as before the stage existed; `pause` / `smetric` turn on `smetric_core::session_admission` (its window, reserve and bound are that module's defaults) |
 //! | `session_admission_max_hold_s` | none | the mode's own (`AdmissionMode::default_max_hold_s`: `pause` holds until there is room) |
-//! | `session_admission_wait_moves` | false | `smetric` admission never trades a held request's source for a dearer one |
 
 use serde::Serializer;
 use smetric_core::RouterConfig;
@@ -453,10 +452,6 @@ pub struct SimConfig {
     /// The longest session admission holds a request before admitting it where its policy sent
     /// it, seconds; `None`: the mode's default (`AdmissionMode::default_max_hold_s`).
     pub session_admission_max_hold_s: Option<f64>,
-    /// With `session_admission = smetric`: a held request may move to an instance with room
-    /// whose source is dearer once it has waited as long as the extra recompute takes there,
-    /// priced with this profile's linear and attention terms (`session_admission` step 4b).
-    pub session_admission_wait_moves: bool,
 }
 
 // serde's `serialize_with` hands over a reference.
@@ -503,7 +498,6 @@ impl Default for SimConfig {
             replica_sync_delay_s: DEFAULT_REPLICA_SYNC_DELAY_S,
             session_admission: AdmissionMode::Off,
             session_admission_max_hold_s: None,
-            session_admission_wait_moves: false,
         }
     }
 }

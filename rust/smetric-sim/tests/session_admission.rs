@@ -144,30 +144,3 @@ fn a_negative_or_nan_hold_is_refused() {
         assert!(c.validate().is_err());
     }
 }
-
-#[test]
-fn wait_moves_trade_a_long_hold_for_a_recompute_elsewhere() {
-    let w = workload();
-    let smetric = |wait_moves: bool| {
-        let config = SimConfig {
-            session_admission_wait_moves: wait_moves,
-            instances: 4,
-            ..config(AdmissionMode::Smetric)
-        };
-        run(&config, &w, PolicyKind::Smetric).unwrap()
-    };
-    let (form3, waiting) = (smetric(false), smetric(true));
-    assert_eq!(waiting.completed + waiting.rejected, waiting.requests);
-    // The held requests that waited past their move's price moved: more moves, fewer holds.
-    assert!(counter(&waiting, "admission_moved") > counter(&form3, "admission_moved"));
-    assert!(counter(&waiting, "admission_held") < counter(&form3, "admission_held"));
-    // Negative control: pause never moves, with or without the knob (it is smetric's step 4b).
-    let pause = SimConfig {
-        session_admission_wait_moves: true,
-        ..config(AdmissionMode::Pause)
-    };
-    assert_eq!(
-        counter(&run(&pause, &w, PolicyKind::Smetric).unwrap(), "admission_moved"),
-        0
-    );
-}

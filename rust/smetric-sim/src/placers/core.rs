@@ -30,7 +30,7 @@
 use hashbrown::HashMap;
 use smetric_core::hash::{chain_root, hash_block};
 use smetric_core::session_admission::{
-    self, Admission, AdmissionConfig, AdmissionMode, AdmitRequest, RecomputeCost, SessionAdmission,
+    self, Admission, AdmissionConfig, AdmissionMode, AdmitRequest, SessionAdmission,
 };
 use smetric_core::{
     BlockHash, Decision, Hits, IndexMode, IndexOp, PolicyKind, Prompt, RequestId, RouteRequest, Router, RouterConfig,
@@ -194,20 +194,12 @@ impl CorePlacer {
     }
 
     /// The same placer with session admission in `mode` over instances of `capacity_tokens`
-    /// KV tokens each, holding a request at most `max_hold_s` (`None`: the mode's default),
-    /// moving a held one to a dearer source as `wait_moves` prices it (`None`: never;
+    /// KV tokens each, holding a request at most `max_hold_s` (`None`: the mode's default;
     /// `smetric_core::session_admission`; `Off` adds no stage).
     #[must_use]
-    pub fn with_admission(
-        mut self,
-        mode: AdmissionMode,
-        capacity_tokens: u64,
-        max_hold_s: Option<f64>,
-        wait_moves: Option<RecomputeCost>,
-    ) -> Self {
+    pub fn with_admission(mut self, mode: AdmissionMode, capacity_tokens: u64, max_hold_s: Option<f64>) -> Self {
         let mut config = AdmissionConfig::new(mode, capacity_tokens);
         config.max_hold_s = max_hold_s.unwrap_or(config.max_hold_s);
-        config.wait_moves = wait_moves;
         self.admission = (mode != AdmissionMode::Off).then(|| AdmissionRun {
             stage: SessionAdmission::new(self.names.len() as u32, config),
             held: HashMap::new(),

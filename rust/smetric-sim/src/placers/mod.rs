@@ -17,7 +17,6 @@ mod core;
 mod pd;
 mod replicated;
 
-use smetric_core::session_admission::RecomputeCost;
 use smetric_core::{DecodeMask, PolicyKind};
 
 pub use self::core::CorePlacer;
@@ -117,10 +116,6 @@ pub fn core_placer(config: &SimConfig, workload: &Workload, policy: PolicyKind) 
         config.session_admission,
         config.kv_tokens(),
         config.session_admission_max_hold_s,
-        config.session_admission_wait_moves.then_some(RecomputeCost {
-            s_per_token: config.profile.linear_s_per_token,
-            s_per_pair: config.profile.attention_s_per_pair,
-        }),
     );
     // The decode mask's oracle form reads each request's recorded output length.
     if policy == PolicyKind::Smetric && config.router.smetric_decode_mask == DecodeMask::Oracle {
