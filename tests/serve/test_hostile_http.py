@@ -170,4 +170,5 @@ def test_clients_that_leave_mid_body_or_before_the_answer_lose_nothing(
                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(stream), stream)
             )
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
-    assert_healthy(proxy, caplog)
+    # A reset client's whole request may still be routed after the boards first read idle.
+    assert_healthy(proxy, caplog, quiet_s=1.0)
