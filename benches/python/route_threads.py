@@ -149,10 +149,11 @@ def percentile(sorted_ns: list[int], q: float) -> float:
 
 def route_threads(shape: str, loop: str, threads: int, seconds: float, tokens: int, apart: bool = False) -> Sample:
     """One measurement; ``apart``: each thread on a workload (and router) of its own."""
-    own = [workload(shape, threads, tokens) for _ in range(threads if apart else 1)]
-    own *= 1 if apart else threads
-    w = own[0]
-    router, lifecycle, turn, fresh = w.router, loop == "realistic", w.turn, w.fresh
+    if apart:
+        own = [workload(shape, threads, tokens) for _ in range(threads)]
+    else:
+        own = [workload(shape, threads, tokens)] * threads
+    router, lifecycle, turn, fresh = own[0].router, loop == "realistic", own[0].turn, own[0].fresh
     before = router.stats()
     lats: list[list[int]] = [[] for _ in range(threads)]
     stop = time.perf_counter_ns() + int(seconds * 1e9)
@@ -180,10 +181,12 @@ def route_threads(shape: str, loop: str, threads: int, seconds: float, tokens: i
     t_start = time.perf_counter_ns()
     run_all(work, threads)
     elapsed = (time.perf_counter_ns() - t_start) / 1e9
+    if apart:  # the share moved is one router's, and write-heavy moves nothing
+        return Sample.of(elapsed, lats)
     after = router.stats()
     routed = after["routed"] - before["routed"]
     moved = sum(v - before["reasons"].get(r, 0) for r, v in after["reasons"].items() if r.startswith(MIGRATE))
-    return Sample.of(elapsed, lats, None if apart else moved / max(routed, 1))
+    return Sample.of(elapsed, lats, moved / max(routed, 1))
 
 
 def control_threads(threads: int, seconds: float, tokens: int) -> Sample:
