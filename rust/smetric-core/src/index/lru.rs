@@ -20,14 +20,25 @@
 //! or when they reach the LRU end. A run whose ids are all current, newest of its holder,
 //! can be renewed in place ([`RunLru::renew_newest`]).
 //!
+//! A run whose ids are all current and that is touched again whole but is not the newest (a
+//! session's chain, when another was touched since) is *relinked* ([`RunLru::relink`]): its ids
+//! move to a new run at the newest end, and its entries keep the number they store. So a run
+//! has a sequence number (its place in the order) and the *number its entries store*, the
+//! sequence number it was first pushed with; the holder maps the stored number of a relinked run
+//! to its sequence number (`aliases`). Relinking writes no entry: a re-touch of a chain costs an
+//! id comparison per block, and when threads route one session's turns in turn no core writes
+//! the lines the other walks (measured: `BENCHMARKS.md`, "Relinked runs").
+//!
 //! Dropped runs and stale ids are removed incrementally: once the queue's ids plus
 //! [`RUN_WEIGHT`] per run exceed `2·held + COMPACT_SLACK` a *cleaning cycle* starts, and
 //! every later touch also cleans up to `CLEAN_FACTOR` times its own size, oldest runs first,
 //! so no single call ever pays for a whole-queue compaction (a router's tail latency stays
 //! flat).
 //!
-//! Invariants: every held (entry, holder) pair is current in exactly one run; a run's
-//! `live` is the number of its ids that are current; runs are in increasing sequence-number
+//! Invariants: every held (entry, holder) pair is current in exactly one run (the live run
+//! whose stored number the entry stores); a run's `live` is the number of its ids that are
+//! current; stored numbers of live runs are distinct, and `aliases` maps the stored number of
+//! every live relinked run to its sequence number (and nothing else); runs are in increasing sequence-number
 //! order and non-decreasing time order (logical order: cleaned, then pending, then recent
 //! runs); the queue stays within a constant factor of `held + COMPACT_SLACK` ids, which
 //! bounds memory. Sequence numbers never change except in the rare full renumbering before
@@ -57,6 +68,9 @@ const SEQ_LIMIT: u32 = u32::MAX / 2;
 #[derive(Debug)]
 struct Run {
     seq: u32,
+    /// The number the run's current entries store: `seq`, or for a relinked run the sequence
+    /// number its ids were first pushed with.
+    stored: u32,
     /// How many of `ids` are current; 0 once the run is dropped (its ids freed, the run
     /// itself left in its queue until a cleaning or the LRU end removes it).
     live: u32,
@@ -71,6 +85,19 @@ impl Run {
     }
 }
 
+/// Test only: how [`RunLru`] relinks.
+#[cfg(test)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TestRelink {
+    /// As in production.
+    #[default]
+    On,
+    /// Never: a re-touch writes every entry's number anew, as before relinking existed.
+    Off,
+    /// Broken: the relinked run's ids are queued in reverse (its head becomes its LRU end).
+    Reversed,
+}
+
 /// Touch order of one holder.
 #[derive(Debug, Default)]
 pub(crate) struct RunLru {
@@ -81,6 +108,14 @@ pub(crate) struct RunLru {
     /// Runs pushed since the cycle started, or all runs outside a cycle (newest).
     recent: VecDeque<Run>,
     next_seq: u32,
+    /// Stored number → sequence number, for the live relinked runs.
+    aliases: crate::mix_map::MixMap<u32, u32>,
+    /// Test only: whether runs are relinked, and a broken variant for the negative control.
+    #[cfg(test)]
+    pub(crate) test_relink: TestRelink,
+    /// Test only: runs relinked so far.
+    #[cfg(test)]
+    pub(crate) relinked: usize,
     /// Ids queued, stale included.
     queued: usize,
 }
@@ -99,6 +134,7 @@ impl RunLru {
             self.queued += ids.len();
             self.recent.push_back(Run {
                 seq: self.next_seq,
+                stored: self.next_seq,
                 live: ids.len() as u32,
                 time_ms,
                 ids,
@@ -127,7 +163,8 @@ impl RunLru {
     }
 
     /// Touches the newest run again at `time_ms`, letting `extend` append ids at its LRU end
-    /// (they must store the run's number, passed to `extend`, and be distinct and current);
+    /// (they must store the run's stored number, passed to `extend`, and be distinct and
+    /// current);
     /// returns how many were appended. Only when [`RunLru::newest_current`] is `Some`: the
     /// run then stays the most recent blocks in order, and the appended ones come right
     /// after them.
@@ -137,7 +174,7 @@ impl RunLru {
             .find_map(|q| q.back_mut())
             .expect("a newest run to renew");
         let before = run.ids.len();
-        extend(run.seq, &mut run.ids);
+        extend(run.stored, &mut run.ids);
         run.time_ms = time_ms;
         let added = run.ids.len() - before;
         run.live += added as u32;
@@ -145,28 +182,113 @@ impl RunLru {
         added
     }
 
-    /// `n` ids of the run numbered `seq` stopped being current (moved to a newer run, or
-    /// removed from the holder). A run left with none is dropped: its ids are freed at once.
-    /// Returns the run's touch time (`None`, in release builds, for a number no run carries).
-    pub(crate) fn superseded(&mut self, seq: u32, n: usize) -> Option<u64> {
-        let run = [&mut self.recent, &mut self.pending, &mut self.cleaned]
+    /// The sequence number of the live run whose entries store `stored`.
+    #[inline]
+    fn seq_of_stored(&self, stored: u32) -> u32 {
+        if self.aliases.is_empty() {
+            return stored;
+        }
+        self.aliases.get(&stored).copied().unwrap_or(stored)
+    }
+
+    /// The run numbered `seq` (its sequence number), wherever the cleaning cycle has it.
+    fn run_mut(&mut self, seq: u32) -> Option<&mut Run> {
+        [&mut self.recent, &mut self.pending, &mut self.cleaned]
             .into_iter()
             .find(|q| q.front().is_some_and(|r| r.seq <= seq))
             .and_then(|q| match q.binary_search_by_key(&seq, |r| r.seq) {
                 Ok(i) => q.get_mut(i),
                 Err(_) => None,
-            });
-        let Some(run) = run else {
-            debug_assert!(false, "no run numbered {seq}");
+            })
+    }
+
+    /// `n` ids of the run whose entries store `stored` stopped being current (moved to a newer
+    /// run, or removed from the holder). A run left with none is dropped: its ids are freed at
+    /// once. Returns the run's touch time (`None`, in release builds, for a number no run
+    /// carries).
+    pub(crate) fn superseded(&mut self, stored: u32, n: usize) -> Option<u64> {
+        let seq = self.seq_of_stored(stored);
+        let Some(run) = self.run_mut(seq) else {
+            debug_assert!(false, "no run stores {stored}");
             return None;
         };
         debug_assert!(run.live as usize >= n);
         run.live -= n as u32;
+        let time_ms = run.time_ms;
         if run.live == 0 {
-            self.queued -= run.ids.len();
+            let freed = run.ids.len();
             run.ids = Vec::new();
+            self.queued -= freed;
+            self.forget(seq, stored);
         }
-        Some(run.time_ms)
+        Some(time_ms)
+    }
+
+    /// The run numbered `seq`, storing `stored`, has no current id left: its alias goes.
+    fn forget(&mut self, seq: u32, stored: u32) {
+        if seq != stored && self.aliases.get(&stored) == Some(&seq) {
+            self.aliases.remove(&stored);
+        }
+    }
+
+    /// The ids (chain order, stale ones included) of the live run whose entries store `stored`
+    /// (when relinking is on: always, but in tests that turn it off).
+    pub(crate) fn run_ids(&self, stored: u32) -> Option<&[u32]> {
+        #[cfg(test)]
+        if self.test_relink == TestRelink::Off {
+            return None;
+        }
+        let seq = self.seq_of_stored(stored);
+        [&self.recent, &self.pending, &self.cleaned]
+            .into_iter()
+            .find(|q| q.front().is_some_and(|r| r.seq <= seq))
+            .and_then(|q| q.binary_search_by_key(&seq, |r| r.seq).ok().map(|i| &q[i]))
+            .filter(|r| r.stored == stored && r.live > 0)
+            .map(|r| r.ids.as_slice())
+    }
+
+    /// Touches again at `time_ms` the live run whose entries store `stored`
+    /// ([`RunLru::run_ids`] is `Some`): `build` gets the stored number, the run's ids and whether
+    /// all of them are current, and returns the new run's, in chain order, every one current under that number (its current
+    /// entries are not written: they store it already); the new run goes at the newest end, and
+    /// the old one is left dropped. Returns how many ids the new run has beyond the old one's.
+    pub(crate) fn relink(
+        &mut self,
+        stored: u32,
+        time_ms: u64,
+        build: impl FnOnce(u32, Vec<u32>, bool) -> Vec<u32>,
+    ) -> usize {
+        let old = self.seq_of_stored(stored);
+        let run = self.run_mut(old).expect("a current run to relink");
+        debug_assert!(run.stored == stored && run.live > 0);
+        let all_current = run.all_current();
+        let kept = std::mem::take(&mut run.ids);
+        run.live = 0;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if seq != stored {
+            self.aliases.insert(stored, seq);
+        }
+        let before = kept.len();
+        #[cfg_attr(not(test), allow(unused_mut))]
+        let mut ids = build(stored, kept, all_current);
+        let added = ids.len() - before;
+        self.queued += added;
+        #[cfg(test)]
+        {
+            self.relinked += 1;
+            if self.test_relink == TestRelink::Reversed {
+                ids.reverse();
+            }
+        }
+        self.recent.push_back(Run {
+            seq,
+            stored,
+            live: ids.len() as u32,
+            time_ms,
+            ids,
+        });
+        added
     }
 
     fn oldest_mut(&mut self) -> Option<&mut VecDeque<Run>> {
@@ -187,7 +309,7 @@ impl RunLru {
                     break;
                 }
                 while let Some(&e) = run.ids.last() {
-                    if current(e, run.seq) {
+                    if current(e, run.stored) {
                         self.queued -= dropped;
                         return;
                     }
@@ -248,7 +370,9 @@ impl RunLru {
             if run.live == 0 {
                 // Nothing current left: the stale ids go with the run.
                 dropped += run.ids.len();
+                let (seq, stored) = (run.seq, run.stored);
                 queue.pop_front();
+                self.forget(seq, stored);
             }
         }
         self.queued -= dropped;
@@ -275,7 +399,7 @@ impl RunLru {
             }
             if !run.all_current() {
                 let before = run.ids.len();
-                run.ids.retain(|&e| current(e, run.seq));
+                run.ids.retain(|&e| current(e, run.stored));
                 debug_assert!(run.all_current());
                 self.queued -= before - run.ids.len();
                 left = left.saturating_sub(before);
@@ -319,12 +443,13 @@ impl RunLru {
             .chain(self.recent.drain(..));
         for mut run in runs {
             if !run.all_current() {
-                run.ids.retain(|&e| current(e, run.seq));
+                run.ids.retain(|&e| current(e, run.stored));
             }
             if run.ids.is_empty() {
                 continue;
             }
             run.seq = next;
+            run.stored = next;
             run.live = run.ids.len() as u32;
             next += 1;
             queued += run.ids.len();
@@ -333,15 +458,16 @@ impl RunLru {
         self.recent = kept;
         self.next_seq = next;
         self.queued = queued;
+        self.aliases.clear();
     }
 
-    /// Every (seq, entry) pair queued, oldest run first, stale ids included.
+    /// Every (stored number, entry) pair queued, oldest run first, stale ids included.
     pub(crate) fn all(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.cleaned
             .iter()
             .chain(&self.pending)
             .chain(&self.recent)
-            .flat_map(|r| r.ids.iter().map(move |&e| (r.seq, e)))
+            .flat_map(|r| r.ids.iter().map(move |&e| (r.stored, e)))
     }
 
     /// Heap bytes held (run structs and id buffers, by capacity).
@@ -408,6 +534,42 @@ mod tests {
         assert_eq!(lru.newest_current(), Some(&[1, 2, 3, 5][..]));
         lru.superseded(2, 1);
         assert_eq!(lru.newest_current(), None, "a run with a stale id cannot be renewed");
+    }
+
+    /// A run touched again whole, not the newest, moves to the newest end under the number its
+    /// entries store; the blocks appended store it too; its alias goes with it.
+    #[test]
+    fn a_run_touched_again_whole_is_relinked_under_its_stored_number() {
+        let mut lru = RunLru::default();
+        lru.push(vec![1, 2, 3], 0); // seq 0: entries 1, 2, 3 store 0
+        lru.push(vec![4, 5], 1); // seq 1
+        assert_eq!(lru.run_ids(0), Some(&[1, 2, 3][..]));
+        let added = lru.relink(0, 7, |stored, mut ids, all_current| {
+            assert!(all_current);
+            assert_eq!(stored, 0, "appended blocks store the run's number");
+            ids.push(6);
+            ids
+        });
+        assert_eq!((added, lru.next_seq(), lru.queued()), (1, 3, 6));
+        assert_eq!(lru.run_ids(0), Some(&[1, 2, 3, 6][..]));
+        let current = |e: u32, stored: u32| stored == u32::from(e > 3 && e < 6);
+        // The LRU end is now the other run's tail; the relinked run keeps chain order.
+        let order: Vec<_> = std::iter::from_fn(|| pop(&mut lru, current)).collect();
+        assert_eq!(order, vec![(5, 1), (4, 1), (6, 7), (3, 7), (2, 7), (1, 7)]);
+        assert!(lru.aliases.is_empty(), "the alias went with the run");
+        assert_eq!(lru.queued(), 0);
+
+        // Relinked twice, then superseded through the stored number.
+        let mut lru = RunLru::default();
+        lru.push(vec![1, 2], 0);
+        lru.push(vec![3], 1);
+        lru.relink(0, 2, |_, ids, _| ids);
+        lru.push(vec![4], 3);
+        lru.relink(0, 4, |_, ids, _| ids);
+        assert_eq!(lru.aliases.get(&0), Some(&4));
+        assert_eq!(lru.superseded(0, 2), Some(4));
+        assert!(lru.aliases.is_empty());
+        assert_eq!(lru.run_ids(0), None);
     }
 
     #[test]

@@ -32,7 +32,13 @@
 //! before its head, as vLLM frees blocks tail first. When the holder's newest run already is
 //! a prefix of the chain, all current, the touch only renews that run and appends the new
 //! blocks; the run being touched again whole (the same prompt routed again) costs an id
-//! comparison per block and no entry access. Optional TTL ages instance blocks. The first
+//! comparison per block and no entry access. When the chain's previous touch is an older run
+//! (a session's next turn after other sessions' routes), that run is *relinked*: its ids move to
+//! the newest end under the number their entries already store (`relink_anchors` finds it
+//! through the number of the chain's middle block), so its current blocks are read at most,
+//! never written — a re-touch of a 32K chain no longer writes 2,048 entries per holder, and two
+//! threads routing one session's turns in turn no longer pull each other's lines (measured:
+//! `BENCHMARKS.md`, "Relinked runs"). Optional TTL ages instance blocks. The first
 //! two instances to hold a block keep their LRU sequence numbers inline in the entry (most
 //! blocks are one session's history, held by one instance, or by two once the session moved);
 //! further holders use a per-instance map.
@@ -845,8 +851,9 @@ impl KvIndex {
     /// Touch pass and eviction (docs §2.2 steps 3–4) of the resolved chain `ids` for `holder`:
     /// [`front_run`], then evictions down to capacity.
     fn apply(&mut self, holder: Holder, now_ms: u64, ids: &[u32]) {
+        let anchors = relink_anchors(ids).map(|e| e.and_then(|e| self.seq_of(holder, e)));
         let mut lru = std::mem::take(self.lru_mut(holder));
-        let work = front_run(&mut lru, ids, now_ms, |e, seq| self.mark(holder, e, seq));
+        let work = front_run(&mut lru, ids, now_ms, anchors, |e, seq| self.mark(holder, e, seq));
         *self.lru_mut(holder) = lru;
         let cap = self.capacity(holder);
         let mut evicted = 0usize;
@@ -1035,7 +1042,8 @@ impl KvIndex {
         let holder = Holder::Instance(slot);
         #[cfg(test)]
         let runs_before = local.next_seq();
-        let work = front_run(local, &walk.ids, now_ms, |e, seq| {
+        let anchors = relink_anchors(&walk.ids).map(|e| e.and_then(|e| seq_in(entries, holder, Some(&*seqs), e)));
+        let work = front_run(local, &walk.ids, now_ms, anchors, |e, seq| {
             remark_held(entries, holder, Some(&mut *seqs), e, seq)
         });
         compact(local, h.held, work, entries, holder, Some(seqs));
@@ -1050,7 +1058,8 @@ impl KvIndex {
         if let Some(g) = global.as_deref_mut() {
             #[cfg(test)]
             let runs_before = g.next_seq();
-            let work = front_run(g, &walk.ids, now_ms, |e, seq| {
+            let anchors = relink_anchors(&walk.ids).map(|e| e.and_then(|e| seq_in(entries, Holder::Global, None, e)));
+            let work = front_run(g, &walk.ids, now_ms, anchors, |e, seq| {
                 remark_held(entries, Holder::Global, None, e, seq)
             });
             compact(g, self.global_held, work, entries, Holder::Global, None);
@@ -1219,6 +1228,13 @@ fn order_of<'a>(
     }
 }
 
+/// The blocks through whose stored number [`front_run`] looks for the chain's previous touch to
+/// relink: the middle one (past a prefix other sessions share, and within the previous turn's
+/// part of a follow-up, whose new blocks are few), then the last (a chain sent again whole).
+fn relink_anchors(ids: &[u32]) -> [Option<u32>; 2] {
+    [ids.get(ids.len() / 2).copied(), ids.last().copied()]
+}
+
 /// Makes the resolved chain `ids` the newest blocks of the holder whose order is `lru`, at
 /// `now_ms`; `mark(e, seq)` records `seq` as entry `e`'s current number for the holder and
 /// returns the number it stored before ([`NOT_HELD`] if the holder did not hold `e`, `seq`
@@ -1232,33 +1248,70 @@ fn order_of<'a>(
 /// blocks beyond it are marked. Otherwise the chain becomes a new run, each block once, at its
 /// first position.
 #[inline]
-fn front_run(lru: &mut RunLru, ids: &[u32], now_ms: u64, mut mark: impl FnMut(u32, u32) -> u32) -> usize {
-    let renewable = lru
-        .newest_current()
-        .is_some_and(|run| run.len() <= ids.len() && *run == ids[..run.len()]);
+fn front_run(
+    lru: &mut RunLru,
+    ids: &[u32],
+    now_ms: u64,
+    anchors: [Option<u32>; 2],
+    mut mark: impl FnMut(u32, u32) -> u32,
+) -> usize {
+    let prefix_of_chain = |run: &[u32]| run.len() <= ids.len() && *run == ids[..run.len()];
+    let renewable = lru.newest_current().is_some_and(prefix_of_chain);
+    // Else a run whose ids (stale ones included, unless cleaned away) are a stretch of the
+    // chain, found through the number an anchor block stores: the chain's previous touch, to
+    // relink (see `relink_anchors`), and where the stretch starts in the chain.
+    let relink = if renewable {
+        None
+    } else {
+        anchors.into_iter().flatten().find_map(|stored| {
+            let run = lru.run_ids(stored)?;
+            let at = ids.iter().position(|&e| e == run[0])?;
+            (ids.get(at..at + run.len()) == Some(run)).then_some((stored, at))
+        })
+    };
     // Blocks moved from an older run are reported to it a stretch at a time: a chain's blocks
     // mostly come in long stretches from one run (its previous touch).
     let mut moved = Moved::default();
-    let mut mark_all = |ids: &[u32], seq: u32, run: &mut Vec<u32>| {
+    // `kept`: `ids` are a relinked run's own, all queued in the run: those still current store
+    // its number already (read, not written); the others (moved to another run since, e.g. a
+    // prefix another session shares, or no longer held) take it again.
+    let mut mark_all = |ids: &[u32], seq: u32, run: &mut Vec<u32>, kept: bool| {
         for &e in ids {
             let old = mark(e, seq);
-            if old != seq {
+            if old != seq || kept {
                 run.push(e);
-                if old != NOT_HELD {
-                    moved.add(old);
-                }
+            }
+            if old != seq && old != NOT_HELD {
+                moved.add(old);
             }
         }
     };
     let work = if renewable {
         lru.renew_newest(now_ms, |seq, run| {
             let kept = run.len();
-            mark_all(&ids[kept..], seq, run);
+            mark_all(&ids[kept..], seq, run, false);
         })
+    } else if let Some((stored, at)) = relink {
+        let added = lru.relink(stored, now_ms, |seq, kept, all_current| {
+            if at == 0 && all_current {
+                // The run begins the chain and is current whole: its ids stay as they are, and
+                // no entry of it is even read.
+                let mut run = kept;
+                let end = run.len();
+                mark_all(&ids[end..], seq, &mut run, false);
+                return run;
+            }
+            let mut run = Vec::with_capacity(ids.len());
+            mark_all(&ids[..at], seq, &mut run, false);
+            mark_all(&kept, seq, &mut run, true);
+            mark_all(&ids[at + kept.len()..], seq, &mut run, false);
+            run
+        });
+        added + lru::RUN_WEIGHT
     } else {
         let seq = lru.next_seq();
         let mut run = Vec::with_capacity(ids.len());
-        mark_all(ids, seq, &mut run);
+        mark_all(ids, seq, &mut run, false);
         let written = run.len();
         lru.push(run, now_ms);
         written + lru::RUN_WEIGHT

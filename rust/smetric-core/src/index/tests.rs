@@ -1093,3 +1093,87 @@ fn a_refront_in_place_renumbers_as_the_exclusive_write_does() {
         assert!(ix.global_lru.get_mut().next_seq() < 10, "renumbered");
     }
 }
+
+// ---- relinked runs (`lru::RunLru::relink`) -------------------------------------------------------
+
+impl KvIndex {
+    /// Test only: sets how every holder's LRU order relinks (slots added later keep the default).
+    fn set_test_relink(&mut self, mode: lru::TestRelink) {
+        for h in &mut self.instances {
+            h.order.get_mut().lru.test_relink = mode;
+        }
+        self.global_lru.get_mut().test_relink = mode;
+    }
+
+    /// Test only: runs relinked so far, over every holder.
+    fn relinked(&mut self) -> usize {
+        let local: usize = self.instances.iter_mut().map(|h| h.order.get_mut().lru.relinked).sum();
+        local + self.global_lru.get_mut().relinked
+    }
+}
+
+/// `a` and `b` routed the same chains (`route_both`: `a` as the router does, `b` under `&mut`),
+/// `b` never relinking: after every route or engine removal the two hold the same blocks in the
+/// same LRU order for every holder, and `a` is consistent. Returns the relinks `a` made and
+/// whether some holder's order ever differed.
+fn relink_against_rewrite(mode: lru::TestRelink, ops: &[(u64, u32, u64, u8)], ttl: Option<u64>) -> (usize, bool) {
+    let limits = IndexLimits {
+        local_capacity: 14,
+        global_capacity: 22,
+        local_ttl_ms: ttl,
+    };
+    let (mut a, mut b) = (KvIndex::new(limits), KvIndex::new(limits));
+    for s in 0..3 {
+        a.add_slot(s);
+        b.add_slot(s);
+    }
+    a.set_test_relink(mode);
+    b.set_test_relink(lru::TestRelink::Off);
+    let mut differed = false;
+    for (now, &(k, slot, turn, kind)) in ops.iter().enumerate() {
+        let chain = session_chain(k, turn);
+        if kind == 0 {
+            let gone = &chain[chain.len() - 1..];
+            a.remove(Holder::Instance(slot), gone);
+            b.remove(Holder::Instance(slot), gone);
+        } else {
+            route_both(&mut a, &mut b, slot, &chain, now as u64);
+        }
+        a.assert_consistent();
+        differed |= !order_differences(&a, &b).is_empty();
+    }
+    assert_eq!(b.relinked(), 0);
+    (a.relinked(), differed)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+    /// Relinking a run is exactly the re-touch that writes every entry's number anew: the same
+    /// blocks in the same LRU order for every holder after every route of random sessions'
+    /// turns (a session touched again whole while another was touched since: a relink), engine
+    /// removals between, a TTL in some cases.
+    #[test]
+    fn a_relinked_run_is_the_rewrite_it_replaces(
+        ops in proptest::collection::vec((0u64..5, 0u32..3, 0u64..4, 0u8..8), 1..120),
+        ttl in proptest::option::of(4u64..40),
+    ) {
+        let (_, differed) = relink_against_rewrite(lru::TestRelink::On, &ops, ttl);
+        proptest::prop_assert!(!differed);
+    }
+}
+
+/// A fixed run of the comparison above that must relink (sessions on one instance, each touched
+/// again after the others: whole, or as its next turn), and its negative control: the broken
+/// variant that queues a relinked run's ids in reverse is caught by the same comparison.
+#[test]
+fn relinks_are_exercised_and_a_broken_one_is_caught() {
+    let ops: Vec<(u64, u32, u64, u8)> = [(0, 1), (1, 1), (0, 1), (2, 1), (1, 2), (0, 2), (2, 1), (1, 2), (0, 3)]
+        .iter()
+        .map(|&(k, turn)| (k, 0, turn, 1))
+        .collect();
+    let (relinked, differed) = relink_against_rewrite(lru::TestRelink::On, &ops, None);
+    assert!(relinked >= 5, "{relinked} relinks");
+    assert!(!differed);
+    let (relinked, differed) = relink_against_rewrite(lru::TestRelink::Reversed, &ops, None);
+    assert!(relinked >= 5 && differed, "the broken variant must be caught");
+}
