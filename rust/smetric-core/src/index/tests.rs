@@ -1016,26 +1016,44 @@ proptest::proptest! {
         ops in proptest::collection::vec((0u64..5, 0u32..3, 0u64..4, 0u8..8), 1..120),
         ttl in proptest::option::of(4u64..40),
     ) {
-        let limits = IndexLimits { local_capacity: 14, global_capacity: 22, local_ttl_ms: ttl };
-        let (mut a, mut b) = (KvIndex::new(limits), KvIndex::new(limits));
-        for s in 0..3 {
-            a.add_slot(s);
-            b.add_slot(s);
-        }
-        for (now, &(k, slot, turn, kind)) in ops.iter().enumerate() {
-            let chain = session_chain(k, turn);
-            if kind == 0 {
-                // An engine evicted one block of the chain there.
-                let gone = &chain[chain.len() - 1..];
-                a.remove(Holder::Instance(slot), gone);
-                b.remove(Holder::Instance(slot), gone);
-            } else {
-                route_both(&mut a, &mut b, slot, &chain, now as u64);
-            }
-            a.assert_consistent();
-            proptest::prop_assert_eq!(order_differences(&a, &b), Vec::<Holder>::new());
-        }
+        let (mut a, mut b) = session_indexes(ttl);
+        proptest::prop_assert!(!replay_sessions(&mut a, &mut b, &ops));
     }
+}
+
+/// Two empty indexes with three slots for [`replay_sessions`].
+fn session_indexes(ttl: Option<u64>) -> (KvIndex, KvIndex) {
+    let limits = IndexLimits {
+        local_capacity: 14,
+        global_capacity: 22,
+        local_ttl_ms: ttl,
+    };
+    let (mut a, mut b) = (KvIndex::new(limits), KvIndex::new(limits));
+    for s in 0..3 {
+        a.add_slot(s);
+        b.add_slot(s);
+    }
+    (a, b)
+}
+
+/// Replays `ops` — (session, slot, turn, kind): kind 0 an engine's eviction of the chain's last
+/// block there, else a route of the session's chain at that turn (`route_both`) — on `a` and `b`,
+/// checking `a`'s consistency after each; returns whether some holder's LRU order ever differed.
+fn replay_sessions(a: &mut KvIndex, b: &mut KvIndex, ops: &[(u64, u32, u64, u8)]) -> bool {
+    let mut differed = false;
+    for (now, &(k, slot, turn, kind)) in ops.iter().enumerate() {
+        let chain = session_chain(k, turn);
+        if kind == 0 {
+            let gone = &chain[chain.len() - 1..];
+            a.remove(Holder::Instance(slot), gone);
+            b.remove(Holder::Instance(slot), gone);
+        } else {
+            route_both(a, b, slot, &chain, now as u64);
+        }
+        a.assert_consistent();
+        differed |= !order_differences(a, b).is_empty();
+    }
+    differed
 }
 
 /// A fixed run of the comparison above that must re-front (a session's chain, held whole, no
@@ -1117,31 +1135,10 @@ impl KvIndex {
 /// same LRU order for every holder, and `a` is consistent. Returns the relinks `a` made and
 /// whether some holder's order ever differed.
 fn relink_against_rewrite(mode: lru::TestRelink, ops: &[(u64, u32, u64, u8)], ttl: Option<u64>) -> (usize, bool) {
-    let limits = IndexLimits {
-        local_capacity: 14,
-        global_capacity: 22,
-        local_ttl_ms: ttl,
-    };
-    let (mut a, mut b) = (KvIndex::new(limits), KvIndex::new(limits));
-    for s in 0..3 {
-        a.add_slot(s);
-        b.add_slot(s);
-    }
+    let (mut a, mut b) = session_indexes(ttl);
     a.set_test_relink(mode);
     b.set_test_relink(lru::TestRelink::Off);
-    let mut differed = false;
-    for (now, &(k, slot, turn, kind)) in ops.iter().enumerate() {
-        let chain = session_chain(k, turn);
-        if kind == 0 {
-            let gone = &chain[chain.len() - 1..];
-            a.remove(Holder::Instance(slot), gone);
-            b.remove(Holder::Instance(slot), gone);
-        } else {
-            route_both(&mut a, &mut b, slot, &chain, now as u64);
-        }
-        a.assert_consistent();
-        differed |= !order_differences(&a, &b).is_empty();
-    }
+    let differed = replay_sessions(&mut a, &mut b, ops);
     assert_eq!(b.relinked(), 0);
     (a.relinked(), differed)
 }
