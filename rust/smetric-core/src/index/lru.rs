@@ -20,14 +20,16 @@
 //! or when they reach the LRU end. A run whose ids are all current, newest of its holder,
 //! can be renewed in place ([`RunLru::renew_newest`]).
 //!
-//! A run whose ids are all current and that is touched again whole but is not the newest (a
-//! session's chain, when another was touched since) is *relinked* ([`RunLru::relink`]): its ids
-//! move to a new run at the newest end, and its entries keep the number they store. So a run
-//! has a sequence number (its place in the order) and the *number its entries store*, the
-//! sequence number it was first pushed with; the holder maps the stored number of a relinked run
-//! to its sequence number (`aliases`). Relinking writes no entry: a re-touch of a chain costs an
-//! id comparison per block, and when threads route one session's turns in turn no core writes
-//! the lines the other walks (measured: `BENCHMARKS.md`, "Relinked runs").
+//! A run that is not the newest and whose ids are a stretch of the chain being touched (the
+//! chain's previous touch: a session's chain, when another was touched since) is *relinked*
+//! ([`RunLru::relink`]): its id vector becomes a new run at the newest end, and its current
+//! entries keep the number they store; only the chain's other blocks (new ones, or ones another
+//! touch moved since) take it. So a run has a sequence number (its place in the order) and the
+//! *number its entries store*, the sequence number it was first pushed with; the holder maps the
+//! stored number of a relinked run to its sequence number (`aliases`). A re-touch of a session's
+//! chain then costs an id comparison per block and no write to its current entries, and two
+//! threads routing one session's turns in turn no longer pull each other's lines (measured:
+//! `BENCHMARKS.md`, "Relinked runs").
 //!
 //! Dropped runs and stale ids are removed incrementally: once the queue's ids plus
 //! [`RUN_WEIGHT`] per run exceed `2·held + COMPACT_SLACK` a *cleaning cycle* starts, and
@@ -35,14 +37,14 @@
 //! so no single call ever pays for a whole-queue compaction (a router's tail latency stays
 //! flat).
 //!
-//! Invariants: every held (entry, holder) pair is current in exactly one run (the live run
-//! whose stored number the entry stores); a run's `live` is the number of its ids that are
-//! current; stored numbers of live runs are distinct, and `aliases` maps the stored number of
-//! every live relinked run to its sequence number (and nothing else); runs are in increasing sequence-number
-//! order and non-decreasing time order (logical order: cleaned, then pending, then recent
-//! runs); the queue stays within a constant factor of `held + COMPACT_SLACK` ids, which
-//! bounds memory. Sequence numbers never change except in the rare full renumbering before
-//! they reach `u32::MAX / 2`.
+//! Invariants: every held (entry, holder) pair is current in exactly one run (the live run whose
+//! stored number the entry stores); a run's `live` is the number of its ids that are current;
+//! stored numbers of live runs are distinct, and `aliases` maps the stored number of every live
+//! relinked run to its sequence number (and nothing else); runs are in increasing sequence-number
+//! order and non-decreasing time order (logical order: cleaned, then pending, then recent runs);
+//! the queue stays within a constant factor of `held + COMPACT_SLACK` ids, which bounds memory.
+//! Sequence numbers never change except in the rare full renumbering before they reach
+//! `u32::MAX / 2`.
 //!
 //! Complexity: a touch O(run) plus O(run) cleaning plus O(log runs) per stretch of the chain
 //! taken from one older run; an LRU pop amortised O(1).
@@ -249,9 +251,10 @@ impl RunLru {
 
     /// Touches again at `time_ms` the live run whose entries store `stored`
     /// ([`RunLru::run_ids`] is `Some`): `build` gets the stored number, the run's ids and whether
-    /// all of them are current, and returns the new run's, in chain order, every one current under that number (its current
-    /// entries are not written: they store it already); the new run goes at the newest end, and
-    /// the old one is left dropped. Returns how many ids the new run has beyond the old one's.
+    /// all of them are current, and returns the new run's ids in chain order, every one made
+    /// current under that number (the run's current entries store it already: not written); the
+    /// new run goes at the newest end, and the old one is left dropped. Returns how many ids the
+    /// new run has beyond the old one's.
     pub(crate) fn relink(
         &mut self,
         stored: u32,
