@@ -36,6 +36,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class ReservedPort:
+    """A loopback port held bound, never listening, until ``release``: a connection to it is
+    refused, as to a dead engine's, and no other socket can take the port meanwhile (``free_port``
+    only picks one, which the kernel may hand to the next socket bound to port 0: a clean-clone CI
+    once saw a "dead" instance answer 200 from it)."""
+
+    def __init__(self) -> None:
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self.port = int(self._socket.getsockname()[1])
+
+    def release(self) -> None:
+        """Frees the port (for a server to start on it); idempotent."""
+        self._socket.close()
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct free loopback ports: all are held open while they are chosen, so the
     kernel cannot hand the same one out twice (``free_port`` in a loop can)."""

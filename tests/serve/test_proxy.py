@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from proxy_util import Stub, chat_text, colocated_router, events, free_port, metric, proxy_for, request
+from proxy_util import ReservedPort, Stub, chat_text, colocated_router, events, free_port, metric, proxy_for, request
 
 from smetric.fake_engine import FakeEngine
 from smetric.serve.proxy import ProxyServer
@@ -217,7 +217,8 @@ def test_a_client_that_leaves_mid_stream_aborts_its_attempt_once() -> None:
 
 
 def test_connection_errors_are_retried_the_dead_instance_ejected_and_readmitted(fleet: list[FakeEngine]) -> None:
-    dead_port = free_port()
+    reserved = ReservedPort()
+    dead_port = reserved.port
     dead = f"http://127.0.0.1:{dead_port}"
     p = proxy_for([dead, fleet[0].url], eject_after=2, policy="round_robin")
     try:
@@ -235,6 +236,7 @@ def test_connection_errors_are_retried_the_dead_instance_ejected_and_readmitted(
         async def healthy(request: web.Request) -> web.StreamResponse:
             return web.json_response({})
 
+        reserved.release()  # the engine comes back on its port
         with Stub(healthy, port=dead_port):
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
@@ -244,6 +246,7 @@ def test_connection_errors_are_retried_the_dead_instance_ejected_and_readmitted(
                 time.sleep(0.05)
             assert metric(page, "smetric_proxy_instance_ejected", instance=dead) == 0
     finally:
+        reserved.release()
         p.stop()
 
 
