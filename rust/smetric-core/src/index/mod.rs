@@ -851,9 +851,11 @@ impl KvIndex {
     /// Touch pass and eviction (docs §2.2 steps 3–4) of the resolved chain `ids` for `holder`:
     /// [`front_run`], then evictions down to capacity.
     fn apply(&mut self, holder: Holder, now_ms: u64, ids: &[u32]) {
-        let anchors = relink_anchors(ids).map(|e| e.and_then(|e| self.seq_of(holder, e)));
         let mut lru = std::mem::take(self.lru_mut(holder));
-        let work = front_run(&mut lru, ids, now_ms, anchors, |e, seq| self.mark(holder, e, seq));
+        let work = front_run(&mut lru, ids, now_ms, |e, seq| match seq {
+            Some(seq) => self.mark(holder, e, seq),
+            None => self.seq_of(holder, e).unwrap_or(NOT_HELD),
+        });
         *self.lru_mut(holder) = lru;
         let cap = self.capacity(holder);
         let mut evicted = 0usize;
@@ -1042,9 +1044,9 @@ impl KvIndex {
         let holder = Holder::Instance(slot);
         #[cfg(test)]
         let runs_before = local.next_seq();
-        let anchors = relink_anchors(&walk.ids).map(|e| e.and_then(|e| seq_in(entries, holder, Some(&*seqs), e)));
-        let work = front_run(local, &walk.ids, now_ms, anchors, |e, seq| {
-            remark_held(entries, holder, Some(&mut *seqs), e, seq)
+        let work = front_run(local, &walk.ids, now_ms, |e, seq| match seq {
+            Some(seq) => remark_held(entries, holder, Some(&mut *seqs), e, seq),
+            None => seq_in(entries, holder, Some(&*seqs), e).unwrap_or(NOT_HELD),
         });
         compact(local, h.held, work, entries, holder, Some(seqs));
         #[cfg(test)]
@@ -1058,9 +1060,9 @@ impl KvIndex {
         if let Some(g) = global.as_deref_mut() {
             #[cfg(test)]
             let runs_before = g.next_seq();
-            let anchors = relink_anchors(&walk.ids).map(|e| e.and_then(|e| seq_in(entries, Holder::Global, None, e)));
-            let work = front_run(g, &walk.ids, now_ms, anchors, |e, seq| {
-                remark_held(entries, Holder::Global, None, e, seq)
+            let work = front_run(g, &walk.ids, now_ms, |e, seq| match seq {
+                Some(seq) => remark_held(entries, Holder::Global, None, e, seq),
+                None => seq_in(entries, Holder::Global, None, e).unwrap_or(NOT_HELD),
             });
             compact(g, self.global_held, work, entries, Holder::Global, None);
             #[cfg(test)]
@@ -1236,9 +1238,9 @@ fn relink_anchors(ids: &[u32]) -> [Option<u32>; 2] {
 }
 
 /// Makes the resolved chain `ids` the newest blocks of the holder whose order is `lru`, at
-/// `now_ms`; `mark(e, seq)` records `seq` as entry `e`'s current number for the holder and
+/// `now_ms`; `mark(e, Some(seq))` records `seq` as entry `e`'s current number for the holder and
 /// returns the number it stored before ([`NOT_HELD`] if the holder did not hold `e`, `seq`
-/// itself if it already was). Returns the ids written to the queue, the budget of the cleaning
+/// itself if it already was); `mark(e, None)` only reads that number. Returns the ids written to the queue, the budget of the cleaning
 /// that follows.
 ///
 /// The chain's blocks become the holder's most recent ones, first block newest. When the
@@ -1248,13 +1250,7 @@ fn relink_anchors(ids: &[u32]) -> [Option<u32>; 2] {
 /// blocks beyond it are marked. Otherwise the chain becomes a new run, each block once, at its
 /// first position.
 #[inline]
-fn front_run(
-    lru: &mut RunLru,
-    ids: &[u32],
-    now_ms: u64,
-    anchors: [Option<u32>; 2],
-    mut mark: impl FnMut(u32, u32) -> u32,
-) -> usize {
+fn front_run(lru: &mut RunLru, ids: &[u32], now_ms: u64, mut mark: impl FnMut(u32, Option<u32>) -> u32) -> usize {
     let prefix_of_chain = |run: &[u32]| run.len() <= ids.len() && *run == ids[..run.len()];
     let renewable = lru.newest_current().is_some_and(prefix_of_chain);
     // Else a run whose ids (stale ones included, unless cleaned away) are a stretch of the
@@ -1263,11 +1259,16 @@ fn front_run(
     let relink = if renewable {
         None
     } else {
-        anchors.into_iter().flatten().find_map(|stored| {
-            let run = lru.run_ids(stored)?;
-            let at = ids.iter().position(|&e| e == run[0])?;
-            (ids.get(at..at + run.len()) == Some(run)).then_some((stored, at))
-        })
+        // Looked up only here, off the renewal path (a route sent again, the most common touch).
+        let anchors = relink_anchors(ids).map(|e| e.map_or(NOT_HELD, |e| mark(e, None)));
+        anchors
+            .into_iter()
+            .filter(|&stored| stored != NOT_HELD)
+            .find_map(|stored| {
+                let run = lru.run_ids(stored)?;
+                let at = ids.iter().position(|&e| e == run[0])?;
+                (ids.get(at..at + run.len()) == Some(run)).then_some((stored, at))
+            })
     };
     // Blocks moved from an older run are reported to it a stretch at a time: a chain's blocks
     // mostly come in long stretches from one run (its previous touch).
@@ -1277,7 +1278,7 @@ fn front_run(
     // prefix another session shares, or no longer held) take it again.
     let mut mark_all = |ids: &[u32], seq: u32, run: &mut Vec<u32>, kept: bool| {
         for &e in ids {
-            let old = mark(e, seq);
+            let old = mark(e, Some(seq));
             if old != seq || kept {
                 run.push(e);
             }
