@@ -616,13 +616,13 @@ impl RouterConfig {
                 reason: format!("must be in [0, 2^30], got {}", self.global_capacity_blocks),
             });
         }
-        if let Some(ttl) = self.local_ttl_s {
-            if !(ttl.is_finite() && ttl > 0.0) {
-                return Err(SmetricError::InvalidConfig {
-                    field: "local_ttl_s",
-                    reason: format!("must be a finite number > 0 or None, got {ttl}"),
-                });
-            }
+        if let Some(ttl) = self.local_ttl_s
+            && !(ttl.is_finite() && ttl > 0.0)
+        {
+            return Err(SmetricError::InvalidConfig {
+                field: "local_ttl_s",
+                reason: format!("must be a finite number > 0 or None, got {ttl}"),
+            });
         }
         finite_non_negative("exact_pending_ttl_s", self.exact_pending_ttl_s)?;
         finite_non_negative("engine_load_staleness_s", self.engine_load_staleness_s)?;

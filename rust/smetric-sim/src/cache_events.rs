@@ -148,13 +148,14 @@ impl CacheLog {
         }
         self.hashes.push(hash);
         let end = self.hashes.len();
-        if medium == Medium::Cpu {
-            if let Some(last) = self.changes.last_mut() {
-                if !last.stored && last.medium == Medium::Cpu && last.hashes.end + 1 == end {
-                    last.hashes.end = end;
-                    return;
-                }
-            }
+        if medium == Medium::Cpu
+            && let Some(last) = self.changes.last_mut()
+            && !last.stored
+            && last.medium == Medium::Cpu
+            && last.hashes.end + 1 == end
+        {
+            last.hashes.end = end;
+            return;
         }
         self.changes.push(CacheChange {
             stored: false,

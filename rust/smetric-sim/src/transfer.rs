@@ -62,7 +62,11 @@ struct NodeLink<P> {
 
 /// The direction link `link` carries.
 pub(crate) fn link_direction(link: u32) -> Direction {
-    if link % 2 == 0 { Direction::In } else { Direction::Out }
+    if link.is_multiple_of(2) {
+        Direction::In
+    } else {
+        Direction::Out
+    }
 }
 
 /// When the caller must look at a link again: `(time, link, version)`.

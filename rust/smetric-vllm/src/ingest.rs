@@ -580,12 +580,12 @@ impl Source {
         sink: &S,
     ) -> Option<u64> {
         let rank = batch.map(|b| b.raw.dp_rank);
-        if let (Rank::Seen(seen), Some(rank)) = (self.dp_rank, rank) {
-            if seen != rank {
-                self.feed.stats.restarts += 1;
-                self.restart(seq, batch, refs, sink);
-                return None;
-            }
+        if let (Rank::Seen(seen), Some(rank)) = (self.dp_rank, rank)
+            && seen != rank
+        {
+            self.feed.stats.restarts += 1;
+            self.restart(seq, batch, refs, sink);
+            return None;
         }
         let expected = match self.next_seq {
             Some(expected) => expected,

@@ -50,10 +50,10 @@ pub fn samples<'a>(text: &'a str, names: Option<&'a [&'a str]>) -> impl Iterator
         if line.is_empty() || line.starts_with('#') {
             return None;
         }
-        if let Some(names) = names {
-            if !names.iter().any(|name| line.starts_with(name)) {
-                return None;
-            }
+        if let Some(names) = names
+            && !names.iter().any(|name| line.starts_with(name))
+        {
+            return None;
         }
         let sample = parse_line(line)?;
         match names {

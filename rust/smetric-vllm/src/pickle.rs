@@ -107,10 +107,10 @@ impl Pickler<'_> {
 
     /// CPython's `_Pickler_OpcodeBoundary`, run at the start of every `save`.
     fn opcode_boundary(&mut self) {
-        if let Some(start) = self.frame_start {
-            if self.out.len() - start - FRAME_HEADER_SIZE >= FRAME_SIZE_TARGET {
-                self.commit_frame();
-            }
+        if let Some(start) = self.frame_start
+            && self.out.len() - start - FRAME_HEADER_SIZE >= FRAME_SIZE_TARGET
+        {
+            self.commit_frame();
         }
     }
 

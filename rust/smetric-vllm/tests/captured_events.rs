@@ -120,10 +120,10 @@ fn expected_event(e: &Value) -> Value {
     let mut e = e.clone();
     let obj = e.as_object_mut().unwrap();
     obj.remove("rehash");
-    if let Some(m) = obj.get_mut("medium") {
-        if let Some(s) = m.as_str() {
-            *m = json!(Medium::parse(s).as_str());
-        }
+    if let Some(m) = obj.get_mut("medium")
+        && let Some(s) = m.as_str()
+    {
+        *m = json!(Medium::parse(s).as_str());
     }
     e
 }

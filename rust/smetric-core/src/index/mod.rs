@@ -860,7 +860,7 @@ impl KvIndex {
         let cap = self.capacity(holder);
         let mut evicted = 0usize;
         while self.held(holder) as u64 > cap {
-            if evicted % PREFETCH_DISTANCE == 0 {
+            if evicted.is_multiple_of(PREFETCH_DISTANCE) {
                 self.prefetch_evictions(holder);
             }
             if !self.evict_lru(holder) {
@@ -1093,14 +1093,14 @@ impl KvIndex {
             }
         }
         for &h in hashes {
-            if let Some(e) = self.entry_of(h) {
-                if let Some(seq) = self.seq_of(holder, e) {
-                    let touched_ms = self.lru_mut(holder).superseded(seq, 1);
-                    if let Some(t) = touched_ms {
-                        self.note_evicted(holder, t);
-                    }
-                    self.drop_membership(holder, e);
+            if let Some(e) = self.entry_of(h)
+                && let Some(seq) = self.seq_of(holder, e)
+            {
+                let touched_ms = self.lru_mut(holder).superseded(seq, 1);
+                if let Some(t) = touched_ms {
+                    self.note_evicted(holder, t);
                 }
+                self.drop_membership(holder, e);
             }
         }
         self.maybe_compact(holder, hashes.len());

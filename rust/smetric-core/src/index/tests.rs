@@ -832,10 +832,10 @@ impl CreditModel {
     fn hit(&self, slot: u32, chain: &[u64], k: u32, now: u64) -> u32 {
         let mut best = k as usize;
         for c in self.credits.get(&slot).into_iter().flatten() {
-            if now < c.2 {
-                if let Some(p) = chain[..k as usize].iter().position(|&h| h == c.0) {
-                    best = best.max((p + 1 + c.1 as usize).min(chain.len()));
-                }
+            if now < c.2
+                && let Some(p) = chain[..k as usize].iter().position(|&h| h == c.0)
+            {
+                best = best.max((p + 1 + c.1 as usize).min(chain.len()));
             }
         }
         best as u32

@@ -49,13 +49,13 @@ impl Router {
         now: Option<f64>,
     ) -> Result<()> {
         let now_ms = self.now_ms(now)?;
-        if let Some(k) = kv_usage {
-            if !(k.is_finite() && (0.0..=1.0).contains(&k)) {
-                return Err(SmetricError::InvalidArgument {
-                    argument: "kv_usage",
-                    reason: format!("must be in [0, 1], got {k}"),
-                });
-            }
+        if let Some(k) = kv_usage
+            && !(k.is_finite() && (0.0..=1.0).contains(&k))
+        {
+            return Err(SmetricError::InvalidArgument {
+                argument: "kv_usage",
+                reason: format!("must be in [0, 1], got {k}"),
+            });
         }
         let fleet = self.fleet.load();
         let (_, m) = fleet.by_name(instance)?;

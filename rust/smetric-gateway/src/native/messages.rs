@@ -1196,17 +1196,18 @@ impl MessagesStream {
             b"message_stop" => self.done = true,
             _ => {}
         }
-        if (name == b"message_start" || name == b"message_delta") && contains(event, b"\"cache_read_input_tokens\"") {
-            if let Ok(value) = serde_json::from_slice::<Value>(data_of(event)) {
-                let usage = value
-                    .get("usage")
-                    .or_else(|| value.get("message").and_then(|m| m.get("usage")));
-                if let Some(n) = usage
-                    .and_then(|u| u.get("cache_read_input_tokens"))
-                    .and_then(Value::as_u64)
-                {
-                    self.cached_tokens = Some(n);
-                }
+        if (name == b"message_start" || name == b"message_delta")
+            && contains(event, b"\"cache_read_input_tokens\"")
+            && let Ok(value) = serde_json::from_slice::<Value>(data_of(event))
+        {
+            let usage = value
+                .get("usage")
+                .or_else(|| value.get("message").and_then(|m| m.get("usage")));
+            if let Some(n) = usage
+                .and_then(|u| u.get("cache_read_input_tokens"))
+                .and_then(Value::as_u64)
+            {
+                self.cached_tokens = Some(n);
             }
         }
     }

@@ -147,11 +147,14 @@ impl Feed {
     fn push(&mut self, store: bool, bit: u8, start: usize, parent: Option<BlockHash>) {
         let w = &mut self.writes;
         let tier = tier_of(bit, self.holders);
-        if let Some(last) = w.ops.last_mut() {
-            if !store && !last.store && last.tier == tier && last.hashes.end == start {
-                last.hashes.end = w.hashes.len();
-                return;
-            }
+        if let Some(last) = w.ops.last_mut()
+            && !store
+            && !last.store
+            && last.tier == tier
+            && last.hashes.end == start
+        {
+            last.hashes.end = w.hashes.len();
+            return;
         }
         w.ops.push(Write {
             store,
@@ -294,7 +297,7 @@ impl Feed {
             return;
         }
         let block_size = sink.block_size();
-        if ev.block_size == 0 || ev.block_size % block_size != 0 {
+        if ev.block_size == 0 || !ev.block_size.is_multiple_of(block_size) {
             self.stats.block_size_mismatches += 1;
             return;
         }
