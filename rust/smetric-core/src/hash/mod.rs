@@ -21,7 +21,9 @@
 //!
 //! Complexity: O(n) in the number of tokens, one pass, no allocation besides the output.
 //! Blocks of [`FIXED_BLOCK_TOKENS`] tokens (vLLM's default) are hashed by code compiled for
-//! that constant length, which drops xxh3's dispatch on the input length.
+//! that constant length, which drops xxh3's dispatch on the input length, and on a CPU with
+//! AVX-512 eight at a time (`xxh3_x8`: the same xxh3, in vector lanes), the rest of a prompt's
+//! blocks (fewer than eight) by the scalar xxh3.
 //!
 //! Ids in memory the router does not own ([`SharedIds`]: a Python buffer read after the GIL
 //! is released, which another thread may write meanwhile) are read once, through relaxed
@@ -30,8 +32,11 @@
 //! prompt a borrowed `&[u32]` would need (a 32K-token prompt: ≈ 7.0 µs checked and hashed
 //! this way against ≈ 9.3 µs copied, checked, then hashed). 64-bit loads, not 32-bit ones:
 //! xxh3 reads the block in 8-byte words, and a word written as two 4-byte stores cannot be
-//! forwarded to its load (≈ 10.8 µs). A concurrent writer makes the hashes those of some
-//! mixture of old and new ids; the router's reads are atomic, so no torn read is assumed away.
+//! forwarded to its load (≈ 10.8 µs). The vector path reads whole blocks through an
+//! inline-assembly load instead, opaque to the optimiser as the atomic loads are; from Python
+//! a 32K-token follow-up routes ≈ 2 µs faster that way (BENCHMARKS.md, "Eight blocks a
+//! vector"). A concurrent writer makes the hashes those of some mixture of old and new ids;
+//! the router's reads are atomic or opaque, so no torn read is assumed away.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -40,6 +45,9 @@ use xxhash_rust::xxh3::Xxh3;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::ids::BlockHash;
+
+#[cfg(target_arch = "x86_64")]
+mod xxh3_x8;
 
 /// Big-endian targets: largest block size serialised through a stack buffer; bigger blocks
 /// stream through a hasher. (Little-endian targets hash the token memory directly.)
@@ -133,7 +141,14 @@ fn chain_from<const B: usize>(tokens: &[u32], block_size: usize, mut parent: u64
     let start = out.len();
     // Sized up front and written in place: no length bookkeeping per block.
     out.resize(start + tokens.len() / b, BlockHash(0));
-    for (dst, block) in out[start..].iter_mut().zip(tokens.chunks_exact(b)) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if B == FIXED_BLOCK_TOKENS
+        && let Some(vector) = xxh3_x8::chain_owned(tokens, parent, &mut out[start..])
+    {
+        (parent, done) = vector;
+    }
+    for (dst, block) in out[start + done..].iter_mut().zip(tokens[done * b..].chunks_exact(b)) {
         // The content hash does not depend on `parent`: consecutive iterations overlap.
         parent = chain_step(parent, block_content_hash(block));
         *dst = BlockHash(parent);
@@ -201,7 +216,7 @@ fn ids_of_word(word: u64) -> [u32; 2] {
 /// stack (an even size up to [`STACK_BLOCK_TOKENS`]), on a little-endian target (the words'
 /// bytes are then the ids' little-endian encoding the hash is defined on).
 pub const fn shared_ids_supported(block_size: usize) -> bool {
-    cfg!(target_endian = "little") && block_size % 2 == 0 && block_size > 0 && block_size <= STACK_BLOCK_TOKENS
+    cfg!(target_endian = "little") && block_size.is_multiple_of(2) && block_size > 0 && block_size <= STACK_BLOCK_TOKENS
 }
 
 /// Appends the chain of `ids`' full blocks under `root` to `out`, or returns the first
@@ -245,9 +260,16 @@ fn chain_shared_from<const CAP: usize>(
     let start = out.len();
     out.resize(start + words.len() / w, BlockHash(0));
     let mut or = 0;
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if CAP * 2 == FIXED_BLOCK_TOKENS
+        && let Some(vector) = xxh3_x8::chain_shared(words, parent, &mut out[start..])
+    {
+        (parent, or, done) = vector;
+    }
     let mut staged = [0u64; CAP];
     let block = &mut staged[..w];
-    for (dst, shared) in out[start..].iter_mut().zip(words.chunks_exact(w)) {
+    for (dst, shared) in out[start + done..].iter_mut().zip(words[done * w..].chunks_exact(w)) {
         for (word, src) in block.iter_mut().zip(shared) {
             *word = src.load(Ordering::Relaxed);
             or |= *word;
@@ -344,6 +366,24 @@ mod tests {
         let mut fixed = Vec::new();
         chain_from::<16>(&tokens, 16, 7, &mut fixed);
         assert_eq!(generic, fixed);
+    }
+
+    #[test]
+    fn the_vector_path_chains_as_the_scalar_one_does() {
+        // `chain_from::<0>` never takes the vector path; `::<16>` does (on a CPU with it) for
+        // whole groups of eight blocks, then finishes with the scalar one.
+        let tokens: Vec<u32> = (0..5_000u32).map(|i| crate::rng::mix64(u64::from(i)) as u32).collect();
+        for len in [0, 15, 16, 127, 128, 129, 143, 144, 1_000, 4_096, 5_000] {
+            let (mut scalar, mut fixed) = (vec![BlockHash(1)], vec![BlockHash(1)]);
+            chain_from::<0>(&tokens[..len], 16, 11, &mut scalar);
+            chain_from::<16>(&tokens[..len], 16, 11, &mut fixed);
+            assert_eq!(scalar, fixed, "{len} tokens");
+            assert_eq!(
+                chain_shared(&tokens[..len], 16, false),
+                Ok(scalar[1..].to_vec()),
+                "{len} tokens"
+            );
+        }
     }
 
     /// `ids` as a caller would lay them out in memory: the full blocks' ids packed two per
