@@ -531,7 +531,7 @@ def _fact_problems(text: str, root: Path) -> list[str]:
         "policies": count("PolicyKind"),
         "decision reasons": count("Reason"),
         "the index's lock": f"`{field('index')}`",
-        "the decision lock": f"`{field('decisions')}`",
+        "the decision lock": "none" if field("decisions") == "?" else f"`{field('decisions')}`",
         "the in-flight table": f"`{field('requests')}`",
         "the fleet": f"`{field('fleet')}`",
         "index tiers": ", ".join(

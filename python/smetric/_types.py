@@ -289,6 +289,9 @@ class RouterStats(TypedDict):
     """Output tokens reported by ``on_finished``, summed."""
     random_draws: int
     """Random draws the tie-breaks and weighted samples took."""
+    decision_retries: int
+    """Decisions taken again because another thread's decision committed on the chosen instance
+    between their load read and their commit (0 from one thread)."""
     index_entries: int
     """Blocks in the index (any tier)."""
     index_local_blocks: dict[str, int]

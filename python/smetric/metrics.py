@@ -13,7 +13,7 @@ embeds the router. No dependency: the exposition format is a few lines of text.
 Families (``smetric_`` prefix; ``_total`` are counters, the rest gauges):
 
 * router: ``routed_total``, ``first_turns_total``, ``decisions_total{reason}``,
-  ``unknown_request_events_total``, ``in_flight``, ``index_entries``,
+  ``unknown_request_events_total``, ``decision_retries_total``, ``in_flight``, ``index_entries``,
   ``index_blocks{instance}``, ``index_global_blocks``, ``index_evictions_total``, ``index_bytes``;
 * KV events, per source: ``kv_events_<counter>_total{instance,endpoint}`` for every ingestor
   counter (messages, batches, events, stored/removed blocks, decode errors, unmapped hashes, gaps,
@@ -48,6 +48,7 @@ _RouterScalar = Literal[
     "routed",
     "first_turns",
     "unknown_request_events",
+    "decision_retries",
     "in_flight",
     "index_entries",
     "index_global_blocks",
@@ -64,6 +65,12 @@ _ROUTER_SCALARS: tuple[tuple[str, str, str, _RouterScalar], ...] = (
         "counter",
         "Lifecycle calls for request ids the router did not know.",
         "unknown_request_events",
+    ),
+    (
+        "decision_retries_total",
+        "counter",
+        "Decisions taken again because another decision committed on the chosen instance first.",
+        "decision_retries",
     ),
     ("in_flight", "gauge", "Requests routed and not finished.", "in_flight"),
     ("index_entries", "gauge", "Blocks in the KV$ index.", "index_entries"),

@@ -31,6 +31,10 @@ fn saturating_sub(counter: &AtomicU64, amount: u64) {
 /// Counters of one instance.
 #[derive(Debug)]
 pub struct InstanceLoad {
+    /// Decisions committed here ([`InstanceLoad::commit_routed`]): a decision reads it before
+    /// the counters and commits only if it has not moved since. First, so that it shares the
+    /// counters' cache line.
+    version: AtomicU64,
     bs: AtomicU64,
     waiting: AtomicU64,
     queued: AtomicU64,
@@ -60,6 +64,7 @@ pub struct InstanceLoad {
 impl Default for InstanceLoad {
     fn default() -> Self {
         Self {
+            version: AtomicU64::new(0),
             bs: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             queued: AtomicU64::new(0),
@@ -190,6 +195,37 @@ impl InstanceLoad {
         self.queued.fetch_add(prefill_tokens, Ordering::Relaxed);
         self.queued_work.fetch_add(work, Ordering::Relaxed);
         self.active.fetch_add(prompt_tokens, Ordering::Relaxed);
+    }
+
+    /// The count of decisions committed here, read before a decision reads the counters
+    /// (acquire: every commit it counts has its load in the counters read after it).
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Commits a decision that read this instance's load after reading `seen` from
+    /// [`InstanceLoad::version`]: adds the request's load ([`InstanceLoad::on_routed`]), then
+    /// advances the version from `seen` (release: whoever reads the new version reads the
+    /// load). If another decision committed here since `seen` was read, the add is taken back
+    /// and `false` returned: the caller decides again on fresh loads. Meanwhile a concurrent
+    /// reader may see the add that is taken back — a load too high for an instant, never
+    /// one too low.
+    pub fn commit_routed(&self, seen: u64, prefill_tokens: u64, prompt_tokens: u64, work: u64) -> bool {
+        self.on_routed(prefill_tokens, prompt_tokens, work);
+        let committed = self
+            .version
+            .compare_exchange(seen, seen.wrapping_add(1), Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+        if !committed {
+            // The exact inverse of the add above, which no other call can have undone (each
+            // subtraction elsewhere follows its own request's add).
+            self.bs.fetch_sub(1, Ordering::Relaxed);
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            self.queued.fetch_sub(prefill_tokens, Ordering::Relaxed);
+            self.queued_work.fetch_sub(work, Ordering::Relaxed);
+            self.active.fetch_sub(prompt_tokens, Ordering::Relaxed);
+        }
+        committed
     }
 
     /// A request finished its prefill.

@@ -676,6 +676,7 @@ impl PyRouter {
         d.set_item("in_flight", s.in_flight)?;
         d.set_item("output_tokens", s.output_tokens)?;
         d.set_item("random_draws", s.draws)?;
+        d.set_item("decision_retries", s.decision_retries)?;
         d.set_item("index_entries", s.index.entries)?;
         let local = PyDict::new(py);
         for (name, blocks) in &s.local_blocks {

@@ -2,9 +2,11 @@
 //!
 //! Algorithm: a token prompt is hashed into a buffer owned by the calling thread before any
 //! index lock is taken (so threads hash in parallel); the walk runs under the index's shared
-//! lock (so threads walk in parallel), into buffers of the thread ([`Scratch`]); the scoring,
-//! an index write that changes no holder's blocks and the load bump run under the decision
-//! lock too; an index write that does change blocks runs after, under the exclusive lock, or
+//! lock (so threads walk in parallel), into buffers of the thread ([`Scratch`]); the scoring
+//! and the load bump take no lock (the bump commits on the chosen instance if no decision
+//! committed there since its load was read, else the loads are read and scored again:
+//! `InstanceLoad::commit_routed`); an index write that changes no holder's blocks runs in
+//! place under the shared lock; an index write that does change blocks runs after, under the exclusive lock, or
 //! is queued for the next taker of that lock when another thread holds the index
 //! (`index_lock.rs`); the in-flight record and the counters last.
 //!
@@ -45,6 +47,8 @@ struct Scratch {
     query: IndexQuery,
     walk: Walk,
     candidates: Vec<Candidate>,
+    /// Per candidate, its instance's decision count read before its load (the commit's check).
+    versions: Vec<u64>,
     /// Per slot, the smallest non-negative live-decode balance (the decode mask only).
     rooms: Vec<Option<f64>>,
 }
@@ -174,7 +178,7 @@ impl Router {
     }
 
     /// [`Router::decide`] with `scratch`: the walk and the decision under the index's shared
-    /// lock (the decision under the decision lock too), then, when the insert or the record of
+    /// lock (the load bump committed as `InstanceLoad::commit_routed` says), then, when the insert or the record of
     /// sent blocks changes some holder's blocks, that write under the exclusive lock.
     fn decide_with(
         &self,
@@ -189,6 +193,7 @@ impl Router {
             query,
             walk,
             candidates,
+            versions,
             rooms,
         } = scratch;
         // The walk, under the shared lock: other decisions walk, decide and write in place at
@@ -204,9 +209,8 @@ impl Router {
         if let Some(barrier) = &self.after_walk {
             barrier.wait();
         }
-        // The decision, from the load read to the load bump, one at a time.
-        let decisions = self.decisions.lock();
-        candidates.clear();
+        // The decision: read the loads, select, commit the load bump on the chosen instance
+        // if no other decision committed there since its load was read; else decide again.
         let (fixed_rate, fallback_rate) = (self.config.smetric_drain_rate, self.config.smetric_drain_rate_fallback);
         let preble = self.kind == PolicyKind::Preble;
         let window_ms = to_ms(self.config.preble_window_s);
@@ -222,61 +226,7 @@ impl Router {
         if mask {
             self.decode_rooms(&fleet, now_ms, rooms);
         }
-        let mut previous = None;
         let hit_tokens = self.hit_tokens(n);
-        for (slot, m) in fleet.members() {
-            if !req.exclude.is_empty() && req.exclude.iter().any(|name| *name == &*m.name) {
-                continue;
-            }
-            if req.previous_instance == Some(&*m.name) {
-                previous = Some(candidates.len());
-            }
-            let load = m.load.effective(now_ms, staleness_ms);
-            // Only Preble reads (and ages) the window: no other router pays for its lock.
-            let (recent_requests, recent_cost_us) = if preble {
-                m.load.recent.read(now_ms, window_ms)
-            } else {
-                (0, 0)
-            };
-            candidates.push(Candidate {
-                slot,
-                name_hash: m.name_hash,
-                local_hit_tokens: hit_tokens.of(query.local_blocks[slot as usize]),
-                host_hit_tokens: hit_tokens.of(query.host_blocks_of(slot)),
-                bs: load.bs,
-                waiting: load.waiting,
-                queued: load.queued,
-                active: load.active,
-                queued_work: load.queued_work,
-                drain_rate: fixed_rate.unwrap_or_else(|| m.load.drain.rate_or(fallback_rate)),
-                peer_drain_rate: fixed_rate.or_else(|| m.load.drain.peer_p90()),
-                recent_requests,
-                recent_cost_us,
-                decode_room_s: if mask { rooms[slot as usize] } else { None },
-                // Read only for the displacement guard: a line of the index per candidate.
-                evicted_age_s: if guard {
-                    index
-                        .evicted_touch_ms(slot)
-                        .map(|t| now_ms.saturating_sub(t) as f64 / 1000.0)
-                } else {
-                    None
-                },
-                tpot_s: pace_fit.map(|fit| fit.pace_at((load.active + n) as f64)),
-                // Filled below, and only while the fetch cost is learned: a decision that does
-                // not price it pays one store per candidate.
-                fetch_cost: 0.0,
-            });
-        }
-        if fetch_learning {
-            for c in candidates.iter_mut() {
-                if let Some(m) = fleet.member(c.slot) {
-                    c.fetch_cost = m.load.fetch.cost_or(self.config.global_fetch_cost);
-                }
-            }
-        }
-        if candidates.is_empty() {
-            return Err(SmetricError::NoInstances);
-        }
         let global_hit_tokens = hit_tokens.of(query.global_blocks);
         let (first_turn, turn_source) = infer(
             req.turn,
@@ -284,34 +234,111 @@ impl Router {
             query.branches,
             self.config.first_turn_min_branches,
         );
-        let selection = self.policy.select(&SelectionInput {
-            candidates,
-            num_tokens: n,
-            global_hit_tokens,
-            first_turn,
-            block_size: self.block_size,
-            prefill_only: self.prefill_only,
-            previous,
-            hash_key: req
-                .session_key
-                .unwrap_or_else(|| prompt_key(chain.last().map(|h| h.0), n)),
-            config: &self.config,
-            rng: &self.rng,
-        });
-        let chosen = candidates[selection.index];
-        let member = fleet.member(chosen.slot).expect("candidates are live members");
-        let prefill = chosen.prefill_tokens(n, global_hit_tokens);
-        let computed_work = prefill_work(prefill, n, self.config.smetric_l_eq_tokens);
-        // The load from the store, charged at the cost the decision priced it at (none unless
-        // the fetch cost is learned).
-        let (fetched, fetch_work) = if fetch_learning {
-            let fetched = chosen.loaded_tokens(n, global_hit_tokens).1;
-            (fetched, fetch_work(fetched, chosen.fetch_cost))
-        } else {
-            (0, 0)
+        let hash_key = req
+            .session_key
+            .unwrap_or_else(|| prompt_key(chain.last().map(|h| h.0), n));
+        #[cfg(test)]
+        let mut first_attempt = true;
+        let (selection, chosen, member, prefill, work, fetched, fetch_work) = loop {
+            candidates.clear();
+            versions.clear();
+            let mut previous = None;
+            for (slot, m) in fleet.members() {
+                if !req.exclude.is_empty() && req.exclude.iter().any(|name| *name == &*m.name) {
+                    continue;
+                }
+                if req.previous_instance == Some(&*m.name) {
+                    previous = Some(candidates.len());
+                }
+                // Before the load, so that the load read includes every commit it counts.
+                versions.push(m.load.version());
+                let load = m.load.effective(now_ms, staleness_ms);
+                // Only Preble reads (and ages) the window: no other router pays for its lock.
+                let (recent_requests, recent_cost_us) = if preble {
+                    m.load.recent.read(now_ms, window_ms)
+                } else {
+                    (0, 0)
+                };
+                candidates.push(Candidate {
+                    slot,
+                    name_hash: m.name_hash,
+                    local_hit_tokens: hit_tokens.of(query.local_blocks[slot as usize]),
+                    host_hit_tokens: hit_tokens.of(query.host_blocks_of(slot)),
+                    bs: load.bs,
+                    waiting: load.waiting,
+                    queued: load.queued,
+                    active: load.active,
+                    queued_work: load.queued_work,
+                    drain_rate: fixed_rate.unwrap_or_else(|| m.load.drain.rate_or(fallback_rate)),
+                    peer_drain_rate: fixed_rate.or_else(|| m.load.drain.peer_p90()),
+                    recent_requests,
+                    recent_cost_us,
+                    decode_room_s: if mask { rooms[slot as usize] } else { None },
+                    // Read only for the displacement guard: a line of the index per candidate.
+                    evicted_age_s: if guard {
+                        index
+                            .evicted_touch_ms(slot)
+                            .map(|t| now_ms.saturating_sub(t) as f64 / 1000.0)
+                    } else {
+                        None
+                    },
+                    tpot_s: pace_fit.map(|fit| fit.pace_at((load.active + n) as f64)),
+                    // Filled below, and only while the fetch cost is learned: a decision that does
+                    // not price it pays one store per candidate.
+                    fetch_cost: 0.0,
+                });
+            }
+            if fetch_learning {
+                for c in candidates.iter_mut() {
+                    if let Some(m) = fleet.member(c.slot) {
+                        c.fetch_cost = m.load.fetch.cost_or(self.config.global_fetch_cost);
+                    }
+                }
+            }
+            if candidates.is_empty() {
+                return Err(SmetricError::NoInstances);
+            }
+            let selection = self.policy.select(&SelectionInput {
+                candidates,
+                num_tokens: n,
+                global_hit_tokens,
+                first_turn,
+                block_size: self.block_size,
+                prefill_only: self.prefill_only,
+                previous,
+                hash_key,
+                config: &self.config,
+                rng: &self.rng,
+            });
+            let chosen = candidates[selection.index];
+            let member = fleet.member(chosen.slot).expect("candidates are live members");
+            let prefill = chosen.prefill_tokens(n, global_hit_tokens);
+            let computed_work = prefill_work(prefill, n, self.config.smetric_l_eq_tokens);
+            // The load from the store, charged at the cost the decision priced it at (none unless
+            // the fetch cost is learned).
+            let (fetched, fetch_work) = if fetch_learning {
+                let fetched = chosen.loaded_tokens(n, global_hit_tokens).1;
+                (fetched, fetch_work(fetched, chosen.fetch_cost))
+            } else {
+                (0, 0)
+            };
+            let work = computed_work + fetch_work;
+            #[cfg(test)]
+            if std::mem::take(&mut first_attempt)
+                && let Some(barrier) = &self.after_select
+            {
+                barrier.wait();
+            }
+            #[cfg(test)]
+            if self.unchecked_commit {
+                member.load.on_routed(prefill, n, work);
+                break (selection, chosen, member, prefill, work, fetched, fetch_work);
+            }
+            if member.load.commit_routed(versions[selection.index], prefill, n, work) {
+                break (selection, chosen, member, prefill, work, fetched, fetch_work);
+            }
+            self.decision_retries.fetch_add(1, Ordering::Relaxed);
         };
-        let work = computed_work + fetch_work;
-        member.load.on_routed(prefill, n, work);
         if preble {
             // AIBrix adds the routed prompt to its histogram at once and never takes it back.
             member.load.recent.record(now_ms, preble_routed_cost_us(n, candidates));
@@ -321,15 +348,13 @@ impl Router {
             .request_id
             .unwrap_or_else(|| RequestId(self.next_request_id.fetch_add(1, Ordering::Relaxed)));
         // Exact mode: a route whose blocks are all held or already sent there records nothing
-        // (docs §2.7); decided here, under the decision lock, like the rest of the decision.
+        // (docs §2.7).
         let exact_noop = self.config.index_mode == IndexMode::Exact && index.send_is_noop(chosen.slot, chain, walk);
         #[cfg(test)]
         if exact_noop {
             self.write_order.lock().push((request_id, true));
         }
-        drop(decisions);
-        // Approximate mode: the insert on route, in place (still under the shared lock, after
-        // the decision lock) when the instance and the global tier already hold the whole
+        // Approximate mode: the insert on route, in place (still under the shared lock) when the instance and the global tier already hold the whole
         // chain, which then only becomes their newest blocks (`KvIndex::refront_walked`); else
         // under the exclusive lock. With host tiers the route also records the prompt in the
         // instance's host pool (its offloading connector will copy it there): in place too

@@ -3,10 +3,11 @@
 //! Algorithm, one decision ([`Router::route`]): hash the prompt's full blocks, before any
 //! lock, into a buffer of the calling thread; then, under the index's *shared* lock, walk the
 //! chain through the two-tier index into buffers of the thread (hits, entry ids, held
-//! prefixes); then, still under it and under the *decision lock*, read every live instance's
-//! load off the lock-free board, ask the policy, bump the chosen instance's counters and issue
-//! the request id (exact mode: and tell whether there is anything to record as sent). Then,
-//! out of the decision lock but still under the shared one, the insert on route is done in
+//! prefixes); then, still under it and with no other lock, read every live instance's
+//! decision count and load off the lock-free board, ask the policy, and commit the bump of the
+//! chosen instance's counters if its count has not moved since (a compare-and-swap; else read
+//! and decide again), issue the request id (exact mode: and tell whether there is anything to
+//! record as sent). Then, still under the shared lock, the insert on route is done in
 //! place when it moves no block in or out of any holder (approximate mode: the chosen instance
 //! and the global tier already hold the whole chain, which only becomes their newest blocks:
 //! `KvIndex::refront_walked`, behind those holders' own mutexes). Then, if the index write
@@ -19,9 +20,13 @@
 //! it runs under the exclusive lock when one is due (`KvIndex::purge_due`), before the walk.
 //!
 //! Invariants:
-//! * Decisions walk in parallel. From the load read to the load bump a decision holds the
-//!   decision lock, so two concurrent decisions always see each other's load (no thundering
-//!   herd onto one idle instance).
+//! * Decisions walk and decide in parallel. A decision's load bump commits only if no other
+//!   decision committed on the chosen instance since its load was read
+//!   (`InstanceLoad::commit_routed`), else it decides again: the chosen instance's load is
+//!   never stale at the commit, and the others' can only read low, so concurrent decisions see
+//!   each other's load where it would change the choice (no thundering herd onto one idle
+//!   instance; the lockstep tests and their negative controls). Lock-free: a retry means
+//!   another decision committed.
 //! * A decision's index hits are those of its own walk, which may precede a concurrent
 //!   decision's insert on route or an index feed's write: two concurrent decisions of one
 //!   chain may both score it as cold, or both count a hit. (Before, one mutex from the walk
@@ -43,11 +48,10 @@
 //!   sequence number written per block and holder.
 //!   parking_lot's lock is fair to a waiting writer: it holds new walks back, so feeds are
 //!   not starved, and waits for at most the walks and decisions in progress.
-//! * Lock order: index (shared or exclusive) → decision lock, or → the chosen instance's order
-//!   mutex (its LRU and map) → the global tier's LRU mutex → its host pool's (in the pools'
-//!   own index, the same order) — never the decision lock and a holder's at once; or the
-//!   in-flight table's mutex (read by the decode mask; a leaf, held with no other lock
-//!   requested); the exclusive lock is never requested with the decision lock held.
+//! * Lock order: index (shared or exclusive) → the chosen instance's order mutex (its LRU and
+//!   map) → the global tier's LRU mutex → its host pool's (in the pools' own index, the same
+//!   order); or the in-flight table's mutex (read by the decode mask; a leaf, held with no
+//!   other lock requested).
 //! * Lifecycle calls (`on_prefilled`, `on_finished`, `on_aborted`) take the in-flight table's
 //!   mutex and update atomics; only `on_finished` in exact mode takes the index's exclusive
 //!   lock, once, to credit the answer's blocks (docs §2.7). A fleet change publishes a new
@@ -59,7 +63,7 @@
 //! `fleet_ops` (instances and engine load), `index_feed` (explicit index writes), `stats`.
 //!
 //! Complexity per decision: O(prompt tokens) hashing outside the locks; O(matched blocks
-//! · ⌈N/64⌉) walk, O(N) scoring (under the decision lock) and a write in place's O(prompt
+//! · ⌈N/64⌉) walk, O(N) scoring (again on a retry) and a write in place's O(prompt
 //! blocks) under the shared lock; an insert that adds or evicts blocks, O(prompt blocks),
 //! under the exclusive lock.
 
@@ -113,9 +117,9 @@ pub struct Router {
     /// The index: decisions walk it (and re-front a chain its holders already hold, in place)
     /// under the shared lock; writes that change a holder's blocks take the exclusive lock.
     index: RwLock<KvIndex>,
-    /// Held by a decision from its load read to its load bump (under the index's shared lock),
-    /// so that concurrent decisions see each other's load.
-    decisions: Mutex<()>,
+    /// Decisions that found their chosen instance's load changed by another decision's commit
+    /// since they read it, and decided again (`InstanceLoad::commit_routed`).
+    decision_retries: AtomicU64,
     /// Index writes of decisions that found the index busy (`index_lock.rs`), applied by the next
     /// taker of the exclusive lock; `deferred_count` is their number, read without the mutex.
     deferred: Mutex<Vec<index_lock::RouteWrite>>,
@@ -151,6 +155,14 @@ pub struct Router {
     /// test can make all its threads' walks precede their decisions and index writes.
     #[cfg(test)]
     pub(crate) after_walk: Option<std::sync::Arc<crate::lockstep::Lockstep>>,
+    /// Test only: every decision waits here once, after its first selection and before its
+    /// commit, so that a test can make concurrent decisions read the same loads.
+    #[cfg(test)]
+    pub(crate) after_select: Option<std::sync::Arc<crate::lockstep::Lockstep>>,
+    /// Test only: on, a decision bumps its instance's load without checking that no other
+    /// decision committed there since it read it (the negative control of that check).
+    #[cfg(test)]
+    pub(crate) unchecked_commit: bool,
     /// Test only: request ids in the order their index writes were applied, and whether each
     /// was applied in place (under the shared lock).
     #[cfg(test)]
@@ -197,7 +209,7 @@ impl Router {
             block_size,
             rng: DrawCounter::new(seed),
             index: RwLock::new(index),
-            decisions: Mutex::new(()),
+            decision_retries: AtomicU64::new(0),
             deferred: Mutex::new(Vec::new()),
             deferred_count: std::sync::atomic::AtomicUsize::new(0),
             deferred_queued: AtomicU64::new(0),
@@ -219,6 +231,10 @@ impl Router {
             prefill_only: false,
             #[cfg(test)]
             after_walk: None,
+            #[cfg(test)]
+            after_select: None,
+            #[cfg(test)]
+            unchecked_commit: false,
             #[cfg(test)]
             write_order: Mutex::default(),
             config,

@@ -30,6 +30,9 @@ pub struct RouterStats {
     pub output_tokens: u64,
     /// Random draws taken.
     pub draws: u64,
+    /// Decisions taken again because another decision committed on the chosen instance
+    /// between their load read and their commit (concurrent routing only).
+    pub decision_retries: u64,
     /// Index counts.
     pub index: IndexStats,
     /// Blocks each live instance holds, by name in slot order.
@@ -76,6 +79,7 @@ impl Router {
             in_flight: self.requests.lock().len(),
             output_tokens: self.output_tokens.load(Ordering::Relaxed),
             draws: self.rng.draws(),
+            decision_retries: self.decision_retries.load(Ordering::Relaxed),
             index,
             local_blocks,
             host_blocks,

@@ -162,7 +162,16 @@ mod concurrent {
     /// lockstep. Requests never finish, so a decision that sees every earlier one's load keeps
     /// the counts within one of each other under `least_load`.
     fn in_flight_after(decide: impl Fn(&Router, usize, usize) + Sync) -> Vec<u64> {
-        let r = Router::new(&names(INSTANCES), PolicyKind::LeastLoad, 4, 3, RouterConfig::default()).unwrap();
+        in_flight_after_with(|_| {}, decide).0
+    }
+
+    /// [`in_flight_after`] on a router `configure` set up first; also returns its stats.
+    fn in_flight_after_with(
+        configure: impl FnOnce(&mut Router),
+        decide: impl Fn(&Router, usize, usize) + Sync,
+    ) -> (Vec<u64>, crate::router::RouterStats) {
+        let mut r = Router::new(&names(INSTANCES), PolicyKind::LeastLoad, 4, 3, RouterConfig::default()).unwrap();
+        configure(&mut r);
         let barrier = Barrier::new(THREADS);
         thread::scope(|s| {
             for t in 0..THREADS {
@@ -176,7 +185,46 @@ mod concurrent {
                 });
             }
         });
-        r.instances().iter().map(|name| r.load(name).unwrap().bs).collect()
+        let counts = r.instances().iter().map(|name| r.load(name).unwrap().bs).collect();
+        (counts, r.stats())
+    }
+
+    /// Every thread's decision reads the loads, then waits for the others (`after_select`),
+    /// then commits: each round, all of them chose from the same loads.
+    fn routes_that_read_the_same_loads(unchecked_commit: bool) -> (Vec<u64>, crate::router::RouterStats) {
+        let read_then_commit = Arc::new(Barrier::new(THREADS));
+        in_flight_after_with(
+            |r| {
+                r.after_select = Some(read_then_commit.clone());
+                r.unchecked_commit = unchecked_commit;
+            },
+            |r, t, round| {
+                let _member = Member(&[&*read_then_commit]);
+                let prompt: Vec<u32> = (0..(16 * (t + 1) + round) as u32).collect();
+                r.route(&RouteRequest::new(Prompt::Tokens(&prompt))).unwrap();
+            },
+        )
+    }
+
+    #[test]
+    fn decisions_that_read_the_same_loads_commit_one_at_a_time_per_instance() {
+        let (counts, stats) = routes_that_read_the_same_loads(false);
+        assert_eq!(counts.iter().sum::<u64>(), (THREADS * ROUNDS) as u64);
+        assert!(spread(&counts) <= 1, "least_load stays balanced: {counts:?}");
+        // The check was exercised: decisions that picked the same instance as another decided
+        // again (ties are drawn at random, so not every round collides).
+        assert!(stats.decision_retries > 0, "{stats:?}");
+        assert_eq!(stats.routed, (THREADS * ROUNDS) as u64);
+    }
+
+    /// Negative control: the same lockstep with the commit's check off piles decisions onto the
+    /// instances they all read as least loaded; the balance check must see it.
+    #[test]
+    fn the_balance_check_catches_a_commit_without_its_check() {
+        let (counts, stats) = routes_that_read_the_same_loads(true);
+        assert_eq!(counts.iter().sum::<u64>(), (THREADS * ROUNDS) as u64);
+        assert_eq!(stats.decision_retries, 0);
+        assert!(spread(&counts) > 1, "the unchecked commit must unbalance: {counts:?}");
     }
 
     fn spread(counts: &[u64]) -> u64 {
