@@ -35,6 +35,8 @@ def test_router_counters_render_and_parse_back() -> None:
     m = parse_prometheus(MetricsExporter(router).render())
     assert value(m, "smetric_routed_total") == stats["routed"] == 5
     assert value(m, "smetric_in_flight") == stats["in_flight"] == 4
+    # One thread's decisions never find another's commit in between.
+    assert value(m, "smetric_decision_retries_total") == stats["decision_retries"] == 0
     for reason, n in stats["reasons"].items():
         assert value(m, "smetric_decisions_total", reason=reason) == n
     for name, n in stats["index_local_blocks"].items():
