@@ -27,6 +27,10 @@ numpy int32 prompts (a buffer) of ``--tokens`` tokens (32K):
   instances are full, evicts as much);
 * ``control`` — SHA-256 of the prompt's bytes, which runs without the GIL and without any
   smetric lock: its ratio is what the machine gave a second thread then;
+* ``gil-calls`` — the realistic loop's pattern of GIL releases without smetric: per iteration
+  one SHA-256 of 16 KiB (≈ a 32K route's time without the GIL) and two of 2 KiB (hashlib's
+  smallest input it releases the GIL for, standing in for ``on_prefilled`` and ``on_finished``):
+  its ratio is what CPython's GIL hand-overs leave a loop of three such calls on this machine;
 * ``apart`` — write-heavy's realistic loop with a router of its own per thread (nothing shared
   but the GIL): the most any sharding of the index could give write-heavy from Python here.
 
@@ -60,6 +64,7 @@ BLOCK = 16
 SHAPES = ("stay-home", "distinct", "move-heavy", "write-heavy")
 LOOPS = ("route", "realistic")
 CONTROL = "control"
+GIL_CALLS = "gil-calls"
 APART = "apart"
 MIGRATE = "follow-up: migrate"
 """The prefix of every reason a follow-up moved for."""
@@ -189,8 +194,10 @@ def route_threads(shape: str, loop: str, threads: int, seconds: float, tokens: i
     return Sample.of(elapsed, lats, moved / max(routed, 1))
 
 
-def control_threads(threads: int, seconds: float, tokens: int) -> Sample:
+def control_threads(threads: int, seconds: float, tokens: int, gil_calls: bool = False) -> Sample:
+    """``control``, or with ``gil_calls`` the ``gil-calls`` loop (its 16 KiB call timed)."""
     data = sessions(tokens)[0].tobytes()
+    big, small = (data[:16_384], data[:2_048]) if gil_calls else (data, b"")
     lats: list[list[int]] = [[] for _ in range(threads)]
     stop = time.perf_counter_ns() + int(seconds * 1e9)
 
@@ -198,9 +205,12 @@ def control_threads(threads: int, seconds: float, tokens: int) -> Sample:
         ns, sha, lat = time.perf_counter_ns, hashlib.sha256, lats[k]
         while True:
             t0 = ns()
-            sha(data)
+            sha(big)
             t1 = ns()
             lat.append(t1 - t0)
+            if gil_calls:
+                sha(small)
+                sha(small)
             if t1 >= stop:
                 break
 
@@ -238,7 +248,7 @@ def spread(xs: list[float], fmt: str) -> str:
 def report(runs: int, seconds: float, tokens: int) -> None:
     counts = thread_counts()
     configs = [Config(s, lp, t) for s in SHAPES for lp in LOOPS for t in counts]
-    configs += [Config(control, "-", t) for control in (CONTROL, APART) for t in counts]
+    configs += [Config(control, "-", t) for control in (CONTROL, GIL_CALLS, APART) for t in counts]
     cores = os.cpu_count()
     print(
         f"one shared Router: smetric, {len(INSTANCES)} instances, block {BLOCK}, {tokens}-token numpy int32 "
@@ -251,8 +261,8 @@ def report(runs: int, seconds: float, tokens: int) -> None:
     for run in range(runs):
         k = run % len(configs)
         for c in configs[k:] + configs[:k]:
-            if c.shape == CONTROL:
-                c.samples.append(control_threads(c.threads, seconds, tokens))
+            if c.shape in (CONTROL, GIL_CALLS):
+                c.samples.append(control_threads(c.threads, seconds, tokens, gil_calls=c.shape == GIL_CALLS))
             elif c.shape == APART:
                 c.samples.append(route_threads("write-heavy", "realistic", c.threads, seconds, tokens, apart=True))
             else:
