@@ -6,9 +6,9 @@
 //! and the load bump take no lock (the bump commits on the chosen instance if no decision
 //! committed there since its load was read, else the loads are read and scored again:
 //! `InstanceLoad::commit_routed`); an index write that changes no holder's blocks runs in
-//! place under the shared lock; an index write that does change blocks runs after, under the exclusive lock, or
-//! is queued for the next taker of that lock when another thread holds the index
-//! (`index_lock.rs`); the in-flight record and the counters last.
+//! place under the shared lock; an index write that does change blocks runs after, under the
+//! exclusive lock, or is queued for the next taker of that lock when another thread holds the
+//! index (`index_lock.rs`); the in-flight record and the counters last.
 //!
 //! Invariants: a failed call changes nothing (no request id consumed, no counter bumped);
 //! the chain inserted on route is exactly the chain queried; a decision uses the hits of its
@@ -178,8 +178,9 @@ impl Router {
     }
 
     /// [`Router::decide`] with `scratch`: the walk and the decision under the index's shared
-    /// lock (the load bump committed as `InstanceLoad::commit_routed` says), then, when the insert or the record of
-    /// sent blocks changes some holder's blocks, that write under the exclusive lock.
+    /// lock (the load bump committed as `InstanceLoad::commit_routed` says), then, when the
+    /// insert or the record of sent blocks changes some holder's blocks, that write under the
+    /// exclusive lock.
     fn decide_with(
         &self,
         req: &RouteRequest<'_>,
@@ -354,11 +355,12 @@ impl Router {
         if exact_noop {
             self.write_order.lock().push((request_id, true));
         }
-        // Approximate mode: the insert on route, in place (still under the shared lock) when the instance and the global tier already hold the whole
-        // chain, which then only becomes their newest blocks (`KvIndex::refront_walked`); else
-        // under the exclusive lock. With host tiers the route also records the prompt in the
-        // instance's host pool (its offloading connector will copy it there): in place too
-        // when the pool holds all of it, else that part alone under the exclusive lock.
+        // Approximate mode: the insert on route, in place (still under the shared lock) when
+        // the instance and the global tier already hold the whole chain, which then only
+        // becomes their newest blocks (`KvIndex::refront_walked`); else under the exclusive
+        // lock. With host tiers the route also records the prompt in the instance's host pool
+        // (its offloading connector will copy it there): in place too when the pool holds all
+        // of it, else that part alone under the exclusive lock.
         let host_write = self.config.index_mode == IndexMode::Approximate && self.config.host_capacity_blocks > 0;
         let mut host_done = !host_write;
         let gpu_done = exact_noop
