@@ -225,6 +225,22 @@ def test_fleet_changes_and_index_feed() -> None:
     assert r.load("c")["engine_running"] == 3
 
 
+def test_names_follow_the_fleet_through_churn() -> None:
+    # The binding reuses one Python string per instance name: after an instance leaves and
+    # another takes its slot, decisions and query keys name the newcomer, never the old string,
+    # and thousands of names through one slot keep working (the cache starts over past its bound).
+    r = Router(["a", "b"], policy="round_robin")
+    assert {r.route([1] * 32).instance for _ in range(4)} == {"a", "b"}
+    for k in range(5_000):
+        r.remove_instance("a" if k == 0 else f"x{k - 1}")
+        r.add_instance(f"x{k}")
+        assert {r.route([3] * 32).instance for _ in range(2)} == {f"x{k}", "b"}
+    assert r.instances == ["x4999", "b"]
+    assert {r.route([2] * 32).instance for _ in range(4)} == {"x4999", "b"}
+    assert list(r.query([2] * 32).local) == ["x4999", "b"]
+    assert list(r.query([2] * 32).host) == ["x4999", "b"]
+
+
 def test_routes_from_many_threads() -> None:
     r = Router([f"i{k}" for k in range(8)], policy="smetric")
     prompts = [np.arange(k * 1000, k * 1000 + 4096, dtype=np.int32) for k in range(8)]

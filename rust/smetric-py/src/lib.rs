@@ -15,6 +15,7 @@ mod engine_load;
 mod errors;
 mod events;
 mod gateway;
+mod names;
 mod openai_body;
 mod pd;
 mod router;

@@ -29,6 +29,7 @@ use smetric_core::{
 use crate::config::PyRouterConfig;
 use crate::convert;
 use crate::errors::{IntoPyResult, to_py};
+use crate::names::NameStrings;
 
 /// The outcome of :meth:`Router.route`.
 #[pyclass(frozen, module = "smetric._core", name = "Decision")]
@@ -115,6 +116,8 @@ pub(crate) struct PyIndexHits {
 pub(crate) struct PyRouter {
     inner: Arc<Router>,
     config: Py<PyRouterConfig>,
+    /// The instances' names as Python strings, reused by every decision and query.
+    names: NameStrings,
 }
 
 /// Prompts of at most this many ids are routed with the GIL held. Releasing and re-taking it
@@ -396,6 +399,7 @@ impl PyRouter {
         Ok(Self {
             inner: Arc::new(inner),
             config,
+            names: NameStrings::default(),
         })
     }
 
@@ -437,7 +441,7 @@ impl PyRouter {
         let decision = args.run(py, |req| inner.route(req))?;
         let request_id = reported_request_id(py, request_id, decision.request_id)?;
         Ok(PyDecision {
-            instance: decision.instance_name.as_ref().into_pyobject(py)?.into_any().unbind(),
+            instance: self.names.get(py, &decision.instance_name).into_any().unbind(),
             first_turn: decision.first_turn,
             turn_source: decision.turn_source.name(),
             local_hit_tokens: decision.local_hit_tokens,
@@ -467,11 +471,11 @@ impl PyRouter {
         let hits = prompt.detached(py, |prompt| inner.query(prompt, namespace.as_deref(), now))?;
         let local = PyDict::new(py);
         for (name, tokens) in &hits.local {
-            local.set_item(name.as_ref(), tokens)?;
+            local.set_item(self.names.get(py, name), tokens)?;
         }
         let host = PyDict::new(py);
         for (name, tokens) in &hits.host {
-            host.set_item(name.as_ref(), tokens)?;
+            host.set_item(self.names.get(py, name), tokens)?;
         }
         Ok(PyIndexHits {
             local: local.unbind(),

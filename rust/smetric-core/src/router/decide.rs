@@ -468,25 +468,37 @@ impl Router {
     pub fn query(&self, prompt: Prompt<'_>, namespace: Option<&str>, now: Option<f64>) -> Result<Hits> {
         let now_ms = self.now_ms(now)?;
         self.with_chain(prompt, namespace, |chain, n| {
-            let index = self.read_index(now_ms);
-            let fleet = self.fleet.load_full();
-            let mut query = IndexQuery::default();
-            index.query_shared(chain, now_ms, &mut query, &mut Walk::default());
-            drop(index);
-            let hit_tokens = self.hit_tokens(n);
-            Ok(Hits {
-                local: fleet
-                    .members()
-                    .map(|(slot, m)| (m.name.clone(), hit_tokens.of(query.local_blocks[slot as usize])))
-                    .collect(),
-                global_hit_tokens: hit_tokens.of(query.global_blocks),
-                host: fleet
-                    .members()
-                    .map(|(slot, m)| (m.name.clone(), hit_tokens.of(query.host_blocks_of(slot))))
-                    .collect(),
-                deepest_blocks: query.deepest_blocks,
-                branches: query.branches,
+            SCRATCH.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut scratch) => Ok(self.query_with(chain, n, now_ms, &mut scratch)),
+                // A re-entrant call (none today) uses buffers of its own rather than panicking.
+                Err(_) => Ok(self.query_with(chain, n, now_ms, &mut Scratch::default())),
             })
         })
+    }
+
+    /// [`Router::query`] with `scratch`: the walk into the thread's buffers, as a decision's
+    /// (a query allocates nothing but its answer).
+    fn query_with(&self, chain: &[BlockHash], n: u64, now_ms: u64, scratch: &mut Scratch) -> Hits {
+        let Scratch { query, walk, .. } = scratch;
+        let index = self.read_index(now_ms);
+        // A guard, not `load_full`: a clone of the shared `Arc` is a line every querying
+        // core would write.
+        let fleet = self.fleet.load();
+        index.query_shared(chain, now_ms, query, walk);
+        drop(index);
+        let hit_tokens = self.hit_tokens(n);
+        Hits {
+            local: fleet
+                .members()
+                .map(|(slot, m)| (m.name.clone(), hit_tokens.of(query.local_blocks[slot as usize])))
+                .collect(),
+            global_hit_tokens: hit_tokens.of(query.global_blocks),
+            host: fleet
+                .members()
+                .map(|(slot, m)| (m.name.clone(), hit_tokens.of(query.host_blocks_of(slot))))
+                .collect(),
+            deepest_blocks: query.deepest_blocks,
+            branches: query.branches,
+        }
     }
 }
