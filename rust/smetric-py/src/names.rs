@@ -1,5 +1,7 @@
-//! The instances' names as Python strings, made once per name and reused: a decision's
-//! `instance` and the keys of a query's two dicts.
+//! The instances' names as Python strings, made once per name and reused as the keys of a
+//! query's two dicts. (Not for a decision's `instance`: from Python a 32K-token stay-home route
+//! measured ≈ 1.5 µs slower with the shared string than with a new one, in every one of ten
+//! alternated runs, the extra time in the core's walk; why was not found. `BENCHMARKS.md`.)
 //!
 //! Why: a fresh `str` per use costs its allocation and UTF-8 decode and, as a dict key, its
 //! hash (a `str` caches its hash, so a reused key is hashed once in its life). `Router.query()`

@@ -116,7 +116,7 @@ pub(crate) struct PyIndexHits {
 pub(crate) struct PyRouter {
     inner: Arc<Router>,
     config: Py<PyRouterConfig>,
-    /// The instances' names as Python strings, reused by every decision and query.
+    /// The instances' names as Python strings, reused as the keys of every query's dicts.
     names: NameStrings,
 }
 
@@ -441,7 +441,8 @@ impl PyRouter {
         let decision = args.run(py, |req| inner.route(req))?;
         let request_id = reported_request_id(py, request_id, decision.request_id)?;
         Ok(PyDecision {
-            instance: self.names.get(py, &decision.instance_name).into_any().unbind(),
+            // A new string, not `self.names`' shared one: see `names.rs` for what that cost.
+            instance: decision.instance_name.as_ref().into_pyobject(py)?.into_any().unbind(),
             first_turn: decision.first_turn,
             turn_source: decision.turn_source.name(),
             local_hit_tokens: decision.local_hit_tokens,
