@@ -24,9 +24,10 @@
 //!   decision committed on the chosen instance since its load was read
 //!   (`InstanceLoad::commit_routed`), else it decides again: the chosen instance's load is
 //!   never stale at the commit, and the others' can only read low, so concurrent decisions see
-//!   each other's load where it would change the choice (no thundering herd onto one idle
-//!   instance; the lockstep tests and their negative controls). Lock-free: a retry means
-//!   another decision committed.
+//!   each other's load wherever it would change a least-score rule's choice (no thundering herd
+//!   onto one idle instance; the lockstep tests and their negative controls; a rule normalised
+//!   by the fleet's extremes is bounded, not exact: docs §3). Lock-free: a retry means another
+//!   decision committed.
 //! * A decision's index hits are those of its own walk, which may precede a concurrent
 //!   decision's insert on route or an index feed's write: two concurrent decisions of one
 //!   chain may both score it as cold, or both count a hit. (Before, one mutex from the walk
