@@ -60,6 +60,15 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+/// Runs `f` with the calling thread's [`Scratch`]; a re-entrant call (none today) gets buffers
+/// of its own rather than a panic.
+fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => f(&mut scratch),
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
 impl Router {
     /// The block chain of a token prompt under this router's seed and block size.
     pub fn hash_tokens(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<BlockHash> {
@@ -157,11 +166,7 @@ impl Router {
     /// The locked part of [`Router::route`] and the bookkeeping after it, with the calling
     /// thread's buffers.
     fn decide(&self, req: &RouteRequest<'_>, chain: &[BlockHash], n: u64, now_ms: u64) -> Result<Decision> {
-        SCRATCH.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut scratch) => self.decide_with(req, chain, n, now_ms, &mut scratch),
-            // A re-entrant call (none today) uses buffers of its own rather than panicking.
-            Err(_) => self.decide_with(req, chain, n, now_ms, &mut Scratch::default()),
-        })
+        with_scratch(|scratch| self.decide_with(req, chain, n, now_ms, scratch))
     }
 
     /// The index under the shared lock, TTL-purged at `now_ms` (the purge, when one is due,
@@ -468,11 +473,7 @@ impl Router {
     pub fn query(&self, prompt: Prompt<'_>, namespace: Option<&str>, now: Option<f64>) -> Result<Hits> {
         let now_ms = self.now_ms(now)?;
         self.with_chain(prompt, namespace, |chain, n| {
-            SCRATCH.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut scratch) => Ok(self.query_with(chain, n, now_ms, &mut scratch)),
-                // A re-entrant call (none today) uses buffers of its own rather than panicking.
-                Err(_) => Ok(self.query_with(chain, n, now_ms, &mut Scratch::default())),
-            })
+            Ok(with_scratch(|scratch| self.query_with(chain, n, now_ms, scratch)))
         })
     }
 
