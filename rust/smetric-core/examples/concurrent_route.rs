@@ -20,6 +20,13 @@
 //!   second thread then;
 //! * `apart`: write-heavy's realistic loop with a router of its own per thread (nothing shared):
 //!   the most any sharding of the index could give write-heavy on this machine.
+//! * `handoff-cond` and `handoff-spin`: stay-home's realistic loop with a lock every thread
+//!   holds around [`HELD_NS`] of busy work per iteration (800 ns before the route, 200 ns before
+//!   `on_finished`), released for the route and the lifecycle calls — the shape of a Python
+//!   caller's loop under the GIL. `cond` is shaped as CPython 3.11's GIL (a flag under a mutex,
+//!   waiters asleep on a condition variable, woken by the holder's release), `spin` is the same
+//!   lock spun on: their gap is what putting a waiter to sleep and waking it costs a second thread
+//!   on this machine, apart from anything CPython or smetric does.
 //!
 //! Loops: `route` is route + `on_finished`, `realistic` adds `on_prefilled` between them. Every
 //! route is timed with `Instant::now` inside its thread (the timer's cost is printed). Runs
@@ -28,6 +35,8 @@
 //! run, the p50/p99 per route (medians over runs) and the share of routes that moved.
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::hint::black_box;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -40,6 +49,11 @@ const SHAPES: [&str; 4] = ["stay-home", "distinct", "move-heavy", "write-heavy"]
 const LOOPS: [&str; 2] = ["route", "realistic"];
 const CONTROL: &str = "control";
 const APART: &str = "apart";
+const HANDOFF_COND: &str = "handoff-cond";
+const HANDOFF_SPIN: &str = "handoff-spin";
+/// Busy work per iteration with the hand-off lock held (the `handoff-*` controls): about what a
+/// Python caller's loop runs with the GIL around a route and `on_finished`.
+const HELD_NS: [u64; 2] = [800, 200];
 
 /// `n` pseudo-random token ids from `seed`.
 fn tokens(n: usize, seed: u64) -> Vec<u32> {
@@ -257,6 +271,89 @@ fn control_threads(threads: usize, secs: f64, n: usize) -> Sample {
     Sample::of(rate, &lat, None)
 }
 
+/// A lock shaped as CPython 3.11's GIL (`cond`: a flag under a mutex, waiters asleep on a
+/// condition variable and woken by a release) or the same lock spun on.
+struct HandoffLock {
+    sleeps: bool,
+    flag: Mutex<bool>,
+    released: Condvar,
+    spun: AtomicBool,
+}
+
+impl HandoffLock {
+    fn new(sleeps: bool) -> Self {
+        Self {
+            sleeps,
+            flag: Mutex::new(false),
+            released: Condvar::new(),
+            spun: AtomicBool::new(false),
+        }
+    }
+
+    fn take(&self) {
+        if self.sleeps {
+            let mut held = self.flag.lock().expect("not poisoned");
+            while *held {
+                held = self.released.wait(held).expect("not poisoned");
+            }
+            *held = true;
+        } else {
+            while self
+                .spun
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    fn release(&self) {
+        if self.sleeps {
+            *self.flag.lock().expect("not poisoned") = false;
+            self.released.notify_one();
+        } else {
+            self.spun.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// Busy-waits `ns` nanoseconds (work done with the hand-off lock held).
+fn busy(ns: u64) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_nanos(ns) {
+        std::hint::spin_loop();
+    }
+}
+
+/// The `handoff-*` controls: stay-home's realistic loop, [`HELD_NS`] of each iteration under a
+/// [`HandoffLock`] every thread shares.
+fn handoff_threads(threads: usize, secs: f64, n: usize, sleeps: bool) -> Sample {
+    let w = workload("stay-home", threads, n);
+    let lock = HandoffLock::new(sleeps);
+    let (rate, lat) = run_threads(threads, secs, |k, stop, lat| {
+        let prompt = &w.prompts[k][0];
+        loop {
+            lock.take();
+            busy(HELD_NS[0]);
+            lock.release();
+            let t0 = Instant::now();
+            let d = w.router.route(&RouteRequest::new(Prompt::Tokens(prompt))).expect("routes");
+            let t1 = Instant::now();
+            w.router.on_prefilled(d.request_id);
+            lock.take();
+            busy(HELD_NS[1]);
+            lock.release();
+            w.router.on_finished(d.request_id, 0);
+            lat.push((t1 - t0).as_nanos() as u64);
+            if t1 >= stop {
+                break;
+            }
+        }
+    });
+    Sample::of(rate, &lat, None)
+}
+
 /// p50 ns between two back-to-back `Instant::now` reads.
 fn timer_overhead() -> f64 {
     let mut lat: Vec<u64> = (0..100_000)
@@ -311,7 +408,7 @@ fn report(secs: f64, runs: usize, n: usize) -> String {
             }
         }
     }
-    for control in [CONTROL, APART] {
+    for control in [CONTROL, APART, HANDOFF_COND, HANDOFF_SPIN] {
         for &threads in counts {
             configs.push(Config {
                 shape: control,
@@ -342,6 +439,8 @@ fn report(secs: f64, runs: usize, n: usize) -> String {
                 control_threads(c.threads, secs, n)
             } else if c.shape == APART {
                 apart_threads(c.threads, secs, n)
+            } else if c.shape == HANDOFF_COND || c.shape == HANDOFF_SPIN {
+                handoff_threads(c.threads, secs, n, c.shape == HANDOFF_COND)
             } else {
                 route_threads(c.shape, c.lp == "realistic", c.threads, secs, n)
             };
@@ -445,6 +544,8 @@ mod tests {
         for t in counts {
             assert_eq!(row(super::CONTROL, "-", t), "-");
             assert_eq!(row(super::APART, "-", t), "-");
+            assert_eq!(row(super::HANDOFF_COND, "-", t), "-");
+            assert_eq!(row(super::HANDOFF_SPIN, "-", t), "-");
         }
         assert!(
             out.contains("run 1, x(2 threads ÷ 1): ") && out.contains("timer: "),
