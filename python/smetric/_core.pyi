@@ -790,6 +790,10 @@ class GatewayTokenSource:
     def cache_stats(self) -> dict[str, int]:
         """The piece cache's ``hits``, ``misses``, ``pieces`` and charged ``bytes`` (zeros without a tokenizer)."""
 
+    def message_cache_stats(self) -> dict[str, int]:
+        """The message cache's ``hits``, ``misses``, ``messages`` and charged ``bytes``: a chat body's
+        messages as the template sees them, kept by their JSON text (within ``piece_cache_bytes``)."""
+
 def gateway_routing_ids(
     path: str, raw: bytes, *, tokens: GatewayTokenSource | None = None, approx_chunk_bytes: int | None = None
 ) -> tuple[bytes, bool | None] | None:

@@ -356,6 +356,41 @@ def test_the_piece_cache_stays_within_its_bound() -> None:
     assert 0 < native.cache_stats()["pieces"] < 200
 
 
+def test_a_sessions_turns_through_the_message_cache_route_on_the_ids_of_a_fresh_source() -> None:
+    """Each turn of a growing chat conversation gets, through the message cache, the ids a source
+    that never saw the conversation gives it (the same tokenizer, a fresh source per turn); every
+    turn after the first finds its history in the cache and normalises only its new messages."""
+    _, native = sources(None)
+    rng = random.Random(SEED + 3)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You route requests."}]
+    for turn in range(8):
+        messages.append(
+            {"role": "user", "content": f"turn {turn}: " + " ".join(rng.choice(["a", "bé", "\n x"]) for _ in range(40))}
+        )
+        raw = json.dumps({"model": "m", "messages": messages}).encode()
+        before = native.message_cache_stats()
+        cached = gateway_routing_ids("/v1/chat/completions", raw, tokens=native)
+        after = native.message_cache_stats()
+        _, fresh = sources(None)
+        assert cached is not None and cached == gateway_routing_ids("/v1/chat/completions", raw, tokens=fresh)
+        assert fresh.message_cache_stats()["hits"] == 0
+        if turn:
+            assert after["hits"] - before["hits"] == len(messages) - 2, (before, after)
+            assert after["misses"] - before["misses"] == 2, (before, after)
+        messages.append({"role": "assistant", "content": f"done {turn}"})
+
+
+def test_the_message_cache_stays_within_its_bound() -> None:
+    app = TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER), piece_cache_bytes=4_096))
+    native = gateway_token_source(app)
+    assert native is not None
+    for k in range(100):
+        body = {"model": "m", "messages": [{"role": "user", "content": f"message number {k} " + "x" * 200}]}
+        assert gateway_routing_ids("/v1/chat/completions", json.dumps(body).encode(), tokens=native) is not None
+        assert native.message_cache_stats()["bytes"] <= 4_096
+    assert 0 < native.message_cache_stats()["messages"] < 100
+
+
 def test_a_bad_tokenizer_or_template_is_a_config_error(tmp_path: Path) -> None:
     broken = tmp_path / "tokenizer.json"
     broken.write_text("{}")

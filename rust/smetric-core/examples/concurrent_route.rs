@@ -35,9 +35,9 @@
 //! run, the p50/p99 per route (medians over runs) and the share of routes that moved.
 
 use std::fmt::Write as _;
+use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::hint::black_box;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -338,7 +338,10 @@ fn handoff_threads(threads: usize, secs: f64, n: usize, sleeps: bool) -> Sample 
             busy(HELD_NS[0]);
             lock.release();
             let t0 = Instant::now();
-            let d = w.router.route(&RouteRequest::new(Prompt::Tokens(prompt))).expect("routes");
+            let d = w
+                .router
+                .route(&RouteRequest::new(Prompt::Tokens(prompt)))
+                .expect("routes");
             let t1 = Instant::now();
             w.router.on_prefilled(d.request_id);
             lock.take();

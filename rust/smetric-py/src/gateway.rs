@@ -653,4 +653,15 @@ impl PyGatewayTokenSource {
         d.set_item("bytes", bytes)?;
         Ok(d)
     }
+
+    /// The message cache's `hits`, `misses`, `messages` and charged `bytes`.
+    fn message_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (hits, misses, messages, bytes) = self.inner.message_cache().stats();
+        let d = PyDict::new(py);
+        d.set_item("hits", hits)?;
+        d.set_item("misses", misses)?;
+        d.set_item("messages", messages)?;
+        d.set_item("bytes", bytes)?;
+        Ok(d)
+    }
 }

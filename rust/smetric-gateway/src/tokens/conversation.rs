@@ -10,9 +10,26 @@
 //! this port does not cover (a content that is neither text, null nor a list), is an error:
 //! the caller then hands the request to the app, whose answer it is.
 //! Complexity: O(conversation size).
+//!
+//! **The message cache** ([`MessageCache`]): each message of a chat body is normalised from its
+//! own JSON text alone (and the template's content format), so the normalised message is kept by
+//! that text, and a session's next turn, which re-sends its whole history byte for byte, parses
+//! and normalises only its new messages. In the gateway's profile of a 32K-token follow-up in
+//! tokenizer mode, the parse into template values and the normalisation were ≈ 20 % of its CPU
+//! (`BENCHMARKS.md`, "The message cache"). A hit is the very text (compared, not only hashed),
+//! under the same content format; only messages that normalised without an error are kept.
+
+use std::sync::Mutex;
 
 use indexmap::IndexMap;
 use minijinja::value::{Value, ValueKind};
+use serde_json::value::RawValue;
+
+use super::text_lru::TextLru;
+
+/// What a cached message is charged beyond twice its JSON text's bytes (the text as the key, and
+/// about as much again in the values parsed from it): its maps and the entry.
+pub const MESSAGE_OVERHEAD_BYTES: usize = 512;
 
 /// vLLM's content format for a template (`--chat-template-content-format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,10 +113,11 @@ const MEDIA: [(&str, &str); 8] = [
 
 /// One content part (`_part`): a text, a media marker (the "openai" format), or nothing.
 fn part(part: &Value, format: ContentFormat) -> Result<Option<Value>> {
-    if let Some(text) = part.as_str() {
+    if part.kind() == ValueKind::String {
+        // The string itself, shared (a long history's turn is one such part): not a copy.
         return Ok(Some(match format {
-            ContentFormat::OpenAi => text_part(Value::from(text)),
-            ContentFormat::String => Value::from(text),
+            ContentFormat::OpenAi => text_part(part.clone()),
+            ContentFormat::String => part.clone(),
         }));
     }
     if part.kind() != ValueKind::Map {
@@ -283,27 +301,104 @@ pub enum Messages<'a> {
 }
 
 /// The conversation the template sees, and its messages' roles (for the turn verdict).
-pub fn conversation(messages: Messages<'_>, format: ContentFormat) -> Result<(Vec<Value>, Vec<String>)> {
+///
+/// With `cache`, a chat body's messages (JSON text) are looked up there by their text first, and
+/// the ones normalised anew are kept there.
+pub fn conversation(
+    messages: Messages<'_>,
+    format: ContentFormat,
+    cache: Option<&MessageCache>,
+) -> Result<(Vec<Value>, Vec<String>)> {
     let parsed: Vec<Value>;
-    let messages = match messages {
-        Messages::Json(text) => {
+    let messages = match (messages, cache) {
+        (Messages::Json(text), Some(cache)) => return cache.conversation(text, format),
+        (Messages::Json(text), None) => {
             parsed = serde_json::from_str(text).map_err(|e| ConversationError(e.to_string()))?;
             &parsed[..]
         }
-        Messages::Values(values) => values,
+        (Messages::Values(values), _) => values,
     };
-    let mut out = Vec::with_capacity(messages.len());
-    let mut roles = Vec::with_capacity(messages.len());
-    for m in messages {
-        let normalised = message(m, format)?;
-        roles.push(
-            get(&normalised, "role")
-                .and_then(|r| r.as_str().map(str::to_owned))
-                .unwrap_or_default(),
-        );
-        out.push(normalised);
-    }
+    let out = messages
+        .iter()
+        .map(|m| message(m, format))
+        .collect::<Result<Vec<Value>>>()?;
+    let roles = out.iter().map(role_of).collect();
     Ok((out, roles))
+}
+
+/// A normalised message's role (empty when it has none: the template sees the same).
+fn role_of(normalised: &Value) -> String {
+    get(normalised, "role")
+        .and_then(|r| r.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Normalised messages by their JSON text (module docs), within a bound in charged bytes.
+pub struct MessageCache {
+    lru: Mutex<TextLru<(ContentFormat, Value)>>,
+    bound: usize,
+}
+
+impl std::fmt::Debug for MessageCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MessageCache")
+            .field("bound", &self.bound)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MessageCache {
+    /// An empty cache of at most `bound` charged bytes (0: nothing is kept).
+    pub fn new(bound: usize) -> Self {
+        Self {
+            lru: Mutex::new(TextLru::default()),
+            bound,
+        }
+    }
+
+    /// The cache's `hits`, `misses`, messages kept and charged bytes.
+    pub fn stats(&self) -> (u64, u64, usize, usize) {
+        let lru = self.lru.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (lru.hits, lru.misses, lru.len(), lru.bytes())
+    }
+
+    /// [`conversation`] of a chat body's `messages` text through the cache.
+    fn conversation(&self, text: &str, format: ContentFormat) -> Result<(Vec<Value>, Vec<String>)> {
+        let raws: Vec<&RawValue> = serde_json::from_str(text).map_err(|e| ConversationError(e.to_string()))?;
+        // Looked up under one lock, normalised outside it, kept under one more.
+        let found: Vec<Option<Value>> = {
+            let mut lru = self.lru.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let found: Vec<Option<Value>> = raws
+                .iter()
+                .map(|raw| lru.get(raw.get()).filter(|(f, _)| *f == format).map(|(_, v)| v))
+                .collect();
+            let hits = found.iter().filter(|v| v.is_some()).count();
+            lru.hits += hits as u64;
+            lru.misses += (found.len() - hits) as u64;
+            found
+        };
+        let mut out = Vec::with_capacity(raws.len());
+        let mut fresh = Vec::new();
+        for (raw, hit) in raws.iter().zip(found) {
+            if let Some(kept) = hit {
+                out.push(kept);
+                continue;
+            }
+            let parsed: Value = serde_json::from_str(raw.get()).map_err(|e| ConversationError(e.to_string()))?;
+            let normalised = message(&parsed, format)?;
+            fresh.push((raw.get(), normalised.clone()));
+            out.push(normalised);
+        }
+        if self.bound > 0 && !fresh.is_empty() {
+            let mut lru = self.lru.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (text, normalised) in fresh {
+                let charged = 2 * text.len() + MESSAGE_OVERHEAD_BYTES;
+                lru.keep(text, (format, normalised), charged, self.bound);
+            }
+        }
+        let roles = out.iter().map(role_of).collect();
+        Ok((out, roles))
+    }
 }
 
 /// A tool as vLLM's `ChatCompletionToolsParam.model_dump()` gives it (`_tool_dump`).
@@ -351,6 +446,7 @@ mod tests {
                  "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{\"z\": 1, \"a\": 2}"}, "type": "function"}]},
                 {"role": "tool", "tool_call_id": "1", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}]"#),
             ContentFormat::String,
+            None,
         )
         .unwrap();
         assert_eq!(roles, ["user", "assistant", "tool"]);
@@ -366,6 +462,7 @@ mod tests {
         let (open, _) = conversation(
             Messages::Json(r#"[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]"#),
             ContentFormat::OpenAi,
+            None,
         )
         .unwrap();
         assert_eq!(
@@ -382,7 +479,7 @@ mod tests {
             r#"[{"role": "user", "content": [{"type": "text", "text": 3}]}]"#,
         ] {
             assert!(
-                conversation(Messages::Json(body), ContentFormat::String).is_err(),
+                conversation(Messages::Json(body), ContentFormat::String, None).is_err(),
                 "{body}"
             );
         }

@@ -2,7 +2,8 @@
 //! the model's chat template (`template`, over the
 //! conversation as vLLM shapes it, `conversation`, with values printed as Python prints them,
 //! `pyvalue`), the `tokenizer.json` encoder with its piece cache (`piecewise`), the approximate
-//! ids of a text (`approximate`), and the source that joins them (`source`). Declarations and
+//! ids of a text (`approximate`), the byte-bounded LRU both caches use (`text_lru`), and the
+//! source that joins them (`source`). Declarations and
 //! re-exports only.
 
 mod approximate;
@@ -11,9 +12,10 @@ mod piecewise;
 mod pyvalue;
 mod source;
 mod template;
+mod text_lru;
 
 pub use approximate::{byte_chunk_ids, chunk_ids};
-pub use conversation::{ContentFormat, Messages};
+pub use conversation::{ContentFormat, MESSAGE_OVERHEAD_BYTES, MessageCache, Messages};
 pub use piecewise::{
     ENTRY_OVERHEAD_BYTES, OverBudget, PiecewiseEncoder, TokenizerError, piecewise_blockers, with_encode_budget,
 };

@@ -22,12 +22,13 @@
 //! a cache hit or insert is O(log entries) (the LRU order is a `BTreeMap` of stamps).
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use tokenizers::Tokenizer;
+
+use super::text_lru::TextLru;
 
 /// Bytes charged per cached piece besides its text and ids (map slots, the stamp, headers).
 pub const ENTRY_OVERHEAD_BYTES: usize = 96;
@@ -132,49 +133,9 @@ pub fn piecewise_blockers(config: &serde_json::Value) -> Vec<String> {
     reasons
 }
 
-/// The piece cache: piece → (ids, LRU stamp), the stamps in order, the charged bytes.
-#[derive(Default)]
-struct Cache {
-    pieces: HashMap<Arc<str>, (Arc<[u32]>, u64), foldhash::quality::RandomState>,
-    order: BTreeMap<u64, Arc<str>>,
-    bytes: usize,
-    next_stamp: u64,
-    hits: u64,
-    misses: u64,
-}
-
+/// What a cached piece is charged: its UTF-8 bytes, 4 per id and [`ENTRY_OVERHEAD_BYTES`].
 fn cost(piece: &str, ids: &[u32]) -> usize {
     piece.len() + 4 * ids.len() + ENTRY_OVERHEAD_BYTES
-}
-
-impl Cache {
-    fn get(&mut self, piece: &str) -> Option<Arc<[u32]>> {
-        let stamp = self.next_stamp;
-        let (ids, old) = self.pieces.get_mut(piece)?;
-        let key = self.order.remove(old)?;
-        *old = stamp;
-        self.order.insert(stamp, key);
-        self.next_stamp += 1;
-        Some(ids.clone())
-    }
-
-    fn keep(&mut self, piece: &str, ids: Arc<[u32]>, bound: usize) {
-        let charged = cost(piece, &ids);
-        if charged > bound || self.pieces.contains_key(piece) {
-            return;
-        }
-        let key: Arc<str> = Arc::from(piece);
-        self.order.insert(self.next_stamp, key.clone());
-        self.pieces.insert(key, (ids, self.next_stamp));
-        self.next_stamp += 1;
-        self.bytes += charged;
-        while self.bytes > bound {
-            let Some((_, old)) = self.order.pop_first() else { break };
-            if let Some((old_ids, _)) = self.pieces.remove(&old) {
-                self.bytes -= cost(&old, &old_ids);
-            }
-        }
-    }
 }
 
 /// The ids a tokenizer puts before and after a text (`add_special_tokens`).
@@ -192,7 +153,8 @@ pub struct PiecewiseEncoder {
     added: Vec<u32>,
     split: Option<AhoCorasick>,
     cache_bytes: usize,
-    cache: Mutex<Cache>,
+    /// The piece cache: piece → ids.
+    cache: Mutex<TextLru<Arc<[u32]>>>,
     /// Why pieces are not exact for this tokenizer (empty: they are, if the probe agreed).
     pub blockers: Vec<String>,
     /// Texts are encoded piece by piece (else whole, every time).
@@ -255,7 +217,7 @@ impl PiecewiseEncoder {
             added,
             split,
             cache_bytes,
-            cache: Mutex::new(Cache::default()),
+            cache: Mutex::new(TextLru::default()),
             blockers: piecewise_blockers(&config),
             exact_pieces: false,
         };
@@ -371,7 +333,8 @@ impl PiecewiseEncoder {
         if cached && self.cache_bytes > 0 && !fresh.is_empty() {
             let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             for (piece, ids) in fresh {
-                cache.keep(piece, ids, self.cache_bytes);
+                let charged = cost(piece, &ids);
+                cache.keep(piece, ids, charged, self.cache_bytes);
             }
         }
         Ok(out)
@@ -396,7 +359,7 @@ impl PiecewiseEncoder {
     /// `(hits, misses, pieces, charged bytes)` of the cache.
     pub fn cache_stats(&self) -> (u64, u64, usize, usize) {
         let cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        (cache.hits, cache.misses, cache.pieces.len(), cache.bytes)
+        (cache.hits, cache.misses, cache.len(), cache.bytes())
     }
 }
 

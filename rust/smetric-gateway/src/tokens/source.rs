@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 
 use super::approximate::chunk_ids;
-use super::conversation::{ContentFormat, Messages};
+use super::conversation::{ContentFormat, MessageCache, Messages};
 use super::piecewise::{Affixes, PiecewiseEncoder, TokenizerError};
 use super::template::{ChatTemplate, RenderError, RenderRequest};
 
@@ -27,7 +27,7 @@ pub struct TokenSettings {
     pub templates: Vec<(String, String, ContentFormat)>,
     /// The named special tokens a template sees (`bos_token`, `eos_token`, …).
     pub special_tokens: Vec<(String, String)>,
-    /// The piece cache's bound in bytes (0: no cache).
+    /// The piece cache's bound in bytes (0: no cache); the message cache has the same bound.
     pub piece_cache_bytes: usize,
     /// Without a tokenizer: the bytes per approximate id ([`chunk_ids`]).
     pub approx_chunk_bytes: usize,
@@ -83,6 +83,9 @@ pub struct TokenSource {
     leading_system: [LeadingSystem; 2],
     /// Without a tokenizer: the bytes per approximate id.
     approx_chunk_bytes: usize,
+    /// Chat bodies' messages as the templates see them, by their JSON text (`conversation.rs`),
+    /// within the piece cache's bound.
+    messages: MessageCache,
 }
 
 /// The probe of [`LeadingSystem`].
@@ -96,7 +99,7 @@ fn probe_leading_system(template: &ChatTemplate) -> LeadingSystem {
         continue_final_message: false,
         chat_template_kwargs: None,
     };
-    match template.render(&request) {
+    match template.render(&request, None) {
         Ok(_) => LeadingSystem::Free,
         Err(e) if e.raised() => LeadingSystem::Required,
         Err(_) => LeadingSystem::Unknown,
@@ -144,6 +147,7 @@ impl TokenSource {
             tool_use,
             leading_system,
             approx_chunk_bytes: settings.approx_chunk_bytes,
+            messages: MessageCache::new(settings.piece_cache_bytes),
         })
     }
 
@@ -151,6 +155,11 @@ impl TokenSource {
     /// message after the first.
     pub fn requires_leading_system(&self, tools: bool) -> LeadingSystem {
         self.leading_system[usize::from(tools)]
+    }
+
+    /// The message cache (its figures).
+    pub fn message_cache(&self) -> &MessageCache {
+        &self.messages
     }
 
     /// The encoder (its cache's figures), in tokenizer mode.
@@ -201,7 +210,7 @@ impl TokenSource {
             (Some(tool_use), Some(_)) => tool_use,
             _ => &self.default,
         };
-        let (text, roles) = template.render(req)?;
+        let (text, roles) = template.render(req, Some(&self.messages))?;
         Ok(ChatIds {
             ids: self.text_ids(&text, add_special_tokens)?,
             roles,

@@ -17,7 +17,9 @@ use std::fmt::Write;
 use minijinja::value::{Kwargs, Rest, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
-use super::conversation::{ContentFormat, ConversationError, Map, Messages, conversation, get, map_value, tool_dump};
+use super::conversation::{
+    ContentFormat, ConversationError, Map, MessageCache, Messages, conversation, get, map_value, tool_dump,
+};
 use super::pyvalue::{JsonStyle, py_json, py_str};
 
 /// transformers' marker for `continue_final_message`, appended to the final message's text.
@@ -266,10 +268,16 @@ fn strftime(format: &str, secs: u64) -> Result<String, Error> {
 
 /// `{{ value }}` as Python's `str()` writes it.
 fn python_formatter(out: &mut minijinja::Output, _state: &mut State, value: &Value) -> Result<(), Error> {
-    let mut text = String::new();
-    py_str(value, &mut text);
-    out.write_str(&text)
-        .map_err(|_| Error::new(ErrorKind::WriteFailure, "write failed"))
+    // A string prints as itself (`py_str`'s case), written without a copy: a message's text is
+    // most of a conversation's bytes.
+    let written = if let Some(text) = value.as_str().filter(|_| value.kind() == ValueKind::String) {
+        out.write_str(text)
+    } else {
+        let mut text = String::new();
+        py_str(value, &mut text);
+        out.write_str(&text)
+    };
+    written.map_err(|_| Error::new(ErrorKind::WriteFailure, "write failed"))
 }
 
 impl ChatTemplate {
@@ -310,12 +318,17 @@ impl ChatTemplate {
         self.format
     }
 
-    /// The prompt text vLLM renders for this request, and its messages' roles.
+    /// The prompt text vLLM renders for this request, and its messages' roles; a chat body's
+    /// messages through `cache` when there is one.
     ///
     /// # Errors
     /// The template raised or failed, or the conversation is one the app must answer.
-    pub fn render(&self, req: &RenderRequest<'_>) -> Result<(String, Vec<String>), RenderError> {
-        let (mut chat, roles) = conversation(req.messages, self.format)?;
+    pub fn render(
+        &self,
+        req: &RenderRequest<'_>,
+        cache: Option<&MessageCache>,
+    ) -> Result<(String, Vec<String>), RenderError> {
+        let (mut chat, roles) = conversation(req.messages, self.format, cache)?;
         if chat.is_empty() {
             // The app's request parse refuses it before any template sees it.
             return Err(RenderError("messages must be a non-empty list".to_owned()));
@@ -423,14 +436,48 @@ mod tests {
 
     fn render(source: &str, messages: &str, agp: bool) -> Result<String, RenderError> {
         let t = ChatTemplate::new(source, ContentFormat::String, vec![("eos_token".into(), "</s>".into())])?;
-        t.render(&RenderRequest {
+        t.render(&request(messages, agp), None).map(|(text, _)| text)
+    }
+
+    fn request(messages: &str, add_generation_prompt: bool) -> RenderRequest<'_> {
+        RenderRequest {
             messages: Messages::Json(messages),
             tools: None,
-            add_generation_prompt: agp,
+            add_generation_prompt,
             continue_final_message: false,
             chat_template_kwargs: None,
-        })
-        .map(|(text, _)| text)
+        }
+    }
+
+    /// A conversation rendered through the message cache is the one rendered without it, turn
+    /// after turn, for two templates of different content formats sharing the cache (the same
+    /// message normalises differently in each: a cache that ignored the format would give one
+    /// template the other's messages, and `tojson` would show it).
+    #[test]
+    fn the_message_cache_renders_what_a_render_without_it_does() {
+        let source = "{% for m in messages %}<{{ m.role }}>{{ m.content | tojson }}\n{% endfor %}";
+        let string = ChatTemplate::new(source, ContentFormat::String, Vec::new()).unwrap();
+        let openai = ChatTemplate::new(source, ContentFormat::OpenAi, Vec::new()).unwrap();
+        let cache = MessageCache::new(1 << 20);
+        let turn1 = r#"[{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}, "b"]}]"#;
+        let turn2 = r#"[{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}, "b"]},
+            {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]"#;
+        for messages in [turn1, turn2, turn2] {
+            for t in [&string, &openai] {
+                let req = request(messages, true);
+                assert_eq!(t.render(&req, Some(&cache)).unwrap(), t.render(&req, None).unwrap());
+            }
+        }
+        // The string template's turns: 2 new, then 2 kept and 2 new, then 4 kept; the other
+        // template's lookups all find the string format's entries, which are not its own.
+        let (hits, misses, kept, _) = cache.stats();
+        assert_eq!((hits, misses, kept), (6, 14, 4));
+        // A message that does not normalise is refused each time and never kept.
+        let bad = r#"[{"role": 1, "content": "x"}]"#;
+        for _ in 0..2 {
+            assert!(string.render(&request(bad, true), Some(&cache)).is_err());
+        }
+        assert_eq!(cache.stats().2, 4);
     }
 
     #[test]
@@ -460,15 +507,18 @@ mod tests {
         )
         .unwrap();
         let (text, _) = t
-            .render(&RenderRequest {
-                messages: Messages::Json(
-                    r#"[{"role": "user", "content": "q"}, {"role": "assistant", "content": "par"}]"#,
-                ),
-                tools: None,
-                add_generation_prompt: true,
-                continue_final_message: true,
-                chat_template_kwargs: None,
-            })
+            .render(
+                &RenderRequest {
+                    messages: Messages::Json(
+                        r#"[{"role": "user", "content": "q"}, {"role": "assistant", "content": "par"}]"#,
+                    ),
+                    tools: None,
+                    add_generation_prompt: true,
+                    continue_final_message: true,
+                    chat_template_kwargs: None,
+                },
+                None,
+            )
             .unwrap();
         assert_eq!(text, "<user>q</user>\n<assistant>par");
     }
