@@ -645,23 +645,27 @@ impl PyGatewayTokenSource {
 
     /// The piece cache's `hits`, `misses`, `pieces` and charged `bytes`.
     fn cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (hits, misses, pieces, bytes) = self.inner.encoder().map_or((0, 0, 0, 0), PiecewiseEncoder::cache_stats);
-        let d = PyDict::new(py);
-        d.set_item("hits", hits)?;
-        d.set_item("misses", misses)?;
-        d.set_item("pieces", pieces)?;
-        d.set_item("bytes", bytes)?;
-        Ok(d)
+        let stats = self.inner.encoder().map_or((0, 0, 0, 0), PiecewiseEncoder::cache_stats);
+        cache_dict(py, stats, "pieces")
     }
 
     /// The message cache's `hits`, `misses`, `messages` and charged `bytes`.
     fn message_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (hits, misses, messages, bytes) = self.inner.message_cache().stats();
-        let d = PyDict::new(py);
-        d.set_item("hits", hits)?;
-        d.set_item("misses", misses)?;
-        d.set_item("messages", messages)?;
-        d.set_item("bytes", bytes)?;
-        Ok(d)
+        cache_dict(py, self.inner.message_cache().stats(), "messages")
     }
+}
+
+/// A cache's figures as the stub types them: `hits`, `misses`, the entries under `entries`'
+/// name, and the charged `bytes`.
+fn cache_dict<'py>(
+    py: Python<'py>,
+    (hits, misses, kept, bytes): (u64, u64, usize, usize),
+    entries: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("hits", hits)?;
+    d.set_item("misses", misses)?;
+    d.set_item(entries, kept)?;
+    d.set_item("bytes", bytes)?;
+    Ok(d)
 }

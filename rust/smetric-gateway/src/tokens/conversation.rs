@@ -29,7 +29,7 @@ use super::text_lru::TextLru;
 
 /// What a cached message is charged beyond twice its JSON text's bytes (the text as the key, and
 /// about as much again in the values parsed from it): its maps and the entry.
-pub const MESSAGE_OVERHEAD_BYTES: usize = 512;
+const MESSAGE_OVERHEAD_BYTES: usize = 512;
 
 /// vLLM's content format for a template (`--chat-template-content-format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

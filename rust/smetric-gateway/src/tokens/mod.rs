@@ -15,7 +15,7 @@ mod template;
 mod text_lru;
 
 pub use approximate::{byte_chunk_ids, chunk_ids};
-pub use conversation::{ContentFormat, MESSAGE_OVERHEAD_BYTES, MessageCache, Messages};
+pub use conversation::{ContentFormat, MessageCache, Messages};
 pub use piecewise::{
     ENTRY_OVERHEAD_BYTES, OverBudget, PiecewiseEncoder, TokenizerError, piecewise_blockers, with_encode_budget,
 };
