@@ -217,13 +217,11 @@ impl InstanceLoad {
             .compare_exchange(seen, seen.wrapping_add(1), Ordering::AcqRel, Ordering::Relaxed)
             .is_ok();
         if !committed {
-            // The exact inverse of the add above, which no other call can have undone (each
-            // subtraction elsewhere follows its own request's add).
-            self.bs.fetch_sub(1, Ordering::Relaxed);
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-            self.queued.fetch_sub(prefill_tokens, Ordering::Relaxed);
-            self.queued_work.fetch_sub(work, Ordering::Relaxed);
-            self.active.fetch_sub(prompt_tokens, Ordering::Relaxed);
+            // Taken back as a request's lifecycle takes its add back (prefill, then done): the
+            // exact inverse, as the add above is still counted (each subtraction elsewhere
+            // follows its own request's add), so the saturating subtractions never saturate.
+            self.on_prefilled(prefill_tokens, work);
+            self.on_done(prompt_tokens);
         }
         committed
     }

@@ -8,8 +8,9 @@
 //! keys two dicts by every instance's name on each call; with the GIL held all along, that
 //! work is what a second querying thread waits for.
 //!
-//! Algorithm: a map (multiply-mix hashed, `MixMap`) from the address of the core's `Arc<str>` of a name to that `Arc` (kept,
-//! so the address names that one string while it is a key) and its Python string.
+//! Algorithm: a map (multiply-mix hashed, `MixMap`) from the address of the core's `Arc<str>`
+//! of a name to that `Arc` (kept, so the address names that one string while it is a key) and
+//! its Python string.
 //! Invariants: every access holds the GIL, so the mutex is never waited for; at most
 //! [`MAX_NAMES`] entries (instances that come and go under new names make the cache start
 //! over, never grow without bound). Complexity: O(1) a name.
