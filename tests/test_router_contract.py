@@ -241,8 +241,19 @@ def test_names_follow_the_fleet_through_churn() -> None:
     assert list(r.query([2] * 32).host) == ["x4999", "b"]
 
 
-def test_routes_from_many_threads() -> None:
-    r = Router([f"i{k}" for k in range(8)], policy="smetric")
+@pytest.mark.parametrize(
+    "config",
+    [
+        RouterConfig(),
+        # The two forms whose lifecycle calls release the GIL (they may wait behind a long
+        # hold: `Router::lifecycle_may_wait`); the default keeps it through them.
+        RouterConfig(index_mode="exact", exact_answer_credit=True),
+        RouterConfig().paper(),
+    ],
+    ids=["default", "exact-answer-credit", "decode-mask"],
+)
+def test_routes_from_many_threads(config: RouterConfig) -> None:
+    r = Router([f"i{k}" for k in range(8)], policy="smetric", config=config)
     prompts = [np.arange(k * 1000, k * 1000 + 4096, dtype=np.int32) for k in range(8)]
     errors: list[BaseException] = []
 

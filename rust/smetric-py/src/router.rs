@@ -3,13 +3,17 @@
 //! Per request: arguments are converted with the GIL held, then hashing, the index query,
 //! scoring and bookkeeping run with the GIL released
 //! (`py.detach`), so `route()` from many Python threads proceeds in parallel: hashing and the
-//! index walk (under the core's shared index lock) overlap, the commit (scoring, insert on
-//! route, load bump, under its exclusive lock) does not.
+//! index walk (under the core's shared index lock) overlap, and so do decisions (each commits
+//! its load bump with a compare-and-swap; a write that moves blocks takes the exclusive lock or
+//! is handed to its holder).
 //!
 //! The GIL, per call: taken once on the way in (the arguments), released for the whole core
-//! call, taken once on the way out (the result), whatever the core does — no call waits for a
-//! core lock while holding it (the lifecycle calls too: they take the in-flight table's and the
-//! drain rate's mutexes, and in exact mode `on_finished` the index's exclusive lock). Token ids
+//! call, taken once on the way out (the result), whatever the core does — except where the
+//! release costs more than it frees: a prompt of at most [`HOLD_GIL_MAX_IDS`] ids is routed
+//! with it held, and so is a lifecycle call (`on_prefilled`, `on_finished`, `on_aborted`,
+//! O(1)) unless it may wait for a lock held for long (`Router::lifecycle_may_wait`: exact
+//! mode's answer credit, the decode mask). No call holds it while waiting for more than
+//! another call's O(1) work under a core lock, and the core never takes it. Token ids
 //! in a contiguous, 8-byte-aligned int32/uint32 buffer are not copied: the core reads them in
 //! place after the release, through atomic loads, checking them as it hashes
 //! (`convert::InPlaceIds`; a 32K-token prompt 13.5 → 11.3 µs, BENCHMARKS.md "Token ids read in
@@ -126,6 +130,19 @@ pub(crate) struct PyRouter {
 /// hand-off longer than for such a call (two threads routing 1K prompts went faster with it
 /// held). numpy holds the GIL below a size for the same reason.
 pub(crate) const HOLD_GIL_MAX_IDS: usize = 2048;
+
+/// Runs a lifecycle call of `router`, with the GIL held unless the call may wait for a lock
+/// held for long ([`Router::lifecycle_may_wait`]). Such a call is O(1) (≈ 0.1–0.2 µs) and its
+/// locks are held only for O(1) work by threads that never need the GIL, so the wait with it
+/// held is short; releasing and re-taking it would cost about as much as the call, and a
+/// second Python thread would be handed the GIL twice per call for nothing.
+fn lifecycle_call<T: Send>(py: Python<'_>, router: &Router, call: impl FnOnce() -> T + Send) -> T {
+    if router.lifecycle_may_wait() {
+        py.detach(call)
+    } else {
+        call()
+    }
+}
 
 /// A prompt as converted with the GIL held: owned, so it can cross `py.detach`, where
 /// [`PromptArg::check`] finishes it.
@@ -491,9 +508,7 @@ impl PyRouter {
     #[pyo3(signature = (request_id, now = None))]
     fn on_prefilled(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>, now: Option<f64>) -> PyResult<bool> {
         let (id, inner) = (convert::request_id(request_id)?, &self.inner);
-        // The core takes the in-flight table's mutex and the drain rate's: a thread waiting
-        // for them must not hold the GIL (the holder may be a thread that needs it next).
-        py.detach(|| inner.on_prefilled_at(id, now)).py()
+        lifecycle_call(py, inner, || inner.on_prefilled_at(id, now)).py()
     }
 
     /// The request finished, having generated ``output_tokens`` tokens, at ``now``.
@@ -506,14 +521,13 @@ impl PyRouter {
         now: Option<f64>,
     ) -> PyResult<bool> {
         let (id, inner) = (convert::request_id(request_id)?, &self.inner);
-        // As `on_prefilled`; in exact mode it may also wait for the index's exclusive lock.
-        py.detach(|| inner.on_finished_at(id, output_tokens, now)).py()
+        lifecycle_call(py, inner, || inner.on_finished_at(id, output_tokens, now)).py()
     }
 
     /// The request was aborted.
     fn on_aborted(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let (id, inner) = (convert::request_id(request_id)?, &self.inner);
-        Ok(py.detach(|| inner.on_aborted(id)))
+        Ok(lifecycle_call(py, inner, || inner.on_aborted(id)))
     }
 
     /// Adds an instance to the fleet.

@@ -90,3 +90,28 @@ fn finished_streams_teach_the_decode_pace_only_under_the_mask() {
         }
     }
 }
+
+#[test]
+fn lifecycle_calls_may_wait_only_behind_the_long_holds() {
+    // The binding keeps the GIL through a lifecycle call unless this says it may wait: the
+    // decode mask (a decision's pass over the in-flight table) or exact mode's answer credit
+    // (the index's exclusive lock behind a decision's write).
+    assert!(router(DecodeMask::Honest).lifecycle_may_wait());
+    assert!(router(DecodeMask::Oracle).lifecycle_may_wait());
+    assert!(!router(DecodeMask::Off).lifecycle_may_wait());
+    let names = vec!["i0".to_owned(), "i1".to_owned()];
+    let with = |config: RouterConfig| Router::new(&names, PolicyKind::Smetric, 16, 0, config).unwrap();
+    assert!(!with(RouterConfig::default()).lifecycle_may_wait());
+    let exact = RouterConfig {
+        index_mode: IndexMode::Exact,
+        ..RouterConfig::default()
+    };
+    assert!(!with(exact.clone()).lifecycle_may_wait());
+    assert!(
+        with(RouterConfig {
+            exact_answer_credit: true,
+            ..exact
+        })
+        .lifecycle_may_wait()
+    );
+}

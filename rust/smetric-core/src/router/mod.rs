@@ -276,6 +276,17 @@ impl Router {
         }
     }
 
+    /// Whether a lifecycle call (`on_prefilled`, `on_finished`, `on_aborted`) may wait for a
+    /// lock another caller holds for more than O(1) work: the index's exclusive lock, which an
+    /// exact-mode `on_finished` takes to credit an answer (a decision's write holds it for
+    /// O(prompt blocks)), or the in-flight table's mutex, which a decision holds for
+    /// O(in flight) while the decode mask reads live decodes. Otherwise every holder of the
+    /// locks a lifecycle call takes does O(1) work under them (a map operation, a drain-rate
+    /// window's update), so a binding may wait for them without releasing its interpreter lock.
+    pub fn lifecycle_may_wait(&self) -> bool {
+        self.decode_mask_on() || (self.config.index_mode == IndexMode::Exact && self.config.exact_answer_credit)
+    }
+
     /// Whether decisions apply `smetric` v2's decode mask (co-located routers only: a prefill
     /// pool has no decodes), so that the router tracks live decodes for it.
     pub(crate) fn decode_mask_on(&self) -> bool {
