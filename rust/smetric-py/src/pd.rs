@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use smetric_core::DEFAULT_BLOCK_SIZE;
 use smetric_core::pd::{DecodeRule, PdConfig, PdRouter};
-use smetric_core::{DEFAULT_BLOCK_SIZE, PolicyKind, RouterConfig, SmetricError};
 
 use crate::config::PyRouterConfig;
 use crate::convert;
-use crate::errors::{IntoPyResult, to_py};
-use crate::router::{RouteArgs, load_dict, reported_request_id};
+use crate::errors::IntoPyResult;
+use crate::router::{RouteArgs, load_dict, reported_request_id, router_arguments};
 
 /// The outcome of :meth:`PdRouter.route`.
 #[pyclass(frozen, module = "smetric._core", name = "PdDecision")]
@@ -127,21 +127,7 @@ impl PyPdRouter {
         decode_capacity_blocks: u64,
         decode_max_batch: u64,
     ) -> PyResult<Self> {
-        let kind = PolicyKind::parse(policy).py()?;
-        let block_size = u32::try_from(block_size).ok().filter(|&b| b > 0).ok_or_else(|| {
-            to_py(&SmetricError::InvalidBlockSize {
-                block_size: block_size.max(0) as u64,
-            })
-        })?;
-        let config = match config {
-            Some(c) => c,
-            None => Py::new(
-                py,
-                PyRouterConfig {
-                    inner: RouterConfig::default(),
-                },
-            )?,
-        };
+        let (kind, block_size, config) = router_arguments(py, policy, block_size, config)?;
         let pd = PdConfig {
             decode_rule: decode_rule.map(DecodeRule::parse).transpose().py()?,
             decode_capacity_blocks,

@@ -131,6 +131,32 @@ pub(crate) struct PyRouter {
 /// held). numpy holds the GIL below a size for the same reason.
 pub(crate) const HOLD_GIL_MAX_IDS: usize = 2048;
 
+/// A router's constructor arguments checked: the policy parsed, the block size positive and
+/// within `u32`, the configuration given or the default (shared by `Router` and `PdRouter`).
+pub(crate) fn router_arguments(
+    py: Python<'_>,
+    policy: &str,
+    block_size: i64,
+    config: Option<Py<PyRouterConfig>>,
+) -> PyResult<(PolicyKind, u32, Py<PyRouterConfig>)> {
+    let kind = PolicyKind::parse(policy).py()?;
+    let block_size = u32::try_from(block_size).ok().filter(|&b| b > 0).ok_or_else(|| {
+        to_py(&SmetricError::InvalidBlockSize {
+            block_size: block_size.max(0) as u64,
+        })
+    })?;
+    let config = match config {
+        Some(c) => c,
+        None => Py::new(
+            py,
+            PyRouterConfig {
+                inner: RouterConfig::default(),
+            },
+        )?,
+    };
+    Ok((kind, block_size, config))
+}
+
 /// Runs a lifecycle call of `router`, with the GIL held unless the call may wait for a lock
 /// held for long ([`Router::lifecycle_may_wait`]). Such a call is O(1) (≈ 0.1–0.2 µs) and its
 /// locks are held only for O(1) work by threads that never need the GIL, so the wait with it
@@ -397,21 +423,7 @@ impl PyRouter {
         seed: u64,
         config: Option<Py<PyRouterConfig>>,
     ) -> PyResult<Self> {
-        let kind = PolicyKind::parse(policy).py()?;
-        let block_size = u32::try_from(block_size).ok().filter(|&b| b > 0).ok_or_else(|| {
-            to_py(&SmetricError::InvalidBlockSize {
-                block_size: block_size.max(0) as u64,
-            })
-        })?;
-        let config = match config {
-            Some(c) => c,
-            None => Py::new(
-                py,
-                PyRouterConfig {
-                    inner: RouterConfig::default(),
-                },
-            )?,
-        };
+        let (kind, block_size, config) = router_arguments(py, policy, block_size, config)?;
         let inner = Router::new(&instances, kind, block_size, seed, config.get().inner.clone()).py()?;
         Ok(Self {
             inner: Arc::new(inner),
