@@ -90,8 +90,12 @@ pub(crate) struct RouteWrite {
 
 /// Tries `take` until it succeeds or the spin budget is spent (module docs).
 fn spin<G>(mut take: impl FnMut() -> Option<G>) -> Option<G> {
+    // The first try before the clock: an uncontended lock (every lock of one thread) reads none.
+    if let Some(guard) = take() {
+        return Some(guard);
+    }
     let start = Instant::now();
-    let mut tries = 0u32;
+    let mut tries = 1u32;
     loop {
         if let Some(guard) = take() {
             return Some(guard);

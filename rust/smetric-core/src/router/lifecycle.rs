@@ -23,7 +23,6 @@
 //! atomics; the index's exclusive lock is taken only by an exact-mode `on_finished` that credits an
 //! answer (one map insert, amortised O(1)).
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{Router, to_ms};
@@ -68,13 +67,15 @@ pub(super) struct InFlight {
 }
 
 impl Router {
-    /// The load counters of the slot a request was routed to, if that occupant is still there.
-    fn load_of(&self, rec: &InFlight) -> Option<Arc<InstanceLoad>> {
+    /// Runs `f` on the load counters of the slot a request was routed to, if that occupant is
+    /// still there (None otherwise). The fleet is read through a guard: no reference count of
+    /// the counters is taken, a cache line every lifecycle call would otherwise write.
+    fn with_load<T>(&self, rec: &InFlight, f: impl FnOnce(&InstanceLoad) -> T) -> Option<T> {
         let fleet = self.fleet.load();
         fleet
             .member(rec.slot)
             .filter(|m| m.generation == rec.generation)
-            .map(|m| m.load.clone())
+            .map(|m| f(&m.load))
     }
 
     fn unknown(&self) -> bool {
@@ -107,7 +108,12 @@ impl Router {
         if rec.prefilled {
             return false;
         }
-        let Some(load) = self.load_of(rec) else { return false };
+        // The fleet through a guard, as `with_load`: no reference count of the counters taken.
+        let fleet = self.fleet.load();
+        let Some(member) = fleet.member(rec.slot).filter(|m| m.generation == rec.generation) else {
+            return false;
+        };
+        let load = &member.load;
         rec.prefilled = true;
         rec.first_token_ms = now_ms;
         if self.decode_budget_on() {
@@ -180,32 +186,43 @@ impl Router {
     /// # Errors
     /// `InvalidArgument` if `now` is negative or not finite (nothing changes then).
     pub fn on_finished_at(&self, id: RequestId, output_tokens: u64, now: Option<f64>) -> Result<bool> {
-        let now_ms = self.now_ms(now)?;
+        // The caller's time is checked before anything changes; the router's own clock is read
+        // only when a decode sample or an answer's credit needs the time (by default neither).
+        let given_ms = now.map(|t| self.now_ms(Some(t))).transpose()?;
         let Some(rec) = self.requests.lock().remove(&id) else {
             return Ok(self.unknown());
         };
-        // One lookup of the instance serves the release and both decode samples.
-        let Some(load) = self.load_of(&rec) else {
-            return Ok(false);
+        let needs_time = (rec.prefilled && (self.decode_budget_on() || self.decode_mask_on()))
+            || (self.config.index_mode == IndexMode::Exact && self.config.exact_answer_credit);
+        let now_ms = match (given_ms, needs_time) {
+            (Some(ms), _) => ms,
+            (None, true) => self.now_ms(None)?,
+            (None, false) => 0,
         };
-        // The decode budget's sample: the stream's pace against its instance's context, the
-        // mean of the context at its first token and now (before this request leaves it).
-        let context_now = (rec.prefilled && self.decode_budget_on()).then(|| {
-            load.effective(now_ms, to_ms(self.config.engine_load_staleness_s))
-                .active
+        // One lookup of the instance serves the release and both decode samples.
+        let released = self.with_load(&rec, |load| {
+            // The decode budget's sample: the stream's pace against its instance's context, the
+            // mean of the context at its first token and now (before this request leaves it).
+            let context_now = (rec.prefilled && self.decode_budget_on()).then(|| {
+                load.effective(now_ms, to_ms(self.config.engine_load_staleness_s))
+                    .active
+            });
+            release_from(load, &rec);
+            if let Some(context_now) = context_now
+                && output_tokens >= MIN_OUTPUT_TOKENS
+            {
+                let pace_s = now_ms.saturating_sub(rec.first_token_ms) as f64 / 1000.0 / (output_tokens - 1) as f64;
+                let context = (rec.context_at_first_token + context_now) as f64 / 2.0;
+                self.decode_model.record(context, pace_s);
+            }
+            if rec.prefilled && self.decode_mask_on() {
+                // The instance's decode pace, which the honest mask estimates streams by.
+                load.decode_pace
+                    .record(output_tokens, now_ms.saturating_sub(rec.first_token_ms));
+            }
         });
-        release_from(&load, &rec);
-        if let Some(context_now) = context_now
-            && output_tokens >= MIN_OUTPUT_TOKENS
-        {
-            let pace_s = now_ms.saturating_sub(rec.first_token_ms) as f64 / 1000.0 / (output_tokens - 1) as f64;
-            let context = (rec.context_at_first_token + context_now) as f64 / 2.0;
-            self.decode_model.record(context, pace_s);
-        }
-        if rec.prefilled && self.decode_mask_on() {
-            // The instance's decode pace, which the honest mask estimates streams by.
-            load.decode_pace
-                .record(output_tokens, now_ms.saturating_sub(rec.first_token_ms));
+        if released.is_none() {
+            return Ok(false);
         }
         self.output_tokens.fetch_add(output_tokens, Ordering::Relaxed);
         self.credit_answer(&rec, output_tokens, now_ms);
@@ -246,9 +263,7 @@ impl Router {
     /// Releases a forgotten request's counters, applying its prefill step first if it never
     /// came. False when its instance left.
     fn release(&self, rec: &InFlight) -> bool {
-        let Some(load) = self.load_of(rec) else { return false };
-        release_from(&load, rec);
-        true
+        self.with_load(rec, |load| release_from(load, rec)).is_some()
     }
 }
 

@@ -170,9 +170,11 @@ pub struct Router {
     pub(crate) write_order: Mutex<Vec<(crate::ids::RequestId, bool)>>,
 }
 
-/// Converts seconds to the index's millisecond clock.
+/// Converts seconds to the index's millisecond clock, rounded down. (`as` truncates toward zero
+/// and saturates, which is the floor for every value a clock gives, and 0 for a negative or NaN
+/// one as the floor would give: no call into libm's `floor` on each decision.)
 pub(crate) fn to_ms(seconds: f64) -> u64 {
-    (seconds * 1000.0).floor() as u64
+    (seconds * 1000.0) as u64
 }
 
 impl Router {

@@ -993,3 +993,25 @@ fn a_thread_has_one_write_waiting_at_a_time() {
     assert_eq!(run(true), (true, true, 1), "the second route waited for the lock");
     assert_eq!(run(false), (true, false, 2), "without the rule it queues");
 }
+
+#[test]
+fn to_ms_rounds_down_as_the_floor_does() {
+    // The conversion truncates instead of calling `floor`: the same for every input a clock,
+    // a caller's `now` or a configured duration can be.
+    for s in [
+        0.0,
+        0.000_4,
+        0.000_999_9,
+        0.001,
+        1.234_56,
+        5.0,
+        1e9,
+        f64::MAX,
+        f64::INFINITY,
+        -0.000_1,
+        -3.7,
+        f64::NAN,
+    ] {
+        assert_eq!(to_ms(s), (s * 1000.0).floor() as u64, "{s}");
+    }
+}
