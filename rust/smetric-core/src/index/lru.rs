@@ -193,7 +193,16 @@ impl RunLru {
         self.aliases.get(&stored).copied().unwrap_or(stored)
     }
 
-    /// The run numbered `seq` (its sequence number), wherever the cleaning cycle has it.
+    /// The run numbered `seq` (its sequence number), wherever the cleaning cycle has it: the
+    /// queue whose front is not newer, then a binary search in it (each queue is in `seq` order).
+    fn run(&self, seq: u32) -> Option<&Run> {
+        [&self.recent, &self.pending, &self.cleaned]
+            .into_iter()
+            .find(|q| q.front().is_some_and(|r| r.seq <= seq))
+            .and_then(|q| q.binary_search_by_key(&seq, |r| r.seq).ok().map(|i| &q[i]))
+    }
+
+    /// [`RunLru::run`], mutable.
     fn run_mut(&mut self, seq: u32) -> Option<&mut Run> {
         [&mut self.recent, &mut self.pending, &mut self.cleaned]
             .into_iter()
@@ -240,11 +249,7 @@ impl RunLru {
         if self.test_relink == TestRelink::Off {
             return None;
         }
-        let seq = self.seq_of_stored(stored);
-        [&self.recent, &self.pending, &self.cleaned]
-            .into_iter()
-            .find(|q| q.front().is_some_and(|r| r.seq <= seq))
-            .and_then(|q| q.binary_search_by_key(&seq, |r| r.seq).ok().map(|i| &q[i]))
+        self.run(self.seq_of_stored(stored))
             .filter(|r| r.stored == stored && r.live > 0)
             .map(|r| r.ids.as_slice())
     }
