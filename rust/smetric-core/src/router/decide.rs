@@ -26,7 +26,7 @@ use super::{InFlight, Router, to_ms};
 use crate::config::IndexMode;
 use crate::decode_contract::{LiveDecode, balance_s};
 use crate::error::{Result, SmetricError};
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, Member};
 use crate::hash::{chain_root, chain_shared_into, chain_tokens_into, shared_ids_supported};
 use crate::ids::{BlockHash, InstanceId, RequestId};
 use crate::index::{IndexQuery, KvIndex, Walk};
@@ -67,6 +67,22 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
         Ok(mut scratch) => f(&mut scratch),
         Err(_) => f(&mut Scratch::default()),
     })
+}
+
+/// A decision committed on its instance: what the rest of the route records, writes and
+/// answers.
+struct Committed<'f> {
+    reason: Reason,
+    chosen: Candidate,
+    member: &'f Member,
+    /// Prompt tokens the instance is expected to prefill.
+    prefill: u64,
+    /// The prefill work charged on the instance (the store's load included).
+    work: u64,
+    /// Tokens loaded from the shared store (counted only while the fetch cost is learned).
+    fetched: u64,
+    /// Of `work`, the load from the shared store.
+    fetch_work: u64,
 }
 
 impl Router {
@@ -245,7 +261,15 @@ impl Router {
             .unwrap_or_else(|| prompt_key(chain.last().map(|h| h.0), n));
         #[cfg(test)]
         let mut first_attempt = true;
-        let (selection, chosen, member, prefill, work, fetched, fetch_work) = loop {
+        let Committed {
+            reason,
+            chosen,
+            member,
+            prefill,
+            work,
+            fetched,
+            fetch_work,
+        } = loop {
             candidates.clear();
             versions.clear();
             let mut previous = None;
@@ -338,10 +362,26 @@ impl Router {
             #[cfg(test)]
             if self.unchecked_commit {
                 member.load.on_routed(prefill, n, work);
-                break (selection, chosen, member, prefill, work, fetched, fetch_work);
+                break Committed {
+                    reason: selection.reason,
+                    chosen,
+                    member,
+                    prefill,
+                    work,
+                    fetched,
+                    fetch_work,
+                };
             }
             if member.load.commit_routed(versions[selection.index], prefill, n, work) {
-                break (selection, chosen, member, prefill, work, fetched, fetch_work);
+                break Committed {
+                    reason: selection.reason,
+                    chosen,
+                    member,
+                    prefill,
+                    work,
+                    fetched,
+                    fetch_work,
+                };
             }
             self.decision_retries.fetch_add(1, Ordering::Relaxed);
         };
@@ -421,7 +461,7 @@ impl Router {
         );
         self.routed.fetch_add(1, Ordering::Relaxed);
         self.first_turns.fetch_add(u64::from(first_turn), Ordering::Relaxed);
-        let reason_idx = Reason::ALL.iter().position(|r| *r == selection.reason).unwrap_or(0);
+        let reason_idx = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
         self.reasons[reason_idx].fetch_add(1, Ordering::Relaxed);
         Ok(Decision {
             instance: InstanceId(chosen.slot),
@@ -433,7 +473,7 @@ impl Router {
             host_hit_tokens: chosen.host_hit_tokens,
             prefill_tokens: prefill,
             num_tokens: n,
-            reason: selection.reason,
+            reason,
             request_id,
         })
     }
