@@ -30,6 +30,7 @@ use crate::fleet::{Fleet, Member};
 use crate::hash::{chain_root, chain_shared_into, chain_tokens_into, shared_ids_supported};
 use crate::ids::{BlockHash, InstanceId, RequestId};
 use crate::index::{IndexQuery, KvIndex, Walk};
+use crate::load::InstanceLoad;
 use crate::policy::{
     Candidate, PolicyKind, Reason, SelectionInput, fetch_work, preble_routed_cost_us, prefill_work, prompt_key,
 };
@@ -183,6 +184,19 @@ impl Router {
     /// thread's buffers.
     fn decide(&self, req: &RouteRequest<'_>, chain: &[BlockHash], n: u64, now_ms: u64) -> Result<Decision> {
         with_scratch(|scratch| self.decide_with(req, chain, n, now_ms, scratch))
+    }
+
+    /// Commits a decision's load bump on its instance if no other decision committed there
+    /// since `seen` was read (`InstanceLoad::commit_routed`). In tests, `unchecked_commit`
+    /// adds it without the check (the herd test's negative control).
+    #[cfg_attr(not(test), allow(clippy::unused_self))] // `self` is read by the test switch only
+    fn commit(&self, load: &InstanceLoad, seen: u64, prefill: u64, n: u64, work: u64) -> bool {
+        #[cfg(test)]
+        if self.unchecked_commit {
+            load.on_routed(prefill, n, work);
+            return true;
+        }
+        load.commit_routed(seen, prefill, n, work)
     }
 
     /// The index under the shared lock, TTL-purged at `now_ms` (the purge, when one is due,
@@ -359,20 +373,7 @@ impl Router {
             {
                 barrier.wait();
             }
-            #[cfg(test)]
-            if self.unchecked_commit {
-                member.load.on_routed(prefill, n, work);
-                break Committed {
-                    reason: selection.reason,
-                    chosen,
-                    member,
-                    prefill,
-                    work,
-                    fetched,
-                    fetch_work,
-                };
-            }
-            if member.load.commit_routed(versions[selection.index], prefill, n, work) {
+            if self.commit(&member.load, versions[selection.index], prefill, n, work) {
                 break Committed {
                     reason: selection.reason,
                     chosen,
