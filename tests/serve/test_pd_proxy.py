@@ -134,6 +134,8 @@ def test_pd_agent_sessions_survive_a_killed_decode_engine(tmp_path: Path) -> Non
         with ProxyServer(cfg) as proxy:
             asyncio.run(replay(proxy.url))
             retries = dict(proxy.proxy.telemetry.retries)
+            # The prober may eject the dead engine before any request reaches it: then no retry.
+            ejected = proxy.proxy.fleet.ejected(decode[1].url)
             deadline = time.monotonic() + 5
             while pd_router(proxy).stats()["in_flight"] and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -142,7 +144,7 @@ def test_pd_agent_sessions_survive_a_killed_decode_engine(tmp_path: Path) -> Non
         assert in_flight == 0
         firsts = Counter(r["prefill"] for r in results if r.get("turn") == 1)
         assert len(firsts) == 2 and min(firsts.values()) >= len(plan) // 5, firsts
-        assert sum(retries.values()) >= 1, "the kill was noticed"
+        assert sum(retries.values()) >= 1 or ejected, "the kill was noticed: a retry, or the prober's ejection"
         print(f"\nPD: {len(results)} requests, 0 lost; first turns per prefill {dict(firsts)}; retries {retries}")
     finally:
         for e in prefill + decode:
