@@ -26,10 +26,11 @@
 use std::sync::atomic::Ordering;
 
 use super::{Router, to_ms};
-use crate::config::{IndexMode, VllmRouterSmetricForm};
+use crate::config::VllmRouterSmetricForm;
 use crate::decode_model::MIN_OUTPUT_TOKENS;
 use crate::error::Result;
 use crate::fetch_cost::FetchSample;
+use crate::fleet::Fleet;
 use crate::ids::{BlockHash, RequestId};
 use crate::load::InstanceLoad;
 use crate::policy::PolicyKind;
@@ -67,15 +68,14 @@ pub(super) struct InFlight {
 }
 
 impl Router {
-    /// Runs `f` on the load counters of the slot a request was routed to, if that occupant is
-    /// still there (None otherwise). The fleet is read through a guard: no reference count of
-    /// the counters is taken, a cache line every lifecycle call would otherwise write.
-    fn with_load<T>(&self, rec: &InFlight, f: impl FnOnce(&InstanceLoad) -> T) -> Option<T> {
-        let fleet = self.fleet.load();
+    /// The load counters of the slot a request was routed to in `fleet`, if that occupant is
+    /// still there. Read through the caller's fleet guard: no reference count of the counters is
+    /// taken, a cache line every lifecycle call would otherwise write.
+    fn load_of<'f>(fleet: &'f Fleet, rec: &InFlight) -> Option<&'f InstanceLoad> {
         fleet
             .member(rec.slot)
             .filter(|m| m.generation == rec.generation)
-            .map(|m| f(&m.load))
+            .map(|m| &*m.load)
     }
 
     fn unknown(&self) -> bool {
@@ -108,12 +108,10 @@ impl Router {
         if rec.prefilled {
             return false;
         }
-        // The fleet through a guard, as `with_load`: no reference count of the counters taken.
         let fleet = self.fleet.load();
-        let Some(member) = fleet.member(rec.slot).filter(|m| m.generation == rec.generation) else {
+        let Some(load) = Self::load_of(&fleet, rec) else {
             return false;
         };
-        let load = &member.load;
         rec.prefilled = true;
         rec.first_token_ms = now_ms;
         if self.decode_budget_on() {
@@ -192,38 +190,38 @@ impl Router {
         let Some(rec) = self.requests.lock().remove(&id) else {
             return Ok(self.unknown());
         };
-        let needs_time = (rec.prefilled && (self.decode_budget_on() || self.decode_mask_on()))
-            || (self.config.index_mode == IndexMode::Exact && self.config.exact_answer_credit);
+        let needs_time =
+            (rec.prefilled && (self.decode_budget_on() || self.decode_mask_on())) || self.credits_answers();
         let now_ms = match (given_ms, needs_time) {
             (Some(ms), _) => ms,
             (None, true) => self.now_ms(None)?,
             (None, false) => 0,
         };
         // One lookup of the instance serves the release and both decode samples.
-        let released = self.with_load(&rec, |load| {
-            // The decode budget's sample: the stream's pace against its instance's context, the
-            // mean of the context at its first token and now (before this request leaves it).
-            let context_now = (rec.prefilled && self.decode_budget_on()).then(|| {
-                load.effective(now_ms, to_ms(self.config.engine_load_staleness_s))
-                    .active
-            });
-            release_from(load, &rec);
-            if let Some(context_now) = context_now
-                && output_tokens >= MIN_OUTPUT_TOKENS
-            {
-                let pace_s = now_ms.saturating_sub(rec.first_token_ms) as f64 / 1000.0 / (output_tokens - 1) as f64;
-                let context = (rec.context_at_first_token + context_now) as f64 / 2.0;
-                self.decode_model.record(context, pace_s);
-            }
-            if rec.prefilled && self.decode_mask_on() {
-                // The instance's decode pace, which the honest mask estimates streams by.
-                load.decode_pace
-                    .record(output_tokens, now_ms.saturating_sub(rec.first_token_ms));
-            }
-        });
-        if released.is_none() {
+        let fleet = self.fleet.load();
+        let Some(load) = Self::load_of(&fleet, &rec) else {
             return Ok(false);
+        };
+        // The decode budget's sample: the stream's pace against its instance's context, the
+        // mean of the context at its first token and now (before this request leaves it).
+        let context_now = (rec.prefilled && self.decode_budget_on()).then(|| {
+            load.effective(now_ms, to_ms(self.config.engine_load_staleness_s))
+                .active
+        });
+        release_from(load, &rec);
+        if let Some(context_now) = context_now
+            && output_tokens >= MIN_OUTPUT_TOKENS
+        {
+            let pace_s = now_ms.saturating_sub(rec.first_token_ms) as f64 / 1000.0 / (output_tokens - 1) as f64;
+            let context = (rec.context_at_first_token + context_now) as f64 / 2.0;
+            self.decode_model.record(context, pace_s);
         }
+        if rec.prefilled && self.decode_mask_on() {
+            // The instance's decode pace, which the honest mask estimates streams by.
+            load.decode_pace
+                .record(output_tokens, now_ms.saturating_sub(rec.first_token_ms));
+        }
+        drop(fleet); // before the credit, which reads the fleet under the index's exclusive lock
         self.output_tokens.fetch_add(output_tokens, Ordering::Relaxed);
         self.credit_answer(&rec, output_tokens, now_ms);
         Ok(true)
@@ -234,7 +232,7 @@ impl Router {
         let (Some(anchor), true) = (rec.anchor, output_tokens > 0) else {
             return;
         };
-        if self.config.index_mode != IndexMode::Exact || !self.config.exact_answer_credit {
+        if !self.credits_answers() {
             return;
         }
         let cached = (rec.num_tokens + output_tokens - 1) / u64::from(self.block_size);
@@ -263,7 +261,12 @@ impl Router {
     /// Releases a forgotten request's counters, applying its prefill step first if it never
     /// came. False when its instance left.
     fn release(&self, rec: &InFlight) -> bool {
-        self.with_load(rec, |load| release_from(load, rec)).is_some()
+        let fleet = self.fleet.load();
+        let Some(load) = Self::load_of(&fleet, rec) else {
+            return false;
+        };
+        release_from(load, rec);
+        true
     }
 }
 

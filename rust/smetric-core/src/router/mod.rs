@@ -286,7 +286,13 @@ impl Router {
     /// locks a lifecycle call takes does O(1) work under them (a map operation, a drain-rate
     /// window's update), so a binding may wait for them without releasing its interpreter lock.
     pub fn lifecycle_may_wait(&self) -> bool {
-        self.decode_mask_on() || (self.config.index_mode == IndexMode::Exact && self.config.exact_answer_credit)
+        self.decode_mask_on() || self.credits_answers()
+    }
+
+    /// Whether a finished request's answer blocks are credited on its instance (exact mode with
+    /// `exact_answer_credit`, docs §2.7): `on_finished` then takes the index's exclusive lock.
+    pub(crate) fn credits_answers(&self) -> bool {
+        self.config.index_mode == IndexMode::Exact && self.config.exact_answer_credit
     }
 
     /// Whether decisions apply `smetric` v2's decode mask (co-located routers only: a prefill
