@@ -14,6 +14,12 @@
 //! without text), an assistant's `tool_result` as the text `Tool result: …`; a user message
 //! left without content is dropped. The roles give the turn, as for chat.
 //!
+//! **Tokenizer mode** renders the same conversion with the model's chat template, each message
+//! through the message cache (`tokens/conversation.rs`): an Anthropic message converts from its
+//! own text alone, so a session's next turn, which re-sends its history byte for byte, reads,
+//! converts and normalises only its new messages (`tokenized_plan`); a body with an inline system
+//! message is converted whole (`whole_tokenized_plan`), since its text may join the leading one.
+//!
 //! **Validation** is `to_chat`'s, field by field; a body it would refuse — or one whose text
 //! Python would build with its own `str()` of a non-string, which is not reproduced — does not
 //! plan: `to_chat`'s errors are answered here (`to_chat_refusal`), anything else by the app.
@@ -28,7 +34,8 @@
 //! far as the final assistant message; `anthropic_events.rs` decodes what the client has and
 //! translates the chat chunks back.
 //!
-//! O(body length): one borrowed parse of the body, one of each message, one copy of the text.
+//! O(body length): one borrowed parse of the body, one of each message, one copy of the text;
+//! in tokenizer mode a kept message costs a hash and a comparison of its text instead.
 
 use std::borrow::Cow;
 use std::fmt::Write;
@@ -58,20 +65,21 @@ use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
 use super::state::NativeApis;
 use crate::answers::{Body as AnswerBody, json_response};
-use crate::tokens::{LeadingSystem, TokenSource};
+use crate::tokens::{CachedText, ContentFormat, LeadingSystem, MessageCache, TokenSource, normalise, role_of};
 
 use crate::shared::BILLING_HEADER_PREFIX;
 
 #[derive(Deserialize)]
-struct Body<'a> {
+#[serde(bound(deserialize = "M: Deserialize<'de>"))]
+struct Body<'a, M> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
     #[serde(borrow, default)]
     max_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     stream: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    messages: Option<Vec<Obj<Message<'a>>>>,
+    #[serde(default)]
+    messages: Option<Vec<M>>,
     #[serde(borrow, default)]
     system: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -104,6 +112,28 @@ struct Message<'a> {
 /// A message's content: a string, or a list of blocks (anything else is not a message the
 /// conversion takes).
 type MessageContent<'a> = TextOrList<'a, Obj<Block<'a>>>;
+
+/// How the body's pass reads `messages`' elements: typed in that pass (`Obj<Message>`, kept as
+/// the message), or as their JSON texts (tokenizer mode looks each up in the message cache by its
+/// text, and reads only the ones it lacks).
+trait MessageRead<'a>: Deserialize<'a> {
+    type Kept;
+    fn kept(self) -> Self::Kept;
+}
+
+impl<'a> MessageRead<'a> for Obj<Message<'a>> {
+    type Kept = Message<'a>;
+    fn kept(self) -> Message<'a> {
+        self.0
+    }
+}
+
+impl<'a> MessageRead<'a> for &'a RawValue {
+    type Kept = &'a RawValue;
+    fn kept(self) -> &'a RawValue {
+        self
+    }
+}
 
 /// A content block; `type`, `text` and `thinking` must be strings where present (`blocks_valid`
 /// checks the rest of `_check_blocks`).
@@ -168,12 +198,13 @@ fn positive(raw: &RawValue) -> Option<u64> {
     raw.get().parse::<u64>().ok().filter(|&n| n >= 1)
 }
 
-/// A body validated as `to_chat` validates it (see the module docs).
-struct Checked<'a> {
+/// A body validated as `to_chat` validates it (see the module docs); its messages typed, or
+/// (tokenizer mode's cached path) their JSON texts, each read as a [`Message`] where it is.
+struct Checked<'a, M = Message<'a>> {
     model: String,
     cache_salt: Option<String>,
     system: Option<&'a RawValue>,
-    messages: Vec<Message<'a>>,
+    messages: Vec<M>,
     tools: Option<&'a RawValue>,
     thinking: Option<&'a RawValue>,
     output_config: Option<&'a RawValue>,
@@ -183,8 +214,8 @@ struct Checked<'a> {
 /// The body checked, or None: the app's to answer. `count_tokens`: a `count_tokens` body (no
 /// `max_tokens`, as `to_chat(count_tokens=True)`).
 /// O(body): one pass reads the fields and decodes the messages' strings.
-fn check(raw: &[u8], count_tokens: bool) -> Option<Checked<'_>> {
-    let body: Body<'_> = json::body_object(raw)?;
+fn check<'a, M: MessageRead<'a>>(raw: &'a [u8], count_tokens: bool) -> Option<Checked<'a, M::Kept>> {
+    let body: Body<'a, M> = json::body_object(raw)?;
     if body.kv_transfer_params.is_some() {
         return None;
     }
@@ -196,7 +227,7 @@ fn check(raw: &[u8], count_tokens: bool) -> Option<Checked<'_>> {
     if body.stream.is_some_and(|s| !matches!(s.get(), "true" | "false")) {
         return None;
     }
-    let messages: Vec<Message<'_>> = body.messages?.into_iter().map(|m| m.0).collect();
+    let messages: Vec<M::Kept> = body.messages?.into_iter().map(M::kept).collect();
     if messages.is_empty() {
         return None;
     }
@@ -222,9 +253,14 @@ fn check(raw: &[u8], count_tokens: bool) -> Option<Checked<'_>> {
     })
 }
 
+/// [`check`] with the messages typed in the body's pass.
+fn check_typed(raw: &[u8], count_tokens: bool) -> Option<Checked<'_>> {
+    check::<Obj<Message<'_>>>(raw, count_tokens)
+}
+
 /// The body validated and rendered (see the module docs), or None: the app's to answer.
 pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
-    let body = check(raw, false)?;
+    let body = check_typed(raw, false)?;
     let chat = convert_body(&body, false)?;
     let mut text = Vec::new();
     for message in &chat {
@@ -244,7 +280,7 @@ pub(crate) fn plan(raw: &[u8]) -> Option<RenderedBody> {
 /// A `count_tokens` body validated and converted as the app's `to_chat(count_tokens=True)`
 /// does (nothing rendered: the engine counts with its own): its model, or None (the app's).
 pub(crate) fn count_tokens_model(raw: &[u8]) -> Option<String> {
-    let body = check(raw, true)?;
+    let body = check_typed(raw, true)?;
     convert_body(&body, false)?;
     Some(body.model)
 }
@@ -450,10 +486,101 @@ fn first_turn(chat: &[ChatMessage<'_>]) -> bool {
 }
 
 /// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
-/// template (`MessagesApi.routing_tokens`: inline system messages merged into the leading one
-/// when the template refuses a system message after the first), encoded. None: the app's.
+/// template, encoded. None: the app's.
+///
+/// The messages go through the message cache (`tokens/conversation.rs`): an Anthropic message
+/// converts into chat messages from its own text alone, so its normalised chat messages are kept
+/// by that text (and the `system` field's by its text), and a session's next turn, which re-sends
+/// its history byte for byte, reads, converts and normalises only its new messages. A body with
+/// an inline system message, whose text may join the leading one, is converted whole
+/// ([`whole_tokenized_plan`]).
 fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
-    let body = check(raw, false)?;
+    let body = check::<&RawValue>(raw, false)?;
+    let tools = match body.tools {
+        None => None,
+        Some(tools) => Some(chat_tools(tools)?),
+    };
+    if matches!(tokens.requires_leading_system(tools.is_some()), LeadingSystem::Unknown) {
+        return None;
+    }
+    let format = tokens.content_format(tools.is_some());
+    let Cached::Conversation(messages) = cached_conversation(&body, format, tokens.message_cache())? else {
+        return whole_tokenized_plan(raw, session, tokens);
+    };
+    let roles: Vec<String> = messages.iter().map(role_of).collect();
+    let request = ChatRequest {
+        first_turn: smetric_core::first_turn_from_roles(roles.iter().map(String::as_str)),
+        messages,
+        normalised: true,
+        tools,
+        chat_template_kwargs: template_kwargs(&body)?,
+        model: Some(body.model),
+        cache_salt: body.cache_salt,
+    };
+    template_plan(&request, session, tokens)
+}
+
+/// What [`cached_conversation`] made of a body.
+enum Cached {
+    /// The conversation as the template sees it.
+    Conversation(Vec<minijinja::Value>),
+    /// The body has an inline system message: the caller converts it whole.
+    InlineSystem,
+}
+
+/// The body's conversation normalised for `format` through `cache`, or None: the app's.
+fn cached_conversation(body: &Checked<'_, &RawValue>, format: ContentFormat, cache: &MessageCache) -> Option<Cached> {
+    let mut out = Vec::with_capacity(body.messages.len() + 1);
+    if let Some(system) = body.system {
+        let kept = cache
+            .find(&[system.get()], CachedText::AnthropicSystem, format)
+            .pop()
+            .flatten();
+        let leading = if let Some(kept) = kept {
+            kept
+        } else {
+            let chat: Vec<ChatMessage<'_>> = leading_system(system_field_text(Some(system))?).into_iter().collect();
+            let fresh = normalised(&chat, format)?;
+            cache.keep(&[(system.get(), fresh.clone())], CachedText::AnthropicSystem, format);
+            fresh
+        };
+        out.extend(leading.iter().cloned());
+    }
+    let texts: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
+    let found = cache.find(&texts, CachedText::AnthropicMessage, format);
+    let mut fresh = Vec::new();
+    for (text, kept) in texts.into_iter().zip(found) {
+        let converted = if let Some(kept) = kept {
+            kept
+        } else {
+            let message: Message<'_> = json::object(serde_json::from_str(text).ok()?)?;
+            if message.role.as_deref() == Some("system") {
+                return Some(Cached::InlineSystem);
+            }
+            let mut chat = Vec::new();
+            convert(&mut chat, &message, false)?;
+            let converted = normalised(&chat, format)?;
+            fresh.push((text, converted.clone()));
+            converted
+        };
+        out.extend(converted.iter().cloned());
+    }
+    cache.keep(&fresh, CachedText::AnthropicMessage, format);
+    Some(Cached::Conversation(out))
+}
+
+/// Chat messages as the template sees them (for `format`), or None: the app's (the template's
+/// conversation refuses them).
+fn normalised(chat: &[ChatMessage<'_>], format: ContentFormat) -> Option<Arc<[minijinja::Value]>> {
+    let values: Vec<minijinja::Value> = chat.iter().map(|m| minijinja::Value::from(Serde(m))).collect();
+    Some(normalise(&values, format).ok()?.into())
+}
+
+/// [`tokenized_plan`] of a body converted whole, without the message cache (`MessagesApi.
+/// routing_tokens`: inline system messages merged into the leading one when the template
+/// refuses a system message after the first).
+fn whole_tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
+    let body = check_typed(raw, false)?;
     let chat = convert_body(&body, false)?;
     let first_turn = first_turn(&chat);
     let tools = match body.tools {
@@ -468,6 +595,7 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> 
     let chat = if merge { convert_body(&body, true)? } else { chat };
     let request = ChatRequest {
         messages: chat.iter().map(|m| minijinja::Value::from(Serde(m))).collect(),
+        normalised: false,
         tools,
         chat_template_kwargs: template_kwargs(&body)?,
         first_turn,
@@ -626,18 +754,7 @@ fn or_empty(value: Option<&RawValue>) -> Option<Cow<'_, str>> {
 /// `_system_messages` and `_convert_messages`: the whole conversion (with `merge`, inline
 /// system messages join the leading one).
 fn convert_body<'a>(body: &'a Checked<'a>, merge: bool) -> Option<Vec<ChatMessage<'a>>> {
-    let mut system = String::new();
-    match body.system {
-        None => {}
-        Some(raw) => match string(raw) {
-            Some(text) => system.push_str(&text),
-            None => {
-                if let Some(text) = system_text(&blocks(raw)?) {
-                    system.push_str(&text);
-                }
-            }
-        },
-    }
+    let mut system = system_field_text(body.system)?;
     if merge {
         for message in &body.messages {
             if message.role.as_deref()? == "system"
@@ -647,14 +764,34 @@ fn convert_body<'a>(body: &'a Checked<'a>, merge: bool) -> Option<Vec<ChatMessag
             }
         }
     }
-    let mut out = Vec::new();
-    if !system.is_empty() {
-        out.push(ChatMessage::new("system", Content::Text(Cow::Owned(system))));
-    }
+    let mut out: Vec<ChatMessage<'a>> = leading_system(system).into_iter().collect();
     for message in &body.messages {
         convert(&mut out, message, merge)?;
     }
     Some(out)
+}
+
+/// The `system` field's text (`_system_messages`' own part): empty when it has none; None: the
+/// app's.
+fn system_field_text(system: Option<&RawValue>) -> Option<String> {
+    let mut text = String::new();
+    match system {
+        None => {}
+        Some(raw) => match string(raw) {
+            Some(given) => text.push_str(&given),
+            None => {
+                if let Some(given) = system_text(&blocks(raw)?) {
+                    text.push_str(&given);
+                }
+            }
+        },
+    }
+    Some(text)
+}
+
+/// The leading system message of its text, none when the text is empty.
+fn leading_system<'a>(text: String) -> Option<ChatMessage<'a>> {
+    (!text.is_empty()).then(|| ChatMessage::new("system", Content::Text(Cow::Owned(text))))
 }
 
 /// `_system_text` of an inline system message's content (a string's billing header dropped):
@@ -933,7 +1070,7 @@ fn chat_tools(raw: &RawValue) -> Option<String> {
 /// silent; without `add_generation_prompt` and `continue_final_message`, which this endpoint
 /// sets itself. As JSON (`Some(None)`: there are none; `None`: the app's to answer).
 #[allow(clippy::option_option)]
-fn template_kwargs(body: &Checked<'_>) -> Option<Option<String>> {
+fn template_kwargs<M>(body: &Checked<'_, M>) -> Option<Option<String>> {
     let mut effort: Option<String> = None;
     if let Some(thinking) = body.thinking {
         let value: Value = object(thinking)?;
@@ -1040,7 +1177,7 @@ fn check_thinking(thinking: Option<&RawValue>, output_config: Option<&RawValue>)
 /// thinking's budget and effort), the output budget reduced by the `sent` deltas. None: the
 /// body does not convert (never after a first attempt the native path planned).
 fn continuation_body(raw: &[u8], text: &str, reasoning: &str, sent: u64) -> Option<Bytes> {
-    let checked = check(raw, false)?;
+    let checked = check_typed(raw, false)?;
     let chat = convert_body(&checked, false)?;
     let Value::Array(mut messages) = serde_json::to_value(&chat).ok()? else {
         return None;
@@ -1351,7 +1488,7 @@ mod tests {
              {"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA"}}]}],
             "tools":[{"name":"ls","input_schema":{"properties":{}},"strict":true}],
             "thinking":{"type":"disabled"},"chat_template_kwargs":{"x":[1],"add_generation_prompt":false}}"#;
-        let checked = check(body.as_bytes(), false).unwrap();
+        let checked = check_typed(body.as_bytes(), false).unwrap();
         let json = |merge| {
             let mut out = String::new();
             for m in convert_body(&checked, merge).unwrap() {
@@ -1414,5 +1551,109 @@ mod tests {
             (scan.tokens(), scan.cached_tokens, scan.finished, scan.done),
             (1, Some(8), true, true)
         );
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+    use crate::tokens::{RenderRequest, TokenSettings};
+
+    /// Prints every message the template sees whole, so a cached message that differs in any
+    /// key shows in the ids.
+    const PRINT_ALL: &str = "{% for m in messages %}{{ m | tojson }}\n{% endfor %}{{ tools | tojson }}";
+    /// The same, raising on a system message after the first (the leading system merged).
+    const LEADING_SYSTEM: &str = "{% for m in messages %}{% if m.role == 'system' and not loop.first %}\
+        {{ raise_exception('system after the first') }}{% endif %}{{ m | tojson }}\n{% endfor %}";
+
+    fn source(default: &str) -> TokenSource {
+        TokenSource::new(&TokenSettings {
+            tokenizer: None,
+            templates: vec![
+                ("default".to_owned(), default.to_owned(), ContentFormat::String),
+                ("tool_use".to_owned(), default.to_owned(), ContentFormat::OpenAi),
+            ],
+            special_tokens: Vec::new(),
+            piece_cache_bytes: 1 << 20,
+            approx_chunk_bytes: 1,
+        })
+        .unwrap()
+    }
+
+    fn body(system: &str, messages: &[&str], tools: bool) -> String {
+        let tools = if tools {
+            r#","tools":[{"name":"ls","input_schema":{}}]"#
+        } else {
+            ""
+        };
+        format!(
+            r#"{{"model":"m","max_tokens":9{system},"messages":[{}]{tools}}}"#,
+            messages.join(",")
+        )
+    }
+
+    /// A session's turns planned through the message cache give the ids and turn verdict of the
+    /// whole conversion without it, for both content formats (with and without tools) sharing one
+    /// cache, with a `system` field as text and as blocks, and with an inline system message
+    /// (converted whole: under a template that needs a leading system message, merged into it).
+    #[test]
+    fn the_cached_conversion_plans_what_the_whole_one_does() {
+        let history = [
+            r#"{"role":"user","content":"list the files"}"#,
+            r#"{"role":"assistant","content":[{"type":"thinking","thinking":"hm"},{"type":"text","text":"ok"},
+               {"type":"tool_use","id":"t1","name":"ls","input":{"path":"."}}]}"#,
+            r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"a"},
+               {"type":"text","text":"b"}]},{"type":"text","text":"next"},{"type":"image","source":{"type":"url","url":"u"}}]}"#,
+            r#"{"role":"assistant","content":"done\n"}"#,
+            r#"{"role":"system","content":"inline rule"}"#,
+            r#"{"role":"user","content":"and now?"}"#,
+        ];
+        for template in [PRINT_ALL, LEADING_SYSTEM] {
+            let cached = source(template);
+            for system in [
+                r#","system":"be brief""#,
+                r#","system":[{"type":"text","text":"be "},{"type":"text","text":"brief"}]"#,
+                "",
+            ] {
+                for tools in [false, true] {
+                    for turn in 1..=history.len() {
+                        let raw = body(system, &history[..turn], tools);
+                        let got = tokenized_plan(raw.as_bytes(), None, &cached).map(|p| (p.ids, p.turn));
+                        let want =
+                            whole_tokenized_plan(raw.as_bytes(), None, &source(template)).map(|p| (p.ids, p.turn));
+                        assert!(want.is_some(), "{raw}");
+                        assert_eq!(got, want, "{raw}");
+                    }
+                }
+            }
+            // The history's messages were found again turn after turn (not converted anew).
+            let (hits, _, kept, _) = cached.message_cache().stats();
+            assert!(hits >= 40 && kept > 0, "{hits} {kept}");
+        }
+    }
+
+    /// A text kept as a chat message is not an Anthropic message's: the same JSON object
+    /// normalises differently as each (a thinking block is a reasoning text in a Messages body, a
+    /// text part in a chat body), and the cache tells them apart.
+    #[test]
+    fn a_chat_messages_entry_is_not_an_anthropic_messages() {
+        let message =
+            r#"{"role":"assistant","content":[{"type":"thinking","thinking":"r"},{"type":"text","text":"a"}]}"#;
+        let user = r#"{"role":"user","content":"q"}"#;
+        let cached = source(PRINT_ALL);
+        let chat = format!("[{user},{message}]");
+        let request = RenderRequest {
+            messages: crate::tokens::Messages::Json(&chat),
+            tools: None,
+            add_generation_prompt: true,
+            continue_final_message: false,
+            chat_template_kwargs: None,
+        };
+        cached.chat_ids(&request, false).unwrap();
+        assert_eq!(cached.message_cache().stats().2, 2);
+        let raw = body("", &[user, message, user], false);
+        let got = tokenized_plan(raw.as_bytes(), None, &cached).map(|p| p.ids);
+        let want = whole_tokenized_plan(raw.as_bytes(), None, &source(PRINT_ALL)).map(|p| p.ids);
+        assert_eq!(got, want);
     }
 }

@@ -220,6 +220,9 @@ pub(crate) fn rendered_plan(body: RenderedBody, session: Option<String>, ids: Id
 pub(crate) struct ChatRequest {
     /// The converted messages as the template sees them.
     pub(crate) messages: Vec<minijinja::Value>,
+    /// Whether `messages` are normalised already, for the content format of the template
+    /// `tools` picks (`TokenSource::content_format`): taken from the message cache.
+    pub(crate) normalised: bool,
     pub(crate) tools: Option<String>,
     pub(crate) chat_template_kwargs: Option<String>,
     /// The converted roles' turn verdict.
@@ -234,7 +237,11 @@ pub(crate) struct ChatRequest {
 /// cover it — the app's.
 pub(crate) fn template_plan(request: &ChatRequest, session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
     let render = RenderRequest {
-        messages: Messages::Values(&request.messages),
+        messages: if request.normalised {
+            Messages::Normalised(&request.messages)
+        } else {
+            Messages::Values(&request.messages)
+        },
         tools: request.tools.as_deref(),
         add_generation_prompt: true,
         continue_final_message: false,

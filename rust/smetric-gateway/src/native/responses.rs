@@ -447,6 +447,7 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> 
             .iter()
             .map(|m| minijinja::Value::from(Serde(&m.json)))
             .collect(),
+        normalised: false,
         tools: match conversion.tools {
             None => None,
             Some(tools) => Some(chat_tools(tools)?),

@@ -18,8 +18,12 @@
 //! tokenizer mode, the parse into template values and the normalisation were ≈ 20 % of its CPU
 //! (`BENCHMARKS.md`, "The message cache"). A hit is the very text (compared, not only hashed),
 //! under the same content format; only messages that normalised without an error are kept.
+//! Anthropic Messages bodies use the same cache ([`MessageCache::find`], [`MessageCache::keep`]):
+//! an Anthropic message converts into chat messages from its own text alone, so its normalised
+//! chat messages are kept by its text, tagged as what the text was ([`CachedText`]): the same
+//! JSON object normalises differently as a chat message and as an Anthropic one.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use indexmap::IndexMap;
 use minijinja::value::{Value, ValueKind};
@@ -298,6 +302,17 @@ fn message(message: &Value, format: ContentFormat) -> Result<Value> {
 pub enum Messages<'a> {
     Json(&'a str),
     Values(&'a [Value]),
+    /// Messages already normalised for the template's content format ([`normalise`], through
+    /// the cache).
+    Normalised(&'a [Value]),
+}
+
+/// Messages as the template sees them (steps 1 and 2 of each, `message`), for `format`.
+///
+/// # Errors
+/// A message Python would refuse, or one this port does not cover.
+pub fn normalise(messages: &[Value], format: ContentFormat) -> Result<Vec<Value>> {
+    messages.iter().map(|m| message(m, format)).collect()
 }
 
 /// The conversation the template sees, and its messages' roles (for the turn verdict).
@@ -317,25 +332,44 @@ pub fn conversation(
             &parsed[..]
         }
         (Messages::Values(values), _) => values,
+        (Messages::Normalised(values), _) => {
+            return Ok((values.to_vec(), values.iter().map(role_of).collect()));
+        }
     };
-    let out = messages
-        .iter()
-        .map(|m| message(m, format))
-        .collect::<Result<Vec<Value>>>()?;
+    let out = normalise(messages, format)?;
     let roles = out.iter().map(role_of).collect();
     Ok((out, roles))
 }
 
 /// A normalised message's role (empty when it has none: the template sees the same).
-fn role_of(normalised: &Value) -> String {
+pub fn role_of(normalised: &Value) -> String {
     get(normalised, "role")
         .and_then(|r| r.as_str().map(str::to_owned))
         .unwrap_or_default()
 }
 
+/// What a cached text is: the same JSON text normalises differently as each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachedText {
+    /// A chat body's message.
+    ChatMessage,
+    /// An Anthropic Messages body's message (converted into chat messages first).
+    AnthropicMessage,
+    /// An Anthropic Messages body's `system` field (the leading system message).
+    AnthropicSystem,
+}
+
+/// A kept text's normalised messages, and what the text was and for which content format.
+#[derive(Clone)]
+struct Kept {
+    what: CachedText,
+    format: ContentFormat,
+    messages: Arc<[Value]>,
+}
+
 /// Normalised messages by their JSON text (module docs), within a bound in charged bytes.
 pub struct MessageCache {
-    lru: Mutex<TextLru<(ContentFormat, Value)>>,
+    lru: Mutex<TextLru<Kept>>,
     bound: usize,
 }
 
@@ -356,46 +390,67 @@ impl MessageCache {
         }
     }
 
-    /// The cache's `hits`, `misses`, messages kept and charged bytes.
+    /// The cache's `hits`, `misses`, texts kept and charged bytes.
     pub fn stats(&self) -> (u64, u64, usize, usize) {
         let lru = self.lru.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         (lru.hits, lru.misses, lru.len(), lru.bytes())
     }
 
+    /// The normalised messages kept for each text as `what` under `format` (None: not kept so),
+    /// looked up under one lock.
+    pub fn find(&self, texts: &[&str], what: CachedText, format: ContentFormat) -> Vec<Option<Arc<[Value]>>> {
+        let mut lru = self.lru.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let found: Vec<Option<Arc<[Value]>>> = texts
+            .iter()
+            .map(|text| {
+                lru.get(text)
+                    .filter(|kept| kept.what == what && kept.format == format)
+                    .map(|kept| kept.messages)
+            })
+            .collect();
+        let hits = found.iter().filter(|v| v.is_some()).count();
+        lru.hits += hits as u64;
+        lru.misses += (found.len() - hits) as u64;
+        found
+    }
+
+    /// Keeps each text's normalised messages (as `what`, for `format`) under one lock; a text
+    /// kept already stays as it is.
+    pub fn keep(&self, fresh: &[(&str, Arc<[Value]>)], what: CachedText, format: ContentFormat) {
+        if self.bound == 0 || fresh.is_empty() {
+            return;
+        }
+        let mut lru = self.lru.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (text, messages) in fresh {
+            let charged = 2 * text.len() + MESSAGE_OVERHEAD_BYTES * messages.len().max(1);
+            let kept = Kept {
+                what,
+                format,
+                messages: messages.clone(),
+            };
+            lru.keep(text, kept, charged, self.bound);
+        }
+    }
+
     /// [`conversation`] of a chat body's `messages` text through the cache.
     fn conversation(&self, text: &str, format: ContentFormat) -> Result<(Vec<Value>, Vec<String>)> {
         let raws: Vec<&RawValue> = serde_json::from_str(text).map_err(|e| ConversationError(e.to_string()))?;
+        let texts: Vec<&str> = raws.iter().map(|raw| raw.get()).collect();
         // Looked up under one lock, normalised outside it, kept under one more.
-        let found: Vec<Option<Value>> = {
-            let mut lru = self.lru.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let found: Vec<Option<Value>> = raws
-                .iter()
-                .map(|raw| lru.get(raw.get()).filter(|(f, _)| *f == format).map(|(_, v)| v))
-                .collect();
-            let hits = found.iter().filter(|v| v.is_some()).count();
-            lru.hits += hits as u64;
-            lru.misses += (found.len() - hits) as u64;
-            found
-        };
+        let found = self.find(&texts, CachedText::ChatMessage, format);
         let mut out = Vec::with_capacity(raws.len());
         let mut fresh = Vec::new();
-        for (raw, hit) in raws.iter().zip(found) {
+        for (text, hit) in texts.iter().zip(found) {
             if let Some(kept) = hit {
-                out.push(kept);
+                out.extend(kept.iter().cloned());
                 continue;
             }
-            let parsed: Value = serde_json::from_str(raw.get()).map_err(|e| ConversationError(e.to_string()))?;
+            let parsed: Value = serde_json::from_str(text).map_err(|e| ConversationError(e.to_string()))?;
             let normalised = message(&parsed, format)?;
-            fresh.push((raw.get(), normalised.clone()));
+            fresh.push((*text, Arc::from([normalised.clone()])));
             out.push(normalised);
         }
-        if self.bound > 0 && !fresh.is_empty() {
-            let mut lru = self.lru.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for (text, normalised) in fresh {
-                let charged = 2 * text.len() + MESSAGE_OVERHEAD_BYTES;
-                lru.keep(text, (format, normalised), charged, self.bound);
-            }
-        }
+        self.keep(&fresh, CachedText::ChatMessage, format);
         let roles = out.iter().map(role_of).collect();
         Ok((out, roles))
     }

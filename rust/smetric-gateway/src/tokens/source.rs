@@ -157,7 +157,22 @@ impl TokenSource {
         self.leading_system[usize::from(tools)]
     }
 
-    /// The message cache (its figures).
+    /// The template a request with (`tools`, even empty) or without tools is rendered with:
+    /// `tool_use` for one with tools when there is one (vLLM's pick).
+    fn template(&self, tools: bool) -> &ChatTemplate {
+        match (&self.tool_use, tools) {
+            (Some(tool_use), true) => tool_use,
+            _ => &self.default,
+        }
+    }
+
+    /// The content format of the template a request with (`tools`) or without tools is rendered
+    /// with: what its messages are normalised for ([`Messages::Normalised`]).
+    pub fn content_format(&self, tools: bool) -> ContentFormat {
+        self.template(tools).format()
+    }
+
+    /// The message cache (its figures, and the converted APIs' messages).
     pub fn message_cache(&self) -> &MessageCache {
         &self.messages
     }
@@ -206,11 +221,7 @@ impl TokenSource {
     /// # Errors
     /// The template refused the conversation or this port does not cover it, or encoding failed.
     pub fn chat_ids(&self, req: &RenderRequest<'_>, add_special_tokens: bool) -> Result<ChatIds, TokensError> {
-        let template = match (&self.tool_use, req.tools) {
-            (Some(tool_use), Some(_)) => tool_use,
-            _ => &self.default,
-        };
-        let (text, roles) = template.render(req, Some(&self.messages))?;
+        let (text, roles) = self.template(req.tools.is_some()).render(req, Some(&self.messages))?;
         Ok(ChatIds {
             ids: self.text_ids(&text, add_special_tokens)?,
             roles,
