@@ -1557,7 +1557,7 @@ mod tests {
 #[cfg(test)]
 mod cache_tests {
     use super::*;
-    use crate::tokens::{RenderRequest, TokenSettings};
+    use crate::tokens::RenderRequest;
 
     /// Prints every message the template sees whole, so a cached message that differs in any
     /// key shows in the ids.
@@ -1566,18 +1566,8 @@ mod cache_tests {
     const LEADING_SYSTEM: &str = "{% for m in messages %}{% if m.role == 'system' and not loop.first %}\
         {{ raise_exception('system after the first') }}{% endif %}{{ m | tojson }}\n{% endfor %}";
 
-    fn source(default: &str) -> TokenSource {
-        TokenSource::new(&TokenSettings {
-            tokenizer: None,
-            templates: vec![
-                ("default".to_owned(), default.to_owned(), ContentFormat::String),
-                ("tool_use".to_owned(), default.to_owned(), ContentFormat::OpenAi),
-            ],
-            special_tokens: Vec::new(),
-            piece_cache_bytes: 1 << 20,
-            approx_chunk_bytes: 1,
-        })
-        .unwrap()
+    fn source(template: &str) -> TokenSource {
+        TokenSource::for_tests(template)
     }
 
     fn body(system: &str, messages: &[&str], tools: bool) -> String {

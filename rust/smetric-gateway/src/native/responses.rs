@@ -46,7 +46,7 @@ use super::protocol::{
 use super::response_ids::ResponseIds;
 use super::responses_splice::{TERMINAL_EVENTS, continuation, is_delta};
 use super::state::NativeApis;
-use crate::tokens::TokenSource;
+use crate::tokens::{CachedText, ContentFormat, MessageCache, TokenSource, normalise, role_of};
 use smetric_core::TurnHint;
 
 use super::json::{self, Entries, Obj, TextOrList, json_str, list, object, string};
@@ -439,7 +439,136 @@ fn truthy_value(value: &Value) -> bool {
 
 /// Tokenizer mode's plan: the conversion as the chat request vLLM renders with the model's
 /// template (`chat_messages`, `chat_tools`), encoded. None: the app's.
+///
+/// A list `input` goes through the message cache (`tokens/conversation.rs`): its items are
+/// converted without their JSON first (as plain ChatML converts them: cheap), which tells which
+/// run of items makes each message; a message is a function of its run's items alone (the run's
+/// first item opens it whatever came before, the rest merge into it), so its normalised form is
+/// kept by the run's text, and a session's next turn, which re-sends its items byte for byte,
+/// builds and normalises only its new messages. A string `input` or an empty list is converted
+/// whole ([`whole_tokenized_plan`]).
 fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
+    let body = json::body_object::<Body<'_, &RawValue>>(raw)?;
+    let fields = checked_fields(&body)?;
+    let items = match &body.input {
+        Some(TextOrList::List(items)) if !items.is_empty() => items,
+        _ => return whole_tokenized_plan(raw, session, tokens),
+    };
+    let tools = match body.tools {
+        None => None,
+        Some(tools) => Some(chat_tools(tools)?),
+    };
+    let format = tokens.content_format(tools.is_some());
+    let cache = tokens.message_cache();
+    let mut messages = Vec::with_capacity(items.len() + 1);
+    if let (Some(instructions), Some(text)) = (body.instructions, fields.instructions.filter(|t| !t.is_empty())) {
+        let key = instructions.get();
+        let kept = cache
+            .find(&[key], CachedText::ResponsesInstructions, format)
+            .pop()
+            .flatten();
+        let leading = if let Some(kept) = kept {
+            kept
+        } else {
+            let text = text.as_ref();
+            let fresh = normalised(
+                &Converted::built_text("system", Content::Text(Cow::Borrowed(text)), "content", text),
+                format,
+            )?;
+            cache.keep(&[(key, fresh.clone())], CachedText::ResponsesInstructions, format);
+            fresh
+        };
+        messages.extend(leading.iter().cloned());
+    }
+    messages.extend(cached_items(raw, items, format, cache)?);
+    let roles: Vec<String> = messages.iter().map(role_of).collect();
+    let request = ChatRequest {
+        first_turn: smetric_core::first_turn_from_roles(roles.iter().map(String::as_str)),
+        messages,
+        normalised: true,
+        tools,
+        chat_template_kwargs: None,
+        model: fields.model,
+        cache_salt: fields.cache_salt,
+    };
+    let plan = template_plan(&request, session, tokens)?;
+    Some(match fields.follow_up {
+        Some(follow_up) => follow_up.apply(plan),
+        None => plan,
+    })
+}
+
+/// A non-empty list of `input` items (the JSON texts of `raw`'s) as normalised messages, through
+/// `cache` (see [`tokenized_plan`]), or None: the app's.
+fn cached_items(
+    raw: &[u8],
+    items: &[&RawValue],
+    format: ContentFormat,
+    cache: &MessageCache,
+) -> Option<Vec<minijinja::Value>> {
+    let typed: Vec<Item<'_>> = items.iter().map(|item| object(item)).collect::<Option<_>>()?;
+    // The runs: where each message starts, from the conversion without JSON.
+    let mut shape: Vec<Converted<'_>> = Vec::with_capacity(items.len());
+    let mut starts: Vec<usize> = Vec::with_capacity(items.len());
+    for (i, item) in typed.iter().enumerate() {
+        let before = shape.len();
+        convert(&mut shape, item, None)?;
+        if shape.len() > before {
+            starts.push(i);
+        }
+    }
+    let runs: Vec<(usize, usize)> = starts
+        .iter()
+        .zip(starts.iter().skip(1).chain(std::iter::once(&items.len())))
+        .map(|(&start, &end)| (start, end))
+        .collect();
+    let texts: Vec<&str> = runs
+        .iter()
+        .map(|&(start, end)| run_text(raw, items[start], items[end - 1]))
+        .collect::<Option<_>>()?;
+    let found = cache.find(&texts, CachedText::ResponsesItems, format);
+    let mut out = Vec::with_capacity(runs.len());
+    let mut fresh = Vec::new();
+    for ((&(start, end), text), kept) in runs.iter().zip(texts).zip(found) {
+        let message = if let Some(kept) = kept {
+            kept
+        } else {
+            let mut one = Vec::with_capacity(1);
+            for k in start..end {
+                convert(&mut one, &typed[k], Some(items[k]))?;
+            }
+            let [message] = &one[..] else { return None };
+            let message = normalised(message, format)?;
+            fresh.push((text, message.clone()));
+            message
+        };
+        out.extend(message.iter().cloned());
+    }
+    cache.keep(&fresh, CachedText::ResponsesItems, format);
+    Some(out)
+}
+
+/// The text of `raw` from `first`'s first byte to `last`'s last (both `raw`'s own JSON texts):
+/// the run of items between them as the client sent it.
+fn run_text<'a>(raw: &'a [u8], first: &RawValue, last: &RawValue) -> Option<&'a str> {
+    let base = raw.as_ptr() as usize;
+    let start = (first.get().as_ptr() as usize).checked_sub(base)?;
+    let end = (last.get().as_ptr() as usize + last.get().len()).checked_sub(base)?;
+    std::str::from_utf8(raw.get(start..end)?).ok()
+}
+
+/// A converted message as the template sees it (for `format`), or None: the template's
+/// conversation refuses it.
+fn normalised(message: &Converted<'_>, format: ContentFormat) -> Option<Arc<[minijinja::Value]>> {
+    Some(
+        normalise(&[minijinja::Value::from(Serde(&message.json))], format)
+            .ok()?
+            .into(),
+    )
+}
+
+/// [`tokenized_plan`] of a body converted whole, without the message cache.
+fn whole_tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> Option<Plan> {
     let conversion = conversion(raw, true)?;
     let request = ChatRequest {
         messages: conversion
@@ -502,50 +631,10 @@ fn conversion(raw: &[u8], with_json: bool) -> Option<Conversion<'_>> {
 /// [`conversion`] of the body read: the messages' JSON built when its items were kept.
 fn converted<'a, I: InputItem<'a>>(body: Body<'a, I>) -> Option<Conversion<'a>> {
     let with_json = I::KEPT;
-    if body.kv_transfer_params.is_some() {
-        return None;
-    }
-    let strings = [
-        body.model,
-        body.instructions,
-        body.previous_response_id,
-        body.prompt_cache_key,
-        body.user,
-        body.cache_salt,
-    ];
-    if !strings.into_iter().all(string_or_absent) {
-        return None;
-    }
-    let follow_up = body.previous_response_id.and_then(string).map(|previous| FollowUp {
-        previous: previous.into_owned(),
-        hint: [body.prompt_cache_key, body.user]
-            .into_iter()
-            .flatten()
-            .filter_map(string)
-            .find(|v| !v.is_empty())
-            .map(Cow::into_owned),
-    });
-    let model = body.model.and_then(string).map(Cow::into_owned);
-    let instructions = body.instructions.and_then(string);
-    let cache_salt = body.cache_salt.and_then(string).map(Cow::into_owned);
-    for flag in [body.stream, body.store, body.background].into_iter().flatten() {
-        if !matches!(flag.get(), "true" | "false") {
-            return None;
-        }
-    }
-    if let Some(limit) = body.max_output_tokens
-        && limit.get().parse::<u64>().ok().is_none_or(|n| n < 1)
-    {
-        return None;
-    }
-    if let Some(tools) = body.tools
-        && !list(tools)?.iter().all(|t| t.get().starts_with('{'))
-    {
-        return None;
-    }
+    let fields = checked_fields(&body)?;
     let input = body.input?;
     let mut messages: Vec<Converted<'_>> = Vec::new();
-    if let Some(text) = instructions.filter(|t| !t.is_empty()) {
+    if let Some(text) = fields.instructions.filter(|t| !t.is_empty()) {
         let kept = text_if(with_json, &text);
         messages.push(Converted::built_text("system", Content::Text(text), "content", kept));
     }
@@ -571,10 +660,66 @@ fn converted<'a, I: InputItem<'a>>(body: Body<'a, I>) -> Option<Conversion<'a>> 
     }
     Some(Conversion {
         messages,
-        model,
-        cache_salt,
+        model: fields.model,
+        cache_salt: fields.cache_salt,
         tools: body.tools,
+        follow_up: fields.follow_up,
+    })
+}
+
+/// A body's fields but `input`, checked (`parse`'s order) and read.
+struct Fields<'a> {
+    follow_up: Option<FollowUp>,
+    model: Option<String>,
+    instructions: Option<Cow<'a, str>>,
+    cache_salt: Option<String>,
+}
+
+/// The body's fields but `input`, checked as the adapter checks them, or None: the app's.
+fn checked_fields<'a, I>(body: &Body<'a, I>) -> Option<Fields<'a>> {
+    if body.kv_transfer_params.is_some() {
+        return None;
+    }
+    let strings = [
+        body.model,
+        body.instructions,
+        body.previous_response_id,
+        body.prompt_cache_key,
+        body.user,
+        body.cache_salt,
+    ];
+    if !strings.into_iter().all(string_or_absent) {
+        return None;
+    }
+    let follow_up = body.previous_response_id.and_then(string).map(|previous| FollowUp {
+        previous: previous.into_owned(),
+        hint: [body.prompt_cache_key, body.user]
+            .into_iter()
+            .flatten()
+            .filter_map(string)
+            .find(|v| !v.is_empty())
+            .map(Cow::into_owned),
+    });
+    for flag in [body.stream, body.store, body.background].into_iter().flatten() {
+        if !matches!(flag.get(), "true" | "false") {
+            return None;
+        }
+    }
+    if let Some(limit) = body.max_output_tokens
+        && limit.get().parse::<u64>().ok().is_none_or(|n| n < 1)
+    {
+        return None;
+    }
+    if let Some(tools) = body.tools
+        && !list(tools)?.iter().all(|t| t.get().starts_with('{'))
+    {
+        return None;
+    }
+    Some(Fields {
         follow_up,
+        model: body.model.and_then(string).map(Cow::into_owned),
+        instructions: body.instructions.and_then(string),
+        cache_salt: body.cache_salt.and_then(string).map(Cow::into_owned),
     })
 }
 
@@ -1048,5 +1193,67 @@ mod tests {
         scan.feed(b",\"delta\":\"a\"}\n\nevent: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"output_tokens\":3,\"input_tokens_details\":{\"cached_tokens\":7}}}}\n\n");
         assert!(scan.done);
         assert_eq!((scan.tokens(), scan.cached_tokens), (3, Some(7)));
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    /// Prints every message the template sees whole, so a cached message that differs in any
+    /// key shows in the ids.
+    const PRINT_ALL: &str = "{% for m in messages %}{{ m | tojson }}\n{% endfor %}{{ tools | tojson }}";
+
+    fn body(instructions: &str, items: &[&str], tools: bool) -> String {
+        let tools = if tools {
+            r#","tools":[{"type":"function","name":"shell","parameters":{}}]"#
+        } else {
+            ""
+        };
+        format!(
+            r#"{{"model":"m","store":false{instructions},"input":[{}]{tools}}}"#,
+            items.join(", ")
+        )
+    }
+
+    /// A Codex-shaped session's turns planned through the message cache give the ids and turn
+    /// verdict of the whole conversion without it, for both content formats sharing one cache,
+    /// with and without instructions — including turns that end inside a run of merged items (a
+    /// reasoning item whose function call arrives in the next turn: the run's message then grows,
+    /// and a key that named only the run's first item would hand back the shorter one).
+    #[test]
+    fn the_cached_conversion_plans_what_the_whole_one_does() {
+        let history = [
+            r#"{"type":"message","role":"user","content":[{"type":"input_text","text":"fix the test"}]}"#,
+            r#"{"type":"reasoning","summary":[{"type":"summary_text","text":"look first"}]}"#,
+            r#"{"type":"function_call","call_id":"c1","name":"shell","arguments":"{\"cmd\":\"ls\"}"}"#,
+            r#"{"type":"function_call","call_id":"c2","name":"shell","arguments":"{\"cmd\":\"cat a\"}"}"#,
+            r#"{"type":"function_call_output","call_id":"c1","output":"a\nb"}"#,
+            r#"{"type":"function_call_output","call_id":"c2","output":"x"}"#,
+            r#"{"type":"message","role":"assistant","content":[{"type":"output_text","text":"done\n"}]}"#,
+            r#"{"type":"reasoning","content":[{"type":"reasoning_text","text":"again"}]}"#,
+            r#"{"type":"message","role":"assistant","content":[{"type":"output_text","text":"said"}]}"#,
+            r#"{"type":"message","role":"developer","content":"be terse"}"#,
+            r#"{"type":"message","role":"user","content":"thanks"}"#,
+        ];
+        let cached = TokenSource::for_tests(PRINT_ALL);
+        for instructions in [r#","instructions":"You are Codex.\n""#, ""] {
+            for tools in [false, true] {
+                for turn in 1..=history.len() {
+                    let raw = body(instructions, &history[..turn], tools);
+                    let got = tokenized_plan(raw.as_bytes(), None, &cached).map(|p| (p.ids, p.turn));
+                    let whole = TokenSource::for_tests(PRINT_ALL);
+                    let want = whole_tokenized_plan(raw.as_bytes(), None, &whole).map(|p| (p.ids, p.turn));
+                    assert!(want.is_some(), "{raw}");
+                    assert_eq!(got, want, "{raw}");
+                }
+            }
+        }
+        // The history's runs were found again turn after turn (not converted anew).
+        let (hits, _, kept, _) = cached.message_cache().stats();
+        assert!(hits >= 60 && kept > 0, "{hits} {kept}");
+        // What the app must answer stays the app's.
+        let refused = body("", &[history[0], r#"{"type":"function_call","call_id":"c1"}"#], false);
+        assert!(tokenized_plan(refused.as_bytes(), None, &cached).is_none());
     }
 }

@@ -21,7 +21,9 @@
 //! Anthropic Messages bodies use the same cache ([`MessageCache::find`], [`MessageCache::keep`]):
 //! an Anthropic message converts into chat messages from its own text alone, so its normalised
 //! chat messages are kept by its text, tagged as what the text was ([`CachedText`]): the same
-//! JSON object normalises differently as a chat message and as an Anthropic one.
+//! JSON object normalises differently as a chat message and as an Anthropic one. Responses bodies
+//! too: there the unit is the run of `input` items that converts into one message (a reasoning
+//! item and the function calls merged after it), kept by the run's text.
 
 use std::sync::{Arc, Mutex};
 
@@ -357,6 +359,10 @@ pub enum CachedText {
     AnthropicMessage,
     /// An Anthropic Messages body's `system` field (the leading system message).
     AnthropicSystem,
+    /// A Responses body's `instructions` (the leading system message).
+    ResponsesInstructions,
+    /// The text of a run of a Responses body's `input` items that converts into one message.
+    ResponsesItems,
 }
 
 /// A kept text's normalised messages, and what the text was and for which content format.

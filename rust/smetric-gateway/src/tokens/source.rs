@@ -228,3 +228,22 @@ impl TokenSource {
         })
     }
 }
+
+#[cfg(test)]
+impl TokenSource {
+    /// A source without a tokenizer (an approximate id per byte) whose `default` template (the
+    /// string content format) and `tool_use` template (the OpenAI format) are both `template`.
+    pub(crate) fn for_tests(template: &str) -> Self {
+        Self::new(&TokenSettings {
+            tokenizer: None,
+            templates: vec![
+                ("default".to_owned(), template.to_owned(), ContentFormat::String),
+                ("tool_use".to_owned(), template.to_owned(), ContentFormat::OpenAi),
+            ],
+            special_tokens: Vec::new(),
+            piece_cache_bytes: 1 << 20,
+            approx_chunk_bytes: 1,
+        })
+        .unwrap_or_else(|e| panic!("the test template does not compile: {e}"))
+    }
+}
