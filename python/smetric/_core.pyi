@@ -791,8 +791,10 @@ class GatewayTokenSource:
         """The piece cache's ``hits``, ``misses``, ``pieces`` and charged ``bytes`` (zeros without a tokenizer)."""
 
     def message_cache_stats(self) -> dict[str, int]:
-        """The message cache's ``hits``, ``misses``, ``messages`` and charged ``bytes``: a chat body's
-        messages as the template sees them, kept by their JSON text (within ``piece_cache_bytes``)."""
+        """The message cache's ``hits``, ``misses``, ``messages`` (texts kept) and charged ``bytes``: a
+        chat body's messages, an Anthropic Messages body's messages and ``system``, a Responses body's
+        runs of ``input`` items and ``instructions``, each as the template sees it, kept by its JSON
+        text (within ``piece_cache_bytes``)."""
 
 def gateway_routing_ids(
     path: str, raw: bytes, *, tokens: GatewayTokenSource | None = None, approx_chunk_bytes: int | None = None

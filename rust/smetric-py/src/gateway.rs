@@ -649,7 +649,8 @@ impl PyGatewayTokenSource {
         cache_dict(py, stats, "pieces")
     }
 
-    /// The message cache's `hits`, `misses`, `messages` and charged `bytes`.
+    /// The message cache's `hits`, `misses`, `messages` (texts kept, of every API) and charged
+    /// `bytes`.
     fn message_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         cache_dict(py, self.inner.message_cache().stats(), "messages")
     }
