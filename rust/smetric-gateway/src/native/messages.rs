@@ -65,7 +65,7 @@ use super::response_ids::ResponseIds;
 use super::sse::{Pending, contains, data_of};
 use super::state::NativeApis;
 use crate::answers::{Body as AnswerBody, json_response};
-use crate::tokens::{CachedText, ContentFormat, LeadingSystem, MessageCache, TokenSource, normalise, role_of};
+use crate::tokens::{CachedText, ContentFormat, LeadingSystem, MessageCache, TokenSource, normalise};
 
 use crate::shared::BILLING_HEADER_PREFIX;
 
@@ -507,9 +507,8 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> 
     let Cached::Conversation(messages) = cached_conversation(&body, format, tokens.message_cache())? else {
         return whole_tokenized_plan(raw, session, tokens);
     };
-    let roles: Vec<String> = messages.iter().map(role_of).collect();
     let request = ChatRequest {
-        first_turn: smetric_core::first_turn_from_roles(roles.iter().map(String::as_str)),
+        first_turn: None,
         messages,
         normalised: true,
         tools,
@@ -549,18 +548,18 @@ fn cached_conversation(body: &Checked<'_, &RawValue>, format: ContentFormat, cac
     let texts: Vec<&str> = body.messages.iter().map(|m| m.get()).collect();
     let found = cache.find(&texts, CachedText::AnthropicMessage, format);
     let mut fresh = Vec::new();
-    for (text, kept) in texts.into_iter().zip(found) {
+    for (raw, kept) in body.messages.iter().zip(found) {
         let converted = if let Some(kept) = kept {
             kept
         } else {
-            let message: Message<'_> = json::object(serde_json::from_str(text).ok()?)?;
+            let message: Message<'_> = object(raw)?;
             if message.role.as_deref() == Some("system") {
                 return Some(Cached::InlineSystem);
             }
             let mut chat = Vec::new();
             convert(&mut chat, &message, false)?;
             let converted = normalised(&chat, format)?;
-            fresh.push((text, converted.clone()));
+            fresh.push((raw.get(), converted.clone()));
             converted
         };
         out.extend(converted.iter().cloned());
@@ -598,7 +597,8 @@ fn whole_tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSourc
         normalised: false,
         tools,
         chat_template_kwargs: template_kwargs(&body)?,
-        first_turn,
+        // Read before the inline system messages merged (the app's verdict: `to_chat`'s roles).
+        first_turn: Some(first_turn),
         model: Some(body.model),
         cache_salt: body.cache_salt,
     };
@@ -1559,16 +1559,10 @@ mod cache_tests {
     use super::*;
     use crate::tokens::RenderRequest;
 
-    /// Prints every message the template sees whole, so a cached message that differs in any
-    /// key shows in the ids.
-    const PRINT_ALL: &str = "{% for m in messages %}{{ m | tojson }}\n{% endfor %}{{ tools | tojson }}";
-    /// The same, raising on a system message after the first (the leading system merged).
+    /// `TokenSource::PRINT_ALL` raising on a system message after the first (the leading system
+    /// merged).
     const LEADING_SYSTEM: &str = "{% for m in messages %}{% if m.role == 'system' and not loop.first %}\
         {{ raise_exception('system after the first') }}{% endif %}{{ m | tojson }}\n{% endfor %}";
-
-    fn source(template: &str) -> TokenSource {
-        TokenSource::for_tests(template)
-    }
 
     fn body(system: &str, messages: &[&str], tools: bool) -> String {
         let tools = if tools {
@@ -1598,8 +1592,8 @@ mod cache_tests {
             r#"{"role":"system","content":"inline rule"}"#,
             r#"{"role":"user","content":"and now?"}"#,
         ];
-        for template in [PRINT_ALL, LEADING_SYSTEM] {
-            let cached = source(template);
+        for template in [TokenSource::PRINT_ALL, LEADING_SYSTEM] {
+            let cached = TokenSource::for_tests(template);
             for system in [
                 r#","system":"be brief""#,
                 r#","system":[{"type":"text","text":"be "},{"type":"text","text":"brief"}]"#,
@@ -1609,8 +1603,8 @@ mod cache_tests {
                     for turn in 1..=history.len() {
                         let raw = body(system, &history[..turn], tools);
                         let got = tokenized_plan(raw.as_bytes(), None, &cached).map(|p| (p.ids, p.turn));
-                        let want =
-                            whole_tokenized_plan(raw.as_bytes(), None, &source(template)).map(|p| (p.ids, p.turn));
+                        let want = whole_tokenized_plan(raw.as_bytes(), None, &TokenSource::for_tests(template))
+                            .map(|p| (p.ids, p.turn));
                         assert!(want.is_some(), "{raw}");
                         assert_eq!(got, want, "{raw}");
                     }
@@ -1630,7 +1624,7 @@ mod cache_tests {
         let message =
             r#"{"role":"assistant","content":[{"type":"thinking","thinking":"r"},{"type":"text","text":"a"}]}"#;
         let user = r#"{"role":"user","content":"q"}"#;
-        let cached = source(PRINT_ALL);
+        let cached = TokenSource::for_tests(TokenSource::PRINT_ALL);
         let chat = format!("[{user},{message}]");
         let request = RenderRequest {
             messages: crate::tokens::Messages::Json(&chat),
@@ -1643,7 +1637,8 @@ mod cache_tests {
         assert_eq!(cached.message_cache().stats().2, 2);
         let raw = body("", &[user, message, user], false);
         let got = tokenized_plan(raw.as_bytes(), None, &cached).map(|p| p.ids);
-        let want = whole_tokenized_plan(raw.as_bytes(), None, &source(PRINT_ALL)).map(|p| p.ids);
+        let want =
+            whole_tokenized_plan(raw.as_bytes(), None, &TokenSource::for_tests(TokenSource::PRINT_ALL)).map(|p| p.ids);
         assert_eq!(got, want);
     }
 }

@@ -225,8 +225,9 @@ pub(crate) struct ChatRequest {
     pub(crate) normalised: bool,
     pub(crate) tools: Option<String>,
     pub(crate) chat_template_kwargs: Option<String>,
-    /// The converted roles' turn verdict.
-    pub(crate) first_turn: bool,
+    /// The converted roles' turn verdict; None: the verdict of the roles the template renders
+    /// (the same roles, unless the conversion merged messages after it read them).
+    pub(crate) first_turn: Option<bool>,
     pub(crate) model: Option<String>,
     pub(crate) cache_salt: Option<String>,
 }
@@ -247,11 +248,13 @@ pub(crate) fn template_plan(request: &ChatRequest, session: Option<String>, toke
         continue_final_message: false,
         chat_template_kwargs: request.chat_template_kwargs.as_deref(),
     };
+    let chat = tokens.chat_ids(&render, false).ok()?;
+    let first_turn = request
+        .first_turn
+        .unwrap_or_else(|| smetric_core::first_turn_from_roles(chat.roles.iter().map(String::as_str)));
     Some(Plan {
-        ids: tokens.chat_ids(&render, false).ok()?.ids,
-        turn: TurnHint::Messages {
-            first_turn: request.first_turn,
-        },
+        ids: chat.ids,
+        turn: TurnHint::Messages { first_turn },
         source: tokens.kind(),
         model: request.model.clone(),
         namespace: request.cache_salt.clone(),

@@ -46,7 +46,7 @@ use super::protocol::{
 use super::response_ids::ResponseIds;
 use super::responses_splice::{TERMINAL_EVENTS, continuation, is_delta};
 use super::state::NativeApis;
-use crate::tokens::{CachedText, ContentFormat, MessageCache, TokenSource, normalise, role_of};
+use crate::tokens::{CachedText, ContentFormat, MessageCache, TokenSource, normalise};
 use smetric_core::TurnHint;
 
 use super::json::{self, Entries, Obj, TextOrList, json_str, list, object, string};
@@ -481,9 +481,8 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> 
         messages.extend(leading.iter().cloned());
     }
     messages.extend(cached_items(raw, items, format, cache)?);
-    let roles: Vec<String> = messages.iter().map(role_of).collect();
     let request = ChatRequest {
-        first_turn: smetric_core::first_turn_from_roles(roles.iter().map(String::as_str)),
+        first_turn: None,
         messages,
         normalised: true,
         tools,
@@ -582,7 +581,7 @@ fn whole_tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSourc
             Some(tools) => Some(chat_tools(tools)?),
         },
         chat_template_kwargs: None,
-        first_turn: smetric_core::first_turn_from_roles(conversion.messages.iter().map(|m| m.role.as_ref())),
+        first_turn: None,
         model: conversion.model,
         cache_salt: conversion.cache_salt,
     };
@@ -1200,10 +1199,6 @@ mod tests {
 mod cache_tests {
     use super::*;
 
-    /// Prints every message the template sees whole, so a cached message that differs in any
-    /// key shows in the ids.
-    const PRINT_ALL: &str = "{% for m in messages %}{{ m | tojson }}\n{% endfor %}{{ tools | tojson }}";
-
     fn body(instructions: &str, items: &[&str], tools: bool) -> String {
         let tools = if tools {
             r#","tools":[{"type":"function","name":"shell","parameters":{}}]"#
@@ -1236,13 +1231,13 @@ mod cache_tests {
             r#"{"type":"message","role":"developer","content":"be terse"}"#,
             r#"{"type":"message","role":"user","content":"thanks"}"#,
         ];
-        let cached = TokenSource::for_tests(PRINT_ALL);
+        let cached = TokenSource::for_tests(TokenSource::PRINT_ALL);
         for instructions in [r#","instructions":"You are Codex.\n""#, ""] {
             for tools in [false, true] {
                 for turn in 1..=history.len() {
                     let raw = body(instructions, &history[..turn], tools);
                     let got = tokenized_plan(raw.as_bytes(), None, &cached).map(|p| (p.ids, p.turn));
-                    let whole = TokenSource::for_tests(PRINT_ALL);
+                    let whole = TokenSource::for_tests(TokenSource::PRINT_ALL);
                     let want = whole_tokenized_plan(raw.as_bytes(), None, &whole).map(|p| (p.ids, p.turn));
                     assert!(want.is_some(), "{raw}");
                     assert_eq!(got, want, "{raw}");

@@ -344,7 +344,7 @@ pub fn conversation(
 }
 
 /// A normalised message's role (empty when it has none: the template sees the same).
-pub fn role_of(normalised: &Value) -> String {
+fn role_of(normalised: &Value) -> String {
     get(normalised, "role")
         .and_then(|r| r.as_str().map(str::to_owned))
         .unwrap_or_default()

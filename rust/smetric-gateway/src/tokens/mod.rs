@@ -15,7 +15,7 @@ mod template;
 mod text_lru;
 
 pub use approximate::{byte_chunk_ids, chunk_ids};
-pub use conversation::{CachedText, ContentFormat, ConversationError, MessageCache, Messages, normalise, role_of};
+pub use conversation::{CachedText, ContentFormat, ConversationError, MessageCache, Messages, normalise};
 pub use piecewise::{
     ENTRY_OVERHEAD_BYTES, OverBudget, PiecewiseEncoder, TokenizerError, piecewise_blockers, with_encode_budget,
 };

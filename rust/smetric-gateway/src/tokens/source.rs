@@ -231,6 +231,10 @@ impl TokenSource {
 
 #[cfg(test)]
 impl TokenSource {
+    /// A template that prints every message it sees whole, and the tools: two conversations
+    /// that differ in any key of any message render differently.
+    pub(crate) const PRINT_ALL: &str = "{% for m in messages %}{{ m | tojson }}\n{% endfor %}{{ tools | tojson }}";
+
     /// A source without a tokenizer (an approximate id per byte) whose `default` template (the
     /// string content format) and `tool_use` template (the OpenAI format) are both `template`.
     pub(crate) fn for_tests(template: &str) -> Self {
