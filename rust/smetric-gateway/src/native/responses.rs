@@ -140,20 +140,30 @@ fn string_or_absent(raw: Option<&RawValue>) -> bool {
 }
 
 /// `responses._first_text`: a string, or the first element's string `text` of a non-empty
-/// list whose first element is an object.
-fn first_text(content: Option<&RawValue>) -> Option<Cow<'_, str>> {
+/// list whose first element is an object — as its JSON string, not decoded: the template's JSON
+/// takes it as it is, plain ChatML decodes it where it prints it (`push_content`), and finding a
+/// message's run of items needs neither (decoding every assistant text there was 18 % of a
+/// tokenizer-mode Responses plan). Every JSON string in a planned body decodes (`body_plan` hands
+/// bodies with lone surrogate escapes to the app first), so a string here is a text.
+fn first_text(content: Option<&RawValue>) -> Option<&RawValue> {
     #[derive(Deserialize)]
     struct Part<'a> {
         #[serde(borrow, default)]
         text: Option<&'a RawValue>,
     }
+    let is_string = |raw: &RawValue| raw.get().starts_with('"');
     let content = content?;
-    if let Some(s) = string(content) {
-        return Some(s);
+    if is_string(content) {
+        return Some(content);
     }
     let first = *list(content)?.first()?;
     let part: Part<'_> = object(first)?;
-    string(part.text?)
+    part.text.filter(|t| is_string(t))
+}
+
+/// Whether a JSON string is the empty text.
+fn is_empty_text(raw: &RawValue) -> bool {
+    raw.get() == "\"\""
 }
 
 /// A converted message: its role and what its content renders from (plain ChatML), and the
@@ -735,7 +745,6 @@ fn is_assistant(messages: &[Converted<'_>]) -> bool {
 /// One item converted onto `messages`; `raw`, the item's JSON, when the conversion builds the
 /// messages' JSON (tokenizer mode).
 fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: Option<&'a RawValue>) -> Option<()> {
-    let with_json = raw.is_some();
     let kind = item.kind.and_then(string);
     match kind.as_deref() {
         Some("function_call") => {
@@ -776,25 +785,19 @@ fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: Option<&
             if item.encrypted_content.is_some_and(truthy) {
                 return None;
             }
-            // `_first_text(content) or _first_text(summary) or ""`.
+            // `_first_text(content) or _first_text(summary) or ""`, as JSON.
             let text = first_text(item.content)
-                .filter(|t| !t.is_empty())
-                .or_else(|| first_text(item.summary).filter(|t| !t.is_empty()))
-                .unwrap_or_default();
-            let kept = text_if(with_json, &text);
+                .filter(|t| !is_empty_text(t))
+                .or_else(|| first_text(item.summary).filter(|t| !is_empty_text(t)))
+                .map_or("\"\"", RawValue::get);
             if is_assistant(messages)
                 && let Some(last) = messages.last_mut()
                 && !last.reasoning
             {
                 last.reasoning = true;
-                last.json.set_text("reasoning", kept);
+                last.json.set("reasoning", text);
             } else {
-                messages.push(Converted::built_text(
-                    "assistant",
-                    Content::Raw(None),
-                    "reasoning",
-                    kept,
-                ));
+                messages.push(Converted::built("assistant", Content::Raw(None), "reasoning", text));
             }
         }
         Some("function_call_output" | "custom_tool_call_output") => {
@@ -816,15 +819,19 @@ fn convert<'a>(messages: &mut Vec<Converted<'a>>, item: &Item<'a>, raw: Option<&
                 .then(|| first_text(item.content))
                 .flatten();
             if let Some(said) = said {
-                let kept = text_if(with_json, &said);
                 if is_assistant(messages)
                     && let Some(last) = messages.last_mut()
                     && !last.has_content()
                 {
-                    last.content = Content::Text(said);
-                    last.json.set_text("content", kept);
+                    last.content = Content::Raw(Some(said));
+                    last.json.set("content", said.get());
                 } else {
-                    messages.push(Converted::built_text("assistant", Content::Text(said), "content", kept));
+                    messages.push(Converted::built(
+                        "assistant",
+                        Content::Raw(Some(said)),
+                        "content",
+                        said.get(),
+                    ));
                 }
             } else if let Some(role) = role {
                 let tool_calls = match item.tool_calls {
