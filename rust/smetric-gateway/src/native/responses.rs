@@ -135,8 +135,15 @@ struct Item<'a> {
 }
 
 /// Whether a field is absent, null or a string (the app's check of its string fields).
+/// Read from the first byte: every JSON string in a planned body decodes (`body_plan` hands
+/// bodies with lone surrogate escapes to the app first), so none is decoded only to be checked.
 fn string_or_absent(raw: Option<&RawValue>) -> bool {
-    raw.is_none_or(|r| string(r).is_some())
+    raw.is_none_or(is_string)
+}
+
+/// Whether a JSON value is a string.
+fn is_string(raw: &RawValue) -> bool {
+    raw.get().starts_with('"')
 }
 
 /// `responses._first_text`: a string, or the first element's string `text` of a non-empty
@@ -151,7 +158,6 @@ fn first_text(content: Option<&RawValue>) -> Option<&RawValue> {
         #[serde(borrow, default)]
         text: Option<&'a RawValue>,
     }
-    let is_string = |raw: &RawValue| raw.get().starts_with('"');
     let content = content?;
     if is_string(content) {
         return Some(content);
@@ -192,6 +198,12 @@ impl<'a> Converted<'a> {
         entries.set_text("role", role);
         entries.set_text(key, text);
         Self::of_entries(role, content, key, entries)
+    }
+
+    /// The leading system message of the non-empty `instructions` (a JSON string): its JSON
+    /// takes the string as it is, plain ChatML decodes it where it prints it.
+    fn instructions(text: &'a RawValue) -> Self {
+        Self::built("system", Content::Raw(Some(text)), "content", text.get())
     }
 
     fn of_entries(role: &'a str, content: Content<'a>, key: &'a str, entries: Entries<'a>) -> Self {
@@ -471,7 +483,7 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> 
     let format = tokens.content_format(tools.is_some());
     let cache = tokens.message_cache();
     let mut messages = Vec::with_capacity(items.len() + 1);
-    if let (Some(instructions), Some(text)) = (body.instructions, fields.instructions.filter(|t| !t.is_empty())) {
+    if let Some(instructions) = fields.instructions {
         let key = instructions.get();
         let kept = cache
             .find(&[key], CachedText::ResponsesInstructions, format)
@@ -480,11 +492,7 @@ fn tokenized_plan(raw: &[u8], session: Option<String>, tokens: &TokenSource) -> 
         let leading = if let Some(kept) = kept {
             kept
         } else {
-            let text = text.as_ref();
-            let fresh = normalised(
-                &Converted::built_text("system", Content::Text(Cow::Borrowed(text)), "content", text),
-                format,
-            )?;
+            let fresh = normalised(&Converted::instructions(instructions), format)?;
             cache.keep(&[(key, fresh.clone())], CachedText::ResponsesInstructions, format);
             fresh
         };
@@ -643,9 +651,8 @@ fn converted<'a, I: InputItem<'a>>(body: Body<'a, I>) -> Option<Conversion<'a>> 
     let fields = checked_fields(&body)?;
     let input = body.input?;
     let mut messages: Vec<Converted<'_>> = Vec::new();
-    if let Some(text) = fields.instructions.filter(|t| !t.is_empty()) {
-        let kept = text_if(with_json, &text);
-        messages.push(Converted::built_text("system", Content::Text(text), "content", kept));
+    if let Some(instructions) = fields.instructions {
+        messages.push(Converted::instructions(instructions));
     }
     match input {
         TextOrList::Text(text) => {
@@ -680,7 +687,8 @@ fn converted<'a, I: InputItem<'a>>(body: Body<'a, I>) -> Option<Conversion<'a>> 
 struct Fields<'a> {
     follow_up: Option<FollowUp>,
     model: Option<String>,
-    instructions: Option<Cow<'a, str>>,
+    /// The non-empty `instructions`, as their JSON string.
+    instructions: Option<&'a RawValue>,
     cache_salt: Option<String>,
 }
 
@@ -727,7 +735,7 @@ fn checked_fields<'a, I>(body: &Body<'a, I>) -> Option<Fields<'a>> {
     Some(Fields {
         follow_up,
         model: body.model.and_then(string).map(Cow::into_owned),
-        instructions: body.instructions.and_then(string),
+        instructions: body.instructions.filter(|t| !is_empty_text(t)),
         cache_salt: body.cache_salt.and_then(string).map(Cow::into_owned),
     })
 }
