@@ -40,6 +40,13 @@ use crate::validate::{Exchange, Tracked, Validated};
 /// The smallest head buffer hyper accepts (its `max_buf_size` panics below it).
 const MIN_HEAD_BYTES: usize = 8192;
 
+/// The most hyper reads from a connection at once (its buffer grows to it only while reads fill
+/// it). Heads are bounded before hyper sees them (`validate.rs`, `max_head_bytes`), so this
+/// bounds a large body's reads only: a 32K-token conversation (≈ 130 KB) in two or three reads
+/// instead of nine 16 KB ones, each a syscall that contends on the socket's lock with the
+/// sender still writing it (measured: BENCHMARKS.md, "The body read in large pieces").
+const MAX_READ_BYTES: usize = 256 * 1024;
+
 /// What one client connection may cost the gateway. No defaults here: `smetric serve`'s
 /// configuration defines them once and the binding passes them in.
 #[derive(Clone, Copy, Debug)]
@@ -236,7 +243,7 @@ async fn serve(
     http.timer(TokioTimer::new())
         // A backstop: the validating wrapper times a begun head itself (and counts it first).
         .header_read_timeout(config.limits.head_timeout * 2)
-        .max_buf_size(config.limits.max_head_bytes);
+        .max_buf_size(config.limits.max_head_bytes.max(MAX_READ_BYTES));
     loop {
         tokio::select! {
             accepted = listener.accept() => {

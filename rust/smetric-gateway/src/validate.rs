@@ -7,7 +7,8 @@
 //! the framing rules the proxy enforces — `Transfer-Encoding` exactly `chunked`, a
 //! `Content-Length` of digits only and never two different ones, never both fields — and then
 //! follows the body's framing (a length, or chunk sizes read with httparse) to the next head.
-//! Validated bytes pass to hyper unchanged, as they arrive (a body is never buffered whole).
+//! Validated bytes pass to hyper unchanged, as they arrive (a body is never buffered whole); a
+//! body's bytes, which need no check but their count, are read straight into hyper's buffer.
 //!
 //! It also refuses what the engines behind the proxy would refuse, so that no such head is
 //! forwarded and no engine's own answer (not in the API's shape) relayed: a head whose lines do
@@ -114,6 +115,20 @@ enum Framing {
     ChunkData(u64),
     ChunkEnd,
     Trailers,
+}
+
+impl Framing {
+    /// The framing once `n` more body bytes have passed (`n` at most what is left of a length
+    /// or a chunk; other framings carry no body bytes and stay as they are).
+    fn after_body(self, n: u64) -> Self {
+        match self {
+            Framing::Length(left) if left == n => Framing::Head,
+            Framing::Length(left) => Framing::Length(left - n),
+            Framing::ChunkData(left) if left == n => Framing::ChunkEnd,
+            Framing::ChunkData(left) => Framing::ChunkData(left - n),
+            other => other,
+        }
+    }
 }
 
 enum Step {
@@ -243,13 +258,7 @@ impl<S> Validated<S> {
                 if take == 0 {
                     return Step::NeedMore;
                 }
-                let rest = left - take;
-                let next = match (self.framing, rest) {
-                    (Framing::Length(_), 0) => Framing::Head,
-                    (Framing::Length(_), _) => Framing::Length(rest),
-                    (_, 0) => Framing::ChunkEnd,
-                    _ => Framing::ChunkData(rest),
-                };
+                let next = self.framing.after_body(take);
                 self.accept(take as usize, next)
             }
             Framing::ChunkSize => match httparse::parse_chunk_size(data) {
@@ -382,6 +391,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Validated<S> {
             if matches!(this.advance(), Step::Progress) {
                 continue;
             }
+            if let Framing::Length(left) | Framing::ChunkData(left) = this.framing
+                && out.remaining() > 0
+            {
+                return this.pass_body(cx, out, left);
+            }
             let mut chunk = [0_u8; READ_CHUNK];
             let mut read = ReadBuf::new(&mut chunk);
             let polled = Pin::new(&mut this.inner).poll_read(cx, &mut read);
@@ -402,6 +416,38 @@ impl<S: AsyncRead + Unpin> AsyncRead for Validated<S> {
                 this.buf.extend_from_slice(read.filled());
             }
         }
+    }
+}
+
+impl<S: AsyncRead + Unpin> Validated<S> {
+    /// Reads body bytes straight into hyper's buffer, with nothing of ours buffered (`advance`
+    /// has passed it all): a body's bytes need no check but their count, so they are not copied
+    /// through `buf`, and a read may be as large as hyper's buffer (`server.rs`, `MAX_READ_BYTES`)
+    /// instead of [`READ_CHUNK`] — a 130 KB body in two or three reads, not nine. Bytes past the
+    /// body's end (a pipelined head, a chunk's line end) are taken back from hyper's buffer into
+    /// `buf`, to be validated as every other byte is.
+    fn pass_body(&mut self, cx: &mut Context<'_>, out: &mut ReadBuf<'_>, left: u64) -> Poll<io::Result<()>> {
+        // A head has been read whole since the framing left `Head`: its deadline is done.
+        self.head_deadline = None;
+        let before = out.filled().len();
+        if let Err(e) = ready!(Pin::new(&mut self.inner).poll_read(cx, out)) {
+            self.slot = None;
+            return Poll::Ready(Err(e));
+        }
+        let read = out.filled().len() - before;
+        if read == 0 {
+            // The end of the stream inside a body: hyper sees it and ends the body early.
+            self.client_ended = true;
+            self.slot = None;
+            return Poll::Ready(Ok(()));
+        }
+        let take = usize::try_from(left).map_or(read, |left| left.min(read));
+        if take < read {
+            self.buf.extend_from_slice(&out.filled()[before + take..]);
+            out.set_filled(before + take);
+        }
+        self.framing = self.framing.after_body(take as u64);
+        Poll::Ready(Ok(()))
     }
 }
 

@@ -35,6 +35,8 @@ struct Seen {
     target: String,
     body_len: usize,
     headers: Vec<(String, String)>,
+    /// Every request's target and body length so far, in order.
+    all: Vec<(String, usize)>,
 }
 
 /// A control plane: `/stream` answers "first", then waits for `release` before "second";
@@ -104,11 +106,15 @@ async fn answer(
                 .collect()
                 .await
                 .map_or(0, |body| body.to_bytes().len());
-            *seen.lock().unwrap() = Seen {
+            let mut seen = seen.lock().unwrap();
+            let mut all = std::mem::take(&mut seen.all);
+            all.push((target.clone(), body_len));
+            *seen = Seen {
                 method,
                 target,
                 body_len,
                 headers,
+                all,
             };
             Response::new(Full::new(Bytes::from_static(b"ok")).boxed())
         }
@@ -437,6 +443,49 @@ async fn a_malformed_head_after_good_requests_is_answered_after_theirs() {
         plane.seen.lock().unwrap().target,
         "/b",
         "the chunked body was followed to the next head"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_read_into_hypers_buffer_end_where_their_framing_says() {
+    // Bodies larger than any one read, sent with what follows them in one write, so that reads
+    // straight into hyper's buffer meet the next head (or a chunk's line end) inside them: those
+    // bytes must still be validated — the malformed head at the end is refused, not forwarded.
+    let plane = start_plane().await;
+    let door = gateway(plane.address);
+    let body: Vec<u8> = (0..300_000_u32)
+        .map(|i| if i % 97 == 0 { b'\n' } else { b'x' })
+        .collect();
+    let chunk = &body[..200_000];
+    let mut raw = format!("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+    raw.extend_from_slice(&body);
+    raw.extend_from_slice(b"POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    for _ in 0..2 {
+        raw.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        raw.extend_from_slice(chunk);
+        raw.extend_from_slice(b"\r\n");
+    }
+    raw.extend_from_slice(b"0\r\n\r\nGET /c HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n");
+    let address = door.address();
+    let answer = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut stream = std::net::TcpStream::connect(address).unwrap();
+        stream.write_all(&raw).unwrap();
+        read_until_closed(&mut stream)
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer.matches("HTTP/1.1 200 OK").count(), 2, "{answer}");
+    assert!(
+        answer.contains("HTTP/1.1 400 ") && answer.ends_with(r#""code":null}}"#),
+        "the door's answer in the JSON shape, not hyper's bare one: {answer}"
+    );
+    assert_eq!(tally(&door, "http_400"), 1);
+    let seen = plane.seen.lock().unwrap();
+    assert_eq!(
+        seen.all,
+        vec![("/a".to_owned(), 300_000), ("/b".to_owned(), 400_000)],
+        "each body whole, the refused head never forwarded"
     );
 }
 
