@@ -6,7 +6,8 @@ data plane; ``--tokenizer``: ``--tokens tokenizer`` on that ``tokenizer.json``),
 (``benches/proxy_data_plane.py``'s bodies and open loop); each thread's CPU from
 ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds, not the 10 ms ticks of ``stat``) before and
 after, summed by thread name (``smetric-gateway``: the compiled gateway; ``tokio-rt-worker``:
-its blocking pool; ``python``: the app's event loop and its workers), per request. ``--idle S``
+its blocking pool; ``python``: the app's event loop and its workers), per request;
+``--vllm-router PATH`` measures vllm-router's threads in the same place. ``--idle S``
 instead measures S seconds with no request (the control plane's fixed cost a second). Bounded: loopback, fixed counts.
 
     .venv/bin/python benches/proxy_cpu.py --api chat --requests 600 --rate 40 [--no-engine-load]
@@ -62,12 +63,21 @@ def main() -> None:
         default=None,
         help="serve in tokenizer mode on this tokenizer.json (e.g. tests/data/serve/tokenizer.json)",
     )
+    p.add_argument(
+        "--vllm-router",
+        default=None,
+        metavar="PATH",
+        help="measure vllm-router (this executable, round robin) in front of the engines instead",
+    )
     args = p.parse_args()
     procs: list[subprocess.Popen[Any]] = []
     try:
         engines = bench.start_engines(2, procs)
         extra = ["--no-engine-load"] if args.no_engine_load else []
-        serve = bench.start_smetric_serve(engines, procs, args.tokenizer, extra=extra)
+        if args.vllm_router:
+            serve = bench.start_vllm_router(args.vllm_router, engines, procs)
+        else:
+            serve = bench.start_smetric_serve(engines, procs, args.tokenizer, extra=extra)
         assert serve.proc is not None
         pid = serve.proc.pid
         if args.idle is not None:
