@@ -16,11 +16,15 @@ struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
 /// A JSON string's text; `None` for any other value.
 pub(crate) fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
-    raw.get()
-        .starts_with('"')
+    is_string(raw)
         .then(|| serde_json::from_str::<Text<'_>>(raw.get()).ok())
         .flatten()
         .map(|t| t.0)
+}
+
+/// Whether a JSON value is a string, from its first byte (its text not decoded).
+pub(crate) fn is_string(raw: &RawValue) -> bool {
+    raw.get().starts_with('"')
 }
 
 /// A JSON object as `T`; `None` for anything else (serde's derive would also read an array

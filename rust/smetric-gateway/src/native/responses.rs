@@ -49,7 +49,7 @@ use super::state::NativeApis;
 use crate::tokens::{CachedText, ContentFormat, MessageCache, TokenSource, normalise};
 use smetric_core::TurnHint;
 
-use super::json::{self, Entries, Obj, TextOrList, json_str, list, object, string};
+use super::json::{self, Entries, Obj, TextOrList, is_string, json_str, list, object, string};
 use super::sse::{Pending, data_of};
 
 #[derive(Deserialize)]
@@ -139,11 +139,6 @@ struct Item<'a> {
 /// bodies with lone surrogate escapes to the app first), so none is decoded only to be checked.
 fn string_or_absent(raw: Option<&RawValue>) -> bool {
     raw.is_none_or(is_string)
-}
-
-/// Whether a JSON value is a string.
-fn is_string(raw: &RawValue) -> bool {
-    raw.get().starts_with('"')
 }
 
 /// `responses._first_text`: a string, or the first element's string `text` of a non-empty
