@@ -13,16 +13,23 @@ piece cache warm with the history after the first body) it prints, from
 * **once**: each body planned once after one warm-up body, as the server sees a session's next
   turns: the p50 and p90 µs (the new message is a piece the cache lacks).
 
-No assertion: it prints figures (BENCHMARKS.md quotes them). Run old and new builds alternated
-(an old wheel's files on ``PYTHONPATH``) to compare.
+No assertion: it prints figures (BENCHMARKS.md quotes them). ``--against PATH`` compares builds in
+one process instead: PATH is another build's ``_core.abi3.so`` (e.g. copied before a rebuild),
+loaded beside the installed one; chat's plan is timed by both, batch by batch, alternated
+(``--repeat`` pairs of batches), for each mode — the pairs tell apart what separate runs, on a
+noisy machine, do not. It checks first that both builds give the same ids.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import statistics
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from smetric._core import gateway_routing_ids
 from smetric.serve.compiled import gateway_token_source
@@ -35,12 +42,58 @@ import proxy_data_plane as bench  # noqa: E402
 TOKENIZER = ROOT / "tests" / "data" / "serve" / "tokenizer.json"
 
 
+def tokenizer_source(core: ModuleType) -> Any:
+    """``gateway_token_source`` of tokenizer mode, built by ``core``'s own class."""
+    tokens = TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER)))
+    templates = tokens.templates
+    special = next(iter(templates.values())).special_tokens if templates else {}
+    return core.GatewayTokenSource(
+        str(TOKENIZER),
+        templates=[(name, t.source, t.content_format) for name, t in templates.items()],
+        special_tokens=list(special.items()),
+        piece_cache_bytes=tokens.config.piece_cache_bytes,
+        approx_chunk_bytes=tokens.config.approx_chunk_bytes,
+    )
+
+
+def against(other_path: str, bodies: list[bytes], pairs: int) -> None:
+    """Chat's plan by the installed build and by the one at ``other_path``, batch by batch."""
+    spec = importlib.util.spec_from_file_location("_core", other_path)
+    assert spec is not None and spec.loader is not None
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    import smetric._core as installed
+
+    builds = {"other": other, "installed": installed}
+    path = "/v1/chat/completions"
+    print(f"{'mode':<12} {'other µs':>9} {'installed µs':>13} {'ratio':>6} {'installed faster':>17}")
+    for mode in ("approximate", "tokenizer"):
+        sources = {k: tokenizer_source(core) if mode == "tokenizer" else None for k, core in builds.items()}
+        want = installed.gateway_routing_ids(path, bodies[0], tokens=sources["installed"])
+        assert other.gateway_routing_ids(path, bodies[0], tokens=sources["other"]) == want, "the builds disagree"
+        times: dict[str, list[float]] = {k: [] for k in builds}
+        for i in range(pairs):
+            for k in ("other", "installed") if i % 2 == 0 else ("installed", "other"):
+                plan, source = builds[k].gateway_routing_ids, sources[k]
+                start = time.perf_counter()
+                for raw in bodies[1:]:
+                    plan(path, raw, tokens=source)
+                times[k].append((time.perf_counter() - start) / len(bodies[1:]) * 1e6)
+        o, n = statistics.median(times["other"]), statistics.median(times["installed"])
+        wins = sum(a > b for a, b in zip(times["other"], times["installed"], strict=True))
+        print(f"{mode:<12} {o:9.1f} {n:13.1f} {n / o:6.3f} {wins:>12}/{pairs}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bodies", type=int, default=400)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--against", default=None, metavar="PATH", help="another build's _core.abi3.so")
     args = parser.parse_args()
     chats = bench.chat_bodies(args.bodies + 1, 32_768, True)
+    if args.against:
+        against(args.against, chats, args.repeat)
+        return
     apis = {
         "chat": ("/v1/chat/completions", chats),
         "messages": ("/v1/messages", bench.messages_bodies(chats)),

@@ -91,4 +91,6 @@ pub use ingest::{
     IndexSink, IngestConfig, IngestStats, Ingestor, Offload, RouterAt, SinkError, SourceId, Step, UnknownSource,
 };
 pub use lone_surrogate::escapes_lone_surrogate;
-pub use openai_body::{BodyError, Endpoint, OpenAiBody, Prompt, json_syntax_error, parse_openai_body};
+pub use openai_body::{
+    BodyError, Endpoint, OpenAiBody, Prompt, json_syntax_error, parse_chat_body_with, parse_openai_body,
+};

@@ -18,7 +18,10 @@
 //!   OpenAI's newer name, when both are present). JSON `null` is the same as absent.
 //! * `messages` (chat; required), `tools` (a list) and `chat_template_kwargs` (an object) are
 //!   returned as the JSON text of their value: the caller decodes them (text crosses into Python
-//!   cheaply), and their inner validation (roles, content) belongs to that caller.
+//!   cheaply), and their inner validation (roles, content) belongs to that caller. A caller that
+//!   decodes `messages` anyway hands its decoder in instead ([`parse_chat_body_with`], a serde
+//!   seed run on the value in the body's own pass): the messages, most of a chat body's bytes,
+//!   are then scanned once rather than captured by one scan and decoded by another.
 //! * `stream_options` (its JSON text, `null` included) and whether `kv_transfer_params` is
 //!   present, unchecked: the two top-level fields the proxy rewrites in a body it forwards (it
 //!   asks a stream for its usage; it removes a client's KV-transfer instructions), so it need
@@ -46,6 +49,7 @@
 
 use std::cell::Cell;
 use std::fmt;
+use std::marker::PhantomData;
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -203,13 +207,48 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// Parses `raw` as the body of a request to `endpoint` (see the module docs).
 pub fn parse_openai_body(raw: &[u8], endpoint: Endpoint) -> Result<OpenAiBody<'_>, BodyError> {
+    let (mut body, messages) = parse_body(raw, endpoint, PhantomData::<&RawValue>)?;
+    if endpoint == Endpoint::Chat {
+        body.messages = raw_of_kind(messages, "messages", b'[', "a non-empty list of messages")?;
+        if body.messages.is_none() {
+            return Err(BodyError::new(Some("messages"), "messages is required".to_owned()));
+        }
+    }
+    Ok(body)
+}
+
+/// A chat body parsed as [`parse_openai_body`] parses it, with `messages` read by `seed` in the
+/// same pass instead of kept as JSON text ([`OpenAiBody::messages`] is then `None`): a caller
+/// that decodes the messages anyway (a render into routing tokens) scans them once, not twice.
+/// `None` whenever the body is not read this way — any error, `messages` absent, `null`, or a
+/// value the seed refuses: [`parse_openai_body`] then gives the verdict, in its own words.
+/// `seed` is cloned for a `messages` given twice (the last one is kept, as in Python).
+pub fn parse_chat_body_with<'a, S>(raw: &'a [u8], seed: S) -> Option<(OpenAiBody<'a>, S::Value)>
+where
+    S: DeserializeSeed<'a> + Clone,
+{
+    let (body, messages) = parse_body(raw, Endpoint::Chat, seed).ok()?;
+    Some((body, messages?))
+}
+
+/// Every field but `messages`, checked in the module docs' order; `messages` as `seed` read it
+/// (the last one given). The callers check `messages` last, so that the first error a body
+/// has is the one reported, whichever entry reads it.
+fn parse_body<'a, S>(
+    raw: &'a [u8],
+    endpoint: Endpoint,
+    seed: S,
+) -> Result<(OpenAiBody<'a>, Option<S::Value>), BodyError>
+where
+    S: DeserializeSeed<'a> + Clone,
+{
     if nests_deeper_than(raw, MAX_NESTING) {
         return Err(BodyError::new(
             None,
             format!("the body nests arrays and objects deeper than {MAX_NESTING} levels"),
         ));
     }
-    let mut fields = parse_fields(raw, endpoint)?;
+    let mut fields = parse_fields(raw, endpoint, seed)?;
     let max_tokens = positive_int(fields.max_tokens, "max_tokens")?;
     let max_completion_tokens = positive_int(fields.max_completion_tokens, "max_completion_tokens")?;
     let cache_salt = string(fields.cache_salt, "cache_salt")?;
@@ -239,32 +278,23 @@ pub fn parse_openai_body(raw: &[u8], endpoint: Endpoint) -> Result<OpenAiBody<'_
         kv_transfer_params: fields.kv_transfer_params,
         ..OpenAiBody::default()
     };
-    match endpoint {
-        Endpoint::Chat => {
-            body.messages = raw_of_kind(fields.messages, "messages", b'[', "a non-empty list of messages")?;
-            if body.messages.is_none() {
-                return Err(BodyError::new(Some("messages"), "messages is required".to_owned()));
-            }
-        }
-        Endpoint::Completions => {
-            let missing = || BodyError::new(Some("prompt"), "prompt is required".to_owned());
-            body.prompt = Some(
-                fields
-                    .prompt
-                    .take()
-                    .map(prompt)
-                    .transpose()?
-                    .flatten()
-                    .ok_or_else(missing)?,
-            );
-        }
+    if endpoint == Endpoint::Completions {
+        let missing = || BodyError::new(Some("prompt"), "prompt is required".to_owned());
+        body.prompt = Some(
+            fields
+                .prompt
+                .take()
+                .map(prompt)
+                .transpose()?
+                .flatten()
+                .ok_or_else(missing)?,
+        );
     }
-    Ok(body)
+    Ok((body, fields.messages))
 }
 
-/// The kept top-level fields, as slices of the body.
-#[derive(Default)]
-struct Fields<'a> {
+/// The kept top-level fields, as slices of the body; `messages` as the caller's seed read it.
+struct Fields<'a, M> {
     model: Option<&'a RawValue>,
     stream: Option<&'a RawValue>,
     max_tokens: Option<&'a RawValue>,
@@ -272,7 +302,7 @@ struct Fields<'a> {
     user: Option<&'a RawValue>,
     prompt_cache_key: Option<&'a RawValue>,
     cache_salt: Option<&'a RawValue>,
-    messages: Option<&'a RawValue>,
+    messages: Option<M>,
     tools: Option<&'a RawValue>,
     chat_template_kwargs: Option<&'a RawValue>,
     add_generation_prompt: Option<&'a RawValue>,
@@ -285,7 +315,30 @@ struct Fields<'a> {
     kv_transfer_params: bool,
 }
 
-impl<'a> Fields<'a> {
+impl<M> Default for Fields<'_, M> {
+    fn default() -> Self {
+        Self {
+            model: None,
+            stream: None,
+            max_tokens: None,
+            max_completion_tokens: None,
+            user: None,
+            prompt_cache_key: None,
+            cache_salt: None,
+            messages: None,
+            tools: None,
+            chat_template_kwargs: None,
+            add_generation_prompt: None,
+            continue_final_message: None,
+            add_special_tokens: None,
+            prompt: None,
+            stream_options: None,
+            kv_transfer_params: false,
+        }
+    }
+}
+
+impl<'a, M> Fields<'a, M> {
     fn slot(&mut self, key: &str) -> Option<&mut Option<&'a RawValue>> {
         Some(match key {
             "model" => &mut self.model,
@@ -295,7 +348,6 @@ impl<'a> Fields<'a> {
             "user" => &mut self.user,
             "prompt_cache_key" => &mut self.prompt_cache_key,
             "cache_salt" => &mut self.cache_salt,
-            "messages" => &mut self.messages,
             "tools" => &mut self.tools,
             "chat_template_kwargs" => &mut self.chat_template_kwargs,
             "add_generation_prompt" => &mut self.add_generation_prompt,
@@ -311,19 +363,21 @@ impl<'a> Fields<'a> {
 /// client sees is ours and not serde's.
 type Verdict = Cell<Option<BodyError>>;
 
-struct FieldsVisitor<'v> {
+struct FieldsVisitor<'v, S> {
     verdict: &'v Verdict,
     endpoint: Endpoint,
+    /// Reads `messages`.
+    messages: S,
 }
 
-impl<'de> Visitor<'de> for FieldsVisitor<'_> {
-    type Value = Fields<'de>;
+impl<'de, S: DeserializeSeed<'de> + Clone> Visitor<'de> for FieldsVisitor<'_, S> {
+    type Value = Fields<'de, S::Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut fields = Fields::default();
         // Keys are owned: a key with an escape cannot be borrowed, and there are few keys.
         while let Some(key) = map.next_key::<String>()? {
@@ -334,6 +388,10 @@ impl<'de> Visitor<'de> for FieldsVisitor<'_> {
             if key == "kv_transfer_params" {
                 fields.kv_transfer_params = true;
                 map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            if key == "messages" {
+                fields.messages = Some(map.next_value_seed(self.messages.clone())?);
                 continue;
             }
             match fields.slot(&key) {
@@ -347,7 +405,7 @@ impl<'de> Visitor<'de> for FieldsVisitor<'_> {
     }
 }
 
-impl FieldsVisitor<'_> {
+impl<S> FieldsVisitor<'_, S> {
     fn not_an_object<E: de::Error>(&self) -> E {
         self.verdict.set(Some(BodyError::new(
             None,
@@ -358,13 +416,17 @@ impl FieldsVisitor<'_> {
 }
 
 /// The kept fields of a body, or why it is not a JSON object.
-fn parse_fields(raw: &[u8], endpoint: Endpoint) -> Result<Fields<'_>, BodyError> {
+fn parse_fields<'a, S>(raw: &'a [u8], endpoint: Endpoint, messages: S) -> Result<Fields<'a, S::Value>, BodyError>
+where
+    S: DeserializeSeed<'a> + Clone,
+{
     let verdict = Verdict::new(None);
     let mut de = serde_json::Deserializer::from_slice(raw);
-    let parsed = TopLevel {
+    let parsed = ObjectOnly(FieldsVisitor {
         verdict: &verdict,
         endpoint,
-    }
+        messages,
+    })
     .deserialize(&mut de)
     .and_then(|fields| de.end().map(|()| fields));
     parsed.map_err(|e| {
@@ -374,45 +436,37 @@ fn parse_fields(raw: &[u8], endpoint: Endpoint) -> Result<Fields<'_>, BodyError>
     })
 }
 
-struct TopLevel<'v> {
-    verdict: &'v Verdict,
-    endpoint: Endpoint,
-}
+/// [`FieldsVisitor`], with every non-object value turned into our "must be an object" error.
+struct ObjectOnly<'v, S>(FieldsVisitor<'v, S>);
 
-impl<'de> DeserializeSeed<'de> for TopLevel<'_> {
-    type Value = Fields<'de>;
+impl<'de, S: DeserializeSeed<'de> + Clone> DeserializeSeed<'de> for ObjectOnly<'_, S> {
+    type Value = Fields<'de, S::Value>;
 
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Fields<'de>, D::Error> {
-        deserializer.deserialize_any(ObjectOnly(FieldsVisitor {
-            verdict: self.verdict,
-            endpoint: self.endpoint,
-        }))
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
     }
 }
 
-/// [`FieldsVisitor`], with every non-object value turned into our "must be an object" error.
-struct ObjectOnly<'v>(FieldsVisitor<'v>);
-
 macro_rules! reject_non_object {
     ($($method:ident($($arg:ty)?)),* $(,)?) => {$(
-        fn $method<E: de::Error>(self $(, _: $arg)?) -> Result<Fields<'de>, E> {
+        fn $method<E: de::Error>(self $(, _: $arg)?) -> Result<Self::Value, E> {
             Err(self.0.not_an_object())
         }
     )*};
 }
 
-impl<'de> Visitor<'de> for ObjectOnly<'_> {
-    type Value = Fields<'de>;
+impl<'de, S: DeserializeSeed<'de> + Clone> Visitor<'de> for ObjectOnly<'_, S> {
+    type Value = Fields<'de, S::Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.expecting(f)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Fields<'de>, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
         self.0.visit_map(map)
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Fields<'de>, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
         Err(self.0.not_an_object())
     }
 

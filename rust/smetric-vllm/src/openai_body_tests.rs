@@ -3,7 +3,9 @@
 
 use proptest::prelude::*;
 
-use super::{BodyError, Endpoint, MAX_NESTING, OpenAiBody, Prompt, flat_ids, parse_openai_body};
+use std::marker::PhantomData;
+
+use super::{BodyError, Endpoint, MAX_NESTING, OpenAiBody, Prompt, flat_ids, parse_chat_body_with, parse_openai_body};
 
 fn chat(body: &str) -> Result<OpenAiBody<'_>, BodyError> {
     parse_openai_body(body.as_bytes(), Endpoint::Chat)
@@ -77,6 +79,31 @@ fn the_fields_the_proxy_rewrites_are_found_only_at_the_top_level() {
 fn last_duplicate_key_wins_like_python_json() {
     let parsed = chat(r#"{"model":"a","messages":[],"model":"b"}"#).unwrap();
     assert_eq!(parsed.model.as_deref(), Some("b"));
+}
+
+/// The seeded parse reads `messages` with the caller's seed (the last one given), every other
+/// field as the plain parse does, and gives nothing where the plain parse errs or lacks them.
+#[test]
+fn a_seed_reads_messages_in_the_bodys_pass() {
+    fn seeded(body: &str) -> Option<(OpenAiBody<'_>, Vec<u8>)> {
+        parse_chat_body_with(body.as_bytes(), PhantomData::<Vec<u8>>)
+    }
+    let (body, messages) = seeded(r#"{"messages":[1],"model":"m","messages":[2,3],"max_tokens":4}"#).unwrap();
+    assert_eq!(messages, vec![2, 3], "the last `messages` is the one read");
+    assert_eq!(
+        (body.model.as_deref(), body.max_tokens, body.messages),
+        (Some("m"), Some(4), None)
+    );
+    for refused in [
+        r#"{"messages":[1],"max_tokens":0}"#,
+        r#"{"messages":null}"#,
+        r#"{"model":"m"}"#,
+        r#"{"messages":["not a byte"]}"#,
+        r#"{"messages":[1]"#,
+        "[]",
+    ] {
+        assert!(seeded(refused).is_none(), "{refused}");
+    }
 }
 
 #[test]

@@ -12,9 +12,12 @@
 //! also give the router its turn (`first_turn_from_roles`). O(body length): one pass over
 //! `messages` that decodes each role and content as it meets them (strings borrowed unless they
 //! escape a character; it replaced a split into raw messages, a parse of each and a decode of
-//! each content: three passes), one copy, one pass to cut.
+//! each content: three passes) — on the gateway's path ([`parse_and_render`]) inside the body's
+//! own parse, so the messages are not first captured as text by another scan — one copy, one
+//! pass to cut.
 
 use std::borrow::Cow;
+use std::marker::PhantomData;
 
 use serde::Deserialize;
 use serde::de::{Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -23,7 +26,7 @@ use serde_json::value::RawValue;
 use super::json::string;
 
 use smetric_core::first_turn_from_roles;
-use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
+use smetric_vllm::{OpenAiBody, parse_chat_body_with};
 
 pub use crate::shared::BYTE_CHUNK_BYTES;
 pub use crate::tokens::byte_chunk_ids;
@@ -182,15 +185,28 @@ pub(crate) struct RenderedBody {
 /// a body Python would render differently or reject.
 #[must_use]
 pub fn render(body: &OpenAiBody<'_>) -> Option<Rendered> {
-    if body.add_generation_prompt && body.continue_final_message {
-        return None;
-    }
+    let text = body.messages?;
     // One pass over `messages`: each message's role and content decoded as they are met.
-    let messages: Vec<Message<'_>> = serde_json::from_str(body.messages?).ok()?;
-    if messages.is_empty() {
+    let messages: Vec<Message<'_>> = serde_json::from_str(text).ok()?;
+    render_messages(body, messages, text.len())
+}
+
+/// A chat body's bytes parsed and rendered with its messages decoded in the body's own pass
+/// (`smetric_vllm::parse_chat_body_with`): the messages are scanned once, where a parse and then
+/// [`render`] scan them twice. `None` exactly where that parse and [`render`] give `None`.
+#[must_use]
+pub fn parse_and_render(raw: &[u8]) -> Option<(OpenAiBody<'_>, Rendered)> {
+    let (body, messages) = parse_chat_body_with(raw, PhantomData::<Vec<Message<'_>>>)?;
+    let rendered = render_messages(&body, messages, raw.len())?;
+    Some((body, rendered))
+}
+
+/// [`render`] of messages already decoded; `capacity` is the text's expected length.
+fn render_messages(body: &OpenAiBody<'_>, messages: Vec<Message<'_>>, capacity: usize) -> Option<Rendered> {
+    if (body.add_generation_prompt && body.continue_final_message) || messages.is_empty() {
         return None;
     }
-    let mut out = Vec::with_capacity(body.messages.map_or(0, str::len) + 64);
+    let mut out = Vec::with_capacity(capacity + 64);
     let mut roles = Vec::with_capacity(messages.len());
     let mut last_end = None;
     for m in messages {
@@ -234,10 +250,10 @@ pub(crate) fn render_refusal(body: &OpenAiBody<'_>) -> Option<&'static str> {
         .then_some("content parts must be objects with a string 'text'")
 }
 
-/// [`render`] of a chat body's bytes: its ChatML text.
+/// [`render`] of a chat body's bytes: its ChatML text ([`parse_and_render`], the one pass).
 #[must_use]
 pub fn render_chatml(raw: &[u8]) -> Option<Vec<u8>> {
-    render(&parse_openai_body(raw, Endpoint::Chat).ok()?).map(|r| r.text)
+    parse_and_render(raw).map(|(_, r)| r.text)
 }
 
 /// The approximate routing ids of a chat body: [`byte_chunk_ids`] of [`render_chatml`].
@@ -248,6 +264,8 @@ pub fn chatml_ids(raw: &[u8]) -> Option<Vec<u32>> {
 
 #[cfg(test)]
 mod tests {
+    use smetric_vllm::{Endpoint, parse_openai_body};
+
     use super::*;
 
     #[test]
@@ -269,6 +287,50 @@ mod tests {
             Some("continue_final_message and add_generation_prompt cannot both be true"),
             "checked first"
         );
+    }
+
+    /// The one pass ([`parse_and_render`]) gives what a parse and then [`render`] give, body by
+    /// body: the text, the turn, the body's other fields, and `None` at the same bodies.
+    #[test]
+    fn the_one_pass_renders_what_a_parse_and_a_render_do() {
+        let bodies = [
+            r#"{"model":"m","stream":true,"max_tokens":5,"messages":[{"role":"system","content":"a\nb\u00e9"},{"role":"user","content":[{"text":"c"},{"type":"image"}]}]}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"messages":[{"role":"assistant","content":"r"},{"role":"user","content":"s"}]}"#,
+            r#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"p"}],"continue_final_message":true,"add_generation_prompt":false}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"continue_final_message":true}"#,
+            r#"{"messages":[]}"#,
+            r#"{"messages":null}"#,
+            r#"{"model":"m"}"#,
+            r#"{"messages":{"role":"user"}}"#,
+            r#"{"messages":[{"content":"no role"}]}"#,
+            r#"{"messages":[{"role":"user","content":3}]}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"max_tokens":0}"#,
+            r#"{"messages":[{"role":"user","content":"q","role":"again"}]}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"cache_salt":"s","user":"u","tools":[{"type":"function"}]}"#,
+            r#"{"messages":[{"role":"user","content":"\ud800"}]}"#,
+            r"[1]",
+            r#"{"messages":[{"role":"user","content":"q"}]"#,
+        ];
+        for raw in bodies {
+            let two = parse_openai_body(raw.as_bytes(), Endpoint::Chat).ok().and_then(|body| {
+                Some((
+                    format!(
+                        "{:?}",
+                        OpenAiBody {
+                            messages: None,
+                            ..body.clone()
+                        }
+                    ),
+                    render(&body)?,
+                ))
+            });
+            let one = parse_and_render(raw.as_bytes()).map(|(body, r)| (format!("{body:?}"), r));
+            assert_eq!(
+                one.as_ref().map(|(b, r)| (b, &r.text, r.first_turn)),
+                two.as_ref().map(|(b, r)| (b, &r.text, r.first_turn)),
+                "{raw}"
+            );
+        }
     }
 
     fn text(raw: &str) -> Option<String> {

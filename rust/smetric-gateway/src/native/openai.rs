@@ -6,14 +6,16 @@
 //! app's shape checks after it, is refused here with the app's 400 (`shape_refusal`, looked at
 //! only when the body does not plan). O(body length) to plan; O(event bytes) to scan.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use smetric_core::{TurnHint, first_turn_from_roles};
-use smetric_vllm::{Endpoint, OpenAiBody, parse_openai_body};
+use smetric_vllm::{Endpoint, OpenAiBody, parse_chat_body_with, parse_openai_body};
 
-use super::chatml::{render, render_refusal};
+use super::chatml::{Rendered, parse_and_render, render, render_refusal};
 use super::continuation::{Continued, continuation};
 use super::protocol::{Ids, Plan, Protocol, StreamScan, Unplanned, openai_error_json, stream_scan_by_fields};
 use super::response_ids::ResponseIds;
@@ -54,13 +56,20 @@ impl Protocol for OpenAi {
         } else {
             Endpoint::Completions
         };
-        // The app parses with the same parser (`request.parse_request`): its error is the 400.
+        // The hot path: a chat body whose messages are read in the body's own pass.
+        if self.chat
+            && let Some(plan) = one_pass_chat_plan(raw, session.as_deref(), ids)
+        {
+            return Ok(plan);
+        }
+        // Every other body, and every body that does not plan: the app parses with the same
+        // parser (`request.parse_request`), so its error is the 400.
         let body = parse_openai_body(raw, endpoint).map_err(|e| Unplanned::refused(e.message, e.param))?;
         let (messages, tools) = (body.messages, body.tools);
         // Only a body that does not plan is looked at again, for the app's own 400: its shape
         // checks, then (plain ChatML: no template) its rendering's.
         let plain_chatml = self.chat && ids.template.is_none();
-        plan(self.chat, body, session, ids).ok_or_else(|| {
+        plan(self.chat, body, session, ids, ReadMessages::AsText).ok_or_else(|| {
             shape_refusal(messages, tools)
                 .or_else(|| plain_chatml.then(|| unrenderable(raw, endpoint)).flatten())
                 .unwrap_or(Unplanned::App)
@@ -144,8 +153,39 @@ fn unrenderable(raw: &[u8], endpoint: Endpoint) -> Option<Unplanned> {
     })
 }
 
+/// A chat body's messages as [`plan`] gets them.
+enum ReadMessages<'a> {
+    /// As the body's JSON text ([`OpenAiBody::messages`]), read by the plan.
+    AsText,
+    /// Rendered as plain ChatML in the body's own pass (approximate ids).
+    Rendered(Rendered),
+    /// Each message's JSON text, split in the body's own pass (the template's message cache
+    /// looks each up by its text).
+    Split(Vec<&'a RawValue>),
+}
+
+/// The plan of a chat body whose messages were read in the body's own pass
+/// (`smetric_vllm::parse_chat_body_with`): rendered as ChatML without a template, split into
+/// each message's text with one — the messages, most of the body, scanned once rather than
+/// twice. `None` for every body that does not plan this way: the two-pass path then plans it
+/// or words its refusal, exactly as before (the one pass refuses nothing itself).
+fn one_pass_chat_plan(raw: &[u8], session: Option<&str>, ids: Ids<'_>) -> Option<Plan> {
+    let (body, messages) = match ids.template {
+        None => parse_and_render(raw).map(|(body, rendered)| (body, ReadMessages::Rendered(rendered)))?,
+        Some(_) => parse_chat_body_with(raw, PhantomData::<Vec<&RawValue>>)
+            .map(|(body, split)| (body, ReadMessages::Split(split)))?,
+    };
+    plan(true, body, session.map(str::to_owned), ids, messages)
+}
+
 /// The plan of a chat (`chat`) or completions body.
-fn plan(chat: bool, body: OpenAiBody<'_>, session: Option<String>, ids: Ids<'_>) -> Option<Plan> {
+fn plan(
+    chat: bool,
+    body: OpenAiBody<'_>,
+    session: Option<String>,
+    ids: Ids<'_>,
+    read: ReadMessages<'_>,
+) -> Option<Plan> {
     let tokens = ids.template;
     if body.kv_transfer_params {
         return None;
@@ -168,8 +208,15 @@ fn plan(chat: bool, body: OpenAiBody<'_>, session: Option<String>, ids: Ids<'_>)
         })
     };
     let (ids, turn, source) = if let (true, Some(tokens)) = (chat, tokens) {
+        let split;
         let request = RenderRequest {
-            messages: Messages::Json(body.messages?),
+            messages: match read {
+                ReadMessages::Split(raws) => {
+                    split = raws;
+                    Messages::Split(&split)
+                }
+                _ => Messages::Json(body.messages?),
+            },
             tools: body.tools,
             add_generation_prompt: body.add_generation_prompt,
             continue_final_message: body.continue_final_message,
@@ -179,7 +226,10 @@ fn plan(chat: bool, body: OpenAiBody<'_>, session: Option<String>, ids: Ids<'_>)
         let first_turn = first_turn_from_roles(chat_ids.roles.iter().map(String::as_str));
         (chat_ids.ids, TurnHint::Messages { first_turn }, tokens.kind())
     } else if chat {
-        let rendered = render(&body)?;
+        let rendered = match read {
+            ReadMessages::Rendered(rendered) => rendered,
+            _ => render(&body)?,
+        };
         let first_turn = rendered.first_turn;
         (
             ids.approximate(&rendered.text),
@@ -224,4 +274,57 @@ fn plan(chat: bool, body: OpenAiBody<'_>, session: Option<String>, ids: Ids<'_>)
         previous_response: None,
         ends_session: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::TokenSource;
+
+    /// A chat body planned in one pass is planned as the two-pass path plans it — ids, turn,
+    /// source and the body's fields — with plain ChatML and through a template's message cache;
+    /// and every body here that plans at all plans in the one pass (it is the hot path).
+    #[test]
+    fn the_one_pass_plans_what_the_two_passes_do() {
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"a\nb"}]}"#,
+            r#"{"model":"m","stream":true,"cache_salt":"s","messages":[{"role":"user","content":[{"type":"text","text":"x"}]},{"role":"assistant","content":"y"},{"role":"user","content":"z"}]}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"messages":[{"role":"user","content":"last wins"}]}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"stream":true,"stream_options":{"include_usage":true}}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"stream":true,"stream_options":{}}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"kv_transfer_params":{}}"#,
+            r#"{"messages":[{"role":"user","content":"q"}],"tools":[3]}"#,
+            r#"{"messages":[]}"#,
+            r#"{"messages":[{"role":"user","content":3}]}"#,
+            r#"{"messages":"text"}"#,
+        ];
+        let source = TokenSource::for_tests(TokenSource::PRINT_ALL);
+        let templated = Ids {
+            template: Some(&source),
+            chunk: 1,
+        };
+        for ids in [Ids::CHATML, templated] {
+            let mut planned = 0;
+            for raw in bodies {
+                let view = |p: Plan| {
+                    (
+                        p.ids,
+                        format!("{:?}", p.turn),
+                        p.source,
+                        p.model,
+                        p.namespace,
+                        p.hide_usage,
+                    )
+                };
+                let two = parse_openai_body(raw.as_bytes(), Endpoint::Chat)
+                    .ok()
+                    .and_then(|body| plan(true, body, None, ids, ReadMessages::AsText))
+                    .map(view);
+                let one = one_pass_chat_plan(raw.as_bytes(), None, ids).map(view);
+                assert_eq!(one, two, "{raw}");
+                planned += usize::from(one.is_some());
+            }
+            assert_eq!(planned, 4, "the first four bodies plan");
+        }
+    }
 }

@@ -303,10 +303,17 @@ fn message(message: &Value, format: ContentFormat) -> Result<Value> {
 #[derive(Clone, Copy, Debug)]
 pub enum Messages<'a> {
     Json(&'a str),
+    /// Each message's JSON text, the list already split (in the body's own parse).
+    Split(&'a [&'a RawValue]),
     Values(&'a [Value]),
     /// Messages already normalised for the template's content format ([`normalise`], through
     /// the cache).
     Normalised(&'a [Value]),
+}
+
+/// Each message's JSON text of a `messages` list's.
+fn split(text: &str) -> Result<Vec<&RawValue>> {
+    serde_json::from_str(text).map_err(|e| ConversationError(e.to_string()))
 }
 
 /// Messages as the template sees them (steps 1 and 2 of each, `message`), for `format`.
@@ -328,9 +335,18 @@ pub fn conversation(
 ) -> Result<(Vec<Value>, Vec<String>)> {
     let parsed: Vec<Value>;
     let messages = match (messages, cache) {
-        (Messages::Json(text), Some(cache)) => return cache.conversation(text, format),
+        (Messages::Json(text), Some(cache)) => return cache.conversation(&split(text)?, format),
+        (Messages::Split(raws), Some(cache)) => return cache.conversation(raws, format),
         (Messages::Json(text), None) => {
             parsed = serde_json::from_str(text).map_err(|e| ConversationError(e.to_string()))?;
+            &parsed[..]
+        }
+        (Messages::Split(raws), None) => {
+            parsed = raws
+                .iter()
+                .map(|raw| serde_json::from_str(raw.get()))
+                .collect::<serde_json::Result<_>>()
+                .map_err(|e| ConversationError(e.to_string()))?;
             &parsed[..]
         }
         (Messages::Values(values), _) => values,
@@ -438,9 +454,8 @@ impl MessageCache {
         }
     }
 
-    /// [`conversation`] of a chat body's `messages` text through the cache.
-    fn conversation(&self, text: &str, format: ContentFormat) -> Result<(Vec<Value>, Vec<String>)> {
-        let raws: Vec<&RawValue> = serde_json::from_str(text).map_err(|e| ConversationError(e.to_string()))?;
+    /// [`conversation`] of a chat body's messages (each one's JSON text) through the cache.
+    fn conversation(&self, raws: &[&RawValue], format: ContentFormat) -> Result<(Vec<Value>, Vec<String>)> {
         let texts: Vec<&str> = raws.iter().map(|raw| raw.get()).collect();
         // Looked up under one lock, normalised outside it, kept under one more.
         let found = self.find(&texts, CachedText::ChatMessage, format);
