@@ -17,7 +17,8 @@ No assertion: it prints figures (BENCHMARKS.md quotes them). ``--against PATH`` 
 one process instead: PATH is another build's ``_core.abi3.so`` (e.g. copied before a rebuild),
 loaded beside the installed one; chat's plan is timed by both, batch by batch, alternated
 (``--repeat`` pairs of batches), for each mode — the pairs tell apart what separate runs, on a
-noisy machine, do not. It checks first that both builds give the same ids.
+noisy machine, do not (the same build against a copy of itself reads within 3 %). It checks first
+that both builds give the same ids.
 """
 
 from __future__ import annotations

@@ -1,13 +1,20 @@
 """Per-call latency of ``Router.route()`` from Python, against the plain-Python reference.
 
 Usage: ``python benches/python/route_latency.py [--calls N] [--quick] [--smetric-forms]
-[--exact-lag] [--threads RUNS [--seconds S]]``. Prints p50/p99 per (policy, input kind, prompt
+[--exact-lag] [--threads RUNS [--seconds S]] [--against PATH]``. Prints p50/p99 per (policy, input kind, prompt
 size), the 32K prompt in every input form (numpy int32/int64, ``array.array``, ``memoryview``,
 list) beside CPython's own list conversions (the floor of the list path), the speed-up over
 ``smetric.reference.ReferenceRouter`` on the same calls, and routes/s and per-call latency from
 1, 2 (and 4) threads per workload shape, route alone and the realistic loop route +
 ``on_prefilled`` + ``on_finished``, interleaved over five runs (``route_threads.py``, which
 ``--threads`` runs alone). Figures go to BENCHMARKS.md.
+
+``--against PATH`` compares two builds in one process instead: PATH is another build's
+``_core.abi3.so`` (copied aside before a rebuild), loaded beside the installed one; smetric's
+route + ``on_finished`` (numpy ids, 1K and 32K) is timed by both on identically warmed routers in
+batches of ``--calls``, the builds alternated batch by batch over 20 pairs: the median of the
+batches' p50s per build, their ratio, and how many pairs the installed build won. Separate runs
+differ by more than a change worth making on this noisy machine; the pairs do not.
 
 The index is warm: 256 agent sessions (shared 4K system prompt, private histories) are routed
 first, then the measured prompt is a follow-up of one of them (a near-full local hit).
@@ -57,6 +64,44 @@ def timed_calls(route: Callable[[], Any], calls: int) -> list[int]:
         route()
         out.append(time.perf_counter_ns() - t0)
     return out
+
+
+def against(other_path: str, calls: int, pairs: int = 20) -> None:
+    """Smetric's 1K and 32K route + on_finished by the installed build and the one at
+    ``other_path``, alternated batch by batch (module docs)."""
+    import importlib.util
+
+    import smetric._core as installed
+
+    spec = importlib.util.spec_from_file_location("_core", other_path)
+    assert spec is not None and spec.loader is not None
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    builds = {"other": other, "installed": installed}
+    print(f"smetric route + on_finished, numpy int32, 32 instances, warm; {pairs} pairs of {calls}-call batches")
+    print(f"{'size':>5} {'other p50':>10} {'installed p50':>14} {'ratio':>6} {'installed faster':>17}")
+    for size in ("1K", "32K"):
+        p50s: dict[str, list[float]] = {name: [] for name in builds}
+        for i in range(pairs):
+            order = ("other", "installed") if i % 2 == 0 else ("installed", "other")
+            # Fresh routers each pair, built and timed in the pair's order: where a router's
+            # memory lands (which was built first) moved one build's 1K p50 by ~8 % against an
+            # identical copy of itself when the two routers were built once.
+            calls_of = {}
+            for name in order:
+                router = builds[name].Router(INSTANCES, policy="smetric")
+                prompt = warm(router, SIZES[size], np.random.default_rng(1))
+
+                def one(router: Any = router, prompt: np.ndarray = prompt) -> None:
+                    router.on_finished(router.route(prompt).request_id)
+
+                one()
+                calls_of[name] = one
+            for name in order:
+                p50s[name].append(percentiles(timed_calls(calls_of[name], calls))[0])
+        o, n = statistics.median(p50s["other"]), statistics.median(p50s["installed"])
+        wins = sum(a > b for a, b in zip(p50s["other"], p50s["installed"], strict=True))
+        print(f"{size:>5} {o:10.2f} {n:14.2f} {n / o:6.3f} {wins:>12}/{pairs}")
 
 
 def bench_policy(policy: str, size_label: str, kind: str, calls: int) -> tuple[float, float]:
@@ -216,7 +261,11 @@ def main() -> None:
         help="only 1, 2 (and 4) threads per workload shape (route_threads.py), RUNS interleaved runs",
     )
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each --threads run")
+    parser.add_argument("--against", metavar="PATH", help="another build's _core.abi3.so, compared in pairs")
     args = parser.parse_args()
+    if args.against:
+        against(args.against, args.calls)
+        return
     if args.threads:
         route_threads.report(args.threads, args.seconds, SIZES["32K"])
         return
