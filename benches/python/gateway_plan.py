@@ -24,8 +24,6 @@ that both builds give the same ids.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,6 +36,7 @@ from smetric.serve.tokens import TokenConfig, TokenSource
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benches"))
+import other_build  # noqa: E402
 import proxy_data_plane as bench  # noqa: E402
 
 TOKENIZER = ROOT / "tests" / "data" / "serve" / "tokenizer.json"
@@ -59,10 +58,7 @@ def tokenizer_source(core: ModuleType) -> Any:
 
 def against(other_path: str, bodies: list[bytes], pairs: int) -> None:
     """Chat's plan by the installed build and by the one at ``other_path``, batch by batch."""
-    spec = importlib.util.spec_from_file_location("_core", other_path)
-    assert spec is not None and spec.loader is not None
-    other = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(other)
+    other = other_build.load(other_path)
     import smetric._core as installed
 
     builds = {"other": other, "installed": installed}
@@ -80,8 +76,7 @@ def against(other_path: str, bodies: list[bytes], pairs: int) -> None:
                 for raw in bodies[1:]:
                     plan(path, raw, tokens=source)
                 times[k].append((time.perf_counter() - start) / len(bodies[1:]) * 1e6)
-        o, n = statistics.median(times["other"]), statistics.median(times["installed"])
-        wins = sum(a > b for a, b in zip(times["other"], times["installed"], strict=True))
+        o, n, wins = other_build.compare(times["other"], times["installed"])
         print(f"{mode:<12} {o:9.1f} {n:13.1f} {n / o:6.3f} {wins:>12}/{pairs}")
 
 

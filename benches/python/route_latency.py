@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import other_build
 import route_threads
 
 from smetric import POLICIES, Router, RouterConfig
@@ -69,14 +70,9 @@ def timed_calls(route: Callable[[], Any], calls: int) -> list[int]:
 def against(other_path: str, calls: int, pairs: int = 20) -> None:
     """Smetric's 1K and 32K route + on_finished by the installed build and the one at
     ``other_path``, alternated batch by batch (module docs)."""
-    import importlib.util
-
     import smetric._core as installed
 
-    spec = importlib.util.spec_from_file_location("_core", other_path)
-    assert spec is not None and spec.loader is not None
-    other = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(other)
+    other = other_build.load(other_path)
     builds = {"other": other, "installed": installed}
     print(f"smetric route + on_finished, numpy int32, 32 instances, warm; {pairs} pairs of {calls}-call batches")
     print(f"{'size':>5} {'other p50':>10} {'installed p50':>14} {'ratio':>6} {'installed faster':>17}")
@@ -99,8 +95,7 @@ def against(other_path: str, calls: int, pairs: int = 20) -> None:
                 calls_of[name] = one
             for name in order:
                 p50s[name].append(percentiles(timed_calls(calls_of[name], calls))[0])
-        o, n = statistics.median(p50s["other"]), statistics.median(p50s["installed"])
-        wins = sum(a > b for a, b in zip(p50s["other"], p50s["installed"], strict=True))
+        o, n, wins = other_build.compare(p50s["other"], p50s["installed"])
         print(f"{size:>5} {o:10.2f} {n:14.2f} {n / o:6.3f} {wins:>12}/{pairs}")
 
 
