@@ -30,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import smetric._core
 from smetric._core import gateway_routing_ids
 from smetric.serve.compiled import gateway_token_source
 from smetric.serve.tokens import TokenConfig, TokenSource
@@ -44,23 +45,15 @@ TOKENIZER = ROOT / "tests" / "data" / "serve" / "tokenizer.json"
 
 def tokenizer_source(core: ModuleType) -> Any:
     """``gateway_token_source`` of tokenizer mode, built by ``core``'s own class."""
-    tokens = TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER)))
-    templates = tokens.templates
-    special = next(iter(templates.values())).special_tokens if templates else {}
-    return core.GatewayTokenSource(
-        str(TOKENIZER),
-        templates=[(name, t.source, t.content_format) for name, t in templates.items()],
-        special_tokens=list(special.items()),
-        piece_cache_bytes=tokens.config.piece_cache_bytes,
-        approx_chunk_bytes=tokens.config.approx_chunk_bytes,
+    return gateway_token_source(
+        TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER))), core.GatewayTokenSource
     )
 
 
 def against(other_path: str, bodies: list[bytes], pairs: int) -> None:
     """Chat's plan by the installed build and by the one at ``other_path``, batch by batch."""
     other = other_build.load(other_path)
-    import smetric._core as installed
-
+    installed = smetric._core
     builds = {"other": other, "installed": installed}
     path = "/v1/chat/completions"
     print(f"{'mode':<12} {'other µs':>9} {'installed µs':>13} {'ratio':>6} {'installed faster':>17}")
@@ -99,11 +92,7 @@ def main() -> None:
     for api, (path, bodies) in apis.items():
         for mode in ("approximate", "tokenizer"):
             # A fresh source per row: the once column starts from a cache holding one body.
-            source = (
-                gateway_token_source(TokenSource(TokenConfig(mode="tokenizer", tokenizer=str(TOKENIZER))))
-                if mode == "tokenizer"
-                else None
-            )
+            source = tokenizer_source(smetric._core) if mode == "tokenizer" else None
             gateway_routing_ids(path, bodies[0], tokens=source)
             once = []
             for raw in bodies[1:]:

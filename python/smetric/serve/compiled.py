@@ -149,10 +149,13 @@ def plane_summary(native: GatewayNative) -> str:
     return f"compiled (native: {', '.join(native.apis)})"
 
 
-def gateway_token_source(tokens: TokenSource) -> GatewayTokenSource | None:
+def gateway_token_source(
+    tokens: TokenSource, build: type[GatewayTokenSource] = GatewayTokenSource
+) -> GatewayTokenSource | None:
     """The gateway's source of a chat template's routing ids — the same tokenizer, templates and
     special tokens the app resolved: in tokenizer mode, or in approximate mode (any chunk size)
-    with a chat template; None otherwise (plain ChatML and token ids need none)."""
+    with a chat template; None otherwise (plain ChatML and token ids need none). ``build``: the
+    class made (a benchmark passes another build's, ``benches/python/other_build.py``)."""
     templates = tokens.templates
     if tokens.kind == "tokenizer" and tokens.config.tokenizer is not None:
         tokenizer: str | None = tokens.config.tokenizer
@@ -161,7 +164,7 @@ def gateway_token_source(tokens: TokenSource) -> GatewayTokenSource | None:
     else:
         return None
     special = next(iter(templates.values())).special_tokens if templates else {}
-    return GatewayTokenSource(
+    return build(
         tokenizer,
         templates=[(name, t.source, t.content_format) for name, t in templates.items()],
         special_tokens=list(special.items()),

@@ -248,7 +248,7 @@ where
             format!("the body nests arrays and objects deeper than {MAX_NESTING} levels"),
         ));
     }
-    let mut fields = parse_fields(raw, endpoint, seed)?;
+    let (mut fields, messages) = parse_fields(raw, endpoint, seed)?;
     let max_tokens = positive_int(fields.max_tokens, "max_tokens")?;
     let max_completion_tokens = positive_int(fields.max_completion_tokens, "max_completion_tokens")?;
     let cache_salt = string(fields.cache_salt, "cache_salt")?;
@@ -290,11 +290,12 @@ where
                 .ok_or_else(missing)?,
         );
     }
-    Ok((body, fields.messages))
+    Ok((body, messages))
 }
 
-/// The kept top-level fields, as slices of the body; `messages` as the caller's seed read it.
-struct Fields<'a, M> {
+/// The kept top-level fields but `messages` (which the caller's seed reads), as slices of the body.
+#[derive(Default)]
+struct Fields<'a> {
     model: Option<&'a RawValue>,
     stream: Option<&'a RawValue>,
     max_tokens: Option<&'a RawValue>,
@@ -302,7 +303,6 @@ struct Fields<'a, M> {
     user: Option<&'a RawValue>,
     prompt_cache_key: Option<&'a RawValue>,
     cache_salt: Option<&'a RawValue>,
-    messages: Option<M>,
     tools: Option<&'a RawValue>,
     chat_template_kwargs: Option<&'a RawValue>,
     add_generation_prompt: Option<&'a RawValue>,
@@ -315,30 +315,7 @@ struct Fields<'a, M> {
     kv_transfer_params: bool,
 }
 
-impl<M> Default for Fields<'_, M> {
-    fn default() -> Self {
-        Self {
-            model: None,
-            stream: None,
-            max_tokens: None,
-            max_completion_tokens: None,
-            user: None,
-            prompt_cache_key: None,
-            cache_salt: None,
-            messages: None,
-            tools: None,
-            chat_template_kwargs: None,
-            add_generation_prompt: None,
-            continue_final_message: None,
-            add_special_tokens: None,
-            prompt: None,
-            stream_options: None,
-            kv_transfer_params: false,
-        }
-    }
-}
-
-impl<'a, M> Fields<'a, M> {
+impl<'a> Fields<'a> {
     fn slot(&mut self, key: &str) -> Option<&mut Option<&'a RawValue>> {
         Some(match key {
             "model" => &mut self.model,
@@ -370,15 +347,18 @@ struct FieldsVisitor<'v, S> {
     messages: S,
 }
 
+/// The kept fields, and `messages` as the seed read it (the last one given).
+type Read<'de, M> = (Fields<'de>, Option<M>);
+
 impl<'de, S: DeserializeSeed<'de> + Clone> Visitor<'de> for FieldsVisitor<'_, S> {
-    type Value = Fields<'de, S::Value>;
+    type Value = Read<'de, S::Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields::default();
+        let (mut fields, mut messages) = (Fields::default(), None);
         // Keys are owned: a key with an escape cannot be borrowed, and there are few keys.
         while let Some(key) = map.next_key::<String>()? {
             if key == "prompt" && self.endpoint == Endpoint::Completions {
@@ -391,7 +371,7 @@ impl<'de, S: DeserializeSeed<'de> + Clone> Visitor<'de> for FieldsVisitor<'_, S>
                 continue;
             }
             if key == "messages" {
-                fields.messages = Some(map.next_value_seed(self.messages.clone())?);
+                messages = Some(map.next_value_seed(self.messages.clone())?);
                 continue;
             }
             match fields.slot(&key) {
@@ -401,7 +381,7 @@ impl<'de, S: DeserializeSeed<'de> + Clone> Visitor<'de> for FieldsVisitor<'_, S>
                 }
             }
         }
-        Ok(fields)
+        Ok((fields, messages))
     }
 }
 
@@ -416,7 +396,7 @@ impl<S> FieldsVisitor<'_, S> {
 }
 
 /// The kept fields of a body, or why it is not a JSON object.
-fn parse_fields<'a, S>(raw: &'a [u8], endpoint: Endpoint, messages: S) -> Result<Fields<'a, S::Value>, BodyError>
+fn parse_fields<'a, S>(raw: &'a [u8], endpoint: Endpoint, messages: S) -> Result<Read<'a, S::Value>, BodyError>
 where
     S: DeserializeSeed<'a> + Clone,
 {
@@ -440,7 +420,7 @@ where
 struct ObjectOnly<'v, S>(FieldsVisitor<'v, S>);
 
 impl<'de, S: DeserializeSeed<'de> + Clone> DeserializeSeed<'de> for ObjectOnly<'_, S> {
-    type Value = Fields<'de, S::Value>;
+    type Value = Read<'de, S::Value>;
 
     fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_any(self)
@@ -456,7 +436,7 @@ macro_rules! reject_non_object {
 }
 
 impl<'de, S: DeserializeSeed<'de> + Clone> Visitor<'de> for ObjectOnly<'_, S> {
-    type Value = Fields<'de, S::Value>;
+    type Value = Read<'de, S::Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.expecting(f)
