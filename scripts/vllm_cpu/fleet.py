@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
 import signal
 import socket
 import subprocess
@@ -29,12 +31,46 @@ VENV = ROOT / ".venv-vllm"
 MODEL_NAME = "tiny"
 BLOCK_SIZE = 32
 READY_TIMEOUT_S = 240.0
+EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) ERROR [^\]]*\] )?[\w.]+(?:Error|Exception): ")
+"""A raised exception's last line in a vLLM log, bare or under vLLM's ``ERROR`` prefix."""
+
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PICKED_PORT = 15000
+_handed_out: set[int] = set()
+
+
+def ephemeral_low(range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
+    """The first port the kernel hands to a socket bound to port 0 (Linux's default: 32768)."""
+    try:
+        return int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, below the kernel's ephemeral range and not handed out before.
+
+    An engine binds its ports some 20 s after they are picked, and meanwhile every outgoing
+    connection and every socket bound to port 0 (vLLM's own internal ones among them) takes an
+    ephemeral port: a port picked by binding port 0 was once taken so (a CI run: the engine core's
+    ``ZMQError: Address already in use`` on its replay port). Below the ephemeral range only an
+    explicit bind can take it; ``_handed_out`` keeps this process from picking one port twice."""
+    high = ephemeral_low()
+    span = max(high - LOWEST_PICKED_PORT, 1)
+    start = random.randrange(span)
+    for step in range(span):
+        port = LOWEST_PICKED_PORT + (start + step) % span
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in [{LOWEST_PICKED_PORT}, {high})")
 
 
 def venv_python(venv: Path = VENV) -> Path:
@@ -157,10 +193,15 @@ class Engine:
         raise RuntimeError(f"vLLM engine {self.name} not ready in {timeout} s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
+        """The log's last ``lines``, after its first error line (vLLM's root cause is logged by the
+        engine core long before the API server's own traceback, which fills the tail)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            log = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
+        first_error = next((line for line in log if EXCEPTION_LINE.match(line)), None)
+        tail = "\n".join(log[-lines:])
+        return tail if first_error is None or first_error in tail else f"first error: {first_error}\n…\n{tail}"
 
     def kill(self) -> None:
         """SIGKILL the engine and its workers (its own process group)."""
