@@ -78,7 +78,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -92,15 +91,12 @@ import aiohttp
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "vllm_cpu"))
+from fleet import free_port  # noqa: E402  (the one loopback port picker: below the ephemeral range)
+
 ENGINES = 4
 MODEL = "fake-model"
 """The fake engine's default served model name."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pinned(cpu: int) -> list[str]:

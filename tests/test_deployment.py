@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,9 @@ from smetric.deployment import (
     smallest_kv_capacity,
 )
 from smetric.errors import InvalidArgumentError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "vllm_cpu"))
+from fleet import free_port
 
 PROMPT = list(range(1000, 1000 + 8 * DEFAULT_BLOCK_SIZE))
 
@@ -184,15 +188,8 @@ def metrics_server() -> Iterator[str]:
         server.server_close()
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
 def test_fleet_kv_capacity_is_the_smallest_engine_that_reports_it(metrics_server: str) -> None:
-    down = f"http://127.0.0.1:{closed_port()}/metrics"
+    down = f"http://127.0.0.1:{free_port()}/metrics"
     urls = [f"{metrics_server}/{n}/metrics" for n in ("a", "b", "c", "missing")]
     assert fleet_kv_capacity([*urls, down], timeout=2.0) == 1024 * 32
     assert fleet_kv_capacity([*urls[2:], down], timeout=2.0) is None
@@ -206,7 +203,7 @@ def test_one_scrape_of_each_page_reads_both_kv_caches(metrics_server: str) -> No
         b'kv_cache_memory_bytes="536870912",kv_cache_size_tokens="8192"} 1.0\n'
     )
     hits.clear()
-    down = f"http://127.0.0.1:{closed_port()}/metrics"
+    down = f"http://127.0.0.1:{free_port()}/metrics"
     urls = {name: f"{metrics_server}/{name}/metrics" for name in ("a", "c", "d")}
     caches = fleet_caches({**urls, "gone": down})
     assert caches["a"] == EngineCache(4096 * 16, None)
@@ -228,7 +225,7 @@ def test_a_deployed_router_sized_from_its_engines_pages(metrics_server: str) -> 
 
 
 def free_endpoint() -> str:
-    return f"tcp://127.0.0.1:{closed_port()}"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 def test_one_subscriber_follows_the_instances_sources() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,16 +33,12 @@ from smetric.errors import KvEventEndpointInUseError, SmetricError
 from smetric.events import KvEventSource, KvEventSubscriber
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+sys.path.insert(0, str(ROOT / "scripts" / "vllm_cpu"))
+from fleet import free_port  # noqa: E402  (the one loopback port picker)
 
 
 def test_second_subscriber_on_a_connect_mode_endpoint_gets_a_typed_error() -> None:
-    port = _free_port()
+    port = free_port()
     source = KvEventSource("http://e0:8000", f"tcp://127.0.0.1:{port}", bind=True)
     router = Router(["http://e0:8000"])
     with KvEventSubscriber(router, [source]), pytest.raises(KvEventEndpointInUseError) as caught:
@@ -57,7 +52,7 @@ def test_second_subscriber_on_a_connect_mode_endpoint_gets_a_typed_error() -> No
 @pytest.fixture
 def connect_mode_engine() -> Iterator[tuple[str, int]]:
     """A stub engine whose /kv_event_sources names a host, as vLLM does for a connect-mode publisher."""
-    pub_port = _free_port()
+    pub_port = free_port()
     sources = {"0": {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{pub_port}"}}
 
     class Handler(BaseHTTPRequestHandler):
@@ -88,7 +83,7 @@ def connect_mode_engine() -> Iterator[tuple[str, int]]:
 
 
 def _serve(engine_url: str) -> tuple[subprocess.Popen[str], str]:
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "smetric", "serve", "--port", str(port), "--instance", engine_url]
     argv += ["--block-size", "32", "--no-engine-load"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +33,8 @@ from kv_truth import exact_router, mismatches, wait_for  # noqa: E402
 from smetric.events import KvEventSource, KvEventSubscriber  # noqa: E402
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "scripts" / "vllm_golden" / "kv_workload.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "vllm_cpu"))
+from fleet import free_port  # noqa: E402  (the one loopback port picker)
 
 
 def _vllm_python() -> str | None:
@@ -57,13 +58,6 @@ if VLLM_PYTHON is None:
     pytest.skip(_why, allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _read_json_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
@@ -76,7 +70,7 @@ def _read_json_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, An
 
 def test_vllm_publisher_feeds_the_index_exactly() -> None:
     assert VLLM_PYTHON is not None
-    pub_port, replay_port = _free_port(), _free_port()
+    pub_port, replay_port = free_port(), free_port()
     rank = 1
     cmd = [
         VLLM_PYTHON,

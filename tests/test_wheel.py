@@ -29,7 +29,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +47,9 @@ import smetric
 pytestmark = pytest.mark.wheel
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "vllm_cpu"))
+from fleet import free_port  # noqa: E402  (the one loopback port picker: below the ephemeral range)
+
 WHEELS = ROOT / "target" / "wheels"
 EXAMPLE = ROOT / "examples" / "embed.py"
 RUST_TOOLS = ("cargo", "rustc")
@@ -295,13 +297,6 @@ def run_command(venv: Venv, *args: str, timeout: float = 300) -> subprocess.Comp
         timeout=timeout,
         check=False,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def http(url: str, body: object | None = None) -> tuple[int, dict[str, str], bytes]:

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,15 +37,11 @@ from smetric.integrations import lmcache, mooncake
 from smetric.integrations._global_tier import record_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "vllm_cpu"))
+from fleet import free_port  # noqa: E402  (the one loopback port picker)
+
 PEER = ROOT / "tests" / "integrations" / "lmcache_peer.py"
 OFFLINE = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> list[float]:

@@ -10,6 +10,8 @@ to one core (vLLM's ``auto`` pins every engine to the same core). Facts and figu
 ``docs/vllm-real.md``.
 
 Stdlib only: the test suite (``.venv``) and the demo import it; the engines run in the vLLM venv.
+:func:`free_port` is the repository's one loopback port picker (tests, benches and scripts import
+it): below the kernel's ephemeral range, each port once a process.
 """
 
 from __future__ import annotations

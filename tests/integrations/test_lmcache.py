@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,9 @@ from smetric import InvalidArgumentError, Router, RouterConfig
 from smetric.integrations.lmcache import ControllerClient, GlobalTierFeed, Holder, Lookup, chunk_keys
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "vllm_cpu"))
+from fleet import free_port  # noqa: E402  (the one loopback port picker)
+
 PEER = Path(__file__).with_name("lmcache_peer.py")
 # LMCache reports usage to its own server unless told not to; tests reach nothing beyond loopback.
 OFFLINE = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
@@ -53,13 +55,6 @@ def _lmcache_python() -> tuple[str | None, str]:
 
 LMCACHE_PYTHON, WHY_NOT = _lmcache_python()
 needs_lmcache = pytest.mark.skipif(LMCACHE_PYTHON is None, reason=WHY_NOT)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Peer:
@@ -101,7 +96,7 @@ class Peer:
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Peer]]:
     assert LMCACHE_PYTHON is not None
-    http, pull, reply = _free_port(), _free_port(), _free_port()
+    http, pull, reply = free_port(), free_port(), free_port()
     log = tmp_path_factory.mktemp("lmcache") / "controller.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -187,8 +182,8 @@ def test_register_admit_lookup_evict_through_the_controller(controller: tuple[st
 
 
 def _register_admit_lookup_evict(client: ControllerClient, peer: Peer) -> None:
-    assert peer("register", instance="inst-A", worker=0, ip="127.0.0.1", port=_free_port())["ok"]
-    assert peer("register", instance="inst-B", worker=0, ip="127.0.0.1", port=_free_port())["ok"]
+    assert peer("register", instance="inst-A", worker=0, ip="127.0.0.1", port=free_port())["ok"]
+    assert peer("register", instance="inst-B", worker=0, ip="127.0.0.1", port=free_port())["ok"]
     assert client.query_instance("127.0.0.1") in {"inst-A", "inst-B"}
 
     p = [10_000 + i for i in range(600)]  # 2 full chunks + 88 tokens
@@ -253,8 +248,8 @@ def test_lookup_in_process_on_an_embedded_controller(keys_peer: Peer) -> None:
         "lookup_in_process",
         tokens=tokens,
         repeat=3,
-        pull_port=_free_port(),
-        worker_port=_free_port(),
+        pull_port=free_port(),
+        worker_port=free_port(),
     )
     assert out["holders"] == [["inst-A", "LocalCPUBackend", 4096]]
     assert out["router_global_hit_tokens"] == 4096

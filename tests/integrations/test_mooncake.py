@@ -11,7 +11,6 @@ global tier. CI installs the package and the RDMA/NUMA libraries it links
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,9 @@ import pytest
 from smetric import Router, RouterConfig
 from smetric import vllm as vllm_hashes
 from smetric.integrations.mooncake import GlobalTierFeed, KeySpace, StoreProbe, pool_keys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "vllm_cpu"))
+from fleet import free_port
 
 WHY_NOT = ""
 try:
@@ -39,18 +41,11 @@ BLOCK = 16
 MODEL = "/models/Qwen/Qwen3-8B/"  # vLLM keys use the last path component
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if WHY_NOT:
         pytest.skip(WHY_NOT)
-    rpc, http, metrics = _free_port(), _free_port(), _free_port()
+    rpc, http, metrics = free_port(), free_port(), free_port()
     log = tmp_path_factory.mktemp("mooncake") / "master.log"
     with log.open("w") as out:
         master = subprocess.Popen(

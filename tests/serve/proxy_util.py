@@ -28,24 +28,20 @@ from smetric.serve.proxy import ProxyServer
 
 TIMEOUT_S = 15.0
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+sys.path.insert(0, str(ROOT / "scripts" / "vllm_cpu"))
+from fleet import free_port  # noqa: E402  (the one loopback port picker: below the ephemeral range)
 
 
 class ReservedPort:
     """A loopback port held bound, never listening, until ``release``: a connection to it is
     refused, as to a dead engine's, and no other socket can take the port meanwhile (``free_port``
-    only picks one, which the kernel may hand to the next socket bound to port 0: a clean-clone CI
-    once saw a "dead" instance answer 200 from it)."""
+    only picks one: a clean-clone CI once saw a "dead" instance answer 200 from a picked port, when
+    picks were ports the kernel hands to sockets bound to port 0)."""
 
     def __init__(self) -> None:
+        self.port = free_port()
         self._socket = socket.socket()
-        self._socket.bind(("127.0.0.1", 0))
-        self.port = int(self._socket.getsockname()[1])
+        self._socket.bind(("127.0.0.1", self.port))
 
     def release(self) -> None:
         """Frees the port (for a server to start on it); idempotent."""
@@ -53,18 +49,8 @@ class ReservedPort:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback ports: all are held open while they are chosen, so the
-    kernel cannot hand the same one out twice (``free_port`` in a loop can)."""
-    held: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            held.append(s)
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in held]
-    finally:
-        for s in held:
-            s.close()
+    """``count`` distinct free loopback ports (``free_port`` never hands one out twice)."""
+    return [free_port() for _ in range(count)]
 
 
 class SmetricProcess:
