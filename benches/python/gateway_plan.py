@@ -18,7 +18,10 @@ one process instead: PATH is another build's ``_core.abi3.so`` (e.g. copied befo
 loaded beside the installed one; chat's plan is timed by both, batch by batch, alternated
 (``--repeat`` pairs of batches), for each mode — the pairs tell apart what separate runs, on a
 noisy machine, do not (the same build against a copy of itself reads within 3 %). It checks first
-that both builds give the same ids.
+that both builds give the same ids. ``--gap-ms G`` with ``--against`` plans each body once per build,
+the builds alternated body by body, each plan after G ms awake: at a server's pace (requests tens
+of ms apart) this host evicts the plan's data meanwhile, and a plan then costs 2–3× its
+back-to-back figure.
 """
 
 from __future__ import annotations
@@ -50,8 +53,16 @@ def tokenizer_source(core: ModuleType) -> Any:
     )
 
 
-def against(other_path: str, bodies: list[bytes], pairs: int) -> None:
-    """Chat's plan by the installed build and by the one at ``other_path``, batch by batch."""
+def idle(seconds: float) -> None:
+    """Waits ``seconds`` awake (a sleep's wake-up would be timed too on this VM)."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def against(other_path: str, bodies: list[bytes], pairs: int, gap_s: float = 0.0) -> None:
+    """Chat's plan by the installed build and by the one at ``other_path``, batch by batch; with
+    ``gap_s``, body by body instead, each planned once by each build after ``gap_s`` awake."""
     other = other_build.load(other_path)
     installed = smetric._core
     builds = {"other": other, "installed": installed}
@@ -62,6 +73,17 @@ def against(other_path: str, bodies: list[bytes], pairs: int) -> None:
         want = installed.gateway_routing_ids(path, bodies[0], tokens=sources["installed"])
         assert other.gateway_routing_ids(path, bodies[0], tokens=sources["other"]) == want, "the builds disagree"
         times: dict[str, list[float]] = {k: [] for k in builds}
+        if gap_s > 0:
+            for i, raw in enumerate(bodies[1:]):
+                for k in ("other", "installed") if i % 2 == 0 else ("installed", "other"):
+                    plan, source = builds[k].gateway_routing_ids, sources[k]
+                    idle(gap_s)
+                    start = time.perf_counter()
+                    plan(path, raw, tokens=source)
+                    times[k].append((time.perf_counter() - start) * 1e6)
+            o, n, wins = other_build.compare(times["other"], times["installed"])
+            print(f"{mode:<12} {o:9.1f} {n:13.1f} {n / o:6.3f} {wins:>12}/{len(bodies) - 1}")
+            continue
         for i in range(pairs):
             for k in ("other", "installed") if i % 2 == 0 else ("installed", "other"):
                 plan, source = builds[k].gateway_routing_ids, sources[k]
@@ -78,10 +100,16 @@ def main() -> None:
     parser.add_argument("--bodies", type=int, default=400)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--against", default=None, metavar="PATH", help="another build's _core.abi3.so")
+    parser.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="with --against: each body once per build, after this long awake (a server's pace)",
+    )
     args = parser.parse_args()
     chats = bench.chat_bodies(args.bodies + 1, 32_768, True)
     if args.against:
-        against(args.against, chats, args.repeat)
+        against(args.against, chats, args.repeat, args.gap_ms / 1e3)
         return
     apis = {
         "chat": ("/v1/chat/completions", chats),
