@@ -60,6 +60,15 @@ def idle(seconds: float) -> None:
         pass
 
 
+def timed(core: ModuleType, source: Any, path: str, batch: list[bytes]) -> float:
+    """µs a body of ``core``'s plans of ``batch``."""
+    plan = core.gateway_routing_ids
+    start = time.perf_counter()
+    for raw in batch:
+        plan(path, raw, tokens=source)
+    return (time.perf_counter() - start) / len(batch) * 1e6
+
+
 def against(other_path: str, bodies: list[bytes], pairs: int, gap_s: float = 0.0) -> None:
     """Chat's plan by the installed build and by the one at ``other_path``, batch by batch; with
     ``gap_s``, body by body instead, each planned once by each build after ``gap_s`` awake."""
@@ -73,26 +82,14 @@ def against(other_path: str, bodies: list[bytes], pairs: int, gap_s: float = 0.0
         want = installed.gateway_routing_ids(path, bodies[0], tokens=sources["installed"])
         assert other.gateway_routing_ids(path, bodies[0], tokens=sources["other"]) == want, "the builds disagree"
         times: dict[str, list[float]] = {k: [] for k in builds}
-        if gap_s > 0:
-            for i, raw in enumerate(bodies[1:]):
-                for k in ("other", "installed") if i % 2 == 0 else ("installed", "other"):
-                    plan, source = builds[k].gateway_routing_ids, sources[k]
-                    idle(gap_s)
-                    start = time.perf_counter()
-                    plan(path, raw, tokens=source)
-                    times[k].append((time.perf_counter() - start) * 1e6)
-            o, n, wins = other_build.compare(times["other"], times["installed"])
-            print(f"{mode:<12} {o:9.1f} {n:13.1f} {n / o:6.3f} {wins:>12}/{len(bodies) - 1}")
-            continue
-        for i in range(pairs):
+        # Body by body after a gap (each body once per build), else batch by batch.
+        rounds = [([raw], gap_s) for raw in bodies[1:]] if gap_s > 0 else [(bodies[1:], 0.0)] * pairs
+        for i, (batch, gap) in enumerate(rounds):
             for k in ("other", "installed") if i % 2 == 0 else ("installed", "other"):
-                plan, source = builds[k].gateway_routing_ids, sources[k]
-                start = time.perf_counter()
-                for raw in bodies[1:]:
-                    plan(path, raw, tokens=source)
-                times[k].append((time.perf_counter() - start) / len(bodies[1:]) * 1e6)
+                idle(gap)
+                times[k].append(timed(builds[k], sources[k], path, batch))
         o, n, wins = other_build.compare(times["other"], times["installed"])
-        print(f"{mode:<12} {o:9.1f} {n:13.1f} {n / o:6.3f} {wins:>12}/{pairs}")
+        print(f"{mode:<12} {o:9.1f} {n:13.1f} {n / o:6.3f} {wins:>12}/{len(rounds)}")
 
 
 def main() -> None:
