@@ -85,7 +85,7 @@ def against(other_path: str, bodies: list[bytes], pairs: int, gap_s: float = 0.0
         # Body by body after a gap (each body once per build), else batch by batch.
         rounds = [([raw], gap_s) for raw in bodies[1:]] if gap_s > 0 else [(bodies[1:], 0.0)] * pairs
         for i, (batch, gap) in enumerate(rounds):
-            for k in ("other", "installed") if i % 2 == 0 else ("installed", "other"):
+            for k in other_build.order(i):
                 idle(gap)
                 times[k].append(timed(builds[k], sources[k], path, batch))
         o, n, wins = other_build.compare(times["other"], times["installed"])

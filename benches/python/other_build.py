@@ -25,3 +25,9 @@ def compare(other: list[float], installed: list[float]) -> tuple[float, float, i
     """The medians of the two builds' paired figures and how many pairs the installed one won."""
     wins = sum(o > i for o, i in zip(other, installed, strict=True))
     return statistics.median(other), statistics.median(installed), wins
+
+
+def order(pair: int) -> tuple[str, str]:
+    """Which build goes first in pair number ``pair``: the other one in even pairs, the installed
+    one in odd ones (neither always meets the machine first)."""
+    return ("other", "installed") if pair % 2 == 0 else ("installed", "other")

@@ -79,7 +79,7 @@ def against(other_path: str, calls: int, pairs: int = 20) -> None:
     for size in ("1K", "32K"):
         p50s: dict[str, list[float]] = {name: [] for name in builds}
         for i in range(pairs):
-            order = ("other", "installed") if i % 2 == 0 else ("installed", "other")
+            order = other_build.order(i)
             # Fresh routers each pair, built and timed in the pair's order: where a router's
             # memory lands (which was built first) moved one build's 1K p50 by ~8 % against an
             # identical copy of itself when the two routers were built once.
